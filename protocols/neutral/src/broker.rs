@@ -1,0 +1,565 @@
+//! The handle an adapter uses to talk to the broker core.
+//!
+//! An adapter authenticates a client with [`Broker::authenticate`], opens a
+//! [`Session`] for it with [`Broker::open_session`], and from then on calls
+//! the session synchronously: declare and bind queues, publish, consume,
+//! settle, run transactions. Calls return at once. Work that finishes later
+//! (a durable commit, a delivery, a drained consumer) comes back as a
+//! [`SessionEvent`] through the [`EventSink`] the adapter's driver handed in.
+//! The driver feeds those events into the adapter's state machine, so the
+//! adapter itself does no IO and can be tested without sockets.
+//!
+//! ## Composition recipes
+//! - *Queue consumer* (`/queue/q`): [`Session::consume`] on `q`.
+//! - *Non-durable topic subscription*: declare a queue with
+//!   [`QueueLifetime::Consumer`] and no name, [`Session::bind`] the filter,
+//!   consume it.
+//! - *Durable subscription*: declare a durable queue named with
+//!   [`durable_subscription_queue`], bind, consume. A reconnecting client
+//!   declares the same name and finds what it missed.
+//! - *MQTT session*: one queue per client id (durable when the session
+//!   outlives the connection), one binding per subscription; overlapping
+//!   bindings deliver once, with [`Delivery::matched`] describing all matches.
+//! - *Shared subscription* `$share/g/f`: a queue named `$share/g/f` bound to
+//!   `f`, one consumer per member.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::address::Address;
+use crate::message::{Guarantee, Message};
+
+/// Which wire protocol a session speaks. Used for logs, metrics and to keep
+/// client-id namespaces apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// MQTT 3.1.1 or 5.0.
+    Mqtt,
+    /// STOMP 1.0–1.2.
+    Stomp,
+    /// AMQP 1.0.
+    Amqp,
+    /// In-process (tests, admin).
+    Internal,
+}
+
+impl Protocol {
+    /// Short lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Mqtt => "mqtt",
+            Protocol::Stomp => "stomp",
+            Protocol::Amqp => "amqp",
+            Protocol::Internal => "internal",
+        }
+    }
+}
+
+/// Who a client is after authentication.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Principal {
+    /// The user name; `None` for an anonymous client.
+    pub user: Option<String>,
+}
+
+impl Principal {
+    /// The anonymous principal.
+    pub fn anonymous() -> Self {
+        Self { user: None }
+    }
+}
+
+/// Stored SCRAM-SHA-256 credentials of a user (RFC 5802 / RFC 7677).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScramCredentials {
+    /// The salt.
+    pub salt: Vec<u8>,
+    /// PBKDF2 iteration count.
+    pub iterations: u32,
+    /// `H(ClientKey)`.
+    pub stored_key: [u8; 32],
+    /// `HMAC(SaltedPassword, "Server Key")`.
+    pub server_key: [u8; 32],
+}
+
+/// Why authentication failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// Unknown user or wrong password (deliberately not told apart).
+    #[error("bad user name or password")]
+    BadCredentials,
+    /// No credentials given and anonymous access is off.
+    #[error("anonymous access is disabled")]
+    AnonymousDisabled,
+}
+
+/// Identity of a connection, for the session being opened.
+#[derive(Debug, Clone)]
+pub struct SessionInfo {
+    /// Process-unique connection id (also in every log line).
+    pub conn_id: u64,
+    /// The protocol spoken.
+    pub protocol: Protocol,
+    /// The authenticated principal.
+    pub principal: Principal,
+    /// Protocol client id (MQTT client id, STOMP `client-id`, AMQP container
+    /// id). A second session with the same protocol and client id takes the
+    /// first one over when `take_over` is set: the old session is closed and
+    /// gets [`SessionEvent::Kicked`].
+    pub client_id: Option<String>,
+    /// Close any live session with the same protocol and client id.
+    pub take_over: bool,
+}
+
+/// The broker as a whole, shared by every connection.
+pub trait Broker: Send + Sync + 'static {
+    /// Checks a user name and password against the users file. With no
+    /// user name, succeeds only when anonymous access is on.
+    fn authenticate(
+        &self,
+        user: Option<&str>,
+        password: Option<&[u8]>,
+    ) -> Result<Principal, AuthError>;
+
+    /// SCRAM-SHA-256 credentials of `user`, if the user exists.
+    fn scram_credentials(&self, user: &str) -> Option<ScramCredentials>;
+
+    /// Whether clients may connect without credentials.
+    fn anonymous_allowed(&self) -> bool;
+
+    /// Accepts a user named by a verified TLS client certificate.
+    fn authenticate_certificate(&self, subject: &str) -> Result<Principal, AuthError>;
+
+    /// Opens a session. Events for it go to `sink`.
+    fn open_session(&self, info: SessionInfo, sink: Arc<dyn EventSink>) -> Box<dyn Session>;
+}
+
+/// Where the core sends a session's asynchronous events. Implemented by the
+/// server's connection driver (a channel into the connection task); must
+/// not block.
+pub trait EventSink: Send + Sync {
+    /// Queues one event for the session's connection.
+    fn send(&self, event: SessionEvent);
+}
+
+/// Identifies one consumer within its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConsumerId(pub u64);
+
+/// Identifies one delivery within its consumer: unique while unsettled.
+/// It is the message's position in its queue, so it stays the same when the
+/// same message is redelivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeliveryTag(pub u64);
+
+/// Correlates a pending durable operation with its [`SessionEvent::Committed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ticket(pub u64);
+
+/// Identifies an open transaction within its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TxnId(pub u64);
+
+/// How long a queue lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueLifetime {
+    /// Until deleted explicitly (or by the session-expiry timer below).
+    Permanent,
+    /// Deleted when the declaring session closes (temporary queues, dynamic
+    /// AMQP nodes, MQTT clean sessions).
+    Session,
+    /// Deleted when its last consumer goes away (non-durable subscriptions).
+    Consumer,
+    /// Deleted once it has had no consumer for this long (MQTT 5 session
+    /// expiry).
+    IdleFor(Duration),
+}
+
+/// What to declare.
+#[derive(Debug, Clone)]
+pub struct QueueSpec {
+    /// The queue name; `None` asks the core to generate a unique temporary
+    /// name (returned in [`QueueInfo::name`]).
+    pub name: Option<String>,
+    /// Kept in the journal, with its bindings and persistent messages.
+    pub durable: bool,
+    /// When the queue goes away.
+    pub lifetime: QueueLifetime,
+}
+
+/// The result of a declare.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueInfo {
+    /// The queue's name.
+    pub name: String,
+    /// The queue existed before this declare (MQTT "session present").
+    pub existed: bool,
+    /// Messages waiting in it.
+    pub depth: u64,
+}
+
+/// Options of a binding from a topic filter to a queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindingOptions {
+    /// Highest guarantee granted to this binding (MQTT granted QoS);
+    /// deliveries are downgraded to it.
+    pub max_guarantee: Guarantee,
+    /// MQTT 5 subscription identifier, reported on matching deliveries.
+    pub subscription_id: Option<u32>,
+    /// Do not route messages published by the binding's own client id.
+    pub no_local: bool,
+    /// Keep the publisher's retain flag on delivery (MQTT 5).
+    pub retain_as_published: bool,
+    /// Which retained messages to enqueue when the binding is made.
+    pub retained: RetainedOnBind,
+}
+
+impl Default for BindingOptions {
+    fn default() -> Self {
+        Self {
+            max_guarantee: Guarantee::ExactlyOnce,
+            subscription_id: None,
+            no_local: false,
+            retain_as_published: false,
+            retained: RetainedOnBind::None,
+        }
+    }
+}
+
+/// MQTT retain-handling, generalised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetainedOnBind {
+    /// Send retained messages matching the filter.
+    Send,
+    /// Send them only if this binding did not already exist.
+    SendIfNew,
+    /// Send none.
+    None,
+}
+
+/// What a bind did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BindInfo {
+    /// The binding already existed (its options were replaced).
+    pub existed: bool,
+    /// Retained messages enqueued by the bind.
+    pub retained_sent: usize,
+}
+
+/// How a consumer's credit (prefetch) works.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreditMode {
+    /// At most `n` unsettled deliveries; settling one frees a slot (MQTT
+    /// receive-maximum, STOMP prefetch).
+    Window(u32),
+    /// Credit is granted explicitly with [`Session::set_credit`] and consumed
+    /// by each delivery (AMQP link credit). Starts at the given value.
+    Explicit(u32),
+}
+
+/// What to consume.
+#[derive(Debug, Clone)]
+pub struct ConsumerSpec {
+    /// The queue to consume from.
+    pub queue: String,
+    /// Credit model.
+    pub credit: CreditMode,
+    /// Settle each message as it is sent (STOMP `ack:auto`, MQTT QoS 0
+    /// deliveries, AMQP pre-settled). Such deliveries need no `settle`.
+    pub auto_settle: bool,
+}
+
+/// A consumer's verdict on a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Processed: remove it from the queue.
+    Accept,
+    /// Not processed, no fault: back to the queue, delivery count unchanged.
+    Release,
+    /// Not processed: back to the queue. `delivery_failed` raises the
+    /// delivery count (and may dead-letter it).
+    Modify {
+        /// Count this as a failed delivery attempt.
+        delivery_failed: bool,
+        /// Do not redeliver to this consumer.
+        undeliverable_here: bool,
+    },
+    /// Unprocessable: to the dead-letter address.
+    Reject,
+}
+
+impl Outcome {
+    /// The outcome for a negative acknowledgement (STOMP NACK).
+    pub const NACK: Outcome = Outcome::Modify {
+        delivery_failed: true,
+        undeliverable_here: false,
+    };
+}
+
+/// Options of a publish.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PublishOptions {
+    /// Stage in this transaction instead of publishing now.
+    pub txn: Option<TxnId>,
+    /// Wait for durability: return a [`Ticket`] when the message is durable
+    /// and completes only after its commit is on disk.
+    pub confirm: bool,
+}
+
+/// What a publish did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PublishReceipt {
+    /// Queues the message was routed to (0: no subscriber; MQTT 5 reason
+    /// 0x10). Always 0 for a staged transactional publish.
+    pub routed: usize,
+    /// Present when a confirm was requested and a journal commit is pending:
+    /// answer the producer on [`SessionEvent::Committed`] with this ticket.
+    /// Absent when the message is already as safe as it will get.
+    pub pending: Option<Ticket>,
+}
+
+/// A will message (MQTT last will), published when the session ends
+/// without a clean close.
+#[derive(Debug, Clone)]
+pub struct Will {
+    /// Where to publish.
+    pub address: Address,
+    /// What to publish.
+    pub message: Message,
+    /// Wait this long first; cancelled if the same client id reconnects.
+    pub delay: Duration,
+}
+
+/// How a session ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseKind {
+    /// The client said goodbye: discard the will.
+    Clean,
+    /// The connection failed or was closed by the broker: publish the will.
+    Abnormal,
+    /// Like `Clean`, but publish the will anyway (MQTT 5 DISCONNECT 0x04).
+    CleanWithWill,
+}
+
+/// Why the core errored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BrokerError {
+    /// No such queue (and auto-creation is off).
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The principal may not do this.
+    #[error("not authorized: {0}")]
+    Unauthorized(String),
+    /// A limit was reached (memory, disk, queue depth, consumers).
+    #[error("resource limit exceeded: {0}")]
+    ResourceLimit(String),
+    /// A malformed address or filter.
+    #[error("invalid address: {0}")]
+    InvalidAddress(String),
+    /// The consumer, delivery or transaction is not known to this session.
+    #[error("unknown {0}")]
+    Unknown(&'static str),
+    /// The queue is owned by another session (exclusive, temporary).
+    #[error("in use: {0}")]
+    InUse(String),
+    /// The session was closed (taken over or shut down).
+    #[error("session closed")]
+    SessionClosed,
+    /// The journal failed; the operation is not durable.
+    #[error("storage failure: {0}")]
+    Storage(String),
+}
+
+/// An asynchronous event for a session.
+#[derive(Debug, Clone)]
+pub enum SessionEvent {
+    /// A message for one of the session's consumers.
+    Delivery(Delivery),
+    /// A pending durable operation finished.
+    Committed {
+        /// The ticket from the call that started it.
+        ticket: Ticket,
+        /// `Err` if the journal failed: the producer must be told.
+        result: Result<(), BrokerError>,
+    },
+    /// A drain request finished: the consumer's credit is now zero.
+    Drained {
+        /// The consumer.
+        consumer: ConsumerId,
+    },
+    /// The consumer was closed by the broker (queue deleted).
+    ConsumerClosed {
+        /// The consumer.
+        consumer: ConsumerId,
+        /// Why.
+        reason: BrokerError,
+    },
+    /// The session was closed by the broker: taken over by a new connection
+    /// with the same client id, or the broker is shutting down.
+    Kicked {
+        /// Why.
+        reason: KickReason,
+    },
+}
+
+/// Why a session was closed by the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KickReason {
+    /// Another connection with the same client id took the session.
+    TakenOver,
+    /// The broker is shutting down.
+    ServerShutdown,
+}
+
+/// Which bindings of a queue a message matched (for MQTT overlapping
+/// subscriptions). Empty fields for plain queue deliveries.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MatchInfo {
+    /// The highest guarantee granted among the matching bindings.
+    pub max_guarantee: Option<Guarantee>,
+    /// Subscription identifiers of all matching bindings, in binding order.
+    pub subscription_ids: Vec<u32>,
+    /// Some matching binding asked for retain-as-published.
+    pub retain_as_published: bool,
+}
+
+/// One message handed to a consumer.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The consumer.
+    pub consumer: ConsumerId,
+    /// Settle with this tag.
+    pub tag: DeliveryTag,
+    /// The message, shared with every other copy.
+    pub message: Arc<Message>,
+    /// Failed delivery attempts before this one (AMQP `delivery-count`).
+    pub delivery_count: u32,
+    /// The message may have been seen before (MQTT DUP, STOMP
+    /// `redelivered`, AMQP `first-acquirer` false).
+    pub redelivered: bool,
+    /// Sent from the retained store because of a new subscription.
+    pub from_retained: bool,
+    /// Which bindings matched.
+    pub matched: MatchInfo,
+    /// The adapter's saved state for this in-flight delivery (see
+    /// [`Session::annotate`]), e.g. an MQTT packet id. Survives restarts.
+    pub annotation: Option<Bytes>,
+}
+
+/// A connection's handle on the core.
+///
+/// Every method returns at once. Methods that change durable state and
+/// take `confirm`/return a [`Ticket`] finish on [`SessionEvent::Committed`].
+pub trait Session: Send {
+    /// Declares a queue, or finds it.
+    fn declare_queue(&mut self, spec: QueueSpec) -> Result<QueueInfo, BrokerError>;
+
+    /// Deletes a queue and drops its messages.
+    fn delete_queue(&mut self, name: &str) -> Result<(), BrokerError>;
+
+    /// Binds a topic filter to a queue: each message published to a
+    /// matching topic gets copied into the queue once, however many of the
+    /// queue's bindings match.
+    fn bind(
+        &mut self,
+        queue: &str,
+        filter: &str,
+        options: BindingOptions,
+    ) -> Result<BindInfo, BrokerError>;
+
+    /// Removes a binding. Returns whether it existed.
+    fn unbind(&mut self, queue: &str, filter: &str) -> Result<bool, BrokerError>;
+
+    /// Publishes, or stages in a transaction.
+    fn publish(
+        &mut self,
+        address: &Address,
+        message: Message,
+        options: PublishOptions,
+    ) -> Result<PublishReceipt, BrokerError>;
+
+    /// Starts consuming a queue.
+    fn consume(&mut self, spec: ConsumerSpec) -> Result<ConsumerId, BrokerError>;
+
+    /// Stops a consumer. Its unsettled deliveries go back to the queue.
+    fn cancel(&mut self, consumer: ConsumerId) -> Result<(), BrokerError>;
+
+    /// Sets an explicit-credit consumer's credit to `credit`. With `drain`,
+    /// the core sends what it has up to that credit, then zeroes the rest and
+    /// sends [`SessionEvent::Drained`].
+    fn set_credit(
+        &mut self,
+        consumer: ConsumerId,
+        credit: u32,
+        drain: bool,
+    ) -> Result<(), BrokerError>;
+
+    /// Settles a delivery. Inside a transaction the outcome is staged.
+    /// Returns a ticket when the settlement's journal write is pending and
+    /// `confirm` is set.
+    fn settle(
+        &mut self,
+        consumer: ConsumerId,
+        tag: DeliveryTag,
+        outcome: Outcome,
+        txn: Option<TxnId>,
+        confirm: bool,
+    ) -> Result<Option<Ticket>, BrokerError>;
+
+    /// Saves adapter state for an unsettled delivery (e.g. the MQTT packet
+    /// id and PUBREL phase); returned in [`Delivery::annotation`] when the
+    /// message is redelivered, across restarts for durable queues.
+    fn annotate(
+        &mut self,
+        consumer: ConsumerId,
+        tag: DeliveryTag,
+        annotation: Bytes,
+    ) -> Result<(), BrokerError>;
+
+    /// Starts a transaction.
+    fn begin(&mut self) -> TxnId;
+
+    /// Commits a transaction: all staged publishes and settlements take
+    /// effect together, in one journal write. Finishes on the ticket.
+    fn commit(&mut self, txn: TxnId) -> Result<Ticket, BrokerError>;
+
+    /// Discards a transaction's staged work.
+    fn rollback(&mut self, txn: TxnId) -> Result<(), BrokerError>;
+
+    /// Reads durable per-client state saved with [`Session::put_state`]
+    /// (keyed by protocol, client id and `key`).
+    fn get_state(&mut self, key: &str) -> Option<Bytes>;
+
+    /// Saves (or with `None`, deletes) durable per-client state.
+    fn put_state(&mut self, key: &str, value: Option<Bytes>)
+        -> Result<Option<Ticket>, BrokerError>;
+
+    /// Sets or clears the will published on abnormal close.
+    fn set_will(&mut self, will: Option<Will>);
+
+    /// True while producers should be held back (memory or disk limit):
+    /// AMQP withholds credit, others stop reading.
+    fn producer_blocked(&self) -> bool;
+
+    /// Ends the session: consumers are cancelled, unsettled deliveries go
+    /// back to their queues, session-lifetime queues are deleted, open
+    /// transactions roll back, and the will is handled per `kind`.
+    fn close(&mut self, kind: CloseKind);
+}
+
+/// Name of the durable queue behind a durable topic subscription. The same
+/// scheme serves STOMP (client-id, subscription name) and AMQP (container
+/// id, link name), so that a reconnecting client finds its queue again.
+pub fn durable_subscription_queue(client_id: &str, subscription: &str) -> String {
+    format!("$durable/{client_id}/{subscription}")
+}
+
+/// Name of the queue behind an MQTT session.
+pub fn mqtt_session_queue(client_id: &str) -> String {
+    format!("$mqtt/{client_id}")
+}
+
+/// Prefix of MQTT shared subscription filters, also the queue name scheme.
+pub const SHARED_SUBSCRIPTION_PREFIX: &str = "$share/";

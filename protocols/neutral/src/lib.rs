@@ -1,0 +1,22 @@
+//! Rosetta's protocol-neutral API: the one crate every protocol adapter and
+//! the broker core both depend on.
+//!
+//! - [`message`]: the [`Message`] every wire format converts to and from;
+//! - [`value`]: typed, ordered properties;
+//! - [`address`]: the naming scheme shared by MQTT, STOMP and AMQP;
+//! - [`broker`]: the [`Broker`]/[`Session`] handle adapters call, and the
+//!   [`SessionEvent`]s the core sends back.
+//!
+//! The crate has no IO and no async runtime: adapters built on it stay
+//! sans-IO state machines.
+#![warn(missing_docs)]
+
+pub mod address;
+pub mod broker;
+pub mod message;
+pub mod value;
+
+pub use address::{Address, AddressError, RoutingType};
+pub use broker::*;
+pub use message::{Body, BodyKind, Guarantee, Message, MessageId};
+pub use value::{Properties, Value};
