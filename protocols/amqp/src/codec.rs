@@ -1,0 +1,217 @@
+//! Thin helpers around `serde_amqp`: a bounds-checked scanner that finds
+//! where one encoded AMQP value ends, descriptor peeking, and encoding into a
+//! caller's buffer.
+//!
+//! `serde_amqp::from_slice` decodes a value from a slice but does not say
+//! how many bytes it consumed, and a transfer frame is a performative
+//! followed by raw payload. [`value_len`] answers that by reading only the
+//! format codes and size prefixes (never scanning bodies byte by byte), so
+//! we can split a frame into performative and payload, and a message into
+//! its sections, without decoding what the broker does not need.
+
+use serde::Serialize;
+
+/// Deepest nesting of described values the scanner follows. Legal AMQP
+/// needs 2 (a described descriptor is not used in practice); the bound stops
+/// a crafted frame from recursing deeply.
+const DESCRIBED_DEPTH_MAX: usize = 8;
+
+/// Why bytes could not be scanned or decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    /// The value claims more bytes than are present.
+    #[error("truncated AMQP value")]
+    Truncated,
+    /// An unknown or reserved format code.
+    #[error("invalid AMQP format code {0:#04x}")]
+    BadFormatCode(u8),
+    /// Described values nested deeper than we follow.
+    #[error("described values nested too deeply")]
+    TooDeep,
+    /// `serde_amqp` rejected the value.
+    #[error("malformed {what}: {detail}")]
+    Malformed {
+        /// What was being decoded.
+        what: &'static str,
+        /// serde_amqp's message.
+        detail: String,
+    },
+}
+
+/// Length in bytes of the single AMQP value encoded at the start of `buf`.
+pub(crate) fn value_len(buf: &[u8]) -> Result<usize, CodecError> {
+    value_len_at(buf, 0)
+}
+
+fn value_len_at(buf: &[u8], depth: usize) -> Result<usize, CodecError> {
+    let code = *buf.first().ok_or(CodecError::Truncated)?;
+    let len = match code {
+        0x00 => {
+            if depth >= DESCRIBED_DEPTH_MAX {
+                return Err(CodecError::TooDeep);
+            }
+            let rest = buf.get(1..).ok_or(CodecError::Truncated)?;
+            let d = value_len_at(rest, depth + 1)?;
+            let rest2 = rest.get(d..).ok_or(CodecError::Truncated)?;
+            let v = value_len_at(rest2, depth + 1)?;
+            1 + d + v
+        }
+        0x40..=0x45 => 1,
+        0x50..=0x56 => 2,
+        0x60 | 0x61 => 3,
+        0x70..=0x74 => 5,
+        0x80..=0x84 => 9,
+        0x94 | 0x98 => 17,
+        0xa0 | 0xa1 | 0xa3 | 0xc0 | 0xc1 | 0xe0 => {
+            let n = *buf.get(1).ok_or(CodecError::Truncated)?;
+            2 + usize::from(n)
+        }
+        0xb0 | 0xb1 | 0xb3 | 0xd0 | 0xd1 | 0xf0 => {
+            let n = read_u32(buf, 1)?;
+            5usize
+                .checked_add(usize::try_from(n).map_err(|_| CodecError::Truncated)?)
+                .ok_or(CodecError::Truncated)?
+        }
+        other => return Err(CodecError::BadFormatCode(other)),
+    };
+    if len > buf.len() {
+        return Err(CodecError::Truncated);
+    }
+    Ok(len)
+}
+
+fn read_u32(buf: &[u8], at: usize) -> Result<u32, CodecError> {
+    let b = buf.get(at..at + 4).ok_or(CodecError::Truncated)?;
+    Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// The numeric descriptor code of the described value at the start of
+/// `buf`, or `None` when it is not described by a ulong code. Symbolic
+/// descriptors (`amqp:transfer:list`) are mapped by the caller's decoder,
+/// so here they yield `None`.
+pub(crate) fn descriptor_code(buf: &[u8]) -> Option<u64> {
+    match buf {
+        [0x00, 0x53, code, ..] => Some(u64::from(*code)),
+        [0x00, 0x44, ..] => Some(0),
+        [0x00, 0x80, rest @ ..] if rest.len() >= 8 => {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&rest[..8]);
+            Some(u64::from_be_bytes(b))
+        }
+        _ => None,
+    }
+}
+
+/// Where the value of the described value at the start of `buf` begins
+/// (after the `0x00` and the descriptor).
+pub(crate) fn described_value_offset(buf: &[u8]) -> Result<usize, CodecError> {
+    if buf.first() != Some(&0x00) {
+        return Err(CodecError::Malformed {
+            what: "section",
+            detail: "not a described value".into(),
+        });
+    }
+    let rest = buf.get(1..).ok_or(CodecError::Truncated)?;
+    Ok(1 + value_len(rest)?)
+}
+
+/// Decodes one value with `serde_amqp`.
+pub(crate) fn decode<'a, T: serde::Deserialize<'a>>(
+    what: &'static str,
+    buf: &'a [u8],
+) -> Result<T, CodecError> {
+    serde_amqp::from_slice(buf).map_err(|e| CodecError::Malformed {
+        what,
+        detail: e.to_string(),
+    })
+}
+
+/// Appends the AMQP encoding of `value` to `out` (no intermediate buffer).
+pub(crate) fn encode_into<T: Serialize + ?Sized>(
+    out: &mut Vec<u8>,
+    value: &T,
+) -> Result<(), serde_amqp::Error> {
+    let mut ser = serde_amqp::ser::Serializer::new(out);
+    value.serialize(&mut ser)
+}
+
+/// Appends a binary (`vbin8`/`vbin32`) header for `len` bytes.
+pub(crate) fn write_binary_header(out: &mut Vec<u8>, len: usize) {
+    write_var_header(out, 0xa0, 0xb0, len);
+}
+
+/// Appends a string (`str8`/`str32`) header for `len` bytes.
+pub(crate) fn write_string_header(out: &mut Vec<u8>, len: usize) {
+    write_var_header(out, 0xa1, 0xb1, len);
+}
+
+fn write_var_header(out: &mut Vec<u8>, short: u8, long: u8, len: usize) {
+    match u8::try_from(len) {
+        Ok(n) => {
+            out.push(short);
+            out.push(n);
+        }
+        Err(_) => {
+            // Our own invariant: the journal and frames bound messages far
+            // below 4 GiB.
+            let n = u32::try_from(len).unwrap_or(u32::MAX);
+            out.push(long);
+            out.extend_from_slice(&n.to_be_bytes());
+        }
+    }
+}
+
+/// The payload of a `vbin`/`str`/`sym` value at the start of `buf`: the
+/// range of the raw bytes within `buf`.
+pub(crate) fn variable_payload(buf: &[u8]) -> Option<std::ops::Range<usize>> {
+    match *buf.first()? {
+        0xa0 | 0xa1 | 0xa3 => {
+            let n = usize::from(*buf.get(1)?);
+            (2 + n <= buf.len()).then_some(2..2 + n)
+        }
+        0xb0 | 0xb1 | 0xb3 => {
+            let n = usize::try_from(read_u32(buf, 1).ok()?).ok()?;
+            let end = 5usize.checked_add(n)?;
+            (end <= buf.len()).then_some(5..end)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scans_fixed_and_variable_widths() {
+        assert_eq!(value_len(&[0x40]), Ok(1));
+        assert_eq!(value_len(&[0x53, 7]), Ok(2));
+        assert_eq!(value_len(&[0xa1, 2, b'h', b'i', 0xff]), Ok(4));
+        assert_eq!(value_len(&[0xb0, 0, 0, 0, 1, 9]), Ok(6));
+        assert_eq!(value_len(&[0x00, 0x53, 0x75, 0xa0, 1, 5]), Ok(6));
+        assert_eq!(value_len(&[0xc0, 1, 0x40]), Ok(3));
+    }
+
+    #[test]
+    fn truncation_and_bad_codes_are_errors() {
+        assert_eq!(value_len(&[]), Err(CodecError::Truncated));
+        assert_eq!(value_len(&[0xa1, 5, b'h']), Err(CodecError::Truncated));
+        assert_eq!(
+            value_len(&[0xb0, 0xff, 0xff, 0xff, 0xff]),
+            Err(CodecError::Truncated)
+        );
+        assert_eq!(value_len(&[0x00]), Err(CodecError::Truncated));
+        assert_eq!(value_len(&[0x33]), Err(CodecError::BadFormatCode(0x33)));
+        let deep = [0x00; 64];
+        assert!(value_len(&deep).is_err());
+    }
+
+    #[test]
+    fn descriptors_are_peeked() {
+        assert_eq!(descriptor_code(&[0x00, 0x53, 0x14, 0x45]), Some(0x14));
+        let mut long = vec![0x00, 0x80];
+        long.extend_from_slice(&0x41u64.to_be_bytes());
+        assert_eq!(descriptor_code(&long), Some(0x41));
+        assert_eq!(descriptor_code(&[0x45]), None);
+    }
+}

@@ -1,0 +1,529 @@
+//! AMQP message sections <-> [`rosetta_neutral::Message`].
+//!
+//! Decoding reads only what the broker needs and keeps bodies raw:
+//!
+//! | AMQP                                   | neutral                                  |
+//! |----------------------------------------|------------------------------------------|
+//! | one `data` section                     | `BodyKind::Binary`, payload sliced (no copy) |
+//! | `amqp-value` holding a string          | `BodyKind::Text`, the UTF-8 bytes (no copy) |
+//! | other `amqp-value`                     | `BodyKind::AmqpValue`, raw section bytes |
+//! | `amqp-sequence` section(s)             | `BodyKind::AmqpSequence`, raw bytes      |
+//! | several `data` sections                | `BodyKind::AmqpData`, raw bytes          |
+//! | header durable/priority/ttl            | `durable`/`priority`/`expiry` (now+ttl)  |
+//! | message-annotations                    | `amqp_annotations`, raw section bytes    |
+//! | properties                             | the matching neutral fields; `to` is returned for anonymous relay |
+//! | application-properties                 | `properties`, typed [`Value`]s           |
+//!
+//! Not carried: delivery-annotations and footer (hop-by-hop by the spec),
+//! `reply-to-group-id` (no neutral field), and decimal application-property
+//! values, which become [`Value::Binary`] of their IEEE 754 bytes (the
+//! neutral [`Value`] has no decimal type). Described application-property
+//! values are illegal by the spec and are dropped with a debug log.
+//!
+//! Encoding writes every section but the body bytes into a reusable scratch
+//! buffer; the body (`Bytes` shared with the core) is then copied once,
+//! straight into the output frames.
+
+use bytes::Bytes;
+use fe2o3_amqp_types::messaging::{
+    ApplicationProperties, Header, MessageId as AmqpMessageId, Priority,
+    Properties as AmqpProperties,
+};
+use fe2o3_amqp_types::primitives::{Binary, OrderedMap, SimpleValue, Symbol, Timestamp, Uuid};
+use rosetta_neutral::{Address, Body, BodyKind, Delivery, Message, MessageId, Properties, Value};
+
+use crate::codec::{self, CodecError};
+
+const SECTION_HEADER: u64 = 0x70;
+const SECTION_DELIVERY_ANNOTATIONS: u64 = 0x71;
+const SECTION_MESSAGE_ANNOTATIONS: u64 = 0x72;
+const SECTION_PROPERTIES: u64 = 0x73;
+const SECTION_APPLICATION_PROPERTIES: u64 = 0x74;
+const SECTION_DATA: u64 = 0x75;
+const SECTION_AMQP_SEQUENCE: u64 = 0x76;
+const SECTION_AMQP_VALUE: u64 = 0x77;
+const SECTION_FOOTER: u64 = 0x78;
+
+/// Most sections one message may have: 6 non-body sections plus the body.
+/// A body of thousands of tiny `data` sections is legal but pathological;
+/// the bound keeps the scan short.
+const SECTIONS_MAX: usize = 1024;
+
+/// A decoded incoming message.
+#[derive(Debug)]
+pub(crate) struct Decoded {
+    /// The neutral message.
+    pub(crate) message: Message,
+    /// The properties' `to`, for anonymous-relay routing.
+    pub(crate) to: Option<String>,
+}
+
+/// Decodes a complete message payload. `now_ms` turns a header ttl into an
+/// absolute expiry.
+pub(crate) fn decode(payload: &Bytes, now_ms: u64) -> Result<Decoded, CodecError> {
+    let mut msg = Message::default();
+    let mut to = None;
+    let mut ttl_expiry = None;
+    let mut body: Option<(u64, usize, usize, usize)> = None; // (code, start, end, count)
+    let mut pos = 0usize;
+    let mut sections = 0usize;
+    while pos < payload.len() {
+        sections += 1;
+        if sections > SECTIONS_MAX {
+            return Err(malformed("message", "too many sections"));
+        }
+        let rest = &payload[pos..];
+        let len = codec::value_len(rest)?;
+        let section = &rest[..len];
+        let code = codec::descriptor_code(section)
+            .ok_or_else(|| malformed("message", "section without a numeric descriptor"))?;
+        match code {
+            SECTION_HEADER => {
+                let h: Header = codec::decode("header", section)?;
+                msg.durable = h.durable;
+                msg.priority = h.priority.0.min(9);
+                ttl_expiry = h.ttl.map(|t| now_ms.saturating_add(u64::from(t)));
+            }
+            SECTION_DELIVERY_ANNOTATIONS | SECTION_FOOTER => {}
+            SECTION_MESSAGE_ANNOTATIONS => {
+                msg.amqp_annotations = Some(payload.slice(pos..pos + len));
+            }
+            SECTION_PROPERTIES => {
+                let p: AmqpProperties = codec::decode("properties", section)?;
+                to = apply_properties(&mut msg, p);
+            }
+            SECTION_APPLICATION_PROPERTIES => {
+                let a: ApplicationProperties = codec::decode("application-properties", section)?;
+                msg.properties = from_application_properties(a);
+            }
+            SECTION_DATA | SECTION_AMQP_SEQUENCE | SECTION_AMQP_VALUE => match &mut body {
+                None => body = Some((code, pos, pos + len, 1)),
+                Some((first, _, end, count)) if *first == code && code != SECTION_AMQP_VALUE => {
+                    *end = pos + len;
+                    *count += 1;
+                }
+                Some(_) => return Err(malformed("message", "mixed body sections")),
+            },
+            _ => return Err(malformed("message", "unknown section")),
+        }
+        pos += len;
+    }
+    msg.expiry = match (msg.expiry, ttl_expiry) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    msg.body = match body {
+        None => Body::binary(Bytes::new()),
+        Some((SECTION_DATA, start, end, 1)) => {
+            let off = codec::described_value_offset(&payload[start..end])?;
+            let range = codec::variable_payload(&payload[start + off..end])
+                .ok_or_else(|| malformed("data", "not a binary"))?;
+            Body::binary(payload.slice(start + off + range.start..start + off + range.end))
+        }
+        Some((SECTION_DATA, start, end, _)) => raw(BodyKind::AmqpData, payload, start, end),
+        Some((SECTION_AMQP_SEQUENCE, start, end, _)) => {
+            raw(BodyKind::AmqpSequence, payload, start, end)
+        }
+        Some((_, start, end, _)) => {
+            let off = codec::described_value_offset(&payload[start..end])?;
+            let value = &payload[start + off..end];
+            match value.first() {
+                Some(0xa1 | 0xb1) => {
+                    let range = codec::variable_payload(value)
+                        .ok_or_else(|| malformed("amqp-value", "bad string"))?;
+                    std::str::from_utf8(&value[range.clone()])
+                        .map_err(|_| malformed("amqp-value", "string is not UTF-8"))?;
+                    Body::text(payload.slice(start + off + range.start..start + off + range.end))
+                }
+                _ => raw(BodyKind::AmqpValue, payload, start, end),
+            }
+        }
+    };
+    Ok(Decoded { message: msg, to })
+}
+
+fn raw(kind: BodyKind, payload: &Bytes, start: usize, end: usize) -> Body {
+    Body {
+        kind,
+        bytes: payload.slice(start..end),
+    }
+}
+
+fn malformed(what: &'static str, detail: &str) -> CodecError {
+    CodecError::Malformed {
+        what,
+        detail: detail.to_owned(),
+    }
+}
+
+fn apply_properties(msg: &mut Message, p: AmqpProperties) -> Option<String> {
+    msg.message_id = p.message_id.map(from_amqp_id);
+    msg.correlation_id = p.correlation_id.map(from_amqp_id);
+    msg.user_id = p.user_id.map(|b| Bytes::from(b.into_vec()));
+    msg.subject = p.subject;
+    msg.reply_to = p.reply_to.map(|r| match Address::parse_destination(&r) {
+        Ok(a) => a.to_destination(),
+        Err(_) => r,
+    });
+    msg.content_type = p.content_type.map(Symbol::into_inner);
+    msg.content_encoding = p.content_encoding.map(Symbol::into_inner);
+    msg.expiry = p
+        .absolute_expiry_time
+        .and_then(|t| u64::try_from(t.milliseconds()).ok());
+    msg.creation_time = p
+        .creation_time
+        .and_then(|t| u64::try_from(t.milliseconds()).ok());
+    msg.group_id = p.group_id;
+    msg.group_sequence = p.group_sequence;
+    p.to
+}
+
+fn from_amqp_id(id: AmqpMessageId) -> MessageId {
+    match id {
+        AmqpMessageId::Ulong(v) => MessageId::Ulong(v),
+        AmqpMessageId::Uuid(u) => MessageId::Uuid(u.into_inner()),
+        AmqpMessageId::Binary(b) => MessageId::Binary(Bytes::from(b.into_vec())),
+        AmqpMessageId::String(s) => MessageId::String(s),
+    }
+}
+
+fn to_amqp_id(id: &MessageId) -> AmqpMessageId {
+    match id {
+        MessageId::Ulong(v) => AmqpMessageId::Ulong(*v),
+        MessageId::Uuid(u) => AmqpMessageId::Uuid(Uuid::from(*u)),
+        MessageId::Binary(b) => AmqpMessageId::Binary(Binary::from(b.to_vec())),
+        MessageId::String(s) => AmqpMessageId::String(s.clone()),
+    }
+}
+
+fn from_application_properties(a: ApplicationProperties) -> Properties {
+    a.0.into_inner()
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let value = match v {
+                SimpleValue::Null => Value::Null,
+                SimpleValue::Bool(b) => Value::Bool(b),
+                SimpleValue::Ubyte(v) => Value::UByte(v),
+                SimpleValue::Ushort(v) => Value::UShort(v),
+                SimpleValue::Uint(v) => Value::UInt(v),
+                SimpleValue::Ulong(v) => Value::ULong(v),
+                SimpleValue::Byte(v) => Value::Byte(v),
+                SimpleValue::Short(v) => Value::Short(v),
+                SimpleValue::Int(v) => Value::Int(v),
+                SimpleValue::Long(v) => Value::Long(v),
+                SimpleValue::Float(v) => Value::Float(v.into_inner()),
+                SimpleValue::Double(v) => Value::Double(v.into_inner()),
+                SimpleValue::Decimal32(d) => Value::Binary(Bytes::copy_from_slice(d.as_inner())),
+                SimpleValue::Decimal64(d) => Value::Binary(Bytes::copy_from_slice(d.as_inner())),
+                SimpleValue::Decimal128(d) => Value::Binary(Bytes::copy_from_slice(d.as_inner())),
+                SimpleValue::Char(c) => Value::Char(c),
+                SimpleValue::Timestamp(t) => Value::Timestamp(t.milliseconds()),
+                SimpleValue::Uuid(u) => Value::Uuid(u.into_inner()),
+                SimpleValue::Binary(b) => Value::Binary(Bytes::from(b.into_vec())),
+                SimpleValue::String(s) => Value::String(s),
+                SimpleValue::Symbol(s) => Value::Symbol(s.into_inner()),
+                SimpleValue::Described(_) => {
+                    tracing::debug!(property = %k, "dropping described application property");
+                    return None;
+                }
+            };
+            Some((k, value))
+        })
+        .collect()
+}
+
+fn to_simple_value(v: &Value) -> SimpleValue {
+    match v {
+        Value::Null => SimpleValue::Null,
+        Value::Bool(b) => SimpleValue::Bool(*b),
+        Value::UByte(v) => SimpleValue::Ubyte(*v),
+        Value::UShort(v) => SimpleValue::Ushort(*v),
+        Value::UInt(v) => SimpleValue::Uint(*v),
+        Value::ULong(v) => SimpleValue::Ulong(*v),
+        Value::Byte(v) => SimpleValue::Byte(*v),
+        Value::Short(v) => SimpleValue::Short(*v),
+        Value::Int(v) => SimpleValue::Int(*v),
+        Value::Long(v) => SimpleValue::Long(*v),
+        Value::Float(v) => SimpleValue::Float((*v).into()),
+        Value::Double(v) => SimpleValue::Double((*v).into()),
+        Value::Char(c) => SimpleValue::Char(*c),
+        Value::Timestamp(t) => SimpleValue::Timestamp(Timestamp::from_milliseconds(*t)),
+        Value::Uuid(u) => SimpleValue::Uuid(Uuid::from(*u)),
+        Value::String(s) => SimpleValue::String(s.clone()),
+        Value::Symbol(s) => SimpleValue::Symbol(Symbol::from(s.as_str())),
+        Value::Binary(b) => SimpleValue::Binary(Binary::from(b.to_vec())),
+    }
+}
+
+/// Writes every section of `delivery`'s message except the body bytes into
+/// `head` (cleared first) and returns the body bytes that follow it.
+pub(crate) fn encode_head<'d>(
+    head: &mut Vec<u8>,
+    delivery: &'d Delivery,
+    now_ms: u64,
+) -> Result<&'d [u8], serde_amqp::Error> {
+    head.clear();
+    let m = &*delivery.message;
+    let ttl = m
+        .expiry
+        .map(|e| u32::try_from(e.saturating_sub(now_ms).max(1)).unwrap_or(u32::MAX));
+    let header = Header {
+        durable: m.durable,
+        priority: Priority(m.priority),
+        ttl,
+        first_acquirer: !delivery.redelivered,
+        delivery_count: delivery.delivery_count,
+    };
+    codec::encode_into(head, &header)?;
+    if let Some(ann) = &m.amqp_annotations {
+        head.extend_from_slice(ann);
+    }
+    let has_props = m.message_id.is_some()
+        || m.correlation_id.is_some()
+        || m.user_id.is_some()
+        || m.address.is_some()
+        || m.subject.is_some()
+        || m.reply_to.is_some()
+        || m.content_type.is_some()
+        || m.content_encoding.is_some()
+        || m.expiry.is_some()
+        || m.creation_time.is_some()
+        || m.group_id.is_some()
+        || m.group_sequence.is_some();
+    if has_props {
+        let props = AmqpProperties {
+            message_id: m.message_id.as_ref().map(to_amqp_id),
+            user_id: m.user_id.as_ref().map(|b| Binary::from(b.to_vec())),
+            to: m.address.as_ref().map(Address::to_destination),
+            subject: m.subject.clone(),
+            reply_to: m.reply_to.clone(),
+            correlation_id: m.correlation_id.as_ref().map(to_amqp_id),
+            content_type: m.content_type.as_deref().map(Symbol::from),
+            content_encoding: m.content_encoding.as_deref().map(Symbol::from),
+            absolute_expiry_time: m
+                .expiry
+                .map(|e| Timestamp::from_milliseconds(i64::try_from(e).unwrap_or(i64::MAX))),
+            creation_time: m
+                .creation_time
+                .map(|e| Timestamp::from_milliseconds(i64::try_from(e).unwrap_or(i64::MAX))),
+            group_id: m.group_id.clone(),
+            group_sequence: m.group_sequence,
+            reply_to_group_id: None,
+        };
+        codec::encode_into(head, &props)?;
+    }
+    if !m.properties.is_empty() {
+        let mut map = OrderedMap::with_capacity(m.properties.len());
+        for (k, v) in m.properties.iter() {
+            // AMQP maps have unique keys: the first value wins, as for
+            // `Properties::get`.
+            if !map.contains_key(k) {
+                map.insert(k.to_owned(), to_simple_value(v));
+            }
+        }
+        codec::encode_into(head, &ApplicationProperties(map))?;
+    }
+    let body = &m.body.bytes[..];
+    match m.body.kind {
+        BodyKind::Binary => {
+            head.extend_from_slice(&[0x00, 0x53, SECTION_DATA as u8]);
+            codec::write_binary_header(head, body.len());
+        }
+        BodyKind::Text => {
+            head.extend_from_slice(&[0x00, 0x53, SECTION_AMQP_VALUE as u8]);
+            codec::write_string_header(head, body.len());
+        }
+        BodyKind::AmqpValue | BodyKind::AmqpSequence | BodyKind::AmqpData => {}
+    }
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use fe2o3_amqp_types::messaging::{AmqpSequence, AmqpValue, Data, MessageAnnotations};
+    use fe2o3_amqp_types::primitives::Value as AmqpValueAny;
+    use rosetta_neutral::{ConsumerId, DeliveryTag, MatchInfo};
+
+    use super::*;
+
+    fn enc<T: serde::Serialize>(out: &mut Vec<u8>, v: &T) {
+        codec::encode_into(out, v).unwrap();
+    }
+
+    fn delivery(m: Message) -> Delivery {
+        Delivery {
+            consumer: ConsumerId(1),
+            tag: DeliveryTag(1),
+            message: Arc::new(m),
+            delivery_count: 2,
+            redelivered: true,
+            from_retained: false,
+            matched: MatchInfo::default(),
+            annotation: None,
+        }
+    }
+
+    fn full_payload() -> Vec<u8> {
+        let mut p = Vec::new();
+        enc(
+            &mut p,
+            &Header {
+                durable: true,
+                priority: Priority(7),
+                ttl: Some(1000),
+                first_acquirer: false,
+                delivery_count: 0,
+            },
+        );
+        let mut ann = OrderedMap::new();
+        ann.insert(
+            fe2o3_amqp_types::messaging::annotations::OwnedKey::from(Symbol::from("x-opt-a")),
+            AmqpValueAny::Int(5),
+        );
+        enc(&mut p, &MessageAnnotations(ann));
+        enc(
+            &mut p,
+            &AmqpProperties {
+                message_id: Some(AmqpMessageId::Uuid(Uuid::from([7u8; 16]))),
+                user_id: Some(Binary::from(b"u".to_vec())),
+                to: Some("/topic/a/b".into()),
+                subject: Some("s".into()),
+                reply_to: Some("replies".into()),
+                correlation_id: Some(AmqpMessageId::Ulong(9)),
+                content_type: Some(Symbol::from("text/plain")),
+                content_encoding: Some(Symbol::from("gzip")),
+                absolute_expiry_time: Some(Timestamp::from_milliseconds(5_000)),
+                creation_time: Some(Timestamp::from_milliseconds(100)),
+                group_id: Some("g".into()),
+                group_sequence: Some(3),
+                reply_to_group_id: None,
+            },
+        );
+        let mut ap = OrderedMap::new();
+        ap.insert("k".to_string(), SimpleValue::Int(-1));
+        ap.insert("s".to_string(), SimpleValue::String("v".into()));
+        enc(&mut p, &ApplicationProperties(ap));
+        p
+    }
+
+    #[test]
+    fn decodes_all_sections_and_slices_one_data_section() {
+        let mut p = full_payload();
+        enc(&mut p, &Data(Binary::from(b"hello".to_vec())));
+        let payload = Bytes::from(p);
+        let d = decode(&payload, 1_000).unwrap();
+        let m = &d.message;
+        assert_eq!(d.to.as_deref(), Some("/topic/a/b"));
+        assert!(m.durable);
+        assert_eq!(m.priority, 7);
+        // ttl 1000 at now 1000 -> 2000, earlier than the absolute 5000.
+        assert_eq!(m.expiry, Some(2_000));
+        assert_eq!(m.message_id, Some(MessageId::Uuid([7; 16])));
+        assert_eq!(m.correlation_id, Some(MessageId::Ulong(9)));
+        assert_eq!(m.reply_to.as_deref(), Some("/queue/replies"));
+        assert_eq!(m.content_type.as_deref(), Some("text/plain"));
+        assert_eq!(m.content_encoding.as_deref(), Some("gzip"));
+        assert_eq!(m.group_id.as_deref(), Some("g"));
+        assert_eq!(m.group_sequence, Some(3));
+        assert_eq!(m.creation_time, Some(100));
+        assert_eq!(m.user_id.as_deref(), Some(&b"u"[..]));
+        assert_eq!(m.properties.get("k"), Some(&Value::Int(-1)));
+        assert_eq!(m.properties.get("s"), Some(&Value::from("v")));
+        assert!(m.amqp_annotations.is_some());
+        assert_eq!(m.body.kind, BodyKind::Binary);
+        assert_eq!(&m.body.bytes[..], b"hello");
+        // Zero copy: the body points into the payload buffer.
+        let base = payload.as_ptr() as usize;
+        let body = m.body.bytes.as_ptr() as usize;
+        assert!(body >= base && body < base + payload.len());
+    }
+
+    #[test]
+    fn body_kinds() {
+        let mut p = Vec::new();
+        enc(&mut p, &AmqpValue("héllo".to_string()));
+        let d = decode(&Bytes::from(p), 0).unwrap();
+        assert_eq!(d.message.body, Body::text("héllo"));
+
+        let mut p = Vec::new();
+        enc(&mut p, &AmqpValue(42i32));
+        let raw = p.clone();
+        let d = decode(&Bytes::from(p), 0).unwrap();
+        assert_eq!(d.message.body.kind, BodyKind::AmqpValue);
+        assert_eq!(&d.message.body.bytes[..], &raw[..]);
+
+        let mut p = Vec::new();
+        enc(&mut p, &AmqpSequence(vec![1i32, 2]));
+        enc(&mut p, &AmqpSequence(vec![3i32]));
+        let raw = p.clone();
+        let d = decode(&Bytes::from(p), 0).unwrap();
+        assert_eq!(d.message.body.kind, BodyKind::AmqpSequence);
+        assert_eq!(&d.message.body.bytes[..], &raw[..]);
+
+        let mut p = Vec::new();
+        enc(&mut p, &Data(Binary::from(b"a".to_vec())));
+        enc(&mut p, &Data(Binary::from(b"b".to_vec())));
+        let d = decode(&Bytes::from(p), 0).unwrap();
+        assert_eq!(d.message.body.kind, BodyKind::AmqpData);
+    }
+
+    #[test]
+    fn malformed_messages_are_errors() {
+        let mut p = Vec::new();
+        enc(&mut p, &AmqpValue(1i32));
+        enc(&mut p, &Data(Binary::from(b"x".to_vec())));
+        assert!(decode(&Bytes::from(p), 0).is_err());
+        assert!(decode(&Bytes::from_static(&[0x00, 0x53, 0x75, 0xa0, 9]), 0).is_err());
+        assert!(decode(&Bytes::from_static(&[0x40]), 0).is_err());
+        assert!(decode(&Bytes::from_static(&[0x00, 0x53, 0x77, 0xa1, 1, 0xff]), 0).is_err());
+    }
+
+    #[test]
+    fn round_trip_through_encode() {
+        let mut p = full_payload();
+        enc(&mut p, &Data(Binary::from(b"payload".to_vec())));
+        let d = decode(&Bytes::from(p), 1_000).unwrap();
+        let mut m = d.message;
+        m.address = Some(Address::Topic("a/b".into()));
+        let original = m.clone();
+        let del = delivery(m);
+        let mut head = Vec::new();
+        let body = encode_head(&mut head, &del, 1_500).unwrap();
+        let mut wire = head.clone();
+        wire.extend_from_slice(body);
+        let back = decode(&Bytes::from(wire.clone()), 1_500).unwrap();
+        let mut got = back.message;
+        got.address = Some(Address::Topic("a/b".into()));
+        assert_eq!(back.to.as_deref(), Some("/topic/a/b"));
+        assert_eq!(got, original);
+        // The header carries the delivery's count and acquirer flag.
+        let h: Header = codec::decode("header", &wire).unwrap();
+        assert_eq!(h.delivery_count, 2);
+        assert!(!h.first_acquirer);
+        assert_eq!(h.ttl, Some(500));
+    }
+
+    #[test]
+    fn text_and_raw_bodies_encode_back() {
+        let del = delivery(Message::text("hi"));
+        let mut head = Vec::new();
+        let body = encode_head(&mut head, &del, 0).unwrap();
+        let mut wire = head.clone();
+        wire.extend_from_slice(body);
+        let back = decode(&Bytes::from(wire), 0).unwrap();
+        assert_eq!(back.message.body, Body::text("hi"));
+
+        let mut raw = Vec::new();
+        enc(&mut raw, &AmqpValue(42i64));
+        let mut m = Message::default();
+        m.body = Body {
+            kind: BodyKind::AmqpValue,
+            bytes: Bytes::from(raw.clone()),
+        };
+        let del = delivery(m);
+        let body = encode_head(&mut head, &del, 0).unwrap();
+        assert_eq!(body, &raw[..]);
+    }
+}
