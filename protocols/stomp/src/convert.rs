@@ -1,0 +1,185 @@
+//! STOMP headers ↔ the neutral [`Message`].
+//!
+//! | STOMP header        | neutral field                                      |
+//! |---------------------|----------------------------------------------------|
+//! | `content-type`      | `content_type`                                     |
+//! | `reply-to`          | `reply_to` (`/temp-queue/x` → `/queue/<core name>`)|
+//! | `correlation-id`    | `correlation_id` (string)                          |
+//! | `expires`           | `expiry` (ms since epoch; `0` = never)             |
+//! | `priority`          | `priority` (0–9, larger values clamp to 9)         |
+//! | `persistent:true`   | `durable`                                          |
+//! | body                | `body.bytes`, exactly; kind below                  |
+//! | any other header    | `properties`, as `Value::String`, in order         |
+//!
+//! Body kind: `Text` when the body is valid UTF-8 and either the content
+//! type is `text/*` or no `content-length` was given (a NUL-terminated
+//! body is text by construction in most clients); otherwise `Binary`. A
+//! `text/*` body that is not UTF-8 stays `Binary`, because `Text` promises
+//! UTF-8 to other protocols.
+//!
+//! On MESSAGE the same headers are written back, plus `subscription`,
+//! `message-id`, `destination`, `ack` (1.2), `content-length`, and on
+//! redelivery `redelivered:true` and `delivery-count` (failed delivery
+//! attempts before this one, the AMQP meaning). Properties whose names
+//! collide with these headers are not written (they would be ignored by
+//! the "first header wins" rule or confuse the client).
+
+use rosetta_neutral::message::PRIORITY_DEFAULT;
+use rosetta_neutral::{Body, BodyKind, Delivery, Message, MessageId, Value};
+
+use crate::encoder::FrameWriter;
+use crate::error::StompError;
+use crate::frame::{Command, Frame, Version};
+use crate::subscription::{AckMode, Subscription};
+
+/// SEND headers with a meaning of their own (not copied to properties).
+const SEND_RESERVED: [&str; 10] = [
+    "destination",
+    "content-length",
+    "content-type",
+    "reply-to",
+    "correlation-id",
+    "expires",
+    "priority",
+    "persistent",
+    "transaction",
+    "receipt",
+];
+
+/// Headers the server writes on MESSAGE itself.
+const MESSAGE_RESERVED: [&str; 12] = [
+    "subscription",
+    "message-id",
+    "destination",
+    "ack",
+    "content-length",
+    "content-type",
+    "reply-to",
+    "correlation-id",
+    "expires",
+    "priority",
+    "persistent",
+    "redelivered",
+];
+
+/// Header naming the failed delivery attempts of a redelivered message.
+pub(crate) const DELIVERY_COUNT_HEADER: &str = "delivery-count";
+
+/// Builds the neutral message of a SEND. `reply_to` is the already
+/// resolved `reply-to` header.
+pub(crate) fn message_from_send(
+    frame: Frame,
+    reply_to: Option<String>,
+) -> Result<Message, StompError> {
+    let content_type = frame.header("content-type").map(str::to_owned);
+    let expiry = match frame.header("expires") {
+        None => None,
+        Some(v) => match v.trim().parse::<u64>() {
+            Ok(0) => None,
+            Ok(ms) => Some(ms),
+            Err(_) => return Err(bad("expires", v)),
+        },
+    };
+    let priority = match frame.header("priority") {
+        None => PRIORITY_DEFAULT,
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(|p| u8::try_from(p.min(9)).unwrap_or(9))
+            .map_err(|_| bad("priority", v))?,
+    };
+    let durable = frame
+        .header("persistent")
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let correlation_id = frame
+        .header("correlation-id")
+        .map(|v| MessageId::String(v.to_owned()));
+    let properties = frame
+        .headers
+        .iter()
+        .filter(|(n, _)| !SEND_RESERVED.contains(n))
+        .map(|(n, v)| (n.to_owned(), Value::String(v.to_owned())))
+        .collect();
+    let is_utf8 = std::str::from_utf8(&frame.body).is_ok();
+    let declared_text = content_type
+        .as_deref()
+        .is_some_and(|ct| ct.trim_start().to_ascii_lowercase().starts_with("text/"));
+    let kind = if is_utf8 && (declared_text || !frame.has_content_length) {
+        BodyKind::Text
+    } else {
+        BodyKind::Binary
+    };
+    Ok(Message {
+        body: Body {
+            kind,
+            bytes: frame.body,
+        },
+        content_type,
+        reply_to,
+        correlation_id,
+        expiry,
+        priority,
+        durable,
+        properties,
+        ..Message::default()
+    })
+}
+
+fn bad(header: &'static str, value: &str) -> StompError {
+    StompError::BadHeader {
+        header,
+        value: value.to_owned(),
+    }
+}
+
+/// Writes the MESSAGE frame for `delivery` on `sub`.
+pub(crate) fn write_message(
+    out: &mut Vec<u8>,
+    version: Version,
+    sub: &Subscription,
+    delivery: &Delivery,
+    ack_id: &str,
+) {
+    let m = &delivery.message;
+    let destination = m
+        .address
+        .as_ref()
+        .map_or_else(|| sub.destination.clone(), |a| a.to_destination());
+    let mut w = FrameWriter::new(out, version, Command::Message);
+    if sub.id_given {
+        w.header("subscription", &sub.id);
+    }
+    w.header("message-id", ack_id);
+    w.header("destination", &destination);
+    if version == Version::V1_2 && sub.ack != AckMode::Auto {
+        w.header("ack", ack_id);
+    }
+    if let Some(ct) = &m.content_type {
+        w.header("content-type", ct);
+    }
+    if let Some(r) = &m.reply_to {
+        w.header("reply-to", r);
+    }
+    if let Some(c) = &m.correlation_id {
+        w.header("correlation-id", &c.to_text());
+    }
+    if let Some(e) = m.expiry {
+        w.header("expires", &e.to_string());
+    }
+    if m.priority != PRIORITY_DEFAULT {
+        w.header("priority", &m.priority.to_string());
+    }
+    if m.durable {
+        w.header("persistent", "true");
+    }
+    if delivery.redelivered {
+        w.header("redelivered", "true");
+        w.header(DELIVERY_COUNT_HEADER, &delivery.delivery_count.to_string());
+    }
+    for (name, value) in m.properties.iter() {
+        if !MESSAGE_RESERVED.contains(&name) && name != DELIVERY_COUNT_HEADER {
+            w.header(name, &value.to_text());
+        }
+    }
+    w.finish(&m.body.bytes);
+}

@@ -1,0 +1,139 @@
+//! Header escaping per STOMP version.
+//!
+//! | version / frame          | `\n`  | `:`   | `\`   | `\r`  |
+//! |--------------------------|-------|-------|-------|-------|
+//! | 1.0, CONNECT, CONNECTED  | –     | –     | –     | –     |
+//! | 1.1                      | `\n`  | `\c`  | `\\`  | –     |
+//! | 1.2                      | `\n`  | `\c`  | `\\`  | `\r`  |
+//!
+//! Any other backslash sequence is a fatal error in 1.1 and 1.2 (the spec
+//! says so). Where a value cannot be represented (a line break under 1.0
+//! rules) the encoder replaces it with a space rather than break framing.
+
+use std::borrow::Cow;
+
+use crate::frame::{Command, Version};
+use crate::parser::FrameError;
+
+/// Which escaping rules apply to a frame's headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Escaping {
+    /// No escaping: STOMP 1.0, and CONNECT/STOMP/CONNECTED in every version.
+    None,
+    /// STOMP 1.1 rules.
+    V1_1,
+    /// STOMP 1.2 rules (1.1 plus `\r`).
+    V1_2,
+}
+
+impl Escaping {
+    /// The rules for `command` under `version`.
+    pub fn for_frame(version: Version, command: Command) -> Escaping {
+        if !command.escapes_headers() {
+            return Escaping::None;
+        }
+        match version {
+            Version::V1_0 => Escaping::None,
+            Version::V1_1 => Escaping::V1_1,
+            Version::V1_2 => Escaping::V1_2,
+        }
+    }
+}
+
+/// Decodes one raw header name or value. Borrows when nothing needs
+/// unescaping (the common case), allocates only for escaped text.
+pub fn unescape(raw: &[u8], escaping: Escaping) -> Result<Cow<'_, str>, FrameError> {
+    if escaping == Escaping::None || !raw.contains(&b'\\') {
+        return std::str::from_utf8(raw)
+            .map(Cow::Borrowed)
+            .map_err(|_| FrameError::InvalidUtf8);
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    let mut bytes = raw.iter();
+    while let Some(&b) = bytes.next() {
+        if b != b'\\' {
+            out.push(b);
+            continue;
+        }
+        let decoded = match bytes.next() {
+            Some(b'n') => b'\n',
+            Some(b'c') => b':',
+            Some(b'\\') => b'\\',
+            Some(b'r') if escaping == Escaping::V1_2 => b'\r',
+            Some(&other) => return Err(FrameError::BadEscape(char::from(other).to_string())),
+            None => return Err(FrameError::BadEscape(String::new())),
+        };
+        out.push(decoded);
+    }
+    String::from_utf8(out)
+        .map(Cow::Owned)
+        .map_err(|_| FrameError::InvalidUtf8)
+}
+
+/// Appends `text` to `out` escaped per `escaping`. `is_name` additionally
+/// keeps a 1.0 header name free of `:` (which would end the name early).
+pub fn escape_into(out: &mut Vec<u8>, text: &str, escaping: Escaping, is_name: bool) {
+    for &b in text.as_bytes() {
+        match (escaping, b) {
+            (Escaping::None, b'\n' | b'\r') => out.push(b' '),
+            (Escaping::None, b':') if is_name => out.push(b'_'),
+            (Escaping::None, _) => out.push(b),
+            (_, b'\n') => out.extend_from_slice(b"\\n"),
+            (_, b':') => out.extend_from_slice(b"\\c"),
+            (_, b'\\') => out.extend_from_slice(b"\\\\"),
+            (Escaping::V1_2, b'\r') => out.extend_from_slice(b"\\r"),
+            _ => out.push(b),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unescapes_per_version() {
+        assert_eq!(
+            unescape(br"a\nb\cc\\d", Escaping::V1_1).unwrap(),
+            "a\nb:c\\d"
+        );
+        assert_eq!(unescape(br"a\rb", Escaping::V1_2).unwrap(), "a\rb");
+        assert!(matches!(
+            unescape(br"a\rb", Escaping::V1_1),
+            Err(FrameError::BadEscape(_))
+        ));
+        assert!(matches!(
+            unescape(br"a\tb", Escaping::V1_2),
+            Err(FrameError::BadEscape(_))
+        ));
+        assert!(matches!(
+            unescape(b"trailing\\", Escaping::V1_2),
+            Err(FrameError::BadEscape(_))
+        ));
+        assert_eq!(unescape(br"a\nb", Escaping::None).unwrap(), r"a\nb");
+        assert!(matches!(
+            unescape(br"x\n", Escaping::V1_2),
+            Ok(Cow::Owned(_))
+        ));
+        assert!(matches!(
+            unescape(b"plain", Escaping::V1_2),
+            Ok(Cow::Borrowed(_))
+        ));
+    }
+
+    #[test]
+    fn escapes_per_version() {
+        let mut out = Vec::new();
+        escape_into(&mut out, "a:b\nc\\d\re", Escaping::V1_2, false);
+        assert_eq!(out, br"a\cb\nc\\d\re");
+        out.clear();
+        escape_into(&mut out, "a:b\nc\re", Escaping::V1_1, false);
+        assert_eq!(out, b"a\\cb\\nc\re");
+        out.clear();
+        escape_into(&mut out, "a:b\nc", Escaping::None, false);
+        assert_eq!(out, b"a:b c");
+        out.clear();
+        escape_into(&mut out, "a:b", Escaping::None, true);
+        assert_eq!(out, b"a_b");
+    }
+}

@@ -1,0 +1,228 @@
+//! The STOMP frame model: commands, protocol versions and headers.
+//!
+//! A decoded [`Frame`] owns its headers (decoded, unescaped strings) and its
+//! body as a [`Bytes`] split off the read buffer, so the body travels to the
+//! core without a copy.
+
+use std::fmt;
+
+use bytes::Bytes;
+
+/// A STOMP protocol version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Version {
+    /// STOMP 1.0: no header escaping, no heart-beats, no NACK.
+    V1_0,
+    /// STOMP 1.1: escaping of `\n`, `:` and `\`; heart-beats; NACK.
+    V1_1,
+    /// STOMP 1.2: adds `\r` escaping, CRLF line endings and the `ack` header.
+    V1_2,
+}
+
+impl Version {
+    /// The version as written in `accept-version` and `version` headers.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Version::V1_0 => "1.0",
+            Version::V1_1 => "1.1",
+            Version::V1_2 => "1.2",
+        }
+    }
+
+    /// Parses `1.0`, `1.1` or `1.2`.
+    pub fn parse(s: &str) -> Option<Version> {
+        match s.trim() {
+            "1.0" => Some(Version::V1_0),
+            "1.1" => Some(Version::V1_1),
+            "1.2" => Some(Version::V1_2),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Every command of STOMP 1.0–1.2, client and server frames alike (the
+/// parser also reads server frames so that tests and tools can use it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Command {
+    /// Client: open a connection.
+    Connect,
+    /// Client: open a connection (1.2 name, same meaning as CONNECT).
+    Stomp,
+    /// Client: publish.
+    Send,
+    /// Client: start a subscription.
+    Subscribe,
+    /// Client: end a subscription.
+    Unsubscribe,
+    /// Client: acknowledge.
+    Ack,
+    /// Client: negatively acknowledge (1.1+).
+    Nack,
+    /// Client: start a transaction.
+    Begin,
+    /// Client: commit a transaction.
+    Commit,
+    /// Client: roll back a transaction.
+    Abort,
+    /// Client: say goodbye.
+    Disconnect,
+    /// Server: connection accepted.
+    Connected,
+    /// Server: a delivery.
+    Message,
+    /// Server: a frame's effect is done.
+    Receipt,
+    /// Server: something went wrong; the connection closes.
+    Error,
+}
+
+/// All commands, for lookups and tests.
+pub const COMMANDS: [Command; 15] = [
+    Command::Connect,
+    Command::Stomp,
+    Command::Send,
+    Command::Subscribe,
+    Command::Unsubscribe,
+    Command::Ack,
+    Command::Nack,
+    Command::Begin,
+    Command::Commit,
+    Command::Abort,
+    Command::Disconnect,
+    Command::Connected,
+    Command::Message,
+    Command::Receipt,
+    Command::Error,
+];
+
+/// Length of the longest command name (`UNSUBSCRIBE`, `DISCONNECT`...).
+pub const COMMAND_LEN_MAX: usize = 11;
+
+impl Command {
+    /// The command as written on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Command::Connect => "CONNECT",
+            Command::Stomp => "STOMP",
+            Command::Send => "SEND",
+            Command::Subscribe => "SUBSCRIBE",
+            Command::Unsubscribe => "UNSUBSCRIBE",
+            Command::Ack => "ACK",
+            Command::Nack => "NACK",
+            Command::Begin => "BEGIN",
+            Command::Commit => "COMMIT",
+            Command::Abort => "ABORT",
+            Command::Disconnect => "DISCONNECT",
+            Command::Connected => "CONNECTED",
+            Command::Message => "MESSAGE",
+            Command::Receipt => "RECEIPT",
+            Command::Error => "ERROR",
+        }
+    }
+
+    /// Parses a command name (case-sensitive, as the spec requires).
+    pub fn parse(name: &[u8]) -> Option<Command> {
+        COMMANDS
+            .iter()
+            .copied()
+            .find(|c| c.as_str().as_bytes() == name)
+    }
+
+    /// True if any command starts with `prefix`: lets the parser reject
+    /// garbage on the first wrong byte instead of waiting for a line end.
+    pub fn is_prefix(prefix: &[u8]) -> bool {
+        COMMANDS
+            .iter()
+            .any(|c| c.as_str().as_bytes().starts_with(prefix))
+    }
+
+    /// CONNECT, STOMP and CONNECTED frames never escape header values (so
+    /// that a 1.0 peer can read them before a version is agreed).
+    pub fn escapes_headers(self) -> bool {
+        !matches!(self, Command::Connect | Command::Stomp | Command::Connected)
+    }
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Frame headers in wire order, repeats kept. Lookups return the first
+/// entry, which is STOMP's "first one wins" rule.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Headers(Vec<(String, String)>);
+
+impl Headers {
+    /// No headers.
+    pub fn new() -> Self {
+        Self(Vec::new())
+    }
+
+    /// Appends a header, keeping earlier ones of the same name.
+    pub fn push(&mut self, name: impl Into<String>, value: impl Into<String>) {
+        self.0.push((name.into(), value.into()));
+    }
+
+    /// The first value of `name`.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// All headers in wire order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(n, v)| (n.as_str(), v.as_str()))
+    }
+
+    /// Number of header lines, repeats included.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<N: Into<String>, V: Into<String>> FromIterator<(N, V)> for Headers {
+    fn from_iter<T: IntoIterator<Item = (N, V)>>(iter: T) -> Self {
+        Self(
+            iter.into_iter()
+                .map(|(n, v)| (n.into(), v.into()))
+                .collect(),
+        )
+    }
+}
+
+/// One decoded frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// The command.
+    pub command: Command,
+    /// Decoded (unescaped) headers in wire order.
+    pub headers: Headers,
+    /// The body: exactly `content-length` bytes when that header was given,
+    /// else everything up to the first NUL.
+    pub body: Bytes,
+    /// The frame carried a valid `content-length` header (decides whether an
+    /// unlabelled body may be treated as text).
+    pub has_content_length: bool,
+}
+
+impl Frame {
+    /// The first value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name)
+    }
+}

@@ -1,0 +1,411 @@
+//! Incremental STOMP frame decoder.
+//!
+//! Bytes go into [`Decoder::feed`], frames come out of [`Decoder::decode`].
+//! The decoder works in two phases per frame:
+//!
+//! 1. **Head.** New bytes are scanned once (never rescanned) for line ends
+//!    while the limits are checked byte by byte: the command line must spell
+//!    a prefix of a STOMP command, no header line may exceed its limit, the
+//!    header count is bounded and NUL may not appear. Once the blank line
+//!    ending the head arrives, a `nom` parser reads the complete head,
+//!    borrowing from the read buffer, and decodes escapes for the version.
+//! 2. **Body.** With `content-length` the decoder waits for exactly that many
+//!    bytes plus the NUL (the length was checked against the limit before a
+//!    byte of the body was buffered); without it, the body runs to the first
+//!    NUL, scanned incrementally and bounded by the body limit.
+//!
+//! The finished frame is split off the buffer and frozen: the body is a
+//! [`bytes::Bytes`] view of the bytes that arrived from the socket, never copied.
+//! [`Decoder::feed`] never buffers more than the frame size limit, so a peer
+//! cannot make the decoder hold more than one frame's worth of memory.
+//!
+//! End-of-line bytes between frames are heart-beats and are skipped. CRLF
+//! line endings are accepted in every version (1.2 requires it; in 1.0/1.1
+//! it only means a header value cannot end with a carriage return).
+
+use bytes::{Buf, BytesMut};
+use nom::bytes::complete::take_till;
+use nom::character::complete::char as byte;
+use nom::sequence::{separated_pair, terminated};
+use nom::{IResult, Parser};
+
+use crate::escape::{unescape, Escaping};
+use crate::frame::{Command, Frame, Headers, Version};
+
+/// Size limits of the decoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest whole frame (head, body and NUL).
+    pub frame_size_max_bytes: usize,
+    /// Longest single header line (or command line), before unescaping.
+    pub header_line_max_bytes: usize,
+    /// Most header lines in one frame.
+    pub headers_max: usize,
+    /// Largest body.
+    pub body_size_max_bytes: usize,
+}
+
+/// Why bytes could not be decoded into a frame. Every variant is fatal for
+/// the connection: after a framing error the stream cannot be resynchronised.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    // -- malformed input --
+    /// Bytes that cannot start a STOMP command.
+    #[error("garbage where a command was expected")]
+    Garbage,
+    /// A command line that names no STOMP command.
+    #[error("unknown command {0:?}")]
+    UnknownCommand(String),
+    /// A header line without a colon.
+    #[error("header line without ':'")]
+    MissingColon,
+    /// A header with an empty name.
+    #[error("header with an empty name")]
+    EmptyHeaderName,
+    /// A backslash sequence the version does not define.
+    #[error("invalid escape sequence '\\{0}' in a header")]
+    BadEscape(String),
+    /// Header text that is not UTF-8.
+    #[error("header is not valid UTF-8")]
+    InvalidUtf8,
+    /// A NUL byte in the command or header lines.
+    #[error("NUL byte inside the frame's command or headers")]
+    NulInHead,
+    /// The byte after a `content-length` body is not NUL.
+    #[error("frame body is not terminated by NUL after content-length bytes")]
+    MissingNul,
+    /// A `content-length` that is not a decimal number.
+    #[error("invalid content-length {0:?}")]
+    BadContentLength(String),
+    // -- limits --
+    /// The frame is larger than the limit.
+    #[error("frame larger than {max} bytes")]
+    FrameTooLarge {
+        /// The limit.
+        max: usize,
+    },
+    /// A header line is longer than the limit.
+    #[error("header line longer than {max} bytes")]
+    HeaderLineTooLong {
+        /// The limit.
+        max: usize,
+    },
+    /// More headers than the limit.
+    #[error("more than {max} headers")]
+    TooManyHeaders {
+        /// The limit.
+        max: usize,
+    },
+    /// The body is larger than the limit (also the symptom of a missing NUL).
+    #[error("body larger than {max} bytes (or its terminating NUL is missing)")]
+    BodyTooLarge {
+        /// The limit.
+        max: usize,
+    },
+}
+
+/// A command line longer than this is not a command, whatever it holds.
+const COMMAND_LINE_MAX_BYTES: usize = 32;
+
+/// Where the decoder is within the current frame.
+#[derive(Debug)]
+enum Phase {
+    /// Looking for the blank line that ends the head. Offsets index `buf`.
+    Head {
+        /// Bytes already scanned.
+        scanned: usize,
+        /// Start of the line being scanned.
+        line_start: usize,
+        /// Complete lines seen (the command line included).
+        lines: usize,
+    },
+    /// Head parsed; waiting for the body.
+    Body {
+        command: Command,
+        headers: Headers,
+        head_len: usize,
+        content_length: Option<usize>,
+        /// Body bytes already searched for NUL.
+        scanned: usize,
+    },
+}
+
+impl Phase {
+    fn start() -> Phase {
+        Phase::Head {
+            scanned: 0,
+            line_start: 0,
+            lines: 0,
+        }
+    }
+}
+
+/// The incremental decoder for one connection.
+#[derive(Debug)]
+pub struct Decoder {
+    buf: BytesMut,
+    limits: Limits,
+    version: Version,
+    phase: Phase,
+}
+
+impl Decoder {
+    /// A decoder that reads escapes by `version` until told otherwise (use
+    /// 1.0 before CONNECT: CONNECT headers are never escaped anyway).
+    pub fn new(limits: Limits, version: Version) -> Self {
+        Self {
+            buf: BytesMut::new(),
+            limits,
+            version,
+            phase: Phase::start(),
+        }
+    }
+
+    /// Sets the version whose escaping rules apply to later frames.
+    pub fn set_version(&mut self, version: Version) {
+        self.version = version;
+    }
+
+    /// Bytes buffered and not yet returned as frames.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Buffers as much of `data` as the frame size limit allows and returns
+    /// how many bytes it took. Call [`Decoder::decode`] until it returns
+    /// `Ok(None)`, then feed the rest: a frame over the limit is reported by
+    /// `decode` before more than the limit is held.
+    pub fn feed(&mut self, data: &[u8]) -> usize {
+        let room = self
+            .limits
+            .frame_size_max_bytes
+            .saturating_sub(self.buf.len());
+        let take = room.min(data.len());
+        self.buf
+            .extend_from_slice(data.get(..take).unwrap_or_default());
+        take
+    }
+
+    /// The next complete frame, `Ok(None)` if more bytes are needed.
+    pub fn decode(&mut self) -> Result<Option<Frame>, FrameError> {
+        loop {
+            match &mut self.phase {
+                Phase::Head { .. } => {
+                    if !self.scan_head()? {
+                        return Ok(None);
+                    }
+                }
+                Phase::Body { .. } => return self.scan_body(),
+            }
+        }
+    }
+
+    /// Scans new head bytes. Returns true once the head is parsed and the
+    /// phase moved to [`Phase::Body`].
+    fn scan_head(&mut self) -> Result<bool, FrameError> {
+        let Phase::Head {
+            scanned,
+            line_start,
+            lines,
+        } = &mut self.phase
+        else {
+            return Ok(true);
+        };
+        if *scanned == 0 {
+            // Heart-beats (EOLs) between frames.
+            while let Some(&first) = self.buf.first() {
+                match (first, self.buf.get(1)) {
+                    (b'\n', _) => self.buf.advance(1),
+                    (b'\r', Some(b'\n')) => self.buf.advance(2),
+                    (b'\r', None) => return Ok(false),
+                    _ => break,
+                }
+            }
+        }
+        let limits = self.limits;
+        let mut head_len = None;
+        while let Some(&b) = self.buf.get(*scanned) {
+            let i = *scanned;
+            *scanned += 1;
+            if b == b'\n' {
+                let line = strip_cr(self.buf.get(*line_start..i).unwrap_or_default());
+                if *lines == 0 {
+                    if Command::parse(line).is_none() {
+                        return Err(FrameError::UnknownCommand(
+                            String::from_utf8_lossy(line).into_owned(),
+                        ));
+                    }
+                } else if line.is_empty() {
+                    head_len = Some(i + 1);
+                    break;
+                } else if *lines > limits.headers_max {
+                    return Err(FrameError::TooManyHeaders {
+                        max: limits.headers_max,
+                    });
+                }
+                *lines += 1;
+                *line_start = i + 1;
+                continue;
+            }
+            if b == 0 {
+                return Err(FrameError::NulInHead);
+            }
+            let line_len = i + 1 - *line_start;
+            if *lines == 0 {
+                // Reject garbage at the first wrong byte rather than wait.
+                if !(b.is_ascii_alphanumeric() || b == b'\r') {
+                    return Err(FrameError::Garbage);
+                }
+                if line_len > COMMAND_LINE_MAX_BYTES {
+                    let line = self.buf.get(*line_start..=i).unwrap_or_default();
+                    return Err(FrameError::UnknownCommand(
+                        String::from_utf8_lossy(line).into_owned(),
+                    ));
+                }
+            } else if line_len > limits.header_line_max_bytes {
+                return Err(FrameError::HeaderLineTooLong {
+                    max: limits.header_line_max_bytes,
+                });
+            }
+        }
+        let Some(head_len) = head_len else {
+            if self.buf.len() >= limits.frame_size_max_bytes {
+                return Err(FrameError::FrameTooLarge {
+                    max: limits.frame_size_max_bytes,
+                });
+            }
+            return Ok(false);
+        };
+        let (command, headers) =
+            parse_head(self.buf.get(..head_len).unwrap_or_default(), self.version)?;
+        let content_length = match headers.get("content-length") {
+            None => None,
+            Some(text) => {
+                let n = text
+                    .trim()
+                    .parse::<usize>()
+                    .map_err(|_| FrameError::BadContentLength(text.to_owned()))?;
+                if n > limits.body_size_max_bytes {
+                    return Err(FrameError::BodyTooLarge {
+                        max: limits.body_size_max_bytes,
+                    });
+                }
+                if head_len.saturating_add(n).saturating_add(1) > limits.frame_size_max_bytes {
+                    return Err(FrameError::FrameTooLarge {
+                        max: limits.frame_size_max_bytes,
+                    });
+                }
+                Some(n)
+            }
+        };
+        self.phase = Phase::Body {
+            command,
+            headers,
+            head_len,
+            content_length,
+            scanned: head_len,
+        };
+        Ok(true)
+    }
+
+    fn scan_body(&mut self) -> Result<Option<Frame>, FrameError> {
+        let Phase::Body {
+            head_len,
+            content_length,
+            scanned,
+            ..
+        } = &mut self.phase
+        else {
+            return Ok(None);
+        };
+        let head_len = *head_len;
+        let (body_len, frame_len) = match *content_length {
+            Some(n) => {
+                let nul_at = head_len + n;
+                match self.buf.get(nul_at) {
+                    None => return Ok(None),
+                    Some(0) => (n, nul_at + 1),
+                    Some(_) => return Err(FrameError::MissingNul),
+                }
+            }
+            None => {
+                let from = *scanned;
+                let found = self
+                    .buf
+                    .get(from..)
+                    .and_then(|rest| rest.iter().position(|&b| b == 0));
+                match found {
+                    Some(p) => (from + p - head_len, from + p + 1),
+                    None => {
+                        *scanned = self.buf.len();
+                        if self.buf.len() - head_len > self.limits.body_size_max_bytes {
+                            return Err(FrameError::BodyTooLarge {
+                                max: self.limits.body_size_max_bytes,
+                            });
+                        }
+                        if self.buf.len() >= self.limits.frame_size_max_bytes {
+                            return Err(FrameError::FrameTooLarge {
+                                max: self.limits.frame_size_max_bytes,
+                            });
+                        }
+                        return Ok(None);
+                    }
+                }
+            }
+        };
+        let Phase::Body {
+            command,
+            headers,
+            content_length,
+            ..
+        } = std::mem::replace(&mut self.phase, Phase::start())
+        else {
+            return Ok(None);
+        };
+        let raw = self.buf.split_to(frame_len).freeze();
+        Ok(Some(Frame {
+            command,
+            headers,
+            body: raw.slice(head_len..head_len + body_len),
+            has_content_length: content_length.is_some(),
+        }))
+    }
+}
+
+fn strip_cr(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+/// One line up to LF, without the LF and a CR before it.
+fn line(input: &[u8]) -> IResult<&[u8], &[u8]> {
+    let (rest, l) = terminated(take_till(|b| b == b'\n'), byte('\n')).parse(input)?;
+    Ok((rest, strip_cr(l)))
+}
+
+/// `name:value`, split at the first colon (an escaped colon is `\c`).
+fn name_value(input: &[u8]) -> IResult<&[u8], (&[u8], &[u8])> {
+    separated_pair(take_till(|b| b == b':'), byte(':'), take_till(|_| false)).parse(input)
+}
+
+/// Parses a complete head (command line, header lines, blank line).
+fn parse_head(head: &[u8], version: Version) -> Result<(Command, Headers), FrameError> {
+    let (mut rest, command_line) = line(head).map_err(|_| FrameError::Garbage)?;
+    let command = Command::parse(command_line).ok_or_else(|| {
+        FrameError::UnknownCommand(String::from_utf8_lossy(command_line).into_owned())
+    })?;
+    let escaping = Escaping::for_frame(version, command);
+    let mut headers = Headers::new();
+    loop {
+        let (next, text) = line(rest).map_err(|_| FrameError::Garbage)?;
+        rest = next;
+        if text.is_empty() {
+            break;
+        }
+        let (_, (name, value)) = name_value(text).map_err(|_| FrameError::MissingColon)?;
+        if name.is_empty() {
+            return Err(FrameError::EmptyHeaderName);
+        }
+        headers.push(unescape(name, escaping)?, unescape(value, escaping)?);
+    }
+    Ok((command, headers))
+}

@@ -1,0 +1,148 @@
+//! One SUBSCRIBE's state: its consumer, ack mode and unacknowledged
+//! deliveries (bounded by the consumer's prefetch window, which the core
+//! enforces).
+
+use std::collections::VecDeque;
+
+use rosetta_neutral::{ConsumerId, DeliveryTag};
+
+/// The `ack` header of SUBSCRIBE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AckMode {
+    /// Settled by the core as it is sent.
+    Auto,
+    /// An ACK settles the message and every earlier unacknowledged one.
+    Client,
+    /// An ACK settles only its message.
+    ClientIndividual,
+}
+
+impl AckMode {
+    pub(crate) fn parse(value: Option<&str>) -> Option<AckMode> {
+        match value {
+            None | Some("auto") => Some(AckMode::Auto),
+            Some("client") => Some(AckMode::Client),
+            Some("client-individual") => Some(AckMode::ClientIndividual),
+            Some(_) => None,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Subscription {
+    /// The client's id (1.0 without `id`: the destination).
+    pub(crate) id: String,
+    /// The client gave an `id` header (1.0 may not): echo it in MESSAGE.
+    pub(crate) id_given: bool,
+    /// The destination as subscribed (fallback for MESSAGE `destination`).
+    pub(crate) destination: String,
+    pub(crate) consumer: ConsumerId,
+    pub(crate) ack: AckMode,
+    /// Name of the durable queue behind a durable topic subscription.
+    pub(crate) durable_queue: Option<String>,
+    /// Unacknowledged deliveries in delivery order.
+    unacked: VecDeque<DeliveryTag>,
+}
+
+impl Subscription {
+    pub(crate) fn new(
+        id: String,
+        id_given: bool,
+        destination: String,
+        consumer: ConsumerId,
+        ack: AckMode,
+        durable_queue: Option<String>,
+    ) -> Self {
+        Self {
+            id,
+            id_given,
+            destination,
+            consumer,
+            ack,
+            durable_queue,
+            unacked: VecDeque::new(),
+        }
+    }
+
+    /// Records a delivery sent to the client.
+    pub(crate) fn delivered(&mut self, tag: DeliveryTag) {
+        if self.ack != AckMode::Auto {
+            self.unacked.push_back(tag);
+        }
+    }
+
+    /// The deliveries an ACK/NACK of `tag` covers, removed from the
+    /// unacknowledged set; `None` if `tag` is not unacknowledged here.
+    pub(crate) fn take_acked(&mut self, tag: DeliveryTag) -> Option<Vec<DeliveryTag>> {
+        let pos = self.unacked.iter().position(|t| *t == tag)?;
+        match self.ack {
+            AckMode::Auto => None,
+            AckMode::Client => Some(self.unacked.drain(..=pos).collect()),
+            AckMode::ClientIndividual => self.unacked.remove(pos).map(|t| vec![t]),
+        }
+    }
+
+    /// Puts back deliveries whose staged ack was aborted, oldest first.
+    pub(crate) fn restore(&mut self, tags: &[DeliveryTag]) {
+        for tag in tags.iter().rev() {
+            self.unacked.push_front(*tag);
+        }
+    }
+}
+
+/// The id a MESSAGE carries in `message-id` (and `ack` in 1.2): the
+/// consumer and the delivery tag, which stays the same on redelivery.
+pub(crate) fn ack_id(consumer: ConsumerId, tag: DeliveryTag) -> String {
+    format!("{}-{}", consumer.0, tag.0)
+}
+
+/// Reverses [`ack_id`]; `None` for anything we did not produce.
+pub(crate) fn parse_ack_id(id: &str) -> Option<(ConsumerId, DeliveryTag)> {
+    let (c, t) = id.split_once('-')?;
+    Some((ConsumerId(c.parse().ok()?), DeliveryTag(t.parse().ok()?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sub(ack: AckMode) -> Subscription {
+        let mut s = Subscription::new(
+            "s".into(),
+            true,
+            "/queue/q".into(),
+            ConsumerId(1),
+            ack,
+            None,
+        );
+        for t in 1..=4 {
+            s.delivered(DeliveryTag(t));
+        }
+        s
+    }
+
+    #[test]
+    fn client_ack_is_cumulative_and_individual_is_not() {
+        let mut c = sub(AckMode::Client);
+        assert_eq!(
+            c.take_acked(DeliveryTag(3)),
+            Some(vec![DeliveryTag(1), DeliveryTag(2), DeliveryTag(3)])
+        );
+        assert_eq!(c.take_acked(DeliveryTag(2)), None);
+        let mut i = sub(AckMode::ClientIndividual);
+        assert_eq!(i.take_acked(DeliveryTag(3)), Some(vec![DeliveryTag(3)]));
+        assert_eq!(i.take_acked(DeliveryTag(3)), None);
+        i.restore(&[DeliveryTag(3)]);
+        assert_eq!(i.take_acked(DeliveryTag(3)), Some(vec![DeliveryTag(3)]));
+        let mut a = sub(AckMode::Auto);
+        assert_eq!(a.take_acked(DeliveryTag(1)), None);
+    }
+
+    #[test]
+    fn ack_ids_round_trip() {
+        assert_eq!(ack_id(ConsumerId(7), DeliveryTag(42)), "7-42");
+        assert_eq!(parse_ack_id("7-42"), Some((ConsumerId(7), DeliveryTag(42))));
+        assert_eq!(parse_ack_id("x-42"), None);
+        assert_eq!(parse_ack_id("742"), None);
+    }
+}

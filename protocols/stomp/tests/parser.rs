@@ -1,0 +1,341 @@
+//! Decoder and encoder tests: STOMP 1.2 spec examples, edge cases, limits,
+//! byte-at-a-time feeding and an encode → decode round trip.
+
+use proptest::prelude::*;
+use rosetta_stomp::{Command, Decoder, Frame, FrameError, FrameWriter, Limits, Version};
+
+const LIMITS: Limits = Limits {
+    frame_size_max_bytes: 4096,
+    header_line_max_bytes: 256,
+    headers_max: 8,
+    body_size_max_bytes: 2048,
+};
+
+/// Feeds `input` in chunks of `chunk` bytes, collecting frames until the
+/// first error.
+fn decode_chunked(input: &[u8], chunk: usize, version: Version) -> Result<Vec<Frame>, FrameError> {
+    let mut d = Decoder::new(LIMITS, version);
+    let mut frames = Vec::new();
+    for piece in input.chunks(chunk.max(1)) {
+        let mut rest = piece;
+        loop {
+            let n = d.feed(rest);
+            rest = &rest[n..];
+            while let Some(f) = d.decode()? {
+                frames.push(f);
+            }
+            if rest.is_empty() {
+                break;
+            }
+        }
+    }
+    Ok(frames)
+}
+
+/// Decodes whole and byte by byte, checks both agree, returns the frames.
+fn decode(input: &[u8], version: Version) -> Result<Vec<Frame>, FrameError> {
+    let whole = decode_chunked(input, input.len(), version);
+    let bytewise = decode_chunked(input, 1, version);
+    assert_eq!(whole, bytewise, "whole vs byte-at-a-time");
+    whole
+}
+
+fn one(input: &[u8], version: Version) -> Frame {
+    let mut frames = decode(input, version).unwrap();
+    assert_eq!(frames.len(), 1, "{frames:?}");
+    frames.remove(0)
+}
+
+fn err(input: &[u8], version: Version) -> FrameError {
+    decode(input, version).unwrap_err()
+}
+
+#[test]
+fn spec_connect_example() {
+    let f = one(
+        b"CONNECT\naccept-version:1.2\nhost:stomp.github.org\n\n\0",
+        Version::V1_0,
+    );
+    assert_eq!(f.command, Command::Connect);
+    assert_eq!(f.header("accept-version"), Some("1.2"));
+    assert_eq!(f.header("host"), Some("stomp.github.org"));
+    assert!(f.body.is_empty());
+}
+
+#[test]
+fn spec_send_example_with_text_body() {
+    let f = one(
+        b"SEND\ndestination:/queue/a\ncontent-type:text/plain\n\nhello queue a\0",
+        Version::V1_2,
+    );
+    assert_eq!(f.command, Command::Send);
+    assert_eq!(f.header("destination"), Some("/queue/a"));
+    assert_eq!(f.header("content-type"), Some("text/plain"));
+    assert_eq!(&f.body[..], b"hello queue a");
+    assert!(!f.has_content_length);
+}
+
+#[test]
+fn spec_repeated_headers_first_wins() {
+    let f = one(b"MESSAGE\nfoo:World\nfoo:Hello\n\n\0", Version::V1_2);
+    assert_eq!(f.header("foo"), Some("World"));
+    assert_eq!(f.headers.len(), 2, "repeats are kept");
+}
+
+#[test]
+fn content_length_body_may_contain_nul() {
+    let f = one(
+        b"SEND\ndestination:/queue/a\ncontent-length:5\n\na\0b\0c\0",
+        Version::V1_2,
+    );
+    assert_eq!(&f.body[..], b"a\0b\0c");
+    assert!(f.has_content_length);
+}
+
+#[test]
+fn crlf_line_endings_and_heart_beats_between_frames() {
+    let input = b"\n\r\nSEND\r\ndestination:/queue/a\r\n\r\nx\0\n\n\r\nBEGIN\r\ntransaction:t\r\n\r\n\0\r\n";
+    let frames = decode(input, Version::V1_2).unwrap();
+    assert_eq!(frames.len(), 2);
+    assert_eq!(frames[0].header("destination"), Some("/queue/a"));
+    assert_eq!(&frames[0].body[..], b"x");
+    assert_eq!(frames[1].command, Command::Begin);
+    assert_eq!(frames[1].header("transaction"), Some("t"));
+}
+
+#[test]
+fn several_frames_in_one_read() {
+    let mut input = Vec::new();
+    for i in 0..5 {
+        input.extend_from_slice(format!("SEND\ndestination:/queue/{i}\n\nbody{i}\0").as_bytes());
+    }
+    let frames = decode(&input, Version::V1_2).unwrap();
+    assert_eq!(frames.len(), 5);
+    for (i, f) in frames.iter().enumerate() {
+        assert_eq!(
+            f.header("destination"),
+            Some(format!("/queue/{i}").as_str())
+        );
+        assert_eq!(f.body, format!("body{i}").as_bytes());
+    }
+}
+
+#[test]
+fn partial_frame_waits_for_more() {
+    let mut d = Decoder::new(LIMITS, Version::V1_2);
+    d.feed(b"SEND\ndestination:/queue/a\ncontent-length:3\n\nab");
+    assert_eq!(d.decode(), Ok(None));
+    d.feed(b"c");
+    assert_eq!(d.decode(), Ok(None), "NUL not yet here");
+    d.feed(b"\0SEN");
+    assert_eq!(&d.decode().unwrap().unwrap().body[..], b"abc");
+    assert_eq!(d.decode(), Ok(None));
+    assert_eq!(d.buffered(), 3);
+}
+
+#[test]
+fn escapes_follow_the_version() {
+    let input = b"SEND\nk\\cey:a\\nb\\\\c\\cd\n\n\0";
+    let f12 = one(input, Version::V1_2);
+    assert_eq!(f12.header("k:ey"), Some("a\nb\\c:d"));
+    let f11 = one(input, Version::V1_1);
+    assert_eq!(f11.header("k:ey"), Some("a\nb\\c:d"));
+    let f10 = one(input, Version::V1_0);
+    assert_eq!(f10.header("k\\cey"), Some("a\\nb\\\\c\\cd"));
+    assert_eq!(
+        one(b"SEND\nk:a\\rb\n\n\0", Version::V1_2).header("k"),
+        Some("a\rb")
+    );
+    assert!(matches!(
+        err(b"SEND\nk:a\\rb\n\n\0", Version::V1_1),
+        FrameError::BadEscape(_)
+    ));
+    assert!(matches!(
+        err(b"SEND\nk:a\\tb\n\n\0", Version::V1_2),
+        FrameError::BadEscape(_)
+    ));
+}
+
+#[test]
+fn connect_headers_are_never_unescaped() {
+    let f = one(b"CONNECT\nlogin:a\\cb\npasscode:x\\y\n\n\0", Version::V1_2);
+    assert_eq!(f.header("login"), Some("a\\cb"));
+    assert_eq!(f.header("passcode"), Some("x\\y"));
+}
+
+#[test]
+fn value_may_contain_colons() {
+    let f = one(b"SEND\nurl:http://x:80/\n\n\0", Version::V1_0);
+    assert_eq!(f.header("url"), Some("http://x:80/"));
+}
+
+#[test]
+fn malformed_input_is_rejected() {
+    let v = Version::V1_2;
+    assert_eq!(
+        err(b"FOO\n\n\0", v),
+        FrameError::UnknownCommand("FOO".into())
+    );
+    assert_eq!(
+        err(b"send\n\n\0", v),
+        FrameError::UnknownCommand("send".into())
+    );
+    assert_eq!(
+        err(b"\x16\x03\x01\x02\x00", v),
+        FrameError::Garbage,
+        "TLS hello"
+    );
+    assert_eq!(err(b"GET / HTTP/1.1\r\n", v), FrameError::Garbage);
+    assert_eq!(err(b"SEND\nnocolon\n\n\0", v), FrameError::MissingColon);
+    assert_eq!(err(b"SEND\n:v\n\n\0", v), FrameError::EmptyHeaderName);
+    assert_eq!(err(b"SEND\nk:v\0\n\n\0", v), FrameError::NulInHead);
+    assert_eq!(
+        err(b"SEND\ncontent-length:x\n\n\0", v),
+        FrameError::BadContentLength("x".into())
+    );
+    assert_eq!(
+        err(b"SEND\ncontent-length:1\n\nab\0", v),
+        FrameError::MissingNul
+    );
+    assert_eq!(err(b"SEND\nk:\xff\n\n\0", v), FrameError::InvalidUtf8);
+}
+
+#[test]
+fn limits_are_checked_before_buffering() {
+    let v = Version::V1_2;
+    // A declared body over the limit fails as soon as the head is complete.
+    let mut d = Decoder::new(LIMITS, v);
+    d.feed(b"SEND\ncontent-length:999999\n\n");
+    assert_eq!(d.decode(), Err(FrameError::BodyTooLarge { max: 2048 }));
+    // A declared body that fits the body limit but not the frame limit.
+    let limits = Limits {
+        body_size_max_bytes: 4096,
+        ..LIMITS
+    };
+    let mut d = Decoder::new(limits, v);
+    d.feed(b"SEND\ncontent-length:4090\n\n");
+    assert_eq!(d.decode(), Err(FrameError::FrameTooLarge { max: 4096 }));
+    // A long header line fails before its end arrives.
+    let mut d = Decoder::new(LIMITS, v);
+    d.feed(b"SEND\nk:");
+    d.feed(&[b'a'; 300]);
+    assert_eq!(d.decode(), Err(FrameError::HeaderLineTooLong { max: 256 }));
+    // Header count.
+    let mut many = b"SEND\n".to_vec();
+    for i in 0..9 {
+        many.extend_from_slice(format!("h{i}:v\n").as_bytes());
+    }
+    assert_eq!(err(&many, v), FrameError::TooManyHeaders { max: 8 });
+    // Exactly the limit is fine.
+    let mut ok = b"SEND\n".to_vec();
+    for i in 0..8 {
+        ok.extend_from_slice(format!("h{i}:v\n").as_bytes());
+    }
+    ok.extend_from_slice(b"\n\0");
+    assert_eq!(one(&ok, v).headers.len(), 8);
+    // A missing NUL shows up as an over-long body, after at most the limit.
+    let mut no_nul = b"SEND\ndestination:/queue/a\n\n".to_vec();
+    no_nul.extend_from_slice(&[b'x'; 2100]);
+    assert_eq!(err(&no_nul, v), FrameError::BodyTooLarge { max: 2048 });
+    // The decoder never holds more than a frame.
+    let mut d = Decoder::new(LIMITS, v);
+    let taken = d.feed(&[b'\n'; 10_000]);
+    assert_eq!(taken, 4096);
+}
+
+#[test]
+fn command_line_garbage_fails_at_once() {
+    let mut d = Decoder::new(LIMITS, Version::V1_0);
+    d.feed(b"CONN\x01");
+    assert_eq!(d.decode(), Err(FrameError::Garbage));
+    let mut d = Decoder::new(LIMITS, Version::V1_0);
+    d.feed(&[b'A'; 40]);
+    assert!(matches!(d.decode(), Err(FrameError::UnknownCommand(_))));
+}
+
+#[test]
+fn body_is_split_off_the_read_buffer_without_copy() {
+    let mut d = Decoder::new(LIMITS, Version::V1_2);
+    d.feed(b"SEND\ncontent-length:4\n\nabcd\0SEND\n\nefgh\0");
+    let a = d.decode().unwrap().unwrap();
+    let b = d.decode().unwrap().unwrap();
+    // Both bodies are views into the one allocation the bytes were read into.
+    let gap = b.body.as_ptr() as usize - a.body.as_ptr() as usize;
+    assert_eq!(gap, "abcd\0SEND\n\n".len());
+}
+
+fn encode_message(version: Version, headers: &[(String, String)], body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut w = FrameWriter::new(&mut out, version, Command::Message);
+    for (n, v) in headers {
+        w.header(n, v);
+    }
+    w.finish(body);
+    out
+}
+
+#[test]
+fn encoder_writes_spec_shapes() {
+    let out = encode_message(Version::V1_2, &[("k:1".into(), "a\nb\r\\".into())], b"x\0y");
+    assert_eq!(
+        out,
+        b"MESSAGE\nk\\c1:a\\nb\\r\\\\\ncontent-length:3\n\nx\0y\0".to_vec()
+    );
+    let mut connected = Vec::new();
+    FrameWriter::new(&mut connected, Version::V1_2, Command::Connected)
+        .header("server", "a:b")
+        .finish(b"");
+    assert_eq!(connected, b"CONNECTED\nserver:a:b\n\n\0".to_vec());
+}
+
+fn header_text(with_cr: bool) -> impl Strategy<Value = String> {
+    let chars: Vec<char> = if with_cr {
+        vec![
+            'a', 'Z', '0', ':', '\n', '\r', '\\', ' ', 'é', '✓', 'c', 'n', 'r',
+        ]
+    } else {
+        vec!['a', 'Z', '0', ':', '\n', '\\', ' ', 'é', '✓', 'c', 'n', 'r']
+    };
+    proptest::collection::vec(proptest::sample::select(chars), 0..12)
+        .prop_map(|v| v.into_iter().collect())
+}
+
+proptest! {
+    #[test]
+    fn encode_then_decode_round_trips_1_2(
+        headers in proptest::collection::vec(
+            (header_text(true).prop_filter("non-empty", |s| !s.is_empty()), header_text(true)),
+            0..6,
+        ),
+        body in proptest::collection::vec(any::<u8>(), 0..64),
+        chunk in 1usize..40,
+    ) {
+        let bytes = encode_message(Version::V1_2, &headers, &body);
+        let frames = decode_chunked(&bytes, chunk, Version::V1_2).unwrap();
+        prop_assert_eq!(frames.len(), 1);
+        let f = &frames[0];
+        let got: Vec<(String, String)> =
+            f.headers.iter().map(|(n, v)| (n.to_owned(), v.to_owned())).collect();
+        prop_assert_eq!(&got[..headers.len()], &headers[..]);
+        prop_assert_eq!(&f.body[..], &body[..]);
+    }
+
+    #[test]
+    fn encode_then_decode_round_trips_1_1(
+        headers in proptest::collection::vec(
+            (header_text(false).prop_filter("non-empty", |s| !s.is_empty()), header_text(false)),
+            0..6,
+        ),
+    ) {
+        let bytes = encode_message(Version::V1_1, &headers, b"");
+        let f = &decode_chunked(&bytes, 7, Version::V1_1).unwrap()[0];
+        let got: Vec<(String, String)> =
+            f.headers.iter().map(|(n, v)| (n.to_owned(), v.to_owned())).collect();
+        prop_assert_eq!(&got[..headers.len()], &headers[..]);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(input in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let _ = decode_chunked(&input, 3, Version::V1_2);
+    }
+}
