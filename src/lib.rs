@@ -1,1 +1,4 @@
 //! Rosetta
+
+pub mod config;
+pub mod users;

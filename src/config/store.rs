@@ -1,0 +1,82 @@
+//! `[store]`: the durable journal.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// When the journal calls `fdatasync`, and so what a producer's
+/// acknowledgement promises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SyncPolicy {
+    /// Every commit is synced before it is acknowledged: an acknowledged
+    /// message survives power loss. Group commit shares one sync among
+    /// all writers waiting at the same time.
+    EveryCommit,
+    /// Commits are acknowledged once written to the OS; a sync runs every
+    /// `sync_interval_ms`. A crash of the process loses nothing, a power
+    /// loss or kernel crash loses up to that interval.
+    Periodic,
+}
+
+/// The safe policy: an acknowledgement means the message is on disk.
+pub const SYNC_POLICY_DEFAULT: SyncPolicy = SyncPolicy::EveryCommit;
+/// Periodic sync interval: bounds what a power loss can take under
+/// `periodic` to about one second of messages.
+pub const SYNC_INTERVAL_MS_DEFAULT: u64 = 1_000;
+/// Segment file size: big enough that segment roll-over is rare, small
+/// enough that compaction reclaims space in useful steps.
+pub const SEGMENT_SIZE_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+/// Smallest segment: a segment must hold at least a few maximal records.
+pub const SEGMENT_SIZE_MIN_BYTES: u64 = 64 * 1024;
+/// Largest segment: record offsets within a segment stay below 2^30.
+pub const SEGMENT_SIZE_MAX_BYTES: u64 = 1024 * 1024 * 1024;
+/// Payload bytes of queued messages kept in memory; the rest pages to disk.
+/// A million queued 1 KiB messages then need about a quarter of a GiB.
+pub const MEMORY_BUDGET_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
+/// Smallest memory budget: enough for a window of in-flight messages.
+pub const MEMORY_BUDGET_MIN_BYTES: u64 = 1024 * 1024;
+/// How often compaction looks for dead segments: often enough to keep
+/// disk use near the live data, rarely enough to cost nothing when idle.
+pub const COMPACTION_INTERVAL_MS_DEFAULT: u64 = 30_000;
+
+/// `[store]`: journal settings. The journal lives in `data_dir`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `"every-commit"` (default) or `"periodic"`.
+    pub sync: SyncPolicy,
+    /// Interval between syncs under `periodic`, in milliseconds (unused
+    /// under `every-commit`).
+    pub sync_interval_ms: u64,
+    /// Size at which a segment file is closed and a new one started.
+    pub segment_size_bytes: u64,
+    /// Payload bytes of queued messages held in memory before paging.
+    pub memory_budget_bytes: u64,
+    /// Interval between compaction passes, in milliseconds.
+    pub compaction_interval_ms: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            sync: SYNC_POLICY_DEFAULT,
+            sync_interval_ms: SYNC_INTERVAL_MS_DEFAULT,
+            segment_size_bytes: SEGMENT_SIZE_BYTES_DEFAULT,
+            memory_budget_bytes: MEMORY_BUDGET_BYTES_DEFAULT,
+            compaction_interval_ms: COMPACTION_INTERVAL_MS_DEFAULT,
+        }
+    }
+}
+
+impl StoreConfig {
+    /// [`Self::sync_interval_ms`] as a duration.
+    pub fn sync_interval(&self) -> Duration {
+        Duration::from_millis(self.sync_interval_ms)
+    }
+
+    /// [`Self::compaction_interval_ms`] as a duration.
+    pub fn compaction_interval(&self) -> Duration {
+        Duration::from_millis(self.compaction_interval_ms)
+    }
+}

@@ -1,0 +1,257 @@
+//! Tests of loading, error locations and the defaults file.
+
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+const DEFAULTS_FILE: &str = include_str!("../../config/rosetta.toml");
+
+fn defaults_file_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rosetta.toml")
+}
+
+#[test]
+fn the_defaults_file_is_exactly_the_defaults() {
+    let parsed = Config::parse(DEFAULTS_FILE, "rosetta.toml").expect("defaults file parses");
+    assert_eq!(parsed, Config::default());
+
+    let loaded = Config::load(&defaults_file_path()).expect("defaults file loads");
+    let config_dir = defaults_file_path().parent().map(Path::to_owned);
+    assert_eq!(loaded.config_dir, config_dir);
+    assert_eq!(
+        Config {
+            config_dir: None,
+            ..loaded
+        },
+        Config::default()
+    );
+}
+
+#[test]
+fn the_defaults_are_valid_and_documented_values() {
+    let c = Config::default();
+    c.validate().expect("defaults validate");
+    assert_eq!(c.data_dir, PathBuf::from("./data"));
+    let ports: Vec<_> = c
+        .active_listeners()
+        .iter()
+        .map(|(k, a)| (*k, a.port))
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            (ListenerKind::Mqtt, 1883),
+            (ListenerKind::Stomp, 61613),
+            (ListenerKind::Amqp, 5672),
+            (ListenerKind::WebSocket, 8080),
+        ],
+        "TLS listeners stay off without a certificate, `any` is off"
+    );
+    assert!(c.security.anonymous);
+    assert_eq!(c.store.sync, SyncPolicy::EveryCommit);
+    assert_eq!(
+        c.broker.dead_letter_address,
+        rosetta_neutral::Address::Queue("DLQ".into())
+    );
+    assert_eq!(c.broker.delivery_attempts_max, 10);
+}
+
+#[test]
+fn an_empty_file_means_defaults() {
+    assert_eq!(Config::parse("", "x").expect("empty"), Config::default());
+    assert_eq!(
+        Config::parse("[store]\n", "x").expect("empty section"),
+        Config::default()
+    );
+}
+
+#[test]
+fn tls_listeners_run_with_a_certificate() {
+    let text = "[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n[listeners]\nstomps = \"\"\nany = \"127.0.0.1:9000\"\n";
+    let c = Config::parse(text, "x").expect("parses");
+    let kinds: Vec<_> = c.active_listeners().iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        kinds,
+        [
+            ListenerKind::Mqtt,
+            ListenerKind::Stomp,
+            ListenerKind::Amqp,
+            ListenerKind::WebSocket,
+            ListenerKind::Mqtts,
+            ListenerKind::Amqps,
+            ListenerKind::Wss,
+            ListenerKind::Any,
+        ]
+    );
+    assert_eq!(c.listeners.any, Some(ListenAddr::new("127.0.0.1", 9000)));
+}
+
+#[test]
+fn partial_sections_keep_other_defaults() {
+    let text = "data_dir = \"/var/lib/rosetta\"\n[store]\nsync = \"periodic\"\nsync_interval_ms = 50\n[broker]\nexpiry_address = \"/topic/expired\"\ndead_letter_address = \"/queue/dead\"\n[[bindings]]\nqueue = \"/queue/orders\"\nfilter = \"shop/+/orders\"\n[[bindings]]\nqueue = \"all\"\nfilter = \"#\"\n";
+    let c = Config::parse(text, "x").expect("parses");
+    assert_eq!(c.data_dir, PathBuf::from("/var/lib/rosetta"));
+    assert_eq!(c.store.sync, SyncPolicy::Periodic);
+    assert_eq!(
+        c.store.sync_interval(),
+        std::time::Duration::from_millis(50)
+    );
+    assert_eq!(c.store.segment_size_bytes, SEGMENT_SIZE_BYTES_DEFAULT);
+    assert_eq!(
+        c.broker.expiry_address,
+        Some(rosetta_neutral::Address::Topic("expired".into()))
+    );
+    assert_eq!(
+        c.broker.dead_letter_address,
+        rosetta_neutral::Address::Queue("dead".into())
+    );
+    assert_eq!(
+        c.bindings,
+        [
+            Binding {
+                queue: "orders".into(),
+                filter: "shop/+/orders".into()
+            },
+            Binding {
+                queue: "all".into(),
+                filter: "#".into()
+            },
+        ]
+    );
+}
+
+/// (document, key at fault, line, words the message must contain)
+const BAD: &[(&str, &str, usize, &str)] = &[
+    ("bogus = 1\n", "bogus", 1, "unknown key `bogus`"),
+    ("[store]\nsyncc = \"periodic\"\n", "store.syncc", 2, "unknown key `syncc`"),
+    ("[nope]\n", "nope", 1, "unknown key"),
+    ("[store]\nsync = \"sometimes\"\n", "store.sync", 2, "sometimes"),
+    ("[listeners]\nmqtt = \"0.0.0.0:70000\"\n", "listeners.mqtt", 2, "port 70000 is out of range"),
+    ("[listeners]\n\nstomp = \"localhost\"\n", "listeners.stomp", 3, "has no port"),
+    ("[listeners]\namqp = 5672\n", "listeners.amqp", 2, "invalid type"),
+    ("[store]\n\nsegment_size_bytes = 0\n", "store.segment_size_bytes", 3, "out of range"),
+    ("[store]\nsegment_size_bytes = -5\n", "store.segment_size_bytes", 2, "invalid value"),
+    ("[store]\nsync_interval_ms = 0\n", "store.sync_interval_ms", 2, "greater than 0"),
+    ("[mqtt]\nqos_max = \"two\"\n", "mqtt.qos_max", 2, "invalid type"),
+    ("[mqtt]\nqos_max = 3\n", "mqtt.qos_max", 2, "out of range (0-2)"),
+    ("[mqtt]\nreceive_maximum = 70000\n", "mqtt.receive_maximum", 2, "70000"),
+    ("[mqtt]\nreceive_maximum = 0\n", "mqtt.receive_maximum", 2, "greater than 0"),
+    ("[mqtt]\npacket_size_max_bytes = 300000000\n", "mqtt.packet_size_max_bytes", 2, "out of range"),
+    ("listeners = 5\n", "listeners", 1, "expected a table"),
+    ("data_dir = \"\"\n", "data_dir", 1, "must not be empty"),
+    ("[broker]\ndead_letter_address = \"/queue/\"\n", "broker.dead_letter_address", 2, "empty"),
+    ("[broker]\ndelivery_attempts_max = 0\n", "broker.delivery_attempts_max", 2, "greater than 0"),
+    ("[tls]\ncert_file = \"c.pem\"\n", "tls.key_file", 1, "key is needed"),
+    ("[tls]\nkey_file = \"k.pem\"\n", "tls.cert_file", 1, "certificate is needed"),
+    (
+        "[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nrequire_client_cert = true\n",
+        "tls.client_ca_file",
+        1,
+        "require_client_cert",
+    ),
+    ("[tls]\nclient_ca_file = \"ca.pem\"\n", "tls.client_ca_file", 2, "need TLS"),
+    (
+        "[listeners]\nmqtt = \"0.0.0.0:1883\"\nstomp = \"0.0.0.0:1883\"\n",
+        "listeners.stomp",
+        3,
+        "already used by `listeners.mqtt`",
+    ),
+    ("[websocket]\nallowed_origins = [\n  \"https://ok.example\",\n  \"example.com\",\n]\n", "websocket.allowed_origins[1]", 4, "not an origin"),
+    ("[websocket]\nmessage_size_max_bytes = 10\n", "websocket.message_size_max_bytes", 2, "minimum"),
+    ("[stomp]\nheartbeat_send_ms = 10\n", "stomp.heartbeat_send_ms", 2, "heartbeat_min_ms"),
+    ("[stomp]\nprefetch_default = 20000\n", "stomp.prefetch_default", 2, "out of range"),
+    ("[stomp]\nheader_size_max_bytes = 2000000\n", "stomp.header_size_max_bytes", 2, "frame_size_max_bytes"),
+    ("[amqp]\nframe_size_max_bytes = 100\n", "amqp.frame_size_max_bytes", 2, "minimum of 512"),
+    ("[amqp]\nidle_timeout_ms = 10\n", "amqp.idle_timeout_ms", 2, "0 for no idle timeout"),
+    ("[[bindings]]\nqueue = \"/topic/x\"\nfilter = \"a\"\n", "bindings[0].queue", 2, "is a topic"),
+    ("[[bindings]]\nqueue = \"q\"\nfilter = \"a/#/b\"\n", "bindings[0].filter", 3, "malformed topic filter"),
+    ("[[bindings]]\nqueue = \"q\"\nfilter = \"a\"\nwhat = 1\n", "bindings[0].what", 4, "unknown key"),
+    (
+        "[[bindings]]\nqueue = \"q\"\nfilter = \"a\"\n[[bindings]]\nqueue = \"q\"\nfilter = \"a\"\n",
+        "bindings[1]",
+        4,
+        "second time",
+    ),
+];
+
+#[test]
+fn every_error_names_the_key_and_the_line() {
+    for (doc, key, line, words) in BAD {
+        let err = Config::parse(doc, "rosetta.toml").expect_err(doc);
+        let shown = err.to_string();
+        assert_eq!(err.key(), Some(*key), "{doc:?} -> {shown}");
+        assert_eq!(err.line(), Some(*line), "{doc:?} -> {shown}");
+        assert!(
+            shown.contains(words),
+            "{doc:?} -> {shown} (wanted {words:?})"
+        );
+        assert!(
+            shown.starts_with(&format!("rosetta.toml:{line}:")),
+            "{doc:?} -> {shown}"
+        );
+        assert!(shown.contains(&format!("`{key}`")), "{shown}");
+        assert!(!shown.contains('\n'), "one line: {shown:?}");
+    }
+}
+
+#[test]
+fn a_missing_field_names_its_table() {
+    let err = Config::parse("x = 0\n", "f").expect_err("unknown");
+    assert_eq!(err.key(), Some("x"));
+    let err = Config::parse("\n[[bindings]]\nqueue = \"q\"\n", "f").expect_err("missing filter");
+    let shown = err.to_string();
+    assert!(
+        err.key().is_some_and(|k| k.starts_with("bindings")),
+        "{shown}"
+    );
+    assert!(shown.contains("filter"), "{shown}");
+    assert!(err.line().is_some(), "{shown}");
+}
+
+#[test]
+fn syntax_errors_give_the_line() {
+    let err = Config::parse("data_dir = \"x\"\n[store\nsync = 1\n", "f.toml").expect_err("syntax");
+    assert!(matches!(err, ConfigError::Syntax { .. }), "{err}");
+    assert_eq!(err.line(), Some(2), "{err}");
+    assert!(err.to_string().starts_with("f.toml:2:"), "{err}");
+    let err = Config::parse("a = \"unterminated\n", "f.toml").expect_err("syntax");
+    assert_eq!(err.line(), Some(1), "{err}");
+}
+
+#[test]
+fn a_missing_file_is_a_read_error() {
+    let err = Config::load(Path::new("/nonexistent/rosetta.toml")).expect_err("missing");
+    assert!(matches!(err, ConfigError::Read { .. }));
+    assert!(
+        err.to_string().contains("/nonexistent/rosetta.toml"),
+        "{err}"
+    );
+}
+
+#[test]
+fn validate_names_keys_without_a_file() {
+    let mut c = Config::default();
+    c.store.segment_size_bytes = 0;
+    let err = c.validate().expect_err("zero segment");
+    assert_eq!(err.key(), Some("store.segment_size_bytes"));
+    assert_eq!(err.line(), None);
+}
+
+#[test]
+fn the_users_file_defaults_next_to_the_config() {
+    assert_eq!(
+        Config::default().users_file(),
+        PathBuf::from("./users.toml")
+    );
+    let loaded = Config::load(&defaults_file_path()).expect("loads");
+    assert_eq!(
+        loaded.users_file(),
+        defaults_file_path().with_file_name("users.toml")
+    );
+    let c = Config::parse(
+        "[security]\nusers_file = \"/etc/rosetta/users.toml\"\n",
+        "x",
+    )
+    .expect("parses");
+    assert_eq!(c.users_file(), PathBuf::from("/etc/rosetta/users.toml"));
+}
