@@ -1,0 +1,306 @@
+//! Server packets, written with the `mqttbytes::v4`/`v5` writers.
+//!
+//! mqttbytes models reason codes as enums; the adapter works with plain
+//! `u8` codes (one mapping function, see `crate::error`), so this module
+//! converts, falling back to "unspecified error" for a code an enum lacks.
+//! Gap covered: `v5::ConnAck::write` omits the property length when
+//! `properties` is `None` (a malformed CONNACK), so we always pass a list.
+
+use bytes::{Bytes, BytesMut};
+use mqttbytes::{v4, v5, QoS};
+
+use super::Version;
+
+/// Why a server packet could not be encoded (our bug or an oversize field).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot encode packet: {0:?}")]
+pub struct EncodeError(pub mqttbytes::Error);
+
+fn qos(q: u8) -> QoS {
+    match q {
+        0 => QoS::AtMostOnce,
+        1 => QoS::AtLeastOnce,
+        _ => QoS::ExactlyOnce,
+    }
+}
+
+/// A PUBLISH to a client.
+#[derive(Debug, Clone, Default)]
+pub struct OutPublish {
+    /// Topic (empty when an established alias stands for it).
+    pub topic: String,
+    /// QoS 0–2.
+    pub qos: u8,
+    /// DUP flag.
+    pub dup: bool,
+    /// RETAIN flag.
+    pub retain: bool,
+    /// Packet id (QoS > 0).
+    pub pkid: u16,
+    /// Payload.
+    pub payload: Bytes,
+    /// v5 properties; ignored for 3.1.1.
+    pub props: Option<v5::PublishProperties>,
+}
+
+/// Writes a PUBLISH; returns its size in bytes.
+pub fn publish(version: Version, p: OutPublish, out: &mut BytesMut) -> Result<usize, EncodeError> {
+    let before = out.len();
+    match version {
+        Version::V311 => {
+            let mut w = v4::Publish::from_bytes(p.topic, qos(p.qos), p.payload);
+            w.dup = p.dup;
+            w.retain = p.retain;
+            w.pkid = p.pkid;
+            w.write(out).map_err(EncodeError)?;
+        }
+        Version::V5 => {
+            let mut w = v5::Publish::from_bytes(p.topic, qos(p.qos), p.payload);
+            w.dup = p.dup;
+            w.retain = p.retain;
+            w.pkid = p.pkid;
+            w.properties = p.props;
+            w.write(out).map_err(EncodeError)?;
+        }
+    }
+    Ok(out.len() - before)
+}
+
+/// Which acknowledgement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckKind {
+    /// PUBACK.
+    PubAck,
+    /// PUBREC.
+    PubRec,
+    /// PUBREL.
+    PubRel,
+    /// PUBCOMP.
+    PubComp,
+}
+
+/// Writes PUBACK/PUBREC/PUBREL/PUBCOMP with a v5 reason code.
+pub fn ack(version: Version, kind: AckKind, pkid: u16, reason: u8, out: &mut BytesMut) {
+    let r = match version {
+        Version::V311 => match kind {
+            AckKind::PubAck => v4::PubAck::new(pkid).write(out),
+            AckKind::PubRec => v4::PubRec::new(pkid).write(out),
+            AckKind::PubRel => v4::PubRel::new(pkid).write(out),
+            AckKind::PubComp => v4::PubComp::new(pkid).write(out),
+        },
+        Version::V5 => match kind {
+            AckKind::PubAck => {
+                let mut a = v5::PubAck::new(pkid);
+                a.reason = puback_reason(reason);
+                a.write(out)
+            }
+            AckKind::PubRec => {
+                let mut a = v5::PubRec::new(pkid);
+                a.reason = pubrec_reason(reason);
+                a.write(out)
+            }
+            AckKind::PubRel => {
+                let mut a = v5::PubRel::new(pkid);
+                if reason == 0x92 {
+                    a.reason = v5::PubRelReason::PacketIdentifierNotFound;
+                }
+                a.write(out)
+            }
+            AckKind::PubComp => {
+                let mut a = v5::PubComp::new(pkid);
+                if reason == 0x92 {
+                    a.reason = v5::PubCompReason::PacketIdentifierNotFound;
+                }
+                a.write(out)
+            }
+        },
+    };
+    // Fixed-size packets: the writers cannot fail.
+    debug_assert!(r.is_ok());
+}
+
+fn puback_reason(code: u8) -> v5::PubAckReason {
+    use v5::PubAckReason::*;
+    match code {
+        0x00 => Success,
+        0x10 => NoMatchingSubscribers,
+        0x83 => ImplementationSpecificError,
+        0x87 => NotAuthorized,
+        0x90 => TopicNameInvalid,
+        0x91 => PacketIdentifierInUse,
+        0x97 => QuotaExceeded,
+        0x99 => PayloadFormatInvalid,
+        _ => UnspecifiedError,
+    }
+}
+
+fn pubrec_reason(code: u8) -> v5::PubRecReason {
+    use v5::PubRecReason::*;
+    match code {
+        0x00 => Success,
+        0x10 => NoMatchingSubscribers,
+        0x83 => ImplementationSpecificError,
+        0x87 => NotAuthorized,
+        0x90 => TopicNameInvalid,
+        0x91 => PacketIdentifierInUse,
+        0x97 => QuotaExceeded,
+        0x99 => PayloadFormatInvalid,
+        _ => UnspecifiedError,
+    }
+}
+
+/// Writes a 3.1.1 CONNACK with return code 0–5.
+pub fn connack_v4(session_present: bool, code: u8, out: &mut BytesMut) {
+    use v4::ConnectReturnCode::*;
+    let code = match code {
+        0 => Success,
+        1 => RefusedProtocolVersion,
+        2 => BadClientId,
+        4 => BadUserNamePassword,
+        5 => NotAuthorized,
+        _ => ServiceUnavailable,
+    };
+    let r = v4::ConnAck::new(code, session_present).write(out);
+    debug_assert!(r.is_ok());
+}
+
+/// Writes a v5 CONNACK.
+pub fn connack_v5(
+    session_present: bool,
+    code: u8,
+    props: v5::ConnAckProperties,
+    out: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    use v5::ConnectReturnCode::*;
+    let code = match code {
+        0x00 => Success,
+        0x81 => MalformedPacket,
+        0x82 => ProtocolError,
+        0x83 => ImplementationSpecificError,
+        0x84 => UnsupportedProtocolVersion,
+        0x85 => ClientIdentifierNotValid,
+        0x86 => BadUserNamePassword,
+        0x87 => NotAuthorized,
+        0x88 => ServerUnavailable,
+        0x89 => ServerBusy,
+        0x8A => Banned,
+        0x8C => BadAuthenticationMethod,
+        0x90 => TopicNameInvalid,
+        0x95 => PacketTooLarge,
+        0x97 => QuotaExceeded,
+        0x99 => PayloadFormatInvalid,
+        0x9A => RetainNotSupported,
+        0x9B => QoSNotSupported,
+        0x9C => UseAnotherServer,
+        0x9D => ServerMoved,
+        0x9F => ConnectionRateExceeded,
+        _ => UnspecifiedError,
+    };
+    let mut ack = v5::ConnAck::new(code, session_present);
+    ack.properties = Some(props);
+    ack.write(out).map_err(EncodeError)?;
+    Ok(())
+}
+
+/// Writes a SUBACK; `codes` are v5 reason codes (granted QoS or failure).
+pub fn suback(
+    version: Version,
+    pkid: u16,
+    codes: &[u8],
+    out: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    match version {
+        Version::V311 => {
+            let codes = codes
+                .iter()
+                .map(|&c| match c {
+                    0..=2 => v4::SubscribeReasonCode::Success(qos(c)),
+                    _ => v4::SubscribeReasonCode::Failure,
+                })
+                .collect();
+            v4::SubAck::new(pkid, codes)
+                .write(out)
+                .map_err(EncodeError)?;
+        }
+        Version::V5 => {
+            use v5::SubscribeReasonCode::*;
+            let codes = codes
+                .iter()
+                .map(|&c| match c {
+                    0 => QoS0,
+                    1 => QoS1,
+                    2 => QoS2,
+                    0x83 => ImplementationSpecific,
+                    0x87 => NotAuthorized,
+                    0x8F => TopicFilterInvalid,
+                    0x91 => PkidInUse,
+                    0x97 => QuotaExceeded,
+                    0x9E => SharedSubscriptionsNotSupported,
+                    0xA1 => SubscriptionIdNotSupported,
+                    0xA2 => WildcardSubscriptionsNotSupported,
+                    _ => Unspecified,
+                })
+                .collect();
+            v5::SubAck::new(pkid, codes)
+                .write(out)
+                .map_err(EncodeError)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes an UNSUBACK; `codes` (v5 only) are 0x00 or 0x11 or failures.
+pub fn unsuback(
+    version: Version,
+    pkid: u16,
+    codes: &[u8],
+    out: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    match version {
+        Version::V311 => {
+            v4::UnsubAck::new(pkid).write(out).map_err(EncodeError)?;
+        }
+        Version::V5 => {
+            use v5::UnsubAckReason::*;
+            let mut ack = v5::UnsubAck::new(pkid);
+            ack.reasons = codes
+                .iter()
+                .map(|&c| match c {
+                    0x00 => Success,
+                    0x11 => NoSubscriptionExisted,
+                    0x83 => ImplementationSpecificError,
+                    0x87 => NotAuthorized,
+                    0x8F => TopicFilterInvalid,
+                    0x91 => PacketIdentifierInUse,
+                    _ => UnspecifiedError,
+                })
+                .collect();
+            ack.write(out).map_err(EncodeError)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes a PINGRESP.
+pub fn pingresp(out: &mut BytesMut) {
+    out.extend_from_slice(&[0xD0, 0x00]);
+}
+
+/// Writes a v5 DISCONNECT with a reason code and optional reason string.
+pub fn disconnect_v5(reason: u8, reason_string: Option<String>, out: &mut BytesMut) {
+    use v5::DisconnectReasonCode;
+    let code =
+        DisconnectReasonCode::try_from(reason).unwrap_or(DisconnectReasonCode::UnspecifiedError);
+    let mut d = v5::Disconnect::new();
+    d.reason_code = code;
+    if let Some(text) = reason_string {
+        d.properties = Some(v5::DisconnectProperties {
+            session_expiry_interval: None,
+            reason_string: Some(text),
+            user_properties: Vec::new(),
+            server_reference: None,
+        });
+    }
+    let r = d.write(out);
+    debug_assert!(r.is_ok());
+}

@@ -1,0 +1,364 @@
+//! CONNECT/CONNACK: authentication, client id rules, keep-alive, the
+//! session queue (clean start, expiry, session present), the will; and the
+//! client's DISCONNECT.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use mqttbytes::v5::ConnAckProperties;
+use rosetta_neutral::address::validate_topic_name;
+use rosetta_neutral::{
+    mqtt_session_queue, Address, BrokerError, CloseKind, ConsumerSpec, CreditMode, Protocol,
+    QueueLifetime, QueueSpec, SessionInfo, Will,
+};
+
+use super::{MqttConnection, Open, State};
+use crate::codec::{encode, CodecError, ConnectPacket, ReasonPacket, Version};
+use crate::convert::inbound_message;
+use crate::error::{auth_reason, broker_reason, connack_v4_code, MqttError, ReasonContext};
+use crate::inflight::{decode_qos2_set, Outbound, QOS2_INBOUND_STATE_KEY};
+
+/// A refused CONNECT: the v5 reason code and the text for the log and the
+/// v5 reason string.
+struct Refusal {
+    code: u8,
+    why: String,
+}
+
+impl Refusal {
+    fn new(code: u8, why: impl Into<String>) -> Self {
+        Self {
+            code,
+            why: why.into(),
+        }
+    }
+}
+
+/// What a v5 client gets told about session expiry.
+struct Lifetime {
+    durable: bool,
+    lifetime: QueueLifetime,
+    expiry_s: u32,
+}
+
+impl MqttConnection {
+    pub(super) fn on_connect(&mut self, now: Instant, c: ConnectPacket) {
+        let version = c.version;
+        match self.establish(now, c) {
+            Ok(open) => self.state = State::Open(Box::new(open)),
+            Err(refusal) => {
+                tracing::info!(conn_id = self.conn_id, code = refusal.code, why = %refusal.why, "CONNECT refused");
+                self.write_refusal(version, &refusal);
+                self.state = State::Closed;
+            }
+        }
+    }
+
+    /// Answers an error that happened before the session was open.
+    pub(super) fn reject_connect(&mut self, err: &MqttError) {
+        match (self.decoder.version(), err) {
+            // A level we do not speak: 3.1.1 return code 1 (MQTT-3.1.2-2).
+            (_, MqttError::Codec(CodecError::UnsupportedProtocolVersion(_))) => {
+                encode::connack_v4(false, 1, &mut self.out)
+            }
+            // A bad CONNECT from a v5 client: CONNACK with the reason.
+            (Some(Version::V5), MqttError::Codec(_)) => self.write_refusal(
+                Version::V5,
+                &Refusal::new(err.reason_code(), err.to_string()),
+            ),
+            // 3.1.1, timeouts, non-CONNECT first packets: just close.
+            _ => {}
+        }
+    }
+
+    fn write_refusal(&mut self, version: Version, refusal: &Refusal) {
+        match version {
+            Version::V311 => {
+                encode::connack_v4(false, connack_v4_code(refusal.code), &mut self.out)
+            }
+            Version::V5 => {
+                let mut props = ConnAckProperties::new();
+                props.reason_string = Some(refusal.why.clone());
+                if encode::connack_v5(false, refusal.code, props, &mut self.out).is_err() {
+                    tracing::warn!(conn_id = self.conn_id, "could not encode CONNACK");
+                }
+            }
+        }
+    }
+
+    fn establish(&mut self, now: Instant, c: ConnectPacket) -> Result<Open, Refusal> {
+        let v5 = c.version == Version::V5;
+        let cfg = &self.config;
+        if let Some(method) = &c.props.authentication_method {
+            // No enhanced authentication method is offered (MQTT 5 §4.12).
+            return Err(Refusal::new(
+                0x8C,
+                format!("authentication method {method} not supported"),
+            ));
+        }
+
+        // Client id rules (MQTT-3.1.3-7/8, MQTT 5 §3.1.3.1).
+        let mut assigned = None;
+        let client_id = if c.client_id.is_empty() {
+            if !v5 && !c.clean_start {
+                return Err(Refusal::new(0x85, "empty client id needs clean session"));
+            }
+            let id = format!("rosetta-{}-{}", self.conn_id, self.clock.epoch_ms(now));
+            if v5 {
+                assigned = Some(id.clone());
+            }
+            id
+        } else {
+            c.client_id.clone()
+        };
+        if client_id.len() > cfg.client_id_len_max_bytes {
+            return Err(Refusal::new(0x85, "client id too long"));
+        }
+        // The id becomes part of a queue name, where wildcards are invalid.
+        if client_id.contains(['+', '#']) {
+            return Err(Refusal::new(0x85, "client id contains + or #"));
+        }
+
+        let principal = self
+            .broker
+            .authenticate(c.username.as_deref(), c.password.as_deref())
+            .map_err(|e| Refusal::new(auth_reason(&e), e.to_string()))?;
+
+        // The will is checked before anything is created.
+        let will = match &c.will {
+            Some(w) => {
+                validate_topic_name(&w.topic)
+                    .map_err(|e| Refusal::new(0x90, format!("will topic: {e}")))?;
+                if w.qos > cfg.qos_max {
+                    return Err(Refusal::new(0x9B, "will QoS above the maximum"));
+                }
+                if w.retain && !cfg.retain_available {
+                    return Err(Refusal::new(0x9A, "retained will not supported"));
+                }
+                let now_ms = self.clock.epoch_ms(now);
+                let message =
+                    inbound_message(w.qos, w.retain, w.props.clone(), w.payload.clone(), now_ms)
+                        .map_err(|e| Refusal::new(e.reason_code(), e.to_string()))?;
+                Some(Will {
+                    address: Address::Topic(w.topic.clone()),
+                    message,
+                    delay: Duration::from_secs(u64::from(
+                        w.props.will_delay_interval_s.unwrap_or(0),
+                    )),
+                })
+            }
+            None => None,
+        };
+
+        let life = lifetime(&c, cfg.session_expiry_max_s);
+        let mut session = self.broker.open_session(
+            SessionInfo {
+                conn_id: self.conn_id,
+                protocol: Protocol::Mqtt,
+                principal,
+                client_id: Some(client_id.clone()),
+                take_over: true,
+            },
+            self.sink.clone(),
+        );
+        let queue = mqtt_session_queue(&client_id);
+        let setup = (|| -> Result<(bool, u32), BrokerError> {
+            if c.clean_start {
+                match session.delete_queue(&queue) {
+                    Ok(()) | Err(BrokerError::NotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+                session.put_state(QOS2_INBOUND_STATE_KEY, None)?;
+            }
+            let info = session.declare_queue(QueueSpec {
+                name: Some(queue.clone()),
+                durable: life.durable,
+                lifetime: life.lifetime,
+            })?;
+            let window = u32::from(
+                c.props
+                    .receive_maximum
+                    .unwrap_or(u16::MAX)
+                    .min(cfg.outbound_inflight_max),
+            );
+            Ok((info.existed && !c.clean_start, window))
+        })();
+        let (session_present, window) = match setup {
+            Ok(v) => v,
+            Err(e) => {
+                session.close(CloseKind::Clean);
+                return Err(Refusal::new(
+                    broker_reason(&e, ReasonContext::Connect),
+                    e.to_string(),
+                ));
+            }
+        };
+        let consumer = match session.consume(ConsumerSpec {
+            queue: queue.clone(),
+            credit: CreditMode::Window(window),
+            auto_settle: false,
+        }) {
+            Ok(id) => id,
+            Err(e) => {
+                session.close(CloseKind::Clean);
+                return Err(Refusal::new(
+                    broker_reason(&e, ReasonContext::Connect),
+                    e.to_string(),
+                ));
+            }
+        };
+        session.set_will(will);
+        let awaiting_rel = if session_present {
+            session
+                .get_state(QOS2_INBOUND_STATE_KEY)
+                .map(|b| decode_qos2_set(&b))
+                .unwrap_or_default()
+        } else {
+            BTreeSet::new()
+        };
+
+        // Keep-alive: 3.1.1 clients cannot be told another value, so theirs
+        // is enforced as asked; v5 clients asking more than the maximum (or
+        // 0) get the maximum as Server Keep Alive.
+        let mut server_keep_alive = None;
+        let keep_alive_s = if v5
+            && cfg.keep_alive_max_s > 0
+            && (c.keep_alive_s == 0 || c.keep_alive_s > cfg.keep_alive_max_s)
+        {
+            server_keep_alive = Some(cfg.keep_alive_max_s);
+            cfg.keep_alive_max_s
+        } else {
+            c.keep_alive_s
+        };
+        let keep_alive_timeout =
+            (keep_alive_s > 0).then(|| Duration::from_millis(u64::from(keep_alive_s) * 1500));
+
+        match c.version {
+            Version::V311 => encode::connack_v4(session_present, 0, &mut self.out),
+            Version::V5 => {
+                let mut props = ConnAckProperties::new();
+                let requested = c.props.session_expiry_interval_s.unwrap_or(0);
+                if requested != life.expiry_s {
+                    props.session_expiry_interval = Some(life.expiry_s);
+                }
+                props.receive_max = Some(cfg.receive_maximum);
+                if cfg.qos_max < 2 {
+                    props.max_qos = Some(cfg.qos_max);
+                }
+                props.retain_available = Some(u8::from(cfg.retain_available));
+                props.max_packet_size = Some(cfg.packet_size_max_bytes);
+                props.assigned_client_identifier = assigned;
+                props.topic_alias_max = Some(cfg.topic_alias_max);
+                props.wildcard_subscription_available =
+                    Some(u8::from(cfg.wildcard_subscriptions_available));
+                props.subscription_identifiers_available =
+                    Some(u8::from(cfg.subscription_identifiers_available));
+                props.shared_subscription_available =
+                    Some(u8::from(cfg.shared_subscriptions_available));
+                props.server_keep_alive = server_keep_alive;
+                if let Err(e) = encode::connack_v5(session_present, 0, props, &mut self.out) {
+                    session.close(CloseKind::Abnormal);
+                    return Err(Refusal::new(0x83, e.to_string()));
+                }
+            }
+        }
+        tracing::debug!(conn_id = self.conn_id, client_id = %client_id, ?c.version, session_present, "connected");
+
+        Ok(Open {
+            version: c.version,
+            session,
+            client_id,
+            session_queue: queue,
+            session_consumer: consumer,
+            session_expiry_s: life.expiry_s,
+            shared: HashMap::new(),
+            keep_alive_timeout,
+            last_input: now,
+            window,
+            client_packet_max: c.props.maximum_packet_size,
+            client_alias_max: c.props.topic_alias_maximum.unwrap_or(0),
+            problem_info: c.props.request_problem_information != Some(0),
+            outbound: Outbound::default(),
+            out_aliases: HashMap::new(),
+            in_aliases: HashMap::new(),
+            acks: VecDeque::new(),
+            qos1_pending: 0,
+            awaiting_rel,
+        })
+    }
+}
+
+/// The session queue's durability and lifetime for a CONNECT.
+fn lifetime(c: &ConnectPacket, expiry_max_s: u32) -> Lifetime {
+    match c.version {
+        Version::V311 if c.clean_start => Lifetime {
+            durable: false,
+            lifetime: QueueLifetime::Session,
+            expiry_s: 0,
+        },
+        Version::V311 => Lifetime {
+            durable: true,
+            lifetime: QueueLifetime::Permanent,
+            expiry_s: u32::MAX,
+        },
+        Version::V5 => {
+            let expiry_s = c
+                .props
+                .session_expiry_interval_s
+                .unwrap_or(0)
+                .min(expiry_max_s);
+            let lifetime = match expiry_s {
+                0 => QueueLifetime::Session,
+                u32::MAX => QueueLifetime::Permanent,
+                s => QueueLifetime::IdleFor(Duration::from_secs(u64::from(s))),
+            };
+            Lifetime {
+                durable: expiry_s > 0,
+                lifetime,
+                expiry_s,
+            }
+        }
+    }
+}
+
+impl Open {
+    /// A client DISCONNECT: how to close the session.
+    pub(super) fn on_disconnect(&mut self, d: &ReasonPacket) -> Result<CloseKind, MqttError> {
+        if let Some(expiry) = d.props.session_expiry_interval_s {
+            // MQTT 5 §3.14.2.2.2: 0 at CONNECT cannot become non-zero.
+            if self.session_expiry_s == 0 && expiry != 0 {
+                return Err(MqttError::Protocol(
+                    "session expiry set on DISCONNECT after 0",
+                ));
+            }
+            if expiry != self.session_expiry_s {
+                self.set_session_expiry(expiry);
+            }
+        }
+        // Only reason 0x00 discards the will (MQTT 5 §3.1.2.5).
+        Ok(if d.reason == 0 {
+            CloseKind::Clean
+        } else {
+            CloseKind::CleanWithWill
+        })
+    }
+
+    /// Re-declares the session queue with a new lifetime. The neutral API
+    /// has no "change lifetime" call; we rely on a re-declare updating it.
+    fn set_session_expiry(&mut self, expiry_s: u32) {
+        let lifetime = match expiry_s {
+            0 => QueueLifetime::Session,
+            u32::MAX => QueueLifetime::Permanent,
+            s => QueueLifetime::IdleFor(Duration::from_secs(u64::from(s))),
+        };
+        let r = self.session.declare_queue(QueueSpec {
+            name: Some(self.session_queue.clone()),
+            durable: expiry_s > 0,
+            lifetime,
+        });
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "could not change the session expiry");
+        }
+        self.session_expiry_s = expiry_s;
+    }
+}

@@ -1,0 +1,215 @@
+//! Client PUBLISH (QoS 0/1/2) and PUBREL, and the ordered ack queue.
+//!
+//! Acks leave in the order their PUBLISH (or PUBREL) arrived (MQTT 4.6),
+//! each only once every durable write it depends on has committed: the
+//! publish itself (`confirm: true`) and, for QoS 2, the persisted set of
+//! packet ids awaiting PUBREL.
+
+use rosetta_neutral::address::validate_topic_name;
+use rosetta_neutral::{Address, BrokerError, PublishOptions, Ticket};
+
+use super::{Ctx, Open};
+use crate::codec::encode::{self, AckKind};
+use crate::codec::{AckPacket, PublishPacket, Version};
+use crate::convert::inbound_message;
+use crate::error::{broker_reason, MqttError, ReasonContext};
+use crate::inflight::{encode_qos2_set, QOS2_INBOUND_STATE_KEY};
+
+/// An ack waiting for its commits.
+#[derive(Debug)]
+pub(super) struct PendingAck {
+    kind: AckKind,
+    pkid: u16,
+    reason: u8,
+    /// Commits still outstanding; sent when empty and at the front.
+    tickets: Vec<Ticket>,
+}
+
+impl Open {
+    pub(super) fn on_publish(&mut self, ctx: Ctx<'_>, p: PublishPacket) -> Result<(), MqttError> {
+        let cfg = ctx.config;
+        if p.qos > cfg.qos_max {
+            return Err(MqttError::QosNotSupported(p.qos));
+        }
+        if p.retain && !cfg.retain_available {
+            return Err(MqttError::RetainNotSupported);
+        }
+        let topic = self.resolve_topic(cfg.topic_alias_max, p.topic, p.props.topic_alias)?;
+        if validate_topic_name(&topic).is_err() {
+            return Err(MqttError::TopicNameInvalid(topic));
+        }
+
+        if p.qos == 2 && self.awaiting_rel.contains(&p.pkid) {
+            // A resend of a QoS 2 publish already routed: acknowledge again,
+            // route nothing (exactly once, MQTT 4.3.3).
+            self.push_ack(AckKind::PubRec, p.pkid, 0, Vec::new());
+            self.flush_acks(ctx.out);
+            return Ok(());
+        }
+        if p.qos > 0 && self.version == Version::V5 {
+            let in_flight = self.qos1_pending + self.awaiting_rel.len();
+            if in_flight >= usize::from(cfg.receive_maximum) {
+                return Err(MqttError::ReceiveMaximumExceeded(cfg.receive_maximum));
+            }
+        }
+
+        let message = inbound_message(p.qos, p.retain, p.props, p.payload, ctx.now_ms)?;
+        let options = PublishOptions {
+            txn: None,
+            confirm: p.qos > 0,
+        };
+        let result = self
+            .session
+            .publish(&Address::Topic(topic), message, options);
+        let receipt = match (result, p.qos, self.version) {
+            (Ok(receipt), _, _) => receipt,
+            (Err(e), 0, _) => {
+                // No way to tell a QoS 0 publisher; drop it.
+                tracing::debug!(conn_id = ctx.conn_id, error = %e, "QoS 0 publish refused");
+                return Ok(());
+            }
+            (Err(e), _, Version::V311) => {
+                // 3.1.1 has no negative ack: close (MQTT-3.3.5-2).
+                return Err(MqttError::Broker(e));
+            }
+            (Err(e), qos, Version::V5) => {
+                let kind = if qos == 1 {
+                    AckKind::PubAck
+                } else {
+                    AckKind::PubRec
+                };
+                if qos == 1 {
+                    self.qos1_pending += 1;
+                }
+                let reason = broker_reason(&e, ReasonContext::Publish);
+                self.push_ack(kind, p.pkid, reason, Vec::new());
+                self.flush_acks(ctx.out);
+                return Ok(());
+            }
+        };
+        let no_match = if receipt.routed == 0 && self.version == Version::V5 {
+            0x10
+        } else {
+            0
+        };
+        let mut tickets: Vec<Ticket> = receipt.pending.into_iter().collect();
+        match p.qos {
+            0 => return Ok(()),
+            1 => {
+                self.qos1_pending += 1;
+                self.push_ack(AckKind::PubAck, p.pkid, no_match, tickets);
+            }
+            _ => {
+                self.awaiting_rel.insert(p.pkid);
+                tickets.extend(self.persist_awaiting_rel()?);
+                self.push_ack(AckKind::PubRec, p.pkid, no_match, tickets);
+            }
+        }
+        self.flush_acks(ctx.out);
+        Ok(())
+    }
+
+    /// Applies a v5 topic alias: an alias with a topic defines it, an alias
+    /// alone uses it (MQTT 5 §3.3.2.3.4).
+    fn resolve_topic(
+        &mut self,
+        alias_max: u16,
+        topic: String,
+        alias: Option<u16>,
+    ) -> Result<String, MqttError> {
+        match alias {
+            None if topic.is_empty() => Err(MqttError::TopicNameInvalid(topic)),
+            None => Ok(topic),
+            Some(a) if a == 0 || a > alias_max => Err(MqttError::TopicAliasInvalid(a)),
+            Some(a) if topic.is_empty() => self
+                .in_aliases
+                .get(&a)
+                .cloned()
+                .ok_or(MqttError::Protocol("unknown topic alias")),
+            Some(a) => {
+                self.in_aliases.insert(a, topic.clone());
+                Ok(topic)
+            }
+        }
+    }
+
+    pub(super) fn on_pubrel(&mut self, ctx: Ctx<'_>, a: AckPacket) -> Result<(), MqttError> {
+        if self.awaiting_rel.remove(&a.pkid) {
+            // PUBCOMP only once the id is durably forgotten, or a restart
+            // would drop the client's next QoS 2 publish reusing the id.
+            let tickets = self.persist_awaiting_rel()?.into_iter().collect();
+            self.push_ack(AckKind::PubComp, a.pkid, 0, tickets);
+        } else {
+            // Already released (a resent PUBREL): still complete the flow.
+            let reason = if self.version == Version::V5 { 0x92 } else { 0 };
+            self.push_ack(AckKind::PubComp, a.pkid, reason, Vec::new());
+        }
+        self.flush_acks(ctx.out);
+        Ok(())
+    }
+
+    fn persist_awaiting_rel(&mut self) -> Result<Option<Ticket>, MqttError> {
+        let value = (!self.awaiting_rel.is_empty()).then(|| encode_qos2_set(&self.awaiting_rel));
+        self.session
+            .put_state(QOS2_INBOUND_STATE_KEY, value)
+            .map_err(MqttError::Broker)
+    }
+
+    fn push_ack(&mut self, kind: AckKind, pkid: u16, reason: u8, tickets: Vec<Ticket>) {
+        self.acks.push_back(PendingAck {
+            kind,
+            pkid,
+            reason,
+            tickets,
+        });
+    }
+
+    /// A durable write finished: release the acks that waited for it.
+    pub(super) fn on_committed(
+        &mut self,
+        ctx: Ctx<'_>,
+        ticket: Ticket,
+        result: Result<(), BrokerError>,
+    ) -> Result<(), MqttError> {
+        let mut failed_rec = Vec::new();
+        for ack in self.acks.iter_mut() {
+            let before = ack.tickets.len();
+            ack.tickets.retain(|t| *t != ticket);
+            if ack.tickets.len() == before {
+                continue;
+            }
+            if let Err(e) = &result {
+                if self.version == Version::V311 {
+                    // No negative ack in 3.1.1: the client must not believe
+                    // the message is safe.
+                    return Err(MqttError::Broker(e.clone()));
+                }
+                if ack.kind != AckKind::PubComp {
+                    ack.reason = broker_reason(e, ReasonContext::Publish);
+                }
+                if ack.kind == AckKind::PubRec {
+                    failed_rec.push(ack.pkid);
+                }
+            }
+        }
+        // A failed PUBREC ends the QoS 2 flow (MQTT 5 §4.3.3).
+        for pkid in failed_rec {
+            self.awaiting_rel.remove(&pkid);
+        }
+        self.flush_acks(ctx.out);
+        Ok(())
+    }
+
+    /// Sends acks from the front while their commits are done.
+    pub(super) fn flush_acks(&mut self, out: &mut bytes::BytesMut) {
+        while self.acks.front().is_some_and(|a| a.tickets.is_empty()) {
+            let Some(ack) = self.acks.pop_front() else {
+                break;
+            };
+            if ack.kind == AckKind::PubAck {
+                self.qos1_pending = self.qos1_pending.saturating_sub(1);
+            }
+            encode::ack(self.version, ack.kind, ack.pkid, ack.reason, out);
+        }
+    }
+}

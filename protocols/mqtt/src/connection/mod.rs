@@ -1,0 +1,361 @@
+//! The sans-IO MQTT server connection.
+//!
+//! States are types: [`State::AwaitConnect`] accepts only CONNECT; the
+//! [`Open`] state exists only once a CONNECT was authenticated and a core
+//! session opened, so every other packet handler takes an `&mut Open` and
+//! cannot run before authentication. A fatal error moves to
+//! [`State::Closed`], after which input is ignored.
+//!
+//! Submodules: [`handshake`] (CONNECT/CONNACK, sessions), [`inbound`]
+//! (client PUBLISH, PUBREL, ack ordering), [`outbound`] (deliveries and
+//! their acks), [`subscribe`] (SUBSCRIBE/UNSUBSCRIBE).
+
+mod handshake;
+mod inbound;
+mod outbound;
+mod subscribe;
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use rosetta_neutral::{
+    Broker, CloseKind, ConsumerId, EventSink, KickReason, Session, SessionEvent,
+};
+
+use crate::codec::{encode, Decoder, Inbound, Version};
+use crate::config::MqttConfig;
+use crate::error::MqttError;
+use crate::inflight::Outbound;
+
+use inbound::PendingAck;
+
+/// Maps the driver's monotonic `Instant`s to wall-clock milliseconds for
+/// message expiry, fixed once per connection so tests with a virtual clock
+/// stay deterministic relative to the start.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    base: Instant,
+    base_epoch_ms: u64,
+}
+
+impl Clock {
+    fn epoch_ms(&self, now: Instant) -> u64 {
+        let since = now.saturating_duration_since(self.base).as_millis();
+        self.base_epoch_ms
+            .saturating_add(u64::try_from(since).unwrap_or(u64::MAX))
+    }
+}
+
+/// A shared subscription's own queue and consumer.
+#[derive(Debug, Clone)]
+struct SharedSub {
+    consumer: ConsumerId,
+}
+
+/// The established state: authenticated, with a core session.
+struct Open {
+    version: Version,
+    session: Box<dyn Session>,
+    client_id: String,
+    session_queue: String,
+    session_consumer: ConsumerId,
+    /// Session expiry granted at CONNECT (v5); 0 for a clean 3.1.1 session.
+    session_expiry_s: u32,
+    /// Shared subscriptions by full `$share/g/f` filter.
+    shared: HashMap<String, SharedSub>,
+    /// 1.5 × the effective keep-alive; `None` when disabled.
+    keep_alive_timeout: Option<Duration>,
+    last_input: Instant,
+    /// Consumer window: min(client receive maximum, our cap).
+    window: u32,
+    /// Client's maximum packet size (v5), in bytes.
+    client_packet_max: Option<u32>,
+    /// Client's topic alias maximum (v5).
+    client_alias_max: u16,
+    /// Client's request-problem-information (v5): reason strings allowed.
+    problem_info: bool,
+    outbound: Outbound,
+    /// Aliases we assigned toward the client.
+    out_aliases: HashMap<String, u16>,
+    /// Aliases the client assigned toward us.
+    in_aliases: HashMap<u16, String>,
+    /// Acks in PUBLISH arrival order, each waiting for its commits.
+    acks: VecDeque<PendingAck>,
+    /// Inbound QoS 1 publishes not yet acknowledged.
+    qos1_pending: usize,
+    /// Inbound QoS 2 packet ids routed and awaiting PUBREL (persisted).
+    awaiting_rel: BTreeSet<u16>,
+}
+
+enum State {
+    AwaitConnect { deadline: Instant },
+    Open(Box<Open>),
+    Closed,
+}
+
+/// One MQTT 3.1.1/5.0 client connection, driven by bytes, events and time.
+pub struct MqttConnection {
+    config: MqttConfig,
+    broker: Arc<dyn Broker>,
+    sink: Arc<dyn EventSink>,
+    conn_id: u64,
+    clock: Clock,
+    decoder: Decoder,
+    out: BytesMut,
+    state: State,
+}
+
+impl MqttConnection {
+    /// A connection waiting for CONNECT. `sink` is handed to
+    /// [`Broker::open_session`] after authentication.
+    pub fn new(
+        config: MqttConfig,
+        broker: Arc<dyn Broker>,
+        sink: Arc<dyn EventSink>,
+        conn_id: u64,
+        now: Instant,
+    ) -> Self {
+        let packet_max = usize::try_from(config.packet_size_max_bytes).unwrap_or(usize::MAX);
+        let deadline = now + Duration::from_millis(config.connect_timeout_ms);
+        Self {
+            decoder: Decoder::new(packet_max),
+            config,
+            broker,
+            sink,
+            conn_id,
+            clock: Clock {
+                base: now,
+                base_epoch_ms: rosetta_neutral::message::now_ms(),
+            },
+            out: BytesMut::new(),
+            state: State::AwaitConnect { deadline },
+        }
+    }
+
+    /// Bytes read from the socket (any split: partial frames, many frames).
+    pub fn handle_input(&mut self, now: Instant, data: &[u8]) {
+        if let State::Open(open) = &mut self.state {
+            open.last_input = now;
+        }
+        if matches!(self.state, State::Closed) {
+            return;
+        }
+        self.decoder.extend(data);
+        loop {
+            if matches!(self.state, State::Closed) {
+                return;
+            }
+            match self.decoder.next_packet() {
+                Ok(Some(packet)) => {
+                    tracing::trace!(conn_id = self.conn_id, ?packet, "packet in");
+                    self.handle_packet(now, packet);
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    self.fail(MqttError::Codec(e));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn handle_packet(&mut self, now: Instant, packet: Inbound) {
+        let result = match &mut self.state {
+            State::Closed => Ok(()),
+            State::AwaitConnect { .. } => match packet {
+                Inbound::Connect(c) => {
+                    self.on_connect(now, *c);
+                    Ok(())
+                }
+                _ => Err(MqttError::Protocol("first packet is not CONNECT")),
+            },
+            State::Open(open) => {
+                let ctx = Ctx {
+                    config: &self.config,
+                    conn_id: self.conn_id,
+                    now_ms: self.clock.epoch_ms(now),
+                    out: &mut self.out,
+                };
+                match packet {
+                    Inbound::Connect(_) => Err(MqttError::Protocol("second CONNECT")),
+                    Inbound::Publish(p) => open.on_publish(ctx, p),
+                    Inbound::PubAck(a) => {
+                        open.on_puback(ctx, a);
+                        Ok(())
+                    }
+                    Inbound::PubRec(a) => {
+                        open.on_pubrec(ctx, a);
+                        Ok(())
+                    }
+                    Inbound::PubRel(a) => open.on_pubrel(ctx, a),
+                    Inbound::PubComp(a) => {
+                        open.on_pubcomp(ctx, a);
+                        Ok(())
+                    }
+                    Inbound::Subscribe(s) => open.on_subscribe(ctx, s),
+                    Inbound::Unsubscribe(u) => open.on_unsubscribe(ctx, u),
+                    Inbound::PingReq => {
+                        encode::pingresp(ctx.out);
+                        Ok(())
+                    }
+                    Inbound::Disconnect(d) => match open.on_disconnect(&d) {
+                        Ok(kind) => {
+                            tracing::debug!(
+                                conn_id = self.conn_id,
+                                reason = d.reason,
+                                "client DISCONNECT"
+                            );
+                            open.session.close(kind);
+                            self.state = State::Closed;
+                            Ok(())
+                        }
+                        Err(e) => Err(e),
+                    },
+                    // We offer no authentication method, so no AUTH exchange
+                    // can be in progress (MQTT 5 §4.12).
+                    Inbound::Auth(_) => {
+                        Err(MqttError::Protocol("AUTH without an authentication method"))
+                    }
+                }
+            }
+        };
+        if let Err(e) = result {
+            self.fail(e);
+        }
+    }
+
+    /// An event the core sent to this connection's sink.
+    pub fn handle_event(&mut self, now: Instant, event: SessionEvent) {
+        let State::Open(open) = &mut self.state else {
+            // Events for a session already closed (late commits, deliveries
+            // racing the close) have nobody to go to.
+            return;
+        };
+        let ctx = Ctx {
+            config: &self.config,
+            conn_id: self.conn_id,
+            now_ms: self.clock.epoch_ms(now),
+            out: &mut self.out,
+        };
+        let result = match event {
+            SessionEvent::Delivery(d) => open.on_delivery(ctx, d),
+            SessionEvent::Committed { ticket, result } => open.on_committed(ctx, ticket, result),
+            SessionEvent::Drained { .. } => Ok(()),
+            SessionEvent::ConsumerClosed { consumer, reason } => {
+                if consumer == open.session_consumer {
+                    Err(MqttError::Broker(reason))
+                } else {
+                    open.shared.retain(|_, s| s.consumer != consumer);
+                    Ok(())
+                }
+            }
+            SessionEvent::Kicked { reason } => Err(match reason {
+                KickReason::TakenOver => MqttError::SessionTakenOver,
+                KickReason::ServerShutdown => MqttError::ServerShutdown,
+            }),
+        };
+        if let Err(e) = result {
+            self.fail(e);
+        }
+    }
+
+    /// Fires the keep-alive or connect timeout when due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match self.poll_timeout() {
+            Some(due) if now >= due => {}
+            _ => return,
+        }
+        let err = match self.state {
+            State::AwaitConnect { .. } => MqttError::ConnectTimeout,
+            _ => MqttError::KeepAliveTimeout,
+        };
+        self.fail(err);
+    }
+
+    /// When [`Self::handle_timeout`] should next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match &self.state {
+            State::AwaitConnect { deadline } => Some(*deadline),
+            State::Open(open) => open.keep_alive_timeout.map(|t| open.last_input + t),
+            State::Closed => None,
+        }
+    }
+
+    /// Appends all bytes that should be written to the socket now.
+    pub fn poll_transmit(&mut self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.out);
+        self.out.clear();
+    }
+
+    /// False while the driver should stop reading: too many acks wait for
+    /// durable commits, or the core holds producers back.
+    pub fn wants_input(&self) -> bool {
+        match &self.state {
+            State::AwaitConnect { .. } => true,
+            State::Open(open) => {
+                open.acks.len() < self.config.pending_acks_max && !open.session.producer_blocked()
+            }
+            State::Closed => false,
+        }
+    }
+
+    /// True once finished: write what `poll_transmit` gave, then close.
+    pub fn is_closed(&self) -> bool {
+        matches!(self.state, State::Closed)
+    }
+
+    /// The transport died: close the session abnormally (will published).
+    pub fn handle_transport_closed(&mut self, _now: Instant) {
+        if let State::Open(open) = &mut self.state {
+            tracing::debug!(conn_id = self.conn_id, "transport closed");
+            open.session.close(CloseKind::Abnormal);
+        }
+        self.state = State::Closed;
+    }
+
+    /// The negotiated protocol version, once connected.
+    pub fn version(&self) -> Option<Version> {
+        match &self.state {
+            State::Open(open) => Some(open.version),
+            _ => self.decoder.version(),
+        }
+    }
+
+    /// The client id of the session (assigned if the client sent none).
+    pub fn client_id(&self) -> Option<&str> {
+        match &self.state {
+            State::Open(open) => Some(&open.client_id),
+            _ => None,
+        }
+    }
+
+    /// Closes because of `err`: tells a v5 client why (DISCONNECT), closes
+    /// the session abnormally (so the will is published), logs once.
+    fn fail(&mut self, err: MqttError) {
+        match std::mem::replace(&mut self.state, State::Closed) {
+            State::Open(mut open) => {
+                tracing::debug!(conn_id = self.conn_id, error = %err, "closing connection");
+                if open.version == Version::V5 {
+                    let text = open.problem_info.then(|| err.to_string());
+                    encode::disconnect_v5(err.reason_code(), text, &mut self.out);
+                }
+                open.session.close(CloseKind::Abnormal);
+            }
+            State::AwaitConnect { .. } => {
+                tracing::debug!(conn_id = self.conn_id, error = %err, "closing before CONNECT completed");
+                self.reject_connect(&err);
+            }
+            State::Closed => {}
+        }
+    }
+}
+
+/// What packet handlers of the open state need besides the state itself.
+struct Ctx<'a> {
+    config: &'a MqttConfig,
+    conn_id: u64,
+    now_ms: u64,
+    out: &'a mut BytesMut,
+}

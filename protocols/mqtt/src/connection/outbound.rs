@@ -1,0 +1,252 @@
+//! Deliveries to the client and the client's PUBACK/PUBREC/PUBCOMP.
+//!
+//! Delivered QoS = min(publish QoS, highest granted QoS of the matching
+//! subscriptions, our maximum). QoS 0 deliveries are settled right after
+//! they are written. QoS 1/2 deliveries keep their consumer slot (the
+//! window is the client's receive maximum) until the client completes the
+//! flow; their packet id and phase are annotated in the core so a resumed
+//! session resends them with DUP and the same id.
+
+use rosetta_neutral::{ConsumerId, Delivery, DeliveryTag, Outcome};
+
+use super::{Ctx, Open};
+use crate::codec::encode::{self, AckKind, OutPublish};
+use crate::codec::{AckPacket, Version};
+use crate::convert::{delivery_topic, outbound_properties};
+use crate::error::MqttError;
+use crate::inflight::{decode_annotation, encode_annotation, OutFlight, Phase};
+
+impl Open {
+    fn settle(&mut self, conn_id: u64, consumer: ConsumerId, tag: DeliveryTag, outcome: Outcome) {
+        if let Err(e) = self.session.settle(consumer, tag, outcome, None, false) {
+            tracing::debug!(conn_id, error = %e, "settle failed");
+        }
+    }
+
+    fn annotate(
+        &mut self,
+        conn_id: u64,
+        consumer: ConsumerId,
+        tag: DeliveryTag,
+        pkid: u16,
+        phase: Phase,
+    ) {
+        let r = self
+            .session
+            .annotate(consumer, tag, encode_annotation(pkid, phase));
+        if let Err(e) = r {
+            tracing::debug!(conn_id, error = %e, "annotate failed");
+        }
+    }
+
+    pub(super) fn on_delivery(&mut self, ctx: Ctx<'_>, d: Delivery) -> Result<(), MqttError> {
+        let known = d.consumer == self.session_consumer
+            || self.shared.values().any(|s| s.consumer == d.consumer);
+        if !known {
+            tracing::debug!(
+                conn_id = ctx.conn_id,
+                consumer = d.consumer.0,
+                "delivery for an unknown consumer"
+            );
+            return Ok(());
+        }
+        let msg = d.message.clone();
+        let Some(topic) = delivery_topic(&msg) else {
+            // Not published to an address: nothing an MQTT client can receive.
+            self.settle(ctx.conn_id, d.consumer, d.tag, Outcome::Reject);
+            return Ok(());
+        };
+        let granted = d.matched.max_guarantee.map_or(2, |g| g.qos());
+        let qos = msg.guarantee.qos().min(granted).min(ctx.config.qos_max);
+        let retain = d.from_retained
+            || (self.version == Version::V5 && d.matched.retain_as_published && msg.retain);
+
+        // Packet id and phase: resumed from the annotation if it is free.
+        let resumed = d
+            .annotation
+            .as_deref()
+            .and_then(decode_annotation)
+            .filter(|(pkid, _)| qos > 0 && !self.outbound.in_use(*pkid));
+        let (pkid, phase, dup) = match (qos, resumed) {
+            (0, _) => (0, Phase::Published, false),
+            (_, Some((pkid, phase))) => (pkid, phase, true),
+            (_, None) => match self.outbound.allocate() {
+                Some(pkid) => (pkid, Phase::Published, d.redelivered),
+                None => {
+                    tracing::warn!(conn_id = ctx.conn_id, "all packet ids in use");
+                    self.settle(ctx.conn_id, d.consumer, d.tag, Outcome::Release);
+                    return Ok(());
+                }
+            },
+        };
+        if qos == 2 && phase == Phase::Released {
+            // The client already has the message: only PUBREL is resent.
+            encode::ack(self.version, AckKind::PubRel, pkid, 0, ctx.out);
+            self.outbound.insert(
+                pkid,
+                OutFlight {
+                    consumer: d.consumer,
+                    tag: d.tag,
+                    qos,
+                    phase,
+                },
+            );
+            return Ok(());
+        }
+
+        let (wire_topic, alias, new_alias) =
+            self.outbound_alias(ctx.config.outbound_topic_alias_max, topic);
+        let props = match self.version {
+            Version::V5 => {
+                let mut props = outbound_properties(&msg, &d.matched.subscription_ids, ctx.now_ms);
+                if let Some(a) = alias {
+                    props.get_or_insert_with(empty_props).topic_alias = Some(a);
+                }
+                props
+            }
+            Version::V311 => None,
+        };
+        let packet = OutPublish {
+            topic: wire_topic,
+            qos,
+            dup,
+            retain,
+            pkid,
+            payload: msg.body.bytes.clone(),
+            props,
+        };
+        let start = ctx.out.len();
+        let size = encode::publish(self.version, packet, ctx.out)?;
+        let limit = self.client_packet_max.map_or(usize::MAX, |m| m as usize);
+        if size > limit {
+            // MQTT 5 §3.1.2.11.4: discard as if sent, never exceed the
+            // client's maximum.
+            ctx.out.truncate(start);
+            tracing::debug!(
+                conn_id = ctx.conn_id,
+                size,
+                limit,
+                "delivery larger than the client's maximum packet size dropped"
+            );
+            self.settle(ctx.conn_id, d.consumer, d.tag, Outcome::Accept);
+            return Ok(());
+        }
+        if let Some((name, a)) = new_alias {
+            self.out_aliases.insert(name, a);
+        }
+        if qos == 0 {
+            self.settle(ctx.conn_id, d.consumer, d.tag, Outcome::Accept);
+            return Ok(());
+        }
+        if resumed.is_none() {
+            self.annotate(ctx.conn_id, d.consumer, d.tag, pkid, Phase::Published);
+        }
+        self.outbound.insert(
+            pkid,
+            OutFlight {
+                consumer: d.consumer,
+                tag: d.tag,
+                qos,
+                phase: Phase::Published,
+            },
+        );
+        Ok(())
+    }
+
+    /// The topic to write and the alias to use; the third value is a new
+    /// alias to record once the packet is actually sent.
+    fn outbound_alias(
+        &self,
+        our_max: u16,
+        topic: &str,
+    ) -> (String, Option<u16>, Option<(String, u16)>) {
+        if self.version != Version::V5 {
+            return (topic.to_owned(), None, None);
+        }
+        if let Some(&a) = self.out_aliases.get(topic) {
+            return (String::new(), Some(a), None);
+        }
+        let max = self.client_alias_max.min(our_max);
+        match u16::try_from(self.out_aliases.len() + 1) {
+            Ok(next) if next <= max => {
+                (topic.to_owned(), Some(next), Some((topic.to_owned(), next)))
+            }
+            _ => (topic.to_owned(), None, None),
+        }
+    }
+
+    pub(super) fn on_puback(&mut self, ctx: Ctx<'_>, a: AckPacket) {
+        match self.outbound.get_mut(a.pkid) {
+            Some(f) if f.qos == 1 => {
+                let f = *f;
+                self.outbound.remove(a.pkid);
+                let outcome = if a.reason >= 0x80 {
+                    Outcome::Reject
+                } else {
+                    Outcome::Accept
+                };
+                self.settle(ctx.conn_id, f.consumer, f.tag, outcome);
+            }
+            _ => tracing::debug!(
+                conn_id = ctx.conn_id,
+                pkid = a.pkid,
+                "PUBACK for no QoS 1 delivery"
+            ),
+        }
+    }
+
+    pub(super) fn on_pubrec(&mut self, ctx: Ctx<'_>, a: AckPacket) {
+        let Some(f) = self
+            .outbound
+            .get_mut(a.pkid)
+            .filter(|f| f.qos == 2)
+            .copied()
+        else {
+            if self.version == Version::V5 {
+                encode::ack(self.version, AckKind::PubRel, a.pkid, 0x92, ctx.out);
+            }
+            return;
+        };
+        if a.reason >= 0x80 {
+            // The client refused it: the flow ends here (MQTT 5 §4.3.3).
+            self.outbound.remove(a.pkid);
+            self.settle(ctx.conn_id, f.consumer, f.tag, Outcome::Reject);
+            return;
+        }
+        if f.phase == Phase::Published {
+            self.annotate(ctx.conn_id, f.consumer, f.tag, a.pkid, Phase::Released);
+            if let Some(f) = self.outbound.get_mut(a.pkid) {
+                f.phase = Phase::Released;
+            }
+        }
+        encode::ack(self.version, AckKind::PubRel, a.pkid, 0, ctx.out);
+    }
+
+    pub(super) fn on_pubcomp(&mut self, ctx: Ctx<'_>, a: AckPacket) {
+        match self.outbound.get_mut(a.pkid) {
+            Some(f) if f.qos == 2 && f.phase == Phase::Released => {
+                let f = *f;
+                self.outbound.remove(a.pkid);
+                self.settle(ctx.conn_id, f.consumer, f.tag, Outcome::Accept);
+            }
+            _ => tracing::debug!(
+                conn_id = ctx.conn_id,
+                pkid = a.pkid,
+                "PUBCOMP for no released delivery"
+            ),
+        }
+    }
+}
+
+fn empty_props() -> mqttbytes::v5::PublishProperties {
+    mqttbytes::v5::PublishProperties {
+        payload_format_indicator: None,
+        message_expiry_interval: None,
+        topic_alias: None,
+        response_topic: None,
+        correlation_data: None,
+        user_properties: Vec::new(),
+        subscription_identifiers: Vec::new(),
+        content_type: None,
+    }
+}

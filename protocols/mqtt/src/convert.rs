@@ -1,0 +1,161 @@
+//! MQTT PUBLISH <-> neutral [`Message`].
+//!
+//! Mapping (see `docs/conversion.md` for the cross-protocol view):
+//!
+//! | MQTT 5                    | Message                                   |
+//! |---------------------------|-------------------------------------------|
+//! | payload, format indicator | `body` (`Text` when indicator 1)          |
+//! | QoS                       | `guarantee`; `durable` when QoS > 0       |
+//! | RETAIN                    | `retain`                                  |
+//! | user properties           | `properties` as `Value::String`, in order |
+//! | content type              | `content_type`                            |
+//! | response topic `t`        | `reply_to` = `/topic/t`                   |
+//! | correlation data          | `correlation_id` = `MessageId::Binary`    |
+//! | message expiry interval   | `expiry` (absolute ms); remaining on send |
+
+use bytes::Bytes;
+use mqttbytes::v5::PublishProperties;
+use rosetta_neutral::address::{validate_topic_name, TOPIC_PREFIX};
+use rosetta_neutral::{Address, Body, BodyKind, Guarantee, Message, MessageId, Properties, Value};
+
+use crate::codec::Props;
+use crate::error::MqttError;
+
+/// Builds the neutral message for an inbound PUBLISH.
+pub(crate) fn inbound_message(
+    qos: u8,
+    retain: bool,
+    props: Props,
+    payload: Bytes,
+    now_ms: u64,
+) -> Result<Message, MqttError> {
+    let kind = if props.payload_format_indicator == Some(1) {
+        if std::str::from_utf8(&payload).is_err() {
+            return Err(MqttError::PayloadFormatInvalid);
+        }
+        BodyKind::Text
+    } else {
+        BodyKind::Binary
+    };
+    let reply_to = match props.response_topic {
+        Some(t) => {
+            if validate_topic_name(&t).is_err() {
+                return Err(MqttError::Protocol("response topic is not a topic name"));
+            }
+            Some(Address::Topic(t).to_destination())
+        }
+        None => None,
+    };
+    let properties: Properties = props
+        .user_properties
+        .into_iter()
+        .map(|(k, v)| (k, Value::String(v)))
+        .collect();
+    Ok(Message {
+        body: Body {
+            kind,
+            bytes: payload,
+        },
+        correlation_id: props.correlation_data.map(MessageId::Binary),
+        reply_to,
+        content_type: props.content_type,
+        durable: qos > 0,
+        guarantee: Guarantee::from_qos(qos).unwrap_or(Guarantee::AtMostOnce),
+        retain,
+        expiry: props
+            .message_expiry_interval_s
+            .map(|s| now_ms.saturating_add(u64::from(s) * 1000)),
+        properties,
+        ..Message::default()
+    })
+}
+
+/// The MQTT 5 properties of a delivery; `None` when there are none.
+pub(crate) fn outbound_properties(
+    msg: &Message,
+    subscription_ids: &[u32],
+    now_ms: u64,
+) -> Option<PublishProperties> {
+    let props = PublishProperties {
+        payload_format_indicator: (msg.body.kind == BodyKind::Text).then_some(1),
+        message_expiry_interval: msg.remaining_lifetime_s(now_ms),
+        topic_alias: None,
+        response_topic: msg.reply_to.as_ref().map(|r| response_topic(r)),
+        correlation_data: msg.correlation_id.as_ref().map(MessageId::to_bytes),
+        user_properties: msg
+            .properties
+            .iter()
+            .map(|(k, v)| (k.to_owned(), v.to_text()))
+            .collect(),
+        subscription_identifiers: subscription_ids
+            .iter()
+            .filter_map(|&id| usize::try_from(id).ok())
+            .collect(),
+        content_type: msg.content_type.clone(),
+    };
+    let empty = props.payload_format_indicator.is_none()
+        && props.message_expiry_interval.is_none()
+        && props.response_topic.is_none()
+        && props.correlation_data.is_none()
+        && props.user_properties.is_empty()
+        && props.subscription_identifiers.is_empty()
+        && props.content_type.is_none();
+    (!empty).then_some(props)
+}
+
+/// `/topic/x` becomes `x`; other forms (`/queue/q`, foreign names) pass
+/// through as written so a replier of another protocol can still use them.
+fn response_topic(reply_to: &str) -> String {
+    reply_to
+        .strip_prefix(TOPIC_PREFIX)
+        .unwrap_or(reply_to)
+        .to_owned()
+}
+
+/// The MQTT topic a message is delivered under.
+pub(crate) fn delivery_topic(msg: &Message) -> Option<&str> {
+    msg.address.as_ref().map(Address::name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v5_properties_round_trip() {
+        let props = Props {
+            payload_format_indicator: Some(1),
+            message_expiry_interval_s: Some(10),
+            content_type: Some("text/plain".into()),
+            response_topic: Some("replies/1".into()),
+            correlation_data: Some(Bytes::from_static(b"\x00\x01")),
+            user_properties: vec![("a".into(), "1".into()), ("a".into(), "2".into())],
+            ..Props::default()
+        };
+        let msg = inbound_message(1, true, props, Bytes::from_static(b"hi"), 1_000).expect("ok");
+        assert_eq!(msg.body.kind, BodyKind::Text);
+        assert_eq!(msg.reply_to.as_deref(), Some("/topic/replies/1"));
+        assert_eq!(msg.expiry, Some(11_000));
+        assert!(msg.durable && msg.retain);
+        let out = outbound_properties(&msg, &[3, 7], 5_500).expect("props");
+        assert_eq!(out.message_expiry_interval, Some(6));
+        assert_eq!(out.response_topic.as_deref(), Some("replies/1"));
+        assert_eq!(out.correlation_data.as_deref(), Some(&b"\x00\x01"[..]));
+        assert_eq!(out.subscription_identifiers, vec![3, 7]);
+        assert_eq!(
+            out.user_properties,
+            vec![("a".into(), "1".into()), ("a".into(), "2".into())]
+        );
+        assert_eq!(response_topic("/queue/q"), "/queue/q");
+    }
+
+    #[test]
+    fn bad_utf8_with_text_indicator_is_rejected() {
+        let props = Props {
+            payload_format_indicator: Some(1),
+            ..Props::default()
+        };
+        let r = inbound_message(0, false, props, Bytes::from_static(b"\xFF"), 0);
+        assert_eq!(r, Err(MqttError::PayloadFormatInvalid));
+    }
+}
