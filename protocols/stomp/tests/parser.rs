@@ -1,6 +1,9 @@
 //! Decoder and encoder tests: STOMP 1.2 spec examples, edge cases, limits,
 //! byte-at-a-time feeding and an encode → decode round trip.
 
+// Helpers outside #[test] fns unwrap too: a panic is a test failure.
+#![allow(clippy::unwrap_used)]
+
 use proptest::prelude::*;
 use rosetta_stomp::{Command, Decoder, Frame, FrameError, FrameWriter, Limits, Version};
 
