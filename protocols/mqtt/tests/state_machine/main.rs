@@ -1,0 +1,15 @@
+// The helpers are `pub` because fake.rs is also compiled into the fuzz
+// target, where it is a public module; inside this test binary nothing is
+// reachable from outside anyway.
+#![allow(unreachable_pub)]
+
+//! State-machine tests of `MqttConnection`, both versions, driven with a
+//! virtual clock against an in-memory fake core.
+
+mod bad_input;
+mod connect;
+mod deliver;
+mod fake;
+mod harness;
+mod publish;
+mod subscribe;
