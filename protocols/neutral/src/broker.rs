@@ -419,7 +419,7 @@ pub enum KickReason {
 pub struct MatchInfo {
     /// The highest guarantee granted among the matching bindings.
     pub max_guarantee: Option<Guarantee>,
-    /// Subscription identifiers of all matching bindings, in binding order.
+    /// Subscription identifiers of all matching bindings, ascending, each once.
     pub subscription_ids: Vec<u32>,
     /// Some matching binding asked for retain-as-published.
     pub retain_as_published: bool,

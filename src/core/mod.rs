@@ -1,0 +1,469 @@
+//! The broker core: addresses, queues, subscriptions, delivery,
+//! acknowledgement and redelivery, over the journal.
+//!
+//! The core knows no wire format. Adapters reach it through the
+//! [`rosetta_neutral::Broker`] and [`rosetta_neutral::Session`] traits that
+//! [`Core`] implements.
+//!
+//! ## Shape
+//! - [`routing`]: the topic trie of bindings and the queue map, behind one
+//!   read-mostly lock (publishes only read it);
+//! - [`queue`]: each queue owns its messages and consumers behind its own
+//!   mutex, so two queues never contend;
+//! - [`session`]: one per connection, holding its consumers, transactions
+//!   and will;
+//! - [`batch`]: journal records and the in-memory changes that follow them.
+//!
+//! Lock order, always: session → routing → queue. A queue lock is never held
+//! while taking the routing lock; work that needs both (dead-lettering,
+//! expiry) collects entries under the queue lock and routes them after.
+
+mod batch;
+mod queue;
+mod routing;
+mod session;
+mod trie;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::{Condvar, Mutex, RwLock};
+use rosetta_neutral::{
+    Address, AuthError, Broker, EventSink, KickReason, Message, Principal, Protocol,
+    ScramCredentials, Session, SessionEvent, SessionInfo,
+};
+
+use crate::store::{Completion, MessageSeq, QueueId, Record, Recovered, Store};
+
+pub use queue::QueueStats;
+
+use batch::Batch;
+use queue::{DispatchOutput, Entry, Queue};
+use routing::Routing;
+use session::{CoreSession, SessionShared};
+
+/// Default dead-letter address: an anycast queue.
+pub const DEAD_LETTER_ADDRESS_DEFAULT: &str = "DLQ";
+/// Delivery attempts before a message is dead-lettered (as ActiveMQ and
+/// Artemis do by default).
+pub const DELIVERY_ATTEMPTS_MAX_DEFAULT: u32 = 10;
+/// How often the housekeeping thread looks at wills and idle queues: fine
+/// enough for second-granularity MQTT timers.
+const HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Core behaviour settings (the `[broker]` configuration section).
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    /// Where rejected and too-often-redelivered messages go (a queue).
+    pub dead_letter_address: String,
+    /// Failed delivery attempts after which a message is dead-lettered.
+    pub delivery_attempts_max: u32,
+    /// Where expired messages go (a queue); dropped when `None`.
+    pub expiry_address: Option<String>,
+    /// Create a queue on first send or consume instead of failing with
+    /// not-found.
+    pub auto_create_queues: bool,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        Self {
+            dead_letter_address: DEAD_LETTER_ADDRESS_DEFAULT.into(),
+            delivery_attempts_max: DELIVERY_ATTEMPTS_MAX_DEFAULT,
+            expiry_address: None,
+            auto_create_queues: true,
+        }
+    }
+}
+
+/// Authentication and authorisation as the core needs them. The server
+/// implements it over the users file; [`AllowAll`] is the anonymous,
+/// unrestricted default.
+pub trait AccessControl: Send + Sync + 'static {
+    /// Checks a user name and password.
+    fn authenticate(
+        &self,
+        user: Option<&str>,
+        password: Option<&[u8]>,
+    ) -> Result<Principal, AuthError>;
+    /// SCRAM-SHA-256 credentials of a user.
+    fn scram_credentials(&self, user: &str) -> Option<ScramCredentials>;
+    /// Whether anonymous clients are allowed.
+    fn anonymous_allowed(&self) -> bool;
+    /// Accepts a user named by a verified client certificate.
+    fn authenticate_certificate(&self, subject: &str) -> Result<Principal, AuthError>;
+    /// May `principal` publish to `address`?
+    fn may_publish(&self, principal: &Principal, address: &Address) -> bool;
+    /// May `principal` subscribe to (or consume from) `address`? For topics
+    /// `address` may be a filter.
+    fn may_subscribe(&self, principal: &Principal, address: &Address) -> bool;
+}
+
+/// Anonymous access to everything.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AllowAll;
+
+impl AccessControl for AllowAll {
+    fn authenticate(
+        &self,
+        user: Option<&str>,
+        _password: Option<&[u8]>,
+    ) -> Result<Principal, AuthError> {
+        Ok(Principal {
+            user: user.map(str::to_owned),
+        })
+    }
+    fn scram_credentials(&self, _user: &str) -> Option<ScramCredentials> {
+        None
+    }
+    fn anonymous_allowed(&self) -> bool {
+        true
+    }
+    fn authenticate_certificate(&self, subject: &str) -> Result<Principal, AuthError> {
+        Ok(Principal {
+            user: Some(subject.to_owned()),
+        })
+    }
+    fn may_publish(&self, _principal: &Principal, _address: &Address) -> bool {
+        true
+    }
+    fn may_subscribe(&self, _principal: &Principal, _address: &Address) -> bool {
+        true
+    }
+}
+
+/// Where the core writes its records. The real one is the [`Store`];
+/// [`NoJournal`] keeps nothing (tests and fully in-memory brokers).
+pub trait Journal: Send + Sync + 'static {
+    /// Appends records as one atomic unit; `done` runs once durable.
+    fn append(&self, records: Vec<Record>, done: Option<Completion>);
+}
+
+impl Journal for Store {
+    fn append(&self, records: Vec<Record>, done: Option<Completion>) {
+        Store::append(self, records, done);
+    }
+}
+
+/// A journal that keeps nothing and completes at once.
+#[derive(Debug, Default)]
+pub struct NoJournal;
+
+impl Journal for NoJournal {
+    fn append(&self, _records: Vec<Record>, done: Option<Completion>) {
+        if let Some(done) = done {
+            done(Ok(()));
+        }
+    }
+}
+
+struct PendingWill {
+    due: Instant,
+    client: (Protocol, String),
+    will: rosetta_neutral::Will,
+}
+
+pub(crate) struct Inner {
+    config: CoreConfig,
+    journal: Arc<dyn Journal>,
+    access: Arc<dyn AccessControl>,
+    routing: RwLock<Routing>,
+    retained: Mutex<HashMap<String, (MessageSeq, Arc<Message>)>>,
+    client_state: Mutex<HashMap<String, Bytes>>,
+    next_seq: AtomicU64,
+    next_queue_id: AtomicU64,
+    next_session: AtomicU64,
+    next_ticket: AtomicU64,
+    sessions: Mutex<HashMap<u64, Weak<SessionShared>>>,
+    clients: Mutex<HashMap<(Protocol, String), Weak<SessionShared>>>,
+    wills: Mutex<Vec<PendingWill>>,
+    stopping: AtomicBool,
+    wake: (Mutex<()>, Condvar),
+}
+
+/// The broker core. Cheap to clone; all clones share one broker.
+#[derive(Clone)]
+pub struct Core {
+    inner: Arc<Inner>,
+}
+
+impl Core {
+    /// A core over `journal`, rebuilt from `recovered` (the journal's
+    /// replay), with a housekeeping thread for wills and idle queues.
+    pub fn new(
+        config: CoreConfig,
+        journal: Arc<dyn Journal>,
+        access: Arc<dyn AccessControl>,
+        recovered: Option<Recovered>,
+    ) -> Core {
+        let inner = Arc::new(Inner {
+            config,
+            journal,
+            access,
+            routing: RwLock::new(Routing::default()),
+            retained: Mutex::new(HashMap::new()),
+            client_state: Mutex::new(HashMap::new()),
+            next_seq: AtomicU64::new(1),
+            next_queue_id: AtomicU64::new(1),
+            next_session: AtomicU64::new(1),
+            next_ticket: AtomicU64::new(1),
+            sessions: Mutex::new(HashMap::new()),
+            clients: Mutex::new(HashMap::new()),
+            wills: Mutex::new(Vec::new()),
+            stopping: AtomicBool::new(false),
+            wake: (Mutex::new(()), Condvar::new()),
+        });
+        if let Some(recovered) = recovered {
+            inner.restore(recovered);
+        }
+        let weak = Arc::downgrade(&inner);
+        let spawned = std::thread::Builder::new()
+            .name("rosetta-housekeeping".into())
+            .spawn(move || housekeeping(weak));
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the housekeeping thread; wills and idle-queue expiry are off");
+        }
+        Core { inner }
+    }
+
+    /// An in-memory core with no journal and anonymous access (tests).
+    pub fn in_memory() -> Core {
+        Core::new(
+            CoreConfig::default(),
+            Arc::new(NoJournal),
+            Arc::new(AllowAll),
+            None,
+        )
+    }
+
+    /// Statistics of one queue.
+    pub fn queue_stats(&self, name: &str) -> Option<QueueStats> {
+        self.inner.routing.read().queue(name).map(|q| q.stats())
+    }
+
+    /// Names of all queues.
+    pub fn queue_names(&self) -> Vec<String> {
+        self.inner.routing.read().queue_names()
+    }
+
+    /// Sends [`SessionEvent::Kicked`] with [`KickReason::ServerShutdown`] to
+    /// every session and stops the housekeeping thread. The connections
+    /// close their sessions themselves.
+    pub fn shutdown(&self) {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+        self.inner.wake.1.notify_all();
+        let sessions: Vec<_> = self
+            .inner
+            .sessions
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for s in sessions {
+            s.sink.send(SessionEvent::Kicked {
+                reason: KickReason::ServerShutdown,
+            });
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Broker for Core {
+    fn authenticate(
+        &self,
+        user: Option<&str>,
+        password: Option<&[u8]>,
+    ) -> Result<Principal, AuthError> {
+        self.inner.access.authenticate(user, password)
+    }
+
+    fn scram_credentials(&self, user: &str) -> Option<ScramCredentials> {
+        self.inner.access.scram_credentials(user)
+    }
+
+    fn anonymous_allowed(&self) -> bool {
+        self.inner.access.anonymous_allowed()
+    }
+
+    fn authenticate_certificate(&self, subject: &str) -> Result<Principal, AuthError> {
+        self.inner.access.authenticate_certificate(subject)
+    }
+
+    fn open_session(&self, info: SessionInfo, sink: Arc<dyn EventSink>) -> Box<dyn Session> {
+        Box::new(CoreSession::open(Arc::clone(&self.inner), info, sink))
+    }
+}
+
+impl Inner {
+    fn next_seq(&self) -> MessageSeq {
+        self.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn next_ticket(&self) -> rosetta_neutral::Ticket {
+        rosetta_neutral::Ticket(self.next_ticket.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Journals what a dispatch pass produced and moves expired messages.
+    fn after_dispatch(&self, out: DispatchOutput) {
+        let DispatchOutput { records, expired } = out;
+        let mut batch = Batch {
+            records,
+            enqueues: Vec::new(),
+        };
+        if let Some(expiry) = &self.config.expiry_address {
+            let target = Address::Queue(expiry.clone());
+            for entry in expired {
+                let mut msg = (*entry.message).clone();
+                // Expired copies must not expire again in the expiry queue.
+                msg.expiry = None;
+                if let Err(e) = self.route(&target, msg, None, &mut batch) {
+                    tracing::warn!(error = %e, "cannot move an expired message to the expiry address");
+                }
+            }
+        }
+        if batch.has_records() || !batch.enqueues.is_empty() {
+            batch.commit(self, None);
+        }
+    }
+
+    /// Moves dead entries (too many attempts, rejected) to the dead-letter
+    /// address within `batch`, so the original's ack and the copy commit
+    /// together.
+    fn dead_letter(&self, entries: Vec<(Entry, Arc<str>)>, batch: &mut Batch) {
+        let target = Address::Queue(self.config.dead_letter_address.clone());
+        for (entry, from) in entries {
+            let mut msg = (*entry.message).clone();
+            msg.properties.push("x-original-queue", from.as_ref());
+            msg.properties
+                .push("x-delivery-count", entry.delivery_count.to_string());
+            if let Err(e) = self.route(&target, msg, None, batch) {
+                tracing::warn!(error = %e, seq = entry.seq, "cannot dead-letter a message; it is dropped");
+            }
+        }
+    }
+
+    fn restore(&self, recovered: Recovered) {
+        let Recovered {
+            queues,
+            bindings,
+            messages,
+            retained,
+            state,
+            next_seq,
+            next_queue_id,
+            report,
+        } = recovered;
+        tracing::info!(
+            ?report,
+            queues = queues.len(),
+            messages = messages.len(),
+            "journal recovered"
+        );
+        self.next_seq.store(next_seq.max(1), Ordering::SeqCst);
+        self.next_queue_id
+            .store(next_queue_id.max(1), Ordering::SeqCst);
+        let mut routing = self.routing.write();
+        let mut by_id: HashMap<QueueId, Arc<Queue>> = HashMap::new();
+        for def in queues {
+            let lifetime = match def.lifetime {
+                crate::store::StoredLifetime::Permanent => {
+                    rosetta_neutral::QueueLifetime::Permanent
+                }
+                crate::store::StoredLifetime::IdleForMs(ms) => {
+                    rosetta_neutral::QueueLifetime::IdleFor(Duration::from_millis(ms))
+                }
+            };
+            let q = Arc::new(Queue::new(def.id, &def.name, true, lifetime, None));
+            routing.insert_queue(Arc::clone(&q));
+            by_id.insert(def.id, q);
+        }
+        for b in bindings {
+            let Some(q) = by_id.get(&b.queue) else {
+                continue;
+            };
+            let options = rosetta_neutral::BindingOptions {
+                max_guarantee: rosetta_neutral::Guarantee::from_qos(b.max_qos)
+                    .unwrap_or(rosetta_neutral::Guarantee::ExactlyOnce),
+                subscription_id: b.subscription_id,
+                no_local: b.no_local,
+                retain_as_published: b.retain_as_published,
+                retained: rosetta_neutral::RetainedOnBind::None,
+            };
+            routing.bind(q, &b.filter, options, b.owner.map(Arc::from));
+        }
+        for m in messages {
+            for placement in m.queues {
+                let Some(q) = by_id.get(&placement.queue) else {
+                    continue;
+                };
+                let mut entry = Entry::new(m.seq, Arc::clone(&m.message), true);
+                entry.delivery_count = placement.delivery_count;
+                entry.redelivered = placement.delivery_count > 0 || placement.annotation.is_some();
+                entry.annotation = placement.annotation;
+                if let Some(Address::Topic(topic)) = &m.message.address {
+                    entry.matched = routing::match_info(&q.state.lock().bindings, topic);
+                }
+                q.state.lock().ready.insert(m.seq, entry);
+            }
+        }
+        drop(routing);
+        let mut r = self.retained.lock();
+        for (topic, seq, msg) in retained {
+            r.insert(topic, (seq, msg));
+        }
+        self.client_state.lock().extend(state);
+    }
+
+    fn complete_ticket(sink: &Arc<dyn EventSink>, ticket: rosetta_neutral::Ticket) -> Completion {
+        let sink = Arc::clone(sink);
+        Box::new(move |result| {
+            sink.send(SessionEvent::Committed {
+                ticket,
+                result: result.map_err(|e| rosetta_neutral::BrokerError::Storage(e.to_string())),
+            })
+        })
+    }
+}
+
+/// Publishes due wills and deletes queues idle past their lifetime.
+fn housekeeping(inner: Weak<Inner>) {
+    loop {
+        let Some(inner) = inner.upgrade() else { return };
+        if inner.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let now = Instant::now();
+        let due: Vec<PendingWill> = {
+            let mut wills = inner.wills.lock();
+            let (due, keep) = std::mem::take(&mut *wills)
+                .into_iter()
+                .partition(|w| w.due <= now);
+            *wills = keep;
+            due
+        };
+        for w in due {
+            tracing::debug!(client = %w.client.1, "publishing delayed will");
+            inner.publish_will(w.will);
+        }
+        for name in inner.routing.read().idle_expired(now) {
+            tracing::debug!(queue = %name, "deleting queue idle past its lifetime");
+            if let Err(e) = inner.delete_queue(&name) {
+                tracing::warn!(queue = %name, error = %e, "cannot delete idle queue");
+            }
+        }
+        let (lock, cvar) = &inner.wake;
+        let mut guard = lock.lock();
+        cvar.wait_for(&mut guard, HOUSEKEEPING_INTERVAL);
+    }
+}
+
+#[cfg(test)]
+mod tests;

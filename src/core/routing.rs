@@ -1,0 +1,451 @@
+//! Addresses: the queue map, the binding trie, retained messages, and the
+//! publish path that routes a message to its queues.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rosetta_neutral::address::{
+    validate_topic_filter, validate_topic_name, ADDRESS_LEN_MAX, TEMP_QUEUE_NAME_PREFIX,
+};
+use rosetta_neutral::{
+    Address, BindInfo, BindingOptions, BrokerError, MatchInfo, Message, QueueInfo, QueueLifetime,
+    QueueSpec, RetainedOnBind, SessionEvent,
+};
+
+use crate::store::{BindingDef, QueueDef, Record, StoredLifetime};
+
+use super::batch::Batch;
+use super::queue::{Entry, Queue, QueueBinding};
+use super::trie::TopicTrie;
+use super::Inner;
+
+/// One binding in the trie.
+#[derive(Clone)]
+pub(crate) struct RouteBinding {
+    pub(crate) queue: Arc<Queue>,
+    pub(crate) options: BindingOptions,
+    pub(crate) owner: Option<Arc<str>>,
+}
+
+#[derive(Default)]
+pub(crate) struct Routing {
+    trie: TopicTrie<RouteBinding>,
+    queues: HashMap<Arc<str>, Arc<Queue>>,
+}
+
+impl Routing {
+    pub(crate) fn queue(&self, name: &str) -> Option<&Arc<Queue>> {
+        self.queues.get(name)
+    }
+
+    pub(crate) fn queue_names(&self) -> Vec<String> {
+        self.queues.keys().map(|k| k.to_string()).collect()
+    }
+
+    pub(crate) fn insert_queue(&mut self, q: Arc<Queue>) {
+        self.queues.insert(Arc::clone(&q.name), q);
+    }
+
+    /// Adds or replaces the binding of `filter` to `queue`. Returns whether
+    /// it existed.
+    pub(crate) fn bind(
+        &mut self,
+        queue: &Arc<Queue>,
+        filter: &str,
+        options: BindingOptions,
+        owner: Option<Arc<str>>,
+    ) -> bool {
+        let id = queue.id;
+        let existed = self.trie.remove_where(filter, |b| b.queue.id == id) > 0;
+        self.trie.insert(
+            filter,
+            RouteBinding {
+                queue: Arc::clone(queue),
+                options: options.clone(),
+                owner: owner.clone(),
+            },
+        );
+        let mut st = queue.state.lock();
+        st.bindings.retain(|b| b.filter != filter);
+        st.bindings.push(QueueBinding {
+            filter: filter.to_owned(),
+            options,
+            owner,
+        });
+        existed
+    }
+
+    pub(crate) fn unbind(&mut self, queue: &Arc<Queue>, filter: &str) -> bool {
+        let id = queue.id;
+        queue.state.lock().bindings.retain(|b| b.filter != filter);
+        self.trie.remove_where(filter, |b| b.queue.id == id) > 0
+    }
+
+    fn remove_queue(&mut self, queue: &Arc<Queue>) {
+        let filters: Vec<String> = queue
+            .state
+            .lock()
+            .bindings
+            .iter()
+            .map(|b| b.filter.clone())
+            .collect();
+        for f in filters {
+            self.unbind(queue, &f);
+        }
+        self.queues.remove(&queue.name);
+    }
+
+    /// Queues whose idle lifetime has run out.
+    pub(crate) fn idle_expired(&self, now: Instant) -> Vec<String> {
+        self.queues
+            .values()
+            .filter_map(|q| {
+                let QueueLifetime::IdleFor(limit) = q.lifetime else {
+                    return None;
+                };
+                let st = q.state.lock();
+                let idle_since = st.idle_since?;
+                (st.consumers.is_empty() && now.duration_since(idle_since) >= limit)
+                    .then(|| q.name.to_string())
+            })
+            .collect()
+    }
+}
+
+/// What the bindings of one queue say about a message on `topic`.
+pub(crate) fn match_info(bindings: &[QueueBinding], topic: &str) -> MatchInfo {
+    let mut info = MatchInfo::default();
+    for b in bindings
+        .iter()
+        .filter(|b| rosetta_neutral::address::topic_matches(&b.filter, topic))
+    {
+        add_match(&mut info, &b.options);
+    }
+    info
+}
+
+fn add_match(info: &mut MatchInfo, options: &BindingOptions) {
+    info.max_guarantee = Some(
+        info.max_guarantee
+            .map_or(options.max_guarantee, |g| g.max(options.max_guarantee)),
+    );
+    if let Some(id) = options.subscription_id {
+        // Kept sorted and unique: the trie visits bindings in no useful order.
+        if let Err(pos) = info.subscription_ids.binary_search(&id) {
+            info.subscription_ids.insert(pos, id);
+        }
+    }
+    info.retain_as_published |= options.retain_as_published;
+}
+
+fn stored_lifetime(lifetime: QueueLifetime) -> StoredLifetime {
+    match lifetime {
+        QueueLifetime::IdleFor(d) => {
+            StoredLifetime::IdleForMs(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        }
+        _ => StoredLifetime::Permanent,
+    }
+}
+
+impl Inner {
+    /// Routes `message` to the queues of `address` inside `batch`. Returns
+    /// how many queues it went to. `origin` is the publisher's client id
+    /// (for no-local bindings).
+    pub(crate) fn route(
+        &self,
+        address: &Address,
+        mut message: Message,
+        origin: Option<&str>,
+        batch: &mut Batch,
+    ) -> Result<usize, BrokerError> {
+        message.address = Some(address.clone());
+        let targets: Vec<(Arc<Queue>, MatchInfo)> = match address {
+            Address::Topic(topic) => {
+                validate_topic_name(topic)
+                    .map_err(|e| BrokerError::InvalidAddress(e.to_string()))?;
+                let routing = self.routing.read();
+                let mut per_queue: Vec<(Arc<Queue>, MatchInfo)> = Vec::new();
+                routing.trie.for_each_match(topic, |b| {
+                    if b.options.no_local && origin.is_some() && b.owner.as_deref() == origin {
+                        return;
+                    }
+                    match per_queue.iter_mut().find(|(q, _)| q.id == b.queue.id) {
+                        Some((_, info)) => add_match(info, &b.options),
+                        None => {
+                            let mut info = MatchInfo::default();
+                            add_match(&mut info, &b.options);
+                            per_queue.push((Arc::clone(&b.queue), info));
+                        }
+                    }
+                });
+                per_queue
+            }
+            Address::Queue(name) => vec![(self.queue_for_send(name, batch)?, MatchInfo::default())],
+        };
+        let message = Arc::new(message);
+        if let (Address::Topic(topic), true) = (address, message.retain) {
+            self.update_retained(topic, &message, batch);
+        }
+        let seq = self.next_seq();
+        let durable_queues: Vec<u64> = targets
+            .iter()
+            .filter(|(q, _)| q.durable && message.durable)
+            .map(|(q, _)| q.id)
+            .collect();
+        if !durable_queues.is_empty() {
+            batch.records.push(Record::Message {
+                seq,
+                queues: durable_queues,
+                message: Arc::clone(&message),
+            });
+        }
+        let routed = targets.len();
+        for (q, matched) in targets {
+            let mut entry = Entry::new(seq, Arc::clone(&message), q.durable && message.durable);
+            entry.matched = matched;
+            batch.enqueues.push((q, entry));
+        }
+        Ok(routed)
+    }
+
+    fn update_retained(&self, topic: &str, message: &Arc<Message>, batch: &mut Batch) {
+        let mut retained = self.retained.lock();
+        if message.body.bytes.is_empty() {
+            if retained.remove(topic).is_some() {
+                batch.records.push(Record::Retain {
+                    topic: topic.to_owned(),
+                    message: None,
+                });
+            }
+        } else {
+            let seq = self.next_seq();
+            retained.insert(topic.to_owned(), (seq, Arc::clone(message)));
+            batch.records.push(Record::Retain {
+                topic: topic.to_owned(),
+                message: Some((seq, Arc::clone(message))),
+            });
+        }
+    }
+
+    /// The queue a send to `name` goes to, created on first use when
+    /// auto-creation is on (never for internal `$` names).
+    fn queue_for_send(&self, name: &str, batch: &mut Batch) -> Result<Arc<Queue>, BrokerError> {
+        if let Some(q) = self.routing.read().queue(name) {
+            return Ok(Arc::clone(q));
+        }
+        if !self.config.auto_create_queues || name.starts_with('$') {
+            return Err(BrokerError::NotFound(format!("queue '{name}'")));
+        }
+        let spec = QueueSpec {
+            name: Some(name.to_owned()),
+            durable: true,
+            lifetime: QueueLifetime::Permanent,
+        };
+        let (q, _) = self.declare(spec, None, batch)?;
+        Ok(q)
+    }
+
+    /// Declares a queue (or finds it). Journal records go into `batch`.
+    pub(crate) fn declare(
+        &self,
+        spec: QueueSpec,
+        session: Option<u64>,
+        batch: &mut Batch,
+    ) -> Result<(Arc<Queue>, bool), BrokerError> {
+        let name = match spec.name {
+            // Queue names are opaque to routing: internal ones such as
+            // `$share/g/a/#` legitimately contain wildcard characters.
+            Some(name)
+                if name.is_empty() || name.len() > ADDRESS_LEN_MAX || name.contains('\0') =>
+            {
+                return Err(BrokerError::InvalidAddress(format!(
+                    "bad queue name '{}'",
+                    name.escape_debug()
+                )));
+            }
+            Some(name) => name,
+            None => format!("{TEMP_QUEUE_NAME_PREFIX}{:016x}", rand::random::<u64>()),
+        };
+        let mut routing = self.routing.write();
+        if let Some(q) = routing.queue(&name) {
+            if q.lifetime == QueueLifetime::Session
+                && q.owner_session.is_some()
+                && q.owner_session != session
+            {
+                return Err(BrokerError::InUse(format!(
+                    "temporary queue '{name}' belongs to another connection"
+                )));
+            }
+            return Ok((Arc::clone(q), true));
+        }
+        // Queues that die with a session or consumer are never worth a journal record.
+        let durable = spec.durable
+            && matches!(
+                spec.lifetime,
+                QueueLifetime::Permanent | QueueLifetime::IdleFor(_)
+            );
+        let id = self
+            .next_queue_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let owner = (spec.lifetime == QueueLifetime::Session)
+            .then_some(session)
+            .flatten();
+        let q = Arc::new(Queue::new(id, &name, durable, spec.lifetime, owner));
+        if durable {
+            batch.records.push(Record::QueueDeclare(QueueDef {
+                id,
+                name: name.clone(),
+                lifetime: stored_lifetime(spec.lifetime),
+            }));
+        }
+        routing.insert_queue(Arc::clone(&q));
+        tracing::debug!(queue = %name, durable, "queue declared");
+        Ok((q, false))
+    }
+
+    /// Info about a declared queue.
+    pub(crate) fn queue_info(q: &Queue, existed: bool) -> QueueInfo {
+        QueueInfo {
+            name: q.name.to_string(),
+            existed,
+            depth: q.state.lock().ready.len() as u64,
+        }
+    }
+
+    /// Deletes a queue: unbinds it, closes its consumers, drops its
+    /// messages.
+    pub(crate) fn delete_queue(&self, name: &str) -> Result<(), BrokerError> {
+        let q = {
+            let mut routing = self.routing.write();
+            let q = routing
+                .queue(name)
+                .cloned()
+                .ok_or_else(|| BrokerError::NotFound(format!("queue '{name}'")))?;
+            routing.remove_queue(&q);
+            q
+        };
+        let mut st = q.state.lock();
+        st.deleted = true;
+        for c in st.consumers.drain(..) {
+            c.sink.send(SessionEvent::ConsumerClosed {
+                consumer: c.key.consumer,
+                reason: BrokerError::NotFound(format!("queue '{name}' was deleted")),
+            });
+        }
+        st.ready.clear();
+        st.inflight.clear();
+        drop(st);
+        if q.durable {
+            self.journal
+                .append(vec![Record::QueueDelete { queue: q.id }], None);
+        }
+        tracing::debug!(queue = %name, "queue deleted");
+        Ok(())
+    }
+
+    /// Binds `filter` to `queue`, enqueueing retained messages as asked.
+    pub(crate) fn bind(
+        &self,
+        queue: &str,
+        filter: &str,
+        options: BindingOptions,
+        owner: Option<Arc<str>>,
+        batch: &mut Batch,
+    ) -> Result<BindInfo, BrokerError> {
+        validate_topic_filter(filter).map_err(|e| BrokerError::InvalidAddress(e.to_string()))?;
+        let (q, existed) = {
+            let mut routing = self.routing.write();
+            let q = routing
+                .queue(queue)
+                .cloned()
+                .ok_or_else(|| BrokerError::NotFound(format!("queue '{queue}'")))?;
+            let existed = routing.bind(&q, filter, options.clone(), owner.clone());
+            (q, existed)
+        };
+        if q.durable {
+            batch.records.push(Record::Bind(BindingDef {
+                queue: q.id,
+                filter: filter.to_owned(),
+                max_qos: options.max_guarantee.qos(),
+                subscription_id: options.subscription_id,
+                no_local: options.no_local,
+                retain_as_published: options.retain_as_published,
+                owner: owner.map(|o| o.to_string()),
+            }));
+        }
+        let send_retained = match options.retained {
+            RetainedOnBind::Send => true,
+            RetainedOnBind::SendIfNew => !existed,
+            RetainedOnBind::None => false,
+        };
+        let mut retained_sent = 0;
+        if send_retained {
+            let matching: Vec<Arc<Message>> = {
+                let retained = self.retained.lock();
+                let mut v: Vec<_> = retained
+                    .iter()
+                    .filter(|(topic, _)| rosetta_neutral::address::topic_matches(filter, topic))
+                    .map(|(_, (seq, m))| (*seq, Arc::clone(m)))
+                    .collect();
+                v.sort_by_key(|(seq, _)| *seq);
+                v.into_iter().map(|(_, m)| m).collect()
+            };
+            for message in matching {
+                // Each copy gets its own sequence: the journal keys a message
+                // record by sequence, and the retained original has its own.
+                let seq = self.next_seq();
+                let journaled = q.durable && message.durable;
+                if journaled {
+                    batch.records.push(Record::Message {
+                        seq,
+                        queues: vec![q.id],
+                        message: Arc::clone(&message),
+                    });
+                }
+                let mut entry = Entry::new(seq, message, journaled);
+                entry.from_retained = true;
+                let mut info = MatchInfo::default();
+                add_match(&mut info, &options);
+                entry.matched = info;
+                batch.enqueues.push((Arc::clone(&q), entry));
+                retained_sent += 1;
+            }
+        }
+        Ok(BindInfo {
+            existed,
+            retained_sent,
+        })
+    }
+
+    pub(crate) fn unbind(&self, queue: &str, filter: &str) -> Result<bool, BrokerError> {
+        let (q, existed) = {
+            let mut routing = self.routing.write();
+            let q = routing
+                .queue(queue)
+                .cloned()
+                .ok_or_else(|| BrokerError::NotFound(format!("queue '{queue}'")))?;
+            let existed = routing.unbind(&q, filter);
+            (q, existed)
+        };
+        if existed && q.durable {
+            self.journal.append(
+                vec![Record::Unbind {
+                    queue: q.id,
+                    filter: filter.to_owned(),
+                }],
+                None,
+            );
+        }
+        Ok(existed)
+    }
+
+    /// Publishes a will now.
+    pub(crate) fn publish_will(&self, will: rosetta_neutral::Will) {
+        let mut batch = Batch::default();
+        match self.route(&will.address, will.message, None, &mut batch) {
+            Ok(_) => batch.commit(self, None),
+            Err(e) => tracing::warn!(error = %e, "cannot publish will"),
+        }
+    }
+}

@@ -1,0 +1,776 @@
+//! A connection's session on the core: its consumers, transactions, will
+//! and client-id registration.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use rosetta_neutral::{
+    Address, BindInfo, BindingOptions, BrokerError, CloseKind, ConsumerId, ConsumerSpec,
+    CreditMode, DeliveryTag, EventSink, KickReason, Message, Outcome, PublishOptions,
+    PublishReceipt, QueueInfo, QueueLifetime, QueueSpec, Session, SessionEvent, SessionInfo,
+    Ticket, TxnId, Will,
+};
+
+use crate::store::{Completion, Record};
+
+use super::batch::Batch;
+use super::queue::{elapsed_ms, ConsumerKey, ConsumerSlot, Queue};
+use super::{Inner, PendingWill};
+
+/// Most transactions one session may have open at once.
+const TRANSACTIONS_OPEN_MAX: usize = 64;
+/// Most operations one transaction may stage: a bound on the memory a
+/// client can pin without committing.
+const TRANSACTION_OPS_MAX: usize = 100_000;
+/// Most consumers per session.
+const CONSUMERS_PER_SESSION_MAX: usize = 10_000;
+
+enum Staged {
+    Publish {
+        address: Address,
+        message: Message,
+    },
+    Settle {
+        consumer: ConsumerId,
+        tag: DeliveryTag,
+        outcome: Outcome,
+    },
+}
+
+struct ConsumerRef {
+    queue: Arc<Queue>,
+}
+
+#[derive(Default)]
+struct SessionState {
+    closed: bool,
+    consumers: HashMap<ConsumerId, ConsumerRef>,
+    next_consumer: u64,
+    owned_queues: Vec<String>,
+    txns: HashMap<TxnId, Vec<Staged>>,
+    next_txn: u64,
+    will: Option<Will>,
+}
+
+/// The part of a session the core can reach from elsewhere (take-over,
+/// shutdown).
+pub(crate) struct SessionShared {
+    pub(crate) id: u64,
+    pub(crate) info: SessionInfo,
+    pub(crate) sink: Arc<dyn EventSink>,
+    state: Mutex<SessionState>,
+}
+
+pub(crate) struct CoreSession {
+    inner: Arc<Inner>,
+    shared: Arc<SessionShared>,
+    /// The client id as a shared string, for no-local bindings.
+    origin: Option<Arc<str>>,
+}
+
+impl CoreSession {
+    pub(crate) fn open(
+        inner: Arc<Inner>,
+        info: SessionInfo,
+        sink: Arc<dyn EventSink>,
+    ) -> CoreSession {
+        let id = inner
+            .next_session
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let origin = info.client_id.as_deref().map(Arc::from);
+        let shared = Arc::new(SessionShared {
+            id,
+            info,
+            sink,
+            state: Mutex::new(SessionState::default()),
+        });
+        inner.sessions.lock().insert(id, Arc::downgrade(&shared));
+        if let Some(client_id) = &shared.info.client_id {
+            let key = (shared.info.protocol, client_id.clone());
+            let previous = inner
+                .clients
+                .lock()
+                .insert(key.clone(), Arc::downgrade(&shared));
+            if let Some(old) = previous.and_then(|w| w.upgrade()) {
+                if shared.info.take_over {
+                    tracing::info!(client_id = %client_id, old_conn = old.info.conn_id, "session taken over");
+                    close_shared(&inner, &old, CloseKind::Abnormal);
+                    old.sink.send(SessionEvent::Kicked {
+                        reason: KickReason::TakenOver,
+                    });
+                }
+            }
+            // A reconnect cancels a delayed will of the same client.
+            inner.wills.lock().retain(|w| w.client != key);
+        }
+        CoreSession {
+            inner,
+            shared,
+            origin,
+        }
+    }
+
+    fn state(&self) -> Result<parking_lot::MutexGuard<'_, SessionState>, BrokerError> {
+        let st = self.shared.state.lock();
+        if st.closed {
+            return Err(BrokerError::SessionClosed);
+        }
+        Ok(st)
+    }
+
+    fn completion(&self, ticket: Ticket) -> Completion {
+        Inner::complete_ticket(&self.shared.sink, ticket)
+    }
+
+    /// Commits `batch`, with a ticket when `confirm` asks and there is
+    /// something to wait for.
+    fn commit_batch(&self, batch: Batch, confirm: bool) -> Option<Ticket> {
+        if confirm && batch.has_records() {
+            let ticket = self.inner.next_ticket();
+            batch.commit(&self.inner, Some(self.completion(ticket)));
+            Some(ticket)
+        } else {
+            batch.commit(&self.inner, None);
+            None
+        }
+    }
+
+    fn may_consume(&self, q: &Queue) -> bool {
+        let name: &str = &q.name;
+        let info = &self.shared.info;
+        // Internal queues derive from the client's identity: only that client
+        // may consume them.
+        if let Some(rest) = name.strip_prefix("$mqtt/") {
+            return info.protocol == rosetta_neutral::Protocol::Mqtt
+                && info.client_id.as_deref() == Some(rest);
+        }
+        if let Some(rest) = name.strip_prefix("$durable/") {
+            return info
+                .client_id
+                .as_deref()
+                .is_some_and(|c| rest.starts_with(&format!("{c}/")));
+        }
+        if name.starts_with("$share/") {
+            return true; // the bind of the shared filter was authorised
+        }
+        if name.starts_with(rosetta_neutral::address::TEMP_QUEUE_NAME_PREFIX) {
+            return q.owner_session.is_none_or(|o| o == self.shared.id);
+        }
+        self.inner
+            .access
+            .may_subscribe(&info.principal, &Address::Queue(name.to_owned()))
+    }
+}
+
+/// Settles one in-flight delivery in its queue. Dead entries are moved in
+/// `batch`.
+fn apply_settle(
+    inner: &Inner,
+    queue: &Arc<Queue>,
+    key: ConsumerKey,
+    tag: DeliveryTag,
+    outcome: Outcome,
+    batch: &mut Batch,
+) -> Result<(), BrokerError> {
+    let mut dead = Vec::new();
+    let out = {
+        let mut st = queue.state.lock();
+        match st.inflight.get(&tag.0) {
+            Some((owner, _)) if *owner == key => {}
+            _ => return Err(BrokerError::Unknown("delivery")),
+        }
+        let Some((_, mut entry)) = st.inflight.remove(&tag.0) else {
+            return Err(BrokerError::Unknown("delivery"));
+        };
+        if let Some(slot) = st.consumers.iter_mut().find(|c| c.key == key) {
+            if let CreditMode::Window(_) = slot.mode {
+                slot.credit += 1;
+            }
+        }
+        match outcome {
+            Outcome::Accept => {
+                st.stats.acked_total += 1;
+                st.stats.time_in_queue_ms_total += elapsed_ms(entry.enqueued_at);
+                batch.records.extend(queue.ack_record(&entry));
+            }
+            Outcome::Release => {
+                st.ready.insert(entry.seq, entry);
+            }
+            Outcome::Modify {
+                delivery_failed,
+                undeliverable_here,
+            } => {
+                if delivery_failed {
+                    entry.delivery_count += 1;
+                }
+                if entry.delivery_count >= inner.config.delivery_attempts_max {
+                    st.stats.dead_lettered_total += 1;
+                    batch.records.extend(queue.ack_record(&entry));
+                    dead.push((entry, Arc::clone(&queue.name)));
+                } else {
+                    if undeliverable_here {
+                        entry.excluded = Some(key);
+                    }
+                    if delivery_failed && entry.journaled {
+                        batch.records.push(Record::DeliveryState {
+                            queue: queue.id,
+                            seq: entry.seq,
+                            delivery_count: entry.delivery_count,
+                            annotation: None,
+                        });
+                    }
+                    entry.annotation = None;
+                    st.ready.insert(entry.seq, entry);
+                }
+            }
+            Outcome::Reject => {
+                st.stats.dead_lettered_total += 1;
+                batch.records.extend(queue.ack_record(&entry));
+                dead.push((entry, Arc::clone(&queue.name)));
+            }
+        }
+        queue.dispatch_locked(&mut st, rosetta_neutral::message::now_ms())
+    };
+    batch.records.extend(out.records);
+    inner.dead_letter(dead, batch);
+    if !out.expired.is_empty() {
+        inner.after_dispatch(super::queue::DispatchOutput {
+            records: Vec::new(),
+            expired: out.expired,
+        });
+    }
+    Ok(())
+}
+
+/// Detaches a consumer; its unsettled deliveries count as failed attempts
+/// and go back to the queue (or to the dead-letter address).
+fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
+    let mut batch = Batch::default();
+    let mut dead = Vec::new();
+    let (out, delete_now) = {
+        let mut st = queue.state.lock();
+        st.consumers.retain(|c| c.key != key);
+        let returned: Vec<u64> = st
+            .inflight
+            .iter()
+            .filter(|(_, (k, _))| *k == key)
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in returned {
+            let Some((_, mut entry)) = st.inflight.remove(&seq) else {
+                continue;
+            };
+            entry.delivery_count += 1;
+            if entry.delivery_count >= inner.config.delivery_attempts_max {
+                st.stats.dead_lettered_total += 1;
+                batch.records.extend(queue.ack_record(&entry));
+                dead.push((entry, Arc::clone(&queue.name)));
+            } else {
+                if entry.journaled {
+                    batch.records.push(Record::DeliveryState {
+                        queue: queue.id,
+                        seq: entry.seq,
+                        delivery_count: entry.delivery_count,
+                        annotation: entry.annotation.clone(),
+                    });
+                }
+                st.ready.insert(entry.seq, entry);
+            }
+        }
+        let no_consumers = st.consumers.is_empty();
+        if no_consumers {
+            st.idle_since = Some(Instant::now());
+        }
+        let out = queue.dispatch_locked(&mut st, rosetta_neutral::message::now_ms());
+        (
+            out,
+            no_consumers && queue.lifetime == QueueLifetime::Consumer && !st.deleted,
+        )
+    };
+    batch.records.extend(out.records);
+    inner.dead_letter(dead, &mut batch);
+    batch.commit(inner, None);
+    if delete_now {
+        if let Err(e) = inner.delete_queue(&queue.name) {
+            tracing::debug!(queue = %queue.name, error = %e, "consumer-lifetime queue already gone");
+        }
+    }
+}
+
+/// Closes a session from its own connection or from a take-over.
+fn close_shared(inner: &Arc<Inner>, shared: &Arc<SessionShared>, kind: CloseKind) {
+    let (consumers, owned, will) = {
+        let mut st = shared.state.lock();
+        if st.closed {
+            return;
+        }
+        st.closed = true;
+        st.txns.clear();
+        (
+            std::mem::take(&mut st.consumers),
+            std::mem::take(&mut st.owned_queues),
+            st.will.take(),
+        )
+    };
+    for (id, c) in consumers {
+        detach_consumer(
+            inner,
+            &c.queue,
+            ConsumerKey {
+                session: shared.id,
+                consumer: id,
+            },
+        );
+    }
+    for name in owned {
+        if let Err(e) = inner.delete_queue(&name) {
+            tracing::debug!(queue = %name, error = %e, "session queue already gone");
+        }
+    }
+    if let (Some(will), CloseKind::Abnormal | CloseKind::CleanWithWill) = (will, kind) {
+        if will.delay.is_zero() {
+            inner.publish_will(will);
+        } else if let Some(client_id) = &shared.info.client_id {
+            inner.wills.lock().push(PendingWill {
+                due: Instant::now() + will.delay,
+                client: (shared.info.protocol, client_id.clone()),
+                will,
+            });
+        } else {
+            inner.publish_will(will);
+        }
+    }
+    inner.sessions.lock().remove(&shared.id);
+    if let Some(client_id) = &shared.info.client_id {
+        let key = (shared.info.protocol, client_id.clone());
+        let mut clients = inner.clients.lock();
+        if clients
+            .get(&key)
+            .is_some_and(|w| Weak::ptr_eq(w, &Arc::downgrade(shared)))
+        {
+            clients.remove(&key);
+        }
+    }
+}
+
+impl Session for CoreSession {
+    fn declare_queue(&mut self, spec: QueueSpec) -> Result<QueueInfo, BrokerError> {
+        let mut st = self.state()?;
+        let lifetime = spec.lifetime;
+        let mut batch = Batch::default();
+        let (q, existed) = self.inner.declare(spec, Some(self.shared.id), &mut batch)?;
+        batch.commit(&self.inner, None);
+        if lifetime == QueueLifetime::Session && !existed {
+            st.owned_queues.push(q.name.to_string());
+        }
+        Ok(Inner::queue_info(&q, existed))
+    }
+
+    fn delete_queue(&mut self, name: &str) -> Result<(), BrokerError> {
+        let mut st = self.state()?;
+        st.owned_queues.retain(|n| n != name);
+        self.inner.delete_queue(name)
+    }
+
+    fn bind(
+        &mut self,
+        queue: &str,
+        filter: &str,
+        options: BindingOptions,
+    ) -> Result<BindInfo, BrokerError> {
+        let _st = self.state()?;
+        let principal = &self.shared.info.principal;
+        if !self
+            .inner
+            .access
+            .may_subscribe(principal, &Address::Topic(filter.to_owned()))
+        {
+            return Err(BrokerError::Unauthorized(format!(
+                "subscribe to '{filter}'"
+            )));
+        }
+        let mut batch = Batch::default();
+        let info = self
+            .inner
+            .bind(queue, filter, options, self.origin.clone(), &mut batch)?;
+        batch.commit(&self.inner, None);
+        Ok(info)
+    }
+
+    fn unbind(&mut self, queue: &str, filter: &str) -> Result<bool, BrokerError> {
+        let _st = self.state()?;
+        self.inner.unbind(queue, filter)
+    }
+
+    fn publish(
+        &mut self,
+        address: &Address,
+        message: Message,
+        options: PublishOptions,
+    ) -> Result<PublishReceipt, BrokerError> {
+        let mut st = self.state()?;
+        if !self
+            .inner
+            .access
+            .may_publish(&self.shared.info.principal, address)
+        {
+            return Err(BrokerError::Unauthorized(format!("publish to '{address}'")));
+        }
+        if let Some(txn) = options.txn {
+            let ops = st
+                .txns
+                .get_mut(&txn)
+                .ok_or(BrokerError::Unknown("transaction"))?;
+            if ops.len() >= TRANSACTION_OPS_MAX {
+                return Err(BrokerError::ResourceLimit(format!(
+                    "more than {TRANSACTION_OPS_MAX} operations in one transaction"
+                )));
+            }
+            ops.push(Staged::Publish {
+                address: address.clone(),
+                message,
+            });
+            return Ok(PublishReceipt {
+                routed: 0,
+                pending: None,
+            });
+        }
+        drop(st);
+        let mut batch = Batch::default();
+        let routed = self
+            .inner
+            .route(address, message, self.origin.as_deref(), &mut batch)?;
+        let pending = self.commit_batch(batch, options.confirm);
+        Ok(PublishReceipt { routed, pending })
+    }
+
+    fn consume(&mut self, spec: ConsumerSpec) -> Result<ConsumerId, BrokerError> {
+        let mut st = self.state()?;
+        if st.consumers.len() >= CONSUMERS_PER_SESSION_MAX {
+            return Err(BrokerError::ResourceLimit(format!(
+                "more than {CONSUMERS_PER_SESSION_MAX} consumers"
+            )));
+        }
+        let q = match self.inner.routing.read().queue(&spec.queue) {
+            Some(q) => Some(Arc::clone(q)),
+            None => None,
+        };
+        let q = match q {
+            Some(q) => q,
+            None if self.inner.config.auto_create_queues && !spec.queue.starts_with('$') => {
+                let mut batch = Batch::default();
+                let qspec = QueueSpec {
+                    name: Some(spec.queue.clone()),
+                    durable: true,
+                    lifetime: QueueLifetime::Permanent,
+                };
+                let (q, _) = self
+                    .inner
+                    .declare(qspec, Some(self.shared.id), &mut batch)?;
+                batch.commit(&self.inner, None);
+                q
+            }
+            None => return Err(BrokerError::NotFound(format!("queue '{}'", spec.queue))),
+        };
+        if !self.may_consume(&q) {
+            return Err(BrokerError::Unauthorized(format!(
+                "consume from '{}'",
+                spec.queue
+            )));
+        }
+        st.next_consumer += 1;
+        let id = ConsumerId(st.next_consumer);
+        let credit = match spec.credit {
+            CreditMode::Window(n) | CreditMode::Explicit(n) => n,
+        };
+        let slot = ConsumerSlot {
+            key: ConsumerKey {
+                session: self.shared.id,
+                consumer: id,
+            },
+            mode: spec.credit,
+            credit,
+            auto_settle: spec.auto_settle,
+            drain: false,
+            sink: Arc::clone(&self.shared.sink),
+        };
+        let out = {
+            let mut qs = q.state.lock();
+            if qs.deleted {
+                return Err(BrokerError::NotFound(format!("queue '{}'", spec.queue)));
+            }
+            qs.consumers.push(slot);
+            qs.idle_since = None;
+            q.dispatch_locked(&mut qs, rosetta_neutral::message::now_ms())
+        };
+        st.consumers.insert(id, ConsumerRef { queue: q });
+        drop(st);
+        self.inner.after_dispatch(out);
+        Ok(id)
+    }
+
+    fn cancel(&mut self, consumer: ConsumerId) -> Result<(), BrokerError> {
+        let mut st = self.state()?;
+        let c = st
+            .consumers
+            .remove(&consumer)
+            .ok_or(BrokerError::Unknown("consumer"))?;
+        drop(st);
+        detach_consumer(
+            &self.inner,
+            &c.queue,
+            ConsumerKey {
+                session: self.shared.id,
+                consumer,
+            },
+        );
+        Ok(())
+    }
+
+    fn set_credit(
+        &mut self,
+        consumer: ConsumerId,
+        credit: u32,
+        drain: bool,
+    ) -> Result<(), BrokerError> {
+        let st = self.state()?;
+        let q = Arc::clone(
+            &st.consumers
+                .get(&consumer)
+                .ok_or(BrokerError::Unknown("consumer"))?
+                .queue,
+        );
+        drop(st);
+        let key = ConsumerKey {
+            session: self.shared.id,
+            consumer,
+        };
+        let out = {
+            let mut qs = q.state.lock();
+            let Some(slot) = qs.consumers.iter_mut().find(|c| c.key == key) else {
+                return Err(BrokerError::Unknown("consumer"));
+            };
+            slot.credit = credit;
+            slot.drain = drain;
+            q.dispatch_locked(&mut qs, rosetta_neutral::message::now_ms())
+        };
+        self.inner.after_dispatch(out);
+        Ok(())
+    }
+
+    fn settle(
+        &mut self,
+        consumer: ConsumerId,
+        tag: DeliveryTag,
+        outcome: Outcome,
+        txn: Option<TxnId>,
+        confirm: bool,
+    ) -> Result<Option<Ticket>, BrokerError> {
+        let mut st = self.state()?;
+        let q = Arc::clone(
+            &st.consumers
+                .get(&consumer)
+                .ok_or(BrokerError::Unknown("consumer"))?
+                .queue,
+        );
+        if let Some(txn) = txn {
+            let ops = st
+                .txns
+                .get_mut(&txn)
+                .ok_or(BrokerError::Unknown("transaction"))?;
+            if ops.len() >= TRANSACTION_OPS_MAX {
+                return Err(BrokerError::ResourceLimit(format!(
+                    "more than {TRANSACTION_OPS_MAX} operations in one transaction"
+                )));
+            }
+            if !q.state.lock().inflight.contains_key(&tag.0) {
+                return Err(BrokerError::Unknown("delivery"));
+            }
+            ops.push(Staged::Settle {
+                consumer,
+                tag,
+                outcome,
+            });
+            return Ok(None);
+        }
+        drop(st);
+        let mut batch = Batch::default();
+        apply_settle(
+            &self.inner,
+            &q,
+            ConsumerKey {
+                session: self.shared.id,
+                consumer,
+            },
+            tag,
+            outcome,
+            &mut batch,
+        )?;
+        Ok(self.commit_batch(batch, confirm))
+    }
+
+    fn annotate(
+        &mut self,
+        consumer: ConsumerId,
+        tag: DeliveryTag,
+        annotation: Bytes,
+    ) -> Result<(), BrokerError> {
+        let st = self.state()?;
+        let q = Arc::clone(
+            &st.consumers
+                .get(&consumer)
+                .ok_or(BrokerError::Unknown("consumer"))?
+                .queue,
+        );
+        drop(st);
+        let record = {
+            let mut qs = q.state.lock();
+            let Some((_, entry)) = qs.inflight.get_mut(&tag.0) else {
+                return Err(BrokerError::Unknown("delivery"));
+            };
+            entry.annotation = Some(annotation.clone());
+            entry.journaled.then(|| Record::DeliveryState {
+                queue: q.id,
+                seq: entry.seq,
+                delivery_count: entry.delivery_count,
+                annotation: Some(annotation),
+            })
+        };
+        if let Some(record) = record {
+            self.inner.journal.append(vec![record], None);
+        }
+        Ok(())
+    }
+
+    fn begin(&mut self) -> TxnId {
+        let mut st = self.shared.state.lock();
+        st.next_txn += 1;
+        let id = TxnId(st.next_txn);
+        if st.txns.len() < TRANSACTIONS_OPEN_MAX {
+            st.txns.insert(id, Vec::new());
+        }
+        // Past the limit the id is never registered, so every use of it
+        // fails with "unknown transaction".
+        id
+    }
+
+    fn commit(&mut self, txn: TxnId) -> Result<Ticket, BrokerError> {
+        let mut st = self.state()?;
+        let ops = st
+            .txns
+            .remove(&txn)
+            .ok_or(BrokerError::Unknown("transaction"))?;
+        let consumers: HashMap<ConsumerId, Arc<Queue>> = st
+            .consumers
+            .iter()
+            .map(|(id, c)| (*id, Arc::clone(&c.queue)))
+            .collect();
+        drop(st);
+        let mut batch = Batch::default();
+        let mut first_error = None;
+        for op in ops {
+            let result = match op {
+                Staged::Publish { address, message } => self
+                    .inner
+                    .route(&address, message, self.origin.as_deref(), &mut batch)
+                    .map(|_| ()),
+                Staged::Settle {
+                    consumer,
+                    tag,
+                    outcome,
+                } => match consumers.get(&consumer) {
+                    Some(q) => apply_settle(
+                        &self.inner,
+                        q,
+                        ConsumerKey {
+                            session: self.shared.id,
+                            consumer,
+                        },
+                        tag,
+                        outcome,
+                        &mut batch,
+                    ),
+                    None => Err(BrokerError::Unknown("consumer")),
+                },
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "transactional operation failed at commit");
+                first_error.get_or_insert(e);
+            }
+        }
+        // All records of the transaction go to the journal as one atomic unit.
+        let ticket = self.inner.next_ticket();
+        batch.commit(&self.inner, Some(self.completion(ticket)));
+        match first_error {
+            // Settlements of deliveries that vanished (consumer closed) are
+            // reported; what did apply stays committed.
+            Some(e @ BrokerError::Unknown(_)) => Err(e),
+            _ => Ok(ticket),
+        }
+    }
+
+    fn rollback(&mut self, txn: TxnId) -> Result<(), BrokerError> {
+        let mut st = self.state()?;
+        st.txns
+            .remove(&txn)
+            .map(|_| ())
+            .ok_or(BrokerError::Unknown("transaction"))
+    }
+
+    fn get_state(&mut self, key: &str) -> Option<Bytes> {
+        let full = state_key(&self.shared.info, key);
+        self.inner.client_state.lock().get(&full).cloned()
+    }
+
+    fn put_state(
+        &mut self,
+        key: &str,
+        value: Option<Bytes>,
+    ) -> Result<Option<Ticket>, BrokerError> {
+        let _st = self.state()?;
+        let full = state_key(&self.shared.info, key);
+        {
+            let mut map = self.inner.client_state.lock();
+            match &value {
+                Some(v) => map.insert(full.clone(), v.clone()),
+                None => map.remove(&full),
+            };
+        }
+        let batch = Batch {
+            records: vec![Record::State { key: full, value }],
+            enqueues: Vec::new(),
+        };
+        Ok(self.commit_batch(batch, true))
+    }
+
+    fn set_will(&mut self, will: Option<Will>) {
+        self.shared.state.lock().will = will;
+    }
+
+    fn producer_blocked(&self) -> bool {
+        false
+    }
+
+    fn close(&mut self, kind: CloseKind) {
+        close_shared(&self.inner, &self.shared, kind);
+    }
+}
+
+impl Drop for CoreSession {
+    fn drop(&mut self) {
+        // A connection that vanished without closing counts as abnormal.
+        close_shared(&self.inner, &self.shared, CloseKind::Abnormal);
+    }
+}
+
+fn state_key(info: &SessionInfo, key: &str) -> String {
+    format!(
+        "{}/{}/{}",
+        info.protocol.as_str(),
+        info.client_id.as_deref().unwrap_or(""),
+        key
+    )
+}

@@ -1,0 +1,636 @@
+//! Unit tests of the core against its public session API, with no journal.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rosetta_neutral::*;
+
+use super::{Core, CoreConfig, NoJournal};
+
+#[derive(Default)]
+struct Events(Mutex<Vec<SessionEvent>>);
+
+impl EventSink for Events {
+    fn send(&self, event: SessionEvent) {
+        self.0.lock().push(event);
+    }
+}
+
+impl Events {
+    fn take(&self) -> Vec<SessionEvent> {
+        std::mem::take(&mut *self.0.lock())
+    }
+
+    fn deliveries(&self) -> Vec<Delivery> {
+        self.take()
+            .into_iter()
+            .filter_map(|e| match e {
+                SessionEvent::Delivery(d) => Some(d),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn info(client: &str) -> SessionInfo {
+    SessionInfo {
+        conn_id: 1,
+        protocol: Protocol::Internal,
+        principal: Principal::anonymous(),
+        client_id: Some(client.into()),
+        take_over: true,
+    }
+}
+
+fn open(core: &Core, client: &str) -> (Box<dyn Session>, Arc<Events>) {
+    let events = Arc::new(Events::default());
+    let session = core.open_session(info(client), events.clone());
+    (session, events)
+}
+
+fn text(d: &Delivery) -> String {
+    String::from_utf8_lossy(&d.message.body.bytes).into_owned()
+}
+
+fn subscribe(s: &mut Box<dyn Session>, filter: &str, window: u32) -> (String, ConsumerId) {
+    let q = s
+        .declare_queue(QueueSpec {
+            name: None,
+            durable: false,
+            lifetime: QueueLifetime::Consumer,
+        })
+        .expect("declare");
+    s.bind(&q.name, filter, BindingOptions::default())
+        .expect("bind");
+    let c = s
+        .consume(ConsumerSpec {
+            queue: q.name.clone(),
+            credit: CreditMode::Window(window),
+            auto_settle: false,
+        })
+        .expect("consume");
+    (q.name, c)
+}
+
+fn publish(s: &mut Box<dyn Session>, address: Address, body: &str) -> PublishReceipt {
+    s.publish(&address, Message::text(body), PublishOptions::default())
+        .expect("publish")
+}
+
+fn topic(t: &str) -> Address {
+    Address::Topic(t.into())
+}
+
+fn queue(q: &str) -> Address {
+    Address::Queue(q.into())
+}
+
+#[test]
+fn multicast_copies_to_every_matching_subscription() {
+    let core = Core::in_memory();
+    let (mut a, ea) = open(&core, "a");
+    let (mut b, eb) = open(&core, "b");
+    let (mut p, _) = open(&core, "p");
+    subscribe(&mut a, "sensors/+/temp", 10);
+    subscribe(&mut b, "sensors/#", 10);
+    assert_eq!(publish(&mut p, topic("sensors/k1/temp"), "21").routed, 2);
+    assert_eq!(publish(&mut p, topic("sensors/k1/hum"), "40").routed, 1);
+    assert_eq!(publish(&mut p, topic("other"), "x").routed, 0);
+    assert_eq!(
+        ea.deliveries().iter().map(text).collect::<Vec<_>>(),
+        vec!["21"]
+    );
+    assert_eq!(
+        eb.deliveries().iter().map(text).collect::<Vec<_>>(),
+        vec!["21", "40"]
+    );
+}
+
+#[test]
+fn dollar_topics_are_not_matched_by_leading_wildcards() {
+    let core = Core::in_memory();
+    let (mut a, ea) = open(&core, "a");
+    let (mut p, _) = open(&core, "p");
+    subscribe(&mut a, "#", 10);
+    publish(&mut p, topic("$SYS/x"), "no");
+    publish(&mut p, topic("x"), "yes");
+    assert_eq!(
+        ea.deliveries().iter().map(text).collect::<Vec<_>>(),
+        vec!["yes"]
+    );
+}
+
+#[test]
+fn overlapping_bindings_deliver_once_with_all_subscription_ids() {
+    let core = Core::in_memory();
+    let (mut s, e) = open(&core, "c");
+    let q = s
+        .declare_queue(QueueSpec {
+            name: Some("$share/g/a/#".into()),
+            durable: false,
+            lifetime: QueueLifetime::Session,
+        })
+        .expect("declare");
+    let opts = |qos, id| BindingOptions {
+        max_guarantee: Guarantee::from_qos(qos).expect("qos"),
+        subscription_id: Some(id),
+        ..BindingOptions::default()
+    };
+    s.bind(&q.name, "a/+", opts(0, 1)).expect("bind");
+    s.bind(&q.name, "a/#", opts(1, 2)).expect("bind");
+    s.consume(ConsumerSpec {
+        queue: q.name.clone(),
+        credit: CreditMode::Window(10),
+        auto_settle: true,
+    })
+    .expect("consume");
+    let (mut p, _) = open(&core, "p");
+    publish(&mut p, topic("a/b"), "m");
+    let d = e.deliveries();
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].matched.max_guarantee, Some(Guarantee::AtLeastOnce));
+    assert_eq!(d[0].matched.subscription_ids, vec![1, 2]);
+}
+
+#[test]
+fn anycast_round_robins_across_consumers_with_credit() {
+    let core = Core::in_memory();
+    let (mut s, e) = open(&core, "c");
+    let c1 = s.consume(ConsumerSpec {
+        queue: "work".into(),
+        credit: CreditMode::Window(10),
+        auto_settle: true,
+    });
+    let c2 = s.consume(ConsumerSpec {
+        queue: "work".into(),
+        credit: CreditMode::Window(10),
+        auto_settle: true,
+    });
+    let (c1, c2) = (c1.expect("c1"), c2.expect("c2"));
+    for i in 0..4 {
+        publish(&mut s, queue("work"), &i.to_string());
+    }
+    let d = e.deliveries();
+    let to = |c| {
+        d.iter()
+            .filter(|d| d.consumer == c)
+            .map(text)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(to(c1), vec!["0", "2"]);
+    assert_eq!(to(c2), vec!["1", "3"]);
+}
+
+#[test]
+fn credit_window_limits_unsettled_deliveries() {
+    let core = Core::in_memory();
+    let (mut s, e) = open(&core, "c");
+    let c = s.consume(ConsumerSpec {
+        queue: "q".into(),
+        credit: CreditMode::Window(2),
+        auto_settle: false,
+    });
+    let c = c.expect("consume");
+    for i in 0..5 {
+        publish(&mut s, queue("q"), &i.to_string());
+    }
+    let first = e.deliveries();
+    assert_eq!(first.iter().map(text).collect::<Vec<_>>(), vec!["0", "1"]);
+    s.settle(c, first[0].tag, Outcome::Accept, None, false)
+        .expect("settle");
+    assert_eq!(
+        e.deliveries().iter().map(text).collect::<Vec<_>>(),
+        vec!["2"]
+    );
+    assert_eq!(
+        core.queue_stats("q").map(|s| (s.depth, s.in_flight)),
+        Some((2, 2))
+    );
+}
+
+#[test]
+fn explicit_credit_and_drain() {
+    let core = Core::in_memory();
+    let (mut s, e) = open(&core, "c");
+    let c = s.consume(ConsumerSpec {
+        queue: "q".into(),
+        credit: CreditMode::Explicit(0),
+        auto_settle: true,
+    });
+    let c = c.expect("consume");
+    publish(&mut s, queue("q"), "a");
+    assert!(e.take().is_empty(), "no credit, no delivery");
+    s.set_credit(c, 5, true).expect("credit");
+    let events = e.take();
+    assert!(matches!(&events[0], SessionEvent::Delivery(d) if text(d) == "a"));
+    assert!(matches!(events[1], SessionEvent::Drained { consumer } if consumer == c));
+    publish(&mut s, queue("q"), "b");
+    assert!(e.take().is_empty(), "drain left zero credit");
+}
+
+#[test]
+fn release_keeps_count_modify_raises_it_and_order_is_kept() {
+    let core = Core::in_memory();
+    let (mut s, e) = open(&core, "c");
+    let c = s.consume(ConsumerSpec {
+        queue: "q".into(),
+        credit: CreditMode::Window(1),
+        auto_settle: false,
+    });
+    let c = c.expect("consume");
+    publish(&mut s, queue("q"), "first");
+    publish(&mut s, queue("q"), "second");
+    let d = e.deliveries().remove(0);
+    assert_eq!(
+        (text(&d), d.delivery_count, d.redelivered),
+        ("first".into(), 0, false)
+    );
+    s.settle(c, d.tag, Outcome::Release, None, false)
+        .expect("release");
+    let d = e.deliveries().remove(0);
+    assert_eq!(
+        (text(&d), d.delivery_count, d.redelivered),
+        ("first".into(), 0, true)
+    );
+    s.settle(c, d.tag, Outcome::NACK, None, false)
+        .expect("nack");
+    let d = e.deliveries().remove(0);
+    assert_eq!((text(&d), d.delivery_count), ("first".into(), 1));
+    s.settle(c, d.tag, Outcome::Accept, None, false)
+        .expect("ack");
+    assert_eq!(text(&e.deliveries()[0]), "second");
+}
+
+#[test]
+fn too_many_failures_and_reject_go_to_the_dead_letter_queue() {
+    let config = CoreConfig {
+        delivery_attempts_max: 2,
+        ..CoreConfig::default()
+    };
+    let core = Core::new(config, Arc::new(NoJournal), Arc::new(super::AllowAll), None);
+    let (mut s, e) = open(&core, "c");
+    let c = s.consume(ConsumerSpec {
+        queue: "q".into(),
+        credit: CreditMode::Window(1),
+        auto_settle: false,
+    });
+    let c = c.expect("consume");
+    publish(&mut s, queue("q"), "poison");
+    for _ in 0..2 {
+        let d = e.deliveries().remove(0);
+        s.settle(c, d.tag, Outcome::NACK, None, false)
+            .expect("nack");
+    }
+    assert!(e.deliveries().is_empty());
+    publish(&mut s, queue("q"), "bad");
+    let d = e.deliveries().remove(0);
+    s.settle(c, d.tag, Outcome::Reject, None, false)
+        .expect("reject");
+    assert_eq!(core.queue_stats("DLQ").map(|s| s.depth), Some(2));
+    let dlq = s.consume(ConsumerSpec {
+        queue: "DLQ".into(),
+        credit: CreditMode::Window(10),
+        auto_settle: true,
+    });
+    dlq.expect("consume dlq");
+    let dead = e.deliveries();
+    assert_eq!(
+        dead.iter().map(text).collect::<Vec<_>>(),
+        vec!["poison", "bad"]
+    );
+    assert_eq!(
+        dead[0].message.properties.get("x-original-queue"),
+        Some(&Value::from("q"))
+    );
+}
+
+#[test]
+fn unsettled_deliveries_return_when_the_consumer_goes() {
+    let core = Core::in_memory();
+    let (mut s1, e1) = open(&core, "c1");
+    let (mut s2, e2) = open(&core, "c2");
+    s1.consume(ConsumerSpec {
+        queue: "q".into(),
+        credit: CreditMode::Window(5),
+        auto_settle: false,
+    })
+    .expect("consume");
+    publish(&mut s1, queue("q"), "m");
+    assert_eq!(e1.deliveries().len(), 1);
+    s2.consume(ConsumerSpec {
+        queue: "q".into(),
+        credit: CreditMode::Window(5),
+        auto_settle: false,
+    })
+    .expect("consume");
+    assert!(e2.deliveries().is_empty());
+    s1.close(CloseKind::Abnormal);
+    let d = e2.deliveries();
+    assert_eq!(
+        (text(&d[0]), d[0].delivery_count, d[0].redelivered),
+        ("m".into(), 1, true)
+    );
+}
+
+#[test]
+fn expired_messages_are_never_delivered() {
+    let core = Core::in_memory();
+    let (mut s, e) = open(&core, "c");
+    let mut m = Message::text("old");
+    m.expiry = Some(1);
+    s.publish(&queue("q"), m, PublishOptions::default())
+        .expect("publish");
+    publish(&mut s, queue("q"), "fresh");
+    s.consume(ConsumerSpec {
+        queue: "q".into(),
+        credit: CreditMode::Window(5),
+        auto_settle: true,
+    })
+    .expect("consume");
+    assert_eq!(
+        e.deliveries().iter().map(text).collect::<Vec<_>>(),
+        vec!["fresh"]
+    );
+    assert_eq!(core.queue_stats("q").map(|s| s.expired_total), Some(1));
+}
+
+#[test]
+fn expired_messages_move_to_the_expiry_address_when_configured() {
+    let config = CoreConfig {
+        expiry_address: Some("expired".into()),
+        ..CoreConfig::default()
+    };
+    let core = Core::new(config, Arc::new(NoJournal), Arc::new(super::AllowAll), None);
+    let (mut s, _e) = open(&core, "c");
+    let mut m = Message::text("old");
+    m.expiry = Some(1);
+    s.publish(&queue("q"), m, PublishOptions::default())
+        .expect("publish");
+    s.consume(ConsumerSpec {
+        queue: "q".into(),
+        credit: CreditMode::Window(5),
+        auto_settle: true,
+    })
+    .expect("consume");
+    assert_eq!(core.queue_stats("expired").map(|s| s.depth), Some(1));
+}
+
+#[test]
+fn transactions_apply_sends_and_acks_atomically_or_not_at_all() {
+    let core = Core::in_memory();
+    let (mut s, e) = open(&core, "c");
+    let c = s.consume(ConsumerSpec {
+        queue: "in".into(),
+        credit: CreditMode::Window(5),
+        auto_settle: false,
+    });
+    let c = c.expect("consume");
+    publish(&mut s, queue("in"), "job");
+    let job = e.deliveries().remove(0);
+
+    let tx = s.begin();
+    s.publish(
+        &queue("out1"),
+        Message::text("r1"),
+        PublishOptions {
+            txn: Some(tx),
+            confirm: true,
+        },
+    )
+    .expect("p");
+    s.publish(
+        &queue("out2"),
+        Message::text("r2"),
+        PublishOptions {
+            txn: Some(tx),
+            confirm: true,
+        },
+    )
+    .expect("p");
+    s.settle(c, job.tag, Outcome::Accept, Some(tx), false)
+        .expect("stage ack");
+    assert_eq!(
+        core.queue_stats("out1"),
+        None,
+        "nothing visible before commit"
+    );
+    s.rollback(tx).expect("rollback");
+    assert_eq!(core.queue_stats("out1"), None, "nothing after rollback");
+    assert_eq!(
+        core.queue_stats("in").map(|s| s.in_flight),
+        Some(1),
+        "ack discarded"
+    );
+
+    let tx = s.begin();
+    s.publish(
+        &queue("out1"),
+        Message::text("r1"),
+        PublishOptions {
+            txn: Some(tx),
+            confirm: true,
+        },
+    )
+    .expect("p");
+    s.settle(c, job.tag, Outcome::Accept, Some(tx), false)
+        .expect("stage ack");
+    let ticket = s.commit(tx).expect("commit");
+    assert!(e.take().iter().any(
+        |ev| matches!(ev, SessionEvent::Committed { ticket: t, result: Ok(()) } if *t == ticket)
+    ));
+    assert_eq!(core.queue_stats("out1").map(|s| s.depth), Some(1));
+    assert_eq!(
+        core.queue_stats("in").map(|s| (s.depth, s.in_flight)),
+        Some((0, 0))
+    );
+    assert_eq!(s.commit(tx), Err(BrokerError::Unknown("transaction")));
+}
+
+#[test]
+fn retained_messages_are_sent_on_bind_and_cleared_by_empty_payload() {
+    let core = Core::in_memory();
+    let (mut p, _) = open(&core, "p");
+    let mut m = Message::text("on");
+    m.retain = true;
+    p.publish(&topic("lamp/1"), m, PublishOptions::default())
+        .expect("publish");
+    let (mut s, e) = open(&core, "s");
+    let q = s
+        .declare_queue(QueueSpec {
+            name: None,
+            durable: false,
+            lifetime: QueueLifetime::Session,
+        })
+        .expect("declare");
+    s.consume(ConsumerSpec {
+        queue: q.name.clone(),
+        credit: CreditMode::Window(10),
+        auto_settle: true,
+    })
+    .expect("consume");
+    let opts = BindingOptions {
+        retained: RetainedOnBind::Send,
+        ..BindingOptions::default()
+    };
+    assert_eq!(
+        s.bind(&q.name, "lamp/+", opts.clone())
+            .expect("bind")
+            .retained_sent,
+        1
+    );
+    let d = e.deliveries();
+    assert!(d[0].from_retained);
+    assert_eq!(text(&d[0]), "on");
+    let mut clear = Message::binary(bytes::Bytes::new());
+    clear.retain = true;
+    p.publish(&topic("lamp/1"), clear, PublishOptions::default())
+        .expect("publish");
+    let (mut s2, _) = open(&core, "s2");
+    let q2 = s2
+        .declare_queue(QueueSpec {
+            name: None,
+            durable: false,
+            lifetime: QueueLifetime::Session,
+        })
+        .expect("declare");
+    assert_eq!(
+        s2.bind(&q2.name, "lamp/#", opts)
+            .expect("bind")
+            .retained_sent,
+        0
+    );
+}
+
+#[test]
+fn no_local_skips_the_publishers_own_bindings() {
+    let core = Core::in_memory();
+    let (mut s, e) = open(&core, "me");
+    let q = s
+        .declare_queue(QueueSpec {
+            name: None,
+            durable: false,
+            lifetime: QueueLifetime::Session,
+        })
+        .expect("declare");
+    s.bind(
+        &q.name,
+        "chat",
+        BindingOptions {
+            no_local: true,
+            ..BindingOptions::default()
+        },
+    )
+    .expect("bind");
+    s.consume(ConsumerSpec {
+        queue: q.name.clone(),
+        credit: CreditMode::Window(10),
+        auto_settle: true,
+    })
+    .expect("consume");
+    publish(&mut s, topic("chat"), "mine");
+    let (mut other, _) = open(&core, "other");
+    publish(&mut other, topic("chat"), "theirs");
+    assert_eq!(
+        e.deliveries().iter().map(text).collect::<Vec<_>>(),
+        vec!["theirs"]
+    );
+}
+
+#[test]
+fn take_over_closes_the_old_session_and_wills_follow_close_kind() {
+    let core = Core::in_memory();
+    let (mut watcher, ew) = open(&core, "w");
+    subscribe(&mut watcher, "wills/#", 10);
+    let (mut old, eo) = open(&core, "dev");
+    old.set_will(Some(Will {
+        address: topic("wills/dev"),
+        message: Message::text("gone"),
+        delay: Duration::ZERO,
+    }));
+    let (mut new, _) = open(&core, "dev");
+    assert!(eo.take().iter().any(|e| matches!(
+        e,
+        SessionEvent::Kicked {
+            reason: KickReason::TakenOver
+        }
+    )));
+    assert_eq!(
+        old.publish(&topic("x"), Message::text("x"), PublishOptions::default()),
+        Err(BrokerError::SessionClosed)
+    );
+    assert_eq!(
+        ew.deliveries().iter().map(text).collect::<Vec<_>>(),
+        vec!["gone"]
+    );
+    new.set_will(Some(Will {
+        address: topic("wills/dev"),
+        message: Message::text("gone2"),
+        delay: Duration::ZERO,
+    }));
+    new.close(CloseKind::Clean);
+    assert!(ew.deliveries().is_empty(), "clean close discards the will");
+}
+
+#[test]
+fn consumer_lifetime_queues_vanish_with_their_consumer() {
+    let core = Core::in_memory();
+    let (mut s, _) = open(&core, "c");
+    let (name, c) = subscribe(&mut s, "t", 10);
+    assert!(core.queue_stats(&name).is_some());
+    s.cancel(c).expect("cancel");
+    assert!(core.queue_stats(&name).is_none());
+    let (mut p, _) = open(&core, "p");
+    assert_eq!(publish(&mut p, topic("t"), "x").routed, 0);
+}
+
+#[test]
+fn session_lifetime_queues_vanish_with_their_session() {
+    let core = Core::in_memory();
+    let (mut s, _) = open(&core, "c");
+    let q = s
+        .declare_queue(QueueSpec {
+            name: None,
+            durable: false,
+            lifetime: QueueLifetime::Session,
+        })
+        .expect("declare");
+    assert!(q.name.starts_with("$temp/"));
+    let (mut other, _) = open(&core, "o");
+    assert!(matches!(
+        other.consume(ConsumerSpec {
+            queue: q.name.clone(),
+            credit: CreditMode::Window(1),
+            auto_settle: true
+        }),
+        Err(BrokerError::Unauthorized(_))
+    ));
+    s.close(CloseKind::Clean);
+    assert!(core.queue_stats(&q.name).is_none());
+}
+
+#[test]
+fn unknown_deliveries_and_bad_addresses_are_errors() {
+    let config = CoreConfig {
+        auto_create_queues: false,
+        ..CoreConfig::default()
+    };
+    let core = Core::new(config, Arc::new(NoJournal), Arc::new(super::AllowAll), None);
+    let (mut s, _) = open(&core, "c");
+    assert!(matches!(
+        s.publish(
+            &queue("nope"),
+            Message::text("x"),
+            PublishOptions::default()
+        ),
+        Err(BrokerError::NotFound(_))
+    ));
+    assert!(matches!(
+        s.publish(&topic("a/+"), Message::text("x"), PublishOptions::default()),
+        Err(BrokerError::InvalidAddress(_))
+    ));
+    assert_eq!(
+        s.settle(ConsumerId(99), DeliveryTag(1), Outcome::Accept, None, false),
+        Err(BrokerError::Unknown("consumer"))
+    );
+}

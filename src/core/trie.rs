@@ -1,0 +1,234 @@
+//! Topic-filter trie: finds every filter matching a topic name without
+//! scanning all subscriptions.
+//!
+//! Each level of a filter is one edge. `+` and `#` get their own slots in a
+//! node so that matching a topic walks at most the levels of the topic times
+//! the wildcard branches that exist, independent of the number of
+//! subscriptions (the `routing` benchmark runs 100k of them).
+//!
+//! MQTT's `$` rule lives here too: a topic starting with `$` is not matched
+//! by a filter whose *first* level is a wildcard.
+
+use std::collections::HashMap;
+
+/// A trie from topic filters to values of type `V`.
+#[derive(Debug)]
+pub(crate) struct TopicTrie<V> {
+    root: Node<V>,
+    len: usize,
+}
+
+#[derive(Debug)]
+struct Node<V> {
+    children: HashMap<Box<str>, Node<V>>,
+    plus: Option<Box<Node<V>>>,
+    /// Values of filters ending in `#` at this node.
+    hash: Vec<V>,
+    /// Values of filters ending exactly at this node.
+    here: Vec<V>,
+}
+
+impl<V> Default for Node<V> {
+    fn default() -> Self {
+        Self {
+            children: HashMap::new(),
+            plus: None,
+            hash: Vec::new(),
+            here: Vec::new(),
+        }
+    }
+}
+
+impl<V> Node<V> {
+    fn is_empty(&self) -> bool {
+        self.children.is_empty()
+            && self.plus.is_none()
+            && self.hash.is_empty()
+            && self.here.is_empty()
+    }
+}
+
+impl<V> Default for TopicTrie<V> {
+    fn default() -> Self {
+        Self {
+            root: Node::default(),
+            len: 0,
+        }
+    }
+}
+
+impl<V> TopicTrie<V> {
+    /// Number of values stored.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Adds `value` under `filter`. The filter must already be valid.
+    pub(crate) fn insert(&mut self, filter: &str, value: V) {
+        let mut node = &mut self.root;
+        for level in filter.split('/') {
+            match level {
+                "#" => {
+                    node.hash.push(value);
+                    self.len += 1;
+                    return;
+                }
+                "+" => node = node.plus.get_or_insert_with(Box::default),
+                _ => node = node.children.entry(level.into()).or_default(),
+            }
+        }
+        node.here.push(value);
+        self.len += 1;
+    }
+
+    /// Removes the values under `filter` for which `pred` is true, pruning
+    /// empty nodes. Returns how many were removed.
+    pub(crate) fn remove_where(&mut self, filter: &str, mut pred: impl FnMut(&V) -> bool) -> usize {
+        let levels: Vec<&str> = filter.split('/').collect();
+        let removed = remove_rec(&mut self.root, &levels, &mut pred);
+        self.len -= removed;
+        removed
+    }
+
+    /// Calls `visit` for every value whose filter matches `topic`.
+    pub(crate) fn for_each_match<'a>(&'a self, topic: &str, mut visit: impl FnMut(&'a V)) {
+        let levels: Vec<&str> = topic.split('/').collect();
+        let dollar = topic.starts_with('$');
+        match_rec(&self.root, &levels, 0, dollar, &mut visit);
+    }
+}
+
+fn remove_rec<V>(node: &mut Node<V>, levels: &[&str], pred: &mut impl FnMut(&V) -> bool) -> usize {
+    let Some((first, rest)) = levels.split_first() else {
+        let before = node.here.len();
+        node.here.retain(|v| !pred(v));
+        return before - node.here.len();
+    };
+    match *first {
+        "#" => {
+            let before = node.hash.len();
+            node.hash.retain(|v| !pred(v));
+            before - node.hash.len()
+        }
+        "+" => {
+            let Some(child) = node.plus.as_mut() else {
+                return 0;
+            };
+            let n = remove_rec(child, rest, pred);
+            if child.is_empty() {
+                node.plus = None;
+            }
+            n
+        }
+        level => {
+            let Some(child) = node.children.get_mut(level) else {
+                return 0;
+            };
+            let n = remove_rec(child, rest, pred);
+            if child.is_empty() {
+                node.children.remove(level);
+            }
+            n
+        }
+    }
+}
+
+fn match_rec<'a, V>(
+    node: &'a Node<V>,
+    levels: &[&str],
+    depth: usize,
+    dollar: bool,
+    visit: &mut impl FnMut(&'a V),
+) {
+    // Wildcards at the first level never match `$` topics.
+    let wildcards_ok = !(dollar && depth == 0);
+    if wildcards_ok {
+        // `a/#` also matches `a` itself (the parent level).
+        node.hash.iter().for_each(&mut *visit);
+    }
+    let Some((first, rest)) = levels.split_first() else {
+        node.here.iter().for_each(visit);
+        return;
+    };
+    if let Some(child) = node.children.get(*first) {
+        match_rec(child, rest, depth + 1, dollar, visit);
+    }
+    if wildcards_ok {
+        if let Some(plus) = &node.plus {
+            match_rec(plus, rest, depth + 1, dollar, visit);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rosetta_neutral::address::topic_matches;
+
+    fn matches(trie: &TopicTrie<String>, topic: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        trie.for_each_match(topic, |v| out.push(v.clone()));
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn wildcards_and_dollar_topics() {
+        let mut t = TopicTrie::default();
+        for f in ["a/b/c", "a/+/c", "a/#", "#", "+/b/+", "$SYS/#", "+"] {
+            t.insert(f, f.to_string());
+        }
+        assert_eq!(
+            matches(&t, "a/b/c"),
+            vec!["#", "+/b/+", "a/#", "a/+/c", "a/b/c"]
+        );
+        assert_eq!(matches(&t, "a"), vec!["#", "+", "a/#"]);
+        assert_eq!(matches(&t, "$SYS/broker"), vec!["$SYS/#"]);
+        assert_eq!(t.len(), 7);
+        assert_eq!(t.remove_where("a/+/c", |_| true), 1);
+        assert_eq!(matches(&t, "a/x/c"), vec!["#", "a/#"]);
+        assert_eq!(t.remove_where("nope/x", |_| true), 0);
+    }
+
+    fn level() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("a".to_string()),
+            Just("b".to_string()),
+            Just("$s".to_string()),
+            Just(String::new())
+        ]
+    }
+
+    fn filter() -> impl Strategy<Value = String> {
+        (
+            proptest::collection::vec(prop_oneof![level(), Just("+".to_string())], 1..4),
+            any::<bool>(),
+        )
+            .prop_map(|(mut levels, hash)| {
+                if hash {
+                    levels.push("#".into());
+                }
+                levels.join("/")
+            })
+    }
+
+    proptest! {
+        /// The trie agrees with the reference matcher on every filter/topic pair.
+        #[test]
+        fn trie_agrees_with_reference(filters in proptest::collection::vec(filter(), 1..20),
+                                      topic in proptest::collection::vec(level(), 1..5)) {
+            let topic = topic.join("/");
+            let mut t = TopicTrie::default();
+            for (i, f) in filters.iter().enumerate() {
+                t.insert(f, i);
+            }
+            let mut got = Vec::new();
+            t.for_each_match(&topic, |i| got.push(*i));
+            got.sort();
+            let want: Vec<usize> = filters.iter().enumerate()
+                .filter(|(_, f)| topic_matches(f, &topic)).map(|(i, _)| i).collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+}

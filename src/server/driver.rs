@@ -1,0 +1,134 @@
+//! Drives one sans-IO protocol connection over one transport.
+//!
+//! The adapters are state machines; this is the only place their bytes meet
+//! a socket. One task per connection: it reads, feeds the state machine,
+//! forwards the core's events, fires timers, and writes everything the
+//! machine produced with one write and one flush per loop turn, so a burst
+//! of deliveries costs one syscall, not one per frame.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rosetta_neutral::{EventSink, SessionEvent};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+/// Bytes read from the socket per read call.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Events handled per loop turn before output is flushed: bounds the
+/// latency one busy consumer adds to the others on this connection.
+const EVENTS_PER_TURN_MAX: usize = 1024;
+
+/// What the driver needs from a protocol state machine. Every adapter
+/// exposes these as inherent methods; the impls in `protocols.rs` forward.
+pub(crate) trait ProtocolConnection: Send + 'static {
+    fn handle_input(&mut self, now: Instant, data: &[u8]);
+    fn handle_event(&mut self, now: Instant, event: SessionEvent);
+    fn handle_timeout(&mut self, now: Instant);
+    fn poll_timeout(&self) -> Option<Instant>;
+    fn poll_transmit(&mut self, out: &mut Vec<u8>);
+    fn wants_input(&self) -> bool;
+    fn is_closed(&self) -> bool;
+    fn handle_transport_closed(&mut self, now: Instant);
+}
+
+/// The core's event sink for one connection: an unbounded channel into the
+/// connection task. Unbounded is safe here because every producer is itself
+/// bounded: deliveries by consumer credit, commits by the adapter's limit on
+/// pending commits.
+pub(crate) struct ChannelSink(mpsc::UnboundedSender<SessionEvent>);
+
+impl EventSink for ChannelSink {
+    fn send(&self, event: SessionEvent) {
+        // The receiver is gone only when the connection task ended; the core
+        // reclaims the session's deliveries when the session closes.
+        let _ = self.0.send(event);
+    }
+}
+
+/// A sink and its receiving end.
+pub(crate) fn event_channel() -> (Arc<ChannelSink>, mpsc::UnboundedReceiver<SessionEvent>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (Arc::new(ChannelSink(tx)), rx)
+}
+
+/// Runs `conn` over `io` until either side closes.
+pub(crate) async fn drive<C, T>(
+    mut conn: C,
+    mut io: T,
+    mut events: mpsc::UnboundedReceiver<SessionEvent>,
+    span: tracing::Span,
+) where
+    C: ProtocolConnection,
+    T: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    async move {
+        let mut rbuf = vec![0u8; READ_CHUNK_BYTES];
+        let mut out = Vec::with_capacity(READ_CHUNK_BYTES);
+        let mut events_open = true;
+        loop {
+            conn.poll_transmit(&mut out);
+            if !out.is_empty() {
+                let written = async {
+                    io.write_all(&out).await?;
+                    io.flush().await
+                }
+                .await;
+                out.clear();
+                if let Err(e) = written {
+                    tracing::debug!(error = %e, "write failed; closing");
+                    conn.handle_transport_closed(Instant::now());
+                    break;
+                }
+            }
+            if conn.is_closed() {
+                let _ = io.shutdown().await;
+                break;
+            }
+            let deadline = conn.poll_timeout();
+            let sleep = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                read = io.read(&mut rbuf), if conn.wants_input() => match read {
+                    Ok(0) => {
+                        tracing::debug!("peer closed the connection");
+                        conn.handle_transport_closed(Instant::now());
+                        conn.poll_transmit(&mut out);
+                        break;
+                    }
+                    Ok(n) => conn.handle_input(Instant::now(), &rbuf[..n]),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "read failed; closing");
+                        conn.handle_transport_closed(Instant::now());
+                        break;
+                    }
+                },
+                event = events.recv(), if events_open => match event {
+                    Some(event) => {
+                        let now = Instant::now();
+                        conn.handle_event(now, event);
+                        for _ in 1..EVENTS_PER_TURN_MAX {
+                            match events.try_recv() {
+                                Ok(event) => conn.handle_event(now, event),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                    None => events_open = false,
+                },
+                () = sleep => conn.handle_timeout(Instant::now()),
+            }
+        }
+        if !out.is_empty() {
+            let _ = io.write_all(&out).await;
+        }
+        tracing::debug!("connection finished");
+    }
+    .instrument(span)
+    .await;
+}
