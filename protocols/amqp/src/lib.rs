@@ -1,12 +1,48 @@
-//! AMQP 1.0 server engine (work in progress: codec layer only so far).
+//! Rosetta's AMQP 1.0 server side: a sans-IO connection engine.
+//!
+//! `fe2o3-amqp-types` and `serde_amqp` are used as the codec only; the
+//! engine (framing, SASL, sessions, links, credit, settlement, transactions)
+//! is ours, so that it fits the broker core and batches its output.
+//!
+//! ## Layout
+//! - [`frame`]: bounds-checked protocol-header and frame parsing/encoding;
+//! - `codec`: value-length scanning, descriptor peeking, encode into a buffer;
+//! - `sasl`: ANONYMOUS, PLAIN, SCRAM-SHA-256;
+//! - `connection`: the [`AmqpConnection`] state machine, Open/Close, idle
+//!   timeouts, dispatch, error scoping;
+//! - `session`: Begin/End, windows, dispositions;
+//! - `link`: Attach/Detach, addresses, credit;
+//! - `delivery`: transfers both ways, commits, drain;
+//! - `message`: AMQP sections <-> [`rosetta_neutral::Message`];
+//! - `coordinator`: transactions;
+//! - [`error`]: [`AmqpError`] and the one mapping to AMQP conditions.
+//!
+//! ## Driving it
+//! The driver feeds socket bytes to [`AmqpConnection::handle_input`], core
+//! events to [`AmqpConnection::handle_event`], calls
+//! [`AmqpConnection::handle_timeout`] at [`AmqpConnection::poll_timeout`],
+//! and writes what [`AmqpConnection::poll_transmit`] appends, once per loop
+//! turn. No call blocks and none does IO.
 #![warn(missing_docs)]
-// The connection engine that uses these helpers lands in the next commits.
-#![allow(dead_code)]
 // Tests unwrap freely: a panic there is a failed assertion, not peer input.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod codec;
+mod config;
+mod connection;
+mod coordinator;
+mod delivery;
+pub mod error;
 pub mod frame;
+mod link;
 mod message;
+mod sasl;
+mod session;
+
+#[cfg(test)]
+mod tests;
 
 pub use codec::CodecError;
+pub use config::*;
+pub use connection::AmqpConnection;
+pub use error::AmqpError;

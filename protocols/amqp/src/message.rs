@@ -517,10 +517,12 @@ mod tests {
 
         let mut raw = Vec::new();
         enc(&mut raw, &AmqpValue(42i64));
-        let mut m = Message::default();
-        m.body = Body {
-            kind: BodyKind::AmqpValue,
-            bytes: Bytes::from(raw.clone()),
+        let m = Message {
+            body: Body {
+                kind: BodyKind::AmqpValue,
+                bytes: Bytes::from(raw.clone()),
+            },
+            ..Message::default()
         };
         let del = delivery(m);
         let body = encode_head(&mut head, &del, 0).unwrap();

@@ -1,0 +1,711 @@
+//! The connection state machine: protocol headers, SASL, Open/Close, idle
+//! timeouts, frame dispatch to sessions, and the core's events.
+//!
+//! ```text
+//!  Header ──SASL hdr──▶ Sasl ──outcome ok──▶ SaslDone ──AMQP hdr──▶ AwaitOpen
+//!    │                   └─ outcome auth ──▶ Closed                   │ Open
+//!    └──AMQP hdr (anonymous allowed)──────────────────────────────────┘
+//!  AwaitOpen ──Open──▶ Opened ──Close / error──▶ CloseSent ──Close──▶ Closed
+//! ```
+//!
+//! Every handler returns `Result<(), Fault>`; [`Fault`] says what the error
+//! breaks (a link, a session, the connection), and `apply_fault` closes only
+//! that. Output frames are appended to one buffer and handed to the driver in
+//! [`AmqpConnection::poll_transmit`], which also coalesces the accepted
+//! dispositions produced by a burst of commits into ranges.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fe2o3_amqp_types::definitions::Handle;
+use fe2o3_amqp_types::performatives::{
+    ChannelMax, Close, Detach, End, MaxFrameSize, Open, Performative,
+};
+use fe2o3_amqp_types::primitives::{Array, Symbol};
+use fe2o3_amqp_types::sasl::{SaslCode, SaslInit, SaslMechanisms, SaslOutcome, SaslResponse};
+use rosetta_neutral::{
+    Broker, CloseKind, ConsumerId, EventSink, KickReason, Principal, Protocol, Session,
+    SessionEvent, SessionInfo, Ticket, TxnId,
+};
+use serde::Serialize;
+use tracing::{debug, trace, warn};
+
+use crate::codec;
+use crate::config::AmqpConfig;
+use crate::error::AmqpError;
+use crate::frame::{
+    self, Frame, FrameDecoder, ProtocolHeader, FRAME_TYPE_AMQP, FRAME_TYPE_SASL,
+    MIN_MAX_FRAME_SIZE, PROTOCOL_ID_AMQP, PROTOCOL_ID_SASL,
+};
+use crate::sasl::{self, SaslServer, SaslStep};
+use crate::session::AmqpSession;
+
+/// Capability offered in Open so Qpid JMS uses one anonymous-relay link for
+/// all producers without a fixed destination.
+const ANONYMOUS_RELAY: &str = "ANONYMOUS-RELAY";
+
+/// What an error breaks.
+#[derive(Debug)]
+pub(crate) enum Fault {
+    /// Close the connection.
+    Connection(AmqpError),
+    /// End the session the frame arrived on.
+    Session(AmqpError),
+    /// Detach this link (by handle) with the error.
+    Link(u32, AmqpError),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for the first protocol header.
+    Header,
+    /// SASL frames.
+    Sasl,
+    /// SASL succeeded; waiting for the AMQP protocol header.
+    SaslDone,
+    /// Headers exchanged; waiting for Open.
+    AwaitOpen,
+    /// Open exchanged.
+    Opened,
+    /// We sent Close and wait for the peer's.
+    CloseSent,
+    /// Done: the driver flushes and closes the socket.
+    Closed,
+}
+
+/// A durable operation whose [`SessionEvent::Committed`] we wait for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PendingCommit {
+    /// An unsettled transfer: dispose it accepted.
+    Transfer {
+        channel: u16,
+        handle: u32,
+        serial: u64,
+        delivery_id: u32,
+    },
+    /// A discharge on a coordinator link: dispose it once the commit is on disk.
+    Discharge {
+        channel: u16,
+        handle: u32,
+        serial: u64,
+        delivery_id: u32,
+    },
+}
+
+/// A sans-IO AMQP 1.0 server connection (see the crate docs for the shape).
+pub struct AmqpConnection {
+    pub(crate) cfg: AmqpConfig,
+    pub(crate) broker: Arc<dyn Broker>,
+    sink: Arc<dyn EventSink>,
+    pub(crate) conn_id: u64,
+    decoder: FrameDecoder,
+    pub(crate) out: Vec<u8>,
+    /// Reused buffer for the non-body sections of outgoing messages.
+    pub(crate) scratch: Vec<u8>,
+    phase: Phase,
+    sasl: SaslServer,
+    principal: Option<Principal>,
+    pub(crate) core: Option<Box<dyn Session>>,
+    /// The peer's container id, from its Open.
+    pub(crate) container_id: String,
+    /// The peer's max-frame-size: our outgoing frames stay within it.
+    pub(crate) peer_max_frame: u32,
+    channel_max: u16,
+    peer_idle: Option<Duration>,
+    pub(crate) now: Instant,
+    last_recv: Instant,
+    last_send: Instant,
+    handshake_deadline: Option<Instant>,
+    close_deadline: Option<Instant>,
+    pub(crate) blocked_recheck: Option<Instant>,
+    /// Sessions by the peer's channel (we mirror it as our channel).
+    pub(crate) sessions: HashMap<u16, AmqpSession>,
+    /// Where each consumer's deliveries go: (channel, handle).
+    pub(crate) consumers: HashMap<ConsumerId, (u16, u32)>,
+    pub(crate) tickets: HashMap<Ticket, PendingCommit>,
+    /// Declared transactions by their wire id.
+    pub(crate) txns: HashMap<u64, TxnId>,
+    pub(crate) next_link_serial: u64,
+    error: Option<AmqpError>,
+}
+
+impl AmqpConnection {
+    /// A connection that has accepted a socket and waits for the client's
+    /// protocol header.
+    pub fn new(
+        config: AmqpConfig,
+        broker: Arc<dyn Broker>,
+        sink: Arc<dyn EventSink>,
+        conn_id: u64,
+        now: Instant,
+    ) -> Self {
+        let handshake = Duration::from_millis(config.handshake_timeout_ms);
+        Self {
+            peer_max_frame: MIN_MAX_FRAME_SIZE,
+            channel_max: config.channel_max,
+            cfg: config,
+            broker,
+            sink,
+            conn_id,
+            decoder: FrameDecoder::new(),
+            out: Vec::new(),
+            scratch: Vec::new(),
+            phase: Phase::Header,
+            sasl: SaslServer::default(),
+            principal: None,
+            core: None,
+            container_id: String::new(),
+            peer_idle: None,
+            now,
+            last_recv: now,
+            last_send: now,
+            handshake_deadline: Some(now + handshake),
+            close_deadline: None,
+            blocked_recheck: None,
+            sessions: HashMap::new(),
+            consumers: HashMap::new(),
+            tickets: HashMap::new(),
+            txns: HashMap::new(),
+            next_link_serial: 0,
+            error: None,
+        }
+    }
+
+    /// Bytes read from the socket (any split: partial frames, many frames).
+    pub fn handle_input(&mut self, now: Instant, data: &[u8]) {
+        self.now = now;
+        if matches!(self.phase, Phase::Closed) {
+            return;
+        }
+        self.last_recv = now;
+        self.decoder.push(data);
+        loop {
+            match self.phase {
+                Phase::Closed => return,
+                Phase::Header | Phase::SaslDone => match self.decoder.next_protocol_header() {
+                    Ok(None) => return,
+                    Ok(Some(h)) => self.on_protocol_header(h),
+                    Err(e) => self.fail(AmqpError::Frame(e)),
+                },
+                phase => {
+                    let max = if matches!(phase, Phase::Opened | Phase::CloseSent) {
+                        self.cfg.frame_size_max_bytes
+                    } else {
+                        self.cfg.handshake_frame_size_max_bytes
+                    };
+                    match self.decoder.next_frame(max) {
+                        Ok(None) => return,
+                        Ok(Some(f)) => self.on_frame(f),
+                        Err(e) => self.fail(AmqpError::Frame(e)),
+                    }
+                }
+            }
+        }
+    }
+
+    /// An event the core sent to this connection's sink.
+    pub fn handle_event(&mut self, now: Instant, event: SessionEvent) {
+        self.now = now;
+        if matches!(self.phase, Phase::Closed) {
+            return;
+        }
+        match event {
+            SessionEvent::Delivery(d) => self.on_delivery(d),
+            SessionEvent::Committed { ticket, result } => self.on_committed(ticket, result),
+            SessionEvent::Drained { consumer } => self.on_drained(consumer),
+            SessionEvent::ConsumerClosed { consumer, reason } => {
+                if let Some(&(ch, handle)) = self.consumers.get(&consumer) {
+                    self.apply_fault(ch, Fault::Link(handle, AmqpError::Broker(reason)));
+                }
+            }
+            SessionEvent::Kicked { reason } => {
+                let why = match reason {
+                    KickReason::TakenOver => "container id taken over by another connection",
+                    KickReason::ServerShutdown => "broker shutting down",
+                };
+                self.fail(AmqpError::Forced(why.into()));
+            }
+        }
+    }
+
+    /// Timers: handshake, idle (both ways), close wait, credit re-check.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.now = now;
+        match self.phase {
+            Phase::Closed => {}
+            Phase::CloseSent => {
+                if self.close_deadline.is_some_and(|d| now >= d) {
+                    debug!(conn = self.conn_id, "peer did not answer our close");
+                    self.phase = Phase::Closed;
+                }
+            }
+            Phase::Opened => {
+                if let Some(idle) = self.our_idle() {
+                    if now >= self.last_recv + idle {
+                        // A silent peer is probably gone: say why once and
+                        // stop, without waiting for a Close it cannot send.
+                        self.fail(AmqpError::ResourceLimit(
+                            "local-idle-timeout expired".into(),
+                        ));
+                        self.phase = Phase::Closed;
+                        return;
+                    }
+                }
+                if let Some(half) = self.peer_idle.map(|d| d / 2) {
+                    if now >= self.last_send + half {
+                        trace!(conn = self.conn_id, "heartbeat");
+                        frame::write_empty_frame(&mut self.out);
+                        self.last_send = now;
+                    }
+                }
+                if self.blocked_recheck.is_some_and(|t| now >= t) {
+                    self.blocked_recheck = None;
+                    self.recheck_withheld_credit();
+                }
+            }
+            _ => {
+                if self.handshake_deadline.is_some_and(|d| now >= d) {
+                    debug!(conn = self.conn_id, "handshake timeout");
+                    self.fail(AmqpError::ResourceLimit("handshake timeout".into()));
+                    self.phase = Phase::Closed;
+                }
+            }
+        }
+    }
+
+    /// The next instant [`Self::handle_timeout`] must be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Closed => None,
+            Phase::CloseSent => self.close_deadline,
+            Phase::Opened => [
+                self.our_idle().map(|d| self.last_recv + d),
+                self.peer_idle.map(|d| self.last_send + d / 2),
+                self.blocked_recheck,
+            ]
+            .into_iter()
+            .flatten()
+            .min(),
+            _ => self.handshake_deadline,
+        }
+    }
+
+    /// Appends all bytes that should be written to the socket now.
+    pub fn poll_transmit(&mut self, out: &mut Vec<u8>) {
+        self.flush_dispositions();
+        if self.out.is_empty() {
+            return;
+        }
+        self.last_send = self.now;
+        if out.is_empty() {
+            // Hand our buffer over and keep the caller's capacity: no copy.
+            std::mem::swap(out, &mut self.out);
+        } else {
+            out.extend_from_slice(&self.out);
+            self.out.clear();
+        }
+    }
+
+    /// False while the driver should stop reading: too many durable commits
+    /// are pending.
+    pub fn wants_input(&self) -> bool {
+        !matches!(self.phase, Phase::Closed) && self.tickets.len() < self.cfg.pending_commits_max
+    }
+
+    /// True once the connection is finished.
+    pub fn is_closed(&self) -> bool {
+        matches!(self.phase, Phase::Closed)
+    }
+
+    /// The fatal error that closed the connection, if any.
+    pub fn error(&self) -> Option<&AmqpError> {
+        self.error.as_ref()
+    }
+
+    /// The transport died: close the core session abnormally.
+    pub fn handle_transport_closed(&mut self, now: Instant) {
+        self.now = now;
+        if let Err(e) = self.decoder.finish() {
+            debug!(conn = self.conn_id, error = %e, "transport closed mid-frame");
+        }
+        if !matches!(self.phase, Phase::Closed) {
+            debug!(conn = self.conn_id, "transport closed");
+        }
+        self.close_core(CloseKind::Abnormal);
+        self.phase = Phase::Closed;
+    }
+
+    fn our_idle(&self) -> Option<Duration> {
+        (self.cfg.idle_timeout_ms > 0)
+            .then(|| Duration::from_millis(self.cfg.idle_timeout_ms.into()))
+    }
+
+    pub(crate) fn close_core(&mut self, kind: CloseKind) {
+        if let Some(mut core) = self.core.take() {
+            core.close(kind);
+        }
+        self.consumers.clear();
+        self.tickets.clear();
+    }
+
+    // ---- headers and SASL ----
+
+    fn on_protocol_header(&mut self, h: ProtocolHeader) {
+        match (self.phase, h.protocol_id) {
+            (Phase::Header, PROTOCOL_ID_SASL) => {
+                self.out
+                    .extend_from_slice(&frame::protocol_header(PROTOCOL_ID_SASL));
+                let mechs = SaslMechanisms {
+                    sasl_server_mechanisms: Array(
+                        sasl::mechanisms(&*self.broker)
+                            .into_iter()
+                            .map(Symbol::from)
+                            .collect(),
+                    ),
+                };
+                write_frame(&mut self.out, FRAME_TYPE_SASL, 0, &mechs, &[]);
+                self.phase = Phase::Sasl;
+            }
+            (Phase::Header, PROTOCOL_ID_AMQP) if self.broker.anonymous_allowed() => {
+                // A client that skips SASL is anonymous.
+                self.principal = Some(Principal::anonymous());
+                self.out
+                    .extend_from_slice(&frame::protocol_header(PROTOCOL_ID_AMQP));
+                self.phase = Phase::AwaitOpen;
+            }
+            (Phase::SaslDone, PROTOCOL_ID_AMQP) => {
+                self.out
+                    .extend_from_slice(&frame::protocol_header(PROTOCOL_ID_AMQP));
+                self.phase = Phase::AwaitOpen;
+            }
+            (_, id) => {
+                // Answer with the header we want, then close (spec 2.2).
+                debug!(conn = self.conn_id, id, "protocol header refused");
+                let want = if self.phase == Phase::SaslDone {
+                    PROTOCOL_ID_AMQP
+                } else {
+                    PROTOCOL_ID_SASL
+                };
+                self.out.extend_from_slice(&frame::protocol_header(want));
+                self.error = Some(AmqpError::NotAllowed(format!(
+                    "protocol id {id} not accepted here"
+                )));
+                self.phase = Phase::Closed;
+            }
+        }
+    }
+
+    fn on_sasl_frame(&mut self, f: Frame) -> Result<(), Fault> {
+        if f.frame_type != FRAME_TYPE_SASL {
+            return Err(Fault::Connection(AmqpError::IllegalState(
+                "AMQP frame during SASL".into(),
+            )));
+        }
+        let body = &f.body[..];
+        let len = codec::value_len(body).map_err(|e| Fault::Connection(e.into()))?;
+        let step = match codec::descriptor_code(body) {
+            Some(0x41) => {
+                let init: SaslInit = codec::decode("sasl-init", &body[..len])
+                    .map_err(|e| Fault::Connection(e.into()))?;
+                let resp = init.initial_response.as_ref().map(|b| b.as_slice());
+                self.sasl
+                    .on_init(&*self.broker, init.mechanism.as_str(), resp)
+            }
+            Some(0x43) => {
+                let resp: SaslResponse = codec::decode("sasl-response", &body[..len])
+                    .map_err(|e| Fault::Connection(e.into()))?;
+                self.sasl.on_response(resp.response.as_slice())
+            }
+            _ => {
+                return Err(Fault::Connection(AmqpError::IllegalState(
+                    "unexpected SASL frame".into(),
+                )))
+            }
+        };
+        match step {
+            SaslStep::Challenge(c) => {
+                let ch = fe2o3_amqp_types::sasl::SaslChallenge {
+                    challenge: c.into(),
+                };
+                write_frame(&mut self.out, FRAME_TYPE_SASL, 0, &ch, &[]);
+            }
+            SaslStep::Success {
+                principal,
+                additional_data,
+            } => {
+                debug!(conn = self.conn_id, user = ?principal.user, "SASL ok");
+                let outcome = SaslOutcome {
+                    code: SaslCode::Ok,
+                    additional_data: additional_data.map(Into::into),
+                };
+                write_frame(&mut self.out, FRAME_TYPE_SASL, 0, &outcome, &[]);
+                self.principal = Some(principal);
+                self.phase = Phase::SaslDone;
+            }
+            SaslStep::Failure(why) => {
+                debug!(conn = self.conn_id, %why, "SASL failed");
+                let outcome = SaslOutcome {
+                    code: SaslCode::Auth,
+                    additional_data: None,
+                };
+                write_frame(&mut self.out, FRAME_TYPE_SASL, 0, &outcome, &[]);
+                self.error = Some(AmqpError::Broker(
+                    rosetta_neutral::BrokerError::Unauthorized(why),
+                ));
+                self.phase = Phase::Closed;
+            }
+        }
+        Ok(())
+    }
+
+    // ---- frames ----
+
+    fn on_frame(&mut self, f: Frame) {
+        let channel = f.channel;
+        let result = match self.phase {
+            Phase::Sasl => self.on_sasl_frame(f),
+            Phase::AwaitOpen | Phase::Opened | Phase::CloseSent => self.on_amqp_frame(f),
+            Phase::Header | Phase::SaslDone | Phase::Closed => Ok(()),
+        };
+        if let Err(fault) = result {
+            self.apply_fault(channel, fault);
+        }
+    }
+
+    fn on_amqp_frame(&mut self, f: Frame) -> Result<(), Fault> {
+        if f.frame_type != FRAME_TYPE_AMQP {
+            return Err(Fault::Connection(AmqpError::IllegalState(
+                "SASL frame after SASL".into(),
+            )));
+        }
+        if f.body.is_empty() {
+            trace!(conn = self.conn_id, "empty frame");
+            return Ok(());
+        }
+        let len = codec::value_len(&f.body).map_err(|e| Fault::Connection(e.into()))?;
+        let perf: Performative = codec::decode("performative", &f.body[..len])
+            .map_err(|e| Fault::Connection(e.into()))?;
+        let payload = f.body.slice(len..);
+        trace!(conn = self.conn_id, channel = f.channel, ?perf, "recv");
+        match self.phase {
+            Phase::AwaitOpen => match perf {
+                Performative::Open(open) if f.channel == 0 => self.on_open(open),
+                _ => Err(Fault::Connection(AmqpError::IllegalState(
+                    "expected open".into(),
+                ))),
+            },
+            Phase::CloseSent => {
+                if let Performative::Close(_) = perf {
+                    self.phase = Phase::Closed;
+                }
+                Ok(())
+            }
+            _ => self.dispatch(f.channel, perf, payload),
+        }
+    }
+
+    fn dispatch(&mut self, ch: u16, perf: Performative, payload: Bytes) -> Result<(), Fault> {
+        match perf {
+            Performative::Open(_) => Err(Fault::Connection(AmqpError::IllegalState(
+                "second open".into(),
+            ))),
+            Performative::Close(close) => {
+                if let Some(e) = &close.error {
+                    debug!(conn = self.conn_id, error = ?e, "peer closed with error");
+                }
+                write_perf(&mut self.out, 0, &Close { error: None }, &[]);
+                self.close_core(CloseKind::Clean);
+                self.sessions.clear();
+                self.phase = Phase::Closed;
+                Ok(())
+            }
+            Performative::Begin(b) => self.on_begin(ch, b),
+            other => {
+                let Some(session) = self.sessions.get(&ch) else {
+                    return Err(Fault::Connection(AmqpError::NotAllowed(format!(
+                        "frame on unmapped channel {ch}"
+                    ))));
+                };
+                if session.ending {
+                    // We ended it with an error: drop frames until its End.
+                    if let Performative::End(_) = other {
+                        self.sessions.remove(&ch);
+                    }
+                    return Ok(());
+                }
+                match other {
+                    Performative::End(e) => self.on_end(ch, e),
+                    Performative::Attach(a) => self.on_attach(ch, a),
+                    Performative::Flow(fl) => self.on_flow(ch, fl),
+                    Performative::Transfer(t) => self.on_transfer(ch, t, payload),
+                    Performative::Disposition(d) => self.on_disposition(ch, d),
+                    Performative::Detach(d) => self.on_detach(ch, d),
+                    Performative::Open(_) | Performative::Close(_) | Performative::Begin(_) => {
+                        Ok(())
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_open(&mut self, open: Open) -> Result<(), Fault> {
+        self.peer_max_frame = open.max_frame_size.0.max(MIN_MAX_FRAME_SIZE);
+        self.channel_max = self.cfg.channel_max.min(open.channel_max.0);
+        self.peer_idle = open
+            .idle_time_out
+            .filter(|ms| *ms > 0)
+            .map(|ms| Duration::from_millis(ms.into()));
+        self.container_id = open.container_id.clone();
+        let principal = self.principal.clone().unwrap_or_else(Principal::anonymous);
+        let info = SessionInfo {
+            conn_id: self.conn_id,
+            protocol: Protocol::Amqp,
+            principal,
+            client_id: Some(open.container_id),
+            take_over: false,
+        };
+        self.core = Some(self.broker.open_session(info, self.sink.clone()));
+        let ours = Open {
+            container_id: self.cfg.container_id.clone(),
+            hostname: None,
+            max_frame_size: MaxFrameSize(self.cfg.frame_size_max_bytes),
+            channel_max: ChannelMax(self.cfg.channel_max),
+            idle_time_out: (self.cfg.idle_timeout_ms > 0).then_some(self.cfg.idle_timeout_ms),
+            outgoing_locales: None,
+            incoming_locales: None,
+            offered_capabilities: Some(Array(vec![Symbol::from(ANONYMOUS_RELAY)])),
+            desired_capabilities: None,
+            properties: None,
+        };
+        write_perf(&mut self.out, 0, &ours, &[]);
+        self.handshake_deadline = None;
+        self.phase = Phase::Opened;
+        debug!(conn = self.conn_id, container = %self.container_id, "open");
+        Ok(())
+    }
+
+    pub(crate) fn channel_max(&self) -> u16 {
+        self.channel_max
+    }
+
+    // ---- errors ----
+
+    pub(crate) fn apply_fault(&mut self, ch: u16, fault: Fault) {
+        match fault {
+            Fault::Connection(e) => self.fail(e),
+            Fault::Session(e) => self.end_session_with_error(ch, e),
+            Fault::Link(handle, e) => self.detach_with_error(ch, handle, e),
+        }
+    }
+
+    /// Closes the connection with `e`, as far as the handshake allows.
+    pub(crate) fn fail(&mut self, e: AmqpError) {
+        warn!(conn = self.conn_id, error = %e, "closing connection");
+        match self.phase {
+            Phase::Opened => {
+                write_perf(
+                    &mut self.out,
+                    0,
+                    &Close {
+                        error: Some(e.to_wire()),
+                    },
+                    &[],
+                );
+                self.phase = Phase::CloseSent;
+                self.close_deadline =
+                    Some(self.now + Duration::from_millis(self.cfg.close_timeout_ms));
+            }
+            Phase::AwaitOpen => {
+                // An error before Open: send Open then Close (spec 2.4.3).
+                let open = Open {
+                    container_id: self.cfg.container_id.clone(),
+                    hostname: None,
+                    max_frame_size: MaxFrameSize(self.cfg.frame_size_max_bytes),
+                    channel_max: ChannelMax(0),
+                    idle_time_out: None,
+                    outgoing_locales: None,
+                    incoming_locales: None,
+                    offered_capabilities: None,
+                    desired_capabilities: None,
+                    properties: None,
+                };
+                write_perf(&mut self.out, 0, &open, &[]);
+                write_perf(
+                    &mut self.out,
+                    0,
+                    &Close {
+                        error: Some(e.to_wire()),
+                    },
+                    &[],
+                );
+                self.phase = Phase::Closed;
+            }
+            Phase::CloseSent | Phase::Closed => self.phase = Phase::Closed,
+            Phase::Header | Phase::Sasl | Phase::SaslDone => self.phase = Phase::Closed,
+        }
+        self.close_core(CloseKind::Abnormal);
+        self.sessions.clear();
+        self.error.get_or_insert(e);
+    }
+
+    fn end_session_with_error(&mut self, ch: u16, e: AmqpError) {
+        debug!(conn = self.conn_id, channel = ch, error = %e, "ending session");
+        self.cleanup_session_links(ch);
+        if let Some(s) = self.sessions.get_mut(&ch) {
+            s.ending = true;
+            write_perf(
+                &mut self.out,
+                s.local_channel,
+                &End {
+                    error: Some(e.to_wire()),
+                },
+                &[],
+            );
+        }
+    }
+
+    fn detach_with_error(&mut self, ch: u16, handle: u32, e: AmqpError) {
+        debug!(conn = self.conn_id, channel = ch, handle, error = %e, "detaching link");
+        self.remove_link(ch, handle, false);
+        if let Some(s) = self.sessions.get_mut(&ch) {
+            s.detaching.insert(handle);
+            write_perf(
+                &mut self.out,
+                s.local_channel,
+                &Detach {
+                    handle: Handle(handle),
+                    closed: true,
+                    error: Some(e.to_wire()),
+                },
+                &[],
+            );
+        }
+    }
+}
+
+/// Appends one frame: header, `body` encoded, then `payload`.
+pub(crate) fn write_frame<T: Serialize>(
+    out: &mut Vec<u8>,
+    frame_type: u8,
+    channel: u16,
+    body: &T,
+    payload: &[u8],
+) {
+    let start = frame::begin_frame(out, frame_type, channel);
+    if let Err(e) = codec::encode_into(out, body) {
+        // Our own values always encode; if one does not, drop the frame
+        // rather than send garbage.
+        tracing::error!(error = %e, "failed to encode a frame");
+        out.truncate(start);
+        return;
+    }
+    out.extend_from_slice(payload);
+    frame::finish_frame(out, start);
+}
+
+/// Appends one AMQP performative frame.
+pub(crate) fn write_perf<T: Serialize>(out: &mut Vec<u8>, channel: u16, perf: &T, payload: &[u8]) {
+    write_frame(out, FRAME_TYPE_AMQP, channel, perf, payload);
+}

@@ -1,0 +1,520 @@
+//! Transfers both ways: client publishes (single or multi-frame, settled
+//! or not, transactional) and broker deliveries (split at the peer's
+//! max-frame-size), plus the core's Committed and Drained events.
+//!
+//! An unsettled publish is disposed `accepted` only when its commit ticket
+//! comes back; a pre-settled one is published with no confirmation.
+
+use bytes::{Bytes, BytesMut};
+use fe2o3_amqp_types::definitions::Handle;
+use fe2o3_amqp_types::definitions::Role;
+use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Outcome as AmqpOutcome, Rejected};
+use fe2o3_amqp_types::performatives::{Disposition, Transfer};
+use fe2o3_amqp_types::transaction::TransactionalState;
+use rosetta_neutral::address::validate_topic_name;
+use rosetta_neutral::{
+    Address, BrokerError, ConsumerId, Delivery, Guarantee, PublishOptions, Ticket,
+};
+use tracing::{debug, trace};
+
+use crate::connection::{write_perf, AmqpConnection, Fault, PendingCommit};
+use crate::error::AmqpError;
+use crate::frame;
+use crate::link::{LinkKind, Partial};
+use crate::message;
+use crate::session::{OutDelivery, Queued};
+
+/// A complete incoming delivery.
+pub(crate) struct Incoming {
+    pub(crate) delivery_id: u32,
+    pub(crate) settled: bool,
+    pub(crate) txn: Option<Vec<u8>>,
+    pub(crate) payload: Bytes,
+}
+
+impl AmqpConnection {
+    pub(crate) fn on_transfer(
+        &mut self,
+        ch: u16,
+        t: Transfer,
+        payload: Bytes,
+    ) -> Result<(), Fault> {
+        let size_max = self.cfg.message_size_max_bytes;
+        let window_full = self.cfg.session_window_frames;
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return Ok(());
+        };
+        if s.incoming_window == 0 {
+            return Err(Fault::Session(AmqpError::WindowViolation(
+                "transfer beyond the incoming window".into(),
+            )));
+        }
+        s.incoming_window -= 1;
+        s.next_incoming_id = s.next_incoming_id.wrapping_add(1);
+        let reopen_window = s.incoming_window <= window_full / 2;
+        if reopen_window {
+            s.incoming_window = window_full;
+            let flow = s.flow();
+            write_perf(&mut self.out, s.local_channel, &flow, &[]);
+        }
+        let handle = t.handle.0;
+        let Some(link) = s.links.get_mut(&handle) else {
+            if s.detaching.contains(&handle) {
+                return Ok(());
+            }
+            return Err(Fault::Session(AmqpError::UnattachedHandle(handle)));
+        };
+        let LinkKind::Incoming(i) = &mut link.kind else {
+            return Err(Fault::Link(
+                handle,
+                AmqpError::IllegalState("transfer on a link where the broker sends".into()),
+            ));
+        };
+        let coordinator = i.coordinator;
+        let complete = match i.partial.take() {
+            None => {
+                let Some(delivery_id) = t.delivery_id else {
+                    return Err(Fault::Link(
+                        handle,
+                        AmqpError::InvalidField("first transfer without delivery-id".into()),
+                    ));
+                };
+                if i.credit_limit == i.delivery_count {
+                    return Err(Fault::Link(
+                        handle,
+                        AmqpError::TransferLimitExceeded("transfer without link credit".into()),
+                    ));
+                }
+                i.delivery_count = i.delivery_count.wrapping_add(1);
+                if t.aborted {
+                    return Ok(());
+                }
+                let settled = i.presettled || t.settled.unwrap_or(false);
+                let txn = match t.state {
+                    Some(DeliveryState::TransactionalState(ts)) => Some(ts.txn_id.into_vec()),
+                    _ => None,
+                };
+                if payload.len() as u64 > size_max {
+                    return Err(Fault::Link(
+                        handle,
+                        AmqpError::MessageSizeExceeded(format!("{} bytes", payload.len())),
+                    ));
+                }
+                if t.more {
+                    let mut buf = BytesMut::with_capacity(payload.len() * 2);
+                    buf.extend_from_slice(&payload);
+                    i.partial = Some(Partial {
+                        delivery_id,
+                        settled,
+                        txn,
+                        buf,
+                    });
+                    return Ok(());
+                }
+                Incoming {
+                    delivery_id,
+                    settled,
+                    txn,
+                    payload,
+                }
+            }
+            Some(mut p) => {
+                if t.aborted {
+                    trace!(conn = self.conn_id, handle, "delivery aborted");
+                    return Ok(());
+                }
+                if (p.buf.len() + payload.len()) as u64 > size_max {
+                    return Err(Fault::Link(
+                        handle,
+                        AmqpError::MessageSizeExceeded(format!("more than {size_max} bytes")),
+                    ));
+                }
+                p.buf.extend_from_slice(&payload);
+                p.settled |= t.settled.unwrap_or(false);
+                if t.more {
+                    i.partial = Some(p);
+                    return Ok(());
+                }
+                Incoming {
+                    delivery_id: p.delivery_id,
+                    settled: p.settled,
+                    txn: p.txn,
+                    payload: p.buf.freeze(),
+                }
+            }
+        };
+        if coordinator {
+            self.on_control(ch, handle, complete)
+        } else {
+            self.publish(ch, handle, complete)?;
+            self.refill_credit(ch, handle);
+            Ok(())
+        }
+    }
+
+    fn publish(&mut self, ch: u16, handle: u32, d: Incoming) -> Result<(), Fault> {
+        let Some(link) = self.link_mut(ch, handle) else {
+            return Ok(());
+        };
+        let serial = link.serial;
+        let LinkKind::Incoming(i) = &link.kind else {
+            return Ok(());
+        };
+        let fixed_target = i.target.clone();
+        let decoded = match message::decode(&d.payload, rosetta_neutral::message::now_ms()) {
+            Ok(m) => m,
+            Err(e) => {
+                self.reject(ch, &d, &AmqpError::Decode(e));
+                return Ok(());
+            }
+        };
+        let address = match (&fixed_target, &decoded.to) {
+            (Some(a), _) => a.clone(),
+            (None, Some(to)) => match Address::parse_destination(to) {
+                Ok(a) => a,
+                Err(e) => {
+                    self.reject(ch, &d, &AmqpError::InvalidField(format!("to {to:?}: {e}")));
+                    return Ok(());
+                }
+            },
+            (None, None) => {
+                self.reject(
+                    ch,
+                    &d,
+                    &AmqpError::InvalidField("anonymous relay message without `to`".into()),
+                );
+                return Ok(());
+            }
+        };
+        if let Address::Topic(name) = &address {
+            if let Err(e) = validate_topic_name(name) {
+                self.reject(ch, &d, &AmqpError::InvalidField(e.to_string()));
+                return Ok(());
+            }
+        }
+        let txn = match &d.txn {
+            Some(id) => match self.txn_for(id) {
+                Some(t) => Some(t),
+                None => {
+                    self.reject(ch, &d, &AmqpError::UnknownTxn(format!("{id:02x?}")));
+                    return Ok(());
+                }
+            },
+            None => None,
+        };
+        let mut msg = decoded.message;
+        msg.guarantee = if d.settled {
+            Guarantee::AtMostOnce
+        } else {
+            Guarantee::AtLeastOnce
+        };
+        let options = PublishOptions {
+            txn,
+            confirm: !d.settled && txn.is_none(),
+        };
+        let Some(core) = self.core.as_deref_mut() else {
+            return Ok(());
+        };
+        match core.publish(&address, msg, options) {
+            Ok(receipt) => {
+                if d.settled {
+                    return Ok(());
+                }
+                if let (Some(_), Some(id)) = (txn, &d.txn) {
+                    let state = DeliveryState::TransactionalState(TransactionalState {
+                        txn_id: id.clone().into(),
+                        outcome: Some(AmqpOutcome::Accepted(Accepted {})),
+                    });
+                    self.dispose(ch, d.delivery_id, state);
+                } else if let Some(ticket) = receipt.pending {
+                    self.tickets.insert(
+                        ticket,
+                        PendingCommit::Transfer {
+                            channel: ch,
+                            handle,
+                            serial,
+                            delivery_id: d.delivery_id,
+                        },
+                    );
+                    if let Some(LinkKind::Incoming(i)) =
+                        self.link_mut(ch, handle).map(|l| &mut l.kind)
+                    {
+                        i.in_flight += 1;
+                    }
+                } else if let Some(s) = self.sessions.get_mut(&ch) {
+                    s.accepted.push(d.delivery_id);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let fatal_for_link = fixed_target.is_some()
+                    && matches!(
+                        e,
+                        BrokerError::NotFound(_)
+                            | BrokerError::Unauthorized(_)
+                            | BrokerError::InvalidAddress(_)
+                    );
+                let err = AmqpError::Broker(e);
+                self.reject(ch, &d, &err);
+                if fatal_for_link {
+                    return Err(Fault::Link(handle, err));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Rejects an unsettled incoming delivery (a settled one is dropped).
+    pub(crate) fn reject(&mut self, ch: u16, d: &Incoming, e: &AmqpError) {
+        debug!(conn = self.conn_id, delivery = d.delivery_id, error = %e, "rejecting delivery");
+        if d.settled {
+            return;
+        }
+        let state = DeliveryState::Rejected(Rejected {
+            error: Some(e.to_wire()),
+        });
+        self.dispose(ch, d.delivery_id, state);
+    }
+
+    /// Sends a settled disposition for one incoming delivery.
+    pub(crate) fn dispose(&mut self, ch: u16, delivery_id: u32, state: DeliveryState) {
+        let Some(s) = self.sessions.get(&ch) else {
+            return;
+        };
+        let d = Disposition {
+            role: Role::Receiver,
+            first: delivery_id,
+            last: None,
+            settled: true,
+            state: Some(state),
+            batchable: false,
+        };
+        write_perf(&mut self.out, s.local_channel, &d, &[]);
+    }
+
+    pub(crate) fn on_committed(&mut self, ticket: Ticket, result: Result<(), BrokerError>) {
+        let Some(pending) = self.tickets.remove(&ticket) else {
+            trace!(
+                conn = self.conn_id,
+                ?ticket,
+                "commit for nothing we wait on"
+            );
+            return;
+        };
+        match pending {
+            PendingCommit::Transfer {
+                channel,
+                handle,
+                serial,
+                delivery_id,
+            } => {
+                let Some(link) = self
+                    .link_mut(channel, handle)
+                    .filter(|l| l.serial == serial)
+                else {
+                    return;
+                };
+                if let LinkKind::Incoming(i) = &mut link.kind {
+                    i.in_flight = i.in_flight.saturating_sub(1);
+                }
+                match result {
+                    Ok(()) => {
+                        if let Some(s) = self.sessions.get_mut(&channel) {
+                            s.accepted.push(delivery_id);
+                        }
+                    }
+                    Err(e) => {
+                        let state = DeliveryState::Rejected(Rejected {
+                            error: Some(AmqpError::Broker(e).to_wire()),
+                        });
+                        self.dispose(channel, delivery_id, state);
+                    }
+                }
+                self.refill_credit(channel, handle);
+            }
+            PendingCommit::Discharge {
+                channel,
+                handle,
+                serial,
+                delivery_id,
+            } => {
+                if self
+                    .link_mut(channel, handle)
+                    .is_none_or(|l| l.serial != serial)
+                {
+                    return;
+                }
+                let state = match result {
+                    Ok(()) => DeliveryState::Accepted(Accepted {}),
+                    Err(e) => DeliveryState::Rejected(Rejected {
+                        error: Some(AmqpError::TxnRollback(e.to_string()).to_wire()),
+                    }),
+                };
+                self.dispose(channel, delivery_id, state);
+                self.refill_credit(channel, handle);
+            }
+        }
+    }
+
+    // ---- broker -> client ----
+
+    pub(crate) fn on_delivery(&mut self, d: Delivery) {
+        let Some(&(ch, handle)) = self.consumers.get(&d.consumer) else {
+            // The link went away; cancelling the consumer returned its
+            // deliveries to the queue, and this one goes back the same way.
+            trace!(conn = self.conn_id, consumer = ?d.consumer, "delivery for a gone consumer");
+            return;
+        };
+        let pending_max = self.cfg.pending_deliveries_max;
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return;
+        };
+        if let Some(LinkKind::Outgoing(o)) = s.links.get_mut(&handle).map(|l| &mut l.kind) {
+            o.credit = o.credit.saturating_sub(1);
+            if s.remote_incoming_window == 0 || !s.queued.is_empty() {
+                if s.queued.len() >= pending_max {
+                    self.fail(AmqpError::ResourceLimit(
+                        "peer stopped reading (session window closed)".into(),
+                    ));
+                    return;
+                }
+                o.queued += 1;
+                s.queued.push_back(Queued::Delivery(handle, d));
+                return;
+            }
+        } else {
+            return;
+        }
+        self.write_delivery(ch, handle, d);
+    }
+
+    /// Writes one delivery as one or more transfer frames.
+    pub(crate) fn write_delivery(&mut self, ch: u16, handle: u32, d: Delivery) {
+        let max_frame = self
+            .peer_max_frame
+            .min(self.cfg.frame_size_max_bytes.max(frame::MIN_MAX_FRAME_SIZE))
+            as usize;
+        let mut head = std::mem::take(&mut self.scratch);
+        let body = match message::encode_head(&mut head, &d, rosetta_neutral::message::now_ms()) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(conn = self.conn_id, error = %e, "cannot encode a delivery");
+                self.scratch = head;
+                return;
+            }
+        };
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            self.scratch = head;
+            return;
+        };
+        let Some(LinkKind::Outgoing(o)) = s.links.get_mut(&handle).map(|l| &mut l.kind) else {
+            self.scratch = head;
+            return;
+        };
+        let delivery_id = s.next_outgoing_id;
+        let settled = o.auto_settle;
+        o.delivery_count = o.delivery_count.wrapping_add(1);
+        let tag = d.tag.0.to_be_bytes();
+        // Concatenation of `head` and `body`, written in frame-sized chunks.
+        let total = head.len() + body.len();
+        let mut written = 0usize;
+        let mut first = true;
+        loop {
+            let start = frame::begin_frame(&mut self.out, frame::FRAME_TYPE_AMQP, s.local_channel);
+            let mut transfer = Transfer {
+                handle: Handle(handle),
+                delivery_id: first.then_some(delivery_id),
+                delivery_tag: first.then(|| tag.to_vec().into()),
+                message_format: first.then_some(0),
+                settled: first.then_some(settled),
+                more: false,
+                rcv_settle_mode: None,
+                state: None,
+                resume: false,
+                aborted: false,
+                batchable: false,
+            };
+            let encoded = crate::codec::encode_into(&mut self.out, &transfer);
+            let room = max_frame.saturating_sub(self.out.len() - start);
+            let remaining = total - written;
+            if encoded.is_ok() && remaining > room {
+                // Re-encode with more=true: the flag may change the size.
+                self.out.truncate(start + frame::FRAME_HEADER_LEN);
+                transfer.more = true;
+                let _ = crate::codec::encode_into(&mut self.out, &transfer);
+            }
+            if let Err(e) = encoded {
+                tracing::error!(conn = self.conn_id, error = %e, "cannot encode a transfer");
+                self.out.truncate(start);
+                break;
+            }
+            let room = max_frame.saturating_sub(self.out.len() - start);
+            if room == 0 {
+                tracing::error!(
+                    conn = self.conn_id,
+                    "peer max-frame-size leaves no room for payload"
+                );
+                self.out.truncate(start);
+                break;
+            }
+            let chunk = remaining.min(room);
+            append_range(&mut self.out, &head, body, written, written + chunk);
+            frame::finish_frame(&mut self.out, start);
+            written += chunk;
+            s.next_outgoing_id = s.next_outgoing_id.wrapping_add(1);
+            s.remote_incoming_window = s.remote_incoming_window.saturating_sub(1);
+            first = false;
+            if written >= total {
+                break;
+            }
+        }
+        if !settled {
+            s.unsettled_out.insert(
+                delivery_id,
+                OutDelivery {
+                    handle,
+                    consumer: d.consumer,
+                    tag: d.tag,
+                },
+            );
+        }
+        self.scratch = head;
+    }
+
+    pub(crate) fn on_drained(&mut self, consumer: ConsumerId) {
+        let Some(&(ch, handle)) = self.consumers.get(&consumer) else {
+            return;
+        };
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return;
+        };
+        if !s.queued.is_empty() || s.remote_incoming_window == 0 {
+            s.queued.push_back(Queued::DrainFlow(handle));
+            return;
+        }
+        self.write_drain_flow(ch, handle);
+    }
+
+    /// Answers a drain: the unused credit is consumed by advancing the
+    /// delivery-count, and the link reports zero credit.
+    pub(crate) fn write_drain_flow(&mut self, ch: u16, handle: u32) {
+        if let Some(LinkKind::Outgoing(o)) = self.link_mut(ch, handle).map(|l| &mut l.kind) {
+            o.delivery_count = o.delivery_count.wrapping_add(o.credit);
+            o.credit = 0;
+        } else {
+            return;
+        }
+        self.write_link_flow(ch, handle, true);
+    }
+}
+
+/// Appends bytes `[from, to)` of the concatenation `head ++ body`.
+fn append_range(out: &mut Vec<u8>, head: &[u8], body: &[u8], from: usize, to: usize) {
+    let h = head.len();
+    if from < h {
+        out.extend_from_slice(&head[from..to.min(h)]);
+    }
+    if to > h {
+        out.extend_from_slice(&body[from.max(h) - h..to - h]);
+    }
+}

@@ -1,0 +1,561 @@
+//! Links (spec 2.6, 2.7.3 Attach, 2.7.6 Detach): address resolution,
+//! consumers behind broker -> client links, credit both ways.
+//!
+//! | client attaches as | terminus                     | core                                       |
+//! |--------------------|------------------------------|--------------------------------------------|
+//! | receiver           | `/queue/q`, bare `q`         | `consume(q, Explicit credit)`              |
+//! | receiver           | `/topic/f` (or cap. `topic`) | temp queue (lifetime Consumer) + bind + consume |
+//! | receiver           | topic, durable terminus      | durable queue `$durable/<container>/<link>` + bind + consume |
+//! | receiver           | `dynamic=true`               | temp queue (lifetime Session), address `/queue/<name>` |
+//! | sender             | address                      | publish to it                              |
+//! | sender             | null target/address          | anonymous relay: publish to each message's `to` |
+//! | sender             | coordinator                  | transactions (see `coordinator`)           |
+
+use bytes::BytesMut;
+use fe2o3_amqp_types::definitions::{Handle, ReceiverSettleMode, Role, SenderSettleMode};
+use fe2o3_amqp_types::messaging::{
+    Source, TargetArchetype, TerminusDurability, TerminusExpiryPolicy,
+};
+use fe2o3_amqp_types::performatives::{Attach, Detach, Flow};
+use fe2o3_amqp_types::primitives::{Array, Symbol};
+use rosetta_neutral::address::{validate_topic_filter, validate_topic_name};
+use rosetta_neutral::{
+    durable_subscription_queue, Address, BindingOptions, ConsumerId, ConsumerSpec, CreditMode,
+    QueueLifetime, QueueSpec,
+};
+use tracing::debug;
+
+use crate::connection::{write_perf, AmqpConnection, Fault};
+use crate::error::AmqpError;
+
+/// Terminus capability Qpid JMS sends for a queue.
+const CAP_QUEUE: &str = "queue";
+/// Terminus capability Qpid JMS sends for a topic.
+const CAP_TOPIC: &str = "topic";
+
+/// A partially received multi-frame delivery.
+#[derive(Debug)]
+pub(crate) struct Partial {
+    pub(crate) delivery_id: u32,
+    pub(crate) settled: bool,
+    pub(crate) txn: Option<Vec<u8>>,
+    pub(crate) buf: BytesMut,
+}
+
+/// A link on which the client sends and we receive.
+#[derive(Debug)]
+pub(crate) struct IncomingLink {
+    /// Fixed destination; `None` routes by each message's `to`.
+    pub(crate) target: Option<Address>,
+    /// A transaction coordinator link.
+    pub(crate) coordinator: bool,
+    /// Sender settles everything first (pre-settled link).
+    pub(crate) presettled: bool,
+    /// Transfers received (the sender's delivery-count as we track it).
+    pub(crate) delivery_count: u32,
+    /// The delivery-count at which granted credit runs out.
+    pub(crate) credit_limit: u32,
+    /// Unsettled publishes waiting for their commit.
+    pub(crate) in_flight: u32,
+    /// Credit was withheld because the core is blocking producers.
+    pub(crate) withheld: bool,
+    pub(crate) partial: Option<Partial>,
+}
+
+/// A link on which we send and the client receives.
+#[derive(Debug)]
+pub(crate) struct OutgoingLink {
+    pub(crate) consumer: ConsumerId,
+    pub(crate) delivery_count: u32,
+    /// Credit left as we account for it.
+    pub(crate) credit: u32,
+    /// Deliveries queued behind the peer's session window.
+    pub(crate) queued: u32,
+    /// Deliveries are settled on send (sender-settle-mode settled).
+    pub(crate) auto_settle: bool,
+    /// Durable subscription queue, deleted when the link is closed.
+    pub(crate) durable_queue: Option<String>,
+}
+
+/// What a link does.
+#[derive(Debug)]
+pub(crate) enum LinkKind {
+    /// Client -> broker.
+    Incoming(IncomingLink),
+    /// Broker -> client.
+    Outgoing(OutgoingLink),
+}
+
+/// One attached link.
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub(crate) name: String,
+    /// Unique within the connection, so late commits for a detached link
+    /// whose handle was reused are recognised.
+    pub(crate) serial: u64,
+    pub(crate) kind: LinkKind,
+}
+
+/// Resolves a terminus address. Bare names are queues unless the terminus
+/// says `topic`.
+pub(crate) fn resolve_address(
+    addr: &str,
+    capabilities: Option<&Array<Symbol>>,
+) -> Result<Address, AmqpError> {
+    let has = |cap: &str| capabilities.is_some_and(|c| c.0.iter().any(|s| s.as_str() == cap));
+    let address = if !addr.starts_with('/') && has(CAP_TOPIC) && !has(CAP_QUEUE) {
+        Address::Topic(addr.to_owned())
+    } else {
+        Address::parse_destination(addr)
+            .map_err(|e| AmqpError::InvalidField(format!("address {addr:?}: {e}")))?
+    };
+    Ok(address)
+}
+
+impl AmqpConnection {
+    pub(crate) fn on_attach(&mut self, ch: u16, a: Attach) -> Result<(), Fault> {
+        let handle = a.handle.0;
+        if handle >= self.cfg.links_per_session_max {
+            return Err(Fault::Session(AmqpError::ResourceLimit(format!(
+                "handle {handle} above handle-max"
+            ))));
+        }
+        let Some(s) = self.sessions.get(&ch) else {
+            return Ok(());
+        };
+        if s.links.contains_key(&handle) || s.detaching.contains(&handle) {
+            return Err(Fault::Session(AmqpError::HandleInUse(handle)));
+        }
+        let result = match a.role {
+            Role::Sender => self.attach_incoming(ch, &a),
+            Role::Receiver => self.attach_outgoing(ch, &a),
+        };
+        if let Err(e) = result {
+            self.refuse_attach(ch, &a, e);
+        }
+        Ok(())
+    }
+
+    /// Answers an attach we cannot honour: an attach with a null terminus on
+    /// our side, then a closing detach with the error (spec 2.6.3).
+    fn refuse_attach(&mut self, ch: u16, a: &Attach, e: AmqpError) {
+        debug!(conn = self.conn_id, link = %a.name, error = %e, "refusing attach");
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return;
+        };
+        let (role, source, target) = match a.role {
+            Role::Sender => (Role::Receiver, a.source.clone(), None),
+            Role::Receiver => (Role::Sender, None, a.target.clone()),
+        };
+        let we_send = role == Role::Sender;
+        let reply = Attach {
+            name: a.name.clone(),
+            handle: a.handle.clone(),
+            role,
+            snd_settle_mode: a.snd_settle_mode.clone(),
+            rcv_settle_mode: ReceiverSettleMode::First,
+            source,
+            target,
+            unsettled: None,
+            incomplete_unsettled: false,
+            initial_delivery_count: we_send.then_some(0),
+            max_message_size: None,
+            offered_capabilities: None,
+            desired_capabilities: None,
+            properties: None,
+        };
+        write_perf(&mut self.out, s.local_channel, &reply, &[]);
+        let detach = Detach {
+            handle: a.handle.clone(),
+            closed: true,
+            error: Some(e.to_wire()),
+        };
+        write_perf(&mut self.out, s.local_channel, &detach, &[]);
+        s.detaching.insert(a.handle.0);
+    }
+
+    fn next_serial(&mut self) -> u64 {
+        self.next_link_serial += 1;
+        self.next_link_serial
+    }
+
+    /// Client sends, we receive.
+    fn attach_incoming(&mut self, ch: u16, a: &Attach) -> Result<(), AmqpError> {
+        let (target, coordinator) = match a.target.as_deref() {
+            Some(TargetArchetype::Coordinator(_)) => (None, true),
+            Some(TargetArchetype::Target(t)) => match &t.address {
+                _ if t.dynamic => {
+                    return Err(AmqpError::NotImplemented(
+                        "dynamic targets (use a dynamic receiver for a temporary queue)".into(),
+                    ))
+                }
+                Some(addr) => {
+                    let address = resolve_address(addr, t.capabilities.as_ref())?;
+                    if let Address::Topic(name) = &address {
+                        validate_topic_name(name)
+                            .map_err(|e| AmqpError::InvalidField(e.to_string()))?;
+                    }
+                    (Some(address), false)
+                }
+                None => (None, false),
+            },
+            None => (None, false),
+        };
+        let serial = self.next_serial();
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return Ok(());
+        };
+        let presettled = a.snd_settle_mode == SenderSettleMode::Settled;
+        let reply = Attach {
+            name: a.name.clone(),
+            handle: a.handle.clone(),
+            role: Role::Receiver,
+            snd_settle_mode: a.snd_settle_mode.clone(),
+            rcv_settle_mode: ReceiverSettleMode::First,
+            source: a.source.clone(),
+            target: a.target.clone(),
+            unsettled: None,
+            incomplete_unsettled: false,
+            initial_delivery_count: None,
+            max_message_size: Some(self.cfg.message_size_max_bytes),
+            offered_capabilities: None,
+            desired_capabilities: None,
+            properties: None,
+        };
+        write_perf(&mut self.out, s.local_channel, &reply, &[]);
+        let dc = a.initial_delivery_count.unwrap_or(0);
+        s.links.insert(
+            a.handle.0,
+            Link {
+                name: a.name.clone(),
+                serial,
+                kind: LinkKind::Incoming(IncomingLink {
+                    target,
+                    coordinator,
+                    presettled,
+                    delivery_count: dc,
+                    credit_limit: dc,
+                    in_flight: 0,
+                    withheld: false,
+                    partial: None,
+                }),
+            },
+        );
+        debug!(conn = self.conn_id, link = %a.name, coordinator, "attached incoming link");
+        self.refill_credit(ch, a.handle.0);
+        Ok(())
+    }
+
+    /// Client receives, we send.
+    fn attach_outgoing(&mut self, ch: u16, a: &Attach) -> Result<(), AmqpError> {
+        let Some(src) = a.source.as_deref() else {
+            return Err(AmqpError::InvalidField("receiver without a source".into()));
+        };
+        let mut reply_source: Source = src.clone();
+        // We do not implement filters (JMS selectors): per spec the reply
+        // omits them and the client decides whether to go on.
+        reply_source.filter = None;
+        let core = self
+            .core
+            .as_deref_mut()
+            .ok_or_else(|| AmqpError::IllegalState("no session".into()))?;
+        let (queue, durable_queue) = if src.dynamic {
+            let info = core.declare_queue(QueueSpec {
+                name: None,
+                durable: false,
+                lifetime: QueueLifetime::Session,
+            })?;
+            reply_source.address = Some(Address::Queue(info.name.clone()).to_destination());
+            (info.name, None)
+        } else {
+            let addr = src
+                .address
+                .as_deref()
+                .ok_or_else(|| AmqpError::InvalidField("source without an address".into()))?;
+            match resolve_address(addr, src.capabilities.as_ref())? {
+                Address::Queue(q) => (q, None),
+                Address::Topic(filter) => {
+                    validate_topic_filter(&filter)
+                        .map_err(|e| AmqpError::InvalidField(e.to_string()))?;
+                    let durable = src.durable != TerminusDurability::None
+                        || src.expiry_policy == TerminusExpiryPolicy::Never;
+                    let spec = if durable {
+                        QueueSpec {
+                            name: Some(durable_subscription_queue(&self.container_id, &a.name)),
+                            durable: true,
+                            lifetime: QueueLifetime::Permanent,
+                        }
+                    } else {
+                        QueueSpec {
+                            name: None,
+                            durable: false,
+                            lifetime: QueueLifetime::Consumer,
+                        }
+                    };
+                    let info = core.declare_queue(spec)?;
+                    core.bind(&info.name, &filter, BindingOptions::default())?;
+                    let dq = durable.then(|| info.name.clone());
+                    (info.name, dq)
+                }
+            }
+        };
+        let auto_settle = a.snd_settle_mode == SenderSettleMode::Settled;
+        let consumer = core.consume(ConsumerSpec {
+            queue,
+            credit: CreditMode::Explicit(0),
+            auto_settle,
+        })?;
+        let serial = self.next_serial();
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return Ok(());
+        };
+        let reply = Attach {
+            name: a.name.clone(),
+            handle: a.handle.clone(),
+            role: Role::Sender,
+            snd_settle_mode: a.snd_settle_mode.clone(),
+            rcv_settle_mode: ReceiverSettleMode::First,
+            source: Some(Box::new(reply_source)),
+            target: a.target.clone(),
+            unsettled: None,
+            incomplete_unsettled: false,
+            initial_delivery_count: Some(0),
+            max_message_size: None,
+            offered_capabilities: None,
+            desired_capabilities: None,
+            properties: None,
+        };
+        write_perf(&mut self.out, s.local_channel, &reply, &[]);
+        s.links.insert(
+            a.handle.0,
+            Link {
+                name: a.name.clone(),
+                serial,
+                kind: LinkKind::Outgoing(OutgoingLink {
+                    consumer,
+                    delivery_count: 0,
+                    credit: 0,
+                    queued: 0,
+                    auto_settle,
+                    durable_queue,
+                }),
+            },
+        );
+        self.consumers.insert(consumer, (ch, a.handle.0));
+        debug!(conn = self.conn_id, link = %a.name, ?consumer, "attached outgoing link");
+        Ok(())
+    }
+
+    pub(crate) fn on_detach(&mut self, ch: u16, d: Detach) -> Result<(), Fault> {
+        let handle = d.handle.0;
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return Ok(());
+        };
+        if s.detaching.remove(&handle) {
+            // The answer to our own detach.
+            return Ok(());
+        }
+        if !s.links.contains_key(&handle) {
+            return Err(Fault::Session(AmqpError::UnattachedHandle(handle)));
+        }
+        if let Some(e) = &d.error {
+            debug!(conn = self.conn_id, handle, error = ?e, "peer detached with error");
+        }
+        self.remove_link(ch, handle, d.closed);
+        if let Some(s) = self.sessions.get(&ch) {
+            let reply = Detach {
+                handle: Handle(handle),
+                closed: d.closed,
+                error: None,
+            };
+            write_perf(&mut self.out, s.local_channel, &reply, &[]);
+        }
+        Ok(())
+    }
+
+    /// Forgets a link locally: cancels its consumer (unsettled deliveries
+    /// go back to the queue), and with `closed` deletes its durable
+    /// subscription (JMS unsubscribe).
+    pub(crate) fn remove_link(&mut self, ch: u16, handle: u32, closed: bool) {
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return;
+        };
+        let Some(link) = s.links.remove(&handle) else {
+            return;
+        };
+        if let LinkKind::Outgoing(o) = link.kind {
+            s.unsettled_out.retain(|_, od| od.handle != handle);
+            s.queued.retain(|q| match q {
+                crate::session::Queued::Delivery(h, _) | crate::session::Queued::DrainFlow(h) => {
+                    *h != handle
+                }
+            });
+            self.consumers.remove(&o.consumer);
+            if let Some(core) = self.core.as_deref_mut() {
+                if let Err(e) = core.cancel(o.consumer) {
+                    debug!(conn = self.conn_id, error = %e, "cancel failed");
+                }
+                if let (true, Some(q)) = (closed, &o.durable_queue) {
+                    debug!(conn = self.conn_id, queue = %q, link = %link.name, "unsubscribing");
+                    if let Err(e) = core.delete_queue(q) {
+                        debug!(conn = self.conn_id, error = %e, "delete of durable subscription failed");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A Flow naming a link.
+    pub(crate) fn on_link_flow(&mut self, ch: u16, handle: u32, f: &Flow) -> Result<(), Fault> {
+        let credit_max = self.cfg.link_credit_max;
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return Ok(());
+        };
+        let Some(link) = s.links.get_mut(&handle) else {
+            if s.detaching.contains(&handle) {
+                return Ok(());
+            }
+            return Err(Fault::Session(AmqpError::UnattachedHandle(handle)));
+        };
+        match &mut link.kind {
+            LinkKind::Outgoing(o) => {
+                // link-credit(snd) = delivery-count(rcv) + link-credit(rcv) - delivery-count(snd)
+                let rcv_dc = f.delivery_count.unwrap_or(0);
+                let limit = rcv_dc.wrapping_add(f.link_credit.unwrap_or(0));
+                let sent = o.delivery_count.wrapping_add(o.queued);
+                let diff = limit.wrapping_sub(sent);
+                let credit = if diff > i32::MAX as u32 { 0 } else { diff }.min(credit_max);
+                o.credit = credit;
+                let consumer = o.consumer;
+                if let Some(core) = self.core.as_deref_mut() {
+                    if let Err(e) = core.set_credit(consumer, credit, f.drain) {
+                        return Err(Fault::Link(handle, e.into()));
+                    }
+                }
+                if f.echo {
+                    self.write_link_flow(ch, handle, false);
+                }
+            }
+            LinkKind::Incoming(i) => {
+                // The sender may advance its delivery-count (after a drain);
+                // credit we granted up to the limit stays granted.
+                if let Some(dc) = f.delivery_count {
+                    i.delivery_count = dc;
+                }
+                if f.echo {
+                    self.write_link_flow(ch, handle, false);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a Flow with the session state and this link's state.
+    pub(crate) fn write_link_flow(&mut self, ch: u16, handle: u32, drain: bool) {
+        let Some(s) = self.sessions.get(&ch) else {
+            return;
+        };
+        let Some(link) = s.links.get(&handle) else {
+            return;
+        };
+        let mut flow = s.flow();
+        flow.handle = Some(Handle(handle));
+        flow.drain = drain;
+        match &link.kind {
+            LinkKind::Outgoing(o) => {
+                flow.delivery_count = Some(o.delivery_count);
+                flow.link_credit = Some(o.credit);
+                flow.available = Some(0);
+            }
+            LinkKind::Incoming(i) => {
+                flow.delivery_count = Some(i.delivery_count);
+                flow.link_credit = Some(i.credit_limit.wrapping_sub(i.delivery_count));
+            }
+        }
+        write_perf(&mut self.out, s.local_channel, &flow, &[]);
+    }
+
+    /// Tops a client sender's credit back up to the window, minus what is
+    /// waiting for commits; withholds it while the core blocks producers.
+    pub(crate) fn refill_credit(&mut self, ch: u16, handle: u32) {
+        let window = self.cfg.sender_credit_window;
+        let blocked = self.core.as_deref().is_some_and(|c| c.producer_blocked());
+        let recheck = self.now + std::time::Duration::from_millis(self.cfg.blocked_recheck_ms);
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return;
+        };
+        let Some(Link {
+            kind: LinkKind::Incoming(i),
+            ..
+        }) = s.links.get_mut(&handle)
+        else {
+            return;
+        };
+        let remaining = i.credit_limit.wrapping_sub(i.delivery_count);
+        let target = window.saturating_sub(i.in_flight);
+        if remaining > window / 2 || target <= remaining {
+            return;
+        }
+        if blocked {
+            if !i.withheld {
+                debug!(
+                    conn = self.conn_id,
+                    handle, "producer blocked: withholding credit"
+                );
+            }
+            i.withheld = true;
+            self.blocked_recheck = Some(self.blocked_recheck.map_or(recheck, |t| t.min(recheck)));
+            return;
+        }
+        i.withheld = false;
+        i.credit_limit = i.delivery_count.wrapping_add(target);
+        self.write_link_flow(ch, handle, false);
+    }
+
+    /// Re-tries credit withheld by producer flow control.
+    pub(crate) fn recheck_withheld_credit(&mut self) {
+        let withheld: Vec<(u16, u32)> = self
+            .sessions
+            .iter()
+            .flat_map(|(ch, s)| {
+                s.links.iter().filter_map(move |(h, l)| match &l.kind {
+                    LinkKind::Incoming(i) if i.withheld => Some((*ch, *h)),
+                    _ => None,
+                })
+            })
+            .collect();
+        for (ch, h) in withheld {
+            self.refill_credit(ch, h);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_follow_the_naming_scheme() {
+        let topic_cap = Array(vec![Symbol::from("topic")]);
+        let queue_cap = Array(vec![Symbol::from("queue")]);
+        assert_eq!(
+            resolve_address("/queue/q", None),
+            Ok(Address::Queue("q".into()))
+        );
+        assert_eq!(resolve_address("q", None), Ok(Address::Queue("q".into())));
+        assert_eq!(
+            resolve_address("a/b", Some(&topic_cap)),
+            Ok(Address::Topic("a/b".into()))
+        );
+        assert_eq!(
+            resolve_address("a", Some(&queue_cap)),
+            Ok(Address::Queue("a".into()))
+        );
+        assert_eq!(
+            resolve_address("/topic/a/#", Some(&queue_cap)),
+            Ok(Address::Topic("a/#".into()))
+        );
+        assert!(resolve_address("/queue/a#", None).is_err());
+        assert!(resolve_address("", None).is_err());
+    }
+}

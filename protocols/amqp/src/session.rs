@@ -1,0 +1,353 @@
+//! Sessions (spec 2.5.5-2.7.4 Begin/End/Flow/Disposition): channels,
+//! transfer-id windows both ways, several sessions per connection.
+//!
+//! We never begin sessions ourselves, so our channel number mirrors the
+//! peer's and our link handles mirror the peer's handles; this keeps every
+//! map keyed by what arrives on the wire.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use fe2o3_amqp_types::definitions::{Handle, Role};
+use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Modified, Outcome as AmqpOutcome};
+use fe2o3_amqp_types::performatives::{Begin, Disposition, End, Flow};
+use rosetta_neutral::{ConsumerId, Delivery, DeliveryTag, Outcome, TxnId};
+use tracing::debug;
+
+use crate::connection::{write_perf, AmqpConnection, Fault};
+use crate::error::AmqpError;
+use crate::link::{Link, LinkKind};
+
+/// A broker -> client delivery not yet settled by the client.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OutDelivery {
+    pub(crate) handle: u32,
+    pub(crate) consumer: ConsumerId,
+    pub(crate) tag: DeliveryTag,
+}
+
+/// Work waiting for the peer's incoming window to open.
+#[derive(Debug)]
+pub(crate) enum Queued {
+    /// A delivery for the link with this handle.
+    Delivery(u32, Delivery),
+    /// The drain answer for this link, after the deliveries before it.
+    DrainFlow(u32),
+}
+
+/// One session.
+#[derive(Debug)]
+pub(crate) struct AmqpSession {
+    pub(crate) local_channel: u16,
+    /// We sent End with an error and wait for the peer's End.
+    pub(crate) ending: bool,
+    /// Transfer id the peer's next transfer carries.
+    pub(crate) next_incoming_id: u32,
+    /// Transfers the peer may still send before we re-open the window.
+    pub(crate) incoming_window: u32,
+    pub(crate) next_outgoing_id: u32,
+    /// Transfers the peer can still take.
+    pub(crate) remote_incoming_window: u32,
+    pub(crate) links: HashMap<u32, Link>,
+    /// Handles we detached with an error, awaiting the peer's Detach.
+    pub(crate) detaching: HashSet<u32>,
+    pub(crate) unsettled_out: HashMap<u32, OutDelivery>,
+    pub(crate) queued: VecDeque<Queued>,
+    /// Incoming delivery ids to dispose as accepted+settled at the next
+    /// poll_transmit, coalesced into ranges.
+    pub(crate) accepted: Vec<u32>,
+}
+
+impl AmqpSession {
+    /// The session fields of a Flow we send (link fields left empty).
+    pub(crate) fn flow(&self) -> Flow {
+        Flow {
+            next_incoming_id: Some(self.next_incoming_id),
+            incoming_window: self.incoming_window,
+            next_outgoing_id: self.next_outgoing_id,
+            // We never hold transfers back on our side of the window.
+            outgoing_window: u32::MAX,
+            handle: None,
+            delivery_count: None,
+            link_credit: None,
+            available: None,
+            drain: false,
+            echo: false,
+            properties: None,
+        }
+    }
+}
+
+/// `a` is in the closed serial-number range `[first, last]` (RFC 1982 style).
+fn in_range(a: u32, first: u32, last: u32) -> bool {
+    a.wrapping_sub(first) <= last.wrapping_sub(first)
+}
+
+impl AmqpConnection {
+    pub(crate) fn on_begin(&mut self, ch: u16, b: Begin) -> Result<(), Fault> {
+        if b.remote_channel.is_some() {
+            return Err(Fault::Connection(AmqpError::NotAllowed(
+                "begin answering a session we did not start".into(),
+            )));
+        }
+        if ch > self.channel_max() {
+            return Err(Fault::Connection(AmqpError::NotAllowed(format!(
+                "channel {ch} above channel-max {}",
+                self.channel_max()
+            ))));
+        }
+        if self.sessions.contains_key(&ch) {
+            return Err(Fault::Connection(AmqpError::NotAllowed(format!(
+                "channel {ch} already in use"
+            ))));
+        }
+        let session = AmqpSession {
+            local_channel: ch,
+            ending: false,
+            next_incoming_id: b.next_outgoing_id,
+            incoming_window: self.cfg.session_window_frames,
+            next_outgoing_id: 0,
+            remote_incoming_window: b.incoming_window,
+            links: HashMap::new(),
+            detaching: HashSet::new(),
+            unsettled_out: HashMap::new(),
+            queued: VecDeque::new(),
+            accepted: Vec::new(),
+        };
+        let reply = Begin {
+            remote_channel: Some(ch),
+            next_outgoing_id: 0,
+            incoming_window: session.incoming_window,
+            outgoing_window: u32::MAX,
+            handle_max: Handle(self.cfg.links_per_session_max.saturating_sub(1)),
+            offered_capabilities: None,
+            desired_capabilities: None,
+            properties: None,
+        };
+        write_perf(&mut self.out, ch, &reply, &[]);
+        self.sessions.insert(ch, session);
+        debug!(conn = self.conn_id, channel = ch, "begin");
+        Ok(())
+    }
+
+    pub(crate) fn on_end(&mut self, ch: u16, e: End) -> Result<(), Fault> {
+        if let Some(err) = &e.error {
+            debug!(conn = self.conn_id, channel = ch, error = ?err, "peer ended session with error");
+        }
+        self.cleanup_session_links(ch);
+        if let Some(s) = self.sessions.remove(&ch) {
+            write_perf(&mut self.out, s.local_channel, &End { error: None }, &[]);
+        }
+        Ok(())
+    }
+
+    /// Detaches every link of a session locally (no frames): consumers are
+    /// cancelled so their unsettled deliveries go back to the queue.
+    pub(crate) fn cleanup_session_links(&mut self, ch: u16) {
+        let handles: Vec<u32> = self
+            .sessions
+            .get(&ch)
+            .map(|s| s.links.keys().copied().collect())
+            .unwrap_or_default();
+        for h in handles {
+            self.remove_link(ch, h, false);
+        }
+        if let Some(s) = self.sessions.get_mut(&ch) {
+            s.queued.clear();
+            s.unsettled_out.clear();
+            s.accepted.clear();
+        }
+    }
+
+    pub(crate) fn on_flow(&mut self, ch: u16, f: Flow) -> Result<(), Fault> {
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return Ok(());
+        };
+        // remote-incoming-window = next-incoming-id(peer) + incoming-window(peer) - next-outgoing-id(ours)
+        let base = f.next_incoming_id.unwrap_or(0);
+        s.remote_incoming_window = base
+            .wrapping_add(f.incoming_window)
+            .wrapping_sub(s.next_outgoing_id);
+        if s.remote_incoming_window > f.incoming_window {
+            // The peer counted transfers we have not sent: treat as closed
+            // rather than trusting an inflated window.
+            s.remote_incoming_window = 0;
+        }
+        match f.handle {
+            Some(Handle(h)) => self.on_link_flow(ch, h, &f)?,
+            None if f.echo => {
+                let flow = s.flow();
+                write_perf(&mut self.out, s.local_channel, &flow, &[]);
+            }
+            None => {}
+        }
+        self.flush_queued(ch);
+        Ok(())
+    }
+
+    pub(crate) fn on_disposition(&mut self, ch: u16, d: Disposition) -> Result<(), Fault> {
+        if d.role == Role::Sender {
+            // The peer settles its own transfers to us: we settle at once
+            // (receiver-settle-mode first), so there is nothing to do.
+            return Ok(());
+        }
+        let (outcome, txn) = match &d.state {
+            None => (
+                if d.settled {
+                    Some(Outcome::Accept)
+                } else {
+                    None
+                },
+                None,
+            ),
+            Some(DeliveryState::TransactionalState(ts)) => {
+                let txn = self.txn_for(ts.txn_id.as_slice());
+                let Some(txn) = txn else {
+                    return Err(Fault::Session(AmqpError::UnknownTxn(format!(
+                        "{:02x?}",
+                        ts.txn_id.as_slice()
+                    ))));
+                };
+                (ts.outcome.as_ref().and_then(outcome_of), Some(txn))
+            }
+            Some(state) => (delivery_state_outcome(state), None),
+        };
+        let Some(outcome) = outcome else {
+            return Ok(());
+        };
+        let last = d.last.unwrap_or(d.first);
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return Ok(());
+        };
+        // Walk whichever is smaller: the claimed range or our unsettled map.
+        let span = u64::from(last.wrapping_sub(d.first)) + 1;
+        let ids: Vec<u32> = if span <= s.unsettled_out.len() as u64 {
+            (0..span as u32).map(|i| d.first.wrapping_add(i)).collect()
+        } else {
+            s.unsettled_out
+                .keys()
+                .copied()
+                .filter(|id| in_range(*id, d.first, last))
+                .collect()
+        };
+        let Some(core) = self.core.as_deref_mut() else {
+            return Ok(());
+        };
+        for id in ids {
+            if let Some(od) = s.unsettled_out.remove(&id) {
+                if let Err(e) = core.settle(od.consumer, od.tag, outcome, txn, false) {
+                    debug!(conn = self.conn_id, error = %e, "settle failed");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends coalesced accepted dispositions for completed publishes.
+    pub(crate) fn flush_dispositions(&mut self) {
+        for s in self.sessions.values_mut() {
+            if s.accepted.is_empty() {
+                continue;
+            }
+            s.accepted.sort_unstable();
+            let mut i = 0;
+            while i < s.accepted.len() {
+                let first = s.accepted[i];
+                let mut last = first;
+                i += 1;
+                while i < s.accepted.len() && s.accepted[i] == last.wrapping_add(1) {
+                    last = s.accepted[i];
+                    i += 1;
+                }
+                let d = Disposition {
+                    role: Role::Receiver,
+                    first,
+                    last: (last != first).then_some(last),
+                    settled: true,
+                    state: Some(DeliveryState::Accepted(Accepted {})),
+                    batchable: false,
+                };
+                write_perf(&mut self.out, s.local_channel, &d, &[]);
+            }
+            s.accepted.clear();
+        }
+    }
+
+    /// Writes queued deliveries while the peer's window allows.
+    pub(crate) fn flush_queued(&mut self, ch: u16) {
+        loop {
+            let Some(s) = self.sessions.get_mut(&ch) else {
+                return;
+            };
+            if s.remote_incoming_window == 0 {
+                return;
+            }
+            let Some(item) = s.queued.pop_front() else {
+                return;
+            };
+            match item {
+                Queued::Delivery(handle, d) => {
+                    if let Some(LinkKind::Outgoing(o)) =
+                        s.links.get_mut(&handle).map(|l| &mut l.kind)
+                    {
+                        o.queued = o.queued.saturating_sub(1);
+                    }
+                    self.write_delivery(ch, handle, d);
+                }
+                Queued::DrainFlow(handle) => self.write_drain_flow(ch, handle),
+            }
+        }
+    }
+
+    /// The link with `handle` on session `ch`, if attached.
+    pub(crate) fn link_mut(&mut self, ch: u16, handle: u32) -> Option<&mut Link> {
+        self.sessions.get_mut(&ch)?.links.get_mut(&handle)
+    }
+
+    pub(crate) fn txn_for(&self, id: &[u8]) -> Option<TxnId> {
+        let bytes: [u8; 8] = id.try_into().ok()?;
+        self.txns.get(&u64::from_be_bytes(bytes)).copied()
+    }
+}
+
+/// The core outcome for a terminal delivery state; `None` for non-terminal.
+fn delivery_state_outcome(state: &DeliveryState) -> Option<Outcome> {
+    match state {
+        DeliveryState::Accepted(_) => Some(Outcome::Accept),
+        DeliveryState::Released(_) => Some(Outcome::Release),
+        DeliveryState::Rejected(_) => Some(Outcome::Reject),
+        DeliveryState::Modified(m) => Some(modify(m)),
+        DeliveryState::Received(_)
+        | DeliveryState::Declared(_)
+        | DeliveryState::TransactionalState(_) => None,
+    }
+}
+
+fn outcome_of(o: &AmqpOutcome) -> Option<Outcome> {
+    match o {
+        AmqpOutcome::Accepted(_) => Some(Outcome::Accept),
+        AmqpOutcome::Released(_) => Some(Outcome::Release),
+        AmqpOutcome::Rejected(_) => Some(Outcome::Reject),
+        AmqpOutcome::Modified(m) => Some(modify(m)),
+        AmqpOutcome::Declared(_) => None,
+    }
+}
+
+fn modify(m: &Modified) -> Outcome {
+    Outcome::Modify {
+        delivery_failed: m.delivery_failed.unwrap_or(false),
+        undeliverable_here: m.undeliverable_here.unwrap_or(false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_range;
+
+    #[test]
+    fn serial_ranges_wrap() {
+        assert!(in_range(5, 1, 10));
+        assert!(!in_range(11, 1, 10));
+        assert!(in_range(1, u32::MAX - 1, 3));
+        assert!(!in_range(4, u32::MAX - 1, 3));
+    }
+}

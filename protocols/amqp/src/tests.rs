@@ -1,0 +1,1566 @@
+//! State-machine tests: a fake in-memory core and a scripted client, driven
+//! with a virtual clock and no sockets.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fe2o3_amqp_types::definitions::{
+    Error as WireError, ErrorCondition, Handle, ReceiverSettleMode, Role, SenderSettleMode,
+};
+use fe2o3_amqp_types::messaging::{
+    Accepted, AmqpValue, Data, DeliveryState, Modified, Properties as AmqpProperties, Rejected,
+    Released, Source, Target, TargetArchetype, TerminusDurability,
+};
+use fe2o3_amqp_types::performatives::{
+    Attach, Begin, ChannelMax, Close, Detach, Disposition, End, Flow, MaxFrameSize, Open,
+    Performative, Transfer,
+};
+use fe2o3_amqp_types::primitives::{Array, Binary, Symbol};
+use fe2o3_amqp_types::sasl::{SaslChallenge, SaslCode, SaslInit, SaslOutcome, SaslResponse};
+use fe2o3_amqp_types::transaction::{
+    Coordinator, Declare, Declared, Discharge, TransactionalState,
+};
+use rosetta_neutral::*;
+use serde::Serialize;
+
+use crate::codec;
+use crate::config::AmqpConfig;
+use crate::connection::{write_frame, write_perf, AmqpConnection};
+use crate::frame::{self, FRAME_TYPE_SASL, PROTOCOL_ID_AMQP, PROTOCOL_ID_SASL};
+use crate::sasl::tests::{scram_client_final, scram_creds};
+
+// ---------------------------------------------------------------- fake core
+
+#[derive(Default)]
+struct Log {
+    sessions: Vec<SessionInfo>,
+    published: Vec<(Address, Message, PublishOptions)>,
+    declared: Vec<QueueSpec>,
+    bound: Vec<(String, String)>,
+    consumers: Vec<ConsumerSpec>,
+    credits: Vec<(ConsumerId, u32, bool)>,
+    settled: Vec<(ConsumerId, DeliveryTag, Outcome, Option<TxnId>)>,
+    cancelled: Vec<ConsumerId>,
+    deleted: Vec<String>,
+    commits: Vec<TxnId>,
+    rollbacks: Vec<TxnId>,
+    closed: Option<CloseKind>,
+    blocked: bool,
+    next: u64,
+    publish_error: Option<BrokerError>,
+}
+
+impl Log {
+    fn next(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+}
+
+struct FakeBroker {
+    log: Arc<Mutex<Log>>,
+    anonymous: bool,
+}
+
+const PASSWORD: &str = "secret";
+const SCRAM_ITERATIONS: u32 = 64;
+
+impl Broker for FakeBroker {
+    fn authenticate(&self, user: Option<&str>, pw: Option<&[u8]>) -> Result<Principal, AuthError> {
+        match (user, pw) {
+            (None, _) if self.anonymous => Ok(Principal::anonymous()),
+            (None, _) => Err(AuthError::AnonymousDisabled),
+            (Some("alice"), Some(p)) if p == PASSWORD.as_bytes() => Ok(Principal {
+                user: Some("alice".into()),
+            }),
+            _ => Err(AuthError::BadCredentials),
+        }
+    }
+    fn scram_credentials(&self, user: &str) -> Option<ScramCredentials> {
+        (user == "alice").then(|| scram_creds(PASSWORD, b"pepper", SCRAM_ITERATIONS))
+    }
+    fn anonymous_allowed(&self) -> bool {
+        self.anonymous
+    }
+    fn authenticate_certificate(&self, _: &str) -> Result<Principal, AuthError> {
+        Err(AuthError::BadCredentials)
+    }
+    fn open_session(&self, info: SessionInfo, _sink: Arc<dyn EventSink>) -> Box<dyn Session> {
+        self.log.lock().unwrap().sessions.push(info);
+        Box::new(FakeSession {
+            log: self.log.clone(),
+        })
+    }
+}
+
+struct FakeSession {
+    log: Arc<Mutex<Log>>,
+}
+
+impl Session for FakeSession {
+    fn declare_queue(&mut self, spec: QueueSpec) -> Result<QueueInfo, BrokerError> {
+        let mut log = self.log.lock().unwrap();
+        let name = match &spec.name {
+            Some(n) => n.clone(),
+            None => format!("$temp/{}", log.next()),
+        };
+        log.declared.push(spec);
+        Ok(QueueInfo {
+            name,
+            existed: false,
+            depth: 0,
+        })
+    }
+    fn delete_queue(&mut self, name: &str) -> Result<(), BrokerError> {
+        self.log.lock().unwrap().deleted.push(name.into());
+        Ok(())
+    }
+    fn bind(&mut self, q: &str, f: &str, _: BindingOptions) -> Result<BindInfo, BrokerError> {
+        self.log.lock().unwrap().bound.push((q.into(), f.into()));
+        Ok(BindInfo {
+            existed: false,
+            retained_sent: 0,
+        })
+    }
+    fn unbind(&mut self, _: &str, _: &str) -> Result<bool, BrokerError> {
+        Ok(true)
+    }
+    fn publish(
+        &mut self,
+        address: &Address,
+        message: Message,
+        options: PublishOptions,
+    ) -> Result<PublishReceipt, BrokerError> {
+        let mut log = self.log.lock().unwrap();
+        if let Some(e) = log.publish_error.clone() {
+            return Err(e);
+        }
+        let pending = options.confirm.then(|| Ticket(log.next()));
+        log.published.push((address.clone(), message, options));
+        Ok(PublishReceipt { routed: 1, pending })
+    }
+    fn consume(&mut self, spec: ConsumerSpec) -> Result<ConsumerId, BrokerError> {
+        let mut log = self.log.lock().unwrap();
+        if spec.queue == "missing" {
+            return Err(BrokerError::NotFound("missing".into()));
+        }
+        log.consumers.push(spec);
+        Ok(ConsumerId(log.consumers.len() as u64))
+    }
+    fn cancel(&mut self, c: ConsumerId) -> Result<(), BrokerError> {
+        self.log.lock().unwrap().cancelled.push(c);
+        Ok(())
+    }
+    fn set_credit(&mut self, c: ConsumerId, credit: u32, drain: bool) -> Result<(), BrokerError> {
+        self.log.lock().unwrap().credits.push((c, credit, drain));
+        Ok(())
+    }
+    fn settle(
+        &mut self,
+        c: ConsumerId,
+        tag: DeliveryTag,
+        outcome: Outcome,
+        txn: Option<TxnId>,
+        _confirm: bool,
+    ) -> Result<Option<Ticket>, BrokerError> {
+        self.log
+            .lock()
+            .unwrap()
+            .settled
+            .push((c, tag, outcome, txn));
+        Ok(None)
+    }
+    fn annotate(&mut self, _: ConsumerId, _: DeliveryTag, _: Bytes) -> Result<(), BrokerError> {
+        Ok(())
+    }
+    fn begin(&mut self) -> TxnId {
+        TxnId(self.log.lock().unwrap().next())
+    }
+    fn commit(&mut self, txn: TxnId) -> Result<Ticket, BrokerError> {
+        let mut log = self.log.lock().unwrap();
+        log.commits.push(txn);
+        Ok(Ticket(log.next()))
+    }
+    fn rollback(&mut self, txn: TxnId) -> Result<(), BrokerError> {
+        self.log.lock().unwrap().rollbacks.push(txn);
+        Ok(())
+    }
+    fn get_state(&mut self, _: &str) -> Option<Bytes> {
+        None
+    }
+    fn put_state(&mut self, _: &str, _: Option<Bytes>) -> Result<Option<Ticket>, BrokerError> {
+        Ok(None)
+    }
+    fn set_will(&mut self, _: Option<Will>) {}
+    fn producer_blocked(&self) -> bool {
+        self.log.lock().unwrap().blocked
+    }
+    fn close(&mut self, kind: CloseKind) {
+        self.log.lock().unwrap().closed = Some(kind);
+    }
+}
+
+struct NullSink;
+impl EventSink for NullSink {
+    fn send(&self, _: SessionEvent) {}
+}
+
+// ---------------------------------------------------------------- client
+
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // test-only, short-lived values
+enum Out {
+    Header(u8),
+    Sasl(Bytes),
+    Perf(u16, Performative, Bytes),
+    Empty,
+}
+
+struct Peer {
+    conn: AmqpConnection,
+    now: Instant,
+    log: Arc<Mutex<Log>>,
+    rx: Vec<u8>,
+}
+
+impl Peer {
+    fn with(anonymous: bool, cfg: AmqpConfig) -> Self {
+        let log = Arc::new(Mutex::new(Log::default()));
+        let broker = Arc::new(FakeBroker {
+            log: log.clone(),
+            anonymous,
+        });
+        let now = Instant::now();
+        Self {
+            conn: AmqpConnection::new(cfg, broker, Arc::new(NullSink), 7, now),
+            now,
+            log,
+            rx: Vec::new(),
+        }
+    }
+
+    fn new(anonymous: bool) -> Self {
+        Self::with(anonymous, AmqpConfig::default())
+    }
+
+    fn input(&mut self, bytes: &[u8]) {
+        self.conn.handle_input(self.now, bytes);
+    }
+
+    fn sasl<T: Serialize>(&mut self, body: &T) {
+        let mut b = Vec::new();
+        write_frame(&mut b, FRAME_TYPE_SASL, 0, body, &[]);
+        self.input(&b);
+    }
+
+    fn send<T: Serialize>(&mut self, ch: u16, perf: &T, payload: &[u8]) {
+        let mut b = Vec::new();
+        write_perf(&mut b, ch, perf, payload);
+        self.input(&b);
+    }
+
+    fn event(&mut self, e: SessionEvent) {
+        self.conn.handle_event(self.now, e);
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.now += d;
+        self.conn.handle_timeout(self.now);
+    }
+
+    fn recv(&mut self) -> Vec<Out> {
+        self.conn.poll_transmit(&mut self.rx);
+        let mut outs = Vec::new();
+        let buf = std::mem::take(&mut self.rx);
+        let mut pos = 0;
+        while pos < buf.len() {
+            if buf[pos..].starts_with(b"AMQP") {
+                outs.push(Out::Header(buf[pos + 4]));
+                pos += 8;
+                continue;
+            }
+            let size = u32::from_be_bytes(buf[pos..pos + 4].try_into().unwrap()) as usize;
+            let doff = usize::from(buf[pos + 4]) * 4;
+            let ftype = buf[pos + 5];
+            let ch = u16::from_be_bytes([buf[pos + 6], buf[pos + 7]]);
+            let body = Bytes::copy_from_slice(&buf[pos + doff..pos + size]);
+            pos += size;
+            if ftype == FRAME_TYPE_SASL {
+                outs.push(Out::Sasl(body));
+            } else if body.is_empty() {
+                outs.push(Out::Empty);
+            } else {
+                let len = codec::value_len(&body).unwrap();
+                let perf: Performative = codec::decode("perf", &body[..len]).unwrap();
+                outs.push(Out::Perf(ch, perf, body.slice(len..)));
+            }
+        }
+        outs
+    }
+
+    fn perfs(&mut self) -> Vec<Performative> {
+        self.recv()
+            .into_iter()
+            .filter_map(|o| match o {
+                Out::Perf(_, p, _) => Some(p),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Anonymous AMQP header (no SASL), Open and Begin on channel 0.
+    fn open(&mut self) {
+        self.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+        self.send(0, &open("client-1"), &[]);
+        self.send(0, &begin(), &[]);
+        let out = self.perfs();
+        assert!(matches!(out[0], Performative::Open(_)), "{out:?}");
+        assert!(matches!(out[1], Performative::Begin(_)), "{out:?}");
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, Log> {
+        self.log.lock().unwrap()
+    }
+}
+
+fn open(container: &str) -> Open {
+    Open {
+        container_id: container.into(),
+        hostname: None,
+        max_frame_size: MaxFrameSize(65_536),
+        channel_max: ChannelMax(10),
+        idle_time_out: None,
+        outgoing_locales: None,
+        incoming_locales: None,
+        offered_capabilities: None,
+        desired_capabilities: None,
+        properties: None,
+    }
+}
+
+fn begin() -> Begin {
+    Begin {
+        remote_channel: None,
+        next_outgoing_id: 0,
+        incoming_window: 1000,
+        outgoing_window: 1000,
+        handle_max: Handle(100),
+        offered_capabilities: None,
+        desired_capabilities: None,
+        properties: None,
+    }
+}
+
+fn attach(name: &str, handle: u32, role: Role, address: Option<&str>) -> Attach {
+    let source = Source {
+        address: address.map(Into::into),
+        ..Source::default()
+    };
+    let target = Target {
+        address: address.map(Into::into),
+        ..Target::default()
+    };
+    Attach {
+        name: name.into(),
+        handle: Handle(handle),
+        role,
+        snd_settle_mode: SenderSettleMode::Unsettled,
+        rcv_settle_mode: ReceiverSettleMode::First,
+        source: Some(Box::new(source)),
+        target: Some(Box::new(TargetArchetype::Target(target))),
+        unsettled: None,
+        incomplete_unsettled: false,
+        initial_delivery_count: Some(0),
+        max_message_size: None,
+        offered_capabilities: None,
+        desired_capabilities: None,
+        properties: None,
+    }
+}
+
+fn flow(handle: u32, delivery_count: u32, credit: u32, drain: bool) -> Flow {
+    Flow {
+        next_incoming_id: Some(0),
+        incoming_window: 1000,
+        next_outgoing_id: 0,
+        outgoing_window: 1000,
+        handle: Some(Handle(handle)),
+        delivery_count: Some(delivery_count),
+        link_credit: Some(credit),
+        available: None,
+        drain,
+        echo: false,
+        properties: None,
+    }
+}
+
+fn transfer(handle: u32, id: u32, settled: bool) -> Transfer {
+    Transfer {
+        handle: Handle(handle),
+        delivery_id: Some(id),
+        delivery_tag: Some(vec![id as u8].into()),
+        message_format: Some(0),
+        settled: Some(settled),
+        more: false,
+        rcv_settle_mode: None,
+        state: None,
+        resume: false,
+        aborted: false,
+        batchable: false,
+    }
+}
+
+fn data_payload(body: &[u8]) -> Vec<u8> {
+    let mut p = Vec::new();
+    codec::encode_into(&mut p, &Data(Binary::from(body.to_vec()))).unwrap();
+    p
+}
+
+fn delivery(consumer: u64, tag: u64, body: &'static [u8]) -> SessionEvent {
+    SessionEvent::Delivery(Delivery {
+        consumer: ConsumerId(consumer),
+        tag: DeliveryTag(tag),
+        message: Arc::new(Message::binary(Bytes::from_static(body))),
+        delivery_count: 0,
+        redelivered: false,
+        from_retained: false,
+        matched: MatchInfo::default(),
+        annotation: None,
+    })
+}
+
+fn condition_symbol(e: &WireError) -> String {
+    let bytes = serde_amqp::to_vec(&e.condition).unwrap();
+    let sym: Symbol = serde_amqp::from_slice(&bytes).unwrap();
+    sym.0
+}
+
+fn sasl_outcome(out: &[Out]) -> SaslOutcome {
+    out.iter()
+        .find_map(|o| match o {
+            Out::Sasl(b) if codec::descriptor_code(b) == Some(0x44) => {
+                Some(codec::decode::<SaslOutcome>("outcome", b).unwrap())
+            }
+            _ => None,
+        })
+        .expect("a sasl-outcome")
+}
+
+fn plain(user: &str, pw: &str) -> SaslInit {
+    SaslInit {
+        mechanism: Symbol::from("PLAIN"),
+        initial_response: Some(Binary::from(format!("\0{user}\0{pw}").into_bytes())),
+        hostname: None,
+    }
+}
+
+/// Attaches a client sender on handle 0 and returns the credit granted.
+fn attach_sender(p: &mut Peer, address: Option<&str>) -> u32 {
+    p.send(0, &attach("snd", 0, Role::Sender, address), &[]);
+    let out = p.perfs();
+    assert!(
+        matches!(&out[0], Performative::Attach(a) if a.role == Role::Receiver),
+        "{out:?}"
+    );
+    match &out[1] {
+        Performative::Flow(f) => f.link_credit.unwrap(),
+        other => panic!("expected flow, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------- SASL
+
+#[test]
+fn sasl_plain_ok_then_open() {
+    let mut p = Peer::new(false);
+    p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
+    let out = p.recv();
+    assert!(matches!(out[0], Out::Header(3)));
+    let Out::Sasl(mechs) = &out[1] else {
+        panic!("{out:?}")
+    };
+    let text = String::from_utf8_lossy(mechs);
+    assert!(text.contains("PLAIN") && text.contains("SCRAM-SHA-256"));
+    assert!(!text.contains("ANONYMOUS"));
+    p.sasl(&plain("alice", PASSWORD));
+    assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::Ok);
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    p.send(0, &open("jms-client"), &[]);
+    let out = p.recv();
+    assert!(matches!(out[0], Out::Header(0)));
+    let Out::Perf(0, Performative::Open(o), _) = &out[1] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(o.container_id, "rosetta");
+    assert_eq!(o.max_frame_size.0, crate::config::FRAME_SIZE_MAX_BYTES);
+    let log = p.log();
+    assert_eq!(log.sessions[0].principal.user.as_deref(), Some("alice"));
+    assert_eq!(log.sessions[0].client_id.as_deref(), Some("jms-client"));
+}
+
+#[test]
+fn sasl_plain_wrong_password_fails_with_auth() {
+    let mut p = Peer::new(false);
+    p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
+    p.recv();
+    p.sasl(&plain("alice", "nope"));
+    assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::Auth);
+    assert!(p.conn.is_closed());
+    assert!(p.log().sessions.is_empty());
+}
+
+#[test]
+fn sasl_anonymous_only_when_allowed() {
+    for allowed in [true, false] {
+        let mut p = Peer::new(allowed);
+        p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
+        p.recv();
+        p.sasl(&SaslInit {
+            mechanism: Symbol::from("ANONYMOUS"),
+            initial_response: None,
+            hostname: None,
+        });
+        let want = if allowed {
+            SaslCode::Ok
+        } else {
+            SaslCode::Auth
+        };
+        assert_eq!(sasl_outcome(&p.recv()).code, want);
+        assert_eq!(p.conn.is_closed(), !allowed);
+    }
+}
+
+#[test]
+fn skipping_sasl_needs_anonymous_access() {
+    let mut p = Peer::new(true);
+    p.open();
+    assert_eq!(p.log().sessions[0].principal, Principal::anonymous());
+
+    let mut p = Peer::new(false);
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    let out = p.recv();
+    assert!(
+        matches!(out[..], [Out::Header(PROTOCOL_ID_SASL)]),
+        "{out:?}"
+    );
+    assert!(p.conn.is_closed());
+}
+
+fn scram_exchange(password: &str) -> (SaslOutcome, String, Peer) {
+    let mut p = Peer::new(false);
+    p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
+    p.recv();
+    let first_bare = "n=alice,r=clientnonce123";
+    p.sasl(&SaslInit {
+        mechanism: Symbol::from("SCRAM-SHA-256"),
+        initial_response: Some(Binary::from(format!("n,,{first_bare}").into_bytes())),
+        hostname: None,
+    });
+    let out = p.recv();
+    let Out::Sasl(b) = &out[0] else {
+        panic!("{out:?}")
+    };
+    let ch: SaslChallenge = codec::decode("challenge", b).unwrap();
+    let server_first = String::from_utf8(ch.challenge.into_vec()).unwrap();
+    assert!(server_first.starts_with("r=clientnonce123"));
+    let (client_final, server_final) = scram_client_final(password, first_bare, &server_first);
+    p.sasl(&SaslResponse {
+        response: Binary::from(client_final.into_bytes()),
+    });
+    let outcome = sasl_outcome(&p.recv());
+    (outcome, server_final, p)
+}
+
+#[test]
+fn sasl_scram_sha_256_full_exchange() {
+    let (outcome, server_final, mut p) = scram_exchange(PASSWORD);
+    assert_eq!(outcome.code, SaslCode::Ok);
+    assert_eq!(
+        outcome.additional_data.unwrap().into_vec(),
+        server_final.into_bytes()
+    );
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    p.send(0, &open("c"), &[]);
+    p.recv();
+    assert_eq!(p.log().sessions[0].principal.user.as_deref(), Some("alice"));
+}
+
+#[test]
+fn sasl_scram_wrong_password_fails() {
+    let (outcome, _, p) = scram_exchange("wrong");
+    assert_eq!(outcome.code, SaslCode::Auth);
+    assert!(p.conn.is_closed());
+}
+
+// ---------------------------------------------------------------- framing
+
+#[test]
+fn truncated_or_bad_frames_before_and_after_sasl_are_errors() {
+    // 13 bytes whose data offset points past the frame, before auth.
+    let mut p = Peer::new(false);
+    p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
+    p.input(&[0, 0, 0, 13, 9, 1, 0, 0, 0, 0, 0, 0, 0]);
+    assert!(p.conn.is_closed());
+    // A truncated frame header then EOF after SASL.
+    let mut p = Peer::new(false);
+    p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
+    p.sasl(&plain("alice", PASSWORD));
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    p.input(&[0, 0, 0]);
+    assert!(!p.conn.is_closed());
+    p.conn.handle_transport_closed(p.now);
+    assert!(p.conn.is_closed());
+    // A body that is not a performative after Open: decode-error close.
+    let mut p = Peer::new(true);
+    p.open();
+    p.input(&[0, 0, 0, 10, 2, 0, 0, 0, 0xa1, 5]);
+    let out = p.perfs();
+    let Some(Performative::Close(c)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(c.error.as_ref().unwrap()),
+        "amqp:decode-error"
+    );
+    assert_eq!(p.log().closed, Some(CloseKind::Abnormal));
+}
+
+#[test]
+fn oversized_frame_closes_with_frame_size_too_large() {
+    let mut p = Peer::new(true);
+    p.open();
+    let size = crate::config::FRAME_SIZE_MAX_BYTES + 1;
+    p.input(&size.to_be_bytes());
+    let out = p.perfs();
+    let Some(Performative::Close(c)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(c.error.as_ref().unwrap()),
+        "amqp:frame-size-too-large"
+    );
+    // The peer answers our close; the connection is done.
+    p.send(0, &Close { error: None }, &[]);
+    assert!(p.conn.is_closed());
+}
+
+#[test]
+fn byte_at_a_time_handshake_and_publish() {
+    let mut p = Peer::new(true);
+    let mut wire = frame::protocol_header(PROTOCOL_ID_AMQP).to_vec();
+    write_perf(&mut wire, 0, &open("c"), &[]);
+    write_perf(&mut wire, 0, &begin(), &[]);
+    write_perf(
+        &mut wire,
+        0,
+        &attach("s", 0, Role::Sender, Some("/queue/q")),
+        &[],
+    );
+    write_perf(&mut wire, 0, &transfer(0, 0, true), &data_payload(b"abc"));
+    for b in &wire {
+        p.input(std::slice::from_ref(b));
+    }
+    let log = p.log();
+    assert_eq!(log.published.len(), 1);
+    assert_eq!(log.published[0].0, Address::Queue("q".into()));
+    assert_eq!(&log.published[0].1.body.bytes[..], b"abc");
+}
+
+#[test]
+fn second_open_is_an_illegal_state() {
+    let mut p = Peer::new(true);
+    p.open();
+    p.send(0, &open("again"), &[]);
+    let out = p.perfs();
+    let Some(Performative::Close(c)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(c.error.as_ref().unwrap()),
+        "amqp:illegal-state"
+    );
+}
+
+// ---------------------------------------------------------------- idle
+
+#[test]
+fn idle_timeouts_both_ways() {
+    let mut p = Peer::new(true);
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    let mut o = open("c");
+    o.idle_time_out = Some(10_000);
+    p.send(0, &o, &[]);
+    p.recv();
+    // We send a heartbeat at half the peer's timeout.
+    assert_eq!(p.conn.poll_timeout(), Some(p.now + Duration::from_secs(5)));
+    p.advance(Duration::from_secs(5));
+    assert!(matches!(p.recv()[..], [Out::Empty]));
+    // The peer keeps talking with empty frames: we stay open.
+    for _ in 0..20 {
+        p.advance(Duration::from_secs(5));
+        p.input(&[0, 0, 0, 8, 2, 0, 0, 0]);
+        p.recv();
+    }
+    assert!(!p.conn.is_closed());
+    // Silence past our 60 s: close with resource-limit-exceeded.
+    for _ in 0..13 {
+        p.advance(Duration::from_secs(5));
+    }
+    let out = p.perfs();
+    let Some(Performative::Close(c)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(c.error.as_ref().unwrap()),
+        "amqp:resource-limit-exceeded"
+    );
+    assert!(p.conn.is_closed());
+}
+
+#[test]
+fn handshake_must_finish_in_time() {
+    let mut p = Peer::new(true);
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    p.advance(Duration::from_millis(crate::config::HANDSHAKE_TIMEOUT_MS));
+    assert!(p.conn.is_closed());
+}
+
+// ---------------------------------------------------------------- publish
+
+#[test]
+fn unsettled_send_is_accepted_only_after_commit() {
+    let mut p = Peer::new(true);
+    p.open();
+    let credit = attach_sender(&mut p, Some("/queue/q"));
+    assert_eq!(credit, crate::config::SENDER_CREDIT_WINDOW);
+    let mut payload = Vec::new();
+    codec::encode_into(
+        &mut payload,
+        &fe2o3_amqp_types::messaging::Header {
+            durable: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    payload.extend(data_payload(b"hello"));
+    p.send(0, &transfer(0, 0, false), &payload);
+    p.send(0, &transfer(0, 1, false), &payload);
+    assert!(p.perfs().is_empty(), "no disposition before the commit");
+    let (ticket0, ticket1) = {
+        let log = p.log();
+        assert_eq!(log.published.len(), 2);
+        assert!(log.published[0].2.confirm);
+        assert!(log.published[0].1.durable);
+        assert_eq!(log.published[0].1.guarantee, Guarantee::AtLeastOnce);
+        (Ticket(1), Ticket(2))
+    };
+    p.event(SessionEvent::Committed {
+        ticket: ticket0,
+        result: Ok(()),
+    });
+    p.event(SessionEvent::Committed {
+        ticket: ticket1,
+        result: Ok(()),
+    });
+    let out = p.perfs();
+    // Both commits coalesce into one disposition range.
+    assert_eq!(out.len(), 1, "{out:?}");
+    let Performative::Disposition(d) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!((d.first, d.last, d.settled), (0, Some(1), true));
+    assert!(matches!(d.state, Some(DeliveryState::Accepted(_))));
+}
+
+#[test]
+fn failed_commit_rejects_the_delivery() {
+    let mut p = Peer::new(true);
+    p.open();
+    attach_sender(&mut p, Some("q"));
+    p.send(0, &transfer(0, 0, false), &data_payload(b"x"));
+    p.event(SessionEvent::Committed {
+        ticket: Ticket(1),
+        result: Err(BrokerError::Storage("disk".into())),
+    });
+    let out = p.perfs();
+    let Performative::Disposition(d) = &out[0] else {
+        panic!("{out:?}")
+    };
+    let Some(DeliveryState::Rejected(r)) = &d.state else {
+        panic!("{d:?}")
+    };
+    assert_eq!(
+        condition_symbol(r.error.as_ref().unwrap()),
+        "amqp:internal-error"
+    );
+}
+
+#[test]
+fn presettled_send_needs_no_confirm() {
+    let mut p = Peer::new(true);
+    p.open();
+    attach_sender(&mut p, Some("/topic/a/b"));
+    p.send(0, &transfer(0, 0, true), &data_payload(b"x"));
+    assert!(p.perfs().is_empty());
+    let log = p.log();
+    assert_eq!(log.published[0].0, Address::Topic("a/b".into()));
+    assert!(!log.published[0].2.confirm);
+    assert_eq!(log.published[0].1.guarantee, Guarantee::AtMostOnce);
+}
+
+#[test]
+fn anonymous_relay_routes_by_to() {
+    let mut p = Peer::new(true);
+    p.open();
+    attach_sender(&mut p, None);
+    let mut payload = Vec::new();
+    codec::encode_into(
+        &mut payload,
+        &AmqpProperties {
+            to: Some("/topic/x/y".into()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    codec::encode_into(&mut payload, &AmqpValue("hi".to_string())).unwrap();
+    p.send(0, &transfer(0, 0, true), &payload);
+    // No `to`: rejected with invalid-field, the link stays.
+    p.send(0, &transfer(0, 1, false), &data_payload(b"x"));
+    let out = p.perfs();
+    let Performative::Disposition(d) = &out[0] else {
+        panic!("{out:?}")
+    };
+    let Some(DeliveryState::Rejected(r)) = &d.state else {
+        panic!("{d:?}")
+    };
+    assert_eq!(
+        condition_symbol(r.error.as_ref().unwrap()),
+        "amqp:invalid-field"
+    );
+    let log = p.log();
+    assert_eq!(log.published.len(), 1);
+    assert_eq!(log.published[0].0, Address::Topic("x/y".into()));
+    assert_eq!(log.published[0].1.body, Body::text("hi"));
+}
+
+#[test]
+fn credit_is_refilled_and_withheld_when_blocked() {
+    let cfg = AmqpConfig {
+        sender_credit_window: 4,
+        ..AmqpConfig::default()
+    };
+    let mut p = Peer::with(true, cfg);
+    p.open();
+    assert_eq!(attach_sender(&mut p, Some("q")), 4);
+    // Two pre-settled transfers use half the window: refilled to 4.
+    p.send(0, &transfer(0, 0, true), &data_payload(b"x"));
+    p.send(0, &transfer(0, 1, true), &data_payload(b"x"));
+    let out = p.perfs();
+    let Some(Performative::Flow(f)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!((f.delivery_count, f.link_credit), (Some(2), Some(4)));
+    // Blocked producers get no refill until the block lifts.
+    p.log().blocked = true;
+    p.send(0, &transfer(0, 2, true), &data_payload(b"x"));
+    p.send(0, &transfer(0, 3, true), &data_payload(b"x"));
+    assert!(p.perfs().is_empty());
+    // A fifth and sixth transfer within the old grant are fine, a seventh is not.
+    p.send(0, &transfer(0, 4, true), &data_payload(b"x"));
+    p.send(0, &transfer(0, 5, true), &data_payload(b"x"));
+    p.send(0, &transfer(0, 6, true), &data_payload(b"x"));
+    let out = p.perfs();
+    let Some(Performative::Detach(d)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(d.error.as_ref().unwrap()),
+        "amqp:link:transfer-limit-exceeded"
+    );
+}
+
+#[test]
+fn withheld_credit_is_granted_when_unblocked() {
+    let cfg = AmqpConfig {
+        sender_credit_window: 4,
+        ..AmqpConfig::default()
+    };
+    let mut p = Peer::with(true, cfg);
+    p.open();
+    p.log().blocked = true;
+    p.send(0, &attach("snd", 0, Role::Sender, Some("q")), &[]);
+    let out = p.perfs();
+    assert_eq!(out.len(), 1, "no flow while blocked: {out:?}");
+    p.log().blocked = false;
+    let t = p.conn.poll_timeout().unwrap();
+    p.advance(t - p.now);
+    let out = p.perfs();
+    let Some(Performative::Flow(f)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(f.link_credit, Some(4));
+}
+
+#[test]
+fn multi_frame_transfer_is_reassembled() {
+    let mut p = Peer::new(true);
+    p.open();
+    attach_sender(&mut p, Some("q"));
+    let payload = data_payload(&[7u8; 300]);
+    let (a, b) = payload.split_at(100);
+    let mut t = transfer(0, 0, true);
+    t.more = true;
+    p.send(0, &t, a);
+    let mut t2 = transfer(0, 0, true);
+    t2.delivery_id = None;
+    t2.delivery_tag = None;
+    p.send(0, &t2, b);
+    let log = p.log();
+    assert_eq!(log.published.len(), 1);
+    assert_eq!(&log.published[0].1.body.bytes[..], &[7u8; 300][..]);
+}
+
+#[test]
+fn publish_to_a_malformed_target_is_refused() {
+    let mut p = Peer::new(true);
+    p.open();
+    p.send(0, &attach("snd", 0, Role::Sender, Some("/topic/a/#")), &[]);
+    let out = p.perfs();
+    let Performative::Attach(a) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert!(a.target.is_none());
+    let Performative::Detach(d) = &out[1] else {
+        panic!("{out:?}")
+    };
+    assert!(d.closed);
+    assert_eq!(
+        condition_symbol(d.error.as_ref().unwrap()),
+        "amqp:invalid-field"
+    );
+    // The peer's answering detach is absorbed; the session lives on.
+    p.send(
+        0,
+        &Detach {
+            handle: Handle(0),
+            closed: true,
+            error: None,
+        },
+        &[],
+    );
+    assert!(p.perfs().is_empty());
+    assert_eq!(
+        attach_sender(&mut p, Some("q")),
+        crate::config::SENDER_CREDIT_WINDOW
+    );
+}
+
+#[test]
+fn unauthorized_publish_detaches_only_that_link() {
+    let mut p = Peer::new(true);
+    p.open();
+    attach_sender(&mut p, Some("q"));
+    p.log().publish_error = Some(BrokerError::Unauthorized("q".into()));
+    p.send(0, &transfer(0, 0, false), &data_payload(b"x"));
+    let out = p.perfs();
+    assert!(matches!(&out[0], Performative::Disposition(_)), "{out:?}");
+    let Performative::Detach(d) = &out[1] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(d.error.as_ref().unwrap()),
+        "amqp:unauthorized-access"
+    );
+    assert!(!p.conn.is_closed());
+}
+
+#[test]
+fn transfer_on_unknown_handle_ends_the_session() {
+    let mut p = Peer::new(true);
+    p.open();
+    p.send(0, &transfer(9, 0, true), &data_payload(b"x"));
+    let out = p.perfs();
+    let Some(Performative::End(e)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(e.error.as_ref().unwrap()),
+        "amqp:session:unattached-handle"
+    );
+    // Frames on the ended session are dropped until the peer's End.
+    p.send(0, &transfer(9, 1, true), &data_payload(b"x"));
+    assert!(p.perfs().is_empty());
+    p.send(0, &End { error: None }, &[]);
+    p.send(0, &begin(), &[]);
+    assert!(matches!(p.perfs()[..], [Performative::Begin(_)]));
+}
+
+#[test]
+fn session_window_reopens_and_violation_ends_the_session() {
+    let cfg = AmqpConfig {
+        session_window_frames: 4,
+        ..AmqpConfig::default()
+    };
+    let mut p = Peer::with(true, cfg);
+    p.open();
+    attach_sender(&mut p, Some("q"));
+    p.send(0, &transfer(0, 0, true), &data_payload(b"x"));
+    assert!(p.perfs().is_empty());
+    p.send(0, &transfer(0, 1, true), &data_payload(b"x"));
+    let out = p.perfs();
+    let Some(Performative::Flow(f)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        (f.next_incoming_id, f.incoming_window, f.handle.clone()),
+        (Some(2), 4, None)
+    );
+
+    // A zero window: any transfer violates it.
+    let cfg = AmqpConfig {
+        session_window_frames: 0,
+        ..AmqpConfig::default()
+    };
+    let mut p = Peer::with(true, cfg);
+    p.open();
+    attach_sender(&mut p, Some("q"));
+    p.send(0, &transfer(0, 0, true), &data_payload(b"x"));
+    let out = p.perfs();
+    let Some(Performative::End(e)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(e.error.as_ref().unwrap()),
+        "amqp:session:window-violation"
+    );
+    assert!(p.log().published.is_empty());
+}
+
+#[test]
+fn several_sessions_and_unknown_channels() {
+    let mut p = Peer::new(true);
+    p.open();
+    p.send(1, &begin(), &[]);
+    let out = p.recv();
+    assert!(matches!(out[..], [Out::Perf(1, Performative::Begin(_), _)]));
+    p.send(1, &attach("a", 0, Role::Sender, Some("q")), &[]);
+    p.send(0, &attach("b", 0, Role::Sender, Some("q")), &[]);
+    assert_eq!(p.perfs().len(), 4);
+    p.send(5, &attach("c", 0, Role::Sender, Some("q")), &[]);
+    let out = p.perfs();
+    let Some(Performative::Close(c)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(c.error.as_ref().unwrap()),
+        "amqp:not-allowed"
+    );
+}
+
+// ---------------------------------------------------------------- consume
+
+/// Attaches a client receiver on handle `h` and returns the reply.
+fn attach_receiver(p: &mut Peer, h: u32, a: Attach) -> Attach {
+    assert_eq!(a.handle.0, h);
+    p.send(0, &a, &[]);
+    let out = p.perfs();
+    match out.into_iter().next() {
+        Some(Performative::Attach(a)) => a,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn queue_receiver_credit_delivery_and_accept() {
+    let mut p = Peer::new(true);
+    p.open();
+    let reply = attach_receiver(
+        &mut p,
+        0,
+        attach("rcv", 0, Role::Receiver, Some("/queue/q")),
+    );
+    assert_eq!(reply.role, Role::Sender);
+    assert_eq!(reply.initial_delivery_count, Some(0));
+    {
+        let log = p.log();
+        assert_eq!(log.consumers[0].queue, "q");
+        assert_eq!(log.consumers[0].credit, CreditMode::Explicit(0));
+        assert!(!log.consumers[0].auto_settle);
+    }
+    p.send(0, &flow(0, 0, 10, false), &[]);
+    assert_eq!(p.log().credits, vec![(ConsumerId(1), 10, false)]);
+    p.event(delivery(1, 42, b"body"));
+    let out = p.recv();
+    let Out::Perf(0, Performative::Transfer(t), payload) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(t.delivery_id, Some(0));
+    assert_eq!(t.settled, Some(false));
+    assert_eq!(
+        t.delivery_tag.as_ref().unwrap().as_slice(),
+        &42u64.to_be_bytes()
+    );
+    let m = crate::message::decode(payload, 0).unwrap();
+    assert_eq!(&m.message.body.bytes[..], b"body");
+    // The client accepts it.
+    p.send(
+        0,
+        &Disposition {
+            role: Role::Receiver,
+            first: 0,
+            last: None,
+            settled: true,
+            state: Some(DeliveryState::Accepted(Accepted {})),
+            batchable: false,
+        },
+        &[],
+    );
+    assert_eq!(
+        p.log().settled,
+        vec![(ConsumerId(1), DeliveryTag(42), Outcome::Accept, None)]
+    );
+    // More credit is absolute: delivery-count 1 + credit 5 -> 5 left.
+    p.send(0, &flow(0, 1, 5, false), &[]);
+    assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 5, false)));
+}
+
+#[test]
+fn drain_answers_after_the_core_drained() {
+    let mut p = Peer::new(true);
+    p.open();
+    attach_receiver(&mut p, 0, attach("rcv", 0, Role::Receiver, Some("q")));
+    p.send(0, &flow(0, 0, 5, true), &[]);
+    assert_eq!(p.log().credits, vec![(ConsumerId(1), 5, true)]);
+    assert!(p.perfs().is_empty(), "nothing until the core drained");
+    p.event(delivery(1, 1, b"a"));
+    p.event(SessionEvent::Drained {
+        consumer: ConsumerId(1),
+    });
+    let out = p.perfs();
+    assert!(matches!(out[0], Performative::Transfer(_)));
+    let Performative::Flow(f) = &out[1] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(f.delivery_count, Some(5));
+    assert_eq!(f.link_credit, Some(0));
+    assert!(f.drain);
+}
+
+#[test]
+fn receiver_outcomes_map_to_the_core() {
+    let mut p = Peer::new(true);
+    p.open();
+    attach_receiver(&mut p, 0, attach("rcv", 0, Role::Receiver, Some("q")));
+    p.send(0, &flow(0, 0, 10, false), &[]);
+    for tag in 0..4 {
+        p.event(delivery(1, tag, b"m"));
+    }
+    p.recv();
+    let states = [
+        DeliveryState::Released(Released {}),
+        DeliveryState::Modified(Modified {
+            delivery_failed: Some(true),
+            undeliverable_here: Some(true),
+            message_annotations: None,
+        }),
+        DeliveryState::Rejected(Rejected { error: None }),
+    ];
+    for (i, state) in states.into_iter().enumerate() {
+        p.send(
+            0,
+            &Disposition {
+                role: Role::Receiver,
+                first: i as u32,
+                last: None,
+                settled: true,
+                state: Some(state),
+                batchable: false,
+            },
+            &[],
+        );
+    }
+    let outcomes: Vec<Outcome> = p.log().settled.iter().map(|s| s.2).collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            Outcome::Release,
+            Outcome::Modify {
+                delivery_failed: true,
+                undeliverable_here: true
+            },
+            Outcome::Reject
+        ]
+    );
+    // Detaching returns the last unsettled one via cancel.
+    p.send(
+        0,
+        &Detach {
+            handle: Handle(0),
+            closed: true,
+            error: None,
+        },
+        &[],
+    );
+    assert_eq!(p.log().cancelled, vec![ConsumerId(1)]);
+    assert!(matches!(p.perfs()[..], [Performative::Detach(_)]));
+}
+
+#[test]
+fn presettled_receiver_gets_auto_settled_deliveries() {
+    let mut p = Peer::new(true);
+    p.open();
+    let mut a = attach("rcv", 0, Role::Receiver, Some("q"));
+    a.snd_settle_mode = SenderSettleMode::Settled;
+    attach_receiver(&mut p, 0, a);
+    assert!(p.log().consumers[0].auto_settle);
+    p.send(0, &flow(0, 0, 1, false), &[]);
+    p.event(delivery(1, 1, b"m"));
+    let out = p.perfs();
+    let Performative::Transfer(t) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(t.settled, Some(true));
+}
+
+#[test]
+fn topic_subscriptions_plain_durable_and_dynamic() {
+    let mut p = Peer::new(true);
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    p.send(0, &open("app"), &[]);
+    p.send(0, &begin(), &[]);
+    p.recv();
+    // Bare address with the JMS `topic` capability.
+    let mut a = attach("sub", 0, Role::Receiver, Some("a/+"));
+    if let Some(src) = a.source.as_mut() {
+        src.capabilities = Some(Array(vec![Symbol::from("topic")]));
+    }
+    attach_receiver(&mut p, 0, a);
+    // Durable terminus.
+    let mut a = attach("dur", 1, Role::Receiver, Some("/topic/b"));
+    if let Some(src) = a.source.as_mut() {
+        src.durable = TerminusDurability::UnsettledState;
+    }
+    attach_receiver(&mut p, 1, a);
+    // Dynamic node.
+    let mut a = attach("tmp", 2, Role::Receiver, None);
+    if let Some(src) = a.source.as_mut() {
+        src.dynamic = true;
+    }
+    let reply = attach_receiver(&mut p, 2, a);
+    assert_eq!(
+        reply.source.unwrap().address.as_deref(),
+        Some("/queue/$temp/2")
+    );
+    {
+        let log = p.log();
+        assert_eq!(log.declared[0].name, None);
+        assert_eq!(log.declared[0].lifetime, QueueLifetime::Consumer);
+        assert_eq!(log.declared[1].name.as_deref(), Some("$durable/app/dur"));
+        assert!(log.declared[1].durable);
+        assert_eq!(log.declared[1].lifetime, QueueLifetime::Permanent);
+        assert_eq!(log.declared[2].lifetime, QueueLifetime::Session);
+        assert_eq!(
+            log.bound,
+            vec![
+                ("$temp/1".to_string(), "a/+".to_string()),
+                ("$durable/app/dur".to_string(), "b".to_string())
+            ]
+        );
+    }
+    // Closing the durable link (JMS unsubscribe) deletes its queue;
+    // a plain detach would keep it.
+    p.send(
+        0,
+        &Detach {
+            handle: Handle(1),
+            closed: true,
+            error: None,
+        },
+        &[],
+    );
+    assert_eq!(p.log().deleted, vec!["$durable/app/dur".to_string()]);
+}
+
+#[test]
+fn receiver_on_missing_queue_is_refused_with_not_found() {
+    let mut p = Peer::new(true);
+    p.open();
+    p.send(0, &attach("rcv", 0, Role::Receiver, Some("missing")), &[]);
+    let out = p.perfs();
+    let Performative::Attach(a) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert!(a.source.is_none());
+    let Performative::Detach(d) = &out[1] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(d.error.as_ref().unwrap()),
+        "amqp:not-found"
+    );
+}
+
+#[test]
+fn large_delivery_is_split_at_the_peer_max_frame_size() {
+    let mut p = Peer::new(true);
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    let mut o = open("c");
+    o.max_frame_size = MaxFrameSize(512);
+    p.send(0, &o, &[]);
+    p.send(0, &begin(), &[]);
+    p.recv();
+    attach_receiver(&mut p, 0, attach("rcv", 0, Role::Receiver, Some("q")));
+    p.send(0, &flow(0, 0, 1, false), &[]);
+    static BIG: [u8; 2000] = [9u8; 2000];
+    p.event(delivery(1, 1, &BIG));
+    let mut rx = Vec::new();
+    p.conn.poll_transmit(&mut rx);
+    let mut pos = 0;
+    let mut payload = Vec::new();
+    let mut frames = 0;
+    while pos < rx.len() {
+        let size = u32::from_be_bytes(rx[pos..pos + 4].try_into().unwrap()) as usize;
+        assert!(size <= 512);
+        let body = &rx[pos + 8..pos + size];
+        let len = codec::value_len(body).unwrap();
+        let perf: Performative = codec::decode("p", &body[..len]).unwrap();
+        let Performative::Transfer(t) = perf else {
+            panic!()
+        };
+        payload.extend_from_slice(&body[len..]);
+        frames += 1;
+        pos += size;
+        assert_eq!(t.more, pos < rx.len());
+    }
+    assert!(frames >= 4);
+    let m = crate::message::decode(&Bytes::from(payload), 0).unwrap();
+    assert_eq!(&m.message.body.bytes[..], &BIG[..]);
+}
+
+#[test]
+fn connection_close_returns_everything_to_the_core() {
+    let mut p = Peer::new(true);
+    p.open();
+    attach_receiver(&mut p, 0, attach("rcv", 0, Role::Receiver, Some("q")));
+    p.send(0, &Close { error: None }, &[]);
+    assert!(matches!(p.perfs()[..], [Performative::Close(_)]));
+    assert!(p.conn.is_closed());
+    assert_eq!(p.log().closed, Some(CloseKind::Clean));
+
+    let mut p = Peer::new(true);
+    p.open();
+    p.conn.handle_transport_closed(p.now);
+    assert_eq!(p.log().closed, Some(CloseKind::Abnormal));
+}
+
+#[test]
+fn kicked_session_closes_with_connection_forced() {
+    let mut p = Peer::new(true);
+    p.open();
+    p.event(SessionEvent::Kicked {
+        reason: KickReason::TakenOver,
+    });
+    let out = p.perfs();
+    let Some(Performative::Close(c)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(c.error.as_ref().unwrap()),
+        "amqp:connection:forced"
+    );
+}
+
+// ---------------------------------------------------------------- transactions
+
+fn control_payload<T: Serialize>(v: T) -> Vec<u8> {
+    let mut p = Vec::new();
+    codec::encode_into(&mut p, &AmqpValue(v)).unwrap();
+    p
+}
+
+#[test]
+fn transaction_declare_transfer_discharge() {
+    let mut p = Peer::new(true);
+    p.open();
+    // Coordinator link on handle 0.
+    let mut a = attach("txn", 0, Role::Sender, None);
+    a.target = Some(Box::new(TargetArchetype::Coordinator(Coordinator::new(
+        None,
+    ))));
+    p.send(0, &a, &[]);
+    let out = p.perfs();
+    assert!(
+        matches!(&out[0], Performative::Attach(r) if matches!(r.target.as_deref(), Some(TargetArchetype::Coordinator(_))))
+    );
+    // Declare.
+    p.send(
+        0,
+        &transfer(0, 0, false),
+        &control_payload(Declare { global_id: None }),
+    );
+    let out = p.perfs();
+    let Performative::Disposition(d) = &out[0] else {
+        panic!("{out:?}")
+    };
+    let Some(DeliveryState::Declared(Declared { txn_id })) = &d.state else {
+        panic!("{d:?}")
+    };
+    let txn_id = txn_id.clone();
+    // A transactional send on another link.
+    p.send(0, &attach("snd", 1, Role::Sender, Some("q")), &[]);
+    p.perfs();
+    let mut t = transfer(1, 1, false);
+    t.state = Some(DeliveryState::TransactionalState(TransactionalState {
+        txn_id: txn_id.clone(),
+        outcome: None,
+    }));
+    p.send(0, &t, &data_payload(b"in txn"));
+    let out = p.perfs();
+    let Performative::Disposition(d) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert!(
+        matches!(&d.state, Some(DeliveryState::TransactionalState(ts)) if ts.outcome.is_some())
+    );
+    {
+        let log = p.log();
+        assert_eq!(log.published[0].2.txn, Some(TxnId(1)));
+        assert!(!log.published[0].2.confirm);
+    }
+    // Discharge: nothing until the commit is durable.
+    p.send(
+        0,
+        &transfer(0, 2, false),
+        &control_payload(Discharge {
+            txn_id: txn_id.clone(),
+            fail: Some(false),
+        }),
+    );
+    assert!(p.perfs().is_empty());
+    assert_eq!(p.log().commits, vec![TxnId(1)]);
+    p.event(SessionEvent::Committed {
+        ticket: Ticket(2),
+        result: Ok(()),
+    });
+    let out = p.perfs();
+    let Performative::Disposition(d) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(d.first, 2);
+    assert!(matches!(d.state, Some(DeliveryState::Accepted(_))));
+    // The txn is gone: discharging it again is unknown-id.
+    p.send(
+        0,
+        &transfer(0, 3, false),
+        &control_payload(Discharge {
+            txn_id,
+            fail: Some(true),
+        }),
+    );
+    let out = p.perfs();
+    let Performative::Disposition(d) = &out[0] else {
+        panic!("{out:?}")
+    };
+    let Some(DeliveryState::Rejected(r)) = &d.state else {
+        panic!("{d:?}")
+    };
+    assert_eq!(
+        condition_symbol(r.error.as_ref().unwrap()),
+        "amqp:transaction:unknown-id"
+    );
+}
+
+#[test]
+fn transactional_acquisition_and_rollback() {
+    let mut p = Peer::new(true);
+    p.open();
+    let mut a = attach("txn", 0, Role::Sender, None);
+    a.target = Some(Box::new(TargetArchetype::Coordinator(Coordinator::new(
+        None,
+    ))));
+    p.send(0, &a, &[]);
+    p.perfs();
+    p.send(
+        0,
+        &transfer(0, 0, false),
+        &control_payload(Declare { global_id: None }),
+    );
+    let out = p.perfs();
+    let Performative::Disposition(Disposition {
+        state: Some(DeliveryState::Declared(Declared { txn_id })),
+        ..
+    }) = &out[0]
+    else {
+        panic!("{out:?}")
+    };
+    let txn_id = txn_id.clone();
+    attach_receiver(&mut p, 1, attach("rcv", 1, Role::Receiver, Some("q")));
+    p.send(0, &flow(1, 0, 1, false), &[]);
+    p.event(delivery(1, 5, b"m"));
+    p.perfs();
+    p.send(
+        0,
+        &Disposition {
+            role: Role::Receiver,
+            first: 0,
+            last: None,
+            settled: true,
+            state: Some(DeliveryState::TransactionalState(TransactionalState {
+                txn_id: txn_id.clone(),
+                outcome: Some(fe2o3_amqp_types::messaging::Outcome::Accepted(Accepted {})),
+            })),
+            batchable: false,
+        },
+        &[],
+    );
+    assert_eq!(
+        p.log().settled,
+        vec![(
+            ConsumerId(1),
+            DeliveryTag(5),
+            Outcome::Accept,
+            Some(TxnId(1))
+        )]
+    );
+    p.send(
+        0,
+        &transfer(0, 1, false),
+        &control_payload(Discharge {
+            txn_id,
+            fail: Some(true),
+        }),
+    );
+    let out = p.perfs();
+    assert!(
+        matches!(&out[0], Performative::Disposition(d) if matches!(d.state, Some(DeliveryState::Accepted(_))))
+    );
+    assert_eq!(p.log().rollbacks, vec![TxnId(1)]);
+}
+
+#[test]
+fn wants_input_stops_at_the_pending_commit_limit() {
+    let cfg = AmqpConfig {
+        pending_commits_max: 2,
+        ..AmqpConfig::default()
+    };
+    let mut p = Peer::with(true, cfg);
+    p.open();
+    attach_sender(&mut p, Some("q"));
+    p.send(0, &transfer(0, 0, false), &data_payload(b"x"));
+    assert!(p.conn.wants_input());
+    p.send(0, &transfer(0, 1, false), &data_payload(b"x"));
+    assert!(!p.conn.wants_input());
+    p.event(SessionEvent::Committed {
+        ticket: Ticket(1),
+        result: Ok(()),
+    });
+    assert!(p.conn.wants_input());
+}
+
+#[test]
+fn errors_in_rejected_carry_descriptions() {
+    let e = crate::error::AmqpError::InvalidField("x".into()).to_wire();
+    assert!(e.description.unwrap().contains("x"));
+    assert!(matches!(e.condition, ErrorCondition::AmqpError(_)));
+}
