@@ -72,6 +72,7 @@ struct Txn {
 
 /// State of an authenticated connection.
 struct Open {
+    conn_id: u64,
     session: Box<dyn Session>,
     version: Version,
     /// Key of durable subscriptions: `client-id`, else the login.
@@ -156,11 +157,13 @@ impl StompConnection {
     /// Bytes read from the socket (any split: partial frames, many frames).
     pub fn handle_input(&mut self, now: Instant, data: &[u8]) {
         self.now = now;
+        // Any byte proves the client alive, even while frames are ignored
+        // (after DISCONNECT, waiting for its receipt).
+        self.last_rx = now;
         if !self.reading() {
             trace!(conn_id = self.conn_id, len = data.len(), "input ignored");
             return;
         }
-        self.last_rx = now;
         let mut rest = data;
         loop {
             let taken = self.decoder.feed(rest);
@@ -456,6 +459,7 @@ impl StompConnection {
         w.finish(b"");
         self.last_tx = self.now;
         self.state = State::Open(Box::new(Open {
+            conn_id: self.conn_id,
             session,
             version,
             client_key,
@@ -479,11 +483,11 @@ impl StompConnection {
             Command::Send => open.send(config, frame),
             Command::Subscribe => open.subscribe(config, &frame),
             Command::Unsubscribe => open.unsubscribe(&frame),
-            Command::Ack => open.ack(&frame, Outcome::Accept),
+            Command::Ack => open.ack(config, &frame, Outcome::Accept),
             Command::Nack if open.version == Version::V1_0 => {
                 Err(StompError::UnsupportedCommand(Command::Nack, open.version))
             }
-            Command::Nack => open.ack(&frame, Outcome::NACK),
+            Command::Nack => open.ack(config, &frame, Outcome::NACK),
             Command::Begin => open.begin(config, &frame),
             Command::Commit => open.commit(&frame),
             Command::Abort => open.abort(&frame),
@@ -503,6 +507,7 @@ impl StompConnection {
         else {
             // Raced with UNSUBSCRIBE: the cancel returns it to its queue.
             trace!(
+                conn_id = open.conn_id,
                 consumer = d.consumer.0,
                 "delivery for a cancelled subscription"
             );
@@ -684,7 +689,7 @@ impl Open {
                 return Err(e.into());
             }
         };
-        debug!(sub = %id, %dest, %queue, ?ack, prefetch, "subscribed");
+        debug!(conn_id = self.conn_id, sub = %id, %dest, %queue, ?ack, prefetch, "subscribed");
         self.by_consumer.insert(consumer, id.clone());
         self.subs.insert(
             id.clone(),
@@ -697,7 +702,7 @@ impl Open {
     fn drop_unused_queue(&mut self, queue: &str, temporary: bool) {
         if temporary {
             if let Err(e) = self.session.delete_queue(queue) {
-                debug!(%queue, error = %e, "could not delete unused subscription queue");
+                debug!(conn_id = self.conn_id, %queue, error = %e, "could not delete unused subscription queue");
             }
         }
     }
@@ -711,24 +716,25 @@ impl Open {
         let remove = frame.header("activemq.subscriptionName").is_some()
             || is_true(frame.header("persistent"))
             || is_true(frame.header("durable"));
-        let mut durable_queue = None;
-        if let Some(sub) = self.subs.remove(id) {
-            self.by_consumer.remove(&sub.consumer);
-            self.session.cancel(sub.consumer)?;
-            durable_queue = sub.durable_queue;
-        } else {
-            debug!(sub = %id, "UNSUBSCRIBE of an unknown subscription");
-        }
+        let durable_queue = match self.subs.remove(id) {
+            Some(sub) => {
+                self.by_consumer.remove(&sub.consumer);
+                self.session.cancel(sub.consumer)?;
+                sub.durable_queue
+            }
+            // Not active here: ActiveMQ clients remove a durable
+            // subscription offline by naming it.
+            None => {
+                debug!(conn_id = self.conn_id, sub = %id, "UNSUBSCRIBE of an inactive subscription");
+                self.client_key
+                    .as_deref()
+                    .zip(durable_name(frame, id))
+                    .map(|(key, name)| durable_subscription_queue(key, name))
+            }
+        };
         if remove {
-            let queue = match (durable_queue, self.client_key.as_deref()) {
-                (Some(q), _) => Some(q),
-                (None, Some(key)) => {
-                    durable_name(frame, id).map(|name| durable_subscription_queue(key, name))
-                }
-                (None, None) => None,
-            };
-            if let Some(q) = queue {
-                debug!(queue = %q, "durable subscription removed");
+            if let Some(q) = durable_queue {
+                debug!(conn_id = self.conn_id, queue = %q, "durable subscription removed");
                 match self.session.delete_queue(&q) {
                     Ok(()) | Err(rosetta_neutral::BrokerError::NotFound(_)) => {}
                     Err(e) => return Err(e.into()),
@@ -738,7 +744,12 @@ impl Open {
         Ok(Done::now())
     }
 
-    fn ack(&mut self, frame: &Frame, outcome: Outcome) -> Result<Done, StompError> {
+    fn ack(
+        &mut self,
+        config: &StompConfig,
+        frame: &Frame,
+        outcome: Outcome,
+    ) -> Result<Done, StompError> {
         let id = if self.version == Version::V1_2 {
             frame.header("id").or_else(|| frame.header("message-id"))
         } else {
@@ -759,6 +770,14 @@ impl Open {
         let txn = self.txn_id(frame)?;
         let sub = self.subs.get_mut(sub_id).ok_or_else(unknown)?;
         let tags = sub.take_acked(tag).ok_or_else(unknown)?;
+        if let Some(t) = txn_name.and_then(|n| self.txns.get(n)) {
+            if t.acked.len() + tags.len() > config.transaction_acks_max {
+                return Err(StompError::LimitExceeded {
+                    what: "acknowledgements in one transaction",
+                    max: config.transaction_acks_max,
+                });
+            }
+        }
         let confirm = txn.is_none() && frame.header("receipt").is_some();
         let mut tickets = Vec::new();
         for t in &tags {

@@ -881,3 +881,108 @@ fn error_frame_carries_the_receipt_id() {
     assert_eq!(f.header("receipt-id"), Some("r-5"));
     assert!(String::from_utf8_lossy(&f.body).contains("destination"));
 }
+
+#[test]
+fn durable_subscription_removed_offline_and_queue_subs_never_delete() {
+    let mut h = Harness::new();
+    h.connect("1.2", "client-id:app\n");
+    // Not subscribed on this connection: naming it still removes it.
+    h.input(b"UNSUBSCRIBE\nid:1\nactivemq.subscriptionName:feed\n\n\0");
+    let calls = h.take_calls();
+    assert!(
+        matches!(&calls[..], [Call::Delete(q)] if q == "$durable/app/feed"),
+        "{calls:?}"
+    );
+    // A queue subscription is not durable: persistent:true on UNSUBSCRIBE
+    // deletes nothing.
+    h.input(b"SUBSCRIBE\nid:q\ndestination:/queue/work\npersistent:true\n\n\0");
+    h.input(b"UNSUBSCRIBE\nid:q\npersistent:true\n\n\0");
+    let calls = h.take_calls();
+    assert!(
+        !calls
+            .iter()
+            .any(|c| matches!(c, Call::Delete(_) | Call::Declare(_))),
+        "{calls:?}"
+    );
+}
+
+#[test]
+fn client_mode_nack_is_cumulative_too() {
+    let (mut h, consumer) = subscribed("1.2", "client");
+    h.frames();
+    h.input(format!("NACK\nid:{consumer}-2\n\n\0").as_bytes());
+    assert_eq!(
+        settles(&h.take_calls()),
+        vec![(1, Outcome::NACK, None), (2, Outcome::NACK, None)]
+    );
+}
+
+#[test]
+fn transaction_ack_limit() {
+    let config = StompConfig {
+        transaction_acks_max: 2,
+        ..StompConfig::default()
+    };
+    let mut h = Harness::with_config(config);
+    h.connect("1.2", "");
+    h.input(b"SUBSCRIBE\nid:s\ndestination:/queue/q\nack:client\n\n\0");
+    let (consumer, _) = last_consumer(&h.take_calls());
+    for tag in 1..=3 {
+        h.deliver(consumer, tag, Message::text("m"));
+    }
+    h.frames();
+    h.input(b"BEGIN\ntransaction:t\n\n\0");
+    h.input(format!("ACK\nid:{consumer}-3\ntransaction:t\n\n\0").as_bytes());
+    assert_error_and_closed(&mut h, "limit exceeded");
+}
+
+#[test]
+fn consumer_closed_by_the_core_is_reported() {
+    let mut h = Harness::new();
+    h.connect("1.2", "");
+    h.input(b"SUBSCRIBE\nid:s\ndestination:/queue/q\n\n\0");
+    let (consumer, _) = last_consumer(&h.take_calls());
+    h.event(SessionEvent::ConsumerClosed {
+        consumer: ConsumerId(consumer),
+        reason: BrokerError::NotFound("q".into()),
+    });
+    let f = assert_error_and_closed(&mut h, "destination not found");
+    assert!(String::from_utf8_lossy(&f.body).contains("\"s\""));
+}
+
+#[test]
+fn heart_beats_while_waiting_for_the_disconnect_receipt_keep_the_client() {
+    let mut h = Harness::new();
+    h.connect("1.2", "heart-beat:1000,0\n");
+    h.input(b"SEND\ndestination:q\npersistent:true\n\nx\0DISCONNECT\nreceipt:bye\n\n\0");
+    for _ in 0..5 {
+        h.advance_ms(1500);
+        h.input(b"\n");
+    }
+    assert!(!h.conn.is_closed());
+    h.commit(h.tickets()[0]);
+    assert_eq!(h.frame().header("receipt-id"), Some("bye"));
+}
+
+proptest::proptest! {
+    #[test]
+    fn arbitrary_input_never_panics_and_close_is_final(
+        connect in proptest::bool::ANY,
+        input in proptest::collection::vec(proptest::num::u8::ANY, 0..400),
+    ) {
+        let mut h = Harness::new();
+        if connect {
+            h.connect("1.2", "heart-beat:1000,1000\n");
+        }
+        for chunk in input.chunks(5) {
+            h.input(chunk);
+            h.advance_ms(100);
+            h.frames();
+        }
+        if h.conn.is_closed() {
+            h.input(b"SEND\ndestination:q\n\nx\0");
+            h.advance_ms(60_000);
+            proptest::prop_assert!(h.raw_output().is_empty());
+        }
+    }
+}
