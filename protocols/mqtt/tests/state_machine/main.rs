@@ -10,6 +10,9 @@ mod bad_input;
 mod connect;
 mod deliver;
 mod fake;
+#[path = "../../fuzz/fuzz_targets/common.rs"]
+mod fuzz_common;
+mod fuzz_smoke;
 mod harness;
 mod publish;
 mod subscribe;
