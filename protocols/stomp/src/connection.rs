@@ -102,6 +102,8 @@ pub struct StompConnection {
     last_rx: Instant,
     last_tx: Instant,
     connect_deadline: Instant,
+    /// Why the connection failed, once it has.
+    error: Option<StompError>,
 }
 
 impl std::fmt::Debug for StompConnection {
@@ -151,6 +153,7 @@ impl StompConnection {
             last_rx: now,
             last_tx: now,
             connect_deadline,
+            error: None,
         }
     }
 
@@ -194,6 +197,16 @@ impl StompConnection {
     /// An event the core sent to this connection's sink.
     pub fn handle_event(&mut self, now: Instant, event: SessionEvent) {
         self.now = now;
+        let was_paused = !self.wants_input();
+        self.on_event(now, event);
+        if was_paused && self.wants_input() {
+            // The client's bytes sat unread in the socket while we paused:
+            // its silence was our doing, so its liveness clock restarts.
+            self.last_rx = now;
+        }
+    }
+
+    fn on_event(&mut self, now: Instant, event: SessionEvent) {
         let State::Open(open) = &mut self.state else {
             trace!(conn_id = self.conn_id, ?event, "event after close ignored");
             return;
@@ -241,6 +254,11 @@ impl StompConnection {
             }
             State::Open(open) => {
                 let heart = open.heart;
+                if !self.wants_input() {
+                    // We stopped reading (back-pressure): the client's
+                    // heart-beats are waiting in the socket, not missing.
+                    self.last_rx = now;
+                }
                 if let Some(grace) = heart.receive_deadline {
                     if now >= self.last_rx + grace {
                         let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
@@ -279,14 +297,14 @@ impl StompConnection {
     }
 
     /// False while the driver should stop reading: too many durable commits
-    /// pending, the core holding producers back, or after DISCONNECT.
+    /// pending, or the core holding producers back. (After DISCONNECT bytes
+    /// are still read, and ignored, so that EOF and liveness are seen.)
     pub fn wants_input(&self) -> bool {
         match &self.state {
             State::AwaitConnect => true,
             State::Closed => false,
             State::Open(open) => {
-                !open.disconnecting
-                    && open.receipts.outstanding() <= self.config.pending_commits_max
+                open.receipts.outstanding() <= self.config.pending_commits_max
                     && !open.session.producer_blocked()
             }
         }
@@ -304,6 +322,12 @@ impl StompConnection {
             info!(conn_id = self.conn_id, "transport closed");
             open.session.close(CloseKind::Abnormal);
         }
+    }
+
+    /// Why the connection was closed with an ERROR frame (`None` while
+    /// open, and after a clean DISCONNECT or a transport close).
+    pub fn error(&self) -> Option<&StompError> {
+        self.error.as_ref()
     }
 
     /// The negotiated version, once connected.
@@ -349,6 +373,7 @@ impl StompConnection {
         w.header("content-type", "text/plain");
         w.finish(ef.body.as_bytes());
         self.last_tx = self.now;
+        self.error = Some(err.clone());
     }
 
     fn on_frame(&mut self, frame: Frame) {

@@ -101,9 +101,6 @@ pub const COMMANDS: [Command; 15] = [
     Command::Error,
 ];
 
-/// Length of the longest command name (`UNSUBSCRIBE`, `DISCONNECT`...).
-pub const COMMAND_LEN_MAX: usize = 11;
-
 impl Command {
     /// The command as written on the wire.
     pub fn as_str(self) -> &'static str {
@@ -132,14 +129,6 @@ impl Command {
             .iter()
             .copied()
             .find(|c| c.as_str().as_bytes() == name)
-    }
-
-    /// True if any command starts with `prefix`: lets the parser reject
-    /// garbage on the first wrong byte instead of waiting for a line end.
-    pub fn is_prefix(prefix: &[u8]) -> bool {
-        COMMANDS
-            .iter()
-            .any(|c| c.as_str().as_bytes().starts_with(prefix))
     }
 
     /// CONNECT, STOMP and CONNECTED frames never escape header values (so

@@ -24,6 +24,8 @@ fn assert_error_and_closed(h: &mut Harness, message: &str) -> rosetta_stomp::Fra
     assert_eq!(f.command, Command::Error, "{frames:?}");
     assert_eq!(f.header("message"), Some(message), "{f:?}");
     assert!(!f.body.is_empty(), "ERROR explains itself");
+    let reason = h.conn.error().expect("the reason is kept").to_string();
+    assert!(String::from_utf8_lossy(&f.body).starts_with(&reason));
     assert!(h.conn.is_closed());
     assert!(!h.conn.wants_input());
     f
@@ -659,7 +661,10 @@ fn disconnect_with_receipt_closes_cleanly_after_pending_commits() {
     h.input(b"SEND\ndestination:q\npersistent:true\n\nx\0DISCONNECT\nreceipt:bye\n\n\0SEND\ndestination:q\n\nignored\0");
     assert!(h.frames().is_empty());
     assert!(!h.conn.is_closed());
-    assert!(!h.conn.wants_input(), "nothing is read after DISCONNECT");
+    assert!(
+        h.conn.wants_input(),
+        "bytes after DISCONNECT are read and ignored"
+    );
     assert_eq!(
         send_calls(&h.calls()).len(),
         1,
@@ -750,6 +755,36 @@ fn back_pressure_when_commits_pile_up() {
     assert!(h.conn.wants_input());
     h.broker.0.lock().unwrap().blocked = true;
     assert!(!h.conn.wants_input(), "the core holds producers back");
+}
+
+#[test]
+fn a_client_is_not_dropped_for_silence_while_we_stopped_reading() {
+    let config = StompConfig {
+        pending_commits_max: 0,
+        ..StompConfig::default()
+    };
+    let mut h = Harness::with_config(config);
+    h.connect(
+        "1.2",
+        "heart-beat:1000,0
+",
+    );
+    h.input(b"SEND\ndestination:q\npersistent:true\n\nx\0");
+    assert!(!h.conn.wants_input());
+    for _ in 0..10 {
+        h.advance_ms(1000); // the driver is not reading: no heart-beats arrive
+    }
+    assert!(!h.conn.is_closed(), "paused by us, not silent");
+    h.advance_ms(500);
+    h.commit(h.tickets()[0]);
+    assert!(h.conn.wants_input());
+    h.advance_ms(1999);
+    assert!(
+        !h.conn.is_closed(),
+        "the grace period restarts when reading resumes"
+    );
+    h.advance_ms(1);
+    assert!(h.conn.is_closed());
 }
 
 #[test]
@@ -983,6 +1018,79 @@ proptest::proptest! {
             h.input(b"SEND\ndestination:q\n\nx\0");
             h.advance_ms(60_000);
             proptest::prop_assert!(h.raw_output().is_empty());
+        }
+    }
+}
+
+/// One step of a random session: a plausible frame, a core event or time.
+#[derive(Debug, Clone)]
+enum Op {
+    Frame(usize, u8),
+    Deliver(u8, u8),
+    Commit(u8),
+    AdvanceMs(u16),
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (0usize..14, 0u8..3).prop_map(|(t, n)| Op::Frame(t, n)),
+        2 => (1u8..12, 1u8..6).prop_map(|(c, t)| Op::Deliver(c, t)),
+        1 => (1u8..40).prop_map(Op::Commit),
+        1 => (0u16..3000).prop_map(Op::AdvanceMs),
+    ]
+}
+
+fn template(t: usize, n: u8, consumer_hint: u64) -> String {
+    match t {
+        0 => format!("SUBSCRIBE\nid:{n}\ndestination:/queue/q{n}\nack:client\n\n\0"),
+        1 => format!("SUBSCRIBE\nid:{n}\ndestination:/topic/a/+\nack:client-individual\npersistent:true\n\n\0"),
+        2 => format!("UNSUBSCRIBE\nid:{n}\npersistent:true\nreceipt:u{n}\n\n\0"),
+        3 => format!("SEND\ndestination:/queue/q\npersistent:true\nreceipt:s{n}\n\nx\0"),
+        4 => format!("SEND\ndestination:/temp-queue/t{n}\nreply-to:/temp-queue/r\ntransaction:t{n}\n\nx\0"),
+        5 => format!("BEGIN\ntransaction:t{n}\n\n\0"),
+        6 => format!("COMMIT\ntransaction:t{n}\nreceipt:c{n}\n\n\0"),
+        7 => format!("ABORT\ntransaction:t{n}\n\n\0"),
+        8 => format!("ACK\nid:{consumer_hint}-{n}\n\n\0"),
+        9 => format!("NACK\nid:{consumer_hint}-{n}\ntransaction:t{n}\n\n\0"),
+        10 => format!("ACK\nid:{consumer_hint}-{n}\nreceipt:a{n}\n\n\0"),
+        11 => "\n".to_owned(),
+        12 => format!("DISCONNECT\nreceipt:d{n}\n\n\0"),
+        _ => "SEND\ndestination:/topic/a/b\n\nhello\0".to_owned(),
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn random_sessions_keep_the_invariants(
+        version in proptest::sample::select(vec!["1.0", "1.1", "1.2"]),
+        ops in proptest::collection::vec(op(), 0..60),
+    ) {
+        let mut h = Harness::new();
+        h.connect(version, "client-id:c\nheart-beat:1000,1000\n");
+        let mut consumer = 1;
+        for op in ops {
+            match op {
+                Op::Frame(t, n) => h.input(template(t, n, consumer).as_bytes()),
+                Op::Deliver(c, tag) => {
+                    consumer = u64::from(c);
+                    h.deliver(consumer, u64::from(tag), Message::text("m"));
+                }
+                Op::Commit(t) => h.commit(Ticket(u64::from(t))),
+                Op::AdvanceMs(ms) => h.advance_ms(u64::from(ms)),
+            }
+            let frames = h.frames();
+            if let Some(pos) = frames.iter().position(|f| f.command == Command::Error) {
+                proptest::prop_assert_eq!(pos, frames.len() - 1, "ERROR is the last frame");
+                proptest::prop_assert!(h.conn.is_closed());
+            }
+            if h.conn.is_closed() {
+                h.input(b"SEND\ndestination:q\n\nx\0");
+                h.commit(Ticket(1));
+                proptest::prop_assert!(h.raw_output().is_empty());
+                proptest::prop_assert_eq!(h.conn.poll_timeout(), None);
+                break;
+            }
         }
     }
 }
