@@ -57,6 +57,11 @@ impl Outbound {
         self.flights.remove(&pkid)
     }
 
+    /// Deliveries in flight.
+    pub(crate) fn len(&self) -> usize {
+        self.flights.len()
+    }
+
     /// A free packet id (1..=65535), skipping ids in use; `None` only when
     /// all 65,535 are in flight.
     pub(crate) fn allocate(&mut self) -> Option<u16> {

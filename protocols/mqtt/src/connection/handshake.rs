@@ -136,9 +136,14 @@ impl MqttConnection {
                     return Err(Refusal::new(0x9A, "retained will not supported"));
                 }
                 let now_ms = self.clock.epoch_ms(now);
-                let message =
+                let mut message =
                     inbound_message(w.qos, w.retain, w.props.clone(), w.payload.clone(), now_ms)
                         .map_err(|e| Refusal::new(e.reason_code(), e.to_string()))?;
+                // The will's expiry interval counts from when it is
+                // published, which only the core knows; an absolute time
+                // fixed now would expire long-lived connections' wills.
+                // Needs a relative expiry on `Will` (see the report).
+                message.expiry = None;
                 Some(Will {
                     address: Address::Topic(w.topic.clone()),
                     message,
@@ -279,6 +284,8 @@ impl MqttConnection {
             client_alias_max: c.props.topic_alias_maximum.unwrap_or(0),
             problem_info: c.props.request_problem_information != Some(0),
             outbound: Outbound::default(),
+            outbound_max: window as usize,
+            held: VecDeque::new(),
             out_aliases: HashMap::new(),
             in_aliases: HashMap::new(),
             acks: VecDeque::new(),

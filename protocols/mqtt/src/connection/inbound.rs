@@ -193,8 +193,13 @@ impl Open {
             }
         }
         // A failed PUBREC ends the QoS 2 flow (MQTT 5 §4.3.3).
-        for pkid in failed_rec {
-            self.awaiting_rel.remove(&pkid);
+        if !failed_rec.is_empty() {
+            for pkid in failed_rec {
+                self.awaiting_rel.remove(&pkid);
+            }
+            // Forget them durably too, or a restart would drop the next
+            // publish reusing the id as a duplicate.
+            self.persist_awaiting_rel()?;
         }
         self.flush_acks(ctx.out);
         Ok(())

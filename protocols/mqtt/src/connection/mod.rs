@@ -77,6 +77,14 @@ struct Open {
     /// Client's request-problem-information (v5): reason strings allowed.
     problem_info: bool,
     outbound: Outbound,
+    /// Most QoS 1/2 deliveries unacknowledged at once toward the client
+    /// (its receive maximum, capped by ours). Consumer windows enforce it
+    /// per consumer; this enforces it across the session consumer and the
+    /// shared-subscription consumers together.
+    outbound_max: usize,
+    /// Deliveries waiting for an in-flight slot, in arrival order. Bounded
+    /// by the consumers' windows.
+    held: VecDeque<rosetta_neutral::Delivery>,
     /// Aliases we assigned toward the client.
     out_aliases: HashMap<String, u16>,
     /// Aliases the client assigned toward us.
@@ -181,19 +189,10 @@ impl MqttConnection {
                 match packet {
                     Inbound::Connect(_) => Err(MqttError::Protocol("second CONNECT")),
                     Inbound::Publish(p) => open.on_publish(ctx, p),
-                    Inbound::PubAck(a) => {
-                        open.on_puback(ctx, a);
-                        Ok(())
-                    }
-                    Inbound::PubRec(a) => {
-                        open.on_pubrec(ctx, a);
-                        Ok(())
-                    }
+                    Inbound::PubAck(a) => open.on_puback(ctx, a),
+                    Inbound::PubRec(a) => open.on_pubrec(ctx, a),
                     Inbound::PubRel(a) => open.on_pubrel(ctx, a),
-                    Inbound::PubComp(a) => {
-                        open.on_pubcomp(ctx, a);
-                        Ok(())
-                    }
+                    Inbound::PubComp(a) => open.on_pubcomp(ctx, a),
                     Inbound::Subscribe(s) => open.on_subscribe(ctx, s),
                     Inbound::Unsubscribe(u) => open.on_unsubscribe(ctx, u),
                     Inbound::PingReq => {
@@ -358,4 +357,16 @@ struct Ctx<'a> {
     conn_id: u64,
     now_ms: u64,
     out: &'a mut BytesMut,
+}
+
+impl Ctx<'_> {
+    /// A shorter-lived copy, to pass on while keeping this one.
+    fn reborrow(&mut self) -> Ctx<'_> {
+        Ctx {
+            config: self.config,
+            conn_id: self.conn_id,
+            now_ms: self.now_ms,
+            out: self.out,
+        }
+    }
 }

@@ -40,6 +40,26 @@ impl Open {
     }
 
     pub(super) fn on_delivery(&mut self, ctx: Ctx<'_>, d: Delivery) -> Result<(), MqttError> {
+        // Keep arrival order: once anything waits, everything waits.
+        if !self.held.is_empty() || self.outbound.len() >= self.outbound_max {
+            self.held.push_back(d);
+            return Ok(());
+        }
+        self.send_delivery(ctx, d)
+    }
+
+    /// Sends held deliveries while in-flight slots are free.
+    fn release_held(&mut self, ctx: &mut Ctx<'_>) -> Result<(), MqttError> {
+        while self.outbound.len() < self.outbound_max {
+            let Some(d) = self.held.pop_front() else {
+                break;
+            };
+            self.send_delivery(ctx.reborrow(), d)?;
+        }
+        Ok(())
+    }
+
+    fn send_delivery(&mut self, ctx: Ctx<'_>, d: Delivery) -> Result<(), MqttError> {
         let known = d.consumer == self.session_consumer
             || self.shared.values().any(|s| s.consumer == d.consumer);
         if !known {
@@ -56,6 +76,11 @@ impl Open {
             self.settle(ctx.conn_id, d.consumer, d.tag, Outcome::Reject);
             return Ok(());
         };
+        if msg.is_expired(ctx.now_ms) {
+            // Never delivered after its expiry (MQTT 5 §3.3.2.3.3).
+            self.settle(ctx.conn_id, d.consumer, d.tag, Outcome::Accept);
+            return Ok(());
+        }
         let granted = d.matched.max_guarantee.map_or(2, |g| g.qos());
         let qos = msg.guarantee.qos().min(granted).min(ctx.config.qos_max);
         let retain = d.from_retained
@@ -175,7 +200,7 @@ impl Open {
         }
     }
 
-    pub(super) fn on_puback(&mut self, ctx: Ctx<'_>, a: AckPacket) {
+    pub(super) fn on_puback(&mut self, mut ctx: Ctx<'_>, a: AckPacket) -> Result<(), MqttError> {
         match self.outbound.get_mut(a.pkid) {
             Some(f) if f.qos == 1 => {
                 let f = *f;
@@ -193,9 +218,10 @@ impl Open {
                 "PUBACK for no QoS 1 delivery"
             ),
         }
+        self.release_held(&mut ctx)
     }
 
-    pub(super) fn on_pubrec(&mut self, ctx: Ctx<'_>, a: AckPacket) {
+    pub(super) fn on_pubrec(&mut self, mut ctx: Ctx<'_>, a: AckPacket) -> Result<(), MqttError> {
         let Some(f) = self
             .outbound
             .get_mut(a.pkid)
@@ -205,13 +231,13 @@ impl Open {
             if self.version == Version::V5 {
                 encode::ack(self.version, AckKind::PubRel, a.pkid, 0x92, ctx.out);
             }
-            return;
+            return Ok(());
         };
         if a.reason >= 0x80 {
             // The client refused it: the flow ends here (MQTT 5 §4.3.3).
             self.outbound.remove(a.pkid);
             self.settle(ctx.conn_id, f.consumer, f.tag, Outcome::Reject);
-            return;
+            return self.release_held(&mut ctx);
         }
         if f.phase == Phase::Published {
             self.annotate(ctx.conn_id, f.consumer, f.tag, a.pkid, Phase::Released);
@@ -220,9 +246,10 @@ impl Open {
             }
         }
         encode::ack(self.version, AckKind::PubRel, a.pkid, 0, ctx.out);
+        Ok(())
     }
 
-    pub(super) fn on_pubcomp(&mut self, ctx: Ctx<'_>, a: AckPacket) {
+    pub(super) fn on_pubcomp(&mut self, mut ctx: Ctx<'_>, a: AckPacket) -> Result<(), MqttError> {
         match self.outbound.get_mut(a.pkid) {
             Some(f) if f.qos == 2 && f.phase == Phase::Released => {
                 let f = *f;
@@ -235,6 +262,7 @@ impl Open {
                 "PUBCOMP for no released delivery"
             ),
         }
+        self.release_held(&mut ctx)
     }
 }
 

@@ -370,3 +370,80 @@ fn session_queue_closed_disconnects() {
     assert!(h.raw_output().is_empty());
     let _ = Arc::new(0);
 }
+
+#[test]
+fn expired_messages_are_not_delivered() {
+    let mut h = Harness::connected(true);
+    let mut msg = message("a", 1, b"old");
+    msg.expiry = Some(1);
+    h.event(SessionEvent::Delivery(delivery(1, 1, msg, 2)));
+    assert!(h.raw_output().is_empty());
+    assert_eq!(
+        h.broker.state().settled,
+        vec![(ConsumerId(1), DeliveryTag(1), Outcome::Accept)]
+    );
+}
+
+#[test]
+fn in_flight_never_exceeds_the_client_receive_maximum_across_consumers() {
+    let mut h = Harness::new(true);
+    let mut c = v5::Connect::new("rm");
+    let mut props = connect_props();
+    props.receive_maximum = Some(2);
+    c.properties = Some(props);
+    h.input(&connect_v5(c));
+    h.packets();
+    assert_eq!(
+        h.broker.state().consumers[0].1.credit,
+        CreditMode::Window(2)
+    );
+    // Two consumers (session + a shared one) each within their window,
+    // three QoS 1 deliveries in total: the third waits.
+    let mut sub = v5::Subscribe::new("$share/g/a", qos(1));
+    sub.pkid = 1;
+    h.input(&subscribe_v5(sub));
+    h.packets();
+    h.event(SessionEvent::Delivery(delivery(
+        1,
+        1,
+        message("a", 1, b"1"),
+        2,
+    )));
+    h.event(SessionEvent::Delivery(delivery(
+        2,
+        1,
+        message("a", 1, b"2"),
+        2,
+    )));
+    h.event(SessionEvent::Delivery(delivery(
+        1,
+        2,
+        message("a", 0, b"3"),
+        2,
+    )));
+    assert_eq!(h.v5_packets().len(), 2);
+    h.input(&puback(1));
+    let p = h.v5_packets();
+    assert!(matches!(p.as_slice(), [v5::Packet::Publish(p)] if &p.payload[..] == b"3"));
+}
+
+#[test]
+fn will_expiry_is_left_to_publish_time() {
+    let mut h = Harness::new(true);
+    let mut c = v5::Connect::new("w");
+    let mut will = v5::LastWill::new("s/w", b"x".to_vec(), mqttbytes::QoS::AtMostOnce, false);
+    will.properties = Some(v5::WillProperties {
+        delay_interval: None,
+        payload_format_indicator: None,
+        message_expiry_interval: Some(60),
+        content_type: None,
+        response_topic: None,
+        correlation_data: None,
+        user_properties: Vec::new(),
+    });
+    c.last_will = Some(will);
+    h.input(&connect_v5(c));
+    h.packets();
+    let s = h.broker.state();
+    assert_eq!(s.wills[0].as_ref().map(|w| w.message.expiry), Some(None));
+}
