@@ -1,10 +1,10 @@
 //! The per-connection STOMP state machine.
 //!
 //! States are types: before CONNECT there is no session at all
-//! ([`State::AwaitConnect`]); authentication yields the [`Open`] state,
-//! which owns the core [`Session`]; [`State::Closed`] swallows everything.
+//! (`State::AwaitConnect`); authentication yields the `Open` state,
+//! which owns the core [`Session`]; `State::Closed` swallows everything.
 //! Every error is fatal and reported once, as an ERROR frame, by
-//! [`StompConnection::fail`].
+//! `StompConnection::fail`.
 //!
 //! Durability contract: a RECEIPT is written only when the frame's effect
 //! is durable (the core's `Committed` event for every ticket the frame
@@ -101,7 +101,8 @@ pub struct StompConnection {
     now: Instant,
     last_rx: Instant,
     last_tx: Instant,
-    connect_deadline: Instant,
+    /// `None` when the configured timeout is too large to represent.
+    connect_deadline: Option<Instant>,
     /// Why the connection failed, once it has.
     error: Option<StompError>,
 }
@@ -140,7 +141,7 @@ impl StompConnection {
         now: Instant,
     ) -> Self {
         let decoder = Decoder::new(config.limits(), Version::V1_0);
-        let connect_deadline = now + Duration::from_millis(config.connect_timeout_ms);
+        let connect_deadline = now.checked_add(Duration::from_millis(config.connect_timeout_ms));
         Self {
             config,
             broker,
@@ -245,7 +246,7 @@ impl StompConnection {
         match &self.state {
             State::Closed => {}
             State::AwaitConnect => {
-                if now >= self.connect_deadline {
+                if self.connect_deadline.is_some_and(|d| now >= d) {
                     self.fail(
                         StompError::ConnectTimeout(self.config.connect_timeout_ms),
                         None,
@@ -259,13 +260,12 @@ impl StompConnection {
                     // heart-beats are waiting in the socket, not missing.
                     self.last_rx = now;
                 }
-                if let Some(grace) = heart.receive_deadline {
-                    if now >= self.last_rx + grace {
-                        let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
-                        return self.fail(StompError::HeartBeatTimeout(ms), None);
-                    }
+                if self.receive_due(&heart).is_some_and(|due| now >= due) {
+                    let grace = heart.receive_deadline.unwrap_or_default();
+                    let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+                    return self.fail(StompError::HeartBeatTimeout(ms), None);
                 }
-                if heart.send_ms > 0 && now >= self.last_tx + Duration::from_millis(heart.send_ms) {
+                if self.send_due(&heart).is_some_and(|due| now >= due) {
                     trace!(conn_id = self.conn_id, "heart-beat sent");
                     self.out.push(b'\n');
                     self.last_tx = now;
@@ -278,17 +278,32 @@ impl StompConnection {
     pub fn poll_timeout(&self) -> Option<Instant> {
         match &self.state {
             State::Closed => None,
-            State::AwaitConnect => Some(self.connect_deadline),
+            State::AwaitConnect => self.connect_deadline,
             State::Open(open) => {
-                let send = (open.heart.send_ms > 0)
-                    .then(|| self.last_tx + Duration::from_millis(open.heart.send_ms));
-                let recv = open.heart.receive_deadline.map(|g| self.last_rx + g);
-                match (send, recv) {
+                match (self.send_due(&open.heart), self.receive_due(&open.heart)) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 }
             }
         }
+    }
+
+    /// When the next heart-beat is due. Intervals come from the client and
+    /// may be absurd: an instant past the clock's range means "never".
+    fn send_due(&self, heart: &HeartBeat) -> Option<Instant> {
+        (heart.send_ms > 0)
+            .then(|| {
+                self.last_tx
+                    .checked_add(Duration::from_millis(heart.send_ms))
+            })
+            .flatten()
+    }
+
+    /// When a silent client is declared dead.
+    fn receive_due(&self, heart: &HeartBeat) -> Option<Instant> {
+        heart
+            .receive_deadline
+            .and_then(|grace| self.last_rx.checked_add(grace))
     }
 
     /// Appends all bytes that should be written to the socket now.
@@ -379,6 +394,7 @@ impl StompConnection {
     fn on_frame(&mut self, frame: Frame) {
         trace!(conn_id = self.conn_id, command = %frame.command, "frame");
         let receipt = frame.header("receipt").map(str::to_owned);
+        let is_connect = matches!(frame.command, Command::Connect | Command::Stomp);
         let result = match &mut self.state {
             State::Closed => return,
             State::AwaitConnect => match frame.command {
@@ -389,6 +405,8 @@ impl StompConnection {
         };
         match result {
             Err(e) => self.fail(e, receipt),
+            // CONNECT takes no receipt (its answer is CONNECTED).
+            Ok(_) if is_connect => {}
             Ok(done) => {
                 if let State::Open(open) = &mut self.state {
                     open.receipts.push(receipt, &done.tickets, done.disconnect);

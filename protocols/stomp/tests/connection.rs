@@ -1094,3 +1094,24 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn absurd_heart_beat_intervals_do_not_overflow_the_clock() {
+    for hb in [
+        "18446744073709551615,18446744073709551615",
+        "0,18446744073709551615",
+    ] {
+        let mut h = Harness::new();
+        h.connect("1.2", &format!("heart-beat:{hb}\n"));
+        let _ = h.conn.poll_timeout();
+        h.advance_ms(10_000);
+        assert!(!h.conn.is_closed(), "{hb}");
+    }
+}
+
+#[test]
+fn connect_takes_no_receipt() {
+    let mut h = Harness::new();
+    h.input(b"CONNECT\naccept-version:1.2\nreceipt:x\n\n\0");
+    assert_eq!(h.frame().command, Command::Connected);
+}
