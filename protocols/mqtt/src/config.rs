@@ -4,11 +4,12 @@
 /// the read buffer of each connection.
 pub const PACKET_SIZE_MAX_BYTES: u32 = 1024 * 1024;
 /// Longest keep-alive granted: a silent half-open connection pins its
-/// session for at most 1.5 times this.
-pub const KEEP_ALIVE_MAX_S: u16 = 3600;
+/// session for at most 1.5 times this (15 minutes).
+pub const KEEP_ALIVE_MAX_S: u16 = 600;
 /// Inbound QoS 1/2 publishes a client may have unacknowledged (our Receive
-/// Maximum): bounds the pending-commit queue per connection.
-pub const RECEIVE_MAXIMUM: u16 = 256;
+/// Maximum): keeps a fast link busy while bounding the pending-commit
+/// queue per connection.
+pub const RECEIVE_MAXIMUM: u16 = 1024;
 /// Most unacknowledged QoS 1/2 deliveries toward one client, whatever its
 /// own receive maximum says; bounds in-flight state per consumer.
 pub const OUTBOUND_INFLIGHT_MAX: u16 = 256;
@@ -24,7 +25,8 @@ pub const CLIENT_ID_LEN_MAX_BYTES: usize = 256;
 pub const SESSION_EXPIRY_MAX_S: u32 = 7 * 24 * 3600;
 /// How long a new connection may take to send CONNECT.
 pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
-/// Acks waiting for durable commits before we stop reading the socket.
+/// Acks waiting for durable commits before we stop reading the socket
+/// (the receive maximum bounds v5 clients; this bounds 3.1.1 clients).
 pub const PENDING_ACKS_MAX: usize = 1024;
 
 /// Configuration of the MQTT adapter. `Default` gives the constants above.
@@ -60,6 +62,10 @@ pub struct MqttConfig {
     pub client_id_len_max_bytes: usize,
     /// Longest MQTT 5 session expiry granted, in seconds.
     pub session_expiry_max_s: u32,
+    /// Expiry of 3.1.1 persistent sessions (which cannot ask for one), in
+    /// seconds; `None` keeps them until a clean-session connect
+    /// (`QueueLifetime::Permanent`, the 3.1.1 behaviour).
+    pub v311_session_expiry_s: Option<u32>,
     /// Time allowed between accept and CONNECT, in milliseconds.
     pub connect_timeout_ms: u64,
     /// Pending acks (waiting for commits) before `wants_input` turns false.
@@ -82,6 +88,7 @@ impl Default for MqttConfig {
             outbound_topic_alias_max: OUTBOUND_TOPIC_ALIAS_MAX,
             client_id_len_max_bytes: CLIENT_ID_LEN_MAX_BYTES,
             session_expiry_max_s: SESSION_EXPIRY_MAX_S,
+            v311_session_expiry_s: None,
             connect_timeout_ms: CONNECT_TIMEOUT_MS,
             pending_acks_max: PENDING_ACKS_MAX,
         }

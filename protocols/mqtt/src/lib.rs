@@ -24,6 +24,36 @@
 //! subscriptions are a queue named `$share/group/filter`. QoS 1/2 in-flight
 //! state is annotated on the core's deliveries and inbound QoS 2 state is
 //! saved with `Session::put_state`, so both survive a broker restart.
+//!
+//! ## mqttbytes 0.6: what we use and what we work around
+//! Used: `mqttbytes::v4::read` for 3.1.1 PUBLISH, acks, UNSUBSCRIBE,
+//! PINGREQ and DISCONNECT; the `v4`/`v5` writers for every server packet.
+//! Replaced or wrapped, with the reason:
+//! - framing: `check` compares the remaining length, not the packet size,
+//!   with the limit, checks no fixed-header flags, and rejects packet type
+//!   15 (AUTH) -> [`codec::frame`];
+//! - AUTH packet: missing -> ours in [`codec::v5`];
+//! - v5 properties: reads not bounded by the property length (a short
+//!   length lets a property eat payload), subscription identifier length
+//!   counted twice (a SUBSCRIBE with an identifier and a user property
+//!   misparses its filters; the same miscount affects clients decoding our
+//!   PUBLISH with several identifiers and a content type), duplicates and
+//!   disallowed identifiers accepted, zero values not rejected ->
+//!   [`codec::props`];
+//! - CONNECT: password read as UTF-8 (MQTT passwords are binary), empty
+//!   user name folded into "none", reserved flag ignored, 3.1.1 password
+//!   without user name accepted, trailing bytes ignored -> [`codec::connect`];
+//! - v5 UNSUBSCRIBE read has a leftover `dbg!` printing to stderr; v5
+//!   decoding is ours for all client packets ([`codec::v5`]);
+//! - DUP on QoS 0, U+0000 in strings, reserved SUBSCRIBE option bits, empty
+//!   SUBSCRIBE/UNSUBSCRIBE are accepted -> checked in [`codec::v4`] and
+//!   [`codec::v5`];
+//! - `v5::ConnAck::write` omits the property length when `properties` is
+//!   `None` (malformed CONNACK) -> we always pass a list
+//!   ([`codec::encode`]); `v5::Disconnect::write` with an empty property
+//!   list writes a malformed packet -> we only add non-empty reason strings;
+//! - reason codes are enums without a raw fallback -> `u8` codes mapped in
+//!   [`codec::encode`].
 #![warn(missing_docs)]
 
 pub mod codec;

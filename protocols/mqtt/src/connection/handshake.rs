@@ -155,7 +155,7 @@ impl MqttConnection {
             None => None,
         };
 
-        let life = lifetime(&c, cfg.session_expiry_max_s);
+        let life = lifetime(&c, cfg.session_expiry_max_s, cfg.v311_session_expiry_s);
         let mut session = self.broker.open_session(
             SessionInfo {
                 conn_id: self.conn_id,
@@ -296,17 +296,24 @@ impl MqttConnection {
 }
 
 /// The session queue's durability and lifetime for a CONNECT.
-fn lifetime(c: &ConnectPacket, expiry_max_s: u32) -> Lifetime {
+fn lifetime(c: &ConnectPacket, expiry_max_s: u32, v311_expiry_s: Option<u32>) -> Lifetime {
     match c.version {
         Version::V311 if c.clean_start => Lifetime {
             durable: false,
             lifetime: QueueLifetime::Session,
             expiry_s: 0,
         },
-        Version::V311 => Lifetime {
-            durable: true,
-            lifetime: QueueLifetime::Permanent,
-            expiry_s: u32::MAX,
+        Version::V311 => match v311_expiry_s {
+            Some(s) if s < u32::MAX => Lifetime {
+                durable: true,
+                lifetime: QueueLifetime::IdleFor(Duration::from_secs(u64::from(s))),
+                expiry_s: s,
+            },
+            _ => Lifetime {
+                durable: true,
+                lifetime: QueueLifetime::Permanent,
+                expiry_s: u32::MAX,
+            },
         },
         Version::V5 => {
             let expiry_s = c

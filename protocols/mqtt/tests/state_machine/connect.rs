@@ -454,3 +454,19 @@ fn disconnect_may_not_set_expiry_after_zero() {
     ));
     assert_eq!(h.broker.state().closes, vec![CloseKind::Abnormal]);
 }
+
+#[test]
+fn v311_persistent_sessions_can_be_given_an_expiry() {
+    let config = MqttConfig {
+        v311_session_expiry_s: Some(3600),
+        ..MqttConfig::default()
+    };
+    let mut h = Harness::with(config, FakeBroker::new(), false);
+    h.connect_ok("p", false);
+    let s = h.broker.state();
+    assert_eq!(
+        s.queues["$mqtt/p"].lifetime,
+        QueueLifetime::IdleFor(Duration::from_secs(3600))
+    );
+    assert!(s.queues["$mqtt/p"].durable);
+}
