@@ -70,6 +70,13 @@ pub(crate) fn inbound_message(
     })
 }
 
+/// MQTT strings and binary fields carry a 16-bit length; mqttbytes' writers
+/// truncate the length of longer ones silently (a corrupt packet), so such
+/// values (possible from AMQP or STOMP publishers) are left out.
+fn fits(len: usize) -> bool {
+    len <= usize::from(u16::MAX)
+}
+
 /// The MQTT 5 properties of a delivery; `None` when there are none.
 pub(crate) fn outbound_properties(
     msg: &Message,
@@ -80,18 +87,27 @@ pub(crate) fn outbound_properties(
         payload_format_indicator: (msg.body.kind == BodyKind::Text).then_some(1),
         message_expiry_interval: msg.remaining_lifetime_s(now_ms),
         topic_alias: None,
-        response_topic: msg.reply_to.as_ref().map(|r| response_topic(r)),
-        correlation_data: msg.correlation_id.as_ref().map(MessageId::to_bytes),
+        response_topic: msg
+            .reply_to
+            .as_ref()
+            .map(|r| response_topic(r))
+            .filter(|t| fits(t.len())),
+        correlation_data: msg
+            .correlation_id
+            .as_ref()
+            .map(MessageId::to_bytes)
+            .filter(|b| fits(b.len())),
         user_properties: msg
             .properties
             .iter()
             .map(|(k, v)| (k.to_owned(), v.to_text()))
+            .filter(|(k, v)| fits(k.len()) && fits(v.len()))
             .collect(),
         subscription_identifiers: subscription_ids
             .iter()
             .filter_map(|&id| usize::try_from(id).ok())
             .collect(),
-        content_type: msg.content_type.clone(),
+        content_type: msg.content_type.clone().filter(|c| fits(c.len())),
     };
     let empty = props.payload_format_indicator.is_none()
         && props.message_expiry_interval.is_none()
@@ -147,6 +163,17 @@ mod tests {
             vec![("a".into(), "1".into()), ("a".into(), "2".into())]
         );
         assert_eq!(response_topic("/queue/q"), "/queue/q");
+    }
+
+    #[test]
+    fn values_too_long_for_mqtt_are_left_out() {
+        let mut msg = Message::text("x");
+        msg.properties.push("k", "v".repeat(70_000));
+        msg.properties.push("ok", "1");
+        msg.content_type = Some("c".repeat(70_000));
+        let out = outbound_properties(&msg, &[], 0).expect("props");
+        assert_eq!(out.user_properties, vec![("ok".into(), "1".into())]);
+        assert_eq!(out.content_type, None);
     }
 
     #[test]

@@ -52,6 +52,10 @@
 //!   `None` (malformed CONNACK) -> we always pass a list
 //!   ([`codec::encode`]); `v5::Disconnect::write` with an empty property
 //!   list writes a malformed packet -> we only add non-empty reason strings;
+//! - the writers cast string and binary lengths to `u16` without a check,
+//!   so a value over 65,535 bytes (possible from AMQP/STOMP publishers)
+//!   would corrupt the stream -> such properties are left out
+//!   (`convert`) and such topics are not delivered;
 //! - reason codes are enums without a raw fallback -> `u8` codes mapped in
 //!   [`codec::encode`].
 #![warn(missing_docs)]

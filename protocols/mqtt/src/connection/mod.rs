@@ -126,7 +126,9 @@ impl MqttConnection {
         now: Instant,
     ) -> Self {
         let packet_max = usize::try_from(config.packet_size_max_bytes).unwrap_or(usize::MAX);
-        let deadline = now + Duration::from_millis(config.connect_timeout_ms);
+        let deadline = now
+            .checked_add(Duration::from_millis(config.connect_timeout_ms))
+            .unwrap_or(now);
         Self {
             decoder: Decoder::new(packet_max),
             config,

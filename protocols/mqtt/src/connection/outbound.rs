@@ -71,7 +71,7 @@ impl Open {
             return Ok(());
         }
         let msg = d.message.clone();
-        let Some(topic) = delivery_topic(&msg) else {
+        let Some(topic) = delivery_topic(&msg).filter(|t| fits_u16(t.len())) else {
             // Not published to an address: nothing an MQTT client can receive.
             self.settle(ctx.conn_id, d.consumer, d.tag, Outcome::Reject);
             return Ok(());
@@ -141,7 +141,17 @@ impl Open {
             props,
         };
         let start = ctx.out.len();
-        let size = encode::publish(self.version, packet, ctx.out)?;
+        let size = match encode::publish(self.version, packet, ctx.out) {
+            Ok(size) => size,
+            Err(e) => {
+                // Unencodable (e.g. a body over MQTT's 256 MiB): this one
+                // message cannot be delivered, the connection is fine.
+                ctx.out.truncate(start);
+                tracing::warn!(conn_id = ctx.conn_id, error = %e, "delivery cannot be encoded");
+                self.settle(ctx.conn_id, d.consumer, d.tag, Outcome::Reject);
+                return Ok(());
+            }
+        };
         let limit = self.client_packet_max.map_or(usize::MAX, |m| m as usize);
         if size > limit {
             // MQTT 5 §3.1.2.11.4: discard as if sent, never exceed the
@@ -264,6 +274,10 @@ impl Open {
         }
         self.release_held(&mut ctx)
     }
+}
+
+fn fits_u16(len: usize) -> bool {
+    u16::try_from(len).is_ok()
 }
 
 fn empty_props() -> mqttbytes::v5::PublishProperties {
