@@ -7,6 +7,7 @@
 //! virtual clock against an in-memory fake core.
 
 mod bad_input;
+mod codec_props;
 mod connect;
 mod deliver;
 mod fake;
