@@ -250,6 +250,13 @@ impl Decoder {
         self.buf.extend_from_slice(data);
     }
 
+    /// Releases the read buffer when it is empty and larger than `keep`.
+    pub fn shrink_if_idle(&mut self, keep: usize) {
+        if self.buf.is_empty() && self.buf.capacity() > keep {
+            self.buf = BytesMut::new();
+        }
+    }
+
     /// Bytes buffered but not yet decoded.
     pub fn buffered(&self) -> usize {
         self.buf.len()

@@ -31,6 +31,10 @@ use crate::inflight::Outbound;
 
 use inbound::PendingAck;
 
+/// Buffer capacity kept between bursts; larger buffers are released once
+/// empty, so 10,000 idle connections cost little memory each.
+const IDLE_BUFFER_KEEP_BYTES: usize = 4096;
+
 /// Maps the driver's monotonic `Instant`s to wall-clock milliseconds for
 /// message expiry, fixed once per connection so tests with a virtual clock
 /// stay deterministic relative to the start.
@@ -288,6 +292,11 @@ impl MqttConnection {
     pub fn poll_transmit(&mut self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.out);
         self.out.clear();
+        // An idle connection should not keep a burst's buffer.
+        if self.out.capacity() > IDLE_BUFFER_KEEP_BYTES {
+            self.out = BytesMut::new();
+        }
+        self.decoder.shrink_if_idle(IDLE_BUFFER_KEEP_BYTES);
     }
 
     /// False while the driver should stop reading: too many acks wait for
