@@ -469,6 +469,9 @@ impl AmqpConnection {
             }
         }
         if !settled {
+            if let Some(LinkKind::Outgoing(o)) = s.links.get_mut(&handle).map(|l| &mut l.kind) {
+                o.unsettled += 1;
+            }
             s.unsettled_out.insert(
                 delivery_id,
                 OutDelivery {

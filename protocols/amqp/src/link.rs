@@ -71,6 +71,9 @@ pub(crate) struct OutgoingLink {
     pub(crate) credit: u32,
     /// Deliveries queued behind the peer's session window.
     pub(crate) queued: u32,
+    /// Deliveries sent and not yet settled by the client; credit is capped
+    /// so that this stays within `link_credit_max`.
+    pub(crate) unsettled: u32,
     /// Deliveries are settled on send (sender-settle-mode settled).
     pub(crate) auto_settle: bool,
     /// Durable subscription queue, deleted when the link is closed.
@@ -267,11 +270,7 @@ impl AmqpConnection {
             })?;
             reply_source.address = Some(Address::Queue(info.name.clone()).to_destination());
             (info.name, None)
-        } else {
-            let addr = src
-                .address
-                .as_deref()
-                .ok_or_else(|| AmqpError::InvalidField("source without an address".into()))?;
+        } else if let Some(addr) = src.address.as_deref() {
             match resolve_address(addr, src.capabilities.as_ref())? {
                 Address::Queue(q) => (q, None),
                 Address::Topic(filter) => {
@@ -298,6 +297,24 @@ impl AmqpConnection {
                     (info.name, dq)
                 }
             }
+        } else {
+            // No address: Qpid JMS looks up an existing durable subscription
+            // this way (to unsubscribe it). The declare finds it; if it did
+            // not exist we undo the declare and answer not-found.
+            let name = durable_subscription_queue(&self.container_id, &a.name);
+            let info = core.declare_queue(QueueSpec {
+                name: Some(name.clone()),
+                durable: true,
+                lifetime: QueueLifetime::Permanent,
+            })?;
+            if !info.existed {
+                // Best effort: the error we report matters more.
+                let _ = core.delete_queue(&name);
+                return Err(AmqpError::Broker(rosetta_neutral::BrokerError::NotFound(
+                    format!("no durable subscription {:?}", a.name),
+                )));
+            }
+            (info.name, Some(name))
         };
         let auto_settle = a.snd_settle_mode == SenderSettleMode::Settled;
         let consumer = core.consume(ConsumerSpec {
@@ -336,6 +353,7 @@ impl AmqpConnection {
                     delivery_count: 0,
                     credit: 0,
                     queued: 0,
+                    unsettled: 0,
                     auto_settle,
                     durable_queue,
                 }),
@@ -424,7 +442,11 @@ impl AmqpConnection {
                 let limit = rcv_dc.wrapping_add(f.link_credit.unwrap_or(0));
                 let sent = o.delivery_count.wrapping_add(o.queued);
                 let diff = limit.wrapping_sub(sent);
-                let credit = if diff > i32::MAX as u32 { 0 } else { diff }.min(credit_max);
+                // Credit is capped so that sent-but-unsettled deliveries plus
+                // credit never exceed the limit: a client that never settles
+                // cannot make us track an unbounded number of deliveries.
+                let cap = credit_max.saturating_sub(o.unsettled);
+                let credit = if diff > i32::MAX as u32 { 0 } else { diff }.min(cap);
                 o.credit = credit;
                 let consumer = o.consumer;
                 if let Some(core) = self.core.as_deref_mut() {

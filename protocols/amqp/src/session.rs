@@ -168,9 +168,9 @@ impl AmqpConnection {
             .wrapping_add(f.incoming_window)
             .wrapping_sub(s.next_outgoing_id);
         if s.remote_incoming_window > f.incoming_window {
-            // The peer counted transfers we have not sent: treat as closed
-            // rather than trusting an inflated window.
-            s.remote_incoming_window = 0;
+            // The peer counted transfers we have not sent: trust no more
+            // than the window it states.
+            s.remote_incoming_window = f.incoming_window;
         }
         match f.handle {
             Some(Handle(h)) => self.on_link_flow(ch, h, &f)?,
@@ -234,6 +234,11 @@ impl AmqpConnection {
         };
         for id in ids {
             if let Some(od) = s.unsettled_out.remove(&id) {
+                if let Some(LinkKind::Outgoing(o)) =
+                    s.links.get_mut(&od.handle).map(|l| &mut l.kind)
+                {
+                    o.unsettled = o.unsettled.saturating_sub(1);
+                }
                 if let Err(e) = core.settle(od.consumer, od.tag, outcome, txn, false) {
                     debug!(conn = self.conn_id, error = %e, "settle failed");
                 }

@@ -593,6 +593,31 @@ fn sasl_scram_wrong_password_fails() {
     assert!(p.conn.is_closed());
 }
 
+#[test]
+fn sasl_scram_unknown_user_fails_like_a_wrong_password() {
+    let mut p = Peer::new(false);
+    p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
+    p.recv();
+    let first_bare = "n=mallory,r=abc";
+    p.sasl(&SaslInit {
+        mechanism: Symbol::from("SCRAM-SHA-256"),
+        initial_response: Some(Binary::from(format!("n,,{first_bare}").into_bytes())),
+        hostname: None,
+    });
+    let out = p.recv();
+    let Out::Sasl(b) = &out[0] else {
+        panic!("{out:?}")
+    };
+    // A challenge like any other: the user name is not revealed.
+    let ch: SaslChallenge = codec::decode("challenge", b).unwrap();
+    let server_first = String::from_utf8(ch.challenge.into_vec()).unwrap();
+    let (client_final, _) = scram_client_final(PASSWORD, first_bare, &server_first);
+    p.sasl(&SaslResponse {
+        response: Binary::from(client_final.into_bytes()),
+    });
+    assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::Auth);
+}
+
 // ---------------------------------------------------------------- framing
 
 #[test]
@@ -1283,6 +1308,42 @@ fn topic_subscriptions_plain_durable_and_dynamic() {
 }
 
 #[test]
+fn unsettled_deliveries_cap_the_credit() {
+    let cfg = AmqpConfig {
+        link_credit_max: 3,
+        ..AmqpConfig::default()
+    };
+    let mut p = Peer::with(true, cfg);
+    p.open();
+    attach_receiver(&mut p, 0, attach("rcv", 0, Role::Receiver, Some("q")));
+    p.send(0, &flow(0, 0, 100, false), &[]);
+    assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 3, false)));
+    p.event(delivery(1, 1, b"a"));
+    p.event(delivery(1, 2, b"b"));
+    p.recv();
+    // Two unsettled: a fresh grant of 100 is capped to 1.
+    p.send(0, &flow(0, 2, 100, false), &[]);
+    assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 1, false)));
+}
+
+#[test]
+fn durable_subscription_lookup_without_address() {
+    let mut p = Peer::new(true);
+    p.open();
+    p.send(0, &attach("sub1", 0, Role::Receiver, None), &[]);
+    let out = p.perfs();
+    // The fake core never has it: refused with not-found, declare undone.
+    let Performative::Detach(d) = &out[1] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(d.error.as_ref().unwrap()),
+        "amqp:not-found"
+    );
+    assert_eq!(p.log().deleted, vec!["$durable/client-1/sub1".to_string()]);
+}
+
+#[test]
 fn receiver_on_missing_queue_is_refused_with_not_found() {
     let mut p = Peer::new(true);
     p.open();
@@ -1563,4 +1624,54 @@ fn errors_in_rejected_carry_descriptions() {
     let e = crate::error::AmqpError::InvalidField("x".into()).to_wire();
     assert!(e.description.unwrap().contains("x"));
     assert!(matches!(e.condition, ErrorCondition::AmqpError(_)));
+}
+
+// ---------------------------------------------------------------- robustness
+
+mod prop {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Arbitrary bytes after each handshake stage never panic, and the
+        /// output stays well framed.
+        #[test]
+        fn arbitrary_input_never_panics(
+            stage in 0u8..3,
+            data in proptest::collection::vec(any::<u8>(), 0..600),
+            chunk in 1usize..64,
+        ) {
+            let mut p = Peer::new(true);
+            match stage {
+                0 => {}
+                1 => p.input(&frame::protocol_header(PROTOCOL_ID_SASL)),
+                _ => p.open(),
+            }
+            for piece in data.chunks(chunk) {
+                p.input(piece);
+                p.event(delivery(1, 1, b"x"));
+            }
+            p.advance(Duration::from_secs(120));
+            p.recv();
+            p.conn.handle_transport_closed(p.now);
+            prop_assert!(p.conn.is_closed());
+        }
+
+        /// Valid performatives with fuzzed payloads on an open session.
+        #[test]
+        fn fuzzed_transfer_payloads_never_panic(
+            payload in proptest::collection::vec(any::<u8>(), 0..300),
+            settled in any::<bool>(),
+        ) {
+            let mut p = Peer::new(true);
+            p.open();
+            attach_sender(&mut p, None);
+            p.send(0, &transfer(0, 0, settled), &payload);
+            p.recv();
+            prop_assert!(!p.conn.is_closed());
+        }
+    }
 }
