@@ -25,6 +25,16 @@
 //! state is annotated on the core's deliveries and inbound QoS 2 state is
 //! saved with `Session::put_state`, so both survive a broker restart.
 //!
+//! ## What the adapter expects of the core
+//! - `declare_queue` of an existing queue updates its `durable` and
+//!   `lifetime` (MQTT 5 session expiry changes on reconnect and on
+//!   DISCONNECT; there is no other call for it);
+//! - `close` after `SessionEvent::Kicked` is harmless; we call it with
+//!   `Abnormal` so a taken-over session's will follows the will delay;
+//! - `Delivery::annotation` comes back on redelivery of a delivery we
+//!   annotated (packet id + phase), also after a restart;
+//! - a `Committed` ticket is reported once.
+//!
 //! ## mqttbytes 0.6: what we use and what we work around
 //! Used: `mqttbytes::v4::read` for 3.1.1 PUBLISH, acks, UNSUBSCRIBE,
 //! PINGREQ and DISCONNECT; the `v4`/`v5` writers for every server packet.
