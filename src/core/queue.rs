@@ -84,7 +84,6 @@ pub(crate) struct ConsumerSlot {
 pub(crate) struct QueueBinding {
     pub(crate) filter: String,
     pub(crate) options: rosetta_neutral::BindingOptions,
-    pub(crate) owner: Option<Arc<str>>,
 }
 
 /// Counters an operator asks for first.

@@ -71,7 +71,6 @@ impl Routing {
         st.bindings.push(QueueBinding {
             filter: filter.to_owned(),
             options,
-            owner,
         });
         existed
     }

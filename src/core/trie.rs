@@ -59,6 +59,7 @@ impl<V> Default for TopicTrie<V> {
 
 impl<V> TopicTrie<V> {
     /// Number of values stored.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
