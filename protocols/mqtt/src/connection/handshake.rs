@@ -286,6 +286,7 @@ impl MqttConnection {
             outbound: Outbound::default(),
             outbound_max: window as usize,
             held: VecDeque::new(),
+            unsent_qos0: Vec::new(),
             out_aliases: HashMap::new(),
             in_aliases: HashMap::new(),
             acks: VecDeque::new(),

@@ -89,6 +89,10 @@ struct Open {
     /// Deliveries waiting for an in-flight slot, in arrival order. Bounded
     /// by the consumers' windows.
     held: VecDeque<rosetta_neutral::Delivery>,
+    /// QoS 0 deliveries written to `out` but not yet handed to the driver:
+    /// settled in `poll_transmit`, so a consumer's window stays taken
+    /// while the socket is not draining (slow-consumer backpressure).
+    unsent_qos0: Vec<(ConsumerId, rosetta_neutral::DeliveryTag)>,
     /// Aliases we assigned toward the client.
     out_aliases: HashMap<String, u16>,
     /// Aliases the client assigned toward us.
@@ -212,6 +216,7 @@ impl MqttConnection {
                                 reason = d.reason,
                                 "client DISCONNECT"
                             );
+                            open.settle_sent_qos0(self.conn_id);
                             open.session.close(kind);
                             self.state = State::Closed;
                             Ok(())
@@ -292,6 +297,9 @@ impl MqttConnection {
     pub fn poll_transmit(&mut self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.out);
         self.out.clear();
+        if let State::Open(open) = &mut self.state {
+            open.settle_sent_qos0(self.conn_id);
+        }
         // An idle connection should not keep a burst's buffer.
         if self.out.capacity() > IDLE_BUFFER_KEEP_BYTES {
             self.out = BytesMut::new();
@@ -351,6 +359,8 @@ impl MqttConnection {
                     let text = open.problem_info.then(|| err.to_string());
                     encode::disconnect_v5(err.reason_code(), text, &mut self.out);
                 }
+                // Already written: the driver sends them before closing.
+                open.settle_sent_qos0(self.conn_id);
                 open.session.close(CloseKind::Abnormal);
             }
             State::AwaitConnect { .. } => {

@@ -1,8 +1,9 @@
 //! Deliveries to the client and the client's PUBACK/PUBREC/PUBCOMP.
 //!
 //! Delivered QoS = min(publish QoS, highest granted QoS of the matching
-//! subscriptions, our maximum). QoS 0 deliveries are settled right after
-//! they are written. QoS 1/2 deliveries keep their consumer slot (the
+//! subscriptions, our maximum). QoS 0 deliveries are settled once their
+//! bytes are handed to the driver (`poll_transmit`), so a socket that does
+//! not drain keeps the consumer's window full and the core stops sending. QoS 1/2 deliveries keep their consumer slot (the
 //! window is the client's receive maximum) until the client completes the
 //! flow; their packet id and phase are annotated in the core so a resumed
 //! session resends them with DUP and the same id.
@@ -36,6 +37,13 @@ impl Open {
             .annotate(consumer, tag, encode_annotation(pkid, phase));
         if let Err(e) = r {
             tracing::debug!(conn_id, error = %e, "annotate failed");
+        }
+    }
+
+    /// Settles the QoS 0 deliveries just handed to the driver.
+    pub(super) fn settle_sent_qos0(&mut self, conn_id: u64) {
+        for (consumer, tag) in std::mem::take(&mut self.unsent_qos0) {
+            self.settle(conn_id, consumer, tag, Outcome::Accept);
         }
     }
 
@@ -170,7 +178,7 @@ impl Open {
             self.out_aliases.insert(name, a);
         }
         if qos == 0 {
-            self.settle(ctx.conn_id, d.consumer, d.tag, Outcome::Accept);
+            self.unsent_qos0.push((d.consumer, d.tag));
             return Ok(());
         }
         if resumed.is_none() {

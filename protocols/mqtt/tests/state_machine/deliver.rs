@@ -447,3 +447,32 @@ fn will_expiry_is_left_to_publish_time() {
     let s = h.broker.state();
     assert_eq!(s.wills[0].as_ref().map(|w| w.message.expiry), Some(None));
 }
+
+#[test]
+fn qos0_window_slot_is_freed_only_when_bytes_leave() {
+    let mut h = Harness::connected(false);
+    h.event(SessionEvent::Delivery(delivery(
+        1,
+        1,
+        message("a", 0, b"x"),
+        2,
+    )));
+    h.event(SessionEvent::Delivery(delivery(
+        1,
+        2,
+        message("a", 0, b"y"),
+        2,
+    )));
+    assert!(
+        h.broker.state().settled.is_empty(),
+        "not settled while unsent"
+    );
+    assert_eq!(h.v4_packets().len(), 2);
+    assert_eq!(
+        h.broker.state().settled,
+        vec![
+            (ConsumerId(1), DeliveryTag(1), Outcome::Accept),
+            (ConsumerId(1), DeliveryTag(2), Outcome::Accept)
+        ]
+    );
+}
