@@ -470,3 +470,44 @@ fn v311_persistent_sessions_can_be_given_an_expiry() {
     );
     assert!(s.queues["$mqtt/p"].durable);
 }
+
+#[test]
+fn client_ids_that_cannot_name_a_queue_are_refused() {
+    let mut h = Harness::new(true);
+    h.input(&connect_v5(v5::Connect::new("dev/+")));
+    assert!(matches!(
+        h.v5_packets().as_slice(),
+        [v5::Packet::ConnAck(v5::ConnAck {
+            code: v5::ConnectReturnCode::ClientIdentifierNotValid,
+            ..
+        })]
+    ));
+    let mut h = Harness::new(false);
+    h.input(&connect_v4(&"x".repeat(300), true, 30, None));
+    assert!(matches!(
+        h.v4_packets().as_slice(),
+        [v4::Packet::ConnAck(v4::ConnAck {
+            code: v4::ConnectReturnCode::BadClientId,
+            ..
+        })]
+    ));
+}
+
+#[test]
+fn disconnect_can_change_a_non_zero_session_expiry() {
+    let mut h = Harness::new(true);
+    let mut c = v5::Connect::new("e");
+    let mut props = connect_props();
+    props.session_expiry_interval = Some(60);
+    c.properties = Some(props);
+    h.input(&connect_v5(c));
+    h.packets();
+    // DISCONNECT 0x00 with session expiry 0: the session ends with the
+    // connection.
+    h.input(&[0xE0, 7, 0x00, 5, 0x11, 0, 0, 0, 0]);
+    assert!(h.conn.is_closed());
+    let s = h.broker.state();
+    assert_eq!(s.queues["$mqtt/e"].lifetime, QueueLifetime::Session);
+    assert!(!s.queues["$mqtt/e"].durable);
+    assert_eq!(s.closes, vec![CloseKind::Clean]);
+}

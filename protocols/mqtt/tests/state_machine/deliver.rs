@@ -476,3 +476,41 @@ fn qos0_window_slot_is_freed_only_when_bytes_leave() {
         ]
     );
 }
+
+#[test]
+fn closed_shared_consumer_is_forgotten_without_disconnecting() {
+    let mut h = Harness::connected(true);
+    let mut sub = v5::Subscribe::new("$share/g/a", qos(1));
+    sub.pkid = 1;
+    h.input(&subscribe_v5(sub));
+    h.packets();
+    h.event(SessionEvent::ConsumerClosed {
+        consumer: ConsumerId(2),
+        reason: BrokerError::NotFound("$share/g/a".into()),
+    });
+    assert!(!h.conn.is_closed());
+    h.event(SessionEvent::Delivery(delivery(
+        2,
+        1,
+        message("a", 1, b"x"),
+        1,
+    )));
+    assert!(
+        h.raw_output().is_empty(),
+        "deliveries for a closed consumer are ignored"
+    );
+}
+
+#[test]
+fn pubrec_for_an_unknown_id_gets_pubrel_0x92() {
+    let mut h = Harness::connected(true);
+    h.input(&pubrec(12));
+    assert!(matches!(
+        h.v5_packets().as_slice(),
+        [v5::Packet::PubRel(v5::PubRel {
+            pkid: 12,
+            reason: v5::PubRelReason::PacketIdentifierNotFound,
+            ..
+        })]
+    ));
+}
