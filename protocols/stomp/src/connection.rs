@@ -2,7 +2,7 @@
 //!
 //! States are types: before CONNECT there is no session at all
 //! (`State::AwaitConnect`); authentication yields the `Open` state,
-//! which owns the core [`Session`]; `State::Closed` swallows everything.
+//! which owns the core [`Session`](rosetta_neutral::Session); `State::Closed` swallows everything.
 //! Every error is fatal and reported once, as an ERROR frame, by
 //! `StompConnection::fail`.
 //!
@@ -19,7 +19,7 @@
 //!   [`StompConfig::prefetch_max`]);
 //! - durable topic subscription: `activemq.subscriptionName:<name>`
 //!   (ActiveMQ), or `persistent:true` / `durable:true` with the `id` as the
-//!   name (RabbitMQ). The queue is [`durable_subscription_queue`] of the
+//!   name (RabbitMQ). The queue is [`durable_subscription_queue`](rosetta_neutral::durable_subscription_queue) of the
 //!   CONNECT `client-id` (else the login) and the name;
 //! - UNSUBSCRIBE of a durable subscription keeps its queue unless it
 //!   carries `persistent:true`, `durable:true` or
@@ -27,29 +27,19 @@
 //! - redelivery: `redelivered:true` and `delivery-count:<n>` on MESSAGE;
 //! - `client-id` on CONNECT takes over a live session with the same id.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rosetta_neutral::address::{
-    validate_topic_filter, validate_topic_name, TEMP_QUEUE_PREFIX, TOPIC_PREFIX,
-};
-use rosetta_neutral::{
-    durable_subscription_queue, Address, BindingOptions, Broker, CloseKind, ConsumerId,
-    ConsumerSpec, CreditMode, Delivery, DeliveryTag, EventSink, Outcome, Protocol, PublishOptions,
-    QueueLifetime, QueueSpec, Session, SessionEvent, SessionInfo, Ticket, TxnId,
-};
+use rosetta_neutral::{Broker, CloseKind, EventSink, Protocol, SessionEvent, SessionInfo};
 use tracing::{debug, info, trace};
 
 use crate::config::StompConfig;
-use crate::convert::{message_from_send, write_message};
 use crate::encoder::FrameWriter;
 use crate::error::{error_frame, StompError};
 use crate::frame::{Command, Frame, Version};
 use crate::heartbeat::{self, HeartBeat};
+use crate::open::{Done, Open};
 use crate::parser::{Decoder, FrameError};
-use crate::receipts::Receipts;
-use crate::subscription::{ack_id, parse_ack_id, AckMode, Subscription};
 
 /// Versions this server speaks, best first.
 const SUPPORTED: [Version; 3] = [Version::V1_2, Version::V1_1, Version::V1_0];
@@ -61,31 +51,6 @@ enum State {
     Open(Box<Open>),
     /// Finished: input and events are ignored.
     Closed,
-}
-
-/// An open transaction.
-struct Txn {
-    id: TxnId,
-    /// Acks staged in it, to make them unacknowledged again on ABORT.
-    acked: Vec<(ConsumerId, DeliveryTag)>,
-}
-
-/// State of an authenticated connection.
-struct Open {
-    conn_id: u64,
-    session: Box<dyn Session>,
-    version: Version,
-    /// Key of durable subscriptions: `client-id`, else the login.
-    client_key: Option<String>,
-    heart: HeartBeat,
-    subs: HashMap<String, Subscription>,
-    by_consumer: HashMap<ConsumerId, String>,
-    txns: HashMap<String, Txn>,
-    /// `/temp-queue/x` name → the core's generated queue name.
-    temp_queues: HashMap<String, String>,
-    receipts: Receipts,
-    /// DISCONNECT received: no more frames are read.
-    disconnecting: bool,
 }
 
 /// A STOMP server connection, driven by bytes, core events and time.
@@ -113,21 +78,6 @@ impl std::fmt::Debug for StompConnection {
             .field("conn_id", &self.conn_id)
             .field("closed", &self.is_closed())
             .finish_non_exhaustive()
-    }
-}
-
-/// What a frame's handler hands back for the receipt queue.
-struct Done {
-    tickets: Vec<Ticket>,
-    disconnect: bool,
-}
-
-impl Done {
-    fn now() -> Self {
-        Done {
-            tickets: Vec::new(),
-            disconnect: false,
-        }
     }
 }
 
@@ -215,7 +165,7 @@ impl StompConnection {
         match event {
             SessionEvent::Delivery(d) => {
                 let version = open.version;
-                Self::deliver(&mut self.out, open, version, d);
+                open.deliver(&mut self.out, version, d);
                 self.last_tx = now;
             }
             SessionEvent::Committed { ticket, result } => {
@@ -401,7 +351,7 @@ impl StompConnection {
                 Command::Connect | Command::Stomp => self.connect(frame),
                 other => Err(StompError::ExpectedConnect(other)),
             },
-            State::Open(open) => Self::on_open_frame(&self.config, open, frame),
+            State::Open(open) => open.handle_frame(&self.config, frame),
         };
         match result {
             Err(e) => self.fail(e, receipt),
@@ -501,434 +451,13 @@ impl StompConnection {
         w.header("session", &format!("rosetta-{}", self.conn_id));
         w.finish(b"");
         self.last_tx = self.now;
-        self.state = State::Open(Box::new(Open {
-            conn_id: self.conn_id,
+        self.state = State::Open(Box::new(Open::new(
+            self.conn_id,
             session,
             version,
             client_key,
             heart,
-            subs: HashMap::new(),
-            by_consumer: HashMap::new(),
-            txns: HashMap::new(),
-            temp_queues: HashMap::new(),
-            receipts: Receipts::default(),
-            disconnecting: false,
-        }));
+        )));
         Ok(Done::now())
     }
-
-    fn on_open_frame(
-        config: &StompConfig,
-        open: &mut Open,
-        frame: Frame,
-    ) -> Result<Done, StompError> {
-        match frame.command {
-            Command::Send => open.send(config, frame),
-            Command::Subscribe => open.subscribe(config, &frame),
-            Command::Unsubscribe => open.unsubscribe(&frame),
-            Command::Ack => open.ack(config, &frame, Outcome::Accept),
-            Command::Nack if open.version == Version::V1_0 => {
-                Err(StompError::UnsupportedCommand(Command::Nack, open.version))
-            }
-            Command::Nack => open.ack(config, &frame, Outcome::NACK),
-            Command::Begin => open.begin(config, &frame),
-            Command::Commit => open.commit(&frame),
-            Command::Abort => open.abort(&frame),
-            Command::Disconnect => Ok(Done {
-                tickets: Vec::new(),
-                disconnect: true,
-            }),
-            other => Err(StompError::UnexpectedFrame(other)),
-        }
-    }
-
-    fn deliver(out: &mut Vec<u8>, open: &mut Open, version: Version, d: Delivery) {
-        let Some(sub) = open
-            .by_consumer
-            .get(&d.consumer)
-            .and_then(|id| open.subs.get_mut(id))
-        else {
-            // Raced with UNSUBSCRIBE: the cancel returns it to its queue.
-            trace!(
-                conn_id = open.conn_id,
-                consumer = d.consumer.0,
-                "delivery for a cancelled subscription"
-            );
-            return;
-        };
-        let id = ack_id(d.consumer, d.tag);
-        write_message(out, version, sub, &d, &id);
-        sub.delivered(d.tag);
-    }
-}
-
-fn required<'f>(frame: &'f Frame, header: &'static str) -> Result<&'f str, StompError> {
-    frame.header(header).ok_or(StompError::MissingHeader {
-        command: frame.command,
-        header,
-    })
-}
-
-fn bad_destination(destination: &str, source: rosetta_neutral::AddressError) -> StompError {
-    StompError::BadDestination {
-        destination: destination.to_owned(),
-        source,
-    }
-}
-
-impl Open {
-    fn txn_id(&self, frame: &Frame) -> Result<Option<TxnId>, StompError> {
-        match frame.header("transaction") {
-            None => Ok(None),
-            Some(name) => self
-                .txns
-                .get(name)
-                .map(|t| Some(t.id))
-                .ok_or_else(|| StompError::UnknownTransaction(name.to_owned())),
-        }
-    }
-
-    /// The core queue behind `/temp-queue/<local>`, declared on first use.
-    fn temp_queue(&mut self, config: &StompConfig, local: &str) -> Result<String, StompError> {
-        if let Some(name) = self.temp_queues.get(local) {
-            return Ok(name.clone());
-        }
-        if local.is_empty() {
-            return Err(bad_destination(
-                &format!("{TEMP_QUEUE_PREFIX}{local}"),
-                rosetta_neutral::AddressError::Empty,
-            ));
-        }
-        if self.temp_queues.len() >= config.temp_queues_max {
-            return Err(StompError::LimitExceeded {
-                what: "temporary queues",
-                max: config.temp_queues_max,
-            });
-        }
-        let info = self.session.declare_queue(QueueSpec {
-            name: None,
-            durable: false,
-            lifetime: QueueLifetime::Session,
-        })?;
-        self.temp_queues.insert(local.to_owned(), info.name.clone());
-        Ok(info.name)
-    }
-
-    /// Where a SEND goes.
-    fn send_address(&mut self, config: &StompConfig, dest: &str) -> Result<Address, StompError> {
-        if let Some(local) = dest.strip_prefix(TEMP_QUEUE_PREFIX) {
-            return Ok(Address::Queue(self.temp_queue(config, local)?));
-        }
-        let address = Address::parse_destination(dest).map_err(|e| bad_destination(dest, e))?;
-        if let Address::Topic(name) = &address {
-            validate_topic_name(name).map_err(|e| bad_destination(dest, e))?;
-        }
-        Ok(address)
-    }
-
-    fn send(&mut self, config: &StompConfig, frame: Frame) -> Result<Done, StompError> {
-        let dest = required(&frame, "destination")?.to_owned();
-        let txn = self.txn_id(&frame)?;
-        let address = self.send_address(config, &dest)?;
-        let reply_to = match frame.header("reply-to") {
-            Some(r) => match r.strip_prefix(TEMP_QUEUE_PREFIX) {
-                // Other protocols cannot resolve our local temp name.
-                Some(local) => {
-                    Some(Address::Queue(self.temp_queue(config, local)?).to_destination())
-                }
-                None => Some(r.to_owned()),
-            },
-            None => None,
-        };
-        let wants_receipt = frame.header("receipt").is_some();
-        let message = message_from_send(frame, reply_to)?;
-        let confirm = txn.is_none() && (message.durable || wants_receipt);
-        let published = self
-            .session
-            .publish(&address, message, PublishOptions { txn, confirm })?;
-        Ok(Done {
-            tickets: published.pending.into_iter().collect(),
-            disconnect: false,
-        })
-    }
-
-    fn subscribe(&mut self, config: &StompConfig, frame: &Frame) -> Result<Done, StompError> {
-        let dest = required(frame, "destination")?;
-        let (id, id_given) = match frame.header("id") {
-            Some(id) => (id.to_owned(), true),
-            None if self.version == Version::V1_0 => (dest.to_owned(), false),
-            None => {
-                return Err(StompError::MissingHeader {
-                    command: frame.command,
-                    header: "id",
-                })
-            }
-        };
-        if self.subs.contains_key(&id) {
-            return Err(StompError::DuplicateSubscription(id));
-        }
-        if self.subs.len() >= config.subscriptions_max {
-            return Err(StompError::LimitExceeded {
-                what: "subscriptions",
-                max: config.subscriptions_max,
-            });
-        }
-        let ack_header = frame.header("ack");
-        let ack = AckMode::parse(ack_header).ok_or_else(|| StompError::BadHeader {
-            header: "ack",
-            value: ack_header.unwrap_or_default().to_owned(),
-        })?;
-        let prefetch = prefetch(config, frame)?;
-        let mut durable_queue = None;
-        let queue = if let Some(filter) = dest.strip_prefix(TOPIC_PREFIX) {
-            validate_topic_filter(filter).map_err(|e| bad_destination(dest, e))?;
-            let spec = match durable_name(frame, &id) {
-                Some(name) => {
-                    let key = self
-                        .client_key
-                        .as_deref()
-                        .ok_or(StompError::DurableWithoutClientId)?;
-                    let q = durable_subscription_queue(key, name);
-                    durable_queue = Some(q.clone());
-                    QueueSpec {
-                        name: Some(q),
-                        durable: true,
-                        lifetime: QueueLifetime::Permanent,
-                    }
-                }
-                None => QueueSpec {
-                    name: None,
-                    durable: false,
-                    lifetime: QueueLifetime::Consumer,
-                },
-            };
-            let info = self.session.declare_queue(spec)?;
-            if let Err(e) = self
-                .session
-                .bind(&info.name, filter, BindingOptions::default())
-            {
-                self.drop_unused_queue(&info.name, durable_queue.is_none());
-                return Err(e.into());
-            }
-            info.name
-        } else if let Some(local) = dest.strip_prefix(TEMP_QUEUE_PREFIX) {
-            self.temp_queue(config, local)?
-        } else {
-            match Address::parse_destination(dest).map_err(|e| bad_destination(dest, e))? {
-                Address::Queue(q) => q,
-                Address::Topic(_) => unreachable_topic(dest)?,
-            }
-        };
-        let consumer = match self.session.consume(ConsumerSpec {
-            queue: queue.clone(),
-            credit: CreditMode::Window(prefetch),
-            auto_settle: ack == AckMode::Auto,
-        }) {
-            Ok(c) => c,
-            Err(e) => {
-                if dest.starts_with(TOPIC_PREFIX) {
-                    self.drop_unused_queue(&queue, durable_queue.is_none());
-                }
-                return Err(e.into());
-            }
-        };
-        debug!(conn_id = self.conn_id, sub = %id, %dest, %queue, ?ack, prefetch, "subscribed");
-        self.by_consumer.insert(consumer, id.clone());
-        self.subs.insert(
-            id.clone(),
-            Subscription::new(id, id_given, dest.to_owned(), consumer, ack, durable_queue),
-        );
-        Ok(Done::now())
-    }
-
-    /// Deletes a subscription queue that never got its consumer.
-    fn drop_unused_queue(&mut self, queue: &str, temporary: bool) {
-        if temporary {
-            if let Err(e) = self.session.delete_queue(queue) {
-                debug!(conn_id = self.conn_id, %queue, error = %e, "could not delete unused subscription queue");
-            }
-        }
-    }
-
-    fn unsubscribe(&mut self, frame: &Frame) -> Result<Done, StompError> {
-        let id = match frame.header("id") {
-            Some(id) => id,
-            None if self.version == Version::V1_0 => required(frame, "destination")?,
-            None => required(frame, "id")?,
-        };
-        let remove = frame.header("activemq.subscriptionName").is_some()
-            || is_true(frame.header("persistent"))
-            || is_true(frame.header("durable"));
-        let durable_queue = match self.subs.remove(id) {
-            Some(sub) => {
-                self.by_consumer.remove(&sub.consumer);
-                self.session.cancel(sub.consumer)?;
-                sub.durable_queue
-            }
-            // Not active here: ActiveMQ clients remove a durable
-            // subscription offline by naming it.
-            None => {
-                debug!(conn_id = self.conn_id, sub = %id, "UNSUBSCRIBE of an inactive subscription");
-                self.client_key
-                    .as_deref()
-                    .zip(durable_name(frame, id))
-                    .map(|(key, name)| durable_subscription_queue(key, name))
-            }
-        };
-        if remove {
-            if let Some(q) = durable_queue {
-                debug!(conn_id = self.conn_id, queue = %q, "durable subscription removed");
-                match self.session.delete_queue(&q) {
-                    Ok(()) | Err(rosetta_neutral::BrokerError::NotFound(_)) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-        Ok(Done::now())
-    }
-
-    fn ack(
-        &mut self,
-        config: &StompConfig,
-        frame: &Frame,
-        outcome: Outcome,
-    ) -> Result<Done, StompError> {
-        let id = if self.version == Version::V1_2 {
-            frame.header("id").or_else(|| frame.header("message-id"))
-        } else {
-            frame.header("message-id").or_else(|| frame.header("id"))
-        };
-        let id = match id {
-            Some(id) => id,
-            None if self.version == Version::V1_2 => required(frame, "id")?,
-            None => required(frame, "message-id")?,
-        };
-        let unknown = || StompError::UnknownAckId(id.to_owned());
-        let (consumer, tag) = parse_ack_id(id).ok_or_else(unknown)?;
-        let sub_id = self.by_consumer.get(&consumer).ok_or_else(unknown)?;
-        if frame.header("subscription").is_some_and(|s| s != sub_id) {
-            return Err(unknown());
-        }
-        let txn_name = frame.header("transaction");
-        let txn = self.txn_id(frame)?;
-        let sub = self.subs.get_mut(sub_id).ok_or_else(unknown)?;
-        let tags = sub.take_acked(tag).ok_or_else(unknown)?;
-        if let Some(t) = txn_name.and_then(|n| self.txns.get(n)) {
-            if t.acked.len() + tags.len() > config.transaction_acks_max {
-                return Err(StompError::LimitExceeded {
-                    what: "acknowledgements in one transaction",
-                    max: config.transaction_acks_max,
-                });
-            }
-        }
-        let confirm = txn.is_none() && frame.header("receipt").is_some();
-        let mut tickets = Vec::new();
-        for t in &tags {
-            if let Some(ticket) = self.session.settle(consumer, *t, outcome, txn, confirm)? {
-                tickets.push(ticket);
-            }
-        }
-        if let Some(t) = txn_name.and_then(|n| self.txns.get_mut(n)) {
-            t.acked.extend(tags.iter().map(|tag| (consumer, *tag)));
-        }
-        Ok(Done {
-            tickets,
-            disconnect: false,
-        })
-    }
-
-    fn begin(&mut self, config: &StompConfig, frame: &Frame) -> Result<Done, StompError> {
-        let name = required(frame, "transaction")?;
-        if self.txns.contains_key(name) {
-            return Err(StompError::DuplicateTransaction(name.to_owned()));
-        }
-        if self.txns.len() >= config.transactions_max {
-            return Err(StompError::LimitExceeded {
-                what: "open transactions",
-                max: config.transactions_max,
-            });
-        }
-        let id = self.session.begin();
-        self.txns.insert(
-            name.to_owned(),
-            Txn {
-                id,
-                acked: Vec::new(),
-            },
-        );
-        Ok(Done::now())
-    }
-
-    fn take_txn(&mut self, frame: &Frame) -> Result<Txn, StompError> {
-        let name = required(frame, "transaction")?;
-        self.txns
-            .remove(name)
-            .ok_or_else(|| StompError::UnknownTransaction(name.to_owned()))
-    }
-
-    fn commit(&mut self, frame: &Frame) -> Result<Done, StompError> {
-        let txn = self.take_txn(frame)?;
-        let ticket = self.session.commit(txn.id)?;
-        Ok(Done {
-            tickets: vec![ticket],
-            disconnect: false,
-        })
-    }
-
-    fn abort(&mut self, frame: &Frame) -> Result<Done, StompError> {
-        let txn = self.take_txn(frame)?;
-        self.session.rollback(txn.id)?;
-        // The staged acks never happened: those messages are unacked again.
-        let mut by_consumer: HashMap<ConsumerId, Vec<DeliveryTag>> = HashMap::new();
-        for (c, t) in txn.acked {
-            by_consumer.entry(c).or_default().push(t);
-        }
-        for (c, tags) in by_consumer {
-            if let Some(sub) = self
-                .by_consumer
-                .get(&c)
-                .and_then(|id| self.subs.get_mut(id))
-            {
-                sub.restore(&tags);
-            }
-        }
-        Ok(Done::now())
-    }
-}
-
-/// `parse_destination` only yields a topic for `/topic/…`, handled earlier.
-fn unreachable_topic(dest: &str) -> Result<String, StompError> {
-    Err(bad_destination(
-        dest,
-        rosetta_neutral::AddressError::MalformedFilter(dest.to_owned()),
-    ))
-}
-
-fn is_true(value: Option<&str>) -> bool {
-    value.is_some_and(|v| v.eq_ignore_ascii_case("true"))
-}
-
-/// The durable subscription name a SUBSCRIBE/UNSUBSCRIBE asks for, if any.
-fn durable_name<'f>(frame: &'f Frame, id: &'f str) -> Option<&'f str> {
-    frame.header("activemq.subscriptionName").or_else(|| {
-        (is_true(frame.header("persistent")) || is_true(frame.header("durable"))).then_some(id)
-    })
-}
-
-/// The prefetch window of a SUBSCRIBE.
-fn prefetch(config: &StompConfig, frame: &Frame) -> Result<u32, StompError> {
-    let (header, value) = match (
-        frame.header("activemq.prefetchSize"),
-        frame.header("prefetch-count"),
-    ) {
-        (Some(v), _) => ("activemq.prefetchSize", v),
-        (None, Some(v)) => ("prefetch-count", v),
-        (None, None) => return Ok(config.prefetch_default.clamp(1, config.prefetch_max.max(1))),
-    };
-    let n: u32 = value.trim().parse().map_err(|_| StompError::BadHeader {
-        header,
-        value: value.to_owned(),
-    })?;
-    // 0 would mean "pull" in ActiveMQ, which STOMP cannot express: use 1.
-    Ok(n.clamp(1, config.prefetch_max.max(1)))
 }

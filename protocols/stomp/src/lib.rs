@@ -7,7 +7,11 @@
 //! - [`encoder`]: [`FrameWriter`] for server frames;
 //! - [`connection`]: [`StompConnection`], the per-connection state machine
 //!   driven by the server with bytes, core events and time, configured by
-//!   [`StompConfig`].
+//!   [`StompConfig`]; its header conventions are documented there;
+//! - private helpers: `open` (frame handlers of the connected state),
+//!   `convert` (headers ↔ neutral message), `subscription` (ack tracking),
+//!   `receipts` (ordered durable receipts), `heartbeat` (negotiation);
+//! - [`error`]: [`StompError`] and the one mapping to ERROR frames.
 //!
 //! The crate does no IO: the server reads the socket and calls
 //! [`StompConnection::handle_input`], forwards core events to
@@ -25,6 +29,7 @@ pub mod parser;
 
 mod convert;
 mod heartbeat;
+mod open;
 mod receipts;
 mod subscription;
 

@@ -67,7 +67,12 @@ impl Session for Sess {
     fn unbind(&mut self, _q: &str, _f: &str) -> Result<bool, BrokerError> {
         Ok(true)
     }
-    fn publish(&mut self, _a: &Address, _m: Message, o: PublishOptions) -> Result<PublishReceipt, BrokerError> {
+    fn publish(
+        &mut self,
+        _a: &Address,
+        _m: Message,
+        o: PublishOptions,
+    ) -> Result<PublishReceipt, BrokerError> {
         let n = self.next();
         Ok(PublishReceipt {
             routed: 1,
@@ -83,7 +88,14 @@ impl Session for Sess {
     fn set_credit(&mut self, _c: ConsumerId, _n: u32, _d: bool) -> Result<(), BrokerError> {
         Ok(())
     }
-    fn settle(&mut self, _c: ConsumerId, _t: DeliveryTag, _o: Outcome, _x: Option<TxnId>, confirm: bool) -> Result<Option<Ticket>, BrokerError> {
+    fn settle(
+        &mut self,
+        _c: ConsumerId,
+        _t: DeliveryTag,
+        _o: Outcome,
+        _x: Option<TxnId>,
+        confirm: bool,
+    ) -> Result<Option<Ticket>, BrokerError> {
         let n = self.next();
         Ok(confirm.then_some(Ticket(n)))
     }
@@ -114,7 +126,13 @@ impl Session for Sess {
 
 fuzz_target!(|data: &[u8]| {
     let start = Instant::now();
-    let mut conn = StompConnection::new(StompConfig::default(), Arc::new(Core), Arc::new(Sink), 1, start);
+    let mut conn = StompConnection::new(
+        StompConfig::default(),
+        Arc::new(Core),
+        Arc::new(Sink),
+        1,
+        start,
+    );
     let mut out = Vec::new();
     // Start connected most of the time so the fuzzer explores frame handling.
     let prefix: &[u8] = if data.first().is_some_and(|b| b & 1 == 0) {
@@ -127,7 +145,13 @@ fuzz_target!(|data: &[u8]| {
         let now = start + Duration::from_millis(i as u64 * 300);
         conn.handle_input(now, chunk);
         // Commit every ticket the core might have issued.
-        conn.handle_event(now, SessionEvent::Committed { ticket: Ticket(i as u64), result: Ok(()) });
+        conn.handle_event(
+            now,
+            SessionEvent::Committed {
+                ticket: Ticket(i as u64),
+                result: Ok(()),
+            },
+        );
         conn.handle_timeout(now);
         conn.poll_transmit(&mut out);
         if conn.is_closed() {
