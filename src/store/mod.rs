@@ -1,0 +1,559 @@
+//! The durable journal: an append-only, checksummed log of segment files
+//! with group commit, crash recovery and compaction.
+//!
+//! # Shape
+//!
+//! - [`record`]: the record kinds and their versioned encoding;
+//! - `codec`: the lossless [`Message`] encoding used inside records;
+//! - [`segment`]: file naming, segment and entry headers, the verifying scanner;
+//! - `writer`: the single writer thread (group commit, rollover, syncs);
+//! - `index`: the live state and per-segment liveness (the replay rules);
+//! - `recovery`: replay at open, torn-tail handling (the cases table is there);
+//! - `compaction`: deleting dead segments, rewriting mostly-dead ones.
+//!
+//! # On-disk format
+//!
+//! The data directory holds segment files `NNNNNNNNNNNNNNNNNNNN.seg` (20-digit
+//! zero-padded id, so names sort by age). All integers are little-endian with
+//! explicit widths; checksums are CRC32C.
+//!
+//! ```text
+//! segment        = segment_header entry*
+//! segment_header = magic "RSEG" u32 | version u16 | reserved u16 | segment_id u64
+//!                  | first_entry_seq u64 | seq_floor u64 | queue_floor u64
+//!                  | reserved u32 | header_crc u32                       (48 bytes)
+//! entry          = entry_header body
+//! entry_header   = magic "RENT" u32 | version u16 | flags u16 | body_len u32
+//!                  | body_crc u32 | entry_seq u64 | reserved u32 | header_crc u32  (32 bytes)
+//! body           = record_count u32 | record*       (the records of ONE append call)
+//! record         = tag u8 | version u8 | payload_len u32 | payload
+//! ```
+//!
+//! One [`Store::append`] call is one entry, so its records are replayed all
+//! together or not at all. The record payloads are listed in [`record`]; the
+//! message encoding in `codec`. Record kinds carry their own version byte,
+//! so kinds can be added and layouts evolved.
+//!
+//! # Durability: what a completion (and so a producer's acknowledgement) means
+//!
+//! Appends never wait for the disk. The completion passed to
+//! [`Store::append`] runs on the writer thread once the entry is as durable
+//! as the [`SyncPolicy`] promises, and the core acknowledges a persistent
+//! message to its producer only from that completion:
+//!
+//! - [`SyncPolicy::EveryCommit`] (default): the entry was written and
+//!   `fdatasync`ed. An acknowledged message survives a process crash, a
+//!   kernel crash and a power loss (as far as the disk honours flushes).
+//! - [`SyncPolicy::Periodic`]`(d)`: the entry was handed to the kernel with
+//!   `write(2)`; a timer syncs at most `d` after the first unsynced write.
+//!   An acknowledged message survives a crash of the broker process, but a
+//!   kernel crash or power loss may lose the last `d` of acknowledged
+//!   writes. What is lost is always a suffix: recovery never shows a later
+//!   entry without every earlier one (segments are synced before the next
+//!   is created, and before compaction deletes anything).
+//!
+//! An `Err` completion means the entry may or may not be on disk; the store
+//! then refuses every later append (see below), so nothing is acknowledged
+//! past a failed write.
+//!
+//! # Group commit
+//!
+//! One writer thread owns the files. When it is idle, the next append is
+//! written at once. While a `write` + `fdatasync` is in flight, everything
+//! appended meanwhile queues up and becomes the next batch: one `write` of
+//! all its entries and one `fdatasync`, then all its completions run. No
+//! timer adds delay at low load; at high load the batch grows by itself.
+//! A batch holds at most [`BATCH_BYTES_MAX`] bytes. Appended-but-unwritten
+//! bytes are bounded by [`StoreConfig::pending_bytes_max`]: past it,
+//! `append` blocks its caller until the writer has taken a batch (typically
+//! one sync time). Appends made from the writer thread itself (inside a
+//! completion) never block, so a completion may append without deadlock.
+//!
+//! After a failed `write` or `fdatasync` the store fails closed: the failed
+//! batch and every later append complete with [`StoreError::Failed`]. Linux
+//! may have dropped the dirty pages of a failed fsync, so retrying could
+//! acknowledge data that is gone; restart and recovery are the way out.
+//!
+//! # Recovery
+//!
+//! [`Store::open`] replays all segments oldest first, verifying every entry,
+//! and returns the live state as [`Recovered`]. A torn or corrupt tail is
+//! cut at the last good entry, logged with `tracing::warn!` and listed in
+//! [`RecoveryReport::damaged`]; everything before it is kept, and recovery
+//! never panics. The cases are tabled in the docs of the `recovery` module.
+//! After recovery, writing continues in a new segment.
+//!
+//! # Compaction
+//!
+//! The index knows, per segment, how many records are still live (see the
+//! `index` module for the rules: state records live while current,
+//! tombstones while an older segment still holds what they cancel).
+//! Between batches, after a segment rollover or every
+//! [`StoreConfig::compaction_interval`], the writer thread:
+//!
+//! 1. deletes every non-active segment with no live record (then fsyncs the
+//!    directory), repeating while deletions release tombstones;
+//! 2. rewrites a mostly-dead segment (live bytes at most
+//!    `REWRITE_LIVE_PERCENT_MAX` % of the file) that holds no live
+//!    tombstone — the oldest one always qualifies — by appending copies of
+//!    its live records at the head and then deleting it. A copied `Message`
+//!    carries only the queues that still hold it, followed by its delivery
+//!    states. Replay treats a `Message` whose seq is already present as a
+//!    no-op, so a crash between copy and delete is harmless.
+//!
+//! So one unconsumed message cannot pin old segments: it is copied forward.
+
+mod codec;
+mod compaction;
+mod index;
+pub mod record;
+mod recovery;
+pub mod segment;
+mod wire;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use rosetta_neutral::Message;
+
+pub use codec::{decode_message_exact, encode_message, MESSAGE_CODEC_VERSION};
+pub use record::{BindingDef, MessageSeq, QueueDef, QueueId, Record, StoredLifetime};
+pub use segment::{Damage, ENTRY_BODY_MAX_BYTES};
+pub use wire::DecodeError;
+
+use writer::{Job, Shared};
+
+/// Default segment size: big enough that rollover and per-file overhead are
+/// rare, small enough that compaction moves little at a time.
+pub const SEGMENT_SIZE_DEFAULT_BYTES: u64 = 64 * 1024 * 1024;
+/// Smallest segment size accepted (tests use tiny segments).
+pub const SEGMENT_SIZE_MIN_BYTES: u64 = 1024;
+/// Default time between compaction checks when no rollover triggers one.
+pub const COMPACTION_INTERVAL_DEFAULT: Duration = Duration::from_secs(30);
+/// Default bound on appended-but-not-yet-written bytes before `append`
+/// blocks its caller: a few batches' worth, so the writer never starves.
+pub const PENDING_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
+/// Most bytes written by one `write` + `fdatasync` batch: keeps one batch's
+/// latency bounded when producers are far ahead of the disk.
+pub const BATCH_BYTES_MAX: u64 = 8 * 1024 * 1024;
+
+/// When appended entries are synced. See the module docs for exactly what
+/// each promises a producer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncPolicy {
+    /// `fdatasync` before any completion runs (default).
+    #[default]
+    EveryCommit,
+    /// Completion after `write(2)`; a timer syncs within this period.
+    Periodic(Duration),
+}
+
+/// Store configuration. Build with [`StoreConfig::new`] and adjust fields.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Data directory (created if missing).
+    pub dir: PathBuf,
+    /// Sync policy.
+    pub sync: SyncPolicy,
+    /// Roll to a new segment when the next entry would pass this size. An
+    /// entry larger than this gets a segment of its own.
+    pub segment_size_bytes: u64,
+    /// Time between compaction runs when no rollover triggers one.
+    pub compaction_interval: Duration,
+    /// Turns compaction off (tests that inspect the raw files).
+    pub compaction_enabled: bool,
+    /// Appended-but-unwritten bytes above which `append` blocks.
+    pub pending_bytes_max: u64,
+}
+
+impl StoreConfig {
+    /// Defaults: sync every commit, 64 MiB segments, compaction on.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            sync: SyncPolicy::EveryCommit,
+            segment_size_bytes: SEGMENT_SIZE_DEFAULT_BYTES,
+            compaction_interval: COMPACTION_INTERVAL_DEFAULT,
+            compaction_enabled: true,
+            pending_bytes_max: PENDING_BYTES_MAX_DEFAULT,
+        }
+    }
+
+    fn validate(&self) -> Result<(), StoreError> {
+        if self.segment_size_bytes < SEGMENT_SIZE_MIN_BYTES {
+            return Err(StoreError::Config(format!(
+                "segment_size_bytes {} is below {SEGMENT_SIZE_MIN_BYTES}",
+                self.segment_size_bytes
+            )));
+        }
+        if let SyncPolicy::Periodic(d) = self.sync {
+            if d.is_zero() {
+                return Err(StoreError::Config(
+                    "periodic sync interval must be above zero".into(),
+                ));
+            }
+        }
+        if self.compaction_interval.is_zero() {
+            return Err(StoreError::Config(
+                "compaction_interval must be above zero".into(),
+            ));
+        }
+        if self.pending_bytes_max == 0 {
+            return Err(StoreError::Config(
+                "pending_bytes_max must be above zero".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Runs once an append is durable (or failed). Runs on the writer thread:
+/// keep it short (signal, don't work).
+pub type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send + 'static>;
+
+/// Store errors. `Clone`, so every completion of a failed batch gets one.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// An I/O operation failed.
+    #[error("journal {op} failed on {path}: {source}")]
+    Io {
+        /// What was being done (read, write, fsync, ...).
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: Arc<std::io::Error>,
+    },
+    /// Checksummed data that cannot be what we wrote.
+    #[error("journal {path} is corrupt at offset {offset}: {reason}")]
+    Corrupt {
+        /// File.
+        path: PathBuf,
+        /// Offset of the bad entry.
+        offset: u64,
+        /// Why.
+        reason: String,
+    },
+    /// Data written by a newer format.
+    #[error("journal {path} at offset {offset} needs a newer build: {what}")]
+    Unsupported {
+        /// File.
+        path: PathBuf,
+        /// Offset.
+        offset: u64,
+        /// What is unknown.
+        what: String,
+    },
+    /// One append is larger than [`ENTRY_BODY_MAX_BYTES`].
+    #[error("append of {bytes} bytes exceeds the {max}-byte entry limit")]
+    TooLarge {
+        /// Encoded size.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The store is closed (or closing).
+    #[error("journal is closed")]
+    Closed,
+    /// An earlier write or sync failed; the store accepts no more appends.
+    #[error("journal failed earlier and refuses appends: {0}")]
+    Failed(Box<StoreError>),
+    /// A blocking call was made from a completion (on the writer thread),
+    /// which would wait for itself.
+    #[error("blocking journal call from the writer thread")]
+    WouldDeadlock,
+    /// Invalid configuration.
+    #[error("invalid journal configuration: {0}")]
+    Config(String),
+}
+
+pub(crate) fn io_error(op: &'static str, path: &Path, e: std::io::Error) -> StoreError {
+    StoreError::Io {
+        op,
+        path: path.to_path_buf(),
+        source: Arc::new(e),
+    }
+}
+
+/// Counters and gauges of a running store.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Segment files.
+    pub segments: u64,
+    /// Bytes in all segment files.
+    pub bytes: u64,
+    /// Records still live on disk.
+    pub live_records: u64,
+    /// Append calls made durable.
+    pub commits: u64,
+    /// `write` batches.
+    pub batches: u64,
+    /// `fdatasync` calls.
+    pub syncs: u64,
+    /// Records appended.
+    pub records_appended: u64,
+    /// Bytes appended but not yet taken by the writer.
+    pub pending_bytes: u64,
+    /// Segments deleted by compaction.
+    pub segments_deleted: u64,
+    /// Segments rewritten by compaction.
+    pub segments_rewritten: u64,
+    /// Records copied forward by compaction.
+    pub records_rewritten: u64,
+    /// Id of the segment being written.
+    pub active_segment: u64,
+}
+
+/// One damaged range that recovery cut.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DamagedTail {
+    /// The segment file.
+    pub path: PathBuf,
+    /// Where the damage starts; the file now ends here.
+    pub offset: u64,
+    /// Bytes cut.
+    pub dropped_bytes: u64,
+    /// What was wrong.
+    pub damage: Damage,
+    /// Where the cut bytes were saved.
+    pub saved_to: PathBuf,
+    /// The whole segment was removed (its header was bad).
+    pub segment_removed: bool,
+}
+
+/// What recovery did.
+#[derive(Debug, Clone, Default)]
+pub struct RecoveryReport {
+    /// Segments replayed.
+    pub segments_read: u64,
+    /// Entries (append units) replayed.
+    pub entries_replayed: u64,
+    /// Records replayed.
+    pub records_replayed: u64,
+    /// Bytes of verified entries.
+    pub bytes_replayed: u64,
+    /// Torn or corrupt ranges cut, in file order.
+    pub damaged: Vec<DamagedTail>,
+    /// Total bytes cut (the sum over `damaged`).
+    pub truncated_bytes: u64,
+    /// How long replay took.
+    pub duration: Duration,
+}
+
+/// One queue holding a recovered message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecoveredPlacement {
+    /// The queue.
+    pub queue: QueueId,
+    /// Delivery attempts so far.
+    pub delivery_count: u32,
+    /// Latest annotation.
+    pub annotation: Option<Bytes>,
+}
+
+/// A recovered message with the queues that still hold it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecoveredMessage {
+    /// Its seq.
+    pub seq: MessageSeq,
+    /// The message.
+    pub message: Arc<Message>,
+    /// Holders, by queue id.
+    pub queues: Vec<RecoveredPlacement>,
+}
+
+/// The live state rebuilt by [`Store::open`].
+#[derive(Debug, Clone)]
+pub struct Recovered {
+    /// Queues, by id.
+    pub queues: Vec<QueueDef>,
+    /// Bindings, by (queue, filter).
+    pub bindings: Vec<BindingDef>,
+    /// Messages, by seq (which is also the order within each queue).
+    pub messages: Vec<RecoveredMessage>,
+    /// Retained messages: (topic, seq, message), by topic.
+    pub retained: Vec<(String, MessageSeq, Arc<Message>)>,
+    /// Generic state, by key.
+    pub state: Vec<(String, Bytes)>,
+    /// Greater than any message seq ever journaled here.
+    pub next_seq: MessageSeq,
+    /// Greater than any queue id ever journaled here.
+    pub next_queue_id: QueueId,
+    /// What recovery did.
+    pub report: RecoveryReport,
+}
+
+pub(crate) struct RecoveredState {
+    pub(crate) queues: Vec<QueueDef>,
+    pub(crate) bindings: Vec<BindingDef>,
+    pub(crate) messages: Vec<RecoveredMessage>,
+    pub(crate) retained: Vec<(String, MessageSeq, Arc<Message>)>,
+    pub(crate) state: Vec<(String, Bytes)>,
+}
+
+/// The journal. `Send + Sync`; share it behind an `Arc`.
+pub struct Store {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the journal in `config.dir`, replays it and starts
+    /// the writer thread. Returns the recovered live state.
+    pub fn open(config: StoreConfig) -> Result<(Store, Recovered), StoreError> {
+        config.validate()?;
+        std::fs::create_dir_all(&config.dir).map_err(|e| io_error("create", &config.dir, e))?;
+        let replayed = recovery::replay(&config.dir)?;
+        let mut index = replayed.index;
+        let state = recovery::collect(&mut index);
+        let next_seq = index.next_seq;
+        let next_queue_id = index.next_queue_id;
+        let (shared, handle) = writer::start(
+            &config,
+            index,
+            replayed.last_segment.map_or(1, |s| s + 1),
+            replayed.next_entry_seq,
+        )?;
+        let store = Store {
+            shared,
+            thread: Mutex::new(Some(handle)),
+        };
+        let recovered = Recovered {
+            queues: state.queues,
+            bindings: state.bindings,
+            messages: state.messages,
+            retained: state.retained,
+            state: state.state,
+            next_seq,
+            next_queue_id,
+            report: replayed.report,
+        };
+        Ok((store, recovered))
+    }
+
+    /// Appends `records` as one atomic unit: after a crash all of them are
+    /// replayed or none. Never waits for the disk; `done` runs on the writer
+    /// thread once the unit is durable per the [`SyncPolicy`], or with an
+    /// error. Units are written in call order. Blocks briefly only when more
+    /// than [`StoreConfig::pending_bytes_max`] bytes are waiting for the
+    /// writer (never when called from a completion).
+    pub fn append(&self, records: Vec<Record>, done: Option<Completion>) {
+        let mut body = Vec::new();
+        let sizes = if records.is_empty() {
+            Vec::new()
+        } else {
+            record::encode_body(&records, &mut body)
+        };
+        if body.len() > ENTRY_BODY_MAX_BYTES {
+            if let Some(done) = done {
+                done(Err(StoreError::TooLarge {
+                    bytes: body.len(),
+                    max: ENTRY_BODY_MAX_BYTES,
+                }));
+            }
+            return;
+        }
+        let job = Job::Append {
+            body,
+            records,
+            sizes,
+            done,
+        };
+        if let Err(refused) = self.shared.submit(job) {
+            let (e, job) = *refused;
+            job.fail(e);
+        }
+    }
+
+    /// Blocks until everything appended before this call is durable (synced
+    /// even under [`SyncPolicy::Periodic`]). Must not be called from a
+    /// completion.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.blocking(Job::Sync)
+    }
+
+    /// Runs a compaction now (after everything appended before) and waits
+    /// for it. Must not be called from a completion.
+    pub fn compact(&self) -> Result<(), StoreError> {
+        self.blocking(Job::Compact)
+    }
+
+    fn blocking(&self, make: fn(Completion) -> Job) -> Result<(), StoreError> {
+        if self.shared.on_writer_thread() {
+            return Err(StoreError::WouldDeadlock);
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let job = make(Box::new(move |r| {
+            let _ = tx.send(r);
+        }));
+        if let Err(refused) = self.shared.submit(job) {
+            return Err(refused.0);
+        }
+        rx.recv().unwrap_or(Err(StoreError::Closed))
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> StoreStats {
+        let c = &self.shared.stats;
+        StoreStats {
+            segments: c.segments.load(Ordering::Relaxed),
+            bytes: c.bytes.load(Ordering::Relaxed),
+            live_records: c.live_records.load(Ordering::Relaxed),
+            commits: c.commits.load(Ordering::Relaxed),
+            batches: c.batches.load(Ordering::Relaxed),
+            syncs: c.syncs.load(Ordering::Relaxed),
+            records_appended: c.records_appended.load(Ordering::Relaxed),
+            pending_bytes: self.shared.pending_bytes(),
+            segments_deleted: c.segments_deleted.load(Ordering::Relaxed),
+            segments_rewritten: c.segments_rewritten.load(Ordering::Relaxed),
+            records_rewritten: c.records_rewritten.load(Ordering::Relaxed),
+            active_segment: c.active_segment.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Writes and syncs everything appended, stops the writer thread and
+    /// reports the first error the writer met, if any.
+    pub fn close(self) -> Result<(), StoreError> {
+        self.shutdown()
+    }
+
+    fn shutdown(&self) -> Result<(), StoreError> {
+        let Some(handle) = self.thread.lock().take() else {
+            return Ok(());
+        };
+        if self.shared.on_writer_thread() {
+            // Dropped from a completion: the writer stops by itself once
+            // it sees the phase change; it cannot join itself.
+            self.shared.begin_close();
+            return Err(StoreError::WouldDeadlock);
+        }
+        self.shared.begin_close();
+        if handle.join().is_err() {
+            return Err(StoreError::Failed(Box::new(StoreError::Closed)));
+        }
+        self.shared.close_result()
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,763 @@
+//! Store-level tests: group commit, rollover, recovery of torn and corrupt
+//! tails, compaction.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rosetta_neutral::Message;
+
+use super::segment::{self, SegmentScanner, SEGMENT_HEADER_BYTES};
+use super::*;
+
+fn tmp() -> tempfile::TempDir {
+    match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => panic!("tempdir: {e}"),
+    }
+}
+
+fn config(dir: &Path) -> StoreConfig {
+    let mut c = StoreConfig::new(dir);
+    c.compaction_enabled = false;
+    c
+}
+
+fn open(c: StoreConfig) -> (Store, Recovered) {
+    match Store::open(c) {
+        Ok(x) => x,
+        Err(e) => panic!("open: {e}"),
+    }
+}
+
+fn ok<T>(r: Result<T, StoreError>) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("store error: {e}"),
+    }
+}
+
+fn msg(seq: MessageSeq, queues: &[QueueId], body: &str) -> Record {
+    Record::Message {
+        seq,
+        queues: queues.to_vec(),
+        message: Arc::new(Message::text(body)),
+    }
+}
+
+fn declare(id: QueueId, name: &str) -> Record {
+    Record::QueueDeclare(QueueDef {
+        id,
+        name: name.into(),
+        lifetime: StoredLifetime::Permanent,
+    })
+}
+
+/// Appends and waits for the completion.
+fn commit(store: &Store, records: Vec<Record>) {
+    let (tx, rx) = mpsc::channel();
+    store.append(
+        records,
+        Some(Box::new(move |r| {
+            let _ = tx.send(r);
+        })),
+    );
+    match rx.recv() {
+        Ok(r) => ok(r),
+        Err(e) => panic!("completion never ran: {e}"),
+    }
+}
+
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(segment::parse_file_name)
+                    .is_some()
+            })
+            .collect(),
+        Err(e) => panic!("read_dir: {e}"),
+    };
+    v.sort();
+    v
+}
+
+/// (offset, len) of every entry in a segment file.
+fn entries(path: &Path) -> Vec<(u64, u64)> {
+    let id = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(segment::parse_file_name)
+        .unwrap_or(0);
+    let mut s = match SegmentScanner::open(path, id) {
+        Ok(s) => s,
+        Err(e) => panic!("scan {}: {e:?}", path.display()),
+    };
+    let mut out = Vec::new();
+    while let Ok(Some(e)) = s.next_entry() {
+        out.push((e.offset, e.len));
+    }
+    out
+}
+
+fn seqs(r: &Recovered) -> Vec<MessageSeq> {
+    r.messages.iter().map(|m| m.seq).collect()
+}
+
+fn file_len(p: &Path) -> u64 {
+    std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+}
+
+fn mutate(path: &Path, f: impl FnOnce(&mut Vec<u8>)) {
+    let mut data = match std::fs::read(path) {
+        Ok(d) => d,
+        Err(e) => panic!("read: {e}"),
+    };
+    f(&mut data);
+    if let Err(e) = std::fs::write(path, data) {
+        panic!("write: {e}");
+    }
+}
+
+#[test]
+fn every_record_kind_survives_reopen() {
+    let d = tmp();
+    let (store, rec) = open(config(d.path()));
+    assert!(rec.messages.is_empty());
+    assert_eq!(rec.next_seq, 0);
+    let full = Arc::new(codec::tests::full_message());
+    commit(
+        &store,
+        vec![
+            declare(1, "q1"),
+            Record::QueueDeclare(QueueDef {
+                id: 2,
+                name: "q2".into(),
+                lifetime: StoredLifetime::IdleForMs(500),
+            }),
+            Record::Bind(BindingDef {
+                queue: 1,
+                filter: "a/#".into(),
+                max_qos: 1,
+                subscription_id: Some(3),
+                no_local: true,
+                retain_as_published: false,
+                owner: Some("c".into()),
+            }),
+        ],
+    );
+    commit(
+        &store,
+        vec![Record::Message {
+            seq: 5,
+            queues: vec![1, 2],
+            message: full.clone(),
+        }],
+    );
+    commit(
+        &store,
+        vec![
+            Record::DeliveryState {
+                queue: 2,
+                seq: 5,
+                delivery_count: 4,
+                annotation: Some(Bytes::from_static(b"a")),
+            },
+            Record::Retain {
+                topic: "t".into(),
+                message: Some((6, full.clone())),
+            },
+            Record::State {
+                key: "k".into(),
+                value: Some(Bytes::from_static(b"v")),
+            },
+        ],
+    );
+    ok(store.close());
+    let (store, rec) = open(config(d.path()));
+    assert_eq!(rec.queues.len(), 2);
+    assert_eq!(rec.queues[1].lifetime, StoredLifetime::IdleForMs(500));
+    assert_eq!(rec.bindings.len(), 1);
+    assert_eq!(rec.bindings[0].subscription_id, Some(3));
+    assert_eq!(rec.messages.len(), 1);
+    assert_eq!(
+        *rec.messages[0].message, *full,
+        "message round-trips through disk"
+    );
+    assert_eq!(
+        rec.messages[0].queues,
+        vec![
+            RecoveredPlacement {
+                queue: 1,
+                delivery_count: 0,
+                annotation: None
+            },
+            RecoveredPlacement {
+                queue: 2,
+                delivery_count: 4,
+                annotation: Some(Bytes::from_static(b"a"))
+            },
+        ]
+    );
+    assert_eq!(rec.retained.len(), 1);
+    assert_eq!(rec.retained[0].1, 6);
+    assert_eq!(rec.state, vec![("k".to_owned(), Bytes::from_static(b"v"))]);
+    assert_eq!(rec.next_seq, 7);
+    assert_eq!(rec.next_queue_id, 3);
+    assert!(rec.report.damaged.is_empty());
+    assert_eq!(rec.report.entries_replayed, 3);
+    drop(store);
+}
+
+#[test]
+fn completions_run_in_call_order_after_the_write() {
+    let d = tmp();
+    let (store, _) = open(config(d.path()));
+    let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    for i in 0..50u64 {
+        let order = order.clone();
+        store.append(
+            vec![msg(i, &[1], "x")],
+            Some(Box::new(move |r| {
+                assert!(r.is_ok());
+                order.lock().push(i);
+            })),
+        );
+    }
+    ok(store.flush());
+    assert_eq!(*order.lock(), (0..50).collect::<Vec<_>>());
+    let stats = store.stats();
+    assert_eq!(stats.commits, 50);
+    assert_eq!(stats.records_appended, 50);
+    assert!(stats.syncs >= 1 && stats.syncs <= stats.batches + 1);
+}
+
+#[test]
+fn concurrent_appends_share_syncs() {
+    let d = tmp();
+    let (store, _) = open(config(d.path()));
+    let store = Arc::new(store);
+    let threads: Vec<_> = (0..16u64)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for i in 0..50u64 {
+                    commit(&store, vec![msg(t * 1000 + i, &[1], "payload")]);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        assert!(t.join().is_ok());
+    }
+    let stats = store.stats();
+    assert_eq!(stats.commits, 800);
+    assert!(
+        stats.syncs < 800,
+        "16 writers awaiting their commits must share syncs: {stats:?}"
+    );
+}
+
+#[test]
+fn appending_from_a_completion_does_not_deadlock() {
+    let d = tmp();
+    let mut c = config(d.path());
+    c.pending_bytes_max = 1; // every append would block if it could
+    let (store, _) = open(c);
+    let store = Arc::new(store);
+    let (tx, rx) = mpsc::channel();
+    let inner = store.clone();
+    store.append(
+        vec![msg(1, &[1], "a")],
+        Some(Box::new(move |r| {
+            assert!(r.is_ok());
+            assert!(matches!(inner.flush(), Err(StoreError::WouldDeadlock)));
+            inner.append(
+                vec![msg(2, &[1], "b")],
+                Some(Box::new(move |r| {
+                    let _ = tx.send(r);
+                })),
+            );
+        })),
+    );
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(r) => ok(r),
+        Err(e) => panic!("nested append never completed: {e}"),
+    }
+}
+
+#[test]
+fn periodic_policy_completes_before_syncing_and_flush_syncs() {
+    let d = tmp();
+    let mut c = config(d.path());
+    c.sync = SyncPolicy::Periodic(Duration::from_secs(3600));
+    let (store, _) = open(c);
+    let before = store.stats().syncs;
+    commit(&store, vec![msg(1, &[1], "a")]);
+    commit(&store, vec![msg(2, &[1], "b")]);
+    assert_eq!(store.stats().syncs, before, "no sync per commit");
+    ok(store.flush());
+    assert_eq!(store.stats().syncs, before + 1);
+    ok(store.close());
+    let (_s, rec) = open(config(d.path()));
+    assert_eq!(seqs(&rec), vec![1, 2]);
+}
+
+#[test]
+fn periodic_timer_syncs_without_traffic() {
+    let d = tmp();
+    let mut c = config(d.path());
+    c.sync = SyncPolicy::Periodic(Duration::from_millis(20));
+    let (store, _) = open(c);
+    let before = store.stats().syncs;
+    commit(&store, vec![msg(1, &[1], "a")]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(store.stats().syncs, before + 1);
+}
+
+#[test]
+fn segments_roll_at_the_configured_size() {
+    let d = tmp();
+    let mut c = config(d.path());
+    c.segment_size_bytes = 2048;
+    let (store, _) = open(c.clone());
+    let body = "x".repeat(200);
+    for i in 0..40 {
+        commit(&store, vec![msg(i, &[1], &body)]);
+    }
+    // One entry larger than a segment gets a segment of its own.
+    let big = "y".repeat(5000);
+    commit(&store, vec![msg(100, &[1], &big)]);
+    commit(&store, vec![msg(101, &[1], "after")]);
+    let stats = store.stats();
+    ok(store.close());
+    let files = segments(d.path());
+    assert!(files.len() >= 6, "expected rollovers, got {}", files.len());
+    assert_eq!(stats.segments, files.len() as u64);
+    let mut big_seen = false;
+    for f in &files {
+        let len = file_len(f);
+        let n = entries(f).len();
+        if len > 2048 {
+            assert_eq!(n, 1, "only a lone oversized entry may pass the size");
+            big_seen = true;
+        }
+    }
+    assert!(big_seen);
+    let (_s, rec) = open(c);
+    let mut want: Vec<u64> = (0..40).collect();
+    want.extend([100, 101]);
+    assert_eq!(seqs(&rec), want);
+}
+
+/// Writes entries 0..n (one message each) and returns the dir and the path
+/// and entry table of the segment that holds them.
+fn three_entries() -> (tempfile::TempDir, PathBuf, Vec<(u64, u64)>) {
+    let d = tmp();
+    let (store, _) = open(config(d.path()));
+    for i in 0..3 {
+        commit(
+            &store,
+            vec![
+                msg(i, &[1], "some payload"),
+                Record::Ack { queue: 9, seq: i },
+            ],
+        );
+    }
+    ok(store.close());
+    let files = segments(d.path());
+    assert_eq!(files.len(), 1);
+    let path = files[0].clone();
+    let table = entries(&path);
+    assert_eq!(table.len(), 3);
+    (d, path, table)
+}
+
+#[test]
+fn torn_entry_header_is_cut() {
+    let (d, path, table) = three_entries();
+    let (off, _) = table[2];
+    mutate(&path, |data| data.truncate(off as usize + 10));
+    let (store, rec) = open(config(d.path()));
+    assert_eq!(seqs(&rec), vec![0, 1]);
+    assert_eq!(rec.report.damaged.len(), 1);
+    let dmg = &rec.report.damaged[0];
+    assert_eq!(dmg.damage, Damage::TornEntryHeader);
+    assert_eq!(dmg.offset, off);
+    assert_eq!(dmg.dropped_bytes, 10);
+    assert_eq!(
+        file_len(&path),
+        off,
+        "file truncated at the last good entry"
+    );
+    assert_eq!(file_len(&dmg.saved_to), 10);
+    // Writing goes on in a new segment, and the next open is clean.
+    commit(&store, vec![msg(7, &[1], "later")]);
+    ok(store.close());
+    let (_s, rec) = open(config(d.path()));
+    assert_eq!(seqs(&rec), vec![0, 1, 7]);
+    assert!(rec.report.damaged.is_empty());
+}
+
+#[test]
+fn torn_entry_body_is_cut() {
+    let (d, path, table) = three_entries();
+    let (off, len) = table[2];
+    mutate(&path, |data| data.truncate((off + len - 1) as usize));
+    let (_s, rec) = open(config(d.path()));
+    assert_eq!(seqs(&rec), vec![0, 1]);
+    assert_eq!(rec.report.damaged[0].damage, Damage::TornEntryBody);
+    assert_eq!(file_len(&path), off);
+}
+
+#[test]
+fn flipped_bit_in_a_middle_entry_cuts_there() {
+    let (d, path, table) = three_entries();
+    let (off, len) = table[1];
+    mutate(&path, |data| data[(off + len / 2) as usize] ^= 0x04);
+    let (_s, rec) = open(config(d.path()));
+    assert_eq!(
+        seqs(&rec),
+        vec![0],
+        "records before the damage kept, none after"
+    );
+    let dmg = &rec.report.damaged[0];
+    assert_eq!(dmg.damage, Damage::BadEntryBodyChecksum);
+    assert_eq!(dmg.offset, off);
+    assert_eq!(file_len(&path), off);
+    assert_eq!(rec.report.truncated_bytes, table[1].1 + table[2].1);
+}
+
+#[test]
+fn flipped_bit_in_a_header_cuts_there() {
+    let (d, path, table) = three_entries();
+    let (off, _) = table[2];
+    mutate(&path, |data| data[off as usize + 9] ^= 0x80); // body length byte
+    let (_s, rec) = open(config(d.path()));
+    assert_eq!(seqs(&rec), vec![0, 1]);
+    assert_eq!(rec.report.damaged[0].damage, Damage::BadEntryHeaderChecksum);
+}
+
+#[test]
+fn zero_filled_tail_is_cut() {
+    let (d, path, _) = three_entries();
+    let len = file_len(&path);
+    mutate(&path, |data| data.extend(std::iter::repeat_n(0u8, 4096)));
+    let (_s, rec) = open(config(d.path()));
+    assert_eq!(seqs(&rec), vec![0, 1, 2]);
+    assert_eq!(rec.report.damaged[0].damage, Damage::BadEntryMagic);
+    assert_eq!(file_len(&path), len);
+}
+
+#[test]
+fn torn_segment_header_drops_the_segment() {
+    let (d, path, _) = three_entries();
+    // A crash right after creating the next segment file.
+    let next = d.path().join(segment::file_name(99));
+    if let Err(e) = std::fs::write(&next, [1u8, 2, 3]) {
+        panic!("{e}");
+    }
+    let (store, rec) = open(config(d.path()));
+    assert_eq!(seqs(&rec), vec![0, 1, 2]);
+    assert_eq!(rec.report.damaged.len(), 1);
+    assert_eq!(rec.report.damaged[0].damage, Damage::TornSegmentHeader);
+    assert!(rec.report.damaged[0].segment_removed);
+    assert!(!next.exists());
+    assert!(path.exists());
+    commit(&store, vec![msg(3, &[1], "x")]);
+    ok(store.close());
+    let (_s, rec) = open(config(d.path()));
+    assert_eq!(seqs(&rec), vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn stale_entry_with_a_wrong_sequence_is_cut() {
+    let (d, path, table) = three_entries();
+    // Append a copy of entry 0: checksums fine, sequence wrong.
+    let (off, len) = table[0];
+    mutate(&path, |data| {
+        let copy = data[off as usize..(off + len) as usize].to_vec();
+        data.extend(copy);
+    });
+    let (_s, rec) = open(config(d.path()));
+    assert_eq!(seqs(&rec), vec![0, 1, 2]);
+    assert_eq!(rec.report.damaged[0].damage, Damage::EntrySeqMismatch);
+}
+
+#[test]
+fn newer_format_is_refused_not_truncated() {
+    let (d, path, table) = three_entries();
+    let (off, _) = table[1];
+    mutate(&path, |data| {
+        let h = off as usize;
+        data[h + 4] = 9; // version 9, then fix the header checksum
+        let crc = crc32c::crc32c(&data[h..h + 28]);
+        data[h + 28..h + 32].copy_from_slice(&crc.to_le_bytes());
+    });
+    let before = file_len(&path);
+    match Store::open(config(d.path())) {
+        Err(StoreError::Unsupported { offset, .. }) => assert_eq!(offset, off),
+        Err(e) => panic!("wrong error {e}"),
+        Ok(_) => panic!("opened a journal from a newer format"),
+    }
+    assert_eq!(file_len(&path), before, "nothing truncated");
+}
+
+#[test]
+fn atomic_unit_is_all_or_nothing() {
+    let d = tmp();
+    let (store, _) = open(config(d.path()));
+    commit(&store, vec![declare(1, "q")]);
+    commit(
+        &store,
+        vec![
+            msg(1, &[1], "a"),
+            msg(2, &[1], "b"),
+            Record::Ack { queue: 1, seq: 1 },
+        ],
+    );
+    ok(store.close());
+    let path = segments(d.path())[0].clone();
+    let table = entries(&path);
+    let (off, len) = table[1];
+    mutate(&path, |data| data.truncate((off + len - 3) as usize));
+    let (_s, rec) = open(config(d.path()));
+    assert_eq!(rec.queues.len(), 1);
+    assert!(rec.messages.is_empty(), "no part of the torn unit replayed");
+}
+
+fn small_compacting(dir: &Path) -> StoreConfig {
+    let mut c = StoreConfig::new(dir);
+    c.segment_size_bytes = 4096;
+    c.compaction_enabled = true;
+    c.compaction_interval = Duration::from_secs(3600);
+    c
+}
+
+#[test]
+fn one_unacked_message_does_not_pin_old_segments() {
+    let d = tmp();
+    let (store, _) = open(small_compacting(d.path()));
+    commit(&store, vec![declare(1, "q")]);
+    commit(&store, vec![msg(0, &[1], "the one that stays")]);
+    let body = "z".repeat(300);
+    for seq in 1..400u64 {
+        commit(&store, vec![msg(seq, &[1], &body)]);
+        commit(&store, vec![Record::Ack { queue: 1, seq }]);
+    }
+    ok(store.flush());
+    let written = store.stats();
+    ok(store.compact());
+    let stats = store.stats();
+    assert!(
+        written.segments_deleted > 20,
+        "rollovers must have compacted along the way: {written:?}"
+    );
+    assert!(
+        stats.segments <= 3,
+        "one live message must not pin segments: {stats:?}"
+    );
+    assert!(stats.segments_rewritten >= 1, "{stats:?}");
+    ok(store.close());
+    let (_s, rec) = open(small_compacting(d.path()));
+    assert_eq!(seqs(&rec), vec![0]);
+    assert_eq!(
+        rec.messages[0].message.body.bytes,
+        Bytes::from("the one that stays")
+    );
+    assert_eq!(rec.messages[0].queues.len(), 1);
+    assert_eq!(rec.queues.len(), 1);
+    assert!(
+        rec.next_seq >= 400,
+        "numbering never goes back: {}",
+        rec.next_seq
+    );
+    assert!(segments(d.path()).len() <= 4);
+}
+
+#[test]
+fn rewritten_message_keeps_only_live_queues_and_its_delivery_state() {
+    let d = tmp();
+    let mut c = small_compacting(d.path());
+    c.compaction_enabled = false;
+    let (store, _) = open(c.clone());
+    commit(
+        &store,
+        vec![declare(1, "a"), declare(2, "b"), declare(3, "c")],
+    );
+    commit(&store, vec![msg(10, &[1, 2, 3], "fanout")]);
+    commit(
+        &store,
+        vec![Record::DeliveryState {
+            queue: 2,
+            seq: 10,
+            delivery_count: 3,
+            annotation: Some(Bytes::from_static(b"ann")),
+        }],
+    );
+    commit(&store, vec![Record::Ack { queue: 1, seq: 10 }]);
+    // Fill segments with garbage that dies.
+    let body = "g".repeat(500);
+    for seq in 100..140u64 {
+        commit(
+            &store,
+            vec![msg(seq, &[3], &body), Record::Ack { queue: 3, seq }],
+        );
+    }
+    ok(store.close());
+    let first = segments(d.path())[0].clone();
+    let saved = match std::fs::read(&first) {
+        Ok(b) => b,
+        Err(e) => panic!("{e}"),
+    };
+    let mut c2 = c.clone();
+    c2.compaction_enabled = true;
+    let (store, rec) = open(c2.clone());
+    ok(store.compact());
+    assert!(!first.exists(), "first segment rewritten and deleted");
+    ok(store.close());
+    let check = |rec: &Recovered| {
+        assert_eq!(seqs(rec), vec![10]);
+        assert_eq!(
+            rec.messages[0].queues,
+            vec![
+                RecoveredPlacement {
+                    queue: 2,
+                    delivery_count: 3,
+                    annotation: Some(Bytes::from_static(b"ann"))
+                },
+                RecoveredPlacement {
+                    queue: 3,
+                    delivery_count: 0,
+                    annotation: None
+                },
+            ]
+        );
+        assert_eq!(rec.queues.len(), 3);
+    };
+    check(&rec);
+    let (store, rec) = open(c.clone());
+    check(&rec);
+    ok(store.close());
+    // A crash between the rewrite and the delete: the old segment is back.
+    if let Err(e) = std::fs::write(&first, &saved) {
+        panic!("{e}");
+    }
+    let (store, rec) = open(c);
+    check(&rec);
+    ok(store.close());
+    // And compaction copes with the duplicate.
+    let (store, rec) = open(c2.clone());
+    check(&rec);
+    ok(store.compact());
+    ok(store.close());
+    let (_s, rec) = open(c2);
+    check(&rec);
+}
+
+#[test]
+fn deletes_and_replacements_survive_compaction() {
+    let d = tmp();
+    let (store, _) = open(small_compacting(d.path()));
+    let filler = "f".repeat(400);
+    commit(&store, vec![declare(1, "keep"), declare(2, "gone")]);
+    commit(
+        &store,
+        vec![Record::State {
+            key: "k".into(),
+            value: Some(Bytes::from_static(b"old")),
+        }],
+    );
+    commit(&store, vec![msg(1, &[2], "in deleted queue")]);
+    for seq in 10..30u64 {
+        commit(
+            &store,
+            vec![msg(seq, &[1], &filler), Record::Ack { queue: 1, seq }],
+        );
+    }
+    commit(&store, vec![Record::QueueDelete { queue: 2 }]);
+    commit(
+        &store,
+        vec![Record::State {
+            key: "k".into(),
+            value: Some(Bytes::from_static(b"new")),
+        }],
+    );
+    commit(
+        &store,
+        vec![Record::Retain {
+            topic: "t".into(),
+            message: Some((50, Arc::new(Message::text("r")))),
+        }],
+    );
+    commit(
+        &store,
+        vec![Record::Retain {
+            topic: "t".into(),
+            message: None,
+        }],
+    );
+    for seq in 30..60u64 {
+        commit(
+            &store,
+            vec![msg(seq, &[1], &filler), Record::Ack { queue: 1, seq }],
+        );
+    }
+    ok(store.compact());
+    let stats = store.stats();
+    ok(store.close());
+    assert!(stats.segments <= 4, "{stats:?}");
+    let (_s, rec) = open(small_compacting(d.path()));
+    assert_eq!(rec.queues.iter().map(|q| q.id).collect::<Vec<_>>(), vec![1]);
+    assert!(rec.messages.is_empty());
+    assert!(rec.retained.is_empty());
+    assert_eq!(
+        rec.state,
+        vec![("k".to_owned(), Bytes::from_static(b"new"))]
+    );
+    assert!(rec.next_seq >= 60);
+}
+
+#[test]
+fn close_writes_everything_and_reports_ok() {
+    let d = tmp();
+    let (store, _) = open(config(d.path()));
+    let done = Arc::new(AtomicUsize::new(0));
+    for i in 0..100 {
+        let done = done.clone();
+        store.append(
+            vec![msg(i, &[1], "x")],
+            Some(Box::new(move |r| {
+                assert!(r.is_ok());
+                done.fetch_add(1, Ordering::SeqCst);
+            })),
+        );
+    }
+    ok(store.close());
+    assert_eq!(done.load(Ordering::SeqCst), 100);
+    let (_s, rec) = open(config(d.path()));
+    assert_eq!(rec.messages.len(), 100);
+}
+
+#[test]
+fn invalid_config_is_refused() {
+    let d = tmp();
+    let mut c = config(d.path());
+    c.segment_size_bytes = 10;
+    assert!(matches!(Store::open(c), Err(StoreError::Config(_))));
+}
+
+#[test]
+fn first_segment_header_is_valid() {
+    let d = tmp();
+    let (store, _) = open(config(d.path()));
+    ok(store.close());
+    let files = segments(d.path());
+    assert_eq!(files.len(), 1);
+    assert_eq!(file_len(&files[0]), SEGMENT_HEADER_BYTES as u64);
+}

@@ -1,0 +1,633 @@
+//! The writer thread: group commit, rollover, syncs, and the hook that runs
+//! compaction between batches.
+//!
+//! Callers encode their records on their own thread and queue a [`Job`].
+//! The writer loop:
+//!
+//! 1. waits until a job is queued (or a sync/compaction deadline passes);
+//! 2. takes every queued job, up to [`BATCH_BYTES_MAX`] bytes: whatever
+//!    piled up while the previous batch was on disk;
+//! 3. frames each append as one entry, writes the batch with one `write`
+//!    (one per segment when the batch crosses a rollover) and, under
+//!    [`SyncPolicy::EveryCommit`], one `fdatasync`;
+//! 4. applies the records to the index and runs the completions;
+//! 5. runs compaction when due.
+//!
+//! Nothing sleeps on a timer while work is queued, so a lone append is
+//! written immediately and a busy journal batches by itself.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::{JoinHandle, ThreadId};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use tracing::{debug, error};
+
+use super::index::{Index, Loc};
+use super::record::{self, Record};
+use super::segment::{
+    self, EntryHeader, SegmentHeader, SegmentId, ENTRY_HEADER_BYTES, SEGMENT_HEADER_BYTES,
+};
+use super::{
+    compaction, io_error, Completion, StoreConfig, StoreError, SyncPolicy, BATCH_BYTES_MAX,
+};
+
+/// Work for the writer thread.
+pub(crate) enum Job {
+    /// One atomic append (an empty body writes nothing but still completes
+    /// in order).
+    Append {
+        body: Vec<u8>,
+        records: Vec<Record>,
+        sizes: Vec<u32>,
+        done: Option<Completion>,
+    },
+    /// Sync everything before it, then complete.
+    Sync(Completion),
+    /// Run compaction after everything before it, then complete.
+    Compact(Completion),
+}
+
+impl Job {
+    fn bytes(&self) -> u64 {
+        match self {
+            Job::Append { body, .. } => (body.len() + ENTRY_HEADER_BYTES) as u64,
+            Job::Sync(_) | Job::Compact(_) => 0,
+        }
+    }
+
+    /// Completes the job with `e` without running it.
+    pub(crate) fn fail(self, e: StoreError) {
+        match self {
+            Job::Append { done, .. } => {
+                if let Some(done) = done {
+                    done(Err(e));
+                }
+            }
+            Job::Sync(done) | Job::Compact(done) => done(Err(e)),
+        }
+    }
+}
+
+enum Phase {
+    Open,
+    Closing,
+    Failed(StoreError),
+    Stopped,
+}
+
+struct Queue {
+    jobs: VecDeque<Job>,
+    bytes: u64,
+    phase: Phase,
+    close_result: Option<Result<(), StoreError>>,
+}
+
+/// Counters shared with [`super::Store::stats`].
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) segments: AtomicU64,
+    pub(crate) bytes: AtomicU64,
+    pub(crate) live_records: AtomicU64,
+    pub(crate) commits: AtomicU64,
+    pub(crate) batches: AtomicU64,
+    pub(crate) syncs: AtomicU64,
+    pub(crate) records_appended: AtomicU64,
+    pub(crate) segments_deleted: AtomicU64,
+    pub(crate) segments_rewritten: AtomicU64,
+    pub(crate) records_rewritten: AtomicU64,
+    pub(crate) active_segment: AtomicU64,
+}
+
+/// State shared between the [`super::Store`] handle and the writer thread.
+pub(crate) struct Shared {
+    queue: Mutex<Queue>,
+    /// Wakes the writer: a job was queued or the store is closing.
+    wake: Condvar,
+    /// Wakes appenders blocked on `pending_bytes_max`.
+    room: Condvar,
+    pending_bytes_max: u64,
+    writer: OnceLock<ThreadId>,
+    pub(crate) stats: Counters,
+}
+
+impl Shared {
+    /// True on the writer thread (inside a completion).
+    pub(crate) fn on_writer_thread(&self) -> bool {
+        self.writer.get() == Some(&std::thread::current().id())
+    }
+
+    /// Queues a job. Blocks while the pending bytes are over the bound,
+    /// except on the writer thread. Gives the job back on refusal.
+    pub(crate) fn submit(&self, job: Job) -> Result<(), Box<(StoreError, Job)>> {
+        let on_writer = self.on_writer_thread();
+        let bytes = job.bytes();
+        let mut q = self.queue.lock();
+        loop {
+            match &q.phase {
+                Phase::Open => {}
+                Phase::Failed(e) => {
+                    return Err(Box::new((StoreError::Failed(Box::new(e.clone())), job)))
+                }
+                Phase::Closing | Phase::Stopped => return Err(Box::new((StoreError::Closed, job))),
+            }
+            if on_writer || q.bytes == 0 || q.bytes + bytes <= self.pending_bytes_max {
+                break;
+            }
+            self.room.wait(&mut q);
+        }
+        q.bytes += bytes;
+        q.jobs.push_back(job);
+        drop(q);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Bytes queued for the writer.
+    pub(crate) fn pending_bytes(&self) -> u64 {
+        self.queue.lock().bytes
+    }
+
+    /// Asks the writer to finish the queued jobs and stop.
+    pub(crate) fn begin_close(&self) {
+        let mut q = self.queue.lock();
+        if matches!(q.phase, Phase::Open) {
+            q.phase = Phase::Closing;
+        }
+        drop(q);
+        self.wake.notify_one();
+        self.room.notify_all();
+    }
+
+    /// What the writer reported when it stopped.
+    pub(crate) fn close_result(&self) -> Result<(), StoreError> {
+        let q = self.queue.lock();
+        match (&q.close_result, &q.phase) {
+            (Some(r), _) => r.clone(),
+            (None, Phase::Failed(e)) => Err(StoreError::Failed(Box::new(e.clone()))),
+            (None, _) => Ok(()),
+        }
+    }
+}
+
+/// The segment being written.
+pub(crate) struct Active {
+    pub(crate) id: SegmentId,
+    file: File,
+    path: PathBuf,
+    pub(crate) len: u64,
+}
+
+/// The writer thread's state. Only the writer thread touches it.
+pub(crate) struct Writer {
+    shared: Arc<Shared>,
+    pub(crate) dir: PathBuf,
+    sync: SyncPolicy,
+    segment_size: u64,
+    compaction_enabled: bool,
+    compaction_interval: Duration,
+    last_compaction: Instant,
+    compaction_due: bool,
+    pub(crate) active: Active,
+    next_entry_seq: u64,
+    /// Floors for the next segment header: above every seq / queue id in
+    /// any entry written so far (including ones not yet applied).
+    seq_floor: u64,
+    queue_floor: u64,
+    pub(crate) index: Index,
+    buf: Vec<u8>,
+    unsynced_since: Option<Instant>,
+}
+
+/// Creates the first active segment and starts the writer thread.
+pub(crate) fn start(
+    config: &StoreConfig,
+    mut index: Index,
+    first_segment: SegmentId,
+    next_entry_seq: u64,
+) -> Result<(Arc<Shared>, JoinHandle<()>), StoreError> {
+    let header = SegmentHeader {
+        id: first_segment,
+        first_entry_seq: next_entry_seq,
+        seq_floor: index.next_seq,
+        queue_floor: index.next_queue_id,
+    };
+    let active = create_segment(&config.dir, &header)?;
+    index.add_segment(active.id, active.len);
+    let shared = Arc::new(Shared {
+        queue: Mutex::new(Queue {
+            jobs: VecDeque::new(),
+            bytes: 0,
+            phase: Phase::Open,
+            close_result: None,
+        }),
+        wake: Condvar::new(),
+        room: Condvar::new(),
+        pending_bytes_max: config.pending_bytes_max,
+        writer: OnceLock::new(),
+        stats: Counters::default(),
+    });
+    let writer = Writer {
+        shared: shared.clone(),
+        dir: config.dir.clone(),
+        sync: config.sync,
+        segment_size: config.segment_size_bytes,
+        compaction_enabled: config.compaction_enabled,
+        compaction_interval: config.compaction_interval,
+        last_compaction: Instant::now(),
+        compaction_due: config.compaction_enabled,
+        seq_floor: index.next_seq,
+        queue_floor: index.next_queue_id,
+        active,
+        next_entry_seq,
+        index,
+        buf: Vec::new(),
+        unsynced_since: None,
+    };
+    writer.publish_gauges();
+    let thread_shared = shared.clone();
+    let handle = std::thread::Builder::new()
+        .name("rosetta-journal".into())
+        .spawn(move || {
+            let _ = thread_shared.writer.set(std::thread::current().id());
+            writer.run();
+        })
+        .map_err(|e| io_error("spawn writer thread", &config.dir, e))?;
+    Ok((shared, handle))
+}
+
+fn create_segment(dir: &Path, header: &SegmentHeader) -> Result<Active, StoreError> {
+    let (file, path) = segment::create(dir, header)
+        .map_err(|e| io_error("create", &dir.join(segment::file_name(header.id)), e))?;
+    segment::sync_dir(dir).map_err(|e| io_error("fsync", dir, e))?;
+    Ok(Active {
+        id: header.id,
+        file,
+        path,
+        len: SEGMENT_HEADER_BYTES as u64,
+    })
+}
+
+impl Writer {
+    fn run(mut self) {
+        loop {
+            let (jobs, stop) = self.take_batch();
+            if let Err(e) = self.process(jobs) {
+                self.fail(e);
+                return;
+            }
+            if let Err(e) = self.housekeeping() {
+                self.fail(e);
+                return;
+            }
+            if stop {
+                let result = self.sync();
+                let mut q = self.shared.queue.lock();
+                q.phase = Phase::Stopped;
+                q.close_result = Some(result);
+                return;
+            }
+        }
+    }
+
+    /// Waits for work and takes the next batch. `true` when the store is
+    /// closing and nothing is left after this batch.
+    fn take_batch(&mut self) -> (Vec<Job>, bool) {
+        let mut q = self.shared.queue.lock();
+        loop {
+            if !q.jobs.is_empty() || !matches!(q.phase, Phase::Open) {
+                break;
+            }
+            match self.next_deadline() {
+                Some(d) if d <= Instant::now() => break,
+                Some(d) => {
+                    self.shared.wake.wait_until(&mut q, d);
+                }
+                None => self.shared.wake.wait(&mut q),
+            }
+        }
+        let mut jobs = Vec::new();
+        let mut bytes = 0u64;
+        while let Some(front) = q.jobs.front() {
+            let b = front.bytes();
+            if !jobs.is_empty() && bytes + b > BATCH_BYTES_MAX {
+                break;
+            }
+            if let Some(job) = q.jobs.pop_front() {
+                bytes += b;
+                jobs.push(job);
+            }
+        }
+        q.bytes -= bytes;
+        let stop = q.jobs.is_empty() && !matches!(q.phase, Phase::Open);
+        drop(q);
+        if bytes > 0 {
+            self.shared.room.notify_all();
+        }
+        (jobs, stop)
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        let sync = match (self.sync, self.unsynced_since) {
+            (SyncPolicy::Periodic(d), Some(since)) => Some(since + d),
+            _ => None,
+        };
+        let compaction = if !self.compaction_enabled {
+            None
+        } else if self.compaction_due {
+            Some(Instant::now())
+        } else {
+            Some(self.last_compaction + self.compaction_interval)
+        };
+        match (sync, compaction) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Writes one batch and runs its completions.
+    fn process(&mut self, jobs: Vec<Job>) -> Result<(), StoreError> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let mut entries: Vec<(Vec<u8>, Vec<Record>, Vec<u32>)> = Vec::new();
+        let mut completions: Vec<Completion> = Vec::new();
+        let mut compact_waiters: Vec<Completion> = Vec::new();
+        let mut force_sync = false;
+        let mut commits = 0u64;
+        for job in jobs {
+            match job {
+                Job::Append {
+                    body,
+                    records,
+                    sizes,
+                    done,
+                } => {
+                    commits += 1;
+                    if !body.is_empty() {
+                        entries.push((body, records, sizes));
+                    }
+                    if let Some(done) = done {
+                        completions.push(done);
+                    }
+                }
+                Job::Sync(done) => {
+                    force_sync = true;
+                    completions.push(done);
+                }
+                Job::Compact(done) => compact_waiters.push(done),
+            }
+        }
+        let result = self.commit(&entries, force_sync);
+        let c = &self.shared.stats;
+        if result.is_ok() {
+            c.commits.fetch_add(commits, Ordering::Relaxed);
+            let records: usize = entries.iter().map(|(_, r, _)| r.len()).sum();
+            c.records_appended
+                .fetch_add(records as u64, Ordering::Relaxed);
+        }
+        drop(entries);
+        for done in completions {
+            done(result.clone());
+        }
+        if result.is_ok() && !compact_waiters.is_empty() {
+            let r = self.compact_now();
+            for done in compact_waiters {
+                done(r.clone());
+            }
+            return r;
+        }
+        for done in compact_waiters {
+            done(result.clone());
+        }
+        result
+    }
+
+    /// Writes `entries`, syncs per policy, applies them to the index.
+    fn commit(
+        &mut self,
+        entries: &[(Vec<u8>, Vec<Record>, Vec<u32>)],
+        force_sync: bool,
+    ) -> Result<(), StoreError> {
+        let locs =
+            self.write_entries(entries.iter().map(|(b, r, _)| (b.as_slice(), r.as_slice())))?;
+        let wrote = !entries.is_empty();
+        if self.sync == SyncPolicy::EveryCommit && wrote || force_sync {
+            self.sync()?;
+        } else if wrote && self.unsynced_since.is_none() {
+            self.unsynced_since = Some(Instant::now());
+        }
+        for ((seg, entry), (_, records, sizes)) in locs.into_iter().zip(entries) {
+            // Paired with `encode_body`: one size per record.
+            assert_eq!(records.len(), sizes.len(), "record sizes out of step");
+            for (i, (rec, size)) in records.iter().zip(sizes).enumerate() {
+                let loc = Loc {
+                    seg,
+                    entry,
+                    idx: u32::try_from(i).unwrap_or(u32::MAX),
+                };
+                self.index.apply(rec, loc, *size, false);
+            }
+        }
+        self.index.set_file_bytes(self.active.id, self.active.len);
+        self.publish_gauges();
+        Ok(())
+    }
+
+    /// Frames and writes entries, rolling segments as needed. Returns each
+    /// entry's (segment, offset). Does not sync the last segment.
+    pub(crate) fn write_entries<'a>(
+        &mut self,
+        entries: impl Iterator<Item = (&'a [u8], &'a [Record])>,
+    ) -> Result<Vec<(SegmentId, u64)>, StoreError> {
+        let mut locs = Vec::new();
+        self.buf.clear();
+        for (body, records) in entries {
+            let entry_len = (ENTRY_HEADER_BYTES + body.len()) as u64;
+            let used = self.active.len + self.buf.len() as u64;
+            if used + entry_len > self.segment_size && used > SEGMENT_HEADER_BYTES as u64 {
+                self.write_buf()?;
+                self.roll()?;
+            }
+            for rec in records {
+                if let Some(seq) = rec.seq() {
+                    self.seq_floor = self.seq_floor.max(seq.saturating_add(1));
+                }
+                if let Some(q) = rec.max_queue() {
+                    self.queue_floor = self.queue_floor.max(q.saturating_add(1));
+                }
+            }
+            let offset = self.active.len + self.buf.len() as u64;
+            let header = EntryHeader::for_body(body, self.next_entry_seq);
+            self.next_entry_seq += 1;
+            self.buf.extend_from_slice(&header.encode());
+            self.buf.extend_from_slice(body);
+            locs.push((self.active.id, offset));
+        }
+        self.write_buf()?;
+        Ok(locs)
+    }
+
+    fn write_buf(&mut self) -> Result<(), StoreError> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        self.active
+            .file
+            .write_all(&self.buf)
+            .map_err(|e| io_error("write", &self.active.path, e))?;
+        self.active.len += self.buf.len() as u64;
+        self.buf.clear();
+        self.shared.stats.batches.fetch_add(1, Ordering::Relaxed);
+        if self.unsynced_since.is_none() {
+            self.unsynced_since = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    /// `fdatasync`s the active segment if anything is unsynced.
+    pub(crate) fn sync(&mut self) -> Result<(), StoreError> {
+        if self.unsynced_since.is_none() {
+            return Ok(());
+        }
+        self.active
+            .file
+            .sync_data()
+            .map_err(|e| io_error("fdatasync", &self.active.path, e))?;
+        self.unsynced_since = None;
+        self.shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Seals the active segment (synced, so a crash never leaves a newer
+    /// segment after a torn older one) and starts the next.
+    fn roll(&mut self) -> Result<(), StoreError> {
+        self.sync()?;
+        self.index.set_file_bytes(self.active.id, self.active.len);
+        let header = SegmentHeader {
+            id: self.active.id + 1,
+            first_entry_seq: self.next_entry_seq,
+            seq_floor: self.seq_floor,
+            queue_floor: self.queue_floor,
+        };
+        let next = create_segment(&self.dir, &header)?;
+        debug!(segment = next.id, "journal: rolled to a new segment");
+        self.index.add_segment(next.id, next.len);
+        self.active = next;
+        self.compaction_due = self.compaction_enabled;
+        self.publish_gauges();
+        Ok(())
+    }
+
+    /// Deletes segment files (never the active one) and forgets them.
+    /// Syncs the active segment first, so that everything that made them
+    /// dead is durable before they go.
+    pub(crate) fn delete_segments(&mut self, ids: &[SegmentId]) -> Result<usize, StoreError> {
+        self.sync()?;
+        let mut deleted = Vec::new();
+        for &id in ids {
+            assert_ne!(id, self.active.id, "never delete the active segment");
+            let path = self.dir.join(segment::file_name(id));
+            match std::fs::remove_file(&path) {
+                Ok(()) => deleted.push(id),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => deleted.push(id),
+                Err(e) => {
+                    error!(path = %path.display(), error = %e, "journal: could not delete a dead segment");
+                }
+            }
+        }
+        if deleted.is_empty() {
+            return Ok(0);
+        }
+        // The deletions must be durable before the index releases the
+        // tombstones that waited on them (those may be deleted next).
+        segment::sync_dir(&self.dir).map_err(|e| io_error("fsync", &self.dir, e))?;
+        for id in &deleted {
+            self.index.remove_segment(*id);
+        }
+        self.shared
+            .stats
+            .segments_deleted
+            .fetch_add(deleted.len() as u64, Ordering::Relaxed);
+        self.publish_gauges();
+        Ok(deleted.len())
+    }
+
+    /// Appends records produced by the writer itself (compaction copies),
+    /// as one synced entry.
+    pub(crate) fn append_internal(&mut self, records: &[Record]) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut body = Vec::new();
+        let sizes = record::encode_body(records, &mut body);
+        let entries = [(body, records.to_vec(), sizes)];
+        self.commit(&entries, true)
+    }
+
+    fn housekeeping(&mut self) -> Result<(), StoreError> {
+        if let (SyncPolicy::Periodic(d), Some(since)) = (self.sync, self.unsynced_since) {
+            if since.elapsed() >= d {
+                self.sync()?;
+            }
+        }
+        if self.compaction_enabled
+            && (self.compaction_due || self.last_compaction.elapsed() >= self.compaction_interval)
+        {
+            self.compact_now()?;
+        }
+        Ok(())
+    }
+
+    fn compact_now(&mut self) -> Result<(), StoreError> {
+        self.compaction_due = false;
+        self.last_compaction = Instant::now();
+        let run = compaction::run(self)?;
+        let c = &self.shared.stats;
+        c.segments_rewritten
+            .fetch_add(run.segments_rewritten as u64, Ordering::Relaxed);
+        c.records_rewritten
+            .fetch_add(run.records_rewritten as u64, Ordering::Relaxed);
+        // A rollover during the run set the flag again; its segment was
+        // already considered.
+        self.compaction_due = false;
+        self.publish_gauges();
+        Ok(())
+    }
+
+    fn publish_gauges(&self) {
+        let c = &self.shared.stats;
+        let mut segments = 0u64;
+        let mut bytes = 0u64;
+        for (_, s) in self.index.segments() {
+            segments += 1;
+            bytes += s.file_bytes;
+        }
+        c.segments.store(segments, Ordering::Relaxed);
+        c.bytes.store(bytes, Ordering::Relaxed);
+        c.live_records
+            .store(self.index.live_records(), Ordering::Relaxed);
+        c.active_segment.store(self.active.id, Ordering::Relaxed);
+    }
+
+    /// Fails the store closed: every queued job and every later append gets
+    /// the error. See the module docs of [`super`] for why there is no retry.
+    fn fail(&mut self, e: StoreError) {
+        error!(error = %e, "journal: write failed; refusing further appends");
+        let jobs: Vec<Job> = {
+            let mut q = self.shared.queue.lock();
+            q.phase = Phase::Failed(e.clone());
+            q.bytes = 0;
+            q.jobs.drain(..).collect()
+        };
+        self.shared.room.notify_all();
+        for job in jobs {
+            job.fail(StoreError::Failed(Box::new(e.clone())));
+        }
+    }
+}
