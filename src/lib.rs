@@ -1,6 +1,5 @@
 //! Rosetta
 pub mod config;
 pub mod core;
-pub mod server;
 pub mod store;
 pub mod users;
