@@ -14,7 +14,6 @@
 //! [`AmqpConnection::poll_transmit`], which also coalesces the accepted
 //! dispositions produced by a burst of commits into ranges.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +38,7 @@ use crate::frame::{
     self, Frame, FrameDecoder, ProtocolHeader, FRAME_TYPE_AMQP, FRAME_TYPE_SASL,
     MIN_MAX_FRAME_SIZE, PROTOCOL_ID_AMQP, PROTOCOL_ID_SASL,
 };
+use crate::idmap::IdMap;
 use crate::sasl::{self, SaslServer, SaslStep};
 use crate::session::AmqpSession;
 
@@ -115,18 +115,20 @@ pub struct AmqpConnection {
     channel_max: u16,
     peer_idle: Option<Duration>,
     pub(crate) now: Instant,
+    /// Wall-clock ms for ttl <-> expiry, read once per entry call.
+    pub(crate) now_ms: u64,
     last_recv: Instant,
     last_send: Instant,
     handshake_deadline: Option<Instant>,
     close_deadline: Option<Instant>,
     pub(crate) blocked_recheck: Option<Instant>,
     /// Sessions by the peer's channel (we mirror it as our channel).
-    pub(crate) sessions: HashMap<u16, AmqpSession>,
+    pub(crate) sessions: IdMap<u16, AmqpSession>,
     /// Where each consumer's deliveries go: (channel, handle).
-    pub(crate) consumers: HashMap<ConsumerId, (u16, u32)>,
-    pub(crate) tickets: HashMap<Ticket, PendingCommit>,
+    pub(crate) consumers: IdMap<ConsumerId, (u16, u32)>,
+    pub(crate) tickets: IdMap<Ticket, PendingCommit>,
     /// Declared transactions by their wire id.
-    pub(crate) txns: HashMap<u64, TxnId>,
+    pub(crate) txns: IdMap<u64, TxnId>,
     pub(crate) next_link_serial: u64,
     error: Option<AmqpError>,
 }
@@ -159,15 +161,16 @@ impl AmqpConnection {
             container_id: String::new(),
             peer_idle: None,
             now,
+            now_ms: rosetta_neutral::message::now_ms(),
             last_recv: now,
             last_send: now,
             handshake_deadline: Some(now + handshake),
             close_deadline: None,
             blocked_recheck: None,
-            sessions: HashMap::new(),
-            consumers: HashMap::new(),
-            tickets: HashMap::new(),
-            txns: HashMap::new(),
+            sessions: IdMap::default(),
+            consumers: IdMap::default(),
+            tickets: IdMap::default(),
+            txns: IdMap::default(),
             next_link_serial: 0,
             error: None,
         }
@@ -176,6 +179,7 @@ impl AmqpConnection {
     /// Bytes read from the socket (any split: partial frames, many frames).
     pub fn handle_input(&mut self, now: Instant, data: &[u8]) {
         self.now = now;
+        self.now_ms = rosetta_neutral::message::now_ms();
         if matches!(self.phase, Phase::Closed) {
             return;
         }
@@ -208,6 +212,7 @@ impl AmqpConnection {
     /// An event the core sent to this connection's sink.
     pub fn handle_event(&mut self, now: Instant, event: SessionEvent) {
         self.now = now;
+        self.now_ms = rosetta_neutral::message::now_ms();
         if matches!(self.phase, Phase::Closed) {
             return;
         }

@@ -161,7 +161,7 @@ impl AmqpConnection {
             return Ok(());
         };
         let fixed_target = i.target.clone();
-        let decoded = match message::decode(&d.payload, rosetta_neutral::message::now_ms()) {
+        let decoded = match message::decode(&d.payload, self.now_ms) {
             Ok(m) => m,
             Err(e) => {
                 self.reject(ch, &d, &AmqpError::Decode(e));
@@ -395,7 +395,7 @@ impl AmqpConnection {
             .min(self.cfg.frame_size_max_bytes.max(frame::MIN_MAX_FRAME_SIZE))
             as usize;
         let mut head = std::mem::take(&mut self.scratch);
-        let body = match message::encode_head(&mut head, &d, rosetta_neutral::message::now_ms()) {
+        let body = match message::encode_head(&mut head, &d, self.now_ms) {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(conn = self.conn_id, error = %e, "cannot encode a delivery");

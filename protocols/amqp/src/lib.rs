@@ -34,6 +34,7 @@ mod coordinator;
 mod delivery;
 pub mod error;
 pub mod frame;
+mod idmap;
 mod link;
 mod message;
 mod sasl;

@@ -513,9 +513,13 @@ impl AmqpConnection {
         else {
             return;
         };
+        // Outstanding = credit not yet used + publishes not yet committed.
+        // Refill only once half the window is free, so a steady stream
+        // costs one flow per half window, not one per commit.
         let remaining = i.credit_limit.wrapping_sub(i.delivery_count);
+        let outstanding = remaining.saturating_add(i.in_flight);
         let target = window.saturating_sub(i.in_flight);
-        if remaining > window / 2 || target <= remaining {
+        if outstanding > window / 2 || target <= remaining {
             return;
         }
         if blocked {

@@ -5,7 +5,7 @@
 //! peer's and our link handles mirror the peer's handles; this keeps every
 //! map keyed by what arrives on the wire.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 
 use fe2o3_amqp_types::definitions::{Handle, Role};
 use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Modified, Outcome as AmqpOutcome};
@@ -15,6 +15,7 @@ use tracing::debug;
 
 use crate::connection::{write_perf, AmqpConnection, Fault};
 use crate::error::AmqpError;
+use crate::idmap::{IdMap, IdSet};
 use crate::link::{Link, LinkKind};
 
 /// A broker -> client delivery not yet settled by the client.
@@ -47,10 +48,10 @@ pub(crate) struct AmqpSession {
     pub(crate) next_outgoing_id: u32,
     /// Transfers the peer can still take.
     pub(crate) remote_incoming_window: u32,
-    pub(crate) links: HashMap<u32, Link>,
+    pub(crate) links: IdMap<u32, Link>,
     /// Handles we detached with an error, awaiting the peer's Detach.
-    pub(crate) detaching: HashSet<u32>,
-    pub(crate) unsettled_out: HashMap<u32, OutDelivery>,
+    pub(crate) detaching: IdSet<u32>,
+    pub(crate) unsettled_out: IdMap<u32, OutDelivery>,
     pub(crate) queued: VecDeque<Queued>,
     /// Incoming delivery ids to dispose as accepted+settled at the next
     /// poll_transmit, coalesced into ranges.
@@ -107,9 +108,9 @@ impl AmqpConnection {
             incoming_window: self.cfg.session_window_frames,
             next_outgoing_id: 0,
             remote_incoming_window: b.incoming_window,
-            links: HashMap::new(),
-            detaching: HashSet::new(),
-            unsettled_out: HashMap::new(),
+            links: IdMap::default(),
+            detaching: IdSet::default(),
+            unsettled_out: IdMap::default(),
             queued: VecDeque::new(),
             accepted: Vec::new(),
         };
