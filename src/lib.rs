@@ -1,5 +1,6 @@
 //! Rosetta
 pub mod config;
 pub mod core;
+pub mod server;
 pub mod store;
 pub mod users;

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use rosetta_neutral::{EventSink, SessionEvent};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
 /// Bytes read from the socket per read call.
@@ -59,6 +59,7 @@ pub(crate) async fn drive<C, T>(
     mut io: T,
     mut events: mpsc::UnboundedReceiver<SessionEvent>,
     span: tracing::Span,
+    mut hard_stop: watch::Receiver<bool>,
 ) where
     C: ProtocolConnection,
     T: AsyncRead + AsyncWrite + Unpin + Send,
@@ -122,6 +123,13 @@ pub(crate) async fn drive<C, T>(
                     None => events_open = false,
                 },
                 () = sleep => conn.handle_timeout(Instant::now()),
+                changed = hard_stop.changed() => {
+                    if changed.is_err() || *hard_stop.borrow() {
+                        tracing::debug!("shutdown grace period over; cutting the connection");
+                        conn.handle_transport_closed(Instant::now());
+                        break;
+                    }
+                }
             }
         }
         if !out.is_empty() {

@@ -200,9 +200,13 @@ fn store_config(config: &Config) -> StoreConfig {
 
 fn core_config(config: &Config) -> CoreConfig {
     CoreConfig {
-        dead_letter_address: config.broker.dead_letter_address.clone(),
+        dead_letter_address: config.broker.dead_letter_address.name().to_owned(),
         delivery_attempts_max: config.broker.delivery_attempts_max,
-        expiry_address: config.broker.expiry_address.clone(),
+        expiry_address: config
+            .broker
+            .expiry_address
+            .as_ref()
+            .map(|a| a.name().to_owned()),
         auto_create_queues: config.broker.auto_create_queues,
     }
 }

@@ -1,0 +1,122 @@
+//! Shared harness of the integration tests: a real broker on free loopback
+//! ports with a temporary data directory, restartable on the same data.
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rosetta::config::{Config, ListenAddr, ListenerKind};
+use rosetta::core::{AccessControl, AllowAll};
+use rosetta::server::{self, RunningBroker};
+
+/// A broker under test.
+pub struct TestBroker {
+    pub broker: Option<RunningBroker>,
+    pub dir: Arc<tempfile::TempDir>,
+    pub config: Config,
+    access: Arc<dyn AccessControl>,
+}
+
+fn loopback() -> Option<ListenAddr> {
+    Some(ListenAddr::new("127.0.0.1", 0))
+}
+
+/// A configuration with the plain TCP listeners on free loopback ports and
+/// the data directory in `dir`.
+pub fn test_config(dir: &Path) -> Config {
+    let mut config = Config::default();
+    config.data_dir = dir.join("data");
+    config.listeners.mqtt = loopback();
+    config.listeners.stomp = loopback();
+    config.listeners.amqp = loopback();
+    config.listeners.websocket = None;
+    config.listeners.mqtts = None;
+    config.listeners.stomps = None;
+    config.listeners.amqps = None;
+    config.listeners.wss = None;
+    config.listeners.any = None;
+    config
+}
+
+impl TestBroker {
+    /// Starts a broker with anonymous, unrestricted access.
+    pub async fn start() -> TestBroker {
+        Self::start_with(|_| {}, Arc::new(AllowAll)).await
+    }
+
+    /// Starts a broker after `tweak` adjusted the test configuration.
+    pub async fn start_with(
+        tweak: impl FnOnce(&mut Config),
+        access: Arc<dyn AccessControl>,
+    ) -> TestBroker {
+        let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+        let mut config = test_config(dir.path());
+        tweak(&mut config);
+        let broker = server::start(config.clone(), Arc::clone(&access))
+            .await
+            .expect("broker starts");
+        TestBroker {
+            broker: Some(broker),
+            dir,
+            config,
+            access,
+        }
+    }
+
+    fn running(&self) -> &RunningBroker {
+        self.broker.as_ref().expect("broker running")
+    }
+
+    pub fn addr(&self, kind: ListenerKind) -> SocketAddr {
+        self.running().local_addr(kind).expect("listener bound")
+    }
+
+    pub fn mqtt(&self) -> SocketAddr {
+        self.addr(ListenerKind::Mqtt)
+    }
+
+    pub fn stomp(&self) -> SocketAddr {
+        self.addr(ListenerKind::Stomp)
+    }
+
+    pub fn amqp(&self) -> SocketAddr {
+        self.addr(ListenerKind::Amqp)
+    }
+
+    pub fn core(&self) -> &rosetta::core::Core {
+        self.running().core()
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.config.data_dir.clone()
+    }
+
+    /// Graceful shutdown, then a new broker on the same data directory and
+    /// (so clients can reconnect to the same address) the same ports.
+    pub async fn restart(&mut self) {
+        let old = self.broker.take().expect("broker running");
+        for (kind, slot) in [
+            (ListenerKind::Mqtt, &mut self.config.listeners.mqtt),
+            (ListenerKind::Stomp, &mut self.config.listeners.stomp),
+            (ListenerKind::Amqp, &mut self.config.listeners.amqp),
+        ] {
+            if let (Some(addr), Some(_)) = (old.local_addr(kind), slot.as_ref()) {
+                *slot = Some(ListenAddr::new("127.0.0.1", addr.port()));
+            }
+        }
+        old.shutdown().await.expect("clean shutdown");
+        let broker = server::start(self.config.clone(), Arc::clone(&self.access))
+            .await
+            .expect("broker restarts");
+        self.broker = Some(broker);
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(b) = self.broker.take() {
+            b.shutdown().await.expect("clean shutdown");
+        }
+    }
+}
+
+pub mod stomp;
