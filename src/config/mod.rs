@@ -29,7 +29,7 @@
 
 mod broker;
 mod listeners;
-mod locate;
+pub(crate) mod locate;
 mod protocols;
 mod store;
 mod transport;

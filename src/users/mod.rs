@@ -1,1 +1,523 @@
-//! Users.
+//! Users: the users file, password checks, SCRAM credentials and address
+//! permissions.
+//!
+//! ## The users file
+//! A TOML file (by default `users.toml` next to the configuration file,
+//! see [`crate::config::Config::users_file`]; a missing file means no
+//! users). `config/users.toml.example` documents it:
+//!
+//! ```toml
+//! [anonymous]                      # what clients without credentials may do
+//! publish = ["#"]                  # (only if [security] anonymous = true)
+//! subscribe = ["#"]
+//!
+//! [users.alice]
+//! password_hash = "$argon2id$v=19$m=8192,t=2,p=1$…"      # see `password`
+//! scram_sha_256 = "SCRAM-SHA-256$4096:<salt>$<StoredKey>:<ServerKey>"
+//! publish = ["/topic/sensors/#", "/queue/orders"]         # see `permissions`
+//! subscribe = ["#"]
+//! ```
+//!
+//! Absent `publish`/`subscribe` lists mean everything. [`add_user`] writes
+//! entries (keeping the rest of the file, comments included), atomically
+//! and with mode 0600, since the hashes must not be world-readable.
+//!
+//! ## Checks
+//! - [`Users::verify`] checks a password (PLAIN, MQTT, STOMP);
+//! - [`Users::scram`] gives SCRAM-SHA-256 credentials (AMQP SASL);
+//! - [`Users::permissions`] gives what a user, or the anonymous user, may
+//!   publish and subscribe to.
+
+pub mod password;
+pub mod permissions;
+pub mod scram;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use rosetta_neutral::ScramCredentials;
+use serde::Deserialize;
+
+use crate::config::locate;
+use crate::config::Location;
+pub use password::HashError;
+pub use permissions::{Pattern, PatternError, Permissions};
+pub use scram::ScramFormatError;
+
+/// Longest user name, in bytes: longer than any real name, short enough
+/// that names cannot bloat logs or the file.
+pub const USER_NAME_LEN_MAX_BYTES: usize = 256;
+/// Longest password, in bytes: argon2 and PBKDF2 accept more, but nothing
+/// legitimate needs it and it bounds the work per login.
+pub const PASSWORD_LEN_MAX_BYTES: usize = 1024;
+/// Mode of the users file: owner only, since it holds password hashes.
+pub const USERS_FILE_MODE: u32 = 0o600;
+
+/// What is wrong with a users file or a user to add.
+#[derive(Debug, thiserror::Error)]
+pub enum UsersError {
+    /// The file exists but cannot be read.
+    #[error("cannot read users file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML.
+    #[error("{location}: TOML syntax error: {message}")]
+    Syntax {
+        /// Where.
+        location: Location,
+        /// What the parser expected.
+        message: String,
+    },
+    /// A key is unknown or a value is invalid.
+    #[error("{location}: `{key}`: {message}")]
+    Invalid {
+        /// Where.
+        location: Location,
+        /// Dotted key path, e.g. `users.alice.publish[0]`.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A user name to add is empty, too long or has control characters.
+    #[error(
+        "invalid user name {0:?}: 1 to {USER_NAME_LEN_MAX_BYTES} bytes, no control characters"
+    )]
+    InvalidName(String),
+    /// A password to set is empty or too long.
+    #[error("the password must be 1 to {PASSWORD_LEN_MAX_BYTES} bytes")]
+    InvalidPassword,
+    /// A permission pattern to set is malformed.
+    #[error(transparent)]
+    InvalidPattern(#[from] PatternError),
+    /// Hashing the password failed.
+    #[error(transparent)]
+    Hash(#[from] HashError),
+    /// The file could not be written.
+    #[error("cannot write users file {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl UsersError {
+    /// The key at fault, for errors in the file.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            UsersError::Invalid { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+
+    /// The 1-based line at fault, for errors in the file.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            UsersError::Syntax { location, .. } | UsersError::Invalid { location, .. } => {
+                location.line
+            }
+            _ => None,
+        }
+    }
+}
+
+// ---- file schema -----------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileDoc {
+    #[serde(default)]
+    anonymous: Option<PermissionsDoc>,
+    #[serde(default)]
+    users: BTreeMap<String, UserDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PermissionsDoc {
+    publish: Option<Vec<String>>,
+    subscribe: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UserDoc {
+    password_hash: String,
+    scram_sha_256: Option<String>,
+    publish: Option<Vec<String>>,
+    subscribe: Option<Vec<String>>,
+}
+
+// ---- the loaded users ----------------------------------------------------
+
+struct User {
+    password_hash: String,
+    scram: Option<ScramCredentials>,
+    permissions: Permissions,
+}
+
+/// The users of the broker, loaded from the users file.
+pub struct Users {
+    users: HashMap<String, User>,
+    anonymous: Permissions,
+}
+
+/// Permissions of a principal that is not in the file.
+static NOTHING: Permissions = Permissions::nothing();
+
+/// A hash of a random password, checked for unknown users so that a login
+/// takes as long whether or not the user exists.
+fn decoy_hash() -> &'static str {
+    static DECOY: OnceLock<String> = OnceLock::new();
+    DECOY.get_or_init(|| {
+        let secret: [u8; 32] = rand::random();
+        password::hash(&secret).unwrap_or_default()
+    })
+}
+
+impl fmt::Debug for Users {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Names only: hashes stay out of logs.
+        let mut names: Vec<&str> = self.users.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        f.debug_struct("Users")
+            .field("users", &names)
+            .field("anonymous", &self.anonymous)
+            .finish()
+    }
+}
+
+impl Default for Users {
+    /// No users; anonymous clients may do everything.
+    fn default() -> Self {
+        Self {
+            users: HashMap::new(),
+            anonymous: Permissions::everything(),
+        }
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= USER_NAME_LEN_MAX_BYTES && !name.chars().any(char::is_control)
+}
+
+fn patterns(list: Option<&[String]>, key: &str) -> Result<Vec<Pattern>, (String, String)> {
+    match list {
+        None => Ok(vec![Pattern::everything()]),
+        Some(list) => list
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Pattern::parse(s).map_err(|e| (format!("{key}[{i}]"), e.to_string())))
+            .collect(),
+    }
+}
+
+impl Users {
+    /// Loads the users file. A missing file means no users (anonymous
+    /// clients may do everything, if anonymous access is on).
+    pub fn load(path: &Path) -> Result<Users, UsersError> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => Self::parse(&text, &path.display().to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Users::default()),
+            Err(source) => Err(UsersError::Read {
+                path: path.to_owned(),
+                source,
+            }),
+        }
+    }
+
+    /// Parses a users file held in a string; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Users, UsersError> {
+        let location = |pos: Option<usize>| {
+            let (line, column) = pos.map(|p| locate::line_col(text, p)).unzip();
+            Location {
+                origin: origin.to_owned(),
+                line,
+                column,
+            }
+        };
+        if let Err(e) = toml::de::DeTable::parse(text) {
+            return Err(UsersError::Syntax {
+                location: location(e.span().map(|s| s.start)),
+                message: e
+                    .message()
+                    .lines()
+                    .map(str::trim)
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            });
+        }
+        let doc: FileDoc = toml::from_str(text).map_err(|e| {
+            let pos = e.span().map(|s| s.start);
+            UsersError::Invalid {
+                location: location(pos),
+                key: pos
+                    .and_then(|p| locate::key_at(text, p))
+                    .unwrap_or_else(|| "(document)".to_owned()),
+                message: e.message().replacen("unknown field", "unknown key", 1),
+            }
+        })?;
+        Self::from_doc(doc).map_err(|(key, message)| UsersError::Invalid {
+            location: location(locate::span_of(text, &key).map(|s| s.start)),
+            key,
+            message,
+        })
+    }
+
+    fn from_doc(doc: FileDoc) -> Result<Users, (String, String)> {
+        let anonymous = match doc.anonymous {
+            None => Permissions::everything(),
+            Some(p) => Permissions {
+                publish: patterns(p.publish.as_deref(), "anonymous.publish")?,
+                subscribe: patterns(p.subscribe.as_deref(), "anonymous.subscribe")?,
+            },
+        };
+        let mut users = HashMap::with_capacity(doc.users.len());
+        for (name, u) in doc.users {
+            let key = format!("users.{name}");
+            if !valid_name(&name) {
+                return Err((key, format!("invalid user name {name:?}")));
+            }
+            password::check_stored(&u.password_hash)
+                .map_err(|e| (format!("{key}.password_hash"), e.to_string()))?;
+            let scram = u
+                .scram_sha_256
+                .as_deref()
+                .map(scram::decode)
+                .transpose()
+                .map_err(|e| (format!("{key}.scram_sha_256"), e.to_string()))?;
+            let permissions = Permissions {
+                publish: patterns(u.publish.as_deref(), &format!("{key}.publish"))?,
+                subscribe: patterns(u.subscribe.as_deref(), &format!("{key}.subscribe"))?,
+            };
+            users.insert(
+                name,
+                User {
+                    password_hash: u.password_hash,
+                    scram,
+                    permissions,
+                },
+            );
+        }
+        Ok(Users { users, anonymous })
+    }
+
+    /// True if `user` has the password `password`. An unknown user is
+    /// checked against a decoy hash, and the result combined without a
+    /// branch, so timing does not tell unknown users from wrong passwords.
+    /// Costs one argon2 check (~14 ms of CPU): run it off the async
+    /// runtime's worker threads.
+    pub fn verify(&self, user: &str, password: &[u8]) -> bool {
+        let entry = self.users.get(user);
+        let hash: &str = match entry {
+            Some(u) => &u.password_hash,
+            None => decoy_hash(),
+        };
+        let matched = password::verify(hash, password);
+        matched & entry.is_some()
+    }
+
+    /// SCRAM-SHA-256 credentials of `user`; `None` if the user is unknown
+    /// or was added without them (a hand-written entry with only a
+    /// password hash).
+    pub fn scram(&self, user: &str) -> Option<ScramCredentials> {
+        self.users.get(user).and_then(|u| u.scram.clone())
+    }
+
+    /// What a principal may do: `None` is the anonymous user (the file's
+    /// `[anonymous]` section, everything by default); an unknown user may
+    /// do nothing.
+    pub fn permissions(&self, user: Option<&str>) -> &Permissions {
+        match user {
+            None => &self.anonymous,
+            Some(name) => self.users.get(name).map_or(&NOTHING, |u| &u.permissions),
+        }
+    }
+
+    /// True if the file names `user`.
+    pub fn contains(&self, user: &str) -> bool {
+        self.users.contains_key(user)
+    }
+
+    /// Number of users.
+    pub fn len(&self) -> usize {
+        self.users.len()
+    }
+
+    /// True if there are no users.
+    pub fn is_empty(&self) -> bool {
+        self.users.is_empty()
+    }
+}
+
+// ---- writing ---------------------------------------------------------------
+
+/// What a new users file starts with.
+const NEW_FILE_HEADER: &str = "\
+# Rosetta users: argon2id password hashes, SCRAM-SHA-256 credentials and
+# address permissions per user. Entries are written by the rosetta CLI;
+# comments and other entries are kept. See config/users.toml.example.
+";
+
+fn string_array(list: &[&str]) -> toml_edit::Item {
+    let mut array = toml_edit::Array::new();
+    for s in list {
+        array.push(*s);
+    }
+    toml_edit::value(array)
+}
+
+/// Adds `name` to the users file at `path`, or replaces its password and
+/// permissions. `publish`/`subscribe` are permission patterns (see
+/// [`permissions`]); `None` allows everything. Creates the file if needed.
+/// The file is replaced atomically (written to a temporary file, synced,
+/// renamed) with mode 0600. Not safe against two concurrent writers: the
+/// last one wins.
+pub fn add_user(
+    path: &Path,
+    name: &str,
+    password: &[u8],
+    publish: Option<&[String]>,
+    subscribe: Option<&[String]>,
+) -> Result<(), UsersError> {
+    if !valid_name(name) {
+        return Err(UsersError::InvalidName(name.to_owned()));
+    }
+    if password.is_empty() || password.len() > PASSWORD_LEN_MAX_BYTES {
+        return Err(UsersError::InvalidPassword);
+    }
+    let everything = ["#".to_owned()];
+    let publish = publish.unwrap_or(&everything);
+    let subscribe = subscribe.unwrap_or(&everything);
+    for p in publish.iter().chain(subscribe) {
+        Pattern::parse(p)?;
+    }
+    let hash = password::hash(password)?;
+    let scram = scram::encode(&scram::derive_new(password));
+
+    let mut entry = toml_edit::Table::new();
+    entry.insert("password_hash", toml_edit::value(hash));
+    entry.insert("scram_sha_256", toml_edit::value(scram));
+    let publish: Vec<&str> = publish.iter().map(String::as_str).collect();
+    let subscribe: Vec<&str> = subscribe.iter().map(String::as_str).collect();
+    entry.insert("publish", string_array(&publish));
+    entry.insert("subscribe", string_array(&subscribe));
+
+    edit_file(path, |users| {
+        users.insert(name, toml_edit::Item::Table(entry));
+    })
+    .map(|_| ())
+}
+
+/// Removes `name` from the users file. Returns whether it was there.
+pub fn remove_user(path: &Path, name: &str) -> Result<bool, UsersError> {
+    let mut removed = false;
+    edit_file(path, |users| removed = users.remove(name).is_some())?;
+    Ok(removed)
+}
+
+/// Loads the file (refusing one that does not load cleanly, so a broken
+/// file is never made worse), lets `change` edit its `[users]` table,
+/// checks that the result loads, and replaces the file atomically.
+fn edit_file(path: &Path, change: impl FnOnce(&mut toml_edit::Table)) -> Result<(), UsersError> {
+    let origin = path.display().to_string();
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => NEW_FILE_HEADER.to_owned(),
+        Err(source) => {
+            return Err(UsersError::Read {
+                path: path.to_owned(),
+                source,
+            })
+        }
+    };
+    Users::parse(&text, &origin)?;
+    let mut doc: toml_edit::DocumentMut =
+        text.parse()
+            .map_err(|e: toml_edit::TomlError| UsersError::Syntax {
+                location: Location {
+                    origin: origin.clone(),
+                    line: None,
+                    column: None,
+                },
+                message: e.message().to_owned(),
+            })?;
+    let users = doc
+        .entry("users")
+        .or_insert_with(|| {
+            let mut t = toml_edit::Table::new();
+            // Only `[users.NAME]` headers, no empty `[users]`.
+            t.set_implicit(true);
+            toml_edit::Item::Table(t)
+        })
+        .as_table_mut()
+        .ok_or_else(|| UsersError::Invalid {
+            location: Location {
+                origin: origin.clone(),
+                line: None,
+                column: None,
+            },
+            key: "users".to_owned(),
+            message: "must be a table".to_owned(),
+        })?;
+    change(users);
+    let new_text = doc.to_string();
+    // Never write a file the broker would refuse.
+    Users::parse(&new_text, &origin)?;
+    write_atomic(path, new_text.as_bytes()).map_err(|source| UsersError::Write {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Writes `data` to a temporary file next to `path` with mode 0600, syncs
+/// it, renames it over `path` and syncs the directory, so a crash leaves
+/// either the old or the new file, never a torn one.
+fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = path
+        .file_name()
+        .map_or_else(|| "users.toml".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(".{file_name}.tmp.{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(USERS_FILE_MODE)
+            .open(&tmp)?;
+        // `mode` applies only when the file is created; a stale temp file
+        // from a crashed run may have other bits.
+        std::fs::set_permissions(
+            &tmp,
+            std::os::unix::fs::PermissionsExt::from_mode(USERS_FILE_MODE),
+        )?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(&dir)?.sync_all()
+    })();
+    if result.is_err() {
+        // Best effort: the temp file is garbage now.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}

@@ -1,0 +1,259 @@
+//! Tests of the users file: add, load, verify, SCRAM, permissions, errors.
+
+use std::os::unix::fs::PermissionsExt;
+
+use rosetta_neutral::Address;
+
+use super::*;
+
+const EXAMPLE_FILE: &str = include_str!("../../config/users.toml.example");
+
+fn strings(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[test]
+fn a_missing_file_means_no_users_and_open_anonymous_access() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let users = Users::load(&dir.path().join("users.toml")).expect("missing is fine");
+    assert!(users.is_empty());
+    assert_eq!(users.permissions(None), &Permissions::everything());
+    assert_eq!(users.permissions(Some("ghost")), &Permissions::nothing());
+    assert!(!users.verify("ghost", b"x"));
+    assert_eq!(users.scram("ghost"), None);
+}
+
+#[test]
+fn added_users_verify_and_have_scram_credentials() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("users.toml");
+    add_user(&path, "alice", b"wonderland", None, None).expect("add alice");
+    add_user(
+        &path,
+        "bob",
+        b"builder",
+        Some(&strings(&["/topic/sensors/#", "/queue/orders"])),
+        Some(&strings(&["/topic/sensors/+/temp"])),
+    )
+    .expect("add bob");
+
+    let mode = std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "hashes are for the owner only");
+
+    let users = Users::load(&path).expect("load");
+    assert_eq!(users.len(), 2);
+    assert!(users.verify("alice", b"wonderland"));
+    assert!(!users.verify("alice", b"wonderland "));
+    assert!(
+        !users.verify("alice", b"builder"),
+        "bob's password is not alice's"
+    );
+    assert!(!users.verify("alice", b""));
+    assert!(users.verify("bob", b"builder"));
+    assert!(!users.verify("carol", b"wonderland"));
+
+    // The stored SCRAM keys are the ones derived from the password with the
+    // stored salt and iteration count (derivation checked against RFC 7677
+    // in `scram::tests`).
+    let creds = users.scram("alice").expect("alice has SCRAM credentials");
+    assert_eq!(creds.iterations, scram::ITERATIONS_DEFAULT);
+    assert_eq!(
+        scram::derive(b"wonderland", &creds.salt, creds.iterations),
+        creds
+    );
+    assert_ne!(
+        scram::derive(b"wonderland!", &creds.salt, creds.iterations),
+        creds
+    );
+    let bob = users.scram("bob").expect("bob has SCRAM credentials");
+    assert_ne!(bob.salt, creds.salt, "salts are per user");
+
+    // Default permissions: everything.
+    let alice = users.permissions(Some("alice"));
+    assert_eq!(alice, &Permissions::everything());
+    let bob = users.permissions(Some("bob"));
+    assert!(bob.may_publish(&Address::Topic("sensors/hall/temp".into())));
+    assert!(bob.may_publish(&Address::Queue("orders".into())));
+    assert!(!bob.may_publish(&Address::Topic("actuators/door".into())));
+    assert!(bob.may_subscribe(&Address::Topic("sensors/+/temp".into())));
+    assert!(!bob.may_subscribe(&Address::Topic("sensors/#".into())));
+    assert!(!bob.may_subscribe(&Address::Queue("orders".into())));
+}
+
+#[test]
+fn updating_a_user_replaces_it_and_keeps_the_rest_of_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("users.toml");
+    std::fs::write(
+        &path,
+        "# my comment\n[anonymous]\npublish = []\nsubscribe = [\"/topic/public/#\"]\n",
+    )
+    .expect("seed");
+    add_user(&path, "alice", b"one", None, None).expect("add");
+    add_user(&path, "bob", b"two", None, None).expect("add");
+    add_user(&path, "alice", b"three", Some(&[]), None).expect("update");
+
+    let text = std::fs::read_to_string(&path).expect("read");
+    assert!(text.starts_with("# my comment\n"), "{text}");
+    assert!(
+        !text.contains("\n[users]\n"),
+        "no empty [users] header: {text}"
+    );
+    let users = Users::load(&path).expect("load");
+    assert!(!users.verify("alice", b"one"));
+    assert!(users.verify("alice", b"three"));
+    assert!(users.verify("bob", b"two"));
+    assert!(!users
+        .permissions(Some("alice"))
+        .may_publish(&Address::Topic("a".into())));
+
+    let anon = users.permissions(None);
+    assert!(!anon.may_publish(&Address::Topic("public/x".into())));
+    assert!(anon.may_subscribe(&Address::Topic("public/#".into())));
+    assert!(!anon.may_subscribe(&Address::Topic("private".into())));
+
+    assert!(remove_user(&path, "bob").expect("remove"));
+    assert!(!remove_user(&path, "bob").expect("remove again"));
+    let users = Users::load(&path).expect("load");
+    assert!(!users.contains("bob"));
+    assert!(users.contains("alice"));
+}
+
+#[test]
+fn bad_input_to_add_user_is_refused_before_writing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("users.toml");
+    assert!(matches!(
+        add_user(&path, "", b"x", None, None),
+        Err(UsersError::InvalidName(_))
+    ));
+    assert!(matches!(
+        add_user(&path, "a\nb", b"x", None, None),
+        Err(UsersError::InvalidName(_))
+    ));
+    assert!(matches!(
+        add_user(&path, "a", b"", None, None),
+        Err(UsersError::InvalidPassword)
+    ));
+    let long = vec![b'x'; PASSWORD_LEN_MAX_BYTES + 1];
+    assert!(matches!(
+        add_user(&path, "a", &long, None, None),
+        Err(UsersError::InvalidPassword)
+    ));
+    let bad = strings(&["sensors/#"]);
+    assert!(matches!(
+        add_user(&path, "a", b"x", Some(&bad), None),
+        Err(UsersError::InvalidPattern(_))
+    ));
+    assert!(!path.exists(), "nothing written");
+
+    // A broken file is left as it is.
+    std::fs::write(&path, "[users.x]\npassword_hash = \"nope\"\n").expect("seed");
+    let err = add_user(&path, "a", b"x", None, None).expect_err("broken file");
+    assert_eq!(err.key(), Some("users.x.password_hash"), "{err}");
+    let text = std::fs::read_to_string(&path).expect("read");
+    assert_eq!(text, "[users.x]\npassword_hash = \"nope\"\n");
+    let leftovers = std::fs::read_dir(dir.path()).expect("ls").count();
+    assert_eq!(leftovers, 1, "no temporary files left behind");
+}
+
+#[test]
+fn errors_in_the_file_name_the_key_and_the_line() {
+    let hash = password::hash(b"pw").expect("hash");
+    let cases: Vec<(String, &str, usize, &str)> = vec![
+        ("[anonymous]\npublish = [\"#\", \"sensors/#\"]\n".into(), "anonymous.publish[1]", 2, "canonical"),
+        ("[anonymous]\nsubscribe = [\"/topic/a#\"]\n".into(), "anonymous.subscribe[0]", 2, "whole level"),
+        ("[anonymous]\npublsh = []\n".into(), "anonymous.publsh", 2, "unknown key"),
+        ("admins = 1\n".into(), "admins", 1, "unknown key"),
+        ("[users.a]\n\npassword_hash = \"plain\"\n".into(), "users.a.password_hash", 3, "PHC"),
+        (
+            format!("[users.a]\npassword_hash = \"{hash}\"\nscram_sha_256 = \"SCRAM-SHA-256$1:AA==$AA==:AA==\"\n"),
+            "users.a.scram_sha_256",
+            3,
+            "iterations",
+        ),
+        (
+            format!("[users.a]\npassword_hash = \"{hash}\"\nsubscribe = [\"/queue/ok\",\n  \"bad\"]\n"),
+            "users.a.subscribe[1]",
+            4,
+            "canonical",
+        ),
+        (format!("[users.a]\npassword_hash = \"{hash}\"\nrole = \"x\"\n"), "users.a.role", 3, "unknown key"),
+        ("[users.a]\npublish = []\n".into(), "users.a", 1, "password_hash"),
+        ("[users.a]\npassword_hash = 5\n".into(), "users.a.password_hash", 2, "invalid type"),
+    ];
+    for (doc, key, line, words) in cases {
+        let err = Users::parse(&doc, "users.toml").expect_err(&doc);
+        let shown = err.to_string();
+        assert_eq!(err.key(), Some(key), "{doc:?} -> {shown}");
+        assert_eq!(err.line(), Some(line), "{doc:?} -> {shown}");
+        assert!(
+            shown.contains(words),
+            "{doc:?} -> {shown} (wanted {words:?})"
+        );
+        assert!(shown.starts_with(&format!("users.toml:{line}")), "{shown}");
+    }
+    let err = Users::parse("[users\n", "users.toml").expect_err("syntax");
+    assert!(matches!(err, UsersError::Syntax { .. }), "{err}");
+    assert_eq!(err.line(), Some(1));
+}
+
+#[test]
+fn a_hand_written_user_without_scram_still_logs_in() {
+    let hash = password::hash(b"pw").expect("hash");
+    let users =
+        Users::parse(&format!("[users.x]\npassword_hash = \"{hash}\"\n"), "f").expect("parse");
+    assert!(users.verify("x", b"pw"));
+    assert_eq!(users.scram("x"), None);
+    assert_eq!(users.permissions(Some("x")), &Permissions::everything());
+}
+
+#[test]
+fn the_example_file_parses_and_its_sample_user_works() {
+    let users = Users::parse(EXAMPLE_FILE, "users.toml.example").expect("example parses");
+    assert!(users.is_empty(), "the sample user is commented out");
+    assert_eq!(users.permissions(None), &Permissions::everything());
+
+    // Uncomment the sample user block (lines starting with "# " between the
+    // markers) and check it is a working entry for the documented password.
+    let mut enabled = String::new();
+    let mut inside = false;
+    for line in EXAMPLE_FILE.lines() {
+        if line.contains("BEGIN sample user") {
+            inside = true;
+        } else if line.contains("END sample user") {
+            inside = false;
+        } else if inside {
+            enabled.push_str(line.strip_prefix("# ").unwrap_or(line));
+            enabled.push('\n');
+        }
+    }
+    let sample = Users::parse(&enabled, "sample").expect("sample parses");
+    assert!(sample.verify("sensor-42", b"change-me"));
+    let creds = sample.scram("sensor-42").expect("scram");
+    assert_eq!(
+        scram::derive(b"change-me", &creds.salt, creds.iterations),
+        creds
+    );
+    let p = sample.permissions(Some("sensor-42"));
+    assert!(p.may_publish(&Address::Topic("sensors/42/temp".into())));
+    assert!(!p.may_publish(&Address::Topic("sensors/43/temp".into())));
+}
+
+#[test]
+fn debug_output_hides_hashes() {
+    let hash = password::hash(b"pw").expect("hash");
+    let users =
+        Users::parse(&format!("[users.x]\npassword_hash = \"{hash}\"\n"), "f").expect("parse");
+    let shown = format!("{users:?}");
+    assert!(shown.contains("\"x\""), "{shown}");
+    assert!(!shown.contains("argon2"), "{shown}");
+}
+
+#[test]
+fn load_reports_unreadable_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A directory where the file should be: exists, but cannot be read.
+    let err = Users::load(dir.path()).expect_err("a directory");
+    assert!(matches!(err, UsersError::Read { .. }), "{err}");
+}
