@@ -255,3 +255,61 @@ fn the_users_file_defaults_next_to_the_config() {
     .expect("parses");
     assert_eq!(c.users_file(), PathBuf::from("/etc/rosetta/users.toml"));
 }
+
+/// Every key of every section is spelled out in the defaults file (set, or
+/// commented out where the default is "unset"). The key lists come from
+/// serde itself: an unknown key's error lists the known ones.
+#[test]
+fn the_defaults_file_mentions_every_key() {
+    let sections = [
+        "",
+        "listeners",
+        "tls",
+        "websocket",
+        "store",
+        "broker",
+        "security",
+        "mqtt",
+        "stomp",
+        "amqp",
+    ];
+    for section in sections {
+        let probe = if section.is_empty() {
+            "no_such_key = 1\n".to_owned()
+        } else {
+            format!("[{section}]\nno_such_key = 1\n")
+        };
+        let err = Config::parse(&probe, "probe")
+            .expect_err("unknown key")
+            .to_string();
+        let (_, expected) = err.split_once("expected").expect("serde lists the keys");
+        let keys: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+        assert!(!keys.is_empty(), "{err}");
+        for key in keys {
+            let is_table = [
+                "listeners",
+                "tls",
+                "websocket",
+                "store",
+                "broker",
+                "security",
+                "mqtt",
+                "stomp",
+                "amqp",
+            ]
+            .contains(&key)
+                && section.is_empty();
+            let mentioned = if is_table {
+                DEFAULTS_FILE.contains(&format!("[{key}]"))
+            } else if key == "bindings" {
+                DEFAULTS_FILE.contains("[[bindings]]")
+            } else {
+                DEFAULTS_FILE.lines().any(|l| {
+                    l.trim_start_matches(['#', ' '])
+                        .starts_with(&format!("{key} = "))
+                })
+            };
+            assert!(mentioned, "`{section}.{key}` is not in config/rosetta.toml");
+        }
+    }
+}

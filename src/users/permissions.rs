@@ -80,16 +80,17 @@ impl fmt::Display for Pattern {
     }
 }
 
-/// Index of a topic's first level in a canonical destination split on `/`
-/// (`["", "topic", first, …]`).
+/// Index of the first name level in a canonical destination split on `/`
+/// (`["", "topic", first, …]`, `["", "queue", first, …]`).
 const TOPIC_FIRST_LEVEL: usize = 2;
 
 /// See [`Pattern::covers`]. Both arguments are split into `/` levels and
 /// walked together:
 /// - pattern `#` covers whatever remains of the filter (also nothing: `a/#`
 ///   matches `a`);
-/// - pattern `+` covers one filter level that is a name or `+`, never `#`
-///   (which may span several levels);
+/// - pattern `+` covers one filter level that is a name or `+`; it covers
+///   a filter `#` only as `+/#` in the first name level (a `#` may span
+///   several levels, or none);
 /// - a literal covers only the same literal;
 /// - and a pattern wildcard never covers a `$` level in a topic's first
 ///   position (MQTT's rule for `$SYS`), except the bare pattern `#`.
@@ -107,7 +108,10 @@ fn covers(pattern: &str, filter: &str) -> bool {
         match (p.next(), next) {
             (Some("#"), Some((i, level))) => return !dollar_guard(level, i),
             (Some("#"), None) => return true,
-            (Some("+"), Some((_, "#"))) => return false,
+            // `+/#` means "one or more levels". A filter `#` means that too
+            // where it stands for the whole name (a name has at least one
+            // level); deeper down, `a/#` also matches `a` itself.
+            (Some("+"), Some((i, "#"))) => return i == TOPIC_FIRST_LEVEL && p.eq(["#"]),
             (Some("+"), Some((i, level))) => {
                 if dollar_guard(level, i) {
                     return false;
@@ -193,6 +197,9 @@ mod tests {
         ("/topic/a/+", "/topic/a/b", true),
         ("/topic/a/+", "/topic/a/+", true),
         ("/topic/a/+", "/topic/a/#", false),
+        ("/topic/a/+/#", "/topic/a/#", false),
+        ("/topic/+/#", "/topic/#", true),
+        ("/topic/+/#", "/topic/$SYS/#", false),
         ("/topic/a/+", "/topic/a", false),
         ("/topic/a/+", "/topic/a/b/c", false),
         ("/topic/+/temp", "/topic/x/temp", true),
@@ -237,6 +244,54 @@ mod tests {
             for t in topics {
                 let want = rosetta_neutral::address::topic_matches(f, t);
                 assert_eq!(p.covers(&format!("/topic/{t}")), want, "{f} vs {t}");
+            }
+        }
+    }
+
+    /// Covering must mean exactly: every topic the filter matches, the
+    /// pattern matches. Checked exhaustively over small filters and a
+    /// universe of topics that includes a `$` level and a name that appears
+    /// in no filter (standing for "any other name").
+    #[test]
+    fn coverage_is_exact_over_a_small_universe() {
+        fn build(
+            levels: &[&str],
+            depth: usize,
+            out: &mut Vec<String>,
+            prefix: &str,
+            hash_last: bool,
+        ) {
+            if depth == 0 {
+                return;
+            }
+            for l in levels {
+                let t = if prefix.is_empty() {
+                    (*l).to_owned()
+                } else {
+                    format!("{prefix}/{l}")
+                };
+                out.push(t.clone());
+                build(levels, depth - 1, out, &t, hash_last);
+            }
+            if hash_last {
+                out.push(if prefix.is_empty() {
+                    "#".to_owned()
+                } else {
+                    format!("{prefix}/#")
+                });
+            }
+        }
+        let mut filters = Vec::new();
+        build(&["a", "$s", "+"], 3, &mut filters, "", true);
+        let mut topics = Vec::new();
+        build(&["a", "$s", "z"], 5, &mut topics, "", false);
+        let matches = rosetta_neutral::address::topic_matches;
+        for p in &filters {
+            let pattern = Pattern::parse(&format!("/topic/{p}")).expect(p);
+            for f in &filters {
+                let truth = topics.iter().all(|t| !matches(f, t) || matches(p, t));
+                let got = pattern.covers(&format!("/topic/{f}"));
+                assert_eq!(got, truth, "pattern {p} covers filter {f}");
             }
         }
     }
