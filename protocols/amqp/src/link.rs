@@ -20,8 +20,8 @@ use fe2o3_amqp_types::performatives::{Attach, Detach, Flow};
 use fe2o3_amqp_types::primitives::{Array, Symbol};
 use rosetta_neutral::address::{validate_topic_filter, validate_topic_name};
 use rosetta_neutral::{
-    durable_subscription_queue, Address, BindingOptions, ConsumerId, ConsumerSpec, CreditMode,
-    QueueLifetime, QueueSpec,
+    address::TEMP_QUEUE_NAME_PREFIX, durable_subscription_queue, Address, BindingOptions,
+    ConsumerId, ConsumerSpec, CreditMode, QueueLifetime, QueueSpec,
 };
 use tracing::debug;
 
@@ -32,6 +32,8 @@ use crate::error::AmqpError;
 const CAP_QUEUE: &str = "queue";
 /// Terminus capability Qpid JMS sends for a topic.
 const CAP_TOPIC: &str = "topic";
+/// Dynamic-target capability Qpid JMS sends for a temporary topic.
+const CAP_TEMP_TOPIC: &str = "temporary-topic";
 
 /// A partially received multi-frame delivery.
 #[derive(Debug)]
@@ -184,13 +186,17 @@ impl AmqpConnection {
 
     /// Client sends, we receive.
     fn attach_incoming(&mut self, ch: u16, a: &Attach) -> Result<(), AmqpError> {
+        let mut reply_target = a.target.clone();
         let (target, coordinator) = match a.target.as_deref() {
             Some(TargetArchetype::Coordinator(_)) => (None, true),
             Some(TargetArchetype::Target(t)) => match &t.address {
                 _ if t.dynamic => {
-                    return Err(AmqpError::NotImplemented(
-                        "dynamic targets (use a dynamic receiver for a temporary queue)".into(),
-                    ))
+                    // Qpid JMS creates temporary destinations this way.
+                    let address = self.dynamic_target(t.capabilities.as_ref())?;
+                    let mut replied = t.clone();
+                    replied.address = Some(address.to_destination());
+                    reply_target = Some(Box::new(TargetArchetype::Target(replied)));
+                    (Some(address), false)
                 }
                 Some(addr) => {
                     let address = resolve_address(addr, t.capabilities.as_ref())?;
@@ -216,7 +222,7 @@ impl AmqpConnection {
             snd_settle_mode: a.snd_settle_mode.clone(),
             rcv_settle_mode: ReceiverSettleMode::First,
             source: a.source.clone(),
-            target: a.target.clone(),
+            target: reply_target,
             unsettled: None,
             incomplete_unsettled: false,
             initial_delivery_count: None,
@@ -247,6 +253,29 @@ impl AmqpConnection {
         debug!(conn = self.conn_id, link = %a.name, coordinator, "attached incoming link");
         self.refill_credit(ch, a.handle.0);
         Ok(())
+    }
+
+    /// A node for a dynamic target: a session-lifetime queue, or with the
+    /// `temporary-topic` capability a topic name unique to this connection.
+    fn dynamic_target(&mut self, caps: Option<&Array<Symbol>>) -> Result<Address, AmqpError> {
+        let is_topic = caps.is_some_and(|c| c.0.iter().any(|s| s.as_str() == CAP_TEMP_TOPIC));
+        if is_topic {
+            let n = self.next_serial();
+            return Ok(Address::Topic(format!(
+                "{TEMP_QUEUE_NAME_PREFIX}{}/{}/{n}",
+                self.conn_id, self.container_id
+            )));
+        }
+        let core = self
+            .core
+            .as_deref_mut()
+            .ok_or_else(|| AmqpError::IllegalState("no session".into()))?;
+        let info = core.declare_queue(QueueSpec {
+            name: None,
+            durable: false,
+            lifetime: QueueLifetime::Session,
+        })?;
+        Ok(Address::Queue(info.name))
     }
 
     /// Client receives, we send.

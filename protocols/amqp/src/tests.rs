@@ -982,6 +982,30 @@ fn multi_frame_transfer_is_reassembled() {
 }
 
 #[test]
+fn dynamic_target_gets_a_temporary_queue() {
+    let mut p = Peer::new(true);
+    p.open();
+    let mut a = attach("tmp", 0, Role::Sender, None);
+    a.target = Some(Box::new(TargetArchetype::Target(Target {
+        dynamic: true,
+        capabilities: Some(Array(vec![Symbol::from("temporary-queue")])),
+        ..Target::default()
+    })));
+    p.send(0, &a, &[]);
+    let out = p.perfs();
+    let Performative::Attach(reply) = &out[0] else {
+        panic!("{out:?}")
+    };
+    let Some(TargetArchetype::Target(t)) = reply.target.as_deref() else {
+        panic!("{reply:?}")
+    };
+    assert_eq!(t.address.as_deref(), Some("/queue/$temp/1"));
+    assert_eq!(p.log().declared[0].lifetime, QueueLifetime::Session);
+    p.send(0, &transfer(0, 0, true), &data_payload(b"x"));
+    assert_eq!(p.log().published[0].0, Address::Queue("$temp/1".into()));
+}
+
+#[test]
 fn publish_to_a_malformed_target_is_refused() {
     let mut p = Peer::new(true);
     p.open();
