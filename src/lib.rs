@@ -1,4 +1,5 @@
 //! Rosetta
+pub mod access;
 pub mod config;
 pub mod core;
 pub mod server;

@@ -1,1 +1,133 @@
-fn main() {}
+//! The `rosetta` command: runs the broker, or manages its users file.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Rosetta: one broker for MQTT 3.1.1/5.0, STOMP 1.0-1.2 and AMQP 1.0
+/// clients, over TCP, TLS and WebSocket.
+///
+/// With no arguments it starts with embedded defaults: data in ./data,
+/// MQTT on 1883, STOMP on 61613, AMQP on 5672, WebSocket on 8080, anonymous
+/// access on.
+#[derive(Parser, Debug)]
+#[command(name = "rosetta", version, about, long_about)]
+struct Cli {
+    /// Configuration file (TOML). Without it, the embedded defaults are used.
+    #[arg(short, long, value_name = "FILE", global = true)]
+    config: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Runs the broker (the default).
+    Run,
+    /// Checks a configuration file and prints the effective listeners.
+    CheckConfig,
+    /// Manages the users file.
+    User {
+        #[command(subcommand)]
+        action: UserAction,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum UserAction {
+    /// Adds a user, or replaces an existing user's password and permissions.
+    Add {
+        /// The user name.
+        name: String,
+        /// The password. Read from the ROSETTA_PASSWORD environment variable
+        /// or asked on standard input when absent (keeps it out of shell history).
+        #[arg(long)]
+        password: Option<String>,
+        /// Address patterns the user may publish to (repeatable; default: everything).
+        #[arg(long = "publish", value_name = "PATTERN")]
+        publish: Vec<String>,
+        /// Address patterns the user may subscribe to or consume from (repeatable; default: everything).
+        #[arg(long = "subscribe", value_name = "PATTERN")]
+        subscribe: Vec<String>,
+        /// The users file; default: the one the configuration names.
+        #[arg(long, value_name = "FILE")]
+        users_file: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rosetta: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = rosetta::server::load_config(cli.config.as_deref())?;
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Run => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let access = rosetta::access::from_config(&config)?;
+            runtime.block_on(rosetta::server::run(config, access))
+        }
+        Command::CheckConfig => {
+            config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+            for (kind, addr) in config.active_listeners() {
+                println!("{:<10} {addr}", kind.key());
+            }
+            println!("data_dir   {}", config.data_dir.display());
+            Ok(())
+        }
+        Command::User {
+            action:
+                UserAction::Add {
+                    name,
+                    password,
+                    publish,
+                    subscribe,
+                    users_file,
+                },
+        } => {
+            let path = users_file.unwrap_or_else(|| config.users_file());
+            let password = match password.or_else(|| std::env::var("ROSETTA_PASSWORD").ok()) {
+                Some(p) => p,
+                None => read_password()?,
+            };
+            let publish = (!publish.is_empty()).then_some(publish.as_slice());
+            let subscribe = (!subscribe.is_empty()).then_some(subscribe.as_slice());
+            rosetta::users::add_user(&path, &name, password.as_bytes(), publish, subscribe)?;
+            println!("user '{name}' saved in {}", path.display());
+            Ok(())
+        }
+    }
+}
+
+fn read_password() -> anyhow::Result<String> {
+    eprint!("password: ");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    let password = line.trim_end_matches(['\r', '\n']).to_owned();
+    anyhow::ensure!(!password.is_empty(), "empty password");
+    Ok(password)
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("ROSETTA_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
+        .init();
+}
