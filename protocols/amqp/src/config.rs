@@ -12,6 +12,9 @@ pub const HANDSHAKE_FRAME_SIZE_MAX_BYTES: u32 = 64 * 1024;
 pub const CHANNEL_MAX: u16 = 255;
 /// Links per session (handle-max + 1); JMS opens one per producer/consumer.
 pub const LINKS_PER_SESSION_MAX: u32 = 1024;
+/// Links across all sessions of one connection: each holds a consumer or
+/// credit state in the core, so one client cannot exhaust it.
+pub const LINKS_PER_CONNECTION_MAX: usize = 4_096;
 /// Our idle timeout, advertised in Open: a silent peer is closed after it.
 pub const IDLE_TIMEOUT_MS: u32 = 60_000;
 /// Time allowed from accept to the peer's Open (SASL included), so that
@@ -53,6 +56,8 @@ pub struct AmqpConfig {
     pub channel_max: u16,
     /// See [`LINKS_PER_SESSION_MAX`].
     pub links_per_session_max: u32,
+    /// See [`LINKS_PER_CONNECTION_MAX`].
+    pub links_per_connection_max: usize,
     /// See [`IDLE_TIMEOUT_MS`]; 0 disables our idle check.
     pub idle_timeout_ms: u32,
     /// See [`HANDSHAKE_TIMEOUT_MS`].
@@ -83,6 +88,7 @@ impl Default for AmqpConfig {
             handshake_frame_size_max_bytes: HANDSHAKE_FRAME_SIZE_MAX_BYTES,
             channel_max: CHANNEL_MAX,
             links_per_session_max: LINKS_PER_SESSION_MAX,
+            links_per_connection_max: LINKS_PER_CONNECTION_MAX,
             idle_timeout_ms: IDLE_TIMEOUT_MS,
             handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS,
             close_timeout_ms: CLOSE_TIMEOUT_MS,
@@ -94,5 +100,90 @@ impl Default for AmqpConfig {
             pending_commits_max: PENDING_COMMITS_MAX,
             pending_deliveries_max: PENDING_DELIVERIES_MAX,
         }
+    }
+}
+
+/// A configuration value that cannot work, naming its key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("amqp.{key}: {reason}")]
+pub struct ConfigError {
+    /// The offending key.
+    pub key: &'static str,
+    /// Why it is refused.
+    pub reason: &'static str,
+}
+
+impl AmqpConfig {
+    /// Checks the values; the server refuses to start on an error.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let min_frame = crate::frame::MIN_MAX_FRAME_SIZE;
+        let checks = [
+            (
+                self.frame_size_max_bytes >= min_frame,
+                "frame_size_max_bytes",
+                "must be at least 512 (the AMQP minimum)",
+            ),
+            (
+                self.handshake_frame_size_max_bytes >= min_frame,
+                "handshake_frame_size_max_bytes",
+                "must be at least 512 (the AMQP minimum)",
+            ),
+            (
+                self.links_per_session_max > 0,
+                "links_per_session_max",
+                "must be positive",
+            ),
+            (
+                self.links_per_connection_max > 0,
+                "links_per_connection_max",
+                "must be positive",
+            ),
+            (
+                self.session_window_frames > 0,
+                "session_window_frames",
+                "must be positive or no client can send",
+            ),
+            (
+                self.sender_credit_window > 0,
+                "sender_credit_window",
+                "must be positive or no client can send",
+            ),
+            (
+                self.link_credit_max > 0,
+                "link_credit_max",
+                "must be positive or no client can receive",
+            ),
+            (
+                self.handshake_timeout_ms > 0,
+                "handshake_timeout_ms",
+                "must be positive",
+            ),
+            (
+                self.pending_commits_max > 0,
+                "pending_commits_max",
+                "must be positive",
+            ),
+        ];
+        match checks.into_iter().find(|(ok, _, _)| !ok) {
+            Some((_, key, reason)) => Err(ConfigError { key, reason }),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_bad_values_name_their_key() {
+        assert_eq!(AmqpConfig::default().validate(), Ok(()));
+        let bad = AmqpConfig {
+            frame_size_max_bytes: 100,
+            ..AmqpConfig::default()
+        };
+        let err = bad.validate().unwrap_err();
+        assert_eq!(err.key, "frame_size_max_bytes");
+        assert!(err.to_string().starts_with("amqp.frame_size_max_bytes"));
     }
 }

@@ -131,9 +131,17 @@ impl AmqpConnection {
         if s.links.contains_key(&handle) || s.detaching.contains(&handle) {
             return Err(Fault::Session(AmqpError::HandleInUse(handle)));
         }
-        let result = match a.role {
-            Role::Sender => self.attach_incoming(ch, &a),
-            Role::Receiver => self.attach_outgoing(ch, &a),
+        let links: usize = self.sessions.values().map(|s| s.links.len()).sum();
+        let result = if links >= self.cfg.links_per_connection_max {
+            Err(AmqpError::ResourceLimit(format!(
+                "more than {} links on one connection",
+                self.cfg.links_per_connection_max
+            )))
+        } else {
+            match a.role {
+                Role::Sender => self.attach_incoming(ch, &a),
+                Role::Receiver => self.attach_outgoing(ch, &a),
+            }
         };
         if let Err(e) = result {
             self.refuse_attach(ch, &a, e);

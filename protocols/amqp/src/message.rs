@@ -14,6 +14,11 @@
 //! | properties                             | the matching neutral fields; `to` is returned for anonymous relay |
 //! | application-properties                 | `properties`, typed [`Value`]s           |
 //!
+//! On the way out, an expiry is written as both the header `ttl` (time left)
+//! and the properties' `absolute-expiry-time`, since the neutral message
+//! keeps only the absolute time; `to` is the address the message was
+//! published to.
+//!
 //! Not carried: delivery-annotations and footer (hop-by-hop by the spec),
 //! `reply-to-group-id` (no neutral field), and decimal application-property
 //! values, which become [`Value::Binary`] of their IEEE 754 bytes (the
