@@ -411,7 +411,8 @@ impl AmqpConnection {
             self.scratch = head;
             return;
         };
-        let delivery_id = s.next_outgoing_id;
+        let delivery_id = s.next_delivery_id;
+        s.next_delivery_id = s.next_delivery_id.wrapping_add(1);
         let settled = o.auto_settle;
         o.delivery_count = o.delivery_count.wrapping_add(1);
         let tag = d.tag.0.to_be_bytes();

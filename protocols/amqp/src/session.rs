@@ -45,7 +45,12 @@ pub(crate) struct AmqpSession {
     pub(crate) next_incoming_id: u32,
     /// Transfers the peer may still send before we re-open the window.
     pub(crate) incoming_window: u32,
+    /// Transfer id of our next transfer frame (session flow control).
     pub(crate) next_outgoing_id: u32,
+    /// Delivery id of our next delivery: a separate sequence from transfer
+    /// ids, since a delivery may span several frames and receivers such as
+    /// Proton check that delivery ids go up by one.
+    pub(crate) next_delivery_id: u32,
     /// Transfers the peer can still take.
     pub(crate) remote_incoming_window: u32,
     pub(crate) links: IdMap<u32, Link>,
@@ -107,6 +112,7 @@ impl AmqpConnection {
             next_incoming_id: b.next_outgoing_id,
             incoming_window: self.cfg.session_window_frames,
             next_outgoing_id: 0,
+            next_delivery_id: 0,
             remote_incoming_window: b.incoming_window,
             links: IdMap::default(),
             detaching: IdSet::default(),

@@ -1476,6 +1476,14 @@ fn large_delivery_is_split_at_the_peer_max_frame_size() {
     assert!(frames >= 4);
     let m = crate::message::decode(&Bytes::from(payload), 0).unwrap();
     assert_eq!(&m.message.body.bytes[..], &BIG[..]);
+    // The next delivery's id follows by one, whatever the frame count.
+    p.send(0, &flow(0, 1, 1, false), &[]);
+    p.event(delivery(1, 2, b"small"));
+    let out = p.perfs();
+    let Performative::Transfer(t) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(t.delivery_id, Some(1));
 }
 
 #[test]
