@@ -17,6 +17,25 @@
 //! - `coordinator`: transactions;
 //! - [`error`]: [`AmqpError`] and the one mapping to AMQP conditions.
 //!
+//! ## Where `fe2o3-amqp-types` falls short, and what we wrap
+//! - `serde_amqp::from_slice` does not say how many bytes it consumed, yet a
+//!   transfer frame is a performative followed by raw payload, and a message
+//!   is a run of sections: `codec::value_len` scans format codes and size
+//!   prefixes (never bodies) to split them, bounds-checked.
+//! - The frame header codec and the SASL frame-body enum live in the
+//!   `fe2o3-amqp` engine crate (whose header read panics on short input):
+//!   [`frame`] is ours, and SASL bodies are dispatched on the descriptor code.
+//! - Decoding a whole `Message<Body>` decodes and later re-encodes bodies:
+//!   we decode only header, properties and application-properties with the
+//!   types crate and keep body sections (and message annotations) as
+//!   `Bytes` slices of the frame.
+//! - `amqp:frame-size-too-large` is not an `AmqpError` variant (the spec only
+//!   names frame-size-too-small): sent as `ErrorCondition::Custom`.
+//! - Transaction types need the `transaction` feature, enabled in our
+//!   manifest.
+//! - `Transfer::delivery_tag` is a heap `ByteBuf`: one small allocation per
+//!   outgoing delivery remains.
+//!
 //! ## Driving it
 //! The driver feeds socket bytes to [`AmqpConnection::handle_input`], core
 //! events to [`AmqpConnection::handle_event`], calls
