@@ -1869,3 +1869,60 @@ fn engine_cost_per_message() {
         deliver as f64 / 1e3 / f64::from(N)
     );
 }
+
+#[test]
+fn connection_is_send_for_the_driver_task() {
+    fn assert_send<T: Send>() {}
+    assert_send::<AmqpConnection>();
+}
+
+#[test]
+fn poll_transmit_appends_to_a_non_empty_buffer() {
+    let mut p = Peer::new(true);
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    let mut out = b"prefix".to_vec();
+    p.conn.poll_transmit(&mut out);
+    assert_eq!(&out[..6], b"prefix");
+    assert_eq!(&out[6..], &frame::protocol_header(PROTOCOL_ID_AMQP));
+    let mut again = Vec::new();
+    p.conn.poll_transmit(&mut again);
+    assert!(again.is_empty());
+}
+
+#[test]
+fn pipelined_sasl_and_open_in_one_read() {
+    // What Proton sends before reading anything back.
+    let mut wire = frame::protocol_header(PROTOCOL_ID_SASL).to_vec();
+    write_frame(
+        &mut wire,
+        FRAME_TYPE_SASL,
+        0,
+        &plain("alice", PASSWORD),
+        &[],
+    );
+    wire.extend_from_slice(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    write_perf(&mut wire, 0, &open("c"), &[]);
+    write_perf(&mut wire, 0, &begin(), &[]);
+    write_perf(&mut wire, 0, &attach("s", 0, Role::Sender, Some("q")), &[]);
+    let mut p = Peer::new(false);
+    p.input(&wire);
+    let out = p.recv();
+    assert!(matches!(out[0], Out::Header(PROTOCOL_ID_SASL)));
+    assert_eq!(sasl_outcome(&out).code, SaslCode::Ok);
+    let perfs: Vec<&Performative> = out
+        .iter()
+        .filter_map(|o| match o {
+            Out::Perf(_, p, _) => Some(p),
+            _ => None,
+        })
+        .collect();
+    assert!(matches!(
+        perfs[..],
+        [
+            Performative::Open(_),
+            Performative::Begin(_),
+            Performative::Attach(_),
+            Performative::Flow(_)
+        ]
+    ));
+}
