@@ -8,6 +8,10 @@ use serde::Deserialize;
 /// short enough that half-open handshakes cannot pile up.
 pub const TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 
+/// Client certificates are optional, so password clients can use the TLS
+/// ports too.
+pub const REQUIRE_CLIENT_CERT_DEFAULT: bool = false;
+
 /// Largest WebSocket message accepted: one maximal protocol frame (1 MiB by
 /// default) plus headroom for several small packets batched in one message.
 pub const WEBSOCKET_MESSAGE_SIZE_MAX_BYTES_DEFAULT: usize = 2 * 1024 * 1024;
@@ -45,7 +49,7 @@ impl Default for TlsConfig {
             cert_file: None,
             key_file: None,
             client_ca_file: None,
-            require_client_cert: false,
+            require_client_cert: REQUIRE_CLIENT_CERT_DEFAULT,
             handshake_timeout_ms: TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT,
         }
     }
