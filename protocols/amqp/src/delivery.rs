@@ -6,7 +6,6 @@
 //! comes back; a pre-settled one is published with no confirmation.
 
 use bytes::{Bytes, BytesMut};
-use fe2o3_amqp_types::definitions::Handle;
 use fe2o3_amqp_types::definitions::Role;
 use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Outcome as AmqpOutcome, Rejected};
 use fe2o3_amqp_types::performatives::{Disposition, Transfer};
@@ -422,32 +421,12 @@ impl AmqpConnection {
         let mut first = true;
         loop {
             let start = frame::begin_frame(&mut self.out, frame::FRAME_TYPE_AMQP, s.local_channel);
-            let mut transfer = Transfer {
-                handle: Handle(handle),
-                delivery_id: first.then_some(delivery_id),
-                delivery_tag: first.then(|| tag.to_vec().into()),
-                message_format: first.then_some(0),
-                settled: first.then_some(settled),
-                more: false,
-                rcv_settle_mode: None,
-                state: None,
-                resume: false,
-                aborted: false,
-                batchable: false,
-            };
-            let encoded = crate::codec::encode_into(&mut self.out, &transfer);
-            let room = max_frame.saturating_sub(self.out.len() - start);
+            let first_fields = first.then_some((delivery_id, &tag, settled));
+            let more_at = write_transfer(&mut self.out, handle, first_fields);
             let remaining = total - written;
-            if encoded.is_ok() && remaining > room {
-                // Re-encode with more=true: the flag may change the size.
-                self.out.truncate(start + frame::FRAME_HEADER_LEN);
-                transfer.more = true;
-                let _ = crate::codec::encode_into(&mut self.out, &transfer);
-            }
-            if let Err(e) = encoded {
-                tracing::error!(conn = self.conn_id, error = %e, "cannot encode a transfer");
-                self.out.truncate(start);
-                break;
+            if remaining > max_frame.saturating_sub(self.out.len() - start) {
+                // `more` is a one-byte boolean: flip it in place.
+                self.out[more_at] = BOOL_TRUE;
             }
             let room = max_frame.saturating_sub(self.out.len() - start);
             if room == 0 {
@@ -512,6 +491,49 @@ impl AmqpConnection {
     }
 }
 
+const BOOL_TRUE: u8 = 0x41;
+const BOOL_FALSE: u8 = 0x42;
+const NULL: u8 = 0x40;
+
+/// Appends a transfer performative by hand (the hot path: no allocation,
+/// no serde), as a described list8 of handle, delivery-id, delivery-tag,
+/// message-format, settled and more; trailing defaults are omitted, which
+/// the spec allows. Continuation frames carry only handle and more.
+/// Returns the offset of the `more` byte.
+fn write_transfer(out: &mut Vec<u8>, handle: u32, first: Option<(u32, &[u8; 8], bool)>) -> usize {
+    out.extend_from_slice(&[0x00, 0x53, 0x14, 0xc0, 0, 6]);
+    let size_at = out.len() - 2;
+    write_uint(out, handle);
+    match first {
+        Some((delivery_id, tag, settled)) => {
+            write_uint(out, delivery_id);
+            out.extend_from_slice(&[0xa0, 8]);
+            out.extend_from_slice(tag);
+            out.push(0x43); // message-format uint0
+            out.push(if settled { BOOL_TRUE } else { BOOL_FALSE });
+        }
+        None => out.extend_from_slice(&[NULL, NULL, NULL, NULL]),
+    }
+    let more_at = out.len();
+    out.push(BOOL_FALSE);
+    // Our own invariant: at most 1 + 5 + 5 + 10 + 1 + 1 + 1 bytes.
+    let size = out.len() - size_at - 1;
+    assert!(size < 256, "transfer list8 overflow");
+    out[size_at] = size as u8;
+    more_at
+}
+
+fn write_uint(out: &mut Vec<u8>, v: u32) {
+    match v {
+        0 => out.push(0x43),
+        1..=255 => out.extend_from_slice(&[0x52, v as u8]),
+        _ => {
+            out.push(0x70);
+            out.extend_from_slice(&v.to_be_bytes());
+        }
+    }
+}
+
 /// Appends bytes `[from, to)` of the concatenation `head ++ body`.
 fn append_range(out: &mut Vec<u8>, head: &[u8], body: &[u8], from: usize, to: usize) {
     let h = head.len();
@@ -520,5 +542,44 @@ fn append_range(out: &mut Vec<u8>, head: &[u8], body: &[u8], from: usize, to: us
     }
     if to > h {
         out.extend_from_slice(&body[from.max(h) - h..to - h]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fe2o3_amqp_types::performatives::Performative;
+
+    fn decode(buf: &[u8]) -> Transfer {
+        match crate::codec::decode::<Performative>("t", buf).unwrap() {
+            Performative::Transfer(t) => t,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn hand_written_transfer_decodes_as_the_types_crate_expects() {
+        for (handle, id) in [(0u32, 0u32), (7, 300), (70_000, u32::MAX)] {
+            let mut out = Vec::new();
+            let tag = 42u64.to_be_bytes();
+            let more_at = write_transfer(&mut out, handle, Some((id, &tag, true)));
+            let t = decode(&out);
+            assert_eq!(t.handle.0, handle);
+            assert_eq!(t.delivery_id, Some(id));
+            assert_eq!(t.delivery_tag.unwrap().as_slice(), &tag);
+            assert_eq!(t.message_format, Some(0));
+            assert_eq!(t.settled, Some(true));
+            assert!(!t.more);
+            out[more_at] = BOOL_TRUE;
+            assert!(decode(&out).more);
+            assert_eq!(crate::codec::value_len(&out), Ok(out.len()));
+        }
+        let mut out = Vec::new();
+        write_transfer(&mut out, 3, None);
+        let t = decode(&out);
+        assert_eq!(
+            (t.handle.0, t.delivery_id, t.delivery_tag, t.settled),
+            (3, None, None, None)
+        );
     }
 }
