@@ -12,7 +12,7 @@ use fe2o3_amqp_types::performatives::{Disposition, Transfer};
 use fe2o3_amqp_types::transaction::TransactionalState;
 use rosetta_neutral::address::validate_topic_name;
 use rosetta_neutral::{
-    Address, BrokerError, ConsumerId, Delivery, Guarantee, PublishOptions, Ticket,
+    Address, BrokerError, ConsumerId, Delivery, Guarantee, Outcome, PublishOptions, Ticket,
 };
 use tracing::{debug, trace};
 
@@ -269,9 +269,21 @@ impl AmqpConnection {
         if d.settled {
             return;
         }
-        let state = DeliveryState::Rejected(Rejected {
+        let rejected = Rejected {
             error: Some(e.to_wire()),
-        });
+        };
+        // Inside a known transaction the outcome is wrapped in its
+        // transactional state (spec 4.5.2); an unknown txn-id gets a bare
+        // rejection, since there is no transaction to name.
+        let state = match &d.txn {
+            Some(id) if self.txn_for(id).is_some() => {
+                DeliveryState::TransactionalState(TransactionalState {
+                    txn_id: id.clone().into(),
+                    outcome: Some(AmqpOutcome::Rejected(rejected)),
+                })
+            }
+            _ => DeliveryState::Rejected(rejected),
+        };
         self.dispose(ch, d.delivery_id, state);
     }
 
@@ -399,6 +411,7 @@ impl AmqpConnection {
             Err(e) => {
                 tracing::error!(conn = self.conn_id, error = %e, "cannot encode a delivery");
                 self.scratch = head;
+                self.give_back(&d, Outcome::Release);
                 return;
             }
         };
@@ -410,13 +423,41 @@ impl AmqpConnection {
             self.scratch = head;
             return;
         };
+        let total = head.len() + body.len();
+        if o.max_message_size.is_some_and(|m| total as u64 > m) {
+            // The receiver said it cannot take it: leave it for another
+            // consumer instead of sending what it would refuse.
+            debug!(
+                conn = self.conn_id,
+                handle,
+                size = total,
+                "delivery over the receiver's max-message-size"
+            );
+            // The client never sees it, so its credit is still there: give
+            // the core that credit back.
+            o.credit = o.credit.saturating_add(1);
+            let credit = o.credit;
+            self.scratch = head;
+            if let Some(core) = self.core.as_deref_mut() {
+                if let Err(e) = core.set_credit(d.consumer, credit, false) {
+                    debug!(conn = self.conn_id, error = %e, "credit restore failed");
+                }
+            }
+            self.give_back(
+                &d,
+                Outcome::Modify {
+                    delivery_failed: false,
+                    undeliverable_here: true,
+                },
+            );
+            return;
+        }
         let delivery_id = s.next_delivery_id;
         s.next_delivery_id = s.next_delivery_id.wrapping_add(1);
         let settled = o.auto_settle;
         o.delivery_count = o.delivery_count.wrapping_add(1);
         let tag = d.tag.0.to_be_bytes();
         // Concatenation of `head` and `body`, written in frame-sized chunks.
-        let total = head.len() + body.len();
         let mut written = 0usize;
         let mut first = true;
         loop {
@@ -462,6 +503,15 @@ impl AmqpConnection {
             );
         }
         self.scratch = head;
+    }
+
+    /// Settles a delivery we will not send (auto-settled ones are gone).
+    fn give_back(&mut self, d: &Delivery, outcome: Outcome) {
+        if let Some(core) = self.core.as_deref_mut() {
+            if let Err(e) = core.settle(d.consumer, d.tag, outcome, None, false) {
+                debug!(conn = self.conn_id, error = %e, "settle of an unsendable delivery failed");
+            }
+        }
     }
 
     pub(crate) fn on_drained(&mut self, consumer: ConsumerId) {

@@ -78,6 +78,8 @@ pub(crate) struct OutgoingLink {
     pub(crate) unsettled: u32,
     /// Deliveries are settled on send (sender-settle-mode settled).
     pub(crate) auto_settle: bool,
+    /// The receiver's max-message-size (`None`: no limit).
+    pub(crate) max_message_size: Option<u64>,
     /// Durable subscription queue, deleted when the link is closed.
     pub(crate) durable_queue: Option<String>,
 }
@@ -392,6 +394,7 @@ impl AmqpConnection {
                     queued: 0,
                     unsettled: 0,
                     auto_settle,
+                    max_message_size: a.max_message_size.filter(|m| *m > 0),
                     durable_queue,
                 }),
             },

@@ -1406,6 +1406,39 @@ fn unsettled_deliveries_cap_the_credit() {
 }
 
 #[test]
+fn deliveries_over_the_receivers_max_message_size_go_back() {
+    let mut p = Peer::new(true);
+    p.open();
+    let mut a = attach("rcv", 0, Role::Receiver, Some("q"));
+    a.max_message_size = Some(64);
+    attach_receiver(&mut p, 0, a);
+    p.send(0, &flow(0, 0, 2, false), &[]);
+    static BIG: [u8; 100] = [1u8; 100];
+    p.event(delivery(1, 7, &BIG));
+    p.event(delivery(1, 8, b"ok"));
+    let out = p.perfs();
+    assert_eq!(out.len(), 1, "{out:?}");
+    let Performative::Transfer(t) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(t.delivery_id, Some(0));
+    // The credit the skipped delivery used is handed back to the core.
+    assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 2, false)));
+    assert_eq!(
+        p.log().settled,
+        vec![(
+            ConsumerId(1),
+            DeliveryTag(7),
+            Outcome::Modify {
+                delivery_failed: false,
+                undeliverable_here: true
+            },
+            None
+        )]
+    );
+}
+
+#[test]
 fn durable_subscription_lookup_without_address() {
     let mut p = Peer::new(true);
     p.open();
@@ -1576,6 +1609,21 @@ fn transaction_declare_transfer_discharge() {
         assert_eq!(log.published[0].2.txn, Some(TxnId(1)));
         assert!(!log.published[0].2.confirm);
     }
+    // A transactional send that fails is rejected inside the transaction.
+    p.log().publish_error = Some(BrokerError::ResourceLimit("full".into()));
+    let mut t = transfer(1, 9, false);
+    t.state = Some(DeliveryState::TransactionalState(TransactionalState {
+        txn_id: txn_id.clone(),
+        outcome: None,
+    }));
+    p.send(0, &t, &data_payload(b"too much"));
+    let out = p.perfs();
+    assert!(
+        matches!(&out[0], Performative::Disposition(Disposition { state: Some(DeliveryState::TransactionalState(ts)), .. })
+            if matches!(ts.outcome, Some(fe2o3_amqp_types::messaging::Outcome::Rejected(_)))),
+        "{out:?}"
+    );
+    p.log().publish_error = None;
     // Discharge: nothing until the commit is durable.
     p.send(
         0,
