@@ -37,7 +37,8 @@
 //! # Durability: what a completion (and so a producer's acknowledgement) means
 //!
 //! Appends never wait for the disk. The completion passed to
-//! [`Store::append`] runs on the writer thread once the entry is as durable
+//! [`Store::append`] runs on the journal's completion thread (in append
+//! order) once the entry is as durable
 //! as the [`SyncPolicy`] promises, and the core acknowledges a persistent
 //! message to its producer only from that completion:
 //!
@@ -66,8 +67,13 @@
 //! A batch holds at most [`BATCH_BYTES_MAX`] bytes. Appended-but-unwritten
 //! bytes are bounded by [`StoreConfig::pending_bytes_max`]: past it,
 //! `append` blocks its caller until the writer has taken a batch (typically
-//! one sync time). Appends made from the writer thread itself (inside a
-//! completion) never block, so a completion may append without deadlock.
+//! one sync time). Appends made from inside a completion never block, so a
+//! completion may append without deadlock (what completions append is not
+//! counted against the bound before it is queued).
+//!
+//! Completions run on a second thread, in order: handing the woken
+//! producers their results overlaps with the next batch's `write` +
+//! `fdatasync` rather than delaying it.
 //!
 //! After a failed `write` or `fdatasync` the store fails closed: the failed
 //! batch and every later append complete with [`StoreError::Failed`]. Linux
@@ -213,8 +219,10 @@ impl StoreConfig {
     }
 }
 
-/// Runs once an append is durable (or failed). Runs on the writer thread:
-/// keep it short (signal, don't work).
+/// Runs once an append is durable (or failed), on the journal's completion
+/// thread, in append order: keep it short (signal, don't work). It may call
+/// [`Store::append`] (never blocks there) but not [`Store::flush`],
+/// [`Store::compact`] or [`Store::close`].
 pub type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send + 'static>;
 
 /// Store errors. `Clone`, so every completion of a failed batch gets one.
@@ -264,9 +272,9 @@ pub enum StoreError {
     /// An earlier write or sync failed; the store accepts no more appends.
     #[error("journal failed earlier and refuses appends: {0}")]
     Failed(Box<StoreError>),
-    /// A blocking call was made from a completion (on the writer thread),
+    /// A blocking call was made from a completion (on a journal thread),
     /// which would wait for itself.
-    #[error("blocking journal call from the writer thread")]
+    #[error("blocking journal call from inside a journal completion")]
     WouldDeadlock,
     /// Invalid configuration.
     #[error("invalid journal configuration: {0}")]
@@ -446,9 +454,9 @@ impl Store {
     }
 
     /// Appends `records` as one atomic unit: after a crash all of them are
-    /// replayed or none. Never waits for the disk; `done` runs on the writer
-    /// thread once the unit is durable per the [`SyncPolicy`], or with an
-    /// error. Units are written in call order. Blocks briefly only when more
+    /// replayed or none. Never waits for the disk; `done` runs on the
+    /// completion thread once the unit is durable per the [`SyncPolicy`], or
+    /// with an error. Units are written in call order. Blocks briefly only when more
     /// than [`StoreConfig::pending_bytes_max`] bytes are waiting for the
     /// writer (never when called from a completion).
     pub fn append(&self, records: Vec<Record>, done: Option<Completion>) {

@@ -10,17 +10,23 @@
 //! 3. frames each append as one entry, writes the batch with one `write`
 //!    (one per segment when the batch crosses a rollover) and, under
 //!    [`SyncPolicy::EveryCommit`], one `fdatasync`;
-//! 4. applies the records to the index and runs the completions;
+//! 4. applies the records to the index and hands the batch's completions
+//!    to the completion thread;
 //! 5. runs compaction when due.
 //!
 //! Nothing sleeps on a timer while work is queued, so a lone append is
 //! written immediately and a busy journal batches by itself.
+//!
+//! Completions run on a second thread, in order, so that waking hundreds of
+//! producers overlaps with the next batch's `write` + `fdatasync` instead of
+//! delaying it: the writer goes straight from one sync to the next.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, OnceLock};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
@@ -58,6 +64,14 @@ impl Job {
         match self {
             Job::Append { body, .. } => (body.len() + ENTRY_HEADER_BYTES) as u64,
             Job::Sync(_) | Job::Compact(_) => 0,
+        }
+    }
+
+    /// The job's completion, if any.
+    fn into_completion(self) -> Option<Completion> {
+        match self {
+            Job::Append { done, .. } => done,
+            Job::Sync(done) | Job::Compact(done) => Some(done),
         }
     }
 
@@ -113,13 +127,16 @@ pub(crate) struct Shared {
     room: Condvar,
     pending_bytes_max: u64,
     writer: OnceLock<ThreadId>,
+    completer: OnceLock<ThreadId>,
     pub(crate) stats: Counters,
 }
 
 impl Shared {
-    /// True on the writer thread (inside a completion).
+    /// True on the writer or the completion thread (inside a completion):
+    /// such callers must never wait for the writer.
     pub(crate) fn on_writer_thread(&self) -> bool {
-        self.writer.get() == Some(&std::thread::current().id())
+        let me = std::thread::current().id();
+        self.writer.get() == Some(&me) || self.completer.get() == Some(&me)
     }
 
     /// Queues a job. Blocks while the pending bytes are over the bound,
@@ -202,7 +219,17 @@ pub(crate) struct Writer {
     pub(crate) index: Index,
     buf: Vec<u8>,
     unsynced_since: Option<Instant>,
+    /// Hands completions to the completion thread (`None` once stopped).
+    completions: Option<SyncSender<CompletionBatch>>,
+    completer: Option<JoinHandle<()>>,
 }
+
+/// Completions of one batch with the batch's result.
+type CompletionBatch = (Vec<Completion>, Result<(), StoreError>);
+
+/// Batches of completions queued for the completion thread before the
+/// writer waits for it: completions must not fall far behind the disk.
+const COMPLETION_BATCHES_IN_FLIGHT_MAX: usize = 4;
 
 /// Creates the first active segment and starts the writer thread.
 pub(crate) fn start(
@@ -230,9 +257,26 @@ pub(crate) fn start(
         room: Condvar::new(),
         pending_bytes_max: config.pending_bytes_max,
         writer: OnceLock::new(),
+        completer: OnceLock::new(),
         stats: Counters::default(),
     });
+    let (completions_tx, completions_rx) =
+        std::sync::mpsc::sync_channel::<CompletionBatch>(COMPLETION_BATCHES_IN_FLIGHT_MAX);
+    let completer_shared = shared.clone();
+    let completer = std::thread::Builder::new()
+        .name("rosetta-journal-done".into())
+        .spawn(move || {
+            let _ = completer_shared.completer.set(std::thread::current().id());
+            for (done, result) in completions_rx {
+                for d in done {
+                    d(result.clone());
+                }
+            }
+        })
+        .map_err(|e| io_error("spawn completion thread", &config.dir, e))?;
     let writer = Writer {
+        completions: Some(completions_tx),
+        completer: Some(completer),
         shared: shared.clone(),
         dir: config.dir.clone(),
         sync: config.sync,
@@ -279,14 +323,17 @@ impl Writer {
             let (jobs, stop) = self.take_batch();
             if let Err(e) = self.process(jobs) {
                 self.fail(e);
+                self.stop_completer();
                 return;
             }
             if let Err(e) = self.housekeeping() {
                 self.fail(e);
+                self.stop_completer();
                 return;
             }
             if stop {
                 let result = self.sync();
+                self.stop_completer();
                 let mut q = self.shared.queue.lock();
                 q.phase = Phase::Stopped;
                 q.close_result = Some(result);
@@ -392,19 +439,13 @@ impl Writer {
                 .fetch_add(records as u64, Ordering::Relaxed);
         }
         drop(entries);
-        for done in completions {
-            done(result.clone());
-        }
+        self.complete(completions, result.clone());
         if result.is_ok() && !compact_waiters.is_empty() {
             let r = self.compact_now();
-            for done in compact_waiters {
-                done(r.clone());
-            }
+            self.complete(compact_waiters, r.clone());
             return r;
         }
-        for done in compact_waiters {
-            done(result.clone());
-        }
+        self.complete(compact_waiters, result.clone());
         result
     }
 
@@ -626,8 +667,38 @@ impl Writer {
             q.jobs.drain(..).collect()
         };
         self.shared.room.notify_all();
-        for job in jobs {
-            job.fail(StoreError::Failed(Box::new(e.clone())));
+        let done: Vec<Completion> = jobs.into_iter().filter_map(Job::into_completion).collect();
+        self.complete(done, Err(StoreError::Failed(Box::new(e))));
+    }
+
+    /// Queues completions for the completion thread, in order.
+    fn complete(&mut self, done: Vec<Completion>, result: Result<(), StoreError>) {
+        if done.is_empty() {
+            return;
+        }
+        let unsent = match &self.completions {
+            Some(tx) => match tx.send((done, result)) {
+                Ok(()) => None,
+                Err(std::sync::mpsc::SendError(batch)) => Some(batch),
+            },
+            None => Some((done, result)),
+        };
+        // The completion thread is gone (it panicked in a completion): run
+        // them here rather than never.
+        if let Some((done, result)) = unsent {
+            for d in done {
+                d(result.clone());
+            }
+        }
+    }
+
+    /// Lets the completion thread drain and waits for it.
+    fn stop_completer(&mut self) {
+        self.completions = None;
+        if let Some(h) = self.completer.take() {
+            if h.join().is_err() {
+                error!("journal: a completion panicked");
+            }
         }
     }
 }
