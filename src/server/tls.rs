@@ -540,8 +540,7 @@ pub(crate) mod tests {
             Duration::from_millis(50),
         )
         .await
-        .err()
-        .expect("timed out");
+        .expect_err("timed out");
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
     }
 
@@ -551,7 +550,7 @@ pub(crate) mod tests {
         let missing = pki.path("nope.pem");
         let mut config = pki.config(None);
         config.cert_file = Some(missing.clone());
-        let err = server_config(&config).err().expect("missing cert file");
+        let err = server_config(&config).expect_err("missing cert file");
         assert!(matches!(
             err,
             TlsSetupError::Pem {
@@ -564,7 +563,7 @@ pub(crate) mod tests {
         // A key file that holds only a certificate.
         let mut config = pki.config(None);
         config.key_file = Some(pki.path("ca.pem"));
-        let err = server_config(&config).err().expect("no key");
+        let err = server_config(&config).expect_err("no key");
         assert!(
             matches!(
                 err,
@@ -580,7 +579,7 @@ pub(crate) mod tests {
         // A certificate file without certificates.
         let mut config = pki.config(None);
         config.cert_file = Some(pki.path("server.key"));
-        let err = server_config(&config).err().expect("no cert");
+        let err = server_config(&config).expect_err("no cert");
         assert!(
             matches!(
                 err,
@@ -597,11 +596,11 @@ pub(crate) mod tests {
         std::fs::write(pki.path("other.key"), other.serialize_pem()).expect("write");
         let mut config = pki.config(None);
         config.key_file = Some(pki.path("other.key"));
-        let err = server_config(&config).err().expect("mismatched key");
+        let err = server_config(&config).expect_err("mismatched key");
         assert!(matches!(err, TlsSetupError::CertifiedKey { .. }), "{err}");
 
         let config = TlsConfig::default();
-        let err = server_config(&config).err().expect("not configured");
+        let err = server_config(&config).expect_err("not configured");
         assert!(matches!(
             err,
             TlsSetupError::NotConfigured { key: "cert_file" }

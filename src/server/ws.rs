@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::{Sink, Stream};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -60,6 +60,11 @@ const WS_READ_BUFFER_BYTES: usize = 32 * 1024;
 /// client to buffer an unbounded message. The adapters' protocols are byte
 /// streams over WebSocket, so a frame may span two messages.
 const OUTGOING_MESSAGE_MAX_BYTES: usize = 1024 * 1024;
+/// WebSocket messages gathered into one read at most. Browsers send one
+/// small message per protocol packet, so gathering the messages already
+/// received keeps the driver's turns (and flushes) as few as over TCP; the
+/// cap stops a flood of empty messages or pings from holding the task.
+const MESSAGES_PER_READ_MAX: usize = 256;
 
 /// Which protocol a WebSocket connection speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -619,7 +624,9 @@ where
 ///
 /// - Reading: the payloads of binary and text messages, concatenated. A
 ///   protocol frame may span messages and a message may hold several
-///   frames (MQTT over WebSocket requires both). Pings are answered by
+///   frames (MQTT over WebSocket requires both). One read gathers the
+///   messages already received, up to the buffer's room or
+///   [`MESSAGES_PER_READ_MAX`]. Pings are answered by
 ///   tungstenite as reading goes on; a close ends the stream (EOF) after
 ///   the close reply is sent. A message over the size limit, a text
 ///   message that is not UTF-8, or a protocol violation fails the read,
@@ -638,8 +645,13 @@ pub(crate) struct WsByteStream<S> {
     incoming: Bytes,
     /// Set once the message stream ended: reads return EOF.
     read_done: bool,
-    /// Output waiting for the next flush.
-    outgoing: Vec<u8>,
+    /// A read error met after some bytes were already returned: the next
+    /// read reports it.
+    read_error: Option<io::Error>,
+    /// Output waiting for the next flush. Each flush freezes it into the
+    /// message payload without a copy; once tungstenite has written and
+    /// dropped the payload, the next `reserve` takes the buffer back.
+    outgoing: BytesMut,
     /// Whether STOMP output goes in text messages.
     reply_text: bool,
 }
@@ -666,7 +678,8 @@ where
             wire,
             incoming: Bytes::new(),
             read_done: false,
-            outgoing: Vec::new(),
+            read_error: None,
+            outgoing: BytesMut::new(),
             reply_text: wire == WsWire::Stomp,
         }
     }
@@ -676,14 +689,16 @@ where
     fn poll_send_outgoing(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if !self.outgoing.is_empty() {
             ready!(Pin::new(&mut self.ws).poll_ready(cx)).map_err(ws_io_error)?;
-            let data = std::mem::take(&mut self.outgoing);
+            let data = self.outgoing.split().freeze();
             let message = if self.wire == WsWire::Stomp && self.reply_text {
-                match String::from_utf8(data) {
-                    Ok(text) => Message::Text(Utf8Bytes::from(text)),
-                    Err(not_text) => Message::Binary(Bytes::from(not_text.into_bytes())),
+                // The conversion consumes its input: give it a second
+                // handle (a reference count), keep the first for binary.
+                match Utf8Bytes::try_from(data.clone()) {
+                    Ok(text) => Message::Text(text),
+                    Err(_) => Message::Binary(data),
                 }
             } else {
-                Message::Binary(Bytes::from(data))
+                Message::Binary(data)
             };
             Pin::new(&mut self.ws)
                 .start_send(message)
@@ -728,16 +743,33 @@ where
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        let start = buf.filled().len();
+        let mut messages = 0;
         loop {
             if !this.incoming.is_empty() {
                 let n = this.incoming.len().min(buf.remaining());
                 buf.put_slice(&this.incoming.split_to(n));
+            }
+            let got_some = buf.filled().len() > start;
+            if buf.remaining() == 0 || messages == MESSAGES_PER_READ_MAX {
                 return Poll::Ready(Ok(()));
             }
-            if this.read_done {
+            if !got_some {
+                if let Some(e) = this.read_error.take() {
+                    return Poll::Ready(Err(e));
+                }
+            }
+            if this.read_done || this.read_error.is_some() {
                 return Poll::Ready(Ok(()));
             }
-            match ready!(Pin::new(&mut this.ws).poll_next(cx)) {
+            let item = match Pin::new(&mut this.ws).poll_next(cx) {
+                Poll::Ready(item) => item,
+                // Nothing more now: hand over what was gathered.
+                Poll::Pending if got_some => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            };
+            messages += 1;
+            match item {
                 Some(Ok(Message::Binary(data))) => {
                     this.reply_text = false;
                     this.incoming = data;
@@ -757,7 +789,6 @@ where
                     this.read_done = true;
                 }
                 Some(Err(e)) => {
-                    this.read_done = true;
                     let close = match &e {
                         tungstenite::Error::Capacity(_) => {
                             Some((CloseCode::Size, "message too large"))
@@ -773,7 +804,8 @@ where
                     if let Some((code, reason)) = close {
                         this.try_close(cx, code, reason);
                     }
-                    return Poll::Ready(Err(ws_io_error(e)));
+                    // Reported now, or by the next read if bytes came first.
+                    this.read_error = Some(ws_io_error(e));
                 }
             }
         }
@@ -795,6 +827,7 @@ where
         }
         let room = OUTGOING_MESSAGE_MAX_BYTES - this.outgoing.len();
         let n = data.len().min(room);
+        this.outgoing.reserve(n);
         this.outgoing
             .extend_from_slice(data.get(..n).unwrap_or_default());
         Poll::Ready(Ok(n))
@@ -1343,6 +1376,31 @@ mod tests {
             Message::Close(Some(frame)) => assert_eq!(frame.code, CloseCode::Normal),
             Message::Close(None) => {}
             other => panic!("expected a close, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn one_read_gathers_waiting_messages_and_defers_an_error() {
+        let (mut client, _, _, mut stream) =
+            ws_pair(WsSettings::default(), "/stomp", Some("v12.stomp")).await;
+        for _ in 0..10 {
+            client
+                .send(Message::Binary(Bytes::from_static(b"ab")))
+                .await
+                .expect("send");
+        }
+        let bad = Frame::message(vec![0xFF], OpCode::Data(Data::Text), true);
+        client.send(Message::Frame(bad)).await.expect("send");
+        // Let everything arrive before the first read.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut buf = [0u8; 1024];
+        let n = stream.read(&mut buf).await.expect("first read");
+        assert_eq!(&buf[..n], "ab".repeat(10).as_bytes());
+        let err = stream.read(&mut buf).await.expect_err("deferred error");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        match next_message(&mut client).await {
+            Message::Close(Some(frame)) => assert_eq!(frame.code, CloseCode::Invalid),
+            other => panic!("expected close 1007, got {other:?}"),
         }
     }
 
