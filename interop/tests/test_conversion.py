@@ -1,0 +1,324 @@
+"""Properties and standard fields across protocols, as docs/conversion.md
+states them. Every test name here is cited by a row of that table."""
+
+import time
+import uuid
+
+import proton
+import pytest
+from proton import Message as AmqpMessage
+
+from clients import Amqp, Consumer, Mqtt, Stomp, amqp_message
+
+NOW_MS = lambda: int(time.time() * 1000)  # noqa: E731
+
+
+def consumers(broker, topic):
+    """An MQTT 5, a STOMP 1.2 and an AMQP consumer on one topic."""
+    return {p: Consumer(broker, p, "topic", topic) for p in ("mqtt", "stomp", "amqp")}
+
+
+def close_all(cs):
+    for c in cs.values():
+        c.close()
+
+
+# ----------------------------------------------------------- from MQTT 5
+def test_from_mqtt5_properties_and_fields(broker, uniq):
+    topic = f"cv/m/{uniq}"
+    cs = consumers(broker, topic)
+    p = Mqtt(broker, version=5)
+    try:
+        p.publish(topic, "ünïcode".encode(), qos=1, text=True,
+                  props=[("k", "v1"), ("colon:key", "a:b\\c"), ("k", "v2"), ("empty", "")],
+                  ContentType="text/plain; charset=utf-8", ResponseTopic="replies/x",
+                  CorrelationData=b"\x00\x01corr\xff", MessageExpiryInterval=600)
+        before = NOW_MS()
+        m = cs["mqtt"].get()
+        assert m.kind == "text"
+        assert m.fields["user_properties"] == [("k", "v1"), ("colon:key", "a:b\\c"), ("k", "v2"), ("empty", "")]
+        assert m.fields["ContentType"] == "text/plain; charset=utf-8"
+        assert m.fields["ResponseTopic"] == "replies/x"
+        assert m.fields["CorrelationData"] == b"\x00\x01corr\xff"
+        assert 590 <= m.fields["MessageExpiryInterval"] <= 600
+
+        s = cs["stomp"].get()
+        assert s.body == "ünïcode".encode()
+        assert s.fields["k"] == "v1"  # first of the duplicates (stomp.py keeps the first)
+        assert s.fields["colon:key"] == "a:b\\c"  # STOMP 1.2 escaping round trip
+        assert s.fields["empty"] == ""
+        assert s.fields["content-type"] == "text/plain; charset=utf-8"
+        assert s.fields["reply-to"] == "/topic/replies/x"
+        assert s.fields["correlation-id"] == "0001636f7272ff"  # not UTF-8: hex
+        assert s.fields["persistent"] == "true"  # QoS 1 is persistent
+        assert abs(int(s.fields["expires"]) - (before + 600_000)) < 15_000
+        assert s.fields["destination"] == f"/topic/{topic}"
+
+        a = cs["amqp"].get()
+        assert a.kind == "text" and a.body == "ünïcode".encode()
+        assert a.props == {"k": "v1", "colon:key": "a:b\\c", "empty": ""}  # unique keys: first wins
+        assert a.fields["content_type"] == "text/plain; charset=utf-8"
+        assert a.fields["reply_to"] == "/topic/replies/x"
+        assert bytes(a.fields["correlation_id"]) == b"\x00\x01corr\xff"
+        assert a.fields["durable"] is True
+        assert 590 <= a.fields["ttl"] <= 600
+        assert a.fields["address"] == f"/topic/{topic}"
+    finally:
+        p.close()
+        close_all(cs)
+
+
+def test_from_mqtt_qos0_is_not_durable_and_binary(broker, uniq):
+    topic = f"cv/m0/{uniq}"
+    cs = consumers(broker, topic)
+    p = Mqtt(broker, version=5)
+    try:
+        p.publish(topic, b"\x00\x01", qos=0)
+        assert cs["mqtt"].get().kind == "binary"
+        s = cs["stomp"].get()
+        assert "persistent" not in s.fields and "content-type" not in s.fields
+        a = cs["amqp"].get()
+        assert a.kind == "binary" and a.fields["durable"] is False
+    finally:
+        p.close()
+        close_all(cs)
+
+
+def test_from_mqtt311_plain(broker, uniq):
+    """A 3.1.1 publish has no properties: consumers see none invented."""
+    topic = f"cv/m3/{uniq}"
+    cs = consumers(broker, topic)
+    p = Mqtt(broker, version=4)
+    try:
+        p.publish(topic, b"plain", qos=1)
+        m = cs["mqtt"].get()
+        assert m.fields.get("user_properties", []) == [] and "ContentType" not in m.fields
+        s = cs["stomp"].get()
+        assert set(s.props) <= {"persistent", "destination"}, s.props
+        a = cs["amqp"].get()
+        assert a.props == {} and a.fields["correlation_id"] is None and a.fields["reply_to"] is None
+        assert a.fields["ttl"] == 0 or a.fields["ttl"] is None
+    finally:
+        p.close()
+        close_all(cs)
+
+
+# ----------------------------------------------------------- from STOMP
+def test_from_stomp_headers_and_fields(broker, uniq):
+    topic = f"cv/s/{uniq}"
+    cs = consumers(broker, topic)
+    p = Stomp(broker, version="1.2")
+    try:
+        expires = NOW_MS() + 600_000
+        p.send(f"/topic/{topic}", "tëxt body".encode(), content_type="text/plain",
+               headers={"persistent": "true", "reply-to": "/queue/replies", "correlation-id": "corr-1",
+                        "expires": str(expires), "priority": "7", "x-app": "line1\nline2:colon",
+                        "x-dup": "first"})
+        m = cs["mqtt"].get()
+        assert m.kind == "text" and m.body == "tëxt body".encode()
+        assert ("x-app", "line1\nline2:colon") in m.fields["user_properties"]
+        assert m.fields["ContentType"] == "text/plain"
+        assert m.fields["ResponseTopic"] == "/queue/replies"  # not a topic: passed through as written
+        assert m.fields["CorrelationData"] == b"corr-1"
+        assert 590 <= m.fields["MessageExpiryInterval"] <= 600
+
+        s = cs["stomp"].get()
+        assert s.fields["x-app"] == "line1\nline2:colon"
+        assert s.fields["content-type"] == "text/plain"
+        assert s.fields["reply-to"] == "/queue/replies"
+        assert s.fields["correlation-id"] == "corr-1"
+        assert s.fields["expires"] == str(expires)
+        assert s.fields["priority"] == "7"
+        assert s.fields["persistent"] == "true"
+
+        a = cs["amqp"].get()
+        assert a.kind == "text"
+        assert a.props["x-app"] == "line1\nline2:colon" and a.props["x-dup"] == "first"
+        assert a.fields["content_type"] == "text/plain"
+        assert a.fields["reply_to"] == "/queue/replies"
+        assert a.fields["correlation_id"] == "corr-1"
+        assert a.fields["priority"] == 7
+        assert a.fields["durable"] is True
+        assert abs(a.fields["expiry_time"] * 1000 - expires) < 2 or 590_000 <= a.fields["ttl"] <= 600_000
+    finally:
+        p.close()
+        close_all(cs)
+
+
+def test_stomp_body_kind_rules(broker, uniq):
+    """stomp.py always sends content-length: a UTF-8 body is text only with
+    a text/* content type; without one it is binary."""
+    topic = f"cv/sk/{uniq}"
+    cs = consumers(broker, topic)
+    p = Stomp(broker)
+    try:
+        p.send(f"/topic/{topic}", b"no content type")
+        p.send(f"/topic/{topic}", b"\xff\xfe not utf-8", content_type="text/plain")
+        p.send(f"/topic/{topic}", b"json", content_type="application/json")
+        for expect in ["binary", "binary", "binary"]:
+            assert cs["amqp"].get().kind == expect
+            assert cs["mqtt"].get().kind == expect
+        assert [cs["stomp"].get().body for _ in range(3)] == [b"no content type", b"\xff\xfe not utf-8", b"json"]
+    finally:
+        p.close()
+        close_all(cs)
+
+
+# ----------------------------------------------------------- from AMQP
+def test_from_amqp_typed_properties_and_fields(broker, uniq):
+    topic = f"cv/a/{uniq}"
+    cs = consumers(broker, topic)
+    a = Amqp(broker)
+    u = uuid.UUID("12345678-1234-5678-9abc-def012345678")
+    try:
+        m = AmqpMessage(body="amqp text")
+        m.id = "msg-1"
+        m.correlation_id = "corr-a"
+        m.reply_to = "/topic/replies/a"
+        m.content_type = "text/plain"
+        m.priority = 8
+        m.durable = True
+        m.ttl = 600.0
+        m.subject = "subj"
+        m.group_id = "grp"
+        m.group_sequence = 3
+        m.content_encoding = "identity"
+        m.creation_time = 1700000000.5
+        m.properties = {
+            "str": "s", "long": 42, "int": proton.int32(-7), "bool": True, "double": 1.5,
+            "ts": proton.timestamp(1700000000123), "uuid": u, "bin": b"\x01\xab", "sym": proton.symbol("sy"),
+            "null": None,
+        }
+        a.send(f"/topic/{topic}", m)
+        q = cs["mqtt"].get()
+        assert q.kind == "text" and q.body == b"amqp text"
+        up = dict(q.fields["user_properties"])
+        assert up == {"str": "s", "long": "42", "int": "-7", "bool": "true", "double": "1.5",
+                      "ts": "1700000000123", "uuid": str(u), "bin": "01ab", "sym": "sy", "null": ""}
+        assert q.fields["ContentType"] == "text/plain"
+        assert q.fields["ResponseTopic"] == "replies/a"
+        assert q.fields["CorrelationData"] == b"corr-a"
+        assert 590 <= q.fields["MessageExpiryInterval"] <= 600
+
+        s = cs["stomp"].get()
+        for k, v in up.items():
+            assert s.fields[k] == v, k
+        assert s.fields["reply-to"] == "/topic/replies/a"
+        assert s.fields["correlation-id"] == "corr-a"
+        assert s.fields["priority"] == "8"
+        assert s.fields["persistent"] == "true"
+        assert s.fields["content-type"] == "text/plain"
+        assert abs(int(s.fields["expires"]) - (NOW_MS() + 600_000)) < 15_000
+
+        r = cs["amqp"].get()
+        assert r.kind == "text"
+        assert r.props["long"] == 42 and isinstance(r.props["int"], proton.int32) and r.props["int"] == -7
+        assert r.props["bool"] is True and r.props["double"] == 1.5
+        assert isinstance(r.props["ts"], proton.timestamp) and r.props["ts"] == 1700000000123
+        assert r.props["uuid"] == u and bytes(r.props["bin"]) == b"\x01\xab"
+        assert isinstance(r.props["sym"], proton.symbol) and r.props["null"] is None
+        assert r.fields["id"] == "msg-1"
+        assert r.fields["correlation_id"] == "corr-a"
+        assert r.fields["reply_to"] == "/topic/replies/a"
+        assert r.fields["priority"] == 8 and r.fields["durable"] is True
+        assert 590 <= r.fields["ttl"] <= 600
+        assert r.fields["subject"] == "subj" and r.fields["group_id"] == "grp"
+        assert r.fields["group_sequence"] == 3 and r.fields["content_encoding"] == "identity"
+        assert r.fields["creation_time"] == 1700000000.5
+        assert r.fields["address"] == f"/topic/{topic}"
+    finally:
+        a.close()
+        close_all(cs)
+
+
+@pytest.mark.parametrize("body", [42, [1, "two", 3.0], {"k": "v", "n": 1}, None],
+                         ids=["amqp-value-long", "amqp-sequence", "amqp-value-map", "no-body"])
+def test_amqp_structured_bodies_amqp_to_amqp(broker, uniq, body):
+    """Structured AMQP bodies reach an AMQP consumer as sent (their
+    sections are carried in their original encoding)."""
+    q = f"/queue/cv-sb-{uniq}"
+    a = Amqp(broker)
+    try:
+        m = AmqpMessage(body=body)
+        if isinstance(body, list):
+            m.inferred = True  # a list body as an amqp-sequence section
+        a.send(q, m)
+        r = a.receiver(q).get()
+        got = r.raw.body
+        if body is None:
+            assert r.body == b"" and got in (None, b"")
+        else:
+            assert got == body
+    finally:
+        a.close()
+
+
+def test_amqp_id_types_to_text(broker, uniq):
+    """AMQP ulong / uuid / binary correlation ids as string-only protocols
+    see them."""
+    topic = f"cv/ai/{uniq}"
+    cs = consumers(broker, topic)
+    a = Amqp(broker)
+    u = uuid.UUID("00112233-4455-6677-8899-aabbccddeeff")
+    ids = [(proton.ulong(12345), "12345"), (u, str(u)), (b"\x00\xfe", "00fe"), (b"utf8-bin", "utf8-bin")]
+    try:
+        for cid, _ in ids:
+            m = amqp_message(b"x")
+            m.correlation_id = cid
+            a.send(f"/topic/{topic}", m)
+        for cid, text in ids:
+            assert cs["stomp"].get().fields["correlation-id"] == text
+            assert cs["mqtt"].get().fields["CorrelationData"] == (bytes(cid) if isinstance(cid, bytes) else text.encode())
+            got = cs["amqp"].get().fields["correlation_id"]
+            assert (bytes(got) if isinstance(cid, bytes) else got) == (bytes(cid) if isinstance(cid, bytes) else cid)
+    finally:
+        a.close()
+        close_all(cs)
+
+
+def test_amqp_non_durable_and_default_priority(broker, uniq):
+    topic = f"cv/an/{uniq}"
+    cs = consumers(broker, topic)
+    a = Amqp(broker)
+    try:
+        a.send(f"/topic/{topic}", amqp_message(b"np", durable=False))
+        s = cs["stomp"].get()
+        assert "persistent" not in s.fields and "priority" not in s.fields
+        r = cs["amqp"].get()
+        assert r.fields["durable"] is False and r.fields["priority"] == 4
+        assert cs["mqtt"].get().body == b"np"
+    finally:
+        a.close()
+        close_all(cs)
+
+
+# ---------------------------------------------------------- redelivery
+def test_redelivery_fields(broker, uniq):
+    """A STOMP NACK makes the broker redeliver: STOMP sees redelivered:true
+    and delivery-count, AMQP sees delivery-count and first-acquirer false."""
+    qname = f"/queue/cv-rd-{uniq}"
+    p = Stomp(broker)
+    p.send(qname, b"again", headers={"persistent": "true"})
+    c = Stomp(broker)
+    try:
+        c.subscribe(qname, ack="client-individual")
+        first = c.get()
+        assert "redelivered" not in first.fields
+        c.nack(first)
+        second = c.get()
+        assert second.body == b"again"
+        assert second.fields["redelivered"] == "true" and second.fields["delivery-count"] == "1"
+        c.close()
+        a = Amqp(broker)
+        try:
+            rcv = a.receiver(qname)
+            m = rcv.rcv.receive(timeout=10)
+            rcv.rcv.release(delivered=True)
+            r = rcv.get()
+            assert r.body == b"again"
+            assert r.fields["delivery_count"] >= 2 and r.fields["first_acquirer"] is False
+        finally:
+            a.close()
+    finally:
+        p.close()
+        c.close()
