@@ -453,7 +453,11 @@ fn housekeeping(inner: Weak<Inner>) {
             tracing::debug!(client = %w.client.1, "publishing delayed will");
             inner.publish_will(w.will);
         }
-        for name in inner.routing.read().idle_expired(now) {
+        // Collected first: the read guard must be gone before
+        // `delete_queue` takes the write lock (a guard in the `for`
+        // expression would live for the whole loop and deadlock).
+        let expired = inner.routing.read().idle_expired(now);
+        for name in expired {
             tracing::debug!(queue = %name, "deleting queue idle past its lifetime");
             if let Err(e) = inner.delete_queue(&name) {
                 tracing::warn!(queue = %name, error = %e, "cannot delete idle queue");
