@@ -119,4 +119,5 @@ impl TestBroker {
     }
 }
 
+pub mod mqtt;
 pub mod stomp;

@@ -1,0 +1,685 @@
+//! MQTT helpers of the integration tests: rumqttc clients (3.1.1 and 5.0)
+//! with short timeouts, and a raw-socket client for flows rumqttc cannot
+//! stop in the middle of (unacknowledged deliveries, half-done QoS 2,
+//! malformed packets). The raw client encodes and decodes with the codecs
+//! rumqttc exports.
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use rumqttc::v5::mqttbytes::v5 as p5;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::TestBroker;
+
+/// How long any single expected event may take.
+pub const WAIT: Duration = Duration::from_secs(5);
+/// How long we watch for something that must NOT arrive.
+pub const QUIET: Duration = Duration::from_millis(300);
+
+/// 3.1.1 packets as rumqttc encodes/decodes them.
+pub use rumqttc::mqttbytes::v4 as p4;
+
+// ---- rumqttc, MQTT 3.1.1 ------------------------------------------------
+
+pub fn opts4(broker: &TestBroker, id: &str) -> rumqttc::MqttOptions {
+    let addr = broker.mqtt();
+    let mut opts = rumqttc::MqttOptions::new(id, addr.ip().to_string(), addr.port());
+    opts.set_keep_alive(Duration::from_secs(10));
+    opts
+}
+
+pub fn client4(
+    broker: &TestBroker,
+    id: &str,
+    clean: bool,
+) -> (rumqttc::AsyncClient, rumqttc::EventLoop) {
+    let mut opts = opts4(broker, id);
+    opts.set_clean_session(clean);
+    rumqttc::AsyncClient::new(opts, 256)
+}
+
+/// Next incoming packet or the connection error.
+pub async fn next4(
+    ev: &mut rumqttc::EventLoop,
+) -> Result<rumqttc::Packet, rumqttc::ConnectionError> {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            match ev.poll().await {
+                Ok(rumqttc::Event::Incoming(p)) => return Ok(p),
+                Ok(rumqttc::Event::Outgoing(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    })
+    .await
+    .expect("an MQTT 3.1.1 event within the timeout")
+}
+
+/// Polls until `want` picks a packet; panics on a connection error.
+pub async fn wait4<T>(
+    ev: &mut rumqttc::EventLoop,
+    mut want: impl FnMut(&rumqttc::Packet) -> Option<T>,
+) -> T {
+    loop {
+        let p = next4(ev).await.expect("connection stays up");
+        if let Some(t) = want(&p) {
+            return t;
+        }
+    }
+}
+
+pub async fn connack4(ev: &mut rumqttc::EventLoop) -> rumqttc::ConnAck {
+    wait4(ev, |p| match p {
+        rumqttc::Packet::ConnAck(c) => Some(c.clone()),
+        _ => None,
+    })
+    .await
+}
+
+pub async fn suback4(ev: &mut rumqttc::EventLoop) -> rumqttc::SubAck {
+    wait4(ev, |p| match p {
+        rumqttc::Packet::SubAck(s) => Some(s.clone()),
+        _ => None,
+    })
+    .await
+}
+
+pub async fn puback4(ev: &mut rumqttc::EventLoop) {
+    wait4(ev, |p| {
+        matches!(p, rumqttc::Packet::PubAck(_)).then_some(())
+    })
+    .await
+}
+
+pub async fn pubcomp4(ev: &mut rumqttc::EventLoop) {
+    wait4(ev, |p| {
+        matches!(p, rumqttc::Packet::PubComp(_)).then_some(())
+    })
+    .await
+}
+
+pub async fn publish4(ev: &mut rumqttc::EventLoop) -> rumqttc::Publish {
+    wait4(ev, |p| match p {
+        rumqttc::Packet::Publish(p) => Some(p.clone()),
+        _ => None,
+    })
+    .await
+}
+
+/// Polls for [`QUIET`] and panics if a PUBLISH arrives.
+pub async fn quiet4(ev: &mut rumqttc::EventLoop) {
+    let watch = async {
+        loop {
+            match ev.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
+                    panic!("unexpected delivery: {p:?}")
+                }
+                Ok(_) => {}
+                Err(e) => panic!("connection error: {e}"),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(QUIET, watch).await;
+}
+
+/// A connected 3.1.1 client (CONNACK received).
+pub async fn connected4(
+    broker: &TestBroker,
+    id: &str,
+    clean: bool,
+) -> (rumqttc::AsyncClient, rumqttc::EventLoop, rumqttc::ConnAck) {
+    let (c, mut ev) = client4(broker, id, clean);
+    let ack = connack4(&mut ev).await;
+    (c, ev, ack)
+}
+
+/// A connected 3.1.1 client subscribed to `filter` (SUBACK received).
+pub async fn subscriber4(
+    broker: &TestBroker,
+    id: &str,
+    clean: bool,
+    filter: &str,
+    qos: rumqttc::QoS,
+) -> (rumqttc::AsyncClient, rumqttc::EventLoop) {
+    let (c, mut ev, _) = connected4(broker, id, clean).await;
+    c.subscribe(filter, qos).await.expect("subscribe");
+    let ack = suback4(&mut ev).await;
+    assert!(
+        matches!(
+            ack.return_codes[0],
+            rumqttc::SubscribeReasonCode::Success(_)
+        ),
+        "{ack:?}"
+    );
+    (c, ev)
+}
+
+/// Publishes with rumqttc and waits for the end of the QoS flow.
+pub async fn publish_and_ack4(
+    c: &rumqttc::AsyncClient,
+    ev: &mut rumqttc::EventLoop,
+    topic: &str,
+    qos: rumqttc::QoS,
+    retain: bool,
+    payload: &[u8],
+) {
+    c.publish(topic, qos, retain, payload.to_vec())
+        .await
+        .expect("publish");
+    match qos {
+        rumqttc::QoS::AtMostOnce => {
+            // Push it out: the next outgoing event is the PUBLISH itself.
+            tokio::time::timeout(WAIT, async {
+                loop {
+                    if let rumqttc::Event::Outgoing(rumqttc::Outgoing::Publish(_)) =
+                        ev.poll().await.expect("connection stays up")
+                    {
+                        return;
+                    }
+                }
+            })
+            .await
+            .expect("QoS 0 publish sent");
+        }
+        rumqttc::QoS::AtLeastOnce => puback4(ev).await,
+        rumqttc::QoS::ExactlyOnce => pubcomp4(ev).await,
+    }
+}
+
+/// A one-shot publisher: connects, publishes, waits for the ack, disconnects.
+pub async fn publish_once4(
+    broker: &TestBroker,
+    topic: &str,
+    qos: rumqttc::QoS,
+    retain: bool,
+    payload: &[u8],
+) {
+    let id = format!("pub-{}", rand_suffix());
+    let (c, mut ev, _) = connected4(broker, &id, true).await;
+    publish_and_ack4(&c, &mut ev, topic, qos, retain, payload).await;
+    disconnect4(&c, &mut ev).await;
+}
+
+/// Sends DISCONNECT and drives the event loop until it is written.
+pub async fn disconnect4(c: &rumqttc::AsyncClient, ev: &mut rumqttc::EventLoop) {
+    c.disconnect().await.expect("disconnect");
+    let _ = tokio::time::timeout(WAIT, async {
+        loop {
+            match ev.poll().await {
+                Ok(rumqttc::Event::Outgoing(rumqttc::Outgoing::Disconnect)) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+}
+
+pub fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+// ---- rumqttc, MQTT 5.0 --------------------------------------------------
+
+#[allow(unused_imports)] // each test file uses its own subset
+pub mod v5 {
+    pub use rumqttc::v5::mqttbytes::v5::{
+        ConnAck, ConnAckProperties, ConnectReturnCode, DisconnectReasonCode, Filter, LastWill,
+        LastWillProperties, Packet, Publish, PublishProperties, RetainForwardRule, SubAck,
+        SubscribeProperties, SubscribeReasonCode,
+    };
+    pub use rumqttc::v5::mqttbytes::QoS;
+    pub use rumqttc::v5::{
+        AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, StateError,
+    };
+}
+
+pub fn opts5(broker: &TestBroker, id: &str) -> v5::MqttOptions {
+    let addr = broker.mqtt();
+    let mut opts = v5::MqttOptions::new(id, addr.ip().to_string(), addr.port());
+    opts.set_keep_alive(Duration::from_secs(10));
+    opts
+}
+
+pub fn client5_with(opts: v5::MqttOptions) -> (v5::AsyncClient, v5::EventLoop) {
+    v5::AsyncClient::new(opts, 256)
+}
+
+pub async fn next5(ev: &mut v5::EventLoop) -> Result<v5::Packet, v5::ConnectionError> {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            match ev.poll().await {
+                Ok(v5::Event::Incoming(p)) => return Ok(p),
+                Ok(v5::Event::Outgoing(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    })
+    .await
+    .expect("an MQTT 5 event within the timeout")
+}
+
+pub async fn wait5<T>(ev: &mut v5::EventLoop, mut want: impl FnMut(&v5::Packet) -> Option<T>) -> T {
+    loop {
+        let p = next5(ev).await.expect("connection stays up");
+        if let Some(t) = want(&p) {
+            return t;
+        }
+    }
+}
+
+pub async fn connack5(ev: &mut v5::EventLoop) -> v5::ConnAck {
+    wait5(ev, |p| match p {
+        v5::Packet::ConnAck(c) => Some(c.clone()),
+        _ => None,
+    })
+    .await
+}
+
+pub async fn suback5(ev: &mut v5::EventLoop) -> v5::SubAck {
+    wait5(ev, |p| match p {
+        v5::Packet::SubAck(s) => Some(s.clone()),
+        _ => None,
+    })
+    .await
+}
+
+pub async fn publish5(ev: &mut v5::EventLoop) -> v5::Publish {
+    wait5(ev, |p| match p {
+        v5::Packet::Publish(p) => Some(p.clone()),
+        _ => None,
+    })
+    .await
+}
+
+pub async fn quiet5(ev: &mut v5::EventLoop) {
+    let watch = async {
+        loop {
+            match ev.poll().await {
+                Ok(v5::Event::Incoming(v5::Packet::Publish(p))) => {
+                    panic!("unexpected delivery: {p:?}")
+                }
+                Ok(_) => {}
+                Err(e) => panic!("connection error: {e}"),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(QUIET, watch).await;
+}
+
+pub async fn connected5(opts: v5::MqttOptions) -> (v5::AsyncClient, v5::EventLoop, v5::ConnAck) {
+    let (c, mut ev) = client5_with(opts);
+    let ack = connack5(&mut ev).await;
+    (c, ev, ack)
+}
+
+/// Subscribes with `filter` (and its options) and checks the SUBACK.
+pub async fn subscribe5(
+    c: &v5::AsyncClient,
+    ev: &mut v5::EventLoop,
+    filter: v5::Filter,
+    props: Option<v5::SubscribeProperties>,
+) -> v5::SubAck {
+    match props {
+        Some(p) => c.subscribe_many_with_properties([filter], p).await,
+        None => c.subscribe_many([filter]).await,
+    }
+    .expect("subscribe");
+    suback5(ev).await
+}
+
+pub async fn disconnect5(c: &v5::AsyncClient, ev: &mut v5::EventLoop) {
+    c.disconnect().await.expect("disconnect");
+    let _ = tokio::time::timeout(WAIT, async {
+        loop {
+            match ev.poll().await {
+                Ok(v5::Event::Outgoing(rumqttc::Outgoing::Disconnect)) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+}
+
+/// Publishes with rumqttc v5 and waits for PUBACK/PUBCOMP (or the send for
+/// QoS 0).
+pub async fn publish_and_ack5(
+    c: &v5::AsyncClient,
+    ev: &mut v5::EventLoop,
+    topic: &str,
+    qos: v5::QoS,
+    retain: bool,
+    payload: &[u8],
+    props: Option<v5::PublishProperties>,
+) {
+    match props {
+        Some(p) => {
+            c.publish_with_properties(topic, qos, retain, payload.to_vec(), p)
+                .await
+        }
+        None => c.publish(topic, qos, retain, payload.to_vec()).await,
+    }
+    .expect("publish");
+    match qos {
+        v5::QoS::AtMostOnce => {
+            tokio::time::timeout(WAIT, async {
+                loop {
+                    if let v5::Event::Outgoing(rumqttc::Outgoing::Publish(_)) =
+                        ev.poll().await.expect("connection stays up")
+                    {
+                        return;
+                    }
+                }
+            })
+            .await
+            .expect("QoS 0 publish sent");
+        }
+        v5::QoS::AtLeastOnce => {
+            wait5(ev, |p| matches!(p, v5::Packet::PubAck(_)).then_some(())).await
+        }
+        v5::QoS::ExactlyOnce => {
+            wait5(ev, |p| matches!(p, v5::Packet::PubComp(_)).then_some(())).await
+        }
+    }
+}
+
+// ---- raw socket client --------------------------------------------------
+
+/// An MQTT client on a bare socket: sends what the test says, when it says.
+pub struct Raw {
+    stream: TcpStream,
+    buf: BytesMut,
+}
+
+impl Raw {
+    pub async fn open(addr: SocketAddr) -> Raw {
+        let stream = TcpStream::connect(addr).await.expect("tcp connect");
+        stream.set_nodelay(true).expect("nodelay");
+        Raw {
+            stream,
+            buf: BytesMut::new(),
+        }
+    }
+
+    pub async fn write(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.expect("write");
+    }
+
+    pub async fn send4(&mut self, p: p4::Packet) {
+        let mut b = BytesMut::new();
+        p.write(&mut b, 1 << 28).expect("encode v4");
+        self.write(&b).await;
+    }
+
+    pub async fn send5(&mut self, p: p5::Packet) {
+        let mut b = BytesMut::new();
+        p.write(&mut b, None).expect("encode v5");
+        self.write(&b).await;
+    }
+
+    /// Reads more bytes; false on EOF or reset.
+    async fn fill(&mut self) -> bool {
+        let mut chunk = [0u8; 8192];
+        match self.stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => false,
+            Ok(n) => {
+                self.buf.extend_from_slice(&chunk[..n]);
+                true
+            }
+        }
+    }
+
+    /// Next 3.1.1 packet, or None if the server closed the connection.
+    pub async fn recv4_opt(&mut self, wait: Duration) -> Option<p4::Packet> {
+        tokio::time::timeout(wait, async {
+            loop {
+                match p4::Packet::read(&mut self.buf, 1 << 28) {
+                    Ok(p) => return Some(p),
+                    Err(rumqttc::mqttbytes::Error::InsufficientBytes(_)) => {
+                        if !self.fill().await {
+                            return None;
+                        }
+                    }
+                    Err(e) => panic!("server sent an undecodable packet: {e:?}"),
+                }
+            }
+        })
+        .await
+        .unwrap_or(None)
+    }
+
+    pub async fn recv4(&mut self) -> p4::Packet {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                match p4::Packet::read(&mut self.buf, 1 << 28) {
+                    Ok(p) => return p,
+                    Err(rumqttc::mqttbytes::Error::InsufficientBytes(_)) => {
+                        assert!(self.fill().await, "server closed the connection");
+                    }
+                    Err(e) => panic!("server sent an undecodable packet: {e:?}"),
+                }
+            }
+        })
+        .await
+        .expect("a packet within the timeout")
+    }
+
+    /// Next 3.1.1 packet that is not a PINGRESP.
+    pub async fn recv4_publish(&mut self) -> p4::Publish {
+        match self.recv4().await {
+            p4::Packet::Publish(p) => p,
+            other => panic!("expected PUBLISH, got {other:?}"),
+        }
+    }
+
+    /// Waits [`QUIET`] and fails on any packet.
+    pub async fn quiet4(&mut self) {
+        if let Some(p) = self.recv4_opt(QUIET).await {
+            panic!("unexpected packet {p:?}");
+        }
+    }
+
+    pub async fn recv5_opt(&mut self, wait: Duration) -> Option<p5::Packet> {
+        tokio::time::timeout(wait, async {
+            loop {
+                match p5::Packet::read(&mut self.buf, None) {
+                    Ok(p) => return Some(p),
+                    Err(rumqttc::v5::mqttbytes::Error::InsufficientBytes(_)) => {
+                        if !self.fill().await {
+                            return None;
+                        }
+                    }
+                    Err(e) => panic!("server sent an undecodable packet: {e:?}"),
+                }
+            }
+        })
+        .await
+        .unwrap_or(None)
+    }
+
+    pub async fn recv5(&mut self) -> p5::Packet {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                match p5::Packet::read(&mut self.buf, None) {
+                    Ok(p) => return p,
+                    Err(rumqttc::v5::mqttbytes::Error::InsufficientBytes(_)) => {
+                        assert!(self.fill().await, "server closed the connection");
+                    }
+                    Err(e) => panic!("server sent an undecodable packet: {e:?}"),
+                }
+            }
+        })
+        .await
+        .expect("a packet within the timeout")
+    }
+
+    pub async fn recv5_publish(&mut self) -> p5::Publish {
+        match self.recv5().await {
+            p5::Packet::Publish(p) => p,
+            other => panic!("expected PUBLISH, got {other:?}"),
+        }
+    }
+
+    pub async fn quiet5(&mut self) {
+        if let Some(p) = self.recv5_opt(QUIET).await {
+            panic!("unexpected packet {p:?}");
+        }
+    }
+
+    /// Asserts the server closes the connection without sending anything
+    /// more (the 3.1.1 answer to bad input).
+    pub async fn expect_silent_close(&mut self) {
+        let closed = tokio::time::timeout(WAIT, async {
+            loop {
+                if !self.fill().await {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "server did not close the connection");
+        assert!(
+            self.buf.is_empty(),
+            "3.1.1 bad input must get a bare close, got bytes {:?}",
+            &self.buf[..]
+        );
+    }
+
+    /// Asserts a v5 DISCONNECT with `reason` arrives, then the close.
+    pub async fn expect_disconnect5(&mut self, reason: p5::DisconnectReasonCode) {
+        match self.recv5().await {
+            p5::Packet::Disconnect(d) => assert_eq!(d.reason_code, reason, "{d:?}"),
+            other => panic!("expected DISCONNECT {reason:?}, got {other:?}"),
+        }
+        let closed = tokio::time::timeout(WAIT, async {
+            loop {
+                if !self.fill().await {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "server did not close after DISCONNECT");
+        assert!(
+            self.buf.is_empty(),
+            "bytes after DISCONNECT: {:?}",
+            &self.buf[..]
+        );
+    }
+
+    /// Opens a socket and completes a 3.1.1 CONNECT.
+    pub async fn connect4(
+        addr: SocketAddr,
+        id: &str,
+        clean: bool,
+        keep_alive_s: u16,
+    ) -> (Raw, p4::ConnAck) {
+        let mut connect = p4::Connect::new(id);
+        connect.clean_session = clean;
+        connect.keep_alive = keep_alive_s;
+        Self::connect4_with(addr, connect).await
+    }
+
+    pub async fn connect4_with(addr: SocketAddr, connect: p4::Connect) -> (Raw, p4::ConnAck) {
+        let mut raw = Raw::open(addr).await;
+        raw.send4(p4::Packet::Connect(connect)).await;
+        match raw.recv4().await {
+            p4::Packet::ConnAck(ack) => (raw, ack),
+            other => panic!("expected CONNACK, got {other:?}"),
+        }
+    }
+
+    /// Opens a socket and completes a 5.0 CONNECT.
+    pub async fn connect5(
+        addr: SocketAddr,
+        connect: p5::Connect,
+        will: Option<p5::LastWill>,
+    ) -> (Raw, p5::ConnAck) {
+        let mut raw = Raw::open(addr).await;
+        raw.send5(p5::Packet::Connect(connect, will, None)).await;
+        match raw.recv5().await {
+            p5::Packet::ConnAck(ack) => (raw, ack),
+            other => panic!("expected CONNACK, got {other:?}"),
+        }
+    }
+
+    pub async fn shutdown(mut self) {
+        let _ = self.stream.shutdown().await;
+    }
+}
+
+/// A v5 CONNECT with the given id, clean start and properties.
+pub fn connect5_packet(
+    id: &str,
+    clean_start: bool,
+    props: Option<p5::ConnectProperties>,
+) -> p5::Connect {
+    p5::Connect {
+        keep_alive: 10,
+        client_id: id.to_owned(),
+        clean_start,
+        properties: props,
+    }
+}
+
+/// Raw v5 SUBSCRIBE of one filter.
+pub async fn raw_subscribe5(
+    raw: &mut Raw,
+    pkid: u16,
+    filter: &str,
+    qos: rumqttc::v5::mqttbytes::QoS,
+) {
+    let mut sub = p5::Subscribe::new(p5::Filter::new(filter, qos), None);
+    sub.pkid = pkid;
+    raw.send5(p5::Packet::Subscribe(sub)).await;
+    match raw.recv5().await {
+        p5::Packet::SubAck(a) => assert_eq!(a.pkid, pkid),
+        other => panic!("expected SUBACK, got {other:?}"),
+    }
+}
+
+/// Raw v4 SUBSCRIBE of one filter; returns the granted code.
+pub async fn raw_subscribe4(
+    raw: &mut Raw,
+    pkid: u16,
+    filter: &str,
+    qos: rumqttc::QoS,
+) -> rumqttc::SubscribeReasonCode {
+    let mut sub = p4::Subscribe::new(filter, qos);
+    sub.pkid = pkid;
+    raw.send4(p4::Packet::Subscribe(sub)).await;
+    match raw.recv4().await {
+        p4::Packet::SubAck(a) => {
+            assert_eq!(a.pkid, pkid);
+            a.return_codes[0]
+        }
+        other => panic!("expected SUBACK, got {other:?}"),
+    }
+}
+
+/// Access control from a users file written with `rosetta::users::add_user`
+/// in `dir`: user `alice` / `secret` may do everything, `bob` / `pw` may
+/// only publish and subscribe under `bob/#`.
+pub fn users_access(
+    dir: &std::path::Path,
+    anonymous: bool,
+) -> Arc<dyn rosetta::core::AccessControl> {
+    let path = dir.join("users.toml");
+    rosetta::users::add_user(&path, "alice", b"secret", None, None).expect("add alice");
+    let bob = ["/topic/bob/#".to_owned()];
+    rosetta::users::add_user(&path, "bob", b"pw", Some(&bob), Some(&bob)).expect("add bob");
+    let users = rosetta::users::Users::load(&path).expect("load users");
+    Arc::new(rosetta::access::UsersAccess::new(users, anonymous))
+}
+
+/// Sleeps a short, bounded time (lets the broker finish asynchronous work
+/// such as a binding being created before a publish from another client).
+pub async fn settle() {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
