@@ -527,7 +527,11 @@ impl Raw {
     }
 
     pub async fn quiet5(&mut self) {
-        if let Some(p) = self.recv5_opt(QUIET).await {
+        self.quiet5_for(QUIET).await;
+    }
+
+    pub async fn quiet5_for(&mut self, wait: Duration) {
+        if let Some(p) = self.recv5_opt(wait).await {
             panic!("unexpected packet {p:?}");
         }
     }
