@@ -137,44 +137,49 @@ pub(crate) async fn run_wire<T>(
 /// The `[stomp]` section applied over the adapter's defaults.
 fn stomp_config(config: &crate::config::Config) -> rosetta_stomp::StompConfig {
     let c = &config.stomp;
-    let mut s = rosetta_stomp::StompConfig::default();
-    s.frame_size_max_bytes = c.frame_size_max_bytes as usize;
-    s.headers_max = c.header_count_max as usize;
-    s.header_line_max_bytes = c.header_size_max_bytes as usize;
-    s.heart_beat_send_min_ms = u64::from(c.heartbeat_send_ms);
-    s.heart_beat_receive_min_ms = u64::from(c.heartbeat_receive_ms);
-    s.prefetch_default = c.prefetch_default;
-    s.prefetch_max = c.prefetch_max;
-    s.subscriptions_max = c.subscriptions_max as usize;
-    s.transactions_max = c.transactions_max as usize;
-    s
+    rosetta_stomp::StompConfig {
+        frame_size_max_bytes: c.frame_size_max_bytes as usize,
+        headers_max: c.header_count_max as usize,
+        header_line_max_bytes: c.header_size_max_bytes as usize,
+        heart_beat_send_min_ms: u64::from(c.heartbeat_send_ms),
+        heart_beat_receive_min_ms: u64::from(c.heartbeat_receive_ms),
+        prefetch_default: c.prefetch_default,
+        prefetch_max: c.prefetch_max,
+        subscriptions_max: c.subscriptions_max as usize,
+        transactions_max: c.transactions_max as usize,
+        connect_timeout_ms: config.broker.connect_timeout_ms,
+        ..Default::default()
+    }
 }
 
 /// The `[mqtt]` section applied over the adapter's defaults.
 fn mqtt_config(config: &crate::config::Config) -> rosetta_mqtt::MqttConfig {
     let c = &config.mqtt;
-    let mut m = rosetta_mqtt::MqttConfig::default();
-    m.keep_alive_max_s = c.keep_alive_max_s;
-    m.receive_maximum = c.receive_maximum;
-    m.packet_size_max_bytes = c.packet_size_max_bytes;
-    m.qos_max = c.qos_max;
-    m.retain_available = c.retain_available;
-    m.wildcard_subscriptions_available = c.wildcard_available;
-    m.shared_subscriptions_available = c.shared_available;
-    m.topic_alias_max = c.topic_alias_max;
-    m.session_expiry_max_s = c.session_expiry_max_s;
-    m
+    rosetta_mqtt::MqttConfig {
+        keep_alive_max_s: c.keep_alive_max_s,
+        receive_maximum: c.receive_maximum,
+        packet_size_max_bytes: c.packet_size_max_bytes,
+        qos_max: c.qos_max,
+        retain_available: c.retain_available,
+        wildcard_subscriptions_available: c.wildcard_available,
+        shared_subscriptions_available: c.shared_available,
+        topic_alias_max: c.topic_alias_max,
+        session_expiry_max_s: c.session_expiry_max_s,
+        connect_timeout_ms: config.broker.connect_timeout_ms,
+        ..Default::default()
+    }
 }
 
 /// The `[amqp]` section applied over the adapter's defaults.
 fn amqp_config(config: &crate::config::Config) -> rosetta_amqp::AmqpConfig {
     let c = &config.amqp;
-    let mut a = rosetta_amqp::AmqpConfig::default();
-    a.frame_size_max_bytes = c.frame_size_max_bytes;
-    a.message_size_max_bytes = u64::from(c.message_size_max_bytes);
-    a.channel_max = c.channel_max;
-    a.links_per_session_max = c.handle_max;
-    a.idle_timeout_ms = c.idle_timeout_ms;
-    a.sender_credit_window = c.link_credit_window;
-    a
+    rosetta_amqp::AmqpConfig {
+        frame_size_max_bytes: c.frame_size_max_bytes,
+        message_size_max_bytes: u64::from(c.message_size_max_bytes),
+        channel_max: c.channel_max,
+        links_per_session_max: c.handle_max,
+        idle_timeout_ms: c.idle_timeout_ms,
+        sender_credit_window: c.link_credit_window,
+        ..Default::default()
+    }
 }
