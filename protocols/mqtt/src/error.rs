@@ -17,7 +17,8 @@ pub enum MqttError {
     /// PUBLISH to a topic name that is not valid (0x90).
     #[error("invalid topic name: {0}")]
     TopicNameInvalid(String),
-    /// Topic alias 0, above our maximum, or unknown (0x94).
+    /// Topic alias 0 or above our maximum (0x94); an unknown alias with an
+    /// empty topic is a protocol error (0x82).
     #[error("invalid topic alias {0}")]
     TopicAliasInvalid(u16),
     /// More inbound QoS 1/2 in flight than our receive maximum (0x93).
