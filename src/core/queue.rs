@@ -167,7 +167,9 @@ pub(crate) struct Queue {
     pub(crate) id: QueueId,
     pub(crate) name: Arc<str>,
     pub(crate) durable: bool,
-    pub(crate) lifetime: QueueLifetime,
+    /// How long the queue lives; a re-declare may change it (MQTT 5 session
+    /// expiry set again on reconnect or DISCONNECT). A leaf lock.
+    lifetime: Mutex<QueueLifetime>,
     /// The session that declared a session-lifetime queue.
     pub(crate) owner_session: Option<u64>,
     pub(crate) state: Mutex<QueueState>,
@@ -193,7 +195,7 @@ impl Queue {
             id,
             name: name.into(),
             durable,
-            lifetime,
+            lifetime: Mutex::new(lifetime),
             owner_session,
             state: Mutex::new(QueueState {
                 ready: BTreeMap::new(),
@@ -206,6 +208,14 @@ impl Queue {
                 stats: QueueStats::default(),
             }),
         }
+    }
+
+    pub(crate) fn lifetime(&self) -> QueueLifetime {
+        *self.lifetime.lock()
+    }
+
+    pub(crate) fn set_lifetime(&self, lifetime: QueueLifetime) {
+        *self.lifetime.lock() = lifetime;
     }
 
     /// The ack record for `entry` if it is journaled here.

@@ -100,7 +100,7 @@ impl Routing {
         self.queues
             .values()
             .filter_map(|q| {
-                let QueueLifetime::IdleFor(limit) = q.lifetime else {
+                let QueueLifetime::IdleFor(limit) = q.lifetime() else {
                     return None;
                 };
                 let st = q.state.lock();
@@ -268,13 +268,28 @@ impl Inner {
         };
         let mut routing = self.routing.write();
         if let Some(q) = routing.queue(&name) {
-            if q.lifetime == QueueLifetime::Session
+            if q.lifetime() == QueueLifetime::Session
                 && q.owner_session.is_some()
                 && q.owner_session != session
             {
                 return Err(BrokerError::InUse(format!(
                     "temporary queue '{name}' belongs to another connection"
                 )));
+            }
+            // Re-declaring a lasting queue may change how long it lasts (MQTT 5
+            // session expiry is set again on every CONNECT and DISCONNECT).
+            let lasting = |l: QueueLifetime| {
+                matches!(l, QueueLifetime::Permanent | QueueLifetime::IdleFor(_))
+            };
+            if lasting(q.lifetime()) && lasting(spec.lifetime) && q.lifetime() != spec.lifetime {
+                q.set_lifetime(spec.lifetime);
+                if q.durable {
+                    batch.records.push(Record::QueueDeclare(QueueDef {
+                        id: q.id,
+                        name: name.clone(),
+                        lifetime: stored_lifetime(spec.lifetime),
+                    }));
+                }
             }
             return Ok((Arc::clone(q), true));
         }
@@ -442,7 +457,12 @@ impl Inner {
     /// Publishes a will now.
     pub(crate) fn publish_will(&self, will: rosetta_neutral::Will) {
         let mut batch = Batch::default();
-        match self.route(&will.address, will.message, None, &mut batch) {
+        let mut message = will.message;
+        if let Some(interval) = will.expiry_interval {
+            let interval_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+            message.expiry = Some(rosetta_neutral::message::now_ms().saturating_add(interval_ms));
+        }
+        match self.route(&will.address, message, None, &mut batch) {
             Ok(_) => batch.commit(self, None),
             Err(e) => tracing::warn!(error = %e, "cannot publish will"),
         }

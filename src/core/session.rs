@@ -287,7 +287,7 @@ fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
         let out = queue.dispatch_locked(&mut st, rosetta_neutral::message::now_ms());
         (
             out,
-            no_consumers && queue.lifetime == QueueLifetime::Consumer && !st.deleted,
+            no_consumers && queue.lifetime() == QueueLifetime::Consumer && !st.deleted,
         )
     };
     batch.records.extend(out.records);

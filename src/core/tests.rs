@@ -547,6 +547,7 @@ fn take_over_closes_the_old_session_and_wills_follow_close_kind() {
         address: topic("wills/dev"),
         message: Message::text("gone"),
         delay: Duration::ZERO,
+        expiry_interval: None,
     }));
     let (mut new, _) = open(&core, "dev");
     assert!(eo.take().iter().any(|e| matches!(
@@ -567,6 +568,7 @@ fn take_over_closes_the_old_session_and_wills_follow_close_kind() {
         address: topic("wills/dev"),
         message: Message::text("gone2"),
         delay: Duration::ZERO,
+        expiry_interval: None,
     }));
     new.close(CloseKind::Clean);
     assert!(ew.deliveries().is_empty(), "clean close discards the will");
@@ -633,4 +635,52 @@ fn unknown_deliveries_and_bad_addresses_are_errors() {
         s.settle(ConsumerId(99), DeliveryTag(1), Outcome::Accept, None, false),
         Err(BrokerError::Unknown("consumer"))
     );
+}
+
+#[test]
+fn redeclare_changes_a_lasting_queues_lifetime() {
+    let core = Core::in_memory();
+    let (mut s, _) = open(&core, "c");
+    let spec = |lifetime| QueueSpec {
+        name: Some("sess".into()),
+        durable: true,
+        lifetime,
+    };
+    assert!(
+        !s.declare_queue(spec(QueueLifetime::Permanent))
+            .expect("declare")
+            .existed
+    );
+    let again = s
+        .declare_queue(spec(QueueLifetime::IdleFor(Duration::from_millis(1))))
+        .expect("redeclare");
+    assert!(again.existed);
+    // No consumer: the housekeeping thread now deletes it once idle.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while core.queue_stats("sess").is_some() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        core.queue_stats("sess").is_none(),
+        "idle queue expired after its new lifetime"
+    );
+}
+
+#[test]
+fn a_wills_expiry_counts_from_its_publication() {
+    let core = Core::in_memory();
+    let (mut watcher, ew) = open(&core, "w");
+    subscribe(&mut watcher, "wills/#", 10);
+    let (mut dev, _) = open(&core, "dev");
+    dev.set_will(Some(Will {
+        address: topic("wills/dev"),
+        message: Message::text("bye"),
+        delay: Duration::ZERO,
+        expiry_interval: Some(Duration::from_secs(60)),
+    }));
+    let before = rosetta_neutral::message::now_ms();
+    dev.close(CloseKind::Abnormal);
+    let d = ew.deliveries();
+    let expiry = d[0].message.expiry.expect("expiry set at publication");
+    assert!(expiry >= before + 60_000 && expiry <= rosetta_neutral::message::now_ms() + 60_000);
 }

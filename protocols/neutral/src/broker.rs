@@ -330,6 +330,9 @@ pub struct Will {
     pub message: Message,
     /// Wait this long first; cancelled if the same client id reconnects.
     pub delay: Duration,
+    /// Lifetime of the will message counted from when it is published (MQTT 5
+    /// message expiry interval); the core sets [`Message::expiry`] then.
+    pub expiry_interval: Option<Duration>,
 }
 
 /// How a session ends.
@@ -453,7 +456,9 @@ pub struct Delivery {
 /// Every method returns at once. Methods that change durable state and
 /// take `confirm`/return a [`Ticket`] finish on [`SessionEvent::Committed`].
 pub trait Session: Send {
-    /// Declares a queue, or finds it.
+    /// Declares a queue, or finds it. Declaring an existing permanent or
+    /// idle-expiring queue with another of those two lifetimes changes its
+    /// lifetime (durably for a durable queue); its durability never changes.
     fn declare_queue(&mut self, spec: QueueSpec) -> Result<QueueInfo, BrokerError>;
 
     /// Deletes a queue and drops its messages.
@@ -543,7 +548,8 @@ pub trait Session: Send {
     /// AMQP withholds credit, others stop reading.
     fn producer_blocked(&self) -> bool;
 
-    /// Ends the session: consumers are cancelled, unsettled deliveries go
+    /// Ends the session (a no-op when already closed, e.g. after
+    /// [`SessionEvent::Kicked`]): consumers are cancelled, unsettled deliveries go
     /// back to their queues, session-lifetime queues are deleted, open
     /// transactions roll back, and the will is handled per `kind`.
     fn close(&mut self, kind: CloseKind);

@@ -140,9 +140,7 @@ impl MqttConnection {
                     inbound_message(w.qos, w.retain, w.props.clone(), w.payload.clone(), now_ms)
                         .map_err(|e| Refusal::new(e.reason_code(), e.to_string()))?;
                 // The will's expiry interval counts from when it is
-                // published, which only the core knows; an absolute time
-                // fixed now would expire long-lived connections' wills.
-                // Needs a relative expiry on `Will` (see the report).
+                // published, which only the core knows: pass it relative.
                 message.expiry = None;
                 Some(Will {
                     address: Address::Topic(w.topic.clone()),
@@ -150,6 +148,10 @@ impl MqttConnection {
                     delay: Duration::from_secs(u64::from(
                         w.props.will_delay_interval_s.unwrap_or(0),
                     )),
+                    expiry_interval: w
+                        .props
+                        .message_expiry_interval_s
+                        .map(|s| Duration::from_secs(u64::from(s))),
                 })
             }
             None => None,
