@@ -1,0 +1,392 @@
+//! STOMP ↔ MQTT and STOMP ↔ AMQP over real sockets: what one protocol
+//! sends, the others receive on the same address, with headers mapped to
+//! properties as documented (STOMP custom headers ↔ MQTT 5 user
+//! properties ↔ AMQP application-properties; `content-type`,
+//! `correlation-id`, `reply-to` to their counterparts; a UTF-8 body
+//! without `content-length` is text).
+
+mod common;
+
+use std::time::Duration;
+
+use common::stomp::StompClient;
+use common::TestBroker;
+use fe2o3_amqp::connection::ConnectionHandle;
+use fe2o3_amqp::session::SessionHandle;
+use fe2o3_amqp::types::messaging::{
+    ApplicationProperties, Body, Data, Message as AmqpMessage, Properties,
+};
+use fe2o3_amqp::types::primitives::{SimpleValue, Value};
+use fe2o3_amqp::{Connection, Receiver, Sender, Session};
+use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
+
+fn mqtt5(broker: &TestBroker, id: &str) -> (AsyncClient, EventLoop) {
+    let addr = broker.mqtt();
+    let mut opts = MqttOptions::new(id, addr.ip().to_string(), addr.port());
+    opts.set_keep_alive(Duration::from_secs(30));
+    AsyncClient::new(opts, 64)
+}
+
+async fn wait_for<T>(ev: &mut EventLoop, mut want: impl FnMut(&Packet) -> Option<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match ev.poll().await {
+                Ok(Event::Incoming(p)) => {
+                    if let Some(t) = want(&p) {
+                        return t;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => panic!("mqtt connection error: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("mqtt packet within timeout")
+}
+
+/// Keeps an MQTT event loop polled in the background (so its client's
+/// requests go out) and hands over incoming PUBLISHes.
+fn drive(mut ev: EventLoop) -> tokio::sync::mpsc::UnboundedReceiver<Packet> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            match ev.poll().await {
+                Ok(Event::Incoming(p)) => {
+                    if tx.send(p).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    });
+    rx
+}
+
+#[tokio::test]
+async fn stomp_send_reaches_an_mqtt5_subscriber() {
+    let broker = TestBroker::start().await;
+    let (sub, mut ev) = mqtt5(&broker, "mqtt-sub");
+    sub.subscribe("sensors/+/temp", QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    wait_for(&mut ev, |p| matches!(p, Packet::SubAck(_)).then_some(())).await;
+
+    let mut s = StompClient::connect(broker.stomp(), &[]).await;
+    // No content-length: the UTF-8 body is text.
+    s.send_raw(
+        b"SEND\ndestination:/topic/sensors/k1/temp\npersistent:true\nx-unit:celsius\n\
+          content-type:text/plain\ncorrelation-id:corr-1\nreply-to:/topic/replies/k1\nreceipt:r\n\n21.5\0",
+    )
+    .await;
+    s.expect_receipt("r").await;
+    let p = wait_for(&mut ev, |p| match p {
+        Packet::Publish(p) => Some(p.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(&p.topic[..], b"sensors/k1/temp");
+    assert_eq!(&p.payload[..], b"21.5");
+    assert_eq!(p.qos, QoS::AtLeastOnce);
+    let props = p.properties.expect("MQTT 5 properties");
+    assert_eq!(props.payload_format_indicator, Some(1), "text body");
+    assert_eq!(props.content_type.as_deref(), Some("text/plain"));
+    assert_eq!(props.correlation_data.as_deref(), Some(&b"corr-1"[..]));
+    assert_eq!(props.response_topic.as_deref(), Some("replies/k1"));
+    assert!(
+        props
+            .user_properties
+            .contains(&("x-unit".to_owned(), "celsius".to_owned())),
+        "{:?}",
+        props.user_properties
+    );
+
+    // With content-length and no text content type: binary.
+    s.send_persistent("/topic/sensors/k2/temp", &[], &[0xff, 0x00, 0x01])
+        .await;
+    let p = wait_for(&mut ev, |p| match p {
+        Packet::Publish(p) => Some(p.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(&p.payload[..], &[0xff, 0x00, 0x01]);
+    assert_ne!(
+        p.properties.and_then(|p| p.payload_format_indicator),
+        Some(1),
+        "binary body must not be marked UTF-8"
+    );
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn mqtt5_publish_reaches_a_stomp_subscriber() {
+    let broker = TestBroker::start().await;
+    let mut s = StompClient::connect(broker.stomp(), &[]).await;
+    s.subscribe("s", "/topic/sensors/#", "client-individual", &[])
+        .await;
+    let (publ, ev) = mqtt5(&broker, "mqtt-pub");
+    let mut incoming = drive(ev);
+    let props = PublishProperties {
+        content_type: Some("application/json".into()),
+        correlation_data: Some(bytes::Bytes::from_static(b"c-9")),
+        response_topic: Some("answers/here".into()),
+        user_properties: vec![
+            ("x-site".into(), "north".into()),
+            ("x-line".into(), "a:b\nc".into()),
+        ],
+        payload_format_indicator: Some(1),
+        ..Default::default()
+    };
+    publ.publish_with_properties(
+        "sensors/k9/temp",
+        QoS::AtLeastOnce,
+        false,
+        "{\"t\":3}",
+        props,
+    )
+    .await
+    .expect("publish");
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(p) = incoming.recv().await {
+            if matches!(p, Packet::PubAck(_)) {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("PUBACK");
+    let m = s.message().await;
+    assert_eq!(m.header("destination"), Some("/topic/sensors/k9/temp"));
+    assert_eq!(m.body, b"{\"t\":3}");
+    assert_eq!(m.header("content-type"), Some("application/json"));
+    assert_eq!(m.header("correlation-id"), Some("c-9"));
+    assert_eq!(m.header("reply-to"), Some("/topic/answers/here"));
+    assert_eq!(m.header("persistent"), Some("true"), "QoS 1 is durable");
+    assert_eq!(m.header("x-site"), Some("north"));
+    // Escaped per 1.2 on the way out.
+    assert_eq!(m.header("x-line"), Some(r"a\cb\nc"));
+    s.ack(&m).await;
+    broker.stop().await;
+}
+
+async fn amqp(broker: &TestBroker) -> (ConnectionHandle<()>, SessionHandle<()>) {
+    let url = format!("amqp://{}", broker.amqp());
+    let mut conn = Connection::open("cross", url.as_str())
+        .await
+        .expect("amqp open");
+    let session = Session::begin(&mut conn).await.expect("amqp begin");
+    (conn, session)
+}
+
+fn app_prop<'a>(m: &'a AmqpMessage<Body<Value>>, key: &str) -> Option<&'a SimpleValue> {
+    m.application_properties.as_ref()?.0.get(key)
+}
+
+#[tokio::test]
+async fn stomp_send_reaches_an_amqp_receiver() {
+    let broker = TestBroker::start().await;
+    let (mut conn, mut session) = amqp(&broker).await;
+    let mut receiver = Receiver::attach(&mut session, "r", "/queue/orders")
+        .await
+        .expect("attach receiver");
+    let mut s = StompClient::connect(broker.stomp(), &[]).await;
+    s.send_raw(
+        b"SEND\ndestination:/queue/orders\npersistent:true\nx-order:42\ncorrelation-id:c-1\n\
+          reply-to:/queue/replies\ncontent-type:text/plain\nreceipt:r\n\nhello amqp\0",
+    )
+    .await;
+    s.expect_receipt("r").await;
+    s.send_persistent(
+        "/queue/orders",
+        &[("content-type", "application/octet-stream")],
+        b"\x00\x01bin",
+    )
+    .await;
+
+    let d: fe2o3_amqp::link::delivery::Delivery<Body<Value>> =
+        receiver.recv().await.expect("recv text");
+    let m = d.message();
+    match &m.body {
+        Body::Value(v) => assert_eq!(v.0, Value::String("hello amqp".into())),
+        other => panic!("text body expected as amqp-value string, got {other:?}"),
+    }
+    assert_eq!(
+        app_prop(m, "x-order"),
+        Some(&SimpleValue::String("42".into()))
+    );
+    let props = m.properties.as_ref().expect("properties");
+    assert_eq!(
+        props.content_type.as_ref().map(|s| s.as_str()),
+        Some("text/plain")
+    );
+    assert_eq!(
+        props.correlation_id,
+        Some(fe2o3_amqp::types::messaging::MessageId::String(
+            "c-1".into()
+        ))
+    );
+    assert_eq!(props.reply_to.as_deref(), Some("/queue/replies"));
+    assert!(
+        m.header.as_ref().is_some_and(|h| h.durable),
+        "persistent → durable"
+    );
+    receiver.accept(&d).await.expect("accept");
+
+    let d: fe2o3_amqp::link::delivery::Delivery<Body<Value>> =
+        receiver.recv().await.expect("recv binary");
+    match &d.message().body {
+        Body::Data(batch) => {
+            let bytes: Vec<u8> = batch.iter().flat_map(|Data(b)| b.to_vec()).collect();
+            assert_eq!(bytes, b"\x00\x01bin");
+        }
+        other => panic!("binary body expected as data, got {other:?}"),
+    }
+    receiver.accept(&d).await.expect("accept");
+    receiver.close().await.expect("close");
+    session.end().await.expect("end");
+    conn.close().await.expect("close");
+    assert_eq!(
+        broker
+            .core()
+            .queue_stats("orders")
+            .map(|s| (s.depth, s.in_flight)),
+        Some((0, 0))
+    );
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn amqp_send_reaches_a_stomp_subscriber() {
+    let broker = TestBroker::start().await;
+    let mut s = StompClient::connect(broker.stomp(), &[]).await;
+    s.subscribe("q", "/queue/from-amqp", "client-individual", &[])
+        .await;
+    s.subscribe("t", "/topic/alerts/#", "auto", &[]).await;
+    let (mut conn, mut session) = amqp(&broker).await;
+    let mut sender = Sender::attach(&mut session, "s", "/queue/from-amqp")
+        .await
+        .expect("attach sender");
+    let msg = AmqpMessage::builder()
+        .properties(
+            Properties::builder()
+                .content_type("text/plain")
+                .correlation_id(String::from("corr-amqp"))
+                .reply_to("/queue/back")
+                .build(),
+        )
+        .application_properties(
+            ApplicationProperties::builder()
+                .insert("x-str", "v")
+                .insert("x-int", 7i32)
+                .insert("x-bool", true)
+                .build(),
+        )
+        .value("from amqp")
+        .build();
+    sender
+        .send(msg)
+        .await
+        .expect("send")
+        .accepted_or_else(|o| o)
+        .expect("accepted");
+    let m = s.message().await;
+    assert_eq!(m.header("subscription"), Some("q"));
+    assert_eq!(m.text(), "from amqp");
+    assert_eq!(m.header("content-type"), Some("text/plain"));
+    assert_eq!(m.header("correlation-id"), Some("corr-amqp"));
+    assert_eq!(m.header("reply-to"), Some("/queue/back"));
+    assert_eq!(m.header("x-str"), Some("v"));
+    assert_eq!(m.header("x-int"), Some("7"));
+    assert_eq!(m.header("x-bool"), Some("true"));
+    s.ack(&m).await;
+
+    // Binary data to a topic the STOMP client watches with a wildcard.
+    let mut tsender = Sender::attach(&mut session, "s2", "/topic/alerts/fire")
+        .await
+        .expect("attach topic sender");
+    let bin = AmqpMessage::builder()
+        .data(fe2o3_amqp::types::primitives::Binary::from(vec![
+            0u8, 1, 2, 0,
+        ]))
+        .build();
+    tsender
+        .send(bin)
+        .await
+        .expect("send")
+        .accepted_or_else(|o| o)
+        .expect("accepted");
+    let m = s.message().await;
+    assert_eq!(m.header("subscription"), Some("t"));
+    assert_eq!(m.header("destination"), Some("/topic/alerts/fire"));
+    assert_eq!(m.body, [0u8, 1, 2, 0]);
+    assert_eq!(m.header("content-length"), Some("4"));
+    tsender.close().await.expect("close");
+    sender.close().await.expect("close");
+    session.end().await.expect("end");
+    conn.close().await.expect("close");
+    broker.stop().await;
+}
+
+/// One STOMP SEND to a topic reaches STOMP, MQTT and AMQP subscribers
+/// of that topic at once.
+#[tokio::test]
+async fn one_topic_three_protocols() {
+    let broker = TestBroker::start().await;
+    let (sub, ev) = mqtt5(&broker, "fan-mqtt");
+    sub.subscribe("fan/out", QoS::AtMostOnce)
+        .await
+        .expect("subscribe");
+    let mut mqtt_in = drive(ev);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(p) = mqtt_in.recv().await {
+            if matches!(p, Packet::SubAck(_)) {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("SUBACK");
+    let (mut conn, mut session) = amqp(&broker).await;
+    let mut receiver = Receiver::attach(&mut session, "r", "/topic/fan/out")
+        .await
+        .expect("attach");
+    let mut stomp_sub = StompClient::connect(broker.stomp(), &[]).await;
+    stomp_sub
+        .subscribe("s", "/topic/fan/out", "auto", &[])
+        .await;
+    // AMQP attach to a topic may complete before its binding: give it a beat.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut s = StompClient::connect(broker.stomp(), &[]).await;
+    s.request(
+        "SEND",
+        &[("destination", "/topic/fan/out"), ("x-k", "v")],
+        b"everyone",
+    )
+    .await;
+    assert_eq!(stomp_sub.message().await.text(), "everyone");
+    let p = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(Packet::Publish(p)) = mqtt_in.recv().await {
+                return p;
+            }
+        }
+    })
+    .await
+    .expect("mqtt publish");
+    assert_eq!(&p.payload[..], b"everyone");
+    let d: fe2o3_amqp::link::delivery::Delivery<Body<Value>> =
+        receiver.recv().await.expect("amqp recv");
+    assert_eq!(
+        app_prop(d.message(), "x-k"),
+        Some(&SimpleValue::String("v".into()))
+    );
+    receiver.accept(&d).await.expect("accept");
+    receiver.close().await.expect("close");
+    session.end().await.expect("end");
+    conn.close().await.expect("close");
+    broker.stop().await;
+}

@@ -1,0 +1,286 @@
+//! STOMP transactions (BEGIN/COMMIT/ABORT over SENDs and ACKs) and
+//! RECEIPTs (after durability, in order, DISCONNECT) over real sockets.
+
+mod common;
+
+use common::stomp::StompClient;
+use common::TestBroker;
+
+fn stats(broker: &TestBroker, q: &str) -> Option<(u64, u64)> {
+    broker.core().queue_stats(q).map(|s| (s.depth, s.in_flight))
+}
+
+#[tokio::test]
+async fn commit_publishes_transactional_sends_atomically() {
+    let broker = TestBroker::start().await;
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.subscribe("a", "/queue/ta", "auto", &[]).await;
+    c.subscribe("b", "/topic/tb", "auto", &[]).await;
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    p.request("BEGIN", &[("transaction", "tx1")], b"").await;
+    p.request(
+        "SEND",
+        &[
+            ("destination", "/queue/ta"),
+            ("transaction", "tx1"),
+            ("persistent", "true"),
+        ],
+        b"one",
+    )
+    .await;
+    p.request(
+        "SEND",
+        &[("destination", "/topic/tb"), ("transaction", "tx1")],
+        b"two",
+    )
+    .await;
+    // Nothing is visible before COMMIT.
+    c.expect_nothing().await;
+    assert_eq!(stats(&broker, "ta"), Some((0, 0)));
+    p.request("COMMIT", &[("transaction", "tx1")], b"").await;
+    let got = c.messages(2).await;
+    let mut bodies: Vec<String> = got.iter().map(|m| m.text()).collect();
+    bodies.sort();
+    assert_eq!(bodies, ["one", "two"]);
+    // The transaction is over: its name can no longer be used.
+    p.send_frame(
+        "SEND",
+        &[
+            ("destination", "/queue/ta"),
+            ("transaction", "tx1"),
+            ("receipt", "late"),
+        ],
+        b"x",
+    )
+    .await;
+    let err = p.expect_error_then_close().await;
+    assert_eq!(err.header("message"), Some("invalid transaction"));
+    assert_eq!(err.header("receipt-id"), Some("late"));
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn abort_discards_sends() {
+    let broker = TestBroker::start().await;
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.subscribe("a", "/queue/ab", "auto", &[]).await;
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    p.request("BEGIN", &[("transaction", "t")], b"").await;
+    for body in ["x", "y"] {
+        p.request(
+            "SEND",
+            &[
+                ("destination", "/queue/ab"),
+                ("transaction", "t"),
+                ("persistent", "true"),
+            ],
+            body.as_bytes(),
+        )
+        .await;
+    }
+    p.request("ABORT", &[("transaction", "t")], b"").await;
+    // The same name can be begun again, and an open transaction left at
+    // disconnect is aborted as well.
+    p.request("BEGIN", &[("transaction", "t")], b"").await;
+    p.request(
+        "SEND",
+        &[("destination", "/queue/ab"), ("transaction", "t")],
+        b"z",
+    )
+    .await;
+    p.send_frame("DISCONNECT", &[("receipt", "bye")], b"").await;
+    p.expect_receipt("bye").await;
+    c.expect_nothing().await;
+    assert_eq!(stats(&broker, "ab"), Some((0, 0)));
+    broker.stop().await;
+}
+
+/// ACKs in a transaction settle at COMMIT; ABORT makes them unacked again.
+#[tokio::test]
+async fn transactional_acks() {
+    let broker = TestBroker::start().await;
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    for i in 0..3 {
+        p.send_persistent("/queue/tack", &[], format!("m{i}").as_bytes())
+            .await;
+    }
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.subscribe("s", "/queue/tack", "client-individual", &[])
+        .await;
+    let m = c.messages(3).await;
+    c.request("BEGIN", &[("transaction", "t1")], b"").await;
+    c.request("ACK", &[("id", &m[0].ack_id()), ("transaction", "t1")], b"")
+        .await;
+    c.request("ACK", &[("id", &m[1].ack_id()), ("transaction", "t1")], b"")
+        .await;
+    assert_eq!(stats(&broker, "tack"), Some((0, 3)));
+    c.request("ABORT", &[("transaction", "t1")], b"").await;
+    assert_eq!(stats(&broker, "tack"), Some((0, 3)));
+    // After ABORT the same messages can be acked again.
+    c.request("BEGIN", &[("transaction", "t2")], b"").await;
+    c.request("ACK", &[("id", &m[0].ack_id()), ("transaction", "t2")], b"")
+        .await;
+    c.request("COMMIT", &[("transaction", "t2")], b"").await;
+    assert_eq!(stats(&broker, "tack"), Some((0, 2)));
+    // m1's aborted ack was not applied: it comes back after a disconnect.
+    drop(c);
+    let mut c2 = StompClient::connect(broker.stomp(), &[]).await;
+    c2.subscribe("s", "/queue/tack", "client-individual", &[])
+        .await;
+    let again = c2.messages(2).await;
+    assert_eq!(
+        again.iter().map(|m| m.text()).collect::<Vec<_>>(),
+        ["m1", "m2"]
+    );
+    broker.stop().await;
+}
+
+/// One transaction consumes from one queue and produces to another: both
+/// happen at COMMIT, neither at ABORT.
+#[tokio::test]
+async fn sends_and_acks_commit_together() {
+    let broker = TestBroker::start().await;
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    p.send_persistent("/queue/in", &[], b"job-1").await;
+    p.send_persistent("/queue/in", &[], b"job-2").await;
+    let mut w = StompClient::connect(broker.stomp(), &[]).await;
+    w.subscribe("s", "/queue/in", "client-individual", &[])
+        .await;
+    let jobs = w.messages(2).await;
+
+    w.request("BEGIN", &[("transaction", "bad")], b"").await;
+    w.request(
+        "ACK",
+        &[("id", &jobs[0].ack_id()), ("transaction", "bad")],
+        b"",
+    )
+    .await;
+    w.request(
+        "SEND",
+        &[
+            ("destination", "/queue/out"),
+            ("transaction", "bad"),
+            ("persistent", "true"),
+        ],
+        b"result-1",
+    )
+    .await;
+    w.request("ABORT", &[("transaction", "bad")], b"").await;
+    assert_eq!(stats(&broker, "in"), Some((0, 2)));
+    assert_eq!(stats(&broker, "out").map(|s| s.0).unwrap_or(0), 0);
+
+    w.request("BEGIN", &[("transaction", "good")], b"").await;
+    for (job, result) in jobs.iter().zip(["result-1", "result-2"]) {
+        w.request(
+            "ACK",
+            &[("id", &job.ack_id()), ("transaction", "good")],
+            b"",
+        )
+        .await;
+        w.request(
+            "SEND",
+            &[
+                ("destination", "/queue/out"),
+                ("transaction", "good"),
+                ("persistent", "true"),
+            ],
+            result.as_bytes(),
+        )
+        .await;
+    }
+    w.request("COMMIT", &[("transaction", "good")], b"").await;
+    assert_eq!(stats(&broker, "in"), Some((0, 0)));
+    assert_eq!(stats(&broker, "out"), Some((2, 0)));
+    let mut r = StompClient::connect(broker.stomp(), &[]).await;
+    r.subscribe("o", "/queue/out", "auto", &[]).await;
+    assert_eq!(
+        r.messages(2)
+            .await
+            .iter()
+            .map(|m| m.text())
+            .collect::<Vec<_>>(),
+        ["result-1", "result-2"]
+    );
+    broker.stop().await;
+}
+
+/// A RECEIPT for a persistent SEND means the message is stored: it is in
+/// the queue when the RECEIPT arrives and survives a restart. Receipts
+/// come back in the order of the frames that asked.
+#[tokio::test]
+async fn receipts_after_durability_and_in_order() {
+    let mut broker = TestBroker::start().await;
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    let mut bytes = Vec::new();
+    for i in 0..50 {
+        let r = format!("r{i}");
+        let (command, headers): (&str, Vec<(&str, &str)>) = match i % 5 {
+            0 => ("BEGIN", vec![("transaction", "t")]),
+            1 => (
+                "SEND",
+                vec![
+                    ("destination", "/queue/rcpt"),
+                    ("transaction", "t"),
+                    ("persistent", "true"),
+                ],
+            ),
+            2 => ("COMMIT", vec![("transaction", "t")]),
+            3 => (
+                "SEND",
+                vec![("destination", "/queue/rcpt"), ("persistent", "true")],
+            ),
+            _ => ("SEND", vec![("destination", "/queue/rcpt")]),
+        };
+        let mut h = headers;
+        h.push(("receipt", &r));
+        bytes.extend(common::stomp::encode(
+            command,
+            &h,
+            format!("m{i}").as_bytes(),
+        ));
+    }
+    p.send_raw(&bytes).await;
+    for i in 0..50 {
+        p.expect_receipt(&format!("r{i}")).await;
+    }
+    // 10 transactional + 10 plain persistent + 10 non-persistent.
+    assert_eq!(stats(&broker, "rcpt"), Some((30, 0)));
+    drop(p);
+    broker.restart().await;
+    // Persistent ones survive (non-persistent ones may not).
+    let depth = stats(&broker, "rcpt").expect("queue recovered").0;
+    assert!(depth >= 20, "only {depth} messages recovered");
+    broker.stop().await;
+}
+
+/// DISCONNECT's RECEIPT comes after every earlier frame's effect, then the
+/// server closes; frames after DISCONNECT are ignored.
+#[tokio::test]
+async fn disconnect_with_receipt() {
+    let broker = TestBroker::start().await;
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    let mut bytes = common::stomp::encode(
+        "SEND",
+        &[("destination", "/queue/disc"), ("persistent", "true")],
+        b"before",
+    );
+    bytes.extend(common::stomp::encode(
+        "DISCONNECT",
+        &[("receipt", "d")],
+        b"",
+    ));
+    bytes.extend(common::stomp::encode(
+        "SEND",
+        &[("destination", "/queue/disc"), ("persistent", "true")],
+        b"after",
+    ));
+    p.send_raw(&bytes).await;
+    p.expect_receipt("d").await;
+    p.expect_closed().await;
+    assert_eq!(stats(&broker, "disc"), Some((1, 0)));
+    // DISCONNECT without a receipt just closes.
+    let mut q = StompClient::connect(broker.stomp(), &[]).await;
+    q.send_frame("DISCONNECT", &[], b"").await;
+    q.expect_closed().await;
+    broker.stop().await;
+}
