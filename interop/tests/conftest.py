@@ -28,6 +28,10 @@ NODE_DIR = INTEROP / "node"
 USER = "alice"
 PASSWORD = "s3cret-pw"
 
+# [broker] connect_timeout_ms: the default, written out so the robustness
+# tests know the deadline they check.
+CONNECT_TIMEOUT_MS = 10_000
+
 # Payloads of 10 MiB must pass every protocol: the defaults are 1 MiB.
 SIZE_MAX_BYTES = 16 * 1024 * 1024
 
@@ -95,7 +99,7 @@ wss = ""
 any = ""
 
 [broker]
-connect_timeout_ms = 3000
+connect_timeout_ms = {CONNECT_TIMEOUT_MS}
 shutdown_grace_ms = 1000
 
 [security]
