@@ -10,9 +10,12 @@
 //! 4. flush and sync the journal;
 //! 5. return, and the process exits 0.
 
+mod detect;
 mod driver;
 mod listener;
 mod protocols;
+mod tls;
+mod ws;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -37,6 +40,8 @@ pub(crate) struct Shared {
     next_conn_id: AtomicU64,
     /// Becomes true when connections must stop now (end of the grace period).
     pub(crate) hard_stop: watch::Receiver<bool>,
+    /// The TLS acceptor, when `[tls]` names a certificate and key.
+    pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
     active: AtomicUsize,
     idle: Notify,
 }
@@ -133,6 +138,13 @@ pub async fn start(
     let store = Arc::new(store);
     let core = Core::new(core_config(&config), store.clone(), access, Some(recovered));
     apply_bindings(&core, &config)?;
+    let tls = if config.tls.enabled() {
+        let server_config =
+            tls::server_config(&config.tls).map_err(|e| anyhow::anyhow!("[tls]: {e}"))?;
+        Some(tokio_rustls::TlsAcceptor::from(server_config))
+    } else {
+        None
+    };
     let (stop_accepting, stop_rx) = watch::channel(false);
     let (hard_stop, hard_rx) = watch::channel(false);
     let shared = Arc::new(Shared {
@@ -140,6 +152,7 @@ pub async fn start(
         config: config.clone(),
         next_conn_id: AtomicU64::new(1),
         hard_stop: hard_rx,
+        tls,
         active: AtomicUsize::new(0),
         idle: Notify::new(),
     });

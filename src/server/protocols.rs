@@ -74,16 +74,41 @@ pub(crate) async fn serve(
     conn_id: u64,
     shared: Arc<Shared>,
 ) {
-    let wire = match kind {
-        ListenerKind::Mqtt | ListenerKind::Mqtts => Wire::Mqtt,
-        ListenerKind::Stomp | ListenerKind::Stomps => Wire::Stomp,
-        ListenerKind::Amqp | ListenerKind::Amqps => Wire::Amqp,
-        ListenerKind::WebSocket | ListenerKind::Wss | ListenerKind::Any => {
-            tracing::warn!(listener = kind.key(), %peer, "listener kind not served yet; closing");
-            return;
-        }
+    let plain = match kind {
+        ListenerKind::Mqtt => Some(Wire::Mqtt),
+        ListenerKind::Stomp => Some(Wire::Stomp),
+        ListenerKind::Amqp => Some(Wire::Amqp),
+        _ => None,
     };
-    run_wire(wire, stream, peer, conn_id, shared).await;
+    if let Some(wire) = plain {
+        return run_wire(wire, stream, peer, conn_id, shared).await;
+    }
+    match kind {
+        ListenerKind::WebSocket => super::ws::serve(stream, peer, conn_id, shared).await,
+        ListenerKind::Any => {
+            let tls = shared.tls.clone();
+            super::detect::serve_any(stream, peer, conn_id, shared, tls).await;
+        }
+        _ => {
+            let Some(acceptor) = shared.tls.clone() else {
+                tracing::warn!(listener = kind.key(), %peer, "TLS listener without [tls]; closing");
+                return;
+            };
+            let timeout = super::tls::handshake_timeout(&shared.config.tls);
+            // A failed handshake is logged by `accept` and closes only this connection.
+            let Ok((stream, _identity)) =
+                super::tls::accept(&acceptor, stream, peer, timeout).await
+            else {
+                return;
+            };
+            match kind {
+                ListenerKind::Mqtts => run_wire(Wire::Mqtt, stream, peer, conn_id, shared).await,
+                ListenerKind::Stomps => run_wire(Wire::Stomp, stream, peer, conn_id, shared).await,
+                ListenerKind::Amqps => run_wire(Wire::Amqp, stream, peer, conn_id, shared).await,
+                _ => super::ws::serve(stream, peer, conn_id, shared).await,
+            }
+        }
+    }
 }
 
 /// Runs the state machine of `wire` over any byte transport.
