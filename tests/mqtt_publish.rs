@@ -214,7 +214,7 @@ async fn retained_messages_are_delivered_on_subscribe_and_cleared_by_empty_paylo
     assert_eq!(&p.payload[..], b"21");
     quiet4(&mut ev).await;
     let (_s, mut ev) = subscriber4(&broker, "ret-wild", true, "ret/+/temp", QoS::AtLeastOnce).await;
-    let mut got = vec![publish4(&mut ev).await, publish4(&mut ev).await];
+    let mut got = [publish4(&mut ev).await, publish4(&mut ev).await];
     got.sort_by(|a, b| a.topic.cmp(&b.topic));
     assert!(got.iter().all(|p| p.retain));
     assert_eq!(&got[0].payload[..], b"21");
