@@ -119,6 +119,23 @@ async fn stomp_send_reaches_an_mqtt5_subscriber() {
         Some(1),
         "binary body must not be marked UTF-8"
     );
+
+    // With content-length but a text/* content type: text.
+    s.send_persistent(
+        "/topic/sensors/k3/temp",
+        &[("content-type", "text/csv")],
+        b"1,2,3",
+    )
+    .await;
+    let p = wait_for(&mut ev, |p| match p {
+        Packet::Publish(p) => Some(p.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(&p.payload[..], b"1,2,3");
+    let props = p.properties.expect("MQTT 5 properties");
+    assert_eq!(props.payload_format_indicator, Some(1), "text/* is text");
+    assert_eq!(props.content_type.as_deref(), Some("text/csv"));
     broker.stop().await;
 }
 

@@ -198,6 +198,111 @@ fn cases() -> Vec<Case> {
             receipt: None,
         },
         Case {
+            name: "header line without a colon",
+            connect: true,
+            bytes: b"SEND\ndestination:/queue/bad\nno-colon-here\n\nx\0".to_vec(),
+            message: "malformed frame",
+            receipt: None,
+        },
+        Case {
+            name: "header value that is not UTF-8",
+            connect: true,
+            bytes: b"SEND\ndestination:/queue/bad\nx-k:\xff\xfe\n\nx\0".to_vec(),
+            message: "malformed frame",
+            receipt: None,
+        },
+        Case {
+            name: "second CONNECT",
+            connect: true,
+            bytes: encode("CONNECT", &[("accept-version", "1.2")], b""),
+            message: "unexpected frame",
+            receipt: None,
+        },
+        Case {
+            name: "bad heart-beat header",
+            connect: false,
+            bytes: encode(
+                "CONNECT",
+                &[("accept-version", "1.2"), ("heart-beat", "soon")],
+                b"",
+            ),
+            message: "invalid header",
+            receipt: None,
+        },
+        Case {
+            name: "bad prefetch header",
+            connect: true,
+            bytes: encode(
+                "SUBSCRIBE",
+                &[
+                    ("id", "s"),
+                    ("destination", "/queue/bad"),
+                    ("activemq.prefetchSize", "lots"),
+                    ("receipt", "r-pf"),
+                ],
+                b"",
+            ),
+            message: "invalid header",
+            receipt: Some("r-pf"),
+        },
+        Case {
+            name: "duplicate subscription id",
+            connect: true,
+            bytes: [
+                encode(
+                    "SUBSCRIBE",
+                    &[("id", "s"), ("destination", "/queue/bad")],
+                    b"",
+                ),
+                encode(
+                    "SUBSCRIBE",
+                    &[("id", "s"), ("destination", "/queue/bad2")],
+                    b"",
+                ),
+            ]
+            .concat(),
+            message: "duplicate subscription id",
+            receipt: None,
+        },
+        Case {
+            name: "duplicate transaction",
+            connect: true,
+            bytes: [
+                encode("BEGIN", &[("transaction", "t")], b""),
+                encode("BEGIN", &[("transaction", "t"), ("receipt", "r-dup")], b""),
+            ]
+            .concat(),
+            message: "invalid transaction",
+            receipt: Some("r-dup"),
+        },
+        Case {
+            name: "too many transactions",
+            connect: true,
+            bytes: (0..17)
+                .flat_map(|i| encode("BEGIN", &[("transaction", &format!("t{i}"))], b""))
+                .collect(),
+            message: "limit exceeded",
+            receipt: None,
+        },
+        Case {
+            name: "NACK for an unknown id",
+            connect: true,
+            bytes: encode("NACK", &[("id", "1-77")], b""),
+            message: "unknown message id",
+            receipt: None,
+        },
+        Case {
+            name: "bad expires header",
+            connect: true,
+            bytes: encode(
+                "SEND",
+                &[("destination", "/queue/bad"), ("expires", "tomorrow")],
+                b"x",
+            ),
+            message: "invalid header",
+            receipt: None,
+        },
+        Case {
             name: "COMMIT of an unknown transaction",
             connect: true,
             bytes: encode(
@@ -338,14 +443,46 @@ async fn no_connect_in_time() {
     .await;
     let mut c = StompClient::connect_raw(broker.stomp()).await;
     let started = std::time::Instant::now();
-    // Either an ERROR then a close, or a plain close by the server.
-    match c.recv().await {
-        Some(f) => {
-            assert_eq!(f.command, "ERROR", "{f:?}");
-            c.expect_closed().await;
-        }
-        None => {}
-    }
-    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    let err = c.expect_error_then_close().await;
+    assert_eq!(err.header("message"), Some("connect timeout"), "{err:?}");
+    // `[broker] connect_timeout_ms` applies (the adapter default is 10 s).
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_millis(250)
+            && waited < std::time::Duration::from_secs(3),
+        "closed after {waited:?}"
+    );
+    broker.stop().await;
+}
+
+/// Frames within the limits pass: the limits are where they are said to be.
+#[tokio::test]
+async fn frames_at_the_limits_are_accepted() {
+    let broker = TestBroker::start_with(
+        |c| {
+            c.stomp.frame_size_max_bytes = FRAME_MAX;
+            c.stomp.header_size_max_bytes = HEADER_LINE_MAX;
+            c.stomp.header_count_max = HEADERS_MAX;
+        },
+        Arc::new(rosetta::core::AllowAll),
+    )
+    .await;
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.subscribe("s", "/queue/limits", "auto", &[]).await;
+    // Head: command, destination, content-length, receipt, about 80 bytes.
+    let body = vec![b'b'; FRAME_MAX as usize - 200];
+    c.send_persistent("/queue/limits", &[], &body).await;
+    assert_eq!(c.message().await.body, body);
+    // A header line just under the limit ("x-long:" + value + "\n").
+    let long = "v".repeat(HEADER_LINE_MAX as usize - 20);
+    c.send_persistent("/queue/limits", &[("x-long", &long)], b"l")
+        .await;
+    assert_eq!(c.message().await.header("x-long"), Some(long.as_str()));
+    // destination + persistent + receipt + content-length + 12 = 16 headers.
+    let names: Vec<String> = (0..HEADERS_MAX - 4).map(|i| format!("h{i}")).collect();
+    let headers: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "v")).collect();
+    c.send_persistent("/queue/limits", &headers, b"h").await;
+    let m = c.message().await;
+    assert_eq!(m.header("h0"), Some("v"));
     broker.stop().await;
 }

@@ -617,3 +617,126 @@ async fn naming_scheme_addresses() {
     c.expect_nothing().await;
     broker.stop().await;
 }
+
+/// UNSUBSCRIBE gives unacknowledged messages back to the queue (another
+/// consumer gets them, marked redelivered); their ids are then unknown.
+#[tokio::test]
+async fn unsubscribe_returns_unacked_messages() {
+    let broker = TestBroker::start().await;
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    p.send_persistent("/queue/unsub", &[], b"u1").await;
+    let mut a = StompClient::connect(broker.stomp(), &[]).await;
+    a.subscribe("s", "/queue/unsub", "client", &[]).await;
+    let m = a.message().await;
+    a.request("UNSUBSCRIBE", &[("id", "s")], b"").await;
+    let mut b = StompClient::connect(broker.stomp(), &[]).await;
+    b.subscribe("s", "/queue/unsub", "client", &[]).await;
+    let again = b.message().await;
+    assert_eq!(again.text(), "u1");
+    assert_eq!(again.header("redelivered"), Some("true"));
+    b.ack(&again).await;
+    a.send_frame("ACK", &[("id", &m.ack_id()), ("receipt", "late")], b"")
+        .await;
+    let err = a.expect_error_then_close().await;
+    assert_eq!(err.header("message"), Some("unknown message id"));
+    assert_eq!(err.header("receipt-id"), Some("late"));
+    broker.stop().await;
+}
+
+/// A second connection with the same `client-id` takes over: the first
+/// gets an ERROR and is closed, the second keeps the durable subscription.
+#[tokio::test]
+async fn client_id_take_over() {
+    let broker = TestBroker::start().await;
+    let mut first = StompClient::connect(broker.stomp(), &[("client-id", "same")]).await;
+    first
+        .subscribe(
+            "d",
+            "/topic/take/over",
+            "client-individual",
+            &[("activemq.subscriptionName", "d")],
+        )
+        .await;
+    let mut second = StompClient::connect(broker.stomp(), &[("client-id", "same")]).await;
+    let err = first.expect_error_then_close().await;
+    assert_eq!(err.header("message"), Some("session closed"), "{err:?}");
+    second
+        .subscribe(
+            "d",
+            "/topic/take/over",
+            "client-individual",
+            &[("activemq.subscriptionName", "d")],
+        )
+        .await;
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    p.send_persistent("/topic/take/over", &[], b"to the new one")
+        .await;
+    let m = second.message().await;
+    assert_eq!(m.text(), "to the new one");
+    second.ack(&m).await;
+    broker.stop().await;
+}
+
+/// Many 1 KiB persistent messages through one producer and two prefetch-
+/// limited consumers acking as they go: each arrives exactly once.
+#[tokio::test]
+async fn volume_with_prefetch_and_acks() {
+    const N: usize = 3000;
+    let broker = TestBroker::start().await;
+    let addr = broker.stomp();
+    let consumer = |name: &'static str| {
+        tokio::spawn(async move {
+            let mut c = StompClient::connect(addr, &[]).await;
+            c.subscribe(
+                "s",
+                "/queue/volume",
+                "client-individual",
+                &[("activemq.prefetchSize", "20")],
+            )
+            .await;
+            let mut got = Vec::new();
+            while let Some(m) = c.recv_within(std::time::Duration::from_secs(2)).await {
+                assert_eq!(m.command, "MESSAGE", "{name}: {m:?}");
+                assert_eq!(m.body.len(), 1024);
+                let id = m.ack_id();
+                c.send_frame("ACK", &[("id", &id)], b"").await;
+                got.push(String::from_utf8_lossy(&m.body[..12]).into_owned());
+                if got.len() == N {
+                    break;
+                }
+            }
+            got
+        })
+    };
+    let c1 = consumer("c1");
+    let c2 = consumer("c2");
+    let mut p = StompClient::connect(addr, &[]).await;
+    let mut bytes = Vec::new();
+    for i in 0..N {
+        let mut body = format!("{i:012}").into_bytes();
+        body.resize(1024, b'.');
+        let mut h = vec![("destination", "/queue/volume"), ("persistent", "true")];
+        let last = format!("{i}");
+        if i + 1 == N {
+            h.push(("receipt", &last));
+        }
+        bytes.extend(common::stomp::encode("SEND", &h, &body));
+    }
+    p.send_raw(&bytes).await;
+    p.expect_receipt(&format!("{}", N - 1)).await;
+    let mut all: Vec<String> = c1.await.expect("c1");
+    let n1 = all.len();
+    all.extend(c2.await.expect("c2"));
+    assert!(n1 > 0 && n1 < N, "both consumers got work: {n1}");
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), N, "every message exactly once");
+    assert_eq!(
+        broker
+            .core()
+            .queue_stats("volume")
+            .map(|s| (s.depth, s.in_flight)),
+        Some((0, 0))
+    );
+    broker.stop().await;
+}

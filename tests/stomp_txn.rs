@@ -284,3 +284,103 @@ async fn disconnect_with_receipt() {
     q.expect_closed().await;
     broker.stop().await;
 }
+
+/// What a RECEIPT confirmed survives a restart: a committed transaction's
+/// sends and acks, a receipted ACK, and a NACK's raised delivery count;
+/// an aborted transaction leaves nothing.
+#[tokio::test]
+async fn receipted_effects_survive_a_restart() {
+    let mut broker = TestBroker::start().await;
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    for i in 0..4 {
+        p.send_persistent("/queue/dur-in", &[], format!("in-{i}").as_bytes())
+            .await;
+    }
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.subscribe("s", "/queue/dur-in", "client-individual", &[])
+        .await;
+    let m = c.messages(4).await;
+    // in-0: acked outside a transaction.
+    c.ack(&m[0]).await;
+    // in-1: acked, with a send, in a committed transaction.
+    c.request("BEGIN", &[("transaction", "ok")], b"").await;
+    c.request("ACK", &[("id", &m[1].ack_id()), ("transaction", "ok")], b"")
+        .await;
+    c.request(
+        "SEND",
+        &[
+            ("destination", "/queue/dur-out"),
+            ("transaction", "ok"),
+            ("persistent", "true"),
+        ],
+        b"committed",
+    )
+    .await;
+    c.request("COMMIT", &[("transaction", "ok")], b"").await;
+    // in-2: acked, with a send, in an aborted transaction.
+    c.request("BEGIN", &[("transaction", "no")], b"").await;
+    c.request("ACK", &[("id", &m[2].ack_id()), ("transaction", "no")], b"")
+        .await;
+    c.request(
+        "SEND",
+        &[
+            ("destination", "/queue/dur-out"),
+            ("transaction", "no"),
+            ("persistent", "true"),
+        ],
+        b"aborted",
+    )
+    .await;
+    c.request("ABORT", &[("transaction", "no")], b"").await;
+    // in-3: NACKed once; it comes straight back, and stays unacked.
+    c.request("NACK", &[("id", &m[3].ack_id())], b"").await;
+    let back = c.message().await;
+    assert_eq!(back.text(), "in-3");
+    assert_eq!(back.header("delivery-count"), Some("1"));
+    drop(c);
+    drop(p);
+    broker.restart().await;
+
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.subscribe("s", "/queue/dur-in", "client-individual", &[])
+        .await;
+    let again = c.messages(2).await;
+    assert_eq!(
+        again.iter().map(|m| m.text()).collect::<Vec<_>>(),
+        ["in-2", "in-3"]
+    );
+    // in-2 failed once (the disconnect); in-3 twice (NACK, disconnect).
+    assert_eq!(again[0].header("delivery-count"), Some("1"));
+    assert_eq!(again[1].header("delivery-count"), Some("2"));
+    c.expect_nothing().await;
+    c.subscribe("o", "/queue/dur-out", "auto", &[]).await;
+    assert_eq!(c.message().await.text(), "committed");
+    c.expect_nothing().await;
+    broker.stop().await;
+}
+
+/// A non-persistent SEND with a receipt is answered too, and receipts for
+/// frames with no durable effect (SUBSCRIBE, UNSUBSCRIBE, BEGIN, ABORT)
+/// come at once.
+#[tokio::test]
+async fn receipts_for_every_command() {
+    let broker = TestBroker::start().await;
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.request(
+        "SEND",
+        &[("destination", "/queue/np"), ("persistent", "false")],
+        b"x",
+    )
+    .await;
+    c.request(
+        "SUBSCRIBE",
+        &[("id", "s"), ("destination", "/queue/np")],
+        b"",
+    )
+    .await;
+    assert_eq!(c.message().await.text(), "x");
+    c.request("UNSUBSCRIBE", &[("id", "s")], b"").await;
+    c.request("BEGIN", &[("transaction", "t")], b"").await;
+    c.request("ABORT", &[("transaction", "t")], b"").await;
+    broker.stop().await;
+}
