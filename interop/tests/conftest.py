@@ -27,6 +27,9 @@ NODE_DIR = INTEROP / "node"
 # Test users (the users file is written with the rosetta CLI).
 USER = "alice"
 PASSWORD = "s3cret-pw"
+# May publish and subscribe under /topic/ok/ only.
+LIMITED_USER = "bob"
+LIMITED_PASSWORD = "pw-bob"
 
 # [broker] connect_timeout_ms: the default, written out so the robustness
 # tests know the deadline they check.
@@ -73,11 +76,14 @@ class Broker:
         self._log = None
         self.starts = 0
         self._write_config()
-        subprocess.run(
-            [str(rosetta_bin()), "--config", str(self.config), "user", "add", USER, "--password", PASSWORD],
-            check=True,
-            capture_output=True,
-        )
+        for name, pw, patterns in [(USER, PASSWORD, []),
+                                   (LIMITED_USER, LIMITED_PASSWORD,
+                                    ["--publish", "/topic/ok/#", "--subscribe", "/topic/ok/#"])]:
+            subprocess.run(
+                [str(rosetta_bin()), "--config", str(self.config), "user", "add", name, "--password", pw, *patterns],
+                check=True,
+                capture_output=True,
+            )
 
     def _write_config(self):
         bindings = "".join(

@@ -12,7 +12,7 @@ from proton.utils import LinkDetached
 
 import nodeclient
 from clients import Amqp, ClientError, Mqtt, Stomp, amqp_message
-from conftest import PASSWORD, USER
+from conftest import LIMITED_PASSWORD, LIMITED_USER, PASSWORD, USER
 
 WRONG = "not-the-password"
 
@@ -35,6 +35,30 @@ def test_paho_basic(broker, uniq, version):
     finally:
         sub.close()
         pub.close()
+
+
+@pytest.mark.parametrize("version", [4, 5], ids=["paho-3.1.1", "paho-5.0"])
+def test_paho_qos2(broker, uniq, version):
+    """QoS 2 publish (PUBREC/PUBREL/PUBCOMP) and QoS 2 subscription: each
+    message arrives once, at QoS 2, and an AMQP consumer gets it too."""
+    sub = Mqtt(broker, version=version)
+    pub = Mqtt(broker, version=version)
+    a = Amqp(broker)
+    try:
+        sub.subscribe(f"q2/{uniq}", qos=2)
+        rcv = a.receiver(f"/topic/q2/{uniq}")
+        for i in range(20):
+            pub.publish(f"q2/{uniq}", f"e{i}".encode(), qos=2)
+        got = [sub.get() for _ in range(20)]
+        assert [g.body for g in got] == [f"e{i}".encode() for i in range(20)]
+        assert all(g.fields["qos"] == 2 for g in got)
+        assert [r.body for r in rcv.get_n(20)] == [f"e{i}".encode() for i in range(20)]
+        with pytest.raises(queue.Empty):
+            sub.get(timeout=0.5)
+    finally:
+        sub.close()
+        pub.close()
+        a.close()
 
 
 @pytest.mark.parametrize("version", [4, 5], ids=["paho-3.1.1", "paho-5.0"])
@@ -266,3 +290,43 @@ def test_mosquitto_wrong_password(broker, uniq):
     r = mosq(broker, "mosquitto_pub", "-t", f"x/{uniq}", "-m", "x", "-u", USER, "-P", WRONG)
     assert r.returncode != 0
     assert b"not authori" in r.stderr.lower() or b"bad user" in r.stderr.lower() or b"refused" in r.stderr.lower(), r.stderr
+
+
+# ------------------------------------------------------------- permissions
+def test_permissions_refused_per_protocol(broker, uniq):
+    """A publish or subscribe outside the user's patterns is refused the
+    way each protocol can say it, and the refused message reaches nobody."""
+    user, pw = LIMITED_USER, LIMITED_PASSWORD
+    witness = Mqtt(broker)
+    witness.subscribe(f"no/{uniq}/#", qos=1)
+    try:
+        m = Mqtt(broker, version=5, username=user, password=pw)
+        reasons = queue.Queue()
+        m.c.on_publish = lambda c, u, mid, rc, props: reasons.put(rc)
+        m.c.publish(f"no/{uniq}/m5", b"x", qos=1)
+        assert reasons.get(timeout=10).value == 0x87  # Not authorized
+        with pytest.raises(ClientError, match="Not authorized"):
+            m.subscribe(f"no/{uniq}/#")
+        m.close()
+
+        s = Stomp(broker, login=user, passcode=pw)
+        with pytest.raises(ClientError, match="not authorized"):
+            s.send(f"/topic/no/{uniq}/s", b"x")
+        s.close()
+
+        a = Amqp(broker, user=user, password=pw)
+        with pytest.raises(LinkDetached, match="unauthorized-access"):
+            a.send(f"/topic/no/{uniq}/a", amqp_message(b"x"))
+        a.close()
+        a = Amqp(broker, user=user, password=pw)
+        with pytest.raises(LinkDetached, match="unauthorized-access"):
+            a.receiver(f"/topic/no/{uniq}/a")
+        a.close()
+
+        ok = Mqtt(broker, version=5, username=user, password=pw)
+        ok.publish(f"ok/{uniq}", b"allowed", qos=1)
+        ok.close()
+        with pytest.raises(queue.Empty):
+            witness.get(timeout=0.7)
+    finally:
+        witness.close()

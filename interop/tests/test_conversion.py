@@ -391,3 +391,30 @@ def test_mqtt_dup_on_redelivery(broker, uniq):
             c2.close()
     finally:
         p.close()
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.1", "1.2"])
+def test_stomp_header_escaping_per_version(broker, uniq, version):
+    """Property names and values with newline, colon and backslash cannot
+    break a STOMP frame: 1.1 and 1.2 escape them (the client unescapes back
+    to the original), 1.0 has no escaping, so the broker writes a newline
+    as a space and a colon in a name as `_`."""
+    topic = f"cv/esc/{uniq}"
+    c = Stomp(broker, version=version)
+    p = Mqtt(broker, version=5)
+    try:
+        c.subscribe(f"/topic/{topic}", ack="auto")
+        p.publish(topic, b"body", qos=1,
+                  props=[("evil", "x\ndestination:/queue/hijack\ncontent-length:2"), ("k:colon", "v\\back")])
+        r = c.get()
+        assert r.body == b"body"
+        assert r.fields["destination"] == f"/topic/{topic}"
+        if version == "1.0":
+            assert r.fields["evil"] == "x destination:/queue/hijack content-length:2"
+            assert r.fields["k_colon"] == "v\\back"
+        else:
+            assert r.fields["evil"] == "x\ndestination:/queue/hijack\ncontent-length:2"
+            assert r.fields["k:colon"] == "v\\back"
+    finally:
+        c.close()
+        p.close()

@@ -73,16 +73,50 @@ def consume(b, phase, pair, info, n):
         a.close()
 
 
+DURABLE_SUBS = ["stomp", "amqp"]
+
+
+def prepare_durable_subs(b):
+    """A STOMP and an AMQP durable topic subscription, left while every
+    protocol publishes persistent messages to their topics."""
+    for con in DURABLE_SUBS:
+        topic = f"dsub/{con}"
+        if con == "stomp":
+            c = Stomp(b, client_id="dur-stomp-client")
+            c.subscribe(f"/topic/{topic}", sub_id="s1", headers={"activemq.subscriptionName": "restart-sub"})
+            c.close()
+        else:
+            a = Amqp(b, container_id="dur-amqp-container")
+            a.receiver(f"/topic/{topic}", name="restart-sub", durable=True)
+            a.close()
+    expected = {}
+    for con in DURABLE_SUBS:
+        topic = f"dsub/{con}"
+        expected[con] = []
+        for pub in PROTOCOLS:
+            p = Publisher(b, pub)
+            for i in range(5):
+                body = f"dsub:{pub}->{con}:{i}".encode()
+                p.publish("topic", topic, body, persistent=True)
+                expected[con].append(body)
+            p.close()
+    return expected
+
+
 @pytest.fixture(scope="module")
 def restarted(fresh_broker):
     b = fresh_broker
+    subs = prepare_durable_subs(b)
+    r = Mqtt(b, version=5)
+    r.publish("dret/x", b"retained across restarts", qos=1, retain=True)
+    r.close()
     graceful = prepare(b, "graceful")
     b.restart(hard=False)
     hard = prepare(b, "hard")
     # kill -9: every acknowledged persistent message must be on disk
     # ([store] sync = every-commit, the default).
     b.restart(hard=True)
-    return {"graceful": graceful, "hard": hard}
+    return {"graceful": graceful, "hard": hard, "subs": subs}
 
 
 @pytest.mark.timeout(300)
@@ -92,3 +126,43 @@ def test_persistent_messages_survive_restart(fresh_broker, restarted, phase, pai
     info, expected = restarted[phase][pair]
     got = consume(fresh_broker, phase, pair, info, len(expected))
     assert got == expected
+
+
+@pytest.mark.parametrize("con", DURABLE_SUBS)
+def test_durable_subscription_survives_restart(fresh_broker, restarted, con):
+    """Messages from all three protocols wait in a STOMP / AMQP durable
+    subscription across both restarts, in publish order."""
+    expected = restarted["subs"][con]
+    topic = f"/topic/dsub/{con}"
+    if con == "stomp":
+        c = Stomp(fresh_broker, client_id="dur-stomp-client")
+        try:
+            c.subscribe(topic, sub_id="s1", headers={"activemq.subscriptionName": "restart-sub"})
+            got = []
+            for _ in expected:
+                r = c.get(timeout=15)
+                c.ack(r)
+                got.append(r.body)
+        finally:
+            c.close()
+    else:
+        a = Amqp(fresh_broker, container_id="dur-amqp-container")
+        try:
+            got = [r.body for r in a.receiver(topic, name="restart-sub", durable=True).get_n(len(expected), timeout=15)]
+        finally:
+            a.close()
+    assert got == expected
+
+
+@pytest.mark.parametrize("version", [4, 5], ids=["mqtt-3.1.1", "mqtt-5.0"])
+def test_retained_message_survives_restart(fresh_broker, restarted, version):
+    """A retained QoS 1 message is still retained after both restarts
+    (retained messages reach MQTT subscribers only; STOMP and AMQP
+    subscriptions do not get them)."""
+    c = Mqtt(fresh_broker, version=version)
+    try:
+        c.subscribe("dret/x", qos=1)
+        r = c.get(timeout=10)
+        assert r.body == b"retained across restarts" and r.fields["retain"]
+    finally:
+        c.close()
