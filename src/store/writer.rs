@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, OnceLock};
 use std::thread::{JoinHandle, ThreadId};
@@ -128,6 +128,8 @@ pub(crate) struct Shared {
     pending_bytes_max: u64,
     writer: OnceLock<ThreadId>,
     completer: OnceLock<ThreadId>,
+    /// Completion batches handed to the completion thread and not yet run.
+    completions_in_flight: AtomicUsize,
     pub(crate) stats: Counters,
 }
 
@@ -231,6 +233,11 @@ type CompletionBatch = (Vec<Completion>, Result<(), StoreError>);
 /// writer waits for it: completions must not fall far behind the disk.
 const COMPLETION_BATCHES_IN_FLIGHT_MAX: usize = 4;
 
+/// Completions of a batch run on the writer thread itself when there are
+/// at most this many and the completion thread is idle (low load: one
+/// thread hop less per commit).
+const INLINE_COMPLETIONS_MAX: usize = 4;
+
 /// Creates the first active segment and starts the writer thread.
 pub(crate) fn start(
     config: &StoreConfig,
@@ -258,6 +265,7 @@ pub(crate) fn start(
         pending_bytes_max: config.pending_bytes_max,
         writer: OnceLock::new(),
         completer: OnceLock::new(),
+        completions_in_flight: AtomicUsize::new(0),
         stats: Counters::default(),
     });
     let (completions_tx, completions_rx) =
@@ -271,6 +279,9 @@ pub(crate) fn start(
                 for d in done {
                     d(result.clone());
                 }
+                completer_shared
+                    .completions_in_flight
+                    .fetch_sub(1, Ordering::AcqRel);
             }
         })
         .map_err(|e| io_error("spawn completion thread", &config.dir, e))?;
@@ -430,16 +441,20 @@ impl Writer {
                 Job::Compact(done) => compact_waiters.push(done),
             }
         }
-        let result = self.commit(&entries, force_sync);
-        let c = &self.shared.stats;
-        if result.is_ok() {
+        let written = self.write_and_sync(&entries, force_sync);
+        let result = written.as_ref().map(|_| ()).map_err(Clone::clone);
+        // Producers first: the index is the writer's own bookkeeping, and
+        // anything a completion appends is applied after this batch anyway.
+        self.complete(completions, result.clone());
+        if let Ok(locs) = written {
+            let c = &self.shared.stats;
             c.commits.fetch_add(commits, Ordering::Relaxed);
             let records: usize = entries.iter().map(|(_, r, _)| r.len()).sum();
             c.records_appended
                 .fetch_add(records as u64, Ordering::Relaxed);
+            self.apply(&entries, locs);
         }
         drop(entries);
-        self.complete(completions, result.clone());
         if result.is_ok() && !compact_waiters.is_empty() {
             let r = self.compact_now();
             self.complete(compact_waiters, r.clone());
@@ -455,6 +470,17 @@ impl Writer {
         entries: &[(Vec<u8>, Vec<Record>, Vec<u32>)],
         force_sync: bool,
     ) -> Result<(), StoreError> {
+        let locs = self.write_and_sync(entries, force_sync)?;
+        self.apply(entries, locs);
+        Ok(())
+    }
+
+    /// Writes `entries` and syncs them per policy (or if `force_sync`).
+    fn write_and_sync(
+        &mut self,
+        entries: &[(Vec<u8>, Vec<Record>, Vec<u32>)],
+        force_sync: bool,
+    ) -> Result<Vec<(SegmentId, u64)>, StoreError> {
         let locs =
             self.write_entries(entries.iter().map(|(b, r, _)| (b.as_slice(), r.as_slice())))?;
         let wrote = !entries.is_empty();
@@ -463,6 +489,11 @@ impl Writer {
         } else if wrote && self.unsynced_since.is_none() {
             self.unsynced_since = Some(Instant::now());
         }
+        Ok(locs)
+    }
+
+    /// Applies written entries to the index.
+    fn apply(&mut self, entries: &[(Vec<u8>, Vec<Record>, Vec<u32>)], locs: Vec<(SegmentId, u64)>) {
         for ((seg, entry), (_, records, sizes)) in locs.into_iter().zip(entries) {
             // Paired with `encode_body`: one size per record.
             assert_eq!(records.len(), sizes.len(), "record sizes out of step");
@@ -477,7 +508,6 @@ impl Writer {
         }
         self.index.set_file_bytes(self.active.id, self.active.len);
         self.publish_gauges();
-        Ok(())
     }
 
     /// Frames and writes entries, rolling segments as needed. Returns each
@@ -676,12 +706,35 @@ impl Writer {
         if done.is_empty() {
             return;
         }
+        // A small batch with nothing queued before it runs here: order is
+        // kept, and a lone producer saves a thread hop.
+        if done.len() <= INLINE_COMPLETIONS_MAX
+            && self.shared.completions_in_flight.load(Ordering::Acquire) == 0
+        {
+            for d in done {
+                d(result.clone());
+            }
+            return;
+        }
+        self.shared
+            .completions_in_flight
+            .fetch_add(1, Ordering::AcqRel);
         let unsent = match &self.completions {
             Some(tx) => match tx.send((done, result)) {
                 Ok(()) => None,
-                Err(std::sync::mpsc::SendError(batch)) => Some(batch),
+                Err(std::sync::mpsc::SendError(batch)) => {
+                    self.shared
+                        .completions_in_flight
+                        .fetch_sub(1, Ordering::AcqRel);
+                    Some(batch)
+                }
             },
-            None => Some((done, result)),
+            None => {
+                self.shared
+                    .completions_in_flight
+                    .fetch_sub(1, Ordering::AcqRel);
+                Some((done, result))
+            }
         };
         // The completion thread is gone (it panicked in a completion): run
         // them here rather than never.
