@@ -363,6 +363,21 @@ impl Open {
     /// Re-declares the session queue with a new lifetime. The neutral API
     /// has no "change lifetime" call; we rely on a re-declare updating it.
     fn set_session_expiry(&mut self, expiry_s: u32) {
+        if expiry_s == 0 {
+            // The session ends with this connection, which is closing (only
+            // DISCONNECT gets here). A re-declare cannot turn a lasting
+            // queue into a connection-scoped one, so end the session now,
+            // as a clean start would: a reconnect must not find it.
+            match self.session.delete_queue(&self.session_queue) {
+                Ok(()) | Err(BrokerError::NotFound(_)) => {}
+                Err(e) => tracing::warn!(error = %e, "could not end the session"),
+            }
+            if let Err(e) = self.session.put_state(QOS2_INBOUND_STATE_KEY, None) {
+                tracing::warn!(error = %e, "could not clear the QoS 2 state");
+            }
+            self.session_expiry_s = 0;
+            return;
+        }
         let lifetime = match expiry_s {
             0 => QueueLifetime::Session,
             u32::MAX => QueueLifetime::Permanent,
