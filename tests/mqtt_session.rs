@@ -511,3 +511,109 @@ async fn outbound_qos2_resumes_at_pubrel_after_a_restart() {
     sub.quiet4().await;
     broker.stop().await;
 }
+
+/// MQTT 5 persistent session across a restart: subscription identifier,
+/// queued QoS 1/2 messages with their properties, DUP on the re-sent
+/// in-flight ones; a DISCONNECT that sets the session expiry to 0 ends it.
+#[tokio::test]
+async fn v5_persistent_session_across_a_restart() {
+    let mut broker = TestBroker::start().await;
+    let expiry = || {
+        Some(p5::ConnectProperties {
+            session_expiry_interval: Some(300),
+            ..p5::ConnectProperties::new()
+        })
+    };
+    let (mut raw, _) =
+        Raw::connect5(broker.mqtt(), connect5_packet("v5p", true, expiry()), None).await;
+    let mut sub = p5::Subscribe::new(
+        p5::Filter::new("v5p/#", rumqttc::v5::mqttbytes::QoS::ExactlyOnce),
+        Some(p5::SubscribeProperties {
+            id: Some(5),
+            user_properties: vec![],
+        }),
+    );
+    sub.pkid = 1;
+    raw.send5(p5::Packet::Subscribe(sub)).await;
+    assert!(matches!(raw.recv5().await, p5::Packet::SubAck(_)));
+    drop(raw);
+
+    let (p, mut pev, _) = connected5(opts5(&broker, "v5p-pub")).await;
+    let user = vec![
+        ("a".to_owned(), "1".to_owned()),
+        ("a".to_owned(), "2".to_owned()),
+    ];
+    for (topic, qos) in [
+        ("v5p/1", rumqttc::v5::mqttbytes::QoS::AtLeastOnce),
+        ("v5p/2", rumqttc::v5::mqttbytes::QoS::ExactlyOnce),
+    ] {
+        let props = v5::PublishProperties {
+            content_type: Some("text/plain".into()),
+            user_properties: user.clone(),
+            ..Default::default()
+        };
+        publish_and_ack5(
+            &p,
+            &mut pev,
+            topic,
+            qos,
+            false,
+            topic.as_bytes(),
+            Some(props),
+        )
+        .await;
+    }
+    disconnect5(&p, &mut pev).await;
+    broker.restart().await;
+
+    let check = |p: &p5::Publish, topic: &str, dup: bool| {
+        assert_eq!(p.topic, bytes::Bytes::copy_from_slice(topic.as_bytes()));
+        assert_eq!(p.dup, dup, "{p:?}");
+        let props = p.properties.as_ref().expect("properties");
+        assert_eq!(props.subscription_identifiers, [5]);
+        assert_eq!(props.user_properties, user);
+        assert_eq!(props.content_type.as_deref(), Some("text/plain"));
+    };
+    let (mut raw, ack) =
+        Raw::connect5(broker.mqtt(), connect5_packet("v5p", false, expiry()), None).await;
+    assert!(ack.session_present);
+    let first = raw.recv5_publish().await;
+    let second = raw.recv5_publish().await;
+    check(&first, "v5p/1", false);
+    check(&second, "v5p/2", false);
+    drop(raw); // unacknowledged
+
+    let (mut raw, ack) =
+        Raw::connect5(broker.mqtt(), connect5_packet("v5p", false, expiry()), None).await;
+    assert!(ack.session_present);
+    let again1 = raw.recv5_publish().await;
+    let again2 = raw.recv5_publish().await;
+    check(&again1, "v5p/1", true);
+    check(&again2, "v5p/2", true);
+    assert_eq!((again1.pkid, again2.pkid), (first.pkid, second.pkid));
+    raw.send5(p5::Packet::PubAck(p5::PubAck::new(again1.pkid, None)))
+        .await;
+    raw.send5(p5::Packet::PubRec(p5::PubRec::new(again2.pkid, None)))
+        .await;
+    assert!(matches!(raw.recv5().await, p5::Packet::PubRel(r) if r.pkid == again2.pkid));
+    raw.send5(p5::Packet::PubComp(p5::PubComp::new(again2.pkid, None)))
+        .await;
+    raw.quiet5().await;
+
+    // DISCONNECT with Session Expiry 0: the session ends now.
+    raw.send5(p5::Packet::Disconnect(p5::Disconnect {
+        reason_code: p5::DisconnectReasonCode::NormalDisconnection,
+        properties: Some(p5::DisconnectProperties {
+            session_expiry_interval: Some(0),
+            reason_string: None,
+            user_properties: vec![],
+            server_reference: None,
+        }),
+    }))
+    .await;
+    raw.expect_silent_close().await;
+    let (_raw, ack) =
+        Raw::connect5(broker.mqtt(), connect5_packet("v5p", false, expiry()), None).await;
+    assert!(!ack.session_present);
+    broker.stop().await;
+}
