@@ -418,3 +418,49 @@ def test_stomp_header_escaping_per_version(broker, uniq, version):
     finally:
         c.close()
         p.close()
+
+
+def test_expired_messages_are_not_delivered(broker, uniq):
+    """An MQTT expiry interval, a STOMP `expires` and an AMQP ttl of 1 s
+    each drop the message from a queue nobody consumed in time; an
+    unexpiring message behind them is delivered."""
+    topic, q = broker.bound.take()
+    m, s, a = Mqtt(broker), Stomp(broker), Amqp(broker)
+    try:
+        m.publish(topic, b"mqtt-exp", qos=1, MessageExpiryInterval=1)
+        s.send(f"/queue/{q}", b"stomp-exp", headers={"persistent": "true", "expires": str(NOW_MS() + 1000)})
+        am = amqp_message(b"amqp-exp")
+        am.ttl = 1.0
+        a.send(f"/queue/{q}", am)
+        s.send(f"/queue/{q}", b"keeper", headers={"persistent": "true"})
+        time.sleep(2.0)
+        c = Consumer(broker, "amqp", "queue", q)
+        assert c.get().body == b"keeper"
+        c.assert_empty()
+        c.close()
+    finally:
+        for x in (m, s, a):
+            x.close()
+
+
+def test_mqtt311_consumer_gets_payload_only(broker, uniq):
+    """An MQTT 3.1.1 subscriber gets the exact payload of STOMP and AMQP
+    messages that carry properties and standard fields (3.1.1 has no place
+    for them, so they are left out)."""
+    topic = f"cv/m311/{uniq}"
+    c = Mqtt(broker, version=4)
+    s, a = Stomp(broker), Amqp(broker)
+    try:
+        c.subscribe(topic, qos=1)
+        s.send(f"/topic/{topic}", "stömp".encode(), content_type="text/plain",
+               headers={"x-a": "1", "correlation-id": "c", "reply-to": "/queue/r", "persistent": "true"})
+        m = amqp_message(b"\x00amqp")
+        m.properties = {"n": 1}
+        m.correlation_id = "c2"
+        a.send(f"/topic/{topic}", m)
+        got = c.get_n(2)
+        assert [g.body for g in got] == ["stömp".encode(), b"\x00amqp"]
+        assert all(g.fields["qos"] == 1 for g in got)
+    finally:
+        for x in (c, s, a):
+            x.close()

@@ -144,3 +144,66 @@ def test_many_messages_no_loss_no_dup_in_order(broker, uniq, pair):
     finally:
         publisher.close()
         consumer.close()
+
+
+@pytest.mark.timeout(180)
+def test_competing_consumers_of_both_queue_protocols(broker, uniq):
+    """Three producers (MQTT through a binding, STOMP, AMQP) send 500
+    messages each at once to one queue; two STOMP and two AMQP consumers
+    compete for them. Every message is consumed exactly once overall, and
+    each consumer sees each producer's messages in publish order."""
+    import threading
+
+    topic, q = broker.bound.take()
+    n = 500
+    consumers = [Consumer(broker, p, "queue", q, credit=50) for p in ("stomp", "stomp", "amqp", "amqp")]
+    received = [[] for _ in consumers]
+    stop = threading.Event()
+    errors = []
+
+    def drain(i, c):
+        try:
+            while not stop.is_set():
+                try:
+                    received[i].append(c.get(timeout=0.5).body)
+                except Exception as e:  # queue.Empty / proton Timeout
+                    if type(e).__name__ not in ("Empty", "Timeout"):
+                        raise
+        except Exception as e:
+            errors.append(repr(e))
+
+    def produce(proto):
+        p = Publisher(broker, proto)
+        try:
+            from clients import publish_many
+            publish_many(p, "queue", topic if proto == "mqtt" else q,
+                         [f"{proto}:{i:04d}".encode() for i in range(n)])
+        except Exception as e:
+            errors.append(repr(e))
+        finally:
+            p.close()
+
+    drains = [threading.Thread(target=drain, args=(i, c), daemon=True) for i, c in enumerate(consumers)]
+    producers = [threading.Thread(target=produce, args=(p,), daemon=True) for p in PROTOCOLS]
+    for t in drains + producers:
+        t.start()
+    for t in producers:
+        t.join(120)
+    deadline = __import__("time").monotonic() + 60
+    while sum(map(len, received)) < 3 * n and __import__("time").monotonic() < deadline and not errors:
+        __import__("time").sleep(0.1)
+    stop.set()
+    for t in drains:
+        t.join(10)
+    for c in consumers:
+        c.close()
+    assert not errors, errors
+    everything = [b for r in received for b in r]
+    expected = {f"{p}:{i:04d}".encode() for p in PROTOCOLS for i in range(n)}
+    assert len(everything) == len(set(everything)), "duplicates"
+    assert set(everything) == expected, f"{len(expected - set(everything))} lost"
+    for r in received:
+        for p in PROTOCOLS:
+            mine = [b for b in r if b.startswith(p.encode())]
+            assert mine == sorted(mine), f"{p} messages out of order at one consumer"
+    assert sum(1 for r in received if r) >= 2, "no competition: one consumer took everything"
