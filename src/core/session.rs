@@ -31,7 +31,8 @@ const CONSUMERS_PER_SESSION_MAX: usize = 10_000;
 enum Staged {
     Publish {
         address: Address,
-        message: Message,
+        // Boxed: a message is large next to a settlement.
+        message: Box<Message>,
     },
     Settle {
         consumer: ConsumerId,
@@ -431,7 +432,7 @@ impl Session for CoreSession {
             }
             ops.push(Staged::Publish {
                 address: address.clone(),
-                message,
+                message: Box::new(message),
             });
             return Ok(PublishReceipt {
                 routed: 0,
@@ -675,7 +676,7 @@ impl Session for CoreSession {
             let result = match op {
                 Staged::Publish { address, message } => self
                     .inner
-                    .route(&address, message, self.origin.as_deref(), &mut batch)
+                    .route(&address, *message, self.origin.as_deref(), &mut batch)
                     .map(|_| ()),
                 Staged::Settle {
                     consumer,

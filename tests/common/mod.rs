@@ -1,6 +1,9 @@
 //! Shared harness of the integration tests: a real broker on free loopback
 //! ports with a temporary data directory, restartable on the same data.
-#![allow(dead_code)] // each test file uses its own subset
+#![allow(dead_code)]
+// each test file uses its own subset
+// Items here are `pub` for the sibling helper modules; the crate is a test.
+#![allow(unreachable_pub)]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -25,8 +28,10 @@ fn loopback() -> Option<ListenAddr> {
 /// A configuration with the plain TCP listeners on free loopback ports and
 /// the data directory in `dir`.
 pub fn test_config(dir: &Path) -> Config {
-    let mut config = Config::default();
-    config.data_dir = dir.join("data");
+    let mut config = Config {
+        data_dir: dir.join("data"),
+        ..Config::default()
+    };
     config.listeners.mqtt = loopback();
     config.listeners.stomp = loopback();
     config.listeners.amqp = loopback();
