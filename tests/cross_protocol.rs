@@ -407,3 +407,103 @@ async fn one_topic_three_protocols() {
     conn.close().await.expect("close");
     broker.stop().await;
 }
+
+/// Request/reply across protocols: a STOMP requester's `/temp-queue/…`
+/// reply-to becomes an address an AMQP responder can send to.
+#[tokio::test]
+async fn stomp_temp_queue_reply_from_amqp() {
+    let broker = TestBroker::start().await;
+    let (mut conn, mut session) = amqp(&broker).await;
+    let mut requests = Receiver::attach(&mut session, "req", "/queue/rpc")
+        .await
+        .expect("attach receiver");
+    let mut s = StompClient::connect(broker.stomp(), &[]).await;
+    s.subscribe("replies", "/temp-queue/answers", "auto", &[])
+        .await;
+    s.request(
+        "SEND",
+        &[
+            ("destination", "/queue/rpc"),
+            ("reply-to", "/temp-queue/answers"),
+            ("correlation-id", "q-1"),
+        ],
+        b"question",
+    )
+    .await;
+    let d: fe2o3_amqp::link::delivery::Delivery<Body<Value>> =
+        requests.recv().await.expect("request");
+    let props = d.message().properties.clone().expect("properties");
+    let reply_to = props.reply_to.clone().expect("reply-to");
+    assert!(reply_to.starts_with("/queue/"), "{reply_to}");
+    requests.accept(&d).await.expect("accept");
+    let mut replier = Sender::attach(&mut session, "rep", reply_to.as_str())
+        .await
+        .expect("attach to the reply-to address");
+    let reply = AmqpMessage::builder()
+        .properties(
+            Properties::builder()
+                .correlation_id(String::from("q-1"))
+                .build(),
+        )
+        .value("answer")
+        .build();
+    replier
+        .send(reply)
+        .await
+        .expect("send")
+        .accepted_or_else(|o| o)
+        .expect("accepted");
+    let m = s.message().await;
+    assert_eq!(m.header("subscription"), Some("replies"));
+    assert_eq!(m.text(), "answer");
+    assert_eq!(m.header("correlation-id"), Some("q-1"));
+    replier.close().await.expect("close");
+    requests.close().await.expect("close");
+    session.end().await.expect("end");
+    conn.close().await.expect("close");
+    broker.stop().await;
+}
+
+/// An MQTT 3.1.1 client (no properties) gets the STOMP body as is.
+#[tokio::test]
+async fn stomp_send_reaches_an_mqtt311_subscriber() {
+    let broker = TestBroker::start().await;
+    let addr = broker.mqtt();
+    let mut opts = rumqttc::MqttOptions::new("v311", addr.ip().to_string(), addr.port());
+    opts.set_keep_alive(Duration::from_secs(30));
+    let (sub, mut ev) = rumqttc::AsyncClient::new(opts, 16);
+    sub.subscribe("plain/#", rumqttc::QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    loop {
+        if let rumqttc::Packet::SubAck(_) = next_v311(&mut ev).await {
+            break;
+        }
+    }
+    let mut s = StompClient::connect(broker.stomp(), &[]).await;
+    s.send_persistent("/topic/plain/x", &[("x-ignored", "1")], b"\x00raw\xff")
+        .await;
+    let p = loop {
+        if let rumqttc::Packet::Publish(p) = next_v311(&mut ev).await {
+            break p;
+        }
+    };
+    assert_eq!(p.topic, "plain/x");
+    assert_eq!(&p.payload[..], b"\x00raw\xff");
+    assert_eq!(p.qos, rumqttc::QoS::AtLeastOnce);
+    broker.stop().await;
+}
+
+/// The next incoming MQTT 3.1.1 packet.
+async fn next_v311(ev: &mut rumqttc::EventLoop) -> rumqttc::Packet {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match ev.poll().await.expect("mqtt 3.1.1 connection") {
+                rumqttc::Event::Incoming(p) => return p,
+                rumqttc::Event::Outgoing(_) => {}
+            }
+        }
+    })
+    .await
+    .expect("mqtt packet within timeout")
+}

@@ -684,8 +684,12 @@ async fn volume_with_prefetch_and_acks() {
     const N: usize = 3000;
     let broker = TestBroker::start().await;
     let addr = broker.stomp();
+    // Received by both consumers together: each stops once all arrived.
+    let total = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let consumer = |name: &'static str| {
+        let total = Arc::clone(&total);
         tokio::spawn(async move {
+            use std::sync::atomic::Ordering;
             let mut c = StompClient::connect(addr, &[]).await;
             c.subscribe(
                 "s",
@@ -695,16 +699,26 @@ async fn volume_with_prefetch_and_acks() {
             )
             .await;
             let mut got = Vec::new();
-            while let Some(m) = c.recv_within(std::time::Duration::from_secs(2)).await {
+            let mut idle = std::time::Instant::now();
+            while total.load(Ordering::SeqCst) < N {
+                let Some(m) = c.recv_within(std::time::Duration::from_millis(50)).await else {
+                    assert!(
+                        idle.elapsed() < common::stomp::TIMEOUT,
+                        "{name}: stalled at {} of {N}",
+                        total.load(Ordering::SeqCst)
+                    );
+                    continue;
+                };
+                idle = std::time::Instant::now();
                 assert_eq!(m.command, "MESSAGE", "{name}: {m:?}");
                 assert_eq!(m.body.len(), 1024);
                 let id = m.ack_id();
                 c.send_frame("ACK", &[("id", &id)], b"").await;
                 got.push(String::from_utf8_lossy(&m.body[..12]).into_owned());
-                if got.len() == N {
-                    break;
-                }
+                total.fetch_add(1, Ordering::SeqCst);
             }
+            // ACKs are not receipted: let the last ones land before the check.
+            c.request("BEGIN", &[("transaction", "sync")], b"").await;
             got
         })
     };
@@ -738,5 +752,56 @@ async fn volume_with_prefetch_and_acks() {
             .map(|s| (s.depth, s.in_flight)),
         Some((0, 0))
     );
+    broker.stop().await;
+}
+
+/// STOMP 1.0: SUBSCRIBE without `id` (the destination names it), MESSAGE
+/// without `subscription`, ACK by `message-id`, UNSUBSCRIBE by destination.
+#[tokio::test]
+async fn stomp_1_0_subscribe_ack_unsubscribe() {
+    let broker = TestBroker::start().await;
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    p.send_persistent("/queue/old", &[], b"o1").await;
+    p.send_persistent("/queue/old", &[], b"o2").await;
+    let (mut c, _) = StompClient::connect_version(broker.stomp(), "", &[]).await;
+    c.request(
+        "SUBSCRIBE",
+        &[("destination", "/queue/old"), ("ack", "client")],
+        b"",
+    )
+    .await;
+    let m = c.messages(2).await;
+    assert_eq!(m[0].header("subscription"), None, "{:?}", m[0]);
+    assert_eq!(m[0].header("ack"), None);
+    let id = m[1].header("message-id").expect("message-id").to_owned();
+    c.request("ACK", &[("message-id", &id)], b"").await;
+    assert_eq!(
+        broker
+            .core()
+            .queue_stats("old")
+            .map(|s| (s.depth, s.in_flight)),
+        Some((0, 0))
+    );
+    c.request("UNSUBSCRIBE", &[("destination", "/queue/old")], b"")
+        .await;
+    p.send_persistent("/queue/old", &[], b"o3").await;
+    c.expect_nothing().await;
+    broker.stop().await;
+}
+
+/// A message that expires while it waits in the queue is not delivered.
+#[tokio::test]
+async fn messages_expire_in_the_queue() {
+    let broker = TestBroker::start().await;
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    let soon = (now_ms() + 300).to_string();
+    p.send_persistent("/queue/ttl", &[("expires", &soon)], b"short-lived")
+        .await;
+    p.send_persistent("/queue/ttl", &[], b"long-lived").await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.subscribe("s", "/queue/ttl", "auto", &[]).await;
+    assert_eq!(c.message().await.text(), "long-lived");
+    c.expect_nothing().await;
     broker.stop().await;
 }

@@ -34,6 +34,21 @@ async fn header_escaping_in_1_2() {
     broker.stop().await;
 }
 
+/// Receipt ids are header values like any other: escaped both ways.
+#[tokio::test]
+async fn receipt_ids_are_escaped() {
+    let broker = TestBroker::start().await;
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.send_frame(
+        "BEGIN",
+        &[("transaction", "t"), ("receipt", r"a\cb\\c")],
+        b"",
+    )
+    .await;
+    c.expect_receipt(r"a\cb\\c").await;
+    broker.stop().await;
+}
+
 /// 1.1 knows `\n`, `\c`, `\\` but not `\r`, which is a fatal bad escape.
 #[tokio::test]
 async fn header_escaping_in_1_1() {

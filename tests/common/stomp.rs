@@ -286,12 +286,13 @@ impl StompClient {
 
     async fn recv_inner(&mut self) -> Option<Frame> {
         loop {
-            while let Some(b'\n' | b'\r') = self.buf.first() {
-                if self.buf[0] == b'\n' {
-                    self.eols += 1;
-                }
-                self.buf.remove(0);
-            }
+            let eols = self
+                .buf
+                .iter()
+                .take_while(|b| matches!(b, b'\n' | b'\r'))
+                .count();
+            self.eols += self.buf[..eols].iter().filter(|b| **b == b'\n').count();
+            self.buf.drain(..eols);
             if let Some(frame) = self.parse() {
                 return Some(frame);
             }
@@ -310,17 +311,18 @@ impl StompClient {
     }
 
     fn parse(&mut self) -> Option<Frame> {
-        // The head ends at the first empty line (LF LF or CRLF CRLF).
-        let (head_end, body_start) = {
-            let lf = self.buf.windows(2).position(|w| w == b"\n\n");
-            let crlf = self.buf.windows(4).position(|w| w == b"\r\n\r\n");
-            match (lf, crlf) {
-                (Some(a), Some(b)) if b < a => (b, b + 4),
-                (Some(a), _) => (a, a + 2),
-                (None, Some(b)) => (b, b + 4),
-                (None, None) => return None,
-            }
-        };
+        // The head ends at the first empty line (LF LF or CRLF CRLF): one
+        // scan over the LFs, so big buffers of small frames stay cheap.
+        let (head_end, body_start) = self
+            .buf
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'\n')
+            .find_map(|(i, _)| match self.buf.get(i + 1..) {
+                Some([b'\n', ..]) => Some((i, i + 2)),
+                Some([b'\r', b'\n', ..]) => Some((i, i + 3)),
+                _ => None,
+            })?;
         let head = String::from_utf8_lossy(&self.buf[..head_end]).replace('\r', "");
         let mut lines = head.lines();
         let command = lines.next()?.to_owned();
