@@ -77,6 +77,18 @@ fn fits(len: usize) -> bool {
     len <= usize::from(u16::MAX)
 }
 
+/// The Message Expiry Interval of a delivery: the time left, rounded to the
+/// nearest second (at least 1, as an expired message is never sent).
+/// Rounding up would turn the millisecond noise between the publisher's and
+/// the subscriber's clock readings into a whole second, so a message
+/// delivered at once could show more lifetime than it was published with.
+fn remaining_lifetime_s(msg: &Message, now_ms: u64) -> Option<u32> {
+    msg.expiry.map(|e| {
+        let ms = e.saturating_sub(now_ms).saturating_add(500);
+        u32::try_from(ms / 1000).unwrap_or(u32::MAX).max(1)
+    })
+}
+
 /// The MQTT 5 properties of a delivery; `None` when there are none.
 pub(crate) fn outbound_properties(
     msg: &Message,
@@ -85,7 +97,7 @@ pub(crate) fn outbound_properties(
 ) -> Option<PublishProperties> {
     let props = PublishProperties {
         payload_format_indicator: (msg.body.kind == BodyKind::Text).then_some(1),
-        message_expiry_interval: msg.remaining_lifetime_s(now_ms),
+        message_expiry_interval: remaining_lifetime_s(msg, now_ms),
         topic_alias: None,
         response_topic: msg
             .reply_to
@@ -155,6 +167,11 @@ mod tests {
         assert!(msg.durable && msg.retain);
         let out = outbound_properties(&msg, &[3, 7], 5_500).expect("props");
         assert_eq!(out.message_expiry_interval, Some(6));
+        // Never more than published, never 0 while not expired.
+        let early = outbound_properties(&msg, &[], 999).expect("props");
+        assert_eq!(early.message_expiry_interval, Some(10));
+        let late = outbound_properties(&msg, &[], 10_800).expect("props");
+        assert_eq!(late.message_expiry_interval, Some(1));
         assert_eq!(out.response_topic.as_deref(), Some("replies/1"));
         assert_eq!(out.correlation_data.as_deref(), Some(&b"\x00\x01"[..]));
         assert_eq!(out.subscription_identifiers, vec![3, 7]);
