@@ -617,3 +617,28 @@ async fn v5_persistent_session_across_a_restart() {
     assert!(!ack.session_present);
     broker.stop().await;
 }
+
+/// A session's expiry keeps running across a restart: a 1 s session is gone
+/// after the broker restarted and the time passed.
+#[tokio::test]
+async fn v5_session_expiry_runs_across_a_restart() {
+    let mut broker = TestBroker::start().await;
+    for (id, expiry) in [("short", 1), ("long", 120)] {
+        let (c, mut ev, _) = connected5(expiring(&broker, id, true, Some(expiry))).await;
+        subscribe5(
+            &c,
+            &mut ev,
+            v5::Filter::new("xr/t", v5::QoS::AtLeastOnce),
+            None,
+        )
+        .await;
+        disconnect5(&c, &mut ev).await;
+    }
+    broker.restart().await;
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let (_c, _ev, ack) = connected5(expiring(&broker, "short", false, Some(1))).await;
+    assert!(!ack.session_present, "1 s session must have expired");
+    let (_c, _ev, ack) = connected5(expiring(&broker, "long", false, Some(120))).await;
+    assert!(ack.session_present);
+    broker.stop().await;
+}

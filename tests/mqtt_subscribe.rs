@@ -377,3 +377,43 @@ async fn shared_subscriptions_split_the_load() {
     assert_eq!(n, 20);
     broker.stop().await;
 }
+
+/// Deliveries a shared-subscription member never acknowledged go to another
+/// member when it disconnects.
+#[tokio::test]
+async fn shared_subscription_redelivers_a_gone_members_unacked_messages() {
+    let broker = TestBroker::start().await;
+    let (mut a, _) = Raw::connect4(broker.mqtt(), "sh-a", true, 10).await;
+    raw_subscribe4(&mut a, 1, "$share/r/shr/t", QoS::AtLeastOnce).await;
+    let (mut b, _) = Raw::connect4(broker.mqtt(), "sh-b", true, 10).await;
+    raw_subscribe4(&mut b, 1, "$share/r/shr/t", QoS::AtLeastOnce).await;
+    for i in 0..6u8 {
+        publish_once4(&broker, "shr/t", QoS::AtLeastOnce, false, &[i]).await;
+    }
+    // Whatever each got; A acknowledges nothing and goes away.
+    let mut got_a = Vec::new();
+    while let Some(p4::Packet::Publish(p)) = a.recv4_opt(QUIET).await {
+        got_a.push(p.payload[0]);
+    }
+    let mut got_b = Vec::new();
+    while let Some(p4::Packet::Publish(p)) = b.recv4_opt(QUIET).await {
+        b.send4(p4::Packet::PubAck(p4::PubAck::new(p.pkid))).await;
+        got_b.push(p.payload[0]);
+    }
+    assert!(
+        !got_a.is_empty(),
+        "load split: a got {got_a:?}, b got {got_b:?}"
+    );
+    drop(a);
+    let mut again = Vec::new();
+    while again.len() < got_a.len() {
+        let p = b.recv4_publish().await;
+        b.send4(p4::Packet::PubAck(p4::PubAck::new(p.pkid))).await;
+        again.push(p.payload[0]);
+    }
+    again.sort_unstable();
+    got_a.sort_unstable();
+    assert_eq!(again, got_a);
+    b.quiet4().await;
+    broker.stop().await;
+}

@@ -107,8 +107,12 @@ async fn configured_limits_are_advertised_and_enforced() {
     let mut p = p5::Publish::new("l/t", Q5::ExactlyOnce, "x", None);
     p.pkid = 1;
     raw.send5(p5::Packet::Publish(p)).await;
-    raw.expect_disconnect5(p5::DisconnectReasonCode::QoSNotSupported)
+    let d = raw
+        .expect_disconnect5(p5::DisconnectReasonCode::QoSNotSupported)
         .await;
+    // Problem information was not refused: the reason says why.
+    let why = d.properties.and_then(|p| p.reason_string);
+    assert!(why.is_some_and(|s| !s.is_empty()), "reason string expected");
     // Retain while unavailable: DISCONNECT 0x9A.
     let (mut raw, _) =
         Raw::connect5(broker.mqtt(), connect5_packet("limits-r", true, None), None).await;
@@ -490,5 +494,49 @@ async fn client_maximum_packet_size_is_respected() {
     raw.quiet5().await;
     raw.send5(p5::Packet::PingReq(p5::PingReq)).await;
     assert!(matches!(raw.recv5().await, p5::Packet::PingResp(_)));
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn retained_v5_properties_survive_a_restart() {
+    let mut broker = TestBroker::start().await;
+    let (p, mut pev, _) = connected5(opts5(&broker, "ret5-pub")).await;
+    let props = v5::PublishProperties {
+        payload_format_indicator: Some(1),
+        content_type: Some("application/json".into()),
+        response_topic: Some("ret5/reply".into()),
+        correlation_data: Some(Bytes::from_static(b"c")),
+        user_properties: vec![("u".into(), "1".into()), ("u".into(), "1".into())],
+        ..Default::default()
+    };
+    publish_and_ack5(
+        &p,
+        &mut pev,
+        "ret5/t",
+        Q5::AtLeastOnce,
+        true,
+        b"{}",
+        Some(props.clone()),
+    )
+    .await;
+    disconnect5(&p, &mut pev).await;
+    broker.restart().await;
+    let (s, mut sev, _) = connected5(opts5(&broker, "ret5-sub")).await;
+    subscribe5(
+        &s,
+        &mut sev,
+        v5::Filter::new("ret5/#", Q5::AtLeastOnce),
+        None,
+    )
+    .await;
+    let got = publish5(&mut sev).await;
+    assert!(got.retain);
+    assert_eq!(&got.payload[..], b"{}");
+    let gp = got.properties.expect("properties");
+    assert_eq!(gp.payload_format_indicator, Some(1));
+    assert_eq!(gp.content_type, props.content_type);
+    assert_eq!(gp.response_topic, props.response_topic);
+    assert_eq!(gp.correlation_data, props.correlation_data);
+    assert_eq!(gp.user_properties, props.user_properties);
     broker.stop().await;
 }

@@ -555,12 +555,14 @@ impl Raw {
         );
     }
 
-    /// Asserts a v5 DISCONNECT with `reason` arrives, then the close.
-    pub async fn expect_disconnect5(&mut self, reason: p5::DisconnectReasonCode) {
-        match self.recv5().await {
-            p5::Packet::Disconnect(d) => assert_eq!(d.reason_code, reason, "{d:?}"),
+    /// Asserts a v5 DISCONNECT with `reason` arrives, then the close;
+    /// returns the DISCONNECT.
+    pub async fn expect_disconnect5(&mut self, reason: p5::DisconnectReasonCode) -> p5::Disconnect {
+        let d = match self.recv5().await {
+            p5::Packet::Disconnect(d) => d,
             other => panic!("expected DISCONNECT {reason:?}, got {other:?}"),
-        }
+        };
+        assert_eq!(d.reason_code, reason, "{d:?}");
         let closed = tokio::time::timeout(WAIT, async {
             loop {
                 if !self.fill().await {
@@ -575,6 +577,7 @@ impl Raw {
             "bytes after DISCONNECT: {:?}",
             &self.buf[..]
         );
+        d
     }
 
     /// Opens a socket and completes a 3.1.1 CONNECT.
