@@ -225,12 +225,22 @@ async fn second_connection_with_same_id_takes_over() {
     new.send5(p5::Packet::PingReq(p5::PingReq)).await;
     assert!(matches!(new.recv5().await, p5::Packet::PingResp(_)));
 
-    // 3.1.1: the old one is closed; the persistent session moves over.
+    // 3.1.1: the old one is closed; the persistent session moves over,
+    // with the old connection's unacknowledged delivery (DUP).
     let (mut old, _) = Raw::connect4(addr, "dup4", false, 10).await;
     raw_subscribe4(&mut old, 1, "dup4/t", QoS::AtLeastOnce).await;
+    publish_once4(&broker, "dup4/t", QoS::AtLeastOnce, false, b"unacked").await;
+    let first = old.recv4_publish().await;
     let (mut new, ack) = Raw::connect4(addr, "dup4", false, 10).await;
     assert!(ack.session_present);
     old.expect_silent_close().await;
+    let again = new.recv4_publish().await;
+    assert_eq!(
+        (&again.payload[..], again.pkid, again.dup),
+        (&b"unacked"[..], first.pkid, true)
+    );
+    new.send4(p4::Packet::PubAck(p4::PubAck::new(again.pkid)))
+        .await;
     publish_once4(&broker, "dup4/t", QoS::AtLeastOnce, false, b"moved").await;
     let p = new.recv4_publish().await;
     assert_eq!(&p.payload[..], b"moved");

@@ -540,3 +540,77 @@ async fn retained_v5_properties_survive_a_restart() {
     assert_eq!(gp.user_properties, props.user_properties);
     broker.stop().await;
 }
+
+/// The Server Keep Alive is what the server enforces: a client that asked
+/// for 60 s, got 1 s and went silent is dropped after ~1.5 s with 0x8D.
+#[tokio::test]
+async fn server_keep_alive_is_enforced() {
+    let broker = TestBroker::start_with(|c| c.mqtt.keep_alive_max_s = 1, allow_all()).await;
+    let mut connect = connect5_packet("ska", true, None);
+    connect.keep_alive = 60;
+    let (mut raw, ack) = Raw::connect5(broker.mqtt(), connect, None).await;
+    assert_eq!(ack.properties.and_then(|p| p.server_keep_alive), Some(1));
+    let start = std::time::Instant::now();
+    raw.expect_disconnect5(p5::DisconnectReasonCode::KeepAliveTimeout)
+        .await;
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    broker.stop().await;
+}
+
+/// A payload marked UTF-8 that is not: 0x99 (here as DISCONNECT, which the
+/// spec allows in place of a PUBACK code); a CONNECT with a Receive Maximum
+/// of 0 is refused as a protocol error.
+#[tokio::test]
+async fn v5_property_violations() {
+    let broker = TestBroker::start().await;
+    let (mut raw, _) = Raw::connect5(broker.mqtt(), connect5_packet("pfi", true, None), None).await;
+    let mut p = p5::Publish::new(
+        "pfi/t",
+        Q5::AtLeastOnce,
+        vec![0xff, 0xfe],
+        Some(v5::PublishProperties {
+            payload_format_indicator: Some(1),
+            ..Default::default()
+        }),
+    );
+    p.pkid = 1;
+    raw.send5(p5::Packet::Publish(p)).await;
+    match raw.recv5().await {
+        p5::Packet::PubAck(a) => assert_eq!(a.reason, p5::PubAckReason::PayloadFormatInvalid),
+        p5::Packet::Disconnect(d) => {
+            assert_eq!(
+                d.reason_code,
+                p5::DisconnectReasonCode::PayloadFormatInvalid
+            )
+        }
+        other => panic!("expected 0x99, got {other:?}"),
+    }
+
+    let props = p5::ConnectProperties {
+        receive_maximum: Some(0),
+        ..p5::ConnectProperties::new()
+    };
+    let mut raw = Raw::open(broker.mqtt()).await;
+    raw.send5(p5::Packet::Connect(
+        connect5_packet("rm0", true, Some(props)),
+        None,
+        None,
+    ))
+    .await;
+    match raw.recv5_opt(WAIT).await {
+        Some(p5::Packet::ConnAck(a)) => assert!(
+            matches!(
+                a.code,
+                p5::ConnectReturnCode::ProtocolError | p5::ConnectReturnCode::MalformedPacket
+            ),
+            "{a:?}"
+        ),
+        other => panic!("expected a refusing CONNACK, got {other:?}"),
+    }
+    raw.expect_silent_close().await;
+    broker.stop().await;
+}
