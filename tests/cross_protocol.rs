@@ -507,3 +507,114 @@ async fn next_v311(ev: &mut rumqttc::EventLoop) -> rumqttc::Packet {
     .await
     .expect("mqtt packet within timeout")
 }
+
+/// A large STOMP body (900 KiB, under every default limit) reaches an
+/// AMQP receiver (split over 64 KiB transfer frames) and an MQTT
+/// subscriber intact.
+#[tokio::test]
+async fn large_stomp_body_reaches_amqp_and_mqtt() {
+    let broker = TestBroker::start().await;
+    let addr = broker.mqtt();
+    let mut opts = MqttOptions::new("big-mqtt", addr.ip().to_string(), addr.port());
+    // rumqttc refuses incoming packets over 10 KiB unless told otherwise.
+    opts.set_max_packet_size(Some(2 * 1024 * 1024));
+    let (sub, ev) = AsyncClient::new(opts, 64);
+    sub.subscribe("big/one", QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    let mut mqtt_in = drive(ev);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(p) = mqtt_in.recv().await {
+            if matches!(p, Packet::SubAck(_)) {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("SUBACK");
+    let mut stomp = StompClient::connect(broker.stomp(), &[]).await;
+    // The same body to a queue, for the AMQP receiver.
+    let body: Vec<u8> = (0..900 * 1024).map(|i| (i % 251) as u8).collect();
+    stomp.send_persistent("/topic/big/one", &[], &body).await;
+    stomp.send_persistent("/queue/big", &[], &body).await;
+    let p = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(Packet::Publish(p)) = mqtt_in.recv().await {
+                return p;
+            }
+        }
+    })
+    .await
+    .expect("mqtt publish");
+    assert_eq!(p.payload.len(), body.len());
+    assert!(p.payload[..] == body[..], "MQTT payload differs");
+    let (mut conn, mut session) = amqp(&broker).await;
+    let mut receiver = Receiver::attach(&mut session, "big", "/queue/big")
+        .await
+        .expect("attach");
+    let d: fe2o3_amqp::link::delivery::Delivery<Body<Value>> =
+        tokio::time::timeout(Duration::from_secs(10), receiver.recv())
+            .await
+            .expect("in time")
+            .expect("recv");
+    match &d.message().body {
+        Body::Data(batch) => {
+            let bytes: Vec<u8> = batch.iter().flat_map(|Data(b)| b.to_vec()).collect();
+            assert!(bytes == body, "AMQP body differs ({} bytes)", bytes.len());
+        }
+        other => panic!(
+            "data body expected, got {:?}",
+            std::mem::discriminant(other)
+        ),
+    }
+    receiver.accept(&d).await.expect("accept");
+    receiver.close().await.expect("close");
+    session.end().await.expect("end");
+    conn.close().await.expect("close");
+    broker.stop().await;
+}
+
+/// A STOMP message larger than an MQTT 5 subscriber's Maximum Packet Size
+/// is not sent to it (MQTT 5 §3.1.2.11.4); the connection stays up and
+/// later messages arrive.
+#[tokio::test]
+async fn oversized_for_the_mqtt_client_is_skipped() {
+    let broker = TestBroker::start().await;
+    let addr = broker.mqtt();
+    let mut opts = MqttOptions::new("small-mqtt", addr.ip().to_string(), addr.port());
+    opts.set_max_packet_size(Some(4096));
+    let (sub, ev) = AsyncClient::new(opts, 64);
+    sub.subscribe("small/one", QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    let mut mqtt_in = drive(ev);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(p) = mqtt_in.recv().await {
+            if matches!(p, Packet::SubAck(_)) {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("SUBACK");
+    let mut stomp = StompClient::connect(broker.stomp(), &[]).await;
+    stomp
+        .send_persistent("/topic/small/one", &[], &vec![b'x'; 64 * 1024])
+        .await;
+    stomp
+        .send_persistent("/topic/small/one", &[], b"fits")
+        .await;
+    let p = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match mqtt_in.recv().await {
+                Some(Packet::Publish(p)) => return p,
+                Some(_) => {}
+                None => panic!("MQTT connection closed"),
+            }
+        }
+    })
+    .await
+    .expect("mqtt publish");
+    assert_eq!(&p.payload[..], b"fits");
+    broker.stop().await;
+}

@@ -384,3 +384,111 @@ async fn receipts_for_every_command() {
     c.request("ABORT", &[("transaction", "t")], b"").await;
     broker.stop().await;
 }
+
+/// An ACK staged in a transaction for a subscription that is cancelled
+/// before COMMIT: the message is neither lost nor delivered twice.
+#[tokio::test]
+async fn transactional_ack_then_unsubscribe_then_commit() {
+    let broker = TestBroker::start().await;
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    p.send_persistent("/queue/tx-unsub", &[], b"only").await;
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.subscribe("s", "/queue/tx-unsub", "client-individual", &[])
+        .await;
+    let m = c.message().await;
+    c.request("BEGIN", &[("transaction", "t")], b"").await;
+    c.request("ACK", &[("id", &m.ack_id()), ("transaction", "t")], b"")
+        .await;
+    c.request("UNSUBSCRIBE", &[("id", "s")], b"").await;
+    c.send_frame("COMMIT", &[("transaction", "t"), ("receipt", "c")], b"")
+        .await;
+    let f = c.recv().await.expect("answer to COMMIT");
+    let (depth, in_flight) = broker
+        .core()
+        .queue_stats("tx-unsub")
+        .map(|s| (s.depth, s.in_flight))
+        .expect("queue");
+    match f.command.as_str() {
+        // The ack held: the message is gone.
+        "RECEIPT" => assert_eq!((depth, in_flight), (0, 0), "{f:?}"),
+        // The ack failed: the message is still there to be consumed.
+        "ERROR" => assert_eq!((depth, in_flight), (1, 0), "{f:?}"),
+        other => panic!("unexpected {other}: {f:?}"),
+    }
+    broker.stop().await;
+}
+
+/// A producer far ahead of the journal (more receipts pending than the
+/// adapter lets a connection have) is slowed down, not dropped, and every
+/// RECEIPT arrives in order.
+#[tokio::test]
+async fn back_pressure_on_a_fast_producer() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const N: usize = 6000;
+    let broker = TestBroker::start().await;
+    let mut stream = tokio::net::TcpStream::connect(broker.stomp())
+        .await
+        .expect("connect");
+    stream
+        .write_all(&common::stomp::encode(
+            "CONNECT",
+            &[("accept-version", "1.2"), ("host", "h")],
+            b"",
+        ))
+        .await
+        .expect("write");
+    let (mut rd, mut wr) = stream.into_split();
+    let writer = tokio::spawn(async move {
+        let mut bytes = Vec::new();
+        for i in 0..N {
+            let r = i.to_string();
+            bytes.extend(common::stomp::encode(
+                "SEND",
+                &[
+                    ("destination", "/queue/fast"),
+                    ("persistent", "true"),
+                    ("receipt", &r),
+                ],
+                b"0123456789abcdef",
+            ));
+        }
+        wr.write_all(&bytes).await.expect("write all");
+        wr
+    });
+    // Count RECEIPTs in order on the raw stream.
+    let mut buf = Vec::new();
+    let mut next = 0usize;
+    let mut connected = false;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while next < N {
+        let mut chunk = vec![0u8; 65536];
+        let n = tokio::time::timeout_at(deadline, rd.read(&mut chunk))
+            .await
+            .expect("receipts in time")
+            .expect("read");
+        assert!(n > 0, "closed after {next} receipts");
+        buf.extend_from_slice(&chunk[..n]);
+        while let Some(end) = buf.iter().position(|b| *b == 0) {
+            let frame = String::from_utf8_lossy(&buf[..end]).into_owned();
+            buf.drain(..=end);
+            let frame = frame.trim_start_matches(['\n', '\r']);
+            if !connected {
+                assert!(frame.starts_with("CONNECTED"), "{frame}");
+                connected = true;
+                continue;
+            }
+            assert!(frame.starts_with("RECEIPT\n"), "{frame}");
+            assert!(
+                frame.contains(&format!("\nreceipt-id:{next}\n")),
+                "receipt {next} expected: {frame}"
+            );
+            next += 1;
+        }
+    }
+    let _wr = writer.await.expect("writer");
+    assert_eq!(
+        broker.core().queue_stats("fast").map(|s| s.depth),
+        Some(N as u64)
+    );
+    broker.stop().await;
+}
