@@ -47,6 +47,13 @@ pub(crate) async fn spawn(
 }
 
 fn accept(kind: ListenerKind, stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
+    // `[broker] connections_max`: beyond it a socket is closed at once, so
+    // a flood of connections cannot exhaust memory or file descriptors.
+    let max = usize::try_from(shared.config.broker.connections_max).unwrap_or(usize::MAX);
+    if shared.active_connections() >= max {
+        tracing::warn!(listener = kind.key(), %peer, max, "connection refused: connections_max reached");
+        return;
+    }
     // Latency matters more than packet count for a broker: acks and small
     // messages must not wait for Nagle.
     if let Err(e) = stream.set_nodelay(true) {

@@ -51,6 +51,11 @@ impl Shared {
         self.next_conn_id.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Connection tasks open now (those counted by [`Shared::track`]).
+    pub(crate) fn active_connections(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
+    }
+
     /// Counts a connection task for the shutdown drain; the guard uncounts
     /// it when dropped.
     pub(crate) fn track(self: &Arc<Self>) -> ConnectionGuard {
