@@ -652,3 +652,34 @@ async fn v5_session_expiry_runs_across_a_restart() {
     assert!(ack.session_present);
     broker.stop().await;
 }
+
+/// What a persistent session changed before the restart is what comes
+/// back: an UNSUBSCRIBE stays done, a re-SUBSCRIBE keeps its new QoS.
+#[tokio::test]
+async fn subscription_changes_survive_a_restart() {
+    let mut broker = TestBroker::start().await;
+    let (c, mut ev) = subscriber4(&broker, "changer", false, "chg/gone", QoS::AtLeastOnce).await;
+    c.subscribe("chg/up", QoS::AtMostOnce).await.expect("sub");
+    suback4(&mut ev).await;
+    c.subscribe("chg/up", QoS::AtLeastOnce)
+        .await
+        .expect("re-sub");
+    suback4(&mut ev).await;
+    c.unsubscribe("chg/gone").await.expect("unsub");
+    wait4(&mut ev, |p| {
+        matches!(p, rumqttc::Packet::UnsubAck(_)).then_some(())
+    })
+    .await;
+    disconnect4(&c, &mut ev).await;
+    drop(ev);
+    broker.restart().await;
+
+    let (_c, mut ev, ack) = connected4(&broker, "changer", false).await;
+    assert!(ack.session_present);
+    publish_once4(&broker, "chg/gone", QoS::AtLeastOnce, false, b"x").await;
+    publish_once4(&broker, "chg/up", QoS::AtLeastOnce, false, b"y").await;
+    let p = publish4(&mut ev).await;
+    assert_eq!((p.topic.as_str(), p.qos), ("chg/up", QoS::AtLeastOnce));
+    quiet4(&mut ev).await;
+    broker.stop().await;
+}

@@ -56,11 +56,17 @@ async fn dollar_topics_are_not_matched_by_leading_wildcards() {
     let (_a, mut all) = subscriber4(&broker, "all", true, "#", QoS::AtLeastOnce).await;
     let (_b, mut lvl) = subscriber4(&broker, "lvl", true, "+/status", QoS::AtLeastOnce).await;
     let (_c, mut dollar) = subscriber4(&broker, "dol", true, "$app/#", QoS::AtLeastOnce).await;
-    publish_once4(&broker, "$app/status", QoS::AtLeastOnce, false, b"d").await;
+    publish_once4(&broker, "$app/status", QoS::AtLeastOnce, true, b"d").await;
     publish_once4(&broker, "dev/status", QoS::AtLeastOnce, false, b"n").await;
     assert_eq!(drain_topics4(&mut all).await, ["dev/status"]);
     assert_eq!(drain_topics4(&mut lvl).await, ["dev/status"]);
     assert_eq!(drain_topics4(&mut dollar).await, ["$app/status"]);
+    // Retained `$` messages are not matched by leading wildcards either.
+    let (_d, mut late_all) = subscriber4(&broker, "late-all", true, "#", QoS::AtLeastOnce).await;
+    assert!(drain_topics4(&mut late_all).await.is_empty());
+    let (_e, mut late_dollar) =
+        subscriber4(&broker, "late-dol", true, "$app/+", QoS::AtLeastOnce).await;
+    assert_eq!(drain_topics4(&mut late_dollar).await, ["$app/status"]);
     broker.stop().await;
 }
 
