@@ -255,3 +255,48 @@ async fn no_heart_beats_in_1_0() {
     c.request("BEGIN", &[("transaction", "t")], b"").await;
     broker.stop().await;
 }
+
+/// `[broker] connections_max`: a connection beyond it is closed at once;
+/// when one leaves, a new one is served again.
+#[tokio::test]
+async fn connections_beyond_the_limit_are_refused() {
+    let broker = TestBroker::start_with(
+        |c| c.broker.connections_max = 2,
+        Arc::new(rosetta::core::AllowAll),
+    )
+    .await;
+    let (mut a, _) = StompClient::connect_version(broker.stomp(), "1.2", &[]).await;
+    let (b, _) = StompClient::connect_version(broker.stomp(), "1.2", &[]).await;
+    let mut c = StompClient::connect_raw(broker.stomp()).await;
+    // The server closes it; the CONNECT may or may not be written first.
+    c.try_send_raw(&common::stomp::encode(
+        "CONNECT",
+        &[("accept-version", "1.2")],
+        b"",
+    ))
+    .await;
+    c.expect_closed().await;
+    a.request("BEGIN", &[("transaction", "t")], b"").await;
+    b.disconnect().await;
+    // The slot frees once the server has seen the close.
+    let mut served = false;
+    for _ in 0..50 {
+        let mut d = StompClient::connect_raw(broker.stomp()).await;
+        if d.try_send_raw(&common::stomp::encode(
+            "CONNECT",
+            &[("accept-version", "1.2")],
+            b"",
+        ))
+        .await
+        {
+            if let Some(f) = d.recv_within(Duration::from_millis(500)).await {
+                assert_eq!(f.command, "CONNECTED", "{f:?}");
+                served = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(served, "a freed slot is reused");
+    broker.stop().await;
+}

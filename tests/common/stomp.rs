@@ -158,6 +158,14 @@ impl StompClient {
         self.stream.write_all(bytes).await.is_ok()
     }
 
+    /// A clean DISCONNECT (with its RECEIPT awaited), then the socket is dropped.
+    pub async fn disconnect(mut self) {
+        self.send_frame("DISCONNECT", &[("receipt", "close")], b"")
+            .await;
+        self.expect_receipt("close").await;
+        self.expect_closed().await;
+    }
+
     pub async fn send_frame(&mut self, command: &str, headers: &[(&str, &str)], body: &[u8]) {
         self.send_raw(&encode(command, headers, body)).await;
     }
