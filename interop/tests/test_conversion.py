@@ -1,6 +1,7 @@
 """Properties and standard fields across protocols, as docs/conversion.md
 states them. Every test name here is cited by a row of that table."""
 
+import queue
 import time
 import uuid
 
@@ -464,3 +465,86 @@ def test_mqtt311_consumer_gets_payload_only(broker, uniq):
     finally:
         for x in (c, s, a):
             x.close()
+
+
+def test_mqtt_shared_subscription_fed_by_stomp(broker, uniq):
+    """Two MQTT clients in `$share/g/<filter>` split what a STOMP producer
+    sends to the topic: each message goes to exactly one of them."""
+    m1, m2, s = Mqtt(broker), Mqtt(broker), Stomp(broker)
+    try:
+        m1.subscribe(f"$share/g/sh/{uniq}", qos=1)
+        m2.subscribe(f"$share/g/sh/{uniq}", qos=1)
+        for i in range(10):
+            s.send(f"/topic/sh/{uniq}", f"s{i}".encode(), headers={"persistent": "true"})
+        got = {1: [], 2: []}
+        for k, c in ((1, m1), (2, m2)):
+            try:
+                while True:
+                    got[k].append(c.get(timeout=1).body)
+            except queue.Empty:
+                pass
+        assert sorted(got[1] + got[2]) == sorted(f"s{i}".encode() for i in range(10))
+        assert got[1] and got[2], "one member got nothing"
+    finally:
+        for c in (m1, m2, s):
+            c.close()
+
+
+def test_amqp_anonymous_relay_to_stomp(broker, uniq):
+    """An AMQP sender with a null target routes by each message's `to`."""
+    a, st = Amqp(broker), Stomp(broker)
+    try:
+        st.subscribe(f"/topic/relay/{uniq}", ack="auto")
+        snd = a.conn.create_sender(None)
+        m = amqp_message(b"relayed")
+        m.address = f"/topic/relay/{uniq}"
+        snd.send(m)
+        assert st.get().body == b"relayed"
+    finally:
+        a.close()
+        st.close()
+
+
+def test_stomp_transaction_seen_by_amqp_only_after_commit(broker, uniq):
+    q = f"txq-{uniq}"
+    s = Stomp(broker)
+    c = Consumer(broker, "amqp", "queue", q)
+    try:
+        s.conn.begin("tx1")
+        s.conn.send(f"/queue/{q}", b"in-tx", transaction="tx1", headers={"persistent": "true"})
+        c.assert_empty(wait_s=1.0)
+        s.conn.commit("tx1")
+        assert c.get().body == b"in-tx"
+        s.conn.begin("tx2")
+        s.conn.send(f"/queue/{q}", b"aborted", transaction="tx2")
+        s.conn.abort("tx2")
+        c.assert_empty(wait_s=1.0)
+    finally:
+        s.close()
+        c.close()
+
+
+def test_amqp_dynamic_reply_queue_answered_by_stomp(broker, uniq):
+    """An AMQP requester's dynamic receiver gets a generated
+    `/queue/$temp/...` address; a STOMP responder reads it from reply-to
+    and sends the answer there."""
+    a, st = Amqp(broker), Stomp(broker)
+    try:
+        st.subscribe(f"/queue/svc2-{uniq}")
+        reply = a.conn.create_receiver(None, dynamic=True, credit=10)
+        reply_addr = reply.link.remote_source.address
+        assert reply_addr.startswith("/queue/$temp/"), reply_addr
+        m = amqp_message(b"ping")
+        m.reply_to = reply_addr
+        m.correlation_id = "k1"
+        a.send(f"/queue/svc2-{uniq}", m)
+        req = st.get()
+        st.ack(req)
+        assert req.fields["reply-to"] == reply_addr
+        st.send(req.fields["reply-to"], b"pong", headers={"correlation-id": req.fields["correlation-id"]})
+        ans = reply.receive(timeout=10)
+        reply.accept()
+        assert bytes(ans.body) == b"pong" and ans.correlation_id == "k1"
+    finally:
+        a.close()
+        st.close()
