@@ -124,6 +124,7 @@ impl MqttConnection {
             .authenticate(c.username.as_deref(), c.password.as_deref())
             .map_err(|e| Refusal::new(auth_reason(&e), e.to_string()))?;
 
+        let life = lifetime(&c, cfg.session_expiry_max_s, cfg.v311_session_expiry_s);
         // The will is checked before anything is created.
         let will = match &c.will {
             Some(w) => {
@@ -145,8 +146,13 @@ impl MqttConnection {
                 Some(Will {
                     address: Address::Topic(w.topic.clone()),
                     message,
+                    // Published when the delay has passed or the session
+                    // ends, whichever comes first (MQTT 5 §3.1.3.2.2).
                     delay: Duration::from_secs(u64::from(
-                        w.props.will_delay_interval_s.unwrap_or(0),
+                        w.props
+                            .will_delay_interval_s
+                            .unwrap_or(0)
+                            .min(life.expiry_s),
                     )),
                     expiry_interval: w
                         .props
@@ -157,7 +163,6 @@ impl MqttConnection {
             None => None,
         };
 
-        let life = lifetime(&c, cfg.session_expiry_max_s, cfg.v311_session_expiry_s);
         let mut session = self.broker.open_session(
             SessionInfo {
                 conn_id: self.conn_id,

@@ -391,6 +391,10 @@ fn will_is_set_and_close_kind_follows_the_disconnect() {
         user_properties: vec![("k".into(), "v".into())],
     });
     c.last_will = Some(will);
+    // A session that outlives the will delay: the delay is kept.
+    let mut props = connect_props();
+    props.session_expiry_interval = Some(60);
+    c.properties = Some(props);
     h.input(&connect_v5(c));
     h.packets();
     {
@@ -510,4 +514,34 @@ fn disconnect_can_change_a_non_zero_session_expiry() {
     let s = h.broker.state();
     assert!(!s.queues.contains_key("$mqtt/e"), "session queue deleted");
     assert_eq!(s.closes, vec![CloseKind::Clean]);
+}
+
+#[test]
+fn will_delay_is_capped_by_the_session_expiry() {
+    // The will goes out when the delay passes or the session ends,
+    // whichever is first: with session expiry 2 s a 30 s delay becomes 2 s,
+    // with expiry 0 (session ends at close) it becomes 0.
+    for (expiry, want) in [(Some(2), 2), (None, 0)] {
+        let mut h = Harness::new(true);
+        let mut c = v5::Connect::new("wd");
+        let mut will = v5::LastWill::new("w/d", b"x".to_vec(), mqttbytes::QoS::AtMostOnce, false);
+        will.properties = Some(v5::WillProperties {
+            delay_interval: Some(30),
+            payload_format_indicator: None,
+            message_expiry_interval: None,
+            content_type: None,
+            response_topic: None,
+            correlation_data: None,
+            user_properties: vec![],
+        });
+        c.last_will = Some(will);
+        let mut props = connect_props();
+        props.session_expiry_interval = expiry;
+        c.properties = Some(props);
+        h.input(&connect_v5(c));
+        h.packets();
+        let s = h.broker.state();
+        let will = s.wills[0].as_ref().expect("will set");
+        assert_eq!(will.delay, Duration::from_secs(want), "expiry {expiry:?}");
+    }
 }
