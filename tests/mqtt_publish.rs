@@ -419,3 +419,57 @@ async fn v5_will_delay_and_will_properties() {
     quiet5(&mut ev).await;
     broker.stop().await;
 }
+
+/// A will with RETAIN becomes the retained message of its topic; a will
+/// whose delay outlasts the session is published when the session ends.
+#[tokio::test]
+async fn retained_will_and_will_at_session_end() {
+    let broker = TestBroker::start().await;
+    let mut c = p4::Connect::new("ret-will");
+    c.keep_alive = 10;
+    c.last_will = Some(p4::LastWill::new(
+        "rw/status",
+        b"offline".to_vec(),
+        QoS::AtLeastOnce,
+        true,
+    ));
+    let (raw, _) = Raw::connect4_with(broker.mqtt(), c).await;
+    drop(raw);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_s, mut ev) = subscriber4(&broker, "rw-late", true, "rw/#", QoS::AtLeastOnce).await;
+    let p = publish4(&mut ev).await;
+    assert!(p.retain);
+    assert_eq!(
+        (p.topic.as_str(), &p.payload[..]),
+        ("rw/status", &b"offline"[..])
+    );
+
+    // Will delay 30 s, session expiry 1 s: the will comes with the end of
+    // the session, after ~1 s.
+    let (s, mut sev, _) = connected5(opts5(&broker, "wse-watch")).await;
+    subscribe5(
+        &s,
+        &mut sev,
+        v5::Filter::new("will5/#", Q5::AtLeastOnce),
+        None,
+    )
+    .await;
+    let props = p5::ConnectProperties {
+        session_expiry_interval: Some(1),
+        ..p5::ConnectProperties::new()
+    };
+    let (raw, _) = Raw::connect5(
+        broker.mqtt(),
+        connect5_packet("wse", true, Some(props)),
+        Some(will5(30)),
+    )
+    .await;
+    let dropped = Instant::now();
+    drop(raw);
+    let p = tokio::time::timeout(Duration::from_secs(4), publish5(&mut sev))
+        .await
+        .expect("will at session end, long before the 30 s delay");
+    assert_eq!(p.topic, Bytes::from_static(b"will5/t"));
+    assert!(dropped.elapsed() >= Duration::from_millis(900));
+    broker.stop().await;
+}

@@ -683,3 +683,23 @@ async fn subscription_changes_survive_a_restart() {
     quiet4(&mut ev).await;
     broker.stop().await;
 }
+
+/// A broker shutting down tells MQTT 5 clients (DISCONNECT 0x8B) and
+/// closes 3.1.1 connections; both reconnect to the restarted broker.
+#[tokio::test]
+async fn shutdown_disconnects_clients_with_0x8b() {
+    let mut broker = TestBroker::start().await;
+    let (mut r5, _) = Raw::connect5(broker.mqtt(), connect5_packet("sd5", true, None), None).await;
+    let (mut r4, _) = Raw::connect4(broker.mqtt(), "sd4", true, 10).await;
+    let watch5 = tokio::spawn(async move {
+        r5.expect_disconnect5(p5::DisconnectReasonCode::ServerShuttingDown)
+            .await;
+    });
+    let watch4 = tokio::spawn(async move { r4.expect_silent_close().await });
+    broker.restart().await;
+    watch5.await.expect("v5 client told");
+    watch4.await.expect("3.1.1 client closed");
+    let (_r, ack) = Raw::connect4(broker.mqtt(), "sd4", true, 10).await;
+    assert_eq!(ack.code, rumqttc::ConnectReturnCode::Success);
+    broker.stop().await;
+}
