@@ -4,13 +4,14 @@
 
 use std::collections::HashMap;
 
+use bytes::Bytes;
 use rosetta_neutral::address::{
     validate_topic_filter, validate_topic_name, TEMP_QUEUE_PREFIX, TOPIC_PREFIX,
 };
 use rosetta_neutral::{
     durable_subscription_queue, Address, BindingOptions, ConsumerId, ConsumerSpec, CreditMode,
-    Delivery, DeliveryTag, Outcome, PublishOptions, QueueLifetime, QueueSpec, Session, Ticket,
-    TxnId,
+    Delivery, DeliveryTag, Outcome, PublishOptions, QueueInfo, QueueLifetime, QueueSpec, Session,
+    Ticket, TxnId,
 };
 use tracing::{debug, trace};
 
@@ -248,6 +249,7 @@ impl Open {
         })?;
         let prefetch = prefetch(config, frame)?;
         let mut durable_queue = None;
+        let mut tickets = Vec::new();
         let queue = if let Some(filter) = dest.strip_prefix(TOPIC_PREFIX) {
             validate_topic_filter(filter).map_err(|e| bad_destination(dest, e))?;
             let spec = match durable_name(frame, &id) {
@@ -270,7 +272,10 @@ impl Open {
                     lifetime: QueueLifetime::Consumer,
                 },
             };
-            let info = self.session.declare_queue(spec)?;
+            let mut info = self.session.declare_queue(spec.clone())?;
+            if durable_queue.is_some() {
+                tickets = self.keep_durable_filter(&mut info, spec, filter)?;
+            }
             if let Err(e) = self
                 .session
                 .bind(&info.name, filter, BindingOptions::default())
@@ -306,7 +311,37 @@ impl Open {
             id.clone(),
             Subscription::new(id, id_given, dest.to_owned(), consumer, ack, durable_queue),
         );
-        Ok(Done::now())
+        Ok(Done {
+            tickets,
+            disconnect: false,
+        })
+    }
+
+    /// A durable subscription is for one topic filter: SUBSCRIBE with the
+    /// same name and another destination replaces it, dropping what it
+    /// held (JMS semantics), instead of adding a second binding to the old
+    /// queue. The filter is kept in the client state; returns the ticket
+    /// of its save, for the RECEIPT to wait on.
+    fn keep_durable_filter(
+        &mut self,
+        info: &mut QueueInfo,
+        spec: QueueSpec,
+        filter: &str,
+    ) -> Result<Vec<Ticket>, StompError> {
+        let key = durable_filter_key(&info.name);
+        let old = self.session.get_state(&key);
+        if old.as_deref() == Some(filter.as_bytes()) {
+            return Ok(Vec::new());
+        }
+        if info.existed && old.is_some() {
+            debug!(conn_id = self.conn_id, queue = %info.name, %filter, "durable subscription moved to another destination");
+            self.session.delete_queue(&info.name)?;
+            *info = self.session.declare_queue(spec)?;
+        }
+        let saved = self
+            .session
+            .put_state(&key, Some(Bytes::copy_from_slice(filter.as_bytes())))?;
+        Ok(saved.into_iter().collect())
     }
 
     /// Deletes a subscription queue that never got its consumer.
@@ -349,6 +384,13 @@ impl Open {
                 match self.session.delete_queue(&q) {
                     Ok(()) | Err(rosetta_neutral::BrokerError::NotFound(_)) => {}
                     Err(e) => return Err(e.into()),
+                }
+                if self.session.get_state(&durable_filter_key(&q)).is_some() {
+                    let cleared = self.session.put_state(&durable_filter_key(&q), None)?;
+                    return Ok(Done {
+                        tickets: cleared.into_iter().collect(),
+                        disconnect: false,
+                    });
                 }
             }
         }
@@ -470,6 +512,13 @@ fn unreachable_topic(dest: &str) -> Result<String, StompError> {
         dest,
         rosetta_neutral::AddressError::MalformedFilter(dest.to_owned()),
     ))
+}
+
+/// Client-state key of the topic filter of durable subscription `queue`
+/// (the queue name holds the client key, so it is unique without a
+/// `client-id`).
+fn durable_filter_key(queue: &str) -> String {
+    format!("durable-filter/{queue}")
 }
 
 fn is_true(value: Option<&str>) -> bool {
