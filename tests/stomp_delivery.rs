@@ -805,3 +805,45 @@ async fn messages_expire_in_the_queue() {
     c.expect_nothing().await;
     broker.stop().await;
 }
+
+/// A durable subscription belongs to one destination: SUBSCRIBE with the
+/// same name and another destination replaces it (JMS semantics) instead
+/// of adding a second topic to it, also after a restart. The same
+/// destination again keeps what it holds.
+#[tokio::test]
+async fn durable_subscription_moved_to_another_destination() {
+    let mut broker = TestBroker::start().await;
+    let durable = [("activemq.subscriptionName", "moving")];
+    let mut c = StompClient::connect(broker.stomp(), &[("client-id", "mover")]).await;
+    c.subscribe("d", "/topic/old", "client-individual", &durable)
+        .await;
+    c.disconnect().await;
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    p.send_persistent("/topic/old", &[], b"old-1").await;
+
+    // Same destination: kept, across a restart.
+    drop(p);
+    broker.restart().await;
+    let mut c = StompClient::connect(broker.stomp(), &[("client-id", "mover")]).await;
+    c.subscribe("d", "/topic/old", "client-individual", &durable)
+        .await;
+    let m = c.message().await;
+    assert_eq!(m.text(), "old-1");
+    c.ack(&m).await;
+    c.disconnect().await;
+
+    // Another destination: a new subscription, the old topic is left.
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    p.send_persistent("/topic/old", &[], b"old-2").await;
+    let mut c = StompClient::connect(broker.stomp(), &[("client-id", "mover")]).await;
+    c.subscribe("d", "/topic/new", "client-individual", &durable)
+        .await;
+    p.send_persistent("/topic/old", &[], b"old-3").await;
+    p.send_persistent("/topic/new", &[], b"new-1").await;
+    let m = c.message().await;
+    assert_eq!(m.text(), "new-1");
+    assert_eq!(m.header("destination"), Some("/topic/new"));
+    c.ack(&m).await;
+    c.expect_nothing().await;
+    broker.stop().await;
+}
