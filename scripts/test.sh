@@ -10,3 +10,7 @@ cargo test --workspace --locked
 if [ -x interop/run.sh ]; then
     interop/run.sh
 fi
+
+if [ -x interop/browser/run.sh ]; then
+    interop/browser/run.sh
+fi
