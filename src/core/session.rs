@@ -149,10 +149,10 @@ impl CoreSession {
                 && info.client_id.as_deref() == Some(rest);
         }
         if let Some(rest) = name.strip_prefix("$durable/") {
-            return info
-                .client_id
-                .as_deref()
-                .is_some_and(|c| rest.starts_with(&format!("{c}/")));
+            // Keyed by the client id, or (STOMP without `client-id`) by
+            // the authenticated user name.
+            let key = info.client_id.as_deref().or(info.principal.user.as_deref());
+            return key.is_some_and(|c| rest.starts_with(&format!("{c}/")));
         }
         if name.starts_with("$share/") {
             return true; // the bind of the shared filter was authorised
