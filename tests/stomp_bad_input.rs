@@ -303,6 +303,22 @@ fn cases() -> Vec<Case> {
             receipt: None,
         },
         Case {
+            name: "durable subscription without client-id or login",
+            connect: true,
+            bytes: encode(
+                "SUBSCRIBE",
+                &[
+                    ("id", "s"),
+                    ("destination", "/topic/bad"),
+                    ("activemq.subscriptionName", "nameless"),
+                    ("receipt", "r-dur"),
+                ],
+                b"",
+            ),
+            message: "missing client-id",
+            receipt: Some("r-dur"),
+        },
+        Case {
             name: "COMMIT of an unknown transaction",
             connect: true,
             bytes: encode(

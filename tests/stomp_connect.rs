@@ -96,7 +96,7 @@ async fn broker_with_users(anonymous: bool) -> TestBroker {
         "bob",
         b"hunter2",
         Some(&["/queue/bob".to_owned()]),
-        None,
+        Some(&["/queue/bob".to_owned(), "/topic/bob/#".to_owned()]),
     )
     .expect("add bob");
     let users = Users::load(&path).expect("load users");
@@ -160,6 +160,58 @@ async fn login_and_passcode_against_the_users_file() {
     assert_eq!(broker.core().queue_stats("bob").map(|s| s.depth), Some(1));
     // alice was not disturbed.
     alice.send_persistent("/queue/any", &[], b"still ok").await;
+
+    // bob may consume /queue/bob and /topic/bob/#, nothing else.
+    let (mut bob, _) = StompClient::connect_version(
+        broker.stomp(),
+        "1.2",
+        &[("login", "bob"), ("passcode", "hunter2")],
+    )
+    .await;
+    bob.subscribe("q", "/queue/bob", "client-individual", &[])
+        .await;
+    let m = bob.message().await;
+    assert_eq!(m.text(), "mine");
+    bob.ack(&m).await;
+    // A durable subscription keyed by the login (no client-id).
+    bob.subscribe(
+        "t",
+        "/topic/bob/news",
+        "auto",
+        &[("activemq.subscriptionName", "by-login")],
+    )
+    .await;
+    bob.disconnect().await;
+    alice
+        .send_persistent("/topic/bob/news", &[], b"for bob")
+        .await;
+    let (mut bob, _) = StompClient::connect_version(
+        broker.stomp(),
+        "1.2",
+        &[("login", "bob"), ("passcode", "hunter2")],
+    )
+    .await;
+    bob.subscribe(
+        "t",
+        "/topic/bob/news",
+        "auto",
+        &[("activemq.subscriptionName", "by-login")],
+    )
+    .await;
+    assert_eq!(bob.message().await.text(), "for bob");
+    bob.send_frame(
+        "SUBSCRIBE",
+        &[
+            ("id", "x"),
+            ("destination", "/topic/#"),
+            ("receipt", "r-sub"),
+        ],
+        b"",
+    )
+    .await;
+    let err = bob.expect_error_then_close().await;
+    assert_eq!(err.header("message"), Some("not authorized"), "{err:?}");
+    assert_eq!(err.header("receipt-id"), Some("r-sub"));
     broker.stop().await;
 }
 
