@@ -703,3 +703,27 @@ async fn shutdown_disconnects_clients_with_0x8b() {
     assert_eq!(ack.code, rumqttc::ConnectReturnCode::Success);
     broker.stop().await;
 }
+
+/// rumqttc 5 sees the take-over as a server DISCONNECT with 0x8E.
+#[tokio::test]
+async fn rumqttc_v5_sees_session_taken_over() {
+    let broker = TestBroker::start().await;
+    let (_old, mut old_ev, _) = connected5(opts5(&broker, "taken")).await;
+    let (_new, _new_ev, ack) = connected5(opts5(&broker, "taken")).await;
+    assert_eq!(ack.code, v5::ConnectReturnCode::Success);
+    let err = loop {
+        match next5(&mut old_ev).await {
+            Ok(_) => continue,
+            Err(e) => break e,
+        }
+    };
+    match err {
+        v5::ConnectionError::MqttState(v5::StateError::ServerDisconnect {
+            reason_code, ..
+        }) => {
+            assert_eq!(reason_code, v5::DisconnectReasonCode::SessionTakenOver)
+        }
+        other => panic!("expected DISCONNECT 0x8E, got {other:?}"),
+    }
+    broker.stop().await;
+}
