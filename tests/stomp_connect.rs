@@ -352,3 +352,23 @@ async fn connections_beyond_the_limit_are_refused() {
     assert!(served, "a freed slot is reused");
     broker.stop().await;
 }
+
+/// Heart-beats both ways at once: the server beats, and expects beats.
+#[tokio::test]
+async fn heart_beats_both_ways() {
+    let broker = fast_heart_beat_broker().await;
+    // Asking for faster than the minimum gets the minimum.
+    let (mut c, f) =
+        StompClient::connect_version(broker.stomp(), "1.1", &[("heart-beat", "50,50")]).await;
+    assert_eq!(f.header("heart-beat"), Some("100,100"));
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(800) {
+        c.send_raw(b"\n").await;
+        assert!(c.recv_within(Duration::from_millis(50)).await.is_none());
+    }
+    assert!(c.eols >= 4, "server heart-beats: {}", c.eols);
+    c.request("BEGIN", &[("transaction", "t")], b"").await;
+    let err = c.expect_error_then_close().await;
+    assert_eq!(err.header("message"), Some("heart-beat timeout"));
+    broker.stop().await;
+}

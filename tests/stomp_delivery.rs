@@ -847,3 +847,43 @@ async fn durable_subscription_moved_to_another_destination() {
     c.expect_nothing().await;
     broker.stop().await;
 }
+
+/// Two subscriptions of one connection to the same topic each get a copy;
+/// the queues behind non-durable topic subscriptions go away with
+/// UNSUBSCRIBE and with the connection.
+#[tokio::test]
+async fn topic_subscription_queues_do_not_leak() {
+    let broker = TestBroker::start().await;
+    let before = broker.core().queue_names().len();
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.subscribe("one", "/topic/twice", "auto", &[]).await;
+    c.subscribe("two", "/topic/twice", "client", &[]).await;
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    p.request("SEND", &[("destination", "/topic/twice")], b"x")
+        .await;
+    let got = c.messages(2).await;
+    let mut subs: Vec<&str> = got
+        .iter()
+        .filter_map(|m| m.header("subscription"))
+        .collect();
+    subs.sort();
+    assert_eq!(subs, ["one", "two"]);
+    assert_eq!(broker.core().queue_names().len(), before + 2);
+    c.request("UNSUBSCRIBE", &[("id", "one")], b"").await;
+    assert_eq!(broker.core().queue_names().len(), before + 1);
+    c.disconnect().await;
+    let mut gone = false;
+    for _ in 0..100 {
+        if broker.core().queue_names().len() == before {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        gone,
+        "subscription queues left: {:?}",
+        broker.core().queue_names()
+    );
+    broker.stop().await;
+}
