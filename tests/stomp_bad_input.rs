@@ -334,7 +334,7 @@ fn cases() -> Vec<Case> {
 
 #[tokio::test]
 async fn every_bad_input_gets_an_error_then_a_close_and_harms_no_one_else() {
-    let broker = TestBroker::start_with(
+    let mut broker = TestBroker::start_with(
         |c| {
             c.stomp.frame_size_max_bytes = FRAME_MAX;
             c.stomp.header_size_max_bytes = HEADER_LINE_MAX;
@@ -393,6 +393,16 @@ async fn every_bad_input_gets_an_error_then_a_close_and_harms_no_one_else() {
         assert_eq!(m.text(), body, "after {}", case.name);
         bystander.ack(&m).await;
     }
+    assert_eq!(
+        broker
+            .core()
+            .queue_stats("kept")
+            .map(|s| (s.depth, s.in_flight)),
+        Some((5, 0))
+    );
+    // Still there after a restart: the journal took no harm either.
+    drop((producer, bystander));
+    broker.restart().await;
     assert_eq!(
         broker
             .core()
