@@ -41,7 +41,7 @@ use crate::store::{Completion, MessageSeq, QueueId, Record, Recovered, Store};
 pub use queue::QueueStats;
 
 use batch::Batch;
-use queue::{DispatchOutput, Entry, Queue};
+use queue::{DispatchOutput, Entry, MemoryGauge, Queue};
 use routing::Routing;
 use session::{CoreSession, SessionShared};
 
@@ -50,6 +50,9 @@ pub const DEAD_LETTER_ADDRESS_DEFAULT: &str = "DLQ";
 /// Delivery attempts before a message is dead-lettered (as ActiveMQ and
 /// Artemis do by default).
 pub const DELIVERY_ATTEMPTS_MAX_DEFAULT: u32 = 10;
+/// Queued bytes before producers are held back when no configuration says
+/// otherwise: a quarter GiB leaves room on small machines.
+pub const MEMORY_BUDGET_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 /// How often the housekeeping thread looks at wills and idle queues: fine
 /// enough for second-granularity MQTT timers.
 const HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(100);
@@ -66,6 +69,10 @@ pub struct CoreConfig {
     /// Create a queue on first send or consume instead of failing with
     /// not-found.
     pub auto_create_queues: bool,
+    /// Bytes of queued messages above which producers are held back (AMQP
+    /// credit withheld, MQTT and STOMP reads paused) until consumers catch
+    /// up. Without paging this is the broker's memory bound.
+    pub memory_budget_bytes: u64,
 }
 
 impl Default for CoreConfig {
@@ -75,6 +82,7 @@ impl Default for CoreConfig {
             delivery_attempts_max: DELIVERY_ATTEMPTS_MAX_DEFAULT,
             expiry_address: None,
             auto_create_queues: true,
+            memory_budget_bytes: MEMORY_BUDGET_BYTES_DEFAULT,
         }
     }
 }
@@ -180,6 +188,8 @@ pub(crate) struct Inner {
     sessions: Mutex<HashMap<u64, Weak<SessionShared>>>,
     clients: Mutex<HashMap<(Protocol, String), Weak<SessionShared>>>,
     wills: Mutex<Vec<PendingWill>>,
+    /// Bytes held by all queues (producer flow control).
+    memory: Arc<MemoryGauge>,
     stopping: AtomicBool,
     wake: (Mutex<()>, Condvar),
 }
@@ -213,6 +223,7 @@ impl Core {
             sessions: Mutex::new(HashMap::new()),
             clients: Mutex::new(HashMap::new()),
             wills: Mutex::new(Vec::new()),
+            memory: Arc::new(MemoryGauge::default()),
             stopping: AtomicBool::new(false),
             wake: (Mutex::new(()), Condvar::new()),
         });
@@ -242,6 +253,11 @@ impl Core {
     /// Statistics of one queue.
     pub fn queue_stats(&self, name: &str) -> Option<QueueStats> {
         self.inner.routing.read().queue(name).map(|q| q.stats())
+    }
+
+    /// Bytes of messages held by all queues (each queue's copy counted).
+    pub fn memory_used(&self) -> u64 {
+        self.inner.memory.used()
     }
 
     /// Names of all queues.
@@ -381,7 +397,14 @@ impl Inner {
                     rosetta_neutral::QueueLifetime::IdleFor(Duration::from_millis(ms))
                 }
             };
-            let q = Arc::new(Queue::new(def.id, &def.name, true, lifetime, None));
+            let q = Arc::new(Queue::new(
+                def.id,
+                &def.name,
+                true,
+                lifetime,
+                None,
+                Arc::clone(&self.memory),
+            ));
             routing.insert_queue(Arc::clone(&q));
             by_id.insert(def.id, q);
         }
@@ -411,6 +434,7 @@ impl Inner {
                 if let Some(Address::Topic(topic)) = &m.message.address {
                     entry.matched = routing::match_info(&q.state.lock().bindings, topic);
                 }
+                q.hold(&entry);
                 q.state.lock().ready.insert(m.seq, entry);
             }
         }

@@ -15,6 +15,7 @@
 //! groups) slot in there.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -161,6 +162,35 @@ pub(crate) struct QueueState {
     pub(crate) stats: QueueStats,
 }
 
+/// Bytes of messages held by all queues, for producer flow control. Each
+/// queue's copy of a fanned-out message counts (an over-estimate, on the
+/// safe side: the payload itself is shared).
+#[derive(Debug, Default)]
+pub(crate) struct MemoryGauge {
+    used: AtomicU64,
+}
+
+impl MemoryGauge {
+    pub(crate) fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn add(&self, entry: &Entry) {
+        self.used
+            .fetch_add(entry.message.memory_size() as u64, Ordering::Relaxed);
+    }
+
+    fn sub(&self, entry: &Entry) {
+        let size = entry.message.memory_size() as u64;
+        // Saturating: accounting must never wrap into "everything is free".
+        let _ = self
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                Some(u.saturating_sub(size))
+            });
+    }
+}
+
 /// A queue. Shared by the routing table, its consumers' sessions and the
 /// core's queue map.
 pub(crate) struct Queue {
@@ -173,6 +203,7 @@ pub(crate) struct Queue {
     /// The session that declared a session-lifetime queue.
     pub(crate) owner_session: Option<u64>,
     pub(crate) state: Mutex<QueueState>,
+    memory: Arc<MemoryGauge>,
 }
 
 /// What a dispatch pass produced besides deliveries: journal records for
@@ -190,6 +221,7 @@ impl Queue {
         durable: bool,
         lifetime: QueueLifetime,
         owner_session: Option<u64>,
+        memory: Arc<MemoryGauge>,
     ) -> Self {
         Self {
             id,
@@ -197,6 +229,7 @@ impl Queue {
             durable,
             lifetime: Mutex::new(lifetime),
             owner_session,
+            memory,
             state: Mutex::new(QueueState {
                 ready: BTreeMap::new(),
                 inflight: HashMap::new(),
@@ -218,6 +251,16 @@ impl Queue {
         *self.lifetime.lock() = lifetime;
     }
 
+    /// Counts a message the queue starts holding.
+    pub(crate) fn hold(&self, entry: &Entry) {
+        self.memory.add(entry);
+    }
+
+    /// Uncounts a message the queue no longer holds.
+    pub(crate) fn release(&self, entry: &Entry) {
+        self.memory.sub(entry);
+    }
+
     /// The ack record for `entry` if it is journaled here.
     pub(crate) fn ack_record(&self, entry: &Entry) -> Option<Record> {
         entry.journaled.then_some(Record::Ack {
@@ -237,6 +280,7 @@ impl Queue {
             };
         }
         st.stats.enqueued_total += 1;
+        self.hold(&entry);
         st.ready.insert(entry.seq, entry);
         self.dispatch_locked(&mut st, now_ms)
     }
@@ -256,6 +300,7 @@ impl Queue {
             if entry.message.is_expired(now_ms) {
                 st.stats.expired_total += 1;
                 out.records.extend(self.ack_record(&entry));
+                self.release(&entry);
                 out.expired.push(entry);
                 continue;
             }
@@ -292,6 +337,7 @@ impl Queue {
                 st.stats.acked_total += 1;
                 st.stats.time_in_queue_ms_total += elapsed_ms(entry.enqueued_at);
                 out.records.extend(self.ack_record(&entry));
+                self.release(&entry);
             } else {
                 entry.redelivered = true;
                 st.inflight.insert(entry.seq, (key, entry));

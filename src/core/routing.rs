@@ -305,7 +305,14 @@ impl Inner {
         let owner = (spec.lifetime == QueueLifetime::Session)
             .then_some(session)
             .flatten();
-        let q = Arc::new(Queue::new(id, &name, durable, spec.lifetime, owner));
+        let q = Arc::new(Queue::new(
+            id,
+            &name,
+            durable,
+            spec.lifetime,
+            owner,
+            Arc::clone(&self.memory),
+        ));
         if durable {
             batch.records.push(Record::QueueDeclare(QueueDef {
                 id,
@@ -347,8 +354,12 @@ impl Inner {
                 reason: BrokerError::NotFound(format!("queue '{name}' was deleted")),
             });
         }
-        st.ready.clear();
-        st.inflight.clear();
+        for entry in std::mem::take(&mut st.ready).into_values() {
+            q.release(&entry);
+        }
+        for (_, entry) in std::mem::take(&mut st.inflight).into_values() {
+            q.release(&entry);
+        }
         drop(st);
         if q.durable {
             self.journal

@@ -193,6 +193,7 @@ fn apply_settle(
         }
         match outcome {
             Outcome::Accept => {
+                queue.release(&entry);
                 st.stats.acked_total += 1;
                 st.stats.time_in_queue_ms_total += elapsed_ms(entry.enqueued_at);
                 batch.records.extend(queue.ack_record(&entry));
@@ -210,6 +211,7 @@ fn apply_settle(
                 if entry.delivery_count >= inner.config.delivery_attempts_max {
                     st.stats.dead_lettered_total += 1;
                     batch.records.extend(queue.ack_record(&entry));
+                    queue.release(&entry);
                     dead.push((entry, Arc::clone(&queue.name)));
                 } else {
                     if undeliverable_here {
@@ -230,6 +232,7 @@ fn apply_settle(
             Outcome::Reject => {
                 st.stats.dead_lettered_total += 1;
                 batch.records.extend(queue.ack_record(&entry));
+                queue.release(&entry);
                 dead.push((entry, Arc::clone(&queue.name)));
             }
         }
@@ -268,6 +271,7 @@ fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
             if entry.delivery_count >= inner.config.delivery_attempts_max {
                 st.stats.dead_lettered_total += 1;
                 batch.records.extend(queue.ack_record(&entry));
+                queue.release(&entry);
                 dead.push((entry, Arc::clone(&queue.name)));
             } else {
                 if entry.journaled {
@@ -752,7 +756,7 @@ impl Session for CoreSession {
     }
 
     fn producer_blocked(&self) -> bool {
-        false
+        self.inner.memory.used() > self.inner.config.memory_budget_bytes
     }
 
     fn close(&mut self, kind: CloseKind) {

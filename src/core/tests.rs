@@ -684,3 +684,28 @@ fn a_wills_expiry_counts_from_its_publication() {
     let expiry = d[0].message.expiry.expect("expiry set at publication");
     assert!(expiry >= before + 60_000 && expiry <= rosetta_neutral::message::now_ms() + 60_000);
 }
+
+#[test]
+fn producers_are_held_back_past_the_memory_budget_until_consumers_catch_up() {
+    let config = CoreConfig { memory_budget_bytes: 10_000, ..CoreConfig::default() };
+    let core = Core::new(config, Arc::new(NoJournal), Arc::new(super::AllowAll), None);
+    let (mut p, _) = open(&core, "p");
+    let body = "x".repeat(1_000);
+    for _ in 0..5 {
+        publish(&mut p, queue("q"), &body);
+    }
+    assert!(!p.producer_blocked(), "5 KB queued is under the budget");
+    for _ in 0..10 {
+        publish(&mut p, queue("q"), &body);
+    }
+    assert!(p.producer_blocked(), "15 KB queued is over the budget");
+    let (mut c, e) = open(&core, "c");
+    let id = c
+        .consume(ConsumerSpec { queue: "q".into(), credit: CreditMode::Window(100), auto_settle: false })
+        .expect("consume");
+    for d in e.deliveries() {
+        c.settle(id, d.tag, Outcome::Accept, None, false).expect("ack");
+    }
+    assert!(!p.producer_blocked());
+    assert_eq!(core.memory_used(), 0, "every byte accounted for is released");
+}

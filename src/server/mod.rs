@@ -226,6 +226,7 @@ fn core_config(config: &Config) -> CoreConfig {
             .as_ref()
             .map(|a| a.name().to_owned()),
         auto_create_queues: config.broker.auto_create_queues,
+        memory_budget_bytes: config.store.memory_budget_bytes,
     }
 }
 
