@@ -124,5 +124,6 @@ impl TestBroker {
     }
 }
 
+pub mod amqp;
 pub mod mqtt;
 pub mod stomp;
