@@ -416,6 +416,9 @@ impl Writer {
         let mut entries: Vec<(Vec<u8>, Vec<Record>, Vec<u32>)> = Vec::new();
         let mut completions: Vec<Completion> = Vec::new();
         let mut compact_waiters: Vec<Completion> = Vec::new();
+        // Flushes complete after the index update, so stats read after a
+        // flush are current.
+        let mut sync_waiters: Vec<Completion> = Vec::new();
         let mut force_sync = false;
         let mut commits = 0u64;
         for job in jobs {
@@ -436,24 +439,29 @@ impl Writer {
                 }
                 Job::Sync(done) => {
                     force_sync = true;
-                    completions.push(done);
+                    sync_waiters.push(done);
                 }
                 Job::Compact(done) => compact_waiters.push(done),
             }
         }
         let written = self.write_and_sync(&entries, force_sync);
         let result = written.as_ref().map(|_| ()).map_err(Clone::clone);
-        // Producers first: the index is the writer's own bookkeeping, and
-        // anything a completion appends is applied after this batch anyway.
-        self.complete(completions, result.clone());
-        if let Ok(locs) = written {
+        if result.is_ok() {
+            // Counted before the completions run, so a producer that saw
+            // its completion also sees it in the stats.
             let c = &self.shared.stats;
             c.commits.fetch_add(commits, Ordering::Relaxed);
             let records: usize = entries.iter().map(|(_, r, _)| r.len()).sum();
             c.records_appended
                 .fetch_add(records as u64, Ordering::Relaxed);
+        }
+        // Producers first: the index is the writer's own bookkeeping, and
+        // anything a completion appends is applied after this batch anyway.
+        self.complete(completions, result.clone());
+        if let Ok(locs) = written {
             self.apply(&entries, locs);
         }
+        self.complete(sync_waiters, result.clone());
         drop(entries);
         if result.is_ok() && !compact_waiters.is_empty() {
             let r = self.compact_now();
