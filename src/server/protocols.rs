@@ -164,6 +164,8 @@ fn stomp_config(config: &crate::config::Config) -> rosetta_stomp::StompConfig {
     let c = &config.stomp;
     rosetta_stomp::StompConfig {
         frame_size_max_bytes: c.frame_size_max_bytes as usize,
+        // The body is bounded by the frame: one configured limit, not two.
+        body_size_max_bytes: c.frame_size_max_bytes as usize,
         headers_max: c.header_count_max as usize,
         header_line_max_bytes: c.header_size_max_bytes as usize,
         heart_beat_send_min_ms: u64::from(c.heartbeat_send_ms),
@@ -205,6 +207,7 @@ fn amqp_config(config: &crate::config::Config) -> rosetta_amqp::AmqpConfig {
         links_per_session_max: c.handle_max,
         idle_timeout_ms: c.idle_timeout_ms,
         sender_credit_window: c.link_credit_window,
+        handshake_timeout_ms: config.broker.connect_timeout_ms,
         ..Default::default()
     }
 }

@@ -12,8 +12,9 @@
 //! | any other header    | `properties`, as `Value::String`, in order         |
 //!
 //! Body kind: `Text` when the body is valid UTF-8 and either the content
-//! type is `text/*` or no `content-length` was given (a NUL-terminated
-//! body is text by construction in most clients); otherwise `Binary`. A
+//! type is `text/*`, or no `content-length` and no content type were given
+//! (a NUL-terminated body is text by construction in most clients);
+//! otherwise `Binary`. A
 //! `text/*` body that is not UTF-8 stays `Binary`, because `Text` promises
 //! UTF-8 to other protocols.
 //!
@@ -104,7 +105,11 @@ pub(crate) fn message_from_send(
     let declared_text = content_type
         .as_deref()
         .is_some_and(|ct| ct.trim_start().to_ascii_lowercase().starts_with("text/"));
-    let kind = if is_utf8 && (declared_text || !frame.has_content_length) {
+    // A declared non-text type (application/octet-stream, …) is the
+    // publisher's word that the bytes are binary, even when they happen to
+    // be UTF-8 and came without content-length.
+    let declared_other = content_type.is_some() && !declared_text;
+    let kind = if is_utf8 && (declared_text || (!frame.has_content_length && !declared_other)) {
         BodyKind::Text
     } else {
         BodyKind::Binary
