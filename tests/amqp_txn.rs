@@ -1,0 +1,255 @@
+//! AMQP 1.0 transactions over real sockets: a coordinator link with
+//! declare/discharge; transactional sends and acquisitions commit atomically
+//! (durably, across a restart) or roll back.
+
+mod common;
+
+use std::time::Duration;
+
+use common::amqp::{self, QUIET, WAIT};
+use common::TestBroker;
+use fe2o3_amqp::link::delivery::Delivery;
+use fe2o3_amqp::link::receiver::CreditMode;
+use fe2o3_amqp::transaction::{
+    Controller, Transaction, TransactionAcquisition, TransactionDischarge, TransactionPosting,
+    TransactionRetirement,
+};
+use fe2o3_amqp::types::messaging::{Header, Message};
+use fe2o3_amqp::{Receiver, Sender};
+
+fn depth(broker: &TestBroker, q: &str) -> (u64, u64) {
+    broker
+        .core()
+        .queue_stats(q)
+        .map_or((0, 0), |s| (s.depth, s.in_flight))
+}
+
+fn durable(text: &str) -> Message<fe2o3_amqp::types::messaging::AmqpValue<String>> {
+    Message::builder()
+        .header(Header {
+            durable: true,
+            ..Default::default()
+        })
+        .value(text.to_owned())
+        .build()
+}
+
+async fn recv(r: &mut Receiver) -> Delivery<String> {
+    tokio::time::timeout(WAIT, r.recv())
+        .await
+        .expect("delivery in time")
+        .expect("recv")
+}
+
+#[tokio::test]
+async fn transactional_sends_commit_atomically_and_durably() {
+    let mut broker = TestBroker::start().await;
+    {
+        let (mut conn, mut session) = amqp::connect_session(&broker, "txn-send").await;
+        let controller = Controller::attach(&mut session, "ctrl")
+            .await
+            .expect("coordinator");
+        let mut a = Sender::attach(&mut session, "a", "/queue/ta")
+            .await
+            .expect("a");
+        let mut b = Sender::attach(&mut session, "b", "/queue/tb")
+            .await
+            .expect("b");
+        let txn = Transaction::declare(&controller, None)
+            .await
+            .expect("declare");
+        for (to_a, text) in [(true, "a1"), (false, "b1"), (true, "a2")] {
+            let s = if to_a { &mut a } else { &mut b };
+            txn.post(s, durable(text))
+                .await
+                .expect("post")
+                .accepted_or_else(|o| o)
+                .expect("transactional accept");
+        }
+        // Staged: nothing visible before the discharge.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(depth(&broker, "ta").0 + depth(&broker, "tb").0, 0);
+        txn.commit().await.expect("commit");
+        assert_eq!(depth(&broker, "ta").0, 2);
+        assert_eq!(depth(&broker, "tb").0, 1);
+        controller.close().await.expect("close controller");
+        conn.close().await.expect("close");
+    }
+    // The commit was durable.
+    broker.restart().await;
+    assert_eq!(depth(&broker, "ta").0, 2);
+    assert_eq!(depth(&broker, "tb").0, 1);
+    let (mut conn, mut session) = amqp::connect_session(&broker, "check").await;
+    let mut r = Receiver::attach(&mut session, "r", "/queue/ta")
+        .await
+        .expect("r");
+    for text in ["a1", "a2"] {
+        let d = recv(&mut r).await;
+        assert_eq!(d.body(), text);
+        r.accept(&d).await.expect("accept");
+    }
+    conn.close().await.expect("close");
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn transactional_sends_roll_back() {
+    let broker = TestBroker::start().await;
+    let (mut conn, mut session) = amqp::connect_session(&broker, "txn-rb").await;
+    let controller = Controller::attach(&mut session, "ctrl")
+        .await
+        .expect("coordinator");
+    let mut s = Sender::attach(&mut session, "s", "/queue/rb")
+        .await
+        .expect("s");
+    let txn = Transaction::declare(&controller, None)
+        .await
+        .expect("declare");
+    for text in ["x", "y"] {
+        txn.post(&mut s, durable(text)).await.expect("post");
+    }
+    txn.rollback().await.expect("rollback");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(depth(&broker, "rb"), (0, 0));
+    // The link and the coordinator still work: a later transaction commits.
+    let txn = Transaction::declare(&controller, None)
+        .await
+        .expect("declare 2");
+    txn.post(&mut s, durable("z")).await.expect("post");
+    txn.commit().await.expect("commit");
+    assert_eq!(depth(&broker, "rb").0, 1);
+    let mut r = Receiver::attach(&mut session, "r", "/queue/rb")
+        .await
+        .expect("r");
+    let d = recv(&mut r).await;
+    assert_eq!(d.body(), "z");
+    r.accept(&d).await.expect("accept");
+    controller.close().await.expect("close controller");
+    conn.close().await.expect("close");
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn transactional_acceptance_commits_or_rolls_back() {
+    let broker = TestBroker::start().await;
+    let (mut conn, mut session) = amqp::connect_session(&broker, "txn-ack").await;
+    let controller = Controller::attach(&mut session, "ctrl")
+        .await
+        .expect("coordinator");
+    let mut s = Sender::attach(&mut session, "s", "/queue/acq")
+        .await
+        .expect("s");
+    for text in ["m1", "m2"] {
+        s.send(durable(text))
+            .await
+            .expect("send")
+            .accepted_or_else(|o| o)
+            .expect("accepted");
+    }
+    let mut r = Receiver::builder()
+        .name("r")
+        .source("/queue/acq")
+        .credit_mode(CreditMode::Manual)
+        .attach(&mut session)
+        .await
+        .expect("r");
+    r.set_credit(2).await.expect("credit");
+    let d1 = recv(&mut r).await;
+    let d2 = recv(&mut r).await;
+
+    // Accepted inside a transaction that rolls back: not consumed.
+    let txn = Transaction::declare(&controller, None)
+        .await
+        .expect("declare");
+    txn.accept(&mut r, &d1).await.expect("txn accept");
+    txn.accept(&mut r, &d2).await.expect("txn accept");
+    txn.rollback().await.expect("rollback");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (depth_now, in_flight) = depth(&broker, "acq");
+    assert_eq!(
+        depth_now + in_flight,
+        2,
+        "rolled back acks keep the messages"
+    );
+
+    // Closing the link returns whatever is still held; a committed
+    // transactional accept consumes.
+    r.close().await.expect("close");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(depth(&broker, "acq"), (2, 0));
+    let mut r = Receiver::attach(&mut session, "r2", "/queue/acq")
+        .await
+        .expect("r2");
+    let d1 = recv(&mut r).await;
+    assert_eq!(d1.body(), "m1");
+    let d2 = recv(&mut r).await;
+    let txn = Transaction::declare(&controller, None)
+        .await
+        .expect("declare");
+    txn.accept(&mut r, &d1).await.expect("txn accept");
+    txn.commit().await.expect("commit");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(depth(&broker, "acq"), (0, 1), "m1 consumed, m2 still held");
+    r.accept(&d2).await.expect("plain accept");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(depth(&broker, "acq"), (0, 0));
+    controller.close().await.expect("close controller");
+    conn.close().await.expect("close");
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn transactional_acquisition_with_send_in_one_transaction() {
+    // Move a message from one queue to another atomically: acquire and
+    // accept from `src`, post to `dst`, commit.
+    let broker = TestBroker::start().await;
+    let (mut conn, mut session) = amqp::connect_session(&broker, "txn-move").await;
+    let controller = Controller::attach(&mut session, "ctrl")
+        .await
+        .expect("coordinator");
+    let mut s = Sender::attach(&mut session, "s", "/queue/src")
+        .await
+        .expect("s");
+    s.send(durable("moving"))
+        .await
+        .expect("send")
+        .accepted_or_else(|o| o)
+        .expect("accepted");
+    let mut out = Sender::attach(&mut session, "out", "/queue/dst")
+        .await
+        .expect("out");
+    let mut r = Receiver::builder()
+        .name("r")
+        .source("/queue/src")
+        .credit_mode(CreditMode::Manual)
+        .attach(&mut session)
+        .await
+        .expect("r");
+    let txn = Transaction::declare(&controller, None)
+        .await
+        .expect("declare");
+    txn.post(&mut out, durable("moved")).await.expect("post");
+    let mut acq = txn
+        .acquire(&mut r, 1)
+        .await
+        .expect("transactional acquisition");
+    let d = tokio::time::timeout(WAIT, acq.recv::<String>())
+        .await
+        .expect("acquired in time")
+        .expect("recv");
+    assert_eq!(d.body(), "moving");
+    acq.accept(&d).await.expect("txn accept");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(depth(&broker, "dst").0, 0, "staged send invisible");
+    acq.commit().await.expect("commit");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(depth(&broker, "src"), (0, 0));
+    assert_eq!(depth(&broker, "dst").0, 1);
+    // Nothing more arrives on the acquisition link without new credit.
+    tokio::time::timeout(QUIET, r.recv::<String>())
+        .await
+        .expect_err("no credit left");
+    controller.close().await.expect("close controller");
+    conn.close().await.expect("close");
+    broker.stop().await;
+}
