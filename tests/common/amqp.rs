@@ -276,11 +276,13 @@ impl RawAmqp {
     async fn fill(&mut self, n: usize, wait: Duration) -> Result<(), RawEnd> {
         let deadline = tokio::time::Instant::now() + wait;
         while self.buf.len() < n {
-            let mut chunk = [0u8; 65536];
-            match tokio::time::timeout_at(deadline, self.stream.read(&mut chunk)).await {
+            // Into the heap buffer: a big array here would sit in every
+            // future that awaits this one.
+            self.buf.reserve(16 * 1024);
+            match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await {
                 Err(_) => return Err(RawEnd::Timeout),
                 Ok(Ok(0)) | Ok(Err(_)) => return Err(RawEnd::Eof),
-                Ok(Ok(k)) => self.buf.extend_from_slice(&chunk[..k]),
+                Ok(Ok(_)) => {}
             }
         }
         Ok(())
@@ -347,7 +349,8 @@ impl RawAmqp {
         self.expect(BEGIN).await;
     }
 
-    /// Reads until a Close, asserts it carries `condition`, then EOF.
+    /// Reads until a Close, asserts it carries `condition`, answers it with
+    /// our Close (the broker waits for it), then expects EOF.
     pub async fn expect_close_with(&mut self, condition: &str) -> RawFrame {
         let close = self.expect(CLOSE).await;
         assert!(
@@ -355,6 +358,7 @@ impl RawAmqp {
             "close without {condition}: {:?}",
             String::from_utf8_lossy(&close.body)
         );
+        let _ = self.write(&frame(0, 0, &enc::described(CLOSE, &[]))).await;
         self.expect_eof().await;
         close
     }
