@@ -687,7 +687,10 @@ fn a_wills_expiry_counts_from_its_publication() {
 
 #[test]
 fn producers_are_held_back_past_the_memory_budget_until_consumers_catch_up() {
-    let config = CoreConfig { memory_budget_bytes: 10_000, ..CoreConfig::default() };
+    let config = CoreConfig {
+        memory_budget_bytes: 10_000,
+        ..CoreConfig::default()
+    };
     let core = Core::new(config, Arc::new(NoJournal), Arc::new(super::AllowAll), None);
     let (mut p, _) = open(&core, "p");
     let body = "x".repeat(1_000);
@@ -701,11 +704,20 @@ fn producers_are_held_back_past_the_memory_budget_until_consumers_catch_up() {
     assert!(p.producer_blocked(), "15 KB queued is over the budget");
     let (mut c, e) = open(&core, "c");
     let id = c
-        .consume(ConsumerSpec { queue: "q".into(), credit: CreditMode::Window(100), auto_settle: false })
+        .consume(ConsumerSpec {
+            queue: "q".into(),
+            credit: CreditMode::Window(100),
+            auto_settle: false,
+        })
         .expect("consume");
     for d in e.deliveries() {
-        c.settle(id, d.tag, Outcome::Accept, None, false).expect("ack");
+        c.settle(id, d.tag, Outcome::Accept, None, false)
+            .expect("ack");
     }
     assert!(!p.producer_blocked());
-    assert_eq!(core.memory_used(), 0, "every byte accounted for is released");
+    assert_eq!(
+        core.memory_used(),
+        0,
+        "every byte accounted for is released"
+    );
 }
