@@ -127,3 +127,4 @@ impl TestBroker {
 pub mod amqp;
 pub mod mqtt;
 pub mod stomp;
+pub mod pki;

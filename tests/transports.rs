@@ -1,0 +1,729 @@
+//! MQTT, STOMP and AMQP 1.0 over WebSocket, over WebSocket with TLS (wss),
+//! over TLS (MQTTS, STOMP+TLS, AMQPS) and on the any-protocol port, against a
+//! real broker with a CA and certificates generated at test time; then the
+//! bad input of issue 6 (bad upgrades, wrong subprotocol, oversized and
+//! non-UTF-8 WebSocket frames, TLS garbage, plain text on a TLS port), each
+//! refused or closed without harm to other connections.
+//!
+//! Every client talks its protocol over a byte stream (`tokio::io::duplex`)
+//! that a pump task carries over the transport under test, so one protocol
+//! exchange is checked over every transport.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::pki::{localhost, Pki};
+use common::TestBroker;
+use fe2o3_amqp::{Connection, Receiver, Sender, Session};
+use futures_util::{SinkExt, StreamExt};
+use rosetta::config::{ListenAddr, ListenerKind};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+/// Longest a test waits for something that should happen.
+const WAIT: Duration = Duration::from_secs(5);
+/// Largest WebSocket message the test broker accepts.
+const WS_MESSAGE_MAX_BYTES: usize = 64 * 1024;
+
+/// How the bytes of a protocol reach the broker.
+#[derive(Clone, Copy, Debug)]
+enum Wire {
+    /// The protocol's own bytes on the (TLS) connection.
+    Raw,
+    /// Inside WebSocket messages: binary, or text (STOMP only).
+    Ws {
+        path: &'static str,
+        subprotocol: &'static str,
+        text: bool,
+    },
+}
+
+fn any_port() -> Option<ListenAddr> {
+    Some(ListenAddr::new("127.0.0.1", 0))
+}
+
+/// A broker with every listener on a free loopback port and TLS from `pki`.
+async fn broker(pki: &Pki, mutual: bool) -> TestBroker {
+    let tls = pki.tls_config(mutual);
+    TestBroker::start_with(
+        move |c| {
+            c.listeners.websocket = any_port();
+            c.listeners.wss = any_port();
+            c.listeners.mqtts = any_port();
+            c.listeners.stomps = any_port();
+            c.listeners.amqps = any_port();
+            c.listeners.any = any_port();
+            c.websocket.message_size_max_bytes = WS_MESSAGE_MAX_BYTES;
+            c.tls = tls;
+        },
+        Arc::new(rosetta::core::AllowAll),
+    )
+    .await
+}
+
+/// Opens `addr` (through TLS when `tls` is given) and returns the stream a
+/// client reads and writes its protocol bytes on.
+async fn open(
+    addr: SocketAddr,
+    tls: Option<&tokio_rustls::TlsConnector>,
+    wire: Wire,
+) -> DuplexStream {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    match tls {
+        None => carry(tcp, wire).await,
+        Some(connector) => {
+            let tls = connector
+                .connect(localhost(), tcp)
+                .await
+                .expect("TLS handshake");
+            carry(tls, wire).await
+        }
+    }
+}
+
+async fn carry<S>(io: S, wire: Wire) -> DuplexStream
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (client, mut ours) = tokio::io::duplex(1 << 20);
+    match wire {
+        Wire::Raw => {
+            tokio::spawn(async move {
+                let mut io = io;
+                let _ = tokio::io::copy_bidirectional(&mut ours, &mut io).await;
+            });
+        }
+        Wire::Ws {
+            path,
+            subprotocol,
+            text,
+        } => {
+            let mut request = format!("ws://localhost{path}")
+                .into_client_request()
+                .expect("request");
+            request.headers_mut().insert(
+                "Sec-WebSocket-Protocol",
+                subprotocol.parse().expect("header value"),
+            );
+            let (ws, response) = tokio_tungstenite::client_async(request, io)
+                .await
+                .expect("WebSocket handshake");
+            // Browsers drop a connection whose subprotocol is not echoed.
+            assert_eq!(
+                response
+                    .headers()
+                    .get("sec-websocket-protocol")
+                    .and_then(|v| v.to_str().ok()),
+                Some(subprotocol)
+            );
+            tokio::spawn(pump(ws, ours, text));
+        }
+    }
+    client
+}
+
+/// Carries bytes between the client's duplex stream and WebSocket messages.
+/// A reply in the other frame type than the client's ends the stream, so
+/// the client's next read fails the test.
+async fn pump<S>(ws: tokio_tungstenite::WebSocketStream<S>, duplex: DuplexStream, text: bool)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sink, mut stream) = ws.split();
+    let (mut rd, mut wr) = tokio::io::split(duplex);
+    let up = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let chunk = buf.get(..n).unwrap_or_default().to_vec();
+            let message = if text {
+                // The tests send ASCII, so any split is valid UTF-8.
+                Message::text(String::from_utf8(chunk).expect("ASCII"))
+            } else {
+                Message::binary(chunk)
+            };
+            if sink.send(message).await.is_err() {
+                break;
+            }
+        }
+        let _ = sink.close().await;
+    };
+    let down = async move {
+        while let Some(Ok(message)) = stream.next().await {
+            let bytes = match message {
+                Message::Text(t) if text => t.as_bytes().to_vec(),
+                Message::Binary(b) if !text => b.to_vec(),
+                Message::Close(_) => break,
+                Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => continue,
+                other => {
+                    eprintln!("reply in the wrong frame type: {other:?}");
+                    break;
+                }
+            };
+            if wr.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+        let _ = wr.shutdown().await;
+    };
+    tokio::join!(up, down);
+}
+
+// --- MQTT 3.1.1, hand-encoded so it runs over any byte stream ---------------
+
+fn mqtt_packet(first: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![first];
+    let mut len = body.len();
+    loop {
+        let mut byte = (len % 128) as u8;
+        len /= 128;
+        if len > 0 {
+            byte |= 0x80;
+        }
+        out.push(byte);
+        if len == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(body);
+    out
+}
+
+fn mqtt_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u16).to_be_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// Reads one MQTT packet: (first byte, body).
+async fn mqtt_read(io: &mut DuplexStream) -> (u8, Vec<u8>) {
+    tokio::time::timeout(WAIT, async {
+        let first = io.read_u8().await.expect("packet type");
+        let mut len = 0usize;
+        let mut shift = 0;
+        loop {
+            let b = io.read_u8().await.expect("remaining length");
+            len |= usize::from(b & 0x7f) << shift;
+            shift += 7;
+            if b & 0x80 == 0 {
+                break;
+            }
+        }
+        let mut body = vec![0u8; len];
+        io.read_exact(&mut body).await.expect("packet body");
+        (first, body)
+    })
+    .await
+    .expect("MQTT packet in time")
+}
+
+/// CONNECT, SUBSCRIBE at QoS 1, PUBLISH at QoS 1 to the same topic: the
+/// PUBACK and the client's own message come back.
+async fn mqtt_round_trip(mut io: DuplexStream, label: &str) {
+    let mut connect = Vec::new();
+    mqtt_str(&mut connect, "MQTT");
+    connect.extend_from_slice(&[4, 0x02, 0, 60]);
+    mqtt_str(&mut connect, &format!("transports-{label}"));
+    io.write_all(&mqtt_packet(0x10, &connect))
+        .await
+        .expect("CONNECT");
+    assert_eq!(mqtt_read(&mut io).await, (0x20, vec![0, 0]), "CONNACK");
+
+    let topic = format!("transports/{label}");
+    let mut subscribe = vec![0, 1];
+    mqtt_str(&mut subscribe, &topic);
+    subscribe.push(1);
+    io.write_all(&mqtt_packet(0x82, &subscribe))
+        .await
+        .expect("SUBSCRIBE");
+    assert_eq!(mqtt_read(&mut io).await, (0x90, vec![0, 1, 1]), "SUBACK");
+
+    let payload = format!("hello over {label}");
+    let mut publish = Vec::new();
+    mqtt_str(&mut publish, &topic);
+    publish.extend_from_slice(&[0, 2]);
+    publish.extend_from_slice(payload.as_bytes());
+    io.write_all(&mqtt_packet(0x32, &publish))
+        .await
+        .expect("PUBLISH");
+    let (mut acked, mut delivered) = (false, false);
+    while !(acked && delivered) {
+        let (first, body) = mqtt_read(&mut io).await;
+        match first & 0xf0 {
+            0x40 => {
+                assert_eq!(body, vec![0, 2], "PUBACK of packet 2");
+                acked = true;
+            }
+            0x30 => {
+                let topic_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
+                assert_eq!(&body[2..2 + topic_len], topic.as_bytes());
+                let rest = &body[2 + topic_len..];
+                let (id, got) = rest.split_at(if first & 0x06 != 0 { 2 } else { 0 });
+                assert_eq!(got, payload.as_bytes(), "payload");
+                if !id.is_empty() {
+                    io.write_all(&mqtt_packet(0x40, id)).await.expect("PUBACK");
+                }
+                delivered = true;
+            }
+            other => panic!("unexpected MQTT packet type {other:#x}"),
+        }
+    }
+    io.write_all(&[0xe0, 0]).await.expect("DISCONNECT");
+}
+
+// --- STOMP 1.2 ---------------------------------------------------------------
+
+/// Reads one STOMP frame (heart-beat newlines skipped) as text.
+async fn stomp_read(io: &mut DuplexStream, pending: &mut Vec<u8>) -> String {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            while pending.first().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                pending.remove(0);
+            }
+            if let Some(end) = pending.iter().position(|b| *b == 0) {
+                let frame: Vec<u8> = pending.drain(..=end).collect();
+                return String::from_utf8_lossy(&frame[..end]).into_owned();
+            }
+            let mut buf = [0u8; 4096];
+            let n = io.read(&mut buf).await.expect("read STOMP");
+            assert!(n > 0, "STOMP connection closed; got {pending:?}");
+            pending.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("STOMP frame in time")
+}
+
+/// CONNECT, SUBSCRIBE with a receipt, SEND to the same topic: the MESSAGE
+/// comes back with the body.
+async fn stomp_round_trip(mut io: DuplexStream, label: &str) {
+    let mut pending = Vec::new();
+    io.write_all(b"CONNECT\naccept-version:1.2\nhost:/\n\n\0")
+        .await
+        .expect("CONNECT");
+    let connected = stomp_read(&mut io, &mut pending).await;
+    assert!(connected.starts_with("CONNECTED\n"), "{connected}");
+    let destination = format!("/topic/transports.{label}");
+    io.write_all(
+        format!("SUBSCRIBE\nid:0\ndestination:{destination}\nreceipt:r1\n\n\0").as_bytes(),
+    )
+    .await
+    .expect("SUBSCRIBE");
+    let receipt = stomp_read(&mut io, &mut pending).await;
+    assert!(receipt.starts_with("RECEIPT\n"), "{receipt}");
+    assert!(receipt.contains("receipt-id:r1"), "{receipt}");
+    let body = format!("hello over {label}");
+    io.write_all(format!("SEND\ndestination:{destination}\n\n{body}\0").as_bytes())
+        .await
+        .expect("SEND");
+    let message = stomp_read(&mut io, &mut pending).await;
+    assert!(message.starts_with("MESSAGE\n"), "{message}");
+    assert!(message.ends_with(&format!("\n\n{body}")), "{message}");
+    io.write_all(b"DISCONNECT\n\n\0").await.expect("DISCONNECT");
+}
+
+// --- AMQP 1.0 (fe2o3-amqp over the stream) -----------------------------------
+
+/// Opens a connection (no SASL: anonymous access is on), sends to a queue
+/// and receives the message back.
+async fn amqp_round_trip(io: DuplexStream, label: &str) {
+    tokio::time::timeout(WAIT * 2, async {
+        let mut conn = Connection::builder()
+            .container_id(format!("transports-{label}"))
+            .open_with_stream(io)
+            .await
+            .expect("open");
+        let mut session = Session::begin(&mut conn).await.expect("begin");
+        let address = format!("/queue/transports.{label}");
+        let mut sender = Sender::attach(&mut session, "sender", address.as_str())
+            .await
+            .expect("attach sender");
+        let body = format!("hello over {label}");
+        sender
+            .send(body.as_str())
+            .await
+            .expect("send")
+            .accepted_or_else(|o| o)
+            .expect("accepted");
+        let mut receiver = Receiver::attach(&mut session, "receiver", address.as_str())
+            .await
+            .expect("attach receiver");
+        let delivery: fe2o3_amqp::link::delivery::Delivery<String> =
+            receiver.recv().await.expect("recv");
+        assert_eq!(delivery.body(), &body);
+        receiver.accept(&delivery).await.expect("accept");
+        receiver.close().await.expect("close receiver");
+        sender.close().await.expect("close sender");
+        session.end().await.expect("end");
+        conn.close().await.expect("close");
+    })
+    .await
+    .expect("AMQP exchange in time");
+}
+
+const MQTT_WS: Wire = Wire::Ws {
+    path: "/mqtt",
+    subprotocol: "mqtt",
+    text: false,
+};
+const STOMP_WS_TEXT: Wire = Wire::Ws {
+    path: "/stomp",
+    subprotocol: "v12.stomp",
+    text: true,
+};
+const STOMP_WS_BINARY: Wire = Wire::Ws {
+    path: "/",
+    subprotocol: "v11.stomp",
+    text: false,
+};
+const AMQP_WS: Wire = Wire::Ws {
+    path: "/amqp",
+    subprotocol: "amqp",
+    text: false,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_over_ws_wss_and_tls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::generate(dir.path());
+    let broker = broker(&pki, false).await;
+    let tls = pki.connector();
+    mqtt_round_trip(
+        open(broker.addr(ListenerKind::WebSocket), None, MQTT_WS).await,
+        "ws",
+    )
+    .await;
+    // `mqttv3.1` on any path routes to MQTT too.
+    let legacy = Wire::Ws {
+        path: "/",
+        subprotocol: "mqttv3.1",
+        text: false,
+    };
+    mqtt_round_trip(
+        open(broker.addr(ListenerKind::WebSocket), None, legacy).await,
+        "ws-legacy",
+    )
+    .await;
+    mqtt_round_trip(
+        open(broker.addr(ListenerKind::Wss), Some(&tls), MQTT_WS).await,
+        "wss",
+    )
+    .await;
+    mqtt_round_trip(
+        open(broker.addr(ListenerKind::Mqtts), Some(&tls), Wire::Raw).await,
+        "tls",
+    )
+    .await;
+    let any = broker.addr(ListenerKind::Any);
+    mqtt_round_trip(open(any, None, Wire::Raw).await, "any-tcp").await;
+    mqtt_round_trip(open(any, Some(&tls), MQTT_WS).await, "any-wss").await;
+
+    // A stock client: rumqttc over TLS (ring provider) on the MQTTS port.
+    let mqtts = broker.addr(ListenerKind::Mqtts);
+    let mut opts = rumqttc::MqttOptions::new("transports-rumqttc", "localhost", mqtts.port());
+    opts.set_transport(rumqttc::Transport::tls_with_config(
+        rumqttc::TlsConfiguration::Rustls(pki.client_config()),
+    ));
+    let (client, mut events) = rumqttc::AsyncClient::new(opts, 10);
+    client
+        .subscribe("transports/rumqttc", rumqttc::QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    client
+        .publish(
+            "transports/rumqttc",
+            rumqttc::QoS::AtLeastOnce,
+            false,
+            "tls",
+        )
+        .await
+        .expect("publish");
+    let publish = tokio::time::timeout(WAIT, async {
+        loop {
+            match events.poll().await.expect("MQTTS event loop") {
+                rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)) => break p,
+                _ => continue,
+            }
+        }
+    })
+    .await
+    .expect("own message over MQTTS");
+    assert_eq!(&publish.payload[..], b"tls");
+    broker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stomp_over_ws_wss_and_tls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::generate(dir.path());
+    let broker = broker(&pki, false).await;
+    let tls = pki.connector();
+    let ws = broker.addr(ListenerKind::WebSocket);
+    stomp_round_trip(open(ws, None, STOMP_WS_TEXT).await, "ws-text").await;
+    stomp_round_trip(open(ws, None, STOMP_WS_BINARY).await, "ws-binary").await;
+    let wss = broker.addr(ListenerKind::Wss);
+    stomp_round_trip(open(wss, Some(&tls), STOMP_WS_TEXT).await, "wss").await;
+    let stomps = broker.addr(ListenerKind::Stomps);
+    stomp_round_trip(open(stomps, Some(&tls), Wire::Raw).await, "tls").await;
+    let any = broker.addr(ListenerKind::Any);
+    stomp_round_trip(open(any, Some(&tls), Wire::Raw).await, "any-tls").await;
+    stomp_round_trip(open(any, None, STOMP_WS_TEXT).await, "any-ws").await;
+    broker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_over_ws_wss_and_tls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::generate(dir.path());
+    let broker = broker(&pki, false).await;
+    let tls = pki.connector();
+    let ws = broker.addr(ListenerKind::WebSocket);
+    amqp_round_trip(open(ws, None, AMQP_WS).await, "ws").await;
+    let wss = broker.addr(ListenerKind::Wss);
+    amqp_round_trip(open(wss, Some(&tls), AMQP_WS).await, "wss").await;
+    let amqps = broker.addr(ListenerKind::Amqps);
+    amqp_round_trip(open(amqps, Some(&tls), Wire::Raw).await, "tls").await;
+    let any = broker.addr(ListenerKind::Any);
+    amqp_round_trip(open(any, None, Wire::Raw).await, "any-tcp").await;
+    amqp_round_trip(open(any, Some(&tls), AMQP_WS).await, "any-wss").await;
+    broker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_required_refuses_a_client_without_certificate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::generate(dir.path());
+    let tls = pki.tls_config(true);
+    let broker = TestBroker::start_with(
+        move |c| {
+            c.listeners.mqtts = any_port();
+            c.tls = tls;
+            c.tls.require_client_cert = true;
+        },
+        Arc::new(rosetta::core::AllowAll),
+    )
+    .await;
+    let mqtts = broker.addr(ListenerKind::Mqtts);
+    // Without a certificate: the handshake fails, or (TLS 1.3: the server
+    // checks after the client finished) the first read does.
+    let refused = async {
+        let tcp = TcpStream::connect(mqtts).await.expect("connect");
+        let mut t = pki.connector().connect(localhost(), tcp).await?;
+        t.write_all(&mqtt_packet(0x10, b"\x00\x04MQTT\x04\x02\x00\x3c\x00\x01x"))
+            .await?;
+        let mut buf = [0u8; 16];
+        match t.read(&mut buf).await? {
+            0 => Err(std::io::Error::other("closed")),
+            _ => Ok(()),
+        }
+    };
+    assert!(
+        tokio::time::timeout(WAIT, refused)
+            .await
+            .expect("refused in time")
+            .is_err(),
+        "a client without certificate was served"
+    );
+    let with_cert = tokio_rustls::TlsConnector::from(pki.client_config_as("alice"));
+    mqtt_round_trip(open(mqtts, Some(&with_cert), Wire::Raw).await, "mtls").await;
+    broker.stop().await;
+}
+
+// --- bad input ---------------------------------------------------------------
+
+/// Sends `request` and returns everything the broker writes until it closes.
+async fn send_and_drain(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
+    let mut tcp = TcpStream::connect(addr).await.expect("connect");
+    let _ = tcp.write_all(request).await;
+    drain(&mut tcp).await
+}
+
+async fn drain<S: AsyncRead + Unpin>(io: &mut S) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(WAIT, async {
+        loop {
+            match io.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .expect("the broker closes the connection");
+    got
+}
+
+fn status_line(response: &[u8]) -> String {
+    let text = String::from_utf8_lossy(response);
+    text.lines().next().unwrap_or_default().to_owned()
+}
+
+const WS_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
+
+/// A raw upgrade to MQTT over WebSocket; returns the socket after the 101.
+async fn raw_upgrade(addr: SocketAddr) -> TcpStream {
+    let mut tcp = TcpStream::connect(addr).await.expect("connect");
+    let request = format!(
+        "GET /mqtt HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {WS_KEY}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n"
+    );
+    tcp.write_all(request.as_bytes()).await.expect("upgrade");
+    let mut head = Vec::new();
+    tokio::time::timeout(WAIT, async {
+        while !head.ends_with(b"\r\n\r\n") {
+            head.push(tcp.read_u8().await.expect("response head"));
+        }
+    })
+    .await
+    .expect("101 in time");
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{}", status_line(&head));
+    tcp
+}
+
+/// A masked client frame header for a payload of `len` bytes.
+fn frame_head(opcode: u8, len: u64) -> Vec<u8> {
+    let mut out = vec![0x80 | opcode];
+    if len < 126 {
+        out.push(0x80 | len as u8);
+    } else if len <= u64::from(u16::MAX) {
+        out.push(0x80 | 126);
+        out.extend_from_slice(&(len as u16).to_be_bytes());
+    } else {
+        out.push(0x80 | 127);
+        out.extend_from_slice(&len.to_be_bytes());
+    }
+    out.extend_from_slice(&[0, 0, 0, 0]); // mask key 0: payload unchanged
+    out
+}
+
+/// The status code of the close frame the broker sent, if any.
+fn close_code(bytes: &[u8]) -> Option<u16> {
+    match bytes {
+        [0x88, len, hi, lo, ..] if *len >= 2 => Some(u16::from_be_bytes([*hi, *lo])),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_and_harms_no_one_else() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::generate(dir.path());
+    let broker = broker(&pki, false).await;
+    let tls = pki.connector();
+    let ws = broker.addr(ListenerKind::WebSocket);
+    let mqtts = broker.addr(ListenerKind::Mqtts);
+
+    // A connection that stays open through all of it.
+    let mut survivor = open(ws, None, MQTT_WS).await;
+    let mut connect = Vec::new();
+    mqtt_str(&mut connect, "MQTT");
+    connect.extend_from_slice(&[4, 0x02, 0, 60]);
+    mqtt_str(&mut connect, "survivor");
+    survivor
+        .write_all(&mqtt_packet(0x10, &connect))
+        .await
+        .expect("CONNECT");
+    assert_eq!(mqtt_read(&mut survivor).await, (0x20, vec![0, 0]));
+
+    // Bad upgrade: no Sec-WebSocket-Key.
+    let response = send_and_drain(
+        ws,
+        b"GET /mqtt HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_line(&response), "HTTP/1.1 400 Bad Request");
+    // Not HTTP at all.
+    let response = send_and_drain(ws, b"HELLO?\r\n\r\n").await;
+    assert!(
+        status_line(&response).starts_with("HTTP/1.1 400"),
+        "{response:?}"
+    );
+    // Wrong subprotocol on a path that does not choose one.
+    let response = send_and_drain(
+        ws,
+        format!("GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {WS_KEY}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: chat\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert_eq!(status_line(&response), "HTTP/1.1 400 Bad Request");
+    let mut request = format!("ws://{ws}/")
+        .into_client_request()
+        .expect("request");
+    request
+        .headers_mut()
+        .insert("Sec-WebSocket-Protocol", "xmpp".parse().expect("value"));
+    let tcp = TcpStream::connect(ws).await.expect("connect");
+    match tokio_tungstenite::client_async(request, tcp).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 400),
+        other => panic!("wrong subprotocol accepted: {:?}", other.map(|(_, r)| r)),
+    }
+
+    // Oversized frame: the header alone says too much; close 1009.
+    let mut tcp = raw_upgrade(ws).await;
+    let mut frame = frame_head(2, WS_MESSAGE_MAX_BYTES as u64 + 1);
+    frame.extend(std::iter::repeat_n(0u8, 1024));
+    let _ = tcp.write_all(&frame).await;
+    let reply = drain(&mut tcp).await;
+    assert_eq!(close_code(&reply), Some(1009), "{reply:?}");
+
+    // A text frame that is not UTF-8: close 1007.
+    let mut tcp = raw_upgrade(ws).await;
+    let mut frame = frame_head(1, 2);
+    frame.extend_from_slice(&[0xff, 0xfe]);
+    tcp.write_all(&frame).await.expect("frame");
+    let reply = drain(&mut tcp).await;
+    assert_eq!(close_code(&reply), Some(1007), "{reply:?}");
+
+    // Ping is answered with the same payload.
+    let mut tcp = raw_upgrade(ws).await;
+    let mut frame = frame_head(9, 4);
+    frame.extend_from_slice(b"ping");
+    tcp.write_all(&frame).await.expect("ping");
+    let mut pong = [0u8; 6];
+    tokio::time::timeout(WAIT, tcp.read_exact(&mut pong))
+        .await
+        .expect("pong in time")
+        .expect("pong");
+    assert_eq!(&pong, b"\x8a\x04ping");
+
+    // A TLS ClientHello record full of garbage, on MQTTS and on WSS.
+    let garbage = b"\x16\x03\x01\x00\x20this is not a TLS ClientHello...";
+    for addr in [mqtts, broker.addr(ListenerKind::Wss)] {
+        let reply = send_and_drain(addr, garbage).await;
+        // Nothing, or a TLS alert record (content type 21).
+        assert!(reply.is_empty() || reply[0] == 0x15, "{reply:?}");
+    }
+    // A plain-text client on TLS ports: MQTT CONNECT, STOMP CONNECT, HTTP.
+    let plain_mqtt = mqtt_packet(0x10, &connect);
+    for (addr, bytes) in [
+        (mqtts, plain_mqtt.as_slice()),
+        (
+            broker.addr(ListenerKind::Stomps),
+            b"CONNECT\naccept-version:1.2\n\n\0".as_slice(),
+        ),
+        (
+            broker.addr(ListenerKind::Wss),
+            b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n".as_slice(),
+        ),
+    ] {
+        let reply = send_and_drain(addr, bytes).await;
+        assert!(
+            reply.is_empty() || reply[0] == 0x15,
+            "plain text answered on a TLS port: {reply:?}"
+        );
+    }
+
+    // New connections over every transport still work ...
+    mqtt_round_trip(open(ws, None, MQTT_WS).await, "after-ws").await;
+    mqtt_round_trip(open(mqtts, Some(&tls), Wire::Raw).await, "after-tls").await;
+    // ... and so does the one that was open all along.
+    survivor.write_all(&[0xc0, 0]).await.expect("PINGREQ");
+    assert_eq!(mqtt_read(&mut survivor).await, (0xd0, vec![]), "PINGRESP");
+    broker.stop().await;
+}
