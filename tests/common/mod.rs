@@ -126,5 +126,5 @@ impl TestBroker {
 
 pub mod amqp;
 pub mod mqtt;
-pub mod stomp;
 pub mod pki;
+pub mod stomp;
