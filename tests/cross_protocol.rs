@@ -618,3 +618,67 @@ async fn oversized_for_the_mqtt_client_is_skipped() {
     assert_eq!(&p.payload[..], b"fits");
     broker.stop().await;
 }
+
+/// A structured AMQP body (an `amqp-value` long) reaches STOMP and MQTT 5
+/// consumers as the section's raw AMQP encoding, marked with the
+/// `x-amqp-body` property and a content type, never silently as bytes.
+#[tokio::test]
+async fn structured_amqp_bodies_arrive_raw_and_marked() {
+    let broker = TestBroker::start().await;
+    let mut s = StompClient::connect(broker.stomp(), &[]).await;
+    s.subscribe("t", "/topic/structured", "auto", &[]).await;
+    let (client, ev) = mqtt5(&broker, "structured-sub");
+    client
+        .subscribe("structured", QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    let mut packets = drive(ev);
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), packets.recv()).await {
+            Ok(Some(Packet::SubAck(_))) => break,
+            Ok(Some(_)) => continue,
+            other => panic!("no SUBACK: {other:?}"),
+        }
+    }
+    let (mut conn, mut session) = amqp(&broker).await;
+    let mut sender = Sender::attach(&mut session, "structured", "/topic/structured")
+        .await
+        .expect("attach sender");
+    let msg = AmqpMessage::builder().value(42i64).build();
+    sender
+        .send(msg)
+        .await
+        .expect("send")
+        .accepted_or_else(|o| o)
+        .expect("accepted");
+    // amqp-value descriptor (0x00 0x53 0x77), then a long: smalllong 0x55 42.
+    let encoded: &[u8] = &[0x00, 0x53, 0x77, 0x55, 42];
+    let m = s.message().await;
+    assert_eq!(m.body, encoded);
+    assert_eq!(m.header("x-amqp-body"), Some("amqp-value"));
+    assert_eq!(
+        m.header("content-type"),
+        Some("application/vnd.amqp-section")
+    );
+    let publish = loop {
+        match tokio::time::timeout(Duration::from_secs(10), packets.recv()).await {
+            Ok(Some(Packet::Publish(p))) => break p,
+            Ok(Some(_)) => continue,
+            other => panic!("no PUBLISH: {other:?}"),
+        }
+    };
+    assert_eq!(&publish.payload[..], encoded);
+    let props: PublishProperties = publish.properties.expect("properties");
+    assert!(props
+        .user_properties
+        .contains(&("x-amqp-body".to_owned(), "amqp-value".to_owned())));
+    assert_eq!(
+        props.content_type.as_deref(),
+        Some("application/vnd.amqp-section")
+    );
+    assert_eq!(props.payload_format_indicator, None);
+    sender.close().await.expect("close sender");
+    session.end().await.expect("end");
+    conn.close().await.expect("close");
+    broker.stop().await;
+}

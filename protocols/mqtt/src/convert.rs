@@ -114,12 +114,27 @@ pub(crate) fn outbound_properties(
             .iter()
             .map(|(k, v)| (k.to_owned(), v.to_text()))
             .filter(|(k, v)| fits(k.len()) && fits(v.len()))
+            .chain(msg.body.kind.amqp_section_marker().map(|m| {
+                (
+                    rosetta_neutral::message::AMQP_BODY_PROPERTY.to_owned(),
+                    m.to_owned(),
+                )
+            }))
             .collect(),
         subscription_identifiers: subscription_ids
             .iter()
             .filter_map(|&id| usize::try_from(id).ok())
             .collect(),
-        content_type: msg.content_type.clone().filter(|c| fits(c.len())),
+        content_type: msg
+            .content_type
+            .clone()
+            .or_else(|| {
+                msg.body
+                    .kind
+                    .amqp_section_marker()
+                    .map(|_| rosetta_neutral::message::AMQP_BODY_CONTENT_TYPE.to_owned())
+            })
+            .filter(|c| fits(c.len())),
     };
     let empty = props.payload_format_indicator.is_none()
         && props.message_expiry_interval.is_none()

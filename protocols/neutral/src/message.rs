@@ -33,6 +33,30 @@ pub enum BodyKind {
     AmqpData,
 }
 
+/// Property (MQTT user property, STOMP header) that tells an MQTT or STOMP
+/// consumer its payload is a raw AMQP body section, and which kind. The
+/// payload is then the section's AMQP encoding, unchanged.
+pub const AMQP_BODY_PROPERTY: &str = "x-amqp-body";
+/// Content type given to a raw AMQP body section when the publisher set
+/// none, so generic consumers do not mistake it for plain bytes.
+pub const AMQP_BODY_CONTENT_TYPE: &str = "application/vnd.amqp-section";
+
+impl BodyKind {
+    /// For consumers of protocols without AMQP body sections: the value of
+    /// [`AMQP_BODY_PROPERTY`] for a structured AMQP body, `None` for binary
+    /// and text bodies, which need no marker. This is the conversion
+    /// contract's one rule for structured bodies (docs/conversion.md):
+    /// they are delivered raw and marked, never silently reinterpreted.
+    pub fn amqp_section_marker(self) -> Option<&'static str> {
+        match self {
+            BodyKind::Binary | BodyKind::Text => None,
+            BodyKind::AmqpValue => Some("amqp-value"),
+            BodyKind::AmqpSequence => Some("amqp-sequence"),
+            BodyKind::AmqpData => Some("amqp-data"),
+        }
+    }
+}
+
 /// The body of a message: its kind and its bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Body {

@@ -159,8 +159,21 @@ pub(crate) fn write_message(
     if version == Version::V1_2 && sub.ack != AckMode::Auto {
         w.header("ack", ack_id);
     }
-    if let Some(ct) = &m.content_type {
-        w.header("content-type", ct);
+    let section = m.body.kind.amqp_section_marker();
+    match (&m.content_type, section) {
+        (Some(ct), _) => {
+            w.header("content-type", ct);
+        }
+        (None, Some(_)) => {
+            w.header(
+                "content-type",
+                rosetta_neutral::message::AMQP_BODY_CONTENT_TYPE,
+            );
+        }
+        (None, None) => {}
+    }
+    if let Some(marker) = section {
+        w.header(rosetta_neutral::message::AMQP_BODY_PROPERTY, marker);
     }
     if let Some(r) = &m.reply_to {
         w.header("reply-to", r);
