@@ -27,6 +27,9 @@ use tokio_tungstenite::tungstenite::Message;
 
 /// Longest a test waits for something that should happen.
 const WAIT: Duration = Duration::from_secs(5);
+/// The one web origin whose pages may open a WebSocket (clients that send
+/// no Origin, i.e. not browsers, are always allowed).
+const ALLOWED_ORIGIN: &str = "http://127.0.0.1:8000";
 /// Largest WebSocket message the test broker accepts.
 const WS_MESSAGE_MAX_BYTES: usize = 64 * 1024;
 
@@ -59,6 +62,7 @@ async fn broker(pki: &Pki, mutual: bool) -> TestBroker {
             c.listeners.amqps = any_port();
             c.listeners.any = any_port();
             c.websocket.message_size_max_bytes = WS_MESSAGE_MAX_BYTES;
+            c.websocket.allowed_origins = vec![ALLOWED_ORIGIN.to_owned()];
             c.tls = tls;
         },
         Arc::new(rosetta::core::AllowAll),
@@ -663,6 +667,24 @@ async fn bad_input_is_refused_and_harms_no_one_else() {
         Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 400),
         other => panic!("wrong subprotocol accepted: {:?}", other.map(|(_, r)| r)),
     }
+
+    // An Origin outside the allow-list is refused; the listed one is served.
+    let upgrade_from = |origin: &str| {
+        format!("GET /mqtt HTTP/1.1\r\nHost: localhost\r\nOrigin: {origin}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {WS_KEY}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n")
+    };
+    let response = send_and_drain(ws, upgrade_from("http://evil.example").as_bytes()).await;
+    assert_eq!(status_line(&response), "HTTP/1.1 403 Forbidden");
+    let mut tcp = TcpStream::connect(ws).await.expect("connect");
+    tcp.write_all(upgrade_from(ALLOWED_ORIGIN).as_bytes())
+        .await
+        .expect("upgrade");
+    let mut head = [0u8; 12];
+    tokio::time::timeout(WAIT, tcp.read_exact(&mut head))
+        .await
+        .expect("answer in time")
+        .expect("status line");
+    assert_eq!(&head, b"HTTP/1.1 101");
+    drop(tcp);
 
     // Oversized frame: the header alone says too much; close 1009.
     let mut tcp = raw_upgrade(ws).await;
