@@ -39,13 +39,11 @@ def pair_id(p):
 
 
 def expected_kind(pub_proto, payload, text):
-    """stomp.py leaves content-length off an empty body, and the broker
-    types a STOMP body without content-length that is valid UTF-8 as text,
-    even with content-type application/octet-stream (see
+    """The publisher's text flag decides. stomp.py leaves content-length off
+    an empty body, but the binary payloads are sent with content-type
+    application/octet-stream, which keeps them binary (see
     docs/conversion.md, "STOMP body kind")."""
-    if text or (pub_proto == "stomp" and payload == b""):
-        return "text"
-    return "binary"
+    return "text" if text else "binary"
 
 
 def check_body(pub_proto, consumer_proto, r, payload, text):
