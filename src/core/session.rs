@@ -166,6 +166,23 @@ impl CoreSession {
     }
 }
 
+/// Takes `entry` out of `queue` on its way to the dead-letter address: the
+/// queue's ack record joins `batch` (so the copy and the ack commit
+/// together), its bytes leave the memory budget, and it waits in `dead`
+/// until the queue lock is released and it can be routed.
+fn retire_to_dead_letter(
+    queue: &Arc<Queue>,
+    stats: &mut super::QueueStats,
+    entry: super::queue::Entry,
+    batch: &mut Batch,
+    dead: &mut Vec<(super::queue::Entry, Arc<str>)>,
+) {
+    stats.dead_lettered_total += 1;
+    batch.records.extend(queue.ack_record(&entry));
+    queue.release(&entry);
+    dead.push((entry, Arc::clone(&queue.name)));
+}
+
 /// Settles one in-flight delivery in its queue. Dead entries are moved in
 /// `batch`.
 fn apply_settle(
@@ -209,10 +226,7 @@ fn apply_settle(
                     entry.delivery_count += 1;
                 }
                 if entry.delivery_count >= inner.config.delivery_attempts_max {
-                    st.stats.dead_lettered_total += 1;
-                    batch.records.extend(queue.ack_record(&entry));
-                    queue.release(&entry);
-                    dead.push((entry, Arc::clone(&queue.name)));
+                    retire_to_dead_letter(queue, &mut st.stats, entry, batch, &mut dead);
                 } else {
                     if undeliverable_here {
                         entry.excluded = Some(key);
@@ -230,10 +244,7 @@ fn apply_settle(
                 }
             }
             Outcome::Reject => {
-                st.stats.dead_lettered_total += 1;
-                batch.records.extend(queue.ack_record(&entry));
-                queue.release(&entry);
-                dead.push((entry, Arc::clone(&queue.name)));
+                retire_to_dead_letter(queue, &mut st.stats, entry, batch, &mut dead);
             }
         }
         queue.dispatch_locked(&mut st, rosetta_neutral::message::now_ms())
@@ -269,10 +280,7 @@ fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
             };
             entry.delivery_count += 1;
             if entry.delivery_count >= inner.config.delivery_attempts_max {
-                st.stats.dead_lettered_total += 1;
-                batch.records.extend(queue.ack_record(&entry));
-                queue.release(&entry);
-                dead.push((entry, Arc::clone(&queue.name)));
+                retire_to_dead_letter(queue, &mut st.stats, entry, &mut batch, &mut dead);
             } else {
                 if entry.journaled {
                     batch.records.push(Record::DeliveryState {
