@@ -132,6 +132,32 @@ pub trait Broker: Send + Sync + 'static {
     /// Accepts a user named by a verified TLS client certificate.
     fn authenticate_certificate(&self, subject: &str) -> Result<Principal, AuthError>;
 
+    /// The one rule every adapter applies to a new connection: credentials
+    /// given with a password are checked as such; without a password, a
+    /// verified TLS client certificate (`certificate_user`, the name the
+    /// TLS layer took from its subject) names the user, and must be a user
+    /// of the users file. A user name sent
+    /// next to the certificate must then be that same name, so a client
+    /// cannot borrow one identity's certificate to act as another.
+    fn authenticate_connection(
+        &self,
+        user: Option<&str>,
+        password: Option<&[u8]>,
+        certificate_user: Option<&str>,
+    ) -> Result<Principal, AuthError> {
+        // Clients that always send the field (stomp.js) send it empty.
+        let password = password.filter(|p| !p.is_empty());
+        match (password, certificate_user) {
+            (None, Some(subject)) => match user {
+                Some(name) if !name.is_empty() && name != subject => {
+                    Err(AuthError::BadCredentials)
+                }
+                _ => self.authenticate_certificate(subject),
+            },
+            _ => self.authenticate(user, password),
+        }
+    }
+
     /// Opens a session. Events for it go to `sink`.
     fn open_session(&self, info: SessionInfo, sink: Arc<dyn EventSink>) -> Box<dyn Session>;
 }
