@@ -1,0 +1,204 @@
+//! AMQP 1.0 scenario with fe2o3-amqp: one queue, 1 sender → 1 receiver,
+//! unsettled (at-least-once). The sender keeps up to `window` deliveries
+//! waiting for their `accepted` disposition; the receiver grants `credit`
+//! and accepts every message. Durable or non-durable messages.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use fe2o3_amqp::connection::ConnectionHandle;
+use fe2o3_amqp::link::receiver::CreditMode;
+use fe2o3_amqp::sasl_profile::SaslProfile;
+use fe2o3_amqp::session::SessionHandle;
+use fe2o3_amqp::types::messaging::{Data, Header, Message, Source, TerminusDurability};
+use fe2o3_amqp::types::primitives::Binary;
+use fe2o3_amqp::{Connection, Receiver, Sender, Session};
+
+use crate::run::{supervise, unique, Tally, Target};
+use crate::stats::{latency_ns, stamped_payload, Report};
+
+#[derive(Debug, Clone)]
+pub(crate) struct Params {
+    pub(crate) count: u64,
+    pub(crate) size: usize,
+    /// Deliveries the sender leaves unsettled before waiting.
+    pub(crate) window: usize,
+    pub(crate) credit: u32,
+    pub(crate) durable: bool,
+    /// Ask for durable source/target termini. RabbitMQ 3.x declares the
+    /// queue behind `/queue/x` with the terminus durability, so this is
+    /// what makes its queue durable.
+    pub(crate) durable_terminus: bool,
+    pub(crate) user: Option<(String, String)>,
+    /// Address prefix of a queue ("/queue/" for Rosetta and RabbitMQ).
+    pub(crate) prefix: String,
+}
+
+async fn open(
+    target: &Target,
+    p: &Params,
+    id: &str,
+) -> anyhow::Result<(ConnectionHandle<()>, SessionHandle<()>)> {
+    let stream = target.connect().await?;
+    let mut b = Connection::builder()
+        .container_id(id.to_owned())
+        .hostname(target.host.as_str());
+    if let Some((u, pw)) = &p.user {
+        b = b.sasl_profile(SaslProfile::Plain {
+            username: u.clone(),
+            password: pw.clone(),
+        });
+    }
+    let mut conn = b.open_with_stream(stream).await.context("AMQP open")?;
+    let session = Session::begin(&mut conn).await.context("AMQP begin")?;
+    Ok((conn, session))
+}
+
+fn durability(p: &Params) -> TerminusDurability {
+    if p.durable_terminus {
+        TerminusDurability::UnsettledState
+    } else {
+        TerminusDurability::None
+    }
+}
+
+async fn receive(
+    mut receiver: Receiver,
+    tally: Arc<Tally>,
+) -> anyhow::Result<(Receiver, Vec<u64>)> {
+    let mut lat = Vec::new();
+    loop {
+        tokio::select! {
+            d = receiver.recv::<Data>() => {
+                let d = d.context("receive")?;
+                if let Some(l) = latency_ns(&d.body().0) {
+                    lat.push(l);
+                }
+                receiver.accept(&d).await.context("accept")?;
+                tally.add(1);
+            }
+            () = tally.done() => return Ok((receiver, lat)),
+        }
+    }
+}
+
+async fn send(mut sender: Sender, p: Params) -> anyhow::Result<Sender> {
+    let mut pending = VecDeque::with_capacity(p.window);
+    for _ in 0..p.count {
+        if pending.len() >= p.window.max(1) {
+            settle(pending.pop_front()).await?;
+        }
+        let msg = Message::builder()
+            .header(Header {
+                durable: p.durable,
+                ..Default::default()
+            })
+            .data(Binary::from(stamped_payload(p.size)))
+            .build();
+        pending.push_back(sender.send_batchable(msg).await.context("send")?);
+    }
+    while let Some(fut) = pending.pop_front() {
+        settle(Some(fut)).await?;
+    }
+    Ok(sender)
+}
+
+async fn settle<F, E>(fut: Option<F>) -> anyhow::Result<()>
+where
+    F: std::future::Future<Output = Result<fe2o3_amqp::types::messaging::Outcome, E>>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let Some(fut) = fut else { return Ok(()) };
+    match fut.await.context("disposition")? {
+        fe2o3_amqp::types::messaging::Outcome::Accepted(_) => Ok(()),
+        other => bail!("message not accepted: {other:?}"),
+    }
+}
+
+pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
+    let queue = unique("bench-amqp");
+    let addr = format!("{}{queue}", p.prefix);
+    let scenario = if p.durable {
+        "amqp-durable"
+    } else {
+        "amqp-nondurable"
+    };
+    let tally = Tally::new(p.count);
+
+    // Receiver first: RabbitMQ declares the queue on attach, and no message
+    // may arrive before anyone listens.
+    let (mut rconn, mut rsession) = open(target, p, &format!("{queue}-r")).await?;
+    let receiver = Receiver::builder()
+        .name(format!("{queue}-r"))
+        .source(
+            Source::builder()
+                .address(addr.clone())
+                .durable(durability(p))
+                .build(),
+        )
+        .credit_mode(CreditMode::Auto(p.credit))
+        .attach(&mut rsession)
+        .await
+        .context("attach receiver")?;
+    let (mut sconn, mut ssession) = open(target, p, &format!("{queue}-s")).await?;
+    let sender = Sender::builder()
+        .name(format!("{queue}-s"))
+        .target(
+            fe2o3_amqp::types::messaging::Target::builder()
+                .address(addr)
+                .durable(durability(p))
+                .build(),
+        )
+        .attach(&mut ssession)
+        .await
+        .context("attach sender")?;
+
+    let rx = tokio::spawn(receive(receiver, tally.clone()));
+    let cpu0 = target.cpu_us()?;
+    let started = Instant::now();
+    let tx = tokio::spawn(send(sender, p.clone()));
+    let mut error = supervise(&tally, target, started).await;
+    let elapsed = started.elapsed();
+    let cpu1 = target.cpu_us()?;
+
+    let mut latencies = Vec::new();
+    match rx.await? {
+        Ok((r, l)) => {
+            latencies = l;
+            let _ = r.close().await;
+        }
+        Err(e) => error = error.or(Some(format!("receiver: {e:#}"))),
+    }
+    if error.is_some() {
+        tx.abort();
+    }
+    match tx.await {
+        Ok(Ok(s)) => {
+            let _ = s.close().await;
+        }
+        Ok(Err(e)) => error = error.or(Some(format!("sender: {e:#}"))),
+        Err(_) => {} // aborted after an error reported above
+    }
+    let _ = rsession.end().await;
+    let _ = ssession.end().await;
+    let _ = rconn.close().await;
+    let _ = sconn.close().await;
+    Ok(Report {
+        scenario: scenario.into(),
+        broker: target.name.clone(),
+        expected: p.count,
+        received: tally.received(),
+        elapsed,
+        latencies_ns: latencies,
+        broker_cpu_us: cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
+        extra: vec![
+            ("size", p.size.into()),
+            ("durable", p.durable.into()),
+            ("window", p.window.into()),
+            ("credit", p.credit.into()),
+        ],
+        error,
+    })
+}

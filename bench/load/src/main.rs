@@ -1,0 +1,245 @@
+//! `rosetta-load`: drives real MQTT, STOMP and AMQP 1.0 clients against any
+//! broker at host:port and reports msg/s, end-to-end latency (p50/p99, from
+//! a timestamp in each payload) and the broker's CPU microseconds per
+//! message (from `/proc/<broker-pid>/stat`), or RSS per idle connection.
+//!
+//! Each run prints one `RESULT {json}` line for scripts (`bench/run.sh`)
+//! and one line for people. Every socket has TCP_NODELAY set.
+//!
+//! Layout: `run` (target, tally, supervisor), `stats` (percentiles, the
+//! payload timestamp, the report), `procfs` (CPU and RSS), one module per
+//! protocol, and `stomp_client` (a small STOMP client of our own).
+
+mod amqp;
+mod mqtt;
+mod procfs;
+mod run;
+mod stats;
+mod stomp;
+mod stomp_client;
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use rumqttc::QoS;
+
+#[derive(Debug, Parser)]
+#[command(version, about = "Load generator for MQTT, STOMP and AMQP 1.0 brokers")]
+struct Cli {
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long)]
+    port: u16,
+    /// PID of the broker process, for CPU per message and RSS.
+    #[arg(long)]
+    broker_pid: Option<u32>,
+    /// Name of the broker in the report.
+    #[arg(long, default_value = "broker")]
+    broker_name: String,
+    /// End the run with an error when nothing arrived for this long.
+    #[arg(long, default_value_t = 20)]
+    stall_s: u64,
+    /// Longest a run may take.
+    #[arg(long, default_value_t = 300)]
+    timeout_s: u64,
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Debug, Subcommand)]
+enum Scenario {
+    /// MQTT QoS 0, 1 publisher → 1 subscriber.
+    MqttQos0 {
+        #[arg(long, default_value_t = 200_000)]
+        count: u64,
+        #[arg(long, default_value_t = 256)]
+        size: usize,
+    },
+    /// MQTT QoS 1, 1 publisher → 1 subscriber, `inflight` unacknowledged.
+    MqttQos1 {
+        #[arg(long, default_value_t = 100_000)]
+        count: u64,
+        #[arg(long, default_value_t = 256)]
+        size: usize,
+        #[arg(long, default_value_t = 100)]
+        inflight: u16,
+    },
+    /// MQTT QoS 1 fan-out, 1 publisher → `subscribers`; msg/s counts
+    /// deliveries.
+    MqttFanout {
+        #[arg(long, default_value_t = 100)]
+        subscribers: usize,
+        #[arg(long, default_value_t = 2_000)]
+        count: u64,
+        #[arg(long, default_value_t = 256)]
+        size: usize,
+        #[arg(long, default_value_t = 100)]
+        inflight: u16,
+    },
+    /// N idle MQTT connections; reports broker RSS growth per connection
+    /// (needs --broker-pid).
+    MqttIdle {
+        #[arg(long, default_value_t = 10_000)]
+        connections: usize,
+    },
+    /// STOMP persistent queue, producers → consumers, ack=client-individual,
+    /// each SEND confirmed by a RECEIPT.
+    Stomp {
+        #[arg(long, default_value_t = 1)]
+        producers: usize,
+        #[arg(long, default_value_t = 1)]
+        consumers: usize,
+        #[arg(long, default_value_t = 50_000)]
+        count: u64,
+        #[arg(long, default_value_t = 1024)]
+        size: usize,
+        /// Outstanding receipts per producer.
+        #[arg(long, default_value_t = 100)]
+        window: usize,
+        /// Prefetch per consumer (activemq.prefetchSize and prefetch-count).
+        #[arg(long, default_value_t = 1000)]
+        prefetch: u32,
+        /// Send `persistent:false` instead.
+        #[arg(long)]
+        non_persistent: bool,
+        #[arg(long)]
+        login: Option<String>,
+        #[arg(long)]
+        passcode: Option<String>,
+        /// CONNECT `host` header (RabbitMQ: the virtual host).
+        #[arg(long, default_value = "/")]
+        vhost: String,
+    },
+    /// AMQP 1.0 queue, 1 sender → 1 receiver, unsettled with a window.
+    Amqp {
+        #[arg(long, default_value_t = 50_000)]
+        count: u64,
+        #[arg(long, default_value_t = 1024)]
+        size: usize,
+        #[arg(long, default_value_t = 1000)]
+        window: usize,
+        #[arg(long, default_value_t = 1000)]
+        credit: u32,
+        /// Send non-durable messages (broker cost without storage).
+        #[arg(long)]
+        non_durable: bool,
+        /// Durable termini (RabbitMQ 3.x then declares a durable queue).
+        #[arg(long)]
+        durable_terminus: bool,
+        /// SASL PLAIN user (none: no SASL layer).
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long, default_value = "")]
+        password: String,
+        #[arg(long, default_value = "/queue/")]
+        prefix: String,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let target = run::Target {
+        host: cli.host,
+        port: cli.port,
+        name: cli.broker_name,
+        proc: cli.broker_pid.map(procfs::Broker::new),
+        stall: Duration::from_secs(cli.stall_s),
+        timeout: Duration::from_secs(cli.timeout_s),
+    };
+    // Start the latency clock before any payload is stamped.
+    stats::now_ns();
+    let pubsub = |scenario: &str, qos, subscribers, count, size, inflight| mqtt::PubSub {
+        scenario: scenario.into(),
+        qos,
+        subscribers,
+        count,
+        size,
+        inflight,
+    };
+    let report = match cli.scenario {
+        Scenario::MqttQos0 { count, size } => {
+            mqtt::pubsub(
+                &target,
+                &pubsub("mqtt-qos0", QoS::AtMostOnce, 1, count, size, 100),
+            )
+            .await?
+        }
+        Scenario::MqttQos1 {
+            count,
+            size,
+            inflight,
+        } => {
+            let p = pubsub("mqtt-qos1", QoS::AtLeastOnce, 1, count, size, inflight);
+            mqtt::pubsub(&target, &p).await?
+        }
+        Scenario::MqttFanout {
+            subscribers,
+            count,
+            size,
+            inflight,
+        } => {
+            let name = format!("mqtt-fanout{subscribers}");
+            let p = pubsub(&name, QoS::AtLeastOnce, subscribers, count, size, inflight);
+            mqtt::pubsub(&target, &p).await?
+        }
+        Scenario::MqttIdle { connections } => mqtt::idle(&target, connections).await?,
+        Scenario::Stomp {
+            producers,
+            consumers,
+            count,
+            size,
+            window,
+            prefetch,
+            non_persistent,
+            login,
+            passcode,
+            vhost,
+        } => {
+            let p = stomp::Params {
+                producers,
+                consumers,
+                count,
+                size,
+                window,
+                prefetch,
+                persistent: !non_persistent,
+                login: stomp_client::Login {
+                    login,
+                    passcode,
+                    host: vhost,
+                },
+            };
+            stomp::run(&target, &p).await?
+        }
+        Scenario::Amqp {
+            count,
+            size,
+            window,
+            credit,
+            non_durable,
+            durable_terminus,
+            user,
+            password,
+            prefix,
+        } => {
+            let p = amqp::Params {
+                count,
+                size,
+                window,
+                credit,
+                durable: !non_durable,
+                durable_terminus,
+                user: user.map(|u| (u, password)),
+                prefix,
+            };
+            amqp::run(&target, &p).await?
+        }
+    };
+    let failed = report.error.is_some();
+    report.print();
+    if failed {
+        std::process::exit(2);
+    }
+    Ok(())
+}

@@ -1,0 +1,241 @@
+//! STOMP scenario: a persistent queue, `producers` → `consumers`, 1 KiB
+//! `persistent:true` messages, ack=client-individual. A producer counts a
+//! message as sent only when its RECEIPT arrived; it keeps up to `window`
+//! receipts outstanding so it is not one round trip per message.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use crate::run::{supervise, unique, Tally, Target};
+use crate::stats::{latency_ns, stamped_payload, Report};
+use crate::stomp_client::{connect, Login, StompError};
+
+/// A producer flushes its writes at least this often even when its receipt
+/// window is not full, so buffered messages do not wait.
+const FLUSH_EVERY_MSGS: u64 = 16;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Params {
+    pub(crate) producers: usize,
+    pub(crate) consumers: usize,
+    pub(crate) count: u64,
+    pub(crate) size: usize,
+    /// Outstanding receipts per producer.
+    pub(crate) window: usize,
+    /// Unacknowledged messages per consumer (prefetch header).
+    pub(crate) prefetch: u32,
+    pub(crate) persistent: bool,
+    pub(crate) login: Login,
+}
+
+async fn producer(target: Target, p: Params, dest: String, count: u64) -> Result<u64, StompError> {
+    let (mut rd, mut wr, _) = connect(&target, &p.login).await?;
+    let window = Arc::new(Semaphore::new(p.window.max(1)));
+    let receipts = {
+        let window = window.clone();
+        tokio::spawn(async move {
+            let mut confirmed = 0;
+            while confirmed < count {
+                match rd.frame().await {
+                    Ok(f) if f.command == "RECEIPT" => {
+                        confirmed += 1;
+                        window.add_permits(1);
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        // Wakes the writer, which would wait for a permit
+                        // forever.
+                        window.close();
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(confirmed)
+        })
+    };
+    let persistent = if p.persistent { "true" } else { "false" };
+    for i in 0..count {
+        let permit = match window.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                wr.flush().await?;
+                match window.clone().acquire_owned().await {
+                    Ok(permit) => permit,
+                    Err(_) => break, // the receipt reader failed; its error is returned below
+                }
+            }
+        };
+        permit.forget();
+        let receipt = i.to_string();
+        wr.send(
+            "SEND",
+            &[
+                ("destination", dest.as_str()),
+                ("persistent", persistent),
+                ("content-type", "application/octet-stream"),
+                ("receipt", receipt.as_str()),
+            ],
+            &stamped_payload(p.size),
+        )
+        .await?;
+        if i % FLUSH_EVERY_MSGS == FLUSH_EVERY_MSGS - 1 {
+            wr.flush().await?;
+        }
+    }
+    wr.flush().await?;
+    let confirmed = receipts
+        .await
+        .map_err(|e| StompError::Io(std::io::Error::other(e)))??;
+    let _ = wr.send("DISCONNECT", &[], b"").await;
+    let _ = wr.flush().await;
+    Ok(confirmed)
+}
+
+/// Subscribes, then ACKs every MESSAGE individually, batching the ACK writes
+/// of what one read returned. Returns latencies once the run is over.
+async fn consumer(
+    target: Target,
+    p: Params,
+    dest: String,
+    tally: Arc<Tally>,
+    ready: tokio::sync::oneshot::Sender<()>,
+) -> Result<Vec<u64>, StompError> {
+    let (mut rd, mut wr, version) = connect(&target, &p.login).await?;
+    let prefetch = p.prefetch.to_string();
+    wr.send(
+        "SUBSCRIBE",
+        &[
+            ("id", "0"),
+            ("destination", dest.as_str()),
+            ("ack", "client-individual"),
+            ("activemq.prefetchSize", prefetch.as_str()),
+            ("prefetch-count", prefetch.as_str()),
+            ("receipt", "subscribed"),
+        ],
+        b"",
+    )
+    .await?;
+    wr.flush().await?;
+    loop {
+        let f = rd.frame().await?;
+        if f.command == "RECEIPT" {
+            break;
+        }
+    }
+    let _ = ready.send(());
+    let v12 = version == "1.2";
+    let mut lat = Vec::new();
+    loop {
+        while let Some(f) = rd.buffered()? {
+            match f.command.as_str() {
+                "MESSAGE" => {
+                    if let Some(l) = latency_ns(&f.body) {
+                        lat.push(l);
+                    }
+                    // 1.2 acknowledges by the `ack` header; 1.0/1.1 by
+                    // message-id (+ subscription).
+                    let id = if v12 { f.header("ack") } else { None }
+                        .or_else(|| f.header("message-id"))
+                        .ok_or(StompError::Malformed("MESSAGE without ack/message-id"))?
+                        .to_owned();
+                    if v12 {
+                        wr.send("ACK", &[("id", &id)], b"").await?;
+                    } else {
+                        wr.send("ACK", &[("message-id", &id), ("subscription", "0")], b"")
+                            .await?;
+                    }
+                    tally.add(1);
+                }
+                "ERROR" => return Err(StompError::Broker(format!("{:?}", f.headers))),
+                _ => {}
+            }
+        }
+        wr.flush().await?;
+        if tally.is_done() {
+            break;
+        }
+        tokio::select! {
+            r = rd.fill() => r?,
+            () = tally.done() => break,
+        }
+    }
+    let _ = wr.send("DISCONNECT", &[], b"").await;
+    let _ = wr.flush().await;
+    Ok(lat)
+}
+
+pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
+    let dest = format!("/queue/{}", unique("bench-stomp"));
+    let scenario = format!("stomp-{}to{}", p.producers, p.consumers);
+    let tally = Tally::new(p.count);
+    let mut consumers = JoinSet::new();
+    let mut readies = Vec::new();
+    for _ in 0..p.consumers {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        readies.push(rx);
+        consumers.spawn(consumer(
+            target.clone(),
+            p.clone(),
+            dest.clone(),
+            tally.clone(),
+            tx,
+        ));
+    }
+    for rx in readies {
+        if rx.await.is_err() {
+            // The consumer failed before subscribing: report its error.
+            if let Some(r) = consumers.join_next().await {
+                r?.context("consumer")?;
+            }
+            anyhow::bail!("a consumer ended before subscribing");
+        }
+    }
+
+    let cpu0 = target.cpu_us()?;
+    let started = Instant::now();
+    let mut producers = JoinSet::new();
+    let producers_n = p.producers.max(1) as u64;
+    for i in 0..producers_n {
+        let share = p.count / producers_n + u64::from(i < p.count % producers_n);
+        producers.spawn(producer(target.clone(), p.clone(), dest.clone(), share));
+    }
+    let mut error = supervise(&tally, target, started).await;
+    let elapsed = started.elapsed();
+    let cpu1 = target.cpu_us()?;
+
+    let mut confirmed = 0;
+    while let Some(r) = producers.join_next().await {
+        match r? {
+            Ok(n) => confirmed += n,
+            Err(e) => error = error.or(Some(format!("producer: {e}"))),
+        }
+    }
+    let mut latencies = Vec::new();
+    while let Some(r) = consumers.join_next().await {
+        match r? {
+            Ok(mut l) => latencies.append(&mut l),
+            Err(e) => error = error.or(Some(format!("consumer: {e}"))),
+        }
+    }
+    Ok(Report {
+        scenario,
+        broker: target.name.clone(),
+        expected: p.count,
+        received: tally.received(),
+        elapsed,
+        latencies_ns: latencies,
+        broker_cpu_us: cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
+        extra: vec![
+            ("confirmed", confirmed.into()),
+            ("size", p.size.into()),
+            ("persistent", p.persistent.into()),
+            ("window", p.window.into()),
+            ("prefetch", p.prefetch.into()),
+        ],
+        error,
+    })
+}
