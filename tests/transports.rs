@@ -540,6 +540,156 @@ async fn mutual_tls_required_refuses_a_client_without_certificate() {
     broker.stop().await;
 }
 
+/// Sends an MQTT 3.1.1 CONNECT with no user name and no password and
+/// returns the CONNACK return code.
+async fn mqtt_connect_code(io: &mut DuplexStream, client_id: &str) -> u8 {
+    let mut connect = Vec::new();
+    mqtt_str(&mut connect, "MQTT");
+    connect.extend_from_slice(&[4, 0x02, 0, 60]);
+    mqtt_str(&mut connect, client_id);
+    io.write_all(&mqtt_packet(0x10, &connect))
+        .await
+        .expect("CONNECT");
+    let (first, body) = mqtt_read(io).await;
+    assert_eq!(first, 0x20, "CONNACK");
+    body[1]
+}
+
+/// A hand-encoded AMQP SASL exchange choosing EXTERNAL: returns the
+/// mechanisms offered and the sasl-outcome code (0 = ok).
+async fn amqp_sasl_external(io: &mut DuplexStream) -> (Vec<u8>, u8) {
+    io.write_all(b"AMQP\x03\x01\x00\x00").await.expect("header");
+    let mut header = [0u8; 8];
+    io.read_exact(&mut header).await.expect("SASL header back");
+    assert_eq!(&header, b"AMQP\x03\x01\x00\x00");
+    let mechanisms = amqp_read_frame(io).await;
+    // sasl-init (0x41): list of one field, the symbol `EXTERNAL`.
+    let mut body = vec![0x00, 0x53, 0x41, 0xc0, 11, 1, 0xa3, 8];
+    body.extend_from_slice(b"EXTERNAL");
+    let mut frame = ((8 + body.len()) as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&[2, 1, 0, 0]);
+    frame.extend_from_slice(&body);
+    io.write_all(&frame).await.expect("sasl-init");
+    let outcome = amqp_read_frame(io).await;
+    // sasl-outcome (0x44), a list whose first field is the ubyte code.
+    let at = outcome
+        .windows(2)
+        .position(|w| w == [0x53, 0x44])
+        .expect("sasl-outcome descriptor");
+    let code_at = outcome[at + 2..]
+        .iter()
+        .position(|b| *b == 0x50)
+        .expect("ubyte code");
+    (mechanisms, outcome[at + 2 + code_at + 1])
+}
+
+/// Reads one AMQP frame and returns its body.
+async fn amqp_read_frame(io: &mut DuplexStream) -> Vec<u8> {
+    tokio::time::timeout(WAIT, async {
+        let size = io.read_u32().await.expect("frame size") as usize;
+        let mut rest = vec![0u8; size - 4];
+        io.read_exact(&mut rest).await.expect("frame");
+        let doff = usize::from(rest[0]) * 4;
+        rest.split_off(doff - 4)
+    })
+    .await
+    .expect("AMQP frame in time")
+}
+
+/// With mutual TLS on and anonymous access off, a verified client
+/// certificate names the user on every protocol: a client that sends no
+/// password is the certificate's user, with that user's permissions; a
+/// certificate naming nobody in the users file is refused like a wrong
+/// password, and so is a client with no certificate and no credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificate_names_the_user_on_every_protocol() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::generate(dir.path());
+    let tls = pki.tls_config(true);
+    // alice may do anything; bob only publish and subscribe under bob/#.
+    let access = common::mqtt::users_access(dir.path(), false);
+    let broker = TestBroker::start_with(
+        move |c| {
+            c.listeners.mqtts = any_port();
+            c.listeners.stomps = any_port();
+            c.listeners.amqps = any_port();
+            c.listeners.wss = any_port();
+            c.security.anonymous = false;
+            c.tls = tls;
+        },
+        access,
+    )
+    .await;
+    let alice = tokio_rustls::TlsConnector::from(pki.client_config_as("alice"));
+    let bob = tokio_rustls::TlsConnector::from(pki.client_config_as("bob"));
+    let mallory = tokio_rustls::TlsConnector::from(pki.client_config_as("mallory"));
+    let nobody = pki.connector();
+    let mqtts = broker.addr(ListenerKind::Mqtts);
+
+    // MQTT: alice works without credentials, over TLS and over wss.
+    mqtt_round_trip(open(mqtts, Some(&alice), Wire::Raw).await, "cert-alice").await;
+    let wss = broker.addr(ListenerKind::Wss);
+    mqtt_round_trip(open(wss, Some(&alice), MQTT_WS).await, "cert-alice-wss").await;
+    // bob is bob: connected, but refused a topic outside bob/#.
+    let mut io = open(mqtts, Some(&bob), Wire::Raw).await;
+    assert_eq!(
+        mqtt_connect_code(&mut io, "cert-bob").await,
+        0,
+        "bob CONNACK"
+    );
+    let mut subscribe = vec![0, 1];
+    mqtt_str(&mut subscribe, "transports/not-bob");
+    subscribe.push(1);
+    io.write_all(&mqtt_packet(0x82, &subscribe))
+        .await
+        .expect("SUBSCRIBE");
+    assert_eq!(
+        mqtt_read(&mut io).await,
+        (0x90, vec![0, 1, 0x80]),
+        "bob SUBACK"
+    );
+    // Not in the users file: like a bad password (3.1.1 code 4); no
+    // certificate and no credentials: not authorized (5).
+    let mut io = open(mqtts, Some(&mallory), Wire::Raw).await;
+    assert_eq!(mqtt_connect_code(&mut io, "cert-mallory").await, 4);
+    let mut io = open(mqtts, Some(&nobody), Wire::Raw).await;
+    assert_eq!(mqtt_connect_code(&mut io, "cert-none").await, 5);
+
+    // STOMP: alice without login; mallory gets an ERROR frame.
+    let stomps = broker.addr(ListenerKind::Stomps);
+    stomp_round_trip(open(stomps, Some(&alice), Wire::Raw).await, "cert-alice").await;
+    let mut io = open(stomps, Some(&mallory), Wire::Raw).await;
+    io.write_all(b"CONNECT\naccept-version:1.2\nhost:/\n\n\0")
+        .await
+        .expect("CONNECT");
+    let error = stomp_read(&mut io, &mut Vec::new()).await;
+    assert!(error.starts_with("ERROR\n"), "{error}");
+
+    // AMQP: alice skips SASL (fe2o3 without a SASL profile) and is served;
+    // SASL EXTERNAL is offered first and succeeds for alice, fails for mallory.
+    let amqps = broker.addr(ListenerKind::Amqps);
+    amqp_round_trip(open(amqps, Some(&alice), Wire::Raw).await, "cert-alice").await;
+    let mut io = open(amqps, Some(&alice), Wire::Raw).await;
+    let (mechanisms, code) = amqp_sasl_external(&mut io).await;
+    let external = mechanisms
+        .windows(8)
+        .position(|w| w == b"EXTERNAL")
+        .expect("EXTERNAL offered");
+    let plain = mechanisms
+        .windows(5)
+        .position(|w| w == b"PLAIN")
+        .expect("PLAIN offered");
+    assert!(external < plain, "EXTERNAL is offered first");
+    assert_eq!(code, 0, "alice's EXTERNAL outcome is ok");
+    let mut io = open(amqps, Some(&mallory), Wire::Raw).await;
+    assert_eq!(
+        amqp_sasl_external(&mut io).await.1,
+        1,
+        "mallory: auth failure"
+    );
+    broker.stop().await;
+}
+
 // --- bad input ---------------------------------------------------------------
 
 /// Sends `request` and returns everything the broker writes until it closes.

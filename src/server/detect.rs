@@ -24,7 +24,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
-use super::protocols::{run_wire, Wire};
+use super::protocols::{run_wire, Peer, Wire};
 use super::Shared;
 
 /// How long a client on the `any` port may take to send its first bytes:
@@ -220,11 +220,12 @@ pub(crate) async fn serve_any(
         }
     };
     tracing::trace!(conn = conn_id, %peer, ?detected, "any port: detected");
+    let plain = Peer::plain(peer);
     match detected {
-        Detected::Mqtt => run_wire(Wire::Mqtt, stream, peer, conn_id, shared).await,
-        Detected::Stomp => run_wire(Wire::Stomp, stream, peer, conn_id, shared).await,
-        Detected::Amqp => run_wire(Wire::Amqp, stream, peer, conn_id, shared).await,
-        Detected::Http => super::ws::serve(stream, peer, conn_id, shared).await,
+        Detected::Mqtt => run_wire(Wire::Mqtt, stream, plain, conn_id, shared).await,
+        Detected::Stomp => run_wire(Wire::Stomp, stream, plain, conn_id, shared).await,
+        Detected::Amqp => run_wire(Wire::Amqp, stream, plain, conn_id, shared).await,
+        Detected::Http => super::ws::serve(stream, plain, conn_id, shared).await,
         Detected::Tls => {
             let Some(acceptor) = tls else {
                 tracing::debug!(conn = conn_id, %peer, "any port: TLS client, but no [tls] configured; closing");
@@ -232,10 +233,14 @@ pub(crate) async fn serve_any(
             };
             let timeout = super::tls::handshake_timeout(&shared.config.tls);
             // A failed handshake is logged by `accept`.
-            let Ok((stream, _identity)) =
+            let Ok((stream, certificate_user)) =
                 super::tls::accept(&acceptor, stream, peer, timeout).await
             else {
                 return;
+            };
+            let peer = Peer {
+                addr: peer,
+                certificate_user,
             };
             let (inner, stream) = match detect_read(stream, DETECT_TIMEOUT).await {
                 Ok(found) => found,

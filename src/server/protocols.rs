@@ -13,6 +13,32 @@ use crate::config::ListenerKind;
 use super::driver::{self, ProtocolConnection};
 use super::Shared;
 
+/// Who is on the other end of a connection, as far as the transport knows.
+#[derive(Debug, Clone)]
+pub(crate) struct Peer {
+    /// The remote socket address.
+    pub(crate) addr: SocketAddr,
+    /// The user named by a verified TLS client certificate (mutual TLS):
+    /// it stands in for a password ([`Broker::authenticate_connection`]).
+    pub(crate) certificate_user: Option<String>,
+}
+
+impl Peer {
+    /// A peer the transport did not authenticate.
+    pub(crate) fn plain(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            certificate_user: None,
+        }
+    }
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.addr.fmt(f)
+    }
+}
+
 /// The wire protocol a connection speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wire {
@@ -81,10 +107,12 @@ pub(crate) async fn serve(
         _ => None,
     };
     if let Some(wire) = plain {
-        return run_wire(wire, stream, peer, conn_id, shared).await;
+        return run_wire(wire, stream, Peer::plain(peer), conn_id, shared).await;
     }
     match kind {
-        ListenerKind::WebSocket => super::ws::serve(stream, peer, conn_id, shared).await,
+        ListenerKind::WebSocket => {
+            super::ws::serve(stream, Peer::plain(peer), conn_id, shared).await;
+        }
         ListenerKind::Any => {
             let tls = shared.tls.clone();
             super::detect::serve_any(stream, peer, conn_id, shared, tls).await;
@@ -96,10 +124,14 @@ pub(crate) async fn serve(
             };
             let timeout = super::tls::handshake_timeout(&shared.config.tls);
             // A failed handshake is logged by `accept` and closes only this connection.
-            let Ok((stream, _identity)) =
+            let Ok((stream, certificate_user)) =
                 super::tls::accept(&acceptor, stream, peer, timeout).await
             else {
                 return;
+            };
+            let peer = Peer {
+                addr: peer,
+                certificate_user,
             };
             match kind {
                 ListenerKind::Mqtts => run_wire(Wire::Mqtt, stream, peer, conn_id, shared).await,
@@ -112,13 +144,8 @@ pub(crate) async fn serve(
 }
 
 /// Runs the state machine of `wire` over any byte transport.
-pub(crate) async fn run_wire<T>(
-    wire: Wire,
-    io: T,
-    peer: SocketAddr,
-    conn_id: u64,
-    shared: Arc<Shared>,
-) where
+pub(crate) async fn run_wire<T>(wire: Wire, io: T, peer: Peer, conn_id: u64, shared: Arc<Shared>)
+where
     T: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let span = tracing::info_span!("conn", id = conn_id, proto = wire.name(), %peer);
@@ -133,7 +160,8 @@ pub(crate) async fn run_wire<T>(
                 sink,
                 conn_id,
                 now,
-            );
+            )
+            .with_certificate_user(peer.certificate_user.clone());
             driver::drive(conn, io, events, span, shared.hard_stop.clone()).await;
         }
         Wire::Mqtt => {
@@ -143,7 +171,8 @@ pub(crate) async fn run_wire<T>(
                 sink,
                 conn_id,
                 now,
-            );
+            )
+            .with_certificate_user(peer.certificate_user.clone());
             driver::drive(conn, io, events, span, shared.hard_stop.clone()).await;
         }
         Wire::Amqp => {
@@ -153,7 +182,8 @@ pub(crate) async fn run_wire<T>(
                 sink,
                 conn_id,
                 now,
-            );
+            )
+            .with_certificate_user(peer.certificate_user.clone());
             driver::drive(conn, io, events, span, shared.hard_stop.clone()).await;
         }
     }

@@ -25,7 +25,6 @@
 
 use std::fmt;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -601,7 +600,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
 /// Serves one connection of the HTTP port (or of `wss`, or an HTTP client
 /// of the `any` port): the demo page, a refusal, or a protocol over
 /// WebSocket until it closes.
-pub(crate) async fn serve<S>(io: S, peer: SocketAddr, conn_id: u64, shared: Arc<Shared>)
+pub(crate) async fn serve<S>(io: S, peer: super::protocols::Peer, conn_id: u64, shared: Arc<Shared>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
@@ -846,6 +845,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::SocketAddr;
 
     use futures_util::{SinkExt, StreamExt};
     use tokio::net::{TcpListener, TcpStream};

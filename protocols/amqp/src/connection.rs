@@ -131,6 +131,8 @@ pub struct AmqpConnection {
     pub(crate) txns: IdMap<u64, TxnId>,
     pub(crate) next_link_serial: u64,
     error: Option<AmqpError>,
+    /// User named by a verified TLS client certificate, if any.
+    certificate_user: Option<String>,
 }
 
 impl AmqpConnection {
@@ -173,7 +175,17 @@ impl AmqpConnection {
             txns: IdMap::default(),
             next_link_serial: 0,
             error: None,
+            certificate_user: None,
         }
+    }
+
+    /// The user named by the verified TLS client certificate of this
+    /// connection (the server's TLS layer extracts it). With it, SASL
+    /// EXTERNAL is offered first, and a client that skips SASL is that user.
+    #[must_use]
+    pub fn with_certificate_user(mut self, user: Option<String>) -> Self {
+        self.certificate_user = user;
+        self
     }
 
     /// Bytes read from the socket (any split: partial frames, many frames).
@@ -358,13 +370,20 @@ impl AmqpConnection {
     // ---- headers and SASL ----
 
     fn on_protocol_header(&mut self, h: ProtocolHeader) {
+        // Who a client that skips SASL is: its certificate's user, else
+        // anonymous when that is allowed, else nobody (refused below).
+        let without_sasl = match self.certificate_user.as_deref() {
+            Some(user) => self.broker.authenticate_certificate(user).ok(),
+            None => None,
+        }
+        .or_else(|| self.broker.anonymous_allowed().then(Principal::anonymous));
         match (self.phase, h.protocol_id) {
             (Phase::Header, PROTOCOL_ID_SASL) => {
                 self.out
                     .extend_from_slice(&frame::protocol_header(PROTOCOL_ID_SASL));
                 let mechs = SaslMechanisms {
                     sasl_server_mechanisms: Array(
-                        sasl::mechanisms(&*self.broker)
+                        sasl::mechanisms(&*self.broker, self.certificate_user.as_deref())
                             .into_iter()
                             .map(Symbol::from)
                             .collect(),
@@ -373,9 +392,8 @@ impl AmqpConnection {
                 write_frame(&mut self.out, FRAME_TYPE_SASL, 0, &mechs, &[]);
                 self.phase = Phase::Sasl;
             }
-            (Phase::Header, PROTOCOL_ID_AMQP) if self.broker.anonymous_allowed() => {
-                // A client that skips SASL is anonymous.
-                self.principal = Some(Principal::anonymous());
+            (Phase::Header, PROTOCOL_ID_AMQP) if without_sasl.is_some() => {
+                self.principal = without_sasl;
                 self.out
                     .extend_from_slice(&frame::protocol_header(PROTOCOL_ID_AMQP));
                 self.phase = Phase::AwaitOpen;
@@ -415,8 +433,12 @@ impl AmqpConnection {
                 let init: SaslInit = codec::decode("sasl-init", &body[..len])
                     .map_err(|e| Fault::Connection(e.into()))?;
                 let resp = init.initial_response.as_ref().map(|b| b.as_slice());
-                self.sasl
-                    .on_init(&*self.broker, init.mechanism.as_str(), resp)
+                self.sasl.on_init(
+                    &*self.broker,
+                    self.certificate_user.as_deref(),
+                    init.mechanism.as_str(),
+                    resp,
+                )
             }
             Some(0x43) => {
                 let resp: SaslResponse = codec::decode("sasl-response", &body[..len])

@@ -1,5 +1,6 @@
-//! The SASL layer (spec part 5.3): ANONYMOUS, PLAIN and SCRAM-SHA-256
-//! (RFC 5802, RFC 7677), as a small state machine with no IO.
+//! The SASL layer (spec part 5.3): ANONYMOUS, PLAIN, SCRAM-SHA-256
+//! (RFC 5802, RFC 7677) and EXTERNAL (RFC 4422 appendix A: the identity of
+//! a verified TLS client certificate), as a small state machine with no IO.
 //!
 //! PLAIN is checked with [`Broker::authenticate`]; SCRAM verifies the
 //! client proof against [`Broker::scram_credentials`], so the password never
@@ -19,6 +20,8 @@ pub(crate) const ANONYMOUS: &str = "ANONYMOUS";
 pub(crate) const PLAIN: &str = "PLAIN";
 /// SASL SCRAM-SHA-256.
 pub(crate) const SCRAM_SHA_256: &str = "SCRAM-SHA-256";
+/// SASL EXTERNAL: the transport (here a TLS client certificate) authenticated.
+pub(crate) const EXTERNAL: &str = "EXTERNAL";
 
 /// Bytes of randomness in the server nonce (RFC 5802 asks for "sufficient").
 const SERVER_NONCE_BYTES: usize = 18;
@@ -65,9 +68,15 @@ pub(crate) struct ScramPending {
     known_user: bool,
 }
 
-/// The mechanisms to offer.
-pub(crate) fn mechanisms(broker: &dyn Broker) -> Vec<&'static str> {
-    let mut m = vec![SCRAM_SHA_256, PLAIN];
+/// The mechanisms to offer. EXTERNAL comes first when the connection has
+/// a verified client certificate, because clients pick the first one they
+/// support and a certificate is what such a client meant to use.
+pub(crate) fn mechanisms(broker: &dyn Broker, certificate_user: Option<&str>) -> Vec<&'static str> {
+    let mut m = Vec::with_capacity(4);
+    if certificate_user.is_some() {
+        m.push(EXTERNAL);
+    }
+    m.extend([SCRAM_SHA_256, PLAIN]);
     if broker.anonymous_allowed() {
         m.push(ANONYMOUS);
     }
@@ -79,6 +88,7 @@ impl SaslServer {
     pub(crate) fn on_init(
         &mut self,
         broker: &dyn Broker,
+        certificate_user: Option<&str>,
         mechanism: &str,
         initial_response: Option<&[u8]>,
     ) -> SaslStep {
@@ -97,6 +107,11 @@ impl SaslServer {
                 Err(e) => SaslStep::Failure(e.to_string()),
             },
             PLAIN => plain(broker, initial_response.unwrap_or_default()),
+            EXTERNAL => external(
+                broker,
+                certificate_user,
+                initial_response.unwrap_or_default(),
+            ),
             SCRAM_SHA_256 => match scram_first(broker, initial_response.unwrap_or_default()) {
                 Ok((pending, challenge)) => {
                     *self = SaslServer::ScramFinal(Box::new(pending));
@@ -122,6 +137,25 @@ impl SaslServer {
             },
             _ => SaslStep::Failure("sasl-response out of order".into()),
         }
+    }
+}
+
+/// EXTERNAL: the initial response is an optional authorization identity
+/// (RFC 4422 appendix A); when given, it must name the certificate's user.
+fn external(broker: &dyn Broker, certificate_user: Option<&str>, authzid: &[u8]) -> SaslStep {
+    let Some(subject) = certificate_user else {
+        return SaslStep::Failure("EXTERNAL needs a verified TLS client certificate".into());
+    };
+    let Ok(authzid) = std::str::from_utf8(authzid) else {
+        return SaslStep::Failure("authorization identity is not UTF-8".into());
+    };
+    let requested = (!authzid.is_empty()).then_some(authzid);
+    match broker.authenticate_connection(requested, None, Some(subject)) {
+        Ok(principal) => SaslStep::Success {
+            principal,
+            additional_data: None,
+        },
+        Err(e) => SaslStep::Failure(e.to_string()),
     }
 }
 

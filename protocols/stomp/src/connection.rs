@@ -70,6 +70,8 @@ pub struct StompConnection {
     connect_deadline: Option<Instant>,
     /// Why the connection failed, once it has.
     error: Option<StompError>,
+    /// User named by a verified TLS client certificate, if any.
+    certificate_user: Option<String>,
 }
 
 impl std::fmt::Debug for StompConnection {
@@ -105,7 +107,18 @@ impl StompConnection {
             last_tx: now,
             connect_deadline,
             error: None,
+            certificate_user: None,
         }
+    }
+
+    /// The user named by the verified TLS client certificate of this
+    /// connection (the server's TLS layer extracts it). With it, a client
+    /// that sends no password is that user
+    /// ([`Broker::authenticate_connection`]).
+    #[must_use]
+    pub fn with_certificate_user(mut self, user: Option<String>) -> Self {
+        self.certificate_user = user;
+        self
     }
 
     /// Bytes read from the socket (any split: partial frames, many frames).
@@ -420,7 +433,11 @@ impl StompConnection {
         };
         let login = frame.header("login");
         let passcode = frame.header("passcode").map(str::as_bytes);
-        let principal = self.broker.authenticate(login, passcode)?;
+        let principal = self.broker.authenticate_connection(
+            login,
+            passcode,
+            self.certificate_user.as_deref(),
+        )?;
         let client_id = frame.header("client-id").map(str::to_owned);
         debug!(
             conn_id = self.conn_id,

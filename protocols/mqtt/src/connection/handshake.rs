@@ -121,7 +121,11 @@ impl MqttConnection {
 
         let principal = self
             .broker
-            .authenticate(c.username.as_deref(), c.password.as_deref())
+            .authenticate_connection(
+                c.username.as_deref(),
+                c.password.as_deref(),
+                self.certificate_user.as_deref(),
+            )
             .map_err(|e| Refusal::new(auth_reason(&e), e.to_string()))?;
 
         let life = lifetime(&c, cfg.session_expiry_max_s, cfg.v311_session_expiry_s);

@@ -121,6 +121,8 @@ pub struct MqttConnection {
     decoder: Decoder,
     out: BytesMut,
     state: State,
+    /// User named by a verified TLS client certificate, if any.
+    certificate_user: Option<String>,
 }
 
 impl MqttConnection {
@@ -149,7 +151,18 @@ impl MqttConnection {
             },
             out: BytesMut::new(),
             state: State::AwaitConnect { deadline },
+            certificate_user: None,
         }
+    }
+
+    /// The user named by the verified TLS client certificate of this
+    /// connection (the server's TLS layer extracts it). With it, a client
+    /// that sends no password is that user
+    /// ([`Broker::authenticate_connection`]).
+    #[must_use]
+    pub fn with_certificate_user(mut self, user: Option<String>) -> Self {
+        self.certificate_user = user;
+        self
     }
 
     /// Bytes read from the socket (any split: partial frames, many frames).
