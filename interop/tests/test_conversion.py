@@ -9,7 +9,7 @@ import proton
 import pytest
 from proton import Message as AmqpMessage
 
-from clients import Amqp, Consumer, Mqtt, Stomp, amqp_message
+from clients import Amqp, AmqpReceiver, Consumer, Mqtt, Stomp, amqp_message, new_id
 
 NOW_MS = lambda: int(time.time() * 1000)  # noqa: E731
 
@@ -119,7 +119,7 @@ def test_from_stomp_headers_and_fields(broker, uniq):
         assert m.kind == "text" and m.body == "tëxt body".encode()
         assert ("x-app", "line1\nline2:colon") in m.fields["user_properties"]
         assert m.fields["ContentType"] == "text/plain"
-        assert m.fields["ResponseTopic"] == "/queue/replies"  # not a topic: passed through as written
+        assert m.fields["ResponseTopic"] == "$queue/replies"  # a queue: the reserved $queue/ prefix
         assert m.fields["CorrelationData"] == b"corr-1"
         # 601 seen: the MQTT adapter's clock reading can be a little stale
         # when it computes the time left (reported).
@@ -196,8 +196,12 @@ def test_from_amqp_typed_properties_and_fields(broker, uniq):
         q = cs["mqtt"].get()
         assert q.kind == "text" and q.body == b"amqp text"
         up = dict(q.fields["user_properties"])
+        # Application properties, then the standard fields MQTT has no place for.
         assert up == {"str": "s", "long": "42", "int": "-7", "bool": "true", "double": "1.5",
-                      "ts": "1700000000123", "uuid": str(u), "bin": "01ab", "sym": "sy", "null": ""}
+                      "ts": "1700000000123", "uuid": str(u), "bin": "01ab", "sym": "sy", "null": "",
+                      "amqp-message-id": "msg-1", "type": "subj", "JMSXGroupID": "grp",
+                      "JMSXGroupSeq": "3", "content-encoding": "identity",
+                      "timestamp": "1700000000500", "priority": "8"}
         assert q.fields["ContentType"] == "text/plain"
         assert q.fields["ResponseTopic"] == "replies/a"
         assert q.fields["CorrelationData"] == b"corr-a"
@@ -548,3 +552,269 @@ def test_amqp_dynamic_reply_queue_answered_by_stomp(broker, uniq):
     finally:
         a.close()
         st.close()
+
+
+# ------------------------------------------------ AMQP standard fields
+FIELD_HEADERS = ("amqp-message-id", "type", "user-id", "JMSXGroupID", "JMSXGroupSeq",
+                 "content-encoding", "timestamp", "priority")
+
+
+def test_amqp_standard_fields_reach_stomp_and_mqtt_and_come_back(broker, uniq):
+    """AMQP message-id, subject, user-id, group-id, group-sequence,
+    content-encoding, creation-time and priority reach STOMP as headers and
+    MQTT 5 as user properties (names in docs/conversion.md); a STOMP and an
+    MQTT client that republish those headers/properties to a queue give an
+    AMQP consumer the fields back (the message id as a string)."""
+    topic = f"cv/sf/{uniq}"
+    back_q = f"cv-sf-back-{uniq}"
+    cs = consumers(broker, topic)
+    a = Amqp(broker)
+    s_pub, m_pub = Stomp(broker), Mqtt(broker, version=5)
+    back = Consumer(broker, "amqp", "queue", back_q)
+    try:
+        m = amqp_message(b"fields")
+        m.id = proton.ulong(12345)  # a typed id: text on the way out
+        m.subject = "order.created"
+        m.user_id = b"alice"
+        m.group_id = "grp-1"
+        m.group_sequence = 7
+        m.content_encoding = "gzip"
+        m.creation_time = 1700000000.5
+        m.priority = 9
+        m.properties = {"app": "x"}
+        a.send(f"/topic/{topic}", m)
+        want = {"amqp-message-id": "12345", "type": "order.created", "user-id": "alice",
+                "JMSXGroupID": "grp-1", "JMSXGroupSeq": "7", "content-encoding": "gzip",
+                "timestamp": "1700000000500", "priority": "9"}
+
+        s = cs["stomp"].get()
+        assert {k: s.fields.get(k) for k in want} == want
+        assert s.fields["message-id"] != "12345"  # STOMP's own id is the ack id
+        assert s.fields["app"] == "x"
+
+        q = cs["mqtt"].get()
+        up = q.fields["user_properties"]
+        assert up[0] == ("app", "x")  # application properties first
+        assert dict(up[1:]) == want and len(up) == 1 + len(want)
+
+        r = cs["amqp"].get()  # AMQP -> AMQP: typed and untouched
+        assert r.fields["id"] == 12345 and r.fields["subject"] == "order.created"
+        assert bytes(r.fields["user_id"]) == b"alice" and r.props == {"app": "x"}
+
+        # Republished by STOMP (its headers) and MQTT (its user properties).
+        s_pub.send(f"/queue/{back_q}", b"from-stomp", headers={k: s.fields[k] for k in want})
+        m_pub.publish(f"$queue/{back_q}", b"from-mqtt", qos=1, props=up)
+        for origin in (b"from-stomp", b"from-mqtt"):
+            r = back.get()
+            assert r.body == origin
+            assert r.fields["id"] == "12345"  # a string now: typed ids come back as text
+            assert r.fields["subject"] == "order.created"
+            assert bytes(r.fields["user_id"]) == b"alice"
+            assert r.fields["group_id"] == "grp-1" and r.fields["group_sequence"] == 7
+            assert r.fields["content_encoding"] == "gzip"
+            assert r.fields["creation_time"] == 1700000000.5
+            assert r.fields["priority"] == 9
+            assert not set(FIELD_HEADERS) & set(r.props), r.props  # fields, not properties
+    finally:
+        for c in (a, s_pub, m_pub, back):
+            c.close()
+        close_all(cs)
+
+
+def test_mqtt_text_without_content_type_is_text_plain_for_stomp(broker, uniq):
+    """A text body without a content type (MQTT payload-format-indicator 1,
+    an AMQP string) reaches STOMP as content-type text/plain;charset=utf-8;
+    a binary body gets none, and a publisher's own type is kept."""
+    topic = f"cv/tp/{uniq}"
+    st = Stomp(broker)
+    m, a = Mqtt(broker, version=5), Amqp(broker)
+    try:
+        st.subscribe(f"/topic/{topic}", ack="auto")
+        m.publish(topic, "hällo".encode(), qos=1, text=True)
+        m.publish(topic, b"\x00bin", qos=1)
+        m.publish(topic, b"{}", qos=1, text=True, ContentType="application/json")
+        a.send(f"/topic/{topic}", amqp_message("amqp-text".encode(), text=True))
+        got = st.get_n(4)
+        assert got[0].body == "hällo".encode()
+        assert got[0].fields["content-type"] == "text/plain;charset=utf-8"
+        assert "content-type" not in got[1].fields
+        assert got[2].fields["content-type"] == "application/json"
+        assert got[3].body == b"amqp-text"
+        assert got[3].fields["content-type"] == "text/plain;charset=utf-8"
+    finally:
+        for c in (st, m, a):
+            c.close()
+
+
+# ------------------------------------- MQTT responder, queue reply-to
+def _mqtt_responder(broker, topic):
+    """A paho MQTT 5 client answering each request on ``topic`` at its
+    ResponseTopic with the request's CorrelationData."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties as MqttProperties
+    r = Mqtt(broker, version=5)
+    r.subscribe(topic, qos=1)
+
+    def answer_one():
+        req = r.get()
+        rt = req.fields["ResponseTopic"]
+        props = MqttProperties(PacketTypes.PUBLISH)
+        props.CorrelationData = req.fields["CorrelationData"]
+        info = r.c.publish(rt, b"pong:" + req.body, qos=1, properties=props)
+        info.wait_for_publish(timeout=10)
+        assert info.is_published()
+        return rt
+
+    return r, answer_one
+
+
+def test_mqtt_responder_answers_stomp_temp_queue(broker, uniq):
+    """A STOMP requester's `/temp-queue/r` reaches an MQTT 5 responder as
+    ResponseTopic `$queue/$temp/...`; the responder's PUBLISH there lands
+    in the temporary queue and the requester gets the answer."""
+    r, answer_one = _mqtt_responder(broker, f"svc/m/{uniq}")
+    req = Stomp(broker)
+    try:
+        req.subscribe("/temp-queue/r", ack="auto")
+        req.send(f"/topic/svc/m/{uniq}", b"ping",
+                 headers={"reply-to": "/temp-queue/r", "correlation-id": "c-stomp"})
+        rt = answer_one()
+        assert rt.startswith("$queue/$temp/"), rt
+        got = req.get()
+        assert got.body == b"pong:ping" and got.fields["correlation-id"] == "c-stomp"
+        assert got.fields["destination"] == "/queue/" + rt[len("$queue/"):]
+    finally:
+        r.close()
+        req.close()
+
+
+def test_mqtt_responder_answers_amqp_dynamic_queue(broker, uniq):
+    """An AMQP requester's dynamic receiver address reaches an MQTT 5
+    responder as `$queue/$temp/...`; the answer arrives on the dynamic
+    receiver with the correlation id."""
+    r, answer_one = _mqtt_responder(broker, f"svc/a/{uniq}")
+    a = Amqp(broker)
+    try:
+        reply = a.conn.create_receiver(None, dynamic=True, credit=10)
+        reply_addr = reply.link.remote_source.address
+        m = amqp_message(b"ping")
+        m.reply_to = reply_addr
+        m.correlation_id = "c-amqp"
+        a.send(f"/topic/svc/a/{uniq}", m)
+        rt = answer_one()
+        assert "/queue/" + rt[len("$queue/"):] == reply_addr, (rt, reply_addr)
+        ans = reply.receive(timeout=10)
+        reply.accept()
+        assert bytes(ans.body) == b"pong:ping"
+        assert bytes(ans.correlation_id) == b"c-amqp"  # MQTT correlation data is binary
+    finally:
+        r.close()
+        a.close()
+
+
+def test_mqtt_queue_publish_checks_queue_permission(broker, uniq):
+    """`$queue/q` is a queue publish: a user allowed only /topic/ok/# is
+    refused (PUBACK 0x87), while an allowed user's message reaches q."""
+    from conftest import LIMITED_PASSWORD, LIMITED_USER
+    q = f"cv-perm-{uniq}"
+    c = Consumer(broker, "amqp", "queue", q)
+    bob = Mqtt(broker, version=5, username=LIMITED_USER, password=LIMITED_PASSWORD)
+    alice = Mqtt(broker, version=5)
+    acks = queue.Queue()
+    bob.c.on_publish = lambda cl, u, mid, rc, props: acks.put(rc)
+    try:
+        info = bob.c.publish(f"$queue/{q}", b"denied", qos=1)
+        info.wait_for_publish(timeout=10)
+        rc = acks.get(timeout=10)
+        assert rc.value == 0x87, rc
+        alice.publish(f"$queue/{q}", b"allowed", qos=1)
+        assert c.get().body == b"allowed"
+        c.assert_empty()
+    finally:
+        for x in (c, bob, alice):
+            x.close()
+
+
+# ------------------------------------------ retained for STOMP and AMQP
+def _retained_receiver(a, address):
+    from proton import Described, symbol
+    from proton.reactor import Filter
+    f = Filter({symbol("rosetta:retained"): Described(symbol("rosetta:retained"), True)})
+    return AmqpReceiver(a.conn.create_receiver(address, credit=10, name=new_id("retained"), options=f))
+
+
+# The STOMP opt-in needs one line in protocols/stomp/src/open.rs (SUBSCRIBE
+# binds with `subscription::binding_options(frame)`), a file this change
+# could not touch; remove the skip with that line.
+STOMP_RETAINED_WIRED = False
+
+
+@pytest.mark.skipif(not STOMP_RETAINED_WIRED,
+                    reason="STOMP retained opt-in not wired into open.rs's SUBSCRIBE yet")
+def test_retained_messages_for_stomp_subscribers_who_ask(broker, uniq):
+    """MQTT retained messages reach a STOMP subscription with
+    `activemq.retroactive:true`, marked `retained:true`; a subscription
+    without it gets none, and a live message after them is not marked."""
+    base = f"rts/{uniq}"
+    m = Mqtt(broker, version=5)
+    st_yes, st_no = Stomp(broker), Stomp(broker)
+    try:
+        # QoS 0 first: the QoS 1 PUBACK after it proves both were routed.
+        m.publish(f"{base}/b", b"ret-b", qos=0, retain=True)
+        m.publish(f"{base}/a", b"ret-a", qos=1, retain=True)
+        st_yes.subscribe(f"/topic/{base}/+", ack="auto", headers={"activemq.retroactive": "true"})
+        st_no.subscribe(f"/topic/{base}/+", ack="auto")
+        got = st_yes.get_n(2)
+        assert sorted(g.body for g in got) == [b"ret-a", b"ret-b"]
+        assert all(g.fields.get("retained") == "true" for g in got), [g.fields for g in got]
+        m.publish(f"{base}/a", b"live", qos=1)
+        for c in (st_yes, st_no):
+            live = c.get()
+            assert live.body == b"live" and "retained" not in live.fields
+        for c in (st_yes, st_no):
+            try:
+                extra = c.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            raise AssertionError(f"unexpected {extra.body!r}")
+    finally:
+        m.publish(f"{base}/a", b"", qos=1, retain=True)  # clear
+        m.publish(f"{base}/b", b"", qos=1, retain=True)
+        for c in (m, st_yes, st_no):
+            c.close()
+
+
+def test_retained_messages_for_amqp_receivers_who_ask(broker, uniq):
+    """MQTT retained messages reach an AMQP topic receiver with the
+    `rosetta:retained` source filter (echoed in the attach, marked with the
+    annotation x-opt-retain); a receiver without it gets none, and a live
+    message after them is not marked."""
+    base = f"rta/{uniq}"
+    m = Mqtt(broker, version=5)
+    a = Amqp(broker)
+    try:
+        m.publish(f"{base}/b", b"ret-b", qos=0, retain=True)
+        m.publish(f"{base}/a", b"ret-a", qos=1, retain=True)
+        yes = _retained_receiver(a, f"/topic/{base}/#")
+        echo = yes.rcv.link.remote_source.filter
+        echo.rewind()
+        echo.next()
+        echoed = echo.get_object()
+        assert "rosetta:retained" in {str(k) for k in echoed}, echoed
+        no = a.receiver(f"/topic/{base}/#", name=new_id("plain"))
+        ag = [yes.get(), yes.get()]
+        assert sorted(g.body for g in ag) == [b"ret-a", b"ret-b"]
+        assert all(g.raw.annotations.get("x-opt-retain") is True for g in ag), [g.raw.annotations for g in ag]
+        m.publish(f"{base}/a", b"live", qos=1)
+        for rcv in (yes, no):
+            live = rcv.get()
+            assert live.body == b"live" and not (live.raw.annotations or {}).get("x-opt-retain")
+        for rcv in (yes, no):
+            with pytest.raises(Exception) as e:  # proton's Timeout: nothing more
+                rcv.get(timeout=0.5)
+            assert "Timeout" in type(e.value).__name__, e.value
+    finally:
+        m.publish(f"{base}/a", b"", qos=1, retain=True)  # clear
+        m.publish(f"{base}/b", b"", qos=1, retain=True)
+        for c in (m, a):
+            c.close()

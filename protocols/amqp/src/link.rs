@@ -7,6 +7,7 @@
 //! | receiver           | `/topic/f` (or cap. `topic`) | temp queue (lifetime Consumer) + bind + consume |
 //! | receiver           | topic, durable terminus      | durable queue `$durable/<container>/<link>` + bind + consume |
 //! | receiver           | `dynamic=true`               | temp queue (lifetime Session), address `/queue/<name>` |
+//! | receiver           | topic + filter `rosetta:retained` | as above, the bind also enqueues the retained messages matching the filter (echoed in the reply's source filter) |
 //! | sender             | address                      | publish to it                              |
 //! | sender             | null target/address          | anonymous relay: publish to each message's `to` |
 //! | sender             | coordinator                  | transactions (see `coordinator`)           |
@@ -14,15 +15,16 @@
 use bytes::BytesMut;
 use fe2o3_amqp_types::definitions::{Handle, ReceiverSettleMode, Role, SenderSettleMode};
 use fe2o3_amqp_types::messaging::{
-    Source, TargetArchetype, TerminusDurability, TerminusExpiryPolicy,
+    FilterSet, Source, TargetArchetype, TerminusDurability, TerminusExpiryPolicy,
 };
 use fe2o3_amqp_types::performatives::{Attach, Detach, Flow};
-use fe2o3_amqp_types::primitives::{Array, Symbol};
+use fe2o3_amqp_types::primitives::{Array, Symbol, Value};
 use rosetta_neutral::address::{validate_topic_filter, validate_topic_name};
 use rosetta_neutral::{
     address::TEMP_QUEUE_NAME_PREFIX, durable_subscription_queue, Address, BindingOptions,
-    ConsumerId, ConsumerSpec, CreditMode, QueueLifetime, QueueSpec,
+    ConsumerId, ConsumerSpec, CreditMode, QueueLifetime, QueueSpec, RetainedOnBind,
 };
+use serde_amqp::descriptor::Descriptor;
 use tracing::debug;
 
 use crate::connection::{write_perf, AmqpConnection, Fault};
@@ -34,6 +36,33 @@ const CAP_QUEUE: &str = "queue";
 const CAP_TOPIC: &str = "topic";
 /// Dynamic-target capability Qpid JMS sends for a temporary topic.
 const CAP_TEMP_TOPIC: &str = "temporary-topic";
+
+/// Source filter (key and descriptor) by which a topic receiver asks for
+/// the retained messages matching its address, in the vendor-prefixed
+/// style of RabbitMQ's `rabbitmq:stream-offset-spec`. Its value is
+/// `true`, described by this same symbol (a bare `true` is accepted too).
+/// A receiver that does not send it gets no retained messages.
+pub(crate) const RETAINED_FILTER: &str = "rosetta:retained";
+
+/// Whether `filter` asks for retained messages, and the entry to echo in
+/// the reply's source (spec 3.5.3: the reply lists the filters in force).
+fn retained_filter(filter: Option<&FilterSet>) -> Option<(Symbol, Value)> {
+    let (key, value) = filter?
+        .iter()
+        .find(|(k, _)| k.as_str() == RETAINED_FILTER)?;
+    let wanted = match value {
+        Value::Bool(b) => *b,
+        Value::Described(d) => {
+            let named = match &d.descriptor {
+                Descriptor::Name(n) => n.as_str() == RETAINED_FILTER,
+                Descriptor::Code(_) => false,
+            };
+            named && d.value == Value::Bool(true)
+        }
+        _ => false,
+    };
+    wanted.then(|| (key.clone(), value.clone()))
+}
 
 /// A partially received multi-frame delivery.
 #[derive(Debug)]
@@ -294,9 +323,11 @@ impl AmqpConnection {
             return Err(AmqpError::InvalidField("receiver without a source".into()));
         };
         let mut reply_source: Source = src.clone();
-        // We do not implement filters (JMS selectors): per spec the reply
-        // omits them and the client decides whether to go on.
+        // The one filter we implement is `rosetta:retained` (topics only,
+        // set below); others (JMS selectors) are left out of the reply, as
+        // the spec asks, and the client decides whether to go on.
         reply_source.filter = None;
+        let retained = retained_filter(src.filter.as_ref());
         let core = self
             .core
             .as_deref_mut()
@@ -331,7 +362,15 @@ impl AmqpConnection {
                         }
                     };
                     let info = core.declare_queue(spec)?;
-                    core.bind(&info.name, &filter, BindingOptions::default())?;
+                    let mut options = BindingOptions::default();
+                    if let Some((key, value)) = retained.clone() {
+                        // A durable subscription re-attaching already had them.
+                        options.retained = RetainedOnBind::SendIfNew;
+                        let mut echo = FilterSet::new();
+                        echo.insert(key, value);
+                        reply_source.filter = Some(echo);
+                    }
+                    core.bind(&info.name, &filter, options)?;
                     let dq = durable.then(|| info.name.clone());
                     (info.name, dq)
                 }
@@ -630,5 +669,33 @@ mod tests {
         );
         assert!(resolve_address("/queue/a#", None).is_err());
         assert!(resolve_address("", None).is_err());
+    }
+
+    #[test]
+    fn retained_filter_is_recognised_only_when_true() {
+        use serde_amqp::described::Described;
+        let described = |v: Value| {
+            Value::Described(Box::new(Described {
+                descriptor: Descriptor::Name(Symbol::from(RETAINED_FILTER)),
+                value: v,
+            }))
+        };
+        let set = |v: Value| {
+            let mut f = FilterSet::new();
+            f.insert(Symbol::from("selector"), Value::String("x > 1".into()));
+            f.insert(Symbol::from(RETAINED_FILTER), v);
+            f
+        };
+        assert!(retained_filter(Some(&set(described(Value::Bool(true))))).is_some());
+        assert!(retained_filter(Some(&set(Value::Bool(true)))).is_some());
+        assert!(retained_filter(Some(&set(described(Value::Bool(false))))).is_none());
+        assert!(retained_filter(Some(&set(Value::Bool(false)))).is_none());
+        assert!(retained_filter(Some(&set(Value::Null))).is_none());
+        assert!(retained_filter(None).is_none());
+        let other = Value::Described(Box::new(Described {
+            descriptor: Descriptor::Code(0x77),
+            value: Value::Bool(true),
+        }));
+        assert!(retained_filter(Some(&set(other))).is_none());
     }
 }

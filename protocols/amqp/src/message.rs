@@ -17,7 +17,10 @@
 //! On the way out, an expiry is written as both the header `ttl` (time left)
 //! and the properties' `absolute-expiry-time`, since the neutral message
 //! keeps only the absolute time; `to` is the address the message was
-//! published to.
+//! published to. A message replayed from the retained store (to a receiver
+//! that asked with the `rosetta:retained` filter) carries the message
+//! annotation `x-opt-retain: true`, as Eclipse Hono marks retained
+//! messages, next to any annotations the publisher sent.
 //!
 //! Not carried: delivery-annotations and footer (hop-by-hop by the spec),
 //! `reply-to-group-id` (no neutral field), and decimal application-property
@@ -30,11 +33,14 @@
 //! straight into the output frames.
 
 use bytes::Bytes;
+use fe2o3_amqp_types::messaging::annotations::OwnedKey;
 use fe2o3_amqp_types::messaging::{
-    ApplicationProperties, Header, MessageId as AmqpMessageId, Priority,
+    ApplicationProperties, Header, MessageAnnotations, MessageId as AmqpMessageId, Priority,
     Properties as AmqpProperties,
 };
-use fe2o3_amqp_types::primitives::{Binary, OrderedMap, SimpleValue, Symbol, Timestamp, Uuid};
+use fe2o3_amqp_types::primitives::{
+    Binary, OrderedMap, SimpleValue, Symbol, Timestamp, Uuid, Value as AmqpAny,
+};
 use rosetta_neutral::{Address, Body, BodyKind, Delivery, Message, MessageId, Properties, Value};
 
 use crate::codec::{self, CodecError};
@@ -48,6 +54,9 @@ const SECTION_DATA: u64 = 0x75;
 const SECTION_AMQP_SEQUENCE: u64 = 0x76;
 const SECTION_AMQP_VALUE: u64 = 0x77;
 const SECTION_FOOTER: u64 = 0x78;
+
+/// Message annotation marking a delivery replayed from the retained store.
+pub(crate) const RETAIN_ANNOTATION: &str = "x-opt-retain";
 
 /// Most sections one message may have: 6 non-body sections plus the body.
 /// A body of thousands of tiny `data` sections is legal but pathological;
@@ -280,7 +289,9 @@ pub(crate) fn encode_head<'d>(
         delivery_count: delivery.delivery_count,
     };
     codec::encode_into(head, &header)?;
-    if let Some(ann) = &m.amqp_annotations {
+    if delivery.from_retained {
+        write_retained_annotations(head, m.amqp_annotations.as_deref())?;
+    } else if let Some(ann) = &m.amqp_annotations {
         head.extend_from_slice(ann);
     }
     let has_props = m.message_id.is_some()
@@ -341,6 +352,31 @@ pub(crate) fn encode_head<'d>(
         BodyKind::AmqpValue | BodyKind::AmqpSequence | BodyKind::AmqpData => {}
     }
     Ok(body)
+}
+
+/// Writes the publisher's message annotations (if any) with
+/// [`RETAIN_ANNOTATION`] added. Annotations that do not decode (they were
+/// carried raw, never checked) are written as they came, unmarked.
+fn write_retained_annotations(
+    head: &mut Vec<u8>,
+    original: Option<&[u8]>,
+) -> Result<(), serde_amqp::Error> {
+    let mut ann = match original {
+        None => MessageAnnotations::default(),
+        Some(raw) => match codec::decode::<MessageAnnotations>("message-annotations", raw) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!(error = %e, "message annotations kept unmarked");
+                head.extend_from_slice(raw);
+                return Ok(());
+            }
+        },
+    };
+    ann.0.insert(
+        OwnedKey::from(Symbol::from(RETAIN_ANNOTATION)),
+        AmqpAny::Bool(true),
+    );
+    codec::encode_into(head, &ann)
 }
 
 #[cfg(test)]
@@ -508,6 +544,37 @@ mod tests {
         assert_eq!(h.delivery_count, 2);
         assert!(!h.first_acquirer);
         assert_eq!(h.ttl, Some(500));
+    }
+
+    #[test]
+    fn retained_replays_are_annotated() {
+        let key = OwnedKey::from(Symbol::from(RETAIN_ANNOTATION));
+        let annotations = |wire: &[u8]| -> Option<MessageAnnotations> {
+            let len = codec::value_len(wire).unwrap();
+            codec::decode("message-annotations", &wire[len..]).ok()
+        };
+        // Without annotations of its own.
+        let mut del = delivery(Message::text("r"));
+        del.from_retained = true;
+        let mut head = Vec::new();
+        encode_head(&mut head, &del, 0).unwrap();
+        let ann = annotations(&head).expect("annotations after the header");
+        assert_eq!(ann.0.get(&key), Some(&AmqpAny::Bool(true)));
+        // With the publisher's annotations: kept, marker added.
+        let mut p = full_payload();
+        enc(&mut p, &Data(Binary::from(b"x".to_vec())));
+        let mut del = delivery(decode(&Bytes::from(p), 0).unwrap().message);
+        del.from_retained = true;
+        encode_head(&mut head, &del, 0).unwrap();
+        let ann = annotations(&head).expect("annotations after the header");
+        assert_eq!(ann.0.get(&key), Some(&AmqpAny::Bool(true)));
+        let opt = OwnedKey::from(Symbol::from("x-opt-a"));
+        assert_eq!(ann.0.get(&opt), Some(&AmqpAny::Int(5)));
+        // A live delivery is not marked.
+        del.from_retained = false;
+        encode_head(&mut head, &del, 0).unwrap();
+        let ann = annotations(&head).expect("annotations after the header");
+        assert_eq!(ann.0.get(&key), None);
     }
 
     #[test]

@@ -8,14 +8,17 @@
 //! | QoS                       | `guarantee`; `durable` when QoS > 0       |
 //! | RETAIN                    | `retain`                                  |
 //! | user properties           | `properties` as `Value::String`, in order |
+//! | user properties `amqp-message-id`, `type`, `user-id`, `JMSXGroupID`, `JMSXGroupSeq`, `content-encoding`, `timestamp`, `priority` | the standard fields ([`rosetta_neutral::fields`]); written after the other user properties on delivery |
 //! | content type              | `content_type`                            |
 //! | response topic `t`        | `reply_to` = `/topic/t`                   |
+//! | response topic `$queue/q` | `reply_to` = `/queue/q` (and back: a queue reply-to is delivered as `$queue/q`, which an MQTT PUBLISH sends to the queue) |
 //! | correlation data          | `correlation_id` = `MessageId::Binary`    |
 //! | message expiry interval   | `expiry` (absolute ms); remaining on send |
 
 use bytes::Bytes;
 use mqttbytes::v5::PublishProperties;
-use rosetta_neutral::address::{validate_topic_name, TOPIC_PREFIX};
+use rosetta_neutral::address::{validate_topic_name, QUEUE_PREFIX, TOPIC_PREFIX};
+use rosetta_neutral::fields::{field_properties, take_field_properties};
 use rosetta_neutral::{Address, Body, BodyKind, Guarantee, Message, MessageId, Properties, Value};
 
 use crate::codec::Props;
@@ -42,7 +45,9 @@ pub(crate) fn inbound_message(
             if validate_topic_name(&t).is_err() {
                 return Err(MqttError::Protocol("response topic is not a topic name"));
             }
-            Some(Address::Topic(t).to_destination())
+            let address = Address::from_mqtt_topic(&t)
+                .map_err(|_| MqttError::Protocol("response topic names a bad queue"))?;
+            Some(address.to_destination())
         }
         None => None,
     };
@@ -51,7 +56,7 @@ pub(crate) fn inbound_message(
         .into_iter()
         .map(|(k, v)| (k, Value::String(v)))
         .collect();
-    Ok(Message {
+    let mut message = Message {
         body: Body {
             kind,
             bytes: payload,
@@ -67,7 +72,9 @@ pub(crate) fn inbound_message(
             .map(|s| now_ms.saturating_add(u64::from(s) * 1000)),
         properties,
         ..Message::default()
-    })
+    };
+    take_field_properties(&mut message);
+    Ok(message)
 }
 
 /// MQTT strings and binary fields carry a 16-bit length; mqttbytes' writers
@@ -95,6 +102,7 @@ pub(crate) fn outbound_properties(
     subscription_ids: &[u32],
     now_ms: u64,
 ) -> Option<PublishProperties> {
+    let fields = field_properties(msg);
     let props = PublishProperties {
         payload_format_indicator: (msg.body.kind == BodyKind::Text).then_some(1),
         message_expiry_interval: remaining_lifetime_s(msg, now_ms),
@@ -109,10 +117,14 @@ pub(crate) fn outbound_properties(
             .as_ref()
             .map(MessageId::to_bytes)
             .filter(|b| fits(b.len())),
+        // A property named like a standard field the message sets would
+        // read as that field on a republish: the field wins.
         user_properties: msg
             .properties
             .iter()
+            .filter(|(k, _)| !fields.iter().any(|(f, _)| f == k))
             .map(|(k, v)| (k.to_owned(), v.to_text()))
+            .chain(fields.iter().map(|(k, v)| ((*k).to_owned(), v.clone())))
             .filter(|(k, v)| fits(k.len()) && fits(v.len()))
             .chain(msg.body.kind.amqp_section_marker().map(|m| {
                 (
@@ -146,13 +158,16 @@ pub(crate) fn outbound_properties(
     (!empty).then_some(props)
 }
 
-/// `/topic/x` becomes `x`; other forms (`/queue/q`, foreign names) pass
-/// through as written so a replier of another protocol can still use them.
+/// `/topic/x` becomes `x`, `/queue/q` becomes `$queue/q` (an MQTT
+/// responder's PUBLISH there reaches the queue); foreign names pass
+/// through as written.
 fn response_topic(reply_to: &str) -> String {
-    reply_to
-        .strip_prefix(TOPIC_PREFIX)
-        .unwrap_or(reply_to)
-        .to_owned()
+    if reply_to.starts_with(TOPIC_PREFIX) || reply_to.starts_with(QUEUE_PREFIX) {
+        if let Ok(address) = Address::parse_destination(reply_to) {
+            return address.to_mqtt_topic();
+        }
+    }
+    reply_to.to_owned()
 }
 
 /// The MQTT topic a message is delivered under.
@@ -194,7 +209,54 @@ mod tests {
             out.user_properties,
             vec![("a".into(), "1".into()), ("a".into(), "2".into())]
         );
-        assert_eq!(response_topic("/queue/q"), "/queue/q");
+        assert_eq!(response_topic("/queue/q"), "$queue/q");
+        assert_eq!(response_topic("/queue/$temp/3"), "$queue/$temp/3");
+        assert_eq!(response_topic("amqp://elsewhere/x"), "amqp://elsewhere/x");
+    }
+
+    #[test]
+    fn queue_response_topic_is_a_queue_reply_to() {
+        let props = Props {
+            response_topic: Some("$queue/$temp/9".into()),
+            ..Props::default()
+        };
+        let msg = inbound_message(1, false, props, Bytes::new(), 0).expect("ok");
+        assert_eq!(msg.reply_to.as_deref(), Some("/queue/$temp/9"));
+        let bad = Props {
+            response_topic: Some("$queue/".into()),
+            ..Props::default()
+        };
+        assert!(inbound_message(1, false, bad, Bytes::new(), 0).is_err());
+    }
+
+    #[test]
+    fn standard_fields_are_user_properties_both_ways() {
+        let props = Props {
+            user_properties: vec![
+                ("a".into(), "1".into()),
+                ("amqp-message-id".into(), "m-1".into()),
+                ("type".into(), "subj".into()),
+                ("JMSXGroupSeq".into(), "x".into()),
+                ("priority".into(), "7".into()),
+            ],
+            ..Props::default()
+        };
+        let msg = inbound_message(1, false, props, Bytes::new(), 0).expect("ok");
+        assert_eq!(msg.message_id, Some(MessageId::String("m-1".into())));
+        assert_eq!(msg.subject.as_deref(), Some("subj"));
+        assert_eq!(msg.priority, 7);
+        assert_eq!(msg.group_sequence, None);
+        let out = outbound_properties(&msg, &[], 0).expect("props");
+        assert_eq!(
+            out.user_properties,
+            vec![
+                ("a".into(), "1".into()),
+                ("JMSXGroupSeq".into(), "x".into()),
+                ("amqp-message-id".into(), "m-1".into()),
+                ("type".into(), "subj".into()),
+                ("priority".into(), "7".into()),
+            ]
+        );
     }
 
     #[test]

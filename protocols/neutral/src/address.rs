@@ -6,6 +6,15 @@
 //! | queue `q`            | (bindings)    | `/queue/q`            | `/queue/q` or bare `q`          | `Queue("q")`         |
 //! | wildcard filter      | `a/+/c`, `a/#`| `/topic/a/+/c`        | `/topic/a/#`                    | `Topic("a/#")`       |
 //! | temporary queue      | –             | `/temp-queue/x`       | dynamic node (generated name)   | `Queue("$temp/…")`   |
+//! | publish to queue `q` | `$queue/q`    | `/queue/q`            | `/queue/q`                      | `Queue("q")`         |
+//!
+//! MQTT has no queues, so a reply-to that names a queue (a STOMP
+//! `/temp-queue/…`, an AMQP dynamic node) reaches an MQTT responder as the
+//! response topic `$queue/<name>`: an MQTT PUBLISH to a topic with the
+//! reserved prefix [`MQTT_QUEUE_TOPIC_PREFIX`] goes to that queue (with the
+//! publisher's permission on `/queue/<name>` checked), never to a topic.
+//! `$`-topics are the server's by the MQTT specification, so no ordinary
+//! MQTT topic is taken away.
 //!
 //! Topics are *multicast*: every subscription gets a copy. Queues are
 //! *anycast*: consumers compete. Wildcards use MQTT syntax everywhere, and a
@@ -39,6 +48,9 @@ pub const QUEUE_PREFIX: &str = "/queue/";
 pub const TEMP_QUEUE_PREFIX: &str = "/temp-queue/";
 /// Prefix of the core's names for temporary queues.
 pub const TEMP_QUEUE_NAME_PREFIX: &str = "$temp/";
+/// MQTT topic prefix naming a queue: a PUBLISH to `$queue/q` goes to the
+/// queue `q` (see the module docs).
+pub const MQTT_QUEUE_TOPIC_PREFIX: &str = "$queue/";
 /// Longest address name accepted, in bytes (MQTT's own topic limit).
 pub const ADDRESS_LEN_MAX: usize = 65_535;
 
@@ -79,6 +91,31 @@ impl Address {
         } else {
             check_queue_name(dest)?;
             Ok(Address::Queue(dest.to_owned()))
+        }
+    }
+
+    /// The address an MQTT PUBLISH topic name sends to: `$queue/q` is the
+    /// queue `q`, any other name the topic of that name. The topic name
+    /// must already be valid ([`validate_topic_name`]).
+    pub fn from_mqtt_topic(topic: &str) -> Result<Address, AddressError> {
+        match topic.strip_prefix(MQTT_QUEUE_TOPIC_PREFIX) {
+            Some(queue) => {
+                check_queue_name(queue)?;
+                Ok(Address::Queue(queue.to_owned()))
+            }
+            None => {
+                validate_topic_name(topic)?;
+                Ok(Address::Topic(topic.to_owned()))
+            }
+        }
+    }
+
+    /// The MQTT topic name that reaches this address: the topic itself, or
+    /// `$queue/q` for the queue `q` (an MQTT response topic).
+    pub fn to_mqtt_topic(&self) -> String {
+        match self {
+            Address::Topic(t) => t.clone(),
+            Address::Queue(q) => format!("{MQTT_QUEUE_TOPIC_PREFIX}{q}"),
         }
     }
 
@@ -204,6 +241,24 @@ mod tests {
         assert!(Address::parse_destination("/queue/").is_err());
         assert!(Address::parse_destination("/queue/a#").is_err());
         assert_eq!(Address::Topic("a/b".into()).to_destination(), "/topic/a/b");
+    }
+
+    #[test]
+    fn mqtt_topics_name_queues_with_the_reserved_prefix() {
+        assert_eq!(
+            Address::from_mqtt_topic("$queue/$temp/7"),
+            Ok(Address::Queue("$temp/7".into()))
+        );
+        assert_eq!(
+            Address::from_mqtt_topic("a/b"),
+            Ok(Address::Topic("a/b".into()))
+        );
+        assert!(Address::from_mqtt_topic("$queue/").is_err());
+        assert!(Address::from_mqtt_topic("$queue/a+").is_err());
+        let q = Address::Queue("$temp/7".into());
+        assert_eq!(q.to_mqtt_topic(), "$queue/$temp/7");
+        assert_eq!(Address::from_mqtt_topic(&q.to_mqtt_topic()), Ok(q));
+        assert_eq!(Address::Topic("t".into()).to_mqtt_topic(), "t");
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //!
 //! - [`message`]: the [`Message`] every wire format converts to and from;
 //! - [`value`]: typed, ordered properties;
+//! - [`fields`]: standard fields as named text properties (STOMP headers,
+//!   MQTT 5 user properties);
 //! - [`address`]: the naming scheme shared by MQTT, STOMP and AMQP;
 //! - [`broker`]: the [`Broker`]/[`Session`] handle adapters call, and the
 //!   [`SessionEvent`]s the core sends back.
@@ -13,6 +15,7 @@
 
 pub mod address;
 pub mod broker;
+pub mod fields;
 pub mod message;
 pub mod value;
 

@@ -8,6 +8,7 @@
 //! | `expires`           | `expiry` (ms since epoch; `0` = never)             |
 //! | `priority`          | `priority` (0–9, larger values clamp to 9)         |
 //! | `persistent:true`   | `durable`                                          |
+//! | `amqp-message-id`, `type`, `user-id`, `JMSXGroupID`, `JMSXGroupSeq`, `content-encoding`, `timestamp` | the standard fields of [`rosetta_neutral::fields`] |
 //! | body                | `body.bytes`, exactly; kind below                  |
 //! | any other header    | `properties`, as `Value::String`, in order         |
 //!
@@ -19,12 +20,16 @@
 //! UTF-8 to other protocols.
 //!
 //! On MESSAGE the same headers are written back, plus `subscription`,
-//! `message-id`, `destination`, `ack` (1.2), `content-length`, and on
+//! `message-id`, `destination`, `ack` (1.2), `content-length`, on
 //! redelivery `redelivered:true` and `delivery-count` (failed delivery
-//! attempts before this one, the AMQP meaning). Properties whose names
-//! collide with these headers are not written (they would be ignored by
-//! the "first header wins" rule or confuse the client).
+//! attempts before this one, the AMQP meaning), and `retained:true` on a
+//! message replayed from the retained store to a subscription that asked
+//! for it. A text body without a content type is announced as
+//! [`TEXT_CONTENT_TYPE`], so the consumer knows it is UTF-8 text.
+//! Properties whose names collide with these headers are not written (they
+//! would be ignored by the "first header wins" rule or confuse the client).
 
+use rosetta_neutral::fields::{field_properties, take_field_properties};
 use rosetta_neutral::message::PRIORITY_DEFAULT;
 use rosetta_neutral::{Body, BodyKind, Delivery, Message, MessageId, Value};
 
@@ -65,6 +70,14 @@ const MESSAGE_RESERVED: [&str; 12] = [
 
 /// Header naming the failed delivery attempts of a redelivered message.
 pub(crate) const DELIVERY_COUNT_HEADER: &str = "delivery-count";
+
+/// MESSAGE header marking a delivery replayed from the retained store.
+pub(crate) const RETAINED_HEADER: &str = "retained";
+
+/// Content type announced for a text body (MQTT payload-format-indicator 1,
+/// an AMQP string, a STOMP text body) that came without one: the body is
+/// valid UTF-8 by the neutral `Text` contract, and nothing more is known.
+pub(crate) const TEXT_CONTENT_TYPE: &str = "text/plain;charset=utf-8";
 
 /// Builds the neutral message of a SEND. `reply_to` is the already
 /// resolved `reply-to` header.
@@ -114,7 +127,7 @@ pub(crate) fn message_from_send(
     } else {
         BodyKind::Binary
     };
-    Ok(Message {
+    let mut message = Message {
         body: Body {
             kind,
             bytes: frame.body,
@@ -127,7 +140,9 @@ pub(crate) fn message_from_send(
         durable,
         properties,
         ..Message::default()
-    })
+    };
+    take_field_properties(&mut message);
+    Ok(message)
 }
 
 fn bad(header: &'static str, value: &str) -> StompError {
@@ -170,6 +185,9 @@ pub(crate) fn write_message(
                 rosetta_neutral::message::AMQP_BODY_CONTENT_TYPE,
             );
         }
+        (None, None) if m.body.kind == BodyKind::Text => {
+            w.header("content-type", TEXT_CONTENT_TYPE);
+        }
         (None, None) => {}
     }
     if let Some(marker) = section {
@@ -184,8 +202,10 @@ pub(crate) fn write_message(
     if let Some(e) = m.expiry {
         w.header("expires", &e.to_string());
     }
-    if m.priority != PRIORITY_DEFAULT {
-        w.header("priority", &m.priority.to_string());
+    // `priority` (when not the default) is one of the standard fields.
+    let fields = field_properties(m);
+    for (name, value) in &fields {
+        w.header(name, value);
     }
     if m.durable {
         w.header("persistent", "true");
@@ -194,8 +214,15 @@ pub(crate) fn write_message(
         w.header("redelivered", "true");
         w.header(DELIVERY_COUNT_HEADER, &delivery.delivery_count.to_string());
     }
+    if delivery.from_retained {
+        w.header(RETAINED_HEADER, "true");
+    }
     for (name, value) in m.properties.iter() {
-        if !MESSAGE_RESERVED.contains(&name) && name != DELIVERY_COUNT_HEADER {
+        let written = MESSAGE_RESERVED.contains(&name)
+            || name == DELIVERY_COUNT_HEADER
+            || (name == RETAINED_HEADER && delivery.from_retained)
+            || fields.iter().any(|(f, _)| *f == name);
+        if !written {
             w.header(name, &value.to_text());
         }
     }

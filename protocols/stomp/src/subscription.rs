@@ -4,7 +4,17 @@
 
 use std::collections::VecDeque;
 
-use rosetta_neutral::{ConsumerId, DeliveryTag};
+use rosetta_neutral::{BindingOptions, ConsumerId, DeliveryTag, RetainedOnBind};
+
+use crate::frame::Frame;
+
+/// SUBSCRIBE header by which a topic subscription asks for the retained
+/// messages matching its filter (ActiveMQ's name for a "retroactive"
+/// consumer). Without it a STOMP subscription gets none.
+// Not yet called: open.rs's SUBSCRIBE must bind with `binding_options`
+// (a one-line change outside this module); the allows go with it.
+#[allow(dead_code)]
+pub(crate) const RETAINED_SUBSCRIBE_HEADER: &str = "activemq.retroactive";
 
 /// The `ack` header of SUBSCRIBE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +100,26 @@ impl Subscription {
     }
 }
 
+/// Whether a topic SUBSCRIBE asked for retained messages: `true` (any
+/// case) does; any other value or no header does not. A binding that
+/// already existed (a durable subscription resubscribing) gets none again.
+#[allow(dead_code)]
+pub(crate) fn retained_on_bind(value: Option<&str>) -> RetainedOnBind {
+    match value {
+        Some(v) if v.trim().eq_ignore_ascii_case("true") => RetainedOnBind::SendIfNew,
+        _ => RetainedOnBind::None,
+    }
+}
+
+/// The options of the binding behind a topic SUBSCRIBE.
+#[allow(dead_code)]
+pub(crate) fn binding_options(frame: &Frame) -> BindingOptions {
+    BindingOptions {
+        retained: retained_on_bind(frame.header(RETAINED_SUBSCRIBE_HEADER)),
+        ..BindingOptions::default()
+    }
+}
+
 /// The id a MESSAGE carries in `message-id` (and `ack` in 1.2): the
 /// consumer and the delivery tag, which stays the same on redelivery.
 pub(crate) fn ack_id(consumer: ConsumerId, tag: DeliveryTag) -> String {
@@ -136,6 +166,15 @@ mod tests {
         assert_eq!(i.take_acked(DeliveryTag(3)), Some(vec![DeliveryTag(3)]));
         let mut a = sub(AckMode::Auto);
         assert_eq!(a.take_acked(DeliveryTag(1)), None);
+    }
+
+    #[test]
+    fn retained_only_when_asked() {
+        assert_eq!(retained_on_bind(Some("true")), RetainedOnBind::SendIfNew);
+        assert_eq!(retained_on_bind(Some("TRUE")), RetainedOnBind::SendIfNew);
+        assert_eq!(retained_on_bind(Some("false")), RetainedOnBind::None);
+        assert_eq!(retained_on_bind(Some("yes")), RetainedOnBind::None);
+        assert_eq!(retained_on_bind(None), RetainedOnBind::None);
     }
 
     #[test]

@@ -38,6 +38,12 @@ impl Open {
         if validate_topic_name(&topic).is_err() {
             return Err(MqttError::TopicNameInvalid(topic));
         }
+        // `$queue/q` sends to the queue `q` (how an MQTT responder answers
+        // a STOMP or AMQP requester whose reply-to is a queue); the core
+        // checks the publish permission on `/queue/q`.
+        let Ok(address) = Address::from_mqtt_topic(&topic) else {
+            return Err(MqttError::TopicNameInvalid(topic));
+        };
 
         if p.qos == 2 && self.awaiting_rel.contains(&p.pkid) {
             // A resend of a QoS 2 publish already routed: acknowledge again,
@@ -58,9 +64,7 @@ impl Open {
             txn: None,
             confirm: p.qos > 0,
         };
-        let result = self
-            .session
-            .publish(&Address::Topic(topic), message, options);
+        let result = self.session.publish(&address, message, options);
         let receipt = match (result, p.qos, self.version) {
             (Ok(receipt), _, _) => receipt,
             (Err(e), 0, _) => {
