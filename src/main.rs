@@ -5,6 +5,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// See Cargo.toml: glibc malloc fragments under the broker's cross-thread
+/// allocation pattern.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Rosetta: one broker for MQTT 3.1.1/5.0, STOMP 1.0-1.2 and AMQP 1.0
 /// clients, over TCP, TLS and WebSocket.
 ///

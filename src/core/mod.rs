@@ -18,6 +18,7 @@
 //! while taking the routing lock; work that needs both (dead-lettering,
 //! expiry) collects entries under the queue lock and routes them after.
 
+mod backlog;
 mod batch;
 mod queue;
 mod routing;
@@ -69,10 +70,15 @@ pub struct CoreConfig {
     /// Create a queue on first send or consume instead of failing with
     /// not-found.
     pub auto_create_queues: bool,
-    /// Bytes of queued messages above which producers are held back (AMQP
-    /// credit withheld, MQTT and STOMP reads paused) until consumers catch
-    /// up. Without paging this is the broker's memory bound.
+    /// Bytes of queued messages kept in memory. Past it, queues page new
+    /// messages to `paging_dir`. Producers are held back (AMQP credit
+    /// withheld, MQTT and STOMP reads paused) past twice the budget with
+    /// paging, past the budget without.
     pub memory_budget_bytes: u64,
+    /// Where queues page messages past the budget; `None` keeps everything
+    /// in memory. Emptied when the core starts: page files are a cache of
+    /// the journal.
+    pub paging_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for CoreConfig {
@@ -83,6 +89,7 @@ impl Default for CoreConfig {
             expiry_address: None,
             auto_create_queues: true,
             memory_budget_bytes: MEMORY_BUDGET_BYTES_DEFAULT,
+            paging_dir: None,
         }
     }
 }
@@ -209,6 +216,19 @@ impl Core {
         access: Arc<dyn AccessControl>,
         recovered: Option<Recovered>,
     ) -> Core {
+        let paging_dir = config.paging_dir.clone().and_then(|dir| {
+            // Leftovers of a previous run are stale: the journal rebuilds
+            // every queue, and paging starts afresh.
+            let _ = std::fs::remove_dir_all(&dir);
+            match std::fs::create_dir_all(&dir) {
+                Ok(()) => Some(dir),
+                Err(e) => {
+                    tracing::error!(dir = %dir.display(), error = %e, "cannot create the paging directory; paging is off");
+                    None
+                }
+            }
+        });
+        let memory = Arc::new(MemoryGauge::new(config.memory_budget_bytes, paging_dir));
         let inner = Arc::new(Inner {
             config,
             journal,
@@ -223,7 +243,7 @@ impl Core {
             sessions: Mutex::new(HashMap::new()),
             clients: Mutex::new(HashMap::new()),
             wills: Mutex::new(Vec::new()),
-            memory: Arc::new(MemoryGauge::default()),
+            memory,
             stopping: AtomicBool::new(false),
             wake: (Mutex::new(()), Condvar::new()),
         });
@@ -258,6 +278,11 @@ impl Core {
     /// Bytes of messages held by all queues (each queue's copy counted).
     pub fn memory_used(&self) -> u64 {
         self.inner.memory.used()
+    }
+
+    /// Messages paged out to disk, all queues together.
+    pub fn messages_paged(&self) -> u64 {
+        self.inner.memory.paged()
     }
 
     /// Names of all queues.
@@ -434,8 +459,7 @@ impl Inner {
                 if let Some(Address::Topic(topic)) = &m.message.address {
                     entry.matched = routing::match_info(&q.state.lock().bindings, topic);
                 }
-                q.hold(&entry);
-                q.state.lock().ready.insert(m.seq, entry);
+                q.restore(entry);
             }
         }
         drop(routing);

@@ -6,16 +6,16 @@
 //! never across an `.await`. Journal records produced while it is held are
 //! collected in a [`Batch`](super::batch::Batch) and written after.
 //!
-//! Messages wait in `ready`, ordered by their global sequence number, so a
-//! released message goes back to its original place (FIFO per queue).
+//! Messages wait in the [`Backlog`], ordered by their global sequence
+//! number, so a released message goes back to its original place (FIFO per
+//! queue); past the memory budget it pages them to disk.
 //! Delivered-but-unsettled messages sit in `inflight` until settled.
 //!
 //! Dispatch is a pluggable [`DispatchPolicy`]; the default is round-robin
 //! over consumers with credit. Later policies (exclusive consumer, message
 //! groups) slot in there.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,8 @@ use rosetta_neutral::{
     SessionEvent,
 };
 
+use super::backlog::Backlog;
+pub(crate) use super::backlog::MemoryGauge;
 use crate::store::{MessageSeq, QueueId, Record};
 
 /// A consumer, globally unique: the session id and the session's consumer id.
@@ -90,8 +92,11 @@ pub(crate) struct QueueBinding {
 /// Counters an operator asks for first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QueueStats {
-    /// Messages waiting.
+    /// Messages waiting, paged ones included.
     pub depth: u64,
+    /// Messages waiting on disk because the broker is over its memory
+    /// budget (part of `depth`).
+    pub paged: u64,
     /// Messages delivered and not yet settled.
     pub in_flight: u64,
     /// Age of the oldest waiting message.
@@ -151,7 +156,7 @@ impl DispatchPolicy for RoundRobin {
 }
 
 pub(crate) struct QueueState {
-    pub(crate) ready: BTreeMap<MessageSeq, Entry>,
+    pub(crate) backlog: Backlog,
     pub(crate) inflight: HashMap<MessageSeq, (ConsumerKey, Entry)>,
     pub(crate) consumers: Vec<ConsumerSlot>,
     pub(crate) policy: Box<dyn DispatchPolicy>,
@@ -160,35 +165,6 @@ pub(crate) struct QueueState {
     /// When the queue last lost its last consumer (for idle expiry).
     pub(crate) idle_since: Option<Instant>,
     pub(crate) stats: QueueStats,
-}
-
-/// Bytes of messages held by all queues, for producer flow control. Each
-/// queue's copy of a fanned-out message counts (an over-estimate, on the
-/// safe side: the payload itself is shared).
-#[derive(Debug, Default)]
-pub(crate) struct MemoryGauge {
-    used: AtomicU64,
-}
-
-impl MemoryGauge {
-    pub(crate) fn used(&self) -> u64 {
-        self.used.load(Ordering::Relaxed)
-    }
-
-    fn add(&self, entry: &Entry) {
-        self.used
-            .fetch_add(entry.message.memory_size() as u64, Ordering::Relaxed);
-    }
-
-    fn sub(&self, entry: &Entry) {
-        let size = entry.message.memory_size() as u64;
-        // Saturating: accounting must never wrap into "everything is free".
-        let _ = self
-            .used
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
-                Some(u.saturating_sub(size))
-            });
-    }
 }
 
 /// A queue. Shared by the routing table, its consumers' sessions and the
@@ -231,7 +207,7 @@ impl Queue {
             owner_session,
             memory,
             state: Mutex::new(QueueState {
-                ready: BTreeMap::new(),
+                backlog: Backlog::default(),
                 inflight: HashMap::new(),
                 consumers: Vec::new(),
                 policy: Box::<RoundRobin>::default(),
@@ -251,9 +227,9 @@ impl Queue {
         *self.lifetime.lock() = lifetime;
     }
 
-    /// Counts a message the queue starts holding.
-    pub(crate) fn hold(&self, entry: &Entry) {
-        self.memory.add(entry);
+    /// The memory accounting the queue shares with all others.
+    pub(crate) fn memory(&self) -> &MemoryGauge {
+        &self.memory
     }
 
     /// Uncounts a message the queue no longer holds.
@@ -280,21 +256,26 @@ impl Queue {
             };
         }
         st.stats.enqueued_total += 1;
-        self.hold(&entry);
-        st.ready.insert(entry.seq, entry);
+        st.backlog.push(entry, &self.memory, self.id);
         self.dispatch_locked(&mut st, now_ms)
+    }
+
+    /// Adds a message recovered from the journal (no dispatch: nobody is
+    /// connected yet).
+    pub(crate) fn restore(&self, entry: Entry) {
+        self.state.lock().backlog.push(entry, &self.memory, self.id);
+    }
+
+    /// A delivered message comes back to its place in the queue.
+    pub(crate) fn put_back(st: &mut QueueState, entry: Entry) {
+        st.backlog.put_back(entry);
     }
 
     /// Hands ready messages to consumers with credit, in order.
     pub(crate) fn dispatch_locked(&self, st: &mut QueueState, now_ms: u64) -> DispatchOutput {
         let mut out = DispatchOutput::default();
         while !st.consumers.is_empty() {
-            let Some(mut entry) = st
-                .ready
-                .first_key_value()
-                .map(|(seq, _)| *seq)
-                .and_then(|seq| st.ready.remove(&seq))
-            else {
+            let Some(mut entry) = st.backlog.pop_front(&self.memory, self.id) else {
                 break;
             };
             if entry.message.is_expired(now_ms) {
@@ -308,7 +289,7 @@ impl Queue {
                 consumers, policy, ..
             } = &mut *st;
             let Some(i) = policy.pick(consumers, &entry) else {
-                st.ready.insert(entry.seq, entry);
+                st.backlog.put_back(entry);
                 break;
             };
             let slot = &mut st.consumers[i];
@@ -350,7 +331,7 @@ impl Queue {
     /// Consumers in drain mode with nothing left to send lose their credit
     /// and are told so.
     fn finish_drains(&self, st: &mut QueueState) {
-        let nothing_ready = st.ready.is_empty();
+        let nothing_ready = st.backlog.is_empty();
         for slot in st.consumers.iter_mut().filter(|c| c.drain) {
             if nothing_ready || slot.credit == 0 {
                 slot.credit = 0;
@@ -366,15 +347,13 @@ impl Queue {
     pub(crate) fn stats(&self) -> QueueStats {
         let st = self.state.lock();
         let mut s = st.stats.clone();
-        s.depth = st.ready.len() as u64;
+        s.depth = st.backlog.len() as u64;
+        s.paged = st.backlog.paged_len() as u64;
         s.in_flight = st.inflight.len() as u64;
         s.consumers = st.consumers.len() as u64;
         // The head is the oldest by sequence; a released message keeps its
         // original enqueue time, so this is the age an operator cares about.
-        s.oldest_age = st
-            .ready
-            .first_key_value()
-            .map(|(_, e)| e.enqueued_at.elapsed());
+        s.oldest_age = st.backlog.oldest_enqueued_at().map(|t| t.elapsed());
         s
     }
 }

@@ -330,7 +330,7 @@ impl Inner {
         QueueInfo {
             name: q.name.to_string(),
             existed,
-            depth: q.state.lock().ready.len() as u64,
+            depth: q.state.lock().backlog.len() as u64,
         }
     }
 
@@ -354,7 +354,7 @@ impl Inner {
                 reason: BrokerError::NotFound(format!("queue '{name}' was deleted")),
             });
         }
-        for entry in std::mem::take(&mut st.ready).into_values() {
+        for entry in st.backlog.take_all(q.memory()) {
             q.release(&entry);
         }
         for (_, entry) in std::mem::take(&mut st.inflight).into_values() {

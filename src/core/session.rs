@@ -216,7 +216,7 @@ fn apply_settle(
                 batch.records.extend(queue.ack_record(&entry));
             }
             Outcome::Release => {
-                st.ready.insert(entry.seq, entry);
+                Queue::put_back(&mut st, entry);
             }
             Outcome::Modify {
                 delivery_failed,
@@ -240,7 +240,7 @@ fn apply_settle(
                         });
                     }
                     entry.annotation = None;
-                    st.ready.insert(entry.seq, entry);
+                    Queue::put_back(&mut st, entry);
                 }
             }
             Outcome::Reject => {
@@ -290,7 +290,7 @@ fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
                         annotation: entry.annotation.clone(),
                     });
                 }
-                st.ready.insert(entry.seq, entry);
+                Queue::put_back(&mut st, entry);
             }
         }
         let no_consumers = st.consumers.is_empty();
@@ -764,7 +764,7 @@ impl Session for CoreSession {
     }
 
     fn producer_blocked(&self) -> bool {
-        self.inner.memory.used() > self.inner.config.memory_budget_bytes
+        self.inner.memory.producers_blocked()
     }
 
     fn close(&mut self, kind: CloseKind) {

@@ -227,6 +227,7 @@ fn core_config(config: &Config) -> CoreConfig {
             .map(|a| a.name().to_owned()),
         auto_create_queues: config.broker.auto_create_queues,
         memory_budget_bytes: config.store.memory_budget_bytes,
+        paging_dir: Some(config.data_dir.join("paging")),
     }
 }
 

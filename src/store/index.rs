@@ -97,13 +97,63 @@ impl Placement {
     }
 }
 
+/// The queues holding one message, by queue id. Almost always one queue,
+/// and there is an entry per live message, so it is stored inline: a
+/// `BTreeMap` here allocated a ~1 KiB node per queued message.
+#[derive(Debug, Default)]
+pub(crate) struct Placements(SmallVec<[(QueueId, Placement); 1]>);
+
+impl Placements {
+    fn position(&self, queue: QueueId) -> Result<usize, usize> {
+        self.0.binary_search_by_key(&queue, |(q, _)| *q)
+    }
+
+    pub(crate) fn get(&self, queue: &QueueId) -> Option<&Placement> {
+        let i = self.position(*queue).ok()?;
+        self.0.get(i).map(|(_, p)| p)
+    }
+
+    pub(crate) fn get_mut(&mut self, queue: &QueueId) -> Option<&mut Placement> {
+        let i = self.position(*queue).ok()?;
+        self.0.get_mut(i).map(|(_, p)| p)
+    }
+
+    pub(crate) fn remove(&mut self, queue: &QueueId) -> Option<Placement> {
+        let i = self.position(*queue).ok()?;
+        Some(self.0.remove(i).1)
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Queue ids, ascending.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &QueueId> + '_ {
+        self.0.iter().map(|(q, _)| q)
+    }
+
+    /// (queue, placement), by ascending queue id.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&QueueId, &Placement)> + '_ {
+        self.0.iter().map(|(q, p)| (q, p))
+    }
+}
+
+impl FromIterator<(QueueId, Placement)> for Placements {
+    fn from_iter<I: IntoIterator<Item = (QueueId, Placement)>>(iter: I) -> Self {
+        let mut v: SmallVec<[(QueueId, Placement); 1]> = iter.into_iter().collect();
+        v.sort_by_key(|(q, _)| *q);
+        v.dedup_by_key(|(q, _)| *q);
+        Self(v)
+    }
+}
+
 /// A live message.
 #[derive(Debug)]
 pub(crate) struct MessageEntry {
     slot: Slot,
     history: History,
     /// Queues holding it, with their delivery state.
-    pub(crate) placements: BTreeMap<QueueId, Placement>,
+    pub(crate) placements: Placements,
     /// The message itself while recovering (handed to the core after);
     /// `None` in normal operation, where the core owns the message.
     pub(crate) message: Option<Arc<Message>>,
@@ -512,8 +562,7 @@ impl Index {
             live_add(segments, total, slot, false);
             return;
         }
-        let placements: BTreeMap<QueueId, Placement> =
-            queues.iter().map(|q| (*q, Placement::default())).collect();
+        let placements: Placements = queues.iter().map(|q| (*q, Placement::default())).collect();
         if placements.is_empty() {
             return; // held by no queue: dead from birth
         }

@@ -114,6 +114,7 @@
 mod codec;
 mod compaction;
 mod index;
+pub mod page_file;
 pub mod record;
 mod recovery;
 pub mod segment;
@@ -131,6 +132,7 @@ use parking_lot::Mutex;
 use rosetta_neutral::Message;
 
 pub use codec::{decode_message_exact, encode_message, MESSAGE_CODEC_VERSION};
+pub use page_file::{PageError, PageFile, PageRef};
 pub use record::{BindingDef, MessageSeq, QueueDef, QueueId, Record, StoredLifetime};
 pub use segment::{Damage, ENTRY_BODY_MAX_BYTES};
 pub use wire::DecodeError;
