@@ -9,9 +9,9 @@ use rosetta_neutral::address::{
     validate_topic_filter, validate_topic_name, TEMP_QUEUE_PREFIX, TOPIC_PREFIX,
 };
 use rosetta_neutral::{
-    durable_subscription_queue, Address, BindingOptions, ConsumerId, ConsumerSpec, CreditMode,
-    Delivery, DeliveryTag, Outcome, PublishOptions, QueueInfo, QueueLifetime, QueueSpec, Session,
-    Ticket, TxnId,
+    durable_subscription_queue, Address, ConsumerId, ConsumerSpec, CreditMode, Delivery,
+    DeliveryTag, Outcome, PublishOptions, QueueInfo, QueueLifetime, QueueSpec, Session, Ticket,
+    TxnId,
 };
 use tracing::{debug, trace};
 
@@ -276,10 +276,11 @@ impl Open {
             if durable_queue.is_some() {
                 tickets = self.keep_durable_filter(&mut info, spec, filter)?;
             }
-            if let Err(e) = self
-                .session
-                .bind(&info.name, filter, BindingOptions::default())
-            {
+            if let Err(e) = self.session.bind(
+                &info.name,
+                filter,
+                crate::subscription::binding_options(frame),
+            ) {
                 self.drop_unused_queue(&info.name, durable_queue.is_none());
                 return Err(e.into());
             }
