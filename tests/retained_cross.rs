@@ -54,11 +54,7 @@ async fn mqtt_publish(broker: &TestBroker, id: &str, messages: &[(&str, &str, bo
     client.disconnect().await.expect("disconnect");
 }
 
-// Needs one line in protocols/stomp/src/open.rs (SUBSCRIBE binds with
-// `subscription::binding_options(frame)`), which this change could not
-// touch; passes with it (run with `--ignored`). Remove the attribute then.
 #[tokio::test]
-#[ignore = "STOMP retained opt-in not wired into open.rs's SUBSCRIBE yet"]
 async fn stomp_subscription_gets_retained_messages_only_when_it_asks() {
     let broker = TestBroker::start().await;
     mqtt_publish(

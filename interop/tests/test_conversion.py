@@ -743,14 +743,6 @@ def _retained_receiver(a, address):
     return AmqpReceiver(a.conn.create_receiver(address, credit=10, name=new_id("retained"), options=f))
 
 
-# The STOMP opt-in needs one line in protocols/stomp/src/open.rs (SUBSCRIBE
-# binds with `subscription::binding_options(frame)`), a file this change
-# could not touch; remove the skip with that line.
-STOMP_RETAINED_WIRED = False
-
-
-@pytest.mark.skipif(not STOMP_RETAINED_WIRED,
-                    reason="STOMP retained opt-in not wired into open.rs's SUBSCRIBE yet")
 def test_retained_messages_for_stomp_subscribers_who_ask(broker, uniq):
     """MQTT retained messages reach a STOMP subscription with
     `activemq.retroactive:true`, marked `retained:true`; a subscription

@@ -11,9 +11,6 @@ use crate::frame::Frame;
 /// SUBSCRIBE header by which a topic subscription asks for the retained
 /// messages matching its filter (ActiveMQ's name for a "retroactive"
 /// consumer). Without it a STOMP subscription gets none.
-// Not yet called: open.rs's SUBSCRIBE must bind with `binding_options`
-// (a one-line change outside this module); the allows go with it.
-#[allow(dead_code)]
 pub(crate) const RETAINED_SUBSCRIBE_HEADER: &str = "activemq.retroactive";
 
 /// The `ack` header of SUBSCRIBE.
@@ -103,7 +100,6 @@ impl Subscription {
 /// Whether a topic SUBSCRIBE asked for retained messages: `true` (any
 /// case) does; any other value or no header does not. A binding that
 /// already existed (a durable subscription resubscribing) gets none again.
-#[allow(dead_code)]
 pub(crate) fn retained_on_bind(value: Option<&str>) -> RetainedOnBind {
     match value {
         Some(v) if v.trim().eq_ignore_ascii_case("true") => RetainedOnBind::SendIfNew,
@@ -112,7 +108,6 @@ pub(crate) fn retained_on_bind(value: Option<&str>) -> RetainedOnBind {
 }
 
 /// The options of the binding behind a topic SUBSCRIBE.
-#[allow(dead_code)]
 pub(crate) fn binding_options(frame: &Frame) -> BindingOptions {
     BindingOptions {
         retained: retained_on_bind(frame.header(RETAINED_SUBSCRIBE_HEADER)),
