@@ -18,7 +18,7 @@ pub const DELIVERY_ATTEMPTS_MAX_DEFAULT: u32 = 10;
 pub const AUTO_CREATE_QUEUES_DEFAULT: bool = true;
 /// Messages one queue may hold: past this, producers get a resource-limit
 /// error instead of the broker running out of disk or memory.
-pub const QUEUE_DEPTH_MAX_DEFAULT: u64 = 10_000_000;
+pub const QUEUE_DEPTH_MAX_DEFAULT: u64 = crate::core::QUEUE_DEPTH_MAX_DEFAULT;
 /// Open connections across all listeners: each costs a file descriptor
 /// and a few KiB, so this bounds both.
 pub const CONNECTIONS_MAX_DEFAULT: u32 = 100_000;

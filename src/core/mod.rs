@@ -54,6 +54,8 @@ pub const DELIVERY_ATTEMPTS_MAX_DEFAULT: u32 = 10;
 /// Queued bytes before producers are held back when no configuration says
 /// otherwise: a quarter GiB leaves room on small machines.
 pub const MEMORY_BUDGET_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
+/// Messages one queue may hold when no configuration says otherwise.
+pub const QUEUE_DEPTH_MAX_DEFAULT: u64 = 10_000_000;
 /// How often the housekeeping thread looks at wills and idle queues: fine
 /// enough for second-granularity MQTT timers.
 const HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(100);
@@ -79,6 +81,11 @@ pub struct CoreConfig {
     /// in memory. Emptied when the core starts: page files are a cache of
     /// the journal.
     pub paging_dir: Option<std::path::PathBuf>,
+    /// Most messages one queue may hold (waiting and in flight). A send to
+    /// a full queue fails with `BrokerError::ResourceLimit`; a topic
+    /// publish skips full subscriber queues (counted in their
+    /// `dropped_full_total`) and reaches the others.
+    pub queue_depth_max: u64,
 }
 
 impl Default for CoreConfig {
@@ -90,6 +97,7 @@ impl Default for CoreConfig {
             auto_create_queues: true,
             memory_budget_bytes: MEMORY_BUDGET_BYTES_DEFAULT,
             paging_dir: None,
+            queue_depth_max: QUEUE_DEPTH_MAX_DEFAULT,
         }
     }
 }

@@ -115,6 +115,9 @@ pub struct QueueStats {
     pub dead_lettered_total: u64,
     /// Messages dropped or moved because they expired.
     pub expired_total: u64,
+    /// Topic messages this queue missed because it was full
+    /// (`queue_depth_max`).
+    pub dropped_full_total: u64,
     /// Sum of time-in-queue of acknowledged messages, in milliseconds.
     pub time_in_queue_ms_total: u64,
 }
@@ -225,6 +228,22 @@ impl Queue {
 
     pub(crate) fn set_lifetime(&self, lifetime: QueueLifetime) {
         *self.lifetime.lock() = lifetime;
+    }
+
+    /// Whether the queue holds `max` messages or more (waiting and in
+    /// flight).
+    pub(crate) fn is_full(&self, max: u64) -> bool {
+        let st = self.state.lock();
+        (st.backlog.len() + st.inflight.len()) as u64 >= max
+    }
+
+    /// Counts a topic message missed because the queue was full.
+    pub(crate) fn count_dropped_full(&self) {
+        let mut st = self.state.lock();
+        st.stats.dropped_full_total += 1;
+        if st.stats.dropped_full_total.is_power_of_two() {
+            tracing::warn!(queue = %self.name, dropped = st.stats.dropped_full_total, "queue full: topic messages dropped for it");
+        }
     }
 
     /// The memory accounting the queue shares with all others.

@@ -180,8 +180,26 @@ impl Inner {
                 });
                 per_queue
             }
-            Address::Queue(name) => vec![(self.queue_for_send(name, batch)?, MatchInfo::default())],
+            Address::Queue(name) => {
+                let q = self.queue_for_send(name, batch)?;
+                if q.is_full(self.config.queue_depth_max) {
+                    return Err(BrokerError::ResourceLimit(format!(
+                        "queue '{name}' holds its maximum of {} messages",
+                        self.config.queue_depth_max
+                    )));
+                }
+                vec![(q, MatchInfo::default())]
+            }
         };
+        // A full subscriber queue misses this message; the others get it.
+        let mut targets = targets;
+        targets.retain(|(q, _)| {
+            let full = q.is_full(self.config.queue_depth_max);
+            if full {
+                q.count_dropped_full();
+            }
+            !full
+        });
         let message = Arc::new(message);
         if let (Address::Topic(topic), true) = (address, message.retain) {
             self.update_retained(topic, &message, batch);

@@ -832,3 +832,55 @@ fn deleting_a_paging_queue_removes_its_page_file() {
     assert_eq!(core.memory_used(), 0);
     assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
 }
+
+#[test]
+fn a_full_queue_refuses_sends_and_misses_topic_messages_others_get() {
+    let config = CoreConfig {
+        queue_depth_max: 3,
+        ..CoreConfig::default()
+    };
+    let core = Core::new(config, Arc::new(NoJournal), Arc::new(super::AllowAll), None);
+    let (mut p, _) = open(&core, "p");
+    for i in 0..3 {
+        publish(&mut p, queue("q"), &format!("{i}"));
+    }
+    let refused = p.publish(&queue("q"), Message::text("3"), PublishOptions::default());
+    assert!(
+        matches!(refused, Err(BrokerError::ResourceLimit(_))),
+        "{refused:?}"
+    );
+    // In flight counts too: a consumer taking one does not make room
+    // until it settles.
+    let (mut c, e) = open(&core, "c");
+    let id = c
+        .consume(ConsumerSpec {
+            queue: "q".into(),
+            credit: CreditMode::Window(1),
+            auto_settle: false,
+        })
+        .expect("consume");
+    let d = e.deliveries();
+    assert!(p
+        .publish(&queue("q"), Message::text("3"), PublishOptions::default())
+        .is_err());
+    c.settle(id, d[0].tag, Outcome::Accept, None, false)
+        .expect("ack");
+    publish(&mut p, queue("q"), "3");
+
+    // Topic fan-out: the full subscriber queue misses it, the other gets it.
+    let (mut s1, e1) = open(&core, "s1");
+    let (full, _) = subscribe(&mut s1, "t", 0);
+    let (mut s2, e2) = open(&core, "s2");
+    let (_, s2_consumer) = subscribe(&mut s2, "t", 100);
+    for i in 0..5 {
+        let r = publish(&mut p, Address::Topic("t".into()), &format!("t{i}"));
+        assert_eq!(r.routed, if i < 3 { 2 } else { 1 });
+        let got = e2.deliveries();
+        assert_eq!(got.len(), 1, "the subscriber with room gets t{i}");
+        s2.settle(s2_consumer, got[0].tag, Outcome::Accept, None, false)
+            .expect("ack");
+    }
+    assert!(e1.deliveries().is_empty());
+    let stats = core.queue_stats(&full).expect("subscriber queue");
+    assert_eq!((stats.depth, stats.dropped_full_total), (3, 2));
+}

@@ -228,6 +228,7 @@ fn core_config(config: &Config) -> CoreConfig {
         auto_create_queues: config.broker.auto_create_queues,
         memory_budget_bytes: config.store.memory_budget_bytes,
         paging_dir: Some(config.data_dir.join("paging")),
+        queue_depth_max: config.broker.queue_depth_max,
     }
 }
 
