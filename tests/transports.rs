@@ -690,6 +690,50 @@ async fn client_certificate_names_the_user_on_every_protocol() {
     broker.stop().await;
 }
 
+/// `GET /metrics` on the HTTP port: the Prometheus exposition, with the
+/// depth of a queue a STOMP client just filled; off when configured off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served_on_the_http_port() {
+    let broker = TestBroker::start_with(
+        |c| c.listeners.websocket = any_port(),
+        Arc::new(rosetta::core::AllowAll),
+    )
+    .await;
+    let mut stomp = common::stomp::StompClient::connect(broker.stomp(), &[]).await;
+    for body in [&b"one"[..], b"two"] {
+        stomp.send_persistent("/queue/metered", &[], body).await;
+    }
+    let http = broker.addr(ListenerKind::WebSocket);
+    let response = send_and_drain(http, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let text = String::from_utf8_lossy(&response);
+    assert_eq!(status_line(&response), "HTTP/1.1 200 OK", "{text}");
+    assert!(
+        text.contains("Content-Type: text/plain; version=0.0.4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\nrosetta_queue_depth{queue=\"metered\"} 2\n"),
+        "{text}"
+    );
+    assert!(text.contains("\nrosetta_connections "), "{text}");
+    assert!(text.contains("\nrosetta_journal_syncs_total "), "{text}");
+    stomp.disconnect().await;
+    broker.stop().await;
+
+    let broker = TestBroker::start_with(
+        |c| {
+            c.listeners.websocket = any_port();
+            c.websocket.metrics = false;
+        },
+        Arc::new(rosetta::core::AllowAll),
+    )
+    .await;
+    let http = broker.addr(ListenerKind::WebSocket);
+    let response = send_and_drain(http, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert_eq!(status_line(&response), "HTTP/1.1 404 Not Found");
+    broker.stop().await;
+}
+
 // --- bad input ---------------------------------------------------------------
 
 /// Sends `request` and returns everything the broker writes until it closes.

@@ -75,6 +75,10 @@ pub struct WebSocketConfig {
     pub allowed_origins: Vec<String>,
     /// Largest WebSocket message, in bytes (after reassembly of fragments).
     pub message_size_max_bytes: usize,
+    /// Serve Prometheus metrics at `GET /metrics` on the HTTP port (queue
+    /// names included, which name MQTT client ids: turn it off on a port
+    /// reachable from the internet).
+    pub metrics: bool,
 }
 
 impl Default for WebSocketConfig {
@@ -82,6 +86,7 @@ impl Default for WebSocketConfig {
         Self {
             allowed_origins: Vec::new(),
             message_size_max_bytes: WEBSOCKET_MESSAGE_SIZE_MAX_BYTES_DEFAULT,
+            metrics: true,
         }
     }
 }

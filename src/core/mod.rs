@@ -278,6 +278,15 @@ impl Core {
         )
     }
 
+    /// Statistics of every queue, by name.
+    pub fn all_queue_stats(&self) -> Vec<(String, QueueStats)> {
+        let queues: Vec<_> = self.inner.routing.read().queues().cloned().collect();
+        queues
+            .into_iter()
+            .map(|q| (q.name.to_string(), q.stats()))
+            .collect()
+    }
+
     /// Statistics of one queue.
     pub fn queue_stats(&self, name: &str) -> Option<QueueStats> {
         self.inner.routing.read().queue(name).map(|q| q.stats())

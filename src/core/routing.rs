@@ -35,6 +35,11 @@ pub(crate) struct Routing {
 }
 
 impl Routing {
+    /// Every queue.
+    pub(crate) fn queues(&self) -> impl Iterator<Item = &Arc<Queue>> + '_ {
+        self.queues.values()
+    }
+
     pub(crate) fn queue(&self, name: &str) -> Option<&Arc<Queue>> {
         self.queues.get(name)
     }

@@ -13,6 +13,7 @@
 mod detect;
 mod driver;
 mod listener;
+mod metrics;
 mod protocols;
 mod tls;
 mod ws;
@@ -42,11 +43,23 @@ pub(crate) struct Shared {
     pub(crate) hard_stop: watch::Receiver<bool>,
     /// The TLS acceptor, when `[tls]` names a certificate and key.
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The journal, for its counters.
+    pub(crate) store: Arc<Store>,
     active: AtomicUsize,
     idle: Notify,
 }
 
 impl Shared {
+    /// The Prometheus exposition of this broker, now.
+    pub(crate) fn metrics(&self) -> String {
+        let figures = metrics::BrokerFigures {
+            connections: self.active.load(Ordering::Relaxed),
+            memory_budget_bytes: self.config.store.memory_budget_bytes,
+            store: self.store.stats(),
+        };
+        metrics::render(&self.core, &figures)
+    }
+
     pub(crate) fn next_conn_id(&self) -> u64 {
         self.next_conn_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -158,6 +171,7 @@ pub async fn start(
         next_conn_id: AtomicU64::new(1),
         hard_stop: hard_rx,
         tls,
+        store: Arc::clone(&store),
         active: AtomicUsize::new(0),
         idle: Notify::new(),
     });

@@ -136,6 +136,10 @@ struct Asset {
     body: &'static [u8],
 }
 
+/// Where Prometheus scrapes (`[websocket] metrics`).
+const METRICS_PATH: &str = "/metrics";
+/// The Prometheus text exposition format, version 0.0.4.
+const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 const INDEX_HTML: &[u8] = include_bytes!("static/index.html");
 
 /// The demo page and what it loads (see `static/README.md`).
@@ -200,6 +204,8 @@ enum Route {
         asset: &'static Asset,
         head_only: bool,
     },
+    /// Prometheus metrics (without the body for HEAD), when enabled.
+    Metrics { head_only: bool },
     /// Upgrade to a WebSocket speaking `wire`.
     Upgrade {
         wire: WsWire,
@@ -283,6 +289,9 @@ fn route(head: &RequestHead, settings: &WsSettings) -> Result<Route, Refusal> {
         };
         if let Some(asset) = ASSETS.iter().find(|a| a.path == head.path) {
             return Ok(Route::Asset { asset, head_only });
+        }
+        if head.path == METRICS_PATH && settings.metrics {
+            return Ok(Route::Metrics { head_only });
         }
         if let Some(wire) = WsWire::from_path(&head.path) {
             return Err(Refusal::new(
@@ -403,7 +412,9 @@ pub(crate) enum NotWebSocket {
 }
 
 /// Reads one HTTP request on `io` and either upgrades it to a WebSocket, or
-/// answers it (demo page, refusal) and gives up the connection.
+/// answers it (demo page, refusal) and gives up the connection. (The
+/// server uses [`accept_serving`], which also serves metrics.)
+#[cfg(test)]
 pub(crate) async fn accept<S>(
     io: S,
     settings: &WsSettings,
@@ -411,7 +422,19 @@ pub(crate) async fn accept<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, accept_inner(io, settings))
+    accept_serving(io, settings, &String::new).await
+}
+
+/// [`accept`], with `metrics` producing the body of `GET /metrics`.
+pub(crate) async fn accept_serving<S>(
+    io: S,
+    settings: &WsSettings,
+    metrics: &(dyn Fn() -> String + Sync),
+) -> Result<(WsWire, WsByteStream<S>), NotWebSocket>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, accept_inner(io, settings, metrics))
         .await
         .unwrap_or(Err(NotWebSocket::Timeout))
 }
@@ -419,6 +442,7 @@ where
 async fn accept_inner<S>(
     mut io: S,
     settings: &WsSettings,
+    metrics: &(dyn Fn() -> String + Sync),
 ) -> Result<(WsWire, WsByteStream<S>), NotWebSocket>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -436,6 +460,13 @@ where
             let extra = format!("Content-Length: {}\r\n", asset.body.len());
             respond(&mut io, 200, asset.content_type, &extra, body).await?;
             Err(NotWebSocket::Served(asset.path))
+        }
+        Ok(Route::Metrics { head_only }) => {
+            let text = metrics();
+            let body = if head_only { &[][..] } else { text.as_bytes() };
+            let extra = format!("Content-Length: {}\r\n", text.len());
+            respond(&mut io, 200, METRICS_CONTENT_TYPE, &extra, body).await?;
+            Err(NotWebSocket::Served(METRICS_PATH))
         }
         Ok(Route::Upgrade {
             wire,
@@ -604,7 +635,8 @@ pub(crate) async fn serve<S>(io: S, peer: super::protocols::Peer, conn_id: u64, 
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    match accept(io, &shared.config.websocket).await {
+    let metrics = || shared.metrics();
+    match accept_serving(io, &shared.config.websocket, &metrics).await {
         Ok((wire, stream)) => {
             tracing::debug!(conn = conn_id, %peer, protocol = wire.name(), "WebSocket accepted");
             super::protocols::run_wire(wire.into(), stream, peer, conn_id, shared).await;
