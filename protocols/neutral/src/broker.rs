@@ -149,9 +149,7 @@ pub trait Broker: Send + Sync + 'static {
         let password = password.filter(|p| !p.is_empty());
         match (password, certificate_user) {
             (None, Some(subject)) => match user {
-                Some(name) if !name.is_empty() && name != subject => {
-                    Err(AuthError::BadCredentials)
-                }
+                Some(name) if !name.is_empty() && name != subject => Err(AuthError::BadCredentials),
                 _ => self.authenticate_certificate(subject),
             },
             _ => self.authenticate(user, password),
