@@ -111,6 +111,36 @@ async fn v5_connect_checks_the_users_file_and_permissions() {
     })
     .await;
     assert_eq!(ack.reason, p5::PubAckReason::NotAuthorized);
+
+    // A will bob may not publish is refused at CONNECT (0x87), so it can
+    // never be published for him; one under bob/# is accepted.
+    let mut opts = opts5(&broker, "v5-bob-will");
+    opts.set_credentials("bob", "pw");
+    opts.set_last_will(p5::LastWill::new(
+        "alice/will",
+        "gone",
+        v5::QoS::AtLeastOnce,
+        false,
+        None,
+    ));
+    let (_c, mut ev) = client5_with(opts);
+    match next5(&mut ev).await {
+        Err(v5::ConnectionError::ConnectionRefused(code)) => {
+            assert_eq!(code, v5::ConnectReturnCode::NotAuthorized)
+        }
+        other => panic!("expected 0x87 for a forbidden will, got {other:?}"),
+    }
+    let mut opts = opts5(&broker, "v5-bob-will-ok");
+    opts.set_credentials("bob", "pw");
+    opts.set_last_will(p5::LastWill::new(
+        "bob/will",
+        "gone",
+        v5::QoS::AtLeastOnce,
+        false,
+        None,
+    ));
+    let (_c, _ev, ack) = connected5(opts).await;
+    assert_eq!(ack.code, v5::ConnectReturnCode::Success);
     broker.stop().await;
 }
 

@@ -759,8 +759,21 @@ impl Session for CoreSession {
         Ok(self.commit_batch(batch, true))
     }
 
-    fn set_will(&mut self, will: Option<Will>) {
+    fn set_will(&mut self, will: Option<Will>) -> Result<(), BrokerError> {
+        if let Some(w) = &will {
+            if !self
+                .inner
+                .access
+                .may_publish(&self.shared.info.principal, &w.address)
+            {
+                return Err(BrokerError::Unauthorized(format!(
+                    "will to '{}'",
+                    w.address
+                )));
+            }
+        }
         self.shared.state.lock().will = will;
+        Ok(())
     }
 
     fn producer_blocked(&self) -> bool {

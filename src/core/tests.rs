@@ -548,7 +548,8 @@ fn take_over_closes_the_old_session_and_wills_follow_close_kind() {
         message: Message::text("gone"),
         delay: Duration::ZERO,
         expiry_interval: None,
-    }));
+    }))
+    .expect("will");
     let (mut new, _) = open(&core, "dev");
     assert!(eo.take().iter().any(|e| matches!(
         e,
@@ -569,7 +570,8 @@ fn take_over_closes_the_old_session_and_wills_follow_close_kind() {
         message: Message::text("gone2"),
         delay: Duration::ZERO,
         expiry_interval: None,
-    }));
+    }))
+    .expect("will");
     new.close(CloseKind::Clean);
     assert!(ew.deliveries().is_empty(), "clean close discards the will");
 }
@@ -677,7 +679,8 @@ fn a_wills_expiry_counts_from_its_publication() {
         message: Message::text("bye"),
         delay: Duration::ZERO,
         expiry_interval: Some(Duration::from_secs(60)),
-    }));
+    }))
+    .expect("will");
     let before = rosetta_neutral::message::now_ms();
     dev.close(CloseKind::Abnormal);
     let d = ew.deliveries();

@@ -192,7 +192,9 @@ impl Session for FakeSession {
     fn put_state(&mut self, _: &str, _: Option<Bytes>) -> Result<Option<Ticket>, BrokerError> {
         Ok(None)
     }
-    fn set_will(&mut self, _: Option<Will>) {}
+    fn set_will(&mut self, _: Option<Will>) -> Result<(), BrokerError> {
+        Ok(())
+    }
     fn producer_blocked(&self) -> bool {
         self.log.lock().unwrap().blocked
     }

@@ -565,8 +565,10 @@ pub trait Session: Send {
     fn put_state(&mut self, key: &str, value: Option<Bytes>)
         -> Result<Option<Ticket>, BrokerError>;
 
-    /// Sets or clears the will published on abnormal close.
-    fn set_will(&mut self, will: Option<Will>);
+    /// Sets or clears the will published on abnormal close. Fails with
+    /// [`BrokerError::Unauthorized`] when the principal may not publish to
+    /// the will's address (the will is then not set).
+    fn set_will(&mut self, will: Option<Will>) -> Result<(), BrokerError>;
 
     /// True while producers should be held back (memory or disk limit):
     /// AMQP withholds credit, others stop reading.

@@ -6,7 +6,6 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use mqttbytes::v5::ConnAckProperties;
-use rosetta_neutral::address::validate_topic_name;
 use rosetta_neutral::{
     mqtt_session_queue, Address, BrokerError, CloseKind, ConsumerSpec, CreditMode, Protocol,
     QueueLifetime, QueueSpec, SessionInfo, Will,
@@ -132,7 +131,8 @@ impl MqttConnection {
         // The will is checked before anything is created.
         let will = match &c.will {
             Some(w) => {
-                validate_topic_name(&w.topic)
+                // `$queue/<name>` sends the will to a queue, like a PUBLISH.
+                let address = Address::from_mqtt_topic(&w.topic)
                     .map_err(|e| Refusal::new(0x90, format!("will topic: {e}")))?;
                 if w.qos > cfg.qos_max {
                     return Err(Refusal::new(0x9B, "will QoS above the maximum"));
@@ -148,7 +148,7 @@ impl MqttConnection {
                 // published, which only the core knows: pass it relative.
                 message.expiry = None;
                 Some(Will {
-                    address: Address::Topic(w.topic.clone()),
+                    address,
                     message,
                     // Published when the delay has passed or the session
                     // ends, whichever comes first (MQTT 5 §3.1.3.2.2).
@@ -223,7 +223,13 @@ impl MqttConnection {
                 ));
             }
         };
-        session.set_will(will);
+        if let Err(e) = session.set_will(will) {
+            session.close(CloseKind::Clean);
+            return Err(Refusal::new(
+                broker_reason(&e, ReasonContext::Connect),
+                e.to_string(),
+            ));
+        }
         let awaiting_rel = if session_present {
             session
                 .get_state(QOS2_INBOUND_STATE_KEY)

@@ -274,8 +274,9 @@ impl Session for FakeSession {
         Ok(s.state_pending.then(|| s.ticket()))
     }
 
-    fn set_will(&mut self, will: Option<Will>) {
+    fn set_will(&mut self, will: Option<Will>) -> Result<(), BrokerError> {
         self.0.state().wills.push(will);
+        Ok(())
     }
 
     fn producer_blocked(&self) -> bool {

@@ -117,7 +117,9 @@ impl Session for Sess {
     fn put_state(&mut self, _k: &str, _v: Option<Bytes>) -> Result<Option<Ticket>, BrokerError> {
         Ok(None)
     }
-    fn set_will(&mut self, _w: Option<Will>) {}
+    fn set_will(&mut self, _w: Option<Will>) -> Result<(), BrokerError> {
+        Ok(())
+    }
     fn producer_blocked(&self) -> bool {
         false
     }

@@ -193,7 +193,9 @@ impl Session for FakeSession {
     ) -> Result<Option<Ticket>, BrokerError> {
         Ok(None)
     }
-    fn set_will(&mut self, _will: Option<Will>) {}
+    fn set_will(&mut self, _will: Option<Will>) -> Result<(), BrokerError> {
+        Ok(())
+    }
     fn producer_blocked(&self) -> bool {
         self.0.lock().unwrap().blocked
     }
