@@ -16,6 +16,11 @@ use serde::Serialize;
 /// a crafted frame from recursing deeply.
 const DESCRIBED_DEPTH_MAX: usize = 8;
 
+/// Deepest nesting of compound and described values [`decode`] accepts.
+/// Performatives and message headers nest 3 or 4 levels; the bound keeps a
+/// crafted frame from recursing deeply in `serde_amqp`.
+const NESTING_MAX: usize = 32;
+
 /// Why bytes could not be scanned or decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CodecError {
@@ -28,6 +33,14 @@ pub enum CodecError {
     /// Described values nested deeper than we follow.
     #[error("described values nested too deeply")]
     TooDeep,
+    /// A list, map or array claims more elements than its size can hold.
+    #[error("AMQP compound claims {count} elements in {size} bytes")]
+    BadCount {
+        /// The claimed element count.
+        count: usize,
+        /// The bytes that follow the count.
+        size: usize,
+    },
     /// `serde_amqp` rejected the value.
     #[error("malformed {what}: {detail}")]
     Malformed {
@@ -115,15 +128,118 @@ pub(crate) fn described_value_offset(buf: &[u8]) -> Result<usize, CodecError> {
     Ok(1 + value_len(rest)?)
 }
 
-/// Decodes one value with `serde_amqp`.
+/// Decodes one value with `serde_amqp`, after [`check_value`] has checked
+/// every nested size and count against the bytes present.
 pub(crate) fn decode<'a, T: serde::Deserialize<'a>>(
     what: &'static str,
     buf: &'a [u8],
 ) -> Result<T, CodecError> {
+    check_value(buf, 0)?;
     serde_amqp::from_slice(buf).map_err(|e| CodecError::Malformed {
         what,
         detail: e.to_string(),
     })
+}
+
+/// Walks the whole value at the start of `buf` (unlike [`value_len`], into
+/// compounds and arrays) and returns its length.
+///
+/// Why: `serde_amqp` 0.18 allocates what a size or count prefix claims
+/// before it reads the bytes (`vec![0; n]` in `Read::read_bytes`), so a
+/// 10-byte `sym32` claiming 3.6 GB in an Attach's source made it ask for
+/// 3.6 GB and could abort the whole broker (found by the `connection` fuzz
+/// target). Every size checked here fits in `buf`, and every count is at
+/// most the bytes that follow it, so no allocation exceeds the frame.
+fn check_value(buf: &[u8], depth: usize) -> Result<usize, CodecError> {
+    let (code, ctor_len) = constructor(buf, depth)?;
+    let rest = buf.get(ctor_len..).ok_or(CodecError::Truncated)?;
+    Ok(ctor_len + check_body(code, rest, depth)?)
+}
+
+/// The format code of the constructor at the start of `buf` (after any
+/// descriptor, which is checked) and the constructor's length.
+fn constructor(buf: &[u8], depth: usize) -> Result<(u8, usize), CodecError> {
+    if depth >= NESTING_MAX {
+        return Err(CodecError::TooDeep);
+    }
+    match *buf.first().ok_or(CodecError::Truncated)? {
+        0x00 => {
+            let rest = buf.get(1..).ok_or(CodecError::Truncated)?;
+            let d = check_value(rest, depth + 1)?;
+            let code = *rest.get(d).ok_or(CodecError::Truncated)?;
+            if code == 0x00 {
+                // A described constructor inside a descriptor's value is not
+                // AMQP; refusing it keeps the walk linear.
+                return Err(CodecError::BadFormatCode(code));
+            }
+            Ok((code, 2 + d))
+        }
+        code => Ok((code, 1)),
+    }
+}
+
+/// Checks the encoding that follows format code `code` at the start of
+/// `buf` and returns its length.
+fn check_body(code: u8, buf: &[u8], depth: usize) -> Result<usize, CodecError> {
+    let (width, compound) = match code {
+        0x40..=0x45 => return Ok(0),
+        0x50..=0x56 => return fixed(buf, 1),
+        0x60 | 0x61 => return fixed(buf, 2),
+        0x70..=0x74 => return fixed(buf, 4),
+        0x80..=0x84 => return fixed(buf, 8),
+        0x94 | 0x98 => return fixed(buf, 16),
+        0xa0 | 0xa1 | 0xa3 => (1, false),
+        0xb0 | 0xb1 | 0xb3 => (4, false),
+        0xc0 | 0xc1 | 0xe0 => (1, true),
+        0xd0 | 0xd1 | 0xf0 => (4, true),
+        other => return Err(CodecError::BadFormatCode(other)),
+    };
+    let size = read_width(buf, 0, width)?;
+    let end = width.checked_add(size).ok_or(CodecError::Truncated)?;
+    let region = buf.get(width..end).ok_or(CodecError::Truncated)?;
+    if !compound {
+        return Ok(end);
+    }
+    let count = read_width(region, 0, width)?;
+    let mut items = &region[width..];
+    if count > items.len() {
+        return Err(CodecError::BadCount {
+            count,
+            size: items.len(),
+        });
+    }
+    if code == 0xe0 || code == 0xf0 {
+        // An array: one constructor, then `count` bodies of its type.
+        let (elem, ctor_len) = constructor(items, depth + 1)?;
+        items = &items[ctor_len..];
+        for _ in 0..count {
+            let n = check_body(elem, items, depth + 1)?;
+            items = &items[n..];
+        }
+    } else {
+        for _ in 0..count {
+            let n = check_value(items, depth + 1)?;
+            items = &items[n..];
+        }
+    }
+    Ok(end)
+}
+
+fn fixed(buf: &[u8], width: usize) -> Result<usize, CodecError> {
+    if buf.len() < width {
+        return Err(CodecError::Truncated);
+    }
+    Ok(width)
+}
+
+/// A 1- or 4-byte big-endian size or count at `at`.
+fn read_width(buf: &[u8], at: usize, width: usize) -> Result<usize, CodecError> {
+    let n = if width == 1 {
+        u32::from(*buf.get(at).ok_or(CodecError::Truncated)?)
+    } else {
+        read_u32(buf, at)?
+    };
+    usize::try_from(n).map_err(|_| CodecError::Truncated)
 }
 
 /// Appends the AMQP encoding of `value` to `out` (no intermediate buffer).
@@ -204,6 +320,37 @@ mod tests {
         assert_eq!(value_len(&[0x33]), Err(CodecError::BadFormatCode(0x33)));
         let deep = [0x00; 64];
         assert!(value_len(&deep).is_err());
+    }
+
+    #[test]
+    fn nested_sizes_and_counts_are_checked_before_decoding() {
+        // list8 [null, str8 "hi"], and an array8 of two ubytes.
+        assert_eq!(
+            check_value(&[0xc0, 6, 2, 0x40, 0xa1, 2, b'h', b'i'], 0),
+            Ok(8)
+        );
+        assert_eq!(check_value(&[0xe0, 4, 2, 0x50, 7, 8], 0), Ok(6));
+        // A sym32 inside a list claiming 3.6 GB.
+        let huge = [0xc0, 6, 1, 0xb3, 0xd7, 0x3f, 0xfb, 0x01];
+        assert_eq!(
+            value_len(&huge),
+            Ok(8),
+            "the shallow scan does not look inside"
+        );
+        assert_eq!(check_value(&huge, 0), Err(CodecError::Truncated));
+        // A list32 claiming 2^32-1 elements in 4 bytes.
+        let count = [0xd0, 0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff];
+        assert!(matches!(
+            check_value(&count, 0),
+            Err(CodecError::BadCount { .. })
+        ));
+        let mut deep = vec![0x40];
+        for _ in 0..40 {
+            let size = u8::try_from(deep.len() + 1).unwrap();
+            deep.splice(0..0, [0xc0, size, 1]);
+        }
+        assert_eq!(check_value(&deep, 0), Err(CodecError::TooDeep));
+        assert_eq!(check_value(&[0x00; 64], 0), Err(CodecError::TooDeep));
     }
 
     #[test]

@@ -672,6 +672,34 @@ fn oversized_frame_closes_with_frame_size_too_large() {
     assert!(p.conn.is_closed());
 }
 
+/// Found by the `connection` fuzz target (out-of-memory): an Attach whose
+/// source is described by a `sym32` claiming 0xd73ffb01 bytes (3.6 GB) in a
+/// 40-byte frame. `serde_amqp` allocated the claimed size before reading,
+/// which can abort the process; now `codec::decode` checks nested sizes
+/// first, so the peer gets a decode-error naming the truncation.
+#[test]
+fn fuzz_attach_with_huge_nested_length_is_a_decode_error() {
+    let mut p = Peer::new(true);
+    p.open();
+    #[rustfmt::skip]
+    p.input(&[
+        0x00, 0x00, 0x00, 0x28, 0x02, 0x00, 0x00, 0x00, // frame header
+        0x00, 0x53, 0x12, 0xc0, 0x1b, 0x07, // attach, list8 of 7
+        0xa1, 0x01, b'r', 0x52, 0x01, 0x41, 0x40, 0x40, // name, handle, role, modes
+        0x00, 0xb3, 0xd7, 0x3f, 0xfb, 0x01, // source: described by a huge sym32
+        0xa1, 0x01, b'q', 0x00, 0x53, 0x29, 0xc0, 0x04, 0x01, 0xa1, 0x01, b'q',
+    ]);
+    let out = p.perfs();
+    let Some(Performative::Close(c)) = out.last() else {
+        panic!("{out:?}")
+    };
+    let e = c.error.as_ref().unwrap();
+    assert_eq!(condition_symbol(e), "amqp:decode-error");
+    let text = e.description.as_deref().unwrap_or_default();
+    assert!(text.contains("truncated AMQP value"), "{text}");
+    assert!(p.conn.is_closed() || p.log().closed == Some(CloseKind::Abnormal));
+}
+
 #[test]
 fn byte_at_a_time_handshake_and_publish() {
     let mut p = Peer::new(true);
