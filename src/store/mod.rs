@@ -283,6 +283,9 @@ pub enum StoreError {
     /// Invalid configuration.
     #[error("invalid journal configuration: {0}")]
     Config(String),
+    /// Another process (or another store in this one) has the directory.
+    #[error("journal directory {0} is in use by another broker (its LOCK file is held)")]
+    Locked(PathBuf),
 }
 
 pub(crate) fn io_error(op: &'static str, path: &Path, e: std::io::Error) -> StoreError {
@@ -413,6 +416,9 @@ pub(crate) struct RecoveredState {
 pub struct Store {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The held lock on `<dir>/LOCK`: two brokers appending to one journal
+    /// would interleave segments and corrupt it. Released when dropped.
+    _lock: std::fs::File,
 }
 
 impl std::fmt::Debug for Store {
@@ -429,6 +435,7 @@ impl Store {
     pub fn open(config: StoreConfig) -> Result<(Store, Recovered), StoreError> {
         config.validate()?;
         std::fs::create_dir_all(&config.dir).map_err(|e| io_error("create", &config.dir, e))?;
+        let lock = lock_dir(&config.dir)?;
         let replayed = recovery::replay(&config.dir)?;
         let mut index = replayed.index;
         let state = recovery::collect(&mut index);
@@ -443,6 +450,7 @@ impl Store {
         let store = Store {
             shared,
             thread: Mutex::new(Some(handle)),
+            _lock: lock,
         };
         let recovered = Recovered {
             queues: state.queues,
@@ -558,6 +566,37 @@ impl Store {
             return Err(StoreError::Failed(Box::new(StoreError::Closed)));
         }
         self.shared.close_result()
+    }
+}
+
+/// How long [`Store::open`] waits for another store to let go of the
+/// directory: a broker restarted in the same process, or right after the
+/// previous one exited, may still be closing its store for a moment. A
+/// second broker running on the directory is refused after it.
+const LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// Takes the exclusive lock on `<dir>/LOCK` (an advisory `flock`, released
+/// by the OS when the process dies, so a crash never leaves it stale).
+fn lock_dir(dir: &Path) -> Result<std::fs::File, StoreError> {
+    let path = dir.join("LOCK");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| io_error("open", &path, e))?;
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::Locked(dir.to_owned()))
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io_error("lock", &path, e)),
+        }
     }
 }
 

@@ -806,3 +806,17 @@ fn backpressure_blocks_producers_without_losing_or_deadlocking() {
         max_pending.load(Ordering::SeqCst)
     );
 }
+
+#[test]
+fn a_second_store_on_the_same_directory_is_refused_until_the_first_closes() {
+    let dir = tmp();
+    let (first, _) = open(config(dir.path()));
+    match Store::open(config(dir.path())) {
+        Err(StoreError::Locked(d)) => assert_eq!(d, dir.path()),
+        Err(e) => panic!("expected Locked, got {e}"),
+        Ok(_) => panic!("two stores opened one journal"),
+    }
+    ok(first.close());
+    let (again, _) = open(config(dir.path()));
+    ok(again.close());
+}
