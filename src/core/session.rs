@@ -780,6 +780,12 @@ impl Session for CoreSession {
         self.inner.memory.producers_blocked()
     }
 
+    fn may_publish(&self, address: &Address) -> bool {
+        self.inner
+            .access
+            .may_publish(&self.shared.info.principal, address)
+    }
+
     fn close(&mut self, kind: CloseKind) {
         close_shared(&self.inner, &self.shared, kind);
     }

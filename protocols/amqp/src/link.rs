@@ -22,7 +22,7 @@ use fe2o3_amqp_types::primitives::{Array, Symbol, Value};
 use rosetta_neutral::address::{validate_topic_filter, validate_topic_name};
 use rosetta_neutral::{
     address::TEMP_QUEUE_NAME_PREFIX, durable_subscription_queue, Address, BindingOptions,
-    ConsumerId, ConsumerSpec, CreditMode, QueueLifetime, QueueSpec, RetainedOnBind,
+    BrokerError, ConsumerId, ConsumerSpec, CreditMode, QueueLifetime, QueueSpec, RetainedOnBind,
 };
 use serde_amqp::descriptor::Descriptor;
 use tracing::debug;
@@ -242,6 +242,13 @@ impl AmqpConnection {
                     if let Address::Topic(name) = &address {
                         validate_topic_name(name)
                             .map_err(|e| AmqpError::InvalidField(e.to_string()))?;
+                    }
+                    // Refused at attach, as clients expect (the link never
+                    // opens), not message by message.
+                    if self.core.as_ref().is_some_and(|s| !s.may_publish(&address)) {
+                        return Err(AmqpError::Broker(BrokerError::Unauthorized(format!(
+                            "publish to '{address}'"
+                        ))));
                     }
                     (Some(address), false)
                 }

@@ -574,6 +574,14 @@ pub trait Session: Send {
     /// AMQP withholds credit, others stop reading.
     fn producer_blocked(&self) -> bool;
 
+    /// Whether this session's principal may publish to `address`. Every
+    /// publish is checked anyway; adapters ask first to refuse a producer
+    /// early (an AMQP sending link at attach, as clients expect).
+    fn may_publish(&self, address: &Address) -> bool {
+        let _ = address;
+        true
+    }
+
     /// Ends the session (a no-op when already closed, e.g. after
     /// [`SessionEvent::Kicked`]): consumers are cancelled, unsettled deliveries go
     /// back to their queues, session-lifetime queues are deleted, open
