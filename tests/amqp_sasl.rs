@@ -8,7 +8,6 @@ use common::amqp::{self, enc, frame, protocol_header, RawAmqp};
 use common::TestBroker;
 use fe2o3_amqp::connection::OpenError;
 use fe2o3_amqp::sasl_profile::{SaslProfile, SaslScramSha256};
-use fe2o3_amqp::types::messaging::Outcome;
 use fe2o3_amqp::types::sasl::SaslCode;
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 
