@@ -381,6 +381,17 @@ impl AmqpConnection {
             return;
         };
         if let Some(LinkKind::Outgoing(o)) = s.links.get_mut(&handle).map(|l| &mut l.kind) {
+            if o.credit == 0 && !o.auto_settle {
+                // The core dispatched this before it saw the client's newer,
+                // smaller credit (`set_credit` is absolute and deliveries in
+                // our event queue are not counted in it). Sending it would
+                // exceed the client's link credit: it goes back to its place
+                // in the queue, uncounted. (An auto-settled delivery is
+                // already gone from the queue, so it is sent.)
+                trace!(conn = self.conn_id, consumer = ?d.consumer, "delivery past link credit released");
+                self.give_back(&d, Outcome::Release);
+                return;
+            }
             o.credit = o.credit.saturating_sub(1);
             if s.remote_incoming_window == 0 || !s.queued.is_empty() {
                 if s.queued.len() >= pending_max {

@@ -525,12 +525,11 @@ impl AmqpConnection {
             LinkKind::Outgoing(o) => {
                 // link-credit(snd) = delivery-count(rcv) + link-credit(rcv) - delivery-count(snd)
                 //
-                // Known gap: `Session::set_credit` is absolute, and deliveries
-                // the core has dispatched but whose events have not reached
-                // us yet are not in our delivery-count, so the core may send
-                // up to that many more than the client granted. Closing it
-                // needs a core call relative to the core's own dispatch
-                // count (AMQP's delivery-count); see the adapter report.
+                // `Session::set_credit` is absolute, and deliveries the core
+                // has dispatched but whose events have not reached us yet are
+                // not in our delivery-count, so the core may send up to that
+                // many more than the client granted: `on_delivery` releases
+                // those back to the queue instead of sending them.
                 let rcv_dc = f.delivery_count.unwrap_or(0);
                 let limit = rcv_dc.wrapping_add(f.link_credit.unwrap_or(0));
                 let sent = o.delivery_count.wrapping_add(o.queued);

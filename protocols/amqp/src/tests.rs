@@ -1260,6 +1260,34 @@ fn queue_receiver_credit_delivery_and_accept() {
 }
 
 #[test]
+fn deliveries_past_the_clients_link_credit_go_back_to_the_queue() {
+    let mut p = Peer::new(true);
+    p.open();
+    attach_receiver(&mut p, 0, attach("rcv", 0, Role::Receiver, Some("q")));
+    p.send(0, &flow(0, 0, 2, false), &[]);
+    // The core dispatched three before it learnt of a smaller credit (its
+    // events race the client's flow): only two may be sent.
+    for tag in 1..=3 {
+        p.event(delivery(1, tag, b"m"));
+    }
+    let transfers = p
+        .perfs()
+        .into_iter()
+        .filter(|f| matches!(f, Performative::Transfer(_)))
+        .count();
+    assert_eq!(transfers, 2, "never more transfers than link credit");
+    assert_eq!(
+        p.log().settled,
+        vec![(ConsumerId(1), DeliveryTag(3), Outcome::Release, None)],
+        "the third goes back to the queue uncounted"
+    );
+    // New credit lets the next one through.
+    p.send(0, &flow(0, 2, 1, false), &[]);
+    p.event(delivery(1, 3, b"m"));
+    assert!(matches!(p.perfs()[..], [Performative::Transfer(_)]));
+}
+
+#[test]
 fn drain_answers_after_the_core_drained() {
     let mut p = Peer::new(true);
     p.open();
