@@ -84,9 +84,16 @@ async fn receive(
     }
 }
 
-async fn send(mut sender: Sender, p: Params) -> anyhow::Result<Sender> {
+async fn send(
+    mut sender: Sender,
+    p: Params,
+    target: Target,
+    tally: Arc<Tally>,
+    started: Instant,
+) -> anyhow::Result<Sender> {
     let mut pending = VecDeque::with_capacity(p.window);
-    for _ in 0..p.count {
+    let mut sent = 0;
+    while sent < p.count && !target.send_time_over(started) {
         if pending.len() >= p.window.max(1) {
             settle(pending.pop_front()).await?;
         }
@@ -98,7 +105,9 @@ async fn send(mut sender: Sender, p: Params) -> anyhow::Result<Sender> {
             .data(Binary::from(stamped_payload(p.size)))
             .build();
         pending.push_back(sender.send_batchable(msg).await.context("send")?);
+        sent += 1;
     }
+    tally.set_expected(sent);
     while let Some(fut) = pending.pop_front() {
         settle(Some(fut)).await?;
     }
@@ -158,7 +167,13 @@ pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
     let rx = tokio::spawn(receive(receiver, tally.clone()));
     let cpu0 = target.cpu_us()?;
     let started = Instant::now();
-    let tx = tokio::spawn(send(sender, p.clone()));
+    let tx = tokio::spawn(send(
+        sender,
+        p.clone(),
+        target.clone(),
+        tally.clone(),
+        started,
+    ));
     let mut error = supervise(&tally, target, started).await;
     let elapsed = started.elapsed();
     let cpu1 = target.cpu_us()?;
@@ -174,12 +189,13 @@ pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
     if error.is_some() {
         tx.abort();
     }
-    match tx.await {
-        Ok(Ok(s)) => {
+    match tokio::time::timeout(std::time::Duration::from_secs(15), tx).await {
+        Ok(Ok(Ok(s))) => {
             let _ = s.close().await;
         }
-        Ok(Err(e)) => error = error.or(Some(format!("sender: {e:#}"))),
-        Err(_) => {} // aborted after an error reported above
+        Ok(Ok(Err(e))) => error = error.or(Some(format!("sender: {e:#}"))),
+        Ok(Err(_)) => {} // aborted after an error reported above
+        Err(_) => error = error.or(Some("sender still waiting for dispositions".into())),
     }
     let _ = rsession.end().await;
     let _ = ssession.end().await;
@@ -188,7 +204,7 @@ pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
     Ok(Report {
         scenario: scenario.into(),
         broker: target.name.clone(),
-        expected: p.count,
+        expected: tally.expected(),
         received: tally.received(),
         elapsed,
         latencies_ns: latencies,

@@ -42,6 +42,10 @@ struct Cli {
     /// Longest a run may take.
     #[arg(long, default_value_t = 300)]
     timeout_s: u64,
+    /// Producers stop after this many seconds even before their count
+    /// (0: only the count ends a run). Keeps slow brokers' runs short.
+    #[arg(long, default_value_t = 0)]
+    duration_s: u64,
     #[command(subcommand)]
     scenario: Scenario,
 }
@@ -146,6 +150,7 @@ async fn main() -> anyhow::Result<()> {
         proc: cli.broker_pid.map(procfs::Broker::new),
         stall: Duration::from_secs(cli.stall_s),
         timeout: Duration::from_secs(cli.timeout_s),
+        duration: (cli.duration_s > 0).then(|| Duration::from_secs(cli.duration_s)),
     };
     // Start the latency clock before any payload is stamped.
     stats::now_ns();

@@ -113,12 +113,20 @@ pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report
     let started = Instant::now();
     let (qos, size, count, t) = (p.qos, p.size, p.count, topic.clone());
     let producer = {
-        let pc = pc.clone();
+        let (pc, tally, target, subscribers) = (
+            pc.clone(),
+            tally.clone(),
+            target.clone(),
+            p.subscribers as u64,
+        );
         tokio::spawn(async move {
-            for _ in 0..count {
+            let mut sent = 0;
+            while sent < count && !target.send_time_over(started) {
                 pc.publish(t.as_str(), qos, false, stamped_payload(size))
                     .await?;
+                sent += 1;
             }
+            tally.set_expected(sent * subscribers);
             anyhow::Ok(())
         })
     };
@@ -144,13 +152,16 @@ pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report
     Ok(Report {
         scenario: p.scenario.clone(),
         broker: target.name.clone(),
-        expected,
+        expected: tally.expected(),
         received: tally.received(),
         elapsed,
         latencies_ns: latencies,
         broker_cpu_us: cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
         extra: vec![
-            ("published", p.count.into()),
+            (
+                "published",
+                (tally.expected() / p.subscribers.max(1) as u64).into(),
+            ),
             ("subscribers", p.subscribers.into()),
             ("size", p.size.into()),
         ],

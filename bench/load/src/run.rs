@@ -23,6 +23,9 @@ pub(crate) struct Target {
     pub(crate) stall: Duration,
     /// Longest a run may take.
     pub(crate) timeout: Duration,
+    /// Producers stop after this long even if they have not sent their
+    /// count; the run then waits for what was sent.
+    pub(crate) duration: Option<Duration>,
 }
 
 impl Target {
@@ -32,6 +35,11 @@ impl Target {
         let s = TcpStream::connect((self.host.as_str(), self.port)).await?;
         s.set_nodelay(true)?;
         Ok(s)
+    }
+
+    /// Whether a producer that started at `started` should stop sending.
+    pub(crate) fn send_time_over(&self, started: Instant) -> bool {
+        self.duration.is_some_and(|d| started.elapsed() >= d)
     }
 
     pub(crate) fn cpu_us(&self) -> Result<Option<u64>, ProcError> {
@@ -44,7 +52,7 @@ impl Target {
 #[derive(Debug)]
 pub(crate) struct Tally {
     received: AtomicU64,
-    expected: u64,
+    expected: AtomicU64,
     done_tx: watch::Sender<bool>,
 }
 
@@ -53,7 +61,7 @@ impl Tally {
         let (done_tx, _) = watch::channel(false);
         Arc::new(Self {
             received: AtomicU64::new(0),
-            expected,
+            expected: AtomicU64::new(expected),
             done_tx,
         })
     }
@@ -61,7 +69,20 @@ impl Tally {
     /// Counts `n` received messages; the last one ends the run.
     pub(crate) fn add(&self, n: u64) {
         let now = self.received.fetch_add(n, Ordering::Relaxed) + n;
-        if now >= self.expected {
+        if now >= self.expected() {
+            self.finish();
+        }
+    }
+
+    pub(crate) fn expected(&self) -> u64 {
+        self.expected.load(Ordering::Relaxed)
+    }
+
+    /// Lowers the expected count to what producers actually sent when they
+    /// stopped early (`--duration-s`).
+    pub(crate) fn set_expected(&self, n: u64) {
+        self.expected.store(n, Ordering::Relaxed);
+        if self.received() >= n {
             self.finish();
         }
     }
@@ -107,13 +128,13 @@ pub(crate) async fn supervise(tally: &Tally, target: &Target, started: Instant) 
             Some(format!(
                 "stalled: nothing received for {} s at {now}/{}",
                 target.stall.as_secs(),
-                tally.expected
+                tally.expected()
             ))
         } else if started.elapsed() >= target.timeout {
             Some(format!(
                 "timeout after {} s at {now}/{}",
                 target.timeout.as_secs(),
-                tally.expected
+                tally.expected()
             ))
         } else {
             None
@@ -148,6 +169,12 @@ mod tests {
         t.add(2);
         assert!(!t.is_done());
         t.add(1);
+        assert!(t.is_done());
+        let t = Tally::new(10);
+        t.add(4);
+        t.set_expected(5);
+        assert!(!t.is_done());
+        t.set_expected(4);
         assert!(t.is_done());
         tokio::time::timeout(Duration::from_secs(1), t.done())
             .await

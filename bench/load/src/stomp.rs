@@ -17,6 +17,9 @@ use crate::stomp_client::{connect, Login, StompError};
 /// A producer flushes its writes at least this often even when its receipt
 /// window is not full, so buffered messages do not wait.
 const FLUSH_EVERY_MSGS: u64 = 16;
+/// How long producers get, after the consumers saw every message, to
+/// collect their last receipts.
+const JOIN_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
 
 #[derive(Debug, Clone)]
 pub(crate) struct Params {
@@ -32,33 +35,58 @@ pub(crate) struct Params {
     pub(crate) login: Login,
 }
 
-async fn producer(target: Target, p: Params, dest: String, count: u64) -> Result<u64, StompError> {
+/// Sends up to `count` messages (fewer if the run's duration ends first) and
+/// returns (sent, confirmed by RECEIPT).
+async fn producer(
+    target: Target,
+    p: Params,
+    dest: String,
+    count: u64,
+    started: Instant,
+) -> Result<(u64, u64), StompError> {
+    let (sent_tx, sent_rx) = tokio::sync::watch::channel(count);
     let (mut rd, mut wr, _) = connect(&target, &p.login).await?;
     let window = Arc::new(Semaphore::new(p.window.max(1)));
     let receipts = {
         let window = window.clone();
+        let mut sent_rx = sent_rx;
         tokio::spawn(async move {
             let mut confirmed = 0;
-            while confirmed < count {
-                match rd.frame().await {
-                    Ok(f) if f.command == "RECEIPT" => {
-                        confirmed += 1;
-                        window.add_permits(1);
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        // Wakes the writer, which would wait for a permit
-                        // forever.
-                        window.close();
-                        return Err(e);
+            loop {
+                if confirmed >= *sent_rx.borrow_and_update() {
+                    return Ok(confirmed);
+                }
+                // Reader::frame only awaits a cancel-safe read.
+                tokio::select! {
+                    f = rd.frame() => match f {
+                        Ok(f) if f.command == "RECEIPT" => {
+                            confirmed += 1;
+                            window.add_permits(1);
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            // Wakes the writer, which would wait for a
+                            // permit forever.
+                            window.close();
+                            return Err(e);
+                        }
+                    },
+                    changed = sent_rx.changed() => {
+                        if changed.is_err() {
+                            // The writer is gone; its error is reported.
+                            return Ok(confirmed);
+                        }
                     }
                 }
             }
-            Ok(confirmed)
         })
     };
     let persistent = if p.persistent { "true" } else { "false" };
+    let mut sent = 0;
     for i in 0..count {
+        if target.send_time_over(started) {
+            break;
+        }
         let permit = match window.clone().try_acquire_owned() {
             Ok(permit) => permit,
             Err(_) => {
@@ -82,17 +110,20 @@ async fn producer(target: Target, p: Params, dest: String, count: u64) -> Result
             &stamped_payload(p.size),
         )
         .await?;
+        sent += 1;
         if i % FLUSH_EVERY_MSGS == FLUSH_EVERY_MSGS - 1 {
             wr.flush().await?;
         }
     }
     wr.flush().await?;
+    // The receipt reader stops at what was really sent.
+    sent_tx.send_replace(sent);
     let confirmed = receipts
         .await
         .map_err(|e| StompError::Io(std::io::Error::other(e)))??;
     let _ = wr.send("DISCONNECT", &[], b"").await;
     let _ = wr.flush().await;
-    Ok(confirmed)
+    Ok((sent, confirmed))
 }
 
 /// Subscribes, then ACKs every MESSAGE individually, batching the ACK writes
@@ -201,19 +232,52 @@ pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
     let producers_n = p.producers.max(1) as u64;
     for i in 0..producers_n {
         let share = p.count / producers_n + u64::from(i < p.count % producers_n);
-        producers.spawn(producer(target.clone(), p.clone(), dest.clone(), share));
+        producers.spawn(producer(
+            target.clone(),
+            p.clone(),
+            dest.clone(),
+            share,
+            started,
+        ));
     }
+    // Joins the producers as they finish and tells the tally how many
+    // messages were really sent.
+    let producing = {
+        let tally = tally.clone();
+        tokio::spawn(async move {
+            let (mut sent, mut confirmed, mut error) = (0, 0, None);
+            while let Some(r) = producers.join_next().await {
+                match r {
+                    Ok(Ok((s, c))) => {
+                        sent += s;
+                        confirmed += c;
+                    }
+                    Ok(Err(e)) => error = error.or(Some(format!("producer: {e}"))),
+                    Err(e) => error = error.or(Some(format!("producer task: {e}"))),
+                }
+            }
+            tally.set_expected(sent);
+            (confirmed, error)
+        })
+    };
     let mut error = supervise(&tally, target, started).await;
     let elapsed = started.elapsed();
     let cpu1 = target.cpu_us()?;
 
-    let mut confirmed = 0;
-    while let Some(r) = producers.join_next().await {
-        match r? {
-            Ok(n) => confirmed += n,
-            Err(e) => error = error.or(Some(format!("producer: {e}"))),
+    let confirmed = match tokio::time::timeout(JOIN_GRACE, producing).await {
+        Ok(Ok((confirmed, e))) => {
+            error = error.or(e);
+            confirmed
         }
-    }
+        Ok(Err(e)) => {
+            error = error.or(Some(format!("producers: {e}")));
+            0
+        }
+        Err(_) => {
+            error = error.or(Some("producers still waiting for receipts".into()));
+            0
+        }
+    };
     let mut latencies = Vec::new();
     while let Some(r) = consumers.join_next().await {
         match r? {
@@ -224,7 +288,7 @@ pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
     Ok(Report {
         scenario,
         broker: target.name.clone(),
-        expected: p.count,
+        expected: tally.expected(),
         received: tally.received(),
         elapsed,
         latencies_ns: latencies,
