@@ -75,7 +75,7 @@ PY
 
 header() {
   echo "# rosetta peer benchmark: $1 ($(date -u +%FT%TZ))"
-  echo "# $(git -C "$ROOT" rev-parse --short HEAD) $(nproc) cores, $(uname -r)"
+  echo "# $(git -C "$ROOT" describe --always --dirty) $(nproc) cores, $(uname -r), load average $(cut -d" " -f1-3 /proc/loadavg)"
   echo "# mosquitto $(dpkg-query -W -f='${Version}' mosquitto), activemq $(dpkg-query -W -f='${Version}' activemq), rabbitmq-server $(dpkg-query -W -f='${Version}' rabbitmq-server)"
   echo "# COUNT_SCALE=$SCALE DURATION_S=$DURATION_S WARMUP=$WARMUP"
   fsync_rate
@@ -129,10 +129,10 @@ for proto in "${protos[@]}"; do
       echo; echo "## rosetta log (errors)"; grep -iE 'panic|error' "$BENCH_TMP/rosetta/rosetta.log" | head -20
     fi
   } > >(tee "$out") 2>&1
-  # The block ran in this shell (so peers_stop_all sees its PIDs); wait
-  # for tee to write the last lines.
-  wait $! 2>/dev/null || true
+  # The block ran in this shell, so peers_stop_all sees its PIDs. (No
+  # `wait $!`: inside the block $! became the last broker started.)
   peers_stop_all
+  sleep 1 # lets tee write the last lines
   rm -rf "${BENCH_TMP:?}/rosetta" "$BENCH_TMP/mosquitto" "$BENCH_TMP/activemq" "$BENCH_TMP/rabbitmq"
   echo "saved $out"
 done

@@ -102,6 +102,10 @@ impl Report {
             }
         }
         println!("RESULT {json}");
+        if self.extra.iter().any(|(k, _)| *k == "rss_per_conn_bytes") {
+            // The idle scenario moves no messages and prints its own line.
+            return;
+        }
         let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
         println!(
             "{} on {}: {}/{} msgs in {:.2} s = {:.0} msg/s, p50 {} µs, p99 {} µs, broker CPU {} µs/msg{}",
