@@ -14,8 +14,15 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
-/// Bytes read from the socket per read call.
-const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Read buffer of a new (or quiet) connection: most connections are idle
+/// most of the time, and the buffer is per connection, so it starts small.
+const READ_BUFFER_MIN_BYTES: usize = 2 * 1024;
+/// The read buffer doubles up to this while reads keep filling it (a busy
+/// producer), so a burst still costs few syscalls.
+const READ_BUFFER_MAX_BYTES: usize = 64 * 1024;
+/// Output capacity kept between writes; a burst's larger buffer is given
+/// back afterwards.
+const WRITE_BUFFER_KEPT_BYTES: usize = 16 * 1024;
 /// Events handled per loop turn before output is flushed: bounds the
 /// latency one busy consumer adds to the others on this connection.
 const EVENTS_PER_TURN_MAX: usize = 1024;
@@ -65,8 +72,8 @@ pub(crate) async fn drive<C, T>(
     T: AsyncRead + AsyncWrite + Unpin + Send,
 {
     async move {
-        let mut rbuf = vec![0u8; READ_CHUNK_BYTES];
-        let mut out = Vec::with_capacity(READ_CHUNK_BYTES);
+        let mut rbuf = vec![0u8; READ_BUFFER_MIN_BYTES];
+        let mut out = Vec::new();
         let mut events_open = true;
         loop {
             conn.poll_transmit(&mut out);
@@ -77,6 +84,7 @@ pub(crate) async fn drive<C, T>(
                 }
                 .await;
                 out.clear();
+                out.shrink_to(WRITE_BUFFER_KEPT_BYTES);
                 if let Err(e) = written {
                     tracing::debug!(error = %e, "write failed; closing");
                     conn.handle_transport_closed(Instant::now());
@@ -102,7 +110,10 @@ pub(crate) async fn drive<C, T>(
                         conn.poll_transmit(&mut out);
                         break;
                     }
-                    Ok(n) => conn.handle_input(Instant::now(), &rbuf[..n]),
+                    Ok(n) => {
+                        conn.handle_input(Instant::now(), &rbuf[..n]);
+                        resize_read_buffer(&mut rbuf, n);
+                    }
                     Err(e) => {
                         tracing::debug!(error = %e, "read failed; closing");
                         conn.handle_transport_closed(Instant::now());
@@ -139,4 +150,37 @@ pub(crate) async fn drive<C, T>(
     }
     .instrument(span)
     .await;
+}
+
+/// Grows the read buffer when a read filled it (more is waiting: fewer,
+/// larger reads) and shrinks it back when reads are small again (an idle
+/// connection should not keep a burst's buffer).
+fn resize_read_buffer(rbuf: &mut Vec<u8>, last_read: usize) {
+    let len = rbuf.len();
+    if last_read == len && len < READ_BUFFER_MAX_BYTES {
+        rbuf.resize(len * 2, 0);
+    } else if len > READ_BUFFER_MIN_BYTES && last_read < len / 8 {
+        rbuf.truncate(READ_BUFFER_MIN_BYTES);
+        rbuf.shrink_to_fit();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_buffer_grows_on_full_reads_and_shrinks_when_quiet() {
+        let mut b = vec![0u8; READ_BUFFER_MIN_BYTES];
+        while b.len() < READ_BUFFER_MAX_BYTES {
+            let full = b.len();
+            resize_read_buffer(&mut b, full);
+        }
+        assert_eq!(b.len(), READ_BUFFER_MAX_BYTES);
+        resize_read_buffer(&mut b, READ_BUFFER_MAX_BYTES);
+        assert_eq!(b.len(), READ_BUFFER_MAX_BYTES, "capped");
+        resize_read_buffer(&mut b, 100);
+        assert_eq!(b.len(), READ_BUFFER_MIN_BYTES);
+        assert!(b.capacity() < READ_BUFFER_MAX_BYTES);
+    }
 }
