@@ -16,6 +16,13 @@ def fmt(v, spec=".0f"):
     return "-" if v is None else format(v, spec)
 
 
+def tool_pct(r):
+    """The load generator's CPU over the run, in % of one core."""
+    if r.get("load_cpu_us") is None or not r.get("elapsed_s"):
+        return None
+    return r["load_cpu_us"] / 1e4 / r["elapsed_s"]
+
+
 for sc in scenarios:
     rs = [r for r in rows if r["scenario"] == sc]
     idle = sc == "mqtt-idle"
@@ -23,14 +30,14 @@ for sc in scenarios:
     if idle:
         print(f"{'broker':<10} {'conns':>7} {'RSS/conn B':>11} {'status'}")
     else:
-        print(f"{'broker':<10} {'msgs':>8} {'msg/s':>9} {'p50 µs':>9} {'p99 µs':>9} {'CPU µs/msg':>11} {'status'}")
+        print(f"{'broker':<10} {'msgs':>8} {'msg/s':>9} {'p50 µs':>9} {'p99 µs':>9} {'CPU µs/msg':>11} {'tool CPU%':>9} {'status'}")
     for r in rs:
         status = "ok" if not r.get("error") else "ERROR " + r["error"]
         if idle:
             print(f"{r['broker']:<10} {r['received']:>7} {fmt(r.get('rss_per_conn_bytes')):>11} {status}")
         else:
             print(f"{r['broker']:<10} {r['received']:>8} {fmt(r['msg_per_s']):>9} {fmt(r['p50_us']):>9} "
-                  f"{fmt(r['p99_us']):>9} {fmt(r['cpu_us_per_msg'], '.1f'):>11} {status}")
+                  f"{fmt(r['p99_us']):>9} {fmt(r['cpu_us_per_msg'], '.1f'):>11} {fmt(tool_pct(r)):>9} {status}")
     ros = [r for r in rs if r["broker"] == "rosetta" and not r.get("error")]
     peers = [r for r in rs if r["broker"] != "rosetta" and not r.get("error")]
     if not ros or not peers:

@@ -165,6 +165,7 @@ pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
         .context("attach sender")?;
 
     let rx = tokio::spawn(receive(receiver, tally.clone()));
+    let load0 = crate::procfs::self_cpu_us();
     let cpu0 = target.cpu_us()?;
     let started = Instant::now();
     let tx = tokio::spawn(send(
@@ -177,6 +178,7 @@ pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
     let mut error = supervise(&tally, target, started).await;
     let elapsed = started.elapsed();
     let cpu1 = target.cpu_us()?;
+    let load1 = crate::procfs::self_cpu_us();
 
     let mut latencies = Vec::new();
     match rx.await? {
@@ -209,6 +211,7 @@ pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
         elapsed,
         latencies_ns: latencies,
         broker_cpu_us: cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
+        load_cpu_us: load0.zip(load1).map(|(a, b)| b.saturating_sub(a)),
         extra: vec![
             ("size", p.size.into()),
             ("durable", p.durable.into()),

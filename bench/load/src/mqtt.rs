@@ -109,6 +109,7 @@ pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report
         }
     });
 
+    let load0 = crate::procfs::self_cpu_us();
     let cpu0 = target.cpu_us()?;
     let started = Instant::now();
     let (qos, size, count, t) = (p.qos, p.size, p.count, topic.clone());
@@ -133,6 +134,7 @@ pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report
     let mut error = supervise(&tally, target, started).await;
     let elapsed = started.elapsed();
     let cpu1 = target.cpu_us()?;
+    let load1 = crate::procfs::self_cpu_us();
 
     let mut latencies = Vec::new();
     while let Some(r) = subs.join_next().await {
@@ -157,6 +159,7 @@ pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report
         elapsed,
         latencies_ns: latencies,
         broker_cpu_us: cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
+        load_cpu_us: load0.zip(load1).map(|(a, b)| b.saturating_sub(a)),
         extra: vec![
             (
                 "published",
@@ -217,6 +220,7 @@ pub(crate) async fn idle(target: &Target, n: usize) -> anyhow::Result<Report> {
         .context("the idle scenario needs --broker-pid to read RSS")?;
     let prefix = unique("idle");
     let rss0 = proc.rss_bytes()?;
+    let load0 = crate::procfs::self_cpu_us();
     let cpu0 = target.cpu_us()?;
     let started = Instant::now();
     let gate = Arc::new(Semaphore::new(IDLE_CONNECT_CONCURRENCY));
@@ -240,6 +244,7 @@ pub(crate) async fn idle(target: &Target, n: usize) -> anyhow::Result<Report> {
     tokio::time::sleep(IDLE_SETTLE).await;
     let rss1 = proc.rss_bytes()?;
     let cpu1 = target.cpu_us()?;
+    let load1 = crate::procfs::self_cpu_us();
     let open = conns.len() as u64;
     let per_conn = if open > 0 {
         rss1.saturating_sub(rss0) as f64 / open as f64
@@ -262,6 +267,7 @@ pub(crate) async fn idle(target: &Target, n: usize) -> anyhow::Result<Report> {
         elapsed,
         latencies_ns: Vec::new(),
         broker_cpu_us: cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
+        load_cpu_us: load0.zip(load1).map(|(a, b)| b.saturating_sub(a)),
         extra: vec![
             ("rss_before_bytes", rss0.into()),
             ("rss_after_bytes", rss1.into()),

@@ -56,6 +56,8 @@ pub(crate) struct Report {
     pub(crate) latencies_ns: Vec<u64>,
     /// Broker CPU time over the run, µs; `None` without `--broker-pid`.
     pub(crate) broker_cpu_us: Option<u64>,
+    /// The load generator's own CPU time over the run, µs.
+    pub(crate) load_cpu_us: Option<u64>,
     /// Extra scenario-specific fields for the JSON line.
     pub(crate) extra: Vec<(&'static str, serde_json::Value)>,
     /// First error seen, if the run did not complete.
@@ -94,6 +96,7 @@ impl Report {
             "p99_us": p99,
             "broker_cpu_us": self.broker_cpu_us,
             "cpu_us_per_msg": self.cpu_us_per_msg(),
+            "load_cpu_us": self.load_cpu_us,
             "error": self.error,
         });
         if let Some(obj) = json.as_object_mut() {

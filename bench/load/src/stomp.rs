@@ -226,6 +226,7 @@ pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
         }
     }
 
+    let load0 = crate::procfs::self_cpu_us();
     let cpu0 = target.cpu_us()?;
     let started = Instant::now();
     let mut producers = JoinSet::new();
@@ -263,6 +264,7 @@ pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
     let mut error = supervise(&tally, target, started).await;
     let elapsed = started.elapsed();
     let cpu1 = target.cpu_us()?;
+    let load1 = crate::procfs::self_cpu_us();
 
     let confirmed = match tokio::time::timeout(JOIN_GRACE, producing).await {
         Ok(Ok((confirmed, e))) => {
@@ -293,6 +295,7 @@ pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
         elapsed,
         latencies_ns: latencies,
         broker_cpu_us: cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
+        load_cpu_us: load0.zip(load1).map(|(a, b)| b.saturating_sub(a)),
         extra: vec![
             ("confirmed", confirmed.into()),
             ("size", p.size.into()),
