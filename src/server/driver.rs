@@ -9,23 +9,25 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use std::collections::VecDeque;
+
 use rosetta_neutral::{EventSink, SessionEvent};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{watch, Notify};
 use tracing::Instrument;
 
 /// Read buffer of a new (or quiet) connection: most connections are idle
 /// most of the time, and the buffer is per connection, so it starts small.
-const READ_BUFFER_MIN_BYTES: usize = 2 * 1024;
+const READ_BUFFER_MIN_BYTES: usize = 512;
 /// The read buffer doubles up to this while reads keep filling it (a busy
 /// producer), so a burst still costs few syscalls.
 const READ_BUFFER_MAX_BYTES: usize = 64 * 1024;
 /// Output capacity kept between writes; a burst's larger buffer is given
 /// back afterwards.
 const WRITE_BUFFER_KEPT_BYTES: usize = 16 * 1024;
-/// Events handled per loop turn before output is flushed: bounds the
-/// latency one busy consumer adds to the others on this connection.
-const EVENTS_PER_TURN_MAX: usize = 1024;
+/// Capacity of the event batch kept between turns; a burst's larger one is
+/// given back.
+const EVENT_BATCH_KEPT: usize = 256;
 
 /// What the driver needs from a protocol state machine. Every adapter
 /// exposes these as inherent methods; the impls in `protocols.rs` forward.
@@ -40,31 +42,60 @@ pub(crate) trait ProtocolConnection: Send + 'static {
     fn handle_transport_closed(&mut self, now: Instant);
 }
 
-/// The core's event sink for one connection: an unbounded channel into the
-/// connection task. Unbounded is safe here because every producer is itself
-/// bounded: deliveries by consumer credit, commits by the adapter's limit on
-/// pending commits.
-pub(crate) struct ChannelSink(mpsc::UnboundedSender<SessionEvent>);
+/// The core's events for one connection, waiting for its task: a queue the
+/// core pushes to and the task takes whole.
+///
+/// Not a tokio mpsc channel: an unbounded channel allocates a 32-slot block
+/// (3 KiB here) per connection up front, which was the largest part of an
+/// idle connection's memory. This queue allocates nothing until an event
+/// arrives, and the task takes every waiting event with one lock.
+/// Unbounded is safe because every producer is itself bounded: deliveries
+/// by consumer credit, commits by the adapter's limit on pending commits.
+#[derive(Default)]
+pub(crate) struct EventQueue {
+    events: parking_lot::Mutex<VecDeque<SessionEvent>>,
+    ready: Notify,
+}
 
-impl EventSink for ChannelSink {
-    fn send(&self, event: SessionEvent) {
-        // The receiver is gone only when the connection task ended; the core
-        // reclaims the session's deliveries when the session closes.
-        let _ = self.0.send(event);
+impl EventQueue {
+    /// Waits until events are queued, then moves them all into `batch`
+    /// (which must be empty), keeping `batch`'s capacity for next time.
+    async fn take_all(&self, batch: &mut VecDeque<SessionEvent>) {
+        loop {
+            {
+                let mut events = self.events.lock();
+                if !events.is_empty() {
+                    std::mem::swap(&mut *events, batch);
+                    return;
+                }
+            }
+            // A push between the check and here leaves a permit: not lost.
+            self.ready.notified().await;
+        }
     }
 }
 
-/// A sink and its receiving end.
-pub(crate) fn event_channel() -> (Arc<ChannelSink>, mpsc::UnboundedReceiver<SessionEvent>) {
-    let (tx, rx) = mpsc::unbounded_channel();
-    (Arc::new(ChannelSink(tx)), rx)
+/// The sink the core holds for one connection.
+pub(crate) struct ChannelSink(Arc<EventQueue>);
+
+impl EventSink for ChannelSink {
+    fn send(&self, event: SessionEvent) {
+        self.0.events.lock().push_back(event);
+        self.0.ready.notify_one();
+    }
+}
+
+/// A sink and the queue its events go to.
+pub(crate) fn event_channel() -> (Arc<ChannelSink>, Arc<EventQueue>) {
+    let queue = Arc::new(EventQueue::default());
+    (Arc::new(ChannelSink(Arc::clone(&queue))), queue)
 }
 
 /// Runs `conn` over `io` until either side closes.
 pub(crate) async fn drive<C, T>(
     mut conn: C,
     mut io: T,
-    mut events: mpsc::UnboundedReceiver<SessionEvent>,
+    events: Arc<EventQueue>,
     span: tracing::Span,
     mut hard_stop: watch::Receiver<bool>,
 ) where
@@ -74,7 +105,7 @@ pub(crate) async fn drive<C, T>(
     async move {
         let mut rbuf = vec![0u8; READ_BUFFER_MIN_BYTES];
         let mut out = Vec::new();
-        let mut events_open = true;
+        let mut batch = VecDeque::new();
         loop {
             conn.poll_transmit(&mut out);
             if !out.is_empty() {
@@ -120,18 +151,13 @@ pub(crate) async fn drive<C, T>(
                         break;
                     }
                 },
-                event = events.recv(), if events_open => match event {
-                    Some(event) => {
-                        let now = Instant::now();
+                () = events.take_all(&mut batch) => {
+                    // Everything that piled up, then one write for all of it.
+                    let now = Instant::now();
+                    for event in batch.drain(..) {
                         conn.handle_event(now, event);
-                        for _ in 1..EVENTS_PER_TURN_MAX {
-                            match events.try_recv() {
-                                Ok(event) => conn.handle_event(now, event),
-                                Err(_) => break,
-                            }
-                        }
                     }
-                    None => events_open = false,
+                    batch.shrink_to(EVENT_BATCH_KEPT);
                 },
                 () = sleep => conn.handle_timeout(Instant::now()),
                 changed = hard_stop.changed() => {
