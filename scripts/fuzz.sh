@@ -43,9 +43,10 @@ for pair in "${targets[@]}"; do
     echo "== $crate/$target: ${seconds}s (log: $log)"
     (
         cd "protocols/$crate"
-        cargo +nightly fuzz build "$target"
-        cargo +nightly fuzz run "$target" -- \
-            -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1
+        # && because set -e does not apply inside a subshell tested by ||.
+        cargo +nightly fuzz build "$target" &&
+            cargo +nightly fuzz run "$target" -- \
+                -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1
     ) >"$log" 2>&1 || {
         echo "!! $crate/$target failed; see $log" >&2
         tail -n 40 "$log" >&2
