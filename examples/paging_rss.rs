@@ -6,6 +6,9 @@
 //! ```sh
 //! cargo run --release --example paging_rss              # 1,000,000 messages, paging on
 //! cargo run --release --example paging_rss -- 1000000 off
+//! # keep the journal in DIR, then measure a restart on it in a new process:
+//! cargo run --release --example paging_rss -- 1000000 on DIR
+//! cargo run --release --example paging_rss -- recover DIR
 //! ```
 //!
 //! Issue 2 asks that a queue of a million 1 KiB messages not need a
@@ -45,15 +48,51 @@ fn status_kib(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn main() -> anyhow::Result<()> {
-    let mut args = std::env::args().skip(1);
-    let count: usize = args.next().map_or(Ok(1_000_000), |a| a.parse())?;
-    let paging = args.next().as_deref() != Some("off");
-    let dir = tempfile::tempdir()?;
-    let (store, recovered) = Store::open(StoreConfig::new(dir.path()))?;
+/// Opens the journal in `dir` (recovery) with paging on, and reports what
+/// the restart cost in memory.
+fn recover(dir: &std::path::Path) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let (store, recovered) = Store::open(StoreConfig::new(dir))?;
     let config = CoreConfig {
         memory_budget_bytes: MEMORY_BUDGET_BYTES,
-        paging_dir: paging.then(|| dir.path().join("paging")),
+        paging_dir: Some(dir.join("paging")),
+        ..CoreConfig::default()
+    };
+    let store = Arc::new(store);
+    let core = Core::new(config, store.clone(), Arc::new(AllowAll), Some(recovered));
+    let stats = core
+        .queue_stats("deep")
+        .ok_or_else(|| anyhow::anyhow!("queue 'deep' was not recovered"))?;
+    println!(
+        "recovery: depth {}, paged {} in {:.1} s; process RSS {} MiB after, peak {} MiB during",
+        stats.depth,
+        stats.paged,
+        started.elapsed().as_secs_f64(),
+        status_kib("VmRSS:") >> 10,
+        status_kib("VmHWM:") >> 10,
+    );
+    core.shutdown();
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let first = args.next();
+    if first.as_deref() == Some("recover") {
+        let dir = args
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("recover needs the journal directory"))?;
+        return recover(std::path::Path::new(&dir));
+    }
+    let count: usize = first.map_or(Ok(1_000_000), |a| a.parse())?;
+    let paging = args.next().as_deref() != Some("off");
+    let kept = args.next().map(std::path::PathBuf::from);
+    let temp = tempfile::tempdir()?;
+    let dir = kept.as_deref().unwrap_or(temp.path());
+    let (store, recovered) = Store::open(StoreConfig::new(dir))?;
+    let config = CoreConfig {
+        memory_budget_bytes: MEMORY_BUDGET_BYTES,
+        paging_dir: paging.then(|| dir.join("paging")),
         ..CoreConfig::default()
     };
     let store = Arc::new(store);
