@@ -53,7 +53,9 @@ struct SessionState {
     owned_queues: Vec<String>,
     txns: HashMap<TxnId, Vec<Staged>>,
     next_txn: u64,
-    will: Option<Will>,
+    /// Boxed: a `Will` holds a whole message, and most sessions have none
+    /// (one per connection, so it counts for idle connections' memory).
+    will: Option<Box<Will>>,
 }
 
 /// The part of a session the core can reach from elsewhere (take-over,
@@ -325,7 +327,7 @@ fn close_shared(inner: &Arc<Inner>, shared: &Arc<SessionShared>, kind: CloseKind
         (
             std::mem::take(&mut st.consumers),
             std::mem::take(&mut st.owned_queues),
-            st.will.take(),
+            st.will.take().map(|w| *w),
         )
     };
     for (id, c) in consumers {
@@ -772,7 +774,7 @@ impl Session for CoreSession {
                 )));
             }
         }
-        self.shared.state.lock().will = will;
+        self.shared.state.lock().will = will.map(Box::new);
         Ok(())
     }
 
