@@ -187,3 +187,76 @@ async fn amqp_send_reaches_mqtt_subscribers() {
     conn.close().await.expect("close");
     broker.stop().await;
 }
+
+/// An MQTT client consumes a queue through `$queue/<name>`: what an AMQP
+/// sender put on `/queue/<name>` arrives with the topic `$queue/<name>` at
+/// the granted QoS, is acknowledged, and leaves the queue; after
+/// UNSUBSCRIBE nothing more is consumed.
+#[tokio::test]
+async fn mqtt_consumes_a_queue_through_the_queue_prefix() {
+    let broker = TestBroker::start().await;
+    let url = format!("amqp://{}", broker.amqp());
+    let mut conn = Connection::open("mqtt-queue", url.as_str())
+        .await
+        .expect("amqp open");
+    let mut session = Session::begin(&mut conn).await.expect("begin");
+    let mut sender = Sender::attach(&mut session, "s", "/queue/jobs")
+        .await
+        .expect("attach sender");
+    for i in 0..3 {
+        sender
+            .send(format!("job {i}"))
+            .await
+            .expect("send")
+            .accepted_or_else(|o| o)
+            .expect("accepted");
+    }
+    let (c, mut ev, _) = connected5(opts5(&broker, "queue-worker")).await;
+    let ack = subscribe5(
+        &c,
+        &mut ev,
+        v5::Filter::new("$queue/jobs", Q5::AtLeastOnce),
+        None,
+    )
+    .await;
+    assert_eq!(
+        ack.return_codes,
+        vec![v5::SubscribeReasonCode::Success(Q5::AtLeastOnce)]
+    );
+    for i in 0..3 {
+        let p = publish5(&mut ev).await;
+        assert_eq!(&p.topic[..], b"$queue/jobs");
+        assert_eq!(p.qos, Q5::AtLeastOnce);
+        assert_eq!(&p.payload[..], format!("job {i}").as_bytes());
+    }
+    // rumqttc acknowledges as it polls; wait for the queue to drain.
+    let drained = tokio::time::timeout(WAIT, async {
+        loop {
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(50), ev.poll()).await;
+            let stats = broker.core().queue_stats("jobs").expect("queue");
+            if stats.depth == 0 && stats.in_flight == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(drained.is_ok(), "acknowledged messages left the queue");
+
+    c.unsubscribe("$queue/jobs").await.expect("unsubscribe");
+    wait5(&mut ev, |p| {
+        matches!(p, v5::Packet::UnsubAck(_)).then_some(())
+    })
+    .await;
+    sender
+        .send("after unsubscribe")
+        .await
+        .expect("send")
+        .accepted_or_else(|o| o)
+        .expect("accepted");
+    quiet5(&mut ev).await;
+    assert_eq!(broker.core().queue_stats("jobs").expect("queue").depth, 1);
+    sender.close().await.expect("close");
+    session.end().await.expect("end");
+    conn.close().await.expect("close");
+    broker.stop().await;
+}

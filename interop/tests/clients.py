@@ -394,9 +394,9 @@ class Consumer:
     def __init__(self, broker, proto, kind, name, credit=1000, version=None):
         self.proto = proto
         if proto == "mqtt":
-            assert kind == "topic"
+            # A queue is consumed through the reserved `$queue/<name>` filter.
             self.client = Mqtt(broker, version=version or 5)
-            self.client.subscribe(name, qos=1)
+            self.client.subscribe(name if kind == "topic" else f"$queue/{name}", qos=1)
             self.recv = self.client
         elif proto == "stomp":
             self.client = Stomp(broker, version=version or "1.2")

@@ -14,7 +14,6 @@ from clients import PROTOCOLS, Consumer, Publisher
 
 PAIRS = [(p, c) for p in PROTOCOLS for c in PROTOCOLS]
 KINDS = ["topic", "queue"]
-MQTT_NO_QUEUE = "N/A: MQTT cannot consume a queue (it subscribes to topic filters only; queues are fed from MQTT topics through [[bindings]])"
 
 PAYLOADS = {
     "empty": b"",
@@ -61,8 +60,6 @@ def test_payloads_identical(broker, uniq, pair, kind):
     """Empty, 1 byte, binary with NULs, 64 KiB, 1 MiB and non-ASCII UTF-8
     text arrive byte for byte, in order, with the body kind kept."""
     pub_proto, con_proto = pair
-    if con_proto == "mqtt" and kind == "queue":
-        pytest.skip(MQTT_NO_QUEUE)
     pub_name, con_name = target(broker, pub_proto, kind, uniq)
     consumer = Consumer(broker, con_proto, kind, con_name)
     publisher = Publisher(broker, pub_proto)

@@ -171,8 +171,12 @@ fn response_topic(reply_to: &str) -> String {
 }
 
 /// The MQTT topic a message is delivered under.
-pub(crate) fn delivery_topic(msg: &Message) -> Option<&str> {
-    msg.address.as_ref().map(Address::name)
+pub(crate) fn delivery_topic(msg: &Message) -> Option<std::borrow::Cow<'_, str>> {
+    match msg.address.as_ref()? {
+        Address::Topic(t) => Some(std::borrow::Cow::Borrowed(t)),
+        // Sent to a queue and consumed through `$queue/<name>`.
+        queue @ Address::Queue(_) => Some(std::borrow::Cow::Owned(queue.to_mqtt_topic())),
+    }
 }
 
 #[cfg(test)]

@@ -52,10 +52,14 @@ impl Clock {
     }
 }
 
-/// A shared subscription's own queue and consumer.
+/// A subscription with a consumer of its own: a shared subscription's
+/// queue, or a queue consumed directly through `$queue/<name>`.
 #[derive(Debug, Clone)]
 struct SharedSub {
     consumer: ConsumerId,
+    /// QoS granted for a `$queue/` subscription, whose deliveries match no
+    /// binding (a shared subscription's come with their binding's).
+    queue_qos: Option<u8>,
 }
 
 /// The established state: authenticated, with a core session.

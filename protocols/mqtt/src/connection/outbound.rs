@@ -89,7 +89,15 @@ impl Open {
             self.settle(ctx.conn_id, d.consumer, d.tag, Outcome::Accept);
             return Ok(());
         }
-        let granted = d.matched.max_guarantee.map_or(2, |g| g.qos());
+        let granted = match d.matched.max_guarantee {
+            Some(g) => g.qos(),
+            None => self
+                .shared
+                .values()
+                .find(|s| s.consumer == d.consumer)
+                .and_then(|s| s.queue_qos)
+                .unwrap_or(2),
+        };
         let qos = msg.guarantee.qos().min(granted).min(ctx.config.qos_max);
         let retain = d.from_retained
             || (self.version == Version::V5 && d.matched.retain_as_published && msg.retain);
@@ -128,7 +136,7 @@ impl Open {
         }
 
         let (wire_topic, alias, new_alias) =
-            self.outbound_alias(ctx.config.outbound_topic_alias_max, topic);
+            self.outbound_alias(ctx.config.outbound_topic_alias_max, &topic);
         let props = match self.version {
             Version::V5 => {
                 let mut props = outbound_properties(&msg, &d.matched.subscription_ids, ctx.now_ms);

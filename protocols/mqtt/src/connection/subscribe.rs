@@ -4,12 +4,14 @@
 //! message into the queue once however many bindings match, and reports
 //! all matches in `Delivery::matched`). A shared subscription
 //! `$share/group/filter` is a queue of that name bound to `filter`, with
-//! one consumer per member.
+//! one consumer per member. `$queue/<name>` consumes the queue `<name>`
+//! itself.
 
+use rosetta_neutral::address::MQTT_QUEUE_TOPIC_PREFIX;
 use rosetta_neutral::address::{is_wildcard, validate_topic_filter};
 use rosetta_neutral::{
-    BindingOptions, ConsumerSpec, CreditMode, Guarantee, QueueLifetime, QueueSpec, RetainedOnBind,
-    SHARED_SUBSCRIPTION_PREFIX,
+    Address, BindingOptions, ConsumerSpec, CreditMode, Guarantee, QueueLifetime, QueueSpec,
+    RetainedOnBind, SHARED_SUBSCRIPTION_PREFIX,
 };
 
 use super::{Ctx, Open, SharedSub};
@@ -59,6 +61,35 @@ impl Open {
         Ok(())
     }
 
+    /// `$queue/<name>`: consumes the queue itself, competing with its other
+    /// consumers (STOMP, AMQP, other MQTT clients), the way a PUBLISH to
+    /// `$queue/<name>` feeds it. Deliveries carry the topic `$queue/<name>`.
+    fn subscribe_queue(&mut self, full: &str, granted: u8) -> Result<u8, u8> {
+        let Ok(Address::Queue(queue)) = Address::from_mqtt_topic(full) else {
+            return Err(0x8F);
+        };
+        if self.shared.contains_key(full) {
+            return Ok(granted);
+        }
+        match self.session.consume(ConsumerSpec {
+            queue,
+            credit: CreditMode::Window(self.window),
+            auto_settle: false,
+        }) {
+            Ok(consumer) => {
+                self.shared.insert(
+                    full.to_owned(),
+                    SharedSub {
+                        consumer,
+                        queue_qos: Some(granted),
+                    },
+                );
+                Ok(granted)
+            }
+            Err(e) => Err(broker_reason(&e, ReasonContext::Subscribe)),
+        }
+    }
+
     /// `Ok(Ok(qos))` granted, `Ok(Err(code))` refused, `Err` fatal.
     fn subscribe_one(
         &mut self,
@@ -67,6 +98,9 @@ impl Open {
         subscription_id: Option<u32>,
     ) -> Result<Result<u8, u8>, MqttError> {
         let v5 = self.version == Version::V5;
+        if req.filter.starts_with(MQTT_QUEUE_TOPIC_PREFIX) {
+            return Ok(self.subscribe_queue(&req.filter, req.qos.min(cfg.qos_max)));
+        }
         let shared = match parse_shared(&req.filter) {
             Some(Err(code)) => return Ok(Err(code)),
             Some(Ok(s)) => Some(s),
@@ -129,7 +163,13 @@ impl Open {
             });
             match consumer {
                 Ok(consumer) => {
-                    self.shared.insert(queue, SharedSub { consumer });
+                    self.shared.insert(
+                        queue,
+                        SharedSub {
+                            consumer,
+                            queue_qos: None,
+                        },
+                    );
                 }
                 Err(e) => return Ok(Err(reason(e))),
             }
@@ -144,6 +184,17 @@ impl Open {
     ) -> Result<(), MqttError> {
         let mut codes = Vec::with_capacity(u.filters.len());
         for full in &u.filters {
+            if full.starts_with(MQTT_QUEUE_TOPIC_PREFIX) {
+                let code = match self.shared.remove(full) {
+                    Some(sub) => match self.session.cancel(sub.consumer) {
+                        Ok(()) => 0x00,
+                        Err(e) => broker_reason(&e, ReasonContext::Subscribe),
+                    },
+                    None => 0x11,
+                };
+                codes.push(code);
+                continue;
+            }
             let code = match parse_shared(full) {
                 Some(Err(code)) => code,
                 Some(Ok(_)) => match self.shared.remove(full) {
