@@ -231,14 +231,8 @@ async fn mqtt_read(io: &mut DuplexStream) -> (u8, Vec<u8>) {
 /// CONNECT, SUBSCRIBE at QoS 1, PUBLISH at QoS 1 to the same topic: the
 /// PUBACK and the client's own message come back.
 async fn mqtt_round_trip(mut io: DuplexStream, label: &str) {
-    let mut connect = Vec::new();
-    mqtt_str(&mut connect, "MQTT");
-    connect.extend_from_slice(&[4, 0x02, 0, 60]);
-    mqtt_str(&mut connect, &format!("transports-{label}"));
-    io.write_all(&mqtt_packet(0x10, &connect))
-        .await
-        .expect("CONNECT");
-    assert_eq!(mqtt_read(&mut io).await, (0x20, vec![0, 0]), "CONNACK");
+    let connack = mqtt_connack(&mut io, &format!("transports-{label}")).await;
+    assert_eq!(connack, vec![0, 0], "CONNACK");
 
     let topic = format!("transports/{label}");
     let mut subscribe = vec![0, 1];
@@ -540,9 +534,9 @@ async fn mutual_tls_required_refuses_a_client_without_certificate() {
     broker.stop().await;
 }
 
-/// Sends an MQTT 3.1.1 CONNECT with no user name and no password and
-/// returns the CONNACK return code.
-async fn mqtt_connect_code(io: &mut DuplexStream, client_id: &str) -> u8 {
+/// Sends an MQTT 3.1.1 clean-session CONNECT with no user name and no
+/// password and returns the CONNACK body (session present, return code).
+async fn mqtt_connack(io: &mut DuplexStream, client_id: &str) -> Vec<u8> {
     let mut connect = Vec::new();
     mqtt_str(&mut connect, "MQTT");
     connect.extend_from_slice(&[4, 0x02, 0, 60]);
@@ -552,7 +546,7 @@ async fn mqtt_connect_code(io: &mut DuplexStream, client_id: &str) -> u8 {
         .expect("CONNECT");
     let (first, body) = mqtt_read(io).await;
     assert_eq!(first, 0x20, "CONNACK");
-    body[1]
+    body
 }
 
 /// A hand-encoded AMQP SASL exchange choosing EXTERNAL: returns the
@@ -633,8 +627,8 @@ async fn client_certificate_names_the_user_on_every_protocol() {
     // bob is bob: connected, but refused a topic outside bob/#.
     let mut io = open(mqtts, Some(&bob), Wire::Raw).await;
     assert_eq!(
-        mqtt_connect_code(&mut io, "cert-bob").await,
-        0,
+        mqtt_connack(&mut io, "cert-bob").await,
+        vec![0, 0],
         "bob CONNACK"
     );
     let mut subscribe = vec![0, 1];
@@ -651,9 +645,9 @@ async fn client_certificate_names_the_user_on_every_protocol() {
     // Not in the users file: like a bad password (3.1.1 code 4); no
     // certificate and no credentials: not authorized (5).
     let mut io = open(mqtts, Some(&mallory), Wire::Raw).await;
-    assert_eq!(mqtt_connect_code(&mut io, "cert-mallory").await, 4);
+    assert_eq!(mqtt_connack(&mut io, "cert-mallory").await, vec![0, 4]);
     let mut io = open(mqtts, Some(&nobody), Wire::Raw).await;
-    assert_eq!(mqtt_connect_code(&mut io, "cert-none").await, 5);
+    assert_eq!(mqtt_connack(&mut io, "cert-none").await, vec![0, 5]);
 
     // STOMP: alice without login; mallory gets an ERROR frame.
     let stomps = broker.addr(ListenerKind::Stomps);

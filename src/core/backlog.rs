@@ -193,11 +193,11 @@ impl Backlog {
     /// A new message: kept in memory, or paged when the queue is already
     /// paging or the broker is over its memory budget.
     pub(crate) fn push(&mut self, entry: Entry, gauge: &MemoryGauge, queue: QueueId) {
-        let page = !self.paging_off
-            && gauge.page_dir.is_some()
-            && (!self.paged.is_empty() || gauge.over_budget_with(&entry));
-        if page {
-            match self.page_out(&entry, gauge, queue) {
+        let page_dir = gauge.page_dir.as_deref().filter(|_| {
+            !self.paging_off && (!self.paged.is_empty() || gauge.over_budget_with(&entry))
+        });
+        if let Some(dir) = page_dir {
+            match self.page_out(&entry, dir, queue) {
                 Ok(at) => {
                     gauge.paged.fetch_add(1, Ordering::Relaxed);
                     self.paged.push_back(Paged::of(entry, at));
@@ -242,16 +242,12 @@ impl Backlog {
     fn page_out(
         &mut self,
         entry: &Entry,
-        gauge: &MemoryGauge,
+        dir: &std::path::Path,
         queue: QueueId,
     ) -> Result<PageRef, crate::store::PageError> {
         let file = match &mut self.file {
             Some(f) => f,
             None => {
-                let dir = gauge
-                    .page_dir
-                    .as_deref()
-                    .unwrap_or(std::path::Path::new("."));
                 let file = PageFile::create(&dir.join(format!("{queue}.page")))?;
                 tracing::info!(queue, "queue is over the memory budget: paging to disk");
                 self.file.insert(file)

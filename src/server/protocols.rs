@@ -165,60 +165,27 @@ where
     let (sink, events) = driver::event_channel();
     let broker: Arc<dyn Broker> = Arc::new(shared.core.clone());
     let now = Instant::now();
+    let user = peer.certificate_user;
+    let stop = shared.hard_stop.clone();
+    // Each driver is boxed: see `serve`.
     match wire {
         Wire::Stomp => {
-            let conn = rosetta_stomp::StompConnection::new(
-                stomp_config(&shared.config),
-                broker,
-                sink,
-                conn_id,
-                now,
-            )
-            .with_certificate_user(peer.certificate_user.clone());
-            Box::pin(driver::drive(
-                conn,
-                io,
-                events,
-                span,
-                shared.hard_stop.clone(),
-            ))
-            .await;
+            let config = stomp_config(&shared.config);
+            let conn = rosetta_stomp::StompConnection::new(config, broker, sink, conn_id, now)
+                .with_certificate_user(user);
+            Box::pin(driver::drive(conn, io, events, span, stop)).await;
         }
         Wire::Mqtt => {
-            let conn = rosetta_mqtt::MqttConnection::new(
-                mqtt_config(&shared.config),
-                broker,
-                sink,
-                conn_id,
-                now,
-            )
-            .with_certificate_user(peer.certificate_user.clone());
-            Box::pin(driver::drive(
-                conn,
-                io,
-                events,
-                span,
-                shared.hard_stop.clone(),
-            ))
-            .await;
+            let config = mqtt_config(&shared.config);
+            let conn = rosetta_mqtt::MqttConnection::new(config, broker, sink, conn_id, now)
+                .with_certificate_user(user);
+            Box::pin(driver::drive(conn, io, events, span, stop)).await;
         }
         Wire::Amqp => {
-            let conn = rosetta_amqp::AmqpConnection::new(
-                amqp_config(&shared.config),
-                broker,
-                sink,
-                conn_id,
-                now,
-            )
-            .with_certificate_user(peer.certificate_user.clone());
-            Box::pin(driver::drive(
-                conn,
-                io,
-                events,
-                span,
-                shared.hard_stop.clone(),
-            ))
-            .await;
+            let config = amqp_config(&shared.config);
+            let conn = rosetta_amqp::AmqpConnection::new(config, broker, sink, conn_id, now)
+                .with_certificate_user(user);
+            Box::pin(driver::drive(conn, io, events, span, stop)).await;
         }
     }
 }

@@ -140,6 +140,17 @@ impl SaslServer {
     }
 }
 
+/// The step for a one-round mechanism's authentication result.
+fn outcome(result: Result<Principal, AuthError>) -> SaslStep {
+    match result {
+        Ok(principal) => SaslStep::Success {
+            principal,
+            additional_data: None,
+        },
+        Err(e) => SaslStep::Failure(e.to_string()),
+    }
+}
+
 /// EXTERNAL: the initial response is an optional authorization identity
 /// (RFC 4422 appendix A); when given, it must name the certificate's user.
 fn external(broker: &dyn Broker, certificate_user: Option<&str>, authzid: &[u8]) -> SaslStep {
@@ -150,13 +161,7 @@ fn external(broker: &dyn Broker, certificate_user: Option<&str>, authzid: &[u8])
         return SaslStep::Failure("authorization identity is not UTF-8".into());
     };
     let requested = (!authzid.is_empty()).then_some(authzid);
-    match broker.authenticate_connection(requested, None, Some(subject)) {
-        Ok(principal) => SaslStep::Success {
-            principal,
-            additional_data: None,
-        },
-        Err(e) => SaslStep::Failure(e.to_string()),
-    }
+    outcome(broker.authenticate_connection(requested, None, Some(subject)))
 }
 
 /// PLAIN: `[authzid] NUL authcid NUL passwd` (RFC 4616).
@@ -170,13 +175,7 @@ fn plain(broker: &dyn Broker, response: &[u8]) -> SaslStep {
     let Ok(user) = std::str::from_utf8(user) else {
         return SaslStep::Failure("user name is not UTF-8".into());
     };
-    match broker.authenticate(Some(user), Some(pass)) {
-        Ok(principal) => SaslStep::Success {
-            principal,
-            additional_data: None,
-        },
-        Err(e) => SaslStep::Failure(e.to_string()),
-    }
+    outcome(broker.authenticate(Some(user), Some(pass)))
 }
 
 /// Undoes SCRAM's `=2C`/`=3D` escaping of user names.

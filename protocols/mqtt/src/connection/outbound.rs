@@ -68,9 +68,11 @@ impl Open {
     }
 
     fn send_delivery(&mut self, ctx: Ctx<'_>, d: Delivery) -> Result<(), MqttError> {
-        let known = d.consumer == self.session_consumer
-            || self.shared.values().any(|s| s.consumer == d.consumer);
-        if !known {
+        let own = self.shared.values().find(|s| s.consumer == d.consumer);
+        // QoS granted to a `$queue/` subscription (its deliveries match no
+        // binding, so `matched` carries none).
+        let queue_qos = own.and_then(|s| s.queue_qos);
+        if d.consumer != self.session_consumer && own.is_none() {
             tracing::debug!(
                 conn_id = ctx.conn_id,
                 consumer = d.consumer.0,
@@ -89,15 +91,10 @@ impl Open {
             self.settle(ctx.conn_id, d.consumer, d.tag, Outcome::Accept);
             return Ok(());
         }
-        let granted = match d.matched.max_guarantee {
-            Some(g) => g.qos(),
-            None => self
-                .shared
-                .values()
-                .find(|s| s.consumer == d.consumer)
-                .and_then(|s| s.queue_qos)
-                .unwrap_or(2),
-        };
+        let granted = d
+            .matched
+            .max_guarantee
+            .map_or(queue_qos.unwrap_or(2), |g| g.qos());
         let qos = msg.guarantee.qos().min(granted).min(ctx.config.qos_max);
         let retain = d.from_retained
             || (self.version == Version::V5 && d.matched.retain_as_published && msg.retain);

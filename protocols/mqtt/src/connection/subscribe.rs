@@ -68,26 +68,36 @@ impl Open {
         let Ok(Address::Queue(queue)) = Address::from_mqtt_topic(full) else {
             return Err(0x8F);
         };
-        if self.shared.contains_key(full) {
-            return Ok(granted);
+        self.consume_own(full, queue, Some(granted))
+            .map(|()| granted)
+            .map_err(|e| broker_reason(&e, ReasonContext::Subscribe))
+    }
+
+    /// Gives the subscription `key` a consumer of its own on `queue`
+    /// (a shared subscription's queue, or the queue of `$queue/<name>`),
+    /// unless it has one already.
+    fn consume_own(
+        &mut self,
+        key: &str,
+        queue: String,
+        queue_qos: Option<u8>,
+    ) -> Result<(), rosetta_neutral::BrokerError> {
+        if self.shared.contains_key(key) {
+            return Ok(());
         }
-        match self.session.consume(ConsumerSpec {
+        let consumer = self.session.consume(ConsumerSpec {
             queue,
             credit: CreditMode::Window(self.window),
             auto_settle: false,
-        }) {
-            Ok(consumer) => {
-                self.shared.insert(
-                    full.to_owned(),
-                    SharedSub {
-                        consumer,
-                        queue_qos: Some(granted),
-                    },
-                );
-                Ok(granted)
-            }
-            Err(e) => Err(broker_reason(&e, ReasonContext::Subscribe)),
-        }
+        })?;
+        self.shared.insert(
+            key.to_owned(),
+            SharedSub {
+                consumer,
+                queue_qos,
+            },
+        );
+        Ok(())
     }
 
     /// `Ok(Ok(qos))` granted, `Ok(Err(code))` refused, `Err` fatal.
@@ -155,26 +165,22 @@ impl Open {
         if let Err(e) = self.session.bind(&queue, filter, options) {
             return Ok(Err(reason(e)));
         }
-        if !self.shared.contains_key(&queue) {
-            let consumer = self.session.consume(ConsumerSpec {
-                queue: queue.clone(),
-                credit: CreditMode::Window(self.window),
-                auto_settle: false,
-            });
-            match consumer {
-                Ok(consumer) => {
-                    self.shared.insert(
-                        queue,
-                        SharedSub {
-                            consumer,
-                            queue_qos: None,
-                        },
-                    );
-                }
-                Err(e) => return Ok(Err(reason(e))),
-            }
+        if let Err(e) = self.consume_own(&req.filter, queue, None) {
+            return Ok(Err(reason(e)));
         }
         Ok(Ok(granted))
+    }
+
+    /// Ends a subscription with a consumer of its own (shared, `$queue/`):
+    /// the UNSUBACK code.
+    fn cancel_own_consumer(&mut self, full: &str) -> u8 {
+        match self.shared.remove(full) {
+            Some(sub) => match self.session.cancel(sub.consumer) {
+                Ok(()) => 0x00,
+                Err(e) => broker_reason(&e, ReasonContext::Subscribe),
+            },
+            None => 0x11,
+        }
     }
 
     pub(super) fn on_unsubscribe(
@@ -184,28 +190,12 @@ impl Open {
     ) -> Result<(), MqttError> {
         let mut codes = Vec::with_capacity(u.filters.len());
         for full in &u.filters {
-            if full.starts_with(MQTT_QUEUE_TOPIC_PREFIX) {
-                let code = match self.shared.remove(full) {
-                    Some(sub) => match self.session.cancel(sub.consumer) {
-                        Ok(()) => 0x00,
-                        Err(e) => broker_reason(&e, ReasonContext::Subscribe),
-                    },
-                    None => 0x11,
-                };
-                codes.push(code);
-                continue;
-            }
             let code = match parse_shared(full) {
+                _ if full.starts_with(MQTT_QUEUE_TOPIC_PREFIX) => self.cancel_own_consumer(full),
                 Some(Err(code)) => code,
-                Some(Ok(_)) => match self.shared.remove(full) {
-                    // The binding stays: other members still use the queue,
-                    // which goes away with its last consumer.
-                    Some(sub) => match self.session.cancel(sub.consumer) {
-                        Ok(()) => 0x00,
-                        Err(e) => broker_reason(&e, ReasonContext::Subscribe),
-                    },
-                    None => 0x11,
-                },
+                // The binding stays: other members still use the queue,
+                // which goes away with its last consumer.
+                Some(Ok(_)) => self.cancel_own_consumer(full),
                 None if validate_topic_filter(full).is_err() => 0x8F,
                 None => match self.session.unbind(&self.session_queue, full) {
                     Ok(true) => 0x00,
