@@ -85,6 +85,13 @@ pub(crate) enum PendingCommit {
         serial: u64,
         delivery_id: u32,
     },
+    /// A receiver's unsettled outcome (rcv-settle-mode second): settle it
+    /// once the outcome is on disk.
+    SettleBack {
+        channel: u16,
+        delivery_id: u32,
+        outcome: rosetta_neutral::Outcome,
+    },
     /// A discharge on a coordinator link: dispose it once the commit is on disk.
     Discharge {
         channel: u16,

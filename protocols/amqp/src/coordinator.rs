@@ -65,7 +65,7 @@ impl AmqpConnection {
         let control = match decode_control(&d.payload) {
             Ok(c) => c,
             Err(e) => {
-                self.reject(ch, &d, &e);
+                self.reject(ch, handle, &d, &e);
                 self.refill_credit(ch, handle);
                 return Ok(());
             }
@@ -82,6 +82,7 @@ impl AmqpConnection {
                 if decl.global_id.is_some() {
                     self.reject(
                         ch,
+                        handle,
                         &d,
                         &AmqpError::NotImplemented("distributed transactions".into()),
                     );
@@ -92,13 +93,14 @@ impl AmqpConnection {
                     let state = DeliveryState::Declared(Declared {
                         txn_id: txn.0.to_be_bytes().to_vec().into(),
                     });
-                    self.dispose(ch, d.delivery_id, state);
+                    self.dispose(ch, handle, d.delivery_id, state);
                 }
             }
             Control::Discharge(dis) => {
                 let Some(txn) = discharged else {
                     self.reject(
                         ch,
+                        handle,
                         &d,
                         &AmqpError::UnknownTxn(format!("{:02x?}", dis.txn_id.as_slice())),
                     );
@@ -114,7 +116,7 @@ impl AmqpConnection {
                         }),
                     };
                     debug!(conn = self.conn_id, ?txn, "rolled back");
-                    self.dispose(ch, d.delivery_id, state);
+                    self.dispose(ch, handle, d.delivery_id, state);
                 } else {
                     match core.commit(txn) {
                         Ok(ticket) => {
@@ -132,7 +134,7 @@ impl AmqpConnection {
                             return Ok(());
                         }
                         Err(e) => {
-                            self.reject(ch, &d, &AmqpError::TxnRollback(e.to_string()));
+                            self.reject(ch, handle, &d, &AmqpError::TxnRollback(e.to_string()));
                         }
                     }
                 }

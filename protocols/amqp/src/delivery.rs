@@ -163,7 +163,7 @@ impl AmqpConnection {
         let decoded = match message::decode(&d.payload, self.now_ms) {
             Ok(m) => m,
             Err(e) => {
-                self.reject(ch, &d, &AmqpError::Decode(e));
+                self.reject(ch, handle, &d, &AmqpError::Decode(e));
                 return Ok(());
             }
         };
@@ -172,13 +172,19 @@ impl AmqpConnection {
             (None, Some(to)) => match Address::parse_destination(to) {
                 Ok(a) => a,
                 Err(e) => {
-                    self.reject(ch, &d, &AmqpError::InvalidField(format!("to {to:?}: {e}")));
+                    self.reject(
+                        ch,
+                        handle,
+                        &d,
+                        &AmqpError::InvalidField(format!("to {to:?}: {e}")),
+                    );
                     return Ok(());
                 }
             },
             (None, None) => {
                 self.reject(
                     ch,
+                    handle,
                     &d,
                     &AmqpError::InvalidField("anonymous relay message without `to`".into()),
                 );
@@ -187,7 +193,7 @@ impl AmqpConnection {
         };
         if let Address::Topic(name) = &address {
             if let Err(e) = validate_topic_name(name) {
-                self.reject(ch, &d, &AmqpError::InvalidField(e.to_string()));
+                self.reject(ch, handle, &d, &AmqpError::InvalidField(e.to_string()));
                 return Ok(());
             }
         }
@@ -195,7 +201,7 @@ impl AmqpConnection {
             Some(id) => match self.txn_for(id) {
                 Some(t) => Some(t),
                 None => {
-                    self.reject(ch, &d, &AmqpError::UnknownTxn(format!("{id:02x?}")));
+                    self.reject(ch, handle, &d, &AmqpError::UnknownTxn(format!("{id:02x?}")));
                     return Ok(());
                 }
             },
@@ -224,7 +230,7 @@ impl AmqpConnection {
                         txn_id: id.clone().into(),
                         outcome: Some(AmqpOutcome::Accepted(Accepted {})),
                     });
-                    self.dispose(ch, d.delivery_id, state);
+                    self.dispose(ch, handle, d.delivery_id, state);
                 } else if let Some(ticket) = receipt.pending {
                     self.tickets.insert(
                         ticket,
@@ -240,8 +246,8 @@ impl AmqpConnection {
                     {
                         i.in_flight += 1;
                     }
-                } else if let Some(s) = self.sessions.get_mut(&ch) {
-                    s.accepted.push(d.delivery_id);
+                } else {
+                    self.accept_incoming(ch, handle, d.delivery_id);
                 }
                 Ok(())
             }
@@ -254,7 +260,7 @@ impl AmqpConnection {
                             | BrokerError::InvalidAddress(_)
                     );
                 let err = AmqpError::Broker(e);
-                self.reject(ch, &d, &err);
+                self.reject(ch, handle, &d, &err);
                 if fatal_for_link {
                     return Err(Fault::Link(handle, err));
                 }
@@ -264,7 +270,7 @@ impl AmqpConnection {
     }
 
     /// Rejects an unsettled incoming delivery (a settled one is dropped).
-    pub(crate) fn reject(&mut self, ch: u16, d: &Incoming, e: &AmqpError) {
+    pub(crate) fn reject(&mut self, ch: u16, handle: u32, d: &Incoming, e: &AmqpError) {
         debug!(conn = self.conn_id, delivery = d.delivery_id, error = %e, "rejecting delivery");
         if d.settled {
             return;
@@ -284,11 +290,50 @@ impl AmqpConnection {
             }
             _ => DeliveryState::Rejected(rejected),
         };
-        self.dispose(ch, d.delivery_id, state);
+        self.dispose(ch, handle, d.delivery_id, state);
     }
 
-    /// Sends a settled disposition for one incoming delivery.
-    pub(crate) fn dispose(&mut self, ch: u16, delivery_id: u32, state: DeliveryState) {
+    /// Whether the incoming link `handle` is in rcv-settle-mode second; if
+    /// so, records `delivery_id` as answered unsettled, awaiting the sender.
+    fn await_sender_settle(&mut self, ch: u16, handle: u32, delivery_id: u32) -> bool {
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return false;
+        };
+        let Some(link) = s.links.get_mut(&handle) else {
+            return false;
+        };
+        let serial = link.serial;
+        match &mut link.kind {
+            LinkKind::Incoming(i) if i.settle_second => {
+                if s.awaiting_settle
+                    .insert(delivery_id, (handle, serial))
+                    .is_none()
+                {
+                    i.awaiting_settle += 1;
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Queues the `accepted` disposition of an incoming delivery (sent
+    /// coalesced at the next poll_transmit), unsettled in mode second.
+    fn accept_incoming(&mut self, ch: u16, handle: u32, delivery_id: u32) {
+        let second = self.await_sender_settle(ch, handle, delivery_id);
+        if let Some(s) = self.sessions.get_mut(&ch) {
+            if second {
+                s.accepted_second.push(delivery_id);
+            } else {
+                s.accepted.push(delivery_id);
+            }
+        }
+    }
+
+    /// Sends the disposition of one incoming delivery: settled, or in mode
+    /// second unsettled until the sender settles.
+    pub(crate) fn dispose(&mut self, ch: u16, handle: u32, delivery_id: u32, state: DeliveryState) {
+        let second = self.await_sender_settle(ch, handle, delivery_id);
         let Some(s) = self.sessions.get(&ch) else {
             return;
         };
@@ -296,7 +341,7 @@ impl AmqpConnection {
             role: Role::Receiver,
             first: delivery_id,
             last: None,
-            settled: true,
+            settled: !second,
             state: Some(state),
             batchable: false,
         };
@@ -329,19 +374,34 @@ impl AmqpConnection {
                     i.in_flight = i.in_flight.saturating_sub(1);
                 }
                 match result {
-                    Ok(()) => {
-                        if let Some(s) = self.sessions.get_mut(&channel) {
-                            s.accepted.push(delivery_id);
-                        }
-                    }
+                    Ok(()) => self.accept_incoming(channel, handle, delivery_id),
                     Err(e) => {
                         let state = DeliveryState::Rejected(Rejected {
                             error: Some(AmqpError::Broker(e).to_wire()),
                         });
-                        self.dispose(channel, delivery_id, state);
+                        self.dispose(channel, handle, delivery_id, state);
                     }
                 }
                 self.refill_credit(channel, handle);
+            }
+            PendingCommit::SettleBack {
+                channel,
+                delivery_id,
+                outcome,
+            } => {
+                // A failed journal write leaves the outcome applied in
+                // memory; settling still ends the receiver's wait.
+                if let Err(e) = &result {
+                    debug!(conn = self.conn_id, error = %e, "settlement commit failed");
+                }
+                if let Some(s) = self.sessions.get(&channel) {
+                    crate::session::write_settle_back(
+                        &mut self.out,
+                        s.local_channel,
+                        delivery_id,
+                        outcome,
+                    );
+                }
             }
             PendingCommit::Discharge {
                 channel,
@@ -361,7 +421,7 @@ impl AmqpConnection {
                         error: Some(AmqpError::TxnRollback(e.to_string()).to_wire()),
                     }),
                 };
-                self.dispose(channel, delivery_id, state);
+                self.dispose(channel, handle, delivery_id, state);
                 self.refill_credit(channel, handle);
             }
         }

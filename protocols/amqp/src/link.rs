@@ -88,6 +88,13 @@ pub(crate) struct IncomingLink {
     pub(crate) credit_limit: u32,
     /// Unsettled publishes waiting for their commit.
     pub(crate) in_flight: u32,
+    /// rcv-settle-mode `second` (spec 2.8.2.2): our outcome goes out
+    /// unsettled and we settle only when the sender settles.
+    pub(crate) settle_second: bool,
+    /// Deliveries we answered unsettled (mode `second`) whose sender has not
+    /// settled them yet. Counted against the credit window, so a sender that
+    /// never settles runs out of credit instead of growing our state.
+    pub(crate) awaiting_settle: u32,
     /// Credit was withheld because the core is blocking producers.
     pub(crate) withheld: bool,
     pub(crate) partial: Option<Partial>,
@@ -261,12 +268,20 @@ impl AmqpConnection {
             return Ok(());
         };
         let presettled = a.snd_settle_mode == SenderSettleMode::Settled;
+        // Both modes are implemented, so the mode the sender asks for is the
+        // mode in use (at the receiver this field states the actual mode).
+        // A coordinator always settles first: its outcomes are final.
+        let settle_second = !coordinator && a.rcv_settle_mode == ReceiverSettleMode::Second;
         let reply = Attach {
             name: a.name.clone(),
             handle: a.handle.clone(),
             role: Role::Receiver,
             snd_settle_mode: a.snd_settle_mode.clone(),
-            rcv_settle_mode: ReceiverSettleMode::First,
+            rcv_settle_mode: if settle_second {
+                ReceiverSettleMode::Second
+            } else {
+                ReceiverSettleMode::First
+            },
             source: a.source.clone(),
             target: reply_target,
             unsettled: None,
@@ -291,6 +306,8 @@ impl AmqpConnection {
                     delivery_count: dc,
                     credit_limit: dc,
                     in_flight: 0,
+                    settle_second,
+                    awaiting_settle: 0,
                     withheld: false,
                     partial: None,
                 }),
@@ -416,7 +433,10 @@ impl AmqpConnection {
             handle: a.handle.clone(),
             role: Role::Sender,
             snd_settle_mode: a.snd_settle_mode.clone(),
-            rcv_settle_mode: ReceiverSettleMode::First,
+            // At the sender this is only the mode we desire; the receiver's
+            // own choice governs, and we follow either (`on_disposition`
+            // settles an outcome the receiver leaves unsettled).
+            rcv_settle_mode: a.rcv_settle_mode.clone(),
             source: Some(Box::new(reply_source)),
             target: a.target.clone(),
             unsettled: None,
@@ -487,6 +507,10 @@ impl AmqpConnection {
         let Some(link) = s.links.remove(&handle) else {
             return;
         };
+        if matches!(&link.kind, LinkKind::Incoming(i) if i.awaiting_settle > 0) {
+            // Its sender can no longer settle them on this link.
+            s.awaiting_settle.retain(|_, (h, _)| *h != handle);
+        }
         if let LinkKind::Outgoing(o) = link.kind {
             s.unsettled_out.retain(|_, od| od.handle != handle);
             s.queued.retain(|q| match q {
@@ -605,12 +629,14 @@ impl AmqpConnection {
         else {
             return;
         };
-        // Outstanding = credit not yet used + publishes not yet committed.
+        // Outstanding = credit not yet used + publishes not yet committed
+        // or (mode second) not yet settled by the sender.
         // Refill only once half the window is free, so a steady stream
         // costs one flow per half window, not one per commit.
         let remaining = i.credit_limit.wrapping_sub(i.delivery_count);
-        let outstanding = remaining.saturating_add(i.in_flight);
-        let target = window.saturating_sub(i.in_flight);
+        let held = i.in_flight.saturating_add(i.awaiting_settle);
+        let outstanding = remaining.saturating_add(held);
+        let target = window.saturating_sub(held);
         if outstanding > window / 2 || target <= remaining {
             return;
         }

@@ -8,12 +8,14 @@
 use std::collections::VecDeque;
 
 use fe2o3_amqp_types::definitions::{Handle, Role};
-use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Modified, Outcome as AmqpOutcome};
+use fe2o3_amqp_types::messaging::{
+    Accepted, DeliveryState, Modified, Outcome as AmqpOutcome, Rejected, Released,
+};
 use fe2o3_amqp_types::performatives::{Begin, Disposition, End, Flow};
 use rosetta_neutral::{ConsumerId, Delivery, DeliveryTag, Outcome, TxnId};
 use tracing::debug;
 
-use crate::connection::{write_perf, AmqpConnection, Fault};
+use crate::connection::{write_perf, AmqpConnection, Fault, PendingCommit};
 use crate::error::AmqpError;
 use crate::idmap::{IdMap, IdSet};
 use crate::link::{Link, LinkKind};
@@ -61,6 +63,12 @@ pub(crate) struct AmqpSession {
     /// Incoming delivery ids to dispose as accepted+settled at the next
     /// poll_transmit, coalesced into ranges.
     pub(crate) accepted: Vec<u32>,
+    /// The same for links in rcv-settle-mode `second`: accepted, unsettled.
+    pub(crate) accepted_second: Vec<u32>,
+    /// Incoming deliveries we answered unsettled (mode `second`), waiting
+    /// for the sender to settle: delivery id -> (handle, link serial).
+    /// Bounded by the links' credit windows (see `refill_credit`).
+    pub(crate) awaiting_settle: IdMap<u32, (u32, u64)>,
 }
 
 impl AmqpSession {
@@ -119,6 +127,8 @@ impl AmqpConnection {
             unsettled_out: IdMap::default(),
             queued: VecDeque::new(),
             accepted: Vec::new(),
+            accepted_second: Vec::new(),
+            awaiting_settle: IdMap::default(),
         };
         let reply = Begin {
             remote_channel: Some(ch),
@@ -162,6 +172,8 @@ impl AmqpConnection {
             s.queued.clear();
             s.unsettled_out.clear();
             s.accepted.clear();
+            s.accepted_second.clear();
+            s.awaiting_settle.clear();
         }
     }
 
@@ -193,8 +205,12 @@ impl AmqpConnection {
 
     pub(crate) fn on_disposition(&mut self, ch: u16, d: Disposition) -> Result<(), Fault> {
         if d.role == Role::Sender {
-            // The peer settles its own transfers to us: we settle at once
-            // (receiver-settle-mode first), so there is nothing to do.
+            // The peer settles its own transfers to us. Under rcv-settle-mode
+            // first we settled them already; under second this is the
+            // settlement our unsettled outcome waits for.
+            if d.settled {
+                self.on_sender_settled(ch, d.first, d.last.unwrap_or(d.first));
+            }
             return Ok(());
         }
         let (outcome, txn) = match &d.state {
@@ -239,6 +255,13 @@ impl AmqpConnection {
         let Some(core) = self.core.as_deref_mut() else {
             return Ok(());
         };
+        // A receiver that leaves its terminal outcome unsettled (it runs in
+        // rcv-settle-mode second, spec 2.8.2.2) waits for us to settle. We
+        // settle once the outcome is durable, so that a receiver that sees
+        // the settlement knows the message will not come back.
+        let settle_back = !d.settled;
+        let local_channel = s.local_channel;
+        let mut settle_now = Vec::new();
         for id in ids {
             if let Some(od) = s.unsettled_out.remove(&id) {
                 if let Some(LinkKind::Outgoing(o)) =
@@ -246,41 +269,82 @@ impl AmqpConnection {
                 {
                     o.unsettled = o.unsettled.saturating_sub(1);
                 }
-                if let Err(e) = core.settle(od.consumer, od.tag, outcome, txn, false) {
-                    debug!(conn = self.conn_id, error = %e, "settle failed");
+                let confirm = settle_back && txn.is_none();
+                match core.settle(od.consumer, od.tag, outcome, txn, confirm) {
+                    Ok(Some(ticket)) if settle_back => {
+                        self.tickets.insert(
+                            ticket,
+                            PendingCommit::SettleBack {
+                                channel: ch,
+                                delivery_id: id,
+                                outcome,
+                            },
+                        );
+                    }
+                    Ok(_) if settle_back => settle_now.push(id),
+                    Ok(_) => {}
+                    Err(e) => {
+                        debug!(conn = self.conn_id, error = %e, "settle failed");
+                        // Still settle: the delivery is gone from our side
+                        // and the receiver must not wait for it forever.
+                        if settle_back {
+                            settle_now.push(id);
+                        }
+                    }
                 }
             }
         }
+        for id in settle_now {
+            write_settle_back(&mut self.out, local_channel, id, outcome);
+        }
         Ok(())
+    }
+
+    /// The sender settled incoming deliveries `[first, last]`: those we
+    /// answered unsettled (mode second) are done, and their credit is free.
+    fn on_sender_settled(&mut self, ch: u16, first: u32, last: u32) {
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return;
+        };
+        let span = u64::from(last.wrapping_sub(first)) + 1;
+        let ids: Vec<u32> = if span <= s.awaiting_settle.len() as u64 {
+            (0..span as u32).map(|i| first.wrapping_add(i)).collect()
+        } else {
+            s.awaiting_settle
+                .keys()
+                .copied()
+                .filter(|id| in_range(*id, first, last))
+                .collect()
+        };
+        let mut links = Vec::new();
+        for id in ids {
+            let Some((handle, serial)) = s.awaiting_settle.remove(&id) else {
+                continue;
+            };
+            if let Some(link) = s.links.get_mut(&handle).filter(|l| l.serial == serial) {
+                if let LinkKind::Incoming(i) = &mut link.kind {
+                    i.awaiting_settle = i.awaiting_settle.saturating_sub(1);
+                }
+                if !links.contains(&handle) {
+                    links.push(handle);
+                }
+            }
+        }
+        for handle in links {
+            self.refill_credit(ch, handle);
+        }
     }
 
     /// Sends coalesced accepted dispositions for completed publishes.
     pub(crate) fn flush_dispositions(&mut self) {
         for s in self.sessions.values_mut() {
-            if s.accepted.is_empty() {
-                continue;
-            }
-            s.accepted.sort_unstable();
-            let mut i = 0;
-            while i < s.accepted.len() {
-                let first = s.accepted[i];
-                let mut last = first;
-                i += 1;
-                while i < s.accepted.len() && s.accepted[i] == last.wrapping_add(1) {
-                    last = s.accepted[i];
-                    i += 1;
-                }
-                let d = Disposition {
-                    role: Role::Receiver,
-                    first,
-                    last: (last != first).then_some(last),
-                    settled: true,
-                    state: Some(DeliveryState::Accepted(Accepted {})),
-                    batchable: false,
-                };
-                write_perf(&mut self.out, s.local_channel, &d, &[]);
-            }
-            s.accepted.clear();
+            write_accepted(&mut self.out, s.local_channel, &mut s.accepted, true);
+            write_accepted(
+                &mut self.out,
+                s.local_channel,
+                &mut s.accepted_second,
+                false,
+            );
         }
     }
 
@@ -319,6 +383,62 @@ impl AmqpConnection {
         let bytes: [u8; 8] = id.try_into().ok()?;
         self.txns.get(&u64::from_be_bytes(bytes)).copied()
     }
+}
+
+/// Writes `accepted` dispositions for `ids`, coalesced into ranges, and
+/// empties `ids`.
+fn write_accepted(out: &mut Vec<u8>, channel: u16, ids: &mut Vec<u32>, settled: bool) {
+    if ids.is_empty() {
+        return;
+    }
+    ids.sort_unstable();
+    let mut i = 0;
+    while i < ids.len() {
+        let first = ids[i];
+        let mut last = first;
+        i += 1;
+        while i < ids.len() && ids[i] == last.wrapping_add(1) {
+            last = ids[i];
+            i += 1;
+        }
+        let d = Disposition {
+            role: Role::Receiver,
+            first,
+            last: (last != first).then_some(last),
+            settled,
+            state: Some(DeliveryState::Accepted(Accepted {})),
+            batchable: false,
+        };
+        write_perf(out, channel, &d, &[]);
+    }
+    ids.clear();
+}
+
+/// Our settling disposition (role sender) for a delivery whose receiver
+/// left its outcome unsettled; it repeats the outcome the core applied.
+pub(crate) fn write_settle_back(out: &mut Vec<u8>, channel: u16, delivery_id: u32, o: Outcome) {
+    let state = match o {
+        Outcome::Accept => DeliveryState::Accepted(Accepted {}),
+        Outcome::Release => DeliveryState::Released(Released {}),
+        Outcome::Reject => DeliveryState::Rejected(Rejected { error: None }),
+        Outcome::Modify {
+            delivery_failed,
+            undeliverable_here,
+        } => DeliveryState::Modified(Modified {
+            delivery_failed: Some(delivery_failed),
+            undeliverable_here: Some(undeliverable_here),
+            message_annotations: None,
+        }),
+    };
+    let d = Disposition {
+        role: Role::Sender,
+        first: delivery_id,
+        last: None,
+        settled: true,
+        state: Some(state),
+        batchable: false,
+    };
+    write_perf(out, channel, &d, &[]);
 }
 
 /// The core outcome for a terminal delivery state; `None` for non-terminal.

@@ -2032,3 +2032,199 @@ fn pipelined_sasl_and_open_in_one_read() {
         ]
     ));
 }
+
+// ---------------------------------------------------------------- rcv-settle-mode second
+
+fn durable_data(body: &[u8]) -> Vec<u8> {
+    let mut payload = Vec::new();
+    codec::encode_into(
+        &mut payload,
+        &fe2o3_amqp_types::messaging::Header {
+            durable: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    payload.extend(data_payload(body));
+    payload
+}
+
+fn sender_settles(first: u32, last: Option<u32>) -> Disposition {
+    Disposition {
+        role: Role::Sender,
+        first,
+        last,
+        settled: true,
+        state: Some(DeliveryState::Accepted(Accepted {})),
+        batchable: false,
+    }
+}
+
+#[test]
+fn receiver_settle_mode_second_for_a_client_sender() {
+    let cfg = AmqpConfig {
+        sender_credit_window: 4,
+        ..AmqpConfig::default()
+    };
+    let mut p = Peer::with(true, cfg);
+    p.open();
+    let mut a = attach("snd", 0, Role::Sender, Some("/queue/q"));
+    a.rcv_settle_mode = ReceiverSettleMode::Second;
+    p.send(0, &a, &[]);
+    let out = p.perfs();
+    let Performative::Attach(reply) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(reply.rcv_settle_mode, ReceiverSettleMode::Second);
+    assert!(matches!(&out[1], Performative::Flow(f) if f.link_credit == Some(4)));
+
+    for id in 0..4 {
+        p.send(0, &transfer(0, id, false), &durable_data(b"m"));
+    }
+    assert!(p.perfs().is_empty(), "nothing before the commits");
+    for t in 1..=4 {
+        p.event(SessionEvent::Committed {
+            ticket: Ticket(t),
+            result: Ok(()),
+        });
+    }
+    // Accepted once durable, but not settled: the sender settles first.
+    let out = p.perfs();
+    assert_eq!(out.len(), 1, "{out:?}");
+    let Performative::Disposition(d) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!((d.first, d.last, d.settled), (0, Some(3), false));
+    assert!(matches!(d.state, Some(DeliveryState::Accepted(_))));
+    // Deliveries awaiting the sender's settlement hold their credit.
+    assert_eq!(p.conn.sessions[&0].awaiting_settle.len(), 4);
+
+    // The sender settles two: half the window is free, credit comes back.
+    p.send(0, &sender_settles(0, Some(1)), &[]);
+    let out = p.perfs();
+    assert!(
+        matches!(&out[..], [Performative::Flow(f)] if f.link_credit == Some(2) && f.delivery_count == Some(4)),
+        "{out:?}"
+    );
+    // Settling an id we never answered, or twice, changes nothing.
+    p.send(0, &sender_settles(0, Some(1)), &[]);
+    p.send(0, &sender_settles(900, None), &[]);
+    assert!(p.perfs().is_empty());
+    p.send(0, &sender_settles(2, Some(3)), &[]);
+    assert!(p.conn.sessions[&0].awaiting_settle.is_empty());
+
+    // A refused message is answered unsettled as well.
+    p.log().publish_error = Some(BrokerError::ResourceLimit("full".into()));
+    p.send(0, &transfer(0, 4, false), &durable_data(b"m"));
+    let out = p.perfs();
+    assert!(
+        out.iter().any(|p| matches!(p, Performative::Disposition(d)
+            if d.first == 4 && !d.settled && matches!(d.state, Some(DeliveryState::Rejected(_))))),
+        "{out:?}"
+    );
+    // Detaching forgets what the link still waited for.
+    p.send(
+        0,
+        &Detach {
+            handle: Handle(0),
+            closed: true,
+            error: None,
+        },
+        &[],
+    );
+    p.perfs();
+    assert!(p.conn.sessions[&0].awaiting_settle.is_empty());
+}
+
+#[test]
+fn mode_first_sender_gets_settled_dispositions() {
+    let mut p = Peer::new(true);
+    p.open();
+    let a = attach("snd", 0, Role::Sender, Some("/queue/q"));
+    p.send(0, &a, &[]);
+    let out = p.perfs();
+    assert!(
+        matches!(&out[0], Performative::Attach(r) if r.rcv_settle_mode == ReceiverSettleMode::First)
+    );
+    p.send(0, &transfer(0, 0, false), &durable_data(b"m"));
+    p.event(SessionEvent::Committed {
+        ticket: Ticket(1),
+        result: Ok(()),
+    });
+    let out = p.perfs();
+    assert!(
+        matches!(&out[..], [Performative::Disposition(d)] if d.settled),
+        "{out:?}"
+    );
+    assert!(p.conn.sessions[&0].awaiting_settle.is_empty());
+}
+
+#[test]
+fn unsettled_receiver_outcome_is_settled_by_the_broker() {
+    let mut p = Peer::new(true);
+    p.open();
+    let mut a = attach("rcv", 0, Role::Receiver, Some("/queue/q"));
+    a.rcv_settle_mode = ReceiverSettleMode::Second;
+    let reply = attach_receiver(&mut p, 0, a);
+    assert_eq!(reply.rcv_settle_mode, ReceiverSettleMode::Second);
+    p.send(0, &flow(0, 0, 10, false), &[]);
+    p.event(delivery(1, 42, b"a"));
+    p.event(delivery(1, 43, b"b"));
+    assert_eq!(p.perfs().len(), 2);
+    // The receiver states its outcome but does not settle (mode second).
+    for (id, state) in [
+        (0, DeliveryState::Accepted(Accepted {})),
+        (1, DeliveryState::Released(Released {})),
+    ] {
+        p.send(
+            0,
+            &Disposition {
+                role: Role::Receiver,
+                first: id,
+                last: None,
+                settled: false,
+                state: Some(state),
+                batchable: false,
+            },
+            &[],
+        );
+    }
+    assert_eq!(
+        p.log().settled,
+        vec![
+            (ConsumerId(1), DeliveryTag(42), Outcome::Accept, None),
+            (ConsumerId(1), DeliveryTag(43), Outcome::Release, None)
+        ]
+    );
+    // We settle each, repeating the outcome.
+    let out = p.perfs();
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert!(matches!(&out[0], Performative::Disposition(d)
+        if d.role == Role::Sender && d.settled && d.first == 0
+            && matches!(d.state, Some(DeliveryState::Accepted(_)))));
+    assert!(matches!(&out[1], Performative::Disposition(d)
+        if d.role == Role::Sender && d.settled && d.first == 1
+            && matches!(d.state, Some(DeliveryState::Released(_)))));
+    // A settled outcome needs no answer; a non-terminal state is no outcome.
+    p.event(delivery(1, 44, b"c"));
+    p.perfs();
+    p.send(
+        0,
+        &Disposition {
+            role: Role::Receiver,
+            first: 2,
+            last: None,
+            settled: false,
+            state: Some(DeliveryState::Received(
+                fe2o3_amqp_types::messaging::Received {
+                    section_number: 0,
+                    section_offset: 0,
+                },
+            )),
+            batchable: false,
+        },
+        &[],
+    );
+    assert!(p.perfs().is_empty());
+    assert_eq!(p.log().settled.len(), 2);
+}
