@@ -25,6 +25,10 @@ pub const CLIENT_ID_LEN_MAX_BYTES: usize = 256;
 pub const SESSION_EXPIRY_MAX_S: u32 = 7 * 24 * 3600;
 /// How long a new connection may take to send CONNECT.
 pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
+/// Shared and `$queue/` subscriptions per session. Each is a consumer
+/// of its own, and a persistent session rewrites the whole list in its
+/// durable state on every change, so the list is kept short.
+pub const OWN_SUBSCRIPTIONS_MAX: usize = 64;
 /// Acks waiting for durable commits before we stop reading the socket
 /// (the receive maximum bounds v5 clients; this bounds 3.1.1 clients).
 pub const PENDING_ACKS_MAX: usize = 1024;
@@ -70,6 +74,9 @@ pub struct MqttConfig {
     pub connect_timeout_ms: u64,
     /// Pending acks (waiting for commits) before `wants_input` turns false.
     pub pending_acks_max: usize,
+    /// Most shared and `$queue/` subscriptions per session; more are
+    /// refused with 0x97 (quota exceeded).
+    pub own_subscriptions_max: usize,
 }
 
 impl Default for MqttConfig {
@@ -91,6 +98,7 @@ impl Default for MqttConfig {
             v311_session_expiry_s: None,
             connect_timeout_ms: CONNECT_TIMEOUT_MS,
             pending_acks_max: PENDING_ACKS_MAX,
+            own_subscriptions_max: OWN_SUBSCRIPTIONS_MAX,
         }
     }
 }

@@ -15,6 +15,7 @@
 //!   outbound deliveries, subscriptions);
 //! - `convert`: PUBLISH <-> neutral `Message`;
 //! - `inflight`: packet ids, annotations and persisted QoS 2 state;
+//! - `own_subs`: the persisted list of shared and `$queue/` subscriptions;
 //! - [`error`]: typed errors and the single mapping to reason codes;
 //! - [`config`]: limits, advertised in MQTT 5 CONNACK.
 //!
@@ -22,8 +23,10 @@
 //! One core queue per client id (`$mqtt/<client id>`), durable when the
 //! session outlives the connection; one binding per subscription; shared
 //! subscriptions are a queue named `$share/group/filter`. QoS 1/2 in-flight
-//! state is annotated on the core's deliveries and inbound QoS 2 state is
-//! saved with `Session::put_state`, so both survive a broker restart.
+//! state is annotated on the core's deliveries; inbound QoS 2 state and the
+//! list of shared and `$queue/` subscriptions (consumers, which end with
+//! the connection) are saved with `Session::put_state`, so all of it
+//! survives a broker restart and the consumers are re-attached on resume.
 //!
 //! ## What the adapter expects of the core
 //! - `declare_queue` of an existing queue updates its `durable` and
@@ -76,6 +79,7 @@ mod connection;
 mod convert;
 pub mod error;
 mod inflight;
+mod own_subs;
 
 pub use codec::Version;
 pub use config::MqttConfig;

@@ -11,6 +11,42 @@ use mqttbytes::{v4, v5, QoS};
 
 use super::Version;
 
+/// Longest Reason String we send: a short sentence for a human, never a
+/// burden on a constrained client.
+pub const REASON_STRING_MAX_BYTES: usize = 200;
+
+/// `text` cut to [`REASON_STRING_MAX_BYTES`] on a character boundary.
+pub fn reason_string(text: &str) -> String {
+    if text.len() <= REASON_STRING_MAX_BYTES {
+        return text.to_owned();
+    }
+    let mut end = REASON_STRING_MAX_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+/// Writes a packet with its optional properties (Reason String), unless
+/// that would exceed the client's Maximum Packet Size: then writes it
+/// again without them (MQTT 5 §3.1.2.11.4 lets the server drop the Reason
+/// String and User Properties for that; a packet without them always fits
+/// a limit a client can legally set). `write(with_props, out)`.
+fn write_within<E>(
+    max: Option<u32>,
+    out: &mut BytesMut,
+    mut write: impl FnMut(bool, &mut BytesMut) -> Result<(), E>,
+) -> Result<(), E> {
+    let start = out.len();
+    write(true, out)?;
+    let limit = max.map_or(usize::MAX, |m| usize::try_from(m).unwrap_or(usize::MAX));
+    if out.len() - start > limit {
+        out.truncate(start);
+        write(false, out)?;
+    }
+    Ok(())
+}
+
 /// Why a server packet could not be encoded (our bug or an oversize field).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("cannot encode packet: {0:?}")]
@@ -81,6 +117,57 @@ pub enum AckKind {
 
 /// Writes PUBACK/PUBREC/PUBREL/PUBCOMP with a v5 reason code.
 pub fn ack(version: Version, kind: AckKind, pkid: u16, reason: u8, out: &mut BytesMut) {
+    ack_with_reason(version, kind, pkid, reason, None, None, out);
+}
+
+/// Writes a PUBACK or PUBREC with a v5 reason code and, for a failure, a
+/// Reason String (`why`), which is left out when the packet would exceed
+/// the client's maximum packet size (`max`). Other acks and 3.1.1 ignore
+/// `why`.
+pub fn ack_with_reason(
+    version: Version,
+    kind: AckKind,
+    pkid: u16,
+    reason: u8,
+    why: Option<&str>,
+    max: Option<u32>,
+    out: &mut BytesMut,
+) {
+    let props = |with: bool| {
+        why.filter(|_| with).map(|w| v5::PubAckProperties {
+            reason_string: Some(reason_string(w)),
+            user_properties: Vec::new(),
+        })
+    };
+    let r = write_within(max, out, |with, out| match (version, kind) {
+        (Version::V5, AckKind::PubAck) => {
+            let mut a = v5::PubAck::new(pkid);
+            a.reason = puback_reason(reason);
+            a.properties = props(with);
+            a.write(out).map(drop)
+        }
+        (Version::V5, AckKind::PubRec) => {
+            let mut a = v5::PubRec::new(pkid);
+            a.reason = pubrec_reason(reason);
+            a.properties = props(with).map(|p| v5::PubRecProperties {
+                reason_string: p.reason_string,
+                user_properties: p.user_properties,
+            });
+            a.write(out).map(drop)
+        }
+        _ => plain_ack(version, kind, pkid, reason, out),
+    });
+    // Fixed-size packets and a bounded string: the writers cannot fail.
+    debug_assert!(r.is_ok());
+}
+
+fn plain_ack(
+    version: Version,
+    kind: AckKind,
+    pkid: u16,
+    reason: u8,
+    out: &mut BytesMut,
+) -> Result<(), mqttbytes::Error> {
     let r = match version {
         Version::V311 => match kind {
             AckKind::PubAck => v4::PubAck::new(pkid).write(out),
@@ -115,8 +202,7 @@ pub fn ack(version: Version, kind: AckKind, pkid: u16, reason: u8, out: &mut Byt
             }
         },
     };
-    // Fixed-size packets: the writers cannot fail.
-    debug_assert!(r.is_ok());
+    r.map(drop)
 }
 
 fn puback_reason(code: u8) -> v5::PubAckReason {
@@ -164,11 +250,13 @@ pub fn connack_v4(session_present: bool, code: u8, out: &mut BytesMut) {
     debug_assert!(r.is_ok());
 }
 
-/// Writes a v5 CONNACK.
+/// Writes a v5 CONNACK. Its Reason String and User Properties are left out
+/// if the packet would exceed the client's maximum packet size `max`.
 pub fn connack_v5(
     session_present: bool,
     code: u8,
     props: v5::ConnAckProperties,
+    max: Option<u32>,
     out: &mut BytesMut,
 ) -> Result<(), EncodeError> {
     use v5::ConnectReturnCode::*;
@@ -196,17 +284,29 @@ pub fn connack_v5(
         0x9F => ConnectionRateExceeded,
         _ => UnspecifiedError,
     };
-    let mut ack = v5::ConnAck::new(code, session_present);
-    ack.properties = Some(props);
-    ack.write(out).map_err(EncodeError)?;
-    Ok(())
+    let mut props = props;
+    props.reason_string = props.reason_string.as_deref().map(reason_string);
+    write_within(max, out, |with, out| {
+        let mut ack = v5::ConnAck::new(code, session_present);
+        let mut p = props.clone();
+        if !with {
+            p.reason_string = None;
+            p.user_properties.clear();
+        }
+        ack.properties = Some(p);
+        ack.write(out).map(drop).map_err(EncodeError)
+    })
 }
 
 /// Writes a SUBACK; `codes` are v5 reason codes (granted QoS or failure).
+/// `why` becomes the v5 Reason String unless the packet would then exceed
+/// the client's maximum packet size `max`.
 pub fn suback(
     version: Version,
     pkid: u16,
     codes: &[u8],
+    why: Option<String>,
+    max: Option<u32>,
     out: &mut BytesMut,
 ) -> Result<(), EncodeError> {
     match version {
@@ -224,7 +324,7 @@ pub fn suback(
         }
         Version::V5 => {
             use v5::SubscribeReasonCode::*;
-            let codes = codes
+            let codes: Vec<v5::SubscribeReasonCode> = codes
                 .iter()
                 .map(|&c| match c {
                     0 => QoS0,
@@ -241,9 +341,15 @@ pub fn suback(
                     _ => Unspecified,
                 })
                 .collect();
-            v5::SubAck::new(pkid, codes)
-                .write(out)
-                .map_err(EncodeError)?;
+            let properties = why.map(|w| v5::SubAckProperties {
+                reason_string: Some(reason_string(&w)),
+                user_properties: Vec::new(),
+            });
+            write_within(max, out, |with, out| {
+                let mut ack = v5::SubAck::new(pkid, codes.clone());
+                ack.properties = properties.clone().filter(|_| with);
+                ack.write(out).map(drop).map_err(EncodeError)
+            })?;
         }
     }
     Ok(())
@@ -286,21 +392,35 @@ pub fn pingresp(out: &mut BytesMut) {
     out.extend_from_slice(&[0xD0, 0x00]);
 }
 
-/// Writes a v5 DISCONNECT with a reason code and optional reason string.
-pub fn disconnect_v5(reason: u8, reason_string: Option<String>, out: &mut BytesMut) {
+/// Writes a v5 DISCONNECT with a reason code and optional reason string,
+/// which is left out if the packet would exceed the client's maximum
+/// packet size `max`.
+pub fn disconnect_v5(reason: u8, why: Option<&str>, max: Option<u32>, out: &mut BytesMut) {
     use v5::DisconnectReasonCode;
     let code =
         DisconnectReasonCode::try_from(reason).unwrap_or(DisconnectReasonCode::UnspecifiedError);
-    let mut d = v5::Disconnect::new();
-    d.reason_code = code;
-    if let Some(text) = reason_string {
-        d.properties = Some(v5::DisconnectProperties {
-            session_expiry_interval: None,
-            reason_string: Some(text),
-            user_properties: Vec::new(),
-            server_reference: None,
-        });
-    }
-    let r = d.write(out);
+    // `v5::Disconnect::write` with an empty property list is malformed: only
+    // a non-empty reason string makes a property list.
+    let why = why.filter(|w| !w.is_empty()).map(reason_string);
+    let r = write_within(max, out, |with, out| match why.clone().filter(|_| with) {
+        Some(text) => {
+            let mut d = v5::Disconnect::new();
+            d.reason_code = code;
+            d.properties = Some(v5::DisconnectProperties {
+                session_expiry_interval: None,
+                reason_string: Some(text),
+                user_properties: Vec::new(),
+                server_reference: None,
+            });
+            d.write(out).map(drop)
+        }
+        None => {
+            // Reason code and an explicit empty property length. The
+            // shorter form mqttbytes writes (reason code only) is valid,
+            // but mqttbytes and rumqttc fail to read it.
+            out.extend_from_slice(&[0xE0, 0x02, code as u8, 0x00]);
+            Ok(())
+        }
+    });
     debug_assert!(r.is_ok());
 }

@@ -2,7 +2,7 @@
 //! session queue (clean start, expiry, session present), the will; and the
 //! client's DISCONNECT.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use mqttbytes::v5::ConnAckProperties;
@@ -13,9 +13,12 @@ use rosetta_neutral::{
 
 use super::{MqttConnection, Open, State};
 use crate::codec::{encode, CodecError, ConnectPacket, ReasonPacket, Version};
+use crate::config::MqttConfig;
 use crate::convert::inbound_message;
 use crate::error::{auth_reason, broker_reason, connack_v4_code, MqttError, ReasonContext};
 use crate::inflight::{decode_qos2_set, Outbound, QOS2_INBOUND_STATE_KEY};
+use crate::own_subs::OWN_SUBSCRIPTIONS_STATE_KEY;
+use rosetta_neutral::address::MQTT_QUEUE_TOPIC_PREFIX;
 
 /// A refused CONNECT: the v5 reason code and the text for the log and the
 /// v5 reason string.
@@ -43,11 +46,12 @@ struct Lifetime {
 impl MqttConnection {
     pub(super) fn on_connect(&mut self, now: Instant, c: ConnectPacket) {
         let version = c.version;
+        let client_packet_max = c.props.maximum_packet_size;
         match self.establish(now, c) {
             Ok(open) => self.state = State::Open(Box::new(open)),
             Err(refusal) => {
                 tracing::info!(conn_id = self.conn_id, code = refusal.code, why = %refusal.why, "CONNECT refused");
-                self.write_refusal(version, &refusal);
+                self.write_refusal(version, &refusal, client_packet_max);
                 self.state = State::Closed;
             }
         }
@@ -61,16 +65,22 @@ impl MqttConnection {
                 encode::connack_v4(false, 1, &mut self.out)
             }
             // A bad CONNECT from a v5 client: CONNACK with the reason.
+            // Its Maximum Packet Size is unknown (the CONNECT did not
+            // parse); the reason string is short.
             (Some(Version::V5), MqttError::Codec(_)) => self.write_refusal(
                 Version::V5,
                 &Refusal::new(err.reason_code(), err.to_string()),
+                None,
             ),
             // 3.1.1, timeouts, non-CONNECT first packets: just close.
             _ => {}
         }
     }
 
-    fn write_refusal(&mut self, version: Version, refusal: &Refusal) {
+    /// A failed CONNACK. v5 gets a Reason String whatever Request Problem
+    /// Information says (allowed on CONNACK, MQTT 5 §3.1.2.11.7), unless
+    /// the packet would exceed the client's maximum packet size.
+    fn write_refusal(&mut self, version: Version, refusal: &Refusal, client_max: Option<u32>) {
         match version {
             Version::V311 => {
                 encode::connack_v4(false, connack_v4_code(refusal.code), &mut self.out)
@@ -78,7 +88,8 @@ impl MqttConnection {
             Version::V5 => {
                 let mut props = ConnAckProperties::new();
                 props.reason_string = Some(refusal.why.clone());
-                if encode::connack_v5(false, refusal.code, props, &mut self.out).is_err() {
+                let r = encode::connack_v5(false, refusal.code, props, client_max, &mut self.out);
+                if r.is_err() {
                     tracing::warn!(conn_id = self.conn_id, "could not encode CONNACK");
                 }
             }
@@ -209,6 +220,13 @@ impl MqttConnection {
                 ));
             }
         };
+        if !session_present && session.get_state(OWN_SUBSCRIPTIONS_STATE_KEY).is_some() {
+            // A clean start, or a session that expired while the client was
+            // away: its shared and `$queue/` subscriptions ended with it.
+            if let Err(e) = session.put_state(OWN_SUBSCRIPTIONS_STATE_KEY, None) {
+                tracing::warn!(conn_id = self.conn_id, error = %e, "could not forget the old session's subscriptions");
+            }
+        }
         let consumer = match session.consume(ConsumerSpec {
             queue: queue.clone(),
             credit: CreditMode::Window(window),
@@ -278,7 +296,11 @@ impl MqttConnection {
                 props.shared_subscription_available =
                     Some(u8::from(cfg.shared_subscriptions_available));
                 props.server_keep_alive = server_keep_alive;
-                if let Err(e) = encode::connack_v5(session_present, 0, props, &mut self.out) {
+                if c.props.request_response_information == Some(1) {
+                    props.response_information = Some(response_information(&client_id));
+                }
+                let max = c.props.maximum_packet_size;
+                if let Err(e) = encode::connack_v5(session_present, 0, props, max, &mut self.out) {
                     session.close(CloseKind::Abnormal);
                     return Err(Refusal::new(0x83, e.to_string()));
                 }
@@ -286,14 +308,14 @@ impl MqttConnection {
         }
         tracing::debug!(conn_id = self.conn_id, client_id = %client_id, ?c.version, session_present, "connected");
 
-        Ok(Open {
+        let mut open = Open {
             version: c.version,
             session,
             client_id,
             session_queue: queue,
             session_consumer: consumer,
             session_expiry_s: life.expiry_s,
-            shared: HashMap::new(),
+            shared: BTreeMap::new(),
             keep_alive_timeout,
             last_input: now,
             window,
@@ -309,9 +331,25 @@ impl MqttConnection {
             acks: VecDeque::new(),
             qos1_pending: 0,
             awaiting_rel,
-        })
+        };
+        if session_present {
+            open.restore_own_subs(&self.config, self.conn_id);
+        }
+        Ok(open)
     }
 }
+
+/// The Response Information returned to a v5 client that asks for it
+/// (MQTT 5 §3.1.2.11.6): a topic prefix of its own for responses. It lies
+/// under `response/`, which the default permissions (everything) allow; a
+/// restricted user needs `/topic/response/<client id>/#` to subscribe
+/// there (see the README's MQTT section).
+pub(super) fn response_information(client_id: &str) -> String {
+    format!("{RESPONSE_TOPIC_PREFIX}{client_id}/")
+}
+
+/// First level of the response topics handed out as Response Information.
+const RESPONSE_TOPIC_PREFIX: &str = "response/";
 
 /// The session queue's durability and lifetime for a CONNECT.
 fn lifetime(c: &ConnectPacket, expiry_max_s: u32, v311_expiry_s: Option<u32>) -> Lifetime {
@@ -355,7 +393,11 @@ fn lifetime(c: &ConnectPacket, expiry_max_s: u32, v311_expiry_s: Option<u32>) ->
 
 impl Open {
     /// A client DISCONNECT: how to close the session.
-    pub(super) fn on_disconnect(&mut self, d: &ReasonPacket) -> Result<CloseKind, MqttError> {
+    pub(super) fn on_disconnect(
+        &mut self,
+        cfg: &MqttConfig,
+        d: &ReasonPacket,
+    ) -> Result<CloseKind, MqttError> {
         if let Some(expiry) = d.props.session_expiry_interval_s {
             // MQTT 5 §3.14.2.2.2: 0 at CONNECT cannot become non-zero.
             if self.session_expiry_s == 0 && expiry != 0 {
@@ -364,7 +406,7 @@ impl Open {
                 ));
             }
             if expiry != self.session_expiry_s {
-                self.set_session_expiry(expiry);
+                self.set_session_expiry(cfg, expiry);
             }
         }
         // Only reason 0x00 discards the will (MQTT 5 §3.1.2.5).
@@ -377,7 +419,7 @@ impl Open {
 
     /// Re-declares the session queue with a new lifetime. The neutral API
     /// has no "change lifetime" call; we rely on a re-declare updating it.
-    fn set_session_expiry(&mut self, expiry_s: u32) {
+    fn set_session_expiry(&mut self, cfg: &MqttConfig, expiry_s: u32) {
         if expiry_s == 0 {
             // The session ends with this connection, which is closing (only
             // DISCONNECT gets here). A re-declare cannot turn a lasting
@@ -389,6 +431,11 @@ impl Open {
             }
             if let Err(e) = self.session.put_state(QOS2_INBOUND_STATE_KEY, None) {
                 tracing::warn!(error = %e, "could not clear the QoS 2 state");
+            }
+            if !self.shared.is_empty() {
+                if let Err(e) = self.session.put_state(OWN_SUBSCRIPTIONS_STATE_KEY, None) {
+                    tracing::warn!(error = %e, "could not forget the subscriptions");
+                }
             }
             self.session_expiry_s = 0;
             return;
@@ -407,5 +454,19 @@ impl Open {
             tracing::warn!(error = %e, "could not change the session expiry");
         }
         self.session_expiry_s = expiry_s;
+        // Shared-subscription queues this session keeps alive follow the new
+        // expiry (a re-declare changes a lasting queue's idle lifetime).
+        let groups: Vec<String> = self
+            .shared
+            .keys()
+            .filter(|f| !f.starts_with(MQTT_QUEUE_TOPIC_PREFIX))
+            .cloned()
+            .collect();
+        for queue in groups {
+            let spec = self.shared_queue_spec(cfg, &queue);
+            if let Err(e) = self.session.declare_queue(spec) {
+                tracing::debug!(error = %e, queue = %queue, "could not change a group queue's lifetime");
+            }
+        }
     }
 }

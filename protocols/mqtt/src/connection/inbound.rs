@@ -21,6 +21,9 @@ pub(super) struct PendingAck {
     kind: AckKind,
     pkid: u16,
     reason: u8,
+    /// Why it failed (a v5 Reason String, sent only when the client did
+    /// not turn problem information off).
+    why: Option<String>,
     /// Commits still outstanding; sent when empty and at the front.
     tickets: Vec<Ticket>,
 }
@@ -87,6 +90,7 @@ impl Open {
                 }
                 let reason = broker_reason(&e, ReasonContext::Publish);
                 self.push_ack(kind, p.pkid, reason, Vec::new());
+                self.set_last_ack_reason(&e);
                 self.flush_acks(ctx.out);
                 return Ok(());
             }
@@ -164,8 +168,16 @@ impl Open {
             kind,
             pkid,
             reason,
+            why: None,
             tickets,
         });
+    }
+
+    /// Explains the ack just queued with `err`.
+    fn set_last_ack_reason(&mut self, err: &BrokerError) {
+        if let Some(ack) = self.acks.back_mut() {
+            ack.why = Some(err.to_string());
+        }
     }
 
     /// A durable write finished: release the acks that waited for it.
@@ -190,6 +202,7 @@ impl Open {
                 }
                 if ack.kind != AckKind::PubComp {
                     ack.reason = broker_reason(e, ReasonContext::Publish);
+                    ack.why = Some(e.to_string());
                 }
                 if ack.kind == AckKind::PubRec {
                     failed_rec.push(ack.pkid);
@@ -218,7 +231,18 @@ impl Open {
             if ack.kind == AckKind::PubAck {
                 self.qos1_pending = self.qos1_pending.saturating_sub(1);
             }
-            encode::ack(self.version, ack.kind, ack.pkid, ack.reason, out);
+            // MQTT 5 §3.1.2.11.7: no Reason String on acks for a client
+            // that asked for no problem information.
+            let why = ack.why.as_deref().filter(|_| self.problem_info);
+            encode::ack_with_reason(
+                self.version,
+                ack.kind,
+                ack.pkid,
+                ack.reason,
+                why,
+                self.client_packet_max,
+                out,
+            );
         }
     }
 }

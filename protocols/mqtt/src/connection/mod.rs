@@ -15,7 +15,7 @@ mod inbound;
 mod outbound;
 mod subscribe;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,7 @@ use crate::codec::{encode, Decoder, Inbound, Version};
 use crate::config::MqttConfig;
 use crate::error::MqttError;
 use crate::inflight::Outbound;
+use crate::own_subs::OwnSub;
 
 use inbound::PendingAck;
 
@@ -60,6 +61,8 @@ struct SharedSub {
     /// QoS granted for a `$queue/` subscription, whose deliveries match no
     /// binding (a shared subscription's come with their binding's).
     queue_qos: Option<u8>,
+    /// What a resumed session needs to re-create it (persisted).
+    saved: OwnSub,
 }
 
 /// The established state: authenticated, with a core session.
@@ -71,8 +74,10 @@ struct Open {
     session_consumer: ConsumerId,
     /// Session expiry granted at CONNECT (v5); 0 for a clean 3.1.1 session.
     session_expiry_s: u32,
-    /// Shared subscriptions by full `$share/g/f` filter.
-    shared: HashMap<String, SharedSub>,
+    /// Subscriptions with a consumer of their own (shared, `$queue/`), by
+    /// full filter (`$share/g/f`, `$queue/q`). Ordered, so the persisted
+    /// list is stable.
+    shared: BTreeMap<String, SharedSub>,
     /// 1.5 × the effective keep-alive; `None` when disabled.
     keep_alive_timeout: Option<Duration>,
     last_input: Instant,
@@ -226,7 +231,7 @@ impl MqttConnection {
                         encode::pingresp(ctx.out);
                         Ok(())
                     }
-                    Inbound::Disconnect(d) => match open.on_disconnect(&d) {
+                    Inbound::Disconnect(d) => match open.on_disconnect(&self.config, &d) {
                         Ok(kind) => {
                             tracing::debug!(
                                 conn_id = self.conn_id,
@@ -274,7 +279,13 @@ impl MqttConnection {
                 if consumer == open.session_consumer {
                     Err(MqttError::Broker(reason))
                 } else {
+                    // Its queue was deleted: the subscription is gone, for
+                    // a resumed session too.
+                    let before = open.shared.len();
                     open.shared.retain(|_, s| s.consumer != consumer);
+                    if open.shared.len() != before {
+                        open.persist_own_subs(ctx.conn_id);
+                    }
                     Ok(())
                 }
             }
@@ -373,8 +384,16 @@ impl MqttConnection {
             State::Open(mut open) => {
                 tracing::debug!(conn_id = self.conn_id, error = %err, "closing connection");
                 if open.version == Version::V5 {
-                    let text = open.problem_info.then(|| err.to_string());
-                    encode::disconnect_v5(err.reason_code(), text, &mut self.out);
+                    // A Reason String even when the client asked for no
+                    // problem information: DISCONNECT is one of the two
+                    // packets where that is allowed (MQTT 5 §3.1.2.11.7).
+                    let text = err.to_string();
+                    encode::disconnect_v5(
+                        err.reason_code(),
+                        Some(&text),
+                        open.client_packet_max,
+                        &mut self.out,
+                    );
                 }
                 // Already written: the driver sends them before closing.
                 open.settle_sent_qos0(self.conn_id);

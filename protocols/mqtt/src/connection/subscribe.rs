@@ -5,7 +5,9 @@
 //! all matches in `Delivery::matched`). A shared subscription
 //! `$share/group/filter` is a queue of that name bound to `filter`, with
 //! one consumer per member. `$queue/<name>` consumes the queue `<name>`
-//! itself.
+//! itself. Both kinds are consumers, which end with the connection, so a
+//! persistent session saves them (`own_subs`) and re-attaches them on
+//! resume.
 
 use rosetta_neutral::address::MQTT_QUEUE_TOPIC_PREFIX;
 use rosetta_neutral::address::{is_wildcard, validate_topic_filter};
@@ -14,11 +16,14 @@ use rosetta_neutral::{
     RetainedOnBind, SHARED_SUBSCRIPTION_PREFIX,
 };
 
+use std::time::Duration;
+
 use super::{Ctx, Open, SharedSub};
 use crate::codec::encode;
 use crate::codec::{SubscribePacket, SubscriptionRequest, UnsubscribePacket, Version};
 use crate::config::MqttConfig;
 use crate::error::{broker_reason, MqttError, ReasonContext};
+use crate::own_subs::{self, OwnSub, OWN_SUBSCRIPTIONS_STATE_KEY};
 
 /// A `$share/group/filter` split into its parts.
 struct Shared<'a> {
@@ -46,43 +51,176 @@ impl Open {
         if s.props.subscription_id.is_some() && !ctx.config.subscription_identifiers_available {
             return Err(MqttError::SubscriptionIdsNotSupported);
         }
+        let before = self.own_subs_snapshot();
         let mut codes = Vec::with_capacity(s.filters.len());
+        let mut refused = Vec::new();
         for req in &s.filters {
             let code = match self.subscribe_one(ctx.config, req, s.props.subscription_id)? {
                 Ok(granted) => granted,
                 Err(code) => {
                     tracing::debug!(conn_id = ctx.conn_id, filter = %req.filter, code, "subscription refused");
+                    refused.push((req.filter.as_str(), code));
                     code
                 }
             };
             codes.push(code);
         }
-        encode::suback(self.version, s.pkid, &codes, ctx.out)?;
+        if self.own_subs_snapshot() != before {
+            self.persist_own_subs(ctx.conn_id);
+        }
+        let why = self.problem_info.then(|| refusal_text(&refused)).flatten();
+        encode::suback(
+            self.version,
+            s.pkid,
+            &codes,
+            why,
+            self.client_packet_max,
+            ctx.out,
+        )?;
         Ok(())
+    }
+
+    /// The persisted form of the subscriptions with their own consumer.
+    fn own_subs_snapshot(&self) -> Vec<OwnSub> {
+        self.shared.values().map(|s| s.saved.clone()).collect()
+    }
+
+    /// Saves the list of shared and `$queue/` subscriptions, for a session
+    /// that outlives the connection. Not awaited: like a binding made by
+    /// SUBSCRIBE, the list is durable with the next journal write.
+    pub(super) fn persist_own_subs(&mut self, conn_id: u64) {
+        if self.session_expiry_s == 0 {
+            return;
+        }
+        let value = (!self.shared.is_empty())
+            .then(|| own_subs::encode(self.shared.values().map(|s| &s.saved)));
+        if let Err(e) = self.session.put_state(OWN_SUBSCRIPTIONS_STATE_KEY, value) {
+            tracing::warn!(conn_id, error = %e, "could not save the shared and $queue subscriptions");
+        }
+    }
+
+    /// Re-attaches the shared and `$queue/` subscriptions of a resumed
+    /// session. One that cannot be re-created (its queue is gone and cannot
+    /// be auto-created, permissions changed) is dropped from the session.
+    pub(super) fn restore_own_subs(&mut self, cfg: &MqttConfig, conn_id: u64) {
+        let Some(saved) = self.session.get_state(OWN_SUBSCRIPTIONS_STATE_KEY) else {
+            return;
+        };
+        let Some(subs) = own_subs::decode(&saved) else {
+            tracing::warn!(conn_id, "unreadable saved subscriptions dropped");
+            self.persist_own_subs(conn_id);
+            return;
+        };
+        let mut dropped = false;
+        for sub in subs.into_iter().take(cfg.own_subscriptions_max) {
+            let filter = sub.filter.clone();
+            let r = if filter.starts_with(MQTT_QUEUE_TOPIC_PREFIX) {
+                self.subscribe_queue(sub)
+            } else {
+                match parse_shared(&filter) {
+                    Some(Ok(shared)) => {
+                        let options = BindingOptions {
+                            max_guarantee: Guarantee::from_qos(sub.qos)
+                                .unwrap_or(Guarantee::AtMostOnce),
+                            subscription_id: sub.subscription_id,
+                            no_local: false,
+                            retain_as_published: sub.retain_as_published,
+                            retained: RetainedOnBind::None,
+                        };
+                        let inner = shared.filter.to_owned();
+                        self.subscribe_shared(cfg, sub, &inner, options)
+                    }
+                    _ => Err(0x8F),
+                }
+            };
+            if let Err(code) = r {
+                tracing::info!(conn_id, filter = %filter, code, "saved subscription not restored");
+                dropped = true;
+            }
+        }
+        tracing::debug!(
+            conn_id,
+            restored = self.shared.len(),
+            "shared and $queue subscriptions resumed"
+        );
+        if dropped {
+            self.persist_own_subs(conn_id);
+        }
     }
 
     /// `$queue/<name>`: consumes the queue itself, competing with its other
     /// consumers (STOMP, AMQP, other MQTT clients), the way a PUBLISH to
     /// `$queue/<name>` feeds it. Deliveries carry the topic `$queue/<name>`.
-    fn subscribe_queue(&mut self, full: &str, granted: u8) -> Result<u8, u8> {
-        let Ok(Address::Queue(queue)) = Address::from_mqtt_topic(full) else {
+    fn subscribe_queue(&mut self, sub: OwnSub) -> Result<u8, u8> {
+        let Ok(Address::Queue(queue)) = Address::from_mqtt_topic(&sub.filter) else {
             return Err(0x8F);
         };
-        self.consume_own(full, queue, Some(granted))
+        let granted = sub.qos;
+        self.consume_own(queue, Some(granted), sub)
             .map(|()| granted)
             .map_err(|e| broker_reason(&e, ReasonContext::Subscribe))
     }
 
-    /// Gives the subscription `key` a consumer of its own on `queue`
+    /// A shared subscription: the queue named by the whole `$share/g/f`,
+    /// bound to `filter`, with a consumer of ours.
+    ///
+    /// The first member to subscribe decides how long the queue lasts (the
+    /// core never changes a queue's durability): a clean session's is
+    /// dropped with its last consumer; a persistent session's is durable and
+    /// keeps collecting the group's messages while no member is connected,
+    /// until it has been idle for the session expiry (at most the maximum
+    /// session expiry, also for 3.1.1 sessions that never expire, so an
+    /// abandoned group does not fill forever).
+    fn subscribe_shared(
+        &mut self,
+        cfg: &MqttConfig,
+        sub: OwnSub,
+        filter: &str,
+        options: BindingOptions,
+    ) -> Result<u8, u8> {
+        let reason = |e: rosetta_neutral::BrokerError| broker_reason(&e, ReasonContext::Subscribe);
+        let queue = sub.filter.clone();
+        let granted = sub.qos;
+        self.session
+            .declare_queue(self.shared_queue_spec(cfg, &queue))
+            .map_err(reason)?;
+        self.session.bind(&queue, filter, options).map_err(reason)?;
+        self.consume_own(queue, None, sub).map_err(reason)?;
+        Ok(granted)
+    }
+
+    /// How a shared subscription's queue is declared (see
+    /// [`Self::subscribe_shared`]).
+    pub(super) fn shared_queue_spec(&self, cfg: &MqttConfig, queue: &str) -> QueueSpec {
+        let (durable, lifetime) = match self.session_expiry_s {
+            0 => (false, QueueLifetime::Consumer),
+            s => (
+                true,
+                QueueLifetime::IdleFor(Duration::from_secs(u64::from(
+                    s.min(cfg.session_expiry_max_s).max(1),
+                ))),
+            ),
+        };
+        QueueSpec {
+            name: Some(queue.to_owned()),
+            durable,
+            lifetime,
+        }
+    }
+
+    /// Gives the subscription `sub.filter` a consumer of its own on `queue`
     /// (a shared subscription's queue, or the queue of `$queue/<name>`),
-    /// unless it has one already.
+    /// unless it has one already; a repeated SUBSCRIBE updates its QoS and
+    /// options.
     fn consume_own(
         &mut self,
-        key: &str,
         queue: String,
         queue_qos: Option<u8>,
+        sub: OwnSub,
     ) -> Result<(), rosetta_neutral::BrokerError> {
-        if self.shared.contains_key(key) {
+        if let Some(existing) = self.shared.get_mut(&sub.filter) {
+            existing.queue_qos = queue_qos;
+            existing.saved = sub;
             return Ok(());
         }
         let consumer = self.session.consume(ConsumerSpec {
@@ -91,10 +229,11 @@ impl Open {
             auto_settle: false,
         })?;
         self.shared.insert(
-            key.to_owned(),
+            sub.filter.clone(),
             SharedSub {
                 consumer,
                 queue_qos,
+                saved: sub,
             },
         );
         Ok(())
@@ -108,8 +247,20 @@ impl Open {
         subscription_id: Option<u32>,
     ) -> Result<Result<u8, u8>, MqttError> {
         let v5 = self.version == Version::V5;
+        let granted = req.qos.min(cfg.qos_max);
+        let own = OwnSub {
+            filter: req.filter.clone(),
+            qos: granted,
+            retain_as_published: v5 && req.retain_as_published,
+            subscription_id: if v5 { subscription_id } else { None },
+        };
+        let own_quota_full = !self.shared.contains_key(&req.filter)
+            && self.shared.len() >= cfg.own_subscriptions_max;
         if req.filter.starts_with(MQTT_QUEUE_TOPIC_PREFIX) {
-            return Ok(self.subscribe_queue(&req.filter, req.qos.min(cfg.qos_max)));
+            if own_quota_full {
+                return Ok(Err(0x97));
+            }
+            return Ok(self.subscribe_queue(own));
         }
         let shared = match parse_shared(&req.filter) {
             Some(Err(code)) => return Ok(Err(code)),
@@ -130,12 +281,11 @@ impl Open {
         if is_wildcard(filter) && !cfg.wildcard_subscriptions_available {
             return Ok(Err(0xA2));
         }
-        let granted = req.qos.min(cfg.qos_max);
         let options = BindingOptions {
             max_guarantee: Guarantee::from_qos(granted).unwrap_or(Guarantee::AtMostOnce),
-            subscription_id: if v5 { subscription_id } else { None },
+            subscription_id: own.subscription_id,
             no_local: v5 && req.no_local,
-            retain_as_published: v5 && req.retain_as_published,
+            retain_as_published: own.retain_as_published,
             // Retained messages are not sent to shared subscriptions.
             retained: match (shared.is_some(), v5, req.retain_handling) {
                 (true, _, _) => RetainedOnBind::None,
@@ -144,31 +294,18 @@ impl Open {
                 _ => RetainedOnBind::None,
             },
         };
-        let reason = |e: rosetta_neutral::BrokerError| broker_reason(&e, ReasonContext::Subscribe);
         if shared.is_none() {
             return Ok(self
                 .session
                 .bind(&self.session_queue, filter, options)
                 .map(|_| granted)
-                .map_err(reason));
+                .map_err(|e| broker_reason(&e, ReasonContext::Subscribe)));
         }
-        // The queue is named by the whole `$share/group/filter`.
-        let queue = req.filter.clone();
-        let declared = self.session.declare_queue(QueueSpec {
-            name: Some(queue.clone()),
-            durable: false,
-            lifetime: QueueLifetime::Consumer,
-        });
-        if let Err(e) = declared {
-            return Ok(Err(reason(e)));
+        if own_quota_full {
+            return Ok(Err(0x97));
         }
-        if let Err(e) = self.session.bind(&queue, filter, options) {
-            return Ok(Err(reason(e)));
-        }
-        if let Err(e) = self.consume_own(&req.filter, queue, None) {
-            return Ok(Err(reason(e)));
-        }
-        Ok(Ok(granted))
+        let filter = filter.to_owned();
+        Ok(self.subscribe_shared(cfg, own, &filter, options))
     }
 
     /// Ends a subscription with a consumer of its own (shared, `$queue/`):
@@ -188,13 +325,15 @@ impl Open {
         ctx: Ctx<'_>,
         u: UnsubscribePacket,
     ) -> Result<(), MqttError> {
+        let own_before = self.shared.len();
         let mut codes = Vec::with_capacity(u.filters.len());
         for full in &u.filters {
             let code = match parse_shared(full) {
                 _ if full.starts_with(MQTT_QUEUE_TOPIC_PREFIX) => self.cancel_own_consumer(full),
                 Some(Err(code)) => code,
                 // The binding stays: other members still use the queue,
-                // which goes away with its last consumer.
+                // which goes away with its last consumer (or, durable,
+                // once idle for its lifetime).
                 Some(Ok(_)) => self.cancel_own_consumer(full),
                 None if validate_topic_filter(full).is_err() => 0x8F,
                 None => match self.session.unbind(&self.session_queue, full) {
@@ -205,7 +344,29 @@ impl Open {
             };
             codes.push(code);
         }
+        if self.shared.len() != own_before {
+            self.persist_own_subs(ctx.conn_id);
+        }
         encode::unsuback(self.version, u.pkid, &codes, ctx.out)?;
         Ok(())
     }
+}
+
+/// The SUBACK reason string: which filters were refused and why, short.
+fn refusal_text(refused: &[(&str, u8)]) -> Option<String> {
+    let (filter, code) = refused.first()?;
+    let why = match code {
+        0x87 => "not authorized",
+        0x8F => "invalid topic filter",
+        0x97 => "quota exceeded",
+        0x9E => "shared subscriptions not supported",
+        0xA1 => "subscription identifiers not supported",
+        0xA2 => "wildcard subscriptions not supported",
+        _ => "refused",
+    };
+    let mut text = format!("{filter}: {why}");
+    if refused.len() > 1 {
+        text.push_str(&format!(" (and {} more refused)", refused.len() - 1));
+    }
+    Some(text)
 }

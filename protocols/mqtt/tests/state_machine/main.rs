@@ -15,5 +15,7 @@ mod fake;
 mod fuzz_common;
 mod fuzz_smoke;
 mod harness;
+mod problem_info;
 mod publish;
+mod resume;
 mod subscribe;
