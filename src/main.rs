@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 /// See Cargo.toml: glibc malloc fragments under the broker's cross-thread
-/// allocation pattern.
+/// allocation pattern. The `mimalloc` feature is on by default.
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
