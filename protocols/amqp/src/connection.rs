@@ -98,6 +98,8 @@ pub(crate) enum PendingCommit {
         handle: u32,
         serial: u64,
         delivery_id: u32,
+        /// The transaction's wire id (its work is undone if the commit fails).
+        txn: u64,
     },
 }
 
@@ -136,6 +138,10 @@ pub struct AmqpConnection {
     pub(crate) tickets: IdMap<Ticket, PendingCommit>,
     /// Declared transactions by their wire id.
     pub(crate) txns: IdMap<u64, TxnId>,
+    /// Per declared transaction (wire id), the deliveries it holds: those
+    /// acquired under it (flow `txn-id`, spec 4.4.3) and those settled
+    /// inside it. A rollback returns them to their queues.
+    pub(crate) txn_work: IdMap<u64, Vec<(ConsumerId, rosetta_neutral::DeliveryTag)>>,
     pub(crate) next_link_serial: u64,
     error: Option<AmqpError>,
     /// User named by a verified TLS client certificate, if any.
@@ -180,6 +186,7 @@ impl AmqpConnection {
             consumers: IdMap::default(),
             tickets: IdMap::default(),
             txns: IdMap::default(),
+            txn_work: IdMap::default(),
             next_link_serial: 0,
             error: None,
             certificate_user: None,

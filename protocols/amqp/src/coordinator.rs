@@ -59,7 +59,54 @@ fn decode_control(payload: &[u8]) -> Result<Control, AmqpError> {
     ))
 }
 
+/// Open transactions per connection: each holds state here and in the core
+/// until discharged. Qpid JMS uses one per session.
+pub(crate) const TXNS_PER_CONNECTION_MAX: usize = 1_024;
+
+/// Deliveries one transaction may hold (acquired under it or settled in
+/// it); the core caps staged settlements the same way.
+pub(crate) const TXN_DELIVERIES_MAX: usize = 100_000;
+
 impl AmqpConnection {
+    /// A transaction that did not commit: the deliveries it acquired or
+    /// settled go back to their queues, counted as failed attempts (as a
+    /// JMS rollback redelivers them). Their link-level deliveries are
+    /// forgotten: the client considers them settled (transactional
+    /// disposition) or, if acquired and never disposed, gets them again.
+    pub(crate) fn undo_txn_work(&mut self, txn: u64) {
+        let Some(work) = self.txn_work.remove(&txn) else {
+            return;
+        };
+        let held: std::collections::HashSet<_> = work.iter().copied().collect();
+        for s in self.sessions.values_mut() {
+            s.unsettled_out.retain(|_, od| {
+                let undone = held.contains(&(od.consumer, od.tag));
+                if undone {
+                    if let Some(crate::link::LinkKind::Outgoing(o)) =
+                        s.links.get_mut(&od.handle).map(|l| &mut l.kind)
+                    {
+                        o.unsettled = o.unsettled.saturating_sub(1);
+                    }
+                }
+                !undone
+            });
+        }
+        let Some(core) = self.core.as_deref_mut() else {
+            return;
+        };
+        for (consumer, tag) in work {
+            let back = rosetta_neutral::Outcome::Modify {
+                delivery_failed: true,
+                undeliverable_here: false,
+            };
+            // Unknown: already back (link closed) or consumed outside the
+            // transaction; either way there is nothing to return.
+            if let Err(e) = core.settle(consumer, tag, back, None, false) {
+                debug!(conn = self.conn_id, error = %e, "return after rollback");
+            }
+        }
+    }
+
     /// A complete transfer on a coordinator link.
     pub(crate) fn on_control(&mut self, ch: u16, handle: u32, d: Incoming) -> Result<(), Fault> {
         let control = match decode_control(&d.payload) {
@@ -85,6 +132,15 @@ impl AmqpConnection {
                         handle,
                         &d,
                         &AmqpError::NotImplemented("distributed transactions".into()),
+                    );
+                } else if self.txns.len() >= TXNS_PER_CONNECTION_MAX {
+                    self.reject(
+                        ch,
+                        handle,
+                        &d,
+                        &AmqpError::ResourceLimit(format!(
+                            "more than {TXNS_PER_CONNECTION_MAX} open transactions"
+                        )),
                     );
                 } else {
                     let txn = core.begin();
@@ -116,6 +172,7 @@ impl AmqpConnection {
                         }),
                     };
                     debug!(conn = self.conn_id, ?txn, "rolled back");
+                    self.undo_txn_work(txn.0);
                     self.dispose(ch, handle, d.delivery_id, state);
                 } else {
                     match core.commit(txn) {
@@ -128,12 +185,14 @@ impl AmqpConnection {
                                     handle,
                                     serial,
                                     delivery_id: d.delivery_id,
+                                    txn: txn.0,
                                 },
                             );
                             debug!(conn = self.conn_id, ?txn, ?ticket, "commit pending");
                             return Ok(());
                         }
                         Err(e) => {
+                            self.undo_txn_work(txn.0);
                             self.reject(ch, handle, &d, &AmqpError::TxnRollback(e.to_string()));
                         }
                     }

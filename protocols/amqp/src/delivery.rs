@@ -408,7 +408,13 @@ impl AmqpConnection {
                 handle,
                 serial,
                 delivery_id,
+                txn,
             } => {
+                if result.is_ok() {
+                    self.txn_work.remove(&txn);
+                } else {
+                    self.undo_txn_work(txn);
+                }
                 if self
                     .link_mut(channel, handle)
                     .is_none_or(|l| l.serial != serial)
@@ -526,6 +532,23 @@ impl AmqpConnection {
         let delivery_id = s.next_delivery_id;
         s.next_delivery_id = s.next_delivery_id.wrapping_add(1);
         let settled = o.auto_settle;
+        // Acquired under a transaction (spec 4.4.3): the transfer says so,
+        // and a rollback returns the message. An auto-settled delivery has
+        // already left its queue, so no transaction can give it back.
+        let acquired = o
+            .acquire_txn
+            .filter(|t| !settled && self.txns.contains_key(t));
+        if acquired.is_none() {
+            o.acquire_txn = None;
+        }
+        let mut state = [0u8; TXN_STATE_LEN];
+        if let Some(t) = acquired {
+            write_txn_state(&mut state, t);
+            self.txn_work
+                .entry(t)
+                .or_default()
+                .push((d.consumer, d.tag));
+        }
         o.delivery_count = o.delivery_count.wrapping_add(1);
         let tag = d.tag.0.to_be_bytes();
         // Concatenation of `head` and `body`, written in frame-sized chunks.
@@ -533,7 +556,12 @@ impl AmqpConnection {
         let mut first = true;
         loop {
             let start = frame::begin_frame(&mut self.out, frame::FRAME_TYPE_AMQP, s.local_channel);
-            let first_fields = first.then_some((delivery_id, &tag, settled));
+            let first_fields = first.then_some(FirstFields {
+                delivery_id,
+                tag: &tag,
+                settled,
+                state: acquired.map(|_| &state[..]),
+            });
             let more_at = write_transfer(&mut self.out, handle, first_fields);
             let remaining = total - written;
             if remaining > max_frame.saturating_sub(self.out.len() - start) {
@@ -616,28 +644,59 @@ const BOOL_TRUE: u8 = 0x41;
 const BOOL_FALSE: u8 = 0x42;
 const NULL: u8 = 0x40;
 
+/// Encoded `transactional-state` with an 8-byte txn-id and no outcome:
+/// descriptor 0x34, list8 (size 11, count 1), vbin8 of 8 bytes.
+const TXN_STATE_LEN: usize = 3 + 3 + 2 + 8;
+
+/// Writes the `transactional-state` of a delivery acquired under `txn`.
+fn write_txn_state(out: &mut [u8; TXN_STATE_LEN], txn: u64) {
+    out[..8].copy_from_slice(&[0x00, 0x53, 0x34, 0xc0, 11, 1, 0xa0, 8]);
+    out[8..].copy_from_slice(&txn.to_be_bytes());
+}
+
+/// The fields of a delivery's first transfer frame.
+struct FirstFields<'a> {
+    delivery_id: u32,
+    tag: &'a [u8; 8],
+    settled: bool,
+    /// An encoded delivery state (transactional acquisition), if any.
+    state: Option<&'a [u8]>,
+}
+
 /// Appends a transfer performative by hand (the hot path: no allocation,
 /// no serde), as a described list8 of handle, delivery-id, delivery-tag,
-/// message-format, settled and more; trailing defaults are omitted, which
-/// the spec allows. Continuation frames carry only handle and more.
-/// Returns the offset of the `more` byte.
-fn write_transfer(out: &mut Vec<u8>, handle: u32, first: Option<(u32, &[u8; 8], bool)>) -> usize {
-    out.extend_from_slice(&[0x00, 0x53, 0x14, 0xc0, 0, 6]);
+/// message-format, settled, more and, when there is one, rcv-settle-mode
+/// (null) and state; trailing defaults are omitted, which the spec allows.
+/// Continuation frames carry only handle and more. Returns the offset of
+/// the `more` byte.
+fn write_transfer(out: &mut Vec<u8>, handle: u32, first: Option<FirstFields<'_>>) -> usize {
+    let count = if first.as_ref().is_some_and(|f| f.state.is_some()) {
+        8
+    } else {
+        6
+    };
+    out.extend_from_slice(&[0x00, 0x53, 0x14, 0xc0, 0, count]);
     let size_at = out.len() - 2;
     write_uint(out, handle);
+    let mut state = None;
     match first {
-        Some((delivery_id, tag, settled)) => {
-            write_uint(out, delivery_id);
+        Some(f) => {
+            write_uint(out, f.delivery_id);
             out.extend_from_slice(&[0xa0, 8]);
-            out.extend_from_slice(tag);
+            out.extend_from_slice(f.tag);
             out.push(0x43); // message-format uint0
-            out.push(if settled { BOOL_TRUE } else { BOOL_FALSE });
+            out.push(if f.settled { BOOL_TRUE } else { BOOL_FALSE });
+            state = f.state;
         }
         None => out.extend_from_slice(&[NULL, NULL, NULL, NULL]),
     }
     let more_at = out.len();
     out.push(BOOL_FALSE);
-    // Our own invariant: at most 1 + 5 + 5 + 10 + 1 + 1 + 1 bytes.
+    if let Some(state) = state {
+        out.push(NULL); // rcv-settle-mode
+        out.extend_from_slice(state);
+    }
+    // Our own invariant: at most 1 + 5 + 5 + 10 + 1 + 1 + 1 + 1 + 16 bytes.
     let size = out.len() - size_at - 1;
     assert!(size < 256, "transfer list8 overflow");
     out[size_at] = size as u8;
@@ -683,7 +742,16 @@ mod tests {
         for (handle, id) in [(0u32, 0u32), (7, 300), (70_000, u32::MAX)] {
             let mut out = Vec::new();
             let tag = 42u64.to_be_bytes();
-            let more_at = write_transfer(&mut out, handle, Some((id, &tag, true)));
+            let more_at = write_transfer(
+                &mut out,
+                handle,
+                Some(FirstFields {
+                    delivery_id: id,
+                    tag: &tag,
+                    settled: true,
+                    state: None,
+                }),
+            );
             let t = decode(&out);
             assert_eq!(t.handle.0, handle);
             assert_eq!(t.delivery_id, Some(id));
@@ -695,6 +763,34 @@ mod tests {
             assert!(decode(&out).more);
             assert_eq!(crate::codec::value_len(&out), Ok(out.len()));
         }
+        // With a transactional-state (acquisition).
+        let mut out = Vec::new();
+        let mut state = [0u8; TXN_STATE_LEN];
+        write_txn_state(&mut state, 0x0102_0304_0506_0708);
+        let tag = 9u64.to_be_bytes();
+        write_transfer(
+            &mut out,
+            1,
+            Some(FirstFields {
+                delivery_id: 2,
+                tag: &tag,
+                settled: false,
+                state: Some(&state),
+            }),
+        );
+        let t = decode(&out);
+        assert_eq!(
+            (t.delivery_id, t.settled, t.more),
+            (Some(2), Some(false), false)
+        );
+        assert_eq!(t.rcv_settle_mode, None);
+        let Some(DeliveryState::TransactionalState(ts)) = t.state else {
+            panic!("{:?}", t.state)
+        };
+        assert_eq!(ts.txn_id.as_slice(), &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert!(ts.outcome.is_none());
+        assert_eq!(crate::codec::value_len(&out), Ok(out.len()));
+
         let mut out = Vec::new();
         write_transfer(&mut out, 3, None);
         let t = decode(&out);

@@ -30,6 +30,9 @@ use tracing::debug;
 use crate::connection::{write_perf, AmqpConnection, Fault};
 use crate::error::AmqpError;
 
+/// Flow property naming the transaction a receiver acquires under (spec 4.4.3).
+const TXN_ID_KEY: &str = "txn-id";
+
 /// Terminus capability Qpid JMS sends for a queue.
 const CAP_QUEUE: &str = "queue";
 /// Terminus capability Qpid JMS sends for a topic.
@@ -118,6 +121,9 @@ pub(crate) struct OutgoingLink {
     pub(crate) max_message_size: Option<u64>,
     /// Durable subscription queue, deleted when the link is closed.
     pub(crate) durable_queue: Option<String>,
+    /// Transaction (wire id) under which deliveries are acquired, set by a
+    /// flow carrying `txn-id` (spec 4.4.3).
+    pub(crate) acquire_txn: Option<u64>,
 }
 
 /// What a link does.
@@ -462,6 +468,7 @@ impl AmqpConnection {
                     auto_settle,
                     max_message_size: a.max_message_size.filter(|m| *m > 0),
                     durable_queue,
+                    acquire_txn: None,
                 }),
             },
         );
@@ -536,6 +543,7 @@ impl AmqpConnection {
     /// A Flow naming a link.
     pub(crate) fn on_link_flow(&mut self, ch: u16, handle: u32, f: &Flow) -> Result<(), Fault> {
         let credit_max = self.cfg.link_credit_max;
+        let acquire = self.flow_acquisition(handle, f)?;
         let Some(s) = self.sessions.get_mut(&ch) else {
             return Ok(());
         };
@@ -564,6 +572,9 @@ impl AmqpConnection {
                 let cap = credit_max.saturating_sub(o.unsettled);
                 let credit = if diff > i32::MAX as u32 { 0 } else { diff }.min(cap);
                 o.credit = credit;
+                if let Some(acquire) = acquire {
+                    o.acquire_txn = acquire;
+                }
                 let consumer = o.consumer;
                 if let Some(core) = self.core.as_deref_mut() {
                     if let Err(e) = core.set_credit(consumer, credit, f.drain) {
@@ -586,6 +597,44 @@ impl AmqpConnection {
             }
         }
         Ok(())
+    }
+
+    /// What a receiver's flow says about transactional acquisition (spec
+    /// 4.4.3): `Some(Some(txn))` when its properties carry a known `txn-id`,
+    /// `Some(None)` when it has properties without one (the client left the
+    /// transaction; fe2o3-amqp clears it this way), `None` when it has no
+    /// properties (the association stays: credit top-ups carry none).
+    fn flow_acquisition(&self, handle: u32, f: &Flow) -> Result<Option<Option<u64>>, Fault> {
+        let Some(props) = &f.properties else {
+            return Ok(None);
+        };
+        let Some(value) = props.get(TXN_ID_KEY) else {
+            return Ok(Some(None));
+        };
+        let Value::Binary(id) = value else {
+            return Err(Fault::Link(
+                handle,
+                AmqpError::InvalidField("flow txn-id is not binary".into()),
+            ));
+        };
+        let Some(txn) = self.txn_for(id.as_slice()) else {
+            return Err(Fault::Link(
+                handle,
+                AmqpError::UnknownTxn(format!("{:02x?}", id.as_slice())),
+            ));
+        };
+        let held = self.txn_work.get(&txn.0).map_or(0, Vec::len);
+        let credit = f.link_credit.unwrap_or(0) as usize;
+        if held.saturating_add(credit) > crate::coordinator::TXN_DELIVERIES_MAX {
+            return Err(Fault::Link(
+                handle,
+                AmqpError::ResourceLimit(format!(
+                    "more than {} deliveries in one transaction",
+                    crate::coordinator::TXN_DELIVERIES_MAX
+                )),
+            ));
+        }
+        Ok(Some(Some(txn.0)))
     }
 
     /// Sends a Flow with the session state and this link's state.

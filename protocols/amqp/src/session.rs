@@ -270,7 +270,16 @@ impl AmqpConnection {
                     o.unsettled = o.unsettled.saturating_sub(1);
                 }
                 let confirm = settle_back && txn.is_none();
-                match core.settle(od.consumer, od.tag, outcome, txn, confirm) {
+                let result = core.settle(od.consumer, od.tag, outcome, txn, confirm);
+                if let (Ok(_), Some(t)) = (&result, txn) {
+                    // Bounded: the core refuses settlements past its own
+                    // per-transaction limit.
+                    self.txn_work
+                        .entry(t.0)
+                        .or_default()
+                        .push((od.consumer, od.tag));
+                }
+                match result {
                     Ok(Some(ticket)) if settle_back => {
                         self.tickets.insert(
                             ticket,

@@ -2228,3 +2228,194 @@ fn unsettled_receiver_outcome_is_settled_by_the_broker() {
     assert!(p.perfs().is_empty());
     assert_eq!(p.log().settled.len(), 2);
 }
+
+// ---------------------------------------------------------------- transactional acquisition
+
+/// Attaches a coordinator on handle 0 and declares; returns the txn-id.
+fn declare_txn(p: &mut Peer) -> Binary {
+    let mut a = attach("txn", 0, Role::Sender, None);
+    a.target = Some(Box::new(TargetArchetype::Coordinator(Coordinator::new(
+        None,
+    ))));
+    p.send(0, &a, &[]);
+    p.perfs();
+    p.send(
+        0,
+        &transfer(0, 0, false),
+        &control_payload(Declare { global_id: None }),
+    );
+    let out = p.perfs();
+    let Performative::Disposition(Disposition {
+        state: Some(DeliveryState::Declared(Declared { txn_id })),
+        ..
+    }) = &out[0]
+    else {
+        panic!("{out:?}")
+    };
+    txn_id.clone()
+}
+
+fn txn_flow(handle: u32, credit: u32, txn_id: Option<&Binary>) -> Flow {
+    let mut f = flow(handle, 0, credit, false);
+    let mut props = fe2o3_amqp_types::definitions::Fields::new();
+    if let Some(id) = txn_id {
+        props.insert(
+            Symbol::from("txn-id"),
+            fe2o3_amqp_types::primitives::Value::Binary(id.clone()),
+        );
+    }
+    f.properties = Some(props);
+    f
+}
+
+#[test]
+fn flow_txn_id_acquires_and_rollback_returns_the_messages() {
+    let mut p = Peer::new(true);
+    p.open();
+    let txn_id = declare_txn(&mut p);
+    attach_receiver(&mut p, 1, attach("rcv", 1, Role::Receiver, Some("q")));
+    p.send(0, &txn_flow(1, 2, Some(&txn_id)), &[]);
+    p.event(delivery(1, 5, b"a"));
+    p.event(delivery(1, 6, b"b"));
+    let out = p.perfs();
+    assert_eq!(out.len(), 2, "{out:?}");
+    for perf in &out {
+        let Performative::Transfer(t) = perf else {
+            panic!("{out:?}")
+        };
+        let Some(DeliveryState::TransactionalState(ts)) = &t.state else {
+            panic!("acquired under the transaction: {t:?}")
+        };
+        assert_eq!(ts.txn_id, txn_id);
+        assert!(ts.outcome.is_none());
+    }
+    // A plain top-up (no properties) keeps the association.
+    p.send(0, &flow(1, 2, 1, false), &[]);
+    p.event(delivery(1, 7, b"c"));
+    let out = p.perfs();
+    assert!(
+        matches!(&out[..], [Performative::Transfer(t)] if matches!(t.state, Some(DeliveryState::TransactionalState(_)))),
+        "{out:?}"
+    );
+    // One accepted inside the transaction, then it rolls back.
+    p.send(
+        0,
+        &Disposition {
+            role: Role::Receiver,
+            first: 0,
+            last: None,
+            settled: true,
+            state: Some(DeliveryState::TransactionalState(TransactionalState {
+                txn_id: txn_id.clone(),
+                outcome: Some(fe2o3_amqp_types::messaging::Outcome::Accepted(Accepted {})),
+            })),
+            batchable: false,
+        },
+        &[],
+    );
+    p.send(
+        0,
+        &transfer(0, 1, false),
+        &control_payload(Discharge {
+            txn_id: txn_id.clone(),
+            fail: Some(true),
+        }),
+    );
+    let out = p.perfs();
+    assert!(
+        matches!(&out[0], Performative::Disposition(d) if matches!(d.state, Some(DeliveryState::Accepted(_)))),
+        "{out:?}"
+    );
+    let failed = Outcome::Modify {
+        delivery_failed: true,
+        undeliverable_here: false,
+    };
+    let mut returned: Vec<u64> = p
+        .log()
+        .settled
+        .iter()
+        .filter(|s| s.2 == failed && s.3.is_none())
+        .map(|s| s.1 .0)
+        .collect();
+    returned.sort_unstable();
+    returned.dedup();
+    assert_eq!(returned, vec![5, 6, 7], "every acquired message goes back");
+    // The link forgot them: a late disposition settles nothing more.
+    let before = p.log().settled.len();
+    p.send(
+        0,
+        &Disposition {
+            role: Role::Receiver,
+            first: 1,
+            last: Some(2),
+            settled: true,
+            state: Some(DeliveryState::Accepted(Accepted {})),
+            batchable: false,
+        },
+        &[],
+    );
+    assert_eq!(p.log().settled.len(), before);
+    // The transaction is gone: deliveries go out plain again.
+    p.send(0, &flow(1, 3, 1, false), &[]);
+    p.event(delivery(1, 8, b"d"));
+    let out = p.perfs();
+    assert!(
+        matches!(&out[..], [Performative::Transfer(t)] if t.state.is_none()),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn flow_properties_without_txn_id_end_the_acquisition_and_unknown_ids_detach() {
+    let mut p = Peer::new(true);
+    p.open();
+    let txn_id = declare_txn(&mut p);
+    attach_receiver(&mut p, 1, attach("rcv", 1, Role::Receiver, Some("q")));
+    p.send(0, &txn_flow(1, 1, Some(&txn_id)), &[]);
+    p.send(0, &txn_flow(1, 1, None), &[]);
+    p.event(delivery(1, 5, b"a"));
+    let out = p.perfs();
+    assert!(
+        matches!(&out[..], [Performative::Transfer(t)] if t.state.is_none()),
+        "{out:?}"
+    );
+    let unknown = Binary::from(vec![9u8; 8]);
+    p.send(0, &txn_flow(1, 1, Some(&unknown)), &[]);
+    let out = p.perfs();
+    let Some(Performative::Detach(d)) = out.first() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(d.error.as_ref().unwrap()),
+        "amqp:transaction:unknown-id"
+    );
+}
+
+#[test]
+fn open_transactions_per_connection_are_limited() {
+    let mut p = Peer::new(true);
+    p.open();
+    declare_txn(&mut p);
+    for id in 1..crate::coordinator::TXNS_PER_CONNECTION_MAX as u32 {
+        p.send(
+            0,
+            &transfer(0, id, false),
+            &control_payload(Declare { global_id: None }),
+        );
+    }
+    p.perfs();
+    let id = crate::coordinator::TXNS_PER_CONNECTION_MAX as u32;
+    p.send(
+        0,
+        &transfer(0, id, false),
+        &control_payload(Declare { global_id: None }),
+    );
+    let out = p.perfs();
+    assert!(
+        out.iter()
+            .any(|perf| matches!(perf, Performative::Disposition(d)
+            if d.first == id && matches!(&d.state, Some(DeliveryState::Rejected(r))
+                if condition_symbol(r.error.as_ref().unwrap()) == "amqp:resource-limit-exceeded"))),
+        "{out:?}"
+    );
+}
