@@ -14,8 +14,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use proptest::prelude::*;
 use rosetta::store::{
-    segment, BindingDef, MessageSeq, QueueDef, QueueId, Record, Recovered, Store, StoreConfig,
-    StoreError, StoredLifetime,
+    segment, BindingDef, MessageSeq, QueueDef, QueueId, Record, Recovered, RecoveredMessage, Store,
+    StoreConfig, StoreError, StoredLifetime,
 };
 use rosetta_neutral::Message;
 
@@ -205,7 +205,7 @@ impl Model {
         }
     }
 
-    fn from_recovered(r: &Recovered) -> Model {
+    fn from_recovered(r: &Opened) -> Model {
         Model {
             queues: r.queues.iter().map(|q| (q.id, q.clone())).collect(),
             bindings: r
@@ -289,8 +289,29 @@ fn tmp() -> Result<tempfile::TempDir, TestCaseError> {
     tempfile::tempdir().map_err(|e| TestCaseError::fail(format!("tempdir: {e}")))
 }
 
-fn open(c: &StoreConfig) -> Result<(Store, Recovered), TestCaseError> {
-    Store::open(c.clone()).map_err(|e| TestCaseError::fail(format!("open: {e}")))
+/// A reopened store's recovered state, with its messages read back from
+/// the journal (recovery hands them out lazily).
+struct Opened {
+    r: Recovered,
+    messages: Vec<RecoveredMessage>,
+}
+
+impl std::ops::Deref for Opened {
+    type Target = Recovered;
+    fn deref(&self) -> &Recovered {
+        &self.r
+    }
+}
+
+fn open(c: &StoreConfig) -> Result<(Store, Opened), TestCaseError> {
+    let (store, mut r) =
+        Store::open(c.clone()).map_err(|e| TestCaseError::fail(format!("open: {e}")))?;
+    let messages = r
+        .messages
+        .by_ref()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TestCaseError::fail(format!("reading recovered messages: {e}")))?;
+    Ok((store, Opened { r, messages }))
 }
 
 fn check<T>(r: Result<T, StoreError>) -> Result<T, TestCaseError> {

@@ -423,7 +423,7 @@ impl Inner {
             ?report,
             queues = queues.len(),
             messages = messages.len(),
-            "journal recovered"
+            "journal recovered; reading the queued messages back"
         );
         self.next_seq.store(next_seq.max(1), Ordering::SeqCst);
         self.next_queue_id
@@ -464,7 +464,25 @@ impl Inner {
             };
             routing.bind(q, &b.filter, options, b.owner.map(Arc::from));
         }
+        // One message at a time, read from the journal as it goes: each
+        // queue keeps it in memory or pages it (past the memory budget), so
+        // a restart holds no more message bodies than the budget, however
+        // deep the queues are.
+        let mut unreadable = 0u64;
         for m in messages {
+            let m = match m {
+                Ok(m) => m,
+                Err(e) => {
+                    // Checksummed moments ago, so the disk failed now. The
+                    // message stays in the journal (nothing acknowledges
+                    // it) and comes back at the next restart; the rest go on.
+                    unreadable += 1;
+                    if unreadable.is_power_of_two() {
+                        tracing::error!(error = %e, unreadable, "cannot read a recovered message back from the journal; it stays there until the next restart");
+                    }
+                    continue;
+                }
+            };
             for placement in m.queues {
                 let Some(q) = by_id.get(&placement.queue) else {
                     continue;

@@ -63,7 +63,7 @@ pub(crate) fn run(w: &mut Writer) -> Result<CompactionRun, StoreError> {
             out.segments_deleted += n;
             continue;
         }
-        if out.segments_rewritten >= REWRITE_SEGMENTS_PER_RUN_MAX {
+        if out.segments_rewritten >= REWRITE_SEGMENTS_PER_RUN_MAX || w.shared.compaction_paused() {
             break;
         }
         let candidate = w
@@ -160,8 +160,8 @@ fn rewrite(w: &mut Writer, seg: SegmentId) -> Result<Option<usize>, StoreError> 
                         .map(|(q, p)| Record::DeliveryState {
                             queue: *q,
                             seq,
-                            delivery_count: p.delivery_count,
-                            annotation: p.annotation.clone(),
+                            delivery_count: p.delivery_count(),
+                            annotation: p.annotation().cloned(),
                         })
                         .collect();
                     copy_bytes += states.len() * (RECORD_FRAME_BYTES + 24);

@@ -80,20 +80,36 @@ struct Keyed<T> {
     history: History,
 }
 
-/// Delivery bookkeeping of one message in one queue.
+/// Delivery bookkeeping of one message in one queue. There is one per
+/// queued message and almost all are at their default (never delivered), so
+/// the rare delivery state is boxed: 16 bytes instead of 80 per message.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Placement {
-    /// Delivery attempts.
-    pub(crate) delivery_count: u32,
-    /// Opaque annotation.
-    pub(crate) annotation: Option<Bytes>,
-    ds: Option<Slot>,
+    /// The latest live `DeliveryState` record, when there is one.
+    state: Option<Box<PlacementState>>,
+}
+
+#[derive(Debug, Clone)]
+struct PlacementState {
+    delivery_count: u32,
+    annotation: Option<Bytes>,
+    ds: Slot,
 }
 
 impl Placement {
     /// True if a `DeliveryState` record for this placement is live on disk.
     pub(crate) fn has_state_record(&self) -> bool {
-        self.ds.is_some()
+        self.state.is_some()
+    }
+
+    /// Delivery attempts.
+    pub(crate) fn delivery_count(&self) -> u32 {
+        self.state.as_ref().map_or(0, |s| s.delivery_count)
+    }
+
+    /// Opaque annotation.
+    pub(crate) fn annotation(&self) -> Option<&Bytes> {
+        self.state.as_ref().and_then(|s| s.annotation.as_ref())
     }
 }
 
@@ -154,9 +170,14 @@ pub(crate) struct MessageEntry {
     history: History,
     /// Queues holding it, with their delivery state.
     pub(crate) placements: Placements,
-    /// The message itself while recovering (handed to the core after);
-    /// `None` in normal operation, where the core owns the message.
-    pub(crate) message: Option<Arc<Message>>,
+}
+
+impl MessageEntry {
+    /// Where its live `Message` record is (recovery reads it back from
+    /// there; the index never keeps message bodies: the core owns them).
+    pub(crate) fn loc(&self) -> Loc {
+        self.slot.loc
+    }
 }
 
 /// A live retained message.
@@ -344,7 +365,8 @@ impl Index {
     }
 
     /// Applies one record found (or written) at `loc` with encoded `size`.
-    /// `keep_messages` keeps the message bodies (recovery hands them out).
+    /// `keep_messages` keeps the bodies of retained messages (recovery hands
+    /// them out; queued messages are read back by location instead).
     pub(crate) fn apply(&mut self, rec: &Record, loc: Loc, size: u32, keep_messages: bool) {
         let slot = Slot { loc, size };
         if let Some(seq) = rec.seq() {
@@ -422,7 +444,13 @@ impl Index {
                 seq,
                 queues,
                 message,
-            } => self.put_message(*seq, queues, message, slot, keep_messages),
+            } => {
+                // The body is not kept, even while recovering: recovery
+                // reads each live message back from its location when the
+                // core takes it, so a deep journal never sits in memory.
+                let _ = message;
+                self.put_message(*seq, queues, slot);
+            }
             Record::Ack { queue, seq } => {
                 let deps = self.remove_placement(*queue, *seq);
                 if let Some(deps) = deps {
@@ -442,12 +470,14 @@ impl Index {
                     .get_mut(seq)
                     .and_then(|m| m.placements.get_mut(queue));
                 if let Some(p) = placement {
-                    if let Some(old) = p.ds {
-                        live_sub(segments, total, old.loc.seg, old.size, false);
+                    if let Some(old) = p.state.take() {
+                        live_sub(segments, total, old.ds.loc.seg, old.ds.size, false);
                     }
-                    p.delivery_count = *delivery_count;
-                    p.annotation = annotation.clone();
-                    p.ds = Some(slot);
+                    p.state = Some(Box::new(PlacementState {
+                        delivery_count: *delivery_count,
+                        annotation: annotation.clone(),
+                        ds: slot,
+                    }));
                     live_add(segments, total, slot, false);
                 }
             }
@@ -542,14 +572,7 @@ impl Index {
         }
     }
 
-    fn put_message(
-        &mut self,
-        seq: MessageSeq,
-        queues: &[QueueId],
-        message: &Arc<Message>,
-        slot: Slot,
-        keep_messages: bool,
-    ) {
+    fn put_message(&mut self, seq: MessageSeq, queues: &[QueueId], slot: Slot) {
         let segments = &mut self.segments;
         let total = &mut self.live_records;
         if let Some(m) = self.messages.get_mut(&seq) {
@@ -575,7 +598,6 @@ impl Index {
                 slot,
                 history: smallvec::smallvec![slot.loc.seg],
                 placements,
-                message: keep_messages.then(|| message.clone()),
             },
         );
         live_add(segments, total, slot, false);
@@ -587,7 +609,7 @@ impl Index {
     fn remove_placement(&mut self, queue: QueueId, seq: MessageSeq) -> Option<History> {
         let m = self.messages.get_mut(&seq)?;
         let p = m.placements.remove(&queue)?;
-        if let Some(ds) = p.ds {
+        if let Some(ds) = p.state.map(|s| s.ds) {
             live_sub(
                 &mut self.segments,
                 &mut self.live_records,
@@ -679,7 +701,7 @@ impl Index {
                 .messages
                 .get(seq)
                 .and_then(|m| m.placements.get(queue))
-                .is_some_and(|p| p.ds.is_some_and(|s| s.loc == loc)),
+                .is_some_and(|p| p.state.as_ref().is_some_and(|s| s.ds.loc == loc)),
             Record::Retain {
                 topic,
                 message: Some(_),
@@ -726,12 +748,9 @@ impl Index {
         self.state.iter().map(|(k, v)| (k.as_str(), &v.value))
     }
 
-    /// Drops the message bodies kept during recovery (the core owns them
-    /// from now on).
+    /// Drops the retained message bodies kept during recovery (the core
+    /// owns them from now on).
     pub(crate) fn drop_messages(&mut self) {
-        for m in self.messages.values_mut() {
-            m.message = None;
-        }
         for r in self.retained.values_mut() {
             r.value.message = None;
         }

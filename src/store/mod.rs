@@ -115,6 +115,7 @@ mod codec;
 mod compaction;
 mod index;
 pub mod page_file;
+mod reader;
 pub mod record;
 mod recovery;
 pub mod segment;
@@ -133,6 +134,7 @@ use rosetta_neutral::Message;
 
 pub use codec::{decode_message_exact, encode_message, MESSAGE_CODEC_VERSION};
 pub use page_file::{PageError, PageFile, PageRef};
+pub use reader::RecoveredMessages;
 pub use record::{BindingDef, MessageSeq, QueueDef, QueueId, Record, StoredLifetime};
 pub use segment::{Damage, ENTRY_BODY_MAX_BYTES};
 pub use wire::DecodeError;
@@ -384,14 +386,16 @@ pub struct RecoveredMessage {
 }
 
 /// The live state rebuilt by [`Store::open`].
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Recovered {
     /// Queues, by id.
     pub queues: Vec<QueueDef>,
     /// Bindings, by (queue, filter).
     pub bindings: Vec<BindingDef>,
-    /// Messages, by seq (which is also the order within each queue).
-    pub messages: Vec<RecoveredMessage>,
+    /// Messages, by seq (which is also the order within each queue), read
+    /// from the journal as they are taken: recovery never holds them all.
+    /// Compaction rewrites wait until all are read or this is dropped.
+    pub messages: RecoveredMessages,
     /// Retained messages: (topic, seq, message), by topic.
     pub retained: Vec<(String, MessageSeq, Arc<Message>)>,
     /// Generic state, by key.
@@ -407,7 +411,7 @@ pub struct Recovered {
 pub(crate) struct RecoveredState {
     pub(crate) queues: Vec<QueueDef>,
     pub(crate) bindings: Vec<BindingDef>,
-    pub(crate) messages: Vec<RecoveredMessage>,
+    pub(crate) messages: Vec<reader::PendingMessage>,
     pub(crate) retained: Vec<(String, MessageSeq, Arc<Message>)>,
     pub(crate) state: Vec<(String, Bytes)>,
 }
@@ -441,12 +445,18 @@ impl Store {
         let state = recovery::collect(&mut index);
         let next_seq = index.next_seq;
         let next_queue_id = index.next_queue_id;
+        // Recovered messages are read back by location, so compaction must
+        // not rewrite (move) them until they are: the pause starts before
+        // the writer's first compaction run.
+        let paused = !state.messages.is_empty();
         let (shared, handle) = writer::start(
             &config,
             index,
             replayed.last_segment.map_or(1, |s| s + 1),
             replayed.next_entry_seq,
+            paused,
         )?;
+        let pause = paused.then(|| writer::CompactionPause::adopt(Arc::clone(&shared)));
         let store = Store {
             shared,
             thread: Mutex::new(Some(handle)),
@@ -455,7 +465,7 @@ impl Store {
         let recovered = Recovered {
             queues: state.queues,
             bindings: state.bindings,
-            messages: state.messages,
+            messages: RecoveredMessages::new(config.dir.clone(), state.messages, pause),
             retained: state.retained,
             state: state.state,
             next_seq,

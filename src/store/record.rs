@@ -414,6 +414,43 @@ pub(crate) fn decode_body(body: Bytes) -> Result<Vec<(Record, u32)>, DecodeError
     Ok(out)
 }
 
+/// Decodes only record `idx` of an entry body (recovery reading one
+/// message back by its location). The record's bytes are copied out first,
+/// so what it decodes to (payloads are slices) pins only its own bytes, not
+/// the entry or the read buffer around it.
+pub(crate) fn decode_record_at(body: &Bytes, idx: u32) -> Result<Record, DecodeError> {
+    let mut r = Reader::new(body.clone());
+    let n = r.count(RECORD_ENCODED_MIN_BYTES, "record count")?;
+    let idx = usize::try_from(idx).unwrap_or(usize::MAX);
+    if idx >= n {
+        return Err(DecodeError::Truncated {
+            what: "entry records (a location past its last record)",
+            need: idx.saturating_add(1),
+            have: n,
+        });
+    }
+    let mut frame = || -> Result<(u8, Bytes), DecodeError> {
+        let tag = r.u8("record tag")?;
+        let version = r.u8("record version")?;
+        if version != RECORD_VERSION {
+            return Err(DecodeError::UnsupportedVersion {
+                what: "record",
+                version,
+            });
+        }
+        let len = r.length("record payload")?;
+        Ok((tag, r.take(len, "record payload")?))
+    };
+    for _ in 0..idx {
+        frame()?;
+    }
+    let (tag, payload) = frame()?;
+    let mut payload = Reader::new(Bytes::copy_from_slice(&payload));
+    let rec = Record::decode_payload(tag, &mut payload)?;
+    payload.finish("record payload")?;
+    Ok(rec)
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

@@ -44,11 +44,10 @@ use std::time::Instant;
 use tracing::{error, info, warn};
 
 use super::index::{Index, Loc};
+use super::reader::PendingMessage;
 use super::record::{self};
 use super::segment::{self, Damage, ScanStop, SegmentId, SegmentScanner};
-use super::{
-    io_error, DamagedTail, RecoveredMessage, RecoveredPlacement, RecoveryReport, StoreError,
-};
+use super::{io_error, DamagedTail, RecoveredPlacement, RecoveryReport, StoreError};
 
 /// The outcome of replaying the data directory.
 pub(crate) struct Replayed {
@@ -249,27 +248,24 @@ fn side_path(path: &Path, offset: u64) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// Moves the live state out of a freshly replayed index.
+/// Moves the live state out of a freshly replayed index. Messages come out
+/// as locations to read back (see `reader`), not bodies.
 pub(crate) fn collect(index: &mut Index) -> super::RecoveredState {
     let queues = index.queues().cloned().collect();
     let bindings = index.bindings().cloned().collect();
     let messages = index
         .messages()
-        .filter_map(|(seq, m)| {
-            let message = m.message.clone()?;
-            Some(RecoveredMessage {
-                seq,
-                message,
-                queues: m
-                    .placements
-                    .iter()
-                    .map(|(q, p)| RecoveredPlacement {
-                        queue: *q,
-                        delivery_count: p.delivery_count,
-                        annotation: p.annotation.clone(),
-                    })
-                    .collect(),
-            })
+        .map(|(seq, m)| {
+            let placements = m
+                .placements
+                .iter()
+                .map(|(q, p)| RecoveredPlacement {
+                    queue: *q,
+                    delivery_count: p.delivery_count(),
+                    annotation: p.annotation().cloned(),
+                })
+                .collect();
+            PendingMessage::new(seq, m.loc(), placements)
         })
         .collect();
     let retained = index

@@ -130,10 +130,48 @@ pub(crate) struct Shared {
     completer: OnceLock<ThreadId>,
     /// Completion batches handed to the completion thread and not yet run.
     completions_in_flight: AtomicUsize,
+    /// Live [`CompactionPause`]s: while any exists, compaction deletes dead
+    /// segments but rewrites none.
+    compaction_pauses: AtomicUsize,
     pub(crate) stats: Counters,
 }
 
+/// Holds off compaction rewrites while recovered messages are still being
+/// read back from their recorded locations (see `reader`). A rewrite copies
+/// a segment's live records forward and deletes the file, which would pull
+/// a not-yet-read message out from under its location. Deleting dead
+/// segments stays allowed: a segment holding an unread recovered message
+/// has that live record, so it is never dead. The pause lasts as long as
+/// the core's restore (seconds), when there is nothing to reclaim anyway;
+/// dropping it asks for a compaction run at once.
+pub(crate) struct CompactionPause(Arc<Shared>);
+
+impl CompactionPause {
+    /// Takes over the pause [`start`] was asked to begin with: it must hold
+    /// before the writer's first compaction run, which is at once.
+    pub(crate) fn adopt(shared: Arc<Shared>) -> Self {
+        Self(shared)
+    }
+}
+
+impl Drop for CompactionPause {
+    fn drop(&mut self) {
+        let before = self.0.compaction_pauses.fetch_sub(1, Ordering::AcqRel);
+        assert!(before > 0, "compaction pause released twice");
+        if before == 1 {
+            // The rewrites skipped meanwhile are due now; a closed store
+            // refuses the job, which is fine.
+            let _ = self.0.submit(Job::Compact(Box::new(|_| {})));
+        }
+    }
+}
+
 impl Shared {
+    /// True while compaction must not rewrite segments.
+    pub(crate) fn compaction_paused(&self) -> bool {
+        self.compaction_pauses.load(Ordering::Acquire) > 0
+    }
+
     /// True on the writer or the completion thread (inside a completion):
     /// such callers must never wait for the writer.
     pub(crate) fn on_writer_thread(&self) -> bool {
@@ -204,7 +242,7 @@ pub(crate) struct Active {
 
 /// The writer thread's state. Only the writer thread touches it.
 pub(crate) struct Writer {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     pub(crate) dir: PathBuf,
     sync: SyncPolicy,
     segment_size: u64,
@@ -244,6 +282,7 @@ pub(crate) fn start(
     mut index: Index,
     first_segment: SegmentId,
     next_entry_seq: u64,
+    paused: bool,
 ) -> Result<(Arc<Shared>, JoinHandle<()>), StoreError> {
     let header = SegmentHeader {
         id: first_segment,
@@ -266,6 +305,7 @@ pub(crate) fn start(
         writer: OnceLock::new(),
         completer: OnceLock::new(),
         completions_in_flight: AtomicUsize::new(0),
+        compaction_pauses: AtomicUsize::new(usize::from(paused)),
         stats: Counters::default(),
     });
     let (completions_tx, completions_rx) =

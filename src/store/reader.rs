@@ -1,0 +1,303 @@
+//! Recovered messages, read back from the journal one at a time.
+//!
+//! Replay keeps no message body: for each live message it keeps only where
+//! its record is (segment, entry offset, record index) and which queues hold
+//! it. [`RecoveredMessages`] then reads each message back, in seq order,
+//! when the core takes it, and the core's queues keep it in memory or page
+//! it as they would a new one. So a restart never holds more than the
+//! queues' memory budget of message bodies, however deep the journal is:
+//! what it holds per message is the index entry and a [`PendingMessage`]
+//! (48 bytes, until the core has taken it).
+//!
+//! # Reading
+//!
+//! Messages are read in seq order, which is file order except for what
+//! compaction copied forward, so reads go through a window of
+//! [`READ_WINDOW_BYTES`] read with one `pread` and are mostly sequential.
+//! Every entry read is verified again (header and body checksums, entry
+//! fits its file) and the record found must be the `Message` with the
+//! expected seq: the pair of the checks made before the write.
+//!
+//! # Locations stay valid
+//!
+//! Segments are immutable once written; only compaction deletes them, and a
+//! rewrite deletes a segment that still holds live messages (after copying
+//! them forward). While any message is unread, the store holds a
+//! [`CompactionPause`]: rewrites wait (dead segments may still go, and they
+//! never hold a live message). The pause ends when the last message is
+//! read or the reader is dropped.
+//!
+//! # Limits
+//!
+//! An entry larger than the window is read on its own; an entry is
+//! checksummed once for all of its records read in a row. Seqs of two large
+//! entries interleaved (two big transactions committed concurrently) would
+//! re-read each entry per message: correct, but slow; not seen in practice.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use rosetta_neutral::Message;
+
+use super::index::Loc;
+use super::record::{self, MessageSeq, QueueId, Record};
+use super::segment::{self, EntryHeader, SegmentId, ENTRY_BODY_MAX_BYTES, ENTRY_HEADER_BYTES};
+use super::writer::CompactionPause;
+use super::{io_error, RecoveredMessage, RecoveredPlacement, StoreError};
+
+/// Bytes read from a segment at once.
+pub(crate) const READ_WINDOW_BYTES: usize = 1024 * 1024;
+
+/// A live message waiting to be read back. 48 bytes: there is one per
+/// recovered message until the core has taken it.
+#[derive(Debug)]
+pub(crate) struct PendingMessage {
+    seq: MessageSeq,
+    loc: Loc,
+    /// The holder when it is the only one and was never delivered (almost
+    /// always); otherwise `placements` lists every holder.
+    queue: QueueId,
+    placements: Option<Box<Vec<RecoveredPlacement>>>,
+}
+
+impl PendingMessage {
+    pub(crate) fn new(seq: MessageSeq, loc: Loc, mut placements: Vec<RecoveredPlacement>) -> Self {
+        let usual = match placements.as_slice() {
+            [p] => p.delivery_count == 0 && p.annotation.is_none(),
+            _ => false,
+        };
+        if usual {
+            let queue = placements.pop().map_or(0, |p| p.queue);
+            return Self {
+                seq,
+                loc,
+                queue,
+                placements: None,
+            };
+        }
+        Self {
+            seq,
+            loc,
+            queue: 0,
+            placements: Some(Box::new(placements)),
+        }
+    }
+
+    fn placements(self) -> Vec<RecoveredPlacement> {
+        match self.placements {
+            Some(all) => *all,
+            None => vec![RecoveredPlacement {
+                queue: self.queue,
+                delivery_count: 0,
+                annotation: None,
+            }],
+        }
+    }
+}
+
+/// The live messages recovery found, read back from the journal on demand,
+/// in seq order (which is also the order within each queue). An iterator:
+/// each item is one message with the queues that hold it, or the error that
+/// kept it from being read (the message stays in the journal). See the
+/// module docs of `reader` for the memory this saves and how it stays safe
+/// against compaction.
+pub struct RecoveredMessages {
+    dir: PathBuf,
+    pending: std::vec::IntoIter<PendingMessage>,
+    window: Window,
+    pause: Option<CompactionPause>,
+}
+
+impl std::fmt::Debug for RecoveredMessages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecoveredMessages")
+            .field("dir", &self.dir)
+            .field("remaining", &self.pending.len())
+            .finish()
+    }
+}
+
+impl RecoveredMessages {
+    pub(crate) fn new(
+        dir: PathBuf,
+        pending: Vec<PendingMessage>,
+        pause: Option<CompactionPause>,
+    ) -> Self {
+        Self {
+            dir,
+            pending: pending.into_iter(),
+            window: Window::default(),
+            pause,
+        }
+    }
+
+    /// Messages not yet read.
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// True when every message was read.
+    pub fn is_empty(&self) -> bool {
+        self.pending.len() == 0
+    }
+
+    /// Reads every remaining message into memory (tests and small
+    /// journals; a deep journal is what this type exists to avoid loading).
+    pub fn read_all(self) -> Result<Vec<RecoveredMessage>, StoreError> {
+        self.collect()
+    }
+
+    fn read(&mut self, p: &PendingMessage) -> Result<Arc<Message>, StoreError> {
+        let path = || self.dir.join(segment::file_name(p.loc.seg));
+        let body = self.window.entry_body(&self.dir, p.loc)?;
+        let rec = record::decode_record_at(&body, p.loc.idx).map_err(|e| StoreError::Corrupt {
+            path: path(),
+            offset: p.loc.entry,
+            reason: format!("recovered message {} does not decode: {e}", p.seq),
+        })?;
+        match rec {
+            Record::Message { seq, message, .. } if seq == p.seq => Ok(message),
+            other => Err(StoreError::Corrupt {
+                path: path(),
+                offset: p.loc.entry,
+                reason: format!(
+                    "expected message {} at record {}, found {:?} record",
+                    p.seq,
+                    p.loc.idx,
+                    other.seq()
+                ),
+            }),
+        }
+    }
+}
+
+impl Iterator for RecoveredMessages {
+    type Item = Result<RecoveredMessage, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let p = self.pending.next()?;
+        let read = self.read(&p);
+        if self.pending.len() == 0 {
+            // Nothing refers to a location any more: compaction may go on,
+            // and the read buffer can go.
+            self.pause = None;
+            self.window = Window::default();
+        }
+        let seq = p.seq;
+        Some(read.map(|message| RecoveredMessage {
+            seq,
+            message,
+            queues: p.placements(),
+        }))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.pending.size_hint()
+    }
+}
+
+impl ExactSizeIterator for RecoveredMessages {}
+
+/// A range of one segment file read into memory, and which entry in it was
+/// last verified.
+#[derive(Default)]
+struct Window {
+    seg: Option<(SegmentId, File, u64)>,
+    start: u64,
+    bytes: Bytes,
+    verified: Option<(SegmentId, u64)>,
+}
+
+impl Window {
+    /// The verified body of the entry at `loc`.
+    fn entry_body(&mut self, dir: &std::path::Path, loc: Loc) -> Result<Bytes, StoreError> {
+        let path = || dir.join(segment::file_name(loc.seg));
+        let corrupt = |reason: String| StoreError::Corrupt {
+            path: path(),
+            offset: loc.entry,
+            reason,
+        };
+        let raw = self.range(dir, loc.seg, loc.entry, ENTRY_HEADER_BYTES)?;
+        let mut h = [0u8; ENTRY_HEADER_BYTES];
+        h.copy_from_slice(&raw);
+        let header = EntryHeader::decode(&h)
+            .map_err(|f| corrupt(format!("entry header of a recovered message: {f:?}")))?;
+        let body_len = header.body_len as usize;
+        if body_len > ENTRY_BODY_MAX_BYTES {
+            return Err(corrupt(format!("entry body of {body_len} bytes")));
+        }
+        let body_at = loc.entry + ENTRY_HEADER_BYTES as u64;
+        let body = self.range(dir, loc.seg, body_at, body_len)?;
+        if self.verified != Some((loc.seg, loc.entry)) {
+            if crc32c::crc32c(&body) != header.body_crc {
+                return Err(corrupt("entry body checksum mismatch".into()));
+            }
+            self.verified = Some((loc.seg, loc.entry));
+        }
+        Ok(body)
+    }
+
+    /// `len` bytes of segment `seg` at `offset`, from the window or read
+    /// into a new one that starts there.
+    fn range(
+        &mut self,
+        dir: &std::path::Path,
+        seg: SegmentId,
+        offset: u64,
+        len: usize,
+    ) -> Result<Bytes, StoreError> {
+        let end = offset + len as u64;
+        let in_window = matches!(&self.seg, Some((s, _, _)) if *s == seg)
+            && offset >= self.start
+            && end <= self.start + self.bytes.len() as u64;
+        if !in_window {
+            self.fill(dir, seg, offset, len)?;
+        }
+        let from = (offset - self.start) as usize;
+        Ok(self.bytes.slice(from..from + len))
+    }
+
+    fn fill(
+        &mut self,
+        dir: &std::path::Path,
+        seg: SegmentId,
+        offset: u64,
+        len: usize,
+    ) -> Result<(), StoreError> {
+        let path = dir.join(segment::file_name(seg));
+        let (file, file_len) = match self.seg.take() {
+            Some((s, file, file_len)) if s == seg => (file, file_len),
+            _ => {
+                let file = File::open(&path).map_err(|e| io_error("open", &path, e))?;
+                let file_len = file
+                    .metadata()
+                    .map_err(|e| io_error("stat", &path, e))?
+                    .len();
+                (file, file_len)
+            }
+        };
+        let left = file_len.saturating_sub(offset);
+        if left < len as u64 {
+            return Err(StoreError::Corrupt {
+                path,
+                offset,
+                reason: format!(
+                    "a recovered message's entry runs past the end of the file ({len} bytes wanted, {left} left)"
+                ),
+            });
+        }
+        let size = usize::try_from(left)
+            .unwrap_or(usize::MAX)
+            .min(len.max(READ_WINDOW_BYTES));
+        let mut buf = vec![0u8; size];
+        file.read_exact_at(&mut buf, offset)
+            .map_err(|e| io_error("read", &path, e))?;
+        self.seg = Some((seg, file, file_len));
+        self.start = offset;
+        self.bytes = Bytes::from(buf);
+        Ok(())
+    }
+}
