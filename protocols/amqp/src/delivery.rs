@@ -293,34 +293,18 @@ impl AmqpConnection {
         self.dispose(ch, handle, d.delivery_id, state);
     }
 
-    /// Whether the incoming link `handle` is in rcv-settle-mode second; if
-    /// so, records `delivery_id` as answered unsettled, awaiting the sender.
-    fn await_sender_settle(&mut self, ch: u16, handle: u32, delivery_id: u32) -> bool {
-        let Some(s) = self.sessions.get_mut(&ch) else {
-            return false;
-        };
-        let Some(link) = s.links.get_mut(&handle) else {
-            return false;
-        };
-        let serial = link.serial;
-        match &mut link.kind {
-            LinkKind::Incoming(i) if i.settle_second => {
-                if s.awaiting_settle
-                    .insert(delivery_id, (handle, serial))
-                    .is_none()
-                {
-                    i.awaiting_settle += 1;
-                }
-                true
-            }
-            _ => false,
-        }
+    /// Whether the incoming link `handle` is in rcv-settle-mode second.
+    fn settles_second(&self, ch: u16, handle: u32) -> bool {
+        self.sessions
+            .get(&ch)
+            .and_then(|s| s.links.get(&handle))
+            .is_some_and(|l| matches!(&l.kind, LinkKind::Incoming(i) if i.settle_second))
     }
 
     /// Queues the `accepted` disposition of an incoming delivery (sent
     /// coalesced at the next poll_transmit), unsettled in mode second.
     fn accept_incoming(&mut self, ch: u16, handle: u32, delivery_id: u32) {
-        let second = self.await_sender_settle(ch, handle, delivery_id);
+        let second = self.settles_second(ch, handle);
         if let Some(s) = self.sessions.get_mut(&ch) {
             if second {
                 s.accepted_second.push(delivery_id);
@@ -333,7 +317,7 @@ impl AmqpConnection {
     /// Sends the disposition of one incoming delivery: settled, or in mode
     /// second unsettled until the sender settles.
     pub(crate) fn dispose(&mut self, ch: u16, handle: u32, delivery_id: u32, state: DeliveryState) {
-        let second = self.await_sender_settle(ch, handle, delivery_id);
+        let second = self.settles_second(ch, handle);
         let Some(s) = self.sessions.get(&ch) else {
             return;
         };

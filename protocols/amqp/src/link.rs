@@ -92,12 +92,8 @@ pub(crate) struct IncomingLink {
     /// Unsettled publishes waiting for their commit.
     pub(crate) in_flight: u32,
     /// rcv-settle-mode `second` (spec 2.8.2.2): our outcome goes out
-    /// unsettled and we settle only when the sender settles.
+    /// unsettled and the sender settles first (see `session::on_disposition`).
     pub(crate) settle_second: bool,
-    /// Deliveries we answered unsettled (mode `second`) whose sender has not
-    /// settled them yet. Counted against the credit window, so a sender that
-    /// never settles runs out of credit instead of growing our state.
-    pub(crate) awaiting_settle: u32,
     /// Credit was withheld because the core is blocking producers.
     pub(crate) withheld: bool,
     pub(crate) partial: Option<Partial>,
@@ -313,7 +309,6 @@ impl AmqpConnection {
                     credit_limit: dc,
                     in_flight: 0,
                     settle_second,
-                    awaiting_settle: 0,
                     withheld: false,
                     partial: None,
                 }),
@@ -514,10 +509,6 @@ impl AmqpConnection {
         let Some(link) = s.links.remove(&handle) else {
             return;
         };
-        if matches!(&link.kind, LinkKind::Incoming(i) if i.awaiting_settle > 0) {
-            // Its sender can no longer settle them on this link.
-            s.awaiting_settle.retain(|_, (h, _)| *h != handle);
-        }
         if let LinkKind::Outgoing(o) = link.kind {
             s.unsettled_out.retain(|_, od| od.handle != handle);
             s.queued.retain(|q| match q {
@@ -678,14 +669,12 @@ impl AmqpConnection {
         else {
             return;
         };
-        // Outstanding = credit not yet used + publishes not yet committed
-        // or (mode second) not yet settled by the sender.
+        // Outstanding = credit not yet used + publishes not yet committed.
         // Refill only once half the window is free, so a steady stream
         // costs one flow per half window, not one per commit.
         let remaining = i.credit_limit.wrapping_sub(i.delivery_count);
-        let held = i.in_flight.saturating_add(i.awaiting_settle);
-        let outstanding = remaining.saturating_add(held);
-        let target = window.saturating_sub(held);
+        let outstanding = remaining.saturating_add(i.in_flight);
+        let target = window.saturating_sub(i.in_flight);
         if outstanding > window / 2 || target <= remaining {
             return;
         }

@@ -65,10 +65,6 @@ pub(crate) struct AmqpSession {
     pub(crate) accepted: Vec<u32>,
     /// The same for links in rcv-settle-mode `second`: accepted, unsettled.
     pub(crate) accepted_second: Vec<u32>,
-    /// Incoming deliveries we answered unsettled (mode `second`), waiting
-    /// for the sender to settle: delivery id -> (handle, link serial).
-    /// Bounded by the links' credit windows (see `refill_credit`).
-    pub(crate) awaiting_settle: IdMap<u32, (u32, u64)>,
 }
 
 impl AmqpSession {
@@ -128,7 +124,6 @@ impl AmqpConnection {
             queued: VecDeque::new(),
             accepted: Vec::new(),
             accepted_second: Vec::new(),
-            awaiting_settle: IdMap::default(),
         };
         let reply = Begin {
             remote_channel: Some(ch),
@@ -173,7 +168,6 @@ impl AmqpConnection {
             s.unsettled_out.clear();
             s.accepted.clear();
             s.accepted_second.clear();
-            s.awaiting_settle.clear();
         }
     }
 
@@ -206,11 +200,14 @@ impl AmqpConnection {
     pub(crate) fn on_disposition(&mut self, ch: u16, d: Disposition) -> Result<(), Fault> {
         if d.role == Role::Sender {
             // The peer settles its own transfers to us. Under rcv-settle-mode
-            // first we settled them already; under second this is the
-            // settlement our unsettled outcome waits for.
-            if d.settled {
-                self.on_sender_settled(ch, d.first, d.last.unwrap_or(d.first));
-            }
+            // first we settled them already. Under second this is the
+            // settlement our unsettled outcome waited for, but we keep no
+            // state for it: the message was committed before our outcome
+            // went out, and we do not resume links, so there is nothing left
+            // to do. Keeping none also means a sender that never settles
+            // (fe2o3-amqp 0.18 in mode second does not echo the last run of
+            // ids of a disposition) costs us nothing and does not stall its
+            // credit.
             return Ok(());
         }
         let (outcome, txn) = match &d.state {
@@ -307,41 +304,6 @@ impl AmqpConnection {
             write_settle_back(&mut self.out, local_channel, id, outcome);
         }
         Ok(())
-    }
-
-    /// The sender settled incoming deliveries `[first, last]`: those we
-    /// answered unsettled (mode second) are done, and their credit is free.
-    fn on_sender_settled(&mut self, ch: u16, first: u32, last: u32) {
-        let Some(s) = self.sessions.get_mut(&ch) else {
-            return;
-        };
-        let span = u64::from(last.wrapping_sub(first)) + 1;
-        let ids: Vec<u32> = if span <= s.awaiting_settle.len() as u64 {
-            (0..span as u32).map(|i| first.wrapping_add(i)).collect()
-        } else {
-            s.awaiting_settle
-                .keys()
-                .copied()
-                .filter(|id| in_range(*id, first, last))
-                .collect()
-        };
-        let mut links = Vec::new();
-        for id in ids {
-            let Some((handle, serial)) = s.awaiting_settle.remove(&id) else {
-                continue;
-            };
-            if let Some(link) = s.links.get_mut(&handle).filter(|l| l.serial == serial) {
-                if let LinkKind::Incoming(i) = &mut link.kind {
-                    i.awaiting_settle = i.awaiting_settle.saturating_sub(1);
-                }
-                if !links.contains(&handle) {
-                    links.push(handle);
-                }
-            }
-        }
-        for handle in links {
-            self.refill_credit(ch, handle);
-        }
     }
 
     /// Sends coalesced accepted dispositions for completed publishes.

@@ -2089,29 +2089,31 @@ fn receiver_settle_mode_second_for_a_client_sender() {
         });
     }
     // Accepted once durable, but not settled: the sender settles first.
+    // Credit comes back with the commits, not with the sender's settlement
+    // (a sender that never settles must not stall; see on_disposition).
     let out = p.perfs();
-    assert_eq!(out.len(), 1, "{out:?}");
-    let Performative::Disposition(d) = &out[0] else {
+    let dispositions: Vec<&Disposition> = out
+        .iter()
+        .filter_map(|p| match p {
+            Performative::Disposition(d) => Some(d),
+            _ => None,
+        })
+        .collect();
+    let [d] = dispositions[..] else {
         panic!("{out:?}")
     };
     assert_eq!((d.first, d.last, d.settled), (0, Some(3), false));
     assert!(matches!(d.state, Some(DeliveryState::Accepted(_))));
-    // Deliveries awaiting the sender's settlement hold their credit.
-    assert_eq!(p.conn.sessions[&0].awaiting_settle.len(), 4);
+    let last_credit = out.iter().rev().find_map(|p| match p {
+        Performative::Flow(f) => f.link_credit,
+        _ => None,
+    });
+    assert_eq!(last_credit, Some(4), "{out:?}");
 
-    // The sender settles two: half the window is free, credit comes back.
-    p.send(0, &sender_settles(0, Some(1)), &[]);
-    let out = p.perfs();
-    assert!(
-        matches!(&out[..], [Performative::Flow(f)] if f.link_credit == Some(2) && f.delivery_count == Some(4)),
-        "{out:?}"
-    );
-    // Settling an id we never answered, or twice, changes nothing.
-    p.send(0, &sender_settles(0, Some(1)), &[]);
+    // The sender's settlement needs no answer, even for ids we never knew.
+    p.send(0, &sender_settles(0, Some(3)), &[]);
     p.send(0, &sender_settles(900, None), &[]);
     assert!(p.perfs().is_empty());
-    p.send(0, &sender_settles(2, Some(3)), &[]);
-    assert!(p.conn.sessions[&0].awaiting_settle.is_empty());
 
     // A refused message is answered unsettled as well.
     p.log().publish_error = Some(BrokerError::ResourceLimit("full".into()));
@@ -2122,18 +2124,6 @@ fn receiver_settle_mode_second_for_a_client_sender() {
             if d.first == 4 && !d.settled && matches!(d.state, Some(DeliveryState::Rejected(_))))),
         "{out:?}"
     );
-    // Detaching forgets what the link still waited for.
-    p.send(
-        0,
-        &Detach {
-            handle: Handle(0),
-            closed: true,
-            error: None,
-        },
-        &[],
-    );
-    p.perfs();
-    assert!(p.conn.sessions[&0].awaiting_settle.is_empty());
 }
 
 #[test]
@@ -2156,7 +2146,6 @@ fn mode_first_sender_gets_settled_dispositions() {
         matches!(&out[..], [Performative::Disposition(d)] if d.settled),
         "{out:?}"
     );
-    assert!(p.conn.sessions[&0].awaiting_settle.is_empty());
 }
 
 #[test]
