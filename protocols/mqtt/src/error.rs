@@ -54,6 +54,9 @@ pub enum MqttError {
     /// A server packet could not be encoded (0x83).
     #[error(transparent)]
     Encode(#[from] EncodeError),
+    /// Re-authentication failed (0x87).
+    #[error("re-authentication failed: {0}")]
+    ReauthenticationFailed(String),
 }
 
 /// Where a broker error happened: the same error maps to a different code
@@ -128,6 +131,7 @@ impl MqttError {
             MqttError::ServerShutdown => 0x8B,
             MqttError::Broker(e) => broker_reason(e, ReasonContext::Disconnect),
             MqttError::Encode(_) => 0x83,
+            MqttError::ReauthenticationFailed(_) => 0x87,
         }
     }
 }

@@ -17,7 +17,8 @@
 //! - `inflight`: packet ids, annotations and persisted QoS 2 state;
 //! - `own_subs`: the persisted list of shared and `$queue/` subscriptions;
 //! - [`error`]: typed errors and the single mapping to reason codes;
-//! - [`config`]: limits, advertised in MQTT 5 CONNACK.
+//! - [`config`]: limits, advertised in MQTT 5 CONNACK;
+//! - [`scram`]: SCRAM-SHA-256 enhanced authentication (AUTH packets).
 //!
 //! ## Sessions
 //! One core queue per client id (`$mqtt/<client id>`), durable when the
@@ -45,7 +46,13 @@
 //! - framing: `check` compares the remaining length, not the packet size,
 //!   with the limit, checks no fixed-header flags, and rejects packet type
 //!   15 (AUTH) -> [`codec::frame`];
-//! - AUTH packet: missing -> ours in [`codec::v5`];
+//! - AUTH packet: missing -> ours in [`codec::v5`] (decoding) and
+//!   [`codec::encode::auth`] (encoding);
+//! - `v5::DisconnectReasonCode` lacks some codes (0x8C is not a DISCONNECT
+//!   code anyway; unknown ones become 0x80) and a DISCONNECT with a reason
+//!   code but no properties is written in the short form that mqttbytes'
+//!   and rumqttc's readers reject -> we write that form ourselves with an
+//!   empty property list;
 //! - v5 properties: reads not bounded by the property length (a short
 //!   length lets a property eat payload), subscription identifier length
 //!   counted twice (a SUBSCRIBE with an identifier and a user property
@@ -80,6 +87,7 @@ mod convert;
 pub mod error;
 mod inflight;
 mod own_subs;
+pub mod scram;
 
 pub use codec::Version;
 pub use config::MqttConfig;

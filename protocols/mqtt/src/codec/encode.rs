@@ -424,3 +424,42 @@ pub fn disconnect_v5(reason: u8, why: Option<&str>, max: Option<u32>, out: &mut 
     });
     debug_assert!(r.is_ok());
 }
+
+/// Writes an AUTH packet (mqttbytes 0.6 has none) with the Authentication
+/// Method and Data. Both are ours and short (a method name, a SCRAM
+/// message), far below the 65,535 bytes a property can hold.
+pub fn auth(reason: u8, method: &str, data: &[u8], out: &mut BytesMut) {
+    let (Ok(method_len), Ok(data_len)) = (u16::try_from(method.len()), u16::try_from(data.len()))
+    else {
+        panic!("AUTH property over 65,535 bytes: our own data, a bug");
+    };
+    let props_len = 1 + 2 + method.len() + 1 + 2 + data.len();
+    let mut props_len_bytes = BytesMut::new();
+    write_varint(props_len, &mut props_len_bytes);
+    let remaining = 1 + props_len_bytes.len() + props_len;
+    out.extend_from_slice(&[0xF0]);
+    write_varint(remaining, out);
+    out.extend_from_slice(&[reason]);
+    out.extend_from_slice(&props_len_bytes);
+    out.extend_from_slice(&[0x15]);
+    out.extend_from_slice(&method_len.to_be_bytes());
+    out.extend_from_slice(method.as_bytes());
+    out.extend_from_slice(&[0x16]);
+    out.extend_from_slice(&data_len.to_be_bytes());
+    out.extend_from_slice(data);
+}
+
+/// MQTT's variable byte integer (lengths here are far below its 268 MB cap).
+fn write_varint(mut n: usize, out: &mut BytesMut) {
+    loop {
+        let mut byte = u8::try_from(n % 128).unwrap_or(0);
+        n /= 128;
+        if n > 0 {
+            byte |= 0x80;
+        }
+        out.extend_from_slice(&[byte]);
+        if n == 0 {
+            return;
+        }
+    }
+}

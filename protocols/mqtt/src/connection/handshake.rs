@@ -11,6 +11,7 @@ use rosetta_neutral::{
     QueueLifetime, QueueSpec, SessionInfo, Will,
 };
 
+use super::auth::EnhancedAuth;
 use super::{MqttConnection, Open, State};
 use crate::codec::{encode, CodecError, ConnectPacket, ReasonPacket, Version};
 use crate::config::MqttConfig;
@@ -18,17 +19,18 @@ use crate::convert::inbound_message;
 use crate::error::{auth_reason, broker_reason, connack_v4_code, MqttError, ReasonContext};
 use crate::inflight::{decode_qos2_set, Outbound, QOS2_INBOUND_STATE_KEY};
 use crate::own_subs::OWN_SUBSCRIPTIONS_STATE_KEY;
+use crate::scram::SCRAM_SHA_256;
 use rosetta_neutral::address::MQTT_QUEUE_TOPIC_PREFIX;
 
 /// A refused CONNECT: the v5 reason code and the text for the log and the
 /// v5 reason string.
-struct Refusal {
+pub(super) struct Refusal {
     code: u8,
     why: String,
 }
 
 impl Refusal {
-    fn new(code: u8, why: impl Into<String>) -> Self {
+    pub(super) fn new(code: u8, why: impl Into<String>) -> Self {
         Self {
             code,
             why: why.into(),
@@ -44,17 +46,36 @@ struct Lifetime {
 }
 
 impl MqttConnection {
-    pub(super) fn on_connect(&mut self, now: Instant, c: ConnectPacket) {
+    pub(super) fn on_connect(&mut self, now: Instant, deadline: Instant, c: ConnectPacket) {
+        if c.version == Version::V5
+            && c.props.authentication_method.as_deref() == Some(SCRAM_SHA_256)
+        {
+            return self.start_enhanced_auth(deadline, c);
+        }
+        self.complete_connect(now, c, None);
+    }
+
+    /// Opens the session (CONNACK) or refuses; `enhanced` is the result of
+    /// an AUTH exchange when the CONNECT named a method.
+    pub(super) fn complete_connect(
+        &mut self,
+        now: Instant,
+        c: ConnectPacket,
+        enhanced: Option<EnhancedAuth>,
+    ) {
         let version = c.version;
         let client_packet_max = c.props.maximum_packet_size;
-        match self.establish(now, c) {
+        match self.establish(now, c, enhanced) {
             Ok(open) => self.state = State::Open(Box::new(open)),
-            Err(refusal) => {
-                tracing::info!(conn_id = self.conn_id, code = refusal.code, why = %refusal.why, "CONNECT refused");
-                self.write_refusal(version, &refusal, client_packet_max);
-                self.state = State::Closed;
-            }
+            Err(refusal) => self.refuse(version, &refusal, client_packet_max),
         }
+    }
+
+    /// Refuses the CONNECT (CONNACK with the code) and closes.
+    pub(super) fn refuse(&mut self, version: Version, refusal: &Refusal, client_max: Option<u32>) {
+        tracing::info!(conn_id = self.conn_id, code = refusal.code, why = %refusal.why, "CONNECT refused");
+        self.write_refusal(version, refusal, client_max);
+        self.state = State::Closed;
     }
 
     /// Answers an error that happened before the session was open.
@@ -80,7 +101,12 @@ impl MqttConnection {
     /// A failed CONNACK. v5 gets a Reason String whatever Request Problem
     /// Information says (allowed on CONNACK, MQTT 5 §3.1.2.11.7), unless
     /// the packet would exceed the client's maximum packet size.
-    fn write_refusal(&mut self, version: Version, refusal: &Refusal, client_max: Option<u32>) {
+    pub(super) fn write_refusal(
+        &mut self,
+        version: Version,
+        refusal: &Refusal,
+        client_max: Option<u32>,
+    ) {
         match version {
             Version::V311 => {
                 encode::connack_v4(false, connack_v4_code(refusal.code), &mut self.out)
@@ -96,11 +122,17 @@ impl MqttConnection {
         }
     }
 
-    fn establish(&mut self, now: Instant, c: ConnectPacket) -> Result<Open, Refusal> {
+    fn establish(
+        &mut self,
+        now: Instant,
+        c: ConnectPacket,
+        enhanced: Option<EnhancedAuth>,
+    ) -> Result<Open, Refusal> {
         let v5 = c.version == Version::V5;
         let cfg = &self.config;
-        if let Some(method) = &c.props.authentication_method {
-            // No enhanced authentication method is offered (MQTT 5 §4.12).
+        if let (Some(method), None) = (&c.props.authentication_method, &enhanced) {
+            // Only SCRAM-SHA-256 is offered (MQTT 5 §4.12), and it arrives
+            // here only once its exchange succeeded.
             return Err(Refusal::new(
                 0x8C,
                 format!("authentication method {method} not supported"),
@@ -129,14 +161,18 @@ impl MqttConnection {
             return Err(Refusal::new(0x85, "client id contains + or #"));
         }
 
-        let principal = self
-            .broker
-            .authenticate_connection(
-                c.username.as_deref(),
-                c.password.as_deref(),
-                self.certificate_user.as_deref(),
-            )
-            .map_err(|e| Refusal::new(auth_reason(&e), e.to_string()))?;
+        let principal = match &enhanced {
+            Some(e) => e.principal.clone(),
+            None => self
+                .broker
+                .authenticate_connection(
+                    c.username.as_deref(),
+                    c.password.as_deref(),
+                    self.certificate_user.as_deref(),
+                )
+                .map_err(|e| Refusal::new(auth_reason(&e), e.to_string()))?,
+        };
+        let user = principal.user.clone();
 
         let life = lifetime(&c, cfg.session_expiry_max_s, cfg.v311_session_expiry_s);
         // The will is checked before anything is created.
@@ -299,6 +335,10 @@ impl MqttConnection {
                 if c.props.request_response_information == Some(1) {
                     props.response_information = Some(response_information(&client_id));
                 }
+                if let Some(e) = &enhanced {
+                    props.authentication_method = Some(e.method.clone());
+                    props.authentication_data = Some(e.data.clone());
+                }
                 let max = c.props.maximum_packet_size;
                 if let Err(e) = encode::connack_v5(session_present, 0, props, max, &mut self.out) {
                     session.close(CloseKind::Abnormal);
@@ -331,6 +371,9 @@ impl MqttConnection {
             acks: VecDeque::new(),
             qos1_pending: 0,
             awaiting_rel,
+            auth_method: enhanced.map(|e| e.method),
+            user,
+            reauth: None,
         };
         if session_present {
             open.restore_own_subs(&self.config, self.conn_id);

@@ -6,10 +6,15 @@
 //! cannot run before authentication. A fatal error moves to
 //! [`State::Closed`], after which input is ignored.
 //!
-//! Submodules: [`handshake`] (CONNECT/CONNACK, sessions), [`inbound`]
+//! A CONNECT naming SCRAM-SHA-256 passes through [`State::Authenticating`]
+//! (only AUTH and DISCONNECT accepted) before `Open` exists.
+//!
+//! Submodules: [`handshake`] (CONNECT/CONNACK, sessions), [`auth`]
+//! (enhanced authentication and re-authentication), [`inbound`]
 //! (client PUBLISH, PUBREL, ack ordering), [`outbound`] (deliveries and
 //! their acks), [`subscribe`] (SUBSCRIBE/UNSUBSCRIBE).
 
+mod auth;
 mod handshake;
 mod inbound;
 mod outbound;
@@ -112,10 +117,21 @@ struct Open {
     qos1_pending: usize,
     /// Inbound QoS 2 packet ids routed and awaiting PUBREL (persisted).
     awaiting_rel: BTreeSet<u16>,
+    /// The enhanced authentication method of the CONNECT, if any (AUTH
+    /// re-authentication uses it).
+    auth_method: Option<String>,
+    /// The authenticated user (a re-authentication must prove the same).
+    user: Option<String>,
+    /// A re-authentication in progress: server-first sent.
+    reauth: Option<Box<crate::scram::ScramPending>>,
 }
 
 enum State {
-    AwaitConnect { deadline: Instant },
+    AwaitConnect {
+        deadline: Instant,
+    },
+    /// CONNECT named SCRAM-SHA-256; the AUTH exchange is under way.
+    Authenticating(Box<auth::Authenticating>),
     Open(Box<Open>),
     Closed,
 }
@@ -204,12 +220,31 @@ impl MqttConnection {
     fn handle_packet(&mut self, now: Instant, packet: Inbound) {
         let result = match &mut self.state {
             State::Closed => Ok(()),
-            State::AwaitConnect { .. } => match packet {
+            State::AwaitConnect { deadline } => match packet {
                 Inbound::Connect(c) => {
-                    self.on_connect(now, *c);
+                    let deadline = *deadline;
+                    self.on_connect(now, deadline, *c);
                     Ok(())
                 }
                 _ => Err(MqttError::Protocol("first packet is not CONNECT")),
+            },
+            // MQTT 5 §4.12: only AUTH and DISCONNECT before CONNACK.
+            State::Authenticating(_) => match packet {
+                Inbound::Auth(a) => {
+                    if let State::Authenticating(auth) =
+                        std::mem::replace(&mut self.state, State::Closed)
+                    {
+                        self.continue_enhanced_auth(now, *auth, a);
+                    }
+                    Ok(())
+                }
+                Inbound::Disconnect(_) => {
+                    self.state = State::Closed;
+                    Ok(())
+                }
+                _ => Err(MqttError::Protocol(
+                    "only AUTH or DISCONNECT may follow a CONNECT with an authentication method",
+                )),
             },
             State::Open(open) => {
                 let ctx = Ctx {
@@ -245,11 +280,7 @@ impl MqttConnection {
                         }
                         Err(e) => Err(e),
                     },
-                    // We offer no authentication method, so no AUTH exchange
-                    // can be in progress (MQTT 5 §4.12).
-                    Inbound::Auth(_) => {
-                        Err(MqttError::Protocol("AUTH without an authentication method"))
-                    }
+                    Inbound::Auth(a) => open.on_auth(self.broker.as_ref(), ctx, a),
                 }
             }
         };
@@ -306,7 +337,7 @@ impl MqttConnection {
             _ => return,
         }
         let err = match self.state {
-            State::AwaitConnect { .. } => MqttError::ConnectTimeout,
+            State::AwaitConnect { .. } | State::Authenticating(_) => MqttError::ConnectTimeout,
             _ => MqttError::KeepAliveTimeout,
         };
         self.fail(err);
@@ -316,6 +347,7 @@ impl MqttConnection {
     pub fn poll_timeout(&self) -> Option<Instant> {
         match &self.state {
             State::AwaitConnect { deadline } => Some(*deadline),
+            State::Authenticating(a) => Some(a.deadline),
             State::Open(open) => open.keep_alive_timeout.map(|t| open.last_input + t),
             State::Closed => None,
         }
@@ -339,7 +371,7 @@ impl MqttConnection {
     /// durable commits, or the core holds producers back.
     pub fn wants_input(&self) -> bool {
         match &self.state {
-            State::AwaitConnect { .. } => true,
+            State::AwaitConnect { .. } | State::Authenticating(_) => true,
             State::Open(open) => {
                 open.acks.len() < self.config.pending_acks_max && !open.session.producer_blocked()
             }
@@ -402,6 +434,15 @@ impl MqttConnection {
             State::AwaitConnect { .. } => {
                 tracing::debug!(conn_id = self.conn_id, error = %err, "closing before CONNECT completed");
                 self.reject_connect(&err);
+            }
+            State::Authenticating(auth) => {
+                tracing::debug!(conn_id = self.conn_id, error = %err, "closing during authentication");
+                // A v5 client mid-exchange gets a CONNACK with the reason;
+                // one that let the deadline pass just loses the connection.
+                if err != MqttError::ConnectTimeout {
+                    let refusal = handshake::Refusal::new(err.reason_code(), err.to_string());
+                    self.write_refusal(Version::V5, &refusal, auth.client_packet_max());
+                }
             }
             State::Closed => {}
         }

@@ -22,6 +22,8 @@ pub struct FakeQueue {
 #[derive(Default)]
 pub struct FakeState {
     pub users: HashMap<String, Vec<u8>>,
+    /// SCRAM-SHA-256 credentials by user.
+    pub scram: HashMap<String, ScramCredentials>,
     pub anonymous: bool,
     pub sessions: Vec<SessionInfo>,
     pub queues: HashMap<String, FakeQueue>,
@@ -100,8 +102,8 @@ impl Broker for FakeBroker {
         }
     }
 
-    fn scram_credentials(&self, _user: &str) -> Option<ScramCredentials> {
-        None
+    fn scram_credentials(&self, user: &str) -> Option<ScramCredentials> {
+        self.state().scram.get(user).cloned()
     }
 
     fn anonymous_allowed(&self) -> bool {

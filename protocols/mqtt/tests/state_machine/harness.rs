@@ -76,6 +76,11 @@ impl Harness {
         out
     }
 
+    /// Puts bytes taken with `raw_output` back, for `packets` to decode.
+    pub fn unread(&mut self, out: &[u8]) {
+        self.pending.extend_from_slice(out);
+    }
+
     /// Every packet written since the last call.
     pub fn packets(&mut self) -> Vec<Pkt> {
         let out = self.raw_output();

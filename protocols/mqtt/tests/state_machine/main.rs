@@ -6,6 +6,7 @@
 //! State-machine tests of `MqttConnection`, both versions, driven with a
 //! virtual clock against an in-memory fake core.
 
+mod auth;
 mod bad_input;
 mod codec_props;
 mod connect;
