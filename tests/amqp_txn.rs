@@ -34,6 +34,10 @@ fn durable(text: &str) -> Message<fe2o3_amqp::types::messaging::AmqpValue<String
         .build()
 }
 
+fn delivery_count(d: &Delivery<String>) -> u32 {
+    d.message().header.as_ref().map_or(0, |h| h.delivery_count)
+}
+
 async fn recv(r: &mut Receiver) -> Delivery<String> {
     tokio::time::timeout(WAIT, r.recv())
         .await
@@ -165,24 +169,19 @@ async fn transactional_acceptance_commits_or_rolls_back() {
     txn.accept(&mut r, &d2).await.expect("txn accept");
     txn.rollback().await.expect("rollback");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let (depth_now, in_flight) = depth(&broker, "acq");
     assert_eq!(
-        depth_now + in_flight,
-        2,
-        "rolled back acks keep the messages"
+        depth(&broker, "acq"),
+        (2, 0),
+        "a rollback returns the messages its acknowledgements held"
     );
-
-    // Closing the link returns whatever is still held; a committed
-    // transactional accept consumes.
-    r.close().await.expect("close");
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "acq"), (2, 0));
-    let mut r = Receiver::attach(&mut session, "r2", "/queue/acq")
-        .await
-        .expect("r2");
+    // Redelivered as failed attempts, as a JMS rollback redelivers them.
+    r.set_credit(2).await.expect("credit");
     let d1 = recv(&mut r).await;
-    assert_eq!(d1.body(), "m1");
+    assert_eq!((d1.body().as_str(), delivery_count(&d1)), ("m1", 1));
     let d2 = recv(&mut r).await;
+    assert_eq!((d2.body().as_str(), delivery_count(&d2)), ("m2", 1));
+
+    // A committed transactional accept consumes.
     let txn = Transaction::declare(&controller, None)
         .await
         .expect("declare");
@@ -249,6 +248,76 @@ async fn transactional_acquisition_with_send_in_one_transaction() {
     tokio::time::timeout(QUIET, r.recv::<String>())
         .await
         .expect_err("no credit left");
+    controller.close().await.expect("close controller");
+    conn.close().await.expect("close");
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn transactional_acquisition_by_flow_rolls_back_to_the_queue() {
+    // fe2o3's `acquire` puts the txn-id in the receiver's flow (spec
+    // 4.4.3): everything delivered then belongs to the transaction, whether
+    // or not the client disposed it, and a rollback gives it all back.
+    let broker = TestBroker::start().await;
+    let (mut conn, mut session) = amqp::connect_session(&broker, "txn-acquire").await;
+    let controller = Controller::attach(&mut session, "ctrl")
+        .await
+        .expect("coordinator");
+    let mut s = Sender::attach(&mut session, "s", "/queue/acq2")
+        .await
+        .expect("s");
+    for text in ["a1", "a2"] {
+        s.send(durable(text))
+            .await
+            .expect("send")
+            .accepted_or_else(|o| o)
+            .expect("accepted");
+    }
+    let mut r = Receiver::builder()
+        .name("r")
+        .source("/queue/acq2")
+        .credit_mode(CreditMode::Manual)
+        .attach(&mut session)
+        .await
+        .expect("r");
+    let txn = Transaction::declare(&controller, None)
+        .await
+        .expect("declare");
+    let mut acq = txn.acquire(&mut r, 2).await.expect("acquire");
+    let a1 = tokio::time::timeout(WAIT, acq.recv::<String>())
+        .await
+        .expect("in time")
+        .expect("recv");
+    let a2 = tokio::time::timeout(WAIT, acq.recv::<String>())
+        .await
+        .expect("in time")
+        .expect("recv");
+    assert_eq!((a1.body().as_str(), a2.body().as_str()), ("a1", "a2"));
+    // Only the first is accepted (inside the transaction); the second is
+    // merely acquired.
+    acq.accept(&a1).await.expect("txn accept");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(depth(&broker, "acq2"), (0, 2));
+    acq.rollback().await.expect("rollback");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(depth(&broker, "acq2"), (2, 0), "both back on the queue");
+
+    // Acquired again and committed: consumed.
+    let txn = Transaction::declare(&controller, None)
+        .await
+        .expect("declare");
+    let mut acq = txn.acquire(&mut r, 2).await.expect("acquire");
+    for want in ["a1", "a2"] {
+        let d = tokio::time::timeout(WAIT, acq.recv::<String>())
+            .await
+            .expect("in time")
+            .expect("recv");
+        assert_eq!((d.body().as_str(), delivery_count(&d)), (want, 1));
+        acq.accept(&d).await.expect("txn accept");
+    }
+    acq.commit().await.expect("commit");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(depth(&broker, "acq2"), (0, 0));
     controller.close().await.expect("close controller");
     conn.close().await.expect("close");
     broker.stop().await;
