@@ -2408,3 +2408,29 @@ fn open_transactions_per_connection_are_limited() {
         "{out:?}"
     );
 }
+
+#[test]
+fn reattach_with_an_unsettled_map_resumes_nothing() {
+    // Spec 2.6.13: we keep no delivery state across links, so the reply's
+    // map is null and complete; what the old link left unsettled went back
+    // to the queue when it detached and is delivered anew.
+    let mut p = Peer::new(true);
+    p.open();
+    let mut a = attach("rcv", 0, Role::Receiver, Some("/queue/q"));
+    let mut map = fe2o3_amqp_types::primitives::OrderedMap::new();
+    map.insert(
+        Binary::from(vec![1u8; 8]).into(),
+        Some(DeliveryState::Received(
+            fe2o3_amqp_types::messaging::Received {
+                section_number: 0,
+                section_offset: 0,
+            },
+        )),
+    );
+    a.unsettled = Some(map);
+    a.incomplete_unsettled = true;
+    let reply = attach_receiver(&mut p, 0, a);
+    assert_eq!(reply.unsettled, None);
+    assert!(!reply.incomplete_unsettled);
+    assert_eq!(p.log().consumers.len(), 1, "a plain consumer");
+}
