@@ -2419,7 +2419,7 @@ fn reattach_with_an_unsettled_map_resumes_nothing() {
     let mut a = attach("rcv", 0, Role::Receiver, Some("/queue/q"));
     let mut map = fe2o3_amqp_types::primitives::OrderedMap::new();
     map.insert(
-        Binary::from(vec![1u8; 8]).into(),
+        Binary::from(vec![1u8; 8]),
         Some(DeliveryState::Received(
             fe2o3_amqp_types::messaging::Received {
                 section_number: 0,
