@@ -111,7 +111,8 @@ impl Open {
             self.persist_own_subs(conn_id);
             return;
         };
-        let mut dropped = false;
+        // More than the cap only if the cap was lowered since they were made.
+        let mut dropped = subs.len() > cfg.own_subscriptions_max;
         for sub in subs.into_iter().take(cfg.own_subscriptions_max) {
             let filter = sub.filter.clone();
             let r = if filter.starts_with(MQTT_QUEUE_TOPIC_PREFIX) {
