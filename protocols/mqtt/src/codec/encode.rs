@@ -356,10 +356,14 @@ pub fn suback(
 }
 
 /// Writes an UNSUBACK; `codes` (v5 only) are 0x00 or 0x11 or failures.
+/// `why` becomes the v5 Reason String unless the packet would then exceed
+/// the client's maximum packet size `max`.
 pub fn unsuback(
     version: Version,
     pkid: u16,
     codes: &[u8],
+    why: Option<String>,
+    max: Option<u32>,
     out: &mut BytesMut,
 ) -> Result<(), EncodeError> {
     match version {
@@ -381,7 +385,15 @@ pub fn unsuback(
                     _ => UnspecifiedError,
                 })
                 .collect();
-            ack.write(out).map_err(EncodeError)?;
+            let properties = why.map(|w| v5::UnsubAckProperties {
+                reason_string: Some(reason_string(&w)),
+                user_properties: Vec::new(),
+            });
+            write_within(max, out, |with, out| {
+                let mut ack = ack.clone();
+                ack.properties = properties.clone().filter(|_| with);
+                ack.write(out).map(drop).map_err(EncodeError)
+            })?;
         }
     }
     Ok(())

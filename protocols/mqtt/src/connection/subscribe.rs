@@ -328,6 +328,7 @@ impl Open {
     ) -> Result<(), MqttError> {
         let own_before = self.shared.len();
         let mut codes = Vec::with_capacity(u.filters.len());
+        let mut refused = Vec::new();
         for full in &u.filters {
             let code = match parse_shared(full) {
                 _ if full.starts_with(MQTT_QUEUE_TOPIC_PREFIX) => self.cancel_own_consumer(full),
@@ -343,17 +344,29 @@ impl Open {
                     Err(e) => broker_reason(&e, ReasonContext::Subscribe),
                 },
             };
+            if code >= 0x80 {
+                refused.push((full.as_str(), code));
+            }
             codes.push(code);
         }
         if self.shared.len() != own_before {
             self.persist_own_subs(ctx.conn_id);
         }
-        encode::unsuback(self.version, u.pkid, &codes, ctx.out)?;
+        let why = self.problem_info.then(|| refusal_text(&refused)).flatten();
+        encode::unsuback(
+            self.version,
+            u.pkid,
+            &codes,
+            why,
+            self.client_packet_max,
+            ctx.out,
+        )?;
         Ok(())
     }
 }
 
-/// The SUBACK reason string: which filters were refused and why, short.
+/// The SUBACK/UNSUBACK reason string: which filter was refused and why,
+/// short.
 fn refusal_text(refused: &[(&str, u8)]) -> Option<String> {
     let (filter, code) = refused.first()?;
     let why = match code {

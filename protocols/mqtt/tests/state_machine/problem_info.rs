@@ -181,3 +181,23 @@ fn response_information_only_when_asked() {
         }
     }
 }
+
+#[test]
+fn failed_unsuback_explains_itself() {
+    let mut h = connected(None, None);
+    h.input(&unsubscribe(3, &["a/#/b", "fine"], true));
+    match h.v5_packets().as_slice() {
+        [v5::Packet::UnsubAck(a)] => {
+            assert_eq!(
+                a.reasons,
+                vec![
+                    v5::UnsubAckReason::TopicFilterInvalid,
+                    v5::UnsubAckReason::NoSubscriptionExisted
+                ]
+            );
+            let why = a.properties.as_ref().and_then(|p| p.reason_string.clone());
+            assert!(why.expect("reason string").contains("a/#/b"));
+        }
+        other => panic!("{other:?}"),
+    }
+}
