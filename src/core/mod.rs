@@ -467,7 +467,11 @@ impl Inner {
         // One message at a time, read from the journal as it goes: each
         // queue keeps it in memory or pages it (past the memory budget), so
         // a restart holds no more message bodies than the budget, however
-        // deep the queues are.
+        // deep the queues are. Paged messages are copied into page files
+        // rather than left as references into the journal: compaction moves
+        // and deletes journal records, so such references would pin it (or
+        // need relocating); the copy costs one sequential write, and
+        // compaction, paused only while this loop reads, is free after.
         let mut unreadable = 0u64;
         for m in messages {
             let m = match m {

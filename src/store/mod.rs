@@ -85,7 +85,12 @@
 //! # Recovery
 //!
 //! [`Store::open`] replays all segments oldest first, verifying every entry,
-//! and returns the live state as [`Recovered`]. A torn or corrupt tail is
+//! and returns the live state as [`Recovered`]. Queued messages are not held
+//! in memory by replay: [`Recovered::messages`] is a [`RecoveredMessages`]
+//! iterator that reads each one back from its location, in seq order, as
+//! the core restores it (compaction rewrites wait until it is done), so a
+//! restart costs memory per queued message only for the index, never for
+//! the bodies. A torn or corrupt tail is
 //! cut at the last good entry, logged with `tracing::warn!` and listed in
 //! [`RecoveryReport::damaged`]; everything before it is kept, and recovery
 //! never panics. The cases are tabled in the docs of the `recovery` module.
