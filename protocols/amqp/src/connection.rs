@@ -616,7 +616,10 @@ impl AmqpConnection {
             idle_time_out: (self.cfg.idle_timeout_ms > 0).then_some(self.cfg.idle_timeout_ms),
             outgoing_locales: None,
             incoming_locales: None,
-            offered_capabilities: Some(Array(vec![Symbol::from(ANONYMOUS_RELAY)])),
+            offered_capabilities: Some(Array(vec![
+                Symbol::from(ANONYMOUS_RELAY),
+                Symbol::from(crate::link::SHARED_SUBS),
+            ])),
             desired_capabilities: None,
             properties: None,
         };

@@ -15,7 +15,7 @@
 use bytes::BytesMut;
 use fe2o3_amqp_types::definitions::{Handle, ReceiverSettleMode, Role, SenderSettleMode};
 use fe2o3_amqp_types::messaging::{
-    FilterSet, Source, TargetArchetype, TerminusDurability, TerminusExpiryPolicy,
+    DistributionMode, FilterSet, Source, TargetArchetype, TerminusDurability, TerminusExpiryPolicy,
 };
 use fe2o3_amqp_types::performatives::{Attach, Detach, Flow};
 use fe2o3_amqp_types::primitives::{Array, Symbol, Value};
@@ -23,6 +23,7 @@ use rosetta_neutral::address::{validate_topic_filter, validate_topic_name};
 use rosetta_neutral::{
     address::TEMP_QUEUE_NAME_PREFIX, durable_subscription_queue, Address, BindingOptions,
     BrokerError, ConsumerId, ConsumerSpec, CreditMode, QueueLifetime, QueueSpec, RetainedOnBind,
+    SHARED_SUBSCRIPTION_PREFIX,
 };
 use serde_amqp::descriptor::Descriptor;
 use tracing::debug;
@@ -32,6 +33,30 @@ use crate::error::AmqpError;
 
 /// Flow property naming the transaction a receiver acquires under (spec 4.4.3).
 const TXN_ID_KEY: &str = "txn-id";
+
+/// Source capability of a JMS 2 shared subscription (Qpid JMS).
+const CAP_SHARED: &str = "shared";
+/// Source (or link) capability of a shared subscription made without a JMS
+/// client id: its name is global, not scoped to the container.
+const CAP_GLOBAL: &str = "global";
+/// Connection and link capability: shared subscriptions are supported.
+pub(crate) const SHARED_SUBS: &str = "SHARED-SUBS";
+/// Group segment of a global shared durable subscription's queue name
+/// (`$share/$jms/<name>`; an MQTT share name is its own, so an MQTT client
+/// would have to ask for the group `$jms` to meet it).
+const JMS_GLOBAL_GROUP: &str = "$jms";
+/// The same for a global shared non-durable subscription.
+const JMS_GLOBAL_VOLATILE_GROUP: &str = "$jms-volatile";
+/// Between a subscription name and the suffix Qpid JMS adds to link names
+/// (JMS subscription names may not contain it).
+const SUB_NAME_DELIMITER: char = '|';
+
+/// Whether the attach's desired capabilities ask for shared subscriptions.
+fn desires_shared_subs(a: &Attach) -> bool {
+    a.desired_capabilities
+        .as_ref()
+        .is_some_and(|c| c.0.iter().any(|s| s.as_str() == SHARED_SUBS))
+}
 
 /// Terminus capability Qpid JMS sends for a queue.
 const CAP_QUEUE: &str = "queue";
@@ -345,8 +370,22 @@ impl AmqpConnection {
     /// Client receives, we send.
     fn attach_outgoing(&mut self, ch: u16, a: &Attach) -> Result<(), AmqpError> {
         let Some(src) = a.source.as_deref() else {
-            return Err(AmqpError::InvalidField("receiver without a source".into()));
+            // No source: Qpid JMS looks up an existing durable subscription
+            // this way, to unsubscribe it (JMS `Session.unsubscribe`).
+            return self.attach_subscription_lookup(ch, a);
         };
+        if src.address.is_none() && !src.dynamic {
+            // The same lookup, with an empty source.
+            return self.attach_subscription_lookup(ch, a);
+        }
+        let has = |cap: &str| {
+            src.capabilities
+                .as_ref()
+                .is_some_and(|c| c.0.iter().any(|s| s.as_str() == cap))
+        };
+        let (shared, global) = (has(CAP_SHARED), has(CAP_GLOBAL));
+        let durable_name = self.subscription_queue(&a.name, true, shared, global);
+        let volatile_name = self.subscription_queue(&a.name, false, shared, global);
         let mut reply_source: Source = src.clone();
         // The one filter we implement is `rosetta:retained` (topics only,
         // set below); others (JMS selectors) are left out of the reply, as
@@ -358,6 +397,7 @@ impl AmqpConnection {
             .as_deref_mut()
             .ok_or_else(|| AmqpError::IllegalState("no session".into()))?;
         let (queue, durable_queue) = if src.dynamic {
+            // A temporary queue; its generated name is the reply-to.
             let info = core.declare_queue(QueueSpec {
                 name: None,
                 durable: false,
@@ -367,7 +407,18 @@ impl AmqpConnection {
             (info.name, None)
         } else if let Some(addr) = src.address.as_deref() {
             match resolve_address(addr, src.capabilities.as_ref())? {
-                Address::Queue(q) => (q, None),
+                Address::Queue(q) => {
+                    if src.distribution_mode == Some(DistributionMode::Copy) {
+                        // A queue browser (Qpid JMS `QueueBrowser` attaches
+                        // pre-settled with copy). The core has no
+                        // non-destructive read, and consuming would delete
+                        // what the client only meant to look at.
+                        return Err(AmqpError::NotImplemented(
+                            "browsing a queue (distribution-mode copy)".into(),
+                        ));
+                    }
+                    (q, None)
+                }
                 Address::Topic(filter) => {
                     validate_topic_filter(&filter)
                         .map_err(|e| AmqpError::InvalidField(e.to_string()))?;
@@ -375,9 +426,17 @@ impl AmqpConnection {
                         || src.expiry_policy == TerminusExpiryPolicy::Never;
                     let spec = if durable {
                         QueueSpec {
-                            name: Some(durable_subscription_queue(&self.container_id, &a.name)),
+                            name: Some(durable_name),
                             durable: true,
                             lifetime: QueueLifetime::Permanent,
+                        }
+                    } else if shared {
+                        // JMS 2 shared non-durable subscription: one queue
+                        // for all its consumers, gone with the last one.
+                        QueueSpec {
+                            name: Some(volatile_name),
+                            durable: false,
+                            lifetime: QueueLifetime::Consumer,
                         }
                     } else {
                         QueueSpec {
@@ -401,24 +460,103 @@ impl AmqpConnection {
                 }
             }
         } else {
-            // No address: Qpid JMS looks up an existing durable subscription
-            // this way (to unsubscribe it). The declare finds it; if it did
-            // not exist we undo the declare and answer not-found.
-            let name = durable_subscription_queue(&self.container_id, &a.name);
-            let info = core.declare_queue(QueueSpec {
-                name: Some(name.clone()),
-                durable: true,
-                lifetime: QueueLifetime::Permanent,
-            })?;
-            if !info.existed {
-                // Best effort: the error we report matters more.
-                let _ = core.delete_queue(&name);
-                return Err(AmqpError::Broker(rosetta_neutral::BrokerError::NotFound(
-                    format!("no durable subscription {:?}", a.name),
-                )));
-            }
-            (info.name, Some(name))
+            return Err(AmqpError::InvalidField("source without an address".into()));
         };
+        self.open_outgoing(ch, a, reply_source, queue, durable_queue)
+    }
+
+    /// The queue behind a topic subscription link, by Qpid JMS's naming
+    /// (`AmqpSubscriptionTracker`): an exclusive durable subscription's link
+    /// is named after it; a shared one's link name is the subscription name,
+    /// then `|` and a suffix (`2`, `global`, `global2`, `volatile1`,
+    /// `global-volatile1`) that tells the client's links apart. Shared
+    /// subscriptions share the queue of the name before `|`.
+    ///
+    /// | link | durable | non-durable |
+    /// |---|---|---|
+    /// | exclusive `s` | `$durable/<container>/s` | one per link, unnamed |
+    /// | shared `s`, `s\|2` | `$durable/<container>/s` | `$durable/<container>/s\|volatile` |
+    /// | shared, `global` | `$share/$jms/s` | `$share/$jms-volatile/s` |
+    ///
+    /// A container-scoped name uses the durable-subscription scheme, whose
+    /// queues only that container may consume (JMS puts shared and
+    /// exclusive durable subscriptions in one namespace per client id; `|`
+    /// cannot occur in a JMS subscription name, so the non-durable ones stay
+    /// apart). A `global` one (JMS without a client id) is consumed from
+    /// many containers: it lives under the shared-subscription prefix, which
+    /// the core lets any client consume once the bind was authorised.
+    fn subscription_queue(&self, link: &str, durable: bool, shared: bool, global: bool) -> String {
+        let name = if shared || global {
+            link.split(SUB_NAME_DELIMITER).next().unwrap_or(link)
+        } else {
+            link
+        };
+        match (durable, global) {
+            (true, false) => durable_subscription_queue(&self.container_id, name),
+            (false, false) => durable_subscription_queue(
+                &self.container_id,
+                &format!("{name}{SUB_NAME_DELIMITER}volatile"),
+            ),
+            (true, true) => format!("{SHARED_SUBSCRIPTION_PREFIX}{JMS_GLOBAL_GROUP}/{name}"),
+            (false, true) => {
+                format!("{SHARED_SUBSCRIPTION_PREFIX}{JMS_GLOBAL_VOLATILE_GROUP}/{name}")
+            }
+        }
+    }
+
+    /// A receiver without a source address: the lookup of an existing
+    /// durable subscription by link name. A found one is attached (the
+    /// reply's source names its queue, which Qpid JMS requires to be
+    /// non-null); a missing one gets not-found. A `global` hint (in the
+    /// link's desired capabilities, or the `|global` link-name suffix)
+    /// looks up the subscription outside the container's scope.
+    fn attach_subscription_lookup(&mut self, ch: u16, a: &Attach) -> Result<(), AmqpError> {
+        let desired = |cap: &str| {
+            a.desired_capabilities
+                .as_ref()
+                .is_some_and(|c| c.0.iter().any(|s| s.as_str() == cap))
+        };
+        let suffix = a.name.split_once(SUB_NAME_DELIMITER).map(|(_, s)| s);
+        let global = desired(CAP_GLOBAL) || suffix.is_some_and(|s| s.starts_with(CAP_GLOBAL));
+        let name = self.subscription_queue(&a.name, true, suffix.is_some(), global);
+        let core = self
+            .core
+            .as_deref_mut()
+            .ok_or_else(|| AmqpError::IllegalState("no session".into()))?;
+        // The declare finds it; if it did not exist we undo the declare and
+        // answer not-found.
+        let info = core.declare_queue(QueueSpec {
+            name: Some(name.clone()),
+            durable: true,
+            lifetime: QueueLifetime::Permanent,
+        })?;
+        if !info.existed {
+            // Best effort: the error we report matters more.
+            let _ = core.delete_queue(&name);
+            return Err(AmqpError::Broker(rosetta_neutral::BrokerError::NotFound(
+                format!("no durable subscription {:?}", a.name),
+            )));
+        }
+        let mut source = a.source.as_deref().cloned().unwrap_or_default();
+        source.address = Some(Address::Queue(name.clone()).to_destination());
+        source.durable = TerminusDurability::UnsettledState;
+        source.expiry_policy = TerminusExpiryPolicy::Never;
+        self.open_outgoing(ch, a, source, info.name, Some(name))
+    }
+
+    /// Starts the consumer of an outgoing link and answers its attach.
+    fn open_outgoing(
+        &mut self,
+        ch: u16,
+        a: &Attach,
+        reply_source: Source,
+        queue: String,
+        durable_queue: Option<String>,
+    ) -> Result<(), AmqpError> {
+        let core = self
+            .core
+            .as_deref_mut()
+            .ok_or_else(|| AmqpError::IllegalState("no session".into()))?;
         let auto_settle = a.snd_settle_mode == SenderSettleMode::Settled;
         let consumer = core.consume(ConsumerSpec {
             queue,
@@ -444,7 +582,10 @@ impl AmqpConnection {
             incomplete_unsettled: false,
             initial_delivery_count: Some(0),
             max_message_size: None,
-            offered_capabilities: None,
+            // Qpid JMS asks for shared subscriptions here when the Open did
+            // not offer them; we offer them in both places.
+            offered_capabilities: desires_shared_subs(a)
+                .then(|| Array(vec![Symbol::from(SHARED_SUBS)])),
             desired_capabilities: None,
             properties: None,
         };

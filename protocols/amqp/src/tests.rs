@@ -2434,3 +2434,95 @@ fn reattach_with_an_unsettled_map_resumes_nothing() {
     assert!(!reply.incomplete_unsettled);
     assert_eq!(p.log().consumers.len(), 1, "a plain consumer");
 }
+
+#[test]
+fn jms_subscription_links_map_to_queues() {
+    let mut p = Peer::new(true);
+    p.open();
+    let topic = |name: &str, h: u32, durable: bool, caps: &[&str]| {
+        let mut a = attach(name, h, Role::Receiver, Some("/topic/t"));
+        let src = a.source.as_mut().unwrap();
+        src.capabilities = Some(Array(caps.iter().map(|c| Symbol::from(*c)).collect()));
+        if durable {
+            src.durable = TerminusDurability::UnsettledState;
+        }
+        a
+    };
+    let cases = [
+        (topic("s", 0, true, &["topic"]), Some("$durable/client-1/s")),
+        (
+            topic("s|2", 1, true, &["topic", "shared"]),
+            Some("$durable/client-1/s"),
+        ),
+        (
+            topic("g|global2", 2, true, &["topic", "shared", "global"]),
+            Some("$share/$jms/g"),
+        ),
+        (
+            topic("v|volatile1", 3, false, &["topic", "shared"]),
+            Some("$durable/client-1/v|volatile"),
+        ),
+        (
+            topic(
+                "w|global-volatile1",
+                4,
+                false,
+                &["topic", "shared", "global"],
+            ),
+            Some("$share/$jms-volatile/w"),
+        ),
+        // Not shared: the link name is kept whole, '|' and all.
+        (
+            topic("x|y", 5, true, &["topic"]),
+            Some("$durable/client-1/x|y"),
+        ),
+        (topic("plain", 6, false, &["topic"]), None),
+    ];
+    for (a, want) in cases {
+        let before = p.log().declared.len();
+        attach_receiver(&mut p, a.handle.0, a);
+        let log = p.log();
+        assert_eq!(log.declared.len(), before + 1);
+        assert_eq!(log.declared[before].name.as_deref(), want);
+    }
+    // Shared links ask for SHARED-SUBS on the link too and get it offered.
+    let mut a = topic("z|volatile1", 7, false, &["topic", "shared"]);
+    a.desired_capabilities = Some(Array(vec![Symbol::from("SHARED-SUBS")]));
+    let reply = attach_receiver(&mut p, 7, a);
+    assert_eq!(
+        reply.offered_capabilities,
+        Some(Array(vec![Symbol::from("SHARED-SUBS")]))
+    );
+}
+
+#[test]
+fn null_source_lookup_and_queue_browser() {
+    let mut p = Peer::new(true);
+    p.open();
+    // Qpid JMS unsubscribe of a global shared subscription.
+    let mut a = attach("g|global", 0, Role::Receiver, None);
+    a.source = None;
+    a.desired_capabilities = Some(Array(vec![Symbol::from("shared"), Symbol::from("global")]));
+    p.send(0, &a, &[]);
+    let out = p.perfs();
+    assert!(
+        matches!(&out[..], [Performative::Attach(r), Performative::Detach(d)]
+            if r.source.is_none() && d.error.is_some()),
+        "the fake core never has it: {out:?}"
+    );
+    assert_eq!(p.log().deleted, vec!["$share/$jms/g".to_string()]);
+    // A browser on a queue is refused, and consumes nothing.
+    let mut a = attach("browser", 1, Role::Receiver, Some("/queue/q"));
+    a.source.as_mut().unwrap().distribution_mode =
+        Some(fe2o3_amqp_types::messaging::DistributionMode::Copy);
+    p.send(0, &a, &[]);
+    let out = p.perfs();
+    let Some(Performative::Detach(d)) = out.get(1) else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(d.error.as_ref().unwrap()),
+        "amqp:not-implemented"
+    );
+    assert!(p.log().consumers.is_empty());
+}
