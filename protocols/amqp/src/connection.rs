@@ -248,7 +248,10 @@ impl AmqpConnection {
             SessionEvent::Drained { consumer } => self.on_drained(consumer),
             SessionEvent::ConsumerClosed { consumer, reason } => {
                 if let Some(&(ch, handle)) = self.consumers.get(&consumer) {
-                    self.apply_fault(ch, Fault::Link(handle, AmqpError::Broker(reason)));
+                    // The core closes a consumer when its queue is deleted:
+                    // spec 2.8.15 names that amqp:resource-deleted.
+                    let e = AmqpError::ResourceDeleted(reason.to_string());
+                    self.apply_fault(ch, Fault::Link(handle, e));
                 }
             }
             SessionEvent::Kicked { reason } => {

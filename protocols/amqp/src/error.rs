@@ -71,6 +71,9 @@ pub enum AmqpError {
     /// The broker closes the connection (take-over, shutdown).
     #[error("connection forced: {0}")]
     Forced(String),
+    /// What a link worked with went away (its queue was deleted).
+    #[error("resource deleted: {0}")]
+    ResourceDeleted(String),
 }
 
 impl AmqpError {
@@ -110,6 +113,7 @@ impl AmqpError {
             AmqpError::Forced(_) => {
                 ErrorCondition::ConnectionError(ConnectionError::ConnectionForced)
             }
+            AmqpError::ResourceDeleted(_) => Cond::ResourceDeleted.into(),
         }
     }
 

@@ -2526,3 +2526,26 @@ fn null_source_lookup_and_queue_browser() {
     );
     assert!(p.log().consumers.is_empty());
 }
+
+#[test]
+fn consumer_closed_by_the_core_detaches_with_resource_deleted() {
+    let mut p = Peer::new(true);
+    p.open();
+    attach_receiver(
+        &mut p,
+        0,
+        attach("rcv", 0, Role::Receiver, Some("/queue/q")),
+    );
+    p.event(SessionEvent::ConsumerClosed {
+        consumer: ConsumerId(1),
+        reason: BrokerError::NotFound("queue 'q' was deleted".into()),
+    });
+    let out = p.perfs();
+    let Some(Performative::Detach(d)) = out.first() else {
+        panic!("{out:?}")
+    };
+    assert!(d.closed);
+    let e = d.error.as_ref().unwrap();
+    assert_eq!(condition_symbol(e), "amqp:resource-deleted");
+    assert!(e.description.as_deref().unwrap().contains("was deleted"));
+}
