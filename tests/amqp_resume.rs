@@ -244,3 +244,37 @@ async fn detached_link_resumed_with_a_non_empty_unsettled_map() {
     assert_eq!(depth(&broker, SUB_QUEUE), None);
     broker.stop().await;
 }
+
+#[tokio::test]
+async fn attaching_the_same_link_name_again_steals_the_old_link() {
+    let broker = TestBroker::start().await;
+    let mut conn = amqp::connect(&broker, "resumer").await;
+    let mut s1 = Session::begin(&mut conn).await.expect("begin");
+    let mut s2 = Session::begin(&mut conn).await.expect("begin");
+    let mut old = Receiver::builder()
+        .name("sub")
+        .source(durable_source("/topic/resume/news"))
+        .attach(&mut s1)
+        .await
+        .expect("first attachment");
+    let mut new = Receiver::builder()
+        .name("sub")
+        .source(durable_source("/topic/resume/news"))
+        .attach(&mut s2)
+        .await
+        .expect("second attachment of the same name");
+    let err = tokio::time::timeout(WAIT, old.recv::<String>())
+        .await
+        .expect("the old link hears of it")
+        .expect_err("the old link is detached");
+    assert!(format!("{err:?}").contains("Stolen"), "{err:?}");
+    // The subscription itself stays and feeds the new link.
+    publish(&broker, &["s0"]).await;
+    let d = recv(&mut new).await;
+    assert_eq!(d.body(), "s0");
+    new.accept(&d).await.expect("accept");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(depth(&broker, SUB_QUEUE), Some((0, 0)));
+    conn.close().await.expect("close");
+    broker.stop().await;
+}

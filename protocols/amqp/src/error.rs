@@ -71,6 +71,9 @@ pub enum AmqpError {
     /// The broker closes the connection (take-over, shutdown).
     #[error("connection forced: {0}")]
     Forced(String),
+    /// The link was attached again under the same name.
+    #[error("link {0:?} attached elsewhere")]
+    LinkStolen(String),
     /// What a link worked with went away (its queue was deleted).
     #[error("resource deleted: {0}")]
     ResourceDeleted(String),
@@ -114,6 +117,7 @@ impl AmqpError {
                 ErrorCondition::ConnectionError(ConnectionError::ConnectionForced)
             }
             AmqpError::ResourceDeleted(_) => Cond::ResourceDeleted.into(),
+            AmqpError::LinkStolen(_) => ErrorCondition::LinkError(LinkError::Stolen),
         }
     }
 

@@ -203,6 +203,7 @@ impl AmqpConnection {
                 self.cfg.links_per_connection_max
             )))
         } else {
+            self.steal_same_name(&a);
             match a.role {
                 Role::Sender => self.attach_incoming(ch, &a),
                 Role::Receiver => self.attach_outgoing(ch, &a),
@@ -212,6 +213,41 @@ impl AmqpConnection {
             self.refuse_attach(ch, &a, e);
         }
         Ok(())
+    }
+
+    /// A link name is unique per pair of containers and direction (spec
+    /// 2.6.1): an attach naming a link this connection already has in the
+    /// same direction takes it over. The old attachment is detached, not
+    /// closed, with `amqp:link:stolen`, so its terminus (a durable
+    /// subscription) stays for the new one. (Another connection with the
+    /// same container id takes over the whole connection; see `Kicked`.)
+    fn steal_same_name(&mut self, a: &Attach) {
+        let client_sends = a.role == Role::Sender;
+        let stolen: Vec<(u16, u32)> = self
+            .sessions
+            .iter()
+            .flat_map(|(ch, s)| {
+                s.links
+                    .iter()
+                    .filter(|(_, l)| {
+                        l.name == a.name && matches!(l.kind, LinkKind::Incoming(_)) == client_sends
+                    })
+                    .map(move |(h, _)| (*ch, *h))
+            })
+            .collect();
+        for (ch, handle) in stolen {
+            debug!(conn = self.conn_id, link = %a.name, channel = ch, handle, "link stolen");
+            self.remove_link(ch, handle, false);
+            if let Some(s) = self.sessions.get_mut(&ch) {
+                s.detaching.insert(handle);
+                let detach = Detach {
+                    handle: Handle(handle),
+                    closed: false,
+                    error: Some(AmqpError::LinkStolen(a.name.clone()).to_wire()),
+                };
+                write_perf(&mut self.out, s.local_channel, &detach, &[]);
+            }
+        }
     }
 
     /// Answers an attach we cannot honour: an attach with a null terminus on

@@ -2549,3 +2549,48 @@ fn consumer_closed_by_the_core_detaches_with_resource_deleted() {
     assert_eq!(condition_symbol(e), "amqp:resource-deleted");
     assert!(e.description.as_deref().unwrap().contains("was deleted"));
 }
+
+#[test]
+fn attaching_a_link_name_again_steals_it() {
+    let mut p = Peer::new(true);
+    p.open();
+    attach_receiver(
+        &mut p,
+        0,
+        attach("sub", 0, Role::Receiver, Some("/queue/q")),
+    );
+    // A sender of the same name is another link (other direction).
+    p.send(0, &attach("sub", 1, Role::Sender, Some("/queue/q")), &[]);
+    assert!(!p
+        .perfs()
+        .iter()
+        .any(|perf| matches!(perf, Performative::Detach(_))));
+    // The same name and direction again, on another handle.
+    p.send(0, &attach("sub", 2, Role::Receiver, Some("/queue/q")), &[]);
+    let out = p.perfs();
+    let Some(Performative::Detach(d)) = out.first() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(d.handle.0, 0);
+    assert!(!d.closed, "detached, not closed: the terminus stays");
+    assert_eq!(
+        condition_symbol(d.error.as_ref().unwrap()),
+        "amqp:link:stolen"
+    );
+    assert!(matches!(&out[1], Performative::Attach(a) if a.handle.0 == 2));
+    let log = p.log();
+    assert_eq!(log.cancelled, vec![ConsumerId(1)]);
+    assert!(log.deleted.is_empty());
+    drop(log);
+    // The client's answering detach is absorbed.
+    p.send(
+        0,
+        &Detach {
+            handle: Handle(0),
+            closed: false,
+            error: None,
+        },
+        &[],
+    );
+    assert!(p.perfs().is_empty());
+}
