@@ -8,6 +8,9 @@
 //! | receiver           | topic, durable terminus      | durable queue `$durable/<container>/<link>` + bind + consume |
 //! | receiver           | `dynamic=true`               | temp queue (lifetime Session), address `/queue/<name>` |
 //! | receiver           | topic + filter `rosetta:retained` | as above, the bind also enqueues the retained messages matching the filter (echoed in the reply's source filter) |
+//! | receiver           | topic + capability `shared` (JMS 2) | one queue per subscription name, see `subscription_queue` |
+//! | receiver           | null source, or no address   | lookup of an existing durable subscription (JMS unsubscribe); not-found if none |
+//! | receiver           | queue + distribution-mode `copy` | refused, not-implemented (a browser; no non-destructive read) |
 //! | sender             | address                      | publish to it                              |
 //! | sender             | null target/address          | anonymous relay: publish to each message's `to` |
 //! | sender             | coordinator                  | transactions (see `coordinator`)           |
