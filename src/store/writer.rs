@@ -193,7 +193,11 @@ impl Shared {
                 }
                 Phase::Closing | Phase::Stopped => return Err(Box::new((StoreError::Closed, job))),
             }
-            if on_writer || q.bytes == 0 || q.bytes + bytes <= self.pending_bytes_max {
+            // A job without bytes (sync, compaction) adds nothing to what
+            // the bound limits, so it never waits (a compaction pause ends
+            // from wherever the last recovered message was read).
+            if on_writer || bytes == 0 || q.bytes == 0 || q.bytes + bytes <= self.pending_bytes_max
+            {
                 break;
             }
             self.room.wait(&mut q);
