@@ -714,7 +714,7 @@ impl AmqpConnection {
     /// A Flow naming a link.
     pub(crate) fn on_link_flow(&mut self, ch: u16, handle: u32, f: &Flow) -> Result<(), Fault> {
         let credit_max = self.cfg.link_credit_max;
-        let acquire = self.flow_acquisition(handle, f)?;
+        let acquire = self.flow_acquisition(ch, handle, f)?;
         let Some(s) = self.sessions.get_mut(&ch) else {
             return Ok(());
         };
@@ -775,37 +775,59 @@ impl AmqpConnection {
     /// `Some(None)` when it has properties without one (the client left the
     /// transaction; fe2o3-amqp clears it this way), `None` when it has no
     /// properties (the association stays: credit top-ups carry none).
-    fn flow_acquisition(&self, handle: u32, f: &Flow) -> Result<Option<Option<u64>>, Fault> {
-        let Some(props) = &f.properties else {
-            return Ok(None);
+    fn flow_acquisition(
+        &self,
+        ch: u16,
+        handle: u32,
+        f: &Flow,
+    ) -> Result<Option<Option<u64>>, Fault> {
+        let acquire = match &f.properties {
+            None => None,
+            Some(props) => match props.get(TXN_ID_KEY) {
+                None => Some(None),
+                Some(Value::Binary(id)) => match self.txn_for(id.as_slice()) {
+                    Some(txn) => Some(Some(txn.0)),
+                    None => {
+                        return Err(Fault::Link(
+                            handle,
+                            AmqpError::UnknownTxn(format!("{:02x?}", id.as_slice())),
+                        ))
+                    }
+                },
+                Some(_) => {
+                    return Err(Fault::Link(
+                        handle,
+                        AmqpError::InvalidField("flow txn-id is not binary".into()),
+                    ))
+                }
+            },
         };
-        let Some(value) = props.get(TXN_ID_KEY) else {
-            return Ok(Some(None));
-        };
-        let Value::Binary(id) = value else {
-            return Err(Fault::Link(
-                handle,
-                AmqpError::InvalidField("flow txn-id is not binary".into()),
-            ));
-        };
-        let Some(txn) = self.txn_for(id.as_slice()) else {
-            return Err(Fault::Link(
-                handle,
-                AmqpError::UnknownTxn(format!("{:02x?}", id.as_slice())),
-            ));
-        };
-        let held = self.txn_work.get(&txn.0).map_or(0, Vec::len);
-        let credit = f.link_credit.unwrap_or(0) as usize;
-        if held.saturating_add(credit) > crate::coordinator::TXN_DELIVERIES_MAX {
-            return Err(Fault::Link(
-                handle,
-                AmqpError::ResourceLimit(format!(
-                    "more than {} deliveries in one transaction",
-                    crate::coordinator::TXN_DELIVERIES_MAX
-                )),
-            ));
+        // The transaction this flow's credit acquires under: the new one,
+        // or the one the link keeps from an earlier flow. Its held
+        // deliveries plus this credit stay within the limit.
+        let current = acquire.unwrap_or_else(|| {
+            self.sessions
+                .get(&ch)
+                .and_then(|s| s.links.get(&handle))
+                .and_then(|l| match &l.kind {
+                    LinkKind::Outgoing(o) => o.acquire_txn,
+                    LinkKind::Incoming(_) => None,
+                })
+        });
+        if let Some(txn) = current {
+            let held = self.txn_work.get(&txn).map_or(0, Vec::len);
+            let credit = f.link_credit.unwrap_or(0) as usize;
+            if held.saturating_add(credit) > crate::coordinator::TXN_DELIVERIES_MAX {
+                return Err(Fault::Link(
+                    handle,
+                    AmqpError::ResourceLimit(format!(
+                        "more than {} deliveries in one transaction",
+                        crate::coordinator::TXN_DELIVERIES_MAX
+                    )),
+                ));
+            }
         }
-        Ok(Some(Some(txn.0)))
+        Ok(acquire)
     }
 
     /// Sends a Flow with the session state and this link's state.
