@@ -169,6 +169,11 @@ impl AmqpConnection {
             s.accepted.clear();
             s.accepted_second.clear();
         }
+        // A settlement still waiting for its commit names a delivery id of
+        // this session; a later session on the same channel must not get it.
+        self.tickets.retain(
+            |_, p| !matches!(p, PendingCommit::SettleBack { channel, .. } if *channel == ch),
+        );
     }
 
     pub(crate) fn on_flow(&mut self, ch: u16, f: Flow) -> Result<(), Fault> {
