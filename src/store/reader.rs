@@ -29,7 +29,7 @@
 //!
 //! # Limits
 //!
-//! An entry larger than the window is read on its own; an entry is
+//! An entry larger than the window is read whole on its own; an entry is
 //! checksummed once for all of its records read in a row. Seqs of two large
 //! entries interleaved (two big transactions committed concurrently) would
 //! re-read each entry per message: correct, but slow; not seen in practice.
@@ -232,8 +232,11 @@ impl Window {
         if body_len > ENTRY_BODY_MAX_BYTES {
             return Err(corrupt(format!("entry body of {body_len} bytes")));
         }
-        let body_at = loc.entry + ENTRY_HEADER_BYTES as u64;
-        let body = self.range(dir, loc.seg, body_at, body_len)?;
+        // Header and body in one window, so the next records of the same
+        // entry (a transaction, a compaction copy of many messages) are
+        // served from it, checksummed once, however large the entry is.
+        let whole = self.range(dir, loc.seg, loc.entry, ENTRY_HEADER_BYTES + body_len)?;
+        let body = whole.slice(ENTRY_HEADER_BYTES..);
         if self.verified != Some((loc.seg, loc.entry)) {
             if crc32c::crc32c(&body) != header.body_crc {
                 return Err(corrupt("entry body checksum mismatch".into()));
@@ -299,6 +302,8 @@ impl Window {
         file.read_exact_at(&mut buf, offset)
             .map_err(|e| io_error("read", &path, e))?;
         self.seg = Some((seg, file, file_len));
+        // Bytes read anew are checked anew.
+        self.verified = None;
         self.start = offset;
         self.bytes = Bytes::from(buf);
         Ok(())

@@ -935,3 +935,25 @@ fn a_recovered_message_damaged_after_replay_is_an_error_not_a_wrong_message() {
     );
     assert!(matches!(&got[2], Ok(m) if body_of(m) == "body-2"));
 }
+
+#[test]
+fn messages_of_an_entry_larger_than_the_read_window_come_back() {
+    let d = tmp();
+    let (store, _) = open(config(d.path()));
+    commit(&store, vec![declare(1, "q")]);
+    commit(&store, vec![msg(0, &[1], "before")]);
+    // One 3 MiB entry of 3000 messages, then a small one after it.
+    let big: Vec<Record> = (1..=3000u64)
+        .map(|s| msg(s, &[1], &format!("{s:04}{}", "b".repeat(1020))))
+        .collect();
+    commit(&store, big);
+    commit(&store, vec![msg(3001, &[1], "after")]);
+    ok(store.close());
+    let (_s, rec) = open(config(d.path()));
+    assert_eq!(seqs(&rec), (0..=3001).collect::<Vec<_>>());
+    for m in &rec.messages[1..=3000] {
+        assert_eq!(body_of(m)[..4], format!("{:04}", m.seq));
+        assert_eq!(m.message.body.bytes.len(), 1024);
+    }
+    assert_eq!(body_of(&rec.messages[3001]), "after");
+}
