@@ -24,6 +24,7 @@
 //! | checksummed body that does not decode, unknown record kind or version | record decoder            | `open` fails with [`StoreError::Corrupt`] / [`StoreError::Unsupported`] (a bug or a newer build, not a torn write) |
 //! | segments whose first entry sequence goes backwards      | segment header vs. previous segment       | `open` fails with [`StoreError::Corrupt`] (files mixed up by hand) |
 //! | I/O error while reading                                 | `read`                                    | `open` fails with [`StoreError::Io`] |
+//! | a live message's entry damaged or unreadable when it is read back after replay (see `reader`) | checksums again, expected seq | that item of [`super::RecoveredMessages`] is [`StoreError::Corrupt`] / [`StoreError::Io`]; the others are read; the core logs it and the message stays in the journal |
 //!
 //! A crash can only tear the newest segment: the writer syncs a segment
 //! before it creates the next one, so damage in an older segment means the
