@@ -7,8 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fe2o3_amqp::connection::ConnectionHandle;
+use fe2o3_amqp::link::delivery::{Delivery, Sendable};
 use fe2o3_amqp::session::SessionHandle;
-use fe2o3_amqp::{Connection, Session};
+use fe2o3_amqp::types::messaging::{
+    AmqpValue, Body, FromBody, Header, Message, SerializableBody, Source, TerminusDurability,
+    TerminusExpiryPolicy,
+};
+use fe2o3_amqp::types::primitives::Value;
+use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -42,6 +48,110 @@ pub async fn connect_session(
     let mut conn = connect(broker, container).await;
     let session = Session::begin(&mut conn).await.expect("begin session");
     (conn, session)
+}
+
+/// A delivery whose body may be any section (value, data, sequence).
+pub type AnyDelivery = Delivery<Body<Value>>;
+
+/// Attaches a sender link `name` to `address` with the default settings;
+/// panics with fe2o3's attach error if the broker refuses or detaches it.
+pub async fn sender(session: &mut SessionHandle<()>, name: &str, address: &str) -> Sender {
+    Sender::attach(session, name, address)
+        .await
+        .unwrap_or_else(|e| panic!("attach sender {name} to {address}: {e:?}"))
+}
+
+/// Attaches a receiver link `name` from `address` with the default settings
+/// (auto credit); panics with fe2o3's attach error if the broker refuses.
+pub async fn receiver(session: &mut SessionHandle<()>, name: &str, address: &str) -> Receiver {
+    Receiver::attach(session, name, address)
+        .await
+        .unwrap_or_else(|e| panic!("attach receiver {name} from {address}: {e:?}"))
+}
+
+/// A message with `header.durable` set and `text` as its amqp-value body.
+pub fn durable(text: &str) -> Message<AmqpValue<String>> {
+    Message::builder()
+        .header(Header {
+            durable: true,
+            ..Default::default()
+        })
+        .value(text.to_owned())
+        .build()
+}
+
+/// A source for a durable subscription: terminus durability
+/// `unsettled-state`, expiry `never` (what a client sends to have its
+/// subscription kept across detach, disconnect and restart).
+pub fn durable_source(address: &str) -> Source {
+    Source::builder()
+        .address(address)
+        .durable(TerminusDurability::UnsettledState)
+        .expiry_policy(TerminusExpiryPolicy::Never)
+        .build()
+}
+
+/// Sends `message` and waits for the broker's outcome; panics unless the
+/// send completed and the outcome is `accepted` (then the broker has taken
+/// the message, durably if it was durable).
+pub async fn send_accepted<T: SerializableBody>(s: &mut Sender, message: impl Into<Sendable<T>>) {
+    s.send(message)
+        .await
+        .expect("send")
+        .accepted_or_else(|o| o)
+        .expect("accepted");
+}
+
+/// Connects as `container`, sends each of `texts` as a [`durable`] message
+/// to `address` (each accepted), then closes the connection.
+pub async fn publish_durable<S: AsRef<str>>(
+    broker: &TestBroker,
+    container: &str,
+    address: &str,
+    texts: &[S],
+) {
+    let (mut conn, mut session) = connect_session(broker, container).await;
+    let mut s = sender(&mut session, "publisher", address).await;
+    for text in texts {
+        send_accepted(&mut s, durable(text.as_ref())).await;
+    }
+    conn.close().await.expect("close");
+}
+
+/// The next delivery on `r`, not settled; panics if none comes within
+/// [`WAIT`] or the link fails.
+pub async fn recv<T>(r: &mut Receiver) -> Delivery<T>
+where
+    for<'de> T: FromBody<'de> + Send,
+{
+    tokio::time::timeout(WAIT, r.recv())
+        .await
+        .expect("delivery in time")
+        .expect("recv")
+}
+
+/// The next delivery's string body, after accepting it; panics as [`recv`].
+pub async fn recv_text(r: &mut Receiver) -> String {
+    let d: Delivery<String> = recv(r).await;
+    r.accept(&d).await.expect("accept");
+    d.body().clone()
+}
+
+/// Panics if a delivery arrives on `r` within [`QUIET`].
+pub async fn recv_nothing(r: &mut Receiver) {
+    let got = tokio::time::timeout(QUIET, r.recv::<Body<Value>>()).await;
+    assert!(got.is_err(), "unexpected delivery");
+}
+
+/// The string in an amqp-value body; panics on any other body.
+pub fn text_of(d: &AnyDelivery) -> String {
+    match d.body() {
+        Body::Value(v) => match &v.0 {
+            Value::String(s) => s.clone(),
+            other => panic!("not a string value: {other:?}"),
+        },
+        other => panic!("not an amqp-value: {other:?}"),
+    }
 }
 
 /// A broker with a users file: `alice`/`s3cret` may do anything, `bob`/

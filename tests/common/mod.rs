@@ -93,6 +93,16 @@ impl TestBroker {
         self.running().core()
     }
 
+    /// `(depth, in_flight)` of queue `q`, or `None` if it does not exist.
+    pub fn queue(&self, q: &str) -> Option<(u64, u64)> {
+        self.core().queue_stats(q).map(|s| (s.depth, s.in_flight))
+    }
+
+    /// `(depth, in_flight)` of queue `q`; `(0, 0)` if it does not exist.
+    pub fn depth(&self, q: &str) -> (u64, u64) {
+        self.queue(q).unwrap_or((0, 0))
+    }
+
     pub fn data_dir(&self) -> PathBuf {
         self.config.data_dir.clone()
     }
