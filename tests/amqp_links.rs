@@ -8,41 +8,16 @@ mod common;
 
 use std::time::Duration;
 
-use common::amqp::{self, enc, RawAmqp, QUIET, WAIT};
+use common::amqp::{
+    self, durable, durable_source, enc, recv_nothing, recv_text, send_accepted, AnyDelivery,
+    RawAmqp, WAIT,
+};
 use common::stomp::StompClient;
 use common::TestBroker;
-use fe2o3_amqp::link::delivery::Delivery;
 use fe2o3_amqp::link::receiver::CreditMode;
-use fe2o3_amqp::types::messaging::{
-    Body, Message, Outcome, Properties, Source, Target, TerminusDurability, TerminusExpiryPolicy,
-};
+use fe2o3_amqp::types::messaging::{Body, Message, Outcome, Properties, Source, Target};
 use fe2o3_amqp::types::primitives::{Array, Symbol, Value};
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
-
-type AnyDelivery = Delivery<Body<Value>>;
-
-async fn recv_text(r: &mut Receiver) -> String {
-    let d: Delivery<String> = tokio::time::timeout(WAIT, r.recv())
-        .await
-        .expect("delivery in time")
-        .expect("recv");
-    r.accept(&d).await.expect("accept");
-    d.body().clone()
-}
-
-/// Nothing arrives on `r` for a while.
-async fn recv_nothing(r: &mut Receiver) {
-    let got = tokio::time::timeout(QUIET, r.recv::<Body<Value>>()).await;
-    assert!(got.is_err(), "unexpected delivery");
-}
-
-async fn send_ok(s: &mut Sender, text: &str) {
-    s.send(text)
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
-}
 
 #[tokio::test]
 async fn open_advertises_limits_and_our_idle_timeout_is_enforced() {
@@ -111,13 +86,9 @@ async fn broker_keeps_a_client_idle_timeout_alive_with_empty_frames() {
         .expect("open");
     let mut session = Session::begin(&mut conn).await.expect("begin");
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let mut s = Sender::attach(&mut session, "s", "/queue/idle")
-        .await
-        .expect("s");
-    send_ok(&mut s, "still here").await;
-    let mut r = Receiver::attach(&mut session, "r", "/queue/idle")
-        .await
-        .expect("r");
+    let mut s = amqp::sender(&mut session, "s", "/queue/idle").await;
+    send_accepted(&mut s, "still here").await;
+    let mut r = amqp::receiver(&mut session, "r", "/queue/idle").await;
     assert_eq!(recv_text(&mut r).await, "still here");
     conn.close().await.expect("close");
     broker.stop().await;
@@ -139,16 +110,12 @@ async fn small_max_frame_size_splits_large_messages_both_ways() {
         .await
         .expect("open");
     let mut session = Session::begin(&mut conn).await.expect("begin");
-    let mut s = Sender::attach(&mut session, "s", "/queue/big")
-        .await
-        .expect("s");
+    let mut s = amqp::sender(&mut session, "s", "/queue/big").await;
     let body: String = (0..20_000)
         .map(|i| char::from(b'a' + (i % 26) as u8))
         .collect();
-    send_ok(&mut s, &body).await;
-    let mut r = Receiver::attach(&mut session, "r", "/queue/big")
-        .await
-        .expect("r");
+    send_accepted(&mut s, &body).await;
+    let mut r = amqp::receiver(&mut session, "r", "/queue/big").await;
     assert_eq!(recv_text(&mut r).await, body);
     conn.close().await.expect("close");
     broker.stop().await;
@@ -180,7 +147,7 @@ async fn several_sessions_and_links_per_connection() {
         }
     }
     for (k, s) in senders.iter_mut().enumerate() {
-        send_ok(s, &format!("m{k}")).await;
+        send_accepted(s, &format!("m{k}")).await;
     }
     for (k, r) in receivers.iter_mut().enumerate() {
         assert_eq!(recv_text(r).await, format!("m{k}"));
@@ -192,7 +159,7 @@ async fn several_sessions_and_links_per_connection() {
         receivers.remove(0).close().await.expect("close receiver");
     }
     first.end().await.expect("end");
-    send_ok(&mut senders[0], "after end").await;
+    send_accepted(&mut senders[0], "after end").await;
     assert_eq!(recv_text(&mut receivers[0]).await, "after end");
     conn.close().await.expect("close");
     broker.stop().await;
@@ -203,33 +170,19 @@ async fn addresses_follow_the_naming_scheme() {
     let broker = TestBroker::start().await;
     let (mut conn, mut session) = amqp::connect_session(&broker, "addr").await;
     // `/queue/q` and bare `q` are the same queue.
-    let mut s = Sender::attach(&mut session, "s-q", "/queue/same")
-        .await
-        .expect("s");
-    let mut r = Receiver::attach(&mut session, "r-q", "same")
-        .await
-        .expect("r");
-    send_ok(&mut s, "to the queue").await;
+    let mut s = amqp::sender(&mut session, "s-q", "/queue/same").await;
+    let mut r = amqp::receiver(&mut session, "r-q", "same").await;
+    send_accepted(&mut s, "to the queue").await;
     assert_eq!(recv_text(&mut r).await, "to the queue");
     assert!(broker.core().queue_stats("same").is_some());
 
     // Topics and wildcards.
-    let mut exact = Receiver::attach(&mut session, "t-exact", "/topic/a/b")
-        .await
-        .expect("r");
-    let mut plus = Receiver::attach(&mut session, "t-plus", "/topic/a/+")
-        .await
-        .expect("r");
-    let mut hash = Receiver::attach(&mut session, "t-hash", "/topic/#")
-        .await
-        .expect("r");
-    let mut other = Receiver::attach(&mut session, "t-other", "/topic/x/+")
-        .await
-        .expect("r");
-    let mut ts = Sender::attach(&mut session, "s-t", "/topic/a/b")
-        .await
-        .expect("s");
-    send_ok(&mut ts, "fan-out").await;
+    let mut exact = amqp::receiver(&mut session, "t-exact", "/topic/a/b").await;
+    let mut plus = amqp::receiver(&mut session, "t-plus", "/topic/a/+").await;
+    let mut hash = amqp::receiver(&mut session, "t-hash", "/topic/#").await;
+    let mut other = amqp::receiver(&mut session, "t-other", "/topic/x/+").await;
+    let mut ts = amqp::sender(&mut session, "s-t", "/topic/a/b").await;
+    send_accepted(&mut ts, "fan-out").await;
     for r in [&mut exact, &mut plus, &mut hash] {
         assert_eq!(recv_text(r).await, "fan-out");
     }
@@ -268,17 +221,15 @@ async fn terminus_capabilities_choose_the_routing_type_of_a_bare_address() {
         .attach(&mut session)
         .await
         .expect("topic sender");
-    send_ok(&mut pubr, "headline").await;
+    send_accepted(&mut pubr, "headline").await;
     assert_eq!(recv_text(&mut sub).await, "headline");
     assert!(
         broker.core().queue_stats("news").is_none(),
         "no queue `news`"
     );
     // Same as `/topic/news` for everyone else.
-    let mut plain = Sender::attach(&mut session, "pub2", "/topic/news")
-        .await
-        .expect("s");
-    send_ok(&mut plain, "second").await;
+    let mut plain = amqp::sender(&mut session, "pub2", "/topic/news").await;
+    send_accepted(&mut plain, "second").await;
     assert_eq!(recv_text(&mut sub).await, "second");
 
     // `queue` capability: a queue.
@@ -293,7 +244,7 @@ async fn terminus_capabilities_choose_the_routing_type_of_a_bare_address() {
         .attach(&mut session)
         .await
         .expect("queue sender");
-    send_ok(&mut qs, "job").await;
+    send_accepted(&mut qs, "job").await;
     assert_eq!(broker.core().queue_stats("jobs").map(|s| s.depth), Some(1));
     let mut qr = Receiver::builder()
         .name("qr")
@@ -311,33 +262,19 @@ async fn terminus_capabilities_choose_the_routing_type_of_a_bare_address() {
     broker.stop().await;
 }
 
-fn durable_source(address: &str) -> Source {
-    Source::builder()
-        .address(address)
-        .durable(TerminusDurability::UnsettledState)
-        .expiry_policy(TerminusExpiryPolicy::Never)
-        .build()
-}
-
 #[tokio::test]
 async fn topic_subscriptions_non_durable_and_durable_across_restart() {
     let mut broker = TestBroker::start().await;
     // Non-durable: messages published while detached are not kept.
     {
         let (mut conn, mut session) = amqp::connect_session(&broker, "nd-client").await;
-        let mut r = Receiver::attach(&mut session, "nd", "/topic/nd/t")
-            .await
-            .expect("r");
-        let mut s = Sender::attach(&mut session, "s", "/topic/nd/t")
-            .await
-            .expect("s");
-        send_ok(&mut s, "live").await;
+        let mut r = amqp::receiver(&mut session, "nd", "/topic/nd/t").await;
+        let mut s = amqp::sender(&mut session, "s", "/topic/nd/t").await;
+        send_accepted(&mut s, "live").await;
         assert_eq!(recv_text(&mut r).await, "live");
         r.close().await.expect("close");
-        send_ok(&mut s, "missed").await;
-        let mut r = Receiver::attach(&mut session, "nd", "/topic/nd/t")
-            .await
-            .expect("r");
+        send_accepted(&mut s, "missed").await;
+        let mut r = amqp::receiver(&mut session, "nd", "/topic/nd/t").await;
         recv_nothing(&mut r).await;
         conn.close().await.expect("close");
     }
@@ -363,22 +300,10 @@ async fn topic_subscriptions_non_durable_and_durable_across_restart() {
         .is_some());
     {
         let (mut conn, mut session) = amqp::connect_session(&broker, "publisher").await;
-        let mut s = Sender::attach(&mut session, "s", "/topic/d/news")
-            .await
-            .expect("s");
+        let mut s = amqp::sender(&mut session, "s", "/topic/d/news").await;
         for i in 0..3 {
-            let m = Message::builder()
-                .header(fe2o3_amqp::types::messaging::Header {
-                    durable: true,
-                    ..Default::default()
-                })
-                .value(format!("while away {i}"))
-                .build();
-            s.send(m)
-                .await
-                .expect("send")
-                .accepted_or_else(|o| o)
-                .expect("accepted");
+            let m = durable(&format!("while away {i}"));
+            send_accepted(&mut s, m).await;
         }
         conn.close().await.expect("close");
     }
@@ -429,18 +354,12 @@ async fn dynamic_node_is_a_reply_to_for_stomp() {
     // A STOMP responder answers to the reply-to.
     let mut stomp = StompClient::connect(broker.stomp(), &[]).await;
     stomp.subscribe("1", "/queue/requests", "auto", &[]).await;
-    let mut s = Sender::attach(&mut session, "req", "/queue/requests")
-        .await
-        .expect("s");
+    let mut s = amqp::sender(&mut session, "req", "/queue/requests").await;
     let request = Message::builder()
         .properties(Properties::builder().reply_to(address.clone()).build())
         .value("question")
         .build();
-    s.send(request)
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
+    send_accepted(&mut s, request).await;
     let got = stomp.message().await;
     assert_eq!(got.header("reply-to"), Some(address.as_str()));
     stomp
@@ -472,12 +391,8 @@ async fn dynamic_node_is_a_reply_to_for_stomp() {
 async fn anonymous_relay_routes_by_to() {
     let broker = TestBroker::start().await;
     let (mut conn, mut session) = amqp::connect_session(&broker, "relay").await;
-    let mut qr = Receiver::attach(&mut session, "qr", "/queue/relayed")
-        .await
-        .expect("r");
-    let mut tr = Receiver::attach(&mut session, "tr", "/topic/relay/+")
-        .await
-        .expect("r");
+    let mut qr = amqp::receiver(&mut session, "qr", "/queue/relayed").await;
+    let mut tr = amqp::receiver(&mut session, "tr", "/topic/relay/+").await;
     let mut relay = Sender::builder()
         .name("relay")
         .target(Target::builder().build())
@@ -492,12 +407,7 @@ async fn anonymous_relay_routes_by_to() {
             .properties(Properties::builder().to(to).build())
             .value(text)
             .build();
-        relay
-            .send(m)
-            .await
-            .expect("send")
-            .accepted_or_else(|o| o)
-            .expect("accepted");
+        send_accepted(&mut relay, m).await;
     }
     assert_eq!(recv_text(&mut qr).await, "to queue");
     assert_eq!(recv_text(&mut tr).await, "to topic");
@@ -514,12 +424,7 @@ async fn anonymous_relay_routes_by_to() {
         .properties(Properties::builder().to("relayed").build())
         .value("bare to")
         .build();
-    relay
-        .send(m)
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
+    send_accepted(&mut relay, m).await;
     assert_eq!(recv_text(&mut qr).await, "bare to");
     conn.close().await.expect("close");
     broker.stop().await;
@@ -529,11 +434,9 @@ async fn anonymous_relay_routes_by_to() {
 async fn credit_of_one_and_drain() {
     let broker = TestBroker::start().await;
     let (mut conn, mut session) = amqp::connect_session(&broker, "credit").await;
-    let mut s = Sender::attach(&mut session, "s", "/queue/credit")
-        .await
-        .expect("s");
+    let mut s = amqp::sender(&mut session, "s", "/queue/credit").await;
     for i in 0..3 {
-        send_ok(&mut s, &format!("c{i}")).await;
+        send_accepted(&mut s, &format!("c{i}")).await;
     }
     let mut r = Receiver::builder()
         .name("r")
@@ -558,7 +461,7 @@ async fn credit_of_one_and_drain() {
     r.drain().await.expect("drain");
     assert_eq!(recv_text(&mut r).await, "c2");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    send_ok(&mut s, "after drain").await;
+    send_accepted(&mut s, "after drain").await;
     recv_nothing(&mut r).await;
     assert_eq!(
         broker.core().queue_stats("credit").map(|s| s.depth),
@@ -580,17 +483,9 @@ async fn sender_credit_window_is_refilled() {
     )
     .await;
     let (mut conn, mut session) = amqp::connect_session(&broker, "window").await;
-    let mut s = Sender::attach(&mut session, "s", "/queue/window")
-        .await
-        .expect("s");
+    let mut s = amqp::sender(&mut session, "s", "/queue/window").await;
     for i in 0..50 {
-        let m = Message::builder()
-            .header(fe2o3_amqp::types::messaging::Header {
-                durable: true,
-                ..Default::default()
-            })
-            .value(format!("w{i}"))
-            .build();
+        let m = durable(&format!("w{i}"));
         tokio::time::timeout(WAIT, s.send(m))
             .await
             .expect("credit refilled in time")
