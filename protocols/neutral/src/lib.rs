@@ -7,7 +7,9 @@
 //!   MQTT 5 user properties);
 //! - [`address`]: the naming scheme shared by MQTT, STOMP and AMQP;
 //! - [`broker`]: the [`Broker`]/[`Session`] handle adapters call, and the
-//!   [`SessionEvent`]s the core sends back.
+//!   [`SessionEvent`]s the core sends back;
+//! - [`scram`]: the SCRAM-SHA-256 exchange (RFC 5802/7677) that AMQP SASL
+//!   and MQTT 5 enhanced authentication both run.
 //!
 //! The crate has no IO and no async runtime: adapters built on it stay
 //! sans-IO state machines.
@@ -17,6 +19,7 @@ pub mod address;
 pub mod broker;
 pub mod fields;
 pub mod message;
+pub mod scram;
 pub mod value;
 
 pub use address::{Address, AddressError, RoutingType};
