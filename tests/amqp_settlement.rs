@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::amqp::{self, QUIET, WAIT};
+use common::amqp::{self, durable, recv_any, send_accepted, text_of, AnyDelivery, QUIET, WAIT};
 use common::TestBroker;
 use fe2o3_amqp::link::delivery::Delivery;
 use fe2o3_amqp::link::receiver::CreditMode;
@@ -19,50 +19,6 @@ use fe2o3_amqp::types::messaging::{
 };
 use fe2o3_amqp::types::primitives::{Binary, SimpleValue, Symbol, Timestamp, Uuid, Value};
 use fe2o3_amqp::{Receiver, Sender};
-
-type AnyDelivery = Delivery<Body<Value>>;
-
-async fn recv_any(r: &mut Receiver) -> AnyDelivery {
-    tokio::time::timeout(WAIT, r.recv())
-        .await
-        .expect("delivery in time")
-        .expect("recv")
-}
-
-fn text_of(d: &AnyDelivery) -> String {
-    match d.body() {
-        Body::Value(v) => match &v.0 {
-            Value::String(s) => s.clone(),
-            other => panic!("not a string value: {other:?}"),
-        },
-        other => panic!("not an amqp-value: {other:?}"),
-    }
-}
-
-fn durable(text: &str) -> Message<fe2o3_amqp::types::messaging::AmqpValue<String>> {
-    Message::builder()
-        .header(Header {
-            durable: true,
-            ..Default::default()
-        })
-        .value(text.to_owned())
-        .build()
-}
-
-async fn send_ok(s: &mut Sender, text: &str) {
-    s.send(durable(text))
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
-}
-
-fn depth(broker: &TestBroker, q: &str) -> (u64, u64) {
-    broker
-        .core()
-        .queue_stats(q)
-        .map_or((0, 0), |s| (s.depth, s.in_flight))
-}
 
 #[tokio::test]
 async fn presettled_and_unsettled_sends_and_deliveries() {
@@ -81,16 +37,14 @@ async fn presettled_and_unsettled_sends_and_deliveries() {
             .await
             .expect("send pre-settled");
     }
-    let mut unsettled = Sender::attach(&mut session, "unsettled", "/queue/ps")
-        .await
-        .expect("sender");
-    send_ok(&mut unsettled, "u0").await;
+    let mut unsettled = amqp::sender(&mut session, "unsettled", "/queue/ps").await;
+    send_accepted(&mut unsettled, durable("u0")).await;
     // Pre-settled sends have no acknowledgement: wait for the core to see them.
     let deadline = std::time::Instant::now() + WAIT;
-    while depth(&broker, "ps").0 < 6 && std::time::Instant::now() < deadline {
+    while broker.depth("ps").0 < 6 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(depth(&broker, "ps"), (6, 0));
+    assert_eq!(broker.depth("ps"), (6, 0));
 
     // A pre-settled receiver: deliveries are settled at once (nothing in flight).
     let mut r = Receiver::builder()
@@ -106,7 +60,7 @@ async fn presettled_and_unsettled_sends_and_deliveries() {
         assert_eq!(text_of(&recv_any(&mut r).await), format!("p{i}"));
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "ps"), (3, 0));
+    assert_eq!(broker.depth("ps"), (3, 0));
     r.close().await.expect("close");
 
     // An unsettled receiver: in flight until accepted.
@@ -128,12 +82,12 @@ async fn presettled_and_unsettled_sends_and_deliveries() {
         ["p3", "p4", "u0"]
     );
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "ps"), (0, 3));
+    assert_eq!(broker.depth("ps"), (0, 3));
     for d in &ds {
         r.accept(d).await.expect("accept");
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "ps"), (0, 0));
+    assert_eq!(broker.depth("ps"), (0, 0));
     conn.close().await.expect("close");
     broker.stop().await;
 }
@@ -143,21 +97,17 @@ async fn accepted_durable_messages_survive_a_restart() {
     let mut broker = TestBroker::start().await;
     {
         let (mut conn, mut session) = amqp::connect_session(&broker, "durable").await;
-        let mut s = Sender::attach(&mut session, "s", "/queue/keep")
-            .await
-            .expect("s");
+        let mut s = amqp::sender(&mut session, "s", "/queue/keep").await;
         for i in 0..20 {
             // The accepted disposition comes only once the journal holds it.
-            send_ok(&mut s, &format!("k{i}")).await;
+            send_accepted(&mut s, durable(&format!("k{i}"))).await;
         }
         conn.close().await.expect("close");
     }
     broker.restart().await;
-    assert_eq!(depth(&broker, "keep"), (20, 0));
+    assert_eq!(broker.depth("keep"), (20, 0));
     let (mut conn, mut session) = amqp::connect_session(&broker, "durable").await;
-    let mut r = Receiver::attach(&mut session, "r", "/queue/keep")
-        .await
-        .expect("r");
+    let mut r = amqp::receiver(&mut session, "r", "/queue/keep").await;
     for i in 0..20 {
         let d = recv_any(&mut r).await;
         assert_eq!(text_of(&d), format!("k{i}"));
@@ -166,7 +116,7 @@ async fn accepted_durable_messages_survive_a_restart() {
     }
     conn.close().await.expect("close");
     broker.restart().await;
-    assert_eq!(depth(&broker, "keep"), (0, 0), "accepts were durable too");
+    assert_eq!(broker.depth("keep"), (0, 0), "accepts were durable too");
     broker.stop().await;
 }
 
@@ -178,10 +128,8 @@ fn delivery_count(d: &AnyDelivery) -> u32 {
 async fn release_modify_and_reject_outcomes() {
     let broker = TestBroker::start().await;
     let (mut conn, mut session) = amqp::connect_session(&broker, "outcomes").await;
-    let mut s = Sender::attach(&mut session, "s", "/queue/out")
-        .await
-        .expect("s");
-    send_ok(&mut s, "m").await;
+    let mut s = amqp::sender(&mut session, "s", "/queue/out").await;
+    send_accepted(&mut s, durable("m")).await;
     let mut r = Receiver::builder()
         .name("r")
         .source("/queue/out")
@@ -223,9 +171,7 @@ async fn release_modify_and_reject_outcomes() {
         undeliverable_here: Some(true),
         message_annotations: None,
     };
-    let mut other = Receiver::attach(&mut session, "other", "/queue/out")
-        .await
-        .expect("r2");
+    let mut other = amqp::receiver(&mut session, "other", "/queue/out").await;
     r.modify(&d, here).await.expect("modify undeliverable-here");
     r.set_credit(1).await.expect("credit");
     let d2 = recv_any(&mut other).await;
@@ -237,11 +183,9 @@ async fn release_modify_and_reject_outcomes() {
     // rejected: to the dead-letter queue.
     other.reject(&d2, None).await.expect("reject");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "out"), (0, 0));
-    assert_eq!(depth(&broker, "DLQ").0, 1);
-    let mut dlq = Receiver::attach(&mut session, "dlq", "/queue/DLQ")
-        .await
-        .expect("dlq");
+    assert_eq!(broker.depth("out"), (0, 0));
+    assert_eq!(broker.depth("DLQ").0, 1);
+    let mut dlq = amqp::receiver(&mut session, "dlq", "/queue/DLQ").await;
     let dead = recv_any(&mut dlq).await;
     assert_eq!(text_of(&dead), "m");
     dlq.accept(&dead).await.expect("accept");
@@ -253,11 +197,9 @@ async fn release_modify_and_reject_outcomes() {
 async fn unsettled_deliveries_return_on_link_and_connection_close() {
     let broker = TestBroker::start().await;
     let (mut conn, mut session) = amqp::connect_session(&broker, "producer").await;
-    let mut s = Sender::attach(&mut session, "s", "/queue/ret")
-        .await
-        .expect("s");
+    let mut s = amqp::sender(&mut session, "s", "/queue/ret").await;
     for i in 0..4 {
-        send_ok(&mut s, &format!("r{i}")).await;
+        send_accepted(&mut s, durable(&format!("r{i}"))).await;
     }
     // Link close: two unsettled deliveries go back.
     let (mut c2, mut s2) = amqp::connect_session(&broker, "consumer").await;
@@ -272,22 +214,20 @@ async fn unsettled_deliveries_return_on_link_and_connection_close() {
     let _a = recv_any(&mut r).await;
     let _b = recv_any(&mut r).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "ret"), (2, 2));
+    assert_eq!(broker.depth("ret"), (2, 2));
     r.close().await.expect("close link");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "ret"), (4, 0));
+    assert_eq!(broker.depth("ret"), (4, 0));
 
     // Connection close (and a dropped socket): all unsettled go back.
-    let mut r = Receiver::attach(&mut s2, "r2", "/queue/ret")
-        .await
-        .expect("r2");
+    let mut r = amqp::receiver(&mut s2, "r2", "/queue/ret").await;
     let first = recv_any(&mut r).await;
     assert_eq!(text_of(&first), "r0", "returned in order");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "ret").1, 4);
+    assert_eq!(broker.depth("ret").1, 4);
     c2.close().await.expect("close connection");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(depth(&broker, "ret"), (4, 0));
+    assert_eq!(broker.depth("ret"), (4, 0));
     conn.close().await.expect("close");
     broker.stop().await;
 }
@@ -296,12 +236,8 @@ async fn unsettled_deliveries_return_on_link_and_connection_close() {
 async fn message_sections_are_kept_intact() {
     let broker = TestBroker::start().await;
     let (mut conn, mut session) = amqp::connect_session(&broker, "sections").await;
-    let mut s = Sender::attach(&mut session, "s", "/queue/sec")
-        .await
-        .expect("s");
-    let mut r = Receiver::attach(&mut session, "r", "/queue/sec")
-        .await
-        .expect("r");
+    let mut s = amqp::sender(&mut session, "s", "/queue/sec").await;
+    let mut r = amqp::receiver(&mut session, "r", "/queue/sec").await;
 
     let ids = [
         MessageId::from(42u64),
@@ -361,11 +297,7 @@ async fn message_sections_are_kept_intact() {
             .application_properties(app.clone())
             .data(Binary::from(format!("payload {i}").into_bytes()))
             .build();
-        s.send(m)
-            .await
-            .expect("send")
-            .accepted_or_else(|o| o)
-            .expect("accepted");
+        send_accepted(&mut s, m).await;
         let d: Delivery<Body<Value>> = recv_any(&mut r).await;
         r.accept(&d).await.expect("accept");
         let got = d.message();
@@ -408,11 +340,7 @@ async fn message_sections_are_kept_intact() {
         })
         .value("with ttl".to_owned())
         .build();
-    s.send(m)
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
+    send_accepted(&mut s, m).await;
     let d = recv_any(&mut r).await;
     r.accept(&d).await.expect("accept");
     let ttl = d
@@ -429,11 +357,7 @@ async fn message_sections_are_kept_intact() {
         Value::String("two".into()),
         Value::Null,
     ]);
-    s.send(Message::builder().value(map_value.clone()).build())
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
+    send_accepted(&mut s, Message::builder().value(map_value.clone()).build()).await;
     let d = recv_any(&mut r).await;
     r.accept(&d).await.expect("accept");
     match d.body() {
@@ -464,11 +388,7 @@ async fn message_sections_are_kept_intact() {
         ]
         .into(),
     );
-    s.send(Message::builder().body(two).build())
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
+    send_accepted(&mut s, Message::builder().body(two).build()).await;
     let d = recv_any(&mut r).await;
     r.accept(&d).await.expect("accept");
     match d.body() {

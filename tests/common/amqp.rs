@@ -130,6 +130,11 @@ where
         .expect("recv")
 }
 
+/// [`recv`] for a delivery whose body may be any section.
+pub async fn recv_any(r: &mut Receiver) -> AnyDelivery {
+    recv(r).await
+}
+
 /// The next delivery's string body, after accepting it; panics as [`recv`].
 pub async fn recv_text(r: &mut Receiver) -> String {
     let d: Delivery<String> = recv(r).await;
