@@ -61,7 +61,8 @@ impl MqttConnection {
     /// 0x18 carrying server-first, or refuses.
     pub(super) fn start_enhanced_auth(&mut self, deadline: Instant, c: ConnectPacket) {
         let client_first = c.props.authentication_data.clone().unwrap_or_default();
-        let refusal = match scram::server_first(self.broker.as_ref(), &client_first) {
+        let lookup = |user: &str| self.broker.scram_credentials(user);
+        let refusal = match scram::server_first(&client_first, lookup) {
             Ok((pending, server_first)) => match c.username.as_deref() {
                 // A user name next to SCRAM must name the same user.
                 Some(name) if !name.is_empty() && name != pending.user() => Refusal::new(
@@ -102,7 +103,7 @@ impl MqttConnection {
             return self.refuse(c.version, &refusal, max);
         }
         let client_final = a.props.authentication_data.unwrap_or_default();
-        match scram::server_final(&auth.scram, &client_final) {
+        match auth.scram.server_final(&client_final) {
             Ok(server_final) => {
                 let enhanced = EnhancedAuth {
                     principal: Principal {
@@ -144,7 +145,8 @@ impl Open {
         let failed = |e: scram::ScramError| MqttError::ReauthenticationFailed(e.to_string());
         match (a.reason, self.reauth.take()) {
             (AUTH_REAUTHENTICATE, None) => {
-                let (pending, server_first) = scram::server_first(broker, &data).map_err(failed)?;
+                let lookup = |user: &str| broker.scram_credentials(user);
+                let (pending, server_first) = scram::server_first(&data, lookup).map_err(failed)?;
                 if Some(pending.user()) != self.user.as_deref() {
                     return Err(MqttError::ReauthenticationFailed(
                         "a connection cannot change its user".into(),
@@ -155,7 +157,7 @@ impl Open {
                 Ok(())
             }
             (AUTH_CONTINUE, Some(pending)) => {
-                let server_final = scram::server_final(&pending, &data).map_err(failed)?;
+                let server_final = pending.server_final(&data).map_err(failed)?;
                 tracing::debug!(conn_id = ctx.conn_id, "re-authenticated");
                 encode::auth(AUTH_SUCCESS, &method, &server_final, ctx.out);
                 Ok(())
