@@ -6,43 +6,16 @@ mod common;
 
 use std::time::Duration;
 
-use common::amqp::{self, QUIET, WAIT};
+use common::amqp::{self, durable, recv, send_accepted, QUIET, WAIT};
 use common::TestBroker;
 use fe2o3_amqp::link::delivery::Delivery;
-use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::transaction::{
     Controller, Transaction, TransactionAcquisition, TransactionDischarge, TransactionPosting,
     TransactionRetirement,
 };
-use fe2o3_amqp::types::messaging::{Header, Message};
-use fe2o3_amqp::{Receiver, Sender};
-
-fn depth(broker: &TestBroker, q: &str) -> (u64, u64) {
-    broker
-        .core()
-        .queue_stats(q)
-        .map_or((0, 0), |s| (s.depth, s.in_flight))
-}
-
-fn durable(text: &str) -> Message<fe2o3_amqp::types::messaging::AmqpValue<String>> {
-    Message::builder()
-        .header(Header {
-            durable: true,
-            ..Default::default()
-        })
-        .value(text.to_owned())
-        .build()
-}
 
 fn delivery_count(d: &Delivery<String>) -> u32 {
     d.message().header.as_ref().map_or(0, |h| h.delivery_count)
-}
-
-async fn recv(r: &mut Receiver) -> Delivery<String> {
-    tokio::time::timeout(WAIT, r.recv())
-        .await
-        .expect("delivery in time")
-        .expect("recv")
 }
 
 #[tokio::test]
@@ -53,12 +26,8 @@ async fn transactional_sends_commit_atomically_and_durably() {
         let controller = Controller::attach(&mut session, "ctrl")
             .await
             .expect("coordinator");
-        let mut a = Sender::attach(&mut session, "a", "/queue/ta")
-            .await
-            .expect("a");
-        let mut b = Sender::attach(&mut session, "b", "/queue/tb")
-            .await
-            .expect("b");
+        let mut a = amqp::sender(&mut session, "a", "/queue/ta").await;
+        let mut b = amqp::sender(&mut session, "b", "/queue/tb").await;
         let txn = Transaction::declare(&controller, None)
             .await
             .expect("declare");
@@ -72,23 +41,21 @@ async fn transactional_sends_commit_atomically_and_durably() {
         }
         // Staged: nothing visible before the discharge.
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(depth(&broker, "ta").0 + depth(&broker, "tb").0, 0);
+        assert_eq!(broker.depth("ta").0 + broker.depth("tb").0, 0);
         txn.commit().await.expect("commit");
-        assert_eq!(depth(&broker, "ta").0, 2);
-        assert_eq!(depth(&broker, "tb").0, 1);
+        assert_eq!(broker.depth("ta").0, 2);
+        assert_eq!(broker.depth("tb").0, 1);
         controller.close().await.expect("close controller");
         conn.close().await.expect("close");
     }
     // The commit was durable.
     broker.restart().await;
-    assert_eq!(depth(&broker, "ta").0, 2);
-    assert_eq!(depth(&broker, "tb").0, 1);
+    assert_eq!(broker.depth("ta").0, 2);
+    assert_eq!(broker.depth("tb").0, 1);
     let (mut conn, mut session) = amqp::connect_session(&broker, "check").await;
-    let mut r = Receiver::attach(&mut session, "r", "/queue/ta")
-        .await
-        .expect("r");
+    let mut r = amqp::receiver(&mut session, "r", "/queue/ta").await;
     for text in ["a1", "a2"] {
-        let d = recv(&mut r).await;
+        let d = recv::<String>(&mut r).await;
         assert_eq!(d.body(), text);
         r.accept(&d).await.expect("accept");
     }
@@ -103,9 +70,7 @@ async fn transactional_sends_roll_back() {
     let controller = Controller::attach(&mut session, "ctrl")
         .await
         .expect("coordinator");
-    let mut s = Sender::attach(&mut session, "s", "/queue/rb")
-        .await
-        .expect("s");
+    let mut s = amqp::sender(&mut session, "s", "/queue/rb").await;
     let txn = Transaction::declare(&controller, None)
         .await
         .expect("declare");
@@ -114,18 +79,16 @@ async fn transactional_sends_roll_back() {
     }
     txn.rollback().await.expect("rollback");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "rb"), (0, 0));
+    assert_eq!(broker.depth("rb"), (0, 0));
     // The link and the coordinator still work: a later transaction commits.
     let txn = Transaction::declare(&controller, None)
         .await
         .expect("declare 2");
     txn.post(&mut s, durable("z")).await.expect("post");
     txn.commit().await.expect("commit");
-    assert_eq!(depth(&broker, "rb").0, 1);
-    let mut r = Receiver::attach(&mut session, "r", "/queue/rb")
-        .await
-        .expect("r");
-    let d = recv(&mut r).await;
+    assert_eq!(broker.depth("rb").0, 1);
+    let mut r = amqp::receiver(&mut session, "r", "/queue/rb").await;
+    let d = recv::<String>(&mut r).await;
     assert_eq!(d.body(), "z");
     r.accept(&d).await.expect("accept");
     controller.close().await.expect("close controller");
@@ -140,26 +103,14 @@ async fn transactional_acceptance_commits_or_rolls_back() {
     let controller = Controller::attach(&mut session, "ctrl")
         .await
         .expect("coordinator");
-    let mut s = Sender::attach(&mut session, "s", "/queue/acq")
-        .await
-        .expect("s");
+    let mut s = amqp::sender(&mut session, "s", "/queue/acq").await;
     for text in ["m1", "m2"] {
-        s.send(durable(text))
-            .await
-            .expect("send")
-            .accepted_or_else(|o| o)
-            .expect("accepted");
+        send_accepted(&mut s, durable(text)).await;
     }
-    let mut r = Receiver::builder()
-        .name("r")
-        .source("/queue/acq")
-        .credit_mode(CreditMode::Manual)
-        .attach(&mut session)
-        .await
-        .expect("r");
+    let mut r = amqp::manual_receiver(&mut session, "r", "/queue/acq").await;
     r.set_credit(2).await.expect("credit");
-    let d1 = recv(&mut r).await;
-    let d2 = recv(&mut r).await;
+    let d1 = recv::<String>(&mut r).await;
+    let d2 = recv::<String>(&mut r).await;
 
     // Accepted inside a transaction that rolls back: not consumed.
     let txn = Transaction::declare(&controller, None)
@@ -170,15 +121,15 @@ async fn transactional_acceptance_commits_or_rolls_back() {
     txn.rollback().await.expect("rollback");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
-        depth(&broker, "acq"),
+        broker.depth("acq"),
         (2, 0),
         "a rollback returns the messages its acknowledgements held"
     );
     // Redelivered as failed attempts, as a JMS rollback redelivers them.
     r.set_credit(2).await.expect("credit");
-    let d1 = recv(&mut r).await;
+    let d1 = recv::<String>(&mut r).await;
     assert_eq!((d1.body().as_str(), delivery_count(&d1)), ("m1", 1));
-    let d2 = recv(&mut r).await;
+    let d2 = recv::<String>(&mut r).await;
     assert_eq!((d2.body().as_str(), delivery_count(&d2)), ("m2", 1));
 
     // A committed transactional accept consumes.
@@ -188,10 +139,10 @@ async fn transactional_acceptance_commits_or_rolls_back() {
     txn.accept(&mut r, &d1).await.expect("txn accept");
     txn.commit().await.expect("commit");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "acq"), (0, 1), "m1 consumed, m2 still held");
+    assert_eq!(broker.depth("acq"), (0, 1), "m1 consumed, m2 still held");
     r.accept(&d2).await.expect("plain accept");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "acq"), (0, 0));
+    assert_eq!(broker.depth("acq"), (0, 0));
     controller.close().await.expect("close controller");
     conn.close().await.expect("close");
     broker.stop().await;
@@ -206,24 +157,10 @@ async fn transactional_acquisition_with_send_in_one_transaction() {
     let controller = Controller::attach(&mut session, "ctrl")
         .await
         .expect("coordinator");
-    let mut s = Sender::attach(&mut session, "s", "/queue/src")
-        .await
-        .expect("s");
-    s.send(durable("moving"))
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
-    let mut out = Sender::attach(&mut session, "out", "/queue/dst")
-        .await
-        .expect("out");
-    let mut r = Receiver::builder()
-        .name("r")
-        .source("/queue/src")
-        .credit_mode(CreditMode::Manual)
-        .attach(&mut session)
-        .await
-        .expect("r");
+    let mut s = amqp::sender(&mut session, "s", "/queue/src").await;
+    send_accepted(&mut s, durable("moving")).await;
+    let mut out = amqp::sender(&mut session, "out", "/queue/dst").await;
+    let mut r = amqp::manual_receiver(&mut session, "r", "/queue/src").await;
     let txn = Transaction::declare(&controller, None)
         .await
         .expect("declare");
@@ -239,11 +176,11 @@ async fn transactional_acquisition_with_send_in_one_transaction() {
     assert_eq!(d.body(), "moving");
     acq.accept(&d).await.expect("txn accept");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "dst").0, 0, "staged send invisible");
+    assert_eq!(broker.depth("dst").0, 0, "staged send invisible");
     acq.commit().await.expect("commit");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "src"), (0, 0));
-    assert_eq!(depth(&broker, "dst").0, 1);
+    assert_eq!(broker.depth("src"), (0, 0));
+    assert_eq!(broker.depth("dst").0, 1);
     // Nothing more arrives on the acquisition link without new credit.
     tokio::time::timeout(QUIET, r.recv::<String>())
         .await
@@ -263,23 +200,11 @@ async fn transactional_acquisition_by_flow_rolls_back_to_the_queue() {
     let controller = Controller::attach(&mut session, "ctrl")
         .await
         .expect("coordinator");
-    let mut s = Sender::attach(&mut session, "s", "/queue/acq2")
-        .await
-        .expect("s");
+    let mut s = amqp::sender(&mut session, "s", "/queue/acq2").await;
     for text in ["a1", "a2"] {
-        s.send(durable(text))
-            .await
-            .expect("send")
-            .accepted_or_else(|o| o)
-            .expect("accepted");
+        send_accepted(&mut s, durable(text)).await;
     }
-    let mut r = Receiver::builder()
-        .name("r")
-        .source("/queue/acq2")
-        .credit_mode(CreditMode::Manual)
-        .attach(&mut session)
-        .await
-        .expect("r");
+    let mut r = amqp::manual_receiver(&mut session, "r", "/queue/acq2").await;
     let txn = Transaction::declare(&controller, None)
         .await
         .expect("declare");
@@ -297,10 +222,10 @@ async fn transactional_acquisition_by_flow_rolls_back_to_the_queue() {
     // merely acquired.
     acq.accept(&a1).await.expect("txn accept");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "acq2"), (0, 2));
+    assert_eq!(broker.depth("acq2"), (0, 2));
     acq.rollback().await.expect("rollback");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "acq2"), (2, 0), "both back on the queue");
+    assert_eq!(broker.depth("acq2"), (2, 0), "both back on the queue");
 
     // Acquired again and committed: consumed.
     let txn = Transaction::declare(&controller, None)
@@ -317,7 +242,7 @@ async fn transactional_acquisition_by_flow_rolls_back_to_the_queue() {
     }
     acq.commit().await.expect("commit");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "acq2"), (0, 0));
+    assert_eq!(broker.depth("acq2"), (0, 0));
     controller.close().await.expect("close controller");
     conn.close().await.expect("close");
     broker.stop().await;

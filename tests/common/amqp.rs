@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use fe2o3_amqp::connection::ConnectionHandle;
 use fe2o3_amqp::link::delivery::{Delivery, Sendable};
+use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::messaging::{
     AmqpValue, Body, FromBody, Header, Message, SerializableBody, Source, TerminusDurability,
@@ -67,6 +68,23 @@ pub async fn receiver(session: &mut SessionHandle<()>, name: &str, address: &str
     Receiver::attach(session, name, address)
         .await
         .unwrap_or_else(|e| panic!("attach receiver {name} from {address}: {e:?}"))
+}
+
+/// Attaches a receiver link `name` from `source` in manual credit mode: it
+/// grants no credit until the test calls `set_credit`, so nothing is
+/// delivered before then. Panics with fe2o3's attach error if refused.
+pub async fn manual_receiver(
+    session: &mut SessionHandle<()>,
+    name: &str,
+    source: impl Into<Source>,
+) -> Receiver {
+    Receiver::builder()
+        .name(name)
+        .source(source)
+        .credit_mode(CreditMode::Manual)
+        .attach(session)
+        .await
+        .unwrap_or_else(|e| panic!("attach manual-credit receiver {name}: {e:?}"))
 }
 
 /// A message with `header.durable` set and `text` as its amqp-value body.
