@@ -14,7 +14,6 @@ use common::amqp::{
 };
 use common::stomp::StompClient;
 use common::TestBroker;
-use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::types::messaging::{Body, Message, Outcome, Properties, Source, Target};
 use fe2o3_amqp::types::primitives::{Array, Symbol, Value};
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
@@ -438,13 +437,7 @@ async fn credit_of_one_and_drain() {
     for i in 0..3 {
         send_accepted(&mut s, &format!("c{i}")).await;
     }
-    let mut r = Receiver::builder()
-        .name("r")
-        .source("/queue/credit")
-        .credit_mode(CreditMode::Manual)
-        .attach(&mut session)
-        .await
-        .expect("r");
+    let mut r = amqp::manual_receiver(&mut session, "r", "/queue/credit").await;
     recv_nothing(&mut r).await; // no credit yet
     r.set_credit(1).await.expect("credit 1");
     assert_eq!(recv_text(&mut r).await, "c0");

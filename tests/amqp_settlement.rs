@@ -64,13 +64,7 @@ async fn presettled_and_unsettled_sends_and_deliveries() {
     r.close().await.expect("close");
 
     // An unsettled receiver: in flight until accepted.
-    let mut r = Receiver::builder()
-        .name("unsettled-r")
-        .source("/queue/ps")
-        .credit_mode(CreditMode::Manual)
-        .attach(&mut session)
-        .await
-        .expect("receiver");
+    let mut r = amqp::manual_receiver(&mut session, "unsettled-r", "/queue/ps").await;
     r.set_credit(3).await.expect("credit");
     let ds: Vec<AnyDelivery> = vec![
         recv_any(&mut r).await,
@@ -130,13 +124,7 @@ async fn release_modify_and_reject_outcomes() {
     let (mut conn, mut session) = amqp::connect_session(&broker, "outcomes").await;
     let mut s = amqp::sender(&mut session, "s", "/queue/out").await;
     send_accepted(&mut s, durable("m")).await;
-    let mut r = Receiver::builder()
-        .name("r")
-        .source("/queue/out")
-        .credit_mode(CreditMode::Manual)
-        .attach(&mut session)
-        .await
-        .expect("r");
+    let mut r = amqp::manual_receiver(&mut session, "r", "/queue/out").await;
     r.set_credit(1).await.expect("credit");
 
     // released: back to the queue, count unchanged.
@@ -203,13 +191,7 @@ async fn unsettled_deliveries_return_on_link_and_connection_close() {
     }
     // Link close: two unsettled deliveries go back.
     let (mut c2, mut s2) = amqp::connect_session(&broker, "consumer").await;
-    let mut r = Receiver::builder()
-        .name("r")
-        .source("/queue/ret")
-        .credit_mode(CreditMode::Manual)
-        .attach(&mut s2)
-        .await
-        .expect("r");
+    let mut r = amqp::manual_receiver(&mut s2, "r", "/queue/ret").await;
     r.set_credit(2).await.expect("credit");
     let _a = recv_any(&mut r).await;
     let _b = recv_any(&mut r).await;
