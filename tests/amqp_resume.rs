@@ -14,76 +14,25 @@ mod common;
 
 use std::time::Duration;
 
-use common::amqp::{self, QUIET, WAIT};
+use common::amqp::{self, durable_source, recv, QUIET, WAIT};
 use common::TestBroker;
-use fe2o3_amqp::link::delivery::Delivery;
-use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::link::receiver::ResumingReceiver;
-use fe2o3_amqp::types::messaging::{
-    Header, Message, Source, TerminusDurability, TerminusExpiryPolicy,
-};
-use fe2o3_amqp::{Receiver, Sender, Session};
+use fe2o3_amqp::{Receiver, Session};
 
 const SUB_QUEUE: &str = "$durable/resumer/sub";
-
-fn depth(broker: &TestBroker, q: &str) -> Option<(u64, u64)> {
-    broker.core().queue_stats(q).map(|s| (s.depth, s.in_flight))
-}
-
-fn durable_source(address: &str) -> Source {
-    Source::builder()
-        .address(address)
-        .durable(TerminusDurability::UnsettledState)
-        .expiry_policy(TerminusExpiryPolicy::Never)
-        .build()
-}
-
-async fn recv(r: &mut Receiver) -> Delivery<String> {
-    tokio::time::timeout(WAIT, r.recv())
-        .await
-        .expect("delivery in time")
-        .expect("recv")
-}
-
-async fn publish(broker: &TestBroker, texts: &[&str]) {
-    let (mut conn, mut session) = amqp::connect_session(broker, "publisher").await;
-    let mut s = Sender::attach(&mut session, "p", "/topic/resume/news")
-        .await
-        .expect("publisher");
-    for text in texts {
-        let m = Message::builder()
-            .header(Header {
-                durable: true,
-                ..Default::default()
-            })
-            .value((*text).to_owned())
-            .build();
-        s.send(m)
-            .await
-            .expect("send")
-            .accepted_or_else(|o| o)
-            .expect("accepted");
-    }
-    conn.close().await.expect("close");
-}
+const NEWS: &str = "/topic/resume/news";
 
 #[tokio::test]
 async fn durable_subscriber_reattached_after_a_restart() {
     let mut broker = TestBroker::start().await;
     let mut conn = amqp::connect(&broker, "resumer").await;
     let mut session = Session::begin(&mut conn).await.expect("begin");
-    let mut r = Receiver::builder()
-        .name("sub")
-        .source(durable_source("/topic/resume/news"))
-        .credit_mode(CreditMode::Manual)
-        .attach(&mut session)
-        .await
-        .expect("durable receiver");
-    publish(&broker, &["m0", "m1", "m2", "m3"]).await;
+    let mut r = amqp::manual_receiver(&mut session, "sub", durable_source(NEWS)).await;
+    amqp::publish_durable(&broker, "publisher", NEWS, &["m0", "m1", "m2", "m3"]).await;
     r.set_credit(3).await.expect("credit");
-    let d0 = recv(&mut r).await;
-    let d1 = recv(&mut r).await;
-    let d2 = recv(&mut r).await;
+    let d0 = recv::<String>(&mut r).await;
+    let d1 = recv::<String>(&mut r).await;
+    let d2 = recv::<String>(&mut r).await;
     assert_eq!(
         (d0.body().as_str(), d1.body().as_str(), d2.body().as_str()),
         ("m0", "m1", "m2")
@@ -92,7 +41,7 @@ async fn durable_subscriber_reattached_after_a_restart() {
     // still in the queue.
     r.accept(&d0).await.expect("accept");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, SUB_QUEUE), Some((1, 2)));
+    assert_eq!(broker.queue(SUB_QUEUE), Some((1, 2)));
 
     broker.restart().await;
     // The old session is gone: detaching only gives us the link back.
@@ -115,7 +64,7 @@ async fn durable_subscriber_reattached_after_a_restart() {
     // then m3; nothing was lost or settled for the client.
     let mut got = Vec::new();
     for _ in 0..3 {
-        got.push(recv(&mut r).await);
+        got.push(recv::<String>(&mut r).await);
     }
     let bodies: Vec<&str> = got.iter().map(|d| d.body().as_str()).collect();
     assert_eq!(bodies, ["m1", "m2", "m3"]);
@@ -124,7 +73,7 @@ async fn durable_subscriber_reattached_after_a_restart() {
         .expect_err("nothing else: m0 was consumed before the restart");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
-        depth(&broker, SUB_QUEUE),
+        broker.queue(SUB_QUEUE),
         Some((0, 3)),
         "redelivered unsettled: held until the client decides"
     );
@@ -132,13 +81,13 @@ async fn durable_subscriber_reattached_after_a_restart() {
         r.accept(d).await.expect("accept");
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, SUB_QUEUE), Some((0, 0)));
+    assert_eq!(broker.queue(SUB_QUEUE), Some((0, 0)));
     // Detach (not close) keeps the subscription for the next time.
     if let Err((_, e)) = r.detach().await {
         panic!("detach: {e:?}");
     }
     conn.close().await.expect("close");
-    assert!(depth(&broker, SUB_QUEUE).is_some());
+    assert!(broker.queue(SUB_QUEUE).is_some());
     broker.stop().await;
 }
 
@@ -150,17 +99,11 @@ async fn durable_subscriber_taken_over_by_a_new_connection() {
     let broker = TestBroker::start().await;
     let mut conn = amqp::connect(&broker, "resumer").await;
     let mut session = Session::begin(&mut conn).await.expect("begin");
-    let mut r = Receiver::builder()
-        .name("sub")
-        .source(durable_source("/topic/resume/news"))
-        .credit_mode(CreditMode::Manual)
-        .attach(&mut session)
-        .await
-        .expect("durable receiver");
-    publish(&broker, &["n0", "n1"]).await;
+    let mut r = amqp::manual_receiver(&mut session, "sub", durable_source(NEWS)).await;
+    amqp::publish_durable(&broker, "publisher", NEWS, &["n0", "n1"]).await;
     r.set_credit(2).await.expect("credit");
-    let _n0 = recv(&mut r).await;
-    let _n1 = recv(&mut r).await;
+    let _n0 = recv::<String>(&mut r).await;
+    let _n1 = recv::<String>(&mut r).await;
     // A second connection with the same container id takes over: the
     // broker closes the first one (connection:forced), as a reconnecting
     // client whose old socket is half-dead would see.
@@ -178,13 +121,13 @@ async fn durable_subscriber_taken_over_by_a_new_connection() {
         panic!("expected a complete re-attach")
     };
     r.set_credit(5).await.expect("credit");
-    let a = recv(&mut r).await;
-    let b = recv(&mut r).await;
+    let a = recv::<String>(&mut r).await;
+    let b = recv::<String>(&mut r).await;
     assert_eq!((a.body().as_str(), b.body().as_str()), ("n0", "n1"));
     r.accept(&a).await.expect("accept");
     r.accept(&b).await.expect("accept");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, SUB_QUEUE), Some((0, 0)));
+    assert_eq!(broker.queue(SUB_QUEUE), Some((0, 0)));
     drop(session);
     let _ = conn.close().await;
     conn2.close().await.expect("close");
@@ -196,17 +139,11 @@ async fn detached_link_resumed_with_a_non_empty_unsettled_map() {
     let broker = TestBroker::start().await;
     let mut conn = amqp::connect(&broker, "resumer").await;
     let mut session = Session::begin(&mut conn).await.expect("begin");
-    let mut r = Receiver::builder()
-        .name("sub")
-        .source(durable_source("/topic/resume/news"))
-        .credit_mode(CreditMode::Manual)
-        .attach(&mut session)
-        .await
-        .expect("durable receiver");
-    publish(&broker, &["u0", "u1", "u2"]).await;
+    let mut r = amqp::manual_receiver(&mut session, "sub", durable_source(NEWS)).await;
+    amqp::publish_durable(&broker, "publisher", NEWS, &["u0", "u1", "u2"]).await;
     r.set_credit(2).await.expect("credit");
-    let _u0 = recv(&mut r).await;
-    let _u1 = recv(&mut r).await;
+    let _u0 = recv::<String>(&mut r).await;
+    let _u1 = recv::<String>(&mut r).await;
     // A detach (closed=false) keeps the subscription; the two deliveries
     // stay in the client's unsettled map and go back to the queue here.
     let detached = match r.detach().await {
@@ -214,7 +151,7 @@ async fn detached_link_resumed_with_a_non_empty_unsettled_map() {
         Err((_, e)) => panic!("detach: {e:?}"),
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, SUB_QUEUE), Some((3, 0)));
+    assert_eq!(broker.queue(SUB_QUEUE), Some((3, 0)));
     // Resumed on the same session: the attach carries {u0, u1 -> received}.
     let resumed = tokio::time::timeout(WAIT, detached.resume())
         .await
@@ -226,7 +163,7 @@ async fn detached_link_resumed_with_a_non_empty_unsettled_map() {
     r.set_credit(10).await.expect("credit");
     let mut got = Vec::new();
     for _ in 0..3 {
-        got.push(recv(&mut r).await);
+        got.push(recv::<String>(&mut r).await);
     }
     let bodies: Vec<&str> = got.iter().map(|d| d.body().as_str()).collect();
     assert_eq!(bodies, ["u0", "u1", "u2"]);
@@ -237,11 +174,11 @@ async fn detached_link_resumed_with_a_non_empty_unsettled_map() {
         r.accept(d).await.expect("accept");
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, SUB_QUEUE), Some((0, 0)));
+    assert_eq!(broker.queue(SUB_QUEUE), Some((0, 0)));
     r.close().await.expect("close ends the subscription");
     conn.close().await.expect("close");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, SUB_QUEUE), None);
+    assert_eq!(broker.queue(SUB_QUEUE), None);
     broker.stop().await;
 }
 
@@ -253,13 +190,13 @@ async fn attaching_the_same_link_name_again_steals_the_old_link() {
     let mut s2 = Session::begin(&mut conn).await.expect("begin");
     let mut old = Receiver::builder()
         .name("sub")
-        .source(durable_source("/topic/resume/news"))
+        .source(durable_source(NEWS))
         .attach(&mut s1)
         .await
         .expect("first attachment");
     let mut new = Receiver::builder()
         .name("sub")
-        .source(durable_source("/topic/resume/news"))
+        .source(durable_source(NEWS))
         .attach(&mut s2)
         .await
         .expect("second attachment of the same name");
@@ -269,12 +206,12 @@ async fn attaching_the_same_link_name_again_steals_the_old_link() {
         .expect_err("the old link is detached");
     assert!(format!("{err:?}").contains("Stolen"), "{err:?}");
     // The subscription itself stays and feeds the new link.
-    publish(&broker, &["s0"]).await;
-    let d = recv(&mut new).await;
+    amqp::publish_durable(&broker, "publisher", NEWS, &["s0"]).await;
+    let d = recv::<String>(&mut new).await;
     assert_eq!(d.body(), "s0");
     new.accept(&d).await.expect("accept");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, SUB_QUEUE), Some((0, 0)));
+    assert_eq!(broker.queue(SUB_QUEUE), Some((0, 0)));
     conn.close().await.expect("close");
     broker.stop().await;
 }
