@@ -13,16 +13,13 @@ use common::amqp::{self, enc, frame, RawAmqp, ATTACH, CLOSE, DETACH, OPEN, QUIET
 use common::TestBroker;
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::link::ReceiverAttachError;
+use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::definitions::SenderSettleMode;
 use fe2o3_amqp::types::messaging::{
-    DistributionMode, Header, Message, Source, TerminusDurability, TerminusExpiryPolicy,
+    DistributionMode, Source, TerminusDurability, TerminusExpiryPolicy,
 };
 use fe2o3_amqp::types::primitives::{Array, Symbol};
-use fe2o3_amqp::{Receiver, Sender};
-
-fn depth(broker: &TestBroker, q: &str) -> Option<(u64, u64)> {
-    broker.core().queue_stats(q).map(|s| (s.depth, s.in_flight))
-}
+use fe2o3_amqp::Receiver;
 
 fn caps(list: &[&str]) -> Array<Symbol> {
     Array(list.iter().map(|c| Symbol::from(*c)).collect())
@@ -45,26 +42,16 @@ fn jms_topic_source(address: &str, durable: bool, capabilities: &[&str]) -> Sour
     }
 }
 
-async fn publish(broker: &TestBroker, address: &str, texts: &[String]) {
-    let (mut conn, mut session) = amqp::connect_session(broker, "jms-publisher").await;
-    let mut s = Sender::attach(&mut session, "p", address)
+/// A JMS consumer on `source` as Qpid JMS attaches it: link `name`, a
+/// prefetch of 5 (auto credit). Panics if the broker refuses it.
+async fn consumer(session: &mut SessionHandle<()>, name: &str, source: &Source) -> Receiver {
+    Receiver::builder()
+        .name(name)
+        .source(source.clone())
+        .credit_mode(CreditMode::Auto(5))
+        .attach(session)
         .await
-        .expect("publisher");
-    for text in texts {
-        let m = Message::builder()
-            .header(Header {
-                durable: true,
-                ..Default::default()
-            })
-            .value(text.clone())
-            .build();
-        s.send(m)
-            .await
-            .expect("send")
-            .accepted_or_else(|o| o)
-            .expect("accepted");
-    }
-    conn.close().await.expect("close");
+        .unwrap_or_else(|e| panic!("attach consumer {name}: {e:?}"))
 }
 
 /// Receives and accepts until nothing more comes; returns the bodies.
@@ -204,22 +191,10 @@ async fn shared_durable_global_subscription_across_connections() {
     let (mut c1, mut s1) = amqp::connect_session(&broker, "ID:jms-a").await;
     let (mut c2, mut s2) = amqp::connect_session(&broker, "ID:jms-b").await;
     let source = jms_topic_source("orders/new", true, &["topic", "shared", "global"]);
-    let mut r1 = Receiver::builder()
-        .name("orders|global")
-        .source(source.clone())
-        .credit_mode(CreditMode::Auto(5))
-        .attach(&mut s1)
-        .await
-        .expect("first shared consumer");
-    let mut r2 = Receiver::builder()
-        .name("orders|global")
-        .source(source.clone())
-        .credit_mode(CreditMode::Auto(5))
-        .attach(&mut s2)
-        .await
-        .expect("second shared consumer, other connection");
+    let mut r1 = consumer(&mut s1, "orders|global", &source).await;
+    let mut r2 = consumer(&mut s2, "orders|global", &source).await;
     let texts: Vec<String> = (0..20).map(|i| format!("o{i}")).collect();
-    publish(&broker, "/topic/orders/new", &texts).await;
+    amqp::publish_durable(&broker, "jms-publisher", "/topic/orders/new", &texts).await;
     let (a, b) = tokio::join!(drain(&mut r1), drain(&mut r2));
     assert!(
         !a.is_empty() && !b.is_empty(),
@@ -236,15 +211,21 @@ async fn shared_durable_global_subscription_across_connections() {
             panic!("detach: {e:?}");
         }
     }
-    publish(&broker, "/topic/orders/new", &["late".to_owned()]).await;
-    assert_eq!(depth(&broker, queue), Some((1, 0)));
+    amqp::publish_durable(
+        &broker,
+        "jms-publisher",
+        "/topic/orders/new",
+        &["late".to_owned()],
+    )
+    .await;
+    assert_eq!(broker.queue(queue), Some((1, 0)));
     c1.close().await.expect("close");
     c2.close().await.expect("close");
 
     // A third client (another random container id) unsubscribes it.
     assert!(jms_unsubscribe(&broker, "ID:jms-c", "orders|global", &["shared", "global"]).await);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, queue), None, "unsubscribed");
+    assert_eq!(broker.queue(queue), None, "unsubscribed");
     assert!(!jms_unsubscribe(&broker, "ID:jms-c", "orders|global", &["shared", "global"]).await);
     broker.stop().await;
 }
@@ -255,30 +236,18 @@ async fn shared_volatile_subscription_lives_while_it_has_consumers() {
     let queue = "$durable/client-x/ticks|volatile";
     let (mut conn, mut session) = amqp::connect_session(&broker, "client-x").await;
     let source = jms_topic_source("ticks", false, &["topic", "shared"]);
-    let mut r1 = Receiver::builder()
-        .name("ticks|volatile1")
-        .source(source.clone())
-        .credit_mode(CreditMode::Auto(5))
-        .attach(&mut session)
-        .await
-        .expect("first");
-    let mut r2 = Receiver::builder()
-        .name("ticks|volatile2")
-        .source(source.clone())
-        .credit_mode(CreditMode::Auto(5))
-        .attach(&mut session)
-        .await
-        .expect("second");
+    let mut r1 = consumer(&mut session, "ticks|volatile1", &source).await;
+    let mut r2 = consumer(&mut session, "ticks|volatile2", &source).await;
     let texts: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
-    publish(&broker, "/topic/ticks", &texts).await;
+    amqp::publish_durable(&broker, "jms-publisher", "/topic/ticks", &texts).await;
     let (a, b) = tokio::join!(drain(&mut r1), drain(&mut r2));
     assert_eq!(a.len() + b.len(), 10, "one queue shared: {a:?} {b:?}");
     assert!(!a.is_empty() && !b.is_empty());
     r1.close().await.expect("close");
-    assert!(depth(&broker, queue).is_some(), "one consumer left");
+    assert!(broker.queue(queue).is_some(), "one consumer left");
     r2.close().await.expect("close");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, queue), None, "gone with its last consumer");
+    assert_eq!(broker.queue(queue), None, "gone with its last consumer");
     conn.close().await.expect("close");
     broker.stop().await;
 }
@@ -300,13 +269,13 @@ async fn exclusive_durable_subscription_unsubscribed_with_a_null_source() {
         }
         conn.close().await.expect("close");
     }
-    assert!(depth(&broker, queue).is_some());
+    assert!(broker.queue(queue).is_some());
     // Another container id does not see it (the name is the client's).
     assert!(!jms_unsubscribe(&broker, "other-client", "audit", &[]).await);
-    assert!(depth(&broker, queue).is_some());
+    assert!(broker.queue(queue).is_some());
     assert!(jms_unsubscribe(&broker, "jms-client", "audit", &[]).await);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, queue), None);
+    assert_eq!(broker.queue(queue), None);
     broker.stop().await;
 }
 
@@ -314,7 +283,7 @@ async fn exclusive_durable_subscription_unsubscribed_with_a_null_source() {
 async fn queue_browser_is_refused_and_consumes_nothing() {
     let broker = TestBroker::start().await;
     let texts: Vec<String> = (0..3).map(|i| format!("b{i}")).collect();
-    publish(&broker, "/queue/browsed", &texts).await;
+    amqp::publish_durable(&broker, "jms-publisher", "/queue/browsed", &texts).await;
     let (mut conn, mut session) = amqp::connect_session(&broker, "browser").await;
     // Qpid JMS QueueBrowser: pre-settled, distribution-mode copy.
     let browse = Receiver::builder()
@@ -340,11 +309,9 @@ async fn queue_browser_is_refused_and_consumes_nothing() {
         Ok(_) => panic!("a browser must not be attached as a consumer"),
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "browsed"), Some((3, 0)), "nothing consumed");
+    assert_eq!(broker.queue("browsed"), Some((3, 0)), "nothing consumed");
     // An ordinary consumer still gets them all.
-    let mut r = Receiver::attach(&mut session, "r", "/queue/browsed")
-        .await
-        .expect("consumer");
+    let mut r = amqp::receiver(&mut session, "r", "/queue/browsed").await;
     assert_eq!(drain(&mut r).await, texts);
     conn.close().await.expect("close");
     broker.stop().await;
