@@ -13,11 +13,12 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::amqp::{self, enc, frame, RawAmqp, ATTACH, DISPOSITION, FLOW, TRANSFER, WAIT};
+use common::amqp::{
+    self, durable, enc, frame, send_accepted, RawAmqp, ATTACH, DISPOSITION, FLOW, TRANSFER, WAIT,
+};
 use common::TestBroker;
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::types::definitions::ReceiverSettleMode;
-use fe2o3_amqp::types::messaging::{Header, Message};
 use fe2o3_amqp::{Receiver, Sender};
 
 /// The broker's credit window for client senders in these tests: small, so
@@ -30,23 +31,6 @@ async fn small_window_broker() -> TestBroker {
         Arc::new(rosetta::core::AllowAll),
     )
     .await
-}
-
-fn durable(text: &str) -> Message<fe2o3_amqp::types::messaging::AmqpValue<String>> {
-    Message::builder()
-        .header(Header {
-            durable: true,
-            ..Default::default()
-        })
-        .value(text.to_owned())
-        .build()
-}
-
-fn depth(broker: &TestBroker, q: &str) -> (u64, u64) {
-    broker
-        .core()
-        .queue_stats(q)
-        .map_or((0, 0), |s| (s.depth, s.in_flight))
 }
 
 // ------------------------------------------------------- tiny wire reader
@@ -194,7 +178,7 @@ async fn fe2o3_sender_in_mode_second_across_many_credit_windows() {
             .expect("send");
         outcome.accepted_or_else(|o| o).expect("accepted");
     }
-    assert_eq!(depth(&broker, "second-in"), (u64::from(n), 0));
+    assert_eq!(broker.depth("second-in"), (u64::from(n), 0));
     s.close().await.expect("close");
     conn.close().await.expect("close");
     broker.stop().await;
@@ -240,11 +224,7 @@ async fn sender_in_mode_second_on_the_wire() {
         let last = as_uint(&fields(&f.body, 3)[2]).unwrap_or(first);
         answered.extend(first..=last);
     }
-    assert_eq!(
-        depth(&broker, "wire").0,
-        u64::from(WINDOW),
-        "committed first"
-    );
+    assert_eq!(broker.depth("wire").0, u64::from(WINDOW), "committed first");
     // We settle, as mode second asks of us; the broker has nothing to add.
     for id in answered {
         assert!(
@@ -269,15 +249,9 @@ async fn sender_in_mode_second_on_the_wire() {
 async fn receiver_in_mode_second_is_settled_by_the_broker() {
     let broker = TestBroker::start().await;
     let (mut conn, mut session) = amqp::connect_session(&broker, "second-rcv").await;
-    let mut s = Sender::attach(&mut session, "s", "/queue/second-out")
-        .await
-        .expect("s");
+    let mut s = amqp::sender(&mut session, "s", "/queue/second-out").await;
     for i in 0..4 {
-        s.send(durable(&format!("m{i}")))
-            .await
-            .expect("send")
-            .accepted_or_else(|o| o)
-            .expect("accepted");
+        send_accepted(&mut s, durable(&format!("m{i}"))).await;
     }
 
     // fe2o3 in mode second: its accept goes out unsettled.
@@ -291,15 +265,12 @@ async fn receiver_in_mode_second_is_settled_by_the_broker() {
         .expect("receiver in mode second");
     r.set_credit(2).await.expect("credit");
     for i in 0..2 {
-        let d = tokio::time::timeout(WAIT, r.recv::<String>())
-            .await
-            .expect("delivery in time")
-            .expect("recv");
+        let d = amqp::recv::<String>(&mut r).await;
         assert_eq!(d.body(), &format!("m{i}"));
         r.accept(&d).await.expect("accept");
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "second-out"), (2, 0), "outcomes applied");
+    assert_eq!(broker.depth("second-out"), (2, 0), "outcomes applied");
     r.close().await.expect("close");
 
     // On the wire: the broker answers the unsettled outcome with a settled
@@ -342,7 +313,7 @@ async fn receiver_in_mode_second_is_settled_by_the_broker() {
         "settled by the sender"
     );
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(depth(&broker, "second-out"), (1, 0));
+    assert_eq!(broker.depth("second-out"), (1, 0));
     conn.close().await.expect("close");
     broker.stop().await;
 }
