@@ -10,10 +10,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::amqp::{self, enc, frame, protocol_header, RawAmqp, WAIT};
+use common::amqp::{self, enc, frame, protocol_header, send_accepted, RawAmqp, WAIT};
 use common::TestBroker;
 use fe2o3_amqp::link::delivery::Delivery;
-use fe2o3_amqp::types::messaging::{Header, Message};
 use fe2o3_amqp::{Receiver, Sender, Session};
 
 const STORED: u64 = 5;
@@ -29,25 +28,8 @@ async fn broker_with_stored() -> TestBroker {
         Arc::new(rosetta::core::AllowAll),
     )
     .await;
-    let (mut conn, mut session) = amqp::connect_session(&broker, "seed").await;
-    let mut s = Sender::attach(&mut session, "s", "/queue/precious")
-        .await
-        .expect("s");
-    for i in 0..STORED {
-        let m = Message::builder()
-            .header(Header {
-                durable: true,
-                ..Default::default()
-            })
-            .value(format!("keep {i}"))
-            .build();
-        s.send(m)
-            .await
-            .expect("send")
-            .accepted_or_else(|o| o)
-            .expect("accepted");
-    }
-    conn.close().await.expect("close");
+    let texts: Vec<String> = (0..STORED).map(|i| format!("keep {i}")).collect();
+    amqp::publish_durable(&broker, "seed", "/queue/precious", &texts).await;
     broker
 }
 
@@ -63,12 +45,8 @@ struct Bystander {
 impl Bystander {
     async fn new(broker: &TestBroker) -> Bystander {
         let (conn, mut session) = amqp::connect_session(broker, "bystander").await;
-        let sender = Sender::attach(&mut session, "bs", "/queue/bystander")
-            .await
-            .expect("s");
-        let receiver = Receiver::attach(&mut session, "br", "/queue/bystander")
-            .await
-            .expect("r");
+        let sender = amqp::sender(&mut session, "bs", "/queue/bystander").await;
+        let receiver = amqp::receiver(&mut session, "br", "/queue/bystander").await;
         Bystander {
             conn,
             session,
@@ -81,18 +59,8 @@ impl Bystander {
     async fn still_works(&mut self) {
         self.n += 1;
         let text = format!("alive {}", self.n);
-        self.sender
-            .send(text.as_str())
-            .await
-            .expect("bystander send")
-            .accepted_or_else(|o| o)
-            .expect("accepted");
-        let d: Delivery<String> = tokio::time::timeout(WAIT, self.receiver.recv())
-            .await
-            .expect("bystander delivery")
-            .expect("recv");
-        assert_eq!(d.body(), &text);
-        self.receiver.accept(&d).await.expect("accept");
+        send_accepted(&mut self.sender, text.as_str()).await;
+        assert_eq!(amqp::recv_text(&mut self.receiver).await, text);
     }
 
     async fn close(mut self) {
@@ -110,9 +78,7 @@ async fn nothing_lost(mut broker: TestBroker) {
     broker.restart().await;
     assert_eq!(depth(&broker), Some(STORED));
     let (mut conn, mut session) = amqp::connect_session(&broker, "check").await;
-    let mut r = Receiver::attach(&mut session, "r", "/queue/precious")
-        .await
-        .expect("r");
+    let mut r = amqp::receiver(&mut session, "r", "/queue/precious").await;
     for i in 0..STORED {
         let d: Delivery<String> = r.recv().await.expect("recv");
         assert_eq!(d.body(), &format!("keep {i}"));
@@ -272,9 +238,7 @@ async fn performatives_out_of_order() {
 async fn attach_to_malformed_or_unknown_address_detaches_only_that_link() {
     let broker = broker_with_stored().await;
     let (mut conn, mut session) = amqp::connect_session(&broker, "bad-attach").await;
-    let mut good = Sender::attach(&mut session, "good", "/queue/fine")
-        .await
-        .expect("good");
+    let mut good = amqp::sender(&mut session, "good", "/queue/fine").await;
     for (i, addr) in ["/queue/a#b", "/topic/a/#/b", "/topic/a+/b", "/queue/"]
         .iter()
         .enumerate()
@@ -310,11 +274,7 @@ async fn attach_to_malformed_or_unknown_address_detaches_only_that_link() {
     assert!(format!("{e:?}").contains("NotFound"), "{e:?}");
     tokio::time::sleep(Duration::from_millis(200)).await;
     // The session and the other link are unaffected.
-    good.send("fine")
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
+    send_accepted(&mut good, "fine").await;
     let _other = Session::begin(&mut conn).await.expect("another session");
     conn.close().await.expect("close");
     nothing_lost(broker).await;
@@ -373,9 +333,7 @@ async fn oversized_message_detaches_the_link_only() {
 
     // fe2o3 over the same limit: not stored, the client's connection stays usable.
     let (mut conn, mut session) = amqp::connect_session(&broker, "big-client").await;
-    let mut s = Sender::attach(&mut session, "s", "/queue/big2")
-        .await
-        .expect("s");
+    let mut s = amqp::sender(&mut session, "s", "/queue/big2").await;
     let big = "x".repeat(50_000);
     let r = tokio::time::timeout(WAIT, s.send(big.as_str()))
         .await
@@ -388,14 +346,8 @@ async fn oversized_message_detaches_the_link_only() {
         .core()
         .queue_stats("big2")
         .is_none_or(|s| s.depth == 0));
-    let mut s2 = Sender::attach(&mut session, "s2", "/queue/big2")
-        .await
-        .expect("s2");
-    s2.send("small")
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
+    let mut s2 = amqp::sender(&mut session, "s2", "/queue/big2").await;
+    send_accepted(&mut s2, "small").await;
     conn.close().await.expect("close");
 
     tokio::time::sleep(Duration::from_millis(50)).await;
