@@ -86,24 +86,15 @@ impl ScramClient {
         let stored_key: [u8; 32] = Sha256::digest(client_key).into();
         // c=biws is base64("n,,"): no channel binding, no authzid.
         let without_proof = format!("c=biws,r={nonce}");
-        let client_signature = signature(
-            &stored_key,
-            &self.client_first_bare,
-            server_first,
-            &without_proof,
-        );
+        let sign = |key| signature(key, &self.client_first_bare, server_first, &without_proof);
+        let client_signature = sign(&stored_key);
         let proof: Vec<u8> = client_key
             .iter()
             .zip(client_signature)
             .map(|(k, s)| k ^ s)
             .collect();
         let server_key = hmac(&salted, b"Server Key");
-        let server_signature = signature(
-            &server_key,
-            &self.client_first_bare,
-            server_first,
-            &without_proof,
-        );
+        let server_signature = sign(&server_key);
         self.expected_server_final = Some(format!("v={}", B64.encode(server_signature)));
         Ok(format!("{without_proof},p={}", B64.encode(proof)).into_bytes())
     }

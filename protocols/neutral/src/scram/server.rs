@@ -155,12 +155,15 @@ impl ScramPending {
         let Ok(proof) = <[u8; 32]>::try_from(proof) else {
             return Err(ScramError::BadCredentials);
         };
-        let client_signature = signature(
-            &self.creds.stored_key,
-            &self.client_first_bare,
-            &self.server_first,
-            without_proof,
-        );
+        let sign = |key| {
+            signature(
+                key,
+                &self.client_first_bare,
+                &self.server_first,
+                without_proof,
+            )
+        };
+        let client_signature = sign(&self.creds.stored_key);
         // ClientKey = ClientProof XOR ClientSignature; it must hash to StoredKey.
         let mut client_key = proof;
         for (k, s) in client_key.iter_mut().zip(client_signature) {
@@ -172,12 +175,7 @@ impl ScramPending {
         if !matches || !self.known_user {
             return Err(ScramError::BadCredentials);
         }
-        let server_signature = signature(
-            &self.creds.server_key,
-            &self.client_first_bare,
-            &self.server_first,
-            without_proof,
-        );
+        let server_signature = sign(&self.creds.server_key);
         Ok(format!("v={}", B64.encode(server_signature)).into_bytes())
     }
 }

@@ -55,6 +55,13 @@ fn client_replays_rfc_7677() {
     assert!(!client.verify_server_final(b"v=AAAA"));
 }
 
+/// The r= of a server-first.
+fn combined_nonce(server_first: &[u8]) -> String {
+    let text = std::str::from_utf8(server_first).expect("text");
+    let nonce = text.split(',').find_map(|a| a.strip_prefix("r="));
+    nonce.expect("r=").to_owned()
+}
+
 /// One whole exchange between our client and our server.
 fn run(user: &str, password: &[u8]) -> Result<bool, ScramError> {
     let mut client = ScramClient::new(user, password);
@@ -110,45 +117,26 @@ fn the_credentials_lookup_runs_once_and_only_for_a_parsed_message() {
 #[test]
 fn malformed_and_unsupported_client_first_is_refused() {
     let long = [b"n,,n=a,r=".as_slice(), &[b'x'; MESSAGE_LEN_MAX_BYTES]].concat();
-    for (msg, want) in [
-        (
-            &b""[..],
-            ScramError::Malformed("client-first lacks the GS2 header"),
-        ),
-        (
-            b"n,",
-            ScramError::Malformed("client-first lacks the GS2 header"),
-        ),
-        (b"n,,", ScramError::Malformed("client-first lacks n= or r=")),
-        (
-            b"n,,r=abc",
-            ScramError::Malformed("client-first lacks n= or r="),
-        ),
-        (
-            b"n,,n=a",
-            ScramError::Malformed("client-first lacks n= or r="),
-        ),
-        (b"n,,n=a,r=", ScramError::Malformed("bad client nonce")),
-        (
-            b"p=tls-unique,,n=a,r=x",
-            ScramError::Unsupported("channel binding"),
-        ),
-        (b"x,,n=a,r=x", ScramError::Unsupported("channel binding")),
-        (
-            b"n,,m=ext,n=a,r=x",
-            ScramError::Unsupported("mandatory extension"),
-        ),
-        (
-            b"n,,n=a=2,r=x",
-            ScramError::Malformed("bad escape in user name"),
-        ),
-        (
-            b"n,,n=a=3d,r=x",
-            ScramError::Malformed("bad escape in user name"),
-        ),
-        (b"\xff", ScramError::Malformed("not UTF-8")),
-        (&long, ScramError::Malformed("message too long")),
-    ] {
+    use ScramError::{Malformed as M, Unsupported as U};
+    let no_gs2 = M("client-first lacks the GS2 header");
+    let no_n_or_r = M("client-first lacks n= or r=");
+    let bad_escape = M("bad escape in user name");
+    let cases: [(&[u8], ScramError); 13] = [
+        (b"", no_gs2.clone()),
+        (b"n,", no_gs2),
+        (b"n,,", no_n_or_r.clone()),
+        (b"n,,r=abc", no_n_or_r.clone()),
+        (b"n,,n=a", no_n_or_r),
+        (b"n,,n=a,r=", M("bad client nonce")),
+        (b"p=tls-unique,,n=a,r=x", U("channel binding")),
+        (b"x,,n=a,r=x", U("channel binding")),
+        (b"n,,m=ext,n=a,r=x", U("mandatory extension")),
+        (b"n,,n=a=2,r=x", bad_escape.clone()),
+        (b"n,,n=a=3d,r=x", bad_escape),
+        (b"\xff", M("not UTF-8")),
+        (&long, M("message too long")),
+    ];
+    for (msg, want) in cases {
         let got = server_first(msg, alice).map(|_| ());
         assert_eq!(got, Err(want), "{:?}", String::from_utf8_lossy(msg));
     }
@@ -159,11 +147,7 @@ fn the_y_flag_and_an_authzid_are_accepted_and_bound_into_c() {
     // "y,,": the client supports binding but believes we do not.
     let (pending, first) = server_first(b"y,a=admin,n=al=2Ci=3Dce,r=abc", alice).expect("first");
     assert_eq!(pending.user(), "al,i=ce");
-    let first = String::from_utf8(first).expect("text");
-    let nonce = first
-        .split(',')
-        .find_map(|a| a.strip_prefix("r="))
-        .expect("r=");
+    let nonce = combined_nonce(&first);
     // c= must repeat this GS2 header, not the usual "n,,".
     let wrong_c = format!("c=biws,r={nonce},p={}", B64.encode([0u8; 32]));
     assert_eq!(
@@ -186,54 +170,26 @@ fn the_y_flag_and_an_authzid_are_accepted_and_bound_into_c() {
 fn malformed_client_final_is_refused_before_the_proof() {
     let client = ScramClient::with_nonce("al,i=ce", b"pencil", "abc").expect("nonce");
     let (pending, first) = server_first(&client.client_first(), alice).expect("first");
-    let first = String::from_utf8(first).expect("text");
-    let nonce = first
-        .split(',')
-        .find_map(|a| a.strip_prefix("r="))
-        .expect("r=");
+    let nonce = combined_nonce(&first);
     let zeros = B64.encode([0u8; 32]);
     let long = format!("c=biws,r={nonce},p={}", "A".repeat(MESSAGE_LEN_MAX_BYTES));
-    for (msg, want) in [
-        (
-            String::new(),
-            ScramError::Malformed("client-final lacks a proof"),
-        ),
-        (
-            format!("c=biws,r={nonce}"),
-            ScramError::Malformed("client-final lacks a proof"),
-        ),
-        (
-            format!("c=biws,r={nonce},p=!!"),
-            ScramError::Malformed("proof is not base64"),
-        ),
-        (
-            format!("r={nonce},p={zeros}"),
-            ScramError::Malformed("channel binding data mismatch"),
-        ),
-        (
-            format!("c=bad,r={nonce},p={zeros}"),
-            ScramError::Malformed("channel binding data mismatch"),
-        ),
-        (
-            format!("c=biws,p={zeros}"),
-            ScramError::Malformed("nonce mismatch"),
-        ),
+    use ScramError::{BadCredentials as Bad, Malformed as M};
+    let cbind = M("channel binding data mismatch");
+    let cases = [
+        (String::new(), M("client-final lacks a proof")),
+        (format!("c=biws,r={nonce}"), M("client-final lacks a proof")),
+        (format!("c=biws,r={nonce},p=!!"), M("proof is not base64")),
+        (format!("r={nonce},p={zeros}"), cbind.clone()),
+        (format!("c=bad,r={nonce},p={zeros}"), cbind),
+        (format!("c=biws,p={zeros}"), M("nonce mismatch")),
         // A nonce of the client's own making.
-        (
-            format!("c=biws,r={nonce}x,p={zeros}"),
-            ScramError::Malformed("nonce mismatch"),
-        ),
+        (format!("c=biws,r={nonce}x,p={zeros}"), M("nonce mismatch")),
         // A proof of the wrong length is a wrong proof.
-        (
-            format!("c=biws,r={nonce},p={}", B64.encode([0u8; 31])),
-            ScramError::BadCredentials,
-        ),
-        (
-            format!("c=biws,r={nonce},p={zeros}"),
-            ScramError::BadCredentials,
-        ),
-        (long, ScramError::Malformed("message too long")),
-    ] {
+        (format!("c=biws,r={nonce},p={}", B64.encode([0u8; 31])), Bad),
+        (format!("c=biws,r={nonce},p={zeros}"), Bad),
+        (long, M("message too long")),
+    ];
+    for (msg, want) in cases {
         assert_eq!(pending.server_final(msg.as_bytes()), Err(want), "{msg}");
     }
     assert_eq!(
