@@ -246,6 +246,16 @@ impl Peer {
         Self::with(anonymous, AmqpConfig::default())
     }
 
+    /// An anonymous peer on a configuration `tweak` adjusted, past
+    /// [`Peer::open`] (header, Open and Begin answered).
+    fn opened(tweak: impl FnOnce(&mut AmqpConfig)) -> Self {
+        let mut cfg = AmqpConfig::default();
+        tweak(&mut cfg);
+        let mut p = Self::with(true, cfg);
+        p.open();
+        p
+    }
+
     fn input(&mut self, bytes: &[u8]) {
         self.conn.handle_input(self.now, bytes);
     }
@@ -457,6 +467,43 @@ fn plain(user: &str, pw: &str) -> SaslInit {
     }
 }
 
+/// A client detach of `handle`, `closed` or not, without an error.
+fn detach(handle: u32, closed: bool) -> Detach {
+    Detach {
+        handle: Handle(handle),
+        closed,
+        error: None,
+    }
+}
+
+/// The error condition of a rejected outcome: `out` must start with a
+/// disposition whose state is `rejected` (panics otherwise).
+fn rejection(out: &[Performative]) -> String {
+    let Some(Performative::Disposition(d)) = out.first() else {
+        panic!("expected a disposition first: {out:?}")
+    };
+    let Some(DeliveryState::Rejected(r)) = &d.state else {
+        panic!("expected rejected: {d:?}")
+    };
+    condition_symbol(r.error.as_ref().expect("rejected with an error"))
+}
+
+/// The receiver's settled disposition of delivery `first` as accepted
+/// inside transaction `txn_id`.
+fn txn_accept(first: u32, txn_id: &Binary) -> Disposition {
+    Disposition {
+        role: Role::Receiver,
+        first,
+        last: None,
+        settled: true,
+        state: Some(DeliveryState::TransactionalState(TransactionalState {
+            txn_id: txn_id.clone(),
+            outcome: Some(fe2o3_amqp_types::messaging::Outcome::Accepted(Accepted {})),
+        })),
+        batchable: false,
+    }
+}
+
 /// Attaches a client sender on handle 0 and returns the credit granted.
 fn attach_sender(p: &mut Peer, address: Option<&str>) -> u32 {
     p.send(0, &attach("snd", 0, Role::Sender, address), &[]);
@@ -549,11 +596,14 @@ fn skipping_sasl_needs_anonymous_access() {
     assert!(p.conn.is_closed());
 }
 
-fn scram_exchange(password: &str) -> (SaslOutcome, String, Peer) {
+/// A SCRAM-SHA-256 exchange as `user` (client nonce `clientnonce123`) up
+/// to the outcome. Checks on the way that the server's first message
+/// echoes our nonce, as it must for any user, known or not.
+fn scram_exchange(user: &str, password: &str) -> (SaslOutcome, String, Peer) {
     let mut p = Peer::new(false);
     p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
     p.recv();
-    let first_bare = "n=alice,r=clientnonce123";
+    let first_bare = format!("n={user},r=clientnonce123");
     p.sasl(&SaslInit {
         mechanism: Symbol::from("SCRAM-SHA-256"),
         initial_response: Some(Binary::from(format!("n,,{first_bare}").into_bytes())),
@@ -566,7 +616,7 @@ fn scram_exchange(password: &str) -> (SaslOutcome, String, Peer) {
     let ch: SaslChallenge = codec::decode("challenge", b).unwrap();
     let server_first = String::from_utf8(ch.challenge.into_vec()).unwrap();
     assert!(server_first.starts_with("r=clientnonce123"));
-    let (client_final, server_final) = scram_client_final(password, first_bare, &server_first);
+    let (client_final, server_final) = scram_client_final(password, &first_bare, &server_first);
     p.sasl(&SaslResponse {
         response: Binary::from(client_final.into_bytes()),
     });
@@ -576,7 +626,7 @@ fn scram_exchange(password: &str) -> (SaslOutcome, String, Peer) {
 
 #[test]
 fn sasl_scram_sha_256_full_exchange() {
-    let (outcome, server_final, mut p) = scram_exchange(PASSWORD);
+    let (outcome, server_final, mut p) = scram_exchange("alice", PASSWORD);
     assert_eq!(outcome.code, SaslCode::Ok);
     assert_eq!(
         outcome.additional_data.unwrap().into_vec(),
@@ -590,34 +640,17 @@ fn sasl_scram_sha_256_full_exchange() {
 
 #[test]
 fn sasl_scram_wrong_password_fails() {
-    let (outcome, _, p) = scram_exchange("wrong");
+    let (outcome, _, p) = scram_exchange("alice", "wrong");
     assert_eq!(outcome.code, SaslCode::Auth);
     assert!(p.conn.is_closed());
 }
 
 #[test]
 fn sasl_scram_unknown_user_fails_like_a_wrong_password() {
-    let mut p = Peer::new(false);
-    p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
-    p.recv();
-    let first_bare = "n=mallory,r=abc";
-    p.sasl(&SaslInit {
-        mechanism: Symbol::from("SCRAM-SHA-256"),
-        initial_response: Some(Binary::from(format!("n,,{first_bare}").into_bytes())),
-        hostname: None,
-    });
-    let out = p.recv();
-    let Out::Sasl(b) = &out[0] else {
-        panic!("{out:?}")
-    };
-    // A challenge like any other: the user name is not revealed.
-    let ch: SaslChallenge = codec::decode("challenge", b).unwrap();
-    let server_first = String::from_utf8(ch.challenge.into_vec()).unwrap();
-    let (client_final, _) = scram_client_final(PASSWORD, first_bare, &server_first);
-    p.sasl(&SaslResponse {
-        response: Binary::from(client_final.into_bytes()),
-    });
-    assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::Auth);
+    // A challenge like any other (the user name is not revealed), then
+    // the same failure as a wrong password.
+    let (outcome, _, _) = scram_exchange("mallory", PASSWORD);
+    assert_eq!(outcome.code, SaslCode::Auth);
 }
 
 // ---------------------------------------------------------------- framing
@@ -789,16 +822,7 @@ fn unsettled_send_is_accepted_only_after_commit() {
     p.open();
     let credit = attach_sender(&mut p, Some("/queue/q"));
     assert_eq!(credit, crate::config::SENDER_CREDIT_WINDOW);
-    let mut payload = Vec::new();
-    codec::encode_into(
-        &mut payload,
-        &fe2o3_amqp_types::messaging::Header {
-            durable: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    payload.extend(data_payload(b"hello"));
+    let payload = durable_data(b"hello");
     p.send(0, &transfer(0, 0, false), &payload);
     p.send(0, &transfer(0, 1, false), &payload);
     assert!(p.perfs().is_empty(), "no disposition before the commit");
@@ -838,17 +862,7 @@ fn failed_commit_rejects_the_delivery() {
         ticket: Ticket(1),
         result: Err(BrokerError::Storage("disk".into())),
     });
-    let out = p.perfs();
-    let Performative::Disposition(d) = &out[0] else {
-        panic!("{out:?}")
-    };
-    let Some(DeliveryState::Rejected(r)) = &d.state else {
-        panic!("{d:?}")
-    };
-    assert_eq!(
-        condition_symbol(r.error.as_ref().unwrap()),
-        "amqp:internal-error"
-    );
+    assert_eq!(rejection(&p.perfs()), "amqp:internal-error");
 }
 
 #[test]
@@ -882,17 +896,7 @@ fn anonymous_relay_routes_by_to() {
     p.send(0, &transfer(0, 0, true), &payload);
     // No `to`: rejected with invalid-field, the link stays.
     p.send(0, &transfer(0, 1, false), &data_payload(b"x"));
-    let out = p.perfs();
-    let Performative::Disposition(d) = &out[0] else {
-        panic!("{out:?}")
-    };
-    let Some(DeliveryState::Rejected(r)) = &d.state else {
-        panic!("{d:?}")
-    };
-    assert_eq!(
-        condition_symbol(r.error.as_ref().unwrap()),
-        "amqp:invalid-field"
-    );
+    assert_eq!(rejection(&p.perfs()), "amqp:invalid-field");
     let log = p.log();
     assert_eq!(log.published.len(), 1);
     assert_eq!(log.published[0].0, Address::Topic("x/y".into()));
@@ -901,12 +905,7 @@ fn anonymous_relay_routes_by_to() {
 
 #[test]
 fn credit_is_refilled_and_withheld_when_blocked() {
-    let cfg = AmqpConfig {
-        sender_credit_window: 4,
-        ..AmqpConfig::default()
-    };
-    let mut p = Peer::with(true, cfg);
-    p.open();
+    let mut p = Peer::opened(|c| c.sender_credit_window = 4);
     assert_eq!(attach_sender(&mut p, Some("q")), 4);
     // Two pre-settled transfers use half the window: refilled to 4.
     p.send(0, &transfer(0, 0, true), &data_payload(b"x"));
@@ -937,12 +936,7 @@ fn credit_is_refilled_and_withheld_when_blocked() {
 
 #[test]
 fn unsettled_credit_refills_as_commits_arrive() {
-    let cfg = AmqpConfig {
-        sender_credit_window: 4,
-        ..AmqpConfig::default()
-    };
-    let mut p = Peer::with(true, cfg);
-    p.open();
+    let mut p = Peer::opened(|c| c.sender_credit_window = 4);
     attach_sender(&mut p, Some("q"));
     for id in 0..4 {
         p.send(0, &transfer(0, id, false), &data_payload(b"x"));
@@ -972,12 +966,7 @@ fn unsettled_credit_refills_as_commits_arrive() {
 
 #[test]
 fn withheld_credit_is_granted_when_unblocked() {
-    let cfg = AmqpConfig {
-        sender_credit_window: 4,
-        ..AmqpConfig::default()
-    };
-    let mut p = Peer::with(true, cfg);
-    p.open();
+    let mut p = Peer::opened(|c| c.sender_credit_window = 4);
     p.log().blocked = true;
     p.send(0, &attach("snd", 0, Role::Sender, Some("q")), &[]);
     let out = p.perfs();
@@ -1013,12 +1002,7 @@ fn multi_frame_transfer_is_reassembled() {
 
 #[test]
 fn links_per_connection_are_limited() {
-    let cfg = AmqpConfig {
-        links_per_connection_max: 1,
-        ..AmqpConfig::default()
-    };
-    let mut p = Peer::with(true, cfg);
-    p.open();
+    let mut p = Peer::opened(|c| c.links_per_connection_max = 1);
     attach_sender(&mut p, Some("q"));
     p.send(0, &attach("two", 1, Role::Sender, Some("q")), &[]);
     let out = p.perfs();
@@ -1074,15 +1058,7 @@ fn publish_to_a_malformed_target_is_refused() {
         "amqp:invalid-field"
     );
     // The peer's answering detach is absorbed; the session lives on.
-    p.send(
-        0,
-        &Detach {
-            handle: Handle(0),
-            closed: true,
-            error: None,
-        },
-        &[],
-    );
+    p.send(0, &detach(0, true), &[]);
     assert!(p.perfs().is_empty());
     assert_eq!(
         attach_sender(&mut p, Some("q")),
@@ -1132,12 +1108,7 @@ fn transfer_on_unknown_handle_ends_the_session() {
 
 #[test]
 fn session_window_reopens_and_violation_ends_the_session() {
-    let cfg = AmqpConfig {
-        session_window_frames: 4,
-        ..AmqpConfig::default()
-    };
-    let mut p = Peer::with(true, cfg);
-    p.open();
+    let mut p = Peer::opened(|c| c.session_window_frames = 4);
     attach_sender(&mut p, Some("q"));
     p.send(0, &transfer(0, 0, true), &data_payload(b"x"));
     assert!(p.perfs().is_empty());
@@ -1152,12 +1123,7 @@ fn session_window_reopens_and_violation_ends_the_session() {
     );
 
     // A zero window: any transfer violates it.
-    let cfg = AmqpConfig {
-        session_window_frames: 0,
-        ..AmqpConfig::default()
-    };
-    let mut p = Peer::with(true, cfg);
-    p.open();
+    let mut p = Peer::opened(|c| c.session_window_frames = 0);
     attach_sender(&mut p, Some("q"));
     p.send(0, &transfer(0, 0, true), &data_payload(b"x"));
     let out = p.perfs();
@@ -1355,15 +1321,7 @@ fn receiver_outcomes_map_to_the_core() {
         ]
     );
     // Detaching returns the last unsettled one via cancel.
-    p.send(
-        0,
-        &Detach {
-            handle: Handle(0),
-            closed: true,
-            error: None,
-        },
-        &[],
-    );
+    p.send(0, &detach(0, true), &[]);
     assert_eq!(p.log().cancelled, vec![ConsumerId(1)]);
     assert!(matches!(p.perfs()[..], [Performative::Detach(_)]));
 }
@@ -1432,26 +1390,13 @@ fn topic_subscriptions_plain_durable_and_dynamic() {
     }
     // Closing the durable link (JMS unsubscribe) deletes its queue;
     // a plain detach would keep it.
-    p.send(
-        0,
-        &Detach {
-            handle: Handle(1),
-            closed: true,
-            error: None,
-        },
-        &[],
-    );
+    p.send(0, &detach(1, true), &[]);
     assert_eq!(p.log().deleted, vec!["$durable/app/dur".to_string()]);
 }
 
 #[test]
 fn unsettled_deliveries_cap_the_credit() {
-    let cfg = AmqpConfig {
-        link_credit_max: 3,
-        ..AmqpConfig::default()
-    };
-    let mut p = Peer::with(true, cfg);
-    p.open();
+    let mut p = Peer::opened(|c| c.link_credit_max = 3);
     attach_receiver(&mut p, 0, attach("rcv", 0, Role::Receiver, Some("q")));
     p.send(0, &flow(0, 0, 100, false), &[]);
     assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 3, false)));
@@ -1712,62 +1657,19 @@ fn transaction_declare_transfer_discharge() {
             fail: Some(true),
         }),
     );
-    let out = p.perfs();
-    let Performative::Disposition(d) = &out[0] else {
-        panic!("{out:?}")
-    };
-    let Some(DeliveryState::Rejected(r)) = &d.state else {
-        panic!("{d:?}")
-    };
-    assert_eq!(
-        condition_symbol(r.error.as_ref().unwrap()),
-        "amqp:transaction:unknown-id"
-    );
+    assert_eq!(rejection(&p.perfs()), "amqp:transaction:unknown-id");
 }
 
 #[test]
 fn transactional_acquisition_and_rollback() {
     let mut p = Peer::new(true);
     p.open();
-    let mut a = attach("txn", 0, Role::Sender, None);
-    a.target = Some(Box::new(TargetArchetype::Coordinator(Coordinator::new(
-        None,
-    ))));
-    p.send(0, &a, &[]);
-    p.perfs();
-    p.send(
-        0,
-        &transfer(0, 0, false),
-        &control_payload(Declare { global_id: None }),
-    );
-    let out = p.perfs();
-    let Performative::Disposition(Disposition {
-        state: Some(DeliveryState::Declared(Declared { txn_id })),
-        ..
-    }) = &out[0]
-    else {
-        panic!("{out:?}")
-    };
-    let txn_id = txn_id.clone();
+    let txn_id = declare_txn(&mut p);
     attach_receiver(&mut p, 1, attach("rcv", 1, Role::Receiver, Some("q")));
     p.send(0, &flow(1, 0, 1, false), &[]);
     p.event(delivery(1, 5, b"m"));
     p.perfs();
-    p.send(
-        0,
-        &Disposition {
-            role: Role::Receiver,
-            first: 0,
-            last: None,
-            settled: true,
-            state: Some(DeliveryState::TransactionalState(TransactionalState {
-                txn_id: txn_id.clone(),
-                outcome: Some(fe2o3_amqp_types::messaging::Outcome::Accepted(Accepted {})),
-            })),
-            batchable: false,
-        },
-        &[],
-    );
+    p.send(0, &txn_accept(0, &txn_id), &[]);
     assert_eq!(
         p.log().settled,
         vec![(
@@ -1794,12 +1696,7 @@ fn transactional_acquisition_and_rollback() {
 
 #[test]
 fn wants_input_stops_at_the_pending_commit_limit() {
-    let cfg = AmqpConfig {
-        pending_commits_max: 2,
-        ..AmqpConfig::default()
-    };
-    let mut p = Peer::with(true, cfg);
-    p.open();
+    let mut p = Peer::opened(|c| c.pending_commits_max = 2);
     attach_sender(&mut p, Some("q"));
     p.send(0, &transfer(0, 0, false), &data_payload(b"x"));
     assert!(p.conn.wants_input());
@@ -1885,13 +1782,10 @@ fn thread_cpu_ns() -> u64 {
 fn engine_cost_per_message() {
     const N: u32 = 100_000;
     let body = vec![0x5au8; 1024];
-    let cfg = AmqpConfig {
-        sender_credit_window: N + 1,
-        link_credit_max: N + 1,
-        ..AmqpConfig::default()
-    };
-    let mut p = Peer::with(true, cfg);
-    p.open();
+    let mut p = Peer::opened(|c| {
+        c.sender_credit_window = N + 1;
+        c.link_credit_max = N + 1;
+    });
     attach_sender(&mut p, Some("q"));
     let payload = data_payload(&body);
     // 10 000 encoded transfers fed 10 times: delivery ids repeat, which the
@@ -2035,6 +1929,7 @@ fn pipelined_sasl_and_open_in_one_read() {
 
 // ---------------------------------------------------------------- rcv-settle-mode second
 
+/// A payload: header with `durable` set, then `body` as one data section.
 fn durable_data(body: &[u8]) -> Vec<u8> {
     let mut payload = Vec::new();
     codec::encode_into(
@@ -2062,12 +1957,7 @@ fn sender_settles(first: u32, last: Option<u32>) -> Disposition {
 
 #[test]
 fn receiver_settle_mode_second_for_a_client_sender() {
-    let cfg = AmqpConfig {
-        sender_credit_window: 4,
-        ..AmqpConfig::default()
-    };
-    let mut p = Peer::with(true, cfg);
-    p.open();
+    let mut p = Peer::opened(|c| c.sender_credit_window = 4);
     let mut a = attach("snd", 0, Role::Sender, Some("/queue/q"));
     a.rcv_settle_mode = ReceiverSettleMode::Second;
     p.send(0, &a, &[]);
@@ -2287,21 +2177,7 @@ fn flow_txn_id_acquires_and_rollback_returns_the_messages() {
         "{out:?}"
     );
     // One accepted inside the transaction, then it rolls back.
-    p.send(
-        0,
-        &Disposition {
-            role: Role::Receiver,
-            first: 0,
-            last: None,
-            settled: true,
-            state: Some(DeliveryState::TransactionalState(TransactionalState {
-                txn_id: txn_id.clone(),
-                outcome: Some(fe2o3_amqp_types::messaging::Outcome::Accepted(Accepted {})),
-            })),
-            batchable: false,
-        },
-        &[],
-    );
+    p.send(0, &txn_accept(0, &txn_id), &[]);
     p.send(
         0,
         &transfer(0, 1, false),
@@ -2583,14 +2459,6 @@ fn attaching_a_link_name_again_steals_it() {
     assert!(log.deleted.is_empty());
     drop(log);
     // The client's answering detach is absorbed.
-    p.send(
-        0,
-        &Detach {
-            handle: Handle(0),
-            closed: false,
-            error: None,
-        },
-        &[],
-    );
+    p.send(0, &detach(0, false), &[]);
     assert!(p.perfs().is_empty());
 }
