@@ -183,12 +183,12 @@ async fn temp_queues_for_request_reply() {
         .await;
     assert_eq!(requester.message().await.text(), "self");
     let name = reply_to.trim_start_matches("/queue/").to_owned();
-    assert!(broker.core().queue_stats(&name).is_some());
+    assert!(broker.queue(&name).is_some());
     drop(requester);
     // The temporary queue lives as long as its connection.
     let mut gone = false;
     for _ in 0..100 {
-        if broker.core().queue_stats(&name).is_none() {
+        if broker.queue(&name).is_none() {
             gone = true;
             break;
         }
@@ -236,10 +236,7 @@ async fn wildcard_subscriptions() {
 async fn ack_auto() {
     let broker = TestBroker::start().await;
     let mut p = StompClient::connect(broker.stomp(), &[]).await;
-    for i in 0..3 {
-        p.send_persistent("/queue/auto", &[], format!("m{i}").as_bytes())
-            .await;
-    }
+    p.send_numbered("/queue/auto", 3).await;
     let mut c = StompClient::connect(broker.stomp(), &[]).await;
     c.subscribe("s", "/queue/auto", "auto", &[]).await;
     for i in 0..3 {
@@ -248,13 +245,7 @@ async fn ack_auto() {
         assert_eq!(m.header("ack"), None);
     }
     c.request("UNSUBSCRIBE", &[("id", "s")], b"").await;
-    assert_eq!(
-        broker
-            .core()
-            .queue_stats("auto")
-            .map(|s| (s.depth, s.in_flight)),
-        Some((0, 0))
-    );
+    assert_eq!(broker.queue("auto"), Some((0, 0)));
     broker.stop().await;
 }
 
@@ -263,21 +254,12 @@ async fn ack_auto() {
 async fn ack_client_is_cumulative() {
     let broker = TestBroker::start().await;
     let mut p = StompClient::connect(broker.stomp(), &[]).await;
-    for i in 0..5 {
-        p.send_persistent("/queue/cumul", &[], format!("m{i}").as_bytes())
-            .await;
-    }
+    p.send_numbered("/queue/cumul", 5).await;
     let mut c = StompClient::connect(broker.stomp(), &[]).await;
     c.subscribe("s", "/queue/cumul", "client", &[]).await;
     let msgs: Vec<_> = c.messages(5).await;
     c.ack(&msgs[2]).await;
-    assert_eq!(
-        broker
-            .core()
-            .queue_stats("cumul")
-            .map(|s| (s.depth, s.in_flight)),
-        Some((0, 2))
-    );
+    assert_eq!(broker.queue("cumul"), Some((0, 2)));
     // Acking an already covered message is an error (unknown id).
     c.send_frame("ACK", &[("id", &msgs[1].ack_id()), ("receipt", "r")], b"")
         .await;
@@ -297,13 +279,7 @@ async fn ack_client_is_cumulative() {
         assert_eq!(m.header("delivery-count"), Some("1"));
     }
     c2.ack(&again[1]).await;
-    assert_eq!(
-        broker
-            .core()
-            .queue_stats("cumul")
-            .map(|s| (s.depth, s.in_flight)),
-        Some((0, 0))
-    );
+    assert_eq!(broker.queue("cumul"), Some((0, 0)));
     broker.stop().await;
 }
 
@@ -313,22 +289,13 @@ async fn ack_client_is_cumulative() {
 async fn ack_client_individual_and_unacked_at_disconnect() {
     let broker = TestBroker::start().await;
     let mut p = StompClient::connect(broker.stomp(), &[]).await;
-    for i in 0..3 {
-        p.send_persistent("/queue/indiv", &[], format!("m{i}").as_bytes())
-            .await;
-    }
+    p.send_numbered("/queue/indiv", 3).await;
     let mut c = StompClient::connect(broker.stomp(), &[]).await;
     c.subscribe("s", "/queue/indiv", "client-individual", &[])
         .await;
     let msgs = c.messages(3).await;
     c.ack(&msgs[1]).await;
-    assert_eq!(
-        broker
-            .core()
-            .queue_stats("indiv")
-            .map(|s| (s.depth, s.in_flight)),
-        Some((0, 2))
-    );
+    assert_eq!(broker.queue("indiv"), Some((0, 2)));
     // A clean DISCONNECT with a receipt: RECEIPT, then the server closes.
     c.send_frame("DISCONNECT", &[("receipt", "bye")], b"").await;
     c.expect_receipt("bye").await;
@@ -356,13 +323,7 @@ async fn ack_client_individual_and_unacked_at_disconnect() {
         assert_eq!(m.header("delivery-count"), Some("2"), "{m:?}");
         c3.ack(m).await;
     }
-    assert_eq!(
-        broker
-            .core()
-            .queue_stats("indiv")
-            .map(|s| (s.depth, s.in_flight)),
-        Some((0, 0))
-    );
+    assert_eq!(broker.queue("indiv"), Some((0, 0)));
     broker.stop().await;
 }
 
@@ -371,10 +332,7 @@ async fn ack_client_individual_and_unacked_at_disconnect() {
 async fn prefetch_limits_unacknowledged_messages() {
     let broker = TestBroker::start().await;
     let mut p = StompClient::connect(broker.stomp(), &[]).await;
-    for i in 0..6 {
-        p.send_persistent("/queue/pf", &[], format!("m{i}").as_bytes())
-            .await;
-    }
+    p.send_numbered("/queue/pf", 6).await;
     for (header, n) in [("activemq.prefetchSize", "2"), ("prefetch-count", "3")] {
         let mut c = StompClient::connect(broker.stomp(), &[]).await;
         c.subscribe("s", "/queue/pf", "client-individual", &[(header, n)])
@@ -510,13 +468,7 @@ async fn nack_redelivery_and_dead_letter() {
     c.request("NACK", &[("id", &m.ack_id())], b"").await;
     // Third failed attempt: gone to the dead-letter queue.
     c.expect_nothing().await;
-    assert_eq!(
-        broker
-            .core()
-            .queue_stats("poison")
-            .map(|s| (s.depth, s.in_flight)),
-        Some((0, 0))
-    );
+    assert_eq!(broker.queue("poison"), Some((0, 0)));
     let mut d = StompClient::connect(broker.stomp(), &[]).await;
     d.subscribe("d", &dlq, "client-individual", &[]).await;
     let dead = d.message().await;
@@ -568,13 +520,7 @@ async fn ack_and_nack_in_1_1() {
     let id = m.header("message-id").expect("message-id").to_owned();
     c.request("ACK", &[("message-id", &id), ("subscription", "s")], b"")
         .await;
-    assert_eq!(
-        broker
-            .core()
-            .queue_stats("v11")
-            .map(|s| (s.depth, s.in_flight)),
-        Some((0, 0))
-    );
+    assert_eq!(broker.queue("v11"), Some((0, 0)));
     broker.stop().await;
 }
 
@@ -745,13 +691,7 @@ async fn volume_with_prefetch_and_acks() {
     all.sort();
     all.dedup();
     assert_eq!(all.len(), N, "every message exactly once");
-    assert_eq!(
-        broker
-            .core()
-            .queue_stats("volume")
-            .map(|s| (s.depth, s.in_flight)),
-        Some((0, 0))
-    );
+    assert_eq!(broker.queue("volume"), Some((0, 0)));
     broker.stop().await;
 }
 
@@ -775,13 +715,7 @@ async fn stomp_1_0_subscribe_ack_unsubscribe() {
     assert_eq!(m[0].header("ack"), None);
     let id = m[1].header("message-id").expect("message-id").to_owned();
     c.request("ACK", &[("message-id", &id)], b"").await;
-    assert_eq!(
-        broker
-            .core()
-            .queue_stats("old")
-            .map(|s| (s.depth, s.in_flight)),
-        Some((0, 0))
-    );
+    assert_eq!(broker.queue("old"), Some((0, 0)));
     c.request("UNSUBSCRIBE", &[("destination", "/queue/old")], b"")
         .await;
     p.send_persistent("/queue/old", &[], b"o3").await;

@@ -213,6 +213,15 @@ impl StompClient {
         self.request("SEND", &h, body).await;
     }
 
+    /// Persistent SENDs of `m0` .. `m{n-1}` to `dest`, in order, each
+    /// confirmed by its receipt before the next is sent.
+    pub async fn send_numbered(&mut self, dest: &str, n: usize) {
+        for i in 0..n {
+            self.send_persistent(dest, &[], format!("m{i}").as_bytes())
+                .await;
+        }
+    }
+
     /// The next frame, which must be a MESSAGE.
     pub async fn message(&mut self) -> Frame {
         let f = self.recv().await.expect("MESSAGE, not a close");
