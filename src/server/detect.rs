@@ -271,6 +271,9 @@ pub(crate) struct Rewind<S> {
     inner: S,
 }
 
+/// Cannot report readiness: the rewound prefix is readable without it.
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> super::driver::Transport for Rewind<S> {}
+
 impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,

@@ -3,21 +3,34 @@
 //! The adapters are state machines; this is the only place their bytes meet
 //! a socket. One task per connection: it reads, feeds the state machine,
 //! forwards the core's events, fires timers, and writes everything the
-//! machine produced with one write and one flush per loop turn, so a burst
-//! of deliveries costs one syscall, not one per frame.
-
-use std::sync::Arc;
-use std::time::Instant;
+//! machine produced with one write and one flush per turn, so a burst of
+//! deliveries costs one syscall, not one per frame.
+//!
+//! The driver is a hand-written future rather than an `async` loop over
+//! `select!`, because most connections are idle most of the time and an
+//! idle connection's memory is what this struct and its buffers hold: the
+//! `async` version kept every branch's future (sleep, notify, watch) in its
+//! state, 1.2 KB, and a read buffer pinned by the pending read. Here an
+//! idle plain-TCP connection owns no read buffer at all (it waits for
+//! readiness, then borrows one), no event buffer and no timer unless the
+//! protocol has a deadline.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
 
+use futures_util::task::AtomicWaker;
 use rosetta_neutral::{EventSink, SessionEvent};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{watch, Notify};
-use tracing::Instrument;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::watch;
+use tokio::time::Sleep;
 
-/// Read buffer of a new (or quiet) connection: most connections are idle
-/// most of the time, and the buffer is per connection, so it starts small.
+/// Read buffer of a new (or quiet) connection: the buffer is per
+/// connection and most connections are idle, so it starts small.
 const READ_BUFFER_MIN_BYTES: usize = 512;
 /// The read buffer doubles up to this while reads keep filling it (a busy
 /// producer), so a burst still costs few syscalls.
@@ -25,9 +38,19 @@ const READ_BUFFER_MAX_BYTES: usize = 64 * 1024;
 /// Output capacity kept between writes; a burst's larger buffer is given
 /// back afterwards.
 const WRITE_BUFFER_KEPT_BYTES: usize = 16 * 1024;
+/// A write at most this large does not keep its buffer: a quiet connection
+/// pays one allocation per write instead of holding memory while idle.
+const WRITE_BUFFER_FREED_BELOW_BYTES: usize = 1024;
 /// Capacity of the event batch kept between turns; a burst's larger one is
 /// given back.
 const EVENT_BATCH_KEPT: usize = 256;
+/// A batch at most this long does not keep its buffer (see the write
+/// buffer).
+const EVENT_BATCH_FREED_BELOW: usize = 8;
+/// Turns one poll may take before yielding to the scheduler: events and
+/// timers do not consume tokio's cooperative budget, so a connection fed
+/// events without pause must yield by itself to keep its worker fair.
+const TURNS_PER_POLL: u32 = 32;
 
 /// What the driver needs from a protocol state machine. Every adapter
 /// exposes these as inherent methods; the impls in `protocols.rs` forward.
@@ -42,6 +65,38 @@ pub(crate) trait ProtocolConnection: Send + 'static {
     fn handle_transport_closed(&mut self, now: Instant);
 }
 
+/// A byte transport the driver can run a connection over.
+///
+/// `poll_read_ready` lets an idle connection wait without lending a buffer
+/// to a pending read. Transports that cannot report readiness (TLS,
+/// WebSocket: bytes may already be buffered inside them) keep the default,
+/// which says "ready" and so falls back to a read that holds its buffer
+/// while it waits.
+pub(crate) trait Transport: AsyncRead + AsyncWrite + Unpin + Send {
+    /// Ready when a read will not wait.
+    fn poll_read_ready(&self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    /// Whether `poll_read_ready` is real, so the read buffer can be freed
+    /// between reads.
+    fn reports_readiness(&self) -> bool {
+        false
+    }
+}
+
+impl Transport for tokio::net::TcpStream {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        tokio::net::TcpStream::poll_read_ready(self, cx)
+    }
+
+    fn reports_readiness(&self) -> bool {
+        true
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> Transport for tokio_rustls::server::TlsStream<S> {}
+
 /// The core's events for one connection, waiting for its task: a queue the
 /// core pushes to and the task takes whole.
 ///
@@ -54,24 +109,21 @@ pub(crate) trait ProtocolConnection: Send + 'static {
 #[derive(Default)]
 pub(crate) struct EventQueue {
     events: parking_lot::Mutex<VecDeque<SessionEvent>>,
-    ready: Notify,
+    waker: AtomicWaker,
 }
 
 impl EventQueue {
-    /// Waits until events are queued, then moves them all into `batch`
-    /// (which must be empty), keeping `batch`'s capacity for next time.
-    async fn take_all(&self, batch: &mut VecDeque<SessionEvent>) {
-        loop {
-            {
-                let mut events = self.events.lock();
-                if !events.is_empty() {
-                    std::mem::swap(&mut *events, batch);
-                    return;
-                }
-            }
-            // A push between the check and here leaves a permit: not lost.
-            self.ready.notified().await;
+    /// Moves every queued event into `batch` (which must be empty),
+    /// or registers the task to be woken by the next push.
+    fn poll_take_all(&self, cx: &mut Context<'_>, batch: &mut VecDeque<SessionEvent>) -> bool {
+        // Register first: a push after the check below then wakes us.
+        self.waker.register(cx.waker());
+        let mut events = self.events.lock();
+        if events.is_empty() {
+            return false;
         }
+        std::mem::swap(&mut *events, batch);
+        true
     }
 }
 
@@ -81,7 +133,7 @@ pub(crate) struct ChannelSink(Arc<EventQueue>);
 impl EventSink for ChannelSink {
     fn send(&self, event: SessionEvent) {
         self.0.events.lock().push_back(event);
-        self.0.ready.notify_one();
+        self.0.waker.wake();
     }
 }
 
@@ -91,103 +143,326 @@ pub(crate) fn event_channel() -> (Arc<ChannelSink>, Arc<EventQueue>) {
     (Arc::new(ChannelSink(Arc::clone(&queue))), queue)
 }
 
-/// Runs `conn` over `io` until either side closes.
-pub(crate) async fn drive<C, T>(
-    mut conn: C,
-    mut io: T,
-    events: Arc<EventQueue>,
-    span: tracing::Span,
-    mut hard_stop: watch::Receiver<bool>,
-) where
-    C: ProtocolConnection,
-    T: AsyncRead + AsyncWrite + Unpin + Send,
-{
-    async move {
-        let mut rbuf = vec![0u8; READ_BUFFER_MIN_BYTES];
-        let mut out = Vec::new();
-        let mut batch = VecDeque::new();
-        loop {
-            conn.poll_transmit(&mut out);
-            if !out.is_empty() {
-                let written = async {
-                    io.write_all(&out).await?;
-                    io.flush().await
-                }
-                .await;
-                out.clear();
-                out.shrink_to(WRITE_BUFFER_KEPT_BYTES);
-                if let Err(e) = written {
-                    tracing::debug!(error = %e, "write failed; closing");
-                    conn.handle_transport_closed(Instant::now());
-                    break;
-                }
-            }
-            if conn.is_closed() {
-                let _ = io.shutdown().await;
-                break;
-            }
-            let deadline = conn.poll_timeout();
-            let sleep = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                read = io.read(&mut rbuf), if conn.wants_input() => match read {
-                    Ok(0) => {
-                        tracing::debug!("peer closed the connection");
-                        conn.handle_transport_closed(Instant::now());
-                        conn.poll_transmit(&mut out);
-                        break;
-                    }
-                    Ok(n) => {
-                        conn.handle_input(Instant::now(), &rbuf[..n]);
-                        resize_read_buffer(&mut rbuf, n);
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "read failed; closing");
-                        conn.handle_transport_closed(Instant::now());
-                        break;
-                    }
-                },
-                () = events.take_all(&mut batch) => {
-                    // Everything that piled up, then one write for all of it.
-                    let now = Instant::now();
-                    for event in batch.drain(..) {
-                        conn.handle_event(now, event);
-                    }
-                    batch.shrink_to(EVENT_BATCH_KEPT);
-                },
-                () = sleep => conn.handle_timeout(Instant::now()),
-                changed = hard_stop.changed() => {
-                    if changed.is_err() || *hard_stop.borrow() {
-                        tracing::debug!("shutdown grace period over; cutting the connection");
-                        conn.handle_transport_closed(Instant::now());
-                        break;
-                    }
-                }
-            }
-        }
-        if !out.is_empty() {
-            let _ = io.write_all(&out).await;
-        }
-        tracing::debug!("connection finished");
-    }
-    .instrument(span)
-    .await;
+/// Completes when the server's shutdown grace period is over.
+type HardStop = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+fn hard_stop_future(mut rx: watch::Receiver<bool>) -> HardStop {
+    Box::pin(async move {
+        // A dropped sender means the server is gone: stop too.
+        let _ = rx.wait_for(|stopped| *stopped).await;
+    })
 }
 
-/// Grows the read buffer when a read filled it (more is waiting: fewer,
-/// larger reads) and shrinks it back when reads are small again (an idle
-/// connection should not keep a burst's buffer).
-fn resize_read_buffer(rbuf: &mut Vec<u8>, last_read: usize) {
-    let len = rbuf.len();
-    if last_read == len && len < READ_BUFFER_MAX_BYTES {
-        rbuf.resize(len * 2, 0);
-    } else if len > READ_BUFFER_MIN_BYTES && last_read < len / 8 {
-        rbuf.truncate(READ_BUFFER_MIN_BYTES);
-        rbuf.shrink_to_fit();
+/// The future that runs `conn` over `io` until either side closes.
+///
+/// A plain function returning the driver, not an `async fn`: the latter
+/// would keep its arguments and the driver side by side in its state.
+pub(crate) fn drive<C, T>(
+    conn: C,
+    io: T,
+    events: Arc<EventQueue>,
+    span: tracing::Span,
+    hard_stop: watch::Receiver<bool>,
+) -> impl Future<Output = ()> + Send
+where
+    C: ProtocolConnection,
+    T: Transport,
+{
+    Driver {
+        conn,
+        io,
+        events,
+        span,
+        hard_stop: hard_stop_future(hard_stop),
+        rbuf: Vec::new(),
+        read_size: READ_BUFFER_MIN_BYTES,
+        out: Vec::new(),
+        written: 0,
+        flushing: false,
+        batch: VecDeque::new(),
+        timer: None,
+        phase: Phase::Running,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Running,
+    /// The connection is over; what is left of `out` goes out, best effort.
+    Draining,
+    /// The protocol closed: write what it produced, then shut the socket.
+    ShuttingDown,
+    Done,
+}
+
+/// What one attempt at a source produced.
+enum Step {
+    /// Something happened: take another turn.
+    Progress,
+    /// Nothing to do until woken.
+    Idle,
+    /// The transport is gone.
+    Closed,
+}
+
+struct Driver<C, T> {
+    conn: C,
+    io: T,
+    events: Arc<EventQueue>,
+    span: tracing::Span,
+    hard_stop: HardStop,
+    /// Empty (unallocated) between reads when the transport reports
+    /// readiness and the connection is quiet.
+    rbuf: Vec<u8>,
+    /// The size of the next read: doubles while reads fill it, back to the
+    /// minimum when they do not.
+    read_size: usize,
+    out: Vec<u8>,
+    /// How much of `out` the transport has taken.
+    written: usize,
+    /// `out` is written; the flush is pending.
+    flushing: bool,
+    batch: VecDeque<SessionEvent>,
+    /// Allocated the first time the protocol has a deadline.
+    timer: Option<Pin<Box<Sleep>>>,
+    phase: Phase,
+}
+
+// No field is pinned structurally (the timer and the stop future are boxed,
+// the rest is only ever used through `&mut`), so moving a driver is fine.
+impl<C, T> Unpin for Driver<C, T> {}
+
+impl<C: ProtocolConnection, T: Transport> Future for Driver<C, T> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let span = this.span.clone();
+        let _entered = span.enter();
+        this.run(cx)
+    }
+}
+
+impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
+    fn run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        for _ in 0..TURNS_PER_POLL {
+            if self.phase == Phase::Done {
+                return Poll::Ready(());
+            }
+            // Checked in every phase: a peer that stops reading must not
+            // hold a closing or shutting-down server.
+            if self.hard_stop.as_mut().poll(cx).is_ready() {
+                tracing::debug!("shutdown grace period over; cutting the connection");
+                if self.phase == Phase::Running {
+                    self.conn.handle_transport_closed(Instant::now());
+                }
+                return self.finish();
+            }
+            match self.phase {
+                Phase::Done => return Poll::Ready(()),
+                Phase::Draining => {
+                    // Whatever the transport accepts; errors no longer matter.
+                    return match self.poll_write_out(cx) {
+                        Poll::Pending => Poll::Pending,
+                        Poll::Ready(_) => self.finish(),
+                    };
+                }
+                Phase::ShuttingDown => {
+                    if let Poll::Ready(Err(e)) = self.poll_write_out(cx) {
+                        tracing::debug!(error = %e, "write failed while closing");
+                        return self.finish();
+                    }
+                    if self.written < self.out.len() || self.flushing {
+                        return Poll::Pending;
+                    }
+                    return match Pin::new(&mut self.io).poll_shutdown(cx) {
+                        Poll::Pending => Poll::Pending,
+                        Poll::Ready(_) => self.finish(),
+                    };
+                }
+                Phase::Running => {}
+            }
+            // Output first: a connection that cannot write does not take
+            // more input or events (back-pressure onto the peer and the core).
+            match self.poll_write_out(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => {
+                    tracing::debug!(error = %e, "write failed; closing");
+                    self.conn.handle_transport_closed(Instant::now());
+                    return self.finish();
+                }
+                Poll::Ready(Ok(())) => {}
+            }
+            if self.conn.is_closed() {
+                self.phase = Phase::ShuttingDown;
+                continue;
+            }
+            let mut progress = false;
+            for step in [
+                self.poll_events(cx),
+                self.poll_timer(cx),
+                self.poll_input(cx),
+            ] {
+                match step {
+                    Step::Progress => progress = true,
+                    Step::Idle => {}
+                    Step::Closed => {
+                        self.conn.poll_transmit(&mut self.out);
+                        self.phase = Phase::Draining;
+                        break;
+                    }
+                }
+            }
+            if !progress && self.phase == Phase::Running {
+                return Poll::Pending;
+            }
+        }
+        // Used up this poll's turns while work kept arriving: yield.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    fn finish(&mut self) -> Poll<()> {
+        self.phase = Phase::Done;
+        tracing::debug!("connection finished");
+        Poll::Ready(())
+    }
+
+    /// Collects what the protocol produced and writes it, then flushes.
+    /// Ready(Ok) once everything is written and flushed.
+    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            if self.written == self.out.len() && !self.flushing {
+                self.release_out();
+                self.conn.poll_transmit(&mut self.out);
+                if self.out.is_empty() {
+                    return Poll::Ready(Ok(()));
+                }
+            }
+            while self.written < self.out.len() {
+                let n = std::task::ready!(
+                    Pin::new(&mut self.io).poll_write(cx, &self.out[self.written..])
+                )?;
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                self.written += n;
+                self.flushing = true;
+            }
+            if self.flushing {
+                std::task::ready!(Pin::new(&mut self.io).poll_flush(cx))?;
+                self.flushing = false;
+            }
+        }
+    }
+
+    /// Empties the written output, keeping its buffer only for a busy
+    /// connection.
+    fn release_out(&mut self) {
+        let len = self.out.len();
+        self.out.clear();
+        self.written = 0;
+        if len <= WRITE_BUFFER_FREED_BELOW_BYTES {
+            self.out = Vec::new();
+        } else {
+            self.out.shrink_to(WRITE_BUFFER_KEPT_BYTES);
+        }
+    }
+
+    fn poll_events(&mut self, cx: &mut Context<'_>) -> Step {
+        if !self.events.poll_take_all(cx, &mut self.batch) {
+            return Step::Idle;
+        }
+        // Everything that piled up, then one write for all of it.
+        let now = Instant::now();
+        let taken = self.batch.len();
+        for event in self.batch.drain(..) {
+            self.conn.handle_event(now, event);
+        }
+        if taken <= EVENT_BATCH_FREED_BELOW {
+            self.batch = VecDeque::new();
+        } else {
+            self.batch.shrink_to(EVENT_BATCH_KEPT);
+        }
+        Step::Progress
+    }
+
+    fn poll_timer(&mut self, cx: &mut Context<'_>) -> Step {
+        let Some(deadline) = self.conn.poll_timeout() else {
+            return Step::Idle;
+        };
+        let deadline = tokio::time::Instant::from_std(deadline);
+        let timer = match &mut self.timer {
+            Some(timer) => {
+                if timer.deadline() != deadline {
+                    timer.as_mut().reset(deadline);
+                }
+                timer
+            }
+            none => none.insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        if timer.as_mut().poll(cx).is_pending() {
+            return Step::Idle;
+        }
+        self.conn.handle_timeout(Instant::now());
+        Step::Progress
+    }
+
+    fn poll_input(&mut self, cx: &mut Context<'_>) -> Step {
+        if !self.conn.wants_input() {
+            return Step::Idle;
+        }
+        match self.io.poll_read_ready(cx) {
+            Poll::Pending => return Step::Idle,
+            Poll::Ready(Err(e)) => {
+                tracing::debug!(error = %e, "read failed; closing");
+                self.conn.handle_transport_closed(Instant::now());
+                return Step::Closed;
+            }
+            Poll::Ready(Ok(())) => {}
+        }
+        if self.rbuf.len() != self.read_size {
+            self.rbuf.resize(self.read_size, 0);
+            self.rbuf.shrink_to_fit();
+        }
+        let mut buf = ReadBuf::new(&mut self.rbuf);
+        match Pin::new(&mut self.io).poll_read(cx, &mut buf) {
+            Poll::Pending => Step::Idle,
+            Poll::Ready(Err(e)) => {
+                tracing::debug!(error = %e, "read failed; closing");
+                self.conn.handle_transport_closed(Instant::now());
+                Step::Closed
+            }
+            Poll::Ready(Ok(())) => {
+                let n = buf.filled().len();
+                if n == 0 {
+                    tracing::debug!("peer closed the connection");
+                    self.conn.handle_transport_closed(Instant::now());
+                    return Step::Closed;
+                }
+                self.conn.handle_input(Instant::now(), &self.rbuf[..n]);
+                self.read_size = next_read_size(self.read_size, n);
+                if self.read_size == READ_BUFFER_MIN_BYTES && self.io.reports_readiness() {
+                    // Quiet: wait for the next bytes without a buffer.
+                    self.rbuf = Vec::new();
+                }
+                Step::Progress
+            }
+        }
+    }
+}
+
+/// The size of the read after one that returned `last_read` bytes into a
+/// buffer of `size`: double it when the read filled it (more is waiting:
+/// fewer, larger reads), back to the minimum when reads are small again
+/// (an idle connection should not keep a burst's buffer).
+fn next_read_size(size: usize, last_read: usize) -> usize {
+    if last_read == size {
+        (size * 2).min(READ_BUFFER_MAX_BYTES)
+    } else if last_read < size / 8 {
+        READ_BUFFER_MIN_BYTES
+    } else {
+        size
     }
 }
 
@@ -196,17 +471,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn read_buffer_grows_on_full_reads_and_shrinks_when_quiet() {
-        let mut b = vec![0u8; READ_BUFFER_MIN_BYTES];
-        while b.len() < READ_BUFFER_MAX_BYTES {
-            let full = b.len();
-            resize_read_buffer(&mut b, full);
+    fn read_size_grows_on_full_reads_and_shrinks_when_quiet() {
+        let mut size = READ_BUFFER_MIN_BYTES;
+        while size < READ_BUFFER_MAX_BYTES {
+            let grown = next_read_size(size, size);
+            assert_eq!(grown, size * 2);
+            size = grown;
         }
-        assert_eq!(b.len(), READ_BUFFER_MAX_BYTES);
-        resize_read_buffer(&mut b, READ_BUFFER_MAX_BYTES);
-        assert_eq!(b.len(), READ_BUFFER_MAX_BYTES, "capped");
-        resize_read_buffer(&mut b, 100);
-        assert_eq!(b.len(), READ_BUFFER_MIN_BYTES);
-        assert!(b.capacity() < READ_BUFFER_MAX_BYTES);
+        assert_eq!(next_read_size(size, size), READ_BUFFER_MAX_BYTES, "capped");
+        assert_eq!(
+            next_read_size(size, size / 2),
+            size,
+            "a half-full read keeps the size"
+        );
+        assert_eq!(next_read_size(size, 100), READ_BUFFER_MIN_BYTES);
     }
 }

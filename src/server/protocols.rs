@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rosetta_neutral::{Broker, SessionEvent};
-use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::config::ListenerKind;
 
@@ -159,7 +158,7 @@ async fn serve_tls(
 /// Runs the state machine of `wire` over any byte transport.
 pub(crate) async fn run_wire<T>(wire: Wire, io: T, peer: Peer, conn_id: u64, shared: Arc<Shared>)
 where
-    T: AsyncRead + AsyncWrite + Unpin + Send,
+    T: driver::Transport,
 {
     let span = tracing::info_span!("conn", id = conn_id, proto = wire.name(), %peer);
     let (sink, events) = driver::event_channel();

@@ -764,6 +764,9 @@ fn ws_io_error(e: tungstenite::Error) -> io::Error {
     }
 }
 
+/// Cannot report readiness: part of a message may already be buffered.
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> super::driver::Transport for WsByteStream<S> {}
+
 impl<S> AsyncRead for WsByteStream<S>
 where
     S: AsyncRead + AsyncWrite + Unpin,
