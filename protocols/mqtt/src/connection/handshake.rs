@@ -225,6 +225,10 @@ impl MqttConnection {
             self.sink.clone(),
         );
         let queue = mqtt_session_queue(&client_id);
+        // A clean, non-lasting session starts without a queue: it gets one
+        // with its first subscription (`Open::session_queue_consumer`), so
+        // the many connections that only publish hold none.
+        let queue_on_first_subscribe = c.clean_start && !life.durable;
         let setup = (|| -> Result<(bool, u32), BrokerError> {
             if c.clean_start {
                 match session.delete_queue(&queue) {
@@ -233,18 +237,24 @@ impl MqttConnection {
                 }
                 session.put_state(QOS2_INBOUND_STATE_KEY, None)?;
             }
-            let info = session.declare_queue(QueueSpec {
-                name: Some(queue.clone()),
-                durable: life.durable,
-                lifetime: life.lifetime,
-            })?;
+            let existed = if queue_on_first_subscribe {
+                false
+            } else {
+                session
+                    .declare_queue(QueueSpec {
+                        name: Some(queue.clone()),
+                        durable: life.durable,
+                        lifetime: life.lifetime,
+                    })?
+                    .existed
+            };
             let window = u32::from(
                 c.props
                     .receive_maximum
                     .unwrap_or(u16::MAX)
                     .min(cfg.outbound_inflight_max),
             );
-            Ok((info.existed && !c.clean_start, window))
+            Ok((existed && !c.clean_start, window))
         })();
         let (session_present, window) = match setup {
             Ok(v) => v,
@@ -263,11 +273,18 @@ impl MqttConnection {
                 tracing::warn!(conn_id = self.conn_id, error = %e, "could not forget the old session's subscriptions");
             }
         }
-        let consumer = match session.consume(ConsumerSpec {
-            queue: queue.clone(),
-            credit: CreditMode::Window(window),
-            auto_settle: false,
-        }) {
+        let consumer = if queue_on_first_subscribe {
+            Ok(None)
+        } else {
+            session
+                .consume(ConsumerSpec {
+                    queue: queue.clone(),
+                    credit: CreditMode::Window(window),
+                    auto_settle: false,
+                })
+                .map(Some)
+        };
+        let consumer = match consumer {
             Ok(id) => id,
             Err(e) => {
                 session.close(CloseKind::Clean);

@@ -76,7 +76,9 @@ struct Open {
     session: Box<dyn Session>,
     client_id: String,
     session_queue: String,
-    session_consumer: ConsumerId,
+    /// The consumer of the session queue; `None` until the first
+    /// subscription of a clean, non-lasting session creates the queue.
+    session_consumer: Option<ConsumerId>,
     /// Session expiry granted at CONNECT (v5); 0 for a clean 3.1.1 session.
     session_expiry_s: u32,
     /// Subscriptions with a consumer of their own (shared, `$queue/`), by
@@ -307,7 +309,7 @@ impl MqttConnection {
             SessionEvent::Committed { ticket, result } => open.on_committed(ctx, ticket, result),
             SessionEvent::Drained { .. } => Ok(()),
             SessionEvent::ConsumerClosed { consumer, reason } => {
-                if consumer == open.session_consumer {
+                if Some(consumer) == open.session_consumer {
                     Err(MqttError::Broker(reason))
                 } else {
                     // Its queue was deleted: the subscription is gone, for

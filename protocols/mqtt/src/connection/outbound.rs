@@ -72,7 +72,7 @@ impl Open {
         // QoS granted to a `$queue/` subscription (its deliveries match no
         // binding, so `matched` carries none).
         let queue_qos = own.and_then(|s| s.queue_qos);
-        if d.consumer != self.session_consumer && own.is_none() {
+        if Some(d.consumer) != self.session_consumer && own.is_none() {
             tracing::debug!(
                 conn_id = ctx.conn_id,
                 consumer = d.consumer.0,

@@ -297,8 +297,8 @@ impl Open {
         };
         if shared.is_none() {
             return Ok(self
-                .session
-                .bind(&self.session_queue, filter, options)
+                .session_queue_consumer()
+                .and_then(|()| self.session.bind(&self.session_queue, filter, options))
                 .map(|_| granted)
                 .map_err(|e| broker_reason(&e, ReasonContext::Subscribe)));
         }
@@ -307,6 +307,27 @@ impl Open {
         }
         let filter = filter.to_owned();
         Ok(self.subscribe_shared(cfg, own, &filter, options))
+    }
+
+    /// Creates the queue of a clean, non-lasting session and its consumer,
+    /// on its first subscription (see `establish`); nothing for a session
+    /// that has them.
+    fn session_queue_consumer(&mut self) -> Result<(), rosetta_neutral::BrokerError> {
+        if self.session_consumer.is_some() {
+            return Ok(());
+        }
+        self.session.declare_queue(QueueSpec {
+            name: Some(self.session_queue.clone()),
+            durable: false,
+            lifetime: QueueLifetime::Session,
+        })?;
+        let consumer = self.session.consume(ConsumerSpec {
+            queue: self.session_queue.clone(),
+            credit: CreditMode::Window(self.window),
+            auto_settle: false,
+        })?;
+        self.session_consumer = Some(consumer);
+        Ok(())
     }
 
     /// Ends a subscription with a consumer of its own (shared, `$queue/`):
@@ -338,6 +359,8 @@ impl Open {
                 // once idle for its lifetime).
                 Some(Ok(_)) => self.cancel_own_consumer(full),
                 None if validate_topic_filter(full).is_err() => 0x8F,
+                // No session queue yet: nothing was ever subscribed.
+                None if self.session_consumer.is_none() => 0x11,
                 None => match self.session.unbind(&self.session_queue, full) {
                     Ok(true) => 0x00,
                     Ok(false) => 0x11,

@@ -8,7 +8,7 @@ use crate::fake::FakeBroker;
 use crate::harness::*;
 
 #[test]
-fn v311_clean_session_connects_and_consumes_its_queue() {
+fn v311_clean_session_connects_and_creates_its_queue_on_first_subscribe() {
     let mut h = Harness::new(false);
     h.input(&connect_v4("dev1", true, 30, None));
     let p = h.v4_packets();
@@ -23,6 +23,13 @@ fn v311_clean_session_connects_and_consumes_its_queue() {
     assert_eq!(s.sessions[0].client_id.as_deref(), Some("dev1"));
     assert!(s.sessions[0].take_over);
     assert_eq!(s.sessions[0].protocol, Protocol::Mqtt);
+    assert!(
+        !s.queues.contains_key("$mqtt/dev1") && s.consumers.is_empty(),
+        "a clean session holds no queue before its first subscription"
+    );
+    drop(s);
+    h.subscribe_ok("a/b");
+    let s = h.broker.state();
     let q = &s.queues["$mqtt/dev1"];
     assert!(!q.durable);
     assert_eq!(q.lifetime, QueueLifetime::Session);
@@ -153,6 +160,11 @@ fn empty_client_id_rules() {
         .as_ref()
         .and_then(|p| p.assigned_client_identifier.clone())
         .expect("assigned client id");
+    assert_eq!(
+        h.broker.state().sessions[0].client_id,
+        Some(assigned.clone())
+    );
+    h.subscribe_ok("a/b");
     assert!(h
         .broker
         .state()

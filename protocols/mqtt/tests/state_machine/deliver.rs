@@ -15,7 +15,7 @@ fn annotation(pkid: u16, phase: u8) -> Bytes {
 #[test]
 fn qos1_delivery_is_annotated_and_settled_on_puback() {
     for v5 in [false, true] {
-        let mut h = Harness::connected(v5);
+        let mut h = Harness::subscribed(v5);
         h.event(SessionEvent::Delivery(delivery(
             1,
             10,
@@ -47,7 +47,7 @@ fn qos1_delivery_is_annotated_and_settled_on_puback() {
 
 #[test]
 fn qos0_delivery_is_settled_at_once() {
-    let mut h = Harness::connected(false);
+    let mut h = Harness::subscribed(false);
     h.event(SessionEvent::Delivery(delivery(
         1,
         3,
@@ -65,7 +65,7 @@ fn qos0_delivery_is_settled_at_once() {
 
 #[test]
 fn delivered_qos_is_the_lower_of_publish_and_grant() {
-    let mut h = Harness::connected(true);
+    let mut h = Harness::subscribed(true);
     h.event(SessionEvent::Delivery(delivery(
         1,
         1,
@@ -98,7 +98,7 @@ fn delivered_qos_is_the_lower_of_publish_and_grant() {
 #[test]
 fn qos2_delivery_full_flow() {
     for v5 in [false, true] {
-        let mut h = Harness::connected(v5);
+        let mut h = Harness::subscribed(v5);
         h.event(SessionEvent::Delivery(delivery(
             1,
             5,
@@ -130,7 +130,7 @@ fn qos2_delivery_full_flow() {
 
 #[test]
 fn resumed_deliveries_reuse_the_packet_id_with_dup_or_pubrel() {
-    let mut h = Harness::connected(false);
+    let mut h = Harness::subscribed(false);
     let mut d = delivery(1, 8, message("a", 1, b"x"), 2);
     d.redelivered = true;
     d.annotation = Some(annotation(42, 1));
@@ -169,7 +169,7 @@ fn resumed_deliveries_reuse_the_packet_id_with_dup_or_pubrel() {
 
 #[test]
 fn packet_ids_skip_ids_in_flight() {
-    let mut h = Harness::connected(false);
+    let mut h = Harness::subscribed(false);
     let mut d = delivery(1, 1, message("a", 1, b"x"), 2);
     d.annotation = Some(annotation(2, 1));
     d.redelivered = true;
@@ -206,6 +206,7 @@ fn v5_delivery_larger_than_client_maximum_is_dropped_and_settled() {
     c.properties = Some(props);
     h.input(&connect_v5(c));
     h.packets();
+    h.subscribe_ok("harness/#");
     h.event(SessionEvent::Delivery(delivery(
         1,
         1,
@@ -239,7 +240,7 @@ fn v5_delivery_carries_properties_and_v311_only_payload() {
     let mut d = delivery(1, 1, msg.clone(), 2);
     d.matched.subscription_ids = vec![4, 9];
 
-    let mut h = Harness::connected(true);
+    let mut h = Harness::subscribed(true);
     h.event(SessionEvent::Delivery(d.clone()));
     let p = h.v5_packets();
     let [v5::Packet::Publish(p)] = p.as_slice() else {
@@ -258,7 +259,7 @@ fn v5_delivery_carries_properties_and_v311_only_payload() {
     let left = props.message_expiry_interval.expect("remaining lifetime");
     assert!((19..=20).contains(&left), "{left}");
 
-    let mut h = Harness::connected(false);
+    let mut h = Harness::subscribed(false);
     h.event(SessionEvent::Delivery(d));
     let p = h.v4_packets();
     assert!(
@@ -270,7 +271,7 @@ fn v5_delivery_carries_properties_and_v311_only_payload() {
 fn retain_flag_on_delivery() {
     let mut retained = message("a", 0, b"x");
     retained.retain = true;
-    let mut h = Harness::connected(true);
+    let mut h = Harness::subscribed(true);
     // From the retained store: RETAIN set.
     let mut d = delivery(1, 1, retained.clone(), 2);
     d.from_retained = true;
@@ -291,7 +292,7 @@ fn retain_flag_on_delivery() {
         .collect();
     assert_eq!(flags, vec![true, false, true]);
     // 3.1.1 has no retain-as-published.
-    let mut h = Harness::connected(false);
+    let mut h = Harness::subscribed(false);
     h.event(SessionEvent::Delivery(d));
     assert!(matches!(h.v4_packets().as_slice(), [v4::Packet::Publish(p)] if !p.retain));
 }
@@ -305,6 +306,7 @@ fn v5_outbound_topic_aliases() {
     c.properties = Some(props);
     h.input(&connect_v5(c));
     h.packets();
+    h.subscribe_ok("harness/#");
     for (tag, topic) in [(1, "x/y"), (2, "x/y"), (3, "other")] {
         h.event(SessionEvent::Delivery(delivery(
             1,
@@ -333,7 +335,7 @@ fn v5_outbound_topic_aliases() {
 
 #[test]
 fn client_refusing_a_delivery_rejects_it() {
-    let mut h = Harness::connected(true);
+    let mut h = Harness::subscribed(true);
     h.event(SessionEvent::Delivery(delivery(
         1,
         1,
@@ -350,7 +352,7 @@ fn client_refusing_a_delivery_rejects_it() {
 
 #[test]
 fn session_queue_closed_disconnects() {
-    let mut h = Harness::connected(true);
+    let mut h = Harness::subscribed(true);
     h.event(SessionEvent::ConsumerClosed {
         consumer: ConsumerId(1),
         reason: BrokerError::NotFound("$mqtt/c1".into()),
@@ -373,7 +375,7 @@ fn session_queue_closed_disconnects() {
 
 #[test]
 fn expired_messages_are_not_delivered() {
-    let mut h = Harness::connected(true);
+    let mut h = Harness::subscribed(true);
     let mut msg = message("a", 1, b"old");
     msg.expiry = Some(1);
     h.event(SessionEvent::Delivery(delivery(1, 1, msg, 2)));
@@ -393,6 +395,7 @@ fn in_flight_never_exceeds_the_client_receive_maximum_across_consumers() {
     c.properties = Some(props);
     h.input(&connect_v5(c));
     h.packets();
+    h.subscribe_ok("harness/#");
     assert_eq!(
         h.broker.state().consumers[0].1.credit,
         CreditMode::Window(2)
@@ -450,7 +453,7 @@ fn will_expiry_is_left_to_publish_time() {
 
 #[test]
 fn qos0_window_slot_is_freed_only_when_bytes_leave() {
-    let mut h = Harness::connected(false);
+    let mut h = Harness::subscribed(false);
     h.event(SessionEvent::Delivery(delivery(
         1,
         1,
@@ -479,7 +482,7 @@ fn qos0_window_slot_is_freed_only_when_bytes_leave() {
 
 #[test]
 fn closed_shared_consumer_is_forgotten_without_disconnecting() {
-    let mut h = Harness::connected(true);
+    let mut h = Harness::subscribed(true);
     let mut sub = v5::Subscribe::new("$share/g/a", qos(1));
     sub.pkid = 1;
     h.input(&subscribe_v5(sub));
@@ -503,7 +506,7 @@ fn closed_shared_consumer_is_forgotten_without_disconnecting() {
 
 #[test]
 fn pubrec_for_an_unknown_id_gets_pubrel_0x92() {
-    let mut h = Harness::connected(true);
+    let mut h = Harness::subscribed(true);
     h.input(&pubrec(12));
     assert!(matches!(
         h.v5_packets().as_slice(),

@@ -127,6 +127,34 @@ impl Harness {
         h
     }
 
+    /// [`Harness::connected`], then one subscription, so that the session
+    /// queue and its consumer (id 1) exist: a clean session creates them
+    /// with its first subscription.
+    pub fn subscribed(v5: bool) -> Self {
+        let mut h = Self::connected(v5);
+        h.subscribe_ok("harness/#");
+        h
+    }
+
+    /// Subscribes to `filter` at QoS 2 and checks the SUBACK.
+    pub fn subscribe_ok(&mut self, filter: &str) {
+        if self.v5 {
+            let mut s = v5::Subscribe::new(filter, QoS::ExactlyOnce);
+            s.pkid = 1;
+            self.input(&subscribe_v5(s));
+            assert!(
+                matches!(self.v5_packets().as_slice(), [v5::Packet::SubAck(a)] if a.return_codes.len() == 1),
+                "expected one SUBACK"
+            );
+        } else {
+            self.input(&subscribe_v4(1, &[(filter, 2)]));
+            assert!(
+                matches!(self.v4_packets().as_slice(), [v4::Packet::SubAck(a)] if a.return_codes.len() == 1),
+                "expected one SUBACK"
+            );
+        }
+    }
+
     pub fn connect_ok(&mut self, id: &str, clean: bool) -> bool {
         if self.v5 {
             let mut c = v5::Connect::new(id);

@@ -132,7 +132,7 @@ fn subscription_identifiers_can_be_disabled() {
 #[test]
 fn shared_subscription_has_its_own_queue_and_consumer() {
     for v5 in [false, true] {
-        let mut h = Harness::connected(v5);
+        let mut h = Harness::subscribed(v5);
         let pkt = if v5 {
             v5_sub(
                 1,
