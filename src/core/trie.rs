@@ -20,7 +20,7 @@ pub(crate) struct TopicTrie<V> {
 
 #[derive(Debug)]
 struct Node<V> {
-    children: HashMap<Box<str>, Node<V>>,
+    children: Children<V>,
     plus: Option<Box<Node<V>>>,
     /// Values of filters ending in `#` at this node.
     hash: Vec<V>,
@@ -31,7 +31,7 @@ struct Node<V> {
 impl<V> Default for Node<V> {
     fn default() -> Self {
         Self {
-            children: HashMap::new(),
+            children: Children::Few(Vec::new()),
             plus: None,
             hash: Vec::new(),
             here: Vec::new(),
@@ -45,6 +45,83 @@ impl<V> Node<V> {
             && self.plus.is_none()
             && self.hash.is_empty()
             && self.here.is_empty()
+    }
+}
+
+/// Nodes with more children than this keep them in a hash map.
+const FEW_CHILDREN_MAX: usize = 8;
+
+/// A node's children by level.
+///
+/// Most nodes have one or two children (per-device topics such as
+/// `devices/<id>/cmd` make a node per device below one wide level), and a
+/// hash map costs several hundred bytes even for one entry, so small sets
+/// are an exactly-sized vector searched linearly; wide levels switch to a
+/// map and stay one.
+#[derive(Debug)]
+enum Children<V> {
+    Few(Vec<(Box<str>, Node<V>)>),
+    // Boxed so that every node pays for a vector (24 bytes), not a map (48).
+    #[allow(clippy::box_collection)]
+    Many(Box<HashMap<Box<str>, Node<V>>>),
+}
+
+impl<V> Children<V> {
+    fn is_empty(&self) -> bool {
+        match self {
+            Children::Few(v) => v.is_empty(),
+            Children::Many(m) => m.is_empty(),
+        }
+    }
+
+    fn get(&self, level: &str) -> Option<&Node<V>> {
+        match self {
+            Children::Few(v) => v.iter().find(|(l, _)| &**l == level).map(|(_, n)| n),
+            Children::Many(m) => m.get(level),
+        }
+    }
+
+    fn get_mut(&mut self, level: &str) -> Option<&mut Node<V>> {
+        match self {
+            Children::Few(v) => v.iter_mut().find(|(l, _)| &**l == level).map(|(_, n)| n),
+            Children::Many(m) => m.get_mut(level),
+        }
+    }
+
+    fn get_or_insert(&mut self, level: &str) -> &mut Node<V> {
+        if let Children::Few(v) = self {
+            if v.len() == FEW_CHILDREN_MAX && !v.iter().any(|(l, _)| &**l == level) {
+                let map: HashMap<_, _> = std::mem::take(v).into_iter().collect();
+                *self = Children::Many(Box::new(map));
+            }
+        }
+        match self {
+            Children::Few(v) => {
+                let at = match v.iter().position(|(l, _)| &**l == level) {
+                    Some(at) => at,
+                    None => {
+                        // Exactly sized: these vectors are many and small.
+                        v.reserve_exact(1);
+                        v.push((level.into(), Node::default()));
+                        v.len() - 1
+                    }
+                };
+                &mut v[at].1
+            }
+            Children::Many(m) => m.entry(level.into()).or_default(),
+        }
+    }
+
+    fn remove(&mut self, level: &str) {
+        match self {
+            Children::Few(v) => {
+                v.retain(|(l, _)| &**l != level);
+                v.shrink_to_fit();
+            }
+            Children::Many(m) => {
+                m.remove(level);
+            }
+        }
     }
 }
 
@@ -75,7 +152,7 @@ impl<V> TopicTrie<V> {
                     return;
                 }
                 "+" => node = node.plus.get_or_insert_with(Box::default),
-                _ => node = node.children.entry(level.into()).or_default(),
+                _ => node = node.children.get_or_insert(level),
             }
         }
         node.here.push(value);
@@ -151,7 +228,7 @@ fn match_rec<'a, V>(
         node.here.iter().for_each(visit);
         return;
     };
-    if let Some(child) = node.children.get(*first) {
+    if let Some(child) = node.children.get(first) {
         match_rec(child, rest, depth + 1, dollar, visit);
     }
     if wildcards_ok {
@@ -212,6 +289,36 @@ mod tests {
                 }
                 levels.join("/")
             })
+    }
+
+    #[test]
+    fn wide_levels_switch_to_a_map_and_keep_matching() {
+        let mut t = TopicTrie::default();
+        for i in 0..3 * FEW_CHILDREN_MAX {
+            t.insert(&format!("d/{i}/cmd"), i.to_string());
+            t.insert(&format!("d/{i}/+"), format!("{i}+"));
+        }
+        assert!(matches!(
+            t.root.children.get("d").map(|n| &n.children),
+            Some(Children::Many(_))
+        ));
+        for i in 0..3 * FEW_CHILDREN_MAX {
+            assert_eq!(
+                matches(&t, &format!("d/{i}/cmd")),
+                vec![i.to_string(), format!("{i}+")]
+            );
+        }
+        assert_eq!(t.remove_where("d/5/cmd", |_| true), 1);
+        assert_eq!(matches(&t, "d/5/cmd"), vec!["5+".to_string()]);
+        assert_eq!(t.remove_where("d/5/+", |_| true), 1);
+        assert!(
+            t.root
+                .children
+                .get("d")
+                .is_some_and(|d| d.children.get("5").is_none()),
+            "pruned"
+        );
+        assert_eq!(t.len(), 6 * FEW_CHILDREN_MAX - 2);
     }
 
     proptest! {
