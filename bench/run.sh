@@ -85,7 +85,8 @@ bench_mqtt() {
   start_rosetta; start_mosquitto; start_activemq
   local b
   for sc in "mqtt-qos0 --count $(n 200000)" "mqtt-qos1 --count $(n 100000)" \
-            "mqtt-fanout --subscribers 100 --count $(n 2000)" "mqtt-idle --connections 10000"; do
+            "mqtt-fanout --subscribers 100 --count $(n 2000)" "mqtt-idle --connections 10000" \
+            "mqtt-idle --connections 10000 --subscribe"; do
     # shellcheck disable=SC2086
     run_case rosetta "$ROSETTA_MQTT_PORT" "$ROSETTA_PID" $sc
     run_case mosquitto "$MOSQUITTO_PORT" "$MOSQUITTO_PID" $sc

@@ -25,7 +25,7 @@ def tool_pct(r):
 
 for sc in scenarios:
     rs = [r for r in rows if r["scenario"] == sc]
-    idle = sc == "mqtt-idle"
+    idle = sc.startswith("mqtt-idle")
     print(f"\n== {sc}")
     if idle:
         print(f"{'broker':<10} {'conns':>7} {'RSS/conn B':>11} {'status'}")

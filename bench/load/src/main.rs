@@ -85,6 +85,10 @@ enum Scenario {
     MqttIdle {
         #[arg(long, default_value_t = 10_000)]
         connections: usize,
+        /// Each connection also subscribes (QoS 1) to a topic of its own,
+        /// as a device waiting for commands does.
+        #[arg(long)]
+        subscribe: bool,
     },
     /// STOMP persistent queue, producers → consumers, ack=client-individual,
     /// each SEND confirmed by a RECEIPT.
@@ -188,7 +192,10 @@ async fn main() -> anyhow::Result<()> {
             let p = pubsub(&name, QoS::AtLeastOnce, subscribers, count, size, inflight);
             mqtt::pubsub(&target, &p).await?
         }
-        Scenario::MqttIdle { connections } => mqtt::idle(&target, connections).await?,
+        Scenario::MqttIdle {
+            connections,
+            subscribe,
+        } => mqtt::idle(&target, connections, subscribe).await?,
         Scenario::Stomp {
             producers,
             consumers,

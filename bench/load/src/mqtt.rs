@@ -200,7 +200,26 @@ fn connect_packet(client_id: &str) -> anyhow::Result<Vec<u8>> {
     Ok(p)
 }
 
-async fn idle_connection(target: &Target, id: &str) -> anyhow::Result<tokio::net::TcpStream> {
+/// An MQTT 3.1.1 SUBSCRIBE of `topic` at QoS 1, packet id 1.
+fn subscribe_packet(topic: &str) -> anyhow::Result<Vec<u8>> {
+    let t = topic.as_bytes();
+    let t_len = u16::try_from(t.len()).context("topic length")?;
+    let remaining = 2 + 2 + t.len() + 1;
+    if remaining > 127 {
+        bail!("topic too long for a one-byte remaining length");
+    }
+    let mut p = vec![0x82, remaining as u8, 0, 1];
+    p.extend_from_slice(&t_len.to_be_bytes());
+    p.extend_from_slice(t);
+    p.push(1);
+    Ok(p)
+}
+
+async fn idle_connection(
+    target: &Target,
+    id: &str,
+    subscribe: bool,
+) -> anyhow::Result<tokio::net::TcpStream> {
     let mut s = target.connect().await?;
     s.write_all(&connect_packet(id)?).await?;
     let mut connack = [0u8; 4];
@@ -208,17 +227,32 @@ async fn idle_connection(target: &Target, id: &str) -> anyhow::Result<tokio::net
     if connack[0] != 0x20 || connack[3] != 0 {
         bail!("CONNACK refused: {connack:02x?}");
     }
+    if subscribe {
+        s.write_all(&subscribe_packet(&format!("{id}/cmd"))?)
+            .await?;
+        let mut suback = [0u8; 5];
+        s.read_exact(&mut suback).await.context("SUBACK")?;
+        if suback[0] != 0x90 || suback[4] > 2 {
+            bail!("SUBACK refused: {suback:02x?}");
+        }
+    }
     Ok(s)
 }
 
-/// Opens `n` MQTT connections that then stay silent, and reports the
-/// broker's RSS growth per connection.
-pub(crate) async fn idle(target: &Target, n: usize) -> anyhow::Result<Report> {
+/// Opens `n` MQTT connections (each with a subscription of its own when
+/// `subscribe`) that then stay silent, and reports the broker's RSS growth
+/// per connection.
+pub(crate) async fn idle(target: &Target, n: usize, subscribe: bool) -> anyhow::Result<Report> {
     let proc = target
         .proc
         .clone()
         .context("the idle scenario needs --broker-pid to read RSS")?;
     let prefix = unique("idle");
+    let scenario = if subscribe {
+        "mqtt-idle-sub"
+    } else {
+        "mqtt-idle"
+    };
     let rss0 = proc.rss_bytes()?;
     let load0 = crate::procfs::self_cpu_us();
     let cpu0 = target.cpu_us()?;
@@ -229,7 +263,7 @@ pub(crate) async fn idle(target: &Target, n: usize) -> anyhow::Result<Report> {
         let (t, id, gate) = (target.clone(), format!("{prefix}-{i}"), gate.clone());
         set.spawn(async move {
             let _permit = gate.acquire_owned().await?;
-            idle_connection(&t, &id).await
+            idle_connection(&t, &id, subscribe).await
         });
     }
     let mut conns = Vec::with_capacity(n);
@@ -252,7 +286,7 @@ pub(crate) async fn idle(target: &Target, n: usize) -> anyhow::Result<Report> {
         0.0
     };
     println!(
-        "mqtt-idle on {}: {open}/{n} connections, RSS {} -> {} KiB, {:.0} B per connection",
+        "{scenario} on {}: {open}/{n} connections, RSS {} -> {} KiB, {:.0} B per connection",
         target.name,
         rss0 / 1024,
         rss1 / 1024,
@@ -260,7 +294,7 @@ pub(crate) async fn idle(target: &Target, n: usize) -> anyhow::Result<Report> {
     );
     drop(conns);
     Ok(Report {
-        scenario: "mqtt-idle".into(),
+        scenario: scenario.into(),
         broker: target.name.clone(),
         expected: n as u64,
         received: open,
