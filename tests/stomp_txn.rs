@@ -6,10 +6,6 @@ mod common;
 use common::stomp::StompClient;
 use common::TestBroker;
 
-fn stats(broker: &TestBroker, q: &str) -> Option<(u64, u64)> {
-    broker.core().queue_stats(q).map(|s| (s.depth, s.in_flight))
-}
-
 #[tokio::test]
 async fn commit_publishes_transactional_sends_atomically() {
     let broker = TestBroker::start().await;
@@ -36,7 +32,7 @@ async fn commit_publishes_transactional_sends_atomically() {
     .await;
     // Nothing is visible before COMMIT.
     c.expect_nothing().await;
-    assert_eq!(stats(&broker, "ta"), Some((0, 0)));
+    assert_eq!(broker.queue("ta"), Some((0, 0)));
     p.request("COMMIT", &[("transaction", "tx1")], b"").await;
     let got = c.messages(2).await;
     let mut bodies: Vec<String> = got.iter().map(|m| m.text()).collect();
@@ -91,7 +87,7 @@ async fn abort_discards_sends() {
     p.send_frame("DISCONNECT", &[("receipt", "bye")], b"").await;
     p.expect_receipt("bye").await;
     c.expect_nothing().await;
-    assert_eq!(stats(&broker, "ab"), Some((0, 0)));
+    assert_eq!(broker.queue("ab"), Some((0, 0)));
     broker.stop().await;
 }
 
@@ -100,10 +96,7 @@ async fn abort_discards_sends() {
 async fn transactional_acks() {
     let broker = TestBroker::start().await;
     let mut p = StompClient::connect(broker.stomp(), &[]).await;
-    for i in 0..3 {
-        p.send_persistent("/queue/tack", &[], format!("m{i}").as_bytes())
-            .await;
-    }
+    p.send_numbered("/queue/tack", 3).await;
     let mut c = StompClient::connect(broker.stomp(), &[]).await;
     c.subscribe("s", "/queue/tack", "client-individual", &[])
         .await;
@@ -113,15 +106,15 @@ async fn transactional_acks() {
         .await;
     c.request("ACK", &[("id", &m[1].ack_id()), ("transaction", "t1")], b"")
         .await;
-    assert_eq!(stats(&broker, "tack"), Some((0, 3)));
+    assert_eq!(broker.queue("tack"), Some((0, 3)));
     c.request("ABORT", &[("transaction", "t1")], b"").await;
-    assert_eq!(stats(&broker, "tack"), Some((0, 3)));
+    assert_eq!(broker.queue("tack"), Some((0, 3)));
     // After ABORT the same messages can be acked again.
     c.request("BEGIN", &[("transaction", "t2")], b"").await;
     c.request("ACK", &[("id", &m[0].ack_id()), ("transaction", "t2")], b"")
         .await;
     c.request("COMMIT", &[("transaction", "t2")], b"").await;
-    assert_eq!(stats(&broker, "tack"), Some((0, 2)));
+    assert_eq!(broker.queue("tack"), Some((0, 2)));
     // m1's aborted ack was not applied: it comes back after a disconnect.
     drop(c);
     let mut c2 = StompClient::connect(broker.stomp(), &[]).await;
@@ -166,8 +159,8 @@ async fn sends_and_acks_commit_together() {
     )
     .await;
     w.request("ABORT", &[("transaction", "bad")], b"").await;
-    assert_eq!(stats(&broker, "in"), Some((0, 2)));
-    assert_eq!(stats(&broker, "out").map(|s| s.0).unwrap_or(0), 0);
+    assert_eq!(broker.queue("in"), Some((0, 2)));
+    assert_eq!(broker.queue("out").map(|s| s.0).unwrap_or(0), 0);
 
     w.request("BEGIN", &[("transaction", "good")], b"").await;
     for (job, result) in jobs.iter().zip(["result-1", "result-2"]) {
@@ -189,8 +182,8 @@ async fn sends_and_acks_commit_together() {
         .await;
     }
     w.request("COMMIT", &[("transaction", "good")], b"").await;
-    assert_eq!(stats(&broker, "in"), Some((0, 0)));
-    assert_eq!(stats(&broker, "out"), Some((2, 0)));
+    assert_eq!(broker.queue("in"), Some((0, 0)));
+    assert_eq!(broker.queue("out"), Some((2, 0)));
     let mut r = StompClient::connect(broker.stomp(), &[]).await;
     r.subscribe("o", "/queue/out", "auto", &[]).await;
     assert_eq!(
@@ -244,11 +237,11 @@ async fn receipts_after_durability_and_in_order() {
         p.expect_receipt(&format!("r{i}")).await;
     }
     // 10 transactional + 10 plain persistent + 10 non-persistent.
-    assert_eq!(stats(&broker, "rcpt"), Some((30, 0)));
+    assert_eq!(broker.queue("rcpt"), Some((30, 0)));
     drop(p);
     broker.restart().await;
     // Persistent ones survive (non-persistent ones may not).
-    let depth = stats(&broker, "rcpt").expect("queue recovered").0;
+    let depth = broker.queue("rcpt").expect("queue recovered").0;
     assert!(depth >= 20, "only {depth} messages recovered");
     broker.stop().await;
 }
@@ -277,7 +270,7 @@ async fn disconnect_with_receipt() {
     p.send_raw(&bytes).await;
     p.expect_receipt("d").await;
     p.expect_closed().await;
-    assert_eq!(stats(&broker, "disc"), Some((1, 0)));
+    assert_eq!(broker.queue("disc"), Some((1, 0)));
     // DISCONNECT without a receipt just closes.
     let mut q = StompClient::connect(broker.stomp(), &[]).await;
     q.send_frame("DISCONNECT", &[], b"").await;
@@ -403,11 +396,7 @@ async fn transactional_ack_then_unsubscribe_then_commit() {
     c.send_frame("COMMIT", &[("transaction", "t"), ("receipt", "c")], b"")
         .await;
     let f = c.recv().await.expect("answer to COMMIT");
-    let (depth, in_flight) = broker
-        .core()
-        .queue_stats("tx-unsub")
-        .map(|s| (s.depth, s.in_flight))
-        .expect("queue");
+    let (depth, in_flight) = broker.queue("tx-unsub").expect("queue");
     match f.command.as_str() {
         // The ack held: the message is gone.
         "RECEIPT" => assert_eq!((depth, in_flight), (0, 0), "{f:?}"),
