@@ -9,72 +9,27 @@ mod common;
 
 use std::time::Duration;
 
+use common::amqp;
+use common::mqtt::{
+    client5_with, connected4, driven5, driven5_with, opts5, publish4, publish5, suback4, suback5,
+};
 use common::stomp::StompClient;
 use common::TestBroker;
-use fe2o3_amqp::connection::ConnectionHandle;
-use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::messaging::{
     ApplicationProperties, Body, Data, Message as AmqpMessage, Properties,
 };
 use fe2o3_amqp::types::primitives::{SimpleValue, Value};
-use fe2o3_amqp::{Connection, Receiver, Sender, Session};
-use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
+use rumqttc::v5::mqttbytes::v5::PublishProperties;
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
-
-fn mqtt5(broker: &TestBroker, id: &str) -> (AsyncClient, EventLoop) {
-    let addr = broker.mqtt();
-    let mut opts = MqttOptions::new(id, addr.ip().to_string(), addr.port());
-    opts.set_keep_alive(Duration::from_secs(30));
-    AsyncClient::new(opts, 64)
-}
-
-async fn wait_for<T>(ev: &mut EventLoop, mut want: impl FnMut(&Packet) -> Option<T>) -> T {
-    tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            match ev.poll().await {
-                Ok(Event::Incoming(p)) => {
-                    if let Some(t) = want(&p) {
-                        return t;
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => panic!("mqtt connection error: {e}"),
-            }
-        }
-    })
-    .await
-    .expect("mqtt packet within timeout")
-}
-
-/// Keeps an MQTT event loop polled in the background (so its client's
-/// requests go out) and hands over incoming PUBLISHes.
-fn drive(mut ev: EventLoop) -> tokio::sync::mpsc::UnboundedReceiver<Packet> {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        loop {
-            match ev.poll().await {
-                Ok(Event::Incoming(p)) => {
-                    if tx.send(p).is_err() {
-                        return;
-                    }
-                }
-                Ok(_) => {}
-                Err(_) => return,
-            }
-        }
-    });
-    rx
-}
 
 #[tokio::test]
 async fn stomp_send_reaches_an_mqtt5_subscriber() {
     let broker = TestBroker::start().await;
-    let (sub, mut ev) = mqtt5(&broker, "mqtt-sub");
+    let (sub, mut ev) = client5_with(opts5(&broker, "mqtt-sub"));
     sub.subscribe("sensors/+/temp", QoS::AtLeastOnce)
         .await
         .expect("subscribe");
-    wait_for(&mut ev, |p| matches!(p, Packet::SubAck(_)).then_some(())).await;
+    suback5(&mut ev).await;
 
     let mut s = StompClient::connect(broker.stomp(), &[]).await;
     // No content-length: the UTF-8 body is text.
@@ -84,11 +39,7 @@ async fn stomp_send_reaches_an_mqtt5_subscriber() {
     )
     .await;
     s.expect_receipt("r").await;
-    let p = wait_for(&mut ev, |p| match p {
-        Packet::Publish(p) => Some(p.clone()),
-        _ => None,
-    })
-    .await;
+    let p = publish5(&mut ev).await;
     assert_eq!(&p.topic[..], b"sensors/k1/temp");
     assert_eq!(&p.payload[..], b"21.5");
     assert_eq!(p.qos, QoS::AtLeastOnce);
@@ -108,11 +59,7 @@ async fn stomp_send_reaches_an_mqtt5_subscriber() {
     // With content-length and no text content type: binary.
     s.send_persistent("/topic/sensors/k2/temp", &[], &[0xff, 0x00, 0x01])
         .await;
-    let p = wait_for(&mut ev, |p| match p {
-        Packet::Publish(p) => Some(p.clone()),
-        _ => None,
-    })
-    .await;
+    let p = publish5(&mut ev).await;
     assert_eq!(&p.payload[..], &[0xff, 0x00, 0x01]);
     assert_ne!(
         p.properties.and_then(|p| p.payload_format_indicator),
@@ -127,11 +74,7 @@ async fn stomp_send_reaches_an_mqtt5_subscriber() {
         b"1,2,3",
     )
     .await;
-    let p = wait_for(&mut ev, |p| match p {
-        Packet::Publish(p) => Some(p.clone()),
-        _ => None,
-    })
-    .await;
+    let p = publish5(&mut ev).await;
     assert_eq!(&p.payload[..], b"1,2,3");
     let props = p.properties.expect("MQTT 5 properties");
     assert_eq!(props.payload_format_indicator, Some(1), "text/* is text");
@@ -145,8 +88,7 @@ async fn mqtt5_publish_reaches_a_stomp_subscriber() {
     let mut s = StompClient::connect(broker.stomp(), &[]).await;
     s.subscribe("s", "/topic/sensors/#", "client-individual", &[])
         .await;
-    let (publ, ev) = mqtt5(&broker, "mqtt-pub");
-    let mut incoming = drive(ev);
+    let (publ, mut incoming) = driven5(&broker, "mqtt-pub");
     let props = PublishProperties {
         content_type: Some("application/json".into()),
         correlation_data: Some(bytes::Bytes::from_static(b"c-9")),
@@ -167,15 +109,7 @@ async fn mqtt5_publish_reaches_a_stomp_subscriber() {
     )
     .await
     .expect("publish");
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(p) = incoming.recv().await {
-            if matches!(p, Packet::PubAck(_)) {
-                return;
-            }
-        }
-    })
-    .await
-    .expect("PUBACK");
+    incoming.puback().await;
     let m = s.message().await;
     assert_eq!(m.header("destination"), Some("/topic/sensors/k9/temp"));
     assert_eq!(m.body, b"{\"t\":3}");
@@ -190,15 +124,6 @@ async fn mqtt5_publish_reaches_a_stomp_subscriber() {
     broker.stop().await;
 }
 
-async fn amqp(broker: &TestBroker) -> (ConnectionHandle<()>, SessionHandle<()>) {
-    let url = format!("amqp://{}", broker.amqp());
-    let mut conn = Connection::open("cross", url.as_str())
-        .await
-        .expect("amqp open");
-    let session = Session::begin(&mut conn).await.expect("amqp begin");
-    (conn, session)
-}
-
 fn app_prop<'a>(m: &'a AmqpMessage<Body<Value>>, key: &str) -> Option<&'a SimpleValue> {
     m.application_properties.as_ref()?.0.get(key)
 }
@@ -206,10 +131,8 @@ fn app_prop<'a>(m: &'a AmqpMessage<Body<Value>>, key: &str) -> Option<&'a Simple
 #[tokio::test]
 async fn stomp_send_reaches_an_amqp_receiver() {
     let broker = TestBroker::start().await;
-    let (mut conn, mut session) = amqp(&broker).await;
-    let mut receiver = Receiver::attach(&mut session, "r", "/queue/orders")
-        .await
-        .expect("attach receiver");
+    let (mut conn, mut session) = amqp::connect_session(&broker, "cross").await;
+    let mut receiver = amqp::receiver(&mut session, "r", "/queue/orders").await;
     let mut s = StompClient::connect(broker.stomp(), &[]).await;
     s.send_raw(
         b"SEND\ndestination:/queue/orders\npersistent:true\nx-order:42\ncorrelation-id:c-1\n\
@@ -224,8 +147,7 @@ async fn stomp_send_reaches_an_amqp_receiver() {
     )
     .await;
 
-    let d: fe2o3_amqp::link::delivery::Delivery<Body<Value>> =
-        receiver.recv().await.expect("recv text");
+    let d = amqp::recv_any(&mut receiver).await;
     let m = d.message();
     match &m.body {
         Body::Value(v) => assert_eq!(v.0, Value::String("hello amqp".into())),
@@ -253,8 +175,7 @@ async fn stomp_send_reaches_an_amqp_receiver() {
     );
     receiver.accept(&d).await.expect("accept");
 
-    let d: fe2o3_amqp::link::delivery::Delivery<Body<Value>> =
-        receiver.recv().await.expect("recv binary");
+    let d = amqp::recv_any(&mut receiver).await;
     match &d.message().body {
         Body::Data(batch) => {
             let bytes: Vec<u8> = batch.iter().flat_map(|Data(b)| b.to_vec()).collect();
@@ -266,13 +187,7 @@ async fn stomp_send_reaches_an_amqp_receiver() {
     receiver.close().await.expect("close");
     session.end().await.expect("end");
     conn.close().await.expect("close");
-    assert_eq!(
-        broker
-            .core()
-            .queue_stats("orders")
-            .map(|s| (s.depth, s.in_flight)),
-        Some((0, 0))
-    );
+    assert_eq!(broker.queue("orders"), Some((0, 0)));
     broker.stop().await;
 }
 
@@ -283,10 +198,8 @@ async fn amqp_send_reaches_a_stomp_subscriber() {
     s.subscribe("q", "/queue/from-amqp", "client-individual", &[])
         .await;
     s.subscribe("t", "/topic/alerts/#", "auto", &[]).await;
-    let (mut conn, mut session) = amqp(&broker).await;
-    let mut sender = Sender::attach(&mut session, "s", "/queue/from-amqp")
-        .await
-        .expect("attach sender");
+    let (mut conn, mut session) = amqp::connect_session(&broker, "cross").await;
+    let mut sender = amqp::sender(&mut session, "s", "/queue/from-amqp").await;
     let msg = AmqpMessage::builder()
         .properties(
             Properties::builder()
@@ -304,12 +217,7 @@ async fn amqp_send_reaches_a_stomp_subscriber() {
         )
         .value("from amqp")
         .build();
-    sender
-        .send(msg)
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
+    amqp::send_accepted(&mut sender, msg).await;
     let m = s.message().await;
     assert_eq!(m.header("subscription"), Some("q"));
     assert_eq!(m.text(), "from amqp");
@@ -322,20 +230,13 @@ async fn amqp_send_reaches_a_stomp_subscriber() {
     s.ack(&m).await;
 
     // Binary data to a topic the STOMP client watches with a wildcard.
-    let mut tsender = Sender::attach(&mut session, "s2", "/topic/alerts/fire")
-        .await
-        .expect("attach topic sender");
+    let mut tsender = amqp::sender(&mut session, "s2", "/topic/alerts/fire").await;
     let bin = AmqpMessage::builder()
         .data(fe2o3_amqp::types::primitives::Binary::from(vec![
             0u8, 1, 2, 0,
         ]))
         .build();
-    tsender
-        .send(bin)
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
+    amqp::send_accepted(&mut tsender, bin).await;
     let m = s.message().await;
     assert_eq!(m.header("subscription"), Some("t"));
     assert_eq!(m.header("destination"), Some("/topic/alerts/fire"));
@@ -353,24 +254,13 @@ async fn amqp_send_reaches_a_stomp_subscriber() {
 #[tokio::test]
 async fn one_topic_three_protocols() {
     let broker = TestBroker::start().await;
-    let (sub, ev) = mqtt5(&broker, "fan-mqtt");
+    let (sub, mut mqtt_in) = driven5(&broker, "fan-mqtt");
     sub.subscribe("fan/out", QoS::AtMostOnce)
         .await
         .expect("subscribe");
-    let mut mqtt_in = drive(ev);
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(p) = mqtt_in.recv().await {
-            if matches!(p, Packet::SubAck(_)) {
-                return;
-            }
-        }
-    })
-    .await
-    .expect("SUBACK");
-    let (mut conn, mut session) = amqp(&broker).await;
-    let mut receiver = Receiver::attach(&mut session, "r", "/topic/fan/out")
-        .await
-        .expect("attach");
+    mqtt_in.suback().await;
+    let (mut conn, mut session) = amqp::connect_session(&broker, "cross").await;
+    let mut receiver = amqp::receiver(&mut session, "r", "/topic/fan/out").await;
     let mut stomp_sub = StompClient::connect(broker.stomp(), &[]).await;
     stomp_sub
         .subscribe("s", "/topic/fan/out", "auto", &[])
@@ -385,18 +275,9 @@ async fn one_topic_three_protocols() {
     )
     .await;
     assert_eq!(stomp_sub.message().await.text(), "everyone");
-    let p = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            if let Some(Packet::Publish(p)) = mqtt_in.recv().await {
-                return p;
-            }
-        }
-    })
-    .await
-    .expect("mqtt publish");
+    let p = mqtt_in.publish().await;
     assert_eq!(&p.payload[..], b"everyone");
-    let d: fe2o3_amqp::link::delivery::Delivery<Body<Value>> =
-        receiver.recv().await.expect("amqp recv");
+    let d = amqp::recv_any(&mut receiver).await;
     assert_eq!(
         app_prop(d.message(), "x-k"),
         Some(&SimpleValue::String("v".into()))
@@ -413,10 +294,8 @@ async fn one_topic_three_protocols() {
 #[tokio::test]
 async fn stomp_temp_queue_reply_from_amqp() {
     let broker = TestBroker::start().await;
-    let (mut conn, mut session) = amqp(&broker).await;
-    let mut requests = Receiver::attach(&mut session, "req", "/queue/rpc")
-        .await
-        .expect("attach receiver");
+    let (mut conn, mut session) = amqp::connect_session(&broker, "cross").await;
+    let mut requests = amqp::receiver(&mut session, "req", "/queue/rpc").await;
     let mut s = StompClient::connect(broker.stomp(), &[]).await;
     s.subscribe("replies", "/temp-queue/answers", "auto", &[])
         .await;
@@ -430,15 +309,12 @@ async fn stomp_temp_queue_reply_from_amqp() {
         b"question",
     )
     .await;
-    let d: fe2o3_amqp::link::delivery::Delivery<Body<Value>> =
-        requests.recv().await.expect("request");
+    let d = amqp::recv_any(&mut requests).await;
     let props = d.message().properties.clone().expect("properties");
     let reply_to = props.reply_to.clone().expect("reply-to");
     assert!(reply_to.starts_with("/queue/"), "{reply_to}");
     requests.accept(&d).await.expect("accept");
-    let mut replier = Sender::attach(&mut session, "rep", reply_to.as_str())
-        .await
-        .expect("attach to the reply-to address");
+    let mut replier = amqp::sender(&mut session, "rep", reply_to.as_str()).await;
     let reply = AmqpMessage::builder()
         .properties(
             Properties::builder()
@@ -447,12 +323,7 @@ async fn stomp_temp_queue_reply_from_amqp() {
         )
         .value("answer")
         .build();
-    replier
-        .send(reply)
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
+    amqp::send_accepted(&mut replier, reply).await;
     let m = s.message().await;
     assert_eq!(m.header("subscription"), Some("replies"));
     assert_eq!(m.text(), "answer");
@@ -468,44 +339,19 @@ async fn stomp_temp_queue_reply_from_amqp() {
 #[tokio::test]
 async fn stomp_send_reaches_an_mqtt311_subscriber() {
     let broker = TestBroker::start().await;
-    let addr = broker.mqtt();
-    let mut opts = rumqttc::MqttOptions::new("v311", addr.ip().to_string(), addr.port());
-    opts.set_keep_alive(Duration::from_secs(30));
-    let (sub, mut ev) = rumqttc::AsyncClient::new(opts, 16);
+    let (sub, mut ev, _) = connected4(&broker, "v311", true).await;
     sub.subscribe("plain/#", rumqttc::QoS::AtLeastOnce)
         .await
         .expect("subscribe");
-    loop {
-        if let rumqttc::Packet::SubAck(_) = next_v311(&mut ev).await {
-            break;
-        }
-    }
+    suback4(&mut ev).await;
     let mut s = StompClient::connect(broker.stomp(), &[]).await;
     s.send_persistent("/topic/plain/x", &[("x-ignored", "1")], b"\x00raw\xff")
         .await;
-    let p = loop {
-        if let rumqttc::Packet::Publish(p) = next_v311(&mut ev).await {
-            break p;
-        }
-    };
+    let p = publish4(&mut ev).await;
     assert_eq!(p.topic, "plain/x");
     assert_eq!(&p.payload[..], b"\x00raw\xff");
     assert_eq!(p.qos, rumqttc::QoS::AtLeastOnce);
     broker.stop().await;
-}
-
-/// The next incoming MQTT 3.1.1 packet.
-async fn next_v311(ev: &mut rumqttc::EventLoop) -> rumqttc::Packet {
-    tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            match ev.poll().await.expect("mqtt 3.1.1 connection") {
-                rumqttc::Event::Incoming(p) => return p,
-                rumqttc::Event::Outgoing(_) => {}
-            }
-        }
-    })
-    .await
-    .expect("mqtt packet within timeout")
 }
 
 /// A large STOMP body (900 KiB, under every default limit) reaches an
@@ -514,44 +360,24 @@ async fn next_v311(ev: &mut rumqttc::EventLoop) -> rumqttc::Packet {
 #[tokio::test]
 async fn large_stomp_body_reaches_amqp_and_mqtt() {
     let broker = TestBroker::start().await;
-    let addr = broker.mqtt();
-    let mut opts = MqttOptions::new("big-mqtt", addr.ip().to_string(), addr.port());
+    let mut opts = opts5(&broker, "big-mqtt");
     // rumqttc refuses incoming packets over 10 KiB unless told otherwise.
     opts.set_max_packet_size(Some(2 * 1024 * 1024));
-    let (sub, ev) = AsyncClient::new(opts, 64);
+    let (sub, mut mqtt_in) = driven5_with(opts);
     sub.subscribe("big/one", QoS::AtLeastOnce)
         .await
         .expect("subscribe");
-    let mut mqtt_in = drive(ev);
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(p) = mqtt_in.recv().await {
-            if matches!(p, Packet::SubAck(_)) {
-                return;
-            }
-        }
-    })
-    .await
-    .expect("SUBACK");
+    mqtt_in.suback().await;
     let mut stomp = StompClient::connect(broker.stomp(), &[]).await;
     // The same body to a queue, for the AMQP receiver.
     let body: Vec<u8> = (0..900 * 1024).map(|i| (i % 251) as u8).collect();
     stomp.send_persistent("/topic/big/one", &[], &body).await;
     stomp.send_persistent("/queue/big", &[], &body).await;
-    let p = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            if let Some(Packet::Publish(p)) = mqtt_in.recv().await {
-                return p;
-            }
-        }
-    })
-    .await
-    .expect("mqtt publish");
+    let p = mqtt_in.publish().await;
     assert_eq!(p.payload.len(), body.len());
     assert!(p.payload[..] == body[..], "MQTT payload differs");
-    let (mut conn, mut session) = amqp(&broker).await;
-    let mut receiver = Receiver::attach(&mut session, "big", "/queue/big")
-        .await
-        .expect("attach");
+    let (mut conn, mut session) = amqp::connect_session(&broker, "cross").await;
+    let mut receiver = amqp::receiver(&mut session, "big", "/queue/big").await;
     let d: fe2o3_amqp::link::delivery::Delivery<Body<Value>> =
         tokio::time::timeout(Duration::from_secs(10), receiver.recv())
             .await
@@ -580,23 +406,13 @@ async fn large_stomp_body_reaches_amqp_and_mqtt() {
 #[tokio::test]
 async fn oversized_for_the_mqtt_client_is_skipped() {
     let broker = TestBroker::start().await;
-    let addr = broker.mqtt();
-    let mut opts = MqttOptions::new("small-mqtt", addr.ip().to_string(), addr.port());
+    let mut opts = opts5(&broker, "small-mqtt");
     opts.set_max_packet_size(Some(4096));
-    let (sub, ev) = AsyncClient::new(opts, 64);
+    let (sub, mut mqtt_in) = driven5_with(opts);
     sub.subscribe("small/one", QoS::AtLeastOnce)
         .await
         .expect("subscribe");
-    let mut mqtt_in = drive(ev);
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(p) = mqtt_in.recv().await {
-            if matches!(p, Packet::SubAck(_)) {
-                return;
-            }
-        }
-    })
-    .await
-    .expect("SUBACK");
+    mqtt_in.suback().await;
     let mut stomp = StompClient::connect(broker.stomp(), &[]).await;
     stomp
         .send_persistent("/topic/small/one", &[], &vec![b'x'; 64 * 1024])
@@ -604,17 +420,7 @@ async fn oversized_for_the_mqtt_client_is_skipped() {
     stomp
         .send_persistent("/topic/small/one", &[], b"fits")
         .await;
-    let p = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            match mqtt_in.recv().await {
-                Some(Packet::Publish(p)) => return p,
-                Some(_) => {}
-                None => panic!("MQTT connection closed"),
-            }
-        }
-    })
-    .await
-    .expect("mqtt publish");
+    let p = mqtt_in.publish().await;
     assert_eq!(&p.payload[..], b"fits");
     broker.stop().await;
 }
@@ -627,30 +433,16 @@ async fn structured_amqp_bodies_arrive_raw_and_marked() {
     let broker = TestBroker::start().await;
     let mut s = StompClient::connect(broker.stomp(), &[]).await;
     s.subscribe("t", "/topic/structured", "auto", &[]).await;
-    let (client, ev) = mqtt5(&broker, "structured-sub");
+    let (client, mut packets) = driven5(&broker, "structured-sub");
     client
         .subscribe("structured", QoS::AtLeastOnce)
         .await
         .expect("subscribe");
-    let mut packets = drive(ev);
-    loop {
-        match tokio::time::timeout(Duration::from_secs(10), packets.recv()).await {
-            Ok(Some(Packet::SubAck(_))) => break,
-            Ok(Some(_)) => continue,
-            other => panic!("no SUBACK: {other:?}"),
-        }
-    }
-    let (mut conn, mut session) = amqp(&broker).await;
-    let mut sender = Sender::attach(&mut session, "structured", "/topic/structured")
-        .await
-        .expect("attach sender");
+    packets.suback().await;
+    let (mut conn, mut session) = amqp::connect_session(&broker, "cross").await;
+    let mut sender = amqp::sender(&mut session, "structured", "/topic/structured").await;
     let msg = AmqpMessage::builder().value(42i64).build();
-    sender
-        .send(msg)
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
+    amqp::send_accepted(&mut sender, msg).await;
     // amqp-value descriptor (0x00 0x53 0x77), then a long: smalllong 0x55 42.
     let encoded: &[u8] = &[0x00, 0x53, 0x77, 0x55, 42];
     let m = s.message().await;
@@ -660,13 +452,7 @@ async fn structured_amqp_bodies_arrive_raw_and_marked() {
         m.header("content-type"),
         Some("application/vnd.amqp-section")
     );
-    let publish = loop {
-        match tokio::time::timeout(Duration::from_secs(10), packets.recv()).await {
-            Ok(Some(Packet::Publish(p))) => break p,
-            Ok(Some(_)) => continue,
-            other => panic!("no PUBLISH: {other:?}"),
-        }
-    };
+    let publish = packets.publish().await;
     assert_eq!(&publish.payload[..], encoded);
     let props: PublishProperties = publish.properties.expect("properties");
     assert!(props

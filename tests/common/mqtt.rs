@@ -389,6 +389,90 @@ pub async fn publish_and_ack5(
     }
 }
 
+/// How long a cross-protocol wait may take (a message crosses two
+/// protocols, and some bodies are large).
+pub const SLOW: Duration = Duration::from_secs(10);
+
+/// An MQTT 5 event loop polled by a background task, so that its client's
+/// requests go out while the test waits on another protocol; incoming
+/// packets queue here in order. The task ends with the connection.
+pub struct Incoming5 {
+    rx: tokio::sync::mpsc::UnboundedReceiver<v5::Packet>,
+}
+
+/// Polls `ev` in the background from now on.
+pub fn drive5(mut ev: v5::EventLoop) -> Incoming5 {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            match ev.poll().await {
+                Ok(v5::Event::Incoming(p)) => {
+                    if tx.send(p).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    });
+    Incoming5 { rx }
+}
+
+/// A v5 client with [`opts5`] whose event loop runs in the background
+/// (it connects as soon as the loop is first polled).
+pub fn driven5(broker: &TestBroker, id: &str) -> (v5::AsyncClient, Incoming5) {
+    driven5_with(opts5(broker, id))
+}
+
+/// [`driven5`] with the caller's options.
+pub fn driven5_with(opts: v5::MqttOptions) -> (v5::AsyncClient, Incoming5) {
+    let (c, ev) = client5_with(opts);
+    (c, drive5(ev))
+}
+
+impl Incoming5 {
+    /// The first incoming packet `want` picks, skipping the others; panics
+    /// if none comes within [`SLOW`] or the connection ends first.
+    pub async fn next<T>(&mut self, mut want: impl FnMut(v5::Packet) -> Option<T>) -> T {
+        tokio::time::timeout(SLOW, async {
+            loop {
+                let p = self.rx.recv().await.expect("MQTT connection open");
+                if let Some(t) = want(p) {
+                    return t;
+                }
+            }
+        })
+        .await
+        .expect("MQTT packet in time")
+    }
+
+    /// Waits for a SUBACK (any reason codes: the caller checks them if it
+    /// cares).
+    pub async fn suback(&mut self) -> v5::SubAck {
+        self.next(|p| match p {
+            v5::Packet::SubAck(s) => Some(s),
+            _ => None,
+        })
+        .await
+    }
+
+    /// Waits for a PUBACK.
+    pub async fn puback(&mut self) {
+        self.next(|p| matches!(p, v5::Packet::PubAck(_)).then_some(()))
+            .await
+    }
+
+    /// The next PUBLISH.
+    pub async fn publish(&mut self) -> v5::Publish {
+        self.next(|p| match p {
+            v5::Packet::Publish(p) => Some(p),
+            _ => None,
+        })
+        .await
+    }
+}
+
 // ---- raw socket client --------------------------------------------------
 
 /// An MQTT client on a bare socket: sends what the test says, when it says.
