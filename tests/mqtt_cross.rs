@@ -9,27 +9,21 @@
 mod common;
 
 use bytes::Bytes;
+use common::amqp;
 use common::mqtt::*;
 use common::TestBroker;
 use fe2o3_amqp::types::messaging::{
     ApplicationProperties, Body, Header, Message as AmqpMessage, MessageId, Properties,
 };
 use fe2o3_amqp::types::primitives::{Binary, SimpleValue, Value};
-use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 use rumqttc::v5::mqttbytes::QoS as Q5;
 use rumqttc::QoS;
 
 #[tokio::test]
 async fn mqtt5_publish_reaches_an_amqp_receiver() {
     let broker = TestBroker::start().await;
-    let url = format!("amqp://{}", broker.amqp());
-    let mut conn = Connection::open("mqtt-cross", url.as_str())
-        .await
-        .expect("amqp open");
-    let mut session = Session::begin(&mut conn).await.expect("begin");
-    let mut receiver = Receiver::attach(&mut session, "r", "/topic/x/+/temp")
-        .await
-        .expect("attach");
+    let (mut conn, mut session) = amqp::connect_session(&broker, "mqtt-cross").await;
+    let mut receiver = amqp::receiver(&mut session, "r", "/topic/x/+/temp").await;
     // The AMQP attach may complete before its binding: give it a beat.
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
 
@@ -57,8 +51,7 @@ async fn mqtt5_publish_reaches_an_amqp_receiver() {
         Some(props),
     )
     .await;
-    let d: fe2o3_amqp::link::delivery::Delivery<Body<Value>> =
-        receiver.recv().await.expect("amqp recv");
+    let d = amqp::recv_any(&mut receiver).await;
     let m = d.message();
     match &m.body {
         Body::Value(v) => assert_eq!(v.0, Value::String("21.5".into())),
@@ -95,8 +88,7 @@ async fn mqtt5_publish_reaches_an_amqp_receiver() {
         None,
     )
     .await;
-    let d: fe2o3_amqp::link::delivery::Delivery<Body<Value>> =
-        receiver.recv().await.expect("amqp recv");
+    let d = amqp::recv_any(&mut receiver).await;
     match &d.message().body {
         Body::Data(batch) => {
             let bytes: Vec<u8> = batch.iter().flat_map(|b| b.0.to_vec()).collect();
@@ -119,14 +111,8 @@ async fn amqp_send_reaches_mqtt_subscribers() {
     subscribe5(&s5, &mut ev5, v5::Filter::new("y/#", Q5::AtLeastOnce), None).await;
     let (_s4, mut ev4) = subscriber4(&broker, "from-amqp4", true, "y/+", QoS::AtLeastOnce).await;
 
-    let url = format!("amqp://{}", broker.amqp());
-    let mut conn = Connection::open("amqp-cross", url.as_str())
-        .await
-        .expect("amqp open");
-    let mut session = Session::begin(&mut conn).await.expect("begin");
-    let mut sender = Sender::attach(&mut session, "s", "/topic/y/z")
-        .await
-        .expect("attach");
+    let (mut conn, mut session) = amqp::connect_session(&broker, "amqp-cross").await;
+    let mut sender = amqp::sender(&mut session, "s", "/topic/y/z").await;
     let msg = AmqpMessage::builder()
         .header(Header::builder().durable(true).ttl(Some(30_000)).build())
         .properties(
@@ -145,12 +131,7 @@ async fn amqp_send_reaches_mqtt_subscribers() {
         )
         .value("from amqp")
         .build();
-    sender
-        .send(msg)
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
+    amqp::send_accepted(&mut sender, msg).await;
 
     let p = publish5(&mut ev5).await;
     assert_eq!(p.topic, Bytes::from_static(b"y/z"));
@@ -195,21 +176,10 @@ async fn amqp_send_reaches_mqtt_subscribers() {
 #[tokio::test]
 async fn mqtt_consumes_a_queue_through_the_queue_prefix() {
     let broker = TestBroker::start().await;
-    let url = format!("amqp://{}", broker.amqp());
-    let mut conn = Connection::open("mqtt-queue", url.as_str())
-        .await
-        .expect("amqp open");
-    let mut session = Session::begin(&mut conn).await.expect("begin");
-    let mut sender = Sender::attach(&mut session, "s", "/queue/jobs")
-        .await
-        .expect("attach sender");
+    let (mut conn, mut session) = amqp::connect_session(&broker, "mqtt-queue").await;
+    let mut sender = amqp::sender(&mut session, "s", "/queue/jobs").await;
     for i in 0..3 {
-        sender
-            .send(format!("job {i}"))
-            .await
-            .expect("send")
-            .accepted_or_else(|o| o)
-            .expect("accepted");
+        amqp::send_accepted(&mut sender, format!("job {i}")).await;
     }
     let (c, mut ev, _) = connected5(opts5(&broker, "queue-worker")).await;
     let ack = subscribe5(
@@ -247,12 +217,7 @@ async fn mqtt_consumes_a_queue_through_the_queue_prefix() {
         matches!(p, v5::Packet::UnsubAck(_)).then_some(())
     })
     .await;
-    sender
-        .send("after unsubscribe")
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
+    amqp::send_accepted(&mut sender, "after unsubscribe").await;
     quiet5(&mut ev).await;
     assert_eq!(broker.core().queue_stats("jobs").expect("queue").depth, 1);
     sender.close().await.expect("close");
