@@ -7,16 +7,14 @@
 
 mod common;
 
-use std::time::Duration;
-
+use common::amqp;
+use common::mqtt::driven5;
 use common::stomp::StompClient;
 use common::TestBroker;
-use fe2o3_amqp::types::messaging::{Body, Header, Message as AmqpMessage, MessageId, Properties};
-use fe2o3_amqp::types::primitives::{Binary, Timestamp, Value};
-use fe2o3_amqp::{Connection, Receiver, Sender, Session};
-use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
+use fe2o3_amqp::types::messaging::{Header, Message as AmqpMessage, MessageId, Properties};
+use fe2o3_amqp::types::primitives::{Binary, Timestamp};
+use rumqttc::v5::mqttbytes::v5::PublishProperties;
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 
 /// The STOMP headers (and MQTT user properties) of the fields the AMQP
 /// message below sets, as docs/conversion.md names them.
@@ -31,86 +29,20 @@ const FIELDS: [(&str, &str); 8] = [
     ("priority", "9"),
 ];
 
-/// An MQTT 5 client whose event loop runs in the background; incoming
-/// packets come out of the channel.
-async fn mqtt5(
-    broker: &TestBroker,
-    id: &str,
-) -> (AsyncClient, tokio::sync::mpsc::UnboundedReceiver<Packet>) {
-    let addr = broker.mqtt();
-    let mut opts = MqttOptions::new(id, addr.ip().to_string(), addr.port());
-    opts.set_keep_alive(Duration::from_secs(30));
-    let (client, mut ev) = AsyncClient::new(opts, 64);
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        loop {
-            match ev.poll().await {
-                Ok(Event::Incoming(p)) => {
-                    if tx.send(p).is_err() {
-                        return;
-                    }
-                }
-                Ok(_) => {}
-                Err(_) => return,
-            }
-        }
-    });
-    (client, rx)
-}
-
-/// The next packet matching `want`, within 10 s.
-async fn next<T>(
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Packet>,
-    mut want: impl FnMut(Packet) -> Option<T>,
-) -> T {
-    tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            let p = rx.recv().await.expect("mqtt connection open");
-            if let Some(t) = want(p) {
-                return t;
-            }
-        }
-    })
-    .await
-    .expect("mqtt packet within 10 s")
-}
-
-async fn suback(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Packet>) {
-    next(rx, |p| matches!(p, Packet::SubAck(_)).then_some(())).await;
-}
-
-async fn publish(
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Packet>,
-) -> rumqttc::v5::mqttbytes::v5::Publish {
-    next(rx, |p| match p {
-        Packet::Publish(p) => Some(p),
-        _ => None,
-    })
-    .await
-}
-
 #[tokio::test]
 async fn amqp_standard_fields_reach_stomp_and_mqtt_and_a_stomp_republish_keeps_them() {
     let broker = TestBroker::start().await;
     let mut s = StompClient::connect(broker.stomp(), &[]).await;
     s.subscribe("t", "/topic/orders/#", "auto", &[]).await;
-    let (m, mut mrx) = mqtt5(&broker, "fields-sub").await;
+    let (m, mut mrx) = driven5(&broker, "fields-sub");
     m.subscribe("orders/#", QoS::AtLeastOnce)
         .await
         .expect("subscribe");
-    suback(&mut mrx).await;
+    mrx.suback().await;
 
-    let url = format!("amqp://{}", broker.amqp());
-    let mut conn = Connection::open("fields", url.as_str())
-        .await
-        .expect("amqp open");
-    let mut session = Session::begin(&mut conn).await.expect("begin");
-    let mut sender = Sender::attach(&mut session, "s", "/topic/orders/new")
-        .await
-        .expect("attach sender");
-    let mut back = Receiver::attach(&mut session, "back", "/queue/orders-back")
-        .await
-        .expect("attach receiver");
+    let (mut conn, mut session) = amqp::connect_session(&broker, "fields").await;
+    let mut sender = amqp::sender(&mut session, "s", "/topic/orders/new").await;
+    let mut back = amqp::receiver(&mut session, "back", "/queue/orders-back").await;
     let msg = AmqpMessage::builder()
         .header(Header::builder().durable(true).priority(9).build())
         .properties(
@@ -126,12 +58,7 @@ async fn amqp_standard_fields_reach_stomp_and_mqtt_and_a_stomp_republish_keeps_t
         )
         .value("order")
         .build();
-    sender
-        .send(msg)
-        .await
-        .expect("send")
-        .accepted_or_else(|o| o)
-        .expect("accepted");
+    amqp::send_accepted(&mut sender, msg).await;
 
     let got = s.message().await;
     for (name, value) in FIELDS {
@@ -140,7 +67,7 @@ async fn amqp_standard_fields_reach_stomp_and_mqtt_and_a_stomp_republish_keeps_t
     assert_ne!(got.header("message-id"), Some("77"), "STOMP's ack id");
     assert_eq!(got.header("content-type"), Some("text/plain;charset=utf-8"));
 
-    let p = publish(&mut mrx).await;
+    let p = mrx.publish().await;
     let props = p.properties.expect("MQTT 5 properties");
     let want: Vec<(String, String)> = FIELDS
         .iter()
@@ -154,8 +81,7 @@ async fn amqp_standard_fields_reach_stomp_and_mqtt_and_a_stomp_republish_keeps_t
         headers.push((name, got.header(name).expect("header")));
     }
     s.request("SEND", &headers, b"again").await;
-    let d: fe2o3_amqp::link::delivery::Delivery<Body<Value>> =
-        back.recv().await.expect("republished");
+    let d = amqp::recv_any(&mut back).await;
     back.accept(&d).await.expect("accept");
     let msg = d.message();
     let p = msg.properties.clone().expect("properties");
@@ -191,7 +117,7 @@ async fn mqtt_text_without_content_type_is_announced_to_stomp() {
     let broker = TestBroker::start().await;
     let mut s = StompClient::connect(broker.stomp(), &[]).await;
     s.subscribe("t", "/topic/txt/#", "auto", &[]).await;
-    let (m, mut mrx) = mqtt5(&broker, "txt-pub").await;
+    let (m, mut mrx) = driven5(&broker, "txt-pub");
     let text = PublishProperties {
         payload_format_indicator: Some(1),
         ..Default::default()
@@ -203,7 +129,7 @@ async fn mqtt_text_without_content_type_is_announced_to_stomp() {
         .await
         .expect("publish");
     for _ in 0..2 {
-        next(&mut mrx, |p| matches!(p, Packet::PubAck(_)).then_some(())).await;
+        mrx.puback().await;
     }
     let got = s.messages(2).await;
     assert_eq!(got[0].body, "héllo".as_bytes());
@@ -221,11 +147,11 @@ async fn mqtt_text_without_content_type_is_announced_to_stomp() {
 #[tokio::test]
 async fn mqtt_responder_answers_a_stomp_temp_queue() {
     let broker = TestBroker::start().await;
-    let (m, mut mrx) = mqtt5(&broker, "responder").await;
+    let (m, mut mrx) = driven5(&broker, "responder");
     m.subscribe("rpc/svc", QoS::AtLeastOnce)
         .await
         .expect("subscribe");
-    suback(&mut mrx).await;
+    mrx.suback().await;
     let mut s = StompClient::connect(broker.stomp(), &[]).await;
     s.subscribe("r", "/temp-queue/answers", "auto", &[]).await;
     s.request(
@@ -238,7 +164,7 @@ async fn mqtt_responder_answers_a_stomp_temp_queue() {
         b"question",
     )
     .await;
-    let req = publish(&mut mrx).await;
+    let req = mrx.publish().await;
     let rp = req.properties.expect("properties");
     let topic = rp.response_topic.expect("response topic");
     assert!(topic.starts_with("$queue/$temp/"), "{topic}");
