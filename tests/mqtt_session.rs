@@ -353,6 +353,27 @@ async fn persistent_session_survives_a_broker_restart() {
     broker.stop().await;
 }
 
+/// Reconnects `dupsub` to its session and checks that the two unacknowledged
+/// deliveries `first` (`q1`) and `second` (`q2`) come again, in order, with
+/// DUP set and their packet ids kept; returns the client and the re-sends.
+async fn resent_with_dup(
+    broker: &TestBroker,
+    first: &p4::Publish,
+    second: &p4::Publish,
+) -> (Raw, p4::Publish, p4::Publish) {
+    let (mut raw, ack) = Raw::connect4(broker.mqtt(), "dupsub", false, 10).await;
+    assert!(ack.session_present);
+    let again1 = raw.recv4_publish().await;
+    let again2 = raw.recv4_publish().await;
+    assert!(again1.dup && again2.dup, "{again1:?} {again2:?}");
+    assert_eq!((again1.pkid, &again1.payload[..]), (first.pkid, &b"q1"[..]));
+    assert_eq!(
+        (again2.pkid, &again2.payload[..]),
+        (second.pkid, &b"q2"[..])
+    );
+    (raw, again1, again2)
+}
+
 /// Delivered but unacknowledged QoS 1/2 messages are re-sent with DUP on
 /// reconnect, after a plain disconnect and after a broker restart.
 #[tokio::test]
@@ -369,38 +390,16 @@ async fn in_flight_messages_are_resent_with_dup() {
     assert!(first.pkid != 0 && second.pkid != 0);
     drop(raw); // no acks
 
-    let (mut raw, ack) = Raw::connect4(broker.mqtt(), "dupsub", false, 10).await;
-    assert!(ack.session_present);
-    let again1 = raw.recv4_publish().await;
-    let again2 = raw.recv4_publish().await;
-    assert!(again1.dup && again2.dup, "{again1:?} {again2:?}");
-    assert_eq!((again1.pkid, &again1.payload[..]), (first.pkid, &b"q1"[..]));
-    assert_eq!(
-        (again2.pkid, &again2.payload[..]),
-        (second.pkid, &b"q2"[..])
-    );
-    drop(raw);
+    drop(resent_with_dup(&broker, &first, &second).await);
 
     broker.restart().await;
-    let (mut raw, ack) = Raw::connect4(broker.mqtt(), "dupsub", false, 10).await;
-    assert!(ack.session_present);
-    let again1 = raw.recv4_publish().await;
-    let again2 = raw.recv4_publish().await;
-    assert!(again1.dup && again2.dup, "{again1:?} {again2:?}");
-    assert_eq!((again1.pkid, &again1.payload[..]), (first.pkid, &b"q1"[..]));
-    assert_eq!(
-        (again2.pkid, &again2.payload[..]),
-        (second.pkid, &b"q2"[..])
-    );
+    let (mut raw, again1, again2) = resent_with_dup(&broker, &first, &second).await;
     // Finish both flows; nothing comes back afterwards.
     raw.send4(p4::Packet::PubAck(p4::PubAck::new(again1.pkid)))
         .await;
     raw.send4(p4::Packet::PubRec(p4::PubRec::new(again2.pkid)))
         .await;
-    match raw.recv4().await {
-        p4::Packet::PubRel(r) => assert_eq!(r.pkid, again2.pkid),
-        other => panic!("expected PUBREL, got {other:?}"),
-    }
+    assert_eq!(raw.recv4_pubrel().await, again2.pkid);
     raw.send4(p4::Packet::PubComp(p4::PubComp::new(again2.pkid)))
         .await;
     raw.quiet4().await;
@@ -479,10 +478,7 @@ async fn inbound_qos2_is_exactly_once_across_a_restart() {
     let mut p = p4::Publish::new("q2in", QoS::ExactlyOnce, b"once".to_vec());
     p.pkid = 7;
     publ.send4(p4::Packet::Publish(p.clone())).await;
-    match publ.recv4().await {
-        p4::Packet::PubRec(r) => assert_eq!(r.pkid, 7),
-        other => panic!("expected PUBREC, got {other:?}"),
-    }
+    assert_eq!(publ.recv4_pubrec().await, 7);
     drop(publ);
     drop(sub);
     broker.restart().await;
@@ -491,15 +487,9 @@ async fn inbound_qos2_is_exactly_once_across_a_restart() {
     assert!(ack.session_present);
     p.dup = true;
     publ.send4(p4::Packet::Publish(p)).await;
-    match publ.recv4().await {
-        p4::Packet::PubRec(r) => assert_eq!(r.pkid, 7),
-        other => panic!("expected PUBREC, got {other:?}"),
-    }
+    assert_eq!(publ.recv4_pubrec().await, 7);
     publ.send4(p4::Packet::PubRel(p4::PubRel::new(7))).await;
-    match publ.recv4().await {
-        p4::Packet::PubComp(c) => assert_eq!(c.pkid, 7),
-        other => panic!("expected PUBCOMP, got {other:?}"),
-    }
+    assert_eq!(publ.recv4_pubcomp().await, 7);
 
     let (mut sub, ack) = Raw::connect4(broker.mqtt(), "q2in-sub", false, 10).await;
     assert!(ack.session_present);
@@ -508,10 +498,7 @@ async fn inbound_qos2_is_exactly_once_across_a_restart() {
     assert_eq!(got.qos, QoS::ExactlyOnce);
     sub.send4(p4::Packet::PubRec(p4::PubRec::new(got.pkid)))
         .await;
-    match sub.recv4().await {
-        p4::Packet::PubRel(r) => assert_eq!(r.pkid, got.pkid),
-        other => panic!("expected PUBREL, got {other:?}"),
-    }
+    assert_eq!(sub.recv4_pubrel().await, got.pkid);
     sub.send4(p4::Packet::PubComp(p4::PubComp::new(got.pkid)))
         .await;
     sub.quiet4().await;
@@ -530,19 +517,13 @@ async fn outbound_qos2_resumes_at_pubrel_after_a_restart() {
     let got = sub.recv4_publish().await;
     sub.send4(p4::Packet::PubRec(p4::PubRec::new(got.pkid)))
         .await;
-    match sub.recv4().await {
-        p4::Packet::PubRel(r) => assert_eq!(r.pkid, got.pkid),
-        other => panic!("expected PUBREL, got {other:?}"),
-    }
+    assert_eq!(sub.recv4_pubrel().await, got.pkid);
     drop(sub);
     broker.restart().await;
 
     let (mut sub, ack) = Raw::connect4(broker.mqtt(), "q2out", false, 10).await;
     assert!(ack.session_present);
-    match sub.recv4().await {
-        p4::Packet::PubRel(r) => assert_eq!(r.pkid, got.pkid),
-        other => panic!("expected the PUBREL again, got {other:?}"),
-    }
+    assert_eq!(sub.recv4_pubrel().await, got.pkid);
     sub.send4(p4::Packet::PubComp(p4::PubComp::new(got.pkid)))
         .await;
     sub.quiet4().await;

@@ -562,6 +562,30 @@ impl Raw {
         }
     }
 
+    /// The next 3.1.1 packet, which must be a PUBREC; returns its packet id.
+    pub async fn recv4_pubrec(&mut self) -> u16 {
+        match self.recv4().await {
+            p4::Packet::PubRec(r) => r.pkid,
+            other => panic!("expected PUBREC, got {other:?}"),
+        }
+    }
+
+    /// The next 3.1.1 packet, which must be a PUBREL; returns its packet id.
+    pub async fn recv4_pubrel(&mut self) -> u16 {
+        match self.recv4().await {
+            p4::Packet::PubRel(r) => r.pkid,
+            other => panic!("expected PUBREL, got {other:?}"),
+        }
+    }
+
+    /// The next 3.1.1 packet, which must be a PUBCOMP; returns its packet id.
+    pub async fn recv4_pubcomp(&mut self) -> u16 {
+        match self.recv4().await {
+            p4::Packet::PubComp(c) => c.pkid,
+            other => panic!("expected PUBCOMP, got {other:?}"),
+        }
+    }
+
     /// Waits [`QUIET`] and fails on any packet.
     pub async fn quiet4(&mut self) {
         if let Some(p) = self.recv4_opt(QUIET).await {
