@@ -46,14 +46,8 @@ async fn v311_shared_and_queue_subscriptions_survive_reconnect_and_restart() {
     let (topic, queue) = ("ps4/t", "ps4-jobs");
     let (c, mut ev, ack) = connected4(&broker, "ps4", false).await;
     assert!(!ack.session_present);
-    c.subscribe(format!("$share/grp/{topic}"), QoS::AtLeastOnce)
-        .await
-        .expect("subscribe");
-    suback4(&mut ev).await;
-    c.subscribe(format!("$queue/{queue}"), QoS::AtLeastOnce)
-        .await
-        .expect("subscribe");
-    suback4(&mut ev).await;
+    subscribe4(&c, &mut ev, format!("$share/grp/{topic}"), QoS::AtLeastOnce).await;
+    subscribe4(&c, &mut ev, format!("$queue/{queue}"), QoS::AtLeastOnce).await;
     disconnect4(&c, &mut ev).await;
     drop(ev);
 
@@ -83,13 +77,7 @@ async fn v311_shared_and_queue_subscriptions_survive_reconnect_and_restart() {
     assert_eq!(got, set(&["t-3", "q-3"]));
 
     // UNSUBSCRIBE from the queue: a resumed session no longer consumes it.
-    c.unsubscribe(format!("$queue/{queue}"))
-        .await
-        .expect("unsubscribe");
-    wait4(&mut ev, |p| {
-        matches!(p, rumqttc::Packet::UnsubAck(_)).then_some(())
-    })
-    .await;
+    unsubscribe4(&c, &mut ev, format!("$queue/{queue}")).await;
     disconnect4(&c, &mut ev).await;
     drop(ev);
     broker.restart().await;
@@ -177,13 +165,7 @@ async fn v5_shared_and_queue_subscriptions_survive_reconnect_and_restart() {
 
     // UNSUBSCRIBE from the shared subscription, then a restart: only the
     // queue is consumed.
-    c.unsubscribe(format!("$share/grp/{topic}"))
-        .await
-        .expect("unsubscribe");
-    wait5(&mut ev, |p| {
-        matches!(p, v5::Packet::UnsubAck(_)).then_some(())
-    })
-    .await;
+    unsubscribe5(&c, &mut ev, format!("$share/grp/{topic}")).await;
     disconnect5(&c, &mut ev).await;
     drop(ev);
     broker.restart().await;
@@ -224,8 +206,7 @@ async fn restored_member_rejoins_its_group() {
     let broker = TestBroker::start().await;
     let filter = "$share/pair/pair/t";
     let (a, mut aev, _) = connected4(&broker, "pair-a", false).await;
-    a.subscribe(filter, QoS::AtLeastOnce).await.expect("sub");
-    suback4(&mut aev).await;
+    subscribe4(&a, &mut aev, filter, QoS::AtLeastOnce).await;
     let (b, mut bev) = subscriber4(&broker, "pair-b", false, filter, QoS::AtLeastOnce).await;
     disconnect4(&b, &mut bev).await;
     drop(bev);

@@ -138,6 +138,31 @@ pub async fn connected4(
     (c, ev, ack)
 }
 
+/// Sends SUBSCRIBE of `filter` and waits for the SUBACK, which it returns
+/// unchecked (the caller asserts the granted codes it cares about).
+pub async fn subscribe4(
+    c: &rumqttc::AsyncClient,
+    ev: &mut rumqttc::EventLoop,
+    filter: impl Into<String>,
+    qos: rumqttc::QoS,
+) -> rumqttc::SubAck {
+    c.subscribe(filter, qos).await.expect("subscribe");
+    suback4(ev).await
+}
+
+/// Sends UNSUBSCRIBE of `filter` and waits for the UNSUBACK.
+pub async fn unsubscribe4(
+    c: &rumqttc::AsyncClient,
+    ev: &mut rumqttc::EventLoop,
+    filter: impl Into<String>,
+) {
+    c.unsubscribe(filter).await.expect("unsubscribe");
+    wait4(ev, |p| {
+        matches!(p, rumqttc::Packet::UnsubAck(_)).then_some(())
+    })
+    .await;
+}
+
 /// A connected 3.1.1 client subscribed to `filter` (SUBACK received).
 pub async fn subscriber4(
     broker: &TestBroker,
@@ -332,6 +357,12 @@ pub async fn subscribe5(
     }
     .expect("subscribe");
     suback5(ev).await
+}
+
+/// Sends UNSUBSCRIBE of `filter` and waits for the UNSUBACK.
+pub async fn unsubscribe5(c: &v5::AsyncClient, ev: &mut v5::EventLoop, filter: impl Into<String>) {
+    c.unsubscribe(filter).await.expect("unsubscribe");
+    wait5(ev, |p| matches!(p, v5::Packet::UnsubAck(_)).then_some(())).await;
 }
 
 pub async fn disconnect5(c: &v5::AsyncClient, ev: &mut v5::EventLoop) {
