@@ -284,8 +284,7 @@ async fn clean_session_discards_and_persistent_session_keeps_state() {
     let broker = TestBroker::start().await;
     let (c, mut ev, ack) = connected4(&broker, "keeper", false).await;
     assert!(!ack.session_present);
-    c.subscribe("keep/t", QoS::ExactlyOnce).await.expect("sub");
-    suback4(&mut ev).await;
+    subscribe4(&c, &mut ev, "keep/t", QoS::ExactlyOnce).await;
     disconnect4(&c, &mut ev).await;
     drop(ev);
 
@@ -670,17 +669,9 @@ async fn v5_session_expiry_runs_across_a_restart() {
 async fn subscription_changes_survive_a_restart() {
     let mut broker = TestBroker::start().await;
     let (c, mut ev) = subscriber4(&broker, "changer", false, "chg/gone", QoS::AtLeastOnce).await;
-    c.subscribe("chg/up", QoS::AtMostOnce).await.expect("sub");
-    suback4(&mut ev).await;
-    c.subscribe("chg/up", QoS::AtLeastOnce)
-        .await
-        .expect("re-sub");
-    suback4(&mut ev).await;
-    c.unsubscribe("chg/gone").await.expect("unsub");
-    wait4(&mut ev, |p| {
-        matches!(p, rumqttc::Packet::UnsubAck(_)).then_some(())
-    })
-    .await;
+    subscribe4(&c, &mut ev, "chg/up", QoS::AtMostOnce).await;
+    subscribe4(&c, &mut ev, "chg/up", QoS::AtLeastOnce).await;
+    unsubscribe4(&c, &mut ev, "chg/gone").await;
     disconnect4(&c, &mut ev).await;
     drop(ev);
     broker.restart().await;
