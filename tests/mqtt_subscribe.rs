@@ -102,8 +102,7 @@ async fn server_qos_maximum_caps_the_granted_qos() {
     let broker =
         TestBroker::start_with(|c| c.mqtt.qos_max = 1, Arc::new(rosetta::core::AllowAll)).await;
     let (c, mut ev, _) = connected4(&broker, "capped", true).await;
-    c.subscribe("cap/t", QoS::ExactlyOnce).await.expect("sub");
-    let ack = suback4(&mut ev).await;
+    let ack = subscribe4(&c, &mut ev, "cap/t", QoS::ExactlyOnce).await;
     assert_eq!(
         ack.return_codes,
         [rumqttc::SubscribeReasonCode::Success(QoS::AtLeastOnce)]
@@ -117,11 +116,7 @@ async fn unsubscribe_stops_delivery() {
     let (c, mut ev) = subscriber4(&broker, "unsub", true, "u/t", QoS::AtLeastOnce).await;
     publish_once4(&broker, "u/t", QoS::AtLeastOnce, false, b"before").await;
     assert_eq!(&publish4(&mut ev).await.payload[..], b"before");
-    c.unsubscribe("u/t").await.expect("unsubscribe");
-    wait4(&mut ev, |p| {
-        matches!(p, rumqttc::Packet::UnsubAck(_)).then_some(())
-    })
-    .await;
+    unsubscribe4(&c, &mut ev, "u/t").await;
     publish_once4(&broker, "u/t", QoS::AtLeastOnce, false, b"after").await;
     quiet4(&mut ev).await;
     broker.stop().await;
@@ -141,8 +136,7 @@ async fn overlapping_subscriptions_deliver_once_at_highest_qos_with_all_ids() {
     }
     // v3.1.1: same overlap without identifiers.
     let (c4, mut ev4) = subscriber4(&broker, "ov4", true, "ov/+", QoS::AtMostOnce).await;
-    c4.subscribe("ov/#", QoS::AtLeastOnce).await.expect("sub");
-    suback4(&mut ev4).await;
+    subscribe4(&c4, &mut ev4, "ov/#", QoS::AtLeastOnce).await;
 
     publish_once4(&broker, "ov/x", QoS::ExactlyOnce, false, b"once").await;
     let p = publish5(&mut ev).await;
@@ -255,11 +249,7 @@ async fn v5_retain_handling() {
         let p = publish5(&mut ev).await;
         assert!(p.retain);
     }
-    c.unsubscribe("rh/t").await.expect("unsub");
-    wait5(&mut ev, |p| {
-        matches!(p, v5::Packet::UnsubAck(_)).then_some(())
-    })
-    .await;
+    unsubscribe5(&c, &mut ev, "rh/t").await;
     // 1: only when the subscription is new.
     subscribe5(
         &c,
@@ -277,11 +267,7 @@ async fn v5_retain_handling() {
     )
     .await;
     quiet5(&mut ev).await;
-    c.unsubscribe("rh/t").await.expect("unsub");
-    wait5(&mut ev, |p| {
-        matches!(p, v5::Packet::UnsubAck(_)).then_some(())
-    })
-    .await;
+    unsubscribe5(&c, &mut ev, "rh/t").await;
     // 2: never.
     subscribe5(&c, &mut ev, filter(v5::RetainForwardRule::Never), None).await;
     quiet5(&mut ev).await;
