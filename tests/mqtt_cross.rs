@@ -212,11 +212,7 @@ async fn mqtt_consumes_a_queue_through_the_queue_prefix() {
     .await;
     assert!(drained.is_ok(), "acknowledged messages left the queue");
 
-    c.unsubscribe("$queue/jobs").await.expect("unsubscribe");
-    wait5(&mut ev, |p| {
-        matches!(p, v5::Packet::UnsubAck(_)).then_some(())
-    })
-    .await;
+    unsubscribe5(&c, &mut ev, "$queue/jobs").await;
     amqp::send_accepted(&mut sender, "after unsubscribe").await;
     quiet5(&mut ev).await;
     assert_eq!(broker.core().queue_stats("jobs").expect("queue").depth, 1);
