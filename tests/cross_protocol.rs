@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::amqp;
 use common::mqtt::{
-    client5_with, connected4, driven5, driven5_with, opts5, publish4, publish5, suback4, suback5,
+    client5_with, connected4, driven5, driven5_with, opts5, publish4, publish5, suback5, subscribe4,
 };
 use common::stomp::StompClient;
 use common::TestBroker;
@@ -340,10 +340,7 @@ async fn stomp_temp_queue_reply_from_amqp() {
 async fn stomp_send_reaches_an_mqtt311_subscriber() {
     let broker = TestBroker::start().await;
     let (sub, mut ev, _) = connected4(&broker, "v311", true).await;
-    sub.subscribe("plain/#", rumqttc::QoS::AtLeastOnce)
-        .await
-        .expect("subscribe");
-    suback4(&mut ev).await;
+    subscribe4(&sub, &mut ev, "plain/#", rumqttc::QoS::AtLeastOnce).await;
     let mut s = StompClient::connect(broker.stomp(), &[]).await;
     s.send_persistent("/topic/plain/x", &[("x-ignored", "1")], b"\x00raw\xff")
         .await;
