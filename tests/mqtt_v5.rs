@@ -114,16 +114,14 @@ async fn configured_limits_are_advertised_and_enforced() {
     let why = d.properties.and_then(|p| p.reason_string);
     assert!(why.is_some_and(|s| !s.is_empty()), "reason string expected");
     // Retain while unavailable: DISCONNECT 0x9A.
-    let (mut raw, _) =
-        Raw::connect5(broker.mqtt(), connect5_packet("limits-r", true, None), None).await;
+    let (mut raw, _) = Raw::connect5_clean(broker.mqtt(), "limits-r", None).await;
     let mut p = p5::Publish::new("l/t", Q5::AtMostOnce, "x", None);
     p.retain = true;
     raw.send5(p5::Packet::Publish(p)).await;
     raw.expect_disconnect5(p5::DisconnectReasonCode::RetainNotSupported)
         .await;
     // Packet above the maximum: DISCONNECT 0x95.
-    let (mut raw, _) =
-        Raw::connect5(broker.mqtt(), connect5_packet("limits-s", true, None), None).await;
+    let (mut raw, _) = Raw::connect5_clean(broker.mqtt(), "limits-s", None).await;
     let p = p5::Publish::new("l/t", Q5::AtMostOnce, vec![0u8; 4000], None);
     raw.send5(p5::Packet::Publish(p)).await;
     raw.expect_disconnect5(p5::DisconnectReasonCode::PacketTooLarge)
@@ -358,12 +356,7 @@ async fn message_expiry_sends_the_remaining_lifetime_and_drops_expired() {
 async fn inbound_topic_aliases() {
     let broker = TestBroker::start().await;
     let (_s, mut sev) = subscriber4(&broker, "alias-sub", true, "alias/#", QoS::AtMostOnce).await;
-    let (mut raw, _) = Raw::connect5(
-        broker.mqtt(),
-        connect5_packet("alias-pub", true, None),
-        None,
-    )
-    .await;
+    let (mut raw, _) = Raw::connect5_clean(broker.mqtt(), "alias-pub", None).await;
     let aliased = |topic: &str, alias: u16, payload: &'static str| {
         p5::Packet::Publish(p5::Publish::new(
             topic,
@@ -396,12 +389,7 @@ async fn inbound_topic_aliases() {
     raw.send5(aliased("", 2, "e")).await;
     raw.expect_disconnect5(p5::DisconnectReasonCode::ProtocolError)
         .await;
-    let (mut raw, _) = Raw::connect5(
-        broker.mqtt(),
-        connect5_packet("alias-pub2", true, None),
-        None,
-    )
-    .await;
+    let (mut raw, _) = Raw::connect5_clean(broker.mqtt(), "alias-pub2", None).await;
     raw.send5(aliased("alias/x", 65, "f")).await;
     raw.expect_disconnect5(p5::DisconnectReasonCode::TopicAliasInvalid)
         .await;
@@ -416,12 +404,7 @@ async fn outbound_topic_aliases_respect_the_client_maximum() {
         topic_alias_max: Some(1),
         ..p5::ConnectProperties::new()
     };
-    let (mut raw, _) = Raw::connect5(
-        broker.mqtt(),
-        connect5_packet("alias-out", true, Some(props)),
-        None,
-    )
-    .await;
+    let (mut raw, _) = Raw::connect5_clean(broker.mqtt(), "alias-out", Some(props)).await;
     raw_subscribe5(&mut raw, 1, "ao/#", Q5::AtMostOnce).await;
     for t in ["ao/a", "ao/a", "ao/b", "ao/a"] {
         publish_once4(&broker, t, QoS::AtMostOnce, false, t.as_bytes()).await;
@@ -453,12 +436,7 @@ async fn outbound_topic_aliases_respect_the_client_maximum() {
     assert!(used_alias, "the repeated topic should travel as an alias");
 
     // A client with no alias maximum never gets one.
-    let (mut raw, _) = Raw::connect5(
-        broker.mqtt(),
-        connect5_packet("alias-none", true, None),
-        None,
-    )
-    .await;
+    let (mut raw, _) = Raw::connect5_clean(broker.mqtt(), "alias-none", None).await;
     raw_subscribe5(&mut raw, 1, "an/#", Q5::AtMostOnce).await;
     for _ in 0..3 {
         publish_once4(&broker, "an/t", QoS::AtMostOnce, false, b"x").await;
@@ -476,12 +454,7 @@ async fn client_maximum_packet_size_is_respected() {
         max_packet_size: Some(128),
         ..p5::ConnectProperties::new()
     };
-    let (mut raw, _) = Raw::connect5(
-        broker.mqtt(),
-        connect5_packet("small", true, Some(props)),
-        None,
-    )
-    .await;
+    let (mut raw, _) = Raw::connect5_clean(broker.mqtt(), "small", Some(props)).await;
     raw_subscribe5(&mut raw, 1, "mps/t", Q5::AtLeastOnce).await;
     publish_once4(&broker, "mps/t", QoS::AtLeastOnce, false, &[7u8; 500]).await;
     publish_once4(&broker, "mps/t", QoS::AtLeastOnce, false, b"small").await;
@@ -567,7 +540,7 @@ async fn server_keep_alive_is_enforced() {
 #[tokio::test]
 async fn v5_property_violations() {
     let broker = TestBroker::start().await;
-    let (mut raw, _) = Raw::connect5(broker.mqtt(), connect5_packet("pfi", true, None), None).await;
+    let (mut raw, _) = Raw::connect5_clean(broker.mqtt(), "pfi", None).await;
     let mut p = p5::Publish::new(
         "pfi/t",
         Q5::AtLeastOnce,

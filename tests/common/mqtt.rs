@@ -755,6 +755,16 @@ impl Raw {
         }
     }
 
+    /// [`Raw::connect5`] with a clean start, no will and `props` in the
+    /// CONNECT; returns the CONNACK unchecked (it may be a refusal).
+    pub async fn connect5_clean(
+        addr: SocketAddr,
+        id: &str,
+        props: Option<p5::ConnectProperties>,
+    ) -> (Raw, p5::ConnAck) {
+        Raw::connect5(addr, connect5_packet(id, true, props), None).await
+    }
+
     pub async fn shutdown(mut self) {
         let _ = self.stream.shutdown().await;
     }
