@@ -100,12 +100,7 @@ async fn outbound_window_is_the_client_receive_maximum() {
         receive_maximum: Some(3),
         ..p5::ConnectProperties::new()
     };
-    let (mut raw, _) = Raw::connect5(
-        broker.mqtt(),
-        connect5_packet("window", true, Some(props)),
-        None,
-    )
-    .await;
+    let (mut raw, _) = Raw::connect5_clean(broker.mqtt(), "window", Some(props)).await;
     raw_subscribe5(&mut raw, 1, "win", Q5::AtLeastOnce).await;
     for i in 0..10u8 {
         publish_once4(&broker, "win", QoS::AtLeastOnce, false, &[i]).await;
@@ -148,8 +143,7 @@ async fn exceeding_the_receive_maximum_is_disconnect_0x93() {
         Arc::new(rosetta::core::AllowAll),
     )
     .await;
-    let (mut raw, ack) =
-        Raw::connect5(broker.mqtt(), connect5_packet("greedy", true, None), None).await;
+    let (mut raw, ack) = Raw::connect5_clean(broker.mqtt(), "greedy", None).await;
     assert_eq!(ack.properties.and_then(|p| p.receive_max), Some(2));
     for id in 1..=2u16 {
         let mut p = p5::Publish::new("greedy", Q5::ExactlyOnce, "x", None);
