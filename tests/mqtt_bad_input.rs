@@ -192,8 +192,7 @@ async fn v5_bad_input_gets_disconnect_with_reason_then_close() {
     let mut broker = start().await;
     let mut world = World::new(&broker).await;
     for case in cases() {
-        let (mut raw, _) =
-            Raw::connect5(broker.mqtt(), connect5_packet("bad5", true, None), None).await;
+        let (mut raw, _) = Raw::connect5_clean(broker.mqtt(), "bad5", None).await;
         raw.write(&case.v5).await;
         raw.expect_disconnect5(case.reason).await;
         world.still_works(&broker, case.name).await;
@@ -274,12 +273,7 @@ async fn first_packet_must_be_connect() {
 #[tokio::test]
 async fn invalid_subscribe_filter_is_refused_per_filter() {
     let broker = start().await;
-    let (mut raw, _) = Raw::connect5(
-        broker.mqtt(),
-        connect5_packet("badfilter", true, None),
-        None,
-    )
-    .await;
+    let (mut raw, _) = Raw::connect5_clean(broker.mqtt(), "badfilter", None).await;
     let mut sub = p5::Subscribe::new_many(
         [
             p5::Filter::new("a/#/b", Q5::AtLeastOnce),
