@@ -179,8 +179,8 @@ async fn client_id_rules() {
     assert_eq!(ack.code, rumqttc::ConnectReturnCode::BadClientId);
 
     // 5.0: an empty id gets an assigned one, distinct per connection.
-    let (_r1, a1) = Raw::connect5(addr, connect5_packet("", true, None), None).await;
-    let (_r2, a2) = Raw::connect5(addr, connect5_packet("", true, None), None).await;
+    let (_r1, a1) = Raw::connect5_clean(addr, "", None).await;
+    let (_r2, a2) = Raw::connect5_clean(addr, "", None).await;
     assert_eq!(a1.code, p5::ConnectReturnCode::Success);
     let id1 = a1
         .properties
@@ -195,7 +195,7 @@ async fn client_id_rules() {
 
     // An over-long id is refused: 0x85 (v5), 2 (3.1.1).
     let long = "x".repeat(300);
-    let (_r, ack) = Raw::connect5(addr, connect5_packet(&long, true, None), None).await;
+    let (_r, ack) = Raw::connect5_clean(addr, &long, None).await;
     assert_eq!(ack.code, p5::ConnectReturnCode::ClientIdentifierNotValid);
     let (_r, ack) = Raw::connect4(addr, &long, true, 10).await;
     assert_eq!(ack.code, rumqttc::ConnectReturnCode::BadClientId);
@@ -247,8 +247,8 @@ async fn second_connection_with_same_id_takes_over() {
     let broker = TestBroker::start().await;
     let addr = broker.mqtt();
     // v5: the old connection gets DISCONNECT 0x8E.
-    let (mut old, _) = Raw::connect5(addr, connect5_packet("dup5", true, None), None).await;
-    let (mut new, ack) = Raw::connect5(addr, connect5_packet("dup5", true, None), None).await;
+    let (mut old, _) = Raw::connect5_clean(addr, "dup5", None).await;
+    let (mut new, ack) = Raw::connect5_clean(addr, "dup5", None).await;
     assert_eq!(ack.code, p5::ConnectReturnCode::Success);
     old.expect_disconnect5(p5::DisconnectReasonCode::SessionTakenOver)
         .await;
@@ -544,8 +544,7 @@ async fn v5_persistent_session_across_a_restart() {
             ..p5::ConnectProperties::new()
         })
     };
-    let (mut raw, _) =
-        Raw::connect5(broker.mqtt(), connect5_packet("v5p", true, expiry()), None).await;
+    let (mut raw, _) = Raw::connect5_clean(broker.mqtt(), "v5p", expiry()).await;
     let mut sub = p5::Subscribe::new(
         p5::Filter::new("v5p/#", rumqttc::v5::mqttbytes::QoS::ExactlyOnce),
         Some(p5::SubscribeProperties {
@@ -691,7 +690,7 @@ async fn subscription_changes_survive_a_restart() {
 #[tokio::test]
 async fn shutdown_disconnects_clients_with_0x8b() {
     let mut broker = TestBroker::start().await;
-    let (mut r5, _) = Raw::connect5(broker.mqtt(), connect5_packet("sd5", true, None), None).await;
+    let (mut r5, _) = Raw::connect5_clean(broker.mqtt(), "sd5", None).await;
     let (mut r4, _) = Raw::connect4(broker.mqtt(), "sd4", true, 10).await;
     let watch5 = tokio::spawn(async move {
         r5.expect_disconnect5(p5::DisconnectReasonCode::ServerShuttingDown)
