@@ -84,12 +84,7 @@ async fn disconnect_reason_string_fits_the_clients_maximum_packet_size() {
             max_packet_size: max,
             ..p5::ConnectProperties::new()
         };
-        let (mut raw, ack) = Raw::connect5(
-            broker.mqtt(),
-            connect5_packet("dc", true, Some(props)),
-            None,
-        )
-        .await;
+        let (mut raw, ack) = Raw::connect5_clean(broker.mqtt(), "dc", Some(props)).await;
         assert_eq!(ack.code, v5::ConnectReturnCode::Success);
         raw.send5(p5::Packet::Publish(p5::Publish::new(
             "bad/+",
@@ -118,12 +113,7 @@ async fn refused_connack_explains_itself() {
         authentication_method: Some("KERBEROS".into()),
         ..p5::ConnectProperties::new()
     };
-    let (mut raw, ack) = Raw::connect5(
-        broker.mqtt(),
-        connect5_packet("am", true, Some(props)),
-        None,
-    )
-    .await;
+    let (mut raw, ack) = Raw::connect5_clean(broker.mqtt(), "am", Some(props)).await;
     assert_eq!(ack.code, v5::ConnectReturnCode::BadAuthenticationMethod);
     let why = ack.properties.and_then(|p| p.reason_string);
     assert!(why.expect("reason string").contains("KERBEROS"));
