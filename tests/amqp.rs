@@ -2,43 +2,22 @@
 
 mod common;
 
+use common::amqp::{self, recv_text, send_accepted};
 use common::TestBroker;
-use fe2o3_amqp::{Connection, Receiver, Sender, Session};
-
-fn url(broker: &TestBroker) -> String {
-    format!("amqp://{}", broker.amqp())
-}
 
 #[tokio::test]
 async fn send_and_receive_on_a_queue() {
     let broker = TestBroker::start().await;
-    let mut conn = Connection::open("test-conn", url(&broker).as_str())
-        .await
-        .expect("open");
-    let mut session = Session::begin(&mut conn).await.expect("begin");
-    let mut sender = Sender::attach(&mut session, "sender", "/queue/orders")
-        .await
-        .expect("attach sender");
-    let outcome = sender.send("hello amqp").await.expect("send");
-    outcome.accepted_or_else(|o| o).expect("accepted");
+    let (mut conn, mut session) = amqp::connect_session(&broker, "test-conn").await;
+    let mut sender = amqp::sender(&mut session, "sender", "/queue/orders").await;
+    send_accepted(&mut sender, "hello amqp").await;
 
-    let mut receiver = Receiver::attach(&mut session, "receiver", "/queue/orders")
-        .await
-        .expect("attach receiver");
-    let delivery: fe2o3_amqp::link::delivery::Delivery<String> =
-        receiver.recv().await.expect("recv");
-    assert_eq!(delivery.body(), "hello amqp");
-    receiver.accept(&delivery).await.expect("accept");
+    let mut receiver = amqp::receiver(&mut session, "receiver", "/queue/orders").await;
+    assert_eq!(recv_text(&mut receiver).await, "hello amqp");
     receiver.close().await.expect("close receiver");
     sender.close().await.expect("close sender");
     session.end().await.expect("end");
     conn.close().await.expect("close");
-    assert_eq!(
-        broker
-            .core()
-            .queue_stats("orders")
-            .map(|s| (s.depth, s.in_flight)),
-        Some((0, 0))
-    );
+    assert_eq!(broker.queue("orders"), Some((0, 0)));
     broker.stop().await;
 }
