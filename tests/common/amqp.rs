@@ -3,7 +3,6 @@
 //! frames where a well-behaved client cannot.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use fe2o3_amqp::connection::ConnectionHandle;
@@ -19,9 +18,7 @@ use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::TestBroker;
-use rosetta::access::UsersAccess;
-use rosetta::users::{add_user, Users};
+use super::{Account, TestBroker};
 
 /// Longest a test waits for something that should happen.
 pub const WAIT: Duration = Duration::from_secs(5);
@@ -178,17 +175,25 @@ pub fn text_of(d: &AnyDelivery) -> String {
 }
 
 /// A broker with a users file: `alice`/`s3cret` may do anything, `bob`/
-/// `hunter2` may only publish to and consume from `/queue/bob`.
+/// `hunter2` may only publish and subscribe to `/queue/bob`.
 pub async fn users_broker(anonymous: bool) -> TestBroker {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("users.toml");
-    add_user(&path, "alice", b"s3cret", None, None).expect("add alice");
-    let only_bob = ["/queue/bob".to_owned()];
-    add_user(&path, "bob", b"hunter2", Some(&only_bob), Some(&only_bob)).expect("add bob");
-    let users = Users::load(&path).expect("load users");
-    TestBroker::start_with(
-        |c| c.security.anonymous = anonymous,
-        Arc::new(UsersAccess::new(users, anonymous)),
+    let only_bob: &[&str] = &["/queue/bob"];
+    TestBroker::with_users(
+        anonymous,
+        &[
+            Account {
+                user: "alice",
+                password: b"s3cret",
+                publish: None,
+                subscribe: None,
+            },
+            Account {
+                user: "bob",
+                password: b"hunter2",
+                publish: Some(only_bob),
+                subscribe: Some(only_bob),
+            },
+        ],
     )
     .await
 }

@@ -44,10 +44,52 @@ pub fn test_config(dir: &Path) -> Config {
     config
 }
 
+/// One account of a test users file: its password and the address patterns
+/// it may publish to and subscribe to (`None`: anything).
+pub struct Account<'a> {
+    pub user: &'a str,
+    pub password: &'a [u8],
+    pub publish: Option<&'a [&'a str]>,
+    pub subscribe: Option<&'a [&'a str]>,
+}
+
+/// Access control from a users file written with `rosetta::users::add_user`
+/// in `dir` (kept there only while it is loaded) with `accounts`;
+/// `anonymous` says whether clients without credentials are let in.
+pub fn users_file_access(
+    dir: &Path,
+    anonymous: bool,
+    accounts: &[Account<'_>],
+) -> Arc<dyn AccessControl> {
+    let path = dir.join("users.toml");
+    let owned =
+        |list: Option<&[&str]>| list.map(|l| l.iter().map(|p| (*p).to_owned()).collect::<Vec<_>>());
+    for a in accounts {
+        rosetta::users::add_user(
+            &path,
+            a.user,
+            a.password,
+            owned(a.publish).as_deref(),
+            owned(a.subscribe).as_deref(),
+        )
+        .unwrap_or_else(|e| panic!("add user {}: {e}", a.user));
+    }
+    let users = rosetta::users::Users::load(&path).expect("load users");
+    Arc::new(rosetta::access::UsersAccess::new(users, anonymous))
+}
+
 impl TestBroker {
     /// Starts a broker with anonymous, unrestricted access.
     pub async fn start() -> TestBroker {
         Self::start_with(|_| {}, Arc::new(AllowAll)).await
+    }
+
+    /// Starts a broker whose access control is a users file with `accounts`
+    /// (see [`users_file_access`]), `security.anonymous` set as given.
+    pub async fn with_users(anonymous: bool, accounts: &[Account<'_>]) -> TestBroker {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let access = users_file_access(dir.path(), anonymous, accounts);
+        Self::start_with(|c| c.security.anonymous = anonymous, access).await
     }
 
     /// Starts a broker after `tweak` adjusted the test configuration.

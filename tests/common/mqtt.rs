@@ -826,12 +826,25 @@ pub fn users_access(
     dir: &std::path::Path,
     anonymous: bool,
 ) -> Arc<dyn rosetta::core::AccessControl> {
-    let path = dir.join("users.toml");
-    rosetta::users::add_user(&path, "alice", b"secret", None, None).expect("add alice");
-    let bob = ["/topic/bob/#".to_owned()];
-    rosetta::users::add_user(&path, "bob", b"pw", Some(&bob), Some(&bob)).expect("add bob");
-    let users = rosetta::users::Users::load(&path).expect("load users");
-    Arc::new(rosetta::access::UsersAccess::new(users, anonymous))
+    let bob: &[&str] = &["/topic/bob/#"];
+    super::users_file_access(
+        dir,
+        anonymous,
+        &[
+            super::Account {
+                user: "alice",
+                password: b"secret",
+                publish: None,
+                subscribe: None,
+            },
+            super::Account {
+                user: "bob",
+                password: b"pw",
+                publish: Some(bob),
+                subscribe: Some(bob),
+            },
+        ],
+    )
 }
 
 /// Sleeps a short, bounded time (lets the broker finish asynchronous work
