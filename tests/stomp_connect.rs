@@ -8,9 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::stomp::StompClient;
-use common::TestBroker;
-use rosetta::access::UsersAccess;
-use rosetta::users::{add_user, Users};
+use common::{Account, TestBroker};
 
 async fn negotiated(broker: &TestBroker, command: &str, accept: Option<&str>) -> Frame {
     let mut c = StompClient::connect_raw(broker.stomp()).await;
@@ -88,21 +86,22 @@ async fn connected_headers_and_host() {
 /// A broker whose users file holds alice (everything) and bob (may only
 /// publish to /queue/bob), with anonymous access as given.
 async fn broker_with_users(anonymous: bool) -> TestBroker {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("users.toml");
-    add_user(&path, "alice", b"s3cret", None, None).expect("add alice");
-    add_user(
-        &path,
-        "bob",
-        b"hunter2",
-        Some(&["/queue/bob".to_owned()]),
-        Some(&["/queue/bob".to_owned(), "/topic/bob/#".to_owned()]),
-    )
-    .expect("add bob");
-    let users = Users::load(&path).expect("load users");
-    TestBroker::start_with(
-        |c| c.security.anonymous = anonymous,
-        Arc::new(UsersAccess::new(users, anonymous)),
+    TestBroker::with_users(
+        anonymous,
+        &[
+            Account {
+                user: "alice",
+                password: b"s3cret",
+                publish: None,
+                subscribe: None,
+            },
+            Account {
+                user: "bob",
+                password: b"hunter2",
+                publish: Some(&["/queue/bob"]),
+                subscribe: Some(&["/queue/bob", "/topic/bob/#"]),
+            },
+        ],
     )
     .await
 }
