@@ -332,9 +332,9 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-#[tokio::test]
-async fn every_bad_input_gets_an_error_then_a_close_and_harms_no_one_else() {
-    let mut broker = TestBroker::start_with(
+/// A broker with the frame, header-line and header-count limits above.
+async fn limits_broker() -> TestBroker {
+    TestBroker::start_with(
         |c| {
             c.stomp.frame_size_max_bytes = FRAME_MAX;
             c.stomp.header_size_max_bytes = HEADER_LINE_MAX;
@@ -342,7 +342,12 @@ async fn every_bad_input_gets_an_error_then_a_close_and_harms_no_one_else() {
         },
         Arc::new(rosetta::core::AllowAll),
     )
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn every_bad_input_gets_an_error_then_a_close_and_harms_no_one_else() {
+    let mut broker = limits_broker().await;
     // Stored messages that must survive everything below.
     let mut producer = StompClient::connect(broker.stomp(), &[]).await;
     for i in 0..5 {
@@ -393,32 +398,13 @@ async fn every_bad_input_gets_an_error_then_a_close_and_harms_no_one_else() {
         assert_eq!(m.text(), body, "after {}", case.name);
         bystander.ack(&m).await;
     }
-    assert_eq!(
-        broker
-            .core()
-            .queue_stats("kept")
-            .map(|s| (s.depth, s.in_flight)),
-        Some((5, 0))
-    );
+    assert_eq!(broker.queue("kept"), Some((5, 0)));
     // Still there after a restart: the journal took no harm either.
     drop((producer, bystander));
     broker.restart().await;
-    assert_eq!(
-        broker
-            .core()
-            .queue_stats("kept")
-            .map(|s| (s.depth, s.in_flight)),
-        Some((5, 0))
-    );
+    assert_eq!(broker.queue("kept"), Some((5, 0)));
     // Nothing a bad frame carried was stored.
-    assert_eq!(
-        broker
-            .core()
-            .queue_stats("bad")
-            .map(|s| s.depth)
-            .unwrap_or(0),
-        0
-    );
+    assert_eq!(broker.depth("bad").0, 0);
     let mut reader = StompClient::connect(broker.stomp(), &[]).await;
     reader.subscribe("k", "/queue/kept", "auto", &[]).await;
     let got = reader.messages(5).await;
@@ -447,14 +433,7 @@ async fn error_aborts_open_transactions() {
     .await;
     c.send_frame("NOPE", &[], b"").await;
     c.expect_error_then_close().await;
-    assert_eq!(
-        broker
-            .core()
-            .queue_stats("txerr")
-            .map(|s| s.depth)
-            .unwrap_or(0),
-        0
-    );
+    assert_eq!(broker.depth("txerr").0, 0);
     broker.stop().await;
 }
 
@@ -484,15 +463,7 @@ async fn no_connect_in_time() {
 /// Frames within the limits pass: the limits are where they are said to be.
 #[tokio::test]
 async fn frames_at_the_limits_are_accepted() {
-    let broker = TestBroker::start_with(
-        |c| {
-            c.stomp.frame_size_max_bytes = FRAME_MAX;
-            c.stomp.header_size_max_bytes = HEADER_LINE_MAX;
-            c.stomp.header_count_max = HEADERS_MAX;
-        },
-        Arc::new(rosetta::core::AllowAll),
-    )
-    .await;
+    let broker = limits_broker().await;
     let mut c = StompClient::connect(broker.stomp(), &[]).await;
     c.subscribe("s", "/queue/limits", "auto", &[]).await;
     // Head: command, destination, content-length, receipt, about 80 bytes.
