@@ -173,7 +173,7 @@ async fn addresses_follow_the_naming_scheme() {
     let mut r = amqp::receiver(&mut session, "r-q", "same").await;
     send_accepted(&mut s, "to the queue").await;
     assert_eq!(recv_text(&mut r).await, "to the queue");
-    assert!(broker.core().queue_stats("same").is_some());
+    assert!(broker.queue("same").is_some());
 
     // Topics and wildcards.
     let mut exact = amqp::receiver(&mut session, "t-exact", "/topic/a/b").await;
@@ -187,7 +187,7 @@ async fn addresses_follow_the_naming_scheme() {
     }
     recv_nothing(&mut other).await;
     // A topic publish is not a queue named after it.
-    assert!(broker.core().queue_stats("a/b").is_none());
+    assert!(broker.queue("a/b").is_none());
     conn.close().await.expect("close");
     broker.stop().await;
 }
@@ -222,10 +222,7 @@ async fn terminus_capabilities_choose_the_routing_type_of_a_bare_address() {
         .expect("topic sender");
     send_accepted(&mut pubr, "headline").await;
     assert_eq!(recv_text(&mut sub).await, "headline");
-    assert!(
-        broker.core().queue_stats("news").is_none(),
-        "no queue `news`"
-    );
+    assert!(broker.queue("news").is_none(), "no queue `news`");
     // Same as `/topic/news` for everyone else.
     let mut plain = amqp::sender(&mut session, "pub2", "/topic/news").await;
     send_accepted(&mut plain, "second").await;
@@ -293,10 +290,7 @@ async fn topic_subscriptions_non_durable_and_durable_across_restart() {
         }
         conn.close().await.expect("close");
     }
-    assert!(broker
-        .core()
-        .queue_stats("$durable/durable-client/my-sub")
-        .is_some());
+    assert!(broker.queue("$durable/durable-client/my-sub").is_some());
     {
         let (mut conn, mut session) = amqp::connect_session(&broker, "publisher").await;
         let mut s = amqp::sender(&mut session, "s", "/topic/d/news").await;
@@ -324,10 +318,7 @@ async fn topic_subscriptions_non_durable_and_durable_across_restart() {
         conn.close().await.expect("close");
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(broker
-        .core()
-        .queue_stats("$durable/durable-client/my-sub")
-        .is_none());
+    assert!(broker.queue("$durable/durable-client/my-sub").is_none());
     broker.stop().await;
 }
 
@@ -348,7 +339,7 @@ async fn dynamic_node_is_a_reply_to_for_stomp() {
         .expect("generated address");
     assert!(address.starts_with("/queue/"), "address {address}");
     let queue = address.trim_start_matches("/queue/").to_owned();
-    assert!(broker.core().queue_stats(&queue).is_some());
+    assert!(broker.queue(&queue).is_some());
 
     // A STOMP responder answers to the reply-to.
     let mut stomp = StompClient::connect(broker.stomp(), &[]).await;
@@ -379,10 +370,7 @@ async fn dynamic_node_is_a_reply_to_for_stomp() {
     // The temporary queue lives as long as its owner's connection.
     conn.close().await.expect("close");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        broker.core().queue_stats(&queue).is_none(),
-        "temp queue gone"
-    );
+    assert!(broker.queue(&queue).is_none(), "temp queue gone");
     broker.stop().await;
 }
 
