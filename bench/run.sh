@@ -82,11 +82,17 @@ header() {
 }
 
 bench_mqtt() {
-  start_rosetta; start_mosquitto; start_activemq
-  local b
+  local sc
   for sc in "mqtt-qos0 --count $(n 200000)" "mqtt-qos1 --count $(n 100000)" \
             "mqtt-fanout --subscribers 100 --count $(n 2000)" "mqtt-idle --connections 10000" \
             "mqtt-idle --connections 10000 --subscribe"; do
+    # Idle scenarios measure RSS growth, so each gets freshly started
+    # brokers: memory freed by earlier scenarios would be reused and hide
+    # what the connections cost.
+    if [ "${#PEER_PIDS[@]}" = 0 ] || [[ $sc == mqtt-idle* ]]; then
+      peers_stop_all
+      start_rosetta; start_mosquitto; start_activemq
+    fi
     # shellcheck disable=SC2086
     run_case rosetta "$ROSETTA_MQTT_PORT" "$ROSETTA_PID" $sc
     run_case mosquitto "$MOSQUITTO_PORT" "$MOSQUITTO_PID" $sc
