@@ -89,18 +89,13 @@ async fn broker_with_users(anonymous: bool) -> TestBroker {
     TestBroker::with_users(
         anonymous,
         &[
-            Account {
-                user: "alice",
-                password: b"s3cret",
-                publish: None,
-                subscribe: None,
-            },
-            Account {
-                user: "bob",
-                password: b"hunter2",
-                publish: Some(&["/queue/bob"]),
-                subscribe: Some(&["/queue/bob", "/topic/bob/#"]),
-            },
+            Account::unrestricted("alice", b"s3cret"),
+            Account::limited(
+                "bob",
+                b"hunter2",
+                &["/queue/bob"],
+                &["/queue/bob", "/topic/bob/#"],
+            ),
         ],
     )
     .await

@@ -181,18 +181,8 @@ pub async fn users_broker(anonymous: bool) -> TestBroker {
     TestBroker::with_users(
         anonymous,
         &[
-            Account {
-                user: "alice",
-                password: b"s3cret",
-                publish: None,
-                subscribe: None,
-            },
-            Account {
-                user: "bob",
-                password: b"hunter2",
-                publish: Some(only_bob),
-                subscribe: Some(only_bob),
-            },
+            Account::unrestricted("alice", b"s3cret"),
+            Account::limited("bob", b"hunter2", only_bob, only_bob),
         ],
     )
     .await

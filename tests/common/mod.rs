@@ -53,6 +53,33 @@ pub struct Account<'a> {
     pub subscribe: Option<&'a [&'a str]>,
 }
 
+impl<'a> Account<'a> {
+    /// An account that may publish and subscribe to anything.
+    pub fn unrestricted(user: &'a str, password: &'a [u8]) -> Self {
+        Account {
+            user,
+            password,
+            publish: None,
+            subscribe: None,
+        }
+    }
+
+    /// An account limited to the `publish` and `subscribe` patterns.
+    pub fn limited(
+        user: &'a str,
+        password: &'a [u8],
+        publish: &'a [&'a str],
+        subscribe: &'a [&'a str],
+    ) -> Self {
+        Account {
+            user,
+            password,
+            publish: Some(publish),
+            subscribe: Some(subscribe),
+        }
+    }
+}
+
 /// Access control from a users file written with `rosetta::users::add_user`
 /// in `dir` (kept there only while it is loaded) with `accounts`;
 /// `anonymous` says whether clients without credentials are let in.

@@ -831,18 +831,8 @@ pub fn users_access(
         dir,
         anonymous,
         &[
-            super::Account {
-                user: "alice",
-                password: b"secret",
-                publish: None,
-                subscribe: None,
-            },
-            super::Account {
-                user: "bob",
-                password: b"pw",
-                publish: Some(bob),
-                subscribe: Some(bob),
-            },
+            super::Account::unrestricted("alice", b"secret"),
+            super::Account::limited("bob", b"pw", bob, bob),
         ],
     )
 }
