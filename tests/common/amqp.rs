@@ -145,6 +145,19 @@ where
         .expect("recv")
 }
 
+/// The next `n` deliveries on `r`, in order and not settled; panics as
+/// [`recv`] if one does not come.
+pub async fn recv_n<T>(r: &mut Receiver, n: usize) -> Vec<Delivery<T>>
+where
+    for<'de> T: FromBody<'de> + Send,
+{
+    let mut got = Vec::with_capacity(n);
+    for _ in 0..n {
+        got.push(recv(r).await);
+    }
+    got
+}
+
 /// [`recv`] for a delivery whose body may be any section.
 pub async fn recv_any(r: &mut Receiver) -> AnyDelivery {
     recv(r).await
