@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::amqp::{self, durable, recv, send_accepted, WAIT};
 use common::TestBroker;
 use fe2o3_amqp::link::delivery::Delivery;
+use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::transaction::{
     Controller, Transaction, TransactionAcquisition, TransactionDischarge, TransactionPosting,
     TransactionRetirement,
@@ -18,19 +19,29 @@ fn delivery_count(d: &Delivery<String>) -> u32 {
     d.message().header.as_ref().map_or(0, |h| h.delivery_count)
 }
 
+/// Attaches the transaction coordinator link (`ctrl`); panics if refused.
+async fn coordinator(session: &mut SessionHandle<()>) -> Controller {
+    Controller::attach(session, "ctrl")
+        .await
+        .expect("coordinator")
+}
+
+/// Declares a transaction on `controller`; panics if the broker refuses.
+async fn declare(controller: &Controller) -> Transaction<'_> {
+    Transaction::declare(controller, None)
+        .await
+        .expect("declare")
+}
+
 #[tokio::test]
 async fn transactional_sends_commit_atomically_and_durably() {
     let mut broker = TestBroker::start().await;
     {
         let (mut conn, mut session) = amqp::connect_session(&broker, "txn-send").await;
-        let controller = Controller::attach(&mut session, "ctrl")
-            .await
-            .expect("coordinator");
+        let controller = coordinator(&mut session).await;
         let mut a = amqp::sender(&mut session, "a", "/queue/ta").await;
         let mut b = amqp::sender(&mut session, "b", "/queue/tb").await;
-        let txn = Transaction::declare(&controller, None)
-            .await
-            .expect("declare");
+        let txn = declare(&controller).await;
         for (to_a, text) in [(true, "a1"), (false, "b1"), (true, "a2")] {
             let s = if to_a { &mut a } else { &mut b };
             txn.post(s, durable(text))
@@ -67,13 +78,9 @@ async fn transactional_sends_commit_atomically_and_durably() {
 async fn transactional_sends_roll_back() {
     let broker = TestBroker::start().await;
     let (mut conn, mut session) = amqp::connect_session(&broker, "txn-rb").await;
-    let controller = Controller::attach(&mut session, "ctrl")
-        .await
-        .expect("coordinator");
+    let controller = coordinator(&mut session).await;
     let mut s = amqp::sender(&mut session, "s", "/queue/rb").await;
-    let txn = Transaction::declare(&controller, None)
-        .await
-        .expect("declare");
+    let txn = declare(&controller).await;
     for text in ["x", "y"] {
         txn.post(&mut s, durable(text)).await.expect("post");
     }
@@ -81,9 +88,7 @@ async fn transactional_sends_roll_back() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(broker.depth("rb"), (0, 0));
     // The link and the coordinator still work: a later transaction commits.
-    let txn = Transaction::declare(&controller, None)
-        .await
-        .expect("declare 2");
+    let txn = declare(&controller).await;
     txn.post(&mut s, durable("z")).await.expect("post");
     txn.commit().await.expect("commit");
     assert_eq!(broker.depth("rb").0, 1);
@@ -100,9 +105,7 @@ async fn transactional_sends_roll_back() {
 async fn transactional_acceptance_commits_or_rolls_back() {
     let broker = TestBroker::start().await;
     let (mut conn, mut session) = amqp::connect_session(&broker, "txn-ack").await;
-    let controller = Controller::attach(&mut session, "ctrl")
-        .await
-        .expect("coordinator");
+    let controller = coordinator(&mut session).await;
     let mut s = amqp::sender(&mut session, "s", "/queue/acq").await;
     for text in ["m1", "m2"] {
         send_accepted(&mut s, durable(text)).await;
@@ -113,9 +116,7 @@ async fn transactional_acceptance_commits_or_rolls_back() {
     let d2 = recv::<String>(&mut r).await;
 
     // Accepted inside a transaction that rolls back: not consumed.
-    let txn = Transaction::declare(&controller, None)
-        .await
-        .expect("declare");
+    let txn = declare(&controller).await;
     txn.accept(&mut r, &d1).await.expect("txn accept");
     txn.accept(&mut r, &d2).await.expect("txn accept");
     txn.rollback().await.expect("rollback");
@@ -133,9 +134,7 @@ async fn transactional_acceptance_commits_or_rolls_back() {
     assert_eq!((d2.body().as_str(), delivery_count(&d2)), ("m2", 1));
 
     // A committed transactional accept consumes.
-    let txn = Transaction::declare(&controller, None)
-        .await
-        .expect("declare");
+    let txn = declare(&controller).await;
     txn.accept(&mut r, &d1).await.expect("txn accept");
     txn.commit().await.expect("commit");
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -154,16 +153,12 @@ async fn transactional_acquisition_with_send_in_one_transaction() {
     // accept from `src`, post to `dst`, commit.
     let broker = TestBroker::start().await;
     let (mut conn, mut session) = amqp::connect_session(&broker, "txn-move").await;
-    let controller = Controller::attach(&mut session, "ctrl")
-        .await
-        .expect("coordinator");
+    let controller = coordinator(&mut session).await;
     let mut s = amqp::sender(&mut session, "s", "/queue/src").await;
     send_accepted(&mut s, durable("moving")).await;
     let mut out = amqp::sender(&mut session, "out", "/queue/dst").await;
     let mut r = amqp::manual_receiver(&mut session, "r", "/queue/src").await;
-    let txn = Transaction::declare(&controller, None)
-        .await
-        .expect("declare");
+    let txn = declare(&controller).await;
     txn.post(&mut out, durable("moved")).await.expect("post");
     let mut acq = txn
         .acquire(&mut r, 1)
@@ -195,17 +190,13 @@ async fn transactional_acquisition_by_flow_rolls_back_to_the_queue() {
     // or not the client disposed it, and a rollback gives it all back.
     let broker = TestBroker::start().await;
     let (mut conn, mut session) = amqp::connect_session(&broker, "txn-acquire").await;
-    let controller = Controller::attach(&mut session, "ctrl")
-        .await
-        .expect("coordinator");
+    let controller = coordinator(&mut session).await;
     let mut s = amqp::sender(&mut session, "s", "/queue/acq2").await;
     for text in ["a1", "a2"] {
         send_accepted(&mut s, durable(text)).await;
     }
     let mut r = amqp::manual_receiver(&mut session, "r", "/queue/acq2").await;
-    let txn = Transaction::declare(&controller, None)
-        .await
-        .expect("declare");
+    let txn = declare(&controller).await;
     let mut acq = txn.acquire(&mut r, 2).await.expect("acquire");
     let a1 = tokio::time::timeout(WAIT, acq.recv::<String>())
         .await
@@ -226,9 +217,7 @@ async fn transactional_acquisition_by_flow_rolls_back_to_the_queue() {
     assert_eq!(broker.depth("acq2"), (2, 0), "both back on the queue");
 
     // Acquired again and committed: consumed.
-    let txn = Transaction::declare(&controller, None)
-        .await
-        .expect("declare");
+    let txn = declare(&controller).await;
     let mut acq = txn.acquire(&mut r, 2).await.expect("acquire");
     for want in ["a1", "a2"] {
         let d = tokio::time::timeout(WAIT, acq.recv::<String>())
