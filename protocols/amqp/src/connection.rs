@@ -529,8 +529,14 @@ impl AmqpConnection {
             return Ok(());
         }
         let len = codec::value_len(&f.body).map_err(|e| Fault::Connection(e.into()))?;
-        let perf: Performative = codec::decode("performative", &f.body[..len])
-            .map_err(|e| Fault::Connection(e.into()))?;
+        let bytes = &f.body[..len];
+        // Transfers and dispositions, once per message, take a fast path.
+        let perf: Performative = match crate::fast_decode::performative(bytes) {
+            Some(perf) => perf,
+            None => {
+                codec::decode("performative", bytes).map_err(|e| Fault::Connection(e.into()))?
+            }
+        };
         let payload = f.body.slice(len..);
         trace!(conn = self.conn_id, channel = f.channel, ?perf, "recv");
         match self.phase {

@@ -5,6 +5,8 @@
 //! An unsettled publish is disposed `accepted` only when its commit ticket
 //! comes back; a pre-settled one is published with no confirmation.
 
+use std::borrow::Cow;
+
 use bytes::{Bytes, BytesMut};
 use fe2o3_amqp_types::definitions::Role;
 use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Outcome as AmqpOutcome, Rejected};
@@ -168,9 +170,9 @@ impl AmqpConnection {
             }
         };
         let address = match (&fixed_target, &decoded.to) {
-            (Some(a), _) => a.clone(),
+            (Some(a), _) => Cow::Borrowed(a),
             (None, Some(to)) => match Address::parse_destination(to) {
-                Ok(a) => a,
+                Ok(a) => Cow::Owned(a),
                 Err(e) => {
                     self.reject(
                         ch,
@@ -191,7 +193,7 @@ impl AmqpConnection {
                 return Ok(());
             }
         };
-        if let Address::Topic(name) = &address {
+        if let Address::Topic(name) = &*address {
             if let Err(e) = validate_topic_name(name) {
                 self.reject(ch, handle, &d, &AmqpError::InvalidField(e.to_string()));
                 return Ok(());

@@ -52,6 +52,7 @@ mod connection;
 mod coordinator;
 mod delivery;
 pub mod error;
+mod fast_decode;
 pub mod frame;
 mod idmap;
 mod link;

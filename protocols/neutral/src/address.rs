@@ -121,10 +121,17 @@ impl Address {
 
     /// The canonical STOMP/AMQP destination string for this address.
     pub fn to_destination(&self) -> String {
-        match self {
-            Address::Topic(t) => format!("{TOPIC_PREFIX}{t}"),
-            Address::Queue(q) => format!("{QUEUE_PREFIX}{q}"),
-        }
+        // Built by hand, not with `format!`: this runs for every message
+        // an AMQP client receives, and the formatting machinery cost more
+        // than the copy.
+        let (prefix, name) = match self {
+            Address::Topic(t) => (TOPIC_PREFIX, t),
+            Address::Queue(q) => (QUEUE_PREFIX, q),
+        };
+        let mut destination = String::with_capacity(prefix.len() + name.len());
+        destination.push_str(prefix);
+        destination.push_str(name);
+        destination
     }
 
     /// The core name (without prefix).
