@@ -180,8 +180,23 @@ fn check_queue_name(name: &str) -> Result<(), AddressError> {
 /// Checks a topic *name* (what a publisher sends to): non-empty, bounded, no
 /// NUL and no wildcard characters.
 pub fn validate_topic_name(name: &str) -> Result<(), AddressError> {
-    check_name(name)?;
-    if name.contains(['+', '#']) {
+    // One pass over the bytes (this runs for every publish): a NUL
+    // anywhere is reported before a wildcard, as `check_name` would.
+    if name.is_empty() {
+        return Err(AddressError::Empty);
+    }
+    if name.len() > ADDRESS_LEN_MAX {
+        return Err(AddressError::TooLong);
+    }
+    let mut wildcard = false;
+    for b in name.bytes() {
+        match b {
+            0 => return Err(AddressError::Nul),
+            b'+' | b'#' => wildcard = true,
+            _ => {}
+        }
+    }
+    if wildcard {
         return Err(AddressError::WildcardInName(name.to_owned()));
     }
     Ok(())
@@ -277,6 +292,27 @@ mod tests {
             assert!(validate_topic_filter(bad).is_err(), "{bad}");
         }
         assert!(validate_topic_name("a/+").is_err());
+    }
+
+    #[test]
+    fn topic_names_validate_with_nul_reported_first() {
+        for ok in ["a", "a/b", "/", "$SYS/x", "a b/é"] {
+            assert_eq!(validate_topic_name(ok), Ok(()), "{ok}");
+        }
+        assert_eq!(validate_topic_name(""), Err(AddressError::Empty));
+        assert_eq!(
+            validate_topic_name(&"a".repeat(ADDRESS_LEN_MAX + 1)),
+            Err(AddressError::TooLong)
+        );
+        assert_eq!(
+            validate_topic_name("a/#"),
+            Err(AddressError::WildcardInName("a/#".into()))
+        );
+        assert_eq!(
+            validate_topic_name("x+"),
+            Err(AddressError::WildcardInName("x+".into()))
+        );
+        assert_eq!(validate_topic_name("a+/\0b"), Err(AddressError::Nul));
     }
 
     #[test]
