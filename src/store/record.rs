@@ -393,16 +393,9 @@ pub(crate) fn decode_body(body: Bytes) -> Result<Vec<(Record, u32)>, DecodeError
     let n = r.count(RECORD_ENCODED_MIN_BYTES, "record count")?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        let tag = r.u8("record tag")?;
-        let version = r.u8("record version")?;
-        if version != RECORD_VERSION {
-            return Err(DecodeError::UnsupportedVersion {
-                what: "record",
-                version,
-            });
-        }
-        let len = r.length("record payload")?;
-        let mut payload = Reader::new(r.take(len, "record payload")?);
+        let (tag, payload) = record_frame(&mut r)?;
+        let len = payload.len();
+        let mut payload = Reader::new(payload);
         let rec = Record::decode_payload(tag, &mut payload)?;
         payload.finish("record payload")?;
         out.push((
@@ -412,6 +405,21 @@ pub(crate) fn decode_body(body: Bytes) -> Result<Vec<(Record, u32)>, DecodeError
     }
     r.finish("entry body")?;
     Ok(out)
+}
+
+/// Reads one record's frame (tag, version, length) and returns its tag and
+/// payload, undecoded.
+fn record_frame(r: &mut Reader) -> Result<(u8, Bytes), DecodeError> {
+    let tag = r.u8("record tag")?;
+    let version = r.u8("record version")?;
+    if version != RECORD_VERSION {
+        return Err(DecodeError::UnsupportedVersion {
+            what: "record",
+            version,
+        });
+    }
+    let len = r.length("record payload")?;
+    Ok((tag, r.take(len, "record payload")?))
 }
 
 /// Decodes only record `idx` of an entry body (recovery reading one
@@ -429,22 +437,10 @@ pub(crate) fn decode_record_at(body: &Bytes, idx: u32) -> Result<Record, DecodeE
             have: n,
         });
     }
-    let mut frame = || -> Result<(u8, Bytes), DecodeError> {
-        let tag = r.u8("record tag")?;
-        let version = r.u8("record version")?;
-        if version != RECORD_VERSION {
-            return Err(DecodeError::UnsupportedVersion {
-                what: "record",
-                version,
-            });
-        }
-        let len = r.length("record payload")?;
-        Ok((tag, r.take(len, "record payload")?))
-    };
     for _ in 0..idx {
-        frame()?;
+        record_frame(&mut r)?;
     }
-    let (tag, payload) = frame()?;
+    let (tag, payload) = record_frame(&mut r)?;
     let mut payload = Reader::new(Bytes::copy_from_slice(&payload));
     let rec = Record::decode_payload(tag, &mut payload)?;
     payload.finish("record payload")?;
