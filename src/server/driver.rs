@@ -28,6 +28,7 @@ use rosetta_neutral::{EventSink, SessionEvent};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Sleep;
+use tracing::Instrument;
 
 /// Read buffer of a new (or quiet) connection: the buffer is per
 /// connection and most connections are idle, so it starts small.
@@ -168,11 +169,13 @@ where
     C: ProtocolConnection,
     T: Transport,
 {
+    // `instrument` enters the span on each poll by reference; a span held
+    // in the driver would have to be cloned per poll to be entered while
+    // the driver is borrowed mutably.
     Driver {
         conn,
         io,
         events,
-        span,
         hard_stop: hard_stop_future(hard_stop),
         rbuf: Vec::new(),
         read_size: READ_BUFFER_MIN_BYTES,
@@ -183,6 +186,7 @@ where
         timer: None,
         phase: Phase::Running,
     }
+    .instrument(span)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,7 +213,6 @@ struct Driver<C, T> {
     conn: C,
     io: T,
     events: Arc<EventQueue>,
-    span: tracing::Span,
     hard_stop: HardStop,
     /// Empty (unallocated) between reads when the transport reports
     /// readiness and the connection is quiet.
@@ -236,10 +239,7 @@ impl<C: ProtocolConnection, T: Transport> Future for Driver<C, T> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let this = self.get_mut();
-        let span = this.span.clone();
-        let _entered = span.enter();
-        this.run(cx)
+        self.get_mut().run(cx)
     }
 }
 
