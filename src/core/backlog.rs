@@ -159,7 +159,7 @@ impl Paged {
 #[derive(Debug, Default)]
 pub(crate) struct Backlog {
     /// In memory, by sequence (a released message returns to its place).
-    memory: BTreeMap<MessageSeq, Entry>,
+    memory: InMemory,
     /// On disk, in sequence order, all newer than `memory`.
     paged: VecDeque<Paged>,
     file: Option<PageFile>,
@@ -184,8 +184,8 @@ impl Backlog {
 
     /// When the message at the head of the queue was enqueued.
     pub(crate) fn oldest_enqueued_at(&self) -> Option<Instant> {
-        match self.memory.first_key_value() {
-            Some((_, e)) => Some(e.enqueued_at),
+        match self.memory.first() {
+            Some(e) => Some(e.enqueued_at),
             None => self.paged.front().map(|p| p.enqueued_at),
         }
     }
@@ -210,13 +210,13 @@ impl Backlog {
             }
         }
         gauge.add(&entry);
-        self.memory.insert(entry.seq, entry);
+        self.memory.insert(entry);
     }
 
     /// A message that was in flight comes back (released, or redelivered):
     /// it is in memory and counted already.
     pub(crate) fn put_back(&mut self, entry: Entry) {
-        self.memory.insert(entry.seq, entry);
+        self.memory.insert(entry);
     }
 
     /// The message at the head, read back from disk if the in-memory part
@@ -225,7 +225,7 @@ impl Backlog {
         if self.memory.is_empty() && !self.paged.is_empty() {
             self.page_in(gauge, queue);
         }
-        self.memory.pop_first().map(|(_, e)| e)
+        self.memory.pop_first()
     }
 
     /// Empties the backlog (the queue is deleted); returns the in-memory
@@ -236,7 +236,7 @@ impl Backlog {
             .fetch_sub(self.paged.len() as u64, Ordering::Relaxed);
         self.paged.clear();
         self.file = None;
-        std::mem::take(&mut self.memory).into_values().collect()
+        std::mem::take(&mut self.memory).into_entries()
     }
 
     fn page_out(
@@ -295,11 +295,142 @@ impl Backlog {
             };
             let entry = p.into_entry(message);
             gauge.add(&entry);
-            self.memory.insert(entry.seq, entry);
+            self.memory.insert(entry);
         }
         if self.paged.is_empty() {
             if let Err(e) = file.clear() {
                 tracing::warn!(queue, error = %e, "cannot truncate the page file");
+            }
+        }
+    }
+}
+
+/// The in-memory part of a backlog, in sequence order.
+///
+/// Almost every message arrives with a higher sequence than any before it,
+/// and leaves from the front: a ring buffer does that with no allocation
+/// per message. (A `BTreeMap` alone allocated and freed a node whenever a
+/// queue went between empty and one message, which is every message for a
+/// consumer that keeps up, and moved whole entries on each pop.) Released
+/// messages, and the rare message whose enqueue overtook a newer one, go to
+/// an ordered map beside it; the head is the lower of the two heads.
+#[derive(Debug, Default)]
+struct InMemory {
+    in_order: VecDeque<Entry>,
+    out_of_order: BTreeMap<MessageSeq, Entry>,
+}
+
+impl InMemory {
+    fn len(&self) -> usize {
+        self.in_order.len() + self.out_of_order.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.in_order.is_empty() && self.out_of_order.is_empty()
+    }
+
+    fn insert(&mut self, entry: Entry) {
+        match self.in_order.back() {
+            Some(last) if last.seq >= entry.seq => {
+                self.out_of_order.insert(entry.seq, entry);
+            }
+            _ => self.in_order.push_back(entry),
+        }
+    }
+
+    /// Whether the head is in `out_of_order` rather than `in_order`.
+    fn head_is_out_of_order(&self) -> bool {
+        match (self.in_order.front(), self.out_of_order.first_key_value()) {
+            (Some(a), Some((b, _))) => *b < a.seq,
+            (None, Some(_)) => true,
+            _ => false,
+        }
+    }
+
+    fn first(&self) -> Option<&Entry> {
+        if self.head_is_out_of_order() {
+            self.out_of_order.first_key_value().map(|(_, e)| e)
+        } else {
+            self.in_order.front()
+        }
+    }
+
+    fn pop_first(&mut self) -> Option<Entry> {
+        if self.head_is_out_of_order() {
+            self.out_of_order.pop_first().map(|(_, e)| e)
+        } else {
+            self.in_order.pop_front()
+        }
+    }
+
+    /// Every entry, in no particular order.
+    fn into_entries(self) -> Vec<Entry> {
+        let mut all: Vec<Entry> = self.in_order.into();
+        all.extend(self.out_of_order.into_values());
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rosetta_neutral::Message;
+
+    use super::*;
+
+    fn entry(seq: MessageSeq) -> Entry {
+        Entry::new(seq, Arc::new(Message::default()), false)
+    }
+
+    fn drain(m: &mut InMemory) -> Vec<MessageSeq> {
+        std::iter::from_fn(|| m.pop_first())
+            .map(|e| e.seq)
+            .collect()
+    }
+
+    #[test]
+    fn in_memory_pops_in_sequence_order_whatever_the_insert_order() {
+        let mut m = InMemory::default();
+        for seq in [3, 5, 4, 9, 1, 7, 8, 2] {
+            m.insert(entry(seq));
+        }
+        assert_eq!(m.len(), 8);
+        assert_eq!(m.first().map(|e| e.seq), Some(1));
+        assert_eq!(drain(&mut m), vec![1, 2, 3, 4, 5, 7, 8, 9]);
+        assert!(m.is_empty());
+    }
+
+    #[test]
+    fn a_released_message_returns_ahead_of_newer_ones() {
+        let mut m = InMemory::default();
+        for seq in 10..15 {
+            m.insert(entry(seq));
+        }
+        let taken: Vec<Entry> = (0..3).filter_map(|_| m.pop_first()).collect();
+        m.insert(entry(15));
+        // Released in reverse, as a detaching consumer may return them.
+        for e in taken.into_iter().rev() {
+            m.insert(e);
+        }
+        assert_eq!(drain(&mut m), vec![10, 11, 12, 13, 14, 15]);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn in_memory_matches_a_sorted_model(ops in proptest::collection::vec((0u8..3, 0u64..64), 0..200)) {
+            let mut m = InMemory::default();
+            let mut model = std::collections::BTreeSet::new();
+            for (op, seq) in ops {
+                if op < 2 {
+                    if model.insert(seq) {
+                        m.insert(entry(seq));
+                    }
+                } else {
+                    proptest::prop_assert_eq!(m.pop_first().map(|e| e.seq), model.pop_first());
+                }
+                proptest::prop_assert_eq!(m.len(), model.len());
+                proptest::prop_assert_eq!(m.first().map(|e| e.seq), model.first().copied());
             }
         }
     }
