@@ -198,59 +198,22 @@ fn apply_settle(
     let mut dead = Vec::new();
     let out = {
         let mut st = queue.state.lock();
-        match st.inflight.get(&tag.0) {
-            Some((owner, _)) if *owner == key => {}
-            _ => return Err(BrokerError::Unknown("delivery")),
-        }
-        let Some((_, mut entry)) = st.inflight.remove(&tag.0) else {
-            return Err(BrokerError::Unknown("delivery"));
-        };
-        if let Some(slot) = st.consumers.iter_mut().find(|c| c.key == key) {
-            if let CreditMode::Window(_) = slot.mode {
-                slot.credit += 1;
-            }
-        }
-        match outcome {
-            Outcome::Accept => {
-                queue.release(&entry);
-                st.stats.acked_total += 1;
-                st.stats.time_in_queue_ms_total += elapsed_ms(entry.enqueued_at);
-                batch.records.extend(queue.ack_record(&entry));
-            }
-            Outcome::Release => {
-                Queue::put_back(&mut st, entry);
-            }
-            Outcome::Modify {
-                delivery_failed,
-                undeliverable_here,
-            } => {
-                if delivery_failed {
-                    entry.delivery_count += 1;
-                }
-                if entry.delivery_count >= inner.config.delivery_attempts_max {
-                    retire_to_dead_letter(queue, &mut st.stats, entry, batch, &mut dead);
-                } else {
-                    if undeliverable_here {
-                        entry.excluded = Some(key);
-                    }
-                    if delivery_failed && entry.journaled {
-                        batch.records.push(Record::DeliveryState {
-                            queue: queue.id,
-                            seq: entry.seq,
-                            delivery_count: entry.delivery_count,
-                            annotation: None,
-                        });
-                    }
-                    entry.annotation = None;
-                    Queue::put_back(&mut st, entry);
-                }
-            }
-            Outcome::Reject => {
-                retire_to_dead_letter(queue, &mut st.stats, entry, batch, &mut dead);
-            }
-        }
+        settle_locked(inner, queue, &mut st, key, tag, outcome, batch, &mut dead)?;
         queue.dispatch_locked(&mut st, rosetta_neutral::message::now_ms())
     };
+    finish_settles(inner, out, dead, batch);
+    Ok(())
+}
+
+/// After settling under a queue's lock: the dispatch's records join
+/// `batch`, dead entries are routed to the dead-letter address, and expired
+/// ones to the expiry address.
+fn finish_settles(
+    inner: &Inner,
+    out: super::queue::DispatchOutput,
+    dead: Vec<(super::queue::Entry, Arc<str>)>,
+    batch: &mut Batch,
+) {
     batch.records.extend(out.records);
     inner.dead_letter(dead, batch);
     if !out.expired.is_empty() {
@@ -258,6 +221,73 @@ fn apply_settle(
             records: Vec::new(),
             expired: out.expired,
         });
+    }
+}
+
+/// Applies `outcome` to one in-flight delivery, under the queue's lock,
+/// without dispatching what the freed credit allows (the caller does, once
+/// for all the deliveries it settles).
+#[allow(clippy::too_many_arguments)] // the pieces of one settle, all needed
+fn settle_locked(
+    inner: &Inner,
+    queue: &Arc<Queue>,
+    st: &mut super::queue::QueueState,
+    key: ConsumerKey,
+    tag: DeliveryTag,
+    outcome: Outcome,
+    batch: &mut Batch,
+    dead: &mut Vec<(super::queue::Entry, Arc<str>)>,
+) -> Result<(), BrokerError> {
+    match st.inflight.get(&tag.0) {
+        Some((owner, _)) if *owner == key => {}
+        _ => return Err(BrokerError::Unknown("delivery")),
+    }
+    let Some((_, mut entry)) = st.inflight.remove(&tag.0) else {
+        return Err(BrokerError::Unknown("delivery"));
+    };
+    if let Some(slot) = st.consumers.iter_mut().find(|c| c.key == key) {
+        if let CreditMode::Window(_) = slot.mode {
+            slot.credit += 1;
+        }
+    }
+    match outcome {
+        Outcome::Accept => {
+            queue.release(&entry);
+            st.stats.acked_total += 1;
+            st.stats.time_in_queue_ms_total += elapsed_ms(entry.enqueued_at);
+            batch.records.extend(queue.ack_record(&entry));
+        }
+        Outcome::Release => {
+            Queue::put_back(st, entry);
+        }
+        Outcome::Modify {
+            delivery_failed,
+            undeliverable_here,
+        } => {
+            if delivery_failed {
+                entry.delivery_count += 1;
+            }
+            if entry.delivery_count >= inner.config.delivery_attempts_max {
+                retire_to_dead_letter(queue, &mut st.stats, entry, batch, dead);
+            } else {
+                if undeliverable_here {
+                    entry.excluded = Some(key);
+                }
+                if delivery_failed && entry.journaled {
+                    batch.records.push(Record::DeliveryState {
+                        queue: queue.id,
+                        seq: entry.seq,
+                        delivery_count: entry.delivery_count,
+                        annotation: None,
+                    });
+                }
+                entry.annotation = None;
+                Queue::put_back(st, entry);
+            }
+        }
+        Outcome::Reject => {
+            retire_to_dead_letter(queue, &mut st.stats, entry, batch, dead);
+        }
     }
     Ok(())
 }
@@ -625,6 +655,52 @@ impl Session for CoreSession {
             &mut batch,
         )?;
         Ok(self.commit_batch(batch, confirm))
+    }
+
+    fn settle_many(
+        &mut self,
+        deliveries: &[(ConsumerId, DeliveryTag)],
+        outcome: Outcome,
+    ) -> Result<usize, BrokerError> {
+        let mut batch = Batch::default();
+        let mut settled = 0;
+        let mut rest = deliveries;
+        while let Some(&(consumer, _)) = rest.first() {
+            // One queue lock and one dispatch per run of one consumer's
+            // deliveries, instead of one per delivery.
+            let run = rest.iter().take_while(|(c, _)| *c == consumer).count();
+            let (this, next) = rest.split_at(run);
+            rest = next;
+            let queue = match self.state()?.consumers.get(&consumer) {
+                Some(c) => Arc::clone(&c.queue),
+                None => continue,
+            };
+            let key = ConsumerKey {
+                session: self.shared.id,
+                consumer,
+            };
+            let mut dead = Vec::new();
+            let out = {
+                let mut st = queue.state.lock();
+                for &(_, tag) in this {
+                    let settle = settle_locked(
+                        &self.inner,
+                        &queue,
+                        &mut st,
+                        key,
+                        tag,
+                        outcome,
+                        &mut batch,
+                        &mut dead,
+                    );
+                    settled += usize::from(settle.is_ok());
+                }
+                queue.dispatch_locked(&mut st, rosetta_neutral::message::now_ms())
+            };
+            finish_settles(&self.inner, out, dead, &mut batch);
+        }
+        self.commit_batch(batch, false);
+        Ok(settled)
     }
 
     fn annotate(

@@ -210,6 +210,54 @@ fn credit_window_limits_unsettled_deliveries() {
 }
 
 #[test]
+fn settle_many_settles_runs_of_consumers_skips_unknowns_and_refills_windows() {
+    let core = Core::in_memory();
+    let (mut s, e) = open(&core, "c");
+    let window = |q: &str| ConsumerSpec {
+        queue: q.into(),
+        credit: CreditMode::Window(2),
+        auto_settle: false,
+    };
+    let a = s.consume(window("qa")).expect("consume a");
+    let b = s.consume(window("qb")).expect("consume b");
+    for i in 0..4 {
+        publish(&mut s, queue("qa"), &format!("a{i}"));
+        publish(&mut s, queue("qb"), &format!("b{i}"));
+    }
+    let first = e.deliveries();
+    assert_eq!(first.len(), 4, "two each: the windows are full");
+    let tag = |body: &str| first.iter().find(|d| text(d) == body).map(|d| d.tag);
+    let (a0, a1, b0) = (tag("a0"), tag("a1"), tag("b0"));
+    let (Some(a0), Some(a1), Some(b0)) = (a0, a1, b0) else {
+        panic!(
+            "deliveries {:?}",
+            first.iter().map(text).collect::<Vec<_>>()
+        );
+    };
+    // A run of a's, one b, an unknown tag, and a's tag given to b.
+    let settled = s
+        .settle_many(
+            &[(a, a0), (a, a1), (b, b0), (b, DeliveryTag(9_999)), (b, a0)],
+            Outcome::Accept,
+        )
+        .expect("settle_many");
+    assert_eq!(settled, 3);
+    let mut next: Vec<String> = e.deliveries().iter().map(text).collect();
+    next.sort();
+    assert_eq!(next, vec!["a2", "a3", "b2"], "freed window slots refilled");
+    assert_eq!(
+        core.queue_stats("qa")
+            .map(|s| (s.depth, s.in_flight, s.acked_total)),
+        Some((0, 2, 2))
+    );
+    assert_eq!(
+        core.queue_stats("qb")
+            .map(|s| (s.depth, s.in_flight, s.acked_total)),
+        Some((1, 2, 1))
+    );
+}
+
+#[test]
 fn explicit_credit_and_drain() {
     let core = Core::in_memory();
     let (mut s, e) = open(&core, "c");

@@ -537,6 +537,31 @@ pub trait Session: Send {
         confirm: bool,
     ) -> Result<Option<Ticket>, BrokerError>;
 
+    /// Settles several deliveries, outside any transaction, with one
+    /// outcome: what an adapter does with a run of acknowledgements read in
+    /// one go (MQTT QoS 0 deliveries once written, an AMQP disposition
+    /// range). Cheaper than one [`Session::settle`] each: the core locks
+    /// each queue and dispatches once per run of one consumer's
+    /// deliveries. Unknown deliveries are skipped; returns how many were
+    /// settled. No ticket: use `settle` to wait for durability.
+    ///
+    /// The provided method settles one by one; a broker overrides it.
+    fn settle_many(
+        &mut self,
+        deliveries: &[(ConsumerId, DeliveryTag)],
+        outcome: Outcome,
+    ) -> Result<usize, BrokerError> {
+        let mut settled = 0;
+        for &(consumer, tag) in deliveries {
+            match self.settle(consumer, tag, outcome, None, false) {
+                Ok(_) => settled += 1,
+                Err(BrokerError::SessionClosed) => return Err(BrokerError::SessionClosed),
+                Err(_) => {}
+            }
+        }
+        Ok(settled)
+    }
+
     /// Saves adapter state for an unsettled delivery (e.g. the MQTT packet
     /// id and PUBREL phase); returned in [`Delivery::annotation`] when the
     /// message is redelivered, across restarts for durable queues.

@@ -383,6 +383,7 @@ impl MqttConnection {
             outbound_max: window as usize,
             held: VecDeque::new(),
             unsent_qos0: Vec::new(),
+            acked: Vec::new(),
             out_aliases: HashMap::new(),
             in_aliases: HashMap::new(),
             acks: VecDeque::new(),

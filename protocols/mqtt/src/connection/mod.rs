@@ -109,6 +109,9 @@ struct Open {
     /// settled in `poll_transmit`, so a consumer's window stays taken
     /// while the socket is not draining (slow-consumer backpressure).
     unsent_qos0: Vec<(ConsumerId, rosetta_neutral::DeliveryTag)>,
+    /// QoS 1 deliveries the client acknowledged in the current read,
+    /// settled together at its end.
+    acked: Vec<(ConsumerId, rosetta_neutral::DeliveryTag)>,
     /// Aliases we assigned toward the client.
     out_aliases: HashMap<String, u16>,
     /// Aliases the client assigned toward us.
@@ -210,12 +213,15 @@ impl MqttConnection {
                     tracing::trace!(conn_id = self.conn_id, ?packet, "packet in");
                     self.handle_packet(now, packet);
                 }
-                Ok(None) => return,
+                Ok(None) => break,
                 Err(e) => {
                     self.fail(MqttError::Codec(e));
                     return;
                 }
             }
+        }
+        if let State::Open(open) = &mut self.state {
+            open.settle_acked(self.conn_id);
         }
     }
 
@@ -275,7 +281,7 @@ impl MqttConnection {
                                 reason = d.reason,
                                 "client DISCONNECT"
                             );
-                            open.settle_sent_qos0(self.conn_id);
+                            open.settle_before_close(self.conn_id);
                             open.session.close(kind);
                             self.state = State::Closed;
                             Ok(())
@@ -357,8 +363,17 @@ impl MqttConnection {
 
     /// Appends all bytes that should be written to the socket now.
     pub fn poll_transmit(&mut self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.out);
-        self.out.clear();
+        if out.is_empty() {
+            // Hand the buffer over rather than copy it (a `BytesMut` that
+            // was never split becomes a `Vec` without copying). The next
+            // one starts at this one's size, so a busy connection does not
+            // grow it again step by step.
+            let next = BytesMut::with_capacity(self.out.len().min(IDLE_BUFFER_KEEP_BYTES));
+            *out = Vec::from(std::mem::replace(&mut self.out, next));
+        } else {
+            out.extend_from_slice(&self.out);
+            self.out.clear();
+        }
         if let State::Open(open) = &mut self.state {
             open.settle_sent_qos0(self.conn_id);
         }
@@ -390,6 +405,9 @@ impl MqttConnection {
     pub fn handle_transport_closed(&mut self, _now: Instant) {
         if let State::Open(open) = &mut self.state {
             tracing::debug!(conn_id = self.conn_id, "transport closed");
+            // What the client acknowledged is settled; what was written but
+            // maybe never sent returns to the queue.
+            open.settle_acked(self.conn_id);
             open.session.close(CloseKind::Abnormal);
         }
         self.state = State::Closed;
@@ -430,7 +448,7 @@ impl MqttConnection {
                     );
                 }
                 // Already written: the driver sends them before closing.
-                open.settle_sent_qos0(self.conn_id);
+                open.settle_before_close(self.conn_id);
                 open.session.close(CloseKind::Abnormal);
             }
             State::AwaitConnect { .. } => {

@@ -40,11 +40,35 @@ impl Open {
         }
     }
 
+    /// Settles the QoS 1 deliveries whose PUBACKs came in the last read:
+    /// one core call for all of them.
+    pub(super) fn settle_acked(&mut self, conn_id: u64) {
+        if self.acked.is_empty() {
+            return;
+        }
+        if let Err(e) = self.session.settle_many(&self.acked, Outcome::Accept) {
+            tracing::debug!(conn_id, error = %e, "settle failed");
+        }
+        self.acked.clear();
+    }
+
+    /// Settles what the client acknowledged and what was written, before
+    /// the session closes.
+    pub(super) fn settle_before_close(&mut self, conn_id: u64) {
+        self.settle_acked(conn_id);
+        self.settle_sent_qos0(conn_id);
+    }
+
     /// Settles the QoS 0 deliveries just handed to the driver.
     pub(super) fn settle_sent_qos0(&mut self, conn_id: u64) {
-        for (consumer, tag) in std::mem::take(&mut self.unsent_qos0) {
-            self.settle(conn_id, consumer, tag, Outcome::Accept);
+        if self.unsent_qos0.is_empty() {
+            return;
         }
+        if let Err(e) = self.session.settle_many(&self.unsent_qos0, Outcome::Accept) {
+            tracing::debug!(conn_id, error = %e, "settle failed");
+        }
+        // Cleared, not taken: the buffer is reused for the next write.
+        self.unsent_qos0.clear();
     }
 
     pub(super) fn on_delivery(&mut self, ctx: Ctx<'_>, d: Delivery) -> Result<(), MqttError> {
@@ -186,7 +210,13 @@ impl Open {
             self.unsent_qos0.push((d.consumer, d.tag));
             return Ok(());
         }
-        if resumed.is_none() {
+        // The packet id is saved for a redelivery after a reconnect. A
+        // session that ends with its connection (expiry 0) has none to
+        // come for its own queue, so it skips the core call; a shared
+        // group's queue outlives any one member, so it always saves.
+        let ends_with_connection =
+            self.session_expiry_s == 0 && Some(d.consumer) == self.session_consumer;
+        if resumed.is_none() && !ends_with_connection {
             self.annotate(ctx.conn_id, d.consumer, d.tag, pkid, Phase::Published);
         }
         self.outbound.insert(
@@ -228,12 +258,12 @@ impl Open {
             Some(f) if f.qos == 1 => {
                 let f = *f;
                 self.outbound.remove(a.pkid);
-                let outcome = if a.reason >= 0x80 {
-                    Outcome::Reject
+                if a.reason >= 0x80 {
+                    self.settle(ctx.conn_id, f.consumer, f.tag, Outcome::Reject);
                 } else {
-                    Outcome::Accept
-                };
-                self.settle(ctx.conn_id, f.consumer, f.tag, outcome);
+                    // Settled with the rest of this read's PUBACKs.
+                    self.acked.push((f.consumer, f.tag));
+                }
             }
             _ => tracing::debug!(
                 conn_id = ctx.conn_id,

@@ -12,10 +12,15 @@ fn annotation(pkid: u16, phase: u8) -> Bytes {
     Bytes::from(vec![1, hi, lo, phase])
 }
 
+/// The packet id is saved with the delivery only when the session outlives
+/// the connection: a clean session's queue goes with it, so no redelivery
+/// could ever resume it.
 #[test]
-fn qos1_delivery_is_annotated_and_settled_on_puback() {
-    for v5 in [false, true] {
-        let mut h = Harness::subscribed(v5);
+fn qos1_delivery_is_settled_on_puback_and_annotated_when_the_session_lasts() {
+    for (v5, clean) in [(false, false), (false, true), (true, true)] {
+        let mut h = Harness::new(v5);
+        h.connect_ok("c1", clean);
+        h.subscribe_ok("harness/#");
         h.event(SessionEvent::Delivery(delivery(
             1,
             10,
@@ -31,10 +36,12 @@ fn qos1_delivery_is_annotated_and_settled_on_puback() {
         assert_eq!((pkid, dup, q), (1, false, mqttbytes::QoS::AtLeastOnce));
         {
             let s = h.broker.state();
-            assert_eq!(
-                s.annotations,
+            let expected = if clean {
+                vec![]
+            } else {
                 vec![(ConsumerId(1), DeliveryTag(10), annotation(1, 1))]
-            );
+            };
+            assert_eq!(s.annotations, expected, "v5 {v5}, clean {clean}");
             assert!(s.settled.is_empty(), "not settled before PUBACK");
         }
         h.input(&puback(1));
