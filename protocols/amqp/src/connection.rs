@@ -113,6 +113,11 @@ pub struct AmqpConnection {
     pub(crate) out: Vec<u8>,
     /// Reused buffer for the non-body sections of outgoing messages.
     pub(crate) scratch: Vec<u8>,
+    /// Deliveries the peer accepted and settled in the frames read so far
+    /// and not yet settled in the core: settled together (one
+    /// `settle_many`) at the end of the read, or before any frame that
+    /// could observe them unsettled.
+    pub(crate) accepted_in: Vec<(rosetta_neutral::ConsumerId, rosetta_neutral::DeliveryTag)>,
     phase: Phase,
     sasl: SaslServer,
     principal: Option<Principal>,
@@ -169,6 +174,7 @@ impl AmqpConnection {
             decoder: FrameDecoder::new(),
             out: Vec::new(),
             scratch: Vec::new(),
+            accepted_in: Vec::new(),
             phase: Phase::Header,
             sasl: SaslServer::default(),
             principal: None,
@@ -226,7 +232,10 @@ impl AmqpConnection {
                         self.cfg.handshake_frame_size_max_bytes
                     };
                     match self.decoder.next_frame(max) {
-                        Ok(None) => return,
+                        Ok(None) => {
+                            self.settle_accepted_in();
+                            return;
+                        }
                         Ok(Some(f)) => self.on_frame(f),
                         Err(e) => self.fail(AmqpError::Frame(e)),
                     }
@@ -376,7 +385,22 @@ impl AmqpConnection {
             .then(|| Duration::from_millis(self.cfg.idle_timeout_ms.into()))
     }
 
+    /// Settles the batched accepted deliveries (see `accepted_in`).
+    pub(crate) fn settle_accepted_in(&mut self) {
+        if self.accepted_in.is_empty() {
+            return;
+        }
+        if let Some(core) = self.core.as_deref_mut() {
+            if let Err(e) = core.settle_many(&self.accepted_in, rosetta_neutral::Outcome::Accept) {
+                debug!(conn = self.conn_id, error = %e, "settle failed");
+            }
+        }
+        self.accepted_in.clear();
+    }
+
     pub(crate) fn close_core(&mut self, kind: CloseKind) {
+        // What the peer accepted before going stays accepted.
+        self.settle_accepted_in();
         if let Some(mut core) = self.core.take() {
             core.close(kind);
         }
@@ -557,6 +581,14 @@ impl AmqpConnection {
     }
 
     fn dispatch(&mut self, ch: u16, perf: Performative, payload: Bytes) -> Result<(), Fault> {
+        if !matches!(
+            perf,
+            Performative::Transfer(_) | Performative::Disposition(_) | Performative::Flow(_)
+        ) {
+            // A detach, end or close returns unsettled deliveries to their
+            // queues: the batched accepted ones must be settled first.
+            self.settle_accepted_in();
+        }
         match perf {
             Performative::Open(_) => Err(Fault::Connection(AmqpError::IllegalState(
                 "second open".into(),

@@ -271,6 +271,11 @@ impl AmqpConnection {
                 {
                     o.unsettled = o.unsettled.saturating_sub(1);
                 }
+                if !settle_back && txn.is_none() && outcome == Outcome::Accept {
+                    // The common case (accepted, settled): batched.
+                    self.accepted_in.push((od.consumer, od.tag));
+                    continue;
+                }
                 let confirm = settle_back && txn.is_none();
                 let result = core.settle(od.consumer, od.tag, outcome, txn, confirm);
                 if let (Ok(_), Some(t)) = (&result, txn) {

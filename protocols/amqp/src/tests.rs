@@ -42,6 +42,8 @@ struct Log {
     credits: Vec<(ConsumerId, u32, bool)>,
     settled: Vec<(ConsumerId, DeliveryTag, Outcome, Option<TxnId>)>,
     cancelled: Vec<ConsumerId>,
+    /// How many settlements the core had seen at each cancel.
+    settled_at_cancel: Vec<usize>,
     deleted: Vec<String>,
     commits: Vec<TxnId>,
     rollbacks: Vec<TxnId>,
@@ -149,7 +151,10 @@ impl Session for FakeSession {
         Ok(ConsumerId(log.consumers.len() as u64))
     }
     fn cancel(&mut self, c: ConsumerId) -> Result<(), BrokerError> {
-        self.log.lock().unwrap().cancelled.push(c);
+        let mut log = self.log.lock().unwrap();
+        log.cancelled.push(c);
+        let seen = log.settled.len();
+        log.settled_at_cancel.push(seen);
         Ok(())
     }
     fn set_credit(&mut self, c: ConsumerId, credit: u32, drain: bool) -> Result<(), BrokerError> {
@@ -1324,6 +1329,55 @@ fn receiver_outcomes_map_to_the_core() {
     p.send(0, &detach(0, true), &[]);
     assert_eq!(p.log().cancelled, vec![ConsumerId(1)]);
     assert!(matches!(p.perfs()[..], [Performative::Detach(_)]));
+}
+
+/// Accepted-and-settled dispositions are settled in the core together at
+/// the end of a read; a detach in the same read must still find them
+/// settled, or the core would hand them out again.
+#[test]
+fn accepts_batched_in_one_read_are_settled_before_a_detach_in_it() {
+    let mut p = Peer::new(true);
+    p.open();
+    attach_receiver(&mut p, 0, attach("rcv", 0, Role::Receiver, Some("q")));
+    p.send(0, &flow(0, 0, 10, false), &[]);
+    for tag in 0..4 {
+        p.event(delivery(1, tag, b"m"));
+    }
+    p.recv();
+    let accepted = |first: u32, last: u32| Disposition {
+        role: Role::Receiver,
+        first,
+        last: Some(last),
+        settled: true,
+        state: Some(DeliveryState::Accepted(Accepted {})),
+        batchable: false,
+    };
+    // One read: deliveries 0-1 accepted, then 2.
+    let mut read = Vec::new();
+    write_perf(&mut read, 0, &accepted(0, 1), &[]);
+    write_perf(&mut read, 0, &accepted(2, 2), &[]);
+    p.input(&read);
+    let tags: Vec<(u64, Outcome)> = p.log().settled.iter().map(|s| (s.1 .0, s.2)).collect();
+    assert_eq!(
+        tags,
+        vec![
+            (0, Outcome::Accept),
+            (1, Outcome::Accept),
+            (2, Outcome::Accept)
+        ],
+        "settled by the end of the read"
+    );
+    // Another read: 3 accepted, then the detach.
+    let mut read = Vec::new();
+    write_perf(&mut read, 0, &accepted(3, 3), &[]);
+    write_perf(&mut read, 0, &detach(0, true), &[]);
+    p.input(&read);
+    assert_eq!(p.log().cancelled, vec![ConsumerId(1)]);
+    assert_eq!(
+        p.log().settled_at_cancel,
+        vec![4],
+        "3 settled before the cancel"
+    );
 }
 
 #[test]

@@ -261,6 +261,15 @@ impl MqttConnection {
                     now_ms: self.clock.epoch_ms(now),
                     out: &mut self.out,
                 };
+                if !matches!(
+                    packet,
+                    Inbound::Publish(_) | Inbound::PubAck(_) | Inbound::PingReq
+                ) {
+                    // Batched PUBACK settlements go first, so that nothing
+                    // below (an UNSUBSCRIBE cancelling a consumer, say) sees
+                    // an acknowledged delivery as still unsettled.
+                    open.settle_acked(self.conn_id);
+                }
                 match packet {
                     Inbound::Connect(_) => Err(MqttError::Protocol("second CONNECT")),
                     Inbound::Publish(p) => open.on_publish(ctx, p),
