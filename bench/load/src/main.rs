@@ -8,9 +8,11 @@
 //!
 //! Layout: `run` (target, tally, supervisor), `stats` (percentiles, the
 //! payload timestamp, the report), `procfs` (CPU and RSS), one module per
-//! protocol, and `stomp_client` (a small STOMP client of our own).
+//! protocol, and two small clients of our own: `stomp_client` and
+//! `amqp_client`.
 
 mod amqp;
+mod amqp_client;
 mod mqtt;
 mod procfs;
 mod run;
@@ -120,6 +122,9 @@ enum Scenario {
     },
     /// AMQP 1.0 queue, 1 sender → 1 receiver, unsettled with a window.
     Amqp {
+        /// `wire`: our own batching client; `fe2o3`: fe2o3-amqp's.
+        #[arg(long, value_enum, default_value_t = amqp::Client::Wire)]
+        client: amqp::Client,
         #[arg(long, default_value_t = 50_000)]
         count: u64,
         #[arg(long, default_value_t = 1024)]
@@ -134,11 +139,14 @@ enum Scenario {
         /// Durable termini (RabbitMQ 3.x then declares a durable queue).
         #[arg(long)]
         durable_terminus: bool,
-        /// SASL PLAIN user (none: no SASL layer).
+        /// SASL PLAIN user (none: no SASL layer, unless --anonymous).
         #[arg(long)]
         user: Option<String>,
         #[arg(long, default_value = "")]
         password: String,
+        /// SASL ANONYMOUS (ignored with --user).
+        #[arg(long)]
+        anonymous: bool,
         #[arg(long, default_value = "/queue/")]
         prefix: String,
     },
@@ -225,6 +233,7 @@ async fn main() -> anyhow::Result<()> {
             stomp::run(&target, &p).await?
         }
         Scenario::Amqp {
+            client,
             count,
             size,
             window,
@@ -233,16 +242,23 @@ async fn main() -> anyhow::Result<()> {
             durable_terminus,
             user,
             password,
+            anonymous,
             prefix,
         } => {
+            let sasl = match user {
+                Some(user) => amqp_client::Sasl::Plain { user, password },
+                None if anonymous => amqp_client::Sasl::Anonymous,
+                None => amqp_client::Sasl::None,
+            };
             let p = amqp::Params {
+                client,
                 count,
                 size,
                 window,
                 credit,
                 durable: !non_durable,
                 durable_terminus,
-                user: user.map(|u| (u, password)),
+                sasl,
                 prefix,
             };
             amqp::run(&target, &p).await?

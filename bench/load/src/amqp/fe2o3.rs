@@ -1,9 +1,6 @@
-//! AMQP 1.0 scenario with fe2o3-amqp: one queue, 1 sender → 1 receiver,
-//! unsettled (at-least-once). The sender keeps up to `window` deliveries
-//! waiting for their `accepted` disposition; the receiver grants `credit`
-//! and accepts every message. Durable or non-durable messages.
+//! The AMQP scenario driven by fe2o3-amqp's client, kept to compare
+//! against the `wire` client (`--client fe2o3`).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,29 +9,15 @@ use fe2o3_amqp::connection::ConnectionHandle;
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::sasl_profile::SaslProfile;
 use fe2o3_amqp::session::SessionHandle;
-use fe2o3_amqp::types::messaging::{Data, Header, Message, Source, TerminusDurability};
+use fe2o3_amqp::types::messaging::{Data, Header, Message, Source};
 use fe2o3_amqp::types::primitives::Binary;
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
+use std::collections::VecDeque;
 
-use crate::run::{supervise, unique, Tally, Target};
-use crate::stats::{latency_ns, stamped_payload, Report};
-
-#[derive(Debug, Clone)]
-pub(crate) struct Params {
-    pub(crate) count: u64,
-    pub(crate) size: usize,
-    /// Deliveries the sender leaves unsettled before waiting.
-    pub(crate) window: usize,
-    pub(crate) credit: u32,
-    pub(crate) durable: bool,
-    /// Ask for durable source/target termini. RabbitMQ 3.x declares the
-    /// queue behind `/queue/x` with the terminus durability, so this is
-    /// what makes its queue durable.
-    pub(crate) durable_terminus: bool,
-    pub(crate) user: Option<(String, String)>,
-    /// Address prefix of a queue ("/queue/" for Rosetta and RabbitMQ).
-    pub(crate) prefix: String,
-}
+use super::{Measured, Meter, Params};
+use crate::amqp_client::Sasl;
+use crate::run::{supervise, Tally, Target};
+use crate::stats::{latency_ns, stamped_payload};
 
 async fn open(
     target: &Target,
@@ -45,23 +28,19 @@ async fn open(
     let mut b = Connection::builder()
         .container_id(id.to_owned())
         .hostname(target.host.as_str());
-    if let Some((u, pw)) = &p.user {
-        b = b.sasl_profile(SaslProfile::Plain {
-            username: u.clone(),
-            password: pw.clone(),
-        });
+    match &p.sasl {
+        Sasl::None => {}
+        Sasl::Anonymous => b = b.sasl_profile(SaslProfile::Anonymous),
+        Sasl::Plain { user, password } => {
+            b = b.sasl_profile(SaslProfile::Plain {
+                username: user.clone(),
+                password: password.clone(),
+            });
+        }
     }
     let mut conn = b.open_with_stream(stream).await.context("AMQP open")?;
     let session = Session::begin(&mut conn).await.context("AMQP begin")?;
     Ok((conn, session))
-}
-
-fn durability(p: &Params) -> TerminusDurability {
-    if p.durable_terminus {
-        TerminusDurability::UnsettledState
-    } else {
-        TerminusDurability::None
-    }
 }
 
 async fn receive(
@@ -126,16 +105,13 @@ where
     }
 }
 
-pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
-    let queue = unique("bench-amqp");
-    let addr = format!("{}{queue}", p.prefix);
-    let scenario = if p.durable {
-        "amqp-durable"
-    } else {
-        "amqp-nondurable"
-    };
-    let tally = Tally::new(p.count);
-
+pub(super) async fn run(
+    target: &Target,
+    p: &Params,
+    queue: &str,
+    addr: &str,
+    tally: Arc<Tally>,
+) -> anyhow::Result<Measured> {
     // Receiver first: RabbitMQ declares the queue on attach, and no message
     // may arrive before anyone listens.
     let (mut rconn, mut rsession) = open(target, p, &format!("{queue}-r")).await?;
@@ -143,8 +119,8 @@ pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
         .name(format!("{queue}-r"))
         .source(
             Source::builder()
-                .address(addr.clone())
-                .durable(durability(p))
+                .address(addr.to_owned())
+                .durable(p.durability())
                 .build(),
         )
         .credit_mode(CreditMode::Auto(p.credit))
@@ -156,8 +132,8 @@ pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
         .name(format!("{queue}-s"))
         .target(
             fe2o3_amqp::types::messaging::Target::builder()
-                .address(addr)
-                .durable(durability(p))
+                .address(addr.to_owned())
+                .durable(p.durability())
                 .build(),
         )
         .attach(&mut ssession)
@@ -165,25 +141,20 @@ pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
         .context("attach sender")?;
 
     let rx = tokio::spawn(receive(receiver, tally.clone()));
-    let load0 = crate::procfs::self_cpu_us();
-    let cpu0 = target.cpu_us()?;
-    let started = Instant::now();
+    let meter = Meter::start(target)?;
     let tx = tokio::spawn(send(
         sender,
         p.clone(),
         target.clone(),
         tally.clone(),
-        started,
+        meter.started,
     ));
-    let mut error = supervise(&tally, target, started).await;
-    let elapsed = started.elapsed();
-    let cpu1 = target.cpu_us()?;
-    let load1 = crate::procfs::self_cpu_us();
+    let mut error = supervise(&tally, target, meter.started).await;
+    let mut m = meter.stop(target)?;
 
-    let mut latencies = Vec::new();
     match rx.await? {
         Ok((r, l)) => {
-            latencies = l;
+            m.latencies_ns = l;
             let _ = r.close().await;
         }
         Err(e) => error = error.or(Some(format!("receiver: {e:#}"))),
@@ -203,21 +174,6 @@ pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
     let _ = ssession.end().await;
     let _ = rconn.close().await;
     let _ = sconn.close().await;
-    Ok(Report {
-        scenario: scenario.into(),
-        broker: target.name.clone(),
-        expected: tally.expected(),
-        received: tally.received(),
-        elapsed,
-        latencies_ns: latencies,
-        broker_cpu_us: cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
-        load_cpu_us: load0.zip(load1).map(|(a, b)| b.saturating_sub(a)),
-        extra: vec![
-            ("size", p.size.into()),
-            ("durable", p.durable.into()),
-            ("window", p.window.into()),
-            ("credit", p.credit.into()),
-        ],
-        error,
-    })
+    m.error = error;
+    Ok(m)
 }
