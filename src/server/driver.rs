@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use bytes::BytesMut;
 use futures_util::task::AtomicWaker;
 use rosetta_neutral::{EventSink, SessionEvent};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -64,6 +65,19 @@ pub(crate) trait ProtocolConnection: Send + 'static {
     fn wants_input(&self) -> bool;
     fn is_closed(&self) -> bool;
     fn handle_transport_closed(&mut self, now: Instant);
+
+    /// The protocol's own parse buffer, for an adapter that parses from a
+    /// `BytesMut`: the driver reads straight into its spare capacity, so
+    /// input is copied once (socket to buffer) and payloads become
+    /// `Bytes` views of it. `None` (the default): the driver reads into a
+    /// buffer of its own and hands [`Self::handle_input`] a slice, which
+    /// the adapter then copies.
+    fn input_buffer(&mut self) -> Option<&mut BytesMut> {
+        None
+    }
+
+    /// Bytes were appended to [`Self::input_buffer`]: parse them.
+    fn handle_buffered_input(&mut self, _now: Instant) {}
 }
 
 /// A byte transport the driver can run a connection over.
@@ -421,6 +435,9 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
             }
             Poll::Ready(Ok(())) => {}
         }
+        if self.conn.input_buffer().is_some() {
+            return self.poll_input_buffered(cx);
+        }
         if self.rbuf.len() != self.read_size {
             self.rbuf.resize(self.read_size, 0);
             self.rbuf.shrink_to_fit();
@@ -452,12 +469,50 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
     }
 }
 
+impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
+    /// [`Self::poll_input`] for a protocol that lends its parse buffer:
+    /// the same adaptive read size, read into that buffer's spare capacity.
+    fn poll_input_buffered(&mut self, cx: &mut Context<'_>) -> Step {
+        let Some(buf) = self.conn.input_buffer() else {
+            return Step::Idle;
+        };
+        buf.reserve(self.read_size);
+        let before = buf.len();
+        match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, buf) {
+            Poll::Pending => Step::Idle,
+            Poll::Ready(Err(e)) => {
+                tracing::debug!(error = %e, "read failed; closing");
+                self.conn.handle_transport_closed(Instant::now());
+                Step::Closed
+            }
+            Poll::Ready(Ok(0)) => {
+                tracing::debug!("peer closed the connection");
+                self.conn.handle_transport_closed(Instant::now());
+                Step::Closed
+            }
+            Poll::Ready(Ok(n)) => {
+                debug_assert_eq!(buf.len(), before + n);
+                self.conn.handle_buffered_input(Instant::now());
+                self.read_size = next_read_size(self.read_size, n);
+                if self.read_size == READ_BUFFER_MIN_BYTES && self.io.reports_readiness() {
+                    // Quiet: wait for the next bytes without a buffer (one
+                    // holding only part of a frame is kept).
+                    if let Some(buf) = self.conn.input_buffer().filter(|b| b.is_empty()) {
+                        *buf = BytesMut::new();
+                    }
+                }
+                Step::Progress
+            }
+        }
+    }
+}
+
 /// The size of the read after one that returned `last_read` bytes into a
 /// buffer of `size`: double it when the read filled it (more is waiting:
 /// fewer, larger reads), back to the minimum when reads are small again
 /// (an idle connection should not keep a burst's buffer).
 fn next_read_size(size: usize, last_read: usize) -> usize {
-    if last_read == size {
+    if last_read >= size {
         (size * 2).min(READ_BUFFER_MAX_BYTES)
     } else if last_read < size / 8 {
         READ_BUFFER_MIN_BYTES

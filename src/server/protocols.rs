@@ -58,6 +58,20 @@ impl Wire {
 
 macro_rules! forward_protocol_connection {
     ($ty:ty) => {
+        forward_protocol_connection!(@impl $ty, {});
+    };
+    // The adapter lends the driver its parse buffer.
+    ($ty:ty, lends_input_buffer) => {
+        forward_protocol_connection!(@impl $ty, {
+            fn input_buffer(&mut self) -> Option<&mut bytes::BytesMut> {
+                Some(<$ty>::input_buffer(self))
+            }
+            fn handle_buffered_input(&mut self, now: Instant) {
+                <$ty>::handle_buffered_input(self, now)
+            }
+        });
+    };
+    (@impl $ty:ty, { $($extra:tt)* }) => {
         impl ProtocolConnection for $ty {
             fn handle_input(&mut self, now: Instant, data: &[u8]) {
                 <$ty>::handle_input(self, now, data)
@@ -83,13 +97,16 @@ macro_rules! forward_protocol_connection {
             fn handle_transport_closed(&mut self, now: Instant) {
                 <$ty>::handle_transport_closed(self, now)
             }
+            $($extra)*
         }
     };
 }
 
+// STOMP's decoder takes bytes through `feed` (it scans for NUL as they
+// come), so it keeps the copying path.
 forward_protocol_connection!(rosetta_stomp::StompConnection);
-forward_protocol_connection!(rosetta_mqtt::MqttConnection);
-forward_protocol_connection!(rosetta_amqp::AmqpConnection);
+forward_protocol_connection!(rosetta_mqtt::MqttConnection, lends_input_buffer);
+forward_protocol_connection!(rosetta_amqp::AmqpConnection, lends_input_buffer);
 
 /// Serves one accepted TCP connection on a listener of `kind`.
 ///

@@ -210,13 +210,24 @@ impl AmqpConnection {
 
     /// Bytes read from the socket (any split: partial frames, many frames).
     pub fn handle_input(&mut self, now: Instant, data: &[u8]) {
+        self.decoder.push(data);
+        self.handle_buffered_input(now);
+    }
+
+    /// The parse buffer, for a driver that reads straight into it; call
+    /// [`Self::handle_buffered_input`] after appending.
+    pub fn input_buffer(&mut self) -> &mut bytes::BytesMut {
+        self.decoder.buffer_mut()
+    }
+
+    /// Parses what was appended to [`Self::input_buffer`].
+    pub fn handle_buffered_input(&mut self, now: Instant) {
         self.now = now;
         self.now_ms = rosetta_neutral::message::now_ms();
         if matches!(self.phase, Phase::Closed) {
             return;
         }
         self.last_recv = now;
-        self.decoder.push(data);
         loop {
             match self.phase {
                 Phase::Closed => return,

@@ -110,6 +110,11 @@ impl FrameDecoder {
         self.buf.extend_from_slice(data);
     }
 
+    /// The buffer itself, for a caller that reads straight into it.
+    pub fn buffer_mut(&mut self) -> &mut BytesMut {
+        &mut self.buf
+    }
+
     /// Bytes buffered but not yet decoded.
     pub fn buffered(&self) -> usize {
         self.buf.len()

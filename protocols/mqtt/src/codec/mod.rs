@@ -250,6 +250,11 @@ impl Decoder {
         self.buf.extend_from_slice(data);
     }
 
+    /// The buffer itself, for a caller that reads straight into it.
+    pub fn buffer_mut(&mut self) -> &mut BytesMut {
+        &mut self.buf
+    }
+
     /// Releases the read buffer when it is empty and larger than `keep`.
     pub fn shrink_if_idle(&mut self, keep: usize) {
         if self.buf.is_empty() && self.buf.capacity() > keep {

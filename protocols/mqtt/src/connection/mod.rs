@@ -197,13 +197,24 @@ impl MqttConnection {
 
     /// Bytes read from the socket (any split: partial frames, many frames).
     pub fn handle_input(&mut self, now: Instant, data: &[u8]) {
-        if let State::Open(open) = &mut self.state {
-            open.last_input = now;
-        }
         if matches!(self.state, State::Closed) {
             return;
         }
         self.decoder.extend(data);
+        self.handle_buffered_input(now);
+    }
+
+    /// The parse buffer, for a driver that reads straight into it; call
+    /// [`Self::handle_buffered_input`] after appending.
+    pub fn input_buffer(&mut self) -> &mut BytesMut {
+        self.decoder.buffer_mut()
+    }
+
+    /// Parses what was appended to [`Self::input_buffer`].
+    pub fn handle_buffered_input(&mut self, now: Instant) {
+        if let State::Open(open) = &mut self.state {
+            open.last_input = now;
+        }
         loop {
             if matches!(self.state, State::Closed) {
                 return;
