@@ -58,6 +58,7 @@ mod idmap;
 mod link;
 mod message;
 mod sasl;
+mod section_writer;
 mod session;
 
 #[cfg(test)]

@@ -34,8 +34,10 @@
 
 use bytes::Bytes;
 use fe2o3_amqp_types::messaging::annotations::OwnedKey;
+
+use crate::section_writer;
 use fe2o3_amqp_types::messaging::{
-    ApplicationProperties, Header, MessageAnnotations, MessageId as AmqpMessageId, Priority,
+    ApplicationProperties, Header, MessageAnnotations, MessageId as AmqpMessageId,
     Properties as AmqpProperties,
 };
 use fe2o3_amqp_types::primitives::{
@@ -201,15 +203,6 @@ fn from_amqp_id(id: AmqpMessageId) -> MessageId {
     }
 }
 
-fn to_amqp_id(id: &MessageId) -> AmqpMessageId {
-    match id {
-        MessageId::Ulong(v) => AmqpMessageId::Ulong(*v),
-        MessageId::Uuid(u) => AmqpMessageId::Uuid(Uuid::from(*u)),
-        MessageId::Binary(b) => AmqpMessageId::Binary(Binary::from(b.to_vec())),
-        MessageId::String(s) => AmqpMessageId::String(s.clone()),
-    }
-}
-
 fn from_application_properties(a: ApplicationProperties) -> Properties {
     a.0.into_inner()
         .into_iter()
@@ -281,52 +274,23 @@ pub(crate) fn encode_head<'d>(
     let ttl = m
         .expiry
         .map(|e| u32::try_from(e.saturating_sub(now_ms).max(1)).unwrap_or(u32::MAX));
-    let header = Header {
-        durable: m.durable,
-        priority: Priority(m.priority),
-        ttl,
-        first_acquirer: !delivery.redelivered,
-        delivery_count: delivery.delivery_count,
-    };
-    codec::encode_into(head, &header)?;
+    section_writer::write_header(
+        head,
+        section_writer::HeaderFields {
+            durable: m.durable,
+            priority: m.priority,
+            ttl,
+            first_acquirer: !delivery.redelivered,
+            delivery_count: delivery.delivery_count,
+        },
+    );
     if delivery.from_retained {
         write_retained_annotations(head, m.amqp_annotations.as_deref())?;
     } else if let Some(ann) = &m.amqp_annotations {
         head.extend_from_slice(ann);
     }
-    let has_props = m.message_id.is_some()
-        || m.correlation_id.is_some()
-        || m.user_id.is_some()
-        || m.address.is_some()
-        || m.subject.is_some()
-        || m.reply_to.is_some()
-        || m.content_type.is_some()
-        || m.content_encoding.is_some()
-        || m.expiry.is_some()
-        || m.creation_time.is_some()
-        || m.group_id.is_some()
-        || m.group_sequence.is_some();
-    if has_props {
-        let props = AmqpProperties {
-            message_id: m.message_id.as_ref().map(to_amqp_id),
-            user_id: m.user_id.as_ref().map(|b| Binary::from(b.to_vec())),
-            to: m.address.as_ref().map(Address::to_destination),
-            subject: m.subject.clone(),
-            reply_to: m.reply_to.clone(),
-            correlation_id: m.correlation_id.as_ref().map(to_amqp_id),
-            content_type: m.content_type.as_deref().map(Symbol::from),
-            content_encoding: m.content_encoding.as_deref().map(Symbol::from),
-            absolute_expiry_time: m
-                .expiry
-                .map(|e| Timestamp::from_milliseconds(i64::try_from(e).unwrap_or(i64::MAX))),
-            creation_time: m
-                .creation_time
-                .map(|e| Timestamp::from_milliseconds(i64::try_from(e).unwrap_or(i64::MAX))),
-            group_id: m.group_id.clone(),
-            group_sequence: m.group_sequence,
-            reply_to_group_id: None,
-        };
-        codec::encode_into(head, &props)?;
+    if section_writer::has_properties(m) {
+        section_writer::write_properties(head, m);
     }
     if !m.properties.is_empty() {
         let mut map = OrderedMap::with_capacity(m.properties.len());
@@ -412,7 +376,7 @@ mod tests {
             &mut p,
             &Header {
                 durable: true,
-                priority: Priority(7),
+                priority: fe2o3_amqp_types::messaging::Priority(7),
                 ttl: Some(1000),
                 first_acquirer: false,
                 delivery_count: 0,
