@@ -143,7 +143,29 @@ async fn send(
     let mut message = Vec::with_capacity(message_len);
     let mut sent = 0u64;
     let mut producing = true;
+    // Frames first: the read that brought the attach may hold the first
+    // flow already.
     loop {
+        while let Some((perf, _)) = conn.next_performative()? {
+            match perf {
+                Performative::Flow(f) if f.handle.as_ref().is_some_and(|h| h.0 == HANDLE) => {
+                    credit.on_flow(f.delivery_count, f.link_credit.unwrap_or(0));
+                }
+                Performative::Disposition(d) if d.role == Role::Receiver => {
+                    let last = d.last.unwrap_or(d.first);
+                    check_outcome(&d).map_err(|outcome| WireError::NotAccepted {
+                        first: d.first,
+                        last,
+                        outcome,
+                    })?;
+                    outstanding
+                        .settle(d.first, last)
+                        .map_err(ClientError::from)?;
+                }
+                Performative::Detach(d) => return Err(detached(&d)),
+                _ => {}
+            }
+        }
         while producing {
             if sent >= p.count || target.send_time_over(started) {
                 producing = false;
@@ -169,26 +191,6 @@ async fn send(
             break;
         }
         conn.pump().await?;
-        while let Some((perf, _)) = conn.next_performative()? {
-            match perf {
-                Performative::Flow(f) if f.handle.as_ref().is_some_and(|h| h.0 == HANDLE) => {
-                    credit.on_flow(f.delivery_count, f.link_credit.unwrap_or(0));
-                }
-                Performative::Disposition(d) if d.role == Role::Receiver => {
-                    let last = d.last.unwrap_or(d.first);
-                    check_outcome(&d).map_err(|outcome| WireError::NotAccepted {
-                        first: d.first,
-                        last,
-                        outcome,
-                    })?;
-                    outstanding
-                        .settle(d.first, last)
-                        .map_err(ClientError::from)?;
-                }
-                Performative::Detach(d) => return Err(detached(&d)),
-                _ => {}
-            }
-        }
     }
     let _ = conn.close(HANDLE).await;
     Ok(())
