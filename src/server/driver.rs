@@ -37,9 +37,12 @@ const READ_BUFFER_MIN_BYTES: usize = 512;
 /// The read buffer doubles up to this while reads keep filling it (a busy
 /// producer), so a burst still costs few syscalls.
 const READ_BUFFER_MAX_BYTES: usize = 64 * 1024;
-/// Output capacity kept between writes; a burst's larger buffer is given
-/// back afterwards.
-const WRITE_BUFFER_KEPT_BYTES: usize = 16 * 1024;
+/// Output capacity kept between writes while writes stay large; a burst's
+/// larger buffer is given back afterwards. As large as the biggest read,
+/// so a connection relaying a busy producer's reads (AMQP hands its output
+/// buffer over and gets this one back) does not regrow its buffer by
+/// doubling, copying it each time, on every turn.
+const WRITE_BUFFER_KEPT_BYTES: usize = 64 * 1024;
 /// A write at most this large does not keep its buffer: a quiet connection
 /// pays one allocation per write instead of holding memory while idle.
 const WRITE_BUFFER_FREED_BELOW_BYTES: usize = 1024;
