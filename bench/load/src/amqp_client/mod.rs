@@ -695,3 +695,149 @@ pub(crate) fn check_outcome(d: &Disposition) -> Result<(), String> {
         (Some(other), _) => Err(format!("{other:?}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// Reads one frame from a raw socket (the fake broker's side).
+    async fn read_frame(s: &mut tokio::net::TcpStream, buf: &mut BytesMut) -> frame::Frame {
+        loop {
+            if let Some(f) = frame::decode_frame(buf, FRAME_SIZE_MAX).expect("valid frame") {
+                return f;
+            }
+            assert!(s.read_buf(buf).await.expect("read") > 0, "client hung up");
+        }
+    }
+
+    fn perf_frame(p: &Performative) -> Vec<u8> {
+        let mut out = Vec::new();
+        let start = frame::begin_frame(&mut out, frame::TYPE_AMQP, 0);
+        codec::encode_into(&mut out, p).expect("encodes");
+        frame::finish_frame(&mut out, start);
+        out
+    }
+
+    /// A fake broker with a 200 ms idle-time-out: the client, idle in
+    /// `pump`, must send empty frames at least that often.
+    #[tokio::test]
+    async fn heartbeats_honour_the_brokers_idle_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let broker = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("accept");
+            let mut buf = BytesMut::new();
+            while buf.len() < frame::HEADER_LEN {
+                s.read_buf(&mut buf).await.expect("read");
+            }
+            assert_eq!(frame::decode_protocol_header(&mut buf), Ok(Some(0)));
+            s.write_all(&frame::protocol_header(frame::PROTOCOL_AMQP))
+                .await
+                .expect("write");
+            let open = read_frame(&mut s, &mut buf).await;
+            let (p, _) = codec::split_performative(&open.body).expect("performative");
+            assert!(matches!(p, Performative::Open(_)), "{p:?}");
+            let reply = perf_frame(&Performative::Open(Open {
+                container_id: "fake".into(),
+                hostname: None,
+                max_frame_size: MaxFrameSize(4096),
+                channel_max: ChannelMax(0),
+                idle_time_out: Some(200),
+                outgoing_locales: None,
+                incoming_locales: None,
+                offered_capabilities: None,
+                desired_capabilities: None,
+                properties: None,
+            }));
+            s.write_all(&reply).await.expect("write");
+            let begin = read_frame(&mut s, &mut buf).await;
+            let (p, _) = codec::split_performative(&begin.body).expect("performative");
+            assert!(matches!(p, Performative::Begin(_)), "{p:?}");
+            let reply = perf_frame(&Performative::Begin(Begin {
+                remote_channel: Some(0),
+                next_outgoing_id: 0,
+                incoming_window: 10,
+                outgoing_window: 10,
+                handle_max: Handle(0),
+                offered_capabilities: None,
+                desired_capabilities: None,
+                properties: None,
+            }));
+            s.write_all(&reply).await.expect("write");
+            // Count heartbeats for one second.
+            let mut beats = 0;
+            let end = Instant::now() + Duration::from_secs(1);
+            while let Ok(f) = tokio::time::timeout_at(end, read_frame(&mut s, &mut buf)).await {
+                assert!(f.body.is_empty(), "only heartbeats expected");
+                beats += 1;
+            }
+            beats
+        });
+        let target = Target {
+            host: "127.0.0.1".into(),
+            port,
+            name: "fake".into(),
+            proc: None,
+            stall: Duration::from_secs(5),
+            timeout: Duration::from_secs(5),
+            duration: None,
+        };
+        let mut c = Connection::open(&target, &Sasl::None, "test")
+            .await
+            .expect("handshake");
+        assert_eq!(c.peer.max_frame, 4096);
+        assert_eq!(c.session_window(), 10);
+        // The fake broker sends nothing more: pump only writes heartbeats,
+        // until the broker hangs up after its second.
+        let pumped = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                if let Err(e) = c.pump().await {
+                    return e;
+                }
+            }
+        })
+        .await;
+        assert!(matches!(pumped, Ok(ClientError::Closed)), "{pumped:?}");
+        let beats = broker.await.expect("fake broker");
+        // One every 100 ms (half the timeout) for a second; allow for a
+        // slow machine, but silence would be 0.
+        assert!((5..=11).contains(&beats), "{beats} heartbeats in 1 s");
+    }
+
+    #[test]
+    fn outcomes_other_than_settled_accepted_fail_the_run() {
+        use fe2o3_amqp_types::messaging::{Modified, Rejected, Released};
+        let d = |state, settled| Disposition {
+            role: Role::Receiver,
+            first: 0,
+            last: None,
+            settled,
+            state,
+            batchable: false,
+        };
+        assert!(check_outcome(&d(Some(DeliveryState::Accepted(Accepted {})), true)).is_ok());
+        for (state, settled) in [
+            (Some(DeliveryState::Accepted(Accepted {})), false),
+            (None, true),
+            (Some(DeliveryState::Released(Released {})), true),
+            (
+                Some(DeliveryState::Rejected(Rejected { error: None })),
+                true,
+            ),
+            (
+                Some(DeliveryState::Modified(Modified {
+                    delivery_failed: Some(true),
+                    undeliverable_here: None,
+                    message_annotations: None,
+                })),
+                true,
+            ),
+        ] {
+            assert!(
+                check_outcome(&d(state.clone(), settled)).is_err(),
+                "{state:?}"
+            );
+        }
+    }
+}
