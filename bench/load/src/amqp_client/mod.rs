@@ -494,7 +494,7 @@ impl Connection {
         }
     }
 
-    /// Attaches link `handle` 0 and waits for the broker's attach. A
+    /// Sends `attach` and waits for the broker's attach. A
     /// refused link (the broker's attach without our terminus, then a
     /// detach) is an error naming the broker's reason.
     async fn attach(&mut self, attach: Attach) -> Result<Attach, ClientError> {
@@ -532,7 +532,7 @@ impl Connection {
     }
 
     /// Attaches a sending link to `address`: unsettled deliveries, the
-    /// broker settles first. Returns the link's handle.
+    /// broker settles first, on handle 0. Returns the broker's attach.
     pub(crate) async fn attach_sender(
         &mut self,
         name: &str,
@@ -565,7 +565,8 @@ impl Connection {
     }
 
     /// Attaches a receiving link from `address`, asking for unsettled
-    /// deliveries that we settle first.
+    /// deliveries that we settle first, on handle 0. Returns the broker's
+    /// attach (its initial-delivery-count starts our count).
     pub(crate) async fn attach_receiver(
         &mut self,
         name: &str,
