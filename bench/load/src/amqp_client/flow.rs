@@ -10,10 +10,10 @@ use std::collections::VecDeque;
 /// A peer's count did not fit ours.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum FlowError {
-    #[error("disposition settles delivery {id}, which is not outstanding")]
+    #[error("disposition settles delivery {id}, which was never sent")]
     UnknownDelivery { id: u32 },
-    #[error("disposition range {first}..={last} spans more deliveries than are outstanding")]
-    RangeTooLong { first: u32, last: u32 },
+    #[error("disposition range {first}..={last} ends before it starts")]
+    BackwardRange { first: u32, last: u32 },
     #[error("transfer beyond the credit granted")]
     NoCredit,
 }
@@ -56,39 +56,42 @@ impl Outstanding {
         id
     }
 
-    /// Settles `first..=last`; returns how many deliveries that settled.
-    /// An id that was never sent or is settled already is an error: the
-    /// broker is then counting different deliveries than we are.
+    /// Settles `first..=last`; returns how many deliveries that newly
+    /// settled. Ids in the range that are settled already are skipped:
+    /// RabbitMQ 3.10 settles a delivery alone and then again inside a later
+    /// range, and qpid-proton skips such ids too. An id never sent is an
+    /// error: the broker then counts different deliveries than we do.
     pub(crate) fn settle(&mut self, first: u32, last: u32) -> Result<usize, FlowError> {
-        let span = u64::from(last.wrapping_sub(first)) + 1;
-        if span > self.slots.len() as u64 {
-            return Err(FlowError::RangeTooLong { first, last });
+        let len = self.slots.len() as i64;
+        // Offsets from `base` as serial-number differences: negative means
+        // before `base`, i.e. settled and forgotten.
+        let offset = |id: u32| i64::from(id.wrapping_sub(self.base) as i32);
+        let (from, to) = (offset(first), offset(last));
+        if to < from {
+            return Err(FlowError::BackwardRange { first, last });
         }
-        let start = first.wrapping_sub(self.base) as usize;
-        // `span` fits in the slots, so `start + span` cannot overflow.
-        if start >= self.slots.len() || start + span as usize > self.slots.len() {
-            let id = if start >= self.slots.len() {
-                first
-            } else {
-                self.base.wrapping_add(self.slots.len() as u32)
-            };
+        if to >= len {
+            let id = self.base.wrapping_add(from.max(len) as u32);
             return Err(FlowError::UnknownDelivery { id });
         }
-        let range = start..start + span as usize;
-        if let Some(i) = self.slots.range(range.clone()).position(|&settled| settled) {
-            return Err(FlowError::UnknownDelivery {
-                id: first.wrapping_add(i as u32),
-            });
+        if to < 0 {
+            return Ok(0);
         }
-        self.slots
-            .range_mut(range)
-            .for_each(|settled| *settled = true);
-        self.open -= span as usize;
+        // 0 <= from.max(0) <= to < len: within the slots.
+        let range = from.max(0) as usize..=to as usize;
+        let mut newly = 0;
+        for settled in self.slots.range_mut(range) {
+            if !*settled {
+                *settled = true;
+                newly += 1;
+            }
+        }
+        self.open -= newly;
         while self.slots.front() == Some(&true) {
             self.slots.pop_front();
             self.base = self.base.wrapping_add(1);
         }
-        Ok(span as usize)
+        Ok(newly)
     }
 }
 
@@ -292,32 +295,35 @@ mod tests {
     }
 
     #[test]
-    fn outstanding_refuses_what_was_not_sent_or_settled_twice() {
+    fn outstanding_skips_what_is_settled_and_refuses_what_was_not_sent() {
         let mut o = Outstanding::new(100);
-        for _ in 0..4 {
+        for _ in 0..6 {
             o.push();
         }
         assert_eq!(o.settle(101, 101), Ok(1));
+        assert_eq!(o.settle(101, 101), Ok(0), "settled twice: skipped");
+        // RabbitMQ's shape: 101 alone, then a range over it.
+        assert_eq!(o.settle(100, 102), Ok(2));
+        assert_eq!(o.base, 103, "the settled prefix is dropped");
+        // Below the base: settled and forgotten, skipped.
+        assert_eq!(o.settle(99, 99), Ok(0));
+        assert_eq!(o.settle(98, 103), Ok(1));
+        // Never sent: 100..=105 were.
         assert_eq!(
-            o.settle(101, 101),
-            Err(FlowError::UnknownDelivery { id: 101 })
+            o.settle(106, 106),
+            Err(FlowError::UnknownDelivery { id: 106 })
         );
         assert_eq!(
-            o.settle(104, 104),
-            Err(FlowError::UnknownDelivery { id: 104 })
+            o.settle(104, 107),
+            Err(FlowError::UnknownDelivery { id: 106 })
         );
-        assert_eq!(
-            o.settle(102, 104),
-            Err(FlowError::UnknownDelivery { id: 104 })
-        );
-        // Below the base: already settled and forgotten.
-        assert_eq!(o.settle(99, 99), Err(FlowError::UnknownDelivery { id: 99 }));
-        // A range of 2^32 ids is refused without walking it.
         assert_eq!(
             o.settle(5, 4),
-            Err(FlowError::RangeTooLong { first: 5, last: 4 })
+            Err(FlowError::BackwardRange { first: 5, last: 4 })
         );
-        assert_eq!(o.open(), 3, "failed settlements changed nothing");
+        assert_eq!(o.open(), 2, "failed settlements changed nothing");
+        assert_eq!(o.settle(104, 105), Ok(2));
+        assert_eq!(o.open(), 0);
     }
 
     #[test]
