@@ -72,6 +72,7 @@ pub(crate) fn run(w: &mut Writer) -> Result<CompactionRun, StoreError> {
             .find(|(id, s)| {
                 *id != active
                     && !skip.contains(id)
+                    && w.old_enough_to_rewrite(*id)
                     && s.live_tombstones == 0
                     && s.live_bytes * 100 <= s.file_bytes * REWRITE_LIVE_PERCENT_MAX
             })

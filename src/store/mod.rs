@@ -153,6 +153,14 @@ pub const SEGMENT_SIZE_DEFAULT_BYTES: u64 = 64 * 1024 * 1024;
 pub const SEGMENT_SIZE_MIN_BYTES: u64 = 1024;
 /// Default time between compaction checks when no rollover triggers one.
 pub const COMPACTION_INTERVAL_DEFAULT: Duration = Duration::from_secs(30);
+/// How long a closed segment is left to die before compaction may copy its
+/// live records forward. Consumers are still working through a segment that
+/// has just closed: under a lagging consumer it is mostly live for a
+/// moment, then mostly dead. Copying it in between scanned the whole
+/// segment (64 MiB by default) on the writer thread, holding up appends, to
+/// save records about to be acknowledged anyway: 6.5% of the broker's CPU
+/// in the durable AMQP benchmark. Segments found at startup count as old.
+pub const REWRITE_MIN_AGE_DEFAULT: Duration = Duration::from_secs(10);
 /// Default bound on appended-but-not-yet-written bytes before `append`
 /// blocks its caller: a few batches' worth, so the writer never starves.
 pub const PENDING_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
@@ -185,6 +193,9 @@ pub struct StoreConfig {
     pub compaction_interval: Duration,
     /// Turns compaction off (tests that inspect the raw files).
     pub compaction_enabled: bool,
+    /// A segment closed this recently is not rewritten, only deleted once
+    /// dead; see [`REWRITE_MIN_AGE_DEFAULT`].
+    pub rewrite_min_age: Duration,
     /// Appended-but-unwritten bytes above which `append` blocks.
     pub pending_bytes_max: u64,
 }
@@ -198,6 +209,7 @@ impl StoreConfig {
             segment_size_bytes: SEGMENT_SIZE_DEFAULT_BYTES,
             compaction_interval: COMPACTION_INTERVAL_DEFAULT,
             compaction_enabled: true,
+            rewrite_min_age: REWRITE_MIN_AGE_DEFAULT,
             pending_bytes_max: PENDING_BYTES_MAX_DEFAULT,
         }
     }

@@ -560,7 +560,39 @@ fn small_compacting(dir: &Path) -> StoreConfig {
     c.segment_size_bytes = 4096;
     c.compaction_enabled = true;
     c.compaction_interval = Duration::from_secs(3600);
+    c.rewrite_min_age = Duration::ZERO;
     c
+}
+
+#[test]
+fn recently_closed_segments_are_deleted_when_dead_but_not_rewritten() {
+    let d = tmp();
+    let mut c = small_compacting(d.path());
+    c.rewrite_min_age = Duration::from_secs(3600);
+    let (store, _) = open(c.clone());
+    commit(&store, vec![declare(1, "q")]);
+    commit(&store, vec![msg(0, &[1], "pins the first segment")]);
+    let body = "z".repeat(300);
+    for seq in 1..200u64 {
+        commit(&store, vec![msg(seq, &[1], &body)]);
+        commit(&store, vec![Record::Ack { queue: 1, seq }]);
+    }
+    ok(store.flush());
+    ok(store.compact());
+    let stats = store.stats();
+    assert!(stats.segments_deleted > 10, "dead ones go: {stats:?}");
+    assert_eq!(stats.segments_rewritten, 0, "too young to copy: {stats:?}");
+    assert!(
+        segments(d.path()).len() <= 3,
+        "the pinned one, the active one, maybe one just closed"
+    );
+    ok(store.close());
+    // After a restart the pinned segment counts as old.
+    let (store, rec) = open(c);
+    assert_eq!(seqs(&rec), vec![0]);
+    ok(store.compact());
+    assert!(store.stats().segments_rewritten >= 1, "{:?}", store.stats());
+    ok(store.close());
 }
 
 #[test]

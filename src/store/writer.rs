@@ -21,7 +21,7 @@
 //! producers overlaps with the next batch's `write` + `fdatasync` instead of
 //! delaying it: the writer goes straight from one sync to the next.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -254,6 +254,10 @@ pub(crate) struct Writer {
     compaction_interval: Duration,
     last_compaction: Instant,
     compaction_due: bool,
+    rewrite_min_age: Duration,
+    /// When each segment closed during this run (startup's count as old):
+    /// too recent ones are not rewritten ([`StoreConfig::rewrite_min_age`]).
+    closed_at: BTreeMap<SegmentId, Instant>,
     pub(crate) active: Active,
     next_entry_seq: u64,
     /// Floors for the next segment header: above every seq / queue id in
@@ -338,6 +342,8 @@ pub(crate) fn start(
         segment_size: config.segment_size_bytes,
         compaction_enabled: config.compaction_enabled,
         compaction_interval: config.compaction_interval,
+        rewrite_min_age: config.rewrite_min_age,
+        closed_at: BTreeMap::new(),
         last_compaction: Instant::now(),
         compaction_due: config.compaction_enabled,
         seq_floor: index.next_seq,
@@ -640,11 +646,19 @@ impl Writer {
         };
         let next = create_segment(&self.dir, &header)?;
         debug!(segment = next.id, "journal: rolled to a new segment");
+        self.closed_at.insert(self.active.id, Instant::now());
         self.index.add_segment(next.id, next.len);
         self.active = next;
         self.compaction_due = self.compaction_enabled;
         self.publish_gauges();
         Ok(())
+    }
+
+    /// Whether `seg` closed long enough ago to be rewritten.
+    pub(crate) fn old_enough_to_rewrite(&self, seg: SegmentId) -> bool {
+        self.closed_at
+            .get(&seg)
+            .is_none_or(|t| t.elapsed() >= self.rewrite_min_age)
     }
 
     /// Deletes segment files (never the active one) and forgets them.
@@ -672,6 +686,7 @@ impl Writer {
         segment::sync_dir(&self.dir).map_err(|e| io_error("fsync", &self.dir, e))?;
         for id in &deleted {
             self.index.remove_segment(*id);
+            self.closed_at.remove(id);
         }
         self.shared
             .stats
