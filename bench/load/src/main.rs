@@ -8,12 +8,13 @@
 //!
 //! Layout: `run` (target, tally, supervisor), `stats` (percentiles, the
 //! payload timestamp, the report), `procfs` (CPU and RSS), one module per
-//! protocol, and two small clients of our own: `stomp_client` and
-//! `amqp_client`.
+//! protocol, and three small clients of our own: `stomp_client`,
+//! `amqp_client` and `mqtt_client`.
 
 mod amqp;
 mod amqp_client;
 mod mqtt;
+mod mqtt_client;
 mod procfs;
 mod run;
 mod stats;
@@ -23,7 +24,6 @@ mod stomp_client;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use rumqttc::QoS;
 
 #[derive(Debug, Parser)]
 #[command(version, about = "Load generator for MQTT, STOMP and AMQP 1.0 brokers")]
@@ -56,6 +56,9 @@ struct Cli {
 enum Scenario {
     /// MQTT QoS 0, 1 publisher → 1 subscriber.
     MqttQos0 {
+        /// `wire`: our own batching client; `rumqttc`: rumqttc's.
+        #[arg(long, value_enum, default_value_t = mqtt::Client::Wire)]
+        client: mqtt::Client,
         #[arg(long, default_value_t = 200_000)]
         count: u64,
         #[arg(long, default_value_t = 256)]
@@ -63,6 +66,9 @@ enum Scenario {
     },
     /// MQTT QoS 1, 1 publisher → 1 subscriber, `inflight` unacknowledged.
     MqttQos1 {
+        /// `wire`: our own batching client; `rumqttc`: rumqttc's.
+        #[arg(long, value_enum, default_value_t = mqtt::Client::Wire)]
+        client: mqtt::Client,
         #[arg(long, default_value_t = 100_000)]
         count: u64,
         #[arg(long, default_value_t = 256)]
@@ -73,6 +79,9 @@ enum Scenario {
     /// MQTT QoS 1 fan-out, 1 publisher → `subscribers`; msg/s counts
     /// deliveries.
     MqttFanout {
+        /// `wire`: our own batching client; `rumqttc`: rumqttc's.
+        #[arg(long, value_enum, default_value_t = mqtt::Client::Wire)]
+        client: mqtt::Client,
         #[arg(long, default_value_t = 100)]
         subscribers: usize,
         #[arg(long, default_value_t = 2_000)]
@@ -166,8 +175,9 @@ async fn main() -> anyhow::Result<()> {
     };
     // Start the latency clock before any payload is stamped.
     stats::now_ns();
-    let pubsub = |scenario: &str, qos, subscribers, count, size, inflight| mqtt::PubSub {
+    let pubsub = |scenario: &str, client, qos, subscribers, count, size, inflight| mqtt::PubSub {
         scenario: scenario.into(),
+        client,
         qos,
         subscribers,
         count,
@@ -175,29 +185,32 @@ async fn main() -> anyhow::Result<()> {
         inflight,
     };
     let report = match cli.scenario {
-        Scenario::MqttQos0 { count, size } => {
-            mqtt::pubsub(
-                &target,
-                &pubsub("mqtt-qos0", QoS::AtMostOnce, 1, count, size, 100),
-            )
-            .await?
+        Scenario::MqttQos0 {
+            client,
+            count,
+            size,
+        } => {
+            let p = pubsub("mqtt-qos0", client, 0, 1, count, size, 100);
+            mqtt::pubsub(&target, &p).await?
         }
         Scenario::MqttQos1 {
+            client,
             count,
             size,
             inflight,
         } => {
-            let p = pubsub("mqtt-qos1", QoS::AtLeastOnce, 1, count, size, inflight);
+            let p = pubsub("mqtt-qos1", client, 1, 1, count, size, inflight);
             mqtt::pubsub(&target, &p).await?
         }
         Scenario::MqttFanout {
+            client,
             subscribers,
             count,
             size,
             inflight,
         } => {
             let name = format!("mqtt-fanout{subscribers}");
-            let p = pubsub(&name, QoS::AtLeastOnce, subscribers, count, size, inflight);
+            let p = pubsub(&name, client, 1, subscribers, count, size, inflight);
             mqtt::pubsub(&target, &p).await?
         }
         Scenario::MqttIdle {

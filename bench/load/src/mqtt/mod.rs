@@ -1,31 +1,60 @@
-//! MQTT scenarios with rumqttc (3.1.1): 1 → 1 at QoS 0 and QoS 1, QoS 1
-//! fan-out 1 → N, and N idle connections for memory per connection.
+//! MQTT 3.1.1 scenarios: 1 → 1 at QoS 0 and QoS 1, QoS 1 fan-out 1 → N,
+//! and N idle connections for memory per connection.
+//!
+//! Two clients run the publish/subscribe scenarios: `wire` (our own,
+//! [`crate::mqtt_client`]; the default, cheap enough that the broker, not
+//! the tool, bounds the run) and `rumqttc`, kept to compare against. The
+//! idle scenario writes its few packets by hand.
+
+mod rumqtt;
+mod wire;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, NetworkOptions, Packet, QoS};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::run::{supervise, unique, Tally, Target};
-use crate::stats::{latency_ns, stamped_payload, Report};
+use crate::run::{unique, Tally, Target};
+use crate::stats::Report;
 
-/// Requests rumqttc buffers between `publish()` and its event loop; the
-/// in-flight window (`set_inflight`) is what bounds QoS 1.
-const REQUEST_CHANNEL_CAP: usize = 64;
 /// Connections opened at once in the idle scenario.
 const IDLE_CONNECT_CONCURRENCY: usize = 100;
 /// Settling time before reading RSS, so the broker has finished allocating.
 const IDLE_SETTLE: Duration = Duration::from_secs(3);
+/// Keep-alive of publish/subscribe connections: long enough that a run
+/// rarely pings, short enough that a broker notices a dead tool.
+const KEEP_ALIVE_S: u16 = 60;
+/// How long subscribers may take to be granted their subscriptions.
+const SUBACK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Which MQTT client drives a publish/subscribe scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Client {
+    /// Our own batching client (`mqtt_client`).
+    Wire,
+    /// rumqttc's client.
+    Rumqttc,
+}
+
+impl Client {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Wire => "wire",
+            Self::Rumqttc => "rumqttc",
+        }
+    }
+}
 
 /// Parameters of a publish/subscribe scenario.
 #[derive(Debug, Clone)]
 pub(crate) struct PubSub {
     pub(crate) scenario: String,
-    pub(crate) qos: QoS,
+    pub(crate) client: Client,
+    /// 0 or 1, for the publishes and the subscriptions alike.
+    pub(crate) qos: u8,
     pub(crate) subscribers: usize,
     /// Messages published (each is delivered to every subscriber).
     pub(crate) count: u64,
@@ -34,45 +63,45 @@ pub(crate) struct PubSub {
     pub(crate) inflight: u16,
 }
 
-fn client(target: &Target, id: &str, inflight: u16) -> (AsyncClient, EventLoop) {
-    let mut o = MqttOptions::new(id, target.host.clone(), target.port);
-    o.set_keep_alive(Duration::from_secs(60));
-    o.set_clean_session(true);
-    o.set_inflight(inflight.max(1));
-    o.set_max_packet_size(1 << 20, 1 << 20);
-    let (c, mut el) = AsyncClient::new(o, REQUEST_CHANNEL_CAP);
-    let mut net = NetworkOptions::new();
-    net.set_tcp_nodelay(true);
-    el.set_network_options(net);
-    (c, el)
+/// What a client's run measured, between the first publish and the end.
+#[derive(Debug, Default)]
+struct Measured {
+    elapsed: Duration,
+    latencies_ns: Vec<u64>,
+    broker_cpu_us: Option<u64>,
+    load_cpu_us: Option<u64>,
+    error: Option<String>,
 }
 
-/// Polls a subscriber's event loop: signals SUBACK, records the latency of
-/// every publish, until the run is over.
-async fn subscriber(
-    mut el: EventLoop,
-    tally: Arc<Tally>,
-    mut suback: Option<oneshot::Sender<()>>,
-) -> anyhow::Result<Vec<u64>> {
-    let mut lat = Vec::new();
-    loop {
-        tokio::select! {
-            ev = el.poll() => match ev.context("subscriber connection")? {
-                Event::Incoming(Packet::SubAck(_)) => {
-                    if let Some(tx) = suback.take() {
-                        let _ = tx.send(());
-                    }
-                }
-                Event::Incoming(Packet::Publish(p)) => {
-                    if let Some(l) = latency_ns(&p.payload) {
-                        lat.push(l);
-                    }
-                    tally.add(1);
-                }
-                _ => {}
-            },
-            () = tally.done() => return Ok(lat),
-        }
+/// CPU counters and the clock at the first publish.
+struct Meter {
+    started: Instant,
+    cpu0: Option<u64>,
+    load0: Option<u64>,
+}
+
+impl Meter {
+    fn start(target: &Target) -> anyhow::Result<Self> {
+        let load0 = crate::procfs::self_cpu_us();
+        let cpu0 = target.cpu_us()?;
+        Ok(Self {
+            started: Instant::now(),
+            cpu0,
+            load0,
+        })
+    }
+
+    /// Elapsed time and the broker's and our CPU time since `start`.
+    fn stop(&self, target: &Target) -> anyhow::Result<Measured> {
+        let elapsed = self.started.elapsed();
+        let cpu1 = target.cpu_us()?;
+        let load1 = crate::procfs::self_cpu_us();
+        Ok(Measured {
+            elapsed,
+            broker_cpu_us: self.cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
+            load_cpu_us: self.load0.zip(load1).map(|(a, b)| b.saturating_sub(a)),
+            ..Measured::default()
+        })
     }
 }
 
@@ -80,87 +109,22 @@ async fn subscriber(
 /// publisher sends `count` messages; throughput counts deliveries.
 pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report> {
     let topic = unique("bench/mqtt");
-    let expected = p.count * p.subscribers as u64;
-    let tally = Tally::new(expected);
-    let mut subs = JoinSet::new();
-    let mut subacks = Vec::new();
-    for i in 0..p.subscribers {
-        let (c, el) = client(target, &format!("{topic}-s{i}"), p.inflight);
-        let (tx, rx) = oneshot::channel();
-        subacks.push((c.clone(), rx));
-        c.subscribe(topic.clone(), p.qos).await?;
-        subs.spawn(subscriber(el, tally.clone(), Some(tx)));
-    }
-    for (_, rx) in subacks.iter_mut() {
-        tokio::time::timeout(Duration::from_secs(30), rx)
-            .await
-            .context("SUBACK in time")?
-            .context("subscriber ended before SUBACK")?;
-    }
-
-    let (pc, mut pel) = client(target, &format!("{topic}-p"), p.inflight);
-    let done = tally.clone();
-    let pub_loop = tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                ev = pel.poll() => { ev.context("publisher connection")?; }
-                () = done.done() => return anyhow::Ok(()),
-            }
-        }
-    });
-
-    let load0 = crate::procfs::self_cpu_us();
-    let cpu0 = target.cpu_us()?;
-    let started = Instant::now();
-    let (qos, size, count, t) = (p.qos, p.size, p.count, topic.clone());
-    let producer = {
-        let (pc, tally, target, subscribers) = (
-            pc.clone(),
-            tally.clone(),
-            target.clone(),
-            p.subscribers as u64,
-        );
-        tokio::spawn(async move {
-            let mut sent = 0;
-            while sent < count && !target.send_time_over(started) {
-                pc.publish(t.as_str(), qos, false, stamped_payload(size))
-                    .await?;
-                sent += 1;
-            }
-            tally.set_expected(sent * subscribers);
-            anyhow::Ok(())
-        })
+    let tally = Tally::new(p.count * p.subscribers as u64);
+    let m = match p.client {
+        Client::Wire => wire::run(target, p, &topic, tally.clone()).await?,
+        Client::Rumqttc => rumqtt::run(target, p, &topic, tally.clone()).await?,
     };
-    let mut error = supervise(&tally, target, started).await;
-    let elapsed = started.elapsed();
-    let cpu1 = target.cpu_us()?;
-    let load1 = crate::procfs::self_cpu_us();
-
-    let mut latencies = Vec::new();
-    while let Some(r) = subs.join_next().await {
-        match r? {
-            Ok(mut l) => latencies.append(&mut l),
-            Err(e) => error = error.or(Some(format!("{e:#}"))),
-        }
-    }
-    if let Err(e) = pub_loop.await? {
-        error = error.or(Some(format!("{e:#}")));
-    }
-    producer.abort();
-    let _ = pc.disconnect().await;
-    for (c, _) in subacks {
-        let _ = c.disconnect().await;
-    }
     Ok(Report {
         scenario: p.scenario.clone(),
         broker: target.name.clone(),
         expected: tally.expected(),
         received: tally.received(),
-        elapsed,
-        latencies_ns: latencies,
-        broker_cpu_us: cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
-        load_cpu_us: load0.zip(load1).map(|(a, b)| b.saturating_sub(a)),
+        elapsed: m.elapsed,
+        latencies_ns: m.latencies_ns,
+        broker_cpu_us: m.broker_cpu_us,
+        load_cpu_us: m.load_cpu_us,
         extra: vec![
+            ("client", p.client.name().into()),
             (
                 "published",
                 (tally.expected() / p.subscribers.max(1) as u64).into(),
@@ -168,7 +132,7 @@ pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report
             ("subscribers", p.subscribers.into()),
             ("size", p.size.into()),
         ],
-        error,
+        error: m.error,
     })
 }
 
