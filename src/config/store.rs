@@ -36,6 +36,10 @@ pub const SEGMENT_SIZE_MAX_BYTES: u64 = 1024 * 1024 * 1024;
 pub const MEMORY_BUDGET_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 /// Smallest memory budget: enough for a window of in-flight messages.
 pub const MEMORY_BUDGET_MIN_BYTES: u64 = 1024 * 1024;
+/// Free disk space below which producers are held back: room for the
+/// journal to roll to two more default-size segments and for compaction to
+/// copy forward, so consumers and compaction can make room again.
+pub const DISK_FREE_MIN_BYTES_DEFAULT: u64 = 2 * SEGMENT_SIZE_BYTES_DEFAULT;
 /// How often compaction looks for dead segments: often enough to keep
 /// disk use near the live data, rarely enough to cost nothing when idle.
 pub const COMPACTION_INTERVAL_MS_DEFAULT: u64 = 30_000;
@@ -55,6 +59,9 @@ pub struct StoreConfig {
     pub memory_budget_bytes: u64,
     /// Interval between compaction passes, in milliseconds.
     pub compaction_interval_ms: u64,
+    /// Producers are held back while the data directory's filesystem has
+    /// fewer free bytes than this (0: never).
+    pub disk_free_min_bytes: u64,
 }
 
 impl Default for StoreConfig {
@@ -65,6 +72,7 @@ impl Default for StoreConfig {
             segment_size_bytes: SEGMENT_SIZE_BYTES_DEFAULT,
             memory_budget_bytes: MEMORY_BUDGET_BYTES_DEFAULT,
             compaction_interval_ms: COMPACTION_INTERVAL_MS_DEFAULT,
+            disk_free_min_bytes: DISK_FREE_MIN_BYTES_DEFAULT,
         }
     }
 }

@@ -20,6 +20,7 @@
 
 mod backlog;
 mod batch;
+mod disk;
 mod queue;
 mod routing;
 mod session;
@@ -39,9 +40,11 @@ use rosetta_neutral::{
 
 use crate::store::{Completion, MessageSeq, QueueId, Record, Recovered, Store};
 
+pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
 
 use batch::Batch;
+use disk::DiskWatch;
 use queue::{DispatchOutput, Entry, MemoryGauge, Queue};
 use routing::Routing;
 use session::{CoreSession, SessionShared};
@@ -86,6 +89,9 @@ pub struct CoreConfig {
     /// publish skips full subscriber queues (counted in their
     /// `dropped_full_total`) and reaches the others.
     pub queue_depth_max: u64,
+    /// Producers are held back while the filesystem of this directory has
+    /// less free space than this; `None` never checks.
+    pub disk_free_min: Option<DiskFreeMin>,
 }
 
 impl Default for CoreConfig {
@@ -98,6 +104,7 @@ impl Default for CoreConfig {
             memory_budget_bytes: MEMORY_BUDGET_BYTES_DEFAULT,
             paging_dir: None,
             queue_depth_max: QUEUE_DEPTH_MAX_DEFAULT,
+            disk_free_min: None,
         }
     }
 }
@@ -205,6 +212,8 @@ pub(crate) struct Inner {
     wills: Mutex<Vec<PendingWill>>,
     /// Bytes held by all queues (producer flow control).
     memory: Arc<MemoryGauge>,
+    /// Free disk space (producer flow control).
+    disk: DiskWatch,
     stopping: AtomicBool,
     wake: (Mutex<()>, Condvar),
 }
@@ -237,6 +246,7 @@ impl Core {
             }
         });
         let memory = Arc::new(MemoryGauge::new(config.memory_budget_bytes, paging_dir));
+        let disk = DiskWatch::new(config.disk_free_min.clone());
         let inner = Arc::new(Inner {
             config,
             journal,
@@ -252,6 +262,7 @@ impl Core {
             clients: Mutex::new(HashMap::new()),
             wills: Mutex::new(Vec::new()),
             memory,
+            disk,
             stopping: AtomicBool::new(false),
             wake: (Mutex::new(()), Condvar::new()),
         });
@@ -300,6 +311,17 @@ impl Core {
     /// Messages paged out to disk, all queues together.
     pub fn messages_paged(&self) -> u64 {
         self.inner.memory.paged()
+    }
+
+    /// Free bytes on the data directory's filesystem at the last sample,
+    /// when a disk limit is configured.
+    pub fn disk_free_bytes(&self) -> Option<u64> {
+        self.inner.disk.free_bytes()
+    }
+
+    /// Whether producers are held back now (memory or disk limit).
+    pub fn producers_blocked(&self) -> bool {
+        self.inner.producers_blocked()
     }
 
     /// Names of all queues.
@@ -370,6 +392,12 @@ impl Inner {
     }
 
     /// Journals what a dispatch pass produced and moves expired messages.
+    /// Whether producers are held back: past the memory budget, or short
+    /// of disk space.
+    pub(crate) fn producers_blocked(&self) -> bool {
+        self.memory.producers_blocked() || self.disk.is_low()
+    }
+
     fn after_dispatch(&self, out: DispatchOutput) {
         let DispatchOutput { records, expired } = out;
         let mut batch = Batch {
@@ -528,6 +556,7 @@ fn housekeeping(inner: Weak<Inner>) {
             return;
         }
         let now = Instant::now();
+        inner.disk.check_if_due(now);
         let due: Vec<PendingWill> = {
             let mut wills = inner.wills.lock();
             let (due, keep) = std::mem::take(&mut *wills)

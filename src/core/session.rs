@@ -855,7 +855,7 @@ impl Session for CoreSession {
     }
 
     fn producer_blocked(&self) -> bool {
-        self.inner.memory.producers_blocked()
+        self.inner.producers_blocked()
     }
 
     fn may_publish(&self, address: &Address) -> bool {

@@ -21,7 +21,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures_util::task::AtomicWaker;
@@ -52,6 +52,9 @@ const EVENT_BATCH_KEPT: usize = 256;
 /// A batch at most this long does not keep its buffer (see the write
 /// buffer).
 const EVENT_BATCH_FREED_BELOW: usize = 8;
+/// How often a connection that stopped reading under back-pressure checks
+/// whether it may read again.
+const INPUT_RECHECK_INTERVAL: Duration = Duration::from_millis(50);
 /// Turns one poll may take before yielding to the scheduler: events and
 /// timers do not consume tokio's cooperative budget, so a connection fed
 /// events without pause must yield by itself to keep its worker fair.
@@ -201,6 +204,7 @@ where
         flushing: false,
         batch: VecDeque::new(),
         timer: None,
+        input_recheck: None,
         phase: Phase::Running,
     }
     .instrument(span)
@@ -245,6 +249,9 @@ struct Driver<C, T> {
     batch: VecDeque<SessionEvent>,
     /// Allocated the first time the protocol has a deadline.
     timer: Option<Pin<Box<Sleep>>>,
+    /// When a connection that stopped reading looks again (see
+    /// [`INPUT_RECHECK_INTERVAL`]).
+    input_recheck: Option<Instant>,
     phase: Phase,
 }
 
@@ -405,8 +412,19 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
     }
 
     fn poll_timer(&mut self, cx: &mut Context<'_>) -> Step {
-        let Some(deadline) = self.conn.poll_timeout() else {
-            return Step::Idle;
+        // A connection that stopped reading (back-pressure: memory or disk
+        // limit, commits outstanding) is looked at again on a timer, since
+        // nothing else may wake it when the pressure goes: a pure publisher
+        // gets no events.
+        if self.conn.wants_input() {
+            self.input_recheck = None;
+        } else if self.input_recheck.is_none() {
+            self.input_recheck = Some(Instant::now() + INPUT_RECHECK_INTERVAL);
+        }
+        let deadline = match (self.conn.poll_timeout(), self.input_recheck) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) | (None, Some(a)) => a,
+            (None, None) => return Step::Idle,
         };
         let deadline = tokio::time::Instant::from_std(deadline);
         let timer = match &mut self.timer {
@@ -421,7 +439,13 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         if timer.as_mut().poll(cx).is_pending() {
             return Step::Idle;
         }
-        self.conn.handle_timeout(Instant::now());
+        let now = Instant::now();
+        if self.input_recheck.is_some_and(|t| now >= t) {
+            self.input_recheck = None;
+        }
+        if self.conn.poll_timeout().is_some_and(|t| now >= t) {
+            self.conn.handle_timeout(now);
+        }
         Step::Progress
     }
 
@@ -526,7 +550,67 @@ fn next_read_size(size: usize, last_read: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use super::*;
+
+    impl Transport for tokio::io::DuplexStream {}
+
+    /// A connection that echoes its input, and reads only while `open`.
+    struct Gate {
+        open: Arc<AtomicBool>,
+        echoed: Vec<u8>,
+    }
+
+    impl ProtocolConnection for Gate {
+        fn handle_input(&mut self, _: Instant, data: &[u8]) {
+            self.echoed.extend_from_slice(data);
+        }
+        fn handle_event(&mut self, _: Instant, _: SessionEvent) {}
+        fn handle_timeout(&mut self, _: Instant) {}
+        fn poll_timeout(&self) -> Option<Instant> {
+            None
+        }
+        fn poll_transmit(&mut self, out: &mut Vec<u8>) {
+            out.append(&mut self.echoed);
+        }
+        fn wants_input(&self) -> bool {
+            self.open.load(Ordering::SeqCst)
+        }
+        fn is_closed(&self) -> bool {
+            false
+        }
+        fn handle_transport_closed(&mut self, _: Instant) {}
+    }
+
+    /// A connection held back from reading has nothing that wakes it when
+    /// the back-pressure goes (no events, no timer of its own): the
+    /// driver's recheck must.
+    #[tokio::test]
+    async fn a_connection_held_back_reads_again_once_it_may() {
+        let (mut client, server) = tokio::io::duplex(1024);
+        let open = Arc::new(AtomicBool::new(false));
+        let conn = Gate {
+            open: Arc::clone(&open),
+            echoed: Vec::new(),
+        };
+        let (_sink, events) = event_channel();
+        let (_stop_tx, stop) = watch::channel(false);
+        let task = tokio::spawn(drive(conn, server, events, tracing::Span::none(), stop));
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        client.write_all(b"ping").await.expect("write");
+        let mut buf = [0u8; 4];
+        let early =
+            tokio::time::timeout(Duration::from_millis(200), client.read_exact(&mut buf)).await;
+        assert!(early.is_err(), "read while held back");
+        open.store(true, Ordering::SeqCst);
+        tokio::time::timeout(Duration::from_secs(2), client.read_exact(&mut buf))
+            .await
+            .expect("read again within the recheck interval")
+            .expect("echo");
+        assert_eq!(&buf, b"ping");
+        task.abort();
+    }
 
     #[test]
     fn read_size_grows_on_full_reads_and_shrinks_when_quiet() {

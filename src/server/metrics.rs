@@ -122,7 +122,7 @@ pub(crate) fn render(core: &Core, broker: &BrokerFigures) -> String {
         }
     }
     let s = &broker.store;
-    let plain: [(&str, &str, &str, f64); 10] = [
+    let plain: [(&str, &str, &str, f64); 11] = [
         (
             "rosetta_connections",
             "gauge",
@@ -183,10 +183,26 @@ pub(crate) fn render(core: &Core, broker: &BrokerFigures) -> String {
             "Bytes waiting for the journal writer.",
             s.pending_bytes as f64,
         ),
+        (
+            "rosetta_producers_blocked",
+            "gauge",
+            "1 while producers are held back (memory budget or disk limit).",
+            f64::from(u8::from(core.producers_blocked())),
+        ),
     ];
     for (name, kind, help, value) in plain {
         header(&mut out, name, kind, help);
         let _ = writeln!(out, "{name} {value}");
+    }
+    if let Some(free) = core.disk_free_bytes() {
+        let name = "rosetta_disk_free_bytes";
+        header(
+            &mut out,
+            name,
+            "gauge",
+            "Free bytes on the data directory's filesystem ([store] disk_free_min_bytes holds producers back below it).",
+        );
+        let _ = writeln!(out, "{name} {free}");
     }
     out
 }
@@ -260,10 +276,43 @@ mod tests {
         assert!(text.contains("rosetta_queue_enqueued_total{queue=\"orders\\\"x\"} 2\n"));
         assert!(text.contains("rosetta_connections 3\n"));
         assert!(text.contains("rosetta_memory_budget_bytes 1048576\n"));
+        assert!(text.contains("rosetta_producers_blocked 0\n"), "{text}");
+        assert!(
+            !text.contains("rosetta_disk_free_bytes"),
+            "no disk limit set"
+        );
         // Every sample line is `name[{labels}] number`.
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let value = line.rsplit(' ').next().expect("value");
             assert!(value.parse::<f64>().is_ok(), "{line}");
         }
+    }
+
+    #[test]
+    fn a_disk_short_of_its_limit_shows_as_blocked_producers() {
+        let core = Core::new(
+            crate::core::CoreConfig {
+                disk_free_min: Some(crate::core::DiskFreeMin {
+                    dir: std::env::temp_dir(),
+                    bytes: u64::MAX,
+                }),
+                ..crate::core::CoreConfig::default()
+            },
+            Arc::new(crate::core::NoJournal),
+            Arc::new(crate::core::AllowAll),
+            None,
+        );
+        let figures = BrokerFigures {
+            connections: 0,
+            memory_budget_bytes: 1 << 20,
+            store: StoreStats::default(),
+        };
+        let text = render(&core, &figures);
+        assert!(text.contains("rosetta_producers_blocked 1\n"), "{text}");
+        let free = text
+            .lines()
+            .find_map(|l| l.strip_prefix("rosetta_disk_free_bytes "))
+            .and_then(|v| v.parse::<u64>().ok());
+        assert!(free.is_some_and(|f| f > 0), "{text}");
     }
 }

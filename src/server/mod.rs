@@ -243,6 +243,10 @@ fn core_config(config: &Config) -> CoreConfig {
         memory_budget_bytes: config.store.memory_budget_bytes,
         paging_dir: Some(config.data_dir.join("paging")),
         queue_depth_max: config.broker.queue_depth_max,
+        disk_free_min: (config.store.disk_free_min_bytes > 0).then(|| crate::core::DiskFreeMin {
+            dir: config.data_dir.clone(),
+            bytes: config.store.disk_free_min_bytes,
+        }),
     }
 }
 

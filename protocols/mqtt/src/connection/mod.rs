@@ -360,6 +360,13 @@ impl MqttConnection {
 
     /// Fires the keep-alive or connect timeout when due.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if !self.wants_input() {
+            if let State::Open(open) = &mut self.state {
+                // We stopped reading (back-pressure): the client's packets,
+                // PINGREQ included, wait in the socket; its silence is ours.
+                open.last_input = now;
+            }
+        }
         match self.poll_timeout() {
             Some(due) if now >= due => {}
             _ => return,

@@ -272,6 +272,28 @@ fn keep_alive_is_enforced_at_one_and_a_half_times() {
     assert_eq!(h.broker.state().closes, vec![CloseKind::Abnormal]);
 }
 
+/// While producers are held back the connection is not read, so the
+/// client's PINGREQs wait in the socket: its silence is not its fault.
+#[test]
+fn keep_alive_is_not_enforced_while_input_is_held_back() {
+    let mut h = Harness::new(false);
+    h.input(&connect_v4("k", true, 10, None));
+    h.packets();
+    h.broker.state().producer_blocked = true;
+    assert!(!h.conn.wants_input());
+    h.advance(Duration::from_secs(15));
+    h.advance(Duration::from_secs(15));
+    assert!(!h.conn.is_closed(), "held back, not timed out");
+    h.broker.state().producer_blocked = false;
+    h.advance(Duration::from_millis(14_900));
+    assert!(
+        !h.conn.is_closed(),
+        "the interval restarts from the last check"
+    );
+    h.advance(Duration::from_millis(200));
+    assert!(h.conn.is_closed(), "enforced again once reading resumes");
+}
+
 #[test]
 fn v5_server_keep_alive_caps_the_client_and_times_out_with_0x8d() {
     let config = MqttConfig {
