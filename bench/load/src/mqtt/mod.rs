@@ -71,6 +71,8 @@ struct Measured {
     broker_cpu_us: Option<u64>,
     load_cpu_us: Option<u64>,
     error: Option<String>,
+    /// Client-specific fields for the report.
+    extra: Vec<(&'static str, serde_json::Value)>,
 }
 
 /// CPU counters and the clock at the first publish.
@@ -110,7 +112,7 @@ impl Meter {
 pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report> {
     let topic = unique("bench/mqtt");
     let tally = Tally::new(p.count * p.subscribers as u64);
-    let m = match p.client {
+    let mut m = match p.client {
         Client::Wire => wire::run(target, p, &topic, tally.clone()).await?,
         Client::Rumqttc => rumqtt::run(target, p, &topic, tally.clone()).await?,
     };
@@ -123,7 +125,7 @@ pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report
         latencies_ns: m.latencies_ns,
         broker_cpu_us: m.broker_cpu_us,
         load_cpu_us: m.load_cpu_us,
-        extra: vec![
+        extra: [
             ("client", p.client.name().into()),
             (
                 "published",
@@ -131,7 +133,10 @@ pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report
             ),
             ("subscribers", p.subscribers.into()),
             ("size", p.size.into()),
-        ],
+        ]
+        .into_iter()
+        .chain(m.extra.drain(..))
+        .collect(),
         error: m.error,
     })
 }

@@ -31,13 +31,21 @@ fn unexpected(p: &Packet) -> ClientError {
     ClientError::Protocol(format!("unexpected {p:?}"))
 }
 
+/// What a subscriber saw.
+#[derive(Debug, Default)]
+struct Received {
+    latencies_ns: Vec<u64>,
+    /// Write calls on the connection before the final DISCONNECT.
+    writes: u64,
+}
+
 /// Receives until the run is over: every complete packet of a read is
 /// handled, then the read's PUBACKs go out in one write.
 async fn subscriber(
     mut conn: Connection,
     qos: u8,
     tally: Arc<Tally>,
-) -> Result<Vec<u64>, ClientError> {
+) -> Result<Received, ClientError> {
     let mut lat = Vec::new();
     loop {
         let mut n = 0;
@@ -75,10 +83,14 @@ async fn subscriber(
             () = tally.done() => break,
         }
     }
+    let writes = conn.writes();
     // Writes the last PUBACKs. A failing disconnect does not undo a
     // complete run.
     let _ = conn.disconnect().await;
-    Ok(lat)
+    Ok(Received {
+        latencies_ns: lat,
+        writes,
+    })
 }
 
 /// What the publisher sends.
@@ -93,14 +105,15 @@ struct Plan {
 
 /// Publishes `plan.count` messages (fewer if the run's duration ends
 /// first), unpaced at QoS 0, at most `plan.inflight` unacknowledged at
-/// QoS 1, then waits for every PUBACK and for the end of the run.
+/// QoS 1, then waits for every PUBACK and for the end of the run. Returns
+/// the write calls it took.
 async fn publisher(
     mut conn: Connection,
     plan: Plan,
     target: Target,
     tally: Arc<Tally>,
     started: Instant,
-) -> Result<(), ClientError> {
+) -> Result<u64, ClientError> {
     let mut window = Inflight::new(usize::from(plan.inflight));
     // One payload buffer, restamped per message.
     let mut payload = stamped_payload(plan.size);
@@ -151,8 +164,9 @@ async fn publisher(
             }
         }
     }
+    let writes = conn.writes();
     let _ = conn.disconnect().await;
-    Ok(())
+    Ok(writes)
 }
 
 pub(super) async fn run(
@@ -208,21 +222,167 @@ pub(super) async fn run(
     });
     let mut error = supervise(&tally, target, meter.started).await;
     let mut m = meter.stop(target)?;
+    let mut sub_writes = 0;
     while let Some(r) = subs.join_next().await {
         match r? {
-            Ok(mut l) => m.latencies_ns.append(&mut l),
+            Ok(mut r) => {
+                m.latencies_ns.append(&mut r.latencies_ns);
+                sub_writes += r.writes;
+            }
             Err(e) => error = error.or(Some(format!("subscriber: {e}"))),
         }
     }
+    // Write calls show the batching: subscriber writes are mostly PUBACKs.
+    m.extra.push(("subscriber_writes", sub_writes.into()));
     if error.is_some() {
         tx.abort();
     }
     match tokio::time::timeout(JOIN_GRACE, tx).await {
-        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Ok(writes))) => m.extra.push(("publisher_writes", writes.into())),
         Ok(Ok(Err(e))) => error = error.or(Some(format!("publisher: {e}"))),
         Ok(Err(_)) => {} // aborted after an error reported above
         Err(_) => error = error.or(Some("publisher still waiting for PUBACKs".into())),
     }
     m.error = error;
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mqtt_client::fake;
+    use bytes::BytesMut;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+
+    /// `n` QoS 1 publishes of stamped payloads with ids from `first`.
+    fn publishes(first: u16, n: u16) -> Vec<u8> {
+        let mut out = Vec::new();
+        for id in first..first + n {
+            let payload = stamped_payload(16);
+            let len = 2 + 1 + 2 + payload.len();
+            out.extend_from_slice(&[0x32, len as u8, 0, 1, b't']);
+            out.extend_from_slice(&id.to_be_bytes());
+            out.extend_from_slice(&payload);
+        }
+        out
+    }
+
+    /// Reads PUBACKs until `n` arrived; returns their ids.
+    async fn pubacks(s: &mut TcpStream, buf: &mut BytesMut, n: usize) -> Vec<u16> {
+        let mut ids = Vec::new();
+        while ids.len() < n {
+            let (first, body) = fake::read_packet(s, buf).await.expect("PUBACK");
+            assert_eq!(first >> 4, fake::PUBACK, "only PUBACKs expected");
+            ids.push(u16::from_be_bytes([body[0], body[1]]));
+        }
+        ids
+    }
+
+    /// Two reads of 50 publishes each: the subscriber answers each read's
+    /// 50 PUBACKs with one write (the second with its DISCONNECT).
+    #[tokio::test]
+    async fn subscriber_acks_a_read_in_one_write() {
+        let (listener, target) = fake::listen().await;
+        let broker = tokio::spawn(async move {
+            let (mut s, mut buf, _) = fake::accept(&listener, 0).await;
+            fake::grant(&mut s, &mut buf, 1).await;
+            s.write_all(&publishes(1, 50)).await.expect("write");
+            assert_eq!(
+                pubacks(&mut s, &mut buf, 50).await,
+                (1..=50).collect::<Vec<_>>()
+            );
+            s.write_all(&publishes(51, 50)).await.expect("write");
+            assert_eq!(
+                pubacks(&mut s, &mut buf, 50).await,
+                (51..=100).collect::<Vec<_>>()
+            );
+            let (first, _) = fake::read_packet(&mut s, &mut buf)
+                .await
+                .expect("DISCONNECT");
+            assert_eq!(first >> 4, fake::DISCONNECT);
+        });
+        let mut conn = Connection::open(&target, &connect_options("s"))
+            .await
+            .expect("open");
+        conn.subscribe("t", 1).await.expect("granted");
+        let tally = Tally::new(100);
+        let r = tokio::time::timeout(Duration::from_secs(5), subscriber(conn, 1, tally.clone()))
+            .await
+            .expect("in time")
+            .expect("subscriber");
+        broker.await.expect("fake broker");
+        assert_eq!(tally.received(), 100);
+        assert_eq!(r.latencies_ns.len(), 100);
+        // CONNECT, SUBSCRIBE, then one write for the first read's PUBACKs.
+        assert_eq!(r.writes, 3);
+    }
+
+    /// A broker that withholds PUBACKs sees exactly the window in flight,
+    /// and acks that come out of order still free their slots.
+    #[tokio::test]
+    async fn publisher_keeps_the_window_in_flight() {
+        let (listener, target) = fake::listen().await;
+        let tally = Tally::new(250);
+        let broker = tokio::spawn({
+            let tally = tally.clone();
+            async move {
+                let (mut s, mut buf, _) = fake::accept(&listener, 0).await;
+                let mut ids = Vec::new();
+                let mut batches = Vec::new();
+                while ids.len() < 250 {
+                    let mut batch = Vec::new();
+                    // Read until the publisher stops: the window is full.
+                    while let Ok(Some((first, body))) = tokio::time::timeout(
+                        Duration::from_millis(200),
+                        fake::read_packet(&mut s, &mut buf),
+                    )
+                    .await
+                    {
+                        assert_eq!(first, fake::PUBLISH << 4 | 0x02, "QoS 1 publish");
+                        let topic = usize::from(u16::from_be_bytes([body[0], body[1]]));
+                        batch.push(u16::from_be_bytes([body[2 + topic], body[3 + topic]]));
+                    }
+                    batches.push(batch.len());
+                    // Ack in reverse order, all in one write.
+                    let mut acks = Vec::new();
+                    for &id in batch.iter().rev() {
+                        acks.extend_from_slice(&[0x40, 2]);
+                        acks.extend_from_slice(&id.to_be_bytes());
+                    }
+                    s.write_all(&acks).await.expect("write");
+                    ids.extend(batch);
+                }
+                tally.add(250);
+                let (first, _) = fake::read_packet(&mut s, &mut buf)
+                    .await
+                    .expect("DISCONNECT");
+                assert_eq!(first >> 4, fake::DISCONNECT);
+                (ids, batches)
+            }
+        });
+        let conn = Connection::open(&target, &connect_options("p"))
+            .await
+            .expect("open");
+        let plan = Plan {
+            topic: "t".into(),
+            qos: 1,
+            count: 250,
+            size: 16,
+            inflight: 100,
+            subscribers: 1,
+        };
+        let writes = tokio::time::timeout(
+            Duration::from_secs(10),
+            publisher(conn, plan, target, tally.clone(), Instant::now()),
+        )
+        .await
+        .expect("in time")
+        .expect("publisher");
+        let (ids, batches) = broker.await.expect("fake broker");
+        assert_eq!(batches, [100, 100, 50]);
+        assert_eq!(ids, (1..=250).collect::<Vec<u16>>());
+        // CONNECT, then one write per window's worth of publishes.
+        assert_eq!(writes, 4);
+    }
 }

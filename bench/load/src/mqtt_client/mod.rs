@@ -74,6 +74,8 @@ pub(crate) struct Connection {
     last_write: Instant,
     /// Send a PINGREQ after this much silence (half the keep-alive).
     ping_every: Option<Duration>,
+    /// Write calls so far: how well packets were batched.
+    writes: u64,
 }
 
 impl Connection {
@@ -89,6 +91,7 @@ impl Connection {
             last_write: Instant::now(),
             ping_every: (c.keep_alive_s > 0)
                 .then(|| Duration::from_secs(u64::from(c.keep_alive_s)) / 2),
+            writes: 0,
         };
         codec::connect(&mut conn.out, c)?;
         match conn.handshake_step("CONNACK").await? {
@@ -178,6 +181,11 @@ impl Connection {
         codec::puback(&mut self.out, packet_id);
     }
 
+    /// Write calls so far (a flush counts as one).
+    pub(crate) fn writes(&self) -> u64 {
+        self.writes
+    }
+
     /// Bytes waiting in the write buffer.
     pub(crate) fn pending_bytes(&self) -> usize {
         self.out.len() - self.written
@@ -205,6 +213,7 @@ impl Connection {
                 biased;
                 n = self.wr.write(&self.out[self.written..]), if pending => {
                     self.written += n?;
+                    self.writes += 1;
                     self.last_write = Instant::now();
                     if self.written == self.out.len() {
                         self.out.clear();
@@ -227,6 +236,7 @@ impl Connection {
     pub(crate) async fn flush(&mut self) -> Result<(), ClientError> {
         if self.written < self.out.len() {
             self.wr.write_all(&self.out[self.written..]).await?;
+            self.writes += 1;
             self.last_write = Instant::now();
         }
         self.out.clear();
@@ -249,5 +259,178 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+/// A fake broker's side of a socket, for tests of the client and of the
+/// scenario loops that drive it.
+#[cfg(test)]
+pub(crate) mod fake {
+    use bytes::BytesMut;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::codec;
+    use crate::run::Target;
+
+    pub(crate) const CONNECT: u8 = 1;
+    pub(crate) const PUBLISH: u8 = 3;
+    pub(crate) const PUBACK: u8 = 4;
+    pub(crate) const SUBSCRIBE: u8 = 8;
+    pub(crate) const PINGREQ: u8 = 12;
+    pub(crate) const DISCONNECT: u8 = 14;
+
+    /// A listener on a free port and a target pointing at it.
+    pub(crate) async fn listen() -> (TcpListener, Target) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let target = Target {
+            host: "127.0.0.1".into(),
+            port,
+            name: "fake".into(),
+            proc: None,
+            stall: std::time::Duration::from_secs(5),
+            timeout: std::time::Duration::from_secs(5),
+            duration: None,
+        };
+        (listener, target)
+    }
+
+    /// The next packet from the client: its first byte and its body;
+    /// `None` once the client hung up.
+    pub(crate) async fn read_packet(
+        s: &mut TcpStream,
+        buf: &mut BytesMut,
+    ) -> Option<(u8, BytesMut)> {
+        loop {
+            if buf.len() > 1 {
+                if let Some((len, n)) = codec::get_remaining(&buf[1..]).expect("valid length") {
+                    if buf.len() >= 1 + n + len {
+                        let mut p = buf.split_to(1 + n + len);
+                        let first = p[0];
+                        let _ = p.split_to(1 + n);
+                        return Some((first, p));
+                    }
+                }
+            }
+            if s.read_buf(buf).await.expect("read") == 0 {
+                return None;
+            }
+        }
+    }
+
+    /// Accepts one client and answers its CONNECT with `connack_code`;
+    /// returns the CONNECT's body too.
+    pub(crate) async fn accept(
+        listener: &TcpListener,
+        connack_code: u8,
+    ) -> (TcpStream, BytesMut, BytesMut) {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        let mut buf = BytesMut::new();
+        let (first, connect) = read_packet(&mut s, &mut buf).await.expect("CONNECT");
+        assert_eq!(first >> 4, CONNECT);
+        s.write_all(&[0x20, 2, 0, connack_code])
+            .await
+            .expect("CONNACK");
+        (s, buf, connect)
+    }
+
+    /// Reads a SUBSCRIBE and grants `granted`.
+    pub(crate) async fn grant(s: &mut TcpStream, buf: &mut BytesMut, granted: u8) {
+        let (first, body) = read_packet(s, buf).await.expect("SUBSCRIBE");
+        assert_eq!(first, SUBSCRIBE << 4 | 0x02);
+        s.write_all(&[0x90, 3, body[0], body[1], granted])
+            .await
+            .expect("SUBACK");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(keep_alive_s: u16) -> Connect<'static> {
+        Connect {
+            client_id: "test",
+            clean_session: true,
+            keep_alive_s,
+            username: None,
+            password: None,
+        }
+    }
+
+    /// Idle in `pump` with a 1 s keep-alive, the client pings every half
+    /// second, and the broker's PINGRESPs are read as such.
+    #[tokio::test]
+    async fn keep_alive_is_honoured_with_pings() {
+        let (listener, target) = fake::listen().await;
+        let broker = tokio::spawn(async move {
+            let (mut s, mut buf, connect) = fake::accept(&listener, 0).await;
+            // Keep-alive is the two bytes after "MQTT", level and flags.
+            assert_eq!(&connect[8..10], &[0, 1], "keep-alive 1 s");
+            let mut pings = 0;
+            let end = Instant::now() + Duration::from_millis(1300);
+            while let Ok(Some((first, _))) =
+                tokio::time::timeout_at(end, fake::read_packet(&mut s, &mut buf)).await
+            {
+                assert_eq!(first >> 4, fake::PINGREQ);
+                pings += 1;
+                s.write_all(&[0xd0, 0]).await.expect("PINGRESP");
+            }
+            pings
+        });
+        let mut c = Connection::open(&target, &options(1)).await.expect("open");
+        let mut pongs = 0;
+        // Until the fake broker hangs up after 1.3 s.
+        let ended = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                if let Err(e) = c.pump().await {
+                    return e;
+                }
+                while let Some(p) = c.next_packet().expect("valid") {
+                    assert_eq!(p, Packet::PingResp);
+                    pongs += 1;
+                }
+            }
+        })
+        .await;
+        assert!(matches!(ended, Ok(ClientError::Closed)), "{ended:?}");
+        let pings = broker.await.expect("fake broker");
+        // At 0.5 s and 1.0 s; silence would be 0.
+        assert!((1..=3).contains(&pings), "{pings} pings in 1.3 s");
+        assert_eq!(pongs, pings);
+    }
+
+    #[tokio::test]
+    async fn refused_connect_and_downgraded_subscription_are_errors() {
+        let (listener, target) = fake::listen().await;
+        let broker = tokio::spawn(async move {
+            let _refused = fake::accept(&listener, 5).await;
+            let (mut s, mut buf, _) = fake::accept(&listener, 0).await;
+            fake::grant(&mut s, &mut buf, 0).await;
+            let (mut s, mut buf, _) = fake::accept(&listener, 0).await;
+            fake::grant(&mut s, &mut buf, 0x80).await;
+        });
+        let r = Connection::open(&target, &options(0)).await;
+        assert!(matches!(r, Err(ClientError::Refused(5))), "{r:?}");
+        let mut c = Connection::open(&target, &options(0)).await.expect("open");
+        let r = c.subscribe("t", 1).await;
+        assert!(
+            matches!(
+                r,
+                Err(ClientError::NotGranted {
+                    asked: 1,
+                    granted: 0
+                })
+            ),
+            "{r:?}"
+        );
+        let mut c = Connection::open(&target, &options(0)).await.expect("open");
+        let r = c.subscribe("t", 1).await;
+        assert!(
+            matches!(r, Err(ClientError::NotGranted { granted: 0x80, .. })),
+            "{r:?}"
+        );
+        broker.await.expect("fake broker");
     }
 }
