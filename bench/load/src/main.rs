@@ -56,9 +56,8 @@ struct Cli {
 enum Scenario {
     /// MQTT QoS 0, 1 publisher → 1 subscriber.
     MqttQos0 {
-        /// `wire`: our own batching client; `rumqttc`: rumqttc's.
-        #[arg(long, value_enum, default_value_t = mqtt::Client::Wire)]
-        client: mqtt::Client,
+        #[command(flatten)]
+        client: mqtt::ClientArgs,
         #[arg(long, default_value_t = 200_000)]
         count: u64,
         #[arg(long, default_value_t = 256)]
@@ -66,9 +65,8 @@ enum Scenario {
     },
     /// MQTT QoS 1, 1 publisher → 1 subscriber, `inflight` unacknowledged.
     MqttQos1 {
-        /// `wire`: our own batching client; `rumqttc`: rumqttc's.
-        #[arg(long, value_enum, default_value_t = mqtt::Client::Wire)]
-        client: mqtt::Client,
+        #[command(flatten)]
+        client: mqtt::ClientArgs,
         #[arg(long, default_value_t = 100_000)]
         count: u64,
         #[arg(long, default_value_t = 256)]
@@ -79,9 +77,8 @@ enum Scenario {
     /// MQTT QoS 1 fan-out, 1 publisher → `subscribers`; msg/s counts
     /// deliveries.
     MqttFanout {
-        /// `wire`: our own batching client; `rumqttc`: rumqttc's.
-        #[arg(long, value_enum, default_value_t = mqtt::Client::Wire)]
-        client: mqtt::Client,
+        #[command(flatten)]
+        client: mqtt::ClientArgs,
         #[arg(long, default_value_t = 100)]
         subscribers: usize,
         #[arg(long, default_value_t = 2_000)]

@@ -48,11 +48,25 @@ impl Client {
     }
 }
 
+/// The client options every publish/subscribe scenario takes.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ClientArgs {
+    /// `wire`: our own batching client; `rumqttc`: rumqttc's.
+    #[arg(long, value_enum, default_value_t = Client::Wire)]
+    pub(crate) client: Client,
+    /// CONNECT user name (none: anonymous).
+    #[arg(long)]
+    pub(crate) username: Option<String>,
+    /// CONNECT password (MQTT 3.1.1 sends one only with a user name).
+    #[arg(long, requires = "username")]
+    pub(crate) password: Option<String>,
+}
+
 /// Parameters of a publish/subscribe scenario.
 #[derive(Debug, Clone)]
 pub(crate) struct PubSub {
     pub(crate) scenario: String,
-    pub(crate) client: Client,
+    pub(crate) client: ClientArgs,
     /// 0 or 1, for the publishes and the subscriptions alike.
     pub(crate) qos: u8,
     pub(crate) subscribers: usize,
@@ -112,7 +126,7 @@ impl Meter {
 pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report> {
     let topic = unique("bench/mqtt");
     let tally = Tally::new(p.count * p.subscribers as u64);
-    let mut m = match p.client {
+    let mut m = match p.client.client {
         Client::Wire => wire::run(target, p, &topic, tally.clone()).await?,
         Client::Rumqttc => rumqtt::run(target, p, &topic, tally.clone()).await?,
     };
@@ -126,7 +140,7 @@ pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report
         broker_cpu_us: m.broker_cpu_us,
         load_cpu_us: m.load_cpu_us,
         extra: [
-            ("client", p.client.name().into()),
+            ("client", p.client.client.name().into()),
             (
                 "published",
                 (tally.expected() / p.subscribers.max(1) as u64).into(),

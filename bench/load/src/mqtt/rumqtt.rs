@@ -17,8 +17,12 @@ use crate::stats::{latency_ns, stamped_payload};
 /// in-flight window (`set_inflight`) is what bounds QoS 1.
 const REQUEST_CHANNEL_CAP: usize = 64;
 
-fn client(target: &Target, id: &str, inflight: u16) -> (AsyncClient, EventLoop) {
+fn client(target: &Target, p: &PubSub, id: &str) -> (AsyncClient, EventLoop) {
     let mut o = MqttOptions::new(id, target.host.clone(), target.port);
+    if let Some(user) = &p.client.username {
+        o.set_credentials(user, p.client.password.as_deref().unwrap_or_default());
+    }
+    let inflight = p.inflight;
     o.set_keep_alive(Duration::from_secs(u64::from(KEEP_ALIVE_S)));
     o.set_clean_session(true);
     o.set_inflight(inflight.max(1));
@@ -73,7 +77,7 @@ pub(super) async fn run(
     let mut subs = JoinSet::new();
     let mut subacks = Vec::new();
     for i in 0..p.subscribers {
-        let (c, el) = client(target, &format!("{topic}-s{i}"), p.inflight);
+        let (c, el) = client(target, p, &format!("{topic}-s{i}"));
         let (tx, rx) = oneshot::channel();
         subacks.push((c.clone(), rx));
         c.subscribe(topic, qos).await?;
@@ -86,7 +90,7 @@ pub(super) async fn run(
             .context("subscriber ended before SUBACK")?;
     }
 
-    let (pc, mut pel) = client(target, &format!("{topic}-p"), p.inflight);
+    let (pc, mut pel) = client(target, p, &format!("{topic}-p"));
     let done = tally.clone();
     let pub_loop = tokio::spawn(async move {
         loop {

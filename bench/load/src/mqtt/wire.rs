@@ -17,13 +17,13 @@ use crate::stats::{latency_ns, now_ns, stamped_payload, STAMP_BYTES};
 /// to collect its last PUBACKs.
 const JOIN_GRACE: Duration = Duration::from_secs(15);
 
-fn connect_options(client_id: &str) -> Connect<'_> {
+fn connect_options<'a>(p: &'a PubSub, client_id: &'a str) -> Connect<'a> {
     Connect {
         client_id,
         clean_session: true,
         keep_alive_s: KEEP_ALIVE_S,
-        username: None,
-        password: None,
+        username: p.client.username.as_deref(),
+        password: p.client.password.as_deref(),
     }
 }
 
@@ -178,7 +178,7 @@ pub(super) async fn run(
     let mut subs = JoinSet::new();
     for i in 0..p.subscribers {
         let id = format!("{topic}-s{i}");
-        let mut conn = Connection::open(target, &connect_options(&id))
+        let mut conn = Connection::open(target, &connect_options(p, &id))
             .await
             .with_context(|| format!("subscriber {i} CONNECT"))?;
         conn.subscribe(topic, p.qos)
@@ -197,7 +197,7 @@ pub(super) async fn run(
         });
     }
     let id = format!("{topic}-p");
-    let conn = Connection::open(target, &connect_options(&id))
+    let conn = Connection::open(target, &connect_options(p, &id))
         .await
         .context("publisher CONNECT")?;
 
@@ -255,6 +255,16 @@ mod tests {
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpStream;
 
+    fn options(client_id: &str) -> Connect<'_> {
+        Connect {
+            client_id,
+            clean_session: true,
+            keep_alive_s: 0,
+            username: None,
+            password: None,
+        }
+    }
+
     /// `n` QoS 1 publishes of stamped payloads with ids from `first`.
     fn publishes(first: u16, n: u16) -> Vec<u8> {
         let mut out = Vec::new();
@@ -302,7 +312,7 @@ mod tests {
                 .expect("DISCONNECT");
             assert_eq!(first >> 4, fake::DISCONNECT);
         });
-        let mut conn = Connection::open(&target, &connect_options("s"))
+        let mut conn = Connection::open(&target, &options("s"))
             .await
             .expect("open");
         conn.subscribe("t", 1).await.expect("granted");
@@ -361,7 +371,7 @@ mod tests {
                 (ids, batches)
             }
         });
-        let conn = Connection::open(&target, &connect_options("p"))
+        let conn = Connection::open(&target, &options("p"))
             .await
             .expect("open");
         let plan = Plan {
