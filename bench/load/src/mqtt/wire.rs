@@ -28,7 +28,7 @@ fn connect_options<'a>(p: &'a PubSub, client_id: &'a str) -> Connect<'a> {
 }
 
 fn unexpected(p: &Packet) -> ClientError {
-    ClientError::Protocol(format!("unexpected {p:?}"))
+    ClientError::Protocol(format!("unexpected {}", p.name()))
 }
 
 /// What a subscriber saw.

@@ -61,6 +61,19 @@ pub(crate) enum Packet {
     PingResp,
 }
 
+impl Packet {
+    /// The packet's name, for errors (a PUBLISH's payload may be large).
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Self::ConnAck { .. } => "CONNACK",
+            Self::Publish(_) => "PUBLISH",
+            Self::PubAck(_) => "PUBACK",
+            Self::SubAck { .. } => "SUBACK",
+            Self::PingResp => "PINGRESP",
+        }
+    }
+}
+
 /// A PUBLISH from the broker; `topic` and `payload` share the read buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Publish {

@@ -98,7 +98,8 @@ impl Connection {
             Packet::ConnAck { code: 0, .. } => Ok(conn),
             Packet::ConnAck { code, .. } => Err(ClientError::Refused(code)),
             other => Err(ClientError::Protocol(format!(
-                "answered CONNECT with {other:?}"
+                "answered CONNECT with {}",
+                other.name()
             ))),
         }
     }
@@ -124,7 +125,8 @@ impl Connection {
                 ))),
             },
             other => Err(ClientError::Protocol(format!(
-                "answered SUBSCRIBE with {other:?}"
+                "answered SUBSCRIBE with {}",
+                other.name()
             ))),
         }
     }
