@@ -18,8 +18,10 @@ use fe2o3_amqp::types::definitions::SenderSettleMode;
 use fe2o3_amqp::types::messaging::{
     DistributionMode, Source, TerminusDurability, TerminusExpiryPolicy,
 };
-use fe2o3_amqp::types::primitives::{Array, Symbol};
+use fe2o3_amqp::types::primitives::{Array, Symbol, Value};
 use fe2o3_amqp::Receiver;
+use serde_amqp::described::Described;
+use serde_amqp::descriptor::Descriptor;
 
 fn caps(list: &[&str]) -> Array<Symbol> {
     Array(list.iter().map(|c| Symbol::from(*c)).collect())
@@ -313,6 +315,49 @@ async fn queue_browser_is_refused_and_consumes_nothing() {
     // An ordinary consumer still gets them all.
     let mut r = amqp::receiver(&mut session, "r", "/queue/browsed").await;
     assert_eq!(drain(&mut r).await, texts);
+    conn.close().await.expect("close");
+    broker.stop().await;
+}
+
+/// The JMS no-local filter as Qpid JMS sends it (`createConsumer(topic,
+/// null, true)`): key `no-local`, described by
+/// `apache.org:no-local-filter:list`.
+fn no_local_source(address: &str) -> Source {
+    let filter = Described {
+        descriptor: Descriptor::Name(Symbol::from("apache.org:no-local-filter:list")),
+        value: Value::List(Vec::new()),
+    };
+    Source::builder()
+        .address(address)
+        .capabilities(caps(&["topic"]))
+        .add_to_filter("no-local", filter)
+        .build()
+}
+
+#[tokio::test]
+async fn no_local_subscriber_misses_its_own_connections_messages() {
+    let broker = TestBroker::start().await;
+    let (mut conn, mut session) = amqp::connect_session(&broker, "no-local-client").await;
+    let mut receiver = Receiver::builder()
+        .name("quiet")
+        .source(no_local_source("chat"))
+        .credit_mode(CreditMode::Auto(5))
+        .attach(&mut session)
+        .await
+        .expect("attach a no-local consumer");
+    let echoed = receiver
+        .source()
+        .as_ref()
+        .and_then(|s| s.filter.as_ref())
+        .is_some_and(|f| f.contains_key(&Symbol::from("no-local")));
+    assert!(echoed, "the reply lists the filter in force");
+    // From the same connection: skipped. From another: delivered.
+    let mut own = amqp::sender(&mut session, "own", "/topic/chat").await;
+    amqp::send_accepted(&mut own, "mine").await;
+    amqp::publish_durable(&broker, "someone-else", "/topic/chat", &["theirs"]).await;
+    assert_eq!(drain(&mut receiver).await, vec!["theirs".to_owned()]);
+    own.close().await.expect("close");
+    receiver.close().await.expect("close");
     conn.close().await.expect("close");
     broker.stop().await;
 }

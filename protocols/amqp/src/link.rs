@@ -95,6 +95,25 @@ fn retained_filter(filter: Option<&FilterSet>) -> Option<(Symbol, Value)> {
     wanted.then(|| (key.clone(), value.clone()))
 }
 
+/// The JMS no-local filter (Qpid JMS `AmqpJmsNoLocalType`, as ActiveMQ and
+/// Artemis define it): a topic subscriber with it does not receive what
+/// its own connection publishes. Recognised by its descriptor, name or
+/// code, whatever its key (Qpid JMS uses `no-local`), as those brokers do.
+const NO_LOCAL_FILTER_NAME: &str = "apache.org:no-local-filter:list";
+const NO_LOCAL_FILTER_CODE: u64 = 0x0000_468C_0000_0003;
+
+/// The no-local entry of a source's filter set, to echo back.
+fn no_local_filter(filter: Option<&FilterSet>) -> Option<(Symbol, Value)> {
+    let (key, value) = filter?.iter().find(|(_, v)| match v {
+        Value::Described(d) => match &d.descriptor {
+            Descriptor::Name(n) => n.as_str() == NO_LOCAL_FILTER_NAME,
+            Descriptor::Code(c) => *c == NO_LOCAL_FILTER_CODE,
+        },
+        _ => false,
+    })?;
+    Some((key.clone(), value.clone()))
+}
+
 /// A partially received multi-frame delivery.
 #[derive(Debug)]
 pub(crate) struct Partial {
@@ -426,11 +445,13 @@ impl AmqpConnection {
         let durable_name = self.subscription_queue(&a.name, true, shared, global);
         let volatile_name = self.subscription_queue(&a.name, false, shared, global);
         let mut reply_source: Source = src.clone();
-        // The one filter we implement is `rosetta:retained` (topics only,
-        // set below); others (JMS selectors) are left out of the reply, as
-        // the spec asks, and the client decides whether to go on.
+        // The filters we implement are `rosetta:retained` and the JMS
+        // no-local filter (topics only, set below); others (JMS selectors)
+        // are left out of the reply, as the spec asks, and the client
+        // decides whether to go on.
         reply_source.filter = None;
         let retained = retained_filter(src.filter.as_ref());
+        let no_local = no_local_filter(src.filter.as_ref());
         let core = self
             .core
             .as_deref_mut()
@@ -486,11 +507,19 @@ impl AmqpConnection {
                     };
                     let info = core.declare_queue(spec)?;
                     let mut options = BindingOptions::default();
+                    let mut echo = FilterSet::new();
                     if let Some((key, value)) = retained.clone() {
                         // A durable subscription re-attaching already had them.
                         options.retained = RetainedOnBind::SendIfNew;
-                        let mut echo = FilterSet::new();
                         echo.insert(key, value);
+                    }
+                    if let Some((key, value)) = no_local.clone() {
+                        // Messages this connection (its container id)
+                        // publishes skip this subscription.
+                        options.no_local = true;
+                        echo.insert(key, value);
+                    }
+                    if !echo.is_empty() {
                         reply_source.filter = Some(echo);
                     }
                     core.bind(&info.name, &filter, options)?;
@@ -941,6 +970,39 @@ mod tests {
         );
         assert!(resolve_address("/queue/a#", None).is_err());
         assert!(resolve_address("", None).is_err());
+    }
+
+    #[test]
+    fn no_local_filter_is_recognised_by_descriptor_name_or_code() {
+        use serde_amqp::described::Described;
+        let with = |key: &str, descriptor: Descriptor| {
+            let mut f = FilterSet::new();
+            f.insert(Symbol::from("selector"), Value::String("x > 1".into()));
+            f.insert(
+                Symbol::from(key),
+                Value::Described(Box::new(Described {
+                    descriptor,
+                    value: Value::List(Vec::new()),
+                })),
+            );
+            f
+        };
+        let by_name = with(
+            "no-local",
+            Descriptor::Name(Symbol::from(NO_LOCAL_FILTER_NAME)),
+        );
+        assert_eq!(
+            no_local_filter(Some(&by_name)).map(|(k, _)| k),
+            Some(Symbol::from("no-local"))
+        );
+        let by_code = with("any-key", Descriptor::Code(NO_LOCAL_FILTER_CODE));
+        assert!(no_local_filter(Some(&by_code)).is_some());
+        let other = with("no-local", Descriptor::Code(0x77));
+        assert!(
+            no_local_filter(Some(&other)).is_none(),
+            "the key alone is not enough"
+        );
+        assert!(no_local_filter(None).is_none());
     }
 
     #[test]
