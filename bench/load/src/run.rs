@@ -10,6 +10,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::procfs::{Broker, ProcError};
+use crate::stats::Report;
 
 /// The broker under test.
 #[derive(Debug, Clone)]
@@ -179,5 +180,75 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), t.done())
             .await
             .expect("done resolves");
+    }
+}
+
+/// What a client's run measured, between the first send and the end.
+#[derive(Debug, Default)]
+pub(crate) struct Measured {
+    pub(crate) elapsed: Duration,
+    pub(crate) latencies_ns: Vec<u64>,
+    pub(crate) broker_cpu_us: Option<u64>,
+    pub(crate) load_cpu_us: Option<u64>,
+    pub(crate) error: Option<String>,
+    /// Client-specific fields for the report.
+    pub(crate) extra: Vec<(&'static str, serde_json::Value)>,
+}
+
+impl Measured {
+    /// The report of `scenario`: `params` (the scenario's settings) come
+    /// first among the extra fields, then the client's own.
+    pub(crate) fn into_report(
+        self,
+        scenario: String,
+        target: &Target,
+        tally: &Tally,
+        params: Vec<(&'static str, serde_json::Value)>,
+    ) -> Report {
+        Report {
+            scenario,
+            broker: target.name.clone(),
+            expected: tally.expected(),
+            received: tally.received(),
+            elapsed: self.elapsed,
+            latencies_ns: self.latencies_ns,
+            broker_cpu_us: self.broker_cpu_us,
+            load_cpu_us: self.load_cpu_us,
+            extra: params.into_iter().chain(self.extra).collect(),
+            error: self.error,
+        }
+    }
+}
+
+/// CPU counters and the clock at the first send.
+pub(crate) struct Meter {
+    /// The first send: the run's clock starts here.
+    pub(crate) started: Instant,
+    cpu0: Option<u64>,
+    load0: Option<u64>,
+}
+
+impl Meter {
+    pub(crate) fn start(target: &Target) -> anyhow::Result<Self> {
+        let load0 = crate::procfs::self_cpu_us();
+        let cpu0 = target.cpu_us()?;
+        Ok(Self {
+            started: Instant::now(),
+            cpu0,
+            load0,
+        })
+    }
+
+    /// Elapsed time and the broker's and our CPU time since `start`.
+    pub(crate) fn stop(&self, target: &Target) -> anyhow::Result<Measured> {
+        let elapsed = self.started.elapsed();
+        let cpu1 = target.cpu_us()?;
+        let load1 = crate::procfs::self_cpu_us();
+        Ok(Measured {
+            elapsed,
+            broker_cpu_us: self.cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
+            load_cpu_us: self.load0.zip(load1).map(|(a, b)| b.saturating_sub(a)),
+            ..Measured::default()
+        })
     }
 }

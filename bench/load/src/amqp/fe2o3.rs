@@ -14,9 +14,10 @@ use fe2o3_amqp::types::primitives::Binary;
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 use std::collections::VecDeque;
 
-use super::{Measured, Meter, Params};
+use super::Params;
 use crate::amqp_client::Sasl;
 use crate::run::{supervise, Tally, Target};
+use crate::run::{Measured, Meter};
 use crate::stats::{latency_ns, stamped_payload};
 
 async fn open(

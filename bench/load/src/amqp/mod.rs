@@ -10,8 +10,6 @@
 mod fe2o3;
 mod wire;
 
-use std::time::{Duration, Instant};
-
 use fe2o3_amqp::types::messaging::TerminusDurability;
 
 use crate::amqp_client::Sasl;
@@ -64,48 +62,6 @@ impl Params {
     }
 }
 
-/// What a client's run measured, between the first send and the end.
-#[derive(Debug, Default)]
-struct Measured {
-    elapsed: Duration,
-    latencies_ns: Vec<u64>,
-    broker_cpu_us: Option<u64>,
-    load_cpu_us: Option<u64>,
-    error: Option<String>,
-}
-
-/// CPU counters and the clock at the first send.
-struct Meter {
-    started: Instant,
-    cpu0: Option<u64>,
-    load0: Option<u64>,
-}
-
-impl Meter {
-    fn start(target: &Target) -> anyhow::Result<Self> {
-        let load0 = crate::procfs::self_cpu_us();
-        let cpu0 = target.cpu_us()?;
-        Ok(Self {
-            started: Instant::now(),
-            cpu0,
-            load0,
-        })
-    }
-
-    /// Elapsed time and the broker's and our CPU time since `start`.
-    fn stop(&self, target: &Target) -> anyhow::Result<Measured> {
-        let elapsed = self.started.elapsed();
-        let cpu1 = target.cpu_us()?;
-        let load1 = crate::procfs::self_cpu_us();
-        Ok(Measured {
-            elapsed,
-            broker_cpu_us: self.cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
-            load_cpu_us: self.load0.zip(load1).map(|(a, b)| b.saturating_sub(a)),
-            ..Measured::default()
-        })
-    }
-}
-
 pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
     let queue = unique("bench-amqp");
     let addr = format!("{}{queue}", p.prefix);
@@ -119,22 +75,16 @@ pub(crate) async fn run(target: &Target, p: &Params) -> anyhow::Result<Report> {
         Client::Wire => wire::run(target, p, &queue, &addr, tally.clone()).await?,
         Client::Fe2o3 => fe2o3::run(target, p, &queue, &addr, tally.clone()).await?,
     };
-    Ok(Report {
-        scenario: scenario.into(),
-        broker: target.name.clone(),
-        expected: tally.expected(),
-        received: tally.received(),
-        elapsed: m.elapsed,
-        latencies_ns: m.latencies_ns,
-        broker_cpu_us: m.broker_cpu_us,
-        load_cpu_us: m.load_cpu_us,
-        extra: vec![
+    Ok(m.into_report(
+        scenario.into(),
+        target,
+        &tally,
+        vec![
             ("client", p.client.name().into()),
             ("size", p.size.into()),
             ("durable", p.durable.into()),
             ("window", p.window.into()),
             ("credit", p.credit.into()),
         ],
-        error: m.error,
-    })
+    ))
 }

@@ -10,12 +10,13 @@ use fe2o3_amqp_types::definitions::Role;
 use fe2o3_amqp_types::messaging::Header;
 use fe2o3_amqp_types::performatives::Performative;
 
-use super::{Measured, Meter, Params};
+use super::Params;
 use crate::amqp_client::{
     check_outcome, data_payload, encode_into, write_data_section, Assembler, ClientError,
     Connection, Outstanding, Ranges, ReceiverCredit, SenderCredit, CREDIT_MAX, WRITE_BATCH_BYTES,
 };
 use crate::run::{supervise, Tally, Target};
+use crate::run::{Measured, Meter};
 use crate::stats::{latency_ns, stamped_payload};
 
 /// Our link's handle on each connection (one link per connection).

@@ -77,82 +77,27 @@ pub(crate) struct PubSub {
     pub(crate) inflight: u16,
 }
 
-/// What a client's run measured, between the first publish and the end.
-#[derive(Debug, Default)]
-struct Measured {
-    elapsed: Duration,
-    latencies_ns: Vec<u64>,
-    broker_cpu_us: Option<u64>,
-    load_cpu_us: Option<u64>,
-    error: Option<String>,
-    /// Client-specific fields for the report.
-    extra: Vec<(&'static str, serde_json::Value)>,
-}
-
-/// CPU counters and the clock at the first publish.
-struct Meter {
-    started: Instant,
-    cpu0: Option<u64>,
-    load0: Option<u64>,
-}
-
-impl Meter {
-    fn start(target: &Target) -> anyhow::Result<Self> {
-        let load0 = crate::procfs::self_cpu_us();
-        let cpu0 = target.cpu_us()?;
-        Ok(Self {
-            started: Instant::now(),
-            cpu0,
-            load0,
-        })
-    }
-
-    /// Elapsed time and the broker's and our CPU time since `start`.
-    fn stop(&self, target: &Target) -> anyhow::Result<Measured> {
-        let elapsed = self.started.elapsed();
-        let cpu1 = target.cpu_us()?;
-        let load1 = crate::procfs::self_cpu_us();
-        Ok(Measured {
-            elapsed,
-            broker_cpu_us: self.cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
-            load_cpu_us: self.load0.zip(load1).map(|(a, b)| b.saturating_sub(a)),
-            ..Measured::default()
-        })
-    }
-}
-
 /// Publish/subscribe: `subscribers` clients subscribe to one topic, one
 /// publisher sends `count` messages; throughput counts deliveries.
 pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report> {
     let topic = unique("bench/mqtt");
     let tally = Tally::new(p.count * p.subscribers as u64);
-    let mut m = match p.client.client {
+    let m = match p.client.client {
         Client::Wire => wire::run(target, p, &topic, tally.clone()).await?,
         Client::Rumqttc => rumqtt::run(target, p, &topic, tally.clone()).await?,
     };
-    Ok(Report {
-        scenario: p.scenario.clone(),
-        broker: target.name.clone(),
-        expected: tally.expected(),
-        received: tally.received(),
-        elapsed: m.elapsed,
-        latencies_ns: m.latencies_ns,
-        broker_cpu_us: m.broker_cpu_us,
-        load_cpu_us: m.load_cpu_us,
-        extra: [
+    let published = tally.expected() / p.subscribers.max(1) as u64;
+    Ok(m.into_report(
+        p.scenario.clone(),
+        target,
+        &tally,
+        vec![
             ("client", p.client.client.name().into()),
-            (
-                "published",
-                (tally.expected() / p.subscribers.max(1) as u64).into(),
-            ),
+            ("published", published.into()),
             ("subscribers", p.subscribers.into()),
             ("size", p.size.into()),
-        ]
-        .into_iter()
-        .chain(m.extra.drain(..))
-        .collect(),
-        error: m.error,
-    })
+        ],
+    ))
 }
 
 /// An MQTT 3.1.1 CONNECT, clean session, keep-alive 0 (the broker never

@@ -9,8 +9,9 @@ use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, NetworkOptions, Packet
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
-use super::{Measured, Meter, PubSub, KEEP_ALIVE_S, SUBACK_TIMEOUT};
+use super::{PubSub, KEEP_ALIVE_S, SUBACK_TIMEOUT};
 use crate::run::{supervise, Tally, Target};
+use crate::run::{Measured, Meter};
 use crate::stats::{latency_ns, stamped_payload};
 
 /// Requests rumqttc buffers between `publish()` and its event loop; the

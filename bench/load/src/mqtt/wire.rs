@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tokio::task::JoinSet;
 
-use super::{Measured, Meter, PubSub, KEEP_ALIVE_S};
+use super::{PubSub, KEEP_ALIVE_S};
 use crate::mqtt_client::{ClientError, Connect, Connection, Inflight, Packet, WRITE_BATCH_BYTES};
 use crate::run::{supervise, Tally, Target};
+use crate::run::{Measured, Meter};
 use crate::stats::{latency_ns, now_ns, stamped_payload, STAMP_BYTES};
 
 /// How long the publisher gets, after the subscribers saw every message,
