@@ -398,15 +398,16 @@ impl AmqpConnection {
 
     /// Settles the batched accepted deliveries (see `accepted_in`).
     pub(crate) fn settle_accepted_in(&mut self) {
-        if self.accepted_in.is_empty() {
+        let Some(core) = self.core.as_deref_mut() else {
+            // Nothing to settle in (on_disposition fills it only while
+            // there is a core).
+            self.accepted_in.clear();
             return;
+        };
+        let accepted = rosetta_neutral::Outcome::Accept;
+        if let Err(e) = rosetta_neutral::settle_batch(core, &mut self.accepted_in, accepted) {
+            debug!(conn = self.conn_id, error = %e, "settle failed");
         }
-        if let Some(core) = self.core.as_deref_mut() {
-            if let Err(e) = core.settle_many(&self.accepted_in, rosetta_neutral::Outcome::Accept) {
-                debug!(conn = self.conn_id, error = %e, "settle failed");
-            }
-        }
-        self.accepted_in.clear();
     }
 
     pub(crate) fn close_core(&mut self, kind: CloseKind) {

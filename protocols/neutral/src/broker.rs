@@ -614,6 +614,23 @@ pub trait Session: Send {
     fn close(&mut self, kind: CloseKind);
 }
 
+/// Settles `batch` with one [`Session::settle_many`] and empties it,
+/// keeping its capacity for the next batch: what an adapter does with the
+/// deliveries it collected over one read or one write. An empty batch
+/// costs nothing.
+pub fn settle_batch(
+    session: &mut dyn Session,
+    batch: &mut Vec<(ConsumerId, DeliveryTag)>,
+    outcome: Outcome,
+) -> Result<usize, BrokerError> {
+    if batch.is_empty() {
+        return Ok(0);
+    }
+    let settled = session.settle_many(batch, outcome);
+    batch.clear();
+    settled
+}
+
 /// Name of the durable queue behind a durable topic subscription. The same
 /// scheme serves STOMP (client-id, subscription name) and AMQP (container
 /// id, link name), so that a reconnecting client finds its queue again.

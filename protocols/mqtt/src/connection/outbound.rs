@@ -8,7 +8,7 @@
 //! flow; their packet id and phase are annotated in the core so a resumed
 //! session resends them with DUP and the same id.
 
-use rosetta_neutral::{ConsumerId, Delivery, DeliveryTag, Outcome};
+use rosetta_neutral::{settle_batch, ConsumerId, Delivery, DeliveryTag, Outcome};
 
 use super::{Ctx, Open};
 use crate::codec::encode::{self, AckKind, OutPublish};
@@ -43,13 +43,10 @@ impl Open {
     /// Settles the QoS 1 deliveries whose PUBACKs came in the last read:
     /// one core call for all of them.
     pub(super) fn settle_acked(&mut self, conn_id: u64) {
-        if self.acked.is_empty() {
-            return;
-        }
-        if let Err(e) = self.session.settle_many(&self.acked, Outcome::Accept) {
+        let r = settle_batch(self.session.as_mut(), &mut self.acked, Outcome::Accept);
+        if let Err(e) = r {
             tracing::debug!(conn_id, error = %e, "settle failed");
         }
-        self.acked.clear();
     }
 
     /// Settles what the client acknowledged and what was written, before
@@ -61,14 +58,14 @@ impl Open {
 
     /// Settles the QoS 0 deliveries just handed to the driver.
     pub(super) fn settle_sent_qos0(&mut self, conn_id: u64) {
-        if self.unsent_qos0.is_empty() {
-            return;
-        }
-        if let Err(e) = self.session.settle_many(&self.unsent_qos0, Outcome::Accept) {
+        let r = settle_batch(
+            self.session.as_mut(),
+            &mut self.unsent_qos0,
+            Outcome::Accept,
+        );
+        if let Err(e) = r {
             tracing::debug!(conn_id, error = %e, "settle failed");
         }
-        // Cleared, not taken: the buffer is reused for the next write.
-        self.unsent_qos0.clear();
     }
 
     pub(super) fn on_delivery(&mut self, ctx: Ctx<'_>, d: Delivery) -> Result<(), MqttError> {
