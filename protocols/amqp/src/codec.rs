@@ -261,7 +261,10 @@ pub(crate) fn write_string_header(out: &mut Vec<u8>, len: usize) {
     write_var_header(out, 0xa1, 0xb1, len);
 }
 
-fn write_var_header(out: &mut Vec<u8>, short: u8, long: u8, len: usize) {
+/// Appends the header of a variable-width value of `len` bytes: the
+/// `short` constructor with a one-byte length when it fits, else `long`
+/// with four (`vbin`, `str`, `sym`).
+pub(crate) fn write_var_header(out: &mut Vec<u8>, short: u8, long: u8, len: usize) {
     match u8::try_from(len) {
         Ok(n) => {
             out.push(short);

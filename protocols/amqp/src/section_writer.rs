@@ -232,13 +232,7 @@ fn write_ulong(out: &mut Vec<u8>, v: u64) {
 /// concatenation of `parts`.
 fn write_variable(out: &mut Vec<u8>, short: u8, long: u8, parts: &[&[u8]]) {
     let len: usize = parts.iter().map(|p| p.len()).sum();
-    match u8::try_from(len) {
-        Ok(n) => out.extend_from_slice(&[short, n]),
-        Err(_) => {
-            out.push(long);
-            out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
-        }
-    }
+    crate::codec::write_var_header(out, short, long, len);
     for p in parts {
         out.extend_from_slice(p);
     }
