@@ -453,59 +453,13 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         if !self.conn.wants_input() {
             return Step::Idle;
         }
-        match self.io.poll_read_ready(cx) {
+        let read = match self.io.poll_read_ready(cx) {
             Poll::Pending => return Step::Idle,
-            Poll::Ready(Err(e)) => {
-                tracing::debug!(error = %e, "read failed; closing");
-                self.conn.handle_transport_closed(Instant::now());
-                return Step::Closed;
-            }
-            Poll::Ready(Ok(())) => {}
-        }
-        if self.conn.input_buffer().is_some() {
-            return self.poll_input_buffered(cx);
-        }
-        if self.rbuf.len() != self.read_size {
-            self.rbuf.resize(self.read_size, 0);
-            self.rbuf.shrink_to_fit();
-        }
-        let mut buf = ReadBuf::new(&mut self.rbuf);
-        match Pin::new(&mut self.io).poll_read(cx, &mut buf) {
-            Poll::Pending => Step::Idle,
-            Poll::Ready(Err(e)) => {
-                tracing::debug!(error = %e, "read failed; closing");
-                self.conn.handle_transport_closed(Instant::now());
-                Step::Closed
-            }
-            Poll::Ready(Ok(())) => {
-                let n = buf.filled().len();
-                if n == 0 {
-                    tracing::debug!("peer closed the connection");
-                    self.conn.handle_transport_closed(Instant::now());
-                    return Step::Closed;
-                }
-                self.conn.handle_input(Instant::now(), &self.rbuf[..n]);
-                self.read_size = next_read_size(self.read_size, n);
-                if self.read_size == READ_BUFFER_MIN_BYTES && self.io.reports_readiness() {
-                    // Quiet: wait for the next bytes without a buffer.
-                    self.rbuf = Vec::new();
-                }
-                Step::Progress
-            }
-        }
-    }
-}
-
-impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
-    /// [`Self::poll_input`] for a protocol that lends its parse buffer:
-    /// the same adaptive read size, read into that buffer's spare capacity.
-    fn poll_input_buffered(&mut self, cx: &mut Context<'_>) -> Step {
-        let Some(buf) = self.conn.input_buffer() else {
-            return Step::Idle;
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Ready(Ok(())) if self.conn.input_buffer().is_some() => self.poll_read_lent(cx),
+            Poll::Ready(Ok(())) => self.poll_read_own(cx),
         };
-        buf.reserve(self.read_size);
-        let before = buf.len();
-        match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, buf) {
+        match read {
             Poll::Pending => Step::Idle,
             Poll::Ready(Err(e)) => {
                 tracing::debug!(error = %e, "read failed; closing");
@@ -518,12 +472,11 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 Step::Closed
             }
             Poll::Ready(Ok(n)) => {
-                debug_assert_eq!(buf.len(), before + n);
-                self.conn.handle_buffered_input(Instant::now());
                 self.read_size = next_read_size(self.read_size, n);
                 if self.read_size == READ_BUFFER_MIN_BYTES && self.io.reports_readiness() {
-                    // Quiet: wait for the next bytes without a buffer (one
-                    // holding only part of a frame is kept).
+                    // Quiet: wait for the next bytes without a buffer. A
+                    // lent buffer holding part of a frame is kept.
+                    self.rbuf = Vec::new();
                     if let Some(buf) = self.conn.input_buffer().filter(|b| b.is_empty()) {
                         *buf = BytesMut::new();
                     }
@@ -531,6 +484,39 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 Step::Progress
             }
         }
+    }
+
+    /// Reads into the driver's own buffer and hands the protocol a slice.
+    fn poll_read_own(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.rbuf.len() != self.read_size {
+            self.rbuf.resize(self.read_size, 0);
+            self.rbuf.shrink_to_fit();
+        }
+        let mut buf = ReadBuf::new(&mut self.rbuf);
+        std::task::ready!(Pin::new(&mut self.io).poll_read(cx, &mut buf))?;
+        let n = buf.filled().len();
+        if n > 0 {
+            self.conn.handle_input(Instant::now(), &self.rbuf[..n]);
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    /// Reads into the spare capacity of the buffer the protocol lends
+    /// ([`ProtocolConnection::input_buffer`]): no copy on our side.
+    fn poll_read_lent(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let Some(buf) = self.conn.input_buffer() else {
+            return Poll::Ready(Ok(0));
+        };
+        buf.reserve(self.read_size);
+        let n = std::task::ready!(tokio_util::io::poll_read_buf(
+            Pin::new(&mut self.io),
+            cx,
+            buf
+        ))?;
+        if n > 0 {
+            self.conn.handle_buffered_input(Instant::now());
+        }
+        Poll::Ready(Ok(n))
     }
 }
 
