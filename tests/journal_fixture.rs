@@ -36,7 +36,7 @@ fn rich_message(n: u64, body_bytes: usize) -> Message {
     let mut properties = Properties::new();
     properties.push("n", Value::ULong(n));
     properties.push("name", Value::String(format!("item-{n}")));
-    properties.push("flag", Value::Bool(n % 2 == 0));
+    properties.push("flag", Value::Bool(n.is_multiple_of(2)));
     properties.push("name", Value::String("duplicate kept".into()));
     let mut body = format!("body-{n}-").into_bytes();
     body.resize(body_bytes.max(body.len()), b'a' + (n % 26) as u8);
@@ -49,36 +49,40 @@ fn rich_message(n: u64, body_bytes: usize) -> Message {
             },
             bytes: Bytes::from(body),
         },
-        address: Some(if n % 2 == 0 {
+        address: Some(if n.is_multiple_of(2) {
             Address::Queue("orders".into())
         } else {
             Address::Topic(format!("sensors/{n}/temp"))
         }),
-        message_id: Some(if n % 2 == 0 {
+        message_id: Some(if n.is_multiple_of(2) {
             MessageId::String(format!("id-{n}"))
         } else {
             MessageId::Ulong(n)
         }),
-        correlation_id: (n % 4 == 0).then(|| MessageId::Binary(Bytes::from(vec![n as u8; 3]))),
-        reply_to: (n % 5 == 0).then(|| "/queue/replies".to_owned()),
+        correlation_id: n
+            .is_multiple_of(4)
+            .then(|| MessageId::Binary(Bytes::from(vec![n as u8; 3]))),
+        reply_to: n.is_multiple_of(5).then(|| "/queue/replies".to_owned()),
         content_type: Some("text/plain".into()),
         content_encoding: None,
         subject: (n % 3 == 1).then(|| format!("subject-{n}")),
-        user_id: (n % 7 == 0).then(|| Bytes::from_static(b"alice")),
-        group_id: (n % 6 == 0).then(|| "g1".to_owned()),
-        group_sequence: (n % 6 == 0).then_some(n as u32),
+        user_id: n.is_multiple_of(7).then(|| Bytes::from_static(b"alice")),
+        group_id: n.is_multiple_of(6).then(|| "g1".to_owned()),
+        group_sequence: n.is_multiple_of(6).then_some(n as u32),
         priority: (n % 10) as u8,
         durable: true,
-        guarantee: if n % 2 == 0 {
+        guarantee: if n.is_multiple_of(2) {
             Guarantee::AtLeastOnce
         } else {
             Guarantee::ExactlyOnce
         },
         retain: false,
         creation_time: Some(1_700_000_000_000 + n),
-        expiry: (n % 8 == 0).then_some(4_000_000_000_000),
+        expiry: n.is_multiple_of(8).then_some(4_000_000_000_000),
         properties,
-        amqp_annotations: (n % 9 == 0).then(|| Bytes::from_static(b"\x00\x53\x72\xc1\x01\x00")),
+        amqp_annotations: n
+            .is_multiple_of(9)
+            .then(|| Bytes::from_static(b"\x00\x53\x72\xc1\x01\x00")),
     }
 }
 
@@ -202,11 +206,10 @@ fn write_representative_journal(dir: &Path) {
     );
     // Traffic that dies: fills segments so they roll, get deleted, and the
     // first one becomes mostly dead (and is rewritten).
-    let mut seq = 100;
     for round in 0..30u64 {
+        let seq = 100 + round;
         commit(&store, vec![message(seq, &[1], 400)]);
         commit(&store, vec![Record::Ack { queue: 1, seq }]);
-        seq += 1;
         if round == 10 {
             commit(
                 &store,

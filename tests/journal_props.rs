@@ -457,7 +457,7 @@ proptest! {
         // behind it; a crash cannot tear those, so tear only a final entry
         // that is the last thing in the file.
         let id = seg.file_name().and_then(|n| n.to_str()).and_then(segment::parse_file_name).unwrap_or(0);
-        let mut scanner = segment::SegmentScanner::open(&seg, id)
+        let mut scanner = segment::SegmentScanner::open(&rosetta::store::OsStorage, &seg, id)
             .map_err(|e| TestCaseError::fail(format!("scan: {e:?}")))?;
         let mut entries = Vec::new();
         while let Ok(Some(e)) = scanner.next_entry() {

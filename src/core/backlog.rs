@@ -24,7 +24,10 @@ use bytes::Bytes;
 use rosetta_neutral::MatchInfo;
 
 use super::queue::Entry;
-use crate::store::{decode_message_exact, encode_message, MessageSeq, PageFile, PageRef, QueueId};
+use crate::store::{
+    decode_message_exact, encode_message, MessageSeq, OsStorage, PageFile, PageRef, QueueId,
+    Storage,
+};
 
 /// Most messages read back from a page file at once.
 const DEPAGE_BATCH_MESSAGES: usize = 512;
@@ -42,6 +45,8 @@ pub(crate) struct MemoryGauge {
     page_dir: Option<PathBuf>,
     /// Messages currently paged out, all queues together.
     paged: AtomicU64,
+    /// Where page files are written.
+    storage: std::sync::Arc<dyn Storage>,
 }
 
 impl MemoryGauge {
@@ -51,6 +56,7 @@ impl MemoryGauge {
             budget,
             page_dir,
             paged: AtomicU64::new(0),
+            storage: std::sync::Arc::new(OsStorage),
         }
     }
 
@@ -197,7 +203,7 @@ impl Backlog {
             !self.paging_off && (!self.paged.is_empty() || gauge.over_budget_with(&entry))
         });
         if let Some(dir) = page_dir {
-            match self.page_out(&entry, dir, queue) {
+            match self.page_out(&entry, gauge, dir, queue) {
                 Ok(at) => {
                     gauge.paged.fetch_add(1, Ordering::Relaxed);
                     self.paged.push_back(Paged::of(entry, at));
@@ -242,13 +248,17 @@ impl Backlog {
     fn page_out(
         &mut self,
         entry: &Entry,
+        gauge: &MemoryGauge,
         dir: &std::path::Path,
         queue: QueueId,
     ) -> Result<PageRef, crate::store::PageError> {
         let file = match &mut self.file {
             Some(f) => f,
             None => {
-                let file = PageFile::create(&dir.join(format!("{queue}.page")))?;
+                let file = PageFile::create(
+                    std::sync::Arc::clone(&gauge.storage),
+                    &dir.join(format!("{queue}.page")),
+                )?;
                 tracing::info!(queue, "queue is over the memory budget: paging to disk");
                 self.file.insert(file)
             }

@@ -104,7 +104,7 @@ pub(crate) fn run(w: &mut Writer) -> Result<CompactionRun, StoreError> {
 /// not be read (left in place).
 fn rewrite(w: &mut Writer, seg: SegmentId) -> Result<Option<usize>, StoreError> {
     let path = w.dir.join(segment::file_name(seg));
-    let mut scanner = match SegmentScanner::open(&path, seg) {
+    let mut scanner = match SegmentScanner::open(&*w.storage, &path, seg) {
         Ok(s) => s,
         Err(e) => {
             warn!(path = %path.display(), error = ?stop_reason(&e), "journal compaction: cannot read segment; left in place");

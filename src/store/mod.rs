@@ -9,7 +9,11 @@
 //! - `writer`: the single writer thread (group commit, rollover, syncs);
 //! - `index`: the live state and per-segment liveness (the replay rules);
 //! - `recovery`: replay at open, torn-tail handling (the cases table is there);
-//! - `compaction`: deleting dead segments, rewriting mostly-dead ones.
+//! - `compaction`: deleting dead segments, rewriting mostly-dead ones;
+//! - [`storage`]: every file operation, behind the [`Storage`] trait
+//!   ([`OsStorage`] in production);
+//! - [`sim`]: a simulated disk for tests (power loss, torn writes, EIO,
+//!   corrupted reads, lost files), seeded and deterministic.
 //!
 //! # On-disk format
 //!
@@ -124,6 +128,8 @@ mod reader;
 pub mod record;
 mod recovery;
 pub mod segment;
+pub mod sim;
+pub mod storage;
 mod wire;
 mod writer;
 
@@ -142,6 +148,7 @@ pub use page_file::{PageError, PageFile, PageRef};
 pub use reader::RecoveredMessages;
 pub use record::{BindingDef, MessageSeq, QueueDef, QueueId, Record, StoredLifetime};
 pub use segment::{Damage, ENTRY_BODY_MAX_BYTES};
+pub use storage::{LockGuard, OsStorage, Storage, StorageFile};
 pub use wire::DecodeError;
 
 use writer::{Job, Shared};
@@ -198,6 +205,9 @@ pub struct StoreConfig {
     pub rewrite_min_age: Duration,
     /// Appended-but-unwritten bytes above which `append` blocks.
     pub pending_bytes_max: u64,
+    /// Where the files are: the operating system's file system, or a
+    /// simulated disk in tests.
+    pub storage: Arc<dyn Storage>,
 }
 
 impl StoreConfig {
@@ -211,6 +221,7 @@ impl StoreConfig {
             compaction_enabled: true,
             rewrite_min_age: REWRITE_MIN_AGE_DEFAULT,
             pending_bytes_max: PENDING_BYTES_MAX_DEFAULT,
+            storage: Arc::new(OsStorage),
         }
     }
 
@@ -439,7 +450,7 @@ pub struct Store {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The held lock on `<dir>/LOCK`: two brokers appending to one journal
     /// would interleave segments and corrupt it. Released when dropped.
-    _lock: std::fs::File,
+    _lock: Box<dyn LockGuard>,
 }
 
 impl std::fmt::Debug for Store {
@@ -455,9 +466,12 @@ impl Store {
     /// the writer thread. Returns the recovered live state.
     pub fn open(config: StoreConfig) -> Result<(Store, Recovered), StoreError> {
         config.validate()?;
-        std::fs::create_dir_all(&config.dir).map_err(|e| io_error("create", &config.dir, e))?;
-        let lock = lock_dir(&config.dir)?;
-        let replayed = recovery::replay(&config.dir)?;
+        let storage = &*config.storage;
+        storage
+            .create_dir_all(&config.dir)
+            .map_err(|e| io_error("create", &config.dir, e))?;
+        let lock = lock_dir(storage, &config.dir)?;
+        let replayed = recovery::replay(storage, &config.dir)?;
         let mut index = replayed.index;
         let state = recovery::collect(&mut index);
         let next_seq = index.next_seq;
@@ -482,7 +496,12 @@ impl Store {
         let recovered = Recovered {
             queues: state.queues,
             bindings: state.bindings,
-            messages: RecoveredMessages::new(config.dir.clone(), state.messages, pause),
+            messages: RecoveredMessages::new(
+                Arc::clone(&config.storage),
+                config.dir.clone(),
+                state.messages,
+                pause,
+            ),
             retained: state.retained,
             state: state.state,
             next_seq,
@@ -602,27 +621,20 @@ impl Store {
 /// second broker running on the directory is refused after it.
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 
-/// Takes the exclusive lock on `<dir>/LOCK` (an advisory `flock`, released
-/// by the OS when the process dies, so a crash never leaves it stale).
-fn lock_dir(dir: &Path) -> Result<std::fs::File, StoreError> {
+/// Takes the exclusive lock on `<dir>/LOCK` (an advisory `flock` on real
+/// files, released by the OS when the process dies, so a crash never
+/// leaves it stale).
+fn lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn LockGuard>, StoreError> {
     let path = dir.join("LOCK");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| io_error("open", &path, e))?;
     let deadline = std::time::Instant::now() + LOCK_WAIT;
     loop {
-        match file.try_lock() {
-            Ok(()) => return Ok(file),
-            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+        match storage.try_lock(&path) {
+            Ok(Some(guard)) => return Ok(guard),
+            Ok(None) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(StoreError::Locked(dir.to_owned()))
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(io_error("lock", &path, e)),
+            Ok(None) => return Err(StoreError::Locked(dir.to_owned())),
+            Err(e) => return Err(io_error("lock", &path, e)),
         }
     }
 }

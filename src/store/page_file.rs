@@ -13,10 +13,10 @@
 //! truncated when the queue has nothing paged any more, which is how its
 //! space is reclaimed.
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::storage::{Storage, StorageFile};
 
 /// Buffered bytes at which writes go to the file.
 const WRITE_BUFFER_BYTES: usize = 256 * 1024;
@@ -68,8 +68,9 @@ pub enum PageError {
 /// One queue's page file. Removed from disk when dropped.
 #[derive(Debug)]
 pub struct PageFile {
+    storage: Arc<dyn Storage>,
     path: PathBuf,
-    file: File,
+    file: Box<dyn StorageFile>,
     /// Bytes already handed to the OS.
     flushed: u64,
     /// Bytes appended but not yet written.
@@ -77,20 +78,16 @@ pub struct PageFile {
 }
 
 impl PageFile {
-    /// Creates (or truncates) the page file at `path`.
-    pub fn create(path: &Path) -> Result<Self, PageError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)
-            .map_err(|source| PageError::Io {
-                op: "create",
-                path: path.to_owned(),
-                source,
-            })?;
+    /// Creates (or truncates) the page file at `path`. Never synced, its
+    /// directory neither: a cache needs no durability.
+    pub fn create(storage: Arc<dyn Storage>, path: &Path) -> Result<Self, PageError> {
+        let file = storage.create(path, true).map_err(|source| PageError::Io {
+            op: "create",
+            path: path.to_owned(),
+            source,
+        })?;
         Ok(Self {
+            storage,
             path: path.to_owned(),
             file,
             flushed: 0,
@@ -137,7 +134,7 @@ impl PageFile {
             .map_err(|_| PageError::TooLarge(usize::MAX))?;
         let mut raw = vec![0u8; span];
         self.file
-            .read_exact_at(&mut raw, first.offset)
+            .read_at(&mut raw, first.offset)
             .map_err(|source| self.io("read", source))?;
         let raw = bytes::Bytes::from(raw);
         let mut bodies = Vec::with_capacity(refs.len());
@@ -173,7 +170,7 @@ impl PageFile {
         if self.buffer.is_empty() {
             return Ok(());
         }
-        let written = self.file.write_all_at(&self.buffer, self.flushed);
+        let written = self.file.write_at(&self.buffer, self.flushed);
         if let Err(source) = written {
             return Err(self.io("write", source));
         }
@@ -201,20 +198,21 @@ impl PageFile {
 impl Drop for PageFile {
     fn drop(&mut self) {
         // A cache: nothing in it is needed once its queue is gone.
-        let _ = std::fs::remove_file(&self.path);
-        let _ = (&self.file).flush();
+        let _ = self.storage.remove(&self.path);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::storage::OsStorage;
+    use std::os::unix::fs::FileExt;
 
     #[test]
     fn records_read_back_across_buffer_flushes_and_clear() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("q.page");
-        let mut f = PageFile::create(&path).expect("create");
+        let mut f = PageFile::create(Arc::new(OsStorage), &path).expect("create");
         let bodies: Vec<Vec<u8>> = (0..2000u32)
             .map(|i| vec![(i % 251) as u8; (i as usize * 37) % 3000])
             .collect();
@@ -242,10 +240,13 @@ mod tests {
     fn a_flipped_byte_is_reported_not_returned() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("q.page");
-        let mut f = PageFile::create(&path).expect("create");
+        let mut f = PageFile::create(Arc::new(OsStorage), &path).expect("create");
         let r = f.append(b"payload").expect("append");
         f.flush().expect("flush");
-        let other = OpenOptions::new().write(true).open(&path).expect("open");
+        let other = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open");
         other.write_all_at(b"X", r.offset + 6).expect("flip");
         assert!(matches!(
             f.read(&[r]),

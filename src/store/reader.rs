@@ -34,8 +34,6 @@
 //! entries interleaved (two big transactions committed concurrently) would
 //! re-read each entry per message: correct, but slow; not seen in practice.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -45,6 +43,7 @@ use rosetta_neutral::Message;
 use super::index::Loc;
 use super::record::{self, MessageSeq, QueueId, Record};
 use super::segment::{self, EntryHeader, SegmentId, ENTRY_BODY_MAX_BYTES, ENTRY_HEADER_BYTES};
+use super::storage::{Storage, StorageFile};
 use super::writer::CompactionPause;
 use super::{io_error, RecoveredMessage, RecoveredPlacement, StoreError};
 
@@ -108,6 +107,7 @@ impl PendingMessage {
 /// module docs of `reader` for the memory this saves and how it stays safe
 /// against compaction.
 pub struct RecoveredMessages {
+    storage: Arc<dyn Storage>,
     dir: PathBuf,
     pending: std::vec::IntoIter<PendingMessage>,
     window: Window,
@@ -125,11 +125,13 @@ impl std::fmt::Debug for RecoveredMessages {
 
 impl RecoveredMessages {
     pub(crate) fn new(
+        storage: Arc<dyn Storage>,
         dir: PathBuf,
         pending: Vec<PendingMessage>,
         pause: Option<CompactionPause>,
     ) -> Self {
         Self {
+            storage,
             dir,
             pending: pending.into_iter(),
             window: Window::default(),
@@ -155,7 +157,7 @@ impl RecoveredMessages {
 
     fn read(&mut self, p: &PendingMessage) -> Result<Arc<Message>, StoreError> {
         let path = || self.dir.join(segment::file_name(p.loc.seg));
-        let body = self.window.entry_body(&self.dir, p.loc)?;
+        let body = self.window.entry_body(&*self.storage, &self.dir, p.loc)?;
         let rec = record::decode_record_at(&body, p.loc.idx).map_err(|e| StoreError::Corrupt {
             path: path(),
             offset: p.loc.entry,
@@ -208,7 +210,7 @@ impl ExactSizeIterator for RecoveredMessages {}
 /// last verified.
 #[derive(Default)]
 struct Window {
-    seg: Option<(SegmentId, File, u64)>,
+    seg: Option<(SegmentId, Box<dyn StorageFile>, u64)>,
     start: u64,
     bytes: Bytes,
     verified: Option<(SegmentId, u64)>,
@@ -216,14 +218,19 @@ struct Window {
 
 impl Window {
     /// The verified body of the entry at `loc`.
-    fn entry_body(&mut self, dir: &std::path::Path, loc: Loc) -> Result<Bytes, StoreError> {
+    fn entry_body(
+        &mut self,
+        storage: &dyn Storage,
+        dir: &std::path::Path,
+        loc: Loc,
+    ) -> Result<Bytes, StoreError> {
         let path = || dir.join(segment::file_name(loc.seg));
         let corrupt = |reason: String| StoreError::Corrupt {
             path: path(),
             offset: loc.entry,
             reason,
         };
-        let raw = self.range(dir, loc.seg, loc.entry, ENTRY_HEADER_BYTES)?;
+        let raw = self.range(storage, dir, loc.seg, loc.entry, ENTRY_HEADER_BYTES)?;
         let mut h = [0u8; ENTRY_HEADER_BYTES];
         h.copy_from_slice(&raw);
         let header = EntryHeader::decode(&h)
@@ -235,7 +242,13 @@ impl Window {
         // Header and body in one window, so the next records of the same
         // entry (a transaction, a compaction copy of many messages) are
         // served from it, checksummed once, however large the entry is.
-        let whole = self.range(dir, loc.seg, loc.entry, ENTRY_HEADER_BYTES + body_len)?;
+        let whole = self.range(
+            storage,
+            dir,
+            loc.seg,
+            loc.entry,
+            ENTRY_HEADER_BYTES + body_len,
+        )?;
         let body = whole.slice(ENTRY_HEADER_BYTES..);
         if self.verified != Some((loc.seg, loc.entry)) {
             if crc32c::crc32c(&body) != header.body_crc {
@@ -250,6 +263,7 @@ impl Window {
     /// into a new one that starts there.
     fn range(
         &mut self,
+        storage: &dyn Storage,
         dir: &std::path::Path,
         seg: SegmentId,
         offset: u64,
@@ -260,7 +274,7 @@ impl Window {
             && offset >= self.start
             && end <= self.start + self.bytes.len() as u64;
         if !in_window {
-            self.fill(dir, seg, offset, len)?;
+            self.fill(storage, dir, seg, offset, len)?;
         }
         let from = (offset - self.start) as usize;
         Ok(self.bytes.slice(from..from + len))
@@ -268,6 +282,7 @@ impl Window {
 
     fn fill(
         &mut self,
+        storage: &dyn Storage,
         dir: &std::path::Path,
         seg: SegmentId,
         offset: u64,
@@ -277,11 +292,10 @@ impl Window {
         let (file, file_len) = match self.seg.take() {
             Some((s, file, file_len)) if s == seg => (file, file_len),
             _ => {
-                let file = File::open(&path).map_err(|e| io_error("open", &path, e))?;
-                let file_len = file
-                    .metadata()
-                    .map_err(|e| io_error("stat", &path, e))?
-                    .len();
+                let file = storage
+                    .open(&path)
+                    .map_err(|e| io_error("open", &path, e))?;
+                let file_len = file.size().map_err(|e| io_error("stat", &path, e))?;
                 (file, file_len)
             }
         };
@@ -299,7 +313,7 @@ impl Window {
             .unwrap_or(usize::MAX)
             .min(len.max(READ_WINDOW_BYTES));
         let mut buf = vec![0u8; size];
-        file.read_exact_at(&mut buf, offset)
+        file.read_at(&mut buf, offset)
             .map_err(|e| io_error("read", &path, e))?;
         self.seg = Some((seg, file, file_len));
         // Bytes read anew are checked anew.

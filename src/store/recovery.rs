@@ -48,6 +48,7 @@ use super::index::{Index, Loc};
 use super::reader::PendingMessage;
 use super::record::{self};
 use super::segment::{self, Damage, ScanStop, SegmentId, SegmentScanner};
+use super::storage::Storage;
 use super::{io_error, DamagedTail, RecoveredPlacement, RecoveryReport, StoreError};
 
 /// The outcome of replaying the data directory.
@@ -59,27 +60,23 @@ pub(crate) struct Replayed {
 }
 
 /// Lists the segment ids in `dir`, sorted.
-pub(crate) fn list_segments(dir: &Path) -> Result<Vec<SegmentId>, StoreError> {
-    let mut ids = Vec::new();
-    let rd = std::fs::read_dir(dir).map_err(|e| io_error("list", dir, e))?;
-    for entry in rd {
-        let entry = entry.map_err(|e| io_error("list", dir, e))?;
-        if let Some(id) = entry
-            .file_name()
-            .to_str()
-            .and_then(segment::parse_file_name)
-        {
-            ids.push(id);
-        }
-    }
+pub(crate) fn list_segments(
+    storage: &dyn Storage,
+    dir: &Path,
+) -> Result<Vec<SegmentId>, StoreError> {
+    let names = storage.list(dir).map_err(|e| io_error("list", dir, e))?;
+    let mut ids: Vec<SegmentId> = names
+        .iter()
+        .filter_map(|n| segment::parse_file_name(n))
+        .collect();
     ids.sort_unstable();
     Ok(ids)
 }
 
 /// Replays every segment in `dir`.
-pub(crate) fn replay(dir: &Path) -> Result<Replayed, StoreError> {
+pub(crate) fn replay(storage: &dyn Storage, dir: &Path) -> Result<Replayed, StoreError> {
     let started = Instant::now();
-    let ids = list_segments(dir)?;
+    let ids = list_segments(storage, dir)?;
     let mut index = Index::new();
     let mut report = RecoveryReport::default();
     let mut next_entry_seq = 0u64;
@@ -91,10 +88,10 @@ pub(crate) fn replay(dir: &Path) -> Result<Replayed, StoreError> {
     for &id in &ids {
         let path = dir.join(segment::file_name(id));
         let newest_segment = Some(id) == newest;
-        let mut scanner = match SegmentScanner::open(&path, id) {
+        let mut scanner = match SegmentScanner::open(storage, &path, id) {
             Ok(s) => s,
             Err(ScanStop::Damaged { offset, damage }) => {
-                let tail = drop_tail(&path, offset, damage, newest_segment, true)?;
+                let tail = drop_tail(storage, &path, offset, damage, newest_segment, true)?;
                 report.damaged.push(tail);
                 removed_any = true;
                 continue;
@@ -158,7 +155,7 @@ pub(crate) fn replay(dir: &Path) -> Result<Replayed, StoreError> {
                 }
                 Ok(None) => break,
                 Err(ScanStop::Damaged { offset, damage }) => {
-                    let tail = drop_tail(&path, offset, damage, newest_segment, false)?;
+                    let tail = drop_tail(storage, &path, offset, damage, newest_segment, false)?;
                     index.set_file_bytes(id, offset);
                     report.damaged.push(tail);
                     break;
@@ -176,7 +173,9 @@ pub(crate) fn replay(dir: &Path) -> Result<Replayed, StoreError> {
         next_entry_seq = scanner.next_entry_seq();
     }
     if removed_any {
-        segment::sync_dir(dir).map_err(|e| io_error("fsync", dir, e))?;
+        storage
+            .sync_dir(dir)
+            .map_err(|e| io_error("fsync", dir, e))?;
     }
     index.next_seq = index.next_seq.max(seq_floor);
     index.next_queue_id = index.next_queue_id.max(queue_floor);
@@ -207,6 +206,7 @@ pub(crate) fn replay(dir: &Path) -> Result<Replayed, StoreError> {
 /// Saves the bytes of `path` from `offset` on into a side file, then
 /// truncates the segment there (or removes it when its header is bad).
 fn drop_tail(
+    storage: &dyn Storage,
     path: &Path,
     offset: u64,
     damage: Damage,
@@ -214,12 +214,14 @@ fn drop_tail(
     remove: bool,
 ) -> Result<DamagedTail, StoreError> {
     let side = side_path(path, offset);
-    let dropped =
-        segment::save_tail(path, offset, &side).map_err(|e| io_error("save", &side, e))?;
+    let dropped = segment::save_range(storage, path, offset, None, &side)
+        .map_err(|e| io_error("save", &side, e))?;
     if remove {
-        std::fs::remove_file(path).map_err(|e| io_error("remove", path, e))?;
+        storage
+            .remove(path)
+            .map_err(|e| io_error("remove", path, e))?;
     } else {
-        segment::truncate(path, offset).map_err(|e| io_error("truncate", path, e))?;
+        segment::truncate(storage, path, offset).map_err(|e| io_error("truncate", path, e))?;
     }
     let path_s = path.display().to_string();
     let side_s = side.display().to_string();

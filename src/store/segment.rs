@@ -20,11 +20,12 @@
 //! time the segment was created, so the numbering never goes backwards after
 //! compaction has deleted every record that mentioned the highest ones.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+
+use super::storage::{self, Storage, StorageFile};
 
 /// Id of a segment; also its file name.
 pub type SegmentId = u64;
@@ -255,9 +256,67 @@ pub enum ScanStop {
     Io(io::Error),
 }
 
+/// Bytes a scanner reads at once.
+const SCAN_BUFFER_BYTES: usize = 256 * 1024;
+
+/// Sequential reads of one file through [`StorageFile::read_at`], a buffer
+/// at a time.
+pub(crate) struct BufferedFile {
+    file: Box<dyn StorageFile>,
+    len: u64,
+    buf: Vec<u8>,
+    /// File offset of `buf[0]`.
+    start: u64,
+}
+
+impl BufferedFile {
+    pub(crate) fn new(file: Box<dyn StorageFile>) -> io::Result<Self> {
+        let len = file.size()?;
+        Ok(Self {
+            file,
+            len,
+            buf: Vec::new(),
+            start: 0,
+        })
+    }
+
+    /// Length of the file when it was opened.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Fills `out` from `offset` (which must leave `out.len()` bytes in the
+    /// file).
+    pub(crate) fn read_exact_at(&mut self, out: &mut [u8], offset: u64) -> io::Result<()> {
+        let end = offset + out.len() as u64;
+        let buffered = offset >= self.start && end <= self.start + self.buf.len() as u64;
+        if !buffered {
+            if out.len() >= SCAN_BUFFER_BYTES {
+                // Large reads go straight into the caller's buffer.
+                return self.file.read_at(out, offset);
+            }
+            let want = usize::try_from(self.len.saturating_sub(offset))
+                .unwrap_or(usize::MAX)
+                .min(SCAN_BUFFER_BYTES);
+            self.buf.resize(want, 0);
+            self.file.read_at(&mut self.buf, offset)?;
+            self.start = offset;
+            if end > self.start + self.buf.len() as u64 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "read past the end of a segment",
+                ));
+            }
+        }
+        let from = (offset - self.start) as usize;
+        out.copy_from_slice(&self.buf[from..from + out.len()]);
+        Ok(())
+    }
+}
+
 /// Sequential, verifying reader of one segment file.
 pub struct SegmentScanner {
-    file: io::BufReader<File>,
+    file: BufferedFile,
     file_len: u64,
     offset: u64,
     next_entry_seq: u64,
@@ -267,16 +326,16 @@ pub struct SegmentScanner {
 
 impl SegmentScanner {
     /// Opens `path` and verifies its segment header against `id`.
-    pub fn open(path: &Path, id: SegmentId) -> Result<Self, ScanStop> {
-        let file = File::open(path).map_err(ScanStop::Io)?;
-        let file_len = file.metadata().map_err(ScanStop::Io)?.len();
-        let mut file = io::BufReader::with_capacity(256 * 1024, file);
+    pub fn open(storage: &dyn Storage, path: &Path, id: SegmentId) -> Result<Self, ScanStop> {
+        let file = storage.open(path).map_err(ScanStop::Io)?;
+        let mut file = BufferedFile::new(file).map_err(ScanStop::Io)?;
+        let file_len = file.len();
         let damaged = |damage| ScanStop::Damaged { offset: 0, damage };
         if file_len < SEGMENT_HEADER_BYTES as u64 {
             return Err(damaged(Damage::TornSegmentHeader));
         }
         let mut raw = [0u8; SEGMENT_HEADER_BYTES];
-        file.read_exact(&mut raw).map_err(ScanStop::Io)?;
+        file.read_exact_at(&mut raw, 0).map_err(ScanStop::Io)?;
         let header = match SegmentHeader::decode(&raw) {
             Ok(h) if h.id == id => h,
             Ok(_) | Err(HeaderFault::BadMagic | HeaderFault::BadChecksum) => {
@@ -322,7 +381,9 @@ impl SegmentScanner {
             return Err(damaged(Damage::TornEntryHeader));
         }
         let mut raw = [0u8; ENTRY_HEADER_BYTES];
-        self.file.read_exact(&mut raw).map_err(ScanStop::Io)?;
+        self.file
+            .read_exact_at(&mut raw, offset)
+            .map_err(ScanStop::Io)?;
         let header = match EntryHeader::decode(&raw) {
             Ok(h) => h,
             Err(HeaderFault::BadMagic) => return Err(damaged(Damage::BadEntryMagic)),
@@ -339,7 +400,9 @@ impl SegmentScanner {
             return Err(damaged(Damage::TornEntryBody));
         }
         let mut body = vec![0u8; body_len];
-        self.file.read_exact(&mut body).map_err(ScanStop::Io)?;
+        self.file
+            .read_exact_at(&mut body, offset + ENTRY_HEADER_BYTES as u64)
+            .map_err(ScanStop::Io)?;
         if crc32c::crc32c(&body) != header.body_crc {
             return Err(damaged(Damage::BadEntryBodyChecksum));
         }
@@ -359,44 +422,56 @@ impl SegmentScanner {
 }
 
 /// Creates segment `header.id` in `dir` with its header written and synced.
-/// The caller fsyncs the directory.
-pub fn create(dir: &Path, header: &SegmentHeader) -> io::Result<(File, PathBuf)> {
+/// The caller syncs the directory.
+pub fn create(
+    storage: &dyn Storage,
+    dir: &Path,
+    header: &SegmentHeader,
+) -> io::Result<(Box<dyn StorageFile>, PathBuf)> {
     let path = dir.join(file_name(header.id));
-    let mut file = OpenOptions::new()
-        .create_new(true)
-        .read(true)
-        .append(true)
-        .open(&path)?;
-    file.write_all(&header.encode())?;
+    let file = storage.create(&path, false)?;
+    file.write_at(&header.encode(), 0)?;
     file.sync_data()?;
     Ok((file, path))
 }
 
-/// fsyncs a directory so that creating or removing a file in it is durable.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-/// Copies the bytes of `path` from `offset` to the end into `side`, so that
-/// what recovery truncates stays available for inspection.
-pub fn save_tail(path: &Path, offset: u64, side: &Path) -> io::Result<u64> {
-    let mut src = File::open(path)?;
-    src.seek(SeekFrom::Start(offset))?;
-    let mut dst = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(side)?;
-    let n = io::copy(&mut src, &mut dst)?;
-    dst.sync_all()?;
-    Ok(n)
+/// Copies the bytes of `path` from `offset` to `end` into `side` (synced,
+/// with its directory), so that what recovery cuts or skips stays
+/// available for inspection. Returns the bytes copied.
+pub fn save_range(
+    storage: &dyn Storage,
+    path: &Path,
+    offset: u64,
+    end: Option<u64>,
+    side: &Path,
+) -> io::Result<u64> {
+    let src = storage.open(path)?;
+    let end = end.unwrap_or(src.size()?);
+    let dst = storage.create(side, true)?;
+    let mut at = offset;
+    while at < end {
+        let n = usize::try_from(end - at)
+            .unwrap_or(usize::MAX)
+            .min(SCAN_BUFFER_BYTES);
+        let chunk = storage::read_up_to(&*src, at, n)?;
+        if chunk.is_empty() {
+            break;
+        }
+        dst.write_at(&chunk, at - offset)?;
+        at += chunk.len() as u64;
+    }
+    dst.sync_data()?;
+    if let Some(dir) = side.parent() {
+        storage.sync_dir(dir)?;
+    }
+    Ok(at - offset)
 }
 
 /// Truncates `path` to `len` bytes and syncs it.
-pub fn truncate(path: &Path, len: u64) -> io::Result<()> {
-    let f = OpenOptions::new().write(true).open(path)?;
+pub fn truncate(storage: &dyn Storage, path: &Path, len: u64) -> io::Result<()> {
+    let f = storage.open(path)?;
     f.set_len(len)?;
-    f.sync_all()
+    f.sync_data()
 }
 
 #[cfg(test)]

@@ -118,7 +118,7 @@ fn entries(path: &Path) -> Vec<(u64, u64)> {
         .and_then(|n| n.to_str())
         .and_then(segment::parse_file_name)
         .unwrap_or(0);
-    let mut s = match SegmentScanner::open(path, id) {
+    let mut s = match SegmentScanner::open(&OsStorage, path, id) {
         Ok(s) => s,
         Err(e) => panic!("scan {}: {e:?}", path.display()),
     };

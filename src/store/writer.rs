@@ -22,8 +22,6 @@
 //! delaying it: the writer goes straight from one sync to the next.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
@@ -39,6 +37,7 @@ use super::record::{self, Record};
 use super::segment::{
     self, EntryHeader, SegmentHeader, SegmentId, ENTRY_HEADER_BYTES, SEGMENT_HEADER_BYTES,
 };
+use super::storage::{Storage, StorageFile};
 use super::{
     compaction, io_error, Completion, StoreConfig, StoreError, SyncPolicy, BATCH_BYTES_MAX,
 };
@@ -239,7 +238,7 @@ impl Shared {
 /// The segment being written.
 pub(crate) struct Active {
     pub(crate) id: SegmentId,
-    file: File,
+    file: Box<dyn StorageFile>,
     path: PathBuf,
     pub(crate) len: u64,
 }
@@ -247,6 +246,7 @@ pub(crate) struct Active {
 /// The writer thread's state. Only the writer thread touches it.
 pub(crate) struct Writer {
     pub(crate) shared: Arc<Shared>,
+    pub(crate) storage: Arc<dyn Storage>,
     pub(crate) dir: PathBuf,
     sync: SyncPolicy,
     segment_size: u64,
@@ -298,7 +298,7 @@ pub(crate) fn start(
         seq_floor: index.next_seq,
         queue_floor: index.next_queue_id,
     };
-    let active = create_segment(&config.dir, &header)?;
+    let active = create_segment(&*config.storage, &config.dir, &header)?;
     index.add_segment(active.id, active.len);
     let shared = Arc::new(Shared {
         queue: Mutex::new(Queue {
@@ -337,6 +337,7 @@ pub(crate) fn start(
         completions: Some(completions_tx),
         completer: Some(completer),
         shared: shared.clone(),
+        storage: Arc::clone(&config.storage),
         dir: config.dir.clone(),
         sync: config.sync,
         segment_size: config.segment_size_bytes,
@@ -366,10 +367,16 @@ pub(crate) fn start(
     Ok((shared, handle))
 }
 
-fn create_segment(dir: &Path, header: &SegmentHeader) -> Result<Active, StoreError> {
-    let (file, path) = segment::create(dir, header)
+fn create_segment(
+    storage: &dyn Storage,
+    dir: &Path,
+    header: &SegmentHeader,
+) -> Result<Active, StoreError> {
+    let (file, path) = segment::create(storage, dir, header)
         .map_err(|e| io_error("create", &dir.join(segment::file_name(header.id)), e))?;
-    segment::sync_dir(dir).map_err(|e| io_error("fsync", dir, e))?;
+    storage
+        .sync_dir(dir)
+        .map_err(|e| io_error("fsync", dir, e))?;
     Ok(Active {
         id: header.id,
         file,
@@ -608,7 +615,7 @@ impl Writer {
         }
         self.active
             .file
-            .write_all(&self.buf)
+            .write_at(&self.buf, self.active.len)
             .map_err(|e| io_error("write", &self.active.path, e))?;
         self.active.len += self.buf.len() as u64;
         self.buf.clear();
@@ -644,7 +651,7 @@ impl Writer {
             seq_floor: self.seq_floor,
             queue_floor: self.queue_floor,
         };
-        let next = create_segment(&self.dir, &header)?;
+        let next = create_segment(&*self.storage, &self.dir, &header)?;
         debug!(segment = next.id, "journal: rolled to a new segment");
         self.closed_at.insert(self.active.id, Instant::now());
         self.index.add_segment(next.id, next.len);
@@ -670,7 +677,7 @@ impl Writer {
         for &id in ids {
             assert_ne!(id, self.active.id, "never delete the active segment");
             let path = self.dir.join(segment::file_name(id));
-            match std::fs::remove_file(&path) {
+            match self.storage.remove(&path) {
                 Ok(()) => deleted.push(id),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => deleted.push(id),
                 Err(e) => {
@@ -683,7 +690,9 @@ impl Writer {
         }
         // The deletions must be durable before the index releases the
         // tombstones that waited on them (those may be deleted next).
-        segment::sync_dir(&self.dir).map_err(|e| io_error("fsync", &self.dir, e))?;
+        self.storage
+            .sync_dir(&self.dir)
+            .map_err(|e| io_error("fsync", &self.dir, e))?;
         for id in &deleted {
             self.index.remove_segment(*id);
             self.closed_at.remove(id);
