@@ -136,7 +136,6 @@ mod writer;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -151,7 +150,7 @@ pub use segment::{Damage, ENTRY_BODY_MAX_BYTES};
 pub use storage::{LockGuard, OsStorage, Storage, StorageFile};
 pub use wire::DecodeError;
 
-use writer::{Job, Shared};
+use writer::{Job, Shared, WriterHandle};
 
 /// Default segment size: big enough that rollover and per-file overhead are
 /// rare, small enough that compaction moves little at a time.
@@ -208,6 +207,13 @@ pub struct StoreConfig {
     /// Where the files are: the operating system's file system, or a
     /// simulated disk in tests.
     pub storage: Arc<dyn Storage>,
+    /// Run the writer on its own thread (and completions on a second
+    /// one): the default. When `false` there are no journal threads: the
+    /// writer runs only inside [`Store::step`] (and the blocking calls,
+    /// which step it until they are done), on the calling thread, and the
+    /// completions run there too. For deterministic simulations: the order
+    /// of every file operation then follows the caller's.
+    pub background_writer: bool,
 }
 
 impl StoreConfig {
@@ -222,6 +228,7 @@ impl StoreConfig {
             rewrite_min_age: REWRITE_MIN_AGE_DEFAULT,
             pending_bytes_max: PENDING_BYTES_MAX_DEFAULT,
             storage: Arc::new(OsStorage),
+            background_writer: true,
         }
     }
 
@@ -447,7 +454,7 @@ pub(crate) struct RecoveredState {
 /// The journal. `Send + Sync`; share it behind an `Arc`.
 pub struct Store {
     shared: Arc<Shared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    writer: Mutex<Option<WriterHandle>>,
     /// The held lock on `<dir>/LOCK`: two brokers appending to one journal
     /// would interleave segments and corrupt it. Released when dropped.
     _lock: Box<dyn LockGuard>,
@@ -490,7 +497,7 @@ impl Store {
         let pause = paused.then(|| writer::CompactionPause::adopt(Arc::clone(&shared)));
         let store = Store {
             shared,
-            thread: Mutex::new(Some(handle)),
+            writer: Mutex::new(Some(handle)),
             _lock: lock,
         };
         let recovered = Recovered {
@@ -569,7 +576,39 @@ impl Store {
         if let Err(refused) = self.shared.submit(job) {
             return Err(refused.0);
         }
+        if self.shared.manual() {
+            loop {
+                if let Ok(r) = rx.try_recv() {
+                    return r;
+                }
+                if !self.step() {
+                    return rx.try_recv().unwrap_or(Err(StoreError::Closed));
+                }
+            }
+        }
         rx.recv().unwrap_or(Err(StoreError::Closed))
+    }
+
+    /// Runs one turn of a manual writer ([`StoreConfig::background_writer`]
+    /// `false`): takes what is queued (up to a batch), writes and syncs
+    /// it, runs its completions here, then compaction if due. `false` once
+    /// the writer has stopped (closed or failed), and always with a
+    /// background writer or from inside a completion.
+    pub fn step(&self) -> bool {
+        if !self.shared.manual() || self.shared.on_writer_thread() {
+            return false;
+        }
+        let mut slot = self.writer.lock();
+        let Some(WriterHandle::Manual(writer)) = slot.as_mut() else {
+            return false;
+        };
+        self.shared.set_stepper(true);
+        let going = writer.step(false);
+        self.shared.set_stepper(false);
+        if !going {
+            *slot = None;
+        }
+        going
     }
 
     /// Current counters.
@@ -598,7 +637,16 @@ impl Store {
     }
 
     fn shutdown(&self) -> Result<(), StoreError> {
-        let Some(handle) = self.thread.lock().take() else {
+        if self.shared.manual() {
+            if self.shared.on_writer_thread() {
+                self.shared.begin_close();
+                return Err(StoreError::WouldDeadlock);
+            }
+            self.shared.begin_close();
+            while self.step() {}
+            return self.shared.close_result();
+        }
+        let Some(WriterHandle::Thread(handle)) = self.writer.lock().take() else {
             return Ok(());
         };
         if self.shared.on_writer_thread() {

@@ -337,9 +337,18 @@ fn put(buf: &mut Vec<u8>, offset: u64, bytes: &[u8]) {
 }
 
 /// The simulated disk. Cheap to clone; clones share one disk.
+///
+/// A program run on the disk (a store) gets its own handle from
+/// [`SimDisk::attach`]: after a power loss every operation through that
+/// handle fails, as the program died with the power, so a store still
+/// running when the power failed can no longer create or remove files on
+/// the disk that comes back.
 #[derive(Debug, Clone)]
 pub struct SimDisk {
     state: Arc<Mutex<State>>,
+    /// The power cycle this handle belongs to (`None`: the test's own
+    /// handle, which outlives power losses).
+    epoch: Option<u64>,
 }
 
 impl SimDisk {
@@ -364,6 +373,25 @@ impl SimDisk {
                 stats: SimStats::default(),
                 trace: VecDeque::new(),
             })),
+            epoch: None,
+        }
+    }
+
+    /// A handle for one run of a program on the disk, until the next
+    /// power loss.
+    pub fn attach(&self) -> SimDisk {
+        SimDisk {
+            state: Arc::clone(&self.state),
+            epoch: Some(self.state.lock().epoch),
+        }
+    }
+
+    /// Locks the state for an operation through this handle.
+    fn live(&self) -> io::Result<parking_lot::MutexGuard<'_, State>> {
+        let st = self.state.lock();
+        match self.epoch {
+            Some(e) if e != st.epoch => Err(eio("the power failed since this handle was attached")),
+            _ => Ok(st),
         }
     }
 
@@ -522,7 +550,7 @@ impl SimDisk {
 
 impl Storage for SimDisk {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        let mut st = self.state.lock();
+        let mut st = self.live()?;
         let missing: Vec<PathBuf> = dir
             .ancestors()
             .filter(|a| !a.as_os_str().is_empty() && !st.dirs.contains(*a))
@@ -537,7 +565,7 @@ impl Storage for SimDisk {
     }
 
     fn open(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
-        let st = self.state.lock();
+        let st = self.live()?;
         let ino = st.inode_of(path)?;
         let epoch = st.epoch;
         drop(st);
@@ -545,7 +573,7 @@ impl Storage for SimDisk {
     }
 
     fn create(&self, path: &Path, truncate: bool) -> io::Result<Box<dyn StorageFile>> {
-        let mut st = self.state.lock();
+        let mut st = self.live()?;
         if !st.dirs.contains(&parent_of(path)) {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
@@ -582,7 +610,7 @@ impl Storage for SimDisk {
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
-        let mut st = self.state.lock();
+        let mut st = self.live()?;
         st.inode_of(path)?;
         st.mutation(SimOp::Remove, path)?;
         if st.one_shot(SimOp::Remove, path) {
@@ -593,7 +621,7 @@ impl Storage for SimDisk {
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        let mut st = self.state.lock();
+        let mut st = self.live()?;
         st.mutation(SimOp::SyncDir, dir)?;
         st.stats.dir_syncs += 1;
         if st.one_shot(SimOp::SyncDir, dir) {
@@ -612,7 +640,7 @@ impl Storage for SimDisk {
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        let st = self.state.lock();
+        let st = self.live()?;
         if !st.dirs.contains(dir) {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
@@ -628,7 +656,7 @@ impl Storage for SimDisk {
     }
 
     fn try_lock(&self, path: &Path) -> io::Result<Option<Box<dyn LockGuard>>> {
-        let mut st = self.state.lock();
+        let mut st = self.live()?;
         if st.locks.contains_key(path) {
             return Ok(None);
         }
@@ -930,6 +958,17 @@ mod tests {
         assert_ne!(&buf[2..4], b"cd");
         assert_eq!(&buf[4..], b"ef");
         assert_eq!(d.contents(&dir().join("a")), Some(b"abcdef".to_vec()));
+    }
+
+    #[test]
+    fn an_attached_handle_dies_with_the_power() {
+        let d = ready(6);
+        let program = d.attach();
+        assert!(program.create(&dir().join("a"), false).is_ok());
+        d.power_loss();
+        assert!(program.create(&dir().join("b"), false).is_err());
+        assert!(program.list(&dir()).is_err());
+        assert!(d.attach().list(&dir()).is_ok(), "a new run works");
     }
 
     #[test]

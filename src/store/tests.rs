@@ -989,3 +989,43 @@ fn messages_of_an_entry_larger_than_the_read_window_come_back() {
     }
     assert_eq!(body_of(&rec.messages[3001]), "after");
 }
+
+fn manual(disk: &sim::SimDisk) -> StoreConfig {
+    let mut c = StoreConfig::new("/sim/journal");
+    c.storage = Arc::new(disk.attach());
+    c.background_writer = false;
+    c.compaction_enabled = false;
+    c
+}
+
+#[test]
+fn a_manual_writer_writes_only_when_stepped_and_completes_on_the_stepping_thread() {
+    let disk = sim::SimDisk::new(7);
+    let (store, _) = open(manual(&disk));
+    let done = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    for i in 0..3u64 {
+        let done = done.clone();
+        store.append(
+            vec![msg(i, &[1], "x")],
+            Some(Box::new(move |r| {
+                done.lock()
+                    .push((i, r.is_ok(), std::thread::current().id()));
+            })),
+        );
+    }
+    let before = disk.stats();
+    assert!(done.lock().is_empty(), "nothing runs by itself");
+    assert_eq!(disk.stats(), before, "nor touches the disk");
+    assert!(store.step());
+    let me = std::thread::current().id();
+    assert_eq!(
+        *done.lock(),
+        vec![(0, true, me), (1, true, me), (2, true, me)]
+    );
+    assert_eq!(disk.stats().syncs, before.syncs + 1, "one batch, one sync");
+    assert!(store.step(), "an idle step is harmless");
+    ok(store.flush());
+    ok(store.close());
+    let (_s, rec) = open(manual(&disk));
+    assert_eq!(seqs(&rec), vec![0, 1, 2]);
+}

@@ -127,6 +127,11 @@ pub(crate) struct Shared {
     pending_bytes_max: u64,
     writer: OnceLock<ThreadId>,
     completer: OnceLock<ThreadId>,
+    /// No writer thread: the writer runs in [`super::Store::step`] (see
+    /// [`StoreConfig::background_writer`]).
+    manual: bool,
+    /// The thread inside [`super::Store::step`] right now (manual mode).
+    stepper: Mutex<Option<ThreadId>>,
     /// Completion batches handed to the completion thread and not yet run.
     completions_in_flight: AtomicUsize,
     /// Live [`CompactionPause`]s: while any exists, compaction deletes dead
@@ -175,7 +180,20 @@ impl Shared {
     /// such callers must never wait for the writer.
     pub(crate) fn on_writer_thread(&self) -> bool {
         let me = std::thread::current().id();
-        self.writer.get() == Some(&me) || self.completer.get() == Some(&me)
+        self.writer.get() == Some(&me)
+            || self.completer.get() == Some(&me)
+            || (self.manual && *self.stepper.lock() == Some(me))
+    }
+
+    /// True when the writer runs only inside [`super::Store::step`].
+    pub(crate) fn manual(&self) -> bool {
+        self.manual
+    }
+
+    /// Marks the calling thread as the one running the writer (manual
+    /// mode), or clears it.
+    pub(crate) fn set_stepper(&self, stepping: bool) {
+        *self.stepper.lock() = stepping.then(|| std::thread::current().id());
     }
 
     /// Queues a job. Blocks while the pending bytes are over the bound,
@@ -195,7 +213,13 @@ impl Shared {
             // A job without bytes (sync, compaction) adds nothing to what
             // the bound limits, so it never waits (a compaction pause ends
             // from wherever the last recovered message was read).
-            if on_writer || bytes == 0 || q.bytes == 0 || q.bytes + bytes <= self.pending_bytes_max
+            // Nobody but the caller runs a manual writer: waiting would
+            // wait forever.
+            if on_writer
+                || self.manual
+                || bytes == 0
+                || q.bytes == 0
+                || q.bytes + bytes <= self.pending_bytes_max
             {
                 break;
             }
@@ -284,14 +308,22 @@ const COMPLETION_BATCHES_IN_FLIGHT_MAX: usize = 4;
 /// thread hop less per commit).
 const INLINE_COMPLETIONS_MAX: usize = 4;
 
-/// Creates the first active segment and starts the writer thread.
+/// The writer: its thread, or (manual mode) the writer itself, run by
+/// [`super::Store::step`].
+pub(crate) enum WriterHandle {
+    Thread(JoinHandle<()>),
+    Manual(Box<Writer>),
+}
+
+/// Creates the first active segment and starts the writer thread (unless
+/// the configuration asks for a manual writer).
 pub(crate) fn start(
     config: &StoreConfig,
     mut index: Index,
     first_segment: SegmentId,
     next_entry_seq: u64,
     paused: bool,
-) -> Result<(Arc<Shared>, JoinHandle<()>), StoreError> {
+) -> Result<(Arc<Shared>, WriterHandle), StoreError> {
     let header = SegmentHeader {
         id: first_segment,
         first_entry_seq: next_entry_seq,
@@ -312,30 +344,38 @@ pub(crate) fn start(
         pending_bytes_max: config.pending_bytes_max,
         writer: OnceLock::new(),
         completer: OnceLock::new(),
+        manual: !config.background_writer,
+        stepper: Mutex::new(None),
         completions_in_flight: AtomicUsize::new(0),
         compaction_pauses: AtomicUsize::new(usize::from(paused)),
         stats: Counters::default(),
     });
-    let (completions_tx, completions_rx) =
-        std::sync::mpsc::sync_channel::<CompletionBatch>(COMPLETION_BATCHES_IN_FLIGHT_MAX);
-    let completer_shared = shared.clone();
-    let completer = std::thread::Builder::new()
-        .name("rosetta-journal-done".into())
-        .spawn(move || {
-            let _ = completer_shared.completer.set(std::thread::current().id());
-            for (done, result) in completions_rx {
-                for d in done {
-                    d(result.clone());
+    let (completions, completer) = if config.background_writer {
+        let (tx, rx) =
+            std::sync::mpsc::sync_channel::<CompletionBatch>(COMPLETION_BATCHES_IN_FLIGHT_MAX);
+        let completer_shared = shared.clone();
+        let completer = std::thread::Builder::new()
+            .name("rosetta-journal-done".into())
+            .spawn(move || {
+                let _ = completer_shared.completer.set(std::thread::current().id());
+                for (done, result) in rx {
+                    for d in done {
+                        d(result.clone());
+                    }
+                    completer_shared
+                        .completions_in_flight
+                        .fetch_sub(1, Ordering::AcqRel);
                 }
-                completer_shared
-                    .completions_in_flight
-                    .fetch_sub(1, Ordering::AcqRel);
-            }
-        })
-        .map_err(|e| io_error("spawn completion thread", &config.dir, e))?;
+            })
+            .map_err(|e| io_error("spawn completion thread", &config.dir, e))?;
+        (Some(tx), Some(completer))
+    } else {
+        // Completions run inline, on the stepping thread, in order.
+        (None, None)
+    };
     let writer = Writer {
-        completions: Some(completions_tx),
-        completer: Some(completer),
+        completions,
+        completer,
         shared: shared.clone(),
         storage: Arc::clone(&config.storage),
         dir: config.dir.clone(),
@@ -356,6 +396,9 @@ pub(crate) fn start(
         unsynced_since: None,
     };
     writer.publish_gauges();
+    if !config.background_writer {
+        return Ok((shared, WriterHandle::Manual(Box::new(writer))));
+    }
     let thread_shared = shared.clone();
     let handle = std::thread::Builder::new()
         .name("rosetta-journal".into())
@@ -364,7 +407,7 @@ pub(crate) fn start(
             writer.run();
         })
         .map_err(|e| io_error("spawn writer thread", &config.dir, e))?;
-    Ok((shared, handle))
+    Ok((shared, WriterHandle::Thread(handle)))
 }
 
 fn create_segment(
@@ -387,32 +430,38 @@ fn create_segment(
 
 impl Writer {
     fn run(mut self) {
-        loop {
-            let (jobs, stop) = self.take_batch();
-            if let Err(e) = self.process(jobs) {
-                self.fail(e);
-                self.stop_completer();
-                return;
-            }
-            if let Err(e) = self.housekeeping() {
-                self.fail(e);
-                self.stop_completer();
-                return;
-            }
-            if stop {
-                let result = self.sync();
-                self.stop_completer();
-                let mut q = self.shared.queue.lock();
-                q.phase = Phase::Stopped;
-                q.close_result = Some(result);
-                return;
-            }
-        }
+        while self.step(true) {}
     }
 
-    /// Waits for work and takes the next batch. `true` when the store is
-    /// closing and nothing is left after this batch.
-    fn take_batch(&mut self) -> (Vec<Job>, bool) {
+    /// One turn: takes a batch (waiting for one if `wait`), writes and
+    /// syncs it, runs its completions and the housekeeping that is due.
+    /// `false` once the writer has stopped (closed, or failed).
+    pub(crate) fn step(&mut self, wait: bool) -> bool {
+        let (jobs, stop) = self.take_batch(wait);
+        if let Err(e) = self.process(jobs) {
+            self.fail(e);
+            self.stop_completer();
+            return false;
+        }
+        if let Err(e) = self.housekeeping() {
+            self.fail(e);
+            self.stop_completer();
+            return false;
+        }
+        if stop {
+            let result = self.sync();
+            self.stop_completer();
+            let mut q = self.shared.queue.lock();
+            q.phase = Phase::Stopped;
+            q.close_result = Some(result);
+            return false;
+        }
+        true
+    }
+
+    /// Takes the next batch, waiting for work (or a deadline) if `wait`.
+    /// `true` when the store is closing and nothing is left after it.
+    fn take_batch(&mut self, wait: bool) -> (Vec<Job>, bool) {
         let mut q = self.shared.queue.lock();
         loop {
             if !q.jobs.is_empty() || !matches!(q.phase, Phase::Open) {
@@ -420,6 +469,7 @@ impl Writer {
             }
             match self.next_deadline() {
                 Some(d) if d <= Instant::now() => break,
+                _ if !wait => break,
                 Some(d) => {
                     self.shared.wake.wait_until(&mut q, d);
                 }
