@@ -171,6 +171,9 @@ pub(crate) fn replay(storage: &dyn Storage, dir: &Path) -> Result<Replayed, Stor
             }
         }
         next_entry_seq = scanner.next_entry_seq();
+        if newest_segment {
+            make_durable(storage, &path, scanner.offset())?;
+        }
     }
     if removed_any {
         storage
@@ -202,6 +205,44 @@ pub(crate) fn replay(storage: &dyn Storage, dir: &Path) -> Result<Replayed, Stor
         next_entry_seq,
     })
 }
+
+/// Makes the replayed part of the newest segment durable before anything
+/// is built on it, by writing it again and syncing it.
+///
+/// Only the newest segment can hold bytes that were never synced: every
+/// older one was synced before the next was created. Recovery reads them
+/// from the page cache, which after a kill -9 under the periodic policy
+/// holds writes not yet synced, and after a failed `fdatasync` holds
+/// writes the kernel has marked clean and will never write (a later sync
+/// is a no-op for them). Replaying such entries and then compacting on
+/// their strength (deleting the segments their acknowledgements made dead)
+/// would let a later power loss take the entries but not the deletions:
+/// half of an atomic unit. Writing the bytes again dirties the pages, so
+/// the sync that follows puts what was replayed on the disk. It costs one
+/// write of at most a segment per start.
+fn make_durable(storage: &dyn Storage, path: &Path, end: u64) -> Result<(), StoreError> {
+    let header = segment::SEGMENT_HEADER_BYTES as u64;
+    if end <= header {
+        return Ok(());
+    }
+    let file = storage.open(path).map_err(|e| io_error("open", path, e))?;
+    let mut at = header;
+    while at < end {
+        let n = usize::try_from(end - at)
+            .unwrap_or(usize::MAX)
+            .min(REWRITE_CHUNK_BYTES);
+        let mut chunk = vec![0u8; n];
+        file.read_at(&mut chunk, at)
+            .map_err(|e| io_error("read", path, e))?;
+        file.write_at(&chunk, at)
+            .map_err(|e| io_error("write", path, e))?;
+        at += n as u64;
+    }
+    file.sync_data().map_err(|e| io_error("fdatasync", path, e))
+}
+
+/// Bytes rewritten at once by [`make_durable`].
+const REWRITE_CHUNK_BYTES: usize = 1024 * 1024;
 
 /// Saves the bytes of `path` from `offset` on into a side file, then
 /// truncates the segment there (or removes it when its header is bad).
