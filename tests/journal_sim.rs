@@ -185,7 +185,7 @@ struct Sim {
 
 fn fail(seed: u64, disk: &SimDisk, what: String) -> ! {
     let trace = disk.trace();
-    let from = trace.len().saturating_sub(150);
+    let from = trace.len().saturating_sub(60);
     panic!(
         "simulation seed {seed} failed: {what}\nreplay: SIM_SEED={seed} cargo test --test journal_sim -- --nocapture\nlast disk operations:\n  {}",
         trace[from..].join("\n  ")

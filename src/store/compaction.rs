@@ -74,7 +74,8 @@ pub(crate) fn run(w: &mut Writer) -> Result<CompactionRun, StoreError> {
                     && !skip.contains(id)
                     && w.old_enough_to_rewrite(*id)
                     && s.live_tombstones == 0
-                    && s.live_bytes * 100 <= s.file_bytes * REWRITE_LIVE_PERCENT_MAX
+                    && (s.live_bytes * 100 <= s.file_bytes * REWRITE_LIVE_PERCENT_MAX
+                        || w.damaged_segments.contains(id))
             })
             .map(|(id, _)| id);
         let Some(seg) = candidate else { break };
@@ -104,7 +105,8 @@ pub(crate) fn run(w: &mut Writer) -> Result<CompactionRun, StoreError> {
 /// not be read (left in place).
 fn rewrite(w: &mut Writer, seg: SegmentId) -> Result<Option<usize>, StoreError> {
     let path = w.dir.join(segment::file_name(seg));
-    let mut scanner = match SegmentScanner::open(&*w.storage, &path, seg) {
+    let ctx = w.scan_context(seg);
+    let mut scanner = match SegmentScanner::open_with(&*w.storage, &path, seg, ctx) {
         Ok(s) => s,
         Err(e) => {
             warn!(path = %path.display(), error = ?stop_reason(&e), "journal compaction: cannot read segment; left in place");
@@ -119,8 +121,9 @@ fn rewrite(w: &mut Writer, seg: SegmentId) -> Result<Option<usize>, StoreError> 
             Ok(Some(e)) => e,
             Ok(None) => break,
             Err(e) => {
-                // Verified at recovery or written by us: damage now means the
-                // medium lost it. Keep what we have, never delete the file.
+                // Damage is skipped (a live record in it keeps the file,
+                // below); this is a read error or a newer format. Keep
+                // what we have, never delete the file.
                 error!(path = %path.display(), error = ?stop_reason(&e), "journal compaction: segment unreadable; left in place");
                 w.append_internal(&copies)?;
                 return Ok(None);
@@ -202,7 +205,7 @@ fn rewrite(w: &mut Writer, seg: SegmentId) -> Result<Option<usize>, StoreError> 
 
 fn stop_reason(e: &ScanStop) -> String {
     match e {
-        ScanStop::Damaged { offset, damage } => format!("{damage:?} at {offset}"),
+        ScanStop::TornHeader => "segment header torn".to_owned(),
         ScanStop::Unsupported { offset, version } => format!("version {version} at {offset}"),
         ScanStop::Io(e) => e.to_string(),
     }

@@ -123,10 +123,12 @@
 mod codec;
 mod compaction;
 mod index;
+mod manifest;
 pub mod page_file;
 mod reader;
 pub mod record;
 mod recovery;
+mod report;
 pub mod segment;
 pub mod sim;
 pub mod storage;
@@ -143,9 +145,11 @@ use parking_lot::Mutex;
 use rosetta_neutral::Message;
 
 pub use codec::{decode_message_exact, encode_message, MESSAGE_CODEC_VERSION};
+pub use manifest::ManifestState;
 pub use page_file::{PageError, PageFile, PageRef};
 pub use reader::RecoveredMessages;
 pub use record::{BindingDef, MessageSeq, QueueDef, QueueId, Record, StoredLifetime};
+pub use report::{DamagedRange, LostSummary, MissingSegment, RecoveryReport, SuspectRecords};
 pub use segment::{Damage, ENTRY_BODY_MAX_BYTES};
 pub use storage::{LockGuard, OsStorage, Storage, StorageFile};
 pub use wire::DecodeError;
@@ -214,6 +218,11 @@ pub struct StoreConfig {
     /// completions run there too. For deterministic simulations: the order
     /// of every file operation then follows the caller's.
     pub background_writer: bool,
+    /// Start even when segments are missing or cut short (or the manifest
+    /// that would tell is lost): the loss is logged, reported and accepted
+    /// once, and the manifest rewritten. Off by default: `open` then fails
+    /// with [`StoreError::Incomplete`], naming what is missing.
+    pub accept_data_loss: bool,
 }
 
 impl StoreConfig {
@@ -229,6 +238,7 @@ impl StoreConfig {
             pending_bytes_max: PENDING_BYTES_MAX_DEFAULT,
             storage: Arc::new(OsStorage),
             background_writer: true,
+            accept_data_loss: false,
         }
     }
 
@@ -320,6 +330,10 @@ pub enum StoreError {
     /// Invalid configuration.
     #[error("invalid journal configuration: {0}")]
     Config(String),
+    /// Segments are missing or cut short (or the manifest that lists them
+    /// is lost), and the loss was not accepted.
+    #[error("journal is incomplete: {0}")]
+    Incomplete(String),
     /// Another process (or another store in this one) has the directory.
     #[error("journal directory {0} is in use by another broker (its LOCK file is held)")]
     Locked(PathBuf),
@@ -360,42 +374,6 @@ pub struct StoreStats {
     pub records_rewritten: u64,
     /// Id of the segment being written.
     pub active_segment: u64,
-}
-
-/// One damaged range that recovery cut.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DamagedTail {
-    /// The segment file.
-    pub path: PathBuf,
-    /// Where the damage starts; the file now ends here.
-    pub offset: u64,
-    /// Bytes cut.
-    pub dropped_bytes: u64,
-    /// What was wrong.
-    pub damage: Damage,
-    /// Where the cut bytes were saved.
-    pub saved_to: PathBuf,
-    /// The whole segment was removed (its header was bad).
-    pub segment_removed: bool,
-}
-
-/// What recovery did.
-#[derive(Debug, Clone, Default)]
-pub struct RecoveryReport {
-    /// Segments replayed.
-    pub segments_read: u64,
-    /// Entries (append units) replayed.
-    pub entries_replayed: u64,
-    /// Records replayed.
-    pub records_replayed: u64,
-    /// Bytes of verified entries.
-    pub bytes_replayed: u64,
-    /// Torn or corrupt ranges cut, in file order.
-    pub damaged: Vec<DamagedTail>,
-    /// Total bytes cut (the sum over `damaged`).
-    pub truncated_bytes: u64,
-    /// How long replay took.
-    pub duration: Duration,
 }
 
 /// One queue holding a recovered message.
@@ -478,7 +456,7 @@ impl Store {
             .create_dir_all(&config.dir)
             .map_err(|e| io_error("create", &config.dir, e))?;
         let lock = lock_dir(storage, &config.dir)?;
-        let replayed = recovery::replay(storage, &config.dir)?;
+        let replayed = recovery::replay(storage, &config.dir, config.accept_data_loss)?;
         let mut index = replayed.index;
         let state = recovery::collect(&mut index);
         let next_seq = index.next_seq;
@@ -487,12 +465,19 @@ impl Store {
         // not rewrite (move) them until they are: the pause starts before
         // the writer's first compaction run.
         let paused = !state.messages.is_empty();
+        let salt = replayed.salt.unwrap_or_else(|| storage.random_u32());
         let (shared, handle) = writer::start(
             &config,
-            index,
-            replayed.last_segment.map_or(1, |s| s + 1),
-            replayed.next_entry_seq,
-            paused,
+            writer::Start {
+                index,
+                first_segment: replayed.last_segment.map_or(1, |s| s + 1),
+                next_entry_seq: replayed.next_entry_seq,
+                paused,
+                salt,
+                segments: replayed.segments,
+                manifest_generation: replayed.manifest_generation,
+                damaged_segments: replayed.damaged_segments,
+            },
         )?;
         let pause = paused.then(|| writer::CompactionPause::adopt(Arc::clone(&shared)));
         let store = Store {
@@ -506,6 +491,7 @@ impl Store {
             messages: RecoveredMessages::new(
                 Arc::clone(&config.storage),
                 config.dir.clone(),
+                salt,
                 state.messages,
                 pause,
             ),
@@ -516,6 +502,15 @@ impl Store {
             report: replayed.report,
         };
         Ok((store, recovered))
+    }
+
+    /// Verifies the journal in `config.dir` without changing it and
+    /// returns what recovery would find (`rosetta store check`). Takes the
+    /// directory's lock, so the broker must be stopped.
+    pub fn check(config: &StoreConfig) -> Result<RecoveryReport, StoreError> {
+        let storage = &*config.storage;
+        let _lock = lock_dir(storage, &config.dir)?;
+        recovery::check(storage, &config.dir)
     }
 
     /// Appends `records` as one atomic unit: after a crash all of them are

@@ -109,6 +109,8 @@ impl PendingMessage {
 pub struct RecoveredMessages {
     storage: Arc<dyn Storage>,
     dir: PathBuf,
+    /// The journal's salt, to verify entry headers.
+    salt: u32,
     pending: std::vec::IntoIter<PendingMessage>,
     window: Window,
     pause: Option<CompactionPause>,
@@ -127,12 +129,14 @@ impl RecoveredMessages {
     pub(crate) fn new(
         storage: Arc<dyn Storage>,
         dir: PathBuf,
+        salt: u32,
         pending: Vec<PendingMessage>,
         pause: Option<CompactionPause>,
     ) -> Self {
         Self {
             storage,
             dir,
+            salt,
             pending: pending.into_iter(),
             window: Window::default(),
             pause,
@@ -157,7 +161,9 @@ impl RecoveredMessages {
 
     fn read(&mut self, p: &PendingMessage) -> Result<Arc<Message>, StoreError> {
         let path = || self.dir.join(segment::file_name(p.loc.seg));
-        let body = self.window.entry_body(&*self.storage, &self.dir, p.loc)?;
+        let body = self
+            .window
+            .entry_body(&*self.storage, &self.dir, self.salt, p.loc)?;
         let rec = record::decode_record_at(&body, p.loc.idx).map_err(|e| StoreError::Corrupt {
             path: path(),
             offset: p.loc.entry,
@@ -222,6 +228,7 @@ impl Window {
         &mut self,
         storage: &dyn Storage,
         dir: &std::path::Path,
+        salt: u32,
         loc: Loc,
     ) -> Result<Bytes, StoreError> {
         let path = || dir.join(segment::file_name(loc.seg));
@@ -233,7 +240,7 @@ impl Window {
         let raw = self.range(storage, dir, loc.seg, loc.entry, ENTRY_HEADER_BYTES)?;
         let mut h = [0u8; ENTRY_HEADER_BYTES];
         h.copy_from_slice(&raw);
-        let header = EntryHeader::decode(&h)
+        let header = EntryHeader::decode_known(&h, salt)
             .map_err(|f| corrupt(format!("entry header of a recovered message: {f:?}")))?;
         let body_len = header.body_len as usize;
         if body_len > ENTRY_BODY_MAX_BYTES {

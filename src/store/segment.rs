@@ -1,30 +1,51 @@
 //! Segment files: naming, the segment header, the entry header, and a
-//! scanner that verifies entries one by one.
+//! scanner that verifies entries one by one and re-synchronises after
+//! damage.
 //!
 //! ```text
 //! segment  = segment_header entry*
 //! segment_header (48 bytes, little-endian):
 //!   magic u32 "RSEG" | version u16 | reserved u16 | segment_id u64
 //!   | first_entry_seq u64 | seq_floor u64 | queue_floor u64
-//!   | reserved u32 | header_crc u32  (CRC32C of the 44 bytes before it)
+//!   | salt u32 (version 2; 0 in version 1) | header_crc u32 (CRC32C of the 44 bytes before it)
 //! entry = entry_header body
 //! entry_header (32 bytes, little-endian):
 //!   magic u32 "RENT" | version u16 | flags u16 | body_len u32 | body_crc u32
-//!   | entry_seq u64 | reserved u32 | header_crc u32 (CRC32C of the 28 bytes before it)
+//!   | entry_seq u64 | reserved u32 | header_crc u32
 //! ```
 //!
 //! `entry_seq` counts entries across the whole journal; inside one segment
 //! the entries carry `first_entry_seq`, `first_entry_seq + 1`, ... so a stale
-//! or misplaced entry is caught even when its checksums are fine.
+//! or misplaced entry is caught even when its checksums are fine, and a gap
+//! says how many entries a damaged range held.
 //! `seq_floor`/`queue_floor` are the next message seq and queue id at the
 //! time the segment was created, so the numbering never goes backwards after
 //! compaction has deleted every record that mentioned the highest ones.
+//!
+//! # Versions
+//!
+//! - Version 1: the entry header checksum is the CRC32C of its first 28
+//!   bytes.
+//! - Version 2 (written now): the same layout; the segment header carries
+//!   the journal's *salt*, a random number chosen when the journal was
+//!   created (also in every other segment header and in the manifest), and
+//!   the entry header checksum is the CRC32C of the salt followed by the
+//!   28 bytes. Recovery re-synchronises after damage by searching the
+//!   bytes that follow for the next entry magic with a valid header
+//!   checksum; without the salt a client could publish a payload holding
+//!   a well-formed entry and have it replayed as a record if the entry
+//!   around it were ever damaged. With it, such a payload cannot be made
+//!   to pass. A version 2 segment holds only version 2 entries.
+//!
+//! Both versions are read; version 1 segments (journals written before)
+//! stay as they are until compaction deletes or rewrites them.
 
 use std::io;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
+use super::manifest::SegmentFacts;
 use super::storage::{self, Storage, StorageFile};
 
 /// Id of a segment; also its file name.
@@ -34,8 +55,10 @@ pub type SegmentId = u64;
 pub const SEGMENT_MAGIC: u32 = u32::from_le_bytes(*b"RSEG");
 /// Entry header magic ("RENT" little-endian).
 pub const ENTRY_MAGIC: u32 = u32::from_le_bytes(*b"RENT");
-/// On-disk format version of segment and entry headers.
-pub const FORMAT_VERSION: u16 = 1;
+/// On-disk format version of segment and entry headers written now.
+pub const FORMAT_VERSION: u16 = 2;
+/// Oldest format version still read.
+pub const FORMAT_VERSION_MIN: u16 = 1;
 /// Size of the segment header.
 pub const SEGMENT_HEADER_BYTES: usize = 48;
 /// Size of an entry header.
@@ -65,12 +88,16 @@ pub fn parse_file_name(name: &str) -> Option<SegmentId> {
 pub struct SegmentHeader {
     /// Must equal the id in the file name.
     pub id: SegmentId,
+    /// Format version of the segment and of its entries.
+    pub format: u16,
     /// `entry_seq` of the first entry in this segment.
     pub first_entry_seq: u64,
     /// Next message seq when the segment was created.
     pub seq_floor: u64,
     /// Next queue id when the segment was created.
     pub queue_floor: u64,
+    /// The journal's salt (version 2; 0 in version 1).
+    pub salt: u32,
 }
 
 impl SegmentHeader {
@@ -78,11 +105,12 @@ impl SegmentHeader {
     pub fn encode(&self) -> [u8; SEGMENT_HEADER_BYTES] {
         let mut b = [0u8; SEGMENT_HEADER_BYTES];
         b[0..4].copy_from_slice(&SEGMENT_MAGIC.to_le_bytes());
-        b[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[4..6].copy_from_slice(&self.format.to_le_bytes());
         b[8..16].copy_from_slice(&self.id.to_le_bytes());
         b[16..24].copy_from_slice(&self.first_entry_seq.to_le_bytes());
         b[24..32].copy_from_slice(&self.seq_floor.to_le_bytes());
         b[32..40].copy_from_slice(&self.queue_floor.to_le_bytes());
+        b[40..44].copy_from_slice(&self.salt.to_le_bytes());
         let crc = crc32c::crc32c(&b[..44]);
         b[44..48].copy_from_slice(&crc.to_le_bytes());
         b
@@ -96,15 +124,17 @@ impl SegmentHeader {
         if le_u32(b, 44) != crc32c::crc32c(&b[..44]) {
             return Err(HeaderFault::BadChecksum);
         }
-        let version = le_u16(b, 4);
-        if version != FORMAT_VERSION {
-            return Err(HeaderFault::UnsupportedVersion(version));
+        let format = le_u16(b, 4);
+        if !(FORMAT_VERSION_MIN..=FORMAT_VERSION).contains(&format) {
+            return Err(HeaderFault::UnsupportedVersion(format));
         }
         Ok(Self {
             id: le_u64(b, 8),
+            format,
             first_entry_seq: le_u64(b, 16),
             seq_floor: le_u64(b, 24),
             queue_floor: le_u64(b, 32),
+            salt: if format >= 2 { le_u32(b, 40) } else { 0 },
         })
     }
 }
@@ -118,6 +148,15 @@ pub struct EntryHeader {
     pub body_crc: u32,
     /// Journal-wide entry number.
     pub entry_seq: u64,
+}
+
+/// The header checksum of format `format`: salted from version 2 on.
+fn entry_header_crc(b: &[u8], format: u16, salt: u32) -> u32 {
+    if format >= 2 {
+        crc32c::crc32c_append(crc32c::crc32c(&salt.to_le_bytes()), &b[..28])
+    } else {
+        crc32c::crc32c(&b[..28])
+    }
 }
 
 impl EntryHeader {
@@ -136,36 +175,67 @@ impl EntryHeader {
         }
     }
 
-    /// The 32 header bytes.
-    pub fn encode(&self) -> [u8; ENTRY_HEADER_BYTES] {
+    /// The 32 header bytes in format `format` (salted with `salt` from
+    /// version 2 on).
+    pub fn encode(&self, format: u16, salt: u32) -> [u8; ENTRY_HEADER_BYTES] {
         let mut b = [0u8; ENTRY_HEADER_BYTES];
         b[0..4].copy_from_slice(&ENTRY_MAGIC.to_le_bytes());
-        b[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[4..6].copy_from_slice(&format.to_le_bytes());
         b[8..12].copy_from_slice(&self.body_len.to_le_bytes());
         b[12..16].copy_from_slice(&self.body_crc.to_le_bytes());
         b[16..24].copy_from_slice(&self.entry_seq.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..28]);
+        let crc = entry_header_crc(&b, format, salt);
         b[28..32].copy_from_slice(&crc.to_le_bytes());
         b
     }
 
-    /// Parses and verifies header bytes (not the body).
-    pub fn decode(b: &[u8; ENTRY_HEADER_BYTES]) -> Result<Self, HeaderFault> {
+    /// Parses and verifies header bytes (not the body) of an entry of a
+    /// segment in format `format`: an entry of another version is not one
+    /// of this segment's.
+    pub fn decode(
+        b: &[u8; ENTRY_HEADER_BYTES],
+        format: u16,
+        salt: u32,
+    ) -> Result<Self, HeaderFault> {
         if le_u32(b, 0) != ENTRY_MAGIC {
             return Err(HeaderFault::BadMagic);
         }
-        if le_u32(b, 28) != crc32c::crc32c(&b[..28]) {
+        let version = le_u16(b, 4);
+        let crc = le_u32(b, 28);
+        if version > FORMAT_VERSION {
+            // A layout we do not know, checksummed as one we do: written by
+            // a newer build.
+            let known = [1, FORMAT_VERSION]
+                .iter()
+                .any(|f| entry_header_crc(b, *f, salt) == crc);
+            return Err(if known {
+                HeaderFault::UnsupportedVersion(version)
+            } else {
+                HeaderFault::BadChecksum
+            });
+        }
+        if version != format || crc != entry_header_crc(b, format, salt) {
             return Err(HeaderFault::BadChecksum);
         }
+        Ok(Self::fields(b))
+    }
+
+    /// Like [`decode`](Self::decode), for an entry at a location recovery
+    /// verified: its own version says how it is checksummed.
+    pub fn decode_known(b: &[u8; ENTRY_HEADER_BYTES], salt: u32) -> Result<Self, HeaderFault> {
         let version = le_u16(b, 4);
-        if version != FORMAT_VERSION {
+        if !(FORMAT_VERSION_MIN..=FORMAT_VERSION).contains(&version) {
             return Err(HeaderFault::UnsupportedVersion(version));
         }
-        Ok(Self {
+        Self::decode(b, version, salt)
+    }
+
+    fn fields(b: &[u8; ENTRY_HEADER_BYTES]) -> Self {
+        Self {
             body_len: le_u32(b, 8),
             body_crc: le_u32(b, 12),
             entry_seq: le_u64(b, 16),
-        })
+        }
     }
 }
 
@@ -198,7 +268,7 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(x)
 }
 
-/// Where and why a scan stopped before the end of the file.
+/// What was wrong where a scan met damage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Damage {
     /// File shorter than a segment header.
@@ -217,8 +287,14 @@ pub enum Damage {
     TornEntryBody,
     /// Entry body checksum mismatch.
     BadEntryBodyChecksum,
-    /// A well-formed entry with an unexpected entry sequence number.
+    /// A well-formed entry with an older entry sequence than expected (a
+    /// stale or misplaced copy).
     EntrySeqMismatch,
+    /// Well-formed entries, but the sequence jumps: entries in between
+    /// are missing.
+    EntrySeqGap,
+    /// The file is shorter than the manifest recorded when it was sealed.
+    TruncatedSegment,
 }
 
 /// One verified entry.
@@ -234,18 +310,45 @@ pub struct ScannedEntry {
     pub body: Bytes,
 }
 
-/// Why a scan step could not produce an entry.
+/// A range of a segment that holds no valid entry.
+#[derive(Debug, Clone)]
+pub struct DamagedSpan {
+    /// Offset of the first byte that is not a valid entry.
+    pub offset: u64,
+    /// Offset of the next valid entry, or the end of the file.
+    pub end: u64,
+    /// What was wrong at `offset`.
+    pub damage: Damage,
+    /// Entry seqs the range held, `[from, to)`, when the entries around it
+    /// (or the manifest) say; `to` is `None` when nothing after it says
+    /// where the lost entries ended.
+    pub lost_entries: Option<(u64, Option<u64>)>,
+    /// A valid entry follows: damage in the middle, not a torn tail.
+    pub resumed: bool,
+    /// The body of the damaged entry when only its body checksum failed:
+    /// decoded, it tells what was probably lost (unverified).
+    pub suspect_body: Option<Bytes>,
+}
+
+/// One step of a scan.
+#[derive(Debug)]
+pub enum ScanItem {
+    /// A verified entry.
+    Entry(ScannedEntry),
+    /// Damage; scanning goes on after it.
+    Damaged(DamagedSpan),
+    /// The end of the file.
+    End,
+}
+
+/// Why a scan cannot go on.
 #[derive(Debug)]
 pub enum ScanStop {
-    /// Bytes at `offset` are not a valid entry; everything before is good.
-    Damaged {
-        /// Offset of the first bad byte range.
-        offset: u64,
-        /// What is wrong there.
-        damage: Damage,
-    },
+    /// The segment header is torn (file shorter than a header): there is
+    /// nothing in the file to scan.
+    TornHeader,
     /// A header from a newer format, checksummed fine: refuse rather than
-    /// truncate data a newer build wrote.
+    /// skip data a newer build wrote.
     Unsupported {
         /// Offset of the header.
         offset: u64,
@@ -254,6 +357,15 @@ pub enum ScanStop {
     },
     /// Reading failed.
     Io(io::Error),
+}
+
+/// What a scan may know of a segment besides its own header.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ScanContext {
+    /// The journal's salt, from the manifest or another segment header.
+    pub(crate) salt: Option<u32>,
+    /// The manifest's record of the segment.
+    pub(crate) facts: Option<SegmentFacts>,
 }
 
 /// Bytes a scanner reads at once.
@@ -314,54 +426,120 @@ impl BufferedFile {
     }
 }
 
-/// Sequential, verifying reader of one segment file.
+/// Bytes searched at a time when re-synchronising.
+const RESYNC_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// Why one entry could not be read at an offset.
+enum EntryFault {
+    /// Damage; with the body when only its checksum failed, and where the
+    /// next entry should start when the header (so its length) is sound.
+    Damaged(Damage, Option<Bytes>, Option<u64>),
+    Stop(ScanStop),
+}
+
+/// Sequential, verifying reader of one segment file that re-synchronises
+/// after damage: a damaged range is reported and scanning goes on at the
+/// next valid entry (see the `recovery` docs).
 pub struct SegmentScanner {
     file: BufferedFile,
     file_len: u64,
     offset: u64,
-    next_entry_seq: u64,
-    /// The verified segment header.
+    /// The seq the next entry must carry (`None`: not known, the header
+    /// was damaged and nothing else said).
+    next_entry_seq: Option<u64>,
+    /// One past the last seq this segment may hold (sealed segments).
+    end_entry_seq: Option<u64>,
+    /// The segment header, read or re-derived.
     pub header: SegmentHeader,
+    /// What was wrong with the header, when it had to be re-derived.
+    pub header_damage: Option<Damage>,
 }
 
 impl SegmentScanner {
     /// Opens `path` and verifies its segment header against `id`.
     pub fn open(storage: &dyn Storage, path: &Path, id: SegmentId) -> Result<Self, ScanStop> {
+        Self::open_with(storage, path, id, ScanContext::default())
+    }
+
+    /// Opens `path`; a damaged header is re-derived from `ctx` and the
+    /// entries (the scan then reports the header in `header_damage`).
+    pub(crate) fn open_with(
+        storage: &dyn Storage,
+        path: &Path,
+        id: SegmentId,
+        ctx: ScanContext,
+    ) -> Result<Self, ScanStop> {
         let file = storage.open(path).map_err(ScanStop::Io)?;
         let mut file = BufferedFile::new(file).map_err(ScanStop::Io)?;
         let file_len = file.len();
-        let damaged = |damage| ScanStop::Damaged { offset: 0, damage };
         if file_len < SEGMENT_HEADER_BYTES as u64 {
-            return Err(damaged(Damage::TornSegmentHeader));
+            return Err(ScanStop::TornHeader);
         }
         let mut raw = [0u8; SEGMENT_HEADER_BYTES];
         file.read_exact_at(&mut raw, 0).map_err(ScanStop::Io)?;
-        let header = match SegmentHeader::decode(&raw) {
-            Ok(h) if h.id == id => h,
-            Ok(_) | Err(HeaderFault::BadMagic | HeaderFault::BadChecksum) => {
-                return Err(damaged(Damage::BadSegmentHeader))
-            }
+        let decoded = match SegmentHeader::decode(&raw) {
+            Ok(h) if h.id == id && ctx.salt.is_none_or(|s| h.format < 2 || s == h.salt) => Ok(h),
+            Ok(_) | Err(HeaderFault::BadMagic | HeaderFault::BadChecksum) => Err(()),
             Err(HeaderFault::UnsupportedVersion(version)) => {
                 return Err(ScanStop::Unsupported { offset: 0, version })
             }
+        };
+        let end_entry_seq = ctx.facts.filter(|f| f.sealed()).map(|f| f.end_entry_seq);
+        let (header, header_damage) = match decoded {
+            Ok(h) => (h, None),
+            Err(()) => {
+                // The entries carry their own checksums: re-derive what
+                // the header said from the manifest (or the entries).
+                let format = ctx.facts.map_or(
+                    if ctx.salt.is_some() {
+                        FORMAT_VERSION
+                    } else {
+                        1
+                    },
+                    |f| f.format,
+                );
+                let h = SegmentHeader {
+                    id,
+                    format,
+                    first_entry_seq: ctx.facts.map_or(0, |f| f.first_entry_seq),
+                    seq_floor: ctx.facts.map_or(0, |f| f.seq_floor),
+                    queue_floor: ctx.facts.map_or(0, |f| f.queue_floor),
+                    salt: ctx.salt.unwrap_or(0),
+                };
+                (h, Some(Damage::BadSegmentHeader))
+            }
+        };
+        let next_entry_seq = match (header_damage, ctx.facts) {
+            (None, _) => Some(header.first_entry_seq),
+            (Some(_), Some(f)) => Some(f.first_entry_seq),
+            (Some(_), None) => None,
         };
         Ok(Self {
             file,
             file_len,
             offset: SEGMENT_HEADER_BYTES as u64,
-            next_entry_seq: header.first_entry_seq,
+            next_entry_seq,
+            end_entry_seq,
             header,
+            header_damage,
         })
     }
 
-    /// Offset just past the last verified entry.
+    /// Offset just past the last verified entry (or damaged range).
     pub fn offset(&self) -> u64 {
         self.offset
     }
 
-    /// The entry seq the next entry must carry.
+    /// The entry seq the next entry must carry; after a header that had
+    /// to be re-derived, the header's first seq until an entry says.
     pub fn next_entry_seq(&self) -> u64 {
-        self.next_entry_seq
+        self.next_entry_seq.unwrap_or(self.header.first_entry_seq)
+    }
+
+    /// Whether any entry seq is known yet (not after a damaged header
+    /// before the first valid entry, without a manifest).
+    pub fn entry_seq_known(&self) -> bool {
+        self.next_entry_seq.is_some()
     }
 
     /// Length of the file when it was opened.
@@ -369,27 +547,95 @@ impl SegmentScanner {
         self.file_len
     }
 
-    /// The next verified entry; `Ok(None)` at a clean end of file.
+    /// The next verified entry, skipping damage; `Ok(None)` at the end.
     pub fn next_entry(&mut self) -> Result<Option<ScannedEntry>, ScanStop> {
-        let offset = self.offset;
-        let left = self.file_len - offset;
-        if left == 0 {
-            return Ok(None);
+        loop {
+            match self.next_item()? {
+                ScanItem::Entry(e) => return Ok(Some(e)),
+                ScanItem::Damaged(_) => continue,
+                ScanItem::End => return Ok(None),
+            }
         }
-        let damaged = |damage| ScanStop::Damaged { offset, damage };
+    }
+
+    /// The next entry, damaged range, or the end.
+    pub fn next_item(&mut self) -> Result<ScanItem, ScanStop> {
+        let offset = self.offset;
+        if offset >= self.file_len {
+            return Ok(ScanItem::End);
+        }
+        let (damage, suspect, skip_to) = match self.entry_at(offset) {
+            Ok(entry) => match self.next_entry_seq {
+                None => return Ok(self.take(entry)),
+                Some(want) if entry.header.entry_seq == want => return Ok(self.take(entry)),
+                Some(want)
+                    if entry.header.entry_seq > want && self.fits_end(entry.header.entry_seq) =>
+                {
+                    // Well-formed, but entries are missing before it.
+                    let to = entry.header.entry_seq;
+                    self.next_entry_seq = Some(to);
+                    return Ok(ScanItem::Damaged(DamagedSpan {
+                        offset,
+                        end: offset,
+                        damage: Damage::EntrySeqGap,
+                        lost_entries: Some((want, Some(to))),
+                        resumed: true,
+                        suspect_body: None,
+                    }));
+                }
+                Some(_) => (Damage::EntrySeqMismatch, None, Some(offset + entry.len)),
+            },
+            Err(EntryFault::Damaged(d, suspect, skip_to)) => (d, suspect, skip_to),
+            Err(EntryFault::Stop(stop)) => return Err(stop),
+        };
+        let found = self.resync(offset + 1, skip_to)?;
+        let from = self.next_entry_seq;
+        let (end, resumed, to) = match found {
+            Some((at, seq)) => {
+                self.next_entry_seq = Some(seq);
+                (at, true, Some(seq))
+            }
+            None => (self.file_len, false, self.end_entry_seq),
+        };
+        self.offset = end;
+        Ok(ScanItem::Damaged(DamagedSpan {
+            offset,
+            end,
+            damage,
+            lost_entries: from.map(|f| (f, to)),
+            resumed,
+            suspect_body: suspect,
+        }))
+    }
+
+    fn take(&mut self, entry: ScannedEntry) -> ScanItem {
+        self.offset = entry.offset + entry.len;
+        self.next_entry_seq = Some(entry.header.entry_seq + 1);
+        ScanItem::Entry(entry)
+    }
+
+    /// Whether `seq` may be in this segment (below its sealed end).
+    fn fits_end(&self, seq: u64) -> bool {
+        self.end_entry_seq.is_none_or(|end| seq < end)
+    }
+
+    /// Reads and verifies the entry at `offset` (not its seq).
+    fn entry_at(&mut self, offset: u64) -> Result<ScannedEntry, EntryFault> {
+        let left = self.file_len - offset;
+        let damaged = |d| EntryFault::Damaged(d, None, None);
         if left < ENTRY_HEADER_BYTES as u64 {
             return Err(damaged(Damage::TornEntryHeader));
         }
         let mut raw = [0u8; ENTRY_HEADER_BYTES];
         self.file
             .read_exact_at(&mut raw, offset)
-            .map_err(ScanStop::Io)?;
-        let header = match EntryHeader::decode(&raw) {
+            .map_err(|e| EntryFault::Stop(ScanStop::Io(e)))?;
+        let header = match EntryHeader::decode(&raw, self.header.format, self.header.salt) {
             Ok(h) => h,
             Err(HeaderFault::BadMagic) => return Err(damaged(Damage::BadEntryMagic)),
             Err(HeaderFault::BadChecksum) => return Err(damaged(Damage::BadEntryHeaderChecksum)),
             Err(HeaderFault::UnsupportedVersion(version)) => {
-                return Err(ScanStop::Unsupported { offset, version })
+                return Err(EntryFault::Stop(ScanStop::Unsupported { offset, version }))
             }
         };
         let body_len = header.body_len as usize;
@@ -402,22 +648,70 @@ impl SegmentScanner {
         let mut body = vec![0u8; body_len];
         self.file
             .read_exact_at(&mut body, offset + ENTRY_HEADER_BYTES as u64)
-            .map_err(ScanStop::Io)?;
-        if crc32c::crc32c(&body) != header.body_crc {
-            return Err(damaged(Damage::BadEntryBodyChecksum));
-        }
-        if header.entry_seq != self.next_entry_seq {
-            return Err(damaged(Damage::EntrySeqMismatch));
-        }
+            .map_err(|e| EntryFault::Stop(ScanStop::Io(e)))?;
         let len = (ENTRY_HEADER_BYTES + body_len) as u64;
-        self.offset += len;
-        self.next_entry_seq += 1;
-        Ok(Some(ScannedEntry {
+        if crc32c::crc32c(&body) != header.body_crc {
+            // The header is sound, so its length is: the next entry
+            // should start right after this one.
+            return Err(EntryFault::Damaged(
+                Damage::BadEntryBodyChecksum,
+                Some(Bytes::from(body)),
+                Some(offset + len),
+            ));
+        }
+        Ok(ScannedEntry {
             offset,
             len,
             header,
             body: Bytes::from(body),
-        }))
+        })
+    }
+
+    /// The seq of a valid entry at `at` that may follow the ones scanned.
+    fn valid_at(&mut self, at: u64) -> Result<Option<u64>, ScanStop> {
+        match self.entry_at(at) {
+            Ok(e) => {
+                let seq = e.header.entry_seq;
+                let after = self.next_entry_seq.is_none_or(|want| seq >= want);
+                Ok((after && self.fits_end(seq)).then_some(seq))
+            }
+            Err(EntryFault::Damaged(..)) => Ok(None),
+            Err(EntryFault::Stop(ScanStop::Unsupported { .. })) => Ok(None),
+            Err(EntryFault::Stop(stop)) => Err(stop),
+        }
+    }
+
+    /// The offset and seq of the first valid entry at or after `from`
+    /// (trying `hint` first): the next entry magic with a valid header
+    /// and body checksum and a seq that can follow the last entry.
+    fn resync(&mut self, from: u64, hint: Option<u64>) -> Result<Option<(u64, u64)>, ScanStop> {
+        if let Some(at) = hint.filter(|at| *at < self.file_len) {
+            if let Some(seq) = self.valid_at(at)? {
+                return Ok(Some((at, seq)));
+            }
+        }
+        let magic = ENTRY_MAGIC.to_le_bytes();
+        let mut at = from;
+        while at + ENTRY_HEADER_BYTES as u64 <= self.file_len {
+            let n = usize::try_from(self.file_len - at)
+                .unwrap_or(usize::MAX)
+                .min(RESYNC_CHUNK_BYTES);
+            let chunk = storage::read_up_to(&*self.file.file, at, n).map_err(ScanStop::Io)?;
+            let mut i = 0;
+            while let Some(p) = chunk[i..].windows(4).position(|w| w == magic) {
+                let candidate = at + (i + p) as u64;
+                if let Some(seq) = self.valid_at(candidate)? {
+                    return Ok(Some((candidate, seq)));
+                }
+                i += p + 1;
+            }
+            if chunk.len() < RESYNC_CHUNK_BYTES {
+                break;
+            }
+            // The magic may straddle two chunks.
+            at += (chunk.len() - 3) as u64;
+        }
+        Ok(None)
     }
 }
 
@@ -492,9 +786,11 @@ mod tests {
     fn headers_round_trip_and_detect_damage() {
         let h = SegmentHeader {
             id: 7,
+            format: FORMAT_VERSION,
             first_entry_seq: 100,
             seq_floor: 5,
             queue_floor: 6,
+            salt: 0x1234_5678,
         };
         let raw = h.encode();
         assert_eq!(SegmentHeader::decode(&raw), Ok(h));
@@ -504,16 +800,42 @@ mod tests {
             assert!(SegmentHeader::decode(&bad).is_err(), "byte {i}");
         }
         let e = EntryHeader::for_body(b"hello", 9);
-        let raw = e.encode();
-        assert_eq!(EntryHeader::decode(&raw), Ok(e));
+        let raw = e.encode(FORMAT_VERSION, 77);
+        assert_eq!(EntryHeader::decode(&raw, FORMAT_VERSION, 77), Ok(e));
+        assert_eq!(EntryHeader::decode_known(&raw, 77), Ok(e));
         for i in 0..ENTRY_HEADER_BYTES {
             let mut bad = raw;
             bad[i] ^= 0x01;
-            assert!(EntryHeader::decode(&bad).is_err(), "byte {i}");
+            assert!(
+                EntryHeader::decode(&bad, FORMAT_VERSION, 77).is_err(),
+                "byte {i}"
+            );
         }
         assert_eq!(
-            EntryHeader::decode(&[0u8; ENTRY_HEADER_BYTES]),
+            EntryHeader::decode(&[0u8; ENTRY_HEADER_BYTES], FORMAT_VERSION, 77),
             Err(HeaderFault::BadMagic)
+        );
+    }
+
+    #[test]
+    fn a_salted_header_does_not_verify_without_the_salt_or_in_another_version() {
+        let e = EntryHeader::for_body(b"payload", 3);
+        let v2 = e.encode(2, 0xABCD_EF01);
+        assert_eq!(
+            EntryHeader::decode(&v2, 2, 0xABCD_EF00),
+            Err(HeaderFault::BadChecksum)
+        );
+        assert_eq!(
+            EntryHeader::decode(&v2, 1, 0),
+            Err(HeaderFault::BadChecksum)
+        );
+        // A version 1 entry (what anyone can compute) is not accepted in a
+        // version 2 segment.
+        let v1 = e.encode(1, 0);
+        assert_eq!(EntryHeader::decode(&v1, 1, 0), Ok(e));
+        assert_eq!(
+            EntryHeader::decode(&v1, 2, 0xABCD_EF01),
+            Err(HeaderFault::BadChecksum)
         );
     }
 }

@@ -655,6 +655,10 @@ impl Storage for SimDisk {
             .collect())
     }
 
+    fn random_u32(&self) -> u32 {
+        self.state.lock().rng.next_u64() as u32
+    }
+
     fn try_lock(&self, path: &Path) -> io::Result<Option<Box<dyn LockGuard>>> {
         let mut st = self.live()?;
         if st.locks.contains_key(path) {

@@ -48,6 +48,9 @@ pub trait Storage: Send + Sync + Debug + 'static {
     /// the returned guard is dropped; `Ok(None)` when someone else holds
     /// it. A crash of the holder releases it.
     fn try_lock(&self, path: &Path) -> io::Result<Option<Box<dyn LockGuard>>>;
+    /// A random number: the salt of a new journal (see `segment`). Here so
+    /// that a simulated disk can draw it from its seed.
+    fn random_u32(&self) -> u32;
 }
 
 /// An open file.
@@ -151,6 +154,10 @@ impl Storage for OsStorage {
             }
         }
         Ok(names)
+    }
+
+    fn random_u32(&self) -> u32 {
+        rand::random()
     }
 
     fn try_lock(&self, path: &Path) -> io::Result<Option<Box<dyn LockGuard>>> {

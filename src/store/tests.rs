@@ -413,13 +413,14 @@ fn torn_entry_header_is_cut() {
     let dmg = &rec.report.damaged[0];
     assert_eq!(dmg.damage, Damage::TornEntryHeader);
     assert_eq!(dmg.offset, off);
-    assert_eq!(dmg.dropped_bytes, 10);
+    assert_eq!(dmg.end - dmg.offset, 10);
+    assert!(dmg.cut);
     assert_eq!(
         file_len(&path),
         off,
         "file truncated at the last good entry"
     );
-    assert_eq!(file_len(&dmg.saved_to), 10);
+    assert_eq!(dmg.saved_to.as_deref().map(file_len), Some(10));
     // Writing goes on in a new segment, and the next open is clean.
     commit(&store, vec![msg(7, &[1], "later")]);
     ok(store.close());
@@ -440,21 +441,55 @@ fn torn_entry_body_is_cut() {
 }
 
 #[test]
-fn flipped_bit_in_a_middle_entry_cuts_there() {
+fn a_flipped_bit_in_a_middle_entry_loses_only_that_entry() {
+    let (d, path, table) = three_entries();
+    let (off, len) = table[1];
+    let before = file_len(&path);
+    mutate(&path, |data| data[(off + len / 2) as usize] ^= 0x04);
+    let (store, rec) = open(config(d.path()));
+    assert_eq!(seqs(&rec), vec![0, 2], "the entry after the damage is kept");
+    let dmg = &rec.report.damaged[0];
+    assert_eq!(dmg.damage, Damage::BadEntryBodyChecksum);
+    assert_eq!((dmg.offset, dmg.end), (off, off + len));
+    assert!(!dmg.cut);
+    assert_eq!(dmg.lost_entries, Some((1, Some(2))));
+    assert_eq!(file_len(&path), before, "left in place, not cut");
+    assert_eq!(rec.report.truncated_bytes, 0);
+    assert_eq!(rec.report.lost.entries, 1);
+    assert_eq!(rec.report.lost.entry_ranges, vec![(1, Some(2))]);
+    assert!(!rec.report.is_clean());
+    ok(store.close());
+    // Reported again until compaction rewrites the segment; nothing new.
+    let (_s, rec) = open(config(d.path()));
+    assert_eq!(seqs(&rec), vec![0, 2]);
+    assert_eq!(
+        rec.report.lost.entry_ranges,
+        vec![(1, Some(2))],
+        "{}",
+        rec.report
+    );
+}
+
+#[test]
+fn compaction_rewrites_a_segment_with_damage_left_in_place() {
     let (d, path, table) = three_entries();
     let (off, len) = table[1];
     mutate(&path, |data| data[(off + len / 2) as usize] ^= 0x04);
-    let (_s, rec) = open(config(d.path()));
-    assert_eq!(
-        seqs(&rec),
-        vec![0],
-        "records before the damage kept, none after"
+    let mut c = small_compacting(d.path());
+    c.segment_size_bytes = 1 << 20;
+    let (store, rec) = open(c.clone());
+    assert_eq!(rec.report.lost.entries, 1);
+    // Mostly live, but damaged: rewritten, so the damage goes.
+    ok(store.compact());
+    assert!(
+        !path.exists(),
+        "the damaged segment was rewritten and deleted"
     );
-    let dmg = &rec.report.damaged[0];
-    assert_eq!(dmg.damage, Damage::BadEntryBodyChecksum);
-    assert_eq!(dmg.offset, off);
-    assert_eq!(file_len(&path), off);
-    assert_eq!(rec.report.truncated_bytes, table[1].1 + table[2].1);
+    ok(store.close());
+    let (_s, rec) = open(c);
+    assert_eq!(seqs(&rec), vec![0, 2]);
+    assert!(rec.report.is_clean(), "{}", rec.report);
+    assert!(rec.report.damaged.is_empty());
 }
 
 #[test]

@@ -21,7 +21,7 @@
 //! producers overlaps with the next batch's `write` + `fdatasync` instead of
 //! delaying it: the writer goes straight from one sync to the next.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
@@ -33,9 +33,12 @@ use parking_lot::{Condvar, Mutex};
 use tracing::{debug, error};
 
 use super::index::{Index, Loc};
+use super::manifest::{self, Manifest, SegmentFacts};
 use super::record::{self, Record};
+use super::recovery;
 use super::segment::{
-    self, EntryHeader, SegmentHeader, SegmentId, ENTRY_HEADER_BYTES, SEGMENT_HEADER_BYTES,
+    self, EntryHeader, ScanContext, SegmentHeader, SegmentId, ENTRY_HEADER_BYTES, FORMAT_VERSION,
+    SEGMENT_HEADER_BYTES,
 };
 use super::storage::{Storage, StorageFile};
 use super::{
@@ -132,6 +135,9 @@ pub(crate) struct Shared {
     manual: bool,
     /// The thread inside [`super::Store::step`] right now (manual mode).
     stepper: Mutex<Option<ThreadId>>,
+    /// [`StoreConfig::compaction_enabled`]: only explicit compactions run
+    /// when off.
+    compaction_enabled: bool,
     /// Completion batches handed to the completion thread and not yet run.
     completions_in_flight: AtomicUsize,
     /// Live [`CompactionPause`]s: while any exists, compaction deletes dead
@@ -162,7 +168,7 @@ impl Drop for CompactionPause {
     fn drop(&mut self) {
         let before = self.0.compaction_pauses.fetch_sub(1, Ordering::AcqRel);
         assert!(before > 0, "compaction pause released twice");
-        if before == 1 {
+        if before == 1 && self.0.compaction_enabled {
             // The rewrites skipped meanwhile are due now; a closed store
             // refuses the job, which is fine.
             let _ = self.0.submit(Job::Compact(Box::new(|_| {})));
@@ -289,6 +295,13 @@ pub(crate) struct Writer {
     seq_floor: u64,
     queue_floor: u64,
     pub(crate) index: Index,
+    /// The journal's salt, in every segment and entry header (see `segment`).
+    salt: u32,
+    /// The manifest as last written.
+    manifest: Manifest,
+    /// Segments with damage recovery left in place: rewritten by
+    /// compaction whatever their live share, so the damage goes.
+    pub(crate) damaged_segments: BTreeSet<SegmentId>,
     buf: Vec<u8>,
     unsynced_since: Option<Instant>,
     /// Hands completions to the completion thread (`None` once stopped).
@@ -315,23 +328,58 @@ pub(crate) enum WriterHandle {
     Manual(Box<Writer>),
 }
 
-/// Creates the first active segment and starts the writer thread (unless
-/// the configuration asks for a manual writer).
+/// What the writer starts from (recovery's findings).
+pub(crate) struct Start {
+    pub(crate) index: Index,
+    pub(crate) first_segment: SegmentId,
+    pub(crate) next_entry_seq: u64,
+    /// Begin with compaction rewrites paused (see [`CompactionPause`]).
+    pub(crate) paused: bool,
+    pub(crate) salt: u32,
+    /// The manifest's facts of the segments kept.
+    pub(crate) segments: BTreeMap<SegmentId, SegmentFacts>,
+    pub(crate) manifest_generation: u64,
+    /// Segments with damage left in place: compaction rewrites them.
+    pub(crate) damaged_segments: BTreeSet<SegmentId>,
+}
+
+/// Creates the first active segment, writes the manifest, and starts the
+/// writer thread (unless the configuration asks for a manual writer).
 pub(crate) fn start(
     config: &StoreConfig,
-    mut index: Index,
-    first_segment: SegmentId,
-    next_entry_seq: u64,
-    paused: bool,
+    start: Start,
 ) -> Result<(Arc<Shared>, WriterHandle), StoreError> {
+    let Start {
+        mut index,
+        first_segment,
+        next_entry_seq,
+        paused,
+        salt,
+        mut segments,
+        manifest_generation,
+        damaged_segments,
+    } = start;
     let header = SegmentHeader {
         id: first_segment,
+        format: FORMAT_VERSION,
         first_entry_seq: next_entry_seq,
         seq_floor: index.next_seq,
         queue_floor: index.next_queue_id,
+        salt,
     };
     let active = create_segment(&*config.storage, &config.dir, &header)?;
     index.add_segment(active.id, active.len);
+    segments.insert(
+        active.id,
+        recovery::new_segment_facts(next_entry_seq, header.seq_floor, header.queue_floor),
+    );
+    let manifest = Manifest {
+        generation: manifest_generation + 1,
+        salt,
+        segments,
+    };
+    manifest::write(&*config.storage, &config.dir, &manifest)
+        .map_err(|e| io_error("write", &config.dir.join(manifest::MANIFEST_FILES[0]), e))?;
     let shared = Arc::new(Shared {
         queue: Mutex::new(Queue {
             jobs: VecDeque::new(),
@@ -346,6 +394,7 @@ pub(crate) fn start(
         completer: OnceLock::new(),
         manual: !config.background_writer,
         stepper: Mutex::new(None),
+        compaction_enabled: config.compaction_enabled,
         completions_in_flight: AtomicUsize::new(0),
         compaction_pauses: AtomicUsize::new(usize::from(paused)),
         stats: Counters::default(),
@@ -392,6 +441,9 @@ pub(crate) fn start(
         active,
         next_entry_seq,
         index,
+        salt,
+        manifest,
+        damaged_segments,
         buf: Vec::new(),
         unsynced_since: None,
     };
@@ -651,7 +703,8 @@ impl Writer {
             let offset = self.active.len + self.buf.len() as u64;
             let header = EntryHeader::for_body(body, self.next_entry_seq);
             self.next_entry_seq += 1;
-            self.buf.extend_from_slice(&header.encode());
+            self.buf
+                .extend_from_slice(&header.encode(FORMAT_VERSION, self.salt));
             self.buf.extend_from_slice(body);
             locs.push((self.active.id, offset));
         }
@@ -697,11 +750,26 @@ impl Writer {
         self.index.set_file_bytes(self.active.id, self.active.len);
         let header = SegmentHeader {
             id: self.active.id + 1,
+            format: FORMAT_VERSION,
             first_entry_seq: self.next_entry_seq,
             seq_floor: self.seq_floor,
             queue_floor: self.queue_floor,
+            salt: self.salt,
         };
         let next = create_segment(&*self.storage, &self.dir, &header)?;
+        // The manifest seals the old segment (its length and entries are
+        // final) and lists the new one; a crash before it is rewritten
+        // leaves the new segment newer than the manifest, which recovery
+        // replays like any other.
+        if let Some(old) = self.manifest.segments.get_mut(&self.active.id) {
+            old.end_entry_seq = self.next_entry_seq;
+            old.len = self.active.len;
+        }
+        self.manifest.segments.insert(
+            next.id,
+            recovery::new_segment_facts(self.next_entry_seq, self.seq_floor, self.queue_floor),
+        );
+        self.write_manifest()?;
         debug!(segment = next.id, "journal: rolled to a new segment");
         self.closed_at.insert(self.active.id, Instant::now());
         self.index.add_segment(next.id, next.len);
@@ -709,6 +777,23 @@ impl Writer {
         self.compaction_due = self.compaction_enabled;
         self.publish_gauges();
         Ok(())
+    }
+
+    /// Rewrites the manifest (next generation, the other copy) and syncs it.
+    fn write_manifest(&mut self) -> Result<(), StoreError> {
+        self.manifest.generation += 1;
+        manifest::write(&*self.storage, &self.dir, &self.manifest)
+            .map(|_| ())
+            .map_err(|e| io_error("write", &self.dir.join(manifest::MANIFEST_FILES[0]), e))
+    }
+
+    /// How a scan of segment `seg` (compaction) can verify and, after a
+    /// damaged header, re-derive it.
+    pub(crate) fn scan_context(&self, seg: SegmentId) -> ScanContext {
+        ScanContext {
+            salt: Some(self.salt),
+            facts: self.manifest.segments.get(&seg).copied(),
+        }
     }
 
     /// Whether `seg` closed long enough ago to be rewritten.
@@ -723,9 +808,16 @@ impl Writer {
     /// dead is durable before they go.
     pub(crate) fn delete_segments(&mut self, ids: &[SegmentId]) -> Result<usize, StoreError> {
         self.sync()?;
+        // Retired in the manifest first: a segment missing from the disk
+        // but listed there is a loss; one on disk but not listed (a crash
+        // before the removal was durable) is a leftover recovery removes.
+        for id in ids {
+            assert_ne!(*id, self.active.id, "never delete the active segment");
+            self.manifest.segments.remove(id);
+        }
+        self.write_manifest()?;
         let mut deleted = Vec::new();
         for &id in ids {
-            assert_ne!(id, self.active.id, "never delete the active segment");
             let path = self.dir.join(segment::file_name(id));
             match self.storage.remove(&path) {
                 Ok(()) => deleted.push(id),
@@ -746,6 +838,7 @@ impl Writer {
         for id in &deleted {
             self.index.remove_segment(*id);
             self.closed_at.remove(id);
+            self.damaged_segments.remove(id);
         }
         self.shared
             .stats
