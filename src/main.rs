@@ -39,6 +39,23 @@ enum Command {
         #[command(subcommand)]
         action: UserAction,
     },
+    /// Works on the journal of a stopped broker.
+    Store {
+        #[command(subcommand)]
+        action: StoreAction,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum StoreAction {
+    /// Verifies the journal without changing it and prints what recovery
+    /// would find: damaged ranges, missing or cut-short segments, what was
+    /// lost. Exits non-zero when anything is damaged or missing.
+    Check {
+        /// The data directory; default: the one the configuration names.
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -114,7 +131,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("user '{name}' saved in {}", path.display());
             Ok(())
         }
+        Command::Store {
+            action: StoreAction::Check { data_dir },
+        } => store_check(data_dir.unwrap_or_else(|| config.data_dir.clone())),
     }
+}
+
+/// `rosetta store check`: the report recovery would log, without starting.
+fn store_check(dir: PathBuf) -> anyhow::Result<()> {
+    let config = rosetta::store::StoreConfig::new(&dir);
+    let report = rosetta::store::Store::check(&config)
+        .map_err(|e| anyhow::anyhow!("checking the journal in {}: {e}", dir.display()))?;
+    println!("journal {}", dir.display());
+    print!("{report}");
+    anyhow::ensure!(
+        report.is_clean(),
+        "the journal in {} is damaged or incomplete (see above)",
+        dir.display()
+    );
+    Ok(())
 }
 
 fn read_password() -> anyhow::Result<String> {

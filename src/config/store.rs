@@ -44,6 +44,10 @@ pub const DISK_FREE_MIN_BYTES_DEFAULT: u64 = 2 * SEGMENT_SIZE_BYTES_DEFAULT;
 /// disk use near the live data, rarely enough to cost nothing when idle.
 pub const COMPACTION_INTERVAL_MS_DEFAULT: u64 = 30_000;
 
+/// A missing segment stops the start: losing acknowledged messages must be
+/// a decision, not a side effect of restarting.
+pub const ACCEPT_DATA_LOSS_DEFAULT: bool = false;
+
 /// `[store]`: journal settings. The journal lives in `data_dir`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -62,6 +66,10 @@ pub struct StoreConfig {
     /// Producers are held back while the data directory's filesystem has
     /// fewer free bytes than this (0: never).
     pub disk_free_min_bytes: u64,
+    /// Start even when journal segments are missing or cut short (or the
+    /// manifest listing them is lost): the loss is logged and accepted.
+    /// Off: the broker refuses to start and names what is missing.
+    pub accept_data_loss: bool,
 }
 
 impl Default for StoreConfig {
@@ -73,6 +81,7 @@ impl Default for StoreConfig {
             memory_budget_bytes: MEMORY_BUDGET_BYTES_DEFAULT,
             compaction_interval_ms: COMPACTION_INTERVAL_MS_DEFAULT,
             disk_free_min_bytes: DISK_FREE_MIN_BYTES_DEFAULT,
+            accept_data_loss: ACCEPT_DATA_LOSS_DEFAULT,
         }
     }
 }

@@ -227,6 +227,7 @@ fn store_config(config: &Config) -> StoreConfig {
     };
     sc.segment_size_bytes = config.store.segment_size_bytes;
     sc.compaction_interval = config.store.compaction_interval();
+    sc.accept_data_loss = config.store.accept_data_loss;
     sc
 }
 

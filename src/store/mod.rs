@@ -8,7 +8,9 @@
 //! - [`segment`]: file naming, segment and entry headers, the verifying scanner;
 //! - `writer`: the single writer thread (group commit, rollover, syncs);
 //! - `index`: the live state and per-segment liveness (the replay rules);
-//! - `recovery`: replay at open, torn-tail handling (the cases table is there);
+//! - `recovery`: replay at open, re-synchronising after damage, missing
+//!   segments (the cases table is there); `report`: what it found;
+//! - `manifest`: the list of segments that should exist;
 //! - `compaction`: deleting dead segments, rewriting mostly-dead ones;
 //! - [`storage`]: every file operation, behind the [`Storage`] trait
 //!   ([`OsStorage`] in production);
@@ -18,20 +20,28 @@
 //! # On-disk format
 //!
 //! The data directory holds segment files `NNNNNNNNNNNNNNNNNNNN.seg` (20-digit
-//! zero-padded id, so names sort by age). All integers are little-endian with
-//! explicit widths; checksums are CRC32C.
+//! zero-padded id, so names sort by age) and the manifest, `MANIFEST.0` and
+//! `MANIFEST.1` (two alternating copies; see `manifest`). All integers are
+//! little-endian with explicit widths; checksums are CRC32C.
 //!
 //! ```text
 //! segment        = segment_header entry*
 //! segment_header = magic "RSEG" u32 | version u16 | reserved u16 | segment_id u64
 //!                  | first_entry_seq u64 | seq_floor u64 | queue_floor u64
-//!                  | reserved u32 | header_crc u32                       (48 bytes)
+//!                  | salt u32 | header_crc u32                           (48 bytes)
 //! entry          = entry_header body
 //! entry_header   = magic "RENT" u32 | version u16 | flags u16 | body_len u32
 //!                  | body_crc u32 | entry_seq u64 | reserved u32 | header_crc u32  (32 bytes)
 //! body           = record_count u32 | record*       (the records of ONE append call)
 //! record         = tag u8 | version u8 | payload_len u32 | payload
 //! ```
+//!
+//! Format version 2 (written now) salts the entry header checksum with
+//! the journal's random salt, so that recovery can search damaged bytes
+//! for the next entry without a client payload posing as one; version 1
+//! journals are still read (see `segment`). The manifest lists every
+//! segment with its entry-seq range and sealed length, so recovery can
+//! tell a segment compaction deleted from one that was lost.
 //!
 //! One [`Store::append`] call is one entry, so its records are replayed all
 //! together or not at all. The record payloads are listed in [`record`]; the
@@ -94,11 +104,21 @@
 //! iterator that reads each one back from its location, in seq order, as
 //! the core restores it (compaction rewrites wait until it is done), so a
 //! restart costs memory per queued message only for the index, never for
-//! the bodies. A torn or corrupt tail is
-//! cut at the last good entry, logged with `tracing::warn!` and listed in
-//! [`RecoveryReport::damaged`]; everything before it is kept, and recovery
-//! never panics. The cases are tabled in the docs of the `recovery` module.
-//! After recovery, writing continues in a new segment.
+//! the bodies.
+//!
+//! Recovery loses only what is damaged: after a bad entry it
+//! re-synchronises on the next valid one, so a flipped byte costs that
+//! entry, not the rest of the segment; a damaged segment header costs
+//! nothing (its facts are re-derived); a torn tail of the newest segment
+//! (a crash during a write) is cut. A segment the manifest lists but the
+//! directory lacks, or one cut short, stops the start with
+//! [`StoreError::Incomplete`] naming what is missing, unless
+//! [`StoreConfig::accept_data_loss`]. Everything is logged and listed in
+//! the [`RecoveryReport`], down to the entry seqs lost and the queues that
+//! lost messages; [`Store::check`] (`rosetta store check`) produces the
+//! same report without changing anything. Recovery never panics. The
+//! cases are tabled in the docs of the `recovery` module. After recovery,
+//! writing continues in a new segment.
 //!
 //! # Compaction
 //!

@@ -194,6 +194,10 @@ pub(crate) fn replay(
 pub(crate) fn check(storage: &dyn Storage, dir: &Path) -> Result<RecoveryReport, StoreError> {
     let started = Instant::now();
     let mut report = scan(storage, dir)?.replayed.report;
+    // Nothing was saved: a check changes nothing.
+    for d in &mut report.damaged {
+        d.saved_to = None;
+    }
     report.duration = started.elapsed();
     Ok(report)
 }
