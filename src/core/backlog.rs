@@ -10,6 +10,18 @@
 //! the next batch with one read. Released and redelivered messages go back
 //! to memory: they were in memory (in flight) already.
 //!
+//! A restart does not copy anything into page files. The queues a
+//! restart rebuilds page what is over the budget *by reference*: such a
+//! [`Paged`] points at the message's record in the journal (by seq), and
+//! depaging reads it back from there ([`Journal::read_messages`]). The
+//! journal keeps the reference valid: compaction may copy the record
+//! forward and delete its old segment, but the store looks each seq up in
+//! its index, which compaction keeps current (relocation, not pinning, so
+//! an idle deep queue does not stop the journal from reclaiming the dead
+//! messages around its own). Only messages paged at run time go to page
+//! files: a new message may not be written to the journal yet when it is
+//! paged.
+//!
 //! Depaging reads under the queue lock. That is a deliberate exception to
 //! "no IO under a queue lock": the read is of recently written bytes (the
 //! OS page cache, usually), bounded to [`DEPAGE_BATCH_BYTES`], and only the
@@ -20,10 +32,13 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
-use rosetta_neutral::MatchInfo;
+use rosetta_neutral::{MatchInfo, Message};
 
 use super::queue::Entry;
+use super::Journal;
 use crate::store::{
     decode_message_exact, encode_message, MessageSeq, OsStorage, PageFile, PageRef, QueueId,
     Storage,
@@ -47,6 +62,10 @@ pub(crate) struct MemoryGauge {
     paged: AtomicU64,
     /// Where page files are written.
     storage: std::sync::Arc<dyn Storage>,
+    /// The journal that restored messages are paged into by reference,
+    /// while [`Self::restoring`].
+    journal: std::sync::OnceLock<JournalRef>,
+    restoring: std::sync::atomic::AtomicBool,
 }
 
 impl MemoryGauge {
@@ -57,7 +76,27 @@ impl MemoryGauge {
             page_dir,
             paged: AtomicU64::new(0),
             storage: std::sync::Arc::new(OsStorage),
+            journal: std::sync::OnceLock::new(),
+            restoring: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// From now until [`Self::end_restore`], journaled messages pushed
+    /// past the budget are paged by reference into `journal` (they are
+    /// read back from it): the queues are being rebuilt from it.
+    pub(crate) fn start_restore(&self, journal: std::sync::Arc<dyn Journal>) {
+        let _ = self.journal.set(JournalRef(journal));
+        self.restoring.store(true, Ordering::SeqCst);
+    }
+
+    /// The restore is over: new messages page to page files again.
+    pub(crate) fn end_restore(&self) {
+        self.restoring.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether a message being pushed now may be paged by reference.
+    fn pages_into_journal(&self, entry: &Entry) -> bool {
+        entry.journaled && self.restoring.load(Ordering::Relaxed) && self.journal.get().is_some()
     }
 
     pub(crate) fn used(&self) -> u64 {
@@ -101,13 +140,26 @@ impl MemoryGauge {
     }
 }
 
+/// The journal, as the gauge holds it (it has no `Debug`).
+struct JournalRef(Arc<dyn Journal>);
+
+impl std::fmt::Debug for JournalRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JournalRef")
+    }
+}
+
 /// What stays in memory of a paged message: everything but the message.
 /// Kept small (about 56 bytes): there is one per paged message.
 #[derive(Debug)]
 struct Paged {
+    /// Where it is in the page file; for a message paged by reference, only
+    /// `len` means something (its size, for the depaging batch bound).
     at: PageRef,
     seq: MessageSeq,
     journaled: bool,
+    /// Paged by reference: read back from the journal, not the page file.
+    in_journal: bool,
     enqueued_at: Instant,
     /// Delivery state, for the rare paged message that has any (a
     /// redelivered message recovered from the journal, a retained copy).
@@ -142,6 +194,7 @@ impl Paged {
             at,
             seq: entry.seq,
             journaled: entry.journaled,
+            in_journal: false,
             enqueued_at: entry.enqueued_at,
             state: (!usual).then(|| Box::new(state)),
         }
@@ -202,6 +255,20 @@ impl Backlog {
         let page_dir = gauge.page_dir.as_deref().filter(|_| {
             !self.paging_off && (!self.paged.is_empty() || gauge.over_budget_with(&entry))
         });
+        if page_dir.is_some() && gauge.pages_into_journal(&entry) {
+            let size = u32::try_from(entry.message.memory_size()).unwrap_or(u32::MAX);
+            let mut paged = Paged::of(
+                entry,
+                PageRef {
+                    offset: 0,
+                    len: size,
+                },
+            );
+            paged.in_journal = true;
+            gauge.paged.fetch_add(1, Ordering::Relaxed);
+            self.paged.push_back(paged);
+            return;
+        }
         if let Some(dir) = page_dir {
             match self.page_out(&entry, gauge, dir, queue) {
                 Ok(at) => {
@@ -268,15 +335,17 @@ impl Backlog {
         file.append(&body)
     }
 
-    /// Reads the next batch of paged messages into memory.
+    /// Reads the next batch of paged messages into memory: a run of
+    /// messages from the same place (the page file, or the journal).
     fn page_in(&mut self, gauge: &MemoryGauge, queue: QueueId) {
-        let Some(file) = &mut self.file else {
+        let Some(in_journal) = self.paged.front().map(|p| p.in_journal) else {
             return;
         };
         let mut count = 0;
         let mut bytes = 0;
         for p in &self.paged {
             if count == DEPAGE_BATCH_MESSAGES
+                || p.in_journal != in_journal
                 || (count > 0 && bytes + u64::from(p.at.len) > DEPAGE_BATCH_BYTES)
             {
                 break;
@@ -284,34 +353,95 @@ impl Backlog {
             count += 1;
             bytes += u64::from(p.at.len);
         }
-        let refs: Vec<PageRef> = self.paged.iter().take(count).map(|p| p.at).collect();
-        let bodies = match file.read(&refs) {
-            Ok(bodies) => bodies,
-            Err(e) => {
-                // The paged messages stay where they are: nothing is lost
-                // from the journal, and the next dispatch tries again.
-                tracing::error!(queue, error = %e, "cannot read paged messages back");
-                return;
-            }
+        let messages = if in_journal {
+            self.read_from_journal(gauge, queue, count)
+        } else {
+            self.read_from_file(queue, count)
+        };
+        let Some(messages) = messages else {
+            // The paged messages stay where they are: nothing is lost from
+            // the journal, and the next dispatch tries again.
+            return;
         };
         gauge.paged.fetch_sub(count as u64, Ordering::Relaxed);
-        for (p, body) in self.paged.drain(..count).zip(bodies) {
-            let message = match decode_message_exact(body) {
-                Ok(m) => std::sync::Arc::new(m),
-                Err(e) => {
-                    tracing::error!(queue, seq = p.seq, error = %e, "a paged message does not decode; dropped from memory (the journal keeps it until restart)");
-                    continue;
-                }
+        for (p, message) in self.paged.drain(..count).zip(messages) {
+            let Some(message) = message else {
+                continue;
             };
             let entry = p.into_entry(message);
             gauge.add(&entry);
             self.memory.insert(entry);
         }
         if self.paged.is_empty() {
-            if let Err(e) = file.clear() {
-                tracing::warn!(queue, error = %e, "cannot truncate the page file");
+            if let Some(file) = &mut self.file {
+                if let Err(e) = file.clear() {
+                    tracing::warn!(queue, error = %e, "cannot truncate the page file");
+                }
             }
         }
+    }
+
+    /// The first `count` paged messages from the page file; `None` when the
+    /// file cannot be read, `None` items for what does not decode.
+    fn read_from_file(
+        &mut self,
+        queue: QueueId,
+        count: usize,
+    ) -> Option<Vec<Option<Arc<Message>>>> {
+        let file = self.file.as_mut()?;
+        let refs: Vec<PageRef> = self.paged.iter().take(count).map(|p| p.at).collect();
+        let bodies = match file.read(&refs) {
+            Ok(bodies) => bodies,
+            Err(e) => {
+                tracing::error!(queue, error = %e, "cannot read paged messages back");
+                return None;
+            }
+        };
+        Some(
+            self.paged
+                .iter()
+                .zip(bodies)
+                .map(|(p, body)| match decode_message_exact(body) {
+                    Ok(m) => Some(Arc::new(m)),
+                    Err(e) => {
+                        tracing::error!(queue, seq = p.seq, error = %e, "a paged message does not decode; dropped from memory (the journal keeps it until restart)");
+                        None
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    /// The first `count` paged messages, read back from the journal; `None`
+    /// when none could be read (a failing disk: try again later), `None`
+    /// items for single messages that could not.
+    fn read_from_journal(
+        &self,
+        gauge: &MemoryGauge,
+        queue: QueueId,
+        count: usize,
+    ) -> Option<Vec<Option<Arc<Message>>>> {
+        let journal = &gauge.journal.get()?.0;
+        let seqs: Vec<MessageSeq> = self.paged.iter().take(count).map(|p| p.seq).collect();
+        let read = journal.read_messages(&seqs);
+        if read.iter().all(|r| r.is_err()) {
+            if let Some(Err(e)) = read.first() {
+                tracing::error!(queue, error = %e, "cannot read paged messages back from the journal");
+            }
+            return None;
+        }
+        Some(
+            read.into_iter()
+                .zip(&seqs)
+                .map(|(r, seq)| match r {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        tracing::error!(queue, seq, error = %e, "a paged message cannot be read back from the journal; dropped from memory (the journal keeps it until restart)");
+                        None
+                    }
+                })
+                .collect(),
+        )
     }
 }
 

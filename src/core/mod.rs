@@ -38,7 +38,7 @@ use rosetta_neutral::{
     ScramCredentials, Session, SessionEvent, SessionInfo,
 };
 
-use crate::store::{Completion, MessageSeq, QueueId, Record, Recovered, Store};
+use crate::store::{Completion, MessageSeq, QueueId, Record, Recovered, Store, StoreError};
 
 pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
@@ -170,11 +170,22 @@ impl AccessControl for AllowAll {
 pub trait Journal: Send + Sync + 'static {
     /// Appends records as one atomic unit; `done` runs once durable.
     fn append(&self, records: Vec<Record>, done: Option<Completion>);
+
+    /// Reads journaled messages back by seq: restored queues page their
+    /// messages by reference instead of copying them into page files (see
+    /// `backlog`). A journal that keeps nothing has nothing to read.
+    fn read_messages(&self, seqs: &[MessageSeq]) -> Vec<Result<Arc<Message>, StoreError>> {
+        seqs.iter().map(|_| Err(StoreError::Closed)).collect()
+    }
 }
 
 impl Journal for Store {
     fn append(&self, records: Vec<Record>, done: Option<Completion>) {
         Store::append(self, records, done);
+    }
+
+    fn read_messages(&self, seqs: &[MessageSeq]) -> Vec<Result<Arc<Message>, StoreError>> {
+        Store::read_messages(self, seqs)
     }
 }
 
@@ -495,11 +506,12 @@ impl Inner {
         // One message at a time, read from the journal as it goes: each
         // queue keeps it in memory or pages it (past the memory budget), so
         // a restart holds no more message bodies than the budget, however
-        // deep the queues are. Paged messages are copied into page files
-        // rather than left as references into the journal: compaction moves
-        // and deletes journal records, so such references would pin it (or
-        // need relocating); the copy costs one sequential write, and
-        // compaction, paused only while this loop reads, is free after.
+        // deep the queues are. Paged messages stay where they are, in the
+        // journal: a queue keeps only a reference (its seq) and reads them
+        // back from there (see `backlog`). Compaction, paused while this
+        // loop reads by recorded location, may then move their records; the
+        // store finds them by seq wherever they are.
+        self.memory.start_restore(Arc::clone(&self.journal));
         let mut unreadable = 0u64;
         for m in messages {
             let m = match m {
@@ -529,6 +541,7 @@ impl Inner {
                 q.restore(entry);
             }
         }
+        self.memory.end_restore();
         drop(routing);
         let mut r = self.retained.lock();
         for (topic, seq, msg) in retained {

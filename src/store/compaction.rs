@@ -51,6 +51,7 @@ pub(crate) fn run(w: &mut Writer) -> Result<CompactionRun, StoreError> {
         let active = w.active.id;
         let dead: Vec<SegmentId> = w
             .index
+            .lock()
             .segments()
             .filter(|(id, s)| *id != active && s.live_records == 0 && !skip.contains(id))
             .map(|(id, _)| id)
@@ -66,8 +67,8 @@ pub(crate) fn run(w: &mut Writer) -> Result<CompactionRun, StoreError> {
         if out.segments_rewritten >= REWRITE_SEGMENTS_PER_RUN_MAX || w.shared.compaction_paused() {
             break;
         }
-        let candidate = w
-            .index
+        let index = w.index.lock();
+        let candidate = index
             .segments()
             .find(|(id, s)| {
                 *id != active
@@ -78,6 +79,7 @@ pub(crate) fn run(w: &mut Writer) -> Result<CompactionRun, StoreError> {
                         || w.damaged_segments.contains(id))
             })
             .map(|(id, _)| id);
+        drop(index);
         let Some(seg) = candidate else { break };
         match rewrite(w, seg)? {
             Some(n) => {
@@ -143,13 +145,14 @@ fn rewrite(w: &mut Writer, seg: SegmentId) -> Result<Option<usize>, StoreError> 
                 entry: entry.offset,
                 idx: u32::try_from(i).unwrap_or(u32::MAX),
             };
-            if !w.index.is_live_state(&rec, loc) {
+            let index = w.index.lock();
+            if !index.is_live_state(&rec, loc) {
                 continue;
             }
             copy_bytes += size as usize;
             match rec {
                 Record::Message { seq, message, .. } => {
-                    let Some(m) = w.index.message(seq) else {
+                    let Some(m) = index.message(seq) else {
                         continue;
                     };
                     // Only the queues that still hold it, so replay cannot
@@ -178,6 +181,7 @@ fn rewrite(w: &mut Writer, seg: SegmentId) -> Result<Option<usize>, StoreError> 
                 }
                 other => copies.push(other),
             }
+            drop(index);
             if copy_bytes >= REWRITE_ENTRY_BYTES_MAX {
                 copied += copies.len();
                 w.append_internal(&copies)?;
@@ -188,7 +192,7 @@ fn rewrite(w: &mut Writer, seg: SegmentId) -> Result<Option<usize>, StoreError> 
     }
     copied += copies.len();
     w.append_internal(&copies)?;
-    let left = w.index.segment(seg).map_or(0, |s| s.live_records);
+    let left = w.index.lock().segment(seg).map_or(0, |s| s.live_records);
     if left != 0 {
         // Our own invariant broke: keep the file rather than lose data.
         error!(

@@ -456,6 +456,10 @@ pub struct Store {
     /// The held lock on `<dir>/LOCK`: two brokers appending to one journal
     /// would interleave segments and corrupt it. Released when dropped.
     _lock: Box<dyn LockGuard>,
+    /// Where messages are read back from ([`Store::read_messages`]).
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    salt: u32,
 }
 
 impl std::fmt::Debug for Store {
@@ -504,6 +508,9 @@ impl Store {
             shared,
             writer: Mutex::new(Some(handle)),
             _lock: lock,
+            storage: Arc::clone(&config.storage),
+            dir: config.dir.clone(),
+            salt,
         };
         let recovered = Recovered {
             queues: state.queues,
@@ -531,6 +538,46 @@ impl Store {
         let storage = &*config.storage;
         let _lock = lock_dir(storage, &config.dir)?;
         recovery::check(storage, &config.dir)
+    }
+
+    /// Reads journaled messages back by seq, from wherever their records
+    /// are now: the core pages the messages of a restored queue by leaving
+    /// them here instead of copying them into page files. Compaction may
+    /// move a record (it copies live records forward and deletes the old
+    /// segment); the location is looked up in the index, which compaction
+    /// keeps current, and looked up again if the read fails because the
+    /// record moved in between. Each message is verified as it is read.
+    /// A seq no queue holds any more is an error.
+    pub fn read_messages(&self, seqs: &[MessageSeq]) -> Vec<Result<Arc<Message>, StoreError>> {
+        let locate = |seq: MessageSeq| self.shared.index.lock().message(seq).map(|m| m.loc());
+        let locs: Vec<_> = {
+            let index = self.shared.index.lock();
+            seqs.iter()
+                .map(|s| index.message(*s).map(|m| m.loc()))
+                .collect()
+        };
+        let mut reader =
+            reader::MessageReader::new(Arc::clone(&self.storage), self.dir.clone(), self.salt);
+        seqs.iter()
+            .zip(locs)
+            .map(|(&seq, loc)| {
+                let first = match loc {
+                    Some(at) => reader.read(seq, at),
+                    None => Err(not_in_journal(&self.dir, seq)),
+                };
+                match (first, locate(seq)) {
+                    (Ok(m), _) => Ok(m),
+                    // Moved by compaction meanwhile: read it where it is now.
+                    (Err(_), Some(now)) if Some(now) != loc => reader::MessageReader::new(
+                        Arc::clone(&self.storage),
+                        self.dir.clone(),
+                        self.salt,
+                    )
+                    .read(seq, now),
+                    (Err(e), _) => Err(e),
+                }
+            })
+            .collect()
     }
 
     /// Appends `records` as one atomic unit: after a crash all of them are
@@ -699,6 +746,14 @@ fn lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn LockGuard>, Sto
             Ok(None) => return Err(StoreError::Locked(dir.to_owned())),
             Err(e) => return Err(io_error("lock", &path, e)),
         }
+    }
+}
+
+fn not_in_journal(dir: &Path, seq: MessageSeq) -> StoreError {
+    StoreError::Corrupt {
+        path: dir.to_path_buf(),
+        offset: 0,
+        reason: format!("message {seq} is held by no queue in the journal"),
     }
 }
 

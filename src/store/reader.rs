@@ -27,6 +27,11 @@
 //! never hold a live message). The pause ends when the last message is
 //! read or the reader is dropped.
 //!
+//! After that, the core's queues may still refer to messages they paged
+//! during the restore (by seq, not by location): [`super::Store::read_messages`]
+//! looks each seq up in the index, which compaction updates when it copies
+//! a record forward, and reads it with the same [`MessageReader`].
+//!
 //! # Limits
 //!
 //! An entry larger than the window is read whole on its own; an entry is
@@ -107,19 +112,15 @@ impl PendingMessage {
 /// module docs of `reader` for the memory this saves and how it stays safe
 /// against compaction.
 pub struct RecoveredMessages {
-    storage: Arc<dyn Storage>,
-    dir: PathBuf,
-    /// The journal's salt, to verify entry headers.
-    salt: u32,
+    reader: MessageReader,
     pending: std::vec::IntoIter<PendingMessage>,
-    window: Window,
     pause: Option<CompactionPause>,
 }
 
 impl std::fmt::Debug for RecoveredMessages {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RecoveredMessages")
-            .field("dir", &self.dir)
+            .field("dir", &self.reader.dir)
             .field("remaining", &self.pending.len())
             .finish()
     }
@@ -134,11 +135,8 @@ impl RecoveredMessages {
         pause: Option<CompactionPause>,
     ) -> Self {
         Self {
-            storage,
-            dir,
-            salt,
+            reader: MessageReader::new(storage, dir, salt),
             pending: pending.into_iter(),
-            window: Window::default(),
             pause,
         }
     }
@@ -158,30 +156,61 @@ impl RecoveredMessages {
     pub fn read_all(self) -> Result<Vec<RecoveredMessage>, StoreError> {
         self.collect()
     }
+}
 
-    fn read(&mut self, p: &PendingMessage) -> Result<Arc<Message>, StoreError> {
-        let path = || self.dir.join(segment::file_name(p.loc.seg));
+/// Reads `Message` records back from known locations, verifying each
+/// entry again (the pair of the checks made before the write) and that the
+/// record found is the message expected.
+pub(crate) struct MessageReader {
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    /// The journal's salt, to verify entry headers.
+    salt: u32,
+    window: Window,
+}
+
+impl MessageReader {
+    pub(crate) fn new(storage: Arc<dyn Storage>, dir: PathBuf, salt: u32) -> Self {
+        Self {
+            storage,
+            dir,
+            salt,
+            window: Window::default(),
+        }
+    }
+
+    /// Message `seq`, whose record is at `loc`.
+    pub(crate) fn read(&mut self, seq: MessageSeq, loc: Loc) -> Result<Arc<Message>, StoreError> {
+        let path = || self.dir.join(segment::file_name(loc.seg));
         let body = self
             .window
-            .entry_body(&*self.storage, &self.dir, self.salt, p.loc)?;
-        let rec = record::decode_record_at(&body, p.loc.idx).map_err(|e| StoreError::Corrupt {
+            .entry_body(&*self.storage, &self.dir, self.salt, loc)?;
+        let rec = record::decode_record_at(&body, loc.idx).map_err(|e| StoreError::Corrupt {
             path: path(),
-            offset: p.loc.entry,
-            reason: format!("recovered message {} does not decode: {e}", p.seq),
+            offset: loc.entry,
+            reason: format!("message {seq} does not decode: {e}"),
         })?;
         match rec {
-            Record::Message { seq, message, .. } if seq == p.seq => Ok(message),
+            Record::Message {
+                seq: found,
+                message,
+                ..
+            } if found == seq => Ok(message),
             other => Err(StoreError::Corrupt {
                 path: path(),
-                offset: p.loc.entry,
+                offset: loc.entry,
                 reason: format!(
-                    "expected message {} at record {}, found {:?} record",
-                    p.seq,
-                    p.loc.idx,
+                    "expected message {seq} at record {}, found {:?} record",
+                    loc.idx,
                     other.seq()
                 ),
             }),
         }
+    }
+
+    /// Forgets the read buffer.
+    fn release(&mut self) {
+        self.window = Window::default();
     }
 }
 
@@ -190,12 +219,12 @@ impl Iterator for RecoveredMessages {
 
     fn next(&mut self) -> Option<Self::Item> {
         let p = self.pending.next()?;
-        let read = self.read(&p);
+        let read = self.reader.read(p.seq, p.loc);
         if self.pending.len() == 0 {
             // Nothing refers to a location any more: compaction may go on,
             // and the read buffer can go.
             self.pause = None;
-            self.window = Window::default();
+            self.reader.release();
         }
         let seq = p.seq;
         Some(read.map(|message| RecoveredMessage {

@@ -138,6 +138,8 @@ enum Action {
 struct Scan {
     replayed: Replayed,
     actions: Vec<Action>,
+    /// The manifest copy used, to be made durable before acting on it.
+    manifest: Option<manifest::Manifest>,
 }
 
 /// Side file of the bytes of `path` from `offset`.
@@ -176,12 +178,21 @@ pub(crate) fn replay(
     let Scan {
         mut replayed,
         actions,
+        manifest,
     } = scan(storage, dir)?;
     if !replayed.report.missing.is_empty() || replayed.report.manifest == ManifestState::Lost {
         if !accept_loss {
             return Err(StoreError::Incomplete(replayed.report.loss_text()));
         }
         replayed.report.loss_accepted = true;
+    }
+    if let Some(m) = &manifest {
+        // What was read may be in the page cache only (a failed sync of
+        // the manifest before a restart): written again and synced before
+        // anything is removed on its word, or a later power loss could
+        // bring back the older copy, which still lists what was removed.
+        manifest::write(storage, dir, m)
+            .map_err(|e| io_error("write", &dir.join(manifest::MANIFEST_FILES[0]), e))?;
     }
     apply(storage, dir, &actions)?;
     replayed.report.duration = started.elapsed();
@@ -578,6 +589,7 @@ fn scan(storage: &dyn Storage, dir: &Path) -> Result<Scan, StoreError> {
     let last_segment = segments.keys().next_back().copied();
     let manifest_generation = manifest.as_ref().map_or(0, |m| m.generation);
     Ok(Scan {
+        manifest,
         replayed: Replayed {
             index,
             report,
@@ -776,6 +788,10 @@ fn log_report(report: &RecoveryReport) {
         }
     ) {
         warn!("journal: one manifest copy was torn or damaged; the other was used");
+    }
+    if !report.is_clean() {
+        // The whole account once, with queue names, for the operator.
+        error!("journal recovery report:\n{report}");
     }
     info!(
         segments = report.segments_read,

@@ -138,6 +138,8 @@ pub(crate) struct Shared {
     /// [`StoreConfig::compaction_enabled`]: only explicit compactions run
     /// when off.
     compaction_enabled: bool,
+    /// The index (the writer's, shared with readers by seq).
+    pub(crate) index: Arc<Mutex<Index>>,
     /// Completion batches handed to the completion thread and not yet run.
     completions_in_flight: AtomicUsize,
     /// Live [`CompactionPause`]s: while any exists, compaction deletes dead
@@ -294,7 +296,10 @@ pub(crate) struct Writer {
     /// any entry written so far (including ones not yet applied).
     seq_floor: u64,
     queue_floor: u64,
-    pub(crate) index: Index,
+    /// The live state and per-segment liveness, shared with the store's
+    /// readers: a paged message of a restored queue is read back by seq
+    /// from wherever compaction has moved its record (see `reader`).
+    pub(crate) index: Arc<Mutex<Index>>,
     /// The journal's salt, in every segment and entry header (see `segment`).
     salt: u32,
     /// The manifest as last written.
@@ -395,6 +400,7 @@ pub(crate) fn start(
         manual: !config.background_writer,
         stepper: Mutex::new(None),
         compaction_enabled: config.compaction_enabled,
+        index: Arc::new(Mutex::new(index)),
         completions_in_flight: AtomicUsize::new(0),
         compaction_pauses: AtomicUsize::new(usize::from(paused)),
         stats: Counters::default(),
@@ -436,11 +442,11 @@ pub(crate) fn start(
         closed_at: BTreeMap::new(),
         last_compaction: Instant::now(),
         compaction_due: config.compaction_enabled,
-        seq_floor: index.next_seq,
-        queue_floor: index.next_queue_id,
+        seq_floor: header.seq_floor,
+        queue_floor: header.queue_floor,
         active,
         next_entry_seq,
-        index,
+        index: Arc::clone(&shared.index),
         salt,
         manifest,
         damaged_segments,
@@ -661,6 +667,7 @@ impl Writer {
 
     /// Applies written entries to the index.
     fn apply(&mut self, entries: &[(Vec<u8>, Vec<Record>, Vec<u32>)], locs: Vec<(SegmentId, u64)>) {
+        let mut index = self.index.lock();
         for ((seg, entry), (_, records, sizes)) in locs.into_iter().zip(entries) {
             // Paired with `encode_body`: one size per record.
             assert_eq!(records.len(), sizes.len(), "record sizes out of step");
@@ -670,10 +677,11 @@ impl Writer {
                     entry,
                     idx: u32::try_from(i).unwrap_or(u32::MAX),
                 };
-                self.index.apply(rec, loc, *size, false);
+                index.apply(rec, loc, *size, false);
             }
         }
-        self.index.set_file_bytes(self.active.id, self.active.len);
+        index.set_file_bytes(self.active.id, self.active.len);
+        drop(index);
         self.publish_gauges();
     }
 
@@ -747,7 +755,9 @@ impl Writer {
     /// segment after a torn older one) and starts the next.
     fn roll(&mut self) -> Result<(), StoreError> {
         self.sync()?;
-        self.index.set_file_bytes(self.active.id, self.active.len);
+        self.index
+            .lock()
+            .set_file_bytes(self.active.id, self.active.len);
         let header = SegmentHeader {
             id: self.active.id + 1,
             format: FORMAT_VERSION,
@@ -772,7 +782,7 @@ impl Writer {
         self.write_manifest()?;
         debug!(segment = next.id, "journal: rolled to a new segment");
         self.closed_at.insert(self.active.id, Instant::now());
-        self.index.add_segment(next.id, next.len);
+        self.index.lock().add_segment(next.id, next.len);
         self.active = next;
         self.compaction_due = self.compaction_enabled;
         self.publish_gauges();
@@ -836,7 +846,7 @@ impl Writer {
             .sync_dir(&self.dir)
             .map_err(|e| io_error("fsync", &self.dir, e))?;
         for id in &deleted {
-            self.index.remove_segment(*id);
+            self.index.lock().remove_segment(*id);
             self.closed_at.remove(id);
             self.damaged_segments.remove(id);
         }
@@ -894,14 +904,15 @@ impl Writer {
         let c = &self.shared.stats;
         let mut segments = 0u64;
         let mut bytes = 0u64;
-        for (_, s) in self.index.segments() {
+        let index = self.index.lock();
+        for (_, s) in index.segments() {
             segments += 1;
             bytes += s.file_bytes;
         }
         c.segments.store(segments, Ordering::Relaxed);
         c.bytes.store(bytes, Ordering::Relaxed);
         c.live_records
-            .store(self.index.live_records(), Ordering::Relaxed);
+            .store(index.live_records(), Ordering::Relaxed);
         c.active_segment.store(self.active.id, Ordering::Relaxed);
     }
 
