@@ -59,6 +59,7 @@
 //! | segments whose first entry sequence goes backwards | segment header vs. previous segment | `open` fails with [`StoreError::Corrupt`] (files mixed up by hand) |
 //! | I/O error while reading | `read` | `open` fails with [`StoreError::Io`] |
 //! | entries of the newest segment read back from the page cache after a failed `fdatasync` (or a kill -9 under the periodic policy) | cannot be told apart: always done | the replayed part of the newest segment is written again and synced before anything is built on it (see [`make_durable`]) |
+//! | a manifest read back from the page cache after its sync failed | cannot be told apart: always done | the copy used is written again and synced before any segment is removed on its word |
 //! | a live message's entry damaged or unreadable when it is read back after replay (see `reader`) | checksums again, expected seq | that item of [`super::RecoveredMessages`] is [`StoreError::Corrupt`] / [`StoreError::Io`]; the others are read; the core logs it and the message stays in the journal |
 //!
 //! # What the report says was lost
@@ -429,15 +430,6 @@ fn scan(storage: &dyn Storage, dir: &Path) -> Result<Scan, StoreError> {
                         if scanner.header_damage.is_some() && facts.is_none() {
                             header.first_entry_seq = entry.header.entry_seq;
                         }
-                        check_order(
-                            &path,
-                            header.first_entry_seq,
-                            next_entry_seq,
-                            prev,
-                            id,
-                            &mut report,
-                            &mut open_tail,
-                        )?;
                     }
                     let records = record::decode_body(entry.body).map_err(|e| {
                         let offset = entry.offset;
@@ -528,7 +520,9 @@ fn scan(storage: &dyn Storage, dir: &Path) -> Result<Scan, StoreError> {
                 }
             }
         }
-        if !first_seen {
+        // After the scan: a re-derived header learns its first seq from
+        // the first entry. (An error here aborts the open all the same.)
+        {
             check_order(
                 &path,
                 header.first_entry_seq,

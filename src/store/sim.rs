@@ -445,49 +445,46 @@ impl SimDisk {
         self.state.lock().power_loss();
     }
 
-    /// Flips the bits of `mask` in the byte at `offset` of `path`, in its
-    /// durable contents and in what reads see: bit rot.
-    pub fn flip_byte(&self, path: &Path, offset: u64, mask: u8) -> io::Result<()> {
+    /// Changes the inode of `path` by hand (damage the disk did).
+    fn damage(&self, path: &Path, f: impl FnOnce(&mut Inode)) -> io::Result<()> {
         let mut st = self.state.lock();
         let ino = st.inode_of(path)?;
         let inode = st
             .inodes
             .get_mut(&ino)
             .ok_or_else(|| eio("no such inode"))?;
-        let at = usize::try_from(offset).unwrap_or(usize::MAX);
-        for buf in [&mut inode.data, &mut inode.durable] {
-            if let Some(b) = buf.get_mut(at) {
-                *b ^= mask;
-            }
-        }
+        f(inode);
         Ok(())
+    }
+
+    /// Flips the bits of `mask` in the byte at `offset` of `path`, in its
+    /// durable contents and in what reads see: bit rot.
+    pub fn flip_byte(&self, path: &Path, offset: u64, mask: u8) -> io::Result<()> {
+        let at = usize::try_from(offset).unwrap_or(usize::MAX);
+        self.damage(path, |inode| {
+            for buf in [&mut inode.data, &mut inode.durable] {
+                if let Some(b) = buf.get_mut(at) {
+                    *b ^= mask;
+                }
+            }
+        })
     }
 
     /// Overwrites bytes of `path` at `offset`, durably (damage by hand).
     pub fn overwrite(&self, path: &Path, offset: u64, bytes: &[u8]) -> io::Result<()> {
-        let mut st = self.state.lock();
-        let ino = st.inode_of(path)?;
-        let inode = st
-            .inodes
-            .get_mut(&ino)
-            .ok_or_else(|| eio("no such inode"))?;
-        put(&mut inode.data, offset, bytes);
-        put(&mut inode.durable, offset, bytes);
-        Ok(())
+        self.damage(path, |inode| {
+            put(&mut inode.data, offset, bytes);
+            put(&mut inode.durable, offset, bytes);
+        })
     }
 
     /// Cuts `path` to `len` bytes, durably (a lost tail).
     pub fn truncate_durably(&self, path: &Path, len: u64) -> io::Result<()> {
-        let mut st = self.state.lock();
-        let ino = st.inode_of(path)?;
-        let inode = st
-            .inodes
-            .get_mut(&ino)
-            .ok_or_else(|| eio("no such inode"))?;
         let len = usize::try_from(len).unwrap_or(usize::MAX);
-        inode.data.truncate(len);
-        inode.durable.truncate(len);
-        Ok(())
+        self.damage(path, |inode| {
+            inode.data.truncate(len);
+            inode.durable.truncate(len);
+        })
     }
 
     /// Loses `path` entirely, as if it had never been written.
