@@ -29,6 +29,26 @@ pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Time clients get to finish on shutdown before the journal is flushed
 /// and the process exits.
 pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 5_000;
+/// Largest message payload (body) every protocol and transport accepts:
+/// what mosquitto and RabbitMQ users send without tuning (they accept 10 MiB
+/// and more by default) with room to spare. A message in flight costs about
+/// twice its size while it is read and journaled (see the README).
+pub const PAYLOAD_SIZE_MAX_BYTES_DEFAULT: u32 = 16 * 1024 * 1024;
+/// Highest payload limit accepted: 256 MiB (MQTT itself stops a little
+/// short of it: its packets are at most 256 MiB including the topic).
+pub const PAYLOAD_SIZE_MAX_BYTES_LIMIT: u32 = 256 * 1024 * 1024;
+/// Lowest payload limit accepted.
+pub const PAYLOAD_SIZE_MAX_BYTES_MIN: u32 = 1024;
+/// Bytes of deliveries one connection may have waiting to be written:
+/// plenty for a reader that keeps up (the driver writes in 64 KiB
+/// batches), small enough that thousands of stalled readers stay cheap.
+/// One message larger than this still goes, alone.
+pub const DELIVERY_BUFFER_BYTES_MAX_DEFAULT: u64 = 4 * 1024 * 1024;
+/// How long a connection may leave its delivery buffer full without
+/// reading before it is closed as a slow consumer: long enough for a GC
+/// pause or a laptop's network hiccup, short enough that a dead reader's
+/// connection does not linger (NATS closes after a 10 s write deadline).
+pub const SLOW_CONSUMER_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 /// Anonymous access is on so that a first run just works; turn it off for
 /// anything reachable by others.
 pub const ANONYMOUS_DEFAULT: bool = true;
@@ -99,6 +119,15 @@ pub struct BrokerConfig {
     pub connect_timeout_ms: u64,
     /// Grace period for clients on shutdown, in milliseconds.
     pub shutdown_grace_ms: u64,
+    /// Largest message payload accepted from any client, in bytes; the
+    /// protocols' frame limits are derived from it unless set.
+    pub payload_size_max_bytes: u32,
+    /// Bytes of deliveries one connection may have waiting to be written;
+    /// past it the core stops dispatching to that connection.
+    pub delivery_buffer_bytes_max: u64,
+    /// A connection that does not read while its delivery buffer is full
+    /// for this long is closed as a slow consumer; 0 = never.
+    pub slow_consumer_timeout_ms: u64,
 }
 
 impl Default for BrokerConfig {
@@ -112,6 +141,9 @@ impl Default for BrokerConfig {
             connections_max: CONNECTIONS_MAX_DEFAULT,
             connect_timeout_ms: CONNECT_TIMEOUT_MS_DEFAULT,
             shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
+            payload_size_max_bytes: PAYLOAD_SIZE_MAX_BYTES_DEFAULT,
+            delivery_buffer_bytes_max: DELIVERY_BUFFER_BYTES_MAX_DEFAULT,
+            slow_consumer_timeout_ms: SLOW_CONSUMER_TIMEOUT_MS_DEFAULT,
         }
     }
 }

@@ -28,6 +28,7 @@
 //! which is `users.toml` next to the configuration file.
 
 mod broker;
+mod limits;
 mod listeners;
 pub(crate) mod locate;
 mod protocols;
@@ -369,7 +370,7 @@ impl Config {
         }
         at_least(
             "websocket.message_size_max_bytes",
-            ws.message_size_max_bytes as u64,
+            self.websocket_message_size_max() as u64,
             WEBSOCKET_MESSAGE_SIZE_MIN_BYTES as u64,
         )
     }
@@ -399,7 +400,18 @@ impl Config {
         )?;
         positive("broker.queue_depth_max", b.queue_depth_max)?;
         positive("broker.connections_max", b.connections_max.into())?;
-        positive("broker.connect_timeout_ms", b.connect_timeout_ms)
+        positive("broker.connect_timeout_ms", b.connect_timeout_ms)?;
+        within(
+            "broker.payload_size_max_bytes",
+            b.payload_size_max_bytes.into(),
+            PAYLOAD_SIZE_MAX_BYTES_MIN.into(),
+            PAYLOAD_SIZE_MAX_BYTES_LIMIT.into(),
+        )?;
+        positive(
+            "broker.delivery_buffer_bytes_max",
+            b.delivery_buffer_bytes_max,
+        )?;
+        Ok(())
     }
 
     fn check_mqtt(&self) -> Result<(), Invalid> {
@@ -408,7 +420,7 @@ impl Config {
         positive("mqtt.receive_maximum", m.receive_maximum.into())?;
         within(
             "mqtt.packet_size_max_bytes",
-            m.packet_size_max_bytes.into(),
+            self.mqtt_packet_size_max().into(),
             MQTT_PACKET_SIZE_MIN_BYTES.into(),
             MQTT_PACKET_SIZE_PROTOCOL_MAX_BYTES.into(),
         )?;
@@ -419,7 +431,7 @@ impl Config {
         let s = &self.stomp;
         at_least(
             "stomp.frame_size_max_bytes",
-            s.frame_size_max_bytes.into(),
+            self.stomp_frame_size_max().into(),
             STOMP_FRAME_SIZE_MIN_BYTES.into(),
         )?;
         // CONNECT alone carries accept-version, host, login, passcode and
@@ -430,7 +442,7 @@ impl Config {
             s.header_size_max_bytes.into(),
             256,
         )?;
-        if s.header_size_max_bytes > s.frame_size_max_bytes {
+        if s.header_size_max_bytes > self.stomp_frame_size_max() {
             return Err(invalid(
                 "stomp.header_size_max_bytes",
                 "must not exceed `stomp.frame_size_max_bytes`",
@@ -471,7 +483,7 @@ impl Config {
         )?;
         positive(
             "amqp.message_size_max_bytes",
-            a.message_size_max_bytes.into(),
+            self.amqp_message_size_max().into(),
         )?;
         if a.idle_timeout_ms != 0 && a.idle_timeout_ms < AMQP_IDLE_TIMEOUT_MIN_MS {
             return Err(invalid(

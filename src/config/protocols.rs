@@ -3,10 +3,11 @@
 
 use serde::Deserialize;
 
-/// Largest protocol frame or message by default: comfortably above IoT and
-/// business payloads, while a thousand peers each sending one still fit in
-/// memory.
-pub const FRAME_SIZE_MAX_BYTES_DEFAULT: u32 = 1024 * 1024;
+/// What a frame may carry besides its payload when its wire limit is
+/// derived from `broker.payload_size_max_bytes`: MQTT topic and properties,
+/// STOMP headers, AMQP header, properties and annotations. Generous, so
+/// that a payload at the limit is never refused for its headers.
+pub const HEADERS_ALLOWANCE_BYTES: u32 = 1024 * 1024;
 
 // ---- MQTT ----------------------------------------------------------------
 
@@ -17,8 +18,6 @@ pub const MQTT_KEEP_ALIVE_MAX_S_DEFAULT: u16 = 600;
 /// keep a fast link busy, bounded so one client cannot queue up unbounded
 /// commits.
 pub const MQTT_RECEIVE_MAXIMUM_DEFAULT: u16 = 1024;
-/// Largest MQTT packet accepted (and advertised in CONNACK).
-pub const MQTT_PACKET_SIZE_MAX_BYTES_DEFAULT: u32 = FRAME_SIZE_MAX_BYTES_DEFAULT;
 /// Smallest packet limit that still fits a CONNECT with credentials.
 pub const MQTT_PACKET_SIZE_MIN_BYTES: u32 = 1024;
 /// MQTT's own maximum packet size (1 + 4 + 268,435,455 bytes).
@@ -47,8 +46,10 @@ pub struct MqttConfig {
     pub keep_alive_max_s: u16,
     /// Receive Maximum: unacknowledged QoS 1/2 publishes a client may send.
     pub receive_maximum: u16,
-    /// Maximum Packet Size accepted, in bytes.
-    pub packet_size_max_bytes: u32,
+    /// Maximum Packet Size accepted, in bytes. Unset (the default): the
+    /// payload limit `broker.payload_size_max_bytes` plus
+    /// [`HEADERS_ALLOWANCE_BYTES`], within MQTT's own maximum.
+    pub packet_size_max_bytes: Option<u32>,
     /// Maximum QoS (0, 1 or 2).
     pub qos_max: u8,
     /// Retain Available.
@@ -69,7 +70,7 @@ impl Default for MqttConfig {
         Self {
             keep_alive_max_s: MQTT_KEEP_ALIVE_MAX_S_DEFAULT,
             receive_maximum: MQTT_RECEIVE_MAXIMUM_DEFAULT,
-            packet_size_max_bytes: MQTT_PACKET_SIZE_MAX_BYTES_DEFAULT,
+            packet_size_max_bytes: None,
             qos_max: MQTT_QOS_MAX_DEFAULT,
             retain_available: MQTT_RETAIN_AVAILABLE_DEFAULT,
             wildcard_available: MQTT_WILDCARD_AVAILABLE_DEFAULT,
@@ -82,8 +83,6 @@ impl Default for MqttConfig {
 
 // ---- STOMP ---------------------------------------------------------------
 
-/// Largest STOMP frame (headers and body).
-pub const STOMP_FRAME_SIZE_MAX_BYTES_DEFAULT: u32 = FRAME_SIZE_MAX_BYTES_DEFAULT;
 /// Smallest frame limit that still fits a CONNECT with credentials.
 pub const STOMP_FRAME_SIZE_MIN_BYTES: u32 = 1024;
 /// Headers per frame: real clients send a dozen; this leaves room for
@@ -113,8 +112,10 @@ pub const STOMP_TRANSACTIONS_MAX_DEFAULT: u32 = 16;
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StompConfig {
-    /// Largest frame, in bytes.
-    pub frame_size_max_bytes: u32,
+    /// Largest frame (headers and body), in bytes. Unset (the default): the
+    /// payload limit `broker.payload_size_max_bytes` plus what
+    /// `header_count_max` headers of `header_size_max_bytes` take.
+    pub frame_size_max_bytes: Option<u32>,
     /// Most headers in one frame.
     pub header_count_max: u32,
     /// Longest header line, in bytes.
@@ -138,7 +139,7 @@ pub struct StompConfig {
 impl Default for StompConfig {
     fn default() -> Self {
         Self {
-            frame_size_max_bytes: STOMP_FRAME_SIZE_MAX_BYTES_DEFAULT,
+            frame_size_max_bytes: None,
             header_count_max: STOMP_HEADER_COUNT_MAX_DEFAULT,
             header_size_max_bytes: STOMP_HEADER_SIZE_MAX_BYTES_DEFAULT,
             heartbeat_min_ms: STOMP_HEARTBEAT_MIN_MS_DEFAULT,
@@ -159,8 +160,6 @@ impl Default for StompConfig {
 pub const AMQP_FRAME_SIZE_MAX_BYTES_DEFAULT: u32 = 64 * 1024;
 /// AMQP's MIN-MAX-FRAME-SIZE: no peer may ask for less.
 pub const AMQP_FRAME_SIZE_MIN_BYTES: u32 = 512;
-/// Largest message (all transfer frames of one delivery together).
-pub const AMQP_MESSAGE_SIZE_MAX_BYTES_DEFAULT: u32 = FRAME_SIZE_MAX_BYTES_DEFAULT;
 /// channel-max: sessions per connection beyond what any client uses.
 pub const AMQP_CHANNEL_MAX_DEFAULT: u16 = 255;
 /// handle-max: links per session.
@@ -181,8 +180,10 @@ pub const AMQP_LINK_CREDIT_WINDOW_DEFAULT: u32 = 1_000;
 pub struct AmqpConfig {
     /// max-frame-size offered, in bytes.
     pub frame_size_max_bytes: u32,
-    /// Largest message, in bytes, across its transfer frames.
-    pub message_size_max_bytes: u32,
+    /// Largest message, in bytes, across its transfer frames (all sections).
+    /// Unset (the default): the payload limit `broker.payload_size_max_bytes`
+    /// plus [`HEADERS_ALLOWANCE_BYTES`].
+    pub message_size_max_bytes: Option<u32>,
     /// channel-max offered (highest channel number).
     pub channel_max: u16,
     /// handle-max offered (highest link handle).
@@ -197,7 +198,7 @@ impl Default for AmqpConfig {
     fn default() -> Self {
         Self {
             frame_size_max_bytes: AMQP_FRAME_SIZE_MAX_BYTES_DEFAULT,
-            message_size_max_bytes: AMQP_MESSAGE_SIZE_MAX_BYTES_DEFAULT,
+            message_size_max_bytes: None,
             channel_max: AMQP_CHANNEL_MAX_DEFAULT,
             handle_max: AMQP_HANDLE_MAX_DEFAULT,
             idle_timeout_ms: AMQP_IDLE_TIMEOUT_MS_DEFAULT,

@@ -935,3 +935,105 @@ fn a_full_queue_refuses_sends_and_misses_topic_messages_others_get() {
     let stats = core.queue_stats(&full).expect("subscriber queue");
     assert_eq!((stats.depth, stats.dropped_full_total), (3, 2));
 }
+
+/// The core numbers an explicit-credit consumer's deliveries and stops at
+/// the limit it is given, so deliveries already sent but not yet seen by
+/// the adapter (in its event queue) are inside the client's credit, not
+/// on top of it. With an absolute credit, repeating a flow whose credit the
+/// in-transit deliveries already used sent that credit again.
+#[test]
+fn explicit_credit_counts_deliveries_still_in_transit() {
+    let core = Core::in_memory();
+    let (mut s, e) = open(&core, "c");
+    let c = s
+        .consume(ConsumerSpec {
+            queue: "q".into(),
+            credit: CreditMode::Explicit(0),
+            auto_settle: false,
+        })
+        .expect("consume");
+    for i in 0..20 {
+        publish(&mut s, queue("q"), &i.to_string());
+    }
+    s.set_credit(c, 5, false).expect("credit");
+    // The adapter has seen none of these five yet when the client repeats
+    // its flow (same delivery-count, same credit): the limit is the same.
+    s.set_credit(c, 5, false).expect("credit again");
+    let first = e.deliveries();
+    assert_eq!(first.len(), 5, "the client granted five");
+    // Seen five; the client grants five more.
+    s.set_credit(c, 10, false).expect("more credit");
+    let second = e.deliveries();
+    assert_eq!(
+        second.iter().map(text).collect::<Vec<_>>(),
+        ["5", "6", "7", "8", "9"]
+    );
+    assert!(
+        second.iter().chain(&first).all(|d| !d.redelivered),
+        "nothing went round twice"
+    );
+    // A limit behind what was sent (the client lowered its credit) grants
+    // nothing rather than wrapping into a huge credit.
+    s.set_credit(c, 3, false).expect("lower");
+    assert!(e.deliveries().is_empty());
+    assert_eq!(core.queue_stats("q").map(|q| q.redeliveries_total), Some(0));
+}
+
+/// A sink with a delivery budget, as a connection's driver makes one.
+struct Budgeted {
+    events: Events,
+    budget: Arc<DeliveryBudget>,
+}
+
+impl EventSink for Budgeted {
+    fn send(&self, event: SessionEvent) {
+        self.events.send(event);
+    }
+
+    fn budget(&self) -> Option<&Arc<DeliveryBudget>> {
+        Some(&self.budget)
+    }
+}
+
+/// An auto-settled consumer's credit comes back at dispatch, so only the
+/// connection's byte budget holds the core back from emptying a whole
+/// backlog into a connection that does not read; once the connection
+/// writes (drops) what it holds, the core is resumed.
+#[test]
+fn a_full_delivery_budget_holds_dispatch_until_the_connection_resumes_it() {
+    let core = Core::in_memory();
+    let body = "x".repeat(1000);
+    let one = Message::text(body.clone()).memory_size() as u64;
+    let sink = Arc::new(Budgeted {
+        events: Events::default(),
+        budget: DeliveryBudget::new(10 * one),
+    });
+    let mut s = core.open_session(info("slow"), sink.clone());
+    s.consume(ConsumerSpec {
+        queue: "q".into(),
+        credit: CreditMode::Window(1000),
+        auto_settle: true,
+    })
+    .expect("consume");
+    let (mut producer, _pe) = open(&core, "producer");
+    for _ in 0..100 {
+        producer
+            .publish(
+                &queue("q"),
+                Message::text(body.clone()),
+                PublishOptions::default(),
+            )
+            .expect("publish");
+    }
+    let mut held = sink.events.deliveries();
+    assert_eq!(held.len(), 10, "the budget holds ten");
+    assert_eq!(core.queue_stats("q").map(|q| q.depth), Some(90));
+    assert!(sink.budget.held_back_since().is_some());
+    assert!(!sink.budget.resume_if_due(), "nothing written yet");
+    // The connection writes (drops) six: 4 of 10 left, below half.
+    drop(held.drain(..6).collect::<Vec<_>>());
+    assert!(sink.budget.resume_if_due(), "resumed");
+    assert_eq!(sink.events.deliveries().len(), 6, "refilled to the budget");
+    assert_eq!(core.queue_stats("q").map(|q| q.depth), Some(84));
+    drop(held);
+}

@@ -148,6 +148,15 @@ pub async fn start(
     access: Arc<dyn AccessControl>,
 ) -> anyhow::Result<RunningBroker> {
     config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    for (key, value, need) in config.limits_below_payload() {
+        tracing::warn!(
+            key,
+            value,
+            payload_size_max_bytes = config.payload_size_max(),
+            needs = need,
+            "this wire limit is below the payload limit: such payloads are refused there"
+        );
+    }
     let store_config = store_config(&config);
     let dir = config.data_dir.clone();
     let (store, recovered) = tokio::task::spawn_blocking(move || Store::open(store_config))
@@ -257,7 +266,7 @@ fn apply_bindings(core: &Core, config: &Config) -> anyhow::Result<()> {
     if config.bindings.is_empty() {
         return Ok(());
     }
-    let (sink, _rx) = driver::event_channel();
+    let (sink, _rx) = driver::event_channel(None);
     let info = SessionInfo {
         conn_id: 0,
         protocol: Protocol::Internal,

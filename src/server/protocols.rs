@@ -97,6 +97,9 @@ macro_rules! forward_protocol_connection {
             fn handle_transport_closed(&mut self, now: Instant) {
                 <$ty>::handle_transport_closed(self, now)
             }
+            fn handle_slow_consumer(&mut self, now: Instant) {
+                <$ty>::handle_slow_consumer(self, now)
+            }
             $($extra)*
         }
     };
@@ -178,7 +181,12 @@ where
     T: driver::Transport,
 {
     let span = tracing::info_span!("conn", id = conn_id, proto = wire.name(), %peer);
-    let (sink, events) = driver::event_channel();
+    let limits = &shared.config.broker;
+    let (sink, events) = driver::event_channel(Some(limits.delivery_buffer_bytes_max));
+    let slow = sink.slow_consumer_policy(
+        (limits.slow_consumer_timeout_ms > 0)
+            .then(|| std::time::Duration::from_millis(limits.slow_consumer_timeout_ms)),
+    );
     let broker: Arc<dyn Broker> = Arc::new(shared.core.clone());
     let now = Instant::now();
     let user = peer.certificate_user;
@@ -189,19 +197,19 @@ where
             let config = stomp_config(&shared.config);
             let conn = rosetta_stomp::StompConnection::new(config, broker, sink, conn_id, now)
                 .with_certificate_user(user);
-            Box::pin(driver::drive(conn, io, events, span, stop)).await;
+            Box::pin(driver::drive(conn, io, events, slow, span, stop)).await;
         }
         Wire::Mqtt => {
             let config = mqtt_config(&shared.config);
             let conn = rosetta_mqtt::MqttConnection::new(config, broker, sink, conn_id, now)
                 .with_certificate_user(user);
-            Box::pin(driver::drive(conn, io, events, span, stop)).await;
+            Box::pin(driver::drive(conn, io, events, slow, span, stop)).await;
         }
         Wire::Amqp => {
             let config = amqp_config(&shared.config);
             let conn = rosetta_amqp::AmqpConnection::new(config, broker, sink, conn_id, now)
                 .with_certificate_user(user);
-            Box::pin(driver::drive(conn, io, events, span, stop)).await;
+            Box::pin(driver::drive(conn, io, events, slow, span, stop)).await;
         }
     }
 }
@@ -210,9 +218,8 @@ where
 fn stomp_config(config: &crate::config::Config) -> rosetta_stomp::StompConfig {
     let c = &config.stomp;
     rosetta_stomp::StompConfig {
-        frame_size_max_bytes: c.frame_size_max_bytes as usize,
-        // The body is bounded by the frame: one configured limit, not two.
-        body_size_max_bytes: c.frame_size_max_bytes as usize,
+        frame_size_max_bytes: config.stomp_frame_size_max() as usize,
+        body_size_max_bytes: config.stomp_body_size_max() as usize,
         headers_max: c.header_count_max as usize,
         header_line_max_bytes: c.header_size_max_bytes as usize,
         heart_beat_send_min_ms: u64::from(c.heartbeat_send_ms),
@@ -232,7 +239,7 @@ fn mqtt_config(config: &crate::config::Config) -> rosetta_mqtt::MqttConfig {
     rosetta_mqtt::MqttConfig {
         keep_alive_max_s: c.keep_alive_max_s,
         receive_maximum: c.receive_maximum,
-        packet_size_max_bytes: c.packet_size_max_bytes,
+        packet_size_max_bytes: config.mqtt_packet_size_max(),
         qos_max: c.qos_max,
         retain_available: c.retain_available,
         wildcard_subscriptions_available: c.wildcard_available,
@@ -249,7 +256,7 @@ fn amqp_config(config: &crate::config::Config) -> rosetta_amqp::AmqpConfig {
     let c = &config.amqp;
     rosetta_amqp::AmqpConfig {
         frame_size_max_bytes: c.frame_size_max_bytes,
-        message_size_max_bytes: u64::from(c.message_size_max_bytes),
+        message_size_max_bytes: u64::from(config.amqp_message_size_max()),
         channel_max: c.channel_max,
         links_per_session_max: c.handle_max,
         idle_timeout_ms: c.idle_timeout_ms,

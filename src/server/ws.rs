@@ -422,26 +422,35 @@ pub(crate) async fn accept<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    accept_serving(io, settings, &String::new).await
+    let message_max = settings
+        .message_size_max_bytes
+        .unwrap_or_else(|| crate::config::Config::default().websocket_message_size_max());
+    accept_serving(io, settings, message_max, &String::new).await
 }
 
-/// [`accept`], with `metrics` producing the body of `GET /metrics`.
+/// [`accept`], with `metrics` producing the body of `GET /metrics`, and no
+/// message larger than `message_max` bytes (after reassembly).
 pub(crate) async fn accept_serving<S>(
     io: S,
     settings: &WsSettings,
+    message_max: usize,
     metrics: &(dyn Fn() -> String + Sync),
 ) -> Result<(WsWire, WsByteStream<S>), NotWebSocket>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, accept_inner(io, settings, metrics))
-        .await
-        .unwrap_or(Err(NotWebSocket::Timeout))
+    tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        accept_inner(io, settings, message_max, metrics),
+    )
+    .await
+    .unwrap_or(Err(NotWebSocket::Timeout))
 }
 
 async fn accept_inner<S>(
     mut io: S,
     settings: &WsSettings,
+    message_max: usize,
     metrics: &(dyn Fn() -> String + Sync),
 ) -> Result<(WsWire, WsByteStream<S>), NotWebSocket>
 where
@@ -487,7 +496,7 @@ where
                 io,
                 tail,
                 Role::Server,
-                Some(ws_config(settings)),
+                Some(ws_config(message_max)),
             )
             .await;
             Ok((wire, WsByteStream::new(ws, wire)))
@@ -495,13 +504,13 @@ where
     }
 }
 
-/// tungstenite's limits from `[websocket]`: no message (after reassembly)
-/// and so no frame larger than `message_size_max_bytes`.
-fn ws_config(settings: &WsSettings) -> WebSocketConfig {
+/// tungstenite's limits: no message (after reassembly) and so no frame
+/// larger than `message_max` bytes.
+fn ws_config(message_max: usize) -> WebSocketConfig {
     WebSocketConfig::default()
         .read_buffer_size(WS_READ_BUFFER_BYTES)
-        .max_message_size(Some(settings.message_size_max_bytes))
-        .max_frame_size(Some(settings.message_size_max_bytes))
+        .max_message_size(Some(message_max))
+        .max_frame_size(Some(message_max))
 }
 
 async fn refuse<S, T>(mut io: S, refusal: Refusal) -> Result<T, NotWebSocket>
@@ -636,7 +645,8 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let metrics = || shared.metrics();
-    match accept_serving(io, &shared.config.websocket, &metrics).await {
+    let message_max = shared.config.websocket_message_size_max();
+    match accept_serving(io, &shared.config.websocket, message_max, &metrics).await {
         Ok((wire, stream)) => {
             tracing::debug!(conn = conn_id, %peer, protocol = wire.name(), "WebSocket accepted");
             super::protocols::run_wire(wire.into(), stream, peer, conn_id, shared).await;
@@ -1290,7 +1300,7 @@ mod tests {
     #[tokio::test]
     async fn oversized_message_closes_with_1009() {
         let settings = WsSettings {
-            message_size_max_bytes: 1024,
+            message_size_max_bytes: Some(1024),
             ..WsSettings::default()
         };
         let (mut client, _, _, stream) = ws_pair(settings, "/mqtt", None).await;
@@ -1310,7 +1320,7 @@ mod tests {
     #[tokio::test]
     async fn oversized_fragmented_message_closes() {
         let settings = WsSettings {
-            message_size_max_bytes: 1024,
+            message_size_max_bytes: Some(1024),
             ..WsSettings::default()
         };
         let (mut client, _, _, stream) = ws_pair(settings, "/mqtt", None).await;

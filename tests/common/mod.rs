@@ -206,4 +206,5 @@ impl TestBroker {
 pub mod amqp;
 pub mod mqtt;
 pub mod pki;
+pub mod process;
 pub mod stomp;

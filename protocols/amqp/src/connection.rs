@@ -697,6 +697,18 @@ impl AmqpConnection {
         }
     }
 
+    /// The client stopped reading while its deliveries filled the
+    /// connection's buffer for too long: close with
+    /// `amqp:resource-limit-exceeded` (which it may never read).
+    pub fn handle_slow_consumer(&mut self, _now: Instant) {
+        if !self.is_closed() {
+            self.fail(AmqpError::ResourceLimit(
+                "slow consumer: the client stopped reading and its delivery buffer stayed full"
+                    .into(),
+            ));
+        }
+    }
+
     /// Closes the connection with `e`, as far as the handshake allows.
     pub(crate) fn fail(&mut self, e: AmqpError) {
         warn!(conn = self.conn_id, error = %e, "closing connection");

@@ -155,6 +155,11 @@ pub(crate) struct OutgoingLink {
     pub(crate) credit: u32,
     /// Deliveries queued behind the peer's session window.
     pub(crate) queued: u32,
+    /// Deliveries received from the core for this link, wrapping: the base
+    /// the credit limit we give the core is counted from (see
+    /// `Session::set_credit`), so deliveries still on their way to us are
+    /// inside the client's credit, not on top of it.
+    pub(crate) core_seen: u32,
     /// Deliveries sent and not yet settled by the client; credit is capped
     /// so that this stays within `link_credit_max`.
     pub(crate) unsettled: u32,
@@ -668,6 +673,7 @@ impl AmqpConnection {
                     delivery_count: 0,
                     credit: 0,
                     queued: 0,
+                    core_seen: 0,
                     unsettled: 0,
                     auto_settle,
                     max_message_size: a.max_message_size.filter(|m| *m > 0),
@@ -757,11 +763,11 @@ impl AmqpConnection {
             LinkKind::Outgoing(o) => {
                 // link-credit(snd) = delivery-count(rcv) + link-credit(rcv) - delivery-count(snd)
                 //
-                // `Session::set_credit` is absolute, and deliveries the core
-                // has dispatched but whose events have not reached us yet are
-                // not in our delivery-count, so the core may send up to that
-                // many more than the client granted: `on_delivery` releases
-                // those back to the queue instead of sending them.
+                // The core gets it as a limit counted from the deliveries we
+                // have received from it, so those still on their way count
+                // against it. Only a client that lowers its credit while
+                // deliveries are in transit gets some it no longer wants;
+                // `on_delivery` releases those back to the queue.
                 let rcv_dc = f.delivery_count.unwrap_or(0);
                 let limit = rcv_dc.wrapping_add(f.link_credit.unwrap_or(0));
                 let sent = o.delivery_count.wrapping_add(o.queued);
@@ -776,8 +782,9 @@ impl AmqpConnection {
                     o.acquire_txn = acquire;
                 }
                 let consumer = o.consumer;
+                let limit = o.core_seen.wrapping_add(credit);
                 if let Some(core) = self.core.as_deref_mut() {
-                    if let Err(e) = core.set_credit(consumer, credit, f.drain) {
+                    if let Err(e) = core.set_credit(consumer, limit, f.drain) {
                         return Err(Fault::Link(handle, e.into()));
                     }
                 }

@@ -367,6 +367,7 @@ mod tests {
             from_retained: false,
             matched: MatchInfo::default(),
             annotation: None,
+            charge: rosetta_neutral::DeliveryCharge::none(),
         }
     }
 

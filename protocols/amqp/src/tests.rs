@@ -444,6 +444,7 @@ fn delivery(consumer: u64, tag: u64, body: &'static [u8]) -> SessionEvent {
         from_retained: false,
         matched: MatchInfo::default(),
         annotation: None,
+        charge: rosetta_neutral::DeliveryCharge::none(),
     })
 }
 
@@ -1225,9 +1226,10 @@ fn queue_receiver_credit_delivery_and_accept() {
         p.log().settled,
         vec![(ConsumerId(1), DeliveryTag(42), Outcome::Accept, None)]
     );
-    // More credit is absolute: delivery-count 1 + credit 5 -> 5 left.
+    // More credit: delivery-count 1 + credit 5 -> 5 left, given to the
+    // core as a limit counted from the deliveries it has sent us (1 + 5).
     p.send(0, &flow(0, 1, 5, false), &[]);
-    assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 5, false)));
+    assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 6, false)));
 }
 
 #[test]
@@ -1236,8 +1238,10 @@ fn deliveries_past_the_clients_link_credit_go_back_to_the_queue() {
     p.open();
     attach_receiver(&mut p, 0, attach("rcv", 0, Role::Receiver, Some("q")));
     p.send(0, &flow(0, 0, 2, false), &[]);
-    // The core dispatched three before it learnt of a smaller credit (its
-    // events race the client's flow): only two may be sent.
+    // Three arrive although the link has credit for two: the client
+    // lowered its credit while they were on their way (the core counts
+    // its limit from what it sent, so only a lowered credit gets here).
+    // Only two may be sent.
     for tag in 1..=3 {
         p.event(delivery(1, tag, b"m"));
     }
@@ -1457,9 +1461,10 @@ fn unsettled_deliveries_cap_the_credit() {
     p.event(delivery(1, 1, b"a"));
     p.event(delivery(1, 2, b"b"));
     p.recv();
-    // Two unsettled: a fresh grant of 100 is capped to 1.
+    // Two unsettled: a fresh grant of 100 is capped to 1, a limit of 2 + 1
+    // in the core's count.
     p.send(0, &flow(0, 2, 100, false), &[]);
-    assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 1, false)));
+    assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 3, false)));
 }
 
 #[test]
@@ -1479,8 +1484,9 @@ fn deliveries_over_the_receivers_max_message_size_go_back() {
         panic!("{out:?}")
     };
     assert_eq!(t.delivery_id, Some(0));
-    // The credit the skipped delivery used is handed back to the core.
-    assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 2, false)));
+    // The credit the skipped delivery used is handed back to the core: it
+    // sent one, and the client's two are still there (limit 1 + 2).
+    assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 3, false)));
     assert_eq!(
         p.log().settled,
         vec![(
@@ -1902,6 +1908,7 @@ fn engine_cost_per_message() {
                 from_retained: false,
                 matched: MatchInfo::default(),
                 annotation: None,
+                charge: rosetta_neutral::DeliveryCharge::none(),
             }),
         );
         if tag % 100 == 99 {

@@ -57,6 +57,11 @@ pub enum MqttError {
     /// Re-authentication failed (0x87).
     #[error("re-authentication failed: {0}")]
     ReauthenticationFailed(String),
+    /// The client stopped reading while its messages filled the
+    /// connection's delivery buffer (0x97 Quota exceeded: the buffer is
+    /// the quota; 0x89 Server busy would invite an immediate retry).
+    #[error("slow consumer: the client stopped reading and its delivery buffer stayed full")]
+    SlowConsumer,
 }
 
 /// Where a broker error happened: the same error maps to a different code
@@ -132,6 +137,7 @@ impl MqttError {
             MqttError::Broker(e) => broker_reason(e, ReasonContext::Disconnect),
             MqttError::Encode(_) => 0x83,
             MqttError::ReauthenticationFailed(_) => 0x87,
+            MqttError::SlowConsumer => 0x97,
         }
     }
 }

@@ -29,6 +29,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::address::Address;
+use crate::budget::{DeliveryBudget, DeliveryCharge};
 use crate::message::{Guarantee, Message};
 
 /// Which wire protocol a session speaks. Used for logs, metrics and to keep
@@ -166,6 +167,13 @@ pub trait Broker: Send + Sync + 'static {
 pub trait EventSink: Send + Sync {
     /// Queues one event for the session's connection.
     fn send(&self, event: SessionEvent);
+
+    /// The connection's budget for deliveries it has not written yet; the
+    /// core charges every delivery to it and stops dispatching to the
+    /// connection while it is full. `None`: no bound (in-process sinks).
+    fn budget(&self) -> Option<&Arc<DeliveryBudget>> {
+        None
+    }
 }
 
 /// Identifies one consumer within its session.
@@ -279,7 +287,8 @@ pub enum CreditMode {
     /// receive-maximum, STOMP prefetch).
     Window(u32),
     /// Credit is granted explicitly with [`Session::set_credit`] and consumed
-    /// by each delivery (AMQP link credit). Starts at the given value.
+    /// by each delivery (AMQP link credit). Starts with a limit of the given
+    /// value (see `set_credit`).
     Explicit(u32),
 }
 
@@ -473,6 +482,10 @@ pub struct Delivery {
     /// The adapter's saved state for this in-flight delivery (see
     /// [`Session::annotate`]), e.g. an MQTT packet id. Survives restarts.
     pub annotation: Option<Bytes>,
+    /// The delivery's bytes on its connection's [`DeliveryBudget`]: the
+    /// adapter drops the delivery (or takes the charge out and drops it)
+    /// once the delivery is written into its output.
+    pub charge: DeliveryCharge,
 }
 
 /// A connection's handle on the core.
@@ -515,13 +528,21 @@ pub trait Session: Send {
     /// Stops a consumer. Its unsettled deliveries go back to the queue.
     fn cancel(&mut self, consumer: ConsumerId) -> Result<(), BrokerError>;
 
-    /// Sets an explicit-credit consumer's credit to `credit`. With `drain`,
-    /// the core sends what it has up to that credit, then zeroes the rest and
-    /// sends [`SessionEvent::Drained`].
+    /// Grants an explicit-credit consumer deliveries up to `limit`, counted
+    /// as AMQP counts link credit: the core numbers the deliveries it hands
+    /// this consumer from 0 (wrapping), and sends while that number is
+    /// below `limit`. The adapter passes the number of deliveries it has
+    /// *received* plus the credit it grants, so deliveries still on their
+    /// way to it count against the grant and the consumer never gets more
+    /// than it asked for (an absolute credit would let the core send that
+    /// credit again on top of whatever was already in transit). A limit at
+    /// or below what was sent grants nothing. With `drain`, the core sends
+    /// what it has up to the limit, then gives up the rest and sends
+    /// [`SessionEvent::Drained`].
     fn set_credit(
         &mut self,
         consumer: ConsumerId,
-        credit: u32,
+        limit: u32,
         drain: bool,
     ) -> Result<(), BrokerError>;
 

@@ -8,6 +8,8 @@
 //! - [`address`]: the naming scheme shared by MQTT, STOMP and AMQP;
 //! - [`broker`]: the [`Broker`]/[`Session`] handle adapters call, and the
 //!   [`SessionEvent`]s the core sends back;
+//! - [`budget`]: the per-connection byte budget for deliveries not yet
+//!   written, the core's back-pressure from a slow reader;
 //! - [`scram`]: the SCRAM-SHA-256 exchange (RFC 5802/7677) that AMQP SASL
 //!   and MQTT 5 enhanced authentication both run.
 //!
@@ -17,6 +19,7 @@
 
 pub mod address;
 pub mod broker;
+pub mod budget;
 pub mod fields;
 pub mod message;
 pub mod scram;
@@ -24,5 +27,6 @@ pub mod value;
 
 pub use address::{Address, AddressError, RoutingType};
 pub use broker::*;
+pub use budget::{DeliveryBudget, DeliveryCharge};
 pub use message::{Body, BodyKind, Guarantee, Message, MessageId};
 pub use value::{Properties, Value};

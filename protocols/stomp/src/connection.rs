@@ -324,6 +324,15 @@ impl StompConnection {
         }
     }
 
+    /// The client stopped reading while its deliveries filled the
+    /// connection's buffer for too long: ERROR (which it may never read)
+    /// and close.
+    pub fn handle_slow_consumer(&mut self, _now: Instant) {
+        if !matches!(self.state, State::Closed) {
+            self.fail(StompError::SlowConsumer, None);
+        }
+    }
+
     /// Reports `err` in an ERROR frame and closes the connection.
     fn fail(&mut self, err: StompError, receipt: Option<String>) {
         let version = match &self.state {

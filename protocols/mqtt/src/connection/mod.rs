@@ -440,6 +440,14 @@ impl MqttConnection {
         self.state = State::Closed;
     }
 
+    /// The client stopped reading while its deliveries filled the
+    /// connection's buffer for too long: a v5 client is told why
+    /// (DISCONNECT 0x97, which it may never read) and the session closes
+    /// abnormally, as for any connection the server drops.
+    pub fn handle_slow_consumer(&mut self, _now: Instant) {
+        self.fail(MqttError::SlowConsumer);
+    }
+
     /// The negotiated protocol version, once connected.
     pub fn version(&self) -> Option<Version> {
         match &self.state {

@@ -342,6 +342,7 @@ pub fn delivery(
         from_retained: false,
         matched: MatchInfo::default(),
         annotation: None,
+        charge: rosetta_neutral::DeliveryCharge::none(),
     }
 }
 
