@@ -33,6 +33,7 @@ use tracing::{debug, trace, warn};
 
 use crate::codec;
 use crate::config::AmqpConfig;
+use crate::descriptor;
 use crate::error::AmqpError;
 use crate::frame::{
     self, Frame, FrameDecoder, ProtocolHeader, FRAME_TYPE_AMQP, FRAME_TYPE_SASL,
@@ -481,7 +482,7 @@ impl AmqpConnection {
         }
         let body = &f.body[..];
         let len = codec::value_len(body).map_err(|e| Fault::Connection(e.into()))?;
-        let step = match codec::descriptor_code(body) {
+        let step = match descriptor::descriptor_code(body) {
             Some(0x41) => {
                 let init: SaslInit = codec::decode("sasl-init", &body[..len])
                     .map_err(|e| Fault::Connection(e.into()))?;

@@ -46,6 +46,7 @@ use fe2o3_amqp_types::primitives::{
 use rosetta_neutral::{Address, Body, BodyKind, Delivery, Message, MessageId, Properties, Value};
 
 use crate::codec::{self, CodecError};
+use crate::descriptor;
 
 const SECTION_HEADER: u64 = 0x70;
 const SECTION_DELIVERY_ANNOTATIONS: u64 = 0x71;
@@ -91,8 +92,8 @@ pub(crate) fn decode(payload: &Bytes, now_ms: u64) -> Result<Decoded, CodecError
         let rest = &payload[pos..];
         let len = codec::value_len(rest)?;
         let section = &rest[..len];
-        let code = codec::descriptor_code(section)
-            .ok_or_else(|| malformed("message", "section without a numeric descriptor"))?;
+        let code = descriptor::descriptor_code(section)
+            .ok_or_else(|| malformed("message", "section without a known descriptor"))?;
         match code {
             SECTION_HEADER => {
                 let h: Header = codec::decode("header", section)?;

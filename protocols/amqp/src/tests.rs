@@ -27,8 +27,11 @@ use serde::Serialize;
 use crate::codec;
 use crate::config::AmqpConfig;
 use crate::connection::{write_frame, write_perf, AmqpConnection};
+use crate::descriptor;
 use crate::frame::{self, FRAME_TYPE_SASL, PROTOCOL_ID_AMQP, PROTOCOL_ID_SASL};
 use crate::sasl::tests::{scram_client_final, scram_creds};
+
+mod descriptor_forms;
 
 // ---------------------------------------------------------------- fake core
 
@@ -229,6 +232,28 @@ struct Peer {
     now: Instant,
     log: Arc<Mutex<Log>>,
     rx: Vec<u8>,
+    /// Write every descriptor as a symbol (see [`with_symbolic_descriptors`]).
+    symbolic: bool,
+}
+
+thread_local! {
+    /// Set while a scenario runs under [`with_symbolic_descriptors`]: the
+    /// peers it creates write symbolic descriptors.
+    static SYMBOLIC: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `scenario` with every frame its test client sends (SASL frames,
+/// performatives, the message sections of transfers) re-encoded with
+/// symbolic descriptors (`amqp:open:list` for `0x10`), as
+/// python-qpid-proton writes some of them. The scenario's assertions must
+/// hold unchanged.
+fn with_symbolic_descriptors(scenario: fn()) {
+    SYMBOLIC.with(|s| s.set(true));
+    let result = std::panic::catch_unwind(scenario);
+    SYMBOLIC.with(|s| s.set(false));
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 impl Peer {
@@ -244,6 +269,7 @@ impl Peer {
             now,
             log,
             rx: Vec::new(),
+            symbolic: SYMBOLIC.with(|s| s.get()),
         }
     }
 
@@ -266,15 +292,29 @@ impl Peer {
     }
 
     fn sasl<T: Serialize>(&mut self, body: &T) {
-        let mut b = Vec::new();
-        write_frame(&mut b, FRAME_TYPE_SASL, 0, body, &[]);
+        let b = self.frame(FRAME_TYPE_SASL, 0, body, &[]);
         self.input(&b);
     }
 
     fn send<T: Serialize>(&mut self, ch: u16, perf: &T, payload: &[u8]) {
-        let mut b = Vec::new();
-        write_perf(&mut b, ch, perf, payload);
+        let b = self.frame(frame::FRAME_TYPE_AMQP, ch, perf, payload);
         self.input(&b);
+    }
+
+    /// One frame as this peer writes it: `body` then `payload` (whole
+    /// message sections), with symbolic descriptors if [`Peer::symbolic`].
+    fn frame<T: Serialize>(&self, frame_type: u8, ch: u16, body: &T, payload: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        if !self.symbolic {
+            write_frame(&mut b, frame_type, ch, body, payload);
+            return b;
+        }
+        let (body, _) = descriptor::to_symbolic(&serde_amqp::to_vec(body).unwrap()).unwrap();
+        let start = frame::begin_frame(&mut b, frame_type, ch);
+        b.extend_from_slice(&body);
+        b.extend_from_slice(&descriptor::to_symbolic_all(payload).unwrap());
+        frame::finish_frame(&mut b, start);
+        b
     }
 
     fn event(&mut self, e: SessionEvent) {
@@ -456,7 +496,7 @@ fn condition_symbol(e: &WireError) -> String {
 fn sasl_outcome(out: &[Out]) -> SaslOutcome {
     out.iter()
         .find_map(|o| match o {
-            Out::Sasl(b) if codec::descriptor_code(b) == Some(0x44) => {
+            Out::Sasl(b) if descriptor::descriptor_code(b) == Some(0x44) => {
                 Some(codec::decode::<SaslOutcome>("outcome", b).unwrap())
             }
             _ => None,
