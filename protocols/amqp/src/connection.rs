@@ -667,7 +667,7 @@ impl AmqpConnection {
             hostname: None,
             max_frame_size: MaxFrameSize(self.cfg.frame_size_max_bytes),
             channel_max: ChannelMax(self.cfg.channel_max),
-            idle_time_out: (self.cfg.idle_timeout_ms > 0).then_some(self.cfg.idle_timeout_ms),
+            idle_time_out: advertised_idle_timeout_ms(self.cfg.idle_timeout_ms),
             outgoing_locales: None,
             incoming_locales: None,
             offered_capabilities: Some(Array(vec![
@@ -781,6 +781,16 @@ impl AmqpConnection {
             );
         }
     }
+}
+
+/// The idle-time-out to advertise in our Open for the timeout we enforce
+/// (`None`: no idle check). AMQP 1.0 §2.4.5: "To avoid spurious timeouts,
+/// the value in idle-time-out SHOULD be half the peer's actual timeout
+/// threshold." A peer that sends its keep-alives at the advertised period
+/// (python-qpid-proton does) then still has a whole half period of slack
+/// before we close.
+fn advertised_idle_timeout_ms(enforced_ms: u32) -> Option<u32> {
+    (enforced_ms > 0).then(|| (enforced_ms / 2).max(1))
 }
 
 /// Appends one frame: header, `body` encoded, then `payload`.

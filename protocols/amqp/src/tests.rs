@@ -851,6 +851,52 @@ fn idle_timeouts_both_ways() {
     assert!(p.conn.is_closed());
 }
 
+/// We advertise half the idle timeout we enforce (AMQP 1.0 §2.4.5), so a
+/// peer that sends its keep-alive once per advertised period (as
+/// python-qpid-proton does) is never closed; a silent one is, after the
+/// whole enforced timeout.
+#[test]
+fn advertised_idle_timeout_is_half_the_enforced_one() {
+    let enforced = Duration::from_millis(crate::config::IDLE_TIMEOUT_MS.into());
+    let mut p = Peer::new(true);
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    p.send(0, &open("c"), &[]);
+    let out = p.perfs();
+    let Some(Performative::Open(ours)) = out.first() else {
+        panic!("{out:?}")
+    };
+    let advertised = Duration::from_millis(ours.idle_time_out.expect("advertised").into());
+    assert_eq!(advertised, enforced / 2);
+    for _ in 0..10 {
+        p.advance(advertised);
+        p.input(&[0, 0, 0, 8, 2, 0, 0, 0]);
+        p.recv();
+        assert!(!p.conn.is_closed(), "keep-alive at the advertised period");
+    }
+    p.advance(enforced - Duration::from_millis(1));
+    assert!(!p.conn.is_closed());
+    p.advance(Duration::from_millis(1));
+    assert!(p.conn.is_closed(), "silent for the enforced timeout");
+    // No idle timeout configured: none advertised, none enforced.
+    let mut p = Peer::opened(|c| c.idle_timeout_ms = 0);
+    p.advance(enforced * 10);
+    assert!(!p.conn.is_closed());
+    let mut p = Peer::with(
+        true,
+        AmqpConfig {
+            idle_timeout_ms: 0,
+            ..AmqpConfig::default()
+        },
+    );
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    p.send(0, &open("c"), &[]);
+    let out = p.perfs();
+    assert!(
+        matches!(&out[0], Performative::Open(o) if o.idle_time_out.is_none()),
+        "{out:?}"
+    );
+}
+
 #[test]
 fn handshake_must_finish_in_time() {
     let mut p = Peer::new(true);
