@@ -641,6 +641,48 @@ fn skipping_sasl_needs_anonymous_access() {
     assert!(p.conn.is_closed());
 }
 
+/// A protocol header we do not accept is answered with one we support,
+/// then the connection closes (AMQP 1.0 §2.2); which one depends on where
+/// the connection is and what the client asked for.
+#[test]
+fn refused_protocol_headers_are_answered_with_ours() {
+    let (amqp, sasl) = (PROTOCOL_ID_AMQP, PROTOCOL_ID_SASL);
+    // (anonymous allowed, SASL done first, client's bytes, answer)
+    let cases: &[(bool, bool, &[u8], u8)] = &[
+        (true, false, b"AMQP\x00\x00\x09\x01", amqp), // AMQP 0-9-1
+        (false, false, b"AMQP\x00\x00\x09\x01", sasl),
+        (true, false, b"AMQP\x00\x01\x00\x01", amqp), // 1.0.1
+        (true, false, b"AMQP\x00\x02\x00\x00", amqp),
+        (false, false, b"AMQP\x00\x01\x00\x00", sasl), // SASL required
+        (true, false, b"AMQP\x03\x01\x00\x01", sasl),  // SASL 1.0.1
+        (true, false, b"AMQP\x02\x01\x00\x00", sasl),  // TLS in-band
+        (true, false, b"AMQP\x01\x01\x00\x00", sasl),  // unknown id
+        (true, false, b"AMQP\x09\x09\x09\x09", sasl),
+        (true, false, b"GET / HTTP/1.1\r\n", sasl), // not a header at all
+        (true, false, b"\x10\x0c\x00\x04MQTT", sasl),
+        (false, true, b"AMQP\x03\x01\x00\x00", amqp), // SASL again
+        (false, true, b"AMQP\x02\x01\x00\x00", amqp),
+        (false, true, b"AMQP\x00\x00\x09\x01", amqp),
+    ];
+    for &(anonymous, after_sasl, input, answer) in cases {
+        let mut p = Peer::new(anonymous);
+        if after_sasl {
+            p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
+            p.sasl(&plain("alice", PASSWORD));
+            assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::Ok);
+        }
+        p.input(input);
+        let mut out = Vec::new();
+        p.conn.poll_transmit(&mut out);
+        assert_eq!(
+            out,
+            frame::protocol_header(answer),
+            "{input:?} (anonymous {anonymous}, after SASL {after_sasl})"
+        );
+        assert!(p.conn.is_closed(), "{input:?}");
+    }
+}
+
 /// A SCRAM-SHA-256 exchange as `user` (client nonce `clientnonce123`) up
 /// to the outcome. Checks on the way that the server's first message
 /// echoes our nonce, as it must for any user, known or not.
