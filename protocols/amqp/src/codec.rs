@@ -163,7 +163,7 @@ fn constructor(buf: &[u8], depth: usize) -> Result<(u8, usize), CodecError> {
 
 /// Checks the encoding that follows format code `code` at the start of
 /// `buf` and returns its length.
-fn check_body(code: u8, buf: &[u8], depth: usize) -> Result<usize, CodecError> {
+pub(crate) fn check_body(code: u8, buf: &[u8], depth: usize) -> Result<usize, CodecError> {
     let (width, compound) = match code {
         0x40..=0x45 => return Ok(0),
         0x50..=0x56 => return fixed(buf, 1),
@@ -216,7 +216,7 @@ fn fixed(buf: &[u8], width: usize) -> Result<usize, CodecError> {
 }
 
 /// A 1- or 4-byte big-endian size or count at `at`.
-fn read_width(buf: &[u8], at: usize, width: usize) -> Result<usize, CodecError> {
+pub(crate) fn read_width(buf: &[u8], at: usize, width: usize) -> Result<usize, CodecError> {
     let n = if width == 1 {
         u32::from(*buf.get(at).ok_or(CodecError::Truncated)?)
     } else {

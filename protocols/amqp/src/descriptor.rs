@@ -26,7 +26,7 @@
 //! `apache.org:no-local-filter:list`, `rosetta:retained`) are left as they
 //! are: the code that reads them matches both forms itself.
 
-use crate::codec::CodecError;
+use crate::codec::{self, CodecError};
 
 /// Every described type of AMQP 1.0 (transport, messaging, transactions,
 /// security), as (descriptor id, symbolic name). The domain id of all of
@@ -228,7 +228,7 @@ fn write_descriptor(buf: &[u8], out: &mut Vec<u8>, form: Form) -> Result<usize, 
             }
         },
         Form::Symbolic => {
-            crate::codec::write_var_header(out, 0xa3, 0xb3, name.len());
+            codec::write_var_header(out, 0xa3, 0xb3, name.len());
             out.extend_from_slice(name.as_bytes());
         }
         #[cfg(test)]
@@ -339,41 +339,10 @@ fn narrow(code: u8) -> u8 {
     }
 }
 
-/// Length of the body of a non-compound value after its format code.
+/// Length of the body of a non-compound value after its format code
+/// (`codec`'s check, which reads sizes only for these codes).
 fn scalar_len(code: u8, body: &[u8]) -> Result<usize, CodecError> {
-    let n = match code {
-        0x40..=0x45 => 0,
-        0x50..=0x56 => 1,
-        0x60 | 0x61 => 2,
-        0x70..=0x74 => 4,
-        0x80..=0x84 => 8,
-        0x94 | 0x98 => 16,
-        0xa0 | 0xa1 | 0xa3 => 1 + usize::from(*body.first().ok_or(CodecError::Truncated)?),
-        0xb0 | 0xb1 | 0xb3 => 4usize
-            .checked_add(read_len(body, 4)?)
-            .ok_or(CodecError::Truncated)?,
-        other => return Err(CodecError::BadFormatCode(other)),
-    };
-    if n > body.len() {
-        return Err(CodecError::Truncated);
-    }
-    Ok(n)
-}
-
-/// A one- or four-byte big-endian size or count at the start of `buf`.
-fn read_len(buf: &[u8], width: usize) -> Result<usize, CodecError> {
-    let n = match width {
-        1 => u32::from(*buf.first().ok_or(CodecError::Truncated)?),
-        _ => {
-            let b: [u8; 4] = buf
-                .get(..4)
-                .ok_or(CodecError::Truncated)?
-                .try_into()
-                .map_err(|_| CodecError::Truncated)?;
-            u32::from_be_bytes(b)
-        }
-    };
-    usize::try_from(n).map_err(|_| CodecError::Truncated)
+    codec::check_body(code, body, 0)
 }
 
 /// Re-encodes the body of compound `code` (size, count, content) found at
@@ -385,10 +354,10 @@ fn rewrite_compound(
     depth: usize,
     form: Form,
 ) -> Result<(Compound, usize), CodecError> {
-    let size = read_len(buf, width)?;
+    let size = codec::read_width(buf, 0, width)?;
     let end = width.checked_add(size).ok_or(CodecError::Truncated)?;
     let region = buf.get(width..end).ok_or(CodecError::Truncated)?;
-    let count = read_len(region, width)?;
+    let count = codec::read_width(region, 0, width)?;
     let mut items = region.get(width..).ok_or(CodecError::Truncated)?;
     if count > items.len() {
         return Err(CodecError::BadCount {

@@ -4,8 +4,7 @@
 
 use bytes::Bytes;
 use fe2o3_amqp_types::definitions::{
-    AmqpError as WireCondition, Error as WireError, ErrorCondition, Fields, Handle,
-    ReceiverSettleMode, Role, SenderSettleMode,
+    AmqpError as WireCondition, Error as WireError, ErrorCondition, Fields, Handle, Role,
 };
 use fe2o3_amqp_types::messaging::annotations::OwnedKey;
 use fe2o3_amqp_types::messaging::{
@@ -130,25 +129,8 @@ fn states() -> Vec<DeliveryState> {
 }
 
 fn performatives() -> Vec<Performative> {
-    let mut attach = Attach {
-        name: "l".into(),
-        handle: Handle(0),
-        role: Role::Receiver,
-        snd_settle_mode: SenderSettleMode::Unsettled,
-        rcv_settle_mode: ReceiverSettleMode::First,
-        source: Some(Box::new(source())),
-        target: Some(Box::new(TargetArchetype::Target(Target {
-            address: Some("q".into()),
-            ..Target::default()
-        }))),
-        unsettled: None,
-        incomplete_unsettled: false,
-        initial_delivery_count: Some(0),
-        max_message_size: None,
-        offered_capabilities: None,
-        desired_capabilities: None,
-        properties: None,
-    };
+    let mut attach = super::attach("l", 0, Role::Receiver, Some("q"));
+    attach.source = Some(Box::new(source()));
     let coordinator = Attach {
         target: Some(Box::new(TargetArchetype::Coordinator(Coordinator::new(
             None,
