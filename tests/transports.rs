@@ -606,6 +606,49 @@ async fn sixteen_mib_payloads_pass_every_protocol_and_transport_by_default() {
     broker.stop().await;
 }
 
+/// AMQP 1.0 §2.2: a protocol header the broker does not accept is
+/// answered with one it supports, then the connection closes; on every
+/// transport AMQP runs over. Anonymous access is on here, so SASL is
+/// optional and a plain AMQP header of the wrong version gets the plain
+/// one back; anything else gets the SASL header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_refused_protocol_headers_are_answered_on_every_transport() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::generate(dir.path());
+    let broker = broker(&pki, false).await;
+    let tls = pki.connector();
+    let (plain, sasl) = (*b"AMQP\x00\x01\x00\x00", *b"AMQP\x03\x01\x00\x00");
+    let cases: [(&[u8], [u8; 8]); 5] = [
+        (b"AMQP\x00\x00\x09\x01", plain), // AMQP 0-9-1
+        (b"AMQP\x00\x01\x00\x01", plain), // AMQP 1.0.1
+        (b"AMQP\x03\x01\x00\x01", sasl),  // SASL 1.0.1
+        (b"AMQP\x02\x01\x00\x00", sasl),  // TLS in-band
+        (b"AMQP\x07\x01\x00\x00", sasl),  // no such protocol id
+    ];
+    let any = broker.addr(ListenerKind::Any);
+    let transports = [
+        ("tcp", broker.amqp(), false, Wire::Raw),
+        ("tls", broker.addr(ListenerKind::Amqps), true, Wire::Raw),
+        ("ws", broker.addr(ListenerKind::WebSocket), false, AMQP_WS),
+        ("wss", broker.addr(ListenerKind::Wss), true, AMQP_WS),
+        ("any-tcp", any, false, Wire::Raw),
+        ("any-tls", any, true, Wire::Raw),
+        ("any-wss", any, true, AMQP_WS),
+    ];
+    for (label, addr, secure, wire) in transports {
+        for (header, answer) in cases {
+            let mut io = open(addr, secure.then_some(&tls), wire).await;
+            io.write_all(header).await.expect("write header");
+            assert_eq!(
+                drain(&mut io).await,
+                answer,
+                "{label}: {header:?} answered, then closed"
+            );
+        }
+    }
+    broker.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_required_refuses_a_client_without_certificate() {
     let dir = tempfile::tempdir().expect("tempdir");

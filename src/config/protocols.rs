@@ -164,8 +164,9 @@ pub const AMQP_FRAME_SIZE_MIN_BYTES: u32 = 512;
 pub const AMQP_CHANNEL_MAX_DEFAULT: u16 = 255;
 /// handle-max: links per session.
 pub const AMQP_HANDLE_MAX_DEFAULT: u32 = 1_023;
-/// Idle timeout we announce: the peer must send something (an empty frame
-/// will do) this often, so dead peers are noticed within a minute.
+/// Idle timeout we enforce: a peer that sends nothing (an empty frame
+/// will do) this long is closed, so dead peers are noticed within a
+/// minute. Half of it is announced in Open (AMQP 1.0 §2.4.5).
 pub const AMQP_IDLE_TIMEOUT_MS_DEFAULT: u32 = 60_000;
 /// Shortest idle timeout accepted from a peer or configured: keeps
 /// keep-alive traffic from becoming a load.
@@ -188,7 +189,8 @@ pub struct AmqpConfig {
     pub channel_max: u16,
     /// handle-max offered (highest link handle).
     pub handle_max: u32,
-    /// Idle timeout announced in Open, in milliseconds (0 = none).
+    /// Idle timeout enforced, in milliseconds (0 = none); half of it is
+    /// announced in Open.
     pub idle_timeout_ms: u32,
     /// Credit granted to each client sender link.
     pub link_credit_window: u32,

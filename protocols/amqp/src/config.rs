@@ -15,7 +15,9 @@ pub const LINKS_PER_SESSION_MAX: u32 = 1024;
 /// Links across all sessions of one connection: each holds a consumer or
 /// credit state in the core, so one client cannot exhaust it.
 pub const LINKS_PER_CONNECTION_MAX: usize = 4_096;
-/// Our idle timeout, advertised in Open: a silent peer is closed after it.
+/// Our idle timeout: a peer silent this long is closed. Half of it is
+/// advertised in Open (AMQP 1.0 §2.4.5), so a peer that keeps alive at the
+/// advertised period is never cut off.
 pub const IDLE_TIMEOUT_MS: u32 = 60_000;
 /// Time allowed from accept to the peer's Open (SASL included), so that
 /// half-open or stalled handshakes do not hold a connection forever.
@@ -58,7 +60,8 @@ pub struct AmqpConfig {
     pub links_per_session_max: u32,
     /// See [`LINKS_PER_CONNECTION_MAX`].
     pub links_per_connection_max: usize,
-    /// See [`IDLE_TIMEOUT_MS`]; 0 disables our idle check.
+    /// See [`IDLE_TIMEOUT_MS`]: the timeout enforced (half is advertised);
+    /// 0 disables our idle check.
     pub idle_timeout_ms: u32,
     /// See [`HANDSHAKE_TIMEOUT_MS`].
     pub handshake_timeout_ms: u64,

@@ -33,9 +33,10 @@ use tracing::{debug, trace, warn};
 
 use crate::codec;
 use crate::config::AmqpConfig;
+use crate::descriptor;
 use crate::error::AmqpError;
 use crate::frame::{
-    self, Frame, FrameDecoder, ProtocolHeader, FRAME_TYPE_AMQP, FRAME_TYPE_SASL,
+    self, Frame, FrameDecoder, FrameError, ProtocolHeader, FRAME_TYPE_AMQP, FRAME_TYPE_SASL,
     MIN_MAX_FRAME_SIZE, PROTOCOL_ID_AMQP, PROTOCOL_ID_SASL,
 };
 use crate::idmap::IdMap;
@@ -234,7 +235,15 @@ impl AmqpConnection {
                 Phase::Header | Phase::SaslDone => match self.decoder.next_protocol_header() {
                     Ok(None) => return,
                     Ok(Some(h)) => self.on_protocol_header(h),
-                    Err(e) => self.fail(AmqpError::Frame(e)),
+                    Err(e) => {
+                        let requested = match &e {
+                            FrameError::BadProtocolHeader(h) if h.starts_with(b"AMQP") => {
+                                Some(h[4])
+                            }
+                            _ => None,
+                        };
+                        self.refuse_protocol_header(requested, AmqpError::Frame(e));
+                    }
                 },
                 phase => {
                     let max = if matches!(phase, Phase::Opened | Phase::CloseSent) {
@@ -422,14 +431,18 @@ impl AmqpConnection {
 
     // ---- headers and SASL ----
 
-    fn on_protocol_header(&mut self, h: ProtocolHeader) {
-        // Who a client that skips SASL is: its certificate's user, else
-        // anonymous when that is allowed, else nobody (refused below).
-        let without_sasl = match self.certificate_user.as_deref() {
+    /// Who a client that skips SASL is: its certificate's user, else
+    /// anonymous when that is allowed, else nobody (it must use SASL).
+    fn principal_without_sasl(&self) -> Option<Principal> {
+        match self.certificate_user.as_deref() {
             Some(user) => self.broker.authenticate_certificate(user).ok(),
             None => None,
         }
-        .or_else(|| self.broker.anonymous_allowed().then(Principal::anonymous));
+        .or_else(|| self.broker.anonymous_allowed().then(Principal::anonymous))
+    }
+
+    fn on_protocol_header(&mut self, h: ProtocolHeader) {
+        let without_sasl = self.principal_without_sasl();
         match (self.phase, h.protocol_id) {
             (Phase::Header, PROTOCOL_ID_SASL) => {
                 self.out
@@ -456,21 +469,26 @@ impl AmqpConnection {
                     .extend_from_slice(&frame::protocol_header(PROTOCOL_ID_AMQP));
                 self.phase = Phase::AwaitOpen;
             }
-            (_, id) => {
-                // Answer with the header we want, then close (spec 2.2).
-                debug!(conn = self.conn_id, id, "protocol header refused");
-                let want = if self.phase == Phase::SaslDone {
-                    PROTOCOL_ID_AMQP
-                } else {
-                    PROTOCOL_ID_SASL
-                };
-                self.out.extend_from_slice(&frame::protocol_header(want));
-                self.error = Some(AmqpError::NotAllowed(format!(
-                    "protocol id {id} not accepted here"
-                )));
-                self.phase = Phase::Closed;
-            }
+            (_, id) => self.refuse_protocol_header(
+                Some(id),
+                AmqpError::NotAllowed(format!("protocol id {id} not accepted here")),
+            ),
         }
+    }
+
+    /// A protocol header we do not accept: a wrong version (AMQP 0-9-1's
+    /// `AMQP 0 0 9 1`), a protocol id we do not serve here, or bytes that
+    /// are no protocol header at all. AMQP 1.0 §2.2: the server "MUST send
+    /// a protocol header with a supported protocol version and then close
+    /// the socket". `requested` is the protocol id the client asked for,
+    /// if it sent an `AMQP` header.
+    fn refuse_protocol_header(&mut self, requested: Option<u8>, e: AmqpError) {
+        let sasl_optional = self.principal_without_sasl().is_some();
+        let answer = refusal_protocol_id(self.phase, requested, sasl_optional);
+        debug!(conn = self.conn_id, ?requested, answer, error = %e, "protocol header refused");
+        self.out.extend_from_slice(&frame::protocol_header(answer));
+        self.error = Some(e);
+        self.phase = Phase::Closed;
     }
 
     fn on_sasl_frame(&mut self, f: Frame) -> Result<(), Fault> {
@@ -481,7 +499,7 @@ impl AmqpConnection {
         }
         let body = &f.body[..];
         let len = codec::value_len(body).map_err(|e| Fault::Connection(e.into()))?;
-        let step = match codec::descriptor_code(body) {
+        let step = match descriptor::descriptor_code(body) {
             Some(0x41) => {
                 let init: SaslInit = codec::decode("sasl-init", &body[..len])
                     .map_err(|e| Fault::Connection(e.into()))?;
@@ -666,7 +684,7 @@ impl AmqpConnection {
             hostname: None,
             max_frame_size: MaxFrameSize(self.cfg.frame_size_max_bytes),
             channel_max: ChannelMax(self.cfg.channel_max),
-            idle_time_out: (self.cfg.idle_timeout_ms > 0).then_some(self.cfg.idle_timeout_ms),
+            idle_time_out: advertised_idle_timeout_ms(self.cfg.idle_timeout_ms),
             outgoing_locales: None,
             incoming_locales: None,
             offered_capabilities: Some(Array(vec![
@@ -792,6 +810,40 @@ impl AmqpConnection {
             );
         }
     }
+}
+
+/// The protocol id of the header that answers one we refuse, before we
+/// close (AMQP 1.0 §2.2). We support version 1.0.0 only, the highest
+/// version not above any the client may ask for, so the version is always
+/// that; the protocol id is the layer the client should start with here:
+///
+/// | where                  | client asked for                  | answer |
+/// |------------------------|-----------------------------------|--------|
+/// | after SASL             | anything                          | AMQP (0): only it may follow SASL (§5.3.2) |
+/// | first header           | AMQP (0), SASL optional           | AMQP (0) |
+/// | first header           | AMQP (0), SASL required           | SASL (3) |
+/// | first header           | SASL (3), TLS (2), other, garbage | SASL (3) |
+///
+/// TLS is not negotiated inside an AMQP connection (§5.2): it is the
+/// `amqps` port's, and the `any` port's detection takes it before AMQP
+/// starts, so a TLS header is answered with the security layer we do
+/// offer here, SASL, which every client may use.
+fn refusal_protocol_id(phase: Phase, requested: Option<u8>, sasl_optional: bool) -> u8 {
+    match (phase, requested) {
+        (Phase::SaslDone, _) => PROTOCOL_ID_AMQP,
+        (_, Some(PROTOCOL_ID_AMQP)) if sasl_optional => PROTOCOL_ID_AMQP,
+        _ => PROTOCOL_ID_SASL,
+    }
+}
+
+/// The idle-time-out to advertise in our Open for the timeout we enforce
+/// (`None`: no idle check). AMQP 1.0 §2.4.5: "To avoid spurious timeouts,
+/// the value in idle-time-out SHOULD be half the peer's actual timeout
+/// threshold." A peer that sends its keep-alives at the advertised period
+/// (python-qpid-proton does) then still has a whole half period of slack
+/// before we close.
+fn advertised_idle_timeout_ms(enforced_ms: u32) -> Option<u32> {
+    (enforced_ms > 0).then(|| (enforced_ms / 2).max(1))
 }
 
 /// Appends one frame: header, `body` encoded, then `payload`.

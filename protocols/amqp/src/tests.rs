@@ -27,8 +27,11 @@ use serde::Serialize;
 use crate::codec;
 use crate::config::AmqpConfig;
 use crate::connection::{write_frame, write_perf, AmqpConnection};
+use crate::descriptor;
 use crate::frame::{self, FRAME_TYPE_SASL, PROTOCOL_ID_AMQP, PROTOCOL_ID_SASL};
 use crate::sasl::tests::{scram_client_final, scram_creds};
+
+mod descriptor_forms;
 
 // ---------------------------------------------------------------- fake core
 
@@ -229,6 +232,28 @@ struct Peer {
     now: Instant,
     log: Arc<Mutex<Log>>,
     rx: Vec<u8>,
+    /// Write every descriptor as a symbol (see [`with_symbolic_descriptors`]).
+    symbolic: bool,
+}
+
+thread_local! {
+    /// Set while a scenario runs under [`with_symbolic_descriptors`]: the
+    /// peers it creates write symbolic descriptors.
+    static SYMBOLIC: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `scenario` with every frame its test client sends (SASL frames,
+/// performatives, the message sections of transfers) re-encoded with
+/// symbolic descriptors (`amqp:open:list` for `0x10`), as
+/// python-qpid-proton writes some of them. The scenario's assertions must
+/// hold unchanged.
+fn with_symbolic_descriptors(scenario: fn()) {
+    SYMBOLIC.with(|s| s.set(true));
+    let result = std::panic::catch_unwind(scenario);
+    SYMBOLIC.with(|s| s.set(false));
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 impl Peer {
@@ -244,6 +269,7 @@ impl Peer {
             now,
             log,
             rx: Vec::new(),
+            symbolic: SYMBOLIC.with(|s| s.get()),
         }
     }
 
@@ -266,15 +292,29 @@ impl Peer {
     }
 
     fn sasl<T: Serialize>(&mut self, body: &T) {
-        let mut b = Vec::new();
-        write_frame(&mut b, FRAME_TYPE_SASL, 0, body, &[]);
+        let b = self.frame(FRAME_TYPE_SASL, 0, body, &[]);
         self.input(&b);
     }
 
     fn send<T: Serialize>(&mut self, ch: u16, perf: &T, payload: &[u8]) {
-        let mut b = Vec::new();
-        write_perf(&mut b, ch, perf, payload);
+        let b = self.frame(frame::FRAME_TYPE_AMQP, ch, perf, payload);
         self.input(&b);
+    }
+
+    /// One frame as this peer writes it: `body` then `payload` (whole
+    /// message sections), with symbolic descriptors if [`Peer::symbolic`].
+    fn frame<T: Serialize>(&self, frame_type: u8, ch: u16, body: &T, payload: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        if !self.symbolic {
+            write_frame(&mut b, frame_type, ch, body, payload);
+            return b;
+        }
+        let (body, _) = descriptor::to_symbolic(&serde_amqp::to_vec(body).unwrap()).unwrap();
+        let start = frame::begin_frame(&mut b, frame_type, ch);
+        b.extend_from_slice(&body);
+        b.extend_from_slice(&descriptor::to_symbolic_all(payload).unwrap());
+        frame::finish_frame(&mut b, start);
+        b
     }
 
     fn event(&mut self, e: SessionEvent) {
@@ -457,7 +497,7 @@ fn condition_symbol(e: &WireError) -> String {
 fn sasl_outcome(out: &[Out]) -> SaslOutcome {
     out.iter()
         .find_map(|o| match o {
-            Out::Sasl(b) if codec::descriptor_code(b) == Some(0x44) => {
+            Out::Sasl(b) if descriptor::descriptor_code(b) == Some(0x44) => {
                 Some(codec::decode::<SaslOutcome>("outcome", b).unwrap())
             }
             _ => None,
@@ -600,6 +640,48 @@ fn skipping_sasl_needs_anonymous_access() {
         "{out:?}"
     );
     assert!(p.conn.is_closed());
+}
+
+/// A protocol header we do not accept is answered with one we support,
+/// then the connection closes (AMQP 1.0 §2.2); which one depends on where
+/// the connection is and what the client asked for.
+#[test]
+fn refused_protocol_headers_are_answered_with_ours() {
+    let (amqp, sasl) = (PROTOCOL_ID_AMQP, PROTOCOL_ID_SASL);
+    // (anonymous allowed, SASL done first, client's bytes, answer)
+    let cases: &[(bool, bool, &[u8], u8)] = &[
+        (true, false, b"AMQP\x00\x00\x09\x01", amqp), // AMQP 0-9-1
+        (false, false, b"AMQP\x00\x00\x09\x01", sasl),
+        (true, false, b"AMQP\x00\x01\x00\x01", amqp), // 1.0.1
+        (true, false, b"AMQP\x00\x02\x00\x00", amqp),
+        (false, false, b"AMQP\x00\x01\x00\x00", sasl), // SASL required
+        (true, false, b"AMQP\x03\x01\x00\x01", sasl),  // SASL 1.0.1
+        (true, false, b"AMQP\x02\x01\x00\x00", sasl),  // TLS in-band
+        (true, false, b"AMQP\x01\x01\x00\x00", sasl),  // unknown id
+        (true, false, b"AMQP\x09\x09\x09\x09", sasl),
+        (true, false, b"GET / HTTP/1.1\r\n", sasl), // not a header at all
+        (true, false, b"\x10\x0c\x00\x04MQTT", sasl),
+        (false, true, b"AMQP\x03\x01\x00\x00", amqp), // SASL again
+        (false, true, b"AMQP\x02\x01\x00\x00", amqp),
+        (false, true, b"AMQP\x00\x00\x09\x01", amqp),
+    ];
+    for &(anonymous, after_sasl, input, answer) in cases {
+        let mut p = Peer::new(anonymous);
+        if after_sasl {
+            p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
+            p.sasl(&plain("alice", PASSWORD));
+            assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::Ok);
+        }
+        p.input(input);
+        let mut out = Vec::new();
+        p.conn.poll_transmit(&mut out);
+        assert_eq!(
+            out,
+            frame::protocol_header(answer),
+            "{input:?} (anonymous {anonymous}, after SASL {after_sasl})"
+        );
+        assert!(p.conn.is_closed(), "{input:?}");
+    }
 }
 
 /// A SCRAM-SHA-256 exchange as `user` (client nonce `clientnonce123`) up
@@ -810,6 +892,52 @@ fn idle_timeouts_both_ways() {
         "amqp:resource-limit-exceeded"
     );
     assert!(p.conn.is_closed());
+}
+
+/// We advertise half the idle timeout we enforce (AMQP 1.0 §2.4.5), so a
+/// peer that sends its keep-alive once per advertised period (as
+/// python-qpid-proton does) is never closed; a silent one is, after the
+/// whole enforced timeout.
+#[test]
+fn advertised_idle_timeout_is_half_the_enforced_one() {
+    let enforced = Duration::from_millis(crate::config::IDLE_TIMEOUT_MS.into());
+    let mut p = Peer::new(true);
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    p.send(0, &open("c"), &[]);
+    let out = p.perfs();
+    let Some(Performative::Open(ours)) = out.first() else {
+        panic!("{out:?}")
+    };
+    let advertised = Duration::from_millis(ours.idle_time_out.expect("advertised").into());
+    assert_eq!(advertised, enforced / 2);
+    for _ in 0..10 {
+        p.advance(advertised);
+        p.input(&[0, 0, 0, 8, 2, 0, 0, 0]);
+        p.recv();
+        assert!(!p.conn.is_closed(), "keep-alive at the advertised period");
+    }
+    p.advance(enforced - Duration::from_millis(1));
+    assert!(!p.conn.is_closed());
+    p.advance(Duration::from_millis(1));
+    assert!(p.conn.is_closed(), "silent for the enforced timeout");
+    // No idle timeout configured: none advertised, none enforced.
+    let mut p = Peer::opened(|c| c.idle_timeout_ms = 0);
+    p.advance(enforced * 10);
+    assert!(!p.conn.is_closed());
+    let mut p = Peer::with(
+        true,
+        AmqpConfig {
+            idle_timeout_ms: 0,
+            ..AmqpConfig::default()
+        },
+    );
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    p.send(0, &open("c"), &[]);
+    let out = p.perfs();
+    assert!(
+        matches!(&out[0], Performative::Open(o) if o.idle_time_out.is_none()),
+        "{out:?}"
+    );
 }
 
 #[test]
