@@ -7,17 +7,14 @@ use rosetta_neutral::address::validate_topic_filter;
 use rosetta_neutral::Address;
 use serde::{Deserialize, Deserializer};
 
-/// Dead-letter address: the queue `DLQ`, the name ActiveMQ and Artemis use,
-/// so operators find it where they look.
-pub const DEAD_LETTER_QUEUE_DEFAULT: &str = "DLQ";
-/// Delivery attempts before a message is dead-lettered: enough to ride out
-/// a consumer restart loop, few enough that a poison message stops soon.
-pub const DELIVERY_ATTEMPTS_MAX_DEFAULT: u32 = 10;
-/// Queues named by a producer or consumer spring into being, as STOMP and
-/// AMQP clients expect from ActiveMQ and RabbitMQ.
-pub const AUTO_CREATE_QUEUES_DEFAULT: bool = true;
-/// Messages one queue may hold: past this, producers get a resource-limit
-/// error instead of the broker running out of disk or memory.
+/// Dead-letter address: see [`crate::core::DEAD_LETTER_ADDRESS_DEFAULT`].
+pub const DEAD_LETTER_QUEUE_DEFAULT: &str = crate::core::DEAD_LETTER_ADDRESS_DEFAULT;
+/// Delivery attempts before dead-lettering: see
+/// [`crate::core::DELIVERY_ATTEMPTS_MAX_DEFAULT`].
+pub const DELIVERY_ATTEMPTS_MAX_DEFAULT: u32 = crate::core::DELIVERY_ATTEMPTS_MAX_DEFAULT;
+/// Queues created on first use: see [`crate::core::AUTO_CREATE_QUEUES_DEFAULT`].
+pub const AUTO_CREATE_QUEUES_DEFAULT: bool = crate::core::AUTO_CREATE_QUEUES_DEFAULT;
+/// Messages one queue may hold: see [`crate::core::QUEUE_DEPTH_MAX_DEFAULT`].
 pub const QUEUE_DEPTH_MAX_DEFAULT: u64 = crate::core::QUEUE_DEPTH_MAX_DEFAULT;
 /// Open connections across all listeners: each costs a file descriptor
 /// and a few KiB, so this bounds both.

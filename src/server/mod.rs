@@ -6,7 +6,7 @@
 //! 1. stop accepting;
 //! 2. tell every client (MQTT 5 DISCONNECT 0x8B, STOMP ERROR, AMQP close)
 //!    through [`Core::shutdown`];
-//! 3. let connections drain for up to [`SHUTDOWN_GRACE`];
+//! 3. let connections drain for up to `[broker] shutdown_grace_ms`;
 //! 4. flush and sync the journal;
 //! 5. return, and the process exits 0.
 
@@ -30,9 +30,6 @@ use tokio::sync::{watch, Notify};
 use crate::config::{Config, ListenerKind};
 use crate::core::{AccessControl, Core, CoreConfig};
 use crate::store::{Store, StoreConfig};
-
-/// How long connections get to say goodbye at shutdown before they are cut.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// State every connection task shares.
 pub(crate) struct Shared {
@@ -116,7 +113,9 @@ impl RunningBroker {
             let _ = t.await;
         }
         self.shared.core.shutdown();
-        let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        // How long connections get to say goodbye before they are cut.
+        let grace = Duration::from_millis(self.shared.config.broker.shutdown_grace_ms);
+        let drained = tokio::time::timeout(grace, async {
             loop {
                 let notified = self.shared.idle.notified();
                 if self.shared.active.load(Ordering::SeqCst) == 0 {
@@ -129,7 +128,8 @@ impl RunningBroker {
         if drained.is_err() {
             tracing::warn!(
                 remaining = self.shared.active.load(Ordering::SeqCst),
-                "grace period over; cutting remaining connections"
+                grace_ms = grace.as_millis(),
+                "grace period over ([broker] shutdown_grace_ms); cutting remaining connections"
             );
         }
         let _ = self.hard_stop.send(true);
