@@ -2,7 +2,7 @@
 //!
 //! `rosetta` with no `--config` runs on [`Config::default`]: data in
 //! `./data`, MQTT on 1883, STOMP on 61613, AMQP on 5672 and WebSocket on
-//! 8080, anonymous access on. `config/rosetta.toml` spells out exactly
+//! 8080, anonymous access on, every listener on loopback only. `config/rosetta.toml` spells out exactly
 //! these defaults with a comment on each key (a test keeps the two equal).
 //!
 //! Every key is optional: a missing key takes its default, so a file only
@@ -272,7 +272,7 @@ impl Config {
 
     /// The listeners to open: every configured one, except the TLS
     /// listeners when `[tls]` has no certificate and key.
-    pub fn active_listeners(&self) -> Vec<(ListenerKind, &ListenAddr)> {
+    pub fn active_listeners(&self) -> Vec<(ListenerKind, ListenAddr)> {
         self.listeners
             .all()
             .into_iter()
@@ -399,6 +399,14 @@ impl Config {
         )?;
         positive("broker.queue_depth_max", b.queue_depth_max)?;
         positive("broker.connections_max", b.connections_max.into())?;
+        positive(
+            "broker.unauthenticated_connections_max",
+            b.unauthenticated_connections_max.into(),
+        )?;
+        positive(
+            "broker.unauthenticated_per_address_max",
+            b.unauthenticated_per_address_max.into(),
+        )?;
         positive("broker.connect_timeout_ms", b.connect_timeout_ms)
     }
 
