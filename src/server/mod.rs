@@ -16,6 +16,7 @@ mod driver;
 mod listener;
 mod log_throttle;
 mod metrics;
+mod preflight;
 mod protocols;
 mod refuse;
 mod tls;
@@ -33,6 +34,8 @@ use tokio::sync::{watch, Notify};
 use crate::config::{Config, ListenerKind};
 use crate::core::{AccessControl, Core, CoreConfig};
 use crate::store::{Store, StoreConfig};
+
+pub use preflight::{preflight, Preflight};
 
 /// State every connection task shares.
 pub(crate) struct Shared {
@@ -175,7 +178,10 @@ pub async fn start(
     config: Config,
     access: Arc<dyn AccessControl>,
 ) -> anyhow::Result<RunningBroker> {
-    config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let checked = preflight(&config)?;
+    for warning in &checked.warnings {
+        tracing::warn!("{warning}");
+    }
     let store_config = store_config(&config);
     let dir = config.data_dir.clone();
     let (store, recovered) = tokio::task::spawn_blocking(move || Store::open(store_config))
@@ -184,13 +190,7 @@ pub async fn start(
     let store = Arc::new(store);
     let core = Core::new(core_config(&config), store.clone(), access, Some(recovered));
     apply_bindings(&core, &config)?;
-    let tls = if config.tls.enabled() {
-        let server_config =
-            tls::server_config(&config.tls).map_err(|e| anyhow::anyhow!("[tls]: {e}"))?;
-        Some(tokio_rustls::TlsAcceptor::from(server_config))
-    } else {
-        None
-    };
+    let tls = checked.tls.map(tokio_rustls::TlsAcceptor::from);
     let (stop_accepting, stop_rx) = watch::channel(false);
     let (hard_stop, hard_rx) = watch::channel(false);
     let shared = Arc::new(Shared {
