@@ -322,3 +322,33 @@ async fn metrics_can_have_a_listener_of_their_own() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_client_over_a_cap_gets_503() {
+    let broker = TestBroker::start_with(
+        |c| {
+            c.broker.unauthenticated_per_address_max = 1;
+            c.listeners.websocket = Some(rosetta::config::ListenAddr::new("127.0.0.1", 0));
+        },
+        Arc::new(AllowAll),
+    )
+    .await;
+    let ws = broker.addr(rosetta::config::ListenerKind::WebSocket);
+    let _idle = idle_sockets(&broker, ws, 1).await;
+    let mut over = idle_socket(ws).await;
+    use tokio::io::AsyncWriteExt;
+    over.write_all(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, over.read_to_end(&mut answer))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{answer}"
+    );
+    assert!(answer.contains("Retry-After: 1\r\n"), "{answer}");
+}
