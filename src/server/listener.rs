@@ -75,12 +75,12 @@ fn accept(kind: ListenerKind, stream: TcpStream, peer: SocketAddr, shared: &Arc<
     let deadline = HandshakeDeadline::new(ticket.clone(), connect_timeout);
     tokio::spawn(async move {
         let _guard = guard;
-        let log = Arc::clone(&shared.admission);
+        let admission = Arc::clone(&shared.admission);
         let peer_info = Peer::new(peer, ticket);
         tokio::select! {
             () = protocols::serve(kind, stream, peer_info, conn_id, shared) => {}
             () = deadline => {
-                if let Some(suppressed) = log.log.admit(Instant::now()) {
+                if let Some(suppressed) = admission.log.admit(Instant::now()) {
                     tracing::warn!(
                         listener = kind.key(), %peer, conn = conn_id, suppressed,
                         "closing a connection not authenticated within [broker] connect_timeout_ms"
