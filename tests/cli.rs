@@ -321,18 +321,25 @@ struct Terminal {
     master: std::fs::File,
     output: mpsc::Receiver<Vec<u8>>,
     screen: Vec<u8>,
+    /// The program on the terminal; killed if the test fails first.
+    child: Child,
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Terminal {
-    fn spawn(args: &[&str]) -> (Terminal, Child) {
-        use rustix::fs::OFlags;
+    fn spawn(args: &[&str]) -> Terminal {
         use rustix::pty::{grantpt, openpt, ptsname, unlockpt, OpenptFlags};
         let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).expect("openpt");
         grantpt(&master).expect("grantpt");
         unlockpt(&master).expect("unlockpt");
         let name = ptsname(&master, Vec::new()).expect("ptsname");
         let slave_path = PathBuf::from(name.to_string_lossy().into_owned());
-        let _ = OFlags::empty();
         let slave = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -359,12 +366,12 @@ impl Terminal {
                 }
             }
         });
-        let terminal = Terminal {
+        Terminal {
             master,
             output,
             screen: Vec::new(),
-        };
-        (terminal, child)
+            child,
+        }
     }
 
     /// Waits until the screen shows `text`.
@@ -401,10 +408,10 @@ impl Terminal {
     }
 
     /// Everything shown until the child exits.
-    fn finish(mut self, mut child: Child) -> (bool, String) {
+    fn finish(mut self) -> (bool, String) {
         let deadline = Instant::now() + WAIT;
         let status = loop {
-            if let Some(status) = child.try_wait().expect("wait") {
+            if let Some(status) = self.child.try_wait().expect("wait") {
                 break status;
             }
             assert!(Instant::now() < deadline, "rosetta user add did not exit");
@@ -426,13 +433,12 @@ fn user_add_asks_twice_without_echo_on_a_terminal() {
     let dir = tempfile::tempdir().expect("tempdir");
     let users = dir.path().join("users.toml");
     let users_arg = users.to_str().expect("utf-8");
-    let (mut terminal, child) =
-        Terminal::spawn(&["user", "add", "alice", "--users-file", users_arg]);
+    let mut terminal = Terminal::spawn(&["user", "add", "alice", "--users-file", users_arg]);
     terminal.expect("password: ");
     terminal.type_secret(SECRET);
     terminal.expect("again");
     terminal.type_secret(SECRET);
-    let (ok, screen) = terminal.finish(child);
+    let (ok, screen) = terminal.finish();
     assert!(ok, "{screen}");
     assert!(screen.contains("saved"), "{screen}");
     assert!(
@@ -443,12 +449,12 @@ fn user_add_asks_twice_without_echo_on_a_terminal() {
     assert!(saved.verify("alice", SECRET.as_bytes()));
 
     // A typo in the confirmation saves nothing.
-    let (mut terminal, child) = Terminal::spawn(&["user", "add", "bob", "--users-file", users_arg]);
+    let mut terminal = Terminal::spawn(&["user", "add", "bob", "--users-file", users_arg]);
     terminal.expect("password: ");
     terminal.type_secret("one");
     terminal.expect("again");
     terminal.type_secret("another");
-    let (ok, screen) = terminal.finish(child);
+    let (ok, screen) = terminal.finish();
     assert!(!ok, "{screen}");
     assert!(screen.contains("do not match"), "{screen}");
     let saved = rosetta::users::Users::load(&users).expect("users file");
