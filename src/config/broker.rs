@@ -7,21 +7,35 @@ use rosetta_neutral::address::validate_topic_filter;
 use rosetta_neutral::Address;
 use serde::{Deserialize, Deserializer};
 
-/// Dead-letter address: the queue `DLQ`, the name ActiveMQ and Artemis use,
-/// so operators find it where they look.
-pub const DEAD_LETTER_QUEUE_DEFAULT: &str = "DLQ";
-/// Delivery attempts before a message is dead-lettered: enough to ride out
-/// a consumer restart loop, few enough that a poison message stops soon.
-pub const DELIVERY_ATTEMPTS_MAX_DEFAULT: u32 = 10;
-/// Queues named by a producer or consumer spring into being, as STOMP and
-/// AMQP clients expect from ActiveMQ and RabbitMQ.
-pub const AUTO_CREATE_QUEUES_DEFAULT: bool = true;
-/// Messages one queue may hold: past this, producers get a resource-limit
-/// error instead of the broker running out of disk or memory.
+/// Dead-letter address: see [`crate::core::DEAD_LETTER_ADDRESS_DEFAULT`].
+pub const DEAD_LETTER_QUEUE_DEFAULT: &str = crate::core::DEAD_LETTER_ADDRESS_DEFAULT;
+/// Delivery attempts before dead-lettering: see
+/// [`crate::core::DELIVERY_ATTEMPTS_MAX_DEFAULT`].
+pub const DELIVERY_ATTEMPTS_MAX_DEFAULT: u32 = crate::core::DELIVERY_ATTEMPTS_MAX_DEFAULT;
+/// Queues created on first use: see [`crate::core::AUTO_CREATE_QUEUES_DEFAULT`].
+pub const AUTO_CREATE_QUEUES_DEFAULT: bool = crate::core::AUTO_CREATE_QUEUES_DEFAULT;
+/// Messages one queue may hold: see [`crate::core::QUEUE_DEPTH_MAX_DEFAULT`].
 pub const QUEUE_DEPTH_MAX_DEFAULT: u64 = crate::core::QUEUE_DEPTH_MAX_DEFAULT;
-/// Open connections across all listeners: each costs a file descriptor
-/// and a few KiB, so this bounds both.
+/// Authenticated connections across all listeners: each costs a file
+/// descriptor and a few KiB, so this bounds both.
 pub const CONNECTIONS_MAX_DEFAULT: u32 = 100_000;
+/// Connections accepted and not yet authenticated, all listeners together.
+/// They have their own cap, apart from `connections_max`, so sockets that
+/// never log in cannot lock out clients that do: OpenSSH's `MaxStartups`
+/// is the model. Mosquitto, EMQX, NATS and RabbitMQ count such sockets
+/// against their one connection limit and only bound how long they may
+/// stay (NATS' auth timeout, RabbitMQ's 10 s handshake timeout) or how
+/// fast they come (EMQX's `max_conn_rate`). A thousand logins in progress
+/// is more than the broker verifies within `connect_timeout_ms` when each
+/// password check costs milliseconds of CPU by design (argon2), so a
+/// larger cap would only hold sockets that time out; a reconnect storm
+/// beyond it is told "server busy" and retries.
+pub const UNAUTHENTICATED_CONNECTIONS_MAX_DEFAULT: u32 = 1_024;
+/// Connections not yet authenticated from one source address: an eighth
+/// of the above, so one host cannot take them all, while a NAT gateway in
+/// front of many devices, or a load tool opening a hundred connections at
+/// once, still fits.
+pub const UNAUTHENTICATED_PER_ADDRESS_MAX_DEFAULT: u32 = 128;
 /// Time from accept to an authenticated session: a client that has not
 /// finished its handshake by then is closed, so idle sockets cannot hold
 /// connection slots.
@@ -113,8 +127,12 @@ pub struct BrokerConfig {
     pub auto_create_queues: bool,
     /// Most messages one queue may hold.
     pub queue_depth_max: u64,
-    /// Most open connections across all listeners.
+    /// Most authenticated connections across all listeners.
     pub connections_max: u32,
+    /// Most connections accepted and not yet authenticated, in total.
+    pub unauthenticated_connections_max: u32,
+    /// Most connections not yet authenticated from one source address.
+    pub unauthenticated_per_address_max: u32,
     /// Time from accept to authenticated session, in milliseconds.
     pub connect_timeout_ms: u64,
     /// Grace period for clients on shutdown, in milliseconds.
@@ -139,6 +157,8 @@ impl Default for BrokerConfig {
             auto_create_queues: AUTO_CREATE_QUEUES_DEFAULT,
             queue_depth_max: QUEUE_DEPTH_MAX_DEFAULT,
             connections_max: CONNECTIONS_MAX_DEFAULT,
+            unauthenticated_connections_max: UNAUTHENTICATED_CONNECTIONS_MAX_DEFAULT,
+            unauthenticated_per_address_max: UNAUTHENTICATED_PER_ADDRESS_MAX_DEFAULT,
             connect_timeout_ms: CONNECT_TIMEOUT_MS_DEFAULT,
             shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
             payload_size_max_bytes: PAYLOAD_SIZE_MAX_BYTES_DEFAULT,

@@ -2,7 +2,7 @@
 //!
 //! `rosetta` with no `--config` runs on [`Config::default`]: data in
 //! `./data`, MQTT on 1883, STOMP on 61613, AMQP on 5672 and WebSocket on
-//! 8080, anonymous access on. `config/rosetta.toml` spells out exactly
+//! 8080, anonymous access on, every listener on loopback only. `config/rosetta.toml` spells out exactly
 //! these defaults with a comment on each key (a test keeps the two equal).
 //!
 //! Every key is optional: a missing key takes its default, so a file only
@@ -273,7 +273,7 @@ impl Config {
 
     /// The listeners to open: every configured one, except the TLS
     /// listeners when `[tls]` has no certificate and key.
-    pub fn active_listeners(&self) -> Vec<(ListenerKind, &ListenAddr)> {
+    pub fn active_listeners(&self) -> Vec<(ListenerKind, ListenAddr)> {
         self.listeners
             .all()
             .into_iter()
@@ -411,7 +411,14 @@ impl Config {
             "broker.delivery_buffer_bytes_max",
             b.delivery_buffer_bytes_max,
         )?;
-        Ok(())
+        positive(
+            "broker.unauthenticated_connections_max",
+            b.unauthenticated_connections_max.into(),
+        )?;
+        positive(
+            "broker.unauthenticated_per_address_max",
+            b.unauthenticated_per_address_max.into(),
+        )
     }
 
     fn check_mqtt(&self) -> Result<(), Invalid> {

@@ -87,6 +87,33 @@ fn tls_listeners_run_with_a_certificate() {
 }
 
 #[test]
+fn ports_alone_bind_the_bind_interface_and_a_host_overrides_it() {
+    let text = "[listeners]\nbind = \"0.0.0.0\"\nmqtt = 1884\nstomp = \"61615\"\namqp = \"127.0.0.1:5673\"\nwebsocket = \"\"\nmetrics = \"[::1]:9090\"\n";
+    let c = Config::parse(text, "x").expect("parses");
+    let addrs: Vec<_> = c
+        .active_listeners()
+        .iter()
+        .map(|(k, a)| (*k, a.to_string()))
+        .collect();
+    assert_eq!(
+        addrs,
+        [
+            (ListenerKind::Mqtt, "0.0.0.0:1884".to_owned()),
+            (ListenerKind::Stomp, "0.0.0.0:61615".to_owned()),
+            (ListenerKind::Amqp, "127.0.0.1:5673".to_owned()),
+            (ListenerKind::Metrics, "[::1]:9090".to_owned()),
+        ]
+    );
+    // The same port twice, once through `bind` and once spelled out.
+    let text = "[listeners]\nbind = \"0.0.0.0\"\nmqtt = 1883\nstomp = \"0.0.0.0:1883\"\n";
+    let err = Config::parse(text, "x").expect_err("duplicate");
+    assert!(
+        err.to_string().contains("already used by `listeners.mqtt`"),
+        "{err}"
+    );
+}
+
+#[test]
 fn partial_sections_keep_other_defaults() {
     let text = "data_dir = \"/var/lib/rosetta\"\n[store]\nsync = \"periodic\"\nsync_interval_ms = 50\n[broker]\nexpiry_address = \"/topic/expired\"\ndead_letter_address = \"/queue/dead\"\n[[bindings]]\nqueue = \"/queue/orders\"\nfilter = \"shop/+/orders\"\n[[bindings]]\nqueue = \"all\"\nfilter = \"#\"\n";
     let c = Config::parse(text, "x").expect("parses");
@@ -128,7 +155,9 @@ const BAD: &[(&str, &str, usize, &str)] = &[
     ("[store]\nsync = \"sometimes\"\n", "store.sync", 2, "sometimes"),
     ("[listeners]\nmqtt = \"0.0.0.0:70000\"\n", "listeners.mqtt", 2, "port 70000 is out of range"),
     ("[listeners]\n\nstomp = \"localhost\"\n", "listeners.stomp", 3, "has no port"),
-    ("[listeners]\namqp = 5672\n", "listeners.amqp", 2, "invalid type"),
+    ("[listeners]\namqp = 70000\n", "listeners.amqp", 2, "port 70000 is out of range"),
+    ("[listeners]\namqp = true\n", "listeners.amqp", 2, "invalid type"),
+    ("[listeners]\nbind = \"0.0.0.0:1883\"\n", "listeners.bind", 2, "without a port"),
     ("[store]\n\nsegment_size_bytes = 0\n", "store.segment_size_bytes", 3, "out of range"),
     ("[store]\nsegment_size_bytes = -5\n", "store.segment_size_bytes", 2, "invalid value"),
     ("[store]\nsync_interval_ms = 0\n", "store.sync_interval_ms", 2, "greater than 0"),

@@ -49,15 +49,25 @@ use queue::{DispatchOutput, Entry, MemoryGauge, Queue};
 use routing::Routing;
 use session::{CoreSession, SessionShared};
 
-/// Default dead-letter address: an anycast queue.
+// The defaults of the core's settings live here, once; `[broker]` and
+// `[store]` in `crate::config` name these constants rather than repeat them.
+
+/// Dead-letter address: the queue `DLQ`, the name ActiveMQ and Artemis use,
+/// so operators find it where they look.
 pub const DEAD_LETTER_ADDRESS_DEFAULT: &str = "DLQ";
 /// Delivery attempts before a message is dead-lettered (as ActiveMQ and
-/// Artemis do by default).
+/// Artemis do by default): enough to ride out a consumer restart loop, few
+/// enough that a poison message stops soon.
 pub const DELIVERY_ATTEMPTS_MAX_DEFAULT: u32 = 10;
-/// Queued bytes before producers are held back when no configuration says
-/// otherwise: a quarter GiB leaves room on small machines.
+/// Queues named by a producer or consumer spring into being, as STOMP and
+/// AMQP clients expect from ActiveMQ and RabbitMQ.
+pub const AUTO_CREATE_QUEUES_DEFAULT: bool = true;
+/// Payload bytes of queued messages kept in memory; the rest pages to disk.
+/// A quarter GiB leaves room on small machines, and a million queued 1 KiB
+/// messages fit.
 pub const MEMORY_BUDGET_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
-/// Messages one queue may hold when no configuration says otherwise.
+/// Messages one queue may hold: past this, producers get a resource-limit
+/// error instead of the broker running out of disk or memory.
 pub const QUEUE_DEPTH_MAX_DEFAULT: u64 = 10_000_000;
 /// How often the housekeeping thread looks at wills and idle queues: fine
 /// enough for second-granularity MQTT timers.
@@ -100,7 +110,7 @@ impl Default for CoreConfig {
             dead_letter_address: DEAD_LETTER_ADDRESS_DEFAULT.into(),
             delivery_attempts_max: DELIVERY_ATTEMPTS_MAX_DEFAULT,
             expiry_address: None,
-            auto_create_queues: true,
+            auto_create_queues: AUTO_CREATE_QUEUES_DEFAULT,
             memory_budget_bytes: MEMORY_BUDGET_BYTES_DEFAULT,
             paging_dir: None,
             queue_depth_max: QUEUE_DEPTH_MAX_DEFAULT,

@@ -9,6 +9,7 @@ use rosetta_neutral::{Broker, SessionEvent};
 
 use crate::config::ListenerKind;
 
+use super::admission::{AdmittedBroker, Ticket};
 use super::driver::{self, ProtocolConnection};
 use super::Shared;
 
@@ -20,14 +21,18 @@ pub(crate) struct Peer {
     /// The user named by a verified TLS client certificate (mutual TLS):
     /// it stands in for a password ([`Broker::authenticate_connection`]).
     pub(crate) certificate_user: Option<String>,
+    /// The connection's place in the admission counts: the adapter's
+    /// broker handle moves it to the authenticated count.
+    pub(crate) admission: Ticket,
 }
 
 impl Peer {
-    /// A peer the transport did not authenticate.
-    pub(crate) fn plain(addr: SocketAddr) -> Self {
+    /// A peer the transport has not authenticated (yet).
+    pub(crate) fn new(addr: SocketAddr, admission: Ticket) -> Self {
         Self {
             addr,
             certificate_user: None,
+            admission,
         }
     }
 }
@@ -120,7 +125,7 @@ forward_protocol_connection!(rosetta_amqp::AmqpConnection, lends_input_buffer);
 pub(crate) async fn serve(
     kind: ListenerKind,
     stream: tokio::net::TcpStream,
-    peer: SocketAddr,
+    peer: Peer,
     conn_id: u64,
     shared: Arc<Shared>,
 ) {
@@ -131,11 +136,14 @@ pub(crate) async fn serve(
         _ => None,
     };
     if let Some(wire) = plain {
-        return run_wire(wire, stream, Peer::plain(peer), conn_id, shared).await;
+        return run_wire(wire, stream, peer, conn_id, shared).await;
     }
     match kind {
         ListenerKind::WebSocket => {
-            Box::pin(super::ws::serve(stream, Peer::plain(peer), conn_id, shared)).await;
+            Box::pin(super::ws::serve(stream, peer, conn_id, shared)).await;
+        }
+        ListenerKind::Metrics => {
+            Box::pin(super::ws::serve_metrics(stream, peer, conn_id, shared)).await;
         }
         ListenerKind::Any => {
             let tls = shared.tls.clone();
@@ -149,7 +157,7 @@ pub(crate) async fn serve(
 async fn serve_tls(
     kind: ListenerKind,
     stream: tokio::net::TcpStream,
-    peer: SocketAddr,
+    mut peer: Peer,
     conn_id: u64,
     shared: Arc<Shared>,
 ) {
@@ -159,14 +167,12 @@ async fn serve_tls(
     };
     let timeout = super::tls::handshake_timeout(&shared.config.tls);
     // A failed handshake is logged by `accept` and closes only this connection.
-    let Ok((stream, certificate_user)) = super::tls::accept(&acceptor, stream, peer, timeout).await
+    let Ok((stream, certificate_user)) =
+        super::tls::accept(&acceptor, stream, peer.addr, timeout, &shared.tls_log).await
     else {
         return;
     };
-    let peer = Peer {
-        addr: peer,
-        certificate_user,
-    };
+    peer.certificate_user = certificate_user;
     match kind {
         ListenerKind::Mqtts => run_wire(Wire::Mqtt, stream, peer, conn_id, shared).await,
         ListenerKind::Stomps => run_wire(Wire::Stomp, stream, peer, conn_id, shared).await,
@@ -187,7 +193,12 @@ where
         (limits.slow_consumer_timeout_ms > 0)
             .then(|| std::time::Duration::from_millis(limits.slow_consumer_timeout_ms)),
     );
-    let broker: Arc<dyn Broker> = Arc::new(shared.core.clone());
+    // The adapter's broker: the core, and the signal that the connection
+    // has authenticated (see `admission`).
+    let broker: Arc<dyn Broker> = Arc::new(AdmittedBroker::new(
+        shared.core.clone(),
+        peer.admission.clone(),
+    ));
     let now = Instant::now();
     let user = peer.certificate_user;
     let stop = shared.hard_stop.clone();

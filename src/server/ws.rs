@@ -264,6 +264,7 @@ fn reason(status: u16) -> &'static str {
         405 => "Method Not Allowed",
         426 => "Upgrade Required",
         431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
         _ => "Error",
     }
 }
@@ -539,7 +540,7 @@ where
 
 /// Writes a whole response and closes our side: one request per
 /// connection keeps this listener simple, and browsers reconnect at once.
-async fn respond<S>(
+pub(crate) async fn respond<S>(
     io: &mut S,
     status: u16,
     content_type: &str,
@@ -657,6 +658,44 @@ where
         Err(e) => {
             tracing::debug!(conn = conn_id, %peer, reason = %e, "no WebSocket");
         }
+    }
+}
+
+/// Serves one connection of the `metrics` listener: `GET /metrics` (or
+/// HEAD), and nothing else.
+pub(crate) async fn serve_metrics<S>(
+    mut io: S,
+    peer: super::protocols::Peer,
+    conn_id: u64,
+    shared: Arc<Shared>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let served = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+        let head = match read_head(&mut io).await {
+            Ok((head, _)) => head,
+            Err(HeadError::Refused(refusal)) => return refuse::<_, ()>(io, refusal).await,
+            Err(HeadError::Closed) => return Err(NotWebSocket::Closed),
+            Err(HeadError::Io(e)) => return Err(NotWebSocket::Io(e)),
+        };
+        let head_only = match head.method.as_str() {
+            "GET" => false,
+            "HEAD" => true,
+            _ => return refuse(io, Refusal::new(405, "only GET is served here")).await,
+        };
+        if head.path != METRICS_PATH {
+            return refuse(io, Refusal::new(404, "not found: metrics are at /metrics")).await;
+        }
+        let text = shared.metrics();
+        let body = if head_only { &[][..] } else { text.as_bytes() };
+        let extra = format!("Content-Length: {}\r\n", text.len());
+        respond(&mut io, 200, METRICS_CONTENT_TYPE, &extra, body).await?;
+        Ok(())
+    })
+    .await
+    .unwrap_or(Err(NotWebSocket::Timeout));
+    if let Err(e) = served {
+        tracing::debug!(conn = conn_id, %peer, reason = %e, "metrics listener");
     }
 }
 

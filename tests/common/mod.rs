@@ -162,6 +162,11 @@ impl TestBroker {
         self.running().core()
     }
 
+    /// The Prometheus exposition, as `GET /metrics` serves it.
+    pub fn metrics(&self) -> String {
+        self.running().metrics()
+    }
+
     /// `(depth, in_flight)` of queue `q`, or `None` if it does not exist.
     pub fn queue(&self, q: &str) -> Option<(u64, u64)> {
         self.core().queue_stats(q).map(|s| (s.depth, s.in_flight))

@@ -514,7 +514,11 @@ pub struct Raw {
 
 impl Raw {
     pub async fn open(addr: SocketAddr) -> Raw {
-        let stream = TcpStream::connect(addr).await.expect("tcp connect");
+        Self::from_stream(TcpStream::connect(addr).await.expect("tcp connect"))
+    }
+
+    /// A client on a socket the test connected itself.
+    pub fn from_stream(stream: TcpStream) -> Raw {
         stream.set_nodelay(true).expect("nodelay");
         Raw {
             stream,
