@@ -8,6 +8,8 @@
 //! - [`address`]: the naming scheme shared by MQTT, STOMP and AMQP;
 //! - [`broker`]: the [`Broker`]/[`Session`] handle adapters call, and the
 //!   [`SessionEvent`]s the core sends back;
+//! - [`login`]: the identity rule for a new connection (password, client
+//!   certificate) and the password check that finishes later;
 //! - [`scram`]: the SCRAM-SHA-256 exchange (RFC 5802/7677) that AMQP SASL
 //!   and MQTT 5 enhanced authentication both run.
 //!
@@ -18,11 +20,13 @@
 pub mod address;
 pub mod broker;
 pub mod fields;
+pub mod login;
 pub mod message;
 pub mod scram;
 pub mod value;
 
 pub use address::{Address, AddressError, RoutingType};
 pub use broker::*;
+pub use login::{Credentials, LoginStart, PasswordCheck};
 pub use message::{Body, BodyKind, Guarantee, Message, MessageId};
 pub use value::{Properties, Value};
