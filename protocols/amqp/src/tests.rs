@@ -51,6 +51,12 @@ struct Log {
     blocked: bool,
     next: u64,
     publish_error: Option<BrokerError>,
+    /// Password logins wait: `start_login` records the check here and
+    /// answers `Pending`; the test sends the result.
+    defer_passwords: bool,
+    pending_checks: Vec<login::PasswordCheck>,
+    /// Every login is answered with this error at once.
+    refuse_logins: Option<AuthError>,
 }
 
 impl Log {
@@ -87,6 +93,26 @@ impl Broker for FakeBroker {
     }
     fn authenticate_certificate(&self, _: &str) -> Result<Principal, AuthError> {
         Err(AuthError::BadCredentials)
+    }
+    fn start_login(&self, credentials: Credentials<'_>, sink: &Arc<dyn EventSink>) -> LoginStart {
+        {
+            let mut log = self.log.lock().unwrap();
+            if let Some(e) = log.refuse_logins.clone() {
+                return LoginStart::Done(Err(e));
+            }
+            if log.defer_passwords {
+                if let login::LoginPlan::Password { user, password } = login::plan(&credentials) {
+                    log.pending_checks
+                        .push(login::PasswordCheck::new(user, password, sink));
+                    return LoginStart::Pending;
+                }
+            }
+        }
+        LoginStart::Done(self.authenticate_connection(
+            credentials.user,
+            credentials.password,
+            credentials.certificate_user,
+        ))
     }
     fn open_session(&self, info: SessionInfo, _sink: Arc<dyn EventSink>) -> Box<dyn Session> {
         self.log.lock().unwrap().sessions.push(info);
@@ -656,6 +682,69 @@ fn sasl_scram_unknown_user_fails_like_a_wrong_password() {
     // the same failure as a wrong password.
     let (outcome, _, _) = scram_exchange("mallory", PASSWORD);
     assert_eq!(outcome.code, SaslCode::Auth);
+}
+
+/// A peer whose connection has a verified client certificate naming `user`.
+fn certified(user: &str) -> Peer {
+    let mut p = Peer::new(false);
+    let broker = Arc::new(FakeBroker {
+        log: p.log.clone(),
+        anonymous: false,
+    });
+    p.conn = AmqpConnection::new(AmqpConfig::default(), broker, Arc::new(NullSink), 7, p.now)
+        .with_certificate_user(Some(user.into()));
+    p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
+    p.recv();
+    p
+}
+
+/// With a client certificate, the user of PLAIN and of SCRAM must be the
+/// certificate's user (the identity rule of `rosetta_neutral::login`); the
+/// same user's PLAIN password is still checked.
+#[test]
+fn sasl_users_must_be_the_certificate_user() {
+    let mut p = certified("bob");
+    p.sasl(&plain("alice", PASSWORD));
+    assert_eq!(
+        sasl_outcome(&p.recv()).code,
+        SaslCode::Auth,
+        "PLAIN as alice"
+    );
+    assert!(p.conn.is_closed());
+
+    let mut p = certified("bob");
+    p.sasl(&SaslInit {
+        mechanism: Symbol::from("SCRAM-SHA-256"),
+        initial_response: Some(Binary::from(b"n,,n=alice,r=clientnonce123".to_vec())),
+        hostname: None,
+    });
+    assert_eq!(
+        sasl_outcome(&p.recv()).code,
+        SaslCode::Auth,
+        "SCRAM as alice"
+    );
+
+    let mut p = certified("alice");
+    p.sasl(&SaslInit {
+        mechanism: Symbol::from("SCRAM-SHA-256"),
+        initial_response: Some(Binary::from(b"n,,n=alice,r=clientnonce123".to_vec())),
+        hostname: None,
+    });
+    assert!(
+        matches!(&p.recv()[..], [Out::Sasl(b)] if codec::descriptor_code(b) == Some(0x42)),
+        "SCRAM as the certificate's user gets its challenge"
+    );
+
+    let mut p = certified("alice");
+    p.sasl(&plain("alice", "wrong"));
+    assert_eq!(
+        sasl_outcome(&p.recv()).code,
+        SaslCode::Auth,
+        "wrong password"
+    );
+    let mut p = certified("alice");
+    p.sasl(&plain("alice", PASSWORD));
+    assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::Ok);
 }
 
 // ---------------------------------------------------------------- framing
@@ -1979,6 +2068,144 @@ fn pipelined_sasl_and_open_in_one_read() {
             Performative::Flow(_)
         ]
     ));
+}
+
+// ---------------------------------------------------------------- SASL PLAIN waiting for its check
+
+/// What Proton sends before reading anything back: SASL header, PLAIN,
+/// AMQP header, Open, Begin.
+fn pipelined_plain_open_begin(user: &str, password: &str) -> Vec<u8> {
+    let mut wire = frame::protocol_header(PROTOCOL_ID_SASL).to_vec();
+    write_frame(&mut wire, FRAME_TYPE_SASL, 0, &plain(user, password), &[]);
+    wire.extend_from_slice(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    write_perf(&mut wire, 0, &open("c"), &[]);
+    write_perf(&mut wire, 0, &begin(), &[]);
+    wire
+}
+
+fn deferring() -> Peer {
+    let p = Peer::new(false);
+    p.log().defer_passwords = true;
+    p
+}
+
+fn alice() -> Principal {
+    Principal {
+        user: Some("alice".into()),
+    }
+}
+
+#[test]
+fn frames_pipelined_behind_plain_wait_for_the_password_check() {
+    let mut p = deferring();
+    p.input(&pipelined_plain_open_begin("alice", PASSWORD));
+    let out = p.recv();
+    // The SASL header and mechanisms go out; no outcome, nothing else.
+    assert!(
+        matches!(out[..], [Out::Header(PROTOCOL_ID_SASL), Out::Sasl(_)]),
+        "{out:?}"
+    );
+    assert!(!p.conn.wants_input());
+    assert!(p.log().sessions.is_empty());
+    assert_eq!(p.log().pending_checks.len(), 1);
+    assert_eq!(p.log().pending_checks[0].user(), Some("alice"));
+
+    p.event(SessionEvent::LoginChecked {
+        result: Ok(alice()),
+    });
+    let out = p.recv();
+    assert_eq!(sasl_outcome(&out).code, SaslCode::Ok);
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Out::Header(PROTOCOL_ID_AMQP))));
+    let perfs: Vec<&Performative> = out
+        .iter()
+        .filter_map(|o| match o {
+            Out::Perf(_, p, _) => Some(p),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        matches!(perfs[..], [Performative::Open(_), Performative::Begin(_)]),
+        "{perfs:?}"
+    );
+    assert!(p.conn.wants_input());
+    assert_eq!(p.log().sessions[0].principal, alice());
+}
+
+#[test]
+fn a_refused_password_check_is_outcome_auth_and_nothing_after_it_runs() {
+    let mut p = deferring();
+    p.input(&pipelined_plain_open_begin("alice", "nope"));
+    p.recv();
+    p.event(SessionEvent::LoginChecked {
+        result: Err(AuthError::BadCredentials),
+    });
+    let out = p.recv();
+    assert_eq!(sasl_outcome(&out).code, SaslCode::Auth);
+    assert!(!out.iter().any(|o| matches!(o, Out::Perf(..))), "{out:?}");
+    assert!(p.conn.is_closed());
+    assert!(p.log().sessions.is_empty());
+}
+
+#[test]
+fn a_full_check_queue_is_outcome_sys_temp() {
+    let mut p = Peer::new(false);
+    p.log().refuse_logins = Some(AuthError::ServerBusy);
+    p.input(&pipelined_plain_open_begin("alice", PASSWORD));
+    assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::SysTemp);
+    assert!(p.conn.is_closed());
+}
+
+#[test]
+fn a_connection_closed_while_its_password_check_is_pending_does_no_harm() {
+    let mut p = deferring();
+    p.input(&pipelined_plain_open_begin("alice", PASSWORD));
+    p.recv();
+    p.conn.handle_transport_closed(p.now);
+    p.event(SessionEvent::LoginChecked {
+        result: Ok(alice()),
+    });
+    assert!(p.recv().is_empty());
+    assert!(p.log().sessions.is_empty());
+    let Peer { conn, log, .. } = p;
+    drop(conn);
+    let check = log.lock().unwrap().pending_checks.pop().unwrap();
+    assert!(check.is_abandoned());
+    check.finish(Ok(alice()));
+}
+
+#[test]
+fn the_handshake_deadline_runs_while_the_password_check_is_pending() {
+    let mut p = deferring();
+    p.input(&pipelined_plain_open_begin("alice", PASSWORD));
+    p.recv();
+    let due = p
+        .conn
+        .poll_timeout()
+        .expect("the handshake deadline is armed");
+    p.advance(due - p.now + Duration::from_millis(1));
+    assert!(p.conn.is_closed());
+    p.event(SessionEvent::LoginChecked {
+        result: Ok(alice()),
+    });
+    assert!(p.recv().is_empty());
+    assert!(p.log().sessions.is_empty());
+}
+
+#[test]
+fn anonymous_does_not_wait() {
+    let mut p = Peer::new(true);
+    p.log().defer_passwords = true;
+    p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
+    p.recv();
+    p.sasl(&SaslInit {
+        mechanism: Symbol::from("ANONYMOUS"),
+        initial_response: None,
+        hostname: None,
+    });
+    assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::Ok);
+    assert!(p.log().pending_checks.is_empty());
 }
 
 // ---------------------------------------------------------------- rcv-settle-mode second

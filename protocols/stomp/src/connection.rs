@@ -73,6 +73,8 @@ struct Negotiated {
     heart: HeartBeat,
     client_id: Option<String>,
     host: String,
+    /// The CONNECT's `receipt` header, for a refusal's ERROR frame.
+    receipt: Option<String>,
 }
 
 /// A STOMP server connection, driven by bytes, core events and time.
@@ -225,7 +227,7 @@ impl StompConnection {
         };
         match result {
             Ok(principal) => self.open(*negotiated, principal),
-            Err(e) => return self.fail(e.into(), None),
+            Err(e) => return self.fail(e.into(), negotiated.receipt),
         }
         let held = std::mem::take(&mut self.held_input);
         self.decode_input(&held);
@@ -516,6 +518,7 @@ impl StompConnection {
             heart,
             client_id: frame.header("client-id").map(str::to_owned),
             host: frame.header("host").unwrap_or("").to_owned(),
+            receipt: frame.header("receipt").map(str::to_owned),
         };
         let credentials = Credentials {
             user: frame.header("login"),
@@ -539,6 +542,7 @@ impl StompConnection {
             heart,
             client_id,
             host,
+            receipt: _,
         } = negotiated;
         debug!(
             conn_id = self.conn_id,
