@@ -166,3 +166,89 @@ impl AccessControl for UsersAccess {
             .may_subscribe(address)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc::{channel, Sender};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use rosetta_neutral::{EventSink, SessionEvent};
+
+    use super::*;
+
+    /// Longest a test waits for a check's result.
+    const WAIT: Duration = Duration::from_secs(20);
+
+    struct ToChannel(Mutex<Sender<SessionEvent>>);
+
+    impl EventSink for ToChannel {
+        fn send(&self, event: SessionEvent) {
+            if let Ok(tx) = self.0.lock() {
+                let _ = tx.send(event);
+            }
+        }
+    }
+
+    fn access(threads: usize, queue_max: usize) -> (UsersAccess, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("users.toml");
+        crate::users::add_user(&path, "alice", b"secret", None, None).expect("add alice");
+        let users = Users::load(&path).expect("load");
+        let access = UsersAccess::with_pool(users, false, threads, queue_max).expect("pool");
+        (access, dir)
+    }
+
+    fn check(user: &str, password: &[u8], sink: &Arc<dyn EventSink>) -> PasswordCheck {
+        PasswordCheck::new(Some(user), password, sink)
+    }
+
+    #[test]
+    fn a_password_check_answers_through_the_connections_sink() {
+        let (access, _dir) = access(1, 4);
+        let (tx, rx) = channel();
+        let sink: Arc<dyn EventSink> = Arc::new(ToChannel(Mutex::new(tx)));
+        for (password, want) in [
+            (&b"secret"[..], Ok(Some("alice".to_owned()))),
+            (&b"wrong"[..], Err(AuthError::BadCredentials)),
+        ] {
+            let start = access.authenticate_later(check("alice", password, &sink));
+            assert_eq!(start, LoginStart::Pending);
+            match rx.recv_timeout(WAIT).expect("a result") {
+                SessionEvent::LoginChecked { result } => {
+                    assert_eq!(result.map(|p| p.user), want);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    /// One thread, room for one waiting check: of many checks started at
+    /// once, those past the queue are refused as busy at once, and every
+    /// accepted one is answered exactly once.
+    #[test]
+    fn checks_past_the_queue_are_refused_as_busy() {
+        let (access, _dir) = access(1, 1);
+        let (tx, rx) = channel();
+        let sink: Arc<dyn EventSink> = Arc::new(ToChannel(Mutex::new(tx)));
+        let starts: Vec<LoginStart> = (0..10)
+            .map(|_| access.authenticate_later(check("alice", b"secret", &sink)))
+            .collect();
+        let pending = starts.iter().filter(|s| **s == LoginStart::Pending).count();
+        let busy = starts
+            .iter()
+            .filter(|s| **s == LoginStart::Done(Err(AuthError::ServerBusy)))
+            .count();
+        assert_eq!(pending + busy, 10, "{starts:?}");
+        // ~14 ms per check: ten in a row cannot all have been taken.
+        assert!(busy >= 1 && pending >= 1, "{starts:?}");
+        for _ in 0..pending {
+            assert!(matches!(
+                rx.recv_timeout(WAIT),
+                Ok(SessionEvent::LoginChecked { result: Ok(_) })
+            ));
+        }
+        drop(access); // waits for the pool: nothing more can come
+        assert!(rx.try_recv().is_err(), "one answer per accepted check");
+    }
+}
