@@ -125,7 +125,7 @@ impl AccessControl for UsersAccess {
             Ok(()) => LoginStart::Pending,
             Err(e) => {
                 let n = self.busy_refusals.fetch_add(1, Ordering::Relaxed);
-                if n % BUSY_LOG_EVERY == 0 {
+                if n.is_multiple_of(BUSY_LOG_EVERY) {
                     tracing::warn!(error = %e, refused_so_far = n + 1, "login refused: password checks busy");
                 } else {
                     tracing::debug!(error = %e, "login refused: password checks busy");
