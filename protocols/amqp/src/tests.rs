@@ -51,12 +51,8 @@ struct Log {
     blocked: bool,
     next: u64,
     publish_error: Option<BrokerError>,
-    /// Password logins wait: `start_login` records the check here and
-    /// answers `Pending`; the test sends the result.
-    defer_passwords: bool,
-    pending_checks: Vec<login::PasswordCheck>,
-    /// Every login is answered with this error at once.
-    refuse_logins: Option<AuthError>,
+    /// How logins are answered (deferred, refused, or by the fake).
+    logins: login::ScriptedLogins,
 }
 
 impl Log {
@@ -95,24 +91,8 @@ impl Broker for FakeBroker {
         Err(AuthError::BadCredentials)
     }
     fn start_login(&self, credentials: Credentials<'_>, sink: &Arc<dyn EventSink>) -> LoginStart {
-        {
-            let mut log = self.log.lock().unwrap();
-            if let Some(e) = log.refuse_logins.clone() {
-                return LoginStart::Done(Err(e));
-            }
-            if log.defer_passwords {
-                if let login::LoginPlan::Password { user, password } = login::plan(&credentials) {
-                    log.pending_checks
-                        .push(login::PasswordCheck::new(user, password, sink));
-                    return LoginStart::Pending;
-                }
-            }
-        }
-        LoginStart::Done(self.authenticate_connection(
-            credentials.user,
-            credentials.password,
-            credentials.certificate_user,
-        ))
+        let scripted = self.log.lock().unwrap().logins.start(&credentials, sink);
+        scripted.unwrap_or_else(|| login::answer_now(self, &credentials))
     }
     fn open_session(&self, info: SessionInfo, _sink: Arc<dyn EventSink>) -> Box<dyn Session> {
         self.log.lock().unwrap().sessions.push(info);
@@ -698,6 +678,15 @@ fn certified(user: &str) -> Peer {
     p
 }
 
+/// SCRAM client-first as alice.
+fn scram_first_as_alice() -> SaslInit {
+    SaslInit {
+        mechanism: Symbol::from("SCRAM-SHA-256"),
+        initial_response: Some(Binary::from(b"n,,n=alice,r=clientnonce123".to_vec())),
+        hostname: None,
+    }
+}
+
 /// With a client certificate, the user of PLAIN and of SCRAM must be the
 /// certificate's user (the identity rule of `rosetta_neutral::login`); the
 /// same user's PLAIN password is still checked.
@@ -713,11 +702,7 @@ fn sasl_users_must_be_the_certificate_user() {
     assert!(p.conn.is_closed());
 
     let mut p = certified("bob");
-    p.sasl(&SaslInit {
-        mechanism: Symbol::from("SCRAM-SHA-256"),
-        initial_response: Some(Binary::from(b"n,,n=alice,r=clientnonce123".to_vec())),
-        hostname: None,
-    });
+    p.sasl(&scram_first_as_alice());
     assert_eq!(
         sasl_outcome(&p.recv()).code,
         SaslCode::Auth,
@@ -725,11 +710,7 @@ fn sasl_users_must_be_the_certificate_user() {
     );
 
     let mut p = certified("alice");
-    p.sasl(&SaslInit {
-        mechanism: Symbol::from("SCRAM-SHA-256"),
-        initial_response: Some(Binary::from(b"n,,n=alice,r=clientnonce123".to_vec())),
-        hostname: None,
-    });
+    p.sasl(&scram_first_as_alice());
     assert!(
         matches!(&p.recv()[..], [Out::Sasl(b)] if codec::descriptor_code(b) == Some(0x42)),
         "SCRAM as the certificate's user gets its challenge"
@@ -2085,7 +2066,7 @@ fn pipelined_plain_open_begin(user: &str, password: &str) -> Vec<u8> {
 
 fn deferring() -> Peer {
     let p = Peer::new(false);
-    p.log().defer_passwords = true;
+    p.log().logins.defer_passwords = true;
     p
 }
 
@@ -2107,8 +2088,8 @@ fn frames_pipelined_behind_plain_wait_for_the_password_check() {
     );
     assert!(!p.conn.wants_input());
     assert!(p.log().sessions.is_empty());
-    assert_eq!(p.log().pending_checks.len(), 1);
-    assert_eq!(p.log().pending_checks[0].user(), Some("alice"));
+    assert_eq!(p.log().logins.pending.len(), 1);
+    assert_eq!(p.log().logins.pending[0].user(), Some("alice"));
 
     p.event(SessionEvent::LoginChecked {
         result: Ok(alice()),
@@ -2151,7 +2132,7 @@ fn a_refused_password_check_is_outcome_auth_and_nothing_after_it_runs() {
 #[test]
 fn a_full_check_queue_is_outcome_sys_temp() {
     let mut p = Peer::new(false);
-    p.log().refuse_logins = Some(AuthError::ServerBusy);
+    p.log().logins.refuse_all = Some(AuthError::ServerBusy);
     p.input(&pipelined_plain_open_begin("alice", PASSWORD));
     assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::SysTemp);
     assert!(p.conn.is_closed());
@@ -2170,7 +2151,7 @@ fn a_connection_closed_while_its_password_check_is_pending_does_no_harm() {
     assert!(p.log().sessions.is_empty());
     let Peer { conn, log, .. } = p;
     drop(conn);
-    let check = log.lock().unwrap().pending_checks.pop().unwrap();
+    let check = log.lock().unwrap().logins.pending.pop().unwrap();
     assert!(check.is_abandoned());
     check.finish(Ok(alice()));
 }
@@ -2196,7 +2177,7 @@ fn the_handshake_deadline_runs_while_the_password_check_is_pending() {
 #[test]
 fn anonymous_does_not_wait() {
     let mut p = Peer::new(true);
-    p.log().defer_passwords = true;
+    p.log().logins.defer_passwords = true;
     p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
     p.recv();
     p.sasl(&SaslInit {
@@ -2205,7 +2186,7 @@ fn anonymous_does_not_wait() {
         hostname: None,
     });
     assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::Ok);
-    assert!(p.log().pending_checks.is_empty());
+    assert!(p.log().logins.pending.is_empty());
 }
 
 // ---------------------------------------------------------------- rcv-settle-mode second

@@ -178,11 +178,7 @@ pub trait Broker: Send + Sync + 'static {
     /// thread.
     fn start_login(&self, credentials: Credentials<'_>, sink: &Arc<dyn EventSink>) -> LoginStart {
         let _ = sink;
-        LoginStart::Done(self.authenticate_connection(
-            credentials.user,
-            credentials.password,
-            credentials.certificate_user,
-        ))
+        login::answer_now(self, &credentials)
     }
 
     /// Opens a session. Events for it go to `sink`.

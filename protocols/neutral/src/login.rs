@@ -183,6 +183,44 @@ impl PasswordCheck {
     }
 }
 
+/// The answer of the provided [`Broker::start_login`]: everything checked
+/// at once, on the caller's thread.
+pub fn answer_now<B: Broker + ?Sized>(broker: &B, c: &Credentials<'_>) -> LoginStart {
+    LoginStart::Done(broker.authenticate_connection(c.user, c.password, c.certificate_user))
+}
+
+/// Scripted logins for the adapters' state-machine tests and fuzz targets:
+/// a fake broker keeps one and answers [`Broker::start_login`] through
+/// [`ScriptedLogins::start`], so a test can hold password checks the way a
+/// broker's hashing pool does, and hand back their results itself.
+#[derive(Debug, Default)]
+pub struct ScriptedLogins {
+    /// Password logins answer [`LoginStart::Pending`]; their checks wait in
+    /// `pending`.
+    pub defer_passwords: bool,
+    /// Every login is refused at once with this.
+    pub refuse_all: Option<AuthError>,
+    /// The deferred checks, oldest first.
+    pub pending: Vec<PasswordCheck>,
+}
+
+impl ScriptedLogins {
+    /// The scripted answer, or `None` when the script leaves the login to
+    /// the broker (which then answers with [`answer_now`]).
+    pub fn start(&mut self, c: &Credentials<'_>, sink: &Arc<dyn EventSink>) -> Option<LoginStart> {
+        if let Some(e) = &self.refuse_all {
+            return Some(LoginStart::Done(Err(e.clone())));
+        }
+        match plan(c) {
+            LoginPlan::Password { user, password } if self.defer_passwords => {
+                self.pending.push(PasswordCheck::new(user, password, sink));
+                Some(LoginStart::Pending)
+            }
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,7 +23,7 @@ fn guest() -> Principal {
 
 fn deferring() -> Harness {
     let h = Harness::new();
-    h.broker.0.lock().unwrap().defer_passwords = true;
+    h.broker.0.lock().unwrap().logins.defer_passwords = true;
     h
 }
 
@@ -48,8 +48,8 @@ fn frames_pipelined_behind_connect_wait_for_the_login_result() {
     );
     {
         let inner = h.broker.0.lock().unwrap();
-        assert_eq!(inner.pending_checks.len(), 1);
-        assert_eq!(inner.pending_checks[0].user(), Some("guest"));
+        assert_eq!(inner.logins.pending.len(), 1);
+        assert_eq!(inner.logins.pending[0].user(), Some("guest"));
     }
     // Bytes that come while waiting are kept for after the result.
     h.input(b"SEND\ndestination:/queue/q\n\nsecond\0");
@@ -100,7 +100,7 @@ fn a_refused_check_is_an_error_frame_and_what_followed_is_ignored() {
 #[test]
 fn a_full_check_queue_is_a_server_busy_error() {
     let mut h = Harness::new();
-    h.broker.0.lock().unwrap().refuse_logins = Some(AuthError::ServerBusy);
+    h.broker.0.lock().unwrap().logins.refuse_all = Some(AuthError::ServerBusy);
     h.input(CONNECT);
     let f = h.frame();
     assert_eq!(f.command, Command::Error);
@@ -120,7 +120,7 @@ fn a_connection_closed_while_its_check_is_pending_does_no_harm() {
     assert_eq!(opened(&h), 0);
     let Harness { conn, broker, .. } = h;
     drop(conn);
-    let check = broker.0.lock().unwrap().pending_checks.pop().unwrap();
+    let check = broker.0.lock().unwrap().logins.pending.pop().unwrap();
     assert!(check.is_abandoned(), "nobody waits for the result");
     check.finish(Ok(guest()));
 }
@@ -130,7 +130,7 @@ fn the_connect_deadline_runs_while_the_check_is_pending() {
     let config = StompConfig::default();
     let timeout_ms = config.connect_timeout_ms;
     let mut h = Harness::with_config(config);
-    h.broker.0.lock().unwrap().defer_passwords = true;
+    h.broker.0.lock().unwrap().logins.defer_passwords = true;
     h.input(CONNECT);
     assert!(h.conn.poll_timeout().is_some());
     h.advance_ms(timeout_ms + 1);
@@ -152,7 +152,7 @@ fn input_beyond_a_frame_while_waiting_is_refused() {
         ..StompConfig::default()
     };
     let mut h = Harness::with_config(config);
-    h.broker.0.lock().unwrap().defer_passwords = true;
+    h.broker.0.lock().unwrap().logins.defer_passwords = true;
     h.input(CONNECT);
     h.input(&[b'\n'; 4096]);
     assert!(!h.conn.is_closed(), "one frame's worth is kept");
@@ -168,5 +168,5 @@ fn anonymous_logins_do_not_wait() {
     let mut h = deferring();
     h.input(b"CONNECT\naccept-version:1.2\nhost:h\n\n\0");
     assert_eq!(h.frame().command, Command::Connected);
-    assert!(h.broker.0.lock().unwrap().pending_checks.is_empty());
+    assert!(h.broker.0.lock().unwrap().logins.pending.is_empty());
 }

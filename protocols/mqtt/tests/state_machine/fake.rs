@@ -48,12 +48,8 @@ pub struct FakeState {
     pub fail_publish: Option<BrokerError>,
     pub fail_bind: Option<BrokerError>,
     pub producer_blocked: bool,
-    /// Password logins wait: `start_login` records the check in
-    /// `pending_checks` and answers `Pending`; the test sends the result.
-    pub defer_passwords: bool,
-    pub pending_checks: Vec<login::PasswordCheck>,
-    /// Every login is answered with this error at once.
-    pub refuse_logins: Option<AuthError>,
+    /// How logins are answered (deferred, refused, or by the fake).
+    pub logins: login::ScriptedLogins,
 }
 
 impl FakeState {
@@ -121,24 +117,8 @@ impl Broker for FakeBroker {
     }
 
     fn start_login(&self, credentials: Credentials<'_>, sink: &Arc<dyn EventSink>) -> LoginStart {
-        {
-            let mut s = self.state();
-            if let Some(e) = s.refuse_logins.clone() {
-                return LoginStart::Done(Err(e));
-            }
-            if s.defer_passwords {
-                if let login::LoginPlan::Password { user, password } = login::plan(&credentials) {
-                    s.pending_checks
-                        .push(login::PasswordCheck::new(user, password, sink));
-                    return LoginStart::Pending;
-                }
-            }
-        }
-        LoginStart::Done(self.authenticate_connection(
-            credentials.user,
-            credentials.password,
-            credentials.certificate_user,
-        ))
+        let scripted = self.state().logins.start(&credentials, sink);
+        scripted.unwrap_or_else(|| login::answer_now(self, &credentials))
     }
 
     fn open_session(&self, info: SessionInfo, _sink: Arc<dyn EventSink>) -> Box<dyn Session> {

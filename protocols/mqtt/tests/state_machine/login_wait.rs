@@ -24,7 +24,7 @@ fn alice() -> Principal {
 /// A harness whose fake core defers every password check.
 fn deferring(v5: bool) -> Harness {
     let h = Harness::new(v5);
-    h.broker.state().defer_passwords = true;
+    h.broker.state().logins.defer_passwords = true;
     h
 }
 
@@ -73,9 +73,9 @@ fn packets_pipelined_behind_connect_wait_for_the_login_result() {
         {
             let s = h.broker.state();
             assert!(s.sessions.is_empty(), "no session before the result");
-            assert_eq!(s.pending_checks.len(), 1);
-            assert_eq!(s.pending_checks[0].user(), Some("alice"));
-            assert_eq!(s.pending_checks[0].password(), b"secret");
+            assert_eq!(s.logins.pending.len(), 1);
+            assert_eq!(s.logins.pending[0].user(), Some("alice"));
+            assert_eq!(s.logins.pending[0].password(), b"secret");
         }
         // More bytes while waiting (a driver that read before it looked at
         // wants_input) are kept, not parsed and not lost.
@@ -122,7 +122,7 @@ fn a_full_check_queue_is_server_unavailable_or_busy() {
         (true, "connack ServerBusy"),
     ] {
         let mut h = Harness::new(v5);
-        h.broker.state().refuse_logins = Some(AuthError::ServerBusy);
+        h.broker.state().logins.refuse_all = Some(AuthError::ServerBusy);
         h.input(&connect_subscribe_ping(v5));
         assert_eq!(answers(&mut h), [code], "v5={v5}");
         assert!(h.conn.is_closed());
@@ -145,7 +145,7 @@ fn a_connection_closed_while_its_check_is_pending_does_no_harm() {
     // result goes nowhere.
     let Harness { conn, broker, .. } = h;
     drop(conn);
-    let check = broker.state().pending_checks.pop().expect("recorded");
+    let check = broker.state().logins.pending.pop().expect("recorded");
     assert!(check.is_abandoned());
     check.finish(Ok(alice()));
 }
@@ -155,7 +155,7 @@ fn the_connect_deadline_runs_while_the_check_is_pending() {
     let config = MqttConfig::default();
     let timeout = Duration::from_millis(config.connect_timeout_ms);
     let broker = FakeBroker::new();
-    broker.state().defer_passwords = true;
+    broker.state().logins.defer_passwords = true;
     let mut h = Harness::with(config, broker, false);
     h.input(&connect_subscribe_ping(false));
     assert!(h.conn.poll_timeout().is_some(), "the deadline is armed");
@@ -173,5 +173,5 @@ fn logins_without_a_password_do_not_wait() {
     let mut h = deferring(false);
     h.input(&connect_v4("anon", true, 30, None));
     assert_eq!(answers(&mut h), ["connack Success"]);
-    assert!(h.broker.state().pending_checks.is_empty());
+    assert!(h.broker.state().logins.pending.is_empty());
 }

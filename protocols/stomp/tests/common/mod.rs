@@ -41,12 +41,8 @@ pub struct Inner {
     pub blocked: bool,
     /// Tickets handed out, in order.
     pub tickets: Vec<Ticket>,
-    /// Password logins wait: `start_login` records the check here and
-    /// answers `Pending`; the test sends the result.
-    pub defer_passwords: bool,
-    pub pending_checks: Vec<login::PasswordCheck>,
-    /// Every login is answered with this error at once.
-    pub refuse_logins: Option<AuthError>,
+    /// How logins are answered (deferred, refused, or by the fake).
+    pub logins: login::ScriptedLogins,
 }
 
 impl Inner {
@@ -83,25 +79,8 @@ impl Broker for FakeBroker {
         Err(AuthError::BadCredentials)
     }
     fn start_login(&self, credentials: Credentials<'_>, sink: &Arc<dyn EventSink>) -> LoginStart {
-        {
-            let mut inner = self.0.lock().unwrap();
-            if let Some(e) = inner.refuse_logins.clone() {
-                return LoginStart::Done(Err(e));
-            }
-            if inner.defer_passwords {
-                if let login::LoginPlan::Password { user, password } = login::plan(&credentials) {
-                    inner
-                        .pending_checks
-                        .push(login::PasswordCheck::new(user, password, sink));
-                    return LoginStart::Pending;
-                }
-            }
-        }
-        LoginStart::Done(self.authenticate_connection(
-            credentials.user,
-            credentials.password,
-            credentials.certificate_user,
-        ))
+        let scripted = self.0.lock().unwrap().logins.start(&credentials, sink);
+        scripted.unwrap_or_else(|| login::answer_now(self, &credentials))
     }
     fn open_session(&self, info: SessionInfo, _sink: Arc<dyn EventSink>) -> Box<dyn Session> {
         self.0.lock().unwrap().calls.push(Call::Open(info));
