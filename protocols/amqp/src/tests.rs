@@ -459,6 +459,16 @@ fn condition_symbol(e: &WireError) -> String {
     sym.0
 }
 
+/// The performatives among `out`, in order.
+fn performatives_of(out: &[Out]) -> Vec<&Performative> {
+    out.iter()
+        .filter_map(|o| match o {
+            Out::Perf(_, p, _) => Some(p),
+            _ => None,
+        })
+        .collect()
+}
+
 fn sasl_outcome(out: &[Out]) -> SaslOutcome {
     out.iter()
         .find_map(|o| match o {
@@ -574,6 +584,8 @@ fn sasl_plain_wrong_password_fails_with_auth() {
 fn sasl_anonymous_only_when_allowed() {
     for allowed in [true, false] {
         let mut p = Peer::new(allowed);
+        // ANONYMOUS never waits for a password check.
+        p.log().logins.defer_passwords = true;
         p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
         p.recv();
         p.sasl(&SaslInit {
@@ -588,6 +600,7 @@ fn sasl_anonymous_only_when_allowed() {
         };
         assert_eq!(sasl_outcome(&p.recv()).code, want);
         assert_eq!(p.conn.is_closed(), !allowed);
+        assert!(p.log().logins.pending.is_empty());
     }
 }
 
@@ -2033,13 +2046,7 @@ fn pipelined_sasl_and_open_in_one_read() {
     let out = p.recv();
     assert!(matches!(out[0], Out::Header(PROTOCOL_ID_SASL)));
     assert_eq!(sasl_outcome(&out).code, SaslCode::Ok);
-    let perfs: Vec<&Performative> = out
-        .iter()
-        .filter_map(|o| match o {
-            Out::Perf(_, p, _) => Some(p),
-            _ => None,
-        })
-        .collect();
+    let perfs = performatives_of(&out);
     assert!(matches!(
         perfs[..],
         [
@@ -2099,13 +2106,7 @@ fn frames_pipelined_behind_plain_wait_for_the_password_check() {
     assert!(out
         .iter()
         .any(|o| matches!(o, Out::Header(PROTOCOL_ID_AMQP))));
-    let perfs: Vec<&Performative> = out
-        .iter()
-        .filter_map(|o| match o {
-            Out::Perf(_, p, _) => Some(p),
-            _ => None,
-        })
-        .collect();
+    let perfs = performatives_of(&out);
     assert!(
         matches!(perfs[..], [Performative::Open(_), Performative::Begin(_)]),
         "{perfs:?}"
@@ -2172,21 +2173,6 @@ fn the_handshake_deadline_runs_while_the_password_check_is_pending() {
     });
     assert!(p.recv().is_empty());
     assert!(p.log().sessions.is_empty());
-}
-
-#[test]
-fn anonymous_does_not_wait() {
-    let mut p = Peer::new(true);
-    p.log().logins.defer_passwords = true;
-    p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
-    p.recv();
-    p.sasl(&SaslInit {
-        mechanism: Symbol::from("ANONYMOUS"),
-        initial_response: None,
-        hostname: None,
-    });
-    assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::Ok);
-    assert!(p.log().logins.pending.is_empty());
 }
 
 // ---------------------------------------------------------------- rcv-settle-mode second
