@@ -310,6 +310,7 @@ pub(crate) async fn run(target: &Target, s: Storm) -> anyhow::Result<Report> {
     storm_sorted.sort_unstable();
     let storm_s = outcome.ended_ns.saturating_sub(outcome.started_ns) as f64 / 1e9;
     let logins = &outcome.login_ns;
+    let shown = |v: serde_json::Value| v.as_f64().map_or("-".to_owned(), |x| format!("{x:.1}"));
     println!(
         "mqtt-login-storm on {}: {} logins in {storm_s:.2} s ({} accepted, {} busy, {} refused, {} failed; \
          login p50 {} ms, p99 {} ms); stream p99 {} µs before, {} µs during, {} µs after",
@@ -319,11 +320,11 @@ pub(crate) async fn run(target: &Target, s: Storm) -> anyhow::Result<Report> {
         outcome.busy,
         outcome.refused,
         outcome.failed,
-        ms(logins, 50.0),
-        ms(logins, 99.0),
-        us(&baseline, 99.0),
-        us(&storm_sorted, 99.0),
-        us(&after, 99.0),
+        shown(ms(logins, 50.0)),
+        shown(ms(logins, 99.0)),
+        shown(us(&baseline, 99.0)),
+        shown(us(&storm_sorted, 99.0)),
+        shown(us(&after, 99.0)),
     );
     m.extra = vec![
         ("storm_s", storm_s.into()),
