@@ -178,6 +178,13 @@ pub struct SecurityConfig {
     /// The users file (see [`crate::users`]). Absent = `users.toml` next
     /// to the configuration file; see [`crate::config::Config::users_file`].
     pub users_file: Option<PathBuf>,
+    /// Threads that check passwords (see [`crate::hash_pool`]). Absent =
+    /// half the cores, at least one.
+    pub password_check_threads: Option<usize>,
+    /// Password checks that may wait for a thread; past this a login is
+    /// refused as "server busy" (MQTT CONNACK 0x89/3, a STOMP ERROR, AMQP
+    /// sasl-outcome sys-temp).
+    pub password_check_queue_max: usize,
 }
 
 impl Default for SecurityConfig {
@@ -185,6 +192,8 @@ impl Default for SecurityConfig {
         Self {
             anonymous: ANONYMOUS_DEFAULT,
             users_file: None,
+            password_check_threads: None,
+            password_check_queue_max: crate::hash_pool::QUEUE_MAX_DEFAULT,
         }
     }
 }

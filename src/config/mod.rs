@@ -304,6 +304,7 @@ impl Config {
         self.check_websocket()?;
         self.check_store()?;
         self.check_broker()?;
+        self.check_security()?;
         self.check_mqtt()?;
         self.check_stomp()?;
         self.check_amqp()?;
@@ -418,6 +419,24 @@ impl Config {
         positive(
             "broker.unauthenticated_per_address_max",
             b.unauthenticated_per_address_max.into(),
+        )
+    }
+
+    fn check_security(&self) -> Result<(), Invalid> {
+        let s = &self.security;
+        if let Some(threads) = s.password_check_threads {
+            within(
+                "security.password_check_threads",
+                threads as u64,
+                1,
+                crate::hash_pool::THREADS_MAX as u64,
+            )?;
+        }
+        within(
+            "security.password_check_queue_max",
+            s.password_check_queue_max as u64,
+            0,
+            crate::hash_pool::QUEUE_MAX_LIMIT as u64,
         )
     }
 

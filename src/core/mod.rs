@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex, RwLock};
+use rosetta_neutral::login::{self, Credentials, LoginPlan, LoginStart, PasswordCheck};
 use rosetta_neutral::{
     Address, AuthError, Broker, EventSink, KickReason, Message, Principal, Protocol,
     ScramCredentials, Session, SessionEvent, SessionInfo,
@@ -129,6 +130,15 @@ pub trait AccessControl: Send + Sync + 'static {
         user: Option<&str>,
         password: Option<&[u8]>,
     ) -> Result<Principal, AuthError>;
+    /// Checks a new connection's password where its cost stalls no other
+    /// connection: [`LoginStart::Pending`] once the check is under way
+    /// (its result then goes to [`PasswordCheck::finish`]), or an answer
+    /// now, [`AuthError::ServerBusy`] included. The provided method checks
+    /// on the caller's thread, which is right for checks that cost nothing
+    /// ([`AllowAll`]).
+    fn authenticate_later(&self, check: PasswordCheck) -> LoginStart {
+        LoginStart::Done(self.authenticate(check.user(), Some(check.password())))
+    }
     /// SCRAM-SHA-256 credentials of a user.
     fn scram_credentials(&self, user: &str) -> Option<ScramCredentials>;
     /// Whether anonymous clients are allowed.
@@ -385,6 +395,19 @@ impl Broker for Core {
 
     fn authenticate_certificate(&self, subject: &str) -> Result<Principal, AuthError> {
         self.inner.access.authenticate_certificate(subject)
+    }
+
+    /// Logins that need a password check go to the access control's
+    /// [`AccessControl::authenticate_later`] (the users file's hashing
+    /// pool); the rest are answered now.
+    fn start_login(&self, credentials: Credentials<'_>, sink: &Arc<dyn EventSink>) -> LoginStart {
+        match login::plan(&credentials) {
+            LoginPlan::Cheap(cheap) => LoginStart::Done(cheap.answer(self)),
+            LoginPlan::Password { user, password } => self
+                .inner
+                .access
+                .authenticate_later(PasswordCheck::new(user, password, sink)),
+        }
     }
 
     fn open_session(&self, info: SessionInfo, sink: Arc<dyn EventSink>) -> Box<dyn Session> {

@@ -35,7 +35,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use rosetta_neutral::SessionInfo;
-use rosetta_neutral::{AuthError, Broker, EventSink, Principal, ScramCredentials, Session};
+use rosetta_neutral::{
+    AuthError, Broker, Credentials, EventSink, LoginStart, Principal, ScramCredentials, Session,
+};
 use tokio::time::Sleep;
 
 use crate::config::BrokerConfig;
@@ -295,6 +297,10 @@ impl Broker for AdmittedBroker {
     ) -> Result<Principal, AuthError> {
         self.core
             .authenticate_connection(user, password, certificate_user)
+    }
+
+    fn start_login(&self, credentials: Credentials<'_>, sink: &Arc<dyn EventSink>) -> LoginStart {
+        self.core.start_login(credentials, sink)
     }
 
     fn open_session(&self, info: SessionInfo, sink: Arc<dyn EventSink>) -> Box<dyn Session> {

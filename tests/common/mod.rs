@@ -102,7 +102,7 @@ pub fn users_file_access(
         .unwrap_or_else(|e| panic!("add user {}: {e}", a.user));
     }
     let users = rosetta::users::Users::load(&path).expect("load users");
-    Arc::new(rosetta::access::UsersAccess::new(users, anonymous))
+    Arc::new(rosetta::access::UsersAccess::new(users, anonymous).expect("hashing threads start"))
 }
 
 impl TestBroker {

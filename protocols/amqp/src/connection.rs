@@ -3,10 +3,16 @@
 //!
 //! ```text
 //!  Header ──SASL hdr──▶ Sasl ──outcome ok──▶ SaslDone ──AMQP hdr──▶ AwaitOpen
-//!    │                   └─ outcome auth ──▶ Closed                   │ Open
+//!    │                   │└─ outcome auth ──▶ Closed                  │ Open
+//!    │                   └─ PLAIN ──▶ SaslChecking ──LoginChecked──▶ (outcome)
 //!    └──AMQP hdr (anonymous allowed)──────────────────────────────────┘
 //!  AwaitOpen ──Open──▶ Opened ──Close / error──▶ CloseSent ──Close──▶ Closed
 //! ```
+//!
+//! In `SaslChecking` the broker checks a PLAIN password elsewhere: nothing
+//! is parsed and [`AmqpConnection::wants_input`] is false, so what the
+//! client pipelined (the AMQP header, Open, Begin...) waits in the
+//! decoder's buffer and is handled after the outcome.
 //!
 //! Every handler returns `Result<(), Fault>`; [`Fault`] says what the error
 //! breaks (a link, a session, the connection), and `apply_fault` closes only
@@ -64,6 +70,8 @@ enum Phase {
     Header,
     /// SASL frames.
     Sasl,
+    /// A PLAIN password is being checked; input waits.
+    SaslChecking,
     /// SASL succeeded; waiting for the AMQP protocol header.
     SaslDone,
     /// Headers exchanged; waiting for Open.
@@ -231,7 +239,9 @@ impl AmqpConnection {
         self.last_recv = now;
         loop {
             match self.phase {
-                Phase::Closed => return,
+                // Waiting for a password check: what is buffered stays
+                // there until its result (`on_login_checked`).
+                Phase::Closed | Phase::SaslChecking => return,
                 Phase::Header | Phase::SaslDone => match self.decoder.next_protocol_header() {
                     Ok(None) => return,
                     Ok(Some(h)) => self.on_protocol_header(h),
@@ -272,6 +282,7 @@ impl AmqpConnection {
             return;
         }
         match event {
+            SessionEvent::LoginChecked { result } => self.on_login_checked(result),
             SessionEvent::Delivery(d) => self.on_delivery(d),
             SessionEvent::Committed { ticket, result } => self.on_committed(ticket, result),
             SessionEvent::Drained { consumer } => self.on_drained(consumer),
@@ -371,10 +382,11 @@ impl AmqpConnection {
         }
     }
 
-    /// False while the driver should stop reading: too many durable commits
-    /// are pending.
+    /// False while the driver should stop reading: a password check is
+    /// under way, or too many durable commits are pending.
     pub fn wants_input(&self) -> bool {
-        !matches!(self.phase, Phase::Closed) && self.tickets.len() < self.cfg.pending_commits_max
+        !matches!(self.phase, Phase::Closed | Phase::SaslChecking)
+            && self.tickets.len() < self.cfg.pending_commits_max
     }
 
     /// True once the connection is finished.
@@ -507,6 +519,7 @@ impl AmqpConnection {
                 self.sasl.on_init(
                     &*self.broker,
                     self.certificate_user.as_deref(),
+                    &self.sink,
                     init.mechanism.as_str(),
                     resp,
                 )
@@ -522,7 +535,28 @@ impl AmqpConnection {
                 )))
             }
         };
+        self.apply_sasl_step(step);
+        Ok(())
+    }
+
+    /// The result of the PLAIN password check the connection waited for:
+    /// the outcome, then whatever the client pipelined behind sasl-init.
+    fn on_login_checked(&mut self, result: Result<Principal, rosetta_neutral::AuthError>) {
+        if self.phase != Phase::SaslChecking {
+            debug!(
+                conn = self.conn_id,
+                "login result with no SASL exchange waiting"
+            );
+            return;
+        }
+        self.apply_sasl_step(sasl::outcome(result));
+        self.handle_buffered_input(self.now);
+    }
+
+    /// Answers one SASL step: a challenge, the outcome, or nothing yet.
+    fn apply_sasl_step(&mut self, step: SaslStep) {
         match step {
+            SaslStep::Pending => self.phase = Phase::SaslChecking,
             SaslStep::Challenge(c) => {
                 let ch = fe2o3_amqp_types::sasl::SaslChallenge {
                     challenge: c.into(),
@@ -542,20 +576,23 @@ impl AmqpConnection {
                 self.principal = Some(principal);
                 self.phase = Phase::SaslDone;
             }
-            SaslStep::Failure(why) => {
-                debug!(conn = self.conn_id, %why, "SASL failed");
-                let outcome = SaslOutcome {
-                    code: SaslCode::Auth,
-                    additional_data: None,
-                };
-                write_frame(&mut self.out, FRAME_TYPE_SASL, 0, &outcome, &[]);
-                self.error = Some(AmqpError::Broker(
-                    rosetta_neutral::BrokerError::Unauthorized(why),
-                ));
-                self.phase = Phase::Closed;
-            }
+            SaslStep::Failure(why) => self.refuse_sasl(SaslCode::Auth, why),
+            SaslStep::Unavailable(why) => self.refuse_sasl(SaslCode::SysTemp, why),
         }
-        Ok(())
+    }
+
+    /// Sends a failed sasl-outcome and closes.
+    fn refuse_sasl(&mut self, code: SaslCode, why: String) {
+        debug!(conn = self.conn_id, %why, ?code, "SASL failed");
+        let outcome = SaslOutcome {
+            code,
+            additional_data: None,
+        };
+        write_frame(&mut self.out, FRAME_TYPE_SASL, 0, &outcome, &[]);
+        self.error = Some(AmqpError::Broker(
+            rosetta_neutral::BrokerError::Unauthorized(why),
+        ));
+        self.phase = Phase::Closed;
     }
 
     // ---- frames ----
@@ -565,7 +602,7 @@ impl AmqpConnection {
         let result = match self.phase {
             Phase::Sasl => self.on_sasl_frame(f),
             Phase::AwaitOpen | Phase::Opened | Phase::CloseSent => self.on_amqp_frame(f),
-            Phase::Header | Phase::SaslDone | Phase::Closed => Ok(()),
+            Phase::Header | Phase::SaslChecking | Phase::SaslDone | Phase::Closed => Ok(()),
         };
         if let Err(fault) = result {
             self.apply_fault(channel, fault);
@@ -770,7 +807,9 @@ impl AmqpConnection {
                 self.phase = Phase::Closed;
             }
             Phase::CloseSent | Phase::Closed => self.phase = Phase::Closed,
-            Phase::Header | Phase::Sasl | Phase::SaslDone => self.phase = Phase::Closed,
+            Phase::Header | Phase::Sasl | Phase::SaslChecking | Phase::SaslDone => {
+                self.phase = Phase::Closed
+            }
         }
         self.close_core(CloseKind::Abnormal);
         self.sessions.clear();

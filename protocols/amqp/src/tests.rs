@@ -54,6 +54,8 @@ struct Log {
     blocked: bool,
     next: u64,
     publish_error: Option<BrokerError>,
+    /// How logins are answered (deferred, refused, or by the fake).
+    logins: login::ScriptedLogins,
 }
 
 impl Log {
@@ -90,6 +92,10 @@ impl Broker for FakeBroker {
     }
     fn authenticate_certificate(&self, _: &str) -> Result<Principal, AuthError> {
         Err(AuthError::BadCredentials)
+    }
+    fn start_login(&self, credentials: Credentials<'_>, sink: &Arc<dyn EventSink>) -> LoginStart {
+        let scripted = self.log.lock().unwrap().logins.start(&credentials, sink);
+        scripted.unwrap_or_else(|| login::answer_now(self, &credentials))
     }
     fn open_session(&self, info: SessionInfo, _sink: Arc<dyn EventSink>) -> Box<dyn Session> {
         self.log.lock().unwrap().sessions.push(info);
@@ -494,6 +500,16 @@ fn condition_symbol(e: &WireError) -> String {
     sym.0
 }
 
+/// The performatives among `out`, in order.
+fn performatives_of(out: &[Out]) -> Vec<&Performative> {
+    out.iter()
+        .filter_map(|o| match o {
+            Out::Perf(_, p, _) => Some(p),
+            _ => None,
+        })
+        .collect()
+}
+
 fn sasl_outcome(out: &[Out]) -> SaslOutcome {
     out.iter()
         .find_map(|o| match o {
@@ -609,6 +625,8 @@ fn sasl_plain_wrong_password_fails_with_auth() {
 fn sasl_anonymous_only_when_allowed() {
     for allowed in [true, false] {
         let mut p = Peer::new(allowed);
+        // ANONYMOUS never waits for a password check.
+        p.log().logins.defer_passwords = true;
         p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
         p.recv();
         p.sasl(&SaslInit {
@@ -623,6 +641,7 @@ fn sasl_anonymous_only_when_allowed() {
         };
         assert_eq!(sasl_outcome(&p.recv()).code, want);
         assert_eq!(p.conn.is_closed(), !allowed);
+        assert!(p.log().logins.pending.is_empty());
     }
 }
 
@@ -739,6 +758,70 @@ fn sasl_scram_unknown_user_fails_like_a_wrong_password() {
     // the same failure as a wrong password.
     let (outcome, _, _) = scram_exchange("mallory", PASSWORD);
     assert_eq!(outcome.code, SaslCode::Auth);
+}
+
+/// A peer whose connection has a verified client certificate naming `user`.
+fn certified(user: &str) -> Peer {
+    let mut p = Peer::new(false);
+    let broker = Arc::new(FakeBroker {
+        log: p.log.clone(),
+        anonymous: false,
+    });
+    p.conn = AmqpConnection::new(AmqpConfig::default(), broker, Arc::new(NullSink), 7, p.now)
+        .with_certificate_user(Some(user.into()));
+    p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
+    p.recv();
+    p
+}
+
+/// SCRAM client-first as alice.
+fn scram_first_as_alice() -> SaslInit {
+    SaslInit {
+        mechanism: Symbol::from("SCRAM-SHA-256"),
+        initial_response: Some(Binary::from(b"n,,n=alice,r=clientnonce123".to_vec())),
+        hostname: None,
+    }
+}
+
+/// With a client certificate, the user of PLAIN and of SCRAM must be the
+/// certificate's user (the identity rule of `rosetta_neutral::login`); the
+/// same user's PLAIN password is still checked.
+#[test]
+fn sasl_users_must_be_the_certificate_user() {
+    let mut p = certified("bob");
+    p.sasl(&plain("alice", PASSWORD));
+    assert_eq!(
+        sasl_outcome(&p.recv()).code,
+        SaslCode::Auth,
+        "PLAIN as alice"
+    );
+    assert!(p.conn.is_closed());
+
+    let mut p = certified("bob");
+    p.sasl(&scram_first_as_alice());
+    assert_eq!(
+        sasl_outcome(&p.recv()).code,
+        SaslCode::Auth,
+        "SCRAM as alice"
+    );
+
+    let mut p = certified("alice");
+    p.sasl(&scram_first_as_alice());
+    assert!(
+        matches!(&p.recv()[..], [Out::Sasl(b)] if crate::descriptor::descriptor_code(b) == Some(0x42)),
+        "SCRAM as the certificate's user gets its challenge"
+    );
+
+    let mut p = certified("alice");
+    p.sasl(&plain("alice", "wrong"));
+    assert_eq!(
+        sasl_outcome(&p.recv()).code,
+        SaslCode::Auth,
+        "wrong password"
+    );
+    let mut p = certified("alice");
+    p.sasl(&plain("alice", PASSWORD));
+    assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::Ok);
 }
 
 // ---------------------------------------------------------------- framing
@@ -2098,13 +2181,7 @@ fn pipelined_sasl_and_open_in_one_read() {
     let out = p.recv();
     assert!(matches!(out[0], Out::Header(PROTOCOL_ID_SASL)));
     assert_eq!(sasl_outcome(&out).code, SaslCode::Ok);
-    let perfs: Vec<&Performative> = out
-        .iter()
-        .filter_map(|o| match o {
-            Out::Perf(_, p, _) => Some(p),
-            _ => None,
-        })
-        .collect();
+    let perfs = performatives_of(&out);
     assert!(matches!(
         perfs[..],
         [
@@ -2114,6 +2191,123 @@ fn pipelined_sasl_and_open_in_one_read() {
             Performative::Flow(_)
         ]
     ));
+}
+
+// ---------------------------------------------------------------- SASL PLAIN waiting for its check
+
+/// What Proton sends before reading anything back: SASL header, PLAIN,
+/// AMQP header, Open, Begin.
+fn pipelined_plain_open_begin(user: &str, password: &str) -> Vec<u8> {
+    let mut wire = frame::protocol_header(PROTOCOL_ID_SASL).to_vec();
+    write_frame(&mut wire, FRAME_TYPE_SASL, 0, &plain(user, password), &[]);
+    wire.extend_from_slice(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    write_perf(&mut wire, 0, &open("c"), &[]);
+    write_perf(&mut wire, 0, &begin(), &[]);
+    wire
+}
+
+fn deferring() -> Peer {
+    let p = Peer::new(false);
+    p.log().logins.defer_passwords = true;
+    p
+}
+
+fn alice() -> Principal {
+    Principal {
+        user: Some("alice".into()),
+    }
+}
+
+#[test]
+fn frames_pipelined_behind_plain_wait_for_the_password_check() {
+    let mut p = deferring();
+    p.input(&pipelined_plain_open_begin("alice", PASSWORD));
+    let out = p.recv();
+    // The SASL header and mechanisms go out; no outcome, nothing else.
+    assert!(
+        matches!(out[..], [Out::Header(PROTOCOL_ID_SASL), Out::Sasl(_)]),
+        "{out:?}"
+    );
+    assert!(!p.conn.wants_input());
+    assert!(p.log().sessions.is_empty());
+    assert_eq!(p.log().logins.pending.len(), 1);
+    assert_eq!(p.log().logins.pending[0].user(), Some("alice"));
+
+    p.event(SessionEvent::LoginChecked {
+        result: Ok(alice()),
+    });
+    let out = p.recv();
+    assert_eq!(sasl_outcome(&out).code, SaslCode::Ok);
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Out::Header(PROTOCOL_ID_AMQP))));
+    let perfs = performatives_of(&out);
+    assert!(
+        matches!(perfs[..], [Performative::Open(_), Performative::Begin(_)]),
+        "{perfs:?}"
+    );
+    assert!(p.conn.wants_input());
+    assert_eq!(p.log().sessions[0].principal, alice());
+}
+
+#[test]
+fn a_refused_password_check_is_outcome_auth_and_nothing_after_it_runs() {
+    let mut p = deferring();
+    p.input(&pipelined_plain_open_begin("alice", "nope"));
+    p.recv();
+    p.event(SessionEvent::LoginChecked {
+        result: Err(AuthError::BadCredentials),
+    });
+    let out = p.recv();
+    assert_eq!(sasl_outcome(&out).code, SaslCode::Auth);
+    assert!(!out.iter().any(|o| matches!(o, Out::Perf(..))), "{out:?}");
+    assert!(p.conn.is_closed());
+    assert!(p.log().sessions.is_empty());
+}
+
+#[test]
+fn a_full_check_queue_is_outcome_sys_temp() {
+    let mut p = Peer::new(false);
+    p.log().logins.refuse_all = Some(AuthError::ServerBusy);
+    p.input(&pipelined_plain_open_begin("alice", PASSWORD));
+    assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::SysTemp);
+    assert!(p.conn.is_closed());
+}
+
+#[test]
+fn a_connection_closed_while_its_password_check_is_pending_does_no_harm() {
+    let mut p = deferring();
+    p.input(&pipelined_plain_open_begin("alice", PASSWORD));
+    p.recv();
+    p.conn.handle_transport_closed(p.now);
+    p.event(SessionEvent::LoginChecked {
+        result: Ok(alice()),
+    });
+    assert!(p.recv().is_empty());
+    assert!(p.log().sessions.is_empty());
+    let Peer { conn, log, .. } = p;
+    drop(conn);
+    let check = log.lock().unwrap().logins.pending.pop().unwrap();
+    assert!(check.is_abandoned());
+    check.finish(Ok(alice()));
+}
+
+#[test]
+fn the_handshake_deadline_runs_while_the_password_check_is_pending() {
+    let mut p = deferring();
+    p.input(&pipelined_plain_open_begin("alice", PASSWORD));
+    p.recv();
+    let due = p
+        .conn
+        .poll_timeout()
+        .expect("the handshake deadline is armed");
+    p.advance(due - p.now + Duration::from_millis(1));
+    assert!(p.conn.is_closed());
+    p.event(SessionEvent::LoginChecked {
+        result: Ok(alice()),
+    });
+    assert!(p.recv().is_empty());
+    assert!(p.log().sessions.is_empty());
 }
 
 // ---------------------------------------------------------------- rcv-settle-mode second

@@ -1,7 +1,8 @@
 //! The handle an adapter uses to talk to the broker core.
 //!
-//! An adapter authenticates a client with [`Broker::authenticate`], opens a
-//! [`Session`] for it with [`Broker::open_session`], and from then on calls
+//! An adapter logs a client in with [`Broker::start_login`] (the identity
+//! rule and the asynchronous password check are in [`crate::login`]),
+//! opens a [`Session`] for it with [`Broker::open_session`], and from then on calls
 //! the session synchronously: declare and bind queues, publish, consume,
 //! settle, run transactions. Calls return at once. Work that finishes later
 //! (a durable commit, a delivery, a drained consumer) comes back as a
@@ -30,6 +31,7 @@ use bytes::Bytes;
 
 use crate::address::Address;
 use crate::budget::{DeliveryBudget, DeliveryCharge};
+use crate::login::{self, Credentials, LoginPlan, LoginStart};
 use crate::message::{Guarantee, Message};
 
 /// Which wire protocol a session speaks. Used for logs, metrics and to keep
@@ -94,6 +96,14 @@ pub enum AuthError {
     /// No credentials given and anonymous access is off.
     #[error("anonymous access is disabled")]
     AnonymousDisabled,
+    /// A user name other than the verified client certificate's user
+    /// (see [`crate::login`]): the client is who its certificate says, and
+    /// may not log in as anyone else.
+    #[error("the user name is not the client certificate's user")]
+    CertificateMismatch,
+    /// Too many password checks are waiting: try again later.
+    #[error("too many logins in progress; try again later")]
+    ServerBusy,
 }
 
 /// Identity of a connection, for the session being opened.
@@ -133,28 +143,43 @@ pub trait Broker: Send + Sync + 'static {
     /// Accepts a user named by a verified TLS client certificate.
     fn authenticate_certificate(&self, subject: &str) -> Result<Principal, AuthError>;
 
-    /// The one rule every adapter applies to a new connection: credentials
-    /// given with a password are checked as such; without a password, a
-    /// verified TLS client certificate (`certificate_user`, the name the
-    /// TLS layer took from its subject) names the user, and must be a user
-    /// of the users file. A user name sent
-    /// next to the certificate must then be that same name, so a client
-    /// cannot borrow one identity's certificate to act as another.
+    /// The one rule every adapter applies to a new connection
+    /// ([`login::plan`]), checked on the caller's thread: a verified TLS
+    /// client certificate (`certificate_user`) names the user, a user name
+    /// sent next to it must be the same name, and a password sent is
+    /// checked. Without a certificate, the user name and password are
+    /// checked as such.
     fn authenticate_connection(
         &self,
         user: Option<&str>,
         password: Option<&[u8]>,
         certificate_user: Option<&str>,
     ) -> Result<Principal, AuthError> {
-        // Clients that always send the field (stomp.js) send it empty.
-        let password = password.filter(|p| !p.is_empty());
-        match (password, certificate_user) {
-            (None, Some(subject)) => match user {
-                Some(name) if !name.is_empty() && name != subject => Err(AuthError::BadCredentials),
-                _ => self.authenticate_certificate(subject),
-            },
-            _ => self.authenticate(user, password),
+        let credentials = Credentials {
+            user,
+            password,
+            certificate_user,
+        };
+        match login::plan(&credentials) {
+            LoginPlan::Cheap(cheap) => cheap.answer(self),
+            LoginPlan::Password { user, password } => self.authenticate(user, Some(password)),
         }
+    }
+
+    /// Starts logging a new connection in, under the same rule as
+    /// [`Broker::authenticate_connection`]. What costs nothing (anonymous,
+    /// certificate, a refusal by the rule) is answered at once; a password
+    /// check may run elsewhere, and then the answer is
+    /// [`LoginStart::Pending`] and the result arrives as
+    /// [`SessionEvent::LoginChecked`] through `sink`, the connection's
+    /// sink. A broker with no room for another check answers
+    /// [`AuthError::ServerBusy`] at once.
+    ///
+    /// The provided method checks everything at once, on the caller's
+    /// thread.
+    fn start_login(&self, credentials: Credentials<'_>, sink: &Arc<dyn EventSink>) -> LoginStart {
+        let _ = sink;
+        login::answer_now(self, &credentials)
     }
 
     /// Opens a session. Events for it go to `sink`.
@@ -437,6 +462,13 @@ pub enum SessionEvent {
     Kicked {
         /// Why.
         reason: KickReason,
+    },
+    /// The password check a [`Broker::start_login`] started has finished
+    /// (sent before any session exists, so there is at most one per
+    /// connection).
+    LoginChecked {
+        /// Who the client is, or why it may not log in.
+        result: Result<Principal, AuthError>,
     },
 }
 

@@ -10,6 +10,8 @@
 //!   [`SessionEvent`]s the core sends back;
 //! - [`budget`]: the per-connection byte budget for deliveries not yet
 //!   written, the core's back-pressure from a slow reader;
+//! - [`login`]: the identity rule for a new connection (password, client
+//!   certificate) and the password check that finishes later;
 //! - [`scram`]: the SCRAM-SHA-256 exchange (RFC 5802/7677) that AMQP SASL
 //!   and MQTT 5 enhanced authentication both run.
 //!
@@ -21,6 +23,7 @@ pub mod address;
 pub mod broker;
 pub mod budget;
 pub mod fields;
+pub mod login;
 pub mod message;
 pub mod scram;
 pub mod value;
@@ -28,5 +31,6 @@ pub mod value;
 pub use address::{Address, AddressError, RoutingType};
 pub use broker::*;
 pub use budget::{DeliveryBudget, DeliveryCharge};
+pub use login::{Credentials, LoginStart, PasswordCheck};
 pub use message::{Body, BodyKind, Guarantee, Message, MessageId};
 pub use value::{Properties, Value};

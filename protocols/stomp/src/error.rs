@@ -172,6 +172,7 @@ pub fn error_frame(err: &StompError) -> ErrorFrame {
             "unsupported protocol version"
         }
         StompError::UnsupportedCommand(..) => "unsupported command",
+        StompError::Auth(AuthError::ServerBusy) => "server busy",
         StompError::Auth(_) => "authentication failed",
         StompError::LimitExceeded { .. } => "limit exceeded",
         StompError::ConnectTimeout(_) => "connect timeout",

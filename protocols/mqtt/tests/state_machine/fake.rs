@@ -48,6 +48,8 @@ pub struct FakeState {
     pub fail_publish: Option<BrokerError>,
     pub fail_bind: Option<BrokerError>,
     pub producer_blocked: bool,
+    /// How logins are answered (deferred, refused, or by the fake).
+    pub logins: login::ScriptedLogins,
 }
 
 impl FakeState {
@@ -112,6 +114,11 @@ impl Broker for FakeBroker {
 
     fn authenticate_certificate(&self, _subject: &str) -> Result<Principal, AuthError> {
         Err(AuthError::BadCredentials)
+    }
+
+    fn start_login(&self, credentials: Credentials<'_>, sink: &Arc<dyn EventSink>) -> LoginStart {
+        let scripted = self.state().logins.start(&credentials, sink);
+        scripted.unwrap_or_else(|| login::answer_now(self, &credentials))
     }
 
     fn open_session(&self, info: SessionInfo, _sink: Arc<dyn EventSink>) -> Box<dyn Session> {
