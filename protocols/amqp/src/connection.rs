@@ -131,6 +131,7 @@ pub struct AmqpConnection {
     pub(crate) now: Instant,
     /// Wall-clock ms for ttl <-> expiry, read once per entry call.
     pub(crate) now_ms: u64,
+    /// When the last whole frame arrived (the idle timeout counts frames).
     last_recv: Instant,
     last_send: Instant,
     handshake_deadline: Option<Instant>,
@@ -227,7 +228,6 @@ impl AmqpConnection {
         if matches!(self.phase, Phase::Closed) {
             return;
         }
-        self.last_recv = now;
         loop {
             match self.phase {
                 Phase::Closed => return,
@@ -247,7 +247,13 @@ impl AmqpConnection {
                             self.settle_accepted_in();
                             return;
                         }
-                        Ok(Some(f)) => self.on_frame(f),
+                        Ok(Some(f)) => {
+                            // Only a whole frame counts against the idle
+                            // timeout (spec 2.4.5): the bytes of one dribbled
+                            // a byte at a time must not keep a peer alive.
+                            self.last_recv = now;
+                            self.on_frame(f);
+                        }
                         Err(e) => self.fail(AmqpError::Frame(e)),
                     }
                 }

@@ -811,6 +811,50 @@ fn idle_timeouts_both_ways() {
     assert!(p.conn.is_closed());
 }
 
+/// Spec 2.4.5: the idle timeout fires when no *frames* arrive. A frame
+/// dribbled a byte at a time never completes, so its bytes must not keep
+/// the connection open.
+#[test]
+fn idle_timeout_counts_frames_not_bytes() {
+    let mut p = Peer::opened(|c| c.idle_timeout_ms = 2_000);
+    p.recv();
+    let mut b = Vec::new();
+    write_perf(&mut b, 0, &begin(), &[]);
+    let opened_at = p.now;
+    let mut sent = 0;
+    while !p.conn.is_closed() && sent < b.len() {
+        p.input(&b[sent..=sent]);
+        sent += 1;
+        p.advance(Duration::from_millis(500));
+    }
+    assert!(p.conn.is_closed(), "a dribbled frame kept the connection");
+    assert!(sent < b.len(), "closed before the frame completed");
+    assert!(p.now - opened_at <= Duration::from_millis(2_000));
+    let out = p.perfs();
+    let Some(Performative::Close(c)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(c.error.as_ref().unwrap()),
+        "amqp:resource-limit-exceeded"
+    );
+}
+
+/// A frame that arrived in pieces counts when its last byte arrives.
+#[test]
+fn idle_timeout_restarts_when_a_split_frame_completes() {
+    let mut p = Peer::opened(|c| c.idle_timeout_ms = 2_000);
+    p.recv();
+    p.advance(Duration::from_millis(1_500));
+    p.input(&[0, 0, 0, 8]);
+    p.advance(Duration::from_millis(400));
+    p.input(&[2, 0, 0, 0]); // the rest of an empty frame
+    p.advance(Duration::from_millis(1_900));
+    assert!(!p.conn.is_closed());
+    p.advance(Duration::from_millis(100));
+    assert!(p.conn.is_closed());
+}
+
 #[test]
 fn handshake_must_finish_in_time() {
     let mut p = Peer::new(true);

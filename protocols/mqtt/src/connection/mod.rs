@@ -87,6 +87,8 @@ struct Open {
     shared: BTreeMap<String, SharedSub>,
     /// 1.5 × the effective keep-alive; `None` when disabled.
     keep_alive_timeout: Option<Duration>,
+    /// When the last complete control packet arrived (bytes of an
+    /// unfinished one do not count).
     last_input: Instant,
     /// Consumer window: min(client receive maximum, our cap).
     window: u32,
@@ -211,10 +213,11 @@ impl MqttConnection {
     }
 
     /// Parses what was appended to [`Self::input_buffer`].
+    ///
+    /// Only a complete control packet restarts the keep-alive timer
+    /// (MQTT-3.1.2-24): a packet dribbled a byte at a time must not keep a
+    /// connection open forever.
     pub fn handle_buffered_input(&mut self, now: Instant) {
-        if let State::Open(open) = &mut self.state {
-            open.last_input = now;
-        }
         loop {
             if matches!(self.state, State::Closed) {
                 return;
@@ -222,6 +225,9 @@ impl MqttConnection {
             match self.decoder.next_packet() {
                 Ok(Some(packet)) => {
                     tracing::trace!(conn_id = self.conn_id, ?packet, "packet in");
+                    if let State::Open(open) = &mut self.state {
+                        open.last_input = now;
+                    }
                     self.handle_packet(now, packet);
                 }
                 Ok(None) => break,
