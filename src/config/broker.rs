@@ -22,6 +22,12 @@ pub const QUEUE_DEPTH_MAX_DEFAULT: u64 = crate::core::QUEUE_DEPTH_MAX_DEFAULT;
 /// Open connections across all listeners: each costs a file descriptor
 /// and a few KiB, so this bounds both.
 pub const CONNECTIONS_MAX_DEFAULT: u32 = 100_000;
+/// Queues all clients together may create (see
+/// [`crate::core::QUEUES_MAX_DEFAULT`] for why this many).
+pub const QUEUES_MAX_DEFAULT: u64 = crate::core::QUEUES_MAX_DEFAULT as u64;
+/// Topic bindings all clients together may create (see
+/// [`crate::core::BINDINGS_MAX_DEFAULT`] for why this many).
+pub const BINDINGS_MAX_DEFAULT: u64 = crate::core::BINDINGS_MAX_DEFAULT as u64;
 /// Time from accept to an authenticated session: a client that has not
 /// finished its handshake by then is closed, so idle sockets cannot hold
 /// connection slots.
@@ -95,6 +101,11 @@ pub struct BrokerConfig {
     pub queue_depth_max: u64,
     /// Most open connections across all listeners.
     pub connections_max: u32,
+    /// Most queues, all clients together.
+    pub queues_max: u64,
+    /// Most topic bindings (MQTT subscriptions, STOMP and AMQP topic
+    /// subscriptions), all clients together.
+    pub bindings_max: u64,
     /// Time from accept to authenticated session, in milliseconds.
     pub connect_timeout_ms: u64,
     /// Grace period for clients on shutdown, in milliseconds.
@@ -110,6 +121,8 @@ impl Default for BrokerConfig {
             auto_create_queues: AUTO_CREATE_QUEUES_DEFAULT,
             queue_depth_max: QUEUE_DEPTH_MAX_DEFAULT,
             connections_max: CONNECTIONS_MAX_DEFAULT,
+            queues_max: QUEUES_MAX_DEFAULT,
+            bindings_max: BINDINGS_MAX_DEFAULT,
             connect_timeout_ms: CONNECT_TIMEOUT_MS_DEFAULT,
             shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
         }

@@ -51,6 +51,7 @@ struct Log {
     blocked: bool,
     next: u64,
     publish_error: Option<BrokerError>,
+    bind_error: Option<BrokerError>,
 }
 
 impl Log {
@@ -119,7 +120,11 @@ impl Session for FakeSession {
         Ok(())
     }
     fn bind(&mut self, q: &str, f: &str, _: BindingOptions) -> Result<BindInfo, BrokerError> {
-        self.log.lock().unwrap().bound.push((q.into(), f.into()));
+        let mut log = self.log.lock().unwrap();
+        if let Some(e) = log.bind_error.clone() {
+            return Err(e);
+        }
+        log.bound.push((q.into(), f.into()));
         Ok(BindInfo {
             existed: false,
             retained_sent: 0,
@@ -451,6 +456,15 @@ fn condition_symbol(e: &WireError) -> String {
     let bytes = serde_amqp::to_vec(&e.condition).unwrap();
     let sym: Symbol = serde_amqp::from_slice(&bytes).unwrap();
     sym.0
+}
+
+/// The condition of the Close that ends what the connection wrote.
+fn closed_with(p: &mut Peer) -> String {
+    let out = p.perfs();
+    let Some(Performative::Close(c)) = out.last() else {
+        panic!("expected a Close last: {out:?}")
+    };
+    condition_symbol(c.error.as_ref().expect("an error in the Close"))
 }
 
 fn sasl_outcome(out: &[Out]) -> SaslOutcome {
@@ -830,14 +844,7 @@ fn idle_timeout_counts_frames_not_bytes() {
     assert!(p.conn.is_closed(), "a dribbled frame kept the connection");
     assert!(sent < b.len(), "closed before the frame completed");
     assert!(p.now - opened_at <= Duration::from_millis(2_000));
-    let out = p.perfs();
-    let Some(Performative::Close(c)) = out.last() else {
-        panic!("{out:?}")
-    };
-    assert_eq!(
-        condition_symbol(c.error.as_ref().unwrap()),
-        "amqp:resource-limit-exceeded"
-    );
+    assert_eq!(closed_with(&mut p), "amqp:resource-limit-exceeded");
 }
 
 /// A frame that arrived in pieces counts when its last byte arrives.
@@ -1062,6 +1069,68 @@ fn links_per_connection_are_limited() {
         condition_symbol(d.error.as_ref().unwrap()),
         "amqp:resource-limit-exceeded"
     );
+}
+
+/// Begin advertises handle-max = links per session - 1; a handle above it
+/// breaks what we advertised: a framing error that closes the connection
+/// (spec 2.7.2), not a refused link.
+#[test]
+fn handles_above_the_advertised_handle_max_close_the_connection() {
+    let mut p = Peer::with(
+        true,
+        AmqpConfig {
+            links_per_session_max: 2,
+            ..AmqpConfig::default()
+        },
+    );
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    p.send(0, &open("client-1"), &[]);
+    p.send(0, &begin(), &[]);
+    let out = p.perfs();
+    let Some(Performative::Begin(b)) = out.get(1) else {
+        panic!("{out:?}")
+    };
+    assert_eq!(b.handle_max, Handle(1));
+    p.send(0, &attach("one", 1, Role::Sender, Some("q")), &[]);
+    assert!(matches!(
+        p.perfs()[..],
+        [Performative::Attach(_), Performative::Flow(_)]
+    ));
+    p.send(0, &attach("two", 2, Role::Sender, Some("q")), &[]);
+    assert_eq!(closed_with(&mut p), "amqp:connection:framing-error");
+}
+
+#[test]
+fn a_channel_above_channel_max_closes_the_connection() {
+    let mut p = Peer::opened(|c| c.channel_max = 1);
+    p.send(2, &begin(), &[]);
+    assert_eq!(closed_with(&mut p), "amqp:connection:framing-error");
+}
+
+/// A topic receiver whose binding the core refuses (past its bindings
+/// limit, say) gets its attach refused, and the queue made for it goes:
+/// no consumer would ever come to take it away.
+#[test]
+fn a_refused_topic_binding_leaves_no_queue_behind() {
+    let mut p = Peer::opened(|_| {});
+    p.log().bind_error = Some(BrokerError::ResourceLimit("bindings".into()));
+    p.send(0, &attach("sub", 0, Role::Receiver, Some("/topic/t")), &[]);
+    let out = p.perfs();
+    let Some(Performative::Detach(d)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(d.error.as_ref().unwrap()),
+        "amqp:resource-limit-exceeded"
+    );
+    let log = p.log();
+    let declared = log.declared.last().and_then(|s| s.name.clone());
+    assert_eq!(log.deleted.len(), 1, "{:?}", log.deleted);
+    assert!(
+        log.declared.len() == 1 && declared.is_none(),
+        "a temporary queue"
+    );
+    assert!(log.deleted[0].starts_with("$temp/"), "{:?}", log.deleted);
 }
 
 #[test]
