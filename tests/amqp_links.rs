@@ -58,6 +58,51 @@ async fn open_advertises_limits_and_our_idle_timeout_is_enforced() {
     broker.stop().await;
 }
 
+/// Spec 2.4.5: the idle timeout counts frames. A Begin dribbled one byte
+/// every 300 ms on a 1 s idle timeout never completes a frame, so the
+/// broker closes with resource-limit-exceeded after about 1 s, not when the
+/// bytes run out.
+#[tokio::test]
+async fn frame_dribbled_a_byte_at_a_time_does_not_reset_the_idle_timeout() {
+    let broker = TestBroker::start_with(
+        |c| c.amqp.idle_timeout_ms = 1000,
+        std::sync::Arc::new(rosetta::core::AllowAll),
+    )
+    .await;
+    let mut raw = RawAmqp::connect(broker.amqp()).await;
+    raw.open(65536, None).await;
+    let begin = amqp::frame(0, 0, &amqp::begin_body());
+    let started = std::time::Instant::now();
+    let mut close = None;
+    for (i, byte) in begin.iter().enumerate() {
+        assert!(
+            raw.write(std::slice::from_ref(byte)).await,
+            "closed without a Close"
+        );
+        match raw.read_frame_within(Duration::from_millis(300)).await {
+            Ok(f) if f.code() == Some(amqp::CLOSE) => {
+                close = Some((i + 1, f));
+                break;
+            }
+            Ok(f) => panic!("unexpected frame {f:?}"),
+            Err(amqp::RawEnd::Timeout) => {}
+            Err(amqp::RawEnd::Eof) => panic!("closed without a Close"),
+        }
+    }
+    let (written, close) = close.expect("a Close while the Begin dribbled");
+    assert!(
+        written < begin.len(),
+        "closed only after the frame completed"
+    );
+    assert!(close.mentions("amqp:resource-limit-exceeded"), "{close:?}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(800) && took < Duration::from_millis(2500),
+        "closed after {took:?}"
+    );
+    broker.stop().await;
+}
+
 #[tokio::test]
 async fn broker_keeps_a_client_idle_timeout_alive_with_empty_frames() {
     let broker = TestBroker::start().await;

@@ -36,6 +36,12 @@ pub const UNAUTHENTICATED_CONNECTIONS_MAX_DEFAULT: u32 = 1_024;
 /// front of many devices, or a load tool opening a hundred connections at
 /// once, still fits.
 pub const UNAUTHENTICATED_PER_ADDRESS_MAX_DEFAULT: u32 = 128;
+/// Queues all clients together may create (see
+/// [`crate::core::QUEUES_MAX_DEFAULT`] for why this many).
+pub const QUEUES_MAX_DEFAULT: u64 = crate::core::QUEUES_MAX_DEFAULT as u64;
+/// Topic bindings all clients together may create (see
+/// [`crate::core::BINDINGS_MAX_DEFAULT`] for why this many).
+pub const BINDINGS_MAX_DEFAULT: u64 = crate::core::BINDINGS_MAX_DEFAULT as u64;
 /// Time from accept to an authenticated session: a client that has not
 /// finished its handshake by then is closed, so idle sockets cannot hold
 /// connection slots.
@@ -133,6 +139,11 @@ pub struct BrokerConfig {
     pub unauthenticated_connections_max: u32,
     /// Most connections not yet authenticated from one source address.
     pub unauthenticated_per_address_max: u32,
+    /// Most queues, all clients together.
+    pub queues_max: u64,
+    /// Most topic bindings (MQTT subscriptions, STOMP and AMQP topic
+    /// subscriptions), all clients together.
+    pub bindings_max: u64,
     /// Time from accept to authenticated session, in milliseconds.
     pub connect_timeout_ms: u64,
     /// Grace period for clients on shutdown, in milliseconds.
@@ -159,6 +170,8 @@ impl Default for BrokerConfig {
             connections_max: CONNECTIONS_MAX_DEFAULT,
             unauthenticated_connections_max: UNAUTHENTICATED_CONNECTIONS_MAX_DEFAULT,
             unauthenticated_per_address_max: UNAUTHENTICATED_PER_ADDRESS_MAX_DEFAULT,
+            queues_max: QUEUES_MAX_DEFAULT,
+            bindings_max: BINDINGS_MAX_DEFAULT,
             connect_timeout_ms: CONNECT_TIMEOUT_MS_DEFAULT,
             shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
             payload_size_max_bytes: PAYLOAD_SIZE_MAX_BYTES_DEFAULT,

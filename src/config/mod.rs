@@ -419,7 +419,9 @@ impl Config {
         positive(
             "broker.unauthenticated_per_address_max",
             b.unauthenticated_per_address_max.into(),
-        )
+        )?;
+        positive("broker.queues_max", b.queues_max)?;
+        positive("broker.bindings_max", b.bindings_max)
     }
 
     fn check_security(&self) -> Result<(), Invalid> {
@@ -450,7 +452,12 @@ impl Config {
             MQTT_PACKET_SIZE_MIN_BYTES.into(),
             MQTT_PACKET_SIZE_PROTOCOL_MAX_BYTES.into(),
         )?;
-        within("mqtt.qos_max", m.qos_max.into(), 0, 2)
+        within("mqtt.qos_max", m.qos_max.into(), 0, 2)?;
+        positive("mqtt.subscriptions_max", m.subscriptions_max.into())?;
+        positive(
+            "mqtt.shared_subscriptions_max",
+            m.shared_subscriptions_max.into(),
+        )
     }
 
     fn check_stomp(&self) -> Result<(), Invalid> {
@@ -520,6 +527,10 @@ impl Config {
                 ),
             ));
         }
+        positive(
+            "amqp.links_per_connection_max",
+            a.links_per_connection_max.into(),
+        )?;
         positive("amqp.link_credit_window", a.link_credit_window.into())
     }
 

@@ -37,6 +37,14 @@ pub const MQTT_TOPIC_ALIAS_MAX_DEFAULT: u16 = 64;
 /// sessions do not hold queued messages on disk forever.
 pub const MQTT_SESSION_EXPIRY_MAX_S_DEFAULT: u32 = 7 * 24 * 3600;
 
+/// Plain subscriptions per session (see
+/// [`rosetta_mqtt::config::SUBSCRIPTIONS_MAX`] for why this many).
+pub const MQTT_SUBSCRIPTIONS_MAX_DEFAULT: u32 = rosetta_mqtt::config::SUBSCRIPTIONS_MAX as u32;
+/// Shared and `$queue/` subscriptions per session (see
+/// [`rosetta_mqtt::config::OWN_SUBSCRIPTIONS_MAX`] for why this many).
+pub const MQTT_SHARED_SUBSCRIPTIONS_MAX_DEFAULT: u32 =
+    rosetta_mqtt::config::OWN_SUBSCRIPTIONS_MAX as u32;
+
 /// `[mqtt]`: MQTT 3.1.1/5.0 server limits, advertised in the v5 CONNACK.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -63,6 +71,11 @@ pub struct MqttConfig {
     /// Longest session expiry granted, in seconds; also the expiry of
     /// 3.1.1 persistent sessions.
     pub session_expiry_max_s: u32,
+    /// Most plain subscriptions per session (SUBACK 0x97 / 0x80 past it).
+    pub subscriptions_max: u32,
+    /// Most shared and `$queue/` subscriptions per session (SUBACK 0x97 /
+    /// 0x80 past it).
+    pub shared_subscriptions_max: u32,
 }
 
 impl Default for MqttConfig {
@@ -77,6 +90,8 @@ impl Default for MqttConfig {
             shared_available: MQTT_SHARED_AVAILABLE_DEFAULT,
             topic_alias_max: MQTT_TOPIC_ALIAS_MAX_DEFAULT,
             session_expiry_max_s: MQTT_SESSION_EXPIRY_MAX_S_DEFAULT,
+            subscriptions_max: MQTT_SUBSCRIPTIONS_MAX_DEFAULT,
+            shared_subscriptions_max: MQTT_SHARED_SUBSCRIPTIONS_MAX_DEFAULT,
         }
     }
 }
@@ -103,7 +118,10 @@ pub const STOMP_HEARTBEAT_RECEIVE_MS_DEFAULT: u32 = 10_000;
 pub const STOMP_PREFETCH_DEFAULT: u32 = 100;
 /// Highest prefetch a client may ask for.
 pub const STOMP_PREFETCH_MAX_DEFAULT: u32 = 10_000;
-/// Subscriptions per connection.
+/// Subscriptions per connection: each is a consumer in the core (and a
+/// queue and binding for a topic). Real clients hold a few; ActiveMQ,
+/// Artemis and RabbitMQ set no cap by default. Past it, STOMP's only answer
+/// is an ERROR frame and the close.
 pub const STOMP_SUBSCRIPTIONS_MAX_DEFAULT: u32 = 1_024;
 /// Open transactions per connection.
 pub const STOMP_TRANSACTIONS_MAX_DEFAULT: u32 = 16;
@@ -162,8 +180,14 @@ pub const AMQP_FRAME_SIZE_MAX_BYTES_DEFAULT: u32 = 64 * 1024;
 pub const AMQP_FRAME_SIZE_MIN_BYTES: u32 = 512;
 /// channel-max: sessions per connection beyond what any client uses.
 pub const AMQP_CHANNEL_MAX_DEFAULT: u16 = 255;
-/// handle-max: links per session.
+/// handle-max: the highest link handle, so 1,024 links per session. JMS
+/// opens one per producer and consumer; RabbitMQ allows 256
+/// (`link_max_per_session`).
 pub const AMQP_HANDLE_MAX_DEFAULT: u32 = 1_023;
+/// Links across all sessions of a connection (see
+/// [`rosetta_amqp::LINKS_PER_CONNECTION_MAX`] for why this many).
+pub const AMQP_LINKS_PER_CONNECTION_MAX_DEFAULT: u32 =
+    rosetta_amqp::LINKS_PER_CONNECTION_MAX as u32;
 /// Idle timeout we enforce: a peer that sends nothing (an empty frame
 /// will do) this long is closed, so dead peers are noticed within a
 /// minute. Half of it is announced in Open (AMQP 1.0 §2.4.5).
@@ -187,8 +211,11 @@ pub struct AmqpConfig {
     pub message_size_max_bytes: Option<u32>,
     /// channel-max offered (highest channel number).
     pub channel_max: u16,
-    /// handle-max offered (highest link handle).
+    /// handle-max offered (highest link handle): `handle_max + 1` links
+    /// per session.
     pub handle_max: u32,
+    /// Most links across all sessions of a connection.
+    pub links_per_connection_max: u32,
     /// Idle timeout enforced, in milliseconds (0 = none); half of it is
     /// announced in Open.
     pub idle_timeout_ms: u32,
@@ -203,6 +230,7 @@ impl Default for AmqpConfig {
             message_size_max_bytes: None,
             channel_max: AMQP_CHANNEL_MAX_DEFAULT,
             handle_max: AMQP_HANDLE_MAX_DEFAULT,
+            links_per_connection_max: AMQP_LINKS_PER_CONNECTION_MAX_DEFAULT,
             idle_timeout_ms: AMQP_IDLE_TIMEOUT_MS_DEFAULT,
             link_credit_window: AMQP_LINK_CREDIT_WINDOW_DEFAULT,
         }

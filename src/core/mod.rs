@@ -70,6 +70,19 @@ pub const MEMORY_BUDGET_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 /// Messages one queue may hold: past this, producers get a resource-limit
 /// error instead of the broker running out of disk or memory.
 pub const QUEUE_DEPTH_MAX_DEFAULT: u64 = 10_000_000;
+/// Queues all clients together may create when no configuration says
+/// otherwise: ten per connection at the default 100,000 connections (a
+/// session queue and a few shared, durable and temporary ones each).
+/// RabbitMQ (vhost `max-queues`) and Artemis set no cap by default; every
+/// queue holds memory even empty, so clients must not create them without
+/// end.
+pub const QUEUES_MAX_DEFAULT: usize = 1_000_000;
+/// Topic bindings (MQTT subscriptions, STOMP and AMQP topic subscriptions)
+/// all clients together may create when no configuration says otherwise:
+/// a hundred per connection at the default 100,000 connections, and a
+/// hundred times the routing benchmark's table. Each costs a trie entry
+/// and a copy of its filter in its queue.
+pub const BINDINGS_MAX_DEFAULT: usize = 10_000_000;
 /// How often the housekeeping thread looks at wills and idle queues: fine
 /// enough for second-granularity MQTT timers.
 const HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(100);
@@ -103,6 +116,15 @@ pub struct CoreConfig {
     /// Producers are held back while the filesystem of this directory has
     /// less free space than this; `None` never checks.
     pub disk_free_min: Option<DiskFreeMin>,
+    /// Most queues at once. A declare (or auto-creation) past it fails
+    /// with `BrokerError::ResourceLimit`; the dead-letter and expiry queues
+    /// are exempt, so no message is dropped for want of them. Queues
+    /// recovered from the journal are kept even past it.
+    pub queues_max: usize,
+    /// Most topic bindings at once, all queues together; a bind of a new
+    /// filter past it fails with `BrokerError::ResourceLimit`. Recovered
+    /// bindings are kept even past it.
+    pub bindings_max: usize,
 }
 
 impl Default for CoreConfig {
@@ -116,6 +138,8 @@ impl Default for CoreConfig {
             paging_dir: None,
             queue_depth_max: QUEUE_DEPTH_MAX_DEFAULT,
             disk_free_min: None,
+            queues_max: QUEUES_MAX_DEFAULT,
+            bindings_max: BINDINGS_MAX_DEFAULT,
         }
     }
 }

@@ -549,6 +549,7 @@ impl Session for CoreSession {
                     name: Some(spec.queue.clone()),
                     durable: true,
                     lifetime: QueueLifetime::Permanent,
+                    bindings_max: None,
                 };
                 let (q, _) = self
                     .inner

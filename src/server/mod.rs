@@ -300,6 +300,8 @@ fn core_config(config: &Config) -> CoreConfig {
         memory_budget_bytes: config.store.memory_budget_bytes,
         paging_dir: Some(config.data_dir.join("paging")),
         queue_depth_max: config.broker.queue_depth_max,
+        queues_max: usize::try_from(config.broker.queues_max).unwrap_or(usize::MAX),
+        bindings_max: usize::try_from(config.broker.bindings_max).unwrap_or(usize::MAX),
         disk_free_min: (config.store.disk_free_min_bytes > 0).then(|| crate::core::DiskFreeMin {
             dir: config.data_dir.clone(),
             bytes: config.store.disk_free_min_bytes,
@@ -328,6 +330,7 @@ fn apply_bindings(core: &Core, config: &Config) -> anyhow::Result<()> {
             name: Some(b.queue.clone()),
             durable: true,
             lifetime: QueueLifetime::Permanent,
+            bindings_max: None,
         };
         session
             .declare_queue(spec)

@@ -257,6 +257,8 @@ fn mqtt_config(config: &crate::config::Config) -> rosetta_mqtt::MqttConfig {
         shared_subscriptions_available: c.shared_available,
         topic_alias_max: c.topic_alias_max,
         session_expiry_max_s: c.session_expiry_max_s,
+        subscriptions_max: c.subscriptions_max as usize,
+        own_subscriptions_max: c.shared_subscriptions_max as usize,
         connect_timeout_ms: config.broker.connect_timeout_ms,
         ..Default::default()
     }
@@ -269,7 +271,9 @@ fn amqp_config(config: &crate::config::Config) -> rosetta_amqp::AmqpConfig {
         frame_size_max_bytes: c.frame_size_max_bytes,
         message_size_max_bytes: u64::from(config.amqp_message_size_max()),
         channel_max: c.channel_max,
-        links_per_session_max: c.handle_max,
+        // handle-max is the highest handle, so one more link than it.
+        links_per_session_max: c.handle_max.saturating_add(1),
+        links_per_connection_max: c.links_per_connection_max as usize,
         idle_timeout_ms: c.idle_timeout_ms,
         sender_credit_window: c.link_credit_window,
         handshake_timeout_ms: config.broker.connect_timeout_ms,

@@ -140,6 +140,7 @@ pub struct AmqpConnection {
     pub(crate) now: Instant,
     /// Wall-clock ms for ttl <-> expiry, read once per entry call.
     pub(crate) now_ms: u64,
+    /// When the last whole frame arrived (the idle timeout counts frames).
     last_recv: Instant,
     last_send: Instant,
     handshake_deadline: Option<Instant>,
@@ -236,7 +237,6 @@ impl AmqpConnection {
         if matches!(self.phase, Phase::Closed) {
             return;
         }
-        self.last_recv = now;
         loop {
             match self.phase {
                 // Waiting for a password check: what is buffered stays
@@ -266,7 +266,13 @@ impl AmqpConnection {
                             self.settle_accepted_in();
                             return;
                         }
-                        Ok(Some(f)) => self.on_frame(f),
+                        Ok(Some(f)) => {
+                            // Only a whole frame counts against the idle
+                            // timeout (spec 2.4.5): the bytes of one dribbled
+                            // a byte at a time must not keep a peer alive.
+                            self.last_recv = now;
+                            self.on_frame(f);
+                        }
                         Err(e) => self.fail(AmqpError::Frame(e)),
                     }
                 }

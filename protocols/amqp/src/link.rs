@@ -213,8 +213,11 @@ impl AmqpConnection {
     pub(crate) fn on_attach(&mut self, ch: u16, a: Attach) -> Result<(), Fault> {
         let handle = a.handle.0;
         if handle >= self.cfg.links_per_session_max {
-            return Err(Fault::Session(AmqpError::ResourceLimit(format!(
-                "handle {handle} above handle-max"
+            // What our Begin advertised (session.rs); a peer that ignores it
+            // breaks the framing contract, not a limit (spec 2.7.2).
+            return Err(Fault::Connection(AmqpError::OutOfRange(format!(
+                "handle {handle} above handle-max {}",
+                self.cfg.links_per_session_max.saturating_sub(1)
             ))));
         }
         let Some(s) = self.sessions.get(&ch) else {
@@ -426,6 +429,7 @@ impl AmqpConnection {
             name: None,
             durable: false,
             lifetime: QueueLifetime::Session,
+            bindings_max: None,
         })?;
         Ok(Address::Queue(info.name))
     }
@@ -467,6 +471,7 @@ impl AmqpConnection {
                 name: None,
                 durable: false,
                 lifetime: QueueLifetime::Session,
+                bindings_max: None,
             })?;
             reply_source.address = Some(Address::Queue(info.name.clone()).to_destination());
             (info.name, None)
@@ -494,6 +499,7 @@ impl AmqpConnection {
                             name: Some(durable_name),
                             durable: true,
                             lifetime: QueueLifetime::Permanent,
+                            bindings_max: None,
                         }
                     } else if shared {
                         // JMS 2 shared non-durable subscription: one queue
@@ -502,12 +508,14 @@ impl AmqpConnection {
                             name: Some(volatile_name),
                             durable: false,
                             lifetime: QueueLifetime::Consumer,
+                            bindings_max: None,
                         }
                     } else {
                         QueueSpec {
                             name: None,
                             durable: false,
                             lifetime: QueueLifetime::Consumer,
+                            bindings_max: None,
                         }
                     };
                     let info = core.declare_queue(spec)?;
@@ -527,7 +535,17 @@ impl AmqpConnection {
                     if !echo.is_empty() {
                         reply_source.filter = Some(echo);
                     }
-                    core.bind(&info.name, &filter, options)?;
+                    if let Err(e) = core.bind(&info.name, &filter, options) {
+                        // A queue made for this link alone must not outlive
+                        // the refusal: no consumer would ever come to take
+                        // it away (an existing durable one stays).
+                        if !info.existed {
+                            if let Err(e) = core.delete_queue(&info.name) {
+                                debug!(queue = %info.name, error = %e, "cannot drop the unused subscription queue");
+                            }
+                        }
+                        return Err(e.into());
+                    }
                     let dq = durable.then(|| info.name.clone());
                     (info.name, dq)
                 }
@@ -602,6 +620,7 @@ impl AmqpConnection {
             name: Some(name.clone()),
             durable: true,
             lifetime: QueueLifetime::Permanent,
+            bindings_max: None,
         })?;
         if !info.existed {
             // Best effort: the error we report matters more.

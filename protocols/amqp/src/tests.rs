@@ -56,6 +56,7 @@ struct Log {
     publish_error: Option<BrokerError>,
     /// How logins are answered (deferred, refused, or by the fake).
     logins: login::ScriptedLogins,
+    bind_error: Option<BrokerError>,
 }
 
 impl Log {
@@ -128,7 +129,11 @@ impl Session for FakeSession {
         Ok(())
     }
     fn bind(&mut self, q: &str, f: &str, _: BindingOptions) -> Result<BindInfo, BrokerError> {
-        self.log.lock().unwrap().bound.push((q.into(), f.into()));
+        let mut log = self.log.lock().unwrap();
+        if let Some(e) = log.bind_error.clone() {
+            return Err(e);
+        }
+        log.bound.push((q.into(), f.into()));
         Ok(BindInfo {
             existed: false,
             retained_sent: 0,
@@ -508,6 +513,15 @@ fn performatives_of(out: &[Out]) -> Vec<&Performative> {
             _ => None,
         })
         .collect()
+}
+
+/// The condition of the Close that ends what the connection wrote.
+fn closed_with(p: &mut Peer) -> String {
+    let out = p.perfs();
+    let Some(Performative::Close(c)) = out.last() else {
+        panic!("expected a Close last: {out:?}")
+    };
+    condition_symbol(c.error.as_ref().expect("an error in the Close"))
 }
 
 fn sasl_outcome(out: &[Out]) -> SaslOutcome {
@@ -1023,6 +1037,43 @@ fn advertised_idle_timeout_is_half_the_enforced_one() {
     );
 }
 
+/// Spec 2.4.5: the idle timeout fires when no *frames* arrive. A frame
+/// dribbled a byte at a time never completes, so its bytes must not keep
+/// the connection open.
+#[test]
+fn idle_timeout_counts_frames_not_bytes() {
+    let mut p = Peer::opened(|c| c.idle_timeout_ms = 2_000);
+    p.recv();
+    let mut b = Vec::new();
+    write_perf(&mut b, 0, &begin(), &[]);
+    let opened_at = p.now;
+    let mut sent = 0;
+    while !p.conn.is_closed() && sent < b.len() {
+        p.input(&b[sent..=sent]);
+        sent += 1;
+        p.advance(Duration::from_millis(500));
+    }
+    assert!(p.conn.is_closed(), "a dribbled frame kept the connection");
+    assert!(sent < b.len(), "closed before the frame completed");
+    assert!(p.now - opened_at <= Duration::from_millis(2_000));
+    assert_eq!(closed_with(&mut p), "amqp:resource-limit-exceeded");
+}
+
+/// A frame that arrived in pieces counts when its last byte arrives.
+#[test]
+fn idle_timeout_restarts_when_a_split_frame_completes() {
+    let mut p = Peer::opened(|c| c.idle_timeout_ms = 2_000);
+    p.recv();
+    p.advance(Duration::from_millis(1_500));
+    p.input(&[0, 0, 0, 8]);
+    p.advance(Duration::from_millis(400));
+    p.input(&[2, 0, 0, 0]); // the rest of an empty frame
+    p.advance(Duration::from_millis(1_900));
+    assert!(!p.conn.is_closed());
+    p.advance(Duration::from_millis(100));
+    assert!(p.conn.is_closed());
+}
+
 #[test]
 fn handshake_must_finish_in_time() {
     let mut p = Peer::new(true);
@@ -1230,6 +1281,68 @@ fn links_per_connection_are_limited() {
         condition_symbol(d.error.as_ref().unwrap()),
         "amqp:resource-limit-exceeded"
     );
+}
+
+/// Begin advertises handle-max = links per session - 1; a handle above it
+/// breaks what we advertised: a framing error that closes the connection
+/// (spec 2.7.2), not a refused link.
+#[test]
+fn handles_above_the_advertised_handle_max_close_the_connection() {
+    let mut p = Peer::with(
+        true,
+        AmqpConfig {
+            links_per_session_max: 2,
+            ..AmqpConfig::default()
+        },
+    );
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    p.send(0, &open("client-1"), &[]);
+    p.send(0, &begin(), &[]);
+    let out = p.perfs();
+    let Some(Performative::Begin(b)) = out.get(1) else {
+        panic!("{out:?}")
+    };
+    assert_eq!(b.handle_max, Handle(1));
+    p.send(0, &attach("one", 1, Role::Sender, Some("q")), &[]);
+    assert!(matches!(
+        p.perfs()[..],
+        [Performative::Attach(_), Performative::Flow(_)]
+    ));
+    p.send(0, &attach("two", 2, Role::Sender, Some("q")), &[]);
+    assert_eq!(closed_with(&mut p), "amqp:connection:framing-error");
+}
+
+#[test]
+fn a_channel_above_channel_max_closes_the_connection() {
+    let mut p = Peer::opened(|c| c.channel_max = 1);
+    p.send(2, &begin(), &[]);
+    assert_eq!(closed_with(&mut p), "amqp:connection:framing-error");
+}
+
+/// A topic receiver whose binding the core refuses (past its bindings
+/// limit, say) gets its attach refused, and the queue made for it goes:
+/// no consumer would ever come to take it away.
+#[test]
+fn a_refused_topic_binding_leaves_no_queue_behind() {
+    let mut p = Peer::opened(|_| {});
+    p.log().bind_error = Some(BrokerError::ResourceLimit("bindings".into()));
+    p.send(0, &attach("sub", 0, Role::Receiver, Some("/topic/t")), &[]);
+    let out = p.perfs();
+    let Some(Performative::Detach(d)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(d.error.as_ref().unwrap()),
+        "amqp:resource-limit-exceeded"
+    );
+    let log = p.log();
+    let declared = log.declared.last().and_then(|s| s.name.clone());
+    assert_eq!(log.deleted.len(), 1, "{:?}", log.deleted);
+    assert!(
+        log.declared.len() == 1 && declared.is_none(),
+        "a temporary queue"
+    );
+    assert!(log.deleted[0].starts_with("$temp/"), "{:?}", log.deleted);
 }
 
 #[test]

@@ -244,6 +244,12 @@ pub struct QueueSpec {
     pub durable: bool,
     /// When the queue goes away.
     pub lifetime: QueueLifetime,
+    /// Most bindings the queue may have: binding one more filter fails with
+    /// [`BrokerError::ResourceLimit`] (an MQTT session queue carries the
+    /// session's subscription cap this way). Every declare that gives one
+    /// sets it; `None` leaves the queue's cap as it is (none for a new
+    /// queue). Not journaled: the owner declares it again after a restart.
+    pub bindings_max: Option<usize>,
 }
 
 /// The result of a declare.

@@ -280,6 +280,8 @@ impl MqttConnection {
                         name: Some(queue.clone()),
                         durable: life.durable,
                         lifetime: life.lifetime,
+                        // Plain subscriptions are the queue's bindings.
+                        bindings_max: Some(cfg.subscriptions_max),
                     })?
                     .existed
             };
@@ -571,6 +573,8 @@ impl Open {
             name: Some(self.session_queue.clone()),
             durable: expiry_s > 0,
             lifetime,
+            // Keeps the subscription cap set at CONNECT.
+            bindings_max: None,
         });
         if let Err(e) = r {
             tracing::warn!(error = %e, "could not change the session expiry");

@@ -96,6 +96,8 @@ struct Open {
     shared: BTreeMap<String, SharedSub>,
     /// 1.5 × the effective keep-alive; `None` when disabled.
     keep_alive_timeout: Option<Duration>,
+    /// When the last complete control packet arrived (bytes of an
+    /// unfinished one do not count).
     last_input: Instant,
     /// Consumer window: min(client receive maximum, our cap).
     window: u32,
@@ -222,10 +224,11 @@ impl MqttConnection {
     }
 
     /// Parses what was appended to [`Self::input_buffer`].
+    ///
+    /// Only a complete control packet restarts the keep-alive timer
+    /// (MQTT-3.1.2-24): a packet dribbled a byte at a time must not keep a
+    /// connection open forever.
     pub fn handle_buffered_input(&mut self, now: Instant) {
-        if let State::Open(open) = &mut self.state {
-            open.last_input = now;
-        }
         loop {
             if matches!(self.state, State::Closed | State::CheckingLogin(_)) {
                 // Closed, or waiting for a password check: what is buffered
@@ -235,6 +238,9 @@ impl MqttConnection {
             match self.decoder.next_packet() {
                 Ok(Some(packet)) => {
                     tracing::trace!(conn_id = self.conn_id, ?packet, "packet in");
+                    if let State::Open(open) = &mut self.state {
+                        open.last_input = now;
+                    }
                     self.handle_packet(now, packet);
                 }
                 Ok(None) => break,

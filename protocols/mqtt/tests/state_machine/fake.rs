@@ -16,6 +16,8 @@ pub struct FakeQueue {
     pub durable: bool,
     pub lifetime: QueueLifetime,
     pub bindings: Vec<(String, BindingOptions)>,
+    /// The binding cap of the last declare that gave one.
+    pub bindings_max: Option<usize>,
 }
 
 /// Everything the fake knows and records.
@@ -139,9 +141,13 @@ impl Session for FakeSession {
             durable: spec.durable,
             lifetime: spec.lifetime,
             bindings: Vec::new(),
+            bindings_max: None,
         });
         q.durable = spec.durable;
         q.lifetime = spec.lifetime;
+        if spec.bindings_max.is_some() {
+            q.bindings_max = spec.bindings_max;
+        }
         Ok(QueueInfo {
             name,
             existed,
