@@ -12,6 +12,9 @@
 
 mod detect;
 mod driver;
+/// For the cargo-fuzz targets in `fuzz/` only.
+#[doc(hidden)]
+pub mod fuzzing;
 mod listener;
 mod metrics;
 mod protocols;
