@@ -115,4 +115,4 @@ for entry in "${chosen[@]}"; do
     # libFuzzer's "Done N runs in S second(s)" line summarises the run.
     grep -E '^Done [0-9]+ runs' "$log" || tail -n 1 "$log"
 done
-echo "all ${#chosen[@]} fuzz targets ran ($budget each) without a crash"
+echo "all ${#chosen[@]} fuzz targets ran their budgets without a crash"
