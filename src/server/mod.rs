@@ -13,6 +13,9 @@
 mod admission;
 mod detect;
 mod driver;
+/// For the cargo-fuzz targets in `fuzz/` only.
+#[doc(hidden)]
+pub mod fuzzing;
 mod listener;
 mod log_throttle;
 mod metrics;

@@ -87,7 +87,7 @@ impl From<WsWire> for Wire {
 }
 
 impl WsWire {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             WsWire::Mqtt => "MQTT",
             WsWire::Stomp => "STOMP",
