@@ -49,7 +49,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let metrics = String::new;
-    let (wire, mut stream) = match ws::accept_serving(io, settings, &metrics).await {
+    let (wire, mut stream) = match ws::accept_serving(io, settings, ws::message_max_alone(settings), &metrics).await {
         Ok(accepted) => accepted,
         Err(NotWebSocket::Refused(refusal)) => return WebSocketOutcome::Refused(refusal.status),
         Err(_) => return WebSocketOutcome::Other,
