@@ -114,6 +114,7 @@ fn main() -> anyhow::Result<()> {
         name: Some("deep".into()),
         durable: true,
         lifetime: QueueLifetime::Permanent,
+        bindings_max: None,
     })?;
     let rss_before = status_kib("VmRSS:");
     let address = Address::Queue("deep".into());

@@ -9,6 +9,10 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 
 "$here/setup.sh" || { echo "interop: setup failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
+# setup.sh installed a Node.js >= 20; put the same one first on PATH for
+# pytest, which starts `node` by name.
+source "$root/scripts/lib/install.sh"
+ensure_node || { echo "interop: no Node.js >= $node_major_min"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 
 if [ -z "${ROSETTA_BIN:-}" ]; then
     target_dir="${CARGO_TARGET_DIR:-$root/target}"

@@ -2,49 +2,42 @@
 # Installs what the interop suite needs, idempotently and quietly when it is
 # already there: Debian's mosquitto-clients (and build deps when
 # python-qpid-proton has no wheel for this Python), a virtualenv at
-# interop/.venv with the Python clients, and the Node clients via `npm ci`.
-# Reaches only Debian's archive, PyPI and the npm registry.
+# interop/.venv with the Python clients, a Node.js >= 20 (the machine's, or
+# the pinned one from the npm registry: scripts/lib/install.sh) and the Node
+# clients via `npm ci`. Reaches only Debian's archive, PyPI and the npm
+# registry.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
-
-log() { echo "interop/setup: $*" >&2; }
+install_tag="interop/setup"
+# shellcheck source=../scripts/lib/install.sh
+source "$here/../scripts/lib/install.sh"
 
 # --- apt -------------------------------------------------------------------
 apt_needed=()
 command -v mosquitto_pub >/dev/null 2>&1 || apt_needed+=(mosquitto-clients)
+# python-qpid-proton's Cyrus SASL finds its mechanisms (ANONYMOUS, PLAIN)
+# as plugins; without them every AMQP connect fails "No worthy mechs found".
+dpkg -s libsasl2-modules >/dev/null 2>&1 || apt_needed+=(libsasl2-modules)
+# pip and npm verify TLS against the system's CA bundle on a minimal Debian.
+[ -f /etc/ssl/certs/ca-certificates.crt ] || apt_needed+=(ca-certificates)
 # The venv module: Debian's python3 splits it out; a pyenv/other python has it.
 PYTHON="${PYTHON:-python3}"
 if ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
     PYTHON=/usr/bin/python3
     "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1 || apt_needed+=(python3-venv)
 fi
-command -v node >/dev/null 2>&1 || apt_needed+=(nodejs)
-command -v npm >/dev/null 2>&1 || apt_needed+=(npm)
-
-apt_install() {
-    [ "$#" -eq 0 ] && return 0
-    log "apt-get install $*"
-    if [ "$(id -u)" -ne 0 ]; then
-        log "not root: cannot install $* (install them and rerun)"
-        return 1
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq --no-install-recommends "$@" >/tmp/interop-apt.log 2>&1 \
-        || { cat /tmp/interop-apt.log >&2; return 1; }
-}
 apt_install "${apt_needed[@]}"
 
 # --- python venv -----------------------------------------------------------
 venv="$here/.venv"
 stamp="$venv/.requirements-installed"
 if [ ! -x "$venv/bin/python" ]; then
-    log "creating $venv"
+    install_log "creating $venv"
     "$PYTHON" -m venv "$venv"
 fi
 if [ ! -f "$stamp" ] || ! cmp -s "$here/requirements.txt" "$stamp"; then
-    log "pip install -r requirements.txt"
+    install_log "pip install -r requirements.txt"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
     # python-qpid-proton is published as a source distribution only: pip
     # builds its C extension (cffi), which needs a compiler and the OpenSSL
@@ -62,9 +55,10 @@ if [ ! -f "$stamp" ] || ! cmp -s "$here/requirements.txt" "$stamp"; then
 fi
 
 # --- node --------------------------------------------------------------------
+ensure_node
 node_dir="$here/node"
 if [ ! -d "$node_dir/node_modules" ] || ! cmp -s "$node_dir/package-lock.json" "$node_dir/node_modules/.package-lock-copy.json"; then
-    log "npm ci"
+    install_log "npm ci"
     (cd "$node_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
     cp "$node_dir/package-lock.json" "$node_dir/node_modules/.package-lock-copy.json"
 fi

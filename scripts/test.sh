@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
-# The whole test suite: Rust unit and integration tests (real clients over
-# real sockets), then the cross-language interop suite when present.
+# The whole test suite: formatting and lints first (they fail fast), then the
+# Rust unit and integration tests (real clients over real sockets), then the
+# cross-language interop suite and the browser test when present.
 # This is the README's test command and what CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+step() { echo "== $*" >&2; }
+
+step "cargo fmt --all --check"
+cargo fmt --all --check
+
+step "cargo clippy --workspace --all-targets --locked -- -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test --workspace --locked"
 cargo test --workspace --locked
 
 if [ -x interop/run.sh ]; then
+    step "interop/run.sh"
     interop/run.sh
 fi
 
 if [ -x interop/browser/run.sh ]; then
+    step "interop/browser/run.sh"
     interop/browser/run.sh
 fi

@@ -1,35 +1,103 @@
 //! Access control over the users file: the [`AccessControl`] the core uses
 //! to authenticate clients and check their permissions.
+//!
+//! Password checks (argon2, ~14 ms of CPU each) run on a [`HashPool`] of
+//! their own, never on the caller's thread when they come through
+//! [`AccessControl::authenticate_later`] (every adapter's login does): the
+//! async workers keep serving other connections during a login storm, and
+//! past the pool's queue a login is refused with
+//! [`AuthError::ServerBusy`]. A check whose connection has gone by the time
+//! a thread takes it is skipped.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context;
-use rosetta_neutral::{Address, AuthError, Principal, ScramCredentials};
+use rosetta_neutral::{Address, AuthError, LoginStart, PasswordCheck, Principal, ScramCredentials};
 
 use crate::config::Config;
 use crate::core::AccessControl;
+use crate::hash_pool::{self, HashPool};
 use crate::users::Users;
 
 /// Users-file access control.
 pub struct UsersAccess {
-    users: Users,
+    users: Arc<Users>,
     anonymous: bool,
+    pool: HashPool,
+    /// Logins refused because the pool's queue was full, for the log.
+    busy_refusals: AtomicU64,
 }
 
+/// A refusal for a full hashing queue is logged at warn level once per
+/// this many (the first included), so a storm does not flood the log.
+const BUSY_LOG_EVERY: u64 = 1024;
+
 impl UsersAccess {
-    /// Access control over `users`, with anonymous access on or off.
-    pub fn new(users: Users, anonymous: bool) -> Self {
-        Self { users, anonymous }
+    /// Access control over `users`, with anonymous access on or off, and a
+    /// hashing pool of the default size.
+    pub fn new(users: Users, anonymous: bool) -> anyhow::Result<Self> {
+        Self::with_pool(
+            users,
+            anonymous,
+            hash_pool::threads_default(),
+            hash_pool::QUEUE_MAX_DEFAULT,
+        )
+    }
+
+    /// Access control whose password checks run on `threads` threads with
+    /// room for `queue_max` waiting checks.
+    pub fn with_pool(
+        users: Users,
+        anonymous: bool,
+        threads: usize,
+        queue_max: usize,
+    ) -> anyhow::Result<Self> {
+        let pool = HashPool::new(threads, queue_max).context("starting the hashing threads")?;
+        Ok(Self {
+            users: Arc::new(users),
+            anonymous,
+            pool,
+            busy_refusals: AtomicU64::new(0),
+        })
     }
 }
 
 /// Builds the access control the configuration asks for: the users file
 /// named by `[security] users_file` (none is fine: then only anonymous
-/// clients exist), and `[security] anonymous`.
+/// clients exist), `[security] anonymous`, and the hashing pool's
+/// `password_check_threads` and `password_check_queue_max`.
 pub fn from_config(config: &Config) -> anyhow::Result<Arc<dyn AccessControl>> {
     let path = config.users_file();
     let users = Users::load(&path).with_context(|| format!("users file {}", path.display()))?;
-    Ok(Arc::new(UsersAccess::new(users, config.security.anonymous)))
+    let s = &config.security;
+    let threads = s
+        .password_check_threads
+        .unwrap_or_else(hash_pool::threads_default);
+    let access = UsersAccess::with_pool(users, s.anonymous, threads, s.password_check_queue_max)?;
+    Ok(Arc::new(access))
+}
+
+/// The one password rule, for the caller's thread and the pool's alike.
+fn check_password(
+    users: &Users,
+    anonymous: bool,
+    user: Option<&str>,
+    password: Option<&[u8]>,
+) -> Result<Principal, AuthError> {
+    match user {
+        None | Some("") if password.is_none_or(<[u8]>::is_empty) => {
+            if anonymous {
+                Ok(Principal::anonymous())
+            } else {
+                Err(AuthError::AnonymousDisabled)
+            }
+        }
+        Some(name) if users.verify(name, password.unwrap_or_default()) => Ok(Principal {
+            user: Some(name.to_owned()),
+        }),
+        _ => Err(AuthError::BadCredentials),
+    }
 }
 
 impl AccessControl for UsersAccess {
@@ -38,18 +106,32 @@ impl AccessControl for UsersAccess {
         user: Option<&str>,
         password: Option<&[u8]>,
     ) -> Result<Principal, AuthError> {
-        match user {
-            None | Some("") if password.is_none_or(<[u8]>::is_empty) => {
-                if self.anonymous {
-                    Ok(Principal::anonymous())
-                } else {
-                    Err(AuthError::AnonymousDisabled)
-                }
+        check_password(&self.users, self.anonymous, user, password)
+    }
+
+    fn authenticate_later(&self, check: PasswordCheck) -> LoginStart {
+        let (users, anonymous) = (Arc::clone(&self.users), self.anonymous);
+        let job = move || {
+            if check.is_abandoned() {
+                // The client left (or its connect timeout passed) while
+                // the check waited: nobody wants the answer.
+                tracing::debug!(user = ?check.user(), "password check skipped: connection gone");
+                return;
             }
-            Some(name) if self.users.verify(name, password.unwrap_or_default()) => Ok(Principal {
-                user: Some(name.to_owned()),
-            }),
-            _ => Err(AuthError::BadCredentials),
+            let result = check_password(&users, anonymous, check.user(), Some(check.password()));
+            check.finish(result);
+        };
+        match self.pool.try_run(job) {
+            Ok(()) => LoginStart::Pending,
+            Err(e) => {
+                let n = self.busy_refusals.fetch_add(1, Ordering::Relaxed);
+                if n.is_multiple_of(BUSY_LOG_EVERY) {
+                    tracing::warn!(error = %e, refused_so_far = n + 1, "login refused: password checks busy");
+                } else {
+                    tracing::debug!(error = %e, "login refused: password checks busy");
+                }
+                LoginStart::Done(Err(AuthError::ServerBusy))
+            }
         }
     }
 
@@ -82,5 +164,91 @@ impl AccessControl for UsersAccess {
         self.users
             .permissions(principal.user.as_deref())
             .may_subscribe(address)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc::{channel, Sender};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use rosetta_neutral::{EventSink, SessionEvent};
+
+    use super::*;
+
+    /// Longest a test waits for a check's result.
+    const WAIT: Duration = Duration::from_secs(20);
+
+    struct ToChannel(Mutex<Sender<SessionEvent>>);
+
+    impl EventSink for ToChannel {
+        fn send(&self, event: SessionEvent) {
+            if let Ok(tx) = self.0.lock() {
+                let _ = tx.send(event);
+            }
+        }
+    }
+
+    fn access(threads: usize, queue_max: usize) -> (UsersAccess, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("users.toml");
+        crate::users::add_user(&path, "alice", b"secret", None, None).expect("add alice");
+        let users = Users::load(&path).expect("load");
+        let access = UsersAccess::with_pool(users, false, threads, queue_max).expect("pool");
+        (access, dir)
+    }
+
+    fn check(user: &str, password: &[u8], sink: &Arc<dyn EventSink>) -> PasswordCheck {
+        PasswordCheck::new(Some(user), password, sink)
+    }
+
+    #[test]
+    fn a_password_check_answers_through_the_connections_sink() {
+        let (access, _dir) = access(1, 4);
+        let (tx, rx) = channel();
+        let sink: Arc<dyn EventSink> = Arc::new(ToChannel(Mutex::new(tx)));
+        for (password, want) in [
+            (&b"secret"[..], Ok(Some("alice".to_owned()))),
+            (&b"wrong"[..], Err(AuthError::BadCredentials)),
+        ] {
+            let start = access.authenticate_later(check("alice", password, &sink));
+            assert_eq!(start, LoginStart::Pending);
+            match rx.recv_timeout(WAIT).expect("a result") {
+                SessionEvent::LoginChecked { result } => {
+                    assert_eq!(result.map(|p| p.user), want);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    /// One thread, room for one waiting check: of many checks started at
+    /// once, those past the queue are refused as busy at once, and every
+    /// accepted one is answered exactly once.
+    #[test]
+    fn checks_past_the_queue_are_refused_as_busy() {
+        let (access, _dir) = access(1, 1);
+        let (tx, rx) = channel();
+        let sink: Arc<dyn EventSink> = Arc::new(ToChannel(Mutex::new(tx)));
+        let starts: Vec<LoginStart> = (0..10)
+            .map(|_| access.authenticate_later(check("alice", b"secret", &sink)))
+            .collect();
+        let pending = starts.iter().filter(|s| **s == LoginStart::Pending).count();
+        let busy = starts
+            .iter()
+            .filter(|s| **s == LoginStart::Done(Err(AuthError::ServerBusy)))
+            .count();
+        assert_eq!(pending + busy, 10, "{starts:?}");
+        // ~14 ms per check: ten in a row cannot all have been taken.
+        assert!(busy >= 1 && pending >= 1, "{starts:?}");
+        for _ in 0..pending {
+            assert!(matches!(
+                rx.recv_timeout(WAIT),
+                Ok(SessionEvent::LoginChecked { result: Ok(_) })
+            ));
+        }
+        drop(access); // waits for the pool: nothing more can come
+        assert!(rx.try_recv().is_err(), "one answer per accepted check");
     }
 }

@@ -16,7 +16,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 ///
 /// With no arguments it starts with embedded defaults: data in ./data,
 /// MQTT on 1883, STOMP on 61613, AMQP on 5672, WebSocket on 8080, anonymous
-/// access on.
+/// access on, and so on loopback only ([listeners] bind = "0.0.0.0" opens
+/// it to the network).
 #[derive(Parser, Debug)]
 #[command(name = "rosetta", version, about, long_about)]
 struct Cli {
@@ -32,7 +33,8 @@ struct Cli {
 enum Command {
     /// Runs the broker (the default).
     Run,
-    /// Checks a configuration file and prints the effective listeners.
+    /// Checks a configuration as `run` would (keys, TLS files, data
+    /// directory, users file) and prints the effective listeners.
     CheckConfig,
     /// Manages the users file.
     User {
@@ -64,8 +66,9 @@ enum UserAction {
     Add {
         /// The user name.
         name: String,
-        /// The password. Read from the ROSETTA_PASSWORD environment variable
-        /// or asked on standard input when absent (keeps it out of shell history).
+        /// The password (for scripts; it shows in the process list). Without
+        /// it: the ROSETTA_PASSWORD environment variable, else asked twice on
+        /// the terminal without echo, else one line of standard input.
         #[arg(long)]
         password: Option<String>,
         /// Address patterns the user may publish to (repeatable; default: everything).
@@ -103,7 +106,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             runtime.block_on(rosetta::server::run(config, access))
         }
         Command::CheckConfig => {
-            config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+            // The very checks `run` makes before it binds a port.
+            let checked = rosetta::server::preflight(&config)?;
+            for warning in &checked.warnings {
+                eprintln!("warning: {warning}");
+            }
             for (kind, addr) in config.active_listeners() {
                 println!("{:<10} {addr}", kind.key());
             }
@@ -152,12 +159,25 @@ fn store_check(dir: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Asks for a new password: on a terminal twice and without echo (a
+/// typo would otherwise lock the user out), else one line of standard
+/// input, for scripts that pipe it in.
 fn read_password() -> anyhow::Result<String> {
-    eprint!("password: ");
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line)?;
-    let password = line.trim_end_matches(['\r', '\n']).to_owned();
-    anyhow::ensure!(!password.is_empty(), "empty password");
+    use std::io::IsTerminal;
+    if !std::io::stdin().is_terminal() {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line)?;
+        let password = line.trim_end_matches(['\r', '\n']).to_owned();
+        anyhow::ensure!(!password.is_empty(), "empty password");
+        return Ok(password);
+    }
+    let password = rpassword::prompt_password("password: ")?;
+    anyhow::ensure!(!password.is_empty(), "empty password; nothing saved");
+    let again = rpassword::prompt_password("password again: ")?;
+    anyhow::ensure!(
+        password == again,
+        "the passwords do not match; nothing saved"
+    );
     Ok(password)
 }
 

@@ -23,7 +23,7 @@ async fn broker_with_stored() -> TestBroker {
     let broker = TestBroker::start_with(
         |c| {
             c.amqp.frame_size_max_bytes = 4096;
-            c.amqp.message_size_max_bytes = 10_000;
+            c.amqp.message_size_max_bytes = Some(10_000);
         },
         Arc::new(rosetta::core::AllowAll),
     )

@@ -29,14 +29,14 @@ async fn open_advertises_limits_and_our_idle_timeout_is_enforced() {
     )
     .await;
     // A silent peer: our Open carries max-frame-size 4096 and idle-time-out
-    // 1000 (the configured minimum), then we close it with
-    // resource-limit-exceeded.
+    // 500, half the 1000 enforced (the configured minimum; AMQP 1.0
+    // §2.4.5), then we close it with resource-limit-exceeded.
     let mut silent = RawAmqp::connect(broker.amqp()).await;
     let open = silent.open(65536, None).await;
     assert!(open.mentions("rosetta"), "our container id in {open:?}");
     let has = |needle: &[u8]| open.body.windows(needle.len()).any(|w| w == needle);
     assert!(has(&enc::uint(4096)), "max-frame-size 4096 in {open:?}");
-    assert!(has(&enc::uint(1000)), "idle-time-out 1000 in {open:?}");
+    assert!(has(&enc::uint(500)), "idle-time-out 500 in {open:?}");
     // A peer that sends heartbeats stays open meanwhile.
     let mut chatty = RawAmqp::connect(broker.amqp()).await;
     chatty.open(65536, None).await;
@@ -55,6 +55,51 @@ async fn open_advertises_limits_and_our_idle_timeout_is_enforced() {
         .await;
     assert!(started.elapsed() < Duration::from_secs(4));
     chatty.await.expect("heartbeating peer kept open");
+    broker.stop().await;
+}
+
+/// Spec 2.4.5: the idle timeout counts frames. A Begin dribbled one byte
+/// every 300 ms on a 1 s idle timeout never completes a frame, so the
+/// broker closes with resource-limit-exceeded after about 1 s, not when the
+/// bytes run out.
+#[tokio::test]
+async fn frame_dribbled_a_byte_at_a_time_does_not_reset_the_idle_timeout() {
+    let broker = TestBroker::start_with(
+        |c| c.amqp.idle_timeout_ms = 1000,
+        std::sync::Arc::new(rosetta::core::AllowAll),
+    )
+    .await;
+    let mut raw = RawAmqp::connect(broker.amqp()).await;
+    raw.open(65536, None).await;
+    let begin = amqp::frame(0, 0, &amqp::begin_body());
+    let started = std::time::Instant::now();
+    let mut close = None;
+    for (i, byte) in begin.iter().enumerate() {
+        assert!(
+            raw.write(std::slice::from_ref(byte)).await,
+            "closed without a Close"
+        );
+        match raw.read_frame_within(Duration::from_millis(300)).await {
+            Ok(f) if f.code() == Some(amqp::CLOSE) => {
+                close = Some((i + 1, f));
+                break;
+            }
+            Ok(f) => panic!("unexpected frame {f:?}"),
+            Err(amqp::RawEnd::Timeout) => {}
+            Err(amqp::RawEnd::Eof) => panic!("closed without a Close"),
+        }
+    }
+    let (written, close) = close.expect("a Close while the Begin dribbled");
+    assert!(
+        written < begin.len(),
+        "closed only after the frame completed"
+    );
+    assert!(close.mentions("amqp:resource-limit-exceeded"), "{close:?}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(800) && took < Duration::from_millis(2500),
+        "closed after {took:?}"
+    );
     broker.stop().await;
 }
 

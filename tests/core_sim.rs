@@ -227,6 +227,7 @@ impl Sim {
                 name: Some(q.into()),
                 durable: true,
                 lifetime: QueueLifetime::Permanent,
+                bindings_max: None,
             };
             if let Err(e) = producer.declare_queue(spec) {
                 self.fail(format!("declare {q}: {e}"));

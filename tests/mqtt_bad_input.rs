@@ -23,7 +23,7 @@ const LIMIT: u32 = 4096;
 
 fn start() -> impl std::future::Future<Output = TestBroker> {
     TestBroker::start_with(
-        |c| c.mqtt.packet_size_max_bytes = LIMIT,
+        |c| c.mqtt.packet_size_max_bytes = Some(LIMIT),
         Arc::new(rosetta::core::AllowAll),
     )
 }

@@ -240,6 +240,53 @@ async fn silent_client_is_dropped_after_one_and_a_half_keep_alives() {
     broker.stop().await;
 }
 
+/// The bytes of a QoS 0 PUBLISH whose payload is long enough that dribbling
+/// it one byte a second takes far longer than the tests wait.
+fn long_publish4() -> Vec<u8> {
+    let publish = p4::Publish::new("dribble/topic", QoS::AtMostOnce, vec![b'x'; 64]);
+    let mut b = bytes::BytesMut::new();
+    p4::Packet::Publish(publish)
+        .write(&mut b, 1 << 28)
+        .expect("encode");
+    b.to_vec()
+}
+
+/// MQTT-3.1.2-24: only a complete control packet resets the keep-alive. A
+/// PUBLISH dribbled one byte a second on a 2 s keep-alive is closed after
+/// 1.5 × 2 s (3.1.1: silently; 5.0: DISCONNECT 0x8D first), not kept open
+/// by its bytes.
+#[tokio::test]
+async fn publish_dribbled_a_byte_a_second_does_not_keep_the_connection_alive() {
+    let broker = TestBroker::start().await;
+    // At most 8 bytes (8 s) of a packet of about 80: a broker that counts
+    // bytes keeps the connection throughout, and the test fails fast.
+    let prefix = &long_publish4()[..8];
+    let within = |d: Dribbled| {
+        let took = d.closed_after.expect("closed while the PUBLISH dribbled");
+        assert!(
+            took >= Duration::from_millis(2500) && took < Duration::from_millis(4500),
+            "closed after {took:?}, not about 3 s"
+        );
+        assert!(d.written < prefix.len(), "{d:?}");
+    };
+
+    let (mut raw, _) = Raw::connect4(broker.mqtt(), "dribble4", true, 2).await;
+    within(raw.dribble(prefix, Duration::from_secs(1)).await);
+    assert!(raw.recv4_opt(QUIET).await.is_none(), "3.1.1 just closes");
+
+    let mut connect = connect5_packet("dribble5", true, None);
+    connect.keep_alive = 2;
+    let (mut raw, _) = Raw::connect5(broker.mqtt(), connect, None).await;
+    within(raw.dribble(prefix, Duration::from_secs(1)).await);
+    match raw.recv5_opt(QUIET).await {
+        Some(p5::Packet::Disconnect(d)) => {
+            assert_eq!(d.reason_code, p5::DisconnectReasonCode::KeepAliveTimeout)
+        }
+        other => panic!("expected DISCONNECT 0x8D, got {other:?}"),
+    }
+    broker.stop().await;
+}
+
 // ---- take-over -------------------------------------------------------------
 
 #[tokio::test]

@@ -52,7 +52,7 @@ async fn configured_limits_are_advertised_and_enforced() {
         |c| {
             c.mqtt.keep_alive_max_s = 5;
             c.mqtt.receive_maximum = 10;
-            c.mqtt.packet_size_max_bytes = 2048;
+            c.mqtt.packet_size_max_bytes = Some(2048);
             c.mqtt.qos_max = 1;
             c.mqtt.retain_available = false;
             c.mqtt.wildcard_available = false;

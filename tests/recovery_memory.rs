@@ -91,6 +91,7 @@ fn durable_queue(session: &mut Box<dyn Session>, name: &str) {
             name: Some(name.into()),
             durable: true,
             lifetime: QueueLifetime::Permanent,
+            bindings_max: None,
         })
         .expect("declare");
 }

@@ -336,7 +336,7 @@ fn cases() -> Vec<Case> {
 async fn limits_broker() -> TestBroker {
     TestBroker::start_with(
         |c| {
-            c.stomp.frame_size_max_bytes = FRAME_MAX;
+            c.stomp.frame_size_max_bytes = Some(FRAME_MAX);
             c.stomp.header_size_max_bytes = HEADER_LINE_MAX;
             c.stomp.header_count_max = HEADERS_MAX;
         },

@@ -30,8 +30,14 @@ const WAIT: Duration = Duration::from_secs(5);
 /// The one web origin whose pages may open a WebSocket (clients that send
 /// no Origin, i.e. not browsers, are always allowed).
 const ALLOWED_ORIGIN: &str = "http://127.0.0.1:8000";
+/// Longest a test waits for one packet or frame: a 16 MiB payload through
+/// TLS and WebSocket in a debug build takes seconds.
+const READ_WAIT: Duration = Duration::from_secs(60);
 /// Largest WebSocket message the test broker accepts.
 const WS_MESSAGE_MAX_BYTES: usize = 64 * 1024;
+/// The payload every protocol must carry over every transport with the
+/// broker's default limits.
+const LARGE_PAYLOAD_BYTES: usize = 16 * 1024 * 1024;
 
 /// How the bytes of a protocol reach the broker.
 #[derive(Clone, Copy, Debug)]
@@ -61,7 +67,7 @@ async fn broker(pki: &Pki, mutual: bool) -> TestBroker {
             c.listeners.stomps = any_port();
             c.listeners.amqps = any_port();
             c.listeners.any = any_port();
-            c.websocket.message_size_max_bytes = WS_MESSAGE_MAX_BYTES;
+            c.websocket.message_size_max_bytes = Some(WS_MESSAGE_MAX_BYTES);
             c.websocket.allowed_origins = vec![ALLOWED_ORIGIN.to_owned()];
             c.tls = tls;
         },
@@ -208,7 +214,7 @@ fn mqtt_str(out: &mut Vec<u8>, s: &str) {
 
 /// Reads one MQTT packet: (first byte, body).
 async fn mqtt_read(io: &mut DuplexStream) -> (u8, Vec<u8>) {
-    tokio::time::timeout(WAIT, async {
+    tokio::time::timeout(READ_WAIT, async {
         let first = io.read_u8().await.expect("packet type");
         let mut len = 0usize;
         let mut shift = 0;
@@ -230,7 +236,13 @@ async fn mqtt_read(io: &mut DuplexStream) -> (u8, Vec<u8>) {
 
 /// CONNECT, SUBSCRIBE at QoS 1, PUBLISH at QoS 1 to the same topic: the
 /// PUBACK and the client's own message come back.
-async fn mqtt_round_trip(mut io: DuplexStream, label: &str) {
+async fn mqtt_round_trip(io: DuplexStream, label: &str) {
+    let payload = format!("hello over {label}");
+    mqtt_round_trip_with(io, label, payload.as_bytes()).await;
+}
+
+/// [`mqtt_round_trip`] with `payload`.
+async fn mqtt_round_trip_with(mut io: DuplexStream, label: &str, payload: &[u8]) {
     let connack = mqtt_connack(&mut io, &format!("transports-{label}")).await;
     assert_eq!(connack, vec![0, 0], "CONNACK");
 
@@ -243,11 +255,10 @@ async fn mqtt_round_trip(mut io: DuplexStream, label: &str) {
         .expect("SUBSCRIBE");
     assert_eq!(mqtt_read(&mut io).await, (0x90, vec![0, 1, 1]), "SUBACK");
 
-    let payload = format!("hello over {label}");
     let mut publish = Vec::new();
     mqtt_str(&mut publish, &topic);
     publish.extend_from_slice(&[0, 2]);
-    publish.extend_from_slice(payload.as_bytes());
+    publish.extend_from_slice(payload);
     io.write_all(&mqtt_packet(0x32, &publish))
         .await
         .expect("PUBLISH");
@@ -264,7 +275,12 @@ async fn mqtt_round_trip(mut io: DuplexStream, label: &str) {
                 assert_eq!(&body[2..2 + topic_len], topic.as_bytes());
                 let rest = &body[2 + topic_len..];
                 let (id, got) = rest.split_at(if first & 0x06 != 0 { 2 } else { 0 });
-                assert_eq!(got, payload.as_bytes(), "payload");
+                assert!(
+                    got == payload,
+                    "payload of {} bytes came back as {}",
+                    payload.len(),
+                    got.len()
+                );
                 if !id.is_empty() {
                     io.write_all(&mqtt_packet(0x40, id)).await.expect("PUBACK");
                 }
@@ -280,18 +296,30 @@ async fn mqtt_round_trip(mut io: DuplexStream, label: &str) {
 
 /// Reads one STOMP frame (heart-beat newlines skipped) as text.
 async fn stomp_read(io: &mut DuplexStream, pending: &mut Vec<u8>) -> String {
-    tokio::time::timeout(WAIT, async {
+    tokio::time::timeout(READ_WAIT, async {
+        // Bytes of `pending` known to hold no NUL: each byte is looked at
+        // once, however many reads a large frame takes.
+        let mut scanned: usize = 0;
         loop {
-            while pending.first().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-                pending.remove(0);
-            }
-            if let Some(end) = pending.iter().position(|b| *b == 0) {
+            let beats = pending
+                .iter()
+                .take_while(|b| **b == b'\n' || **b == b'\r')
+                .count();
+            pending.drain(..beats);
+            scanned = scanned.saturating_sub(beats);
+            if let Some(end) = pending[scanned..].iter().position(|b| *b == 0) {
+                let end = scanned + end;
                 let frame: Vec<u8> = pending.drain(..=end).collect();
                 return String::from_utf8_lossy(&frame[..end]).into_owned();
             }
-            let mut buf = [0u8; 4096];
+            scanned = pending.len();
+            let mut buf = [0u8; 64 * 1024];
             let n = io.read(&mut buf).await.expect("read STOMP");
-            assert!(n > 0, "STOMP connection closed; got {pending:?}");
+            assert!(
+                n > 0,
+                "STOMP connection closed; got {} bytes",
+                pending.len()
+            );
             pending.extend_from_slice(&buf[..n]);
         }
     })
@@ -301,7 +329,14 @@ async fn stomp_read(io: &mut DuplexStream, pending: &mut Vec<u8>) -> String {
 
 /// CONNECT, SUBSCRIBE with a receipt, SEND to the same topic: the MESSAGE
 /// comes back with the body.
-async fn stomp_round_trip(mut io: DuplexStream, label: &str) {
+async fn stomp_round_trip(io: DuplexStream, label: &str) {
+    let body = format!("hello over {label}");
+    stomp_round_trip_with(io, label, &body).await;
+}
+
+/// [`stomp_round_trip`] with `body` (ASCII: it may cross a text WebSocket
+/// split anywhere).
+async fn stomp_round_trip_with(mut io: DuplexStream, label: &str, body: &str) {
     let mut pending = Vec::new();
     io.write_all(b"CONNECT\naccept-version:1.2\nhost:/\n\n\0")
         .await
@@ -317,13 +352,13 @@ async fn stomp_round_trip(mut io: DuplexStream, label: &str) {
     let receipt = stomp_read(&mut io, &mut pending).await;
     assert!(receipt.starts_with("RECEIPT\n"), "{receipt}");
     assert!(receipt.contains("receipt-id:r1"), "{receipt}");
-    let body = format!("hello over {label}");
     io.write_all(format!("SEND\ndestination:{destination}\n\n{body}\0").as_bytes())
         .await
         .expect("SEND");
     let message = stomp_read(&mut io, &mut pending).await;
-    assert!(message.starts_with("MESSAGE\n"), "{message}");
-    assert!(message.ends_with(&format!("\n\n{body}")), "{message}");
+    let head = message.get(..message.len().min(200)).unwrap_or_default();
+    assert!(message.starts_with("MESSAGE\n"), "{head}");
+    assert!(message.ends_with(&format!("\n\n{body}")), "{head}");
     io.write_all(b"DISCONNECT\n\n\0").await.expect("DISCONNECT");
 }
 
@@ -332,7 +367,12 @@ async fn stomp_round_trip(mut io: DuplexStream, label: &str) {
 /// Opens a connection (no SASL: anonymous access is on), sends to a queue
 /// and receives the message back.
 async fn amqp_round_trip(io: DuplexStream, label: &str) {
-    tokio::time::timeout(WAIT * 2, async {
+    amqp_round_trip_with(io, label, format!("hello over {label}")).await;
+}
+
+/// [`amqp_round_trip`] with `body`.
+async fn amqp_round_trip_with(io: DuplexStream, label: &str, body: String) {
+    tokio::time::timeout(READ_WAIT * 2, async {
         let mut conn = Connection::builder()
             .container_id(format!("transports-{label}"))
             .open_with_stream(io)
@@ -343,7 +383,6 @@ async fn amqp_round_trip(io: DuplexStream, label: &str) {
         let mut sender = Sender::attach(&mut session, "sender", address.as_str())
             .await
             .expect("attach sender");
-        let body = format!("hello over {label}");
         sender
             .send(body.as_str())
             .await
@@ -355,7 +394,12 @@ async fn amqp_round_trip(io: DuplexStream, label: &str) {
             .expect("attach receiver");
         let delivery: fe2o3_amqp::link::delivery::Delivery<String> =
             receiver.recv().await.expect("recv");
-        assert_eq!(delivery.body(), &body);
+        assert!(
+            delivery.body() == &body,
+            "body of {} bytes came back as {}",
+            body.len(),
+            delivery.body().len()
+        );
         receiver.accept(&delivery).await.expect("accept");
         receiver.close().await.expect("close receiver");
         sender.close().await.expect("close sender");
@@ -491,6 +535,117 @@ async fn amqp_over_ws_wss_and_tls() {
     let any = broker.addr(ListenerKind::Any);
     amqp_round_trip(open(any, None, Wire::Raw).await, "any-tcp").await;
     amqp_round_trip(open(any, Some(&tls), AMQP_WS).await, "any-wss").await;
+    broker.stop().await;
+}
+
+/// Issue 13 item 3: with the default limits, a 16 MiB payload passes every
+/// protocol over plain TCP, TLS, WebSocket and WebSocket over TLS (the
+/// defaults used to count headers into a 1 MiB limit and refuse it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_mib_payloads_pass_every_protocol_and_transport_by_default() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::generate(dir.path());
+    let tls = pki.tls_config(false);
+    let broker = TestBroker::start_with(
+        move |c| {
+            c.listeners.websocket = any_port();
+            c.listeners.wss = any_port();
+            c.listeners.mqtts = any_port();
+            c.listeners.stomps = any_port();
+            c.listeners.amqps = any_port();
+            c.tls = tls;
+        },
+        Arc::new(rosetta::core::AllowAll),
+    )
+    .await;
+    let connector = pki.connector();
+    let payload: String = (0..LARGE_PAYLOAD_BYTES)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let ws = broker.addr(ListenerKind::WebSocket);
+    let wss = broker.addr(ListenerKind::Wss);
+    for (addr, tls, wire, label) in [
+        (broker.mqtt(), None, Wire::Raw, "large-tcp"),
+        (
+            broker.addr(ListenerKind::Mqtts),
+            Some(&connector),
+            Wire::Raw,
+            "large-tls",
+        ),
+        (ws, None, MQTT_WS, "large-ws"),
+        (wss, Some(&connector), MQTT_WS, "large-wss"),
+    ] {
+        mqtt_round_trip_with(open(addr, tls, wire).await, label, payload.as_bytes()).await;
+    }
+    for (addr, tls, wire, label) in [
+        (broker.stomp(), None, Wire::Raw, "large-tcp"),
+        (
+            broker.addr(ListenerKind::Stomps),
+            Some(&connector),
+            Wire::Raw,
+            "large-tls",
+        ),
+        (ws, None, STOMP_WS_TEXT, "large-ws"),
+        (wss, Some(&connector), STOMP_WS_BINARY, "large-wss"),
+    ] {
+        stomp_round_trip_with(open(addr, tls, wire).await, label, &payload).await;
+    }
+    for (addr, tls, wire, label) in [
+        (broker.amqp(), None, Wire::Raw, "large-tcp"),
+        (
+            broker.addr(ListenerKind::Amqps),
+            Some(&connector),
+            Wire::Raw,
+            "large-tls",
+        ),
+        (ws, None, AMQP_WS, "large-ws"),
+        (wss, Some(&connector), AMQP_WS, "large-wss"),
+    ] {
+        amqp_round_trip_with(open(addr, tls, wire).await, label, payload.clone()).await;
+    }
+    broker.stop().await;
+}
+
+/// AMQP 1.0 §2.2: a protocol header the broker does not accept is
+/// answered with one it supports, then the connection closes; on every
+/// transport AMQP runs over. Anonymous access is on here, so SASL is
+/// optional and a plain AMQP header of the wrong version gets the plain
+/// one back; anything else gets the SASL header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_refused_protocol_headers_are_answered_on_every_transport() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::generate(dir.path());
+    let broker = broker(&pki, false).await;
+    let tls = pki.connector();
+    let (plain, sasl) = (*b"AMQP\x00\x01\x00\x00", *b"AMQP\x03\x01\x00\x00");
+    let cases: [(&[u8], [u8; 8]); 5] = [
+        (b"AMQP\x00\x00\x09\x01", plain), // AMQP 0-9-1
+        (b"AMQP\x00\x01\x00\x01", plain), // AMQP 1.0.1
+        (b"AMQP\x03\x01\x00\x01", sasl),  // SASL 1.0.1
+        (b"AMQP\x02\x01\x00\x00", sasl),  // TLS in-band
+        (b"AMQP\x07\x01\x00\x00", sasl),  // no such protocol id
+    ];
+    let any = broker.addr(ListenerKind::Any);
+    let transports = [
+        ("tcp", broker.amqp(), false, Wire::Raw),
+        ("tls", broker.addr(ListenerKind::Amqps), true, Wire::Raw),
+        ("ws", broker.addr(ListenerKind::WebSocket), false, AMQP_WS),
+        ("wss", broker.addr(ListenerKind::Wss), true, AMQP_WS),
+        ("any-tcp", any, false, Wire::Raw),
+        ("any-tls", any, true, Wire::Raw),
+        ("any-wss", any, true, AMQP_WS),
+    ];
+    for (label, addr, secure, wire) in transports {
+        for (header, answer) in cases {
+            let mut io = open(addr, secure.then_some(&tls), wire).await;
+            io.write_all(header).await.expect("write header");
+            assert_eq!(
+                drain(&mut io).await,
+                answer,
+                "{label}: {header:?} answered, then closed"
+            );
+        }
+    }
     broker.stop().await;
 }
 

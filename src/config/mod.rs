@@ -2,7 +2,7 @@
 //!
 //! `rosetta` with no `--config` runs on [`Config::default`]: data in
 //! `./data`, MQTT on 1883, STOMP on 61613, AMQP on 5672 and WebSocket on
-//! 8080, anonymous access on. `config/rosetta.toml` spells out exactly
+//! 8080, anonymous access on, every listener on loopback only. `config/rosetta.toml` spells out exactly
 //! these defaults with a comment on each key (a test keeps the two equal).
 //!
 //! Every key is optional: a missing key takes its default, so a file only
@@ -28,6 +28,7 @@
 //! which is `users.toml` next to the configuration file.
 
 mod broker;
+mod limits;
 mod listeners;
 pub(crate) mod locate;
 mod protocols;
@@ -272,7 +273,7 @@ impl Config {
 
     /// The listeners to open: every configured one, except the TLS
     /// listeners when `[tls]` has no certificate and key.
-    pub fn active_listeners(&self) -> Vec<(ListenerKind, &ListenAddr)> {
+    pub fn active_listeners(&self) -> Vec<(ListenerKind, ListenAddr)> {
         self.listeners
             .all()
             .into_iter()
@@ -303,6 +304,7 @@ impl Config {
         self.check_websocket()?;
         self.check_store()?;
         self.check_broker()?;
+        self.check_security()?;
         self.check_mqtt()?;
         self.check_stomp()?;
         self.check_amqp()?;
@@ -369,7 +371,7 @@ impl Config {
         }
         at_least(
             "websocket.message_size_max_bytes",
-            ws.message_size_max_bytes as u64,
+            self.websocket_message_size_max() as u64,
             WEBSOCKET_MESSAGE_SIZE_MIN_BYTES as u64,
         )
     }
@@ -399,7 +401,45 @@ impl Config {
         )?;
         positive("broker.queue_depth_max", b.queue_depth_max)?;
         positive("broker.connections_max", b.connections_max.into())?;
-        positive("broker.connect_timeout_ms", b.connect_timeout_ms)
+        positive("broker.connect_timeout_ms", b.connect_timeout_ms)?;
+        within(
+            "broker.payload_size_max_bytes",
+            b.payload_size_max_bytes.into(),
+            PAYLOAD_SIZE_MAX_BYTES_MIN.into(),
+            PAYLOAD_SIZE_MAX_BYTES_LIMIT.into(),
+        )?;
+        positive(
+            "broker.delivery_buffer_bytes_max",
+            b.delivery_buffer_bytes_max,
+        )?;
+        positive(
+            "broker.unauthenticated_connections_max",
+            b.unauthenticated_connections_max.into(),
+        )?;
+        positive(
+            "broker.unauthenticated_per_address_max",
+            b.unauthenticated_per_address_max.into(),
+        )?;
+        positive("broker.queues_max", b.queues_max)?;
+        positive("broker.bindings_max", b.bindings_max)
+    }
+
+    fn check_security(&self) -> Result<(), Invalid> {
+        let s = &self.security;
+        if let Some(threads) = s.password_check_threads {
+            within(
+                "security.password_check_threads",
+                threads as u64,
+                1,
+                crate::hash_pool::THREADS_MAX as u64,
+            )?;
+        }
+        within(
+            "security.password_check_queue_max",
+            s.password_check_queue_max as u64,
+            0,
+            crate::hash_pool::QUEUE_MAX_LIMIT as u64,
+        )
     }
 
     fn check_mqtt(&self) -> Result<(), Invalid> {
@@ -408,18 +448,23 @@ impl Config {
         positive("mqtt.receive_maximum", m.receive_maximum.into())?;
         within(
             "mqtt.packet_size_max_bytes",
-            m.packet_size_max_bytes.into(),
+            self.mqtt_packet_size_max().into(),
             MQTT_PACKET_SIZE_MIN_BYTES.into(),
             MQTT_PACKET_SIZE_PROTOCOL_MAX_BYTES.into(),
         )?;
-        within("mqtt.qos_max", m.qos_max.into(), 0, 2)
+        within("mqtt.qos_max", m.qos_max.into(), 0, 2)?;
+        positive("mqtt.subscriptions_max", m.subscriptions_max.into())?;
+        positive(
+            "mqtt.shared_subscriptions_max",
+            m.shared_subscriptions_max.into(),
+        )
     }
 
     fn check_stomp(&self) -> Result<(), Invalid> {
         let s = &self.stomp;
         at_least(
             "stomp.frame_size_max_bytes",
-            s.frame_size_max_bytes.into(),
+            self.stomp_frame_size_max().into(),
             STOMP_FRAME_SIZE_MIN_BYTES.into(),
         )?;
         // CONNECT alone carries accept-version, host, login, passcode and
@@ -430,7 +475,7 @@ impl Config {
             s.header_size_max_bytes.into(),
             256,
         )?;
-        if s.header_size_max_bytes > s.frame_size_max_bytes {
+        if s.header_size_max_bytes > self.stomp_frame_size_max() {
             return Err(invalid(
                 "stomp.header_size_max_bytes",
                 "must not exceed `stomp.frame_size_max_bytes`",
@@ -471,7 +516,7 @@ impl Config {
         )?;
         positive(
             "amqp.message_size_max_bytes",
-            a.message_size_max_bytes.into(),
+            self.amqp_message_size_max().into(),
         )?;
         if a.idle_timeout_ms != 0 && a.idle_timeout_ms < AMQP_IDLE_TIMEOUT_MIN_MS {
             return Err(invalid(
@@ -482,6 +527,10 @@ impl Config {
                 ),
             ));
         }
+        positive(
+            "amqp.links_per_connection_max",
+            a.links_per_connection_max.into(),
+        )?;
         positive("amqp.link_credit_window", a.link_credit_window.into())
     }
 

@@ -3,10 +3,11 @@
 
 use serde::Deserialize;
 
-/// Largest protocol frame or message by default: comfortably above IoT and
-/// business payloads, while a thousand peers each sending one still fit in
-/// memory.
-pub const FRAME_SIZE_MAX_BYTES_DEFAULT: u32 = 1024 * 1024;
+/// What a frame may carry besides its payload when its wire limit is
+/// derived from `broker.payload_size_max_bytes`: MQTT topic and properties,
+/// STOMP headers, AMQP header, properties and annotations. Generous, so
+/// that a payload at the limit is never refused for its headers.
+pub const HEADERS_ALLOWANCE_BYTES: u32 = 1024 * 1024;
 
 // ---- MQTT ----------------------------------------------------------------
 
@@ -17,8 +18,6 @@ pub const MQTT_KEEP_ALIVE_MAX_S_DEFAULT: u16 = 600;
 /// keep a fast link busy, bounded so one client cannot queue up unbounded
 /// commits.
 pub const MQTT_RECEIVE_MAXIMUM_DEFAULT: u16 = 1024;
-/// Largest MQTT packet accepted (and advertised in CONNACK).
-pub const MQTT_PACKET_SIZE_MAX_BYTES_DEFAULT: u32 = FRAME_SIZE_MAX_BYTES_DEFAULT;
 /// Smallest packet limit that still fits a CONNECT with credentials.
 pub const MQTT_PACKET_SIZE_MIN_BYTES: u32 = 1024;
 /// MQTT's own maximum packet size (1 + 4 + 268,435,455 bytes).
@@ -38,6 +37,14 @@ pub const MQTT_TOPIC_ALIAS_MAX_DEFAULT: u16 = 64;
 /// sessions do not hold queued messages on disk forever.
 pub const MQTT_SESSION_EXPIRY_MAX_S_DEFAULT: u32 = 7 * 24 * 3600;
 
+/// Plain subscriptions per session (see
+/// [`rosetta_mqtt::config::SUBSCRIPTIONS_MAX`] for why this many).
+pub const MQTT_SUBSCRIPTIONS_MAX_DEFAULT: u32 = rosetta_mqtt::config::SUBSCRIPTIONS_MAX as u32;
+/// Shared and `$queue/` subscriptions per session (see
+/// [`rosetta_mqtt::config::OWN_SUBSCRIPTIONS_MAX`] for why this many).
+pub const MQTT_SHARED_SUBSCRIPTIONS_MAX_DEFAULT: u32 =
+    rosetta_mqtt::config::OWN_SUBSCRIPTIONS_MAX as u32;
+
 /// `[mqtt]`: MQTT 3.1.1/5.0 server limits, advertised in the v5 CONNACK.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -47,8 +54,10 @@ pub struct MqttConfig {
     pub keep_alive_max_s: u16,
     /// Receive Maximum: unacknowledged QoS 1/2 publishes a client may send.
     pub receive_maximum: u16,
-    /// Maximum Packet Size accepted, in bytes.
-    pub packet_size_max_bytes: u32,
+    /// Maximum Packet Size accepted, in bytes. Unset (the default): the
+    /// payload limit `broker.payload_size_max_bytes` plus
+    /// [`HEADERS_ALLOWANCE_BYTES`], within MQTT's own maximum.
+    pub packet_size_max_bytes: Option<u32>,
     /// Maximum QoS (0, 1 or 2).
     pub qos_max: u8,
     /// Retain Available.
@@ -62,6 +71,11 @@ pub struct MqttConfig {
     /// Longest session expiry granted, in seconds; also the expiry of
     /// 3.1.1 persistent sessions.
     pub session_expiry_max_s: u32,
+    /// Most plain subscriptions per session (SUBACK 0x97 / 0x80 past it).
+    pub subscriptions_max: u32,
+    /// Most shared and `$queue/` subscriptions per session (SUBACK 0x97 /
+    /// 0x80 past it).
+    pub shared_subscriptions_max: u32,
 }
 
 impl Default for MqttConfig {
@@ -69,21 +83,21 @@ impl Default for MqttConfig {
         Self {
             keep_alive_max_s: MQTT_KEEP_ALIVE_MAX_S_DEFAULT,
             receive_maximum: MQTT_RECEIVE_MAXIMUM_DEFAULT,
-            packet_size_max_bytes: MQTT_PACKET_SIZE_MAX_BYTES_DEFAULT,
+            packet_size_max_bytes: None,
             qos_max: MQTT_QOS_MAX_DEFAULT,
             retain_available: MQTT_RETAIN_AVAILABLE_DEFAULT,
             wildcard_available: MQTT_WILDCARD_AVAILABLE_DEFAULT,
             shared_available: MQTT_SHARED_AVAILABLE_DEFAULT,
             topic_alias_max: MQTT_TOPIC_ALIAS_MAX_DEFAULT,
             session_expiry_max_s: MQTT_SESSION_EXPIRY_MAX_S_DEFAULT,
+            subscriptions_max: MQTT_SUBSCRIPTIONS_MAX_DEFAULT,
+            shared_subscriptions_max: MQTT_SHARED_SUBSCRIPTIONS_MAX_DEFAULT,
         }
     }
 }
 
 // ---- STOMP ---------------------------------------------------------------
 
-/// Largest STOMP frame (headers and body).
-pub const STOMP_FRAME_SIZE_MAX_BYTES_DEFAULT: u32 = FRAME_SIZE_MAX_BYTES_DEFAULT;
 /// Smallest frame limit that still fits a CONNECT with credentials.
 pub const STOMP_FRAME_SIZE_MIN_BYTES: u32 = 1024;
 /// Headers per frame: real clients send a dozen; this leaves room for
@@ -104,7 +118,10 @@ pub const STOMP_HEARTBEAT_RECEIVE_MS_DEFAULT: u32 = 10_000;
 pub const STOMP_PREFETCH_DEFAULT: u32 = 100;
 /// Highest prefetch a client may ask for.
 pub const STOMP_PREFETCH_MAX_DEFAULT: u32 = 10_000;
-/// Subscriptions per connection.
+/// Subscriptions per connection: each is a consumer in the core (and a
+/// queue and binding for a topic). Real clients hold a few; ActiveMQ,
+/// Artemis and RabbitMQ set no cap by default. Past it, STOMP's only answer
+/// is an ERROR frame and the close.
 pub const STOMP_SUBSCRIPTIONS_MAX_DEFAULT: u32 = 1_024;
 /// Open transactions per connection.
 pub const STOMP_TRANSACTIONS_MAX_DEFAULT: u32 = 16;
@@ -113,8 +130,10 @@ pub const STOMP_TRANSACTIONS_MAX_DEFAULT: u32 = 16;
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StompConfig {
-    /// Largest frame, in bytes.
-    pub frame_size_max_bytes: u32,
+    /// Largest frame (headers and body), in bytes. Unset (the default): the
+    /// payload limit `broker.payload_size_max_bytes` plus what
+    /// `header_count_max` headers of `header_size_max_bytes` take.
+    pub frame_size_max_bytes: Option<u32>,
     /// Most headers in one frame.
     pub header_count_max: u32,
     /// Longest header line, in bytes.
@@ -138,7 +157,7 @@ pub struct StompConfig {
 impl Default for StompConfig {
     fn default() -> Self {
         Self {
-            frame_size_max_bytes: STOMP_FRAME_SIZE_MAX_BYTES_DEFAULT,
+            frame_size_max_bytes: None,
             header_count_max: STOMP_HEADER_COUNT_MAX_DEFAULT,
             header_size_max_bytes: STOMP_HEADER_SIZE_MAX_BYTES_DEFAULT,
             heartbeat_min_ms: STOMP_HEARTBEAT_MIN_MS_DEFAULT,
@@ -159,14 +178,19 @@ impl Default for StompConfig {
 pub const AMQP_FRAME_SIZE_MAX_BYTES_DEFAULT: u32 = 64 * 1024;
 /// AMQP's MIN-MAX-FRAME-SIZE: no peer may ask for less.
 pub const AMQP_FRAME_SIZE_MIN_BYTES: u32 = 512;
-/// Largest message (all transfer frames of one delivery together).
-pub const AMQP_MESSAGE_SIZE_MAX_BYTES_DEFAULT: u32 = FRAME_SIZE_MAX_BYTES_DEFAULT;
 /// channel-max: sessions per connection beyond what any client uses.
 pub const AMQP_CHANNEL_MAX_DEFAULT: u16 = 255;
-/// handle-max: links per session.
+/// handle-max: the highest link handle, so 1,024 links per session. JMS
+/// opens one per producer and consumer; RabbitMQ allows 256
+/// (`link_max_per_session`).
 pub const AMQP_HANDLE_MAX_DEFAULT: u32 = 1_023;
-/// Idle timeout we announce: the peer must send something (an empty frame
-/// will do) this often, so dead peers are noticed within a minute.
+/// Links across all sessions of a connection (see
+/// [`rosetta_amqp::LINKS_PER_CONNECTION_MAX`] for why this many).
+pub const AMQP_LINKS_PER_CONNECTION_MAX_DEFAULT: u32 =
+    rosetta_amqp::LINKS_PER_CONNECTION_MAX as u32;
+/// Idle timeout we enforce: a peer that sends nothing (an empty frame
+/// will do) this long is closed, so dead peers are noticed within a
+/// minute. Half of it is announced in Open (AMQP 1.0 §2.4.5).
 pub const AMQP_IDLE_TIMEOUT_MS_DEFAULT: u32 = 60_000;
 /// Shortest idle timeout accepted from a peer or configured: keeps
 /// keep-alive traffic from becoming a load.
@@ -181,13 +205,19 @@ pub const AMQP_LINK_CREDIT_WINDOW_DEFAULT: u32 = 1_000;
 pub struct AmqpConfig {
     /// max-frame-size offered, in bytes.
     pub frame_size_max_bytes: u32,
-    /// Largest message, in bytes, across its transfer frames.
-    pub message_size_max_bytes: u32,
+    /// Largest message, in bytes, across its transfer frames (all sections).
+    /// Unset (the default): the payload limit `broker.payload_size_max_bytes`
+    /// plus [`HEADERS_ALLOWANCE_BYTES`].
+    pub message_size_max_bytes: Option<u32>,
     /// channel-max offered (highest channel number).
     pub channel_max: u16,
-    /// handle-max offered (highest link handle).
+    /// handle-max offered (highest link handle): `handle_max + 1` links
+    /// per session.
     pub handle_max: u32,
-    /// Idle timeout announced in Open, in milliseconds (0 = none).
+    /// Most links across all sessions of a connection.
+    pub links_per_connection_max: u32,
+    /// Idle timeout enforced, in milliseconds (0 = none); half of it is
+    /// announced in Open.
     pub idle_timeout_ms: u32,
     /// Credit granted to each client sender link.
     pub link_credit_window: u32,
@@ -197,9 +227,10 @@ impl Default for AmqpConfig {
     fn default() -> Self {
         Self {
             frame_size_max_bytes: AMQP_FRAME_SIZE_MAX_BYTES_DEFAULT,
-            message_size_max_bytes: AMQP_MESSAGE_SIZE_MAX_BYTES_DEFAULT,
+            message_size_max_bytes: None,
             channel_max: AMQP_CHANNEL_MAX_DEFAULT,
             handle_max: AMQP_HANDLE_MAX_DEFAULT,
+            links_per_connection_max: AMQP_LINKS_PER_CONNECTION_MAX_DEFAULT,
             idle_timeout_ms: AMQP_IDLE_TIMEOUT_MS_DEFAULT,
             link_credit_window: AMQP_LINK_CREDIT_WINDOW_DEFAULT,
         }

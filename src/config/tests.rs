@@ -87,6 +87,33 @@ fn tls_listeners_run_with_a_certificate() {
 }
 
 #[test]
+fn ports_alone_bind_the_bind_interface_and_a_host_overrides_it() {
+    let text = "[listeners]\nbind = \"0.0.0.0\"\nmqtt = 1884\nstomp = \"61615\"\namqp = \"127.0.0.1:5673\"\nwebsocket = \"\"\nmetrics = \"[::1]:9090\"\n";
+    let c = Config::parse(text, "x").expect("parses");
+    let addrs: Vec<_> = c
+        .active_listeners()
+        .iter()
+        .map(|(k, a)| (*k, a.to_string()))
+        .collect();
+    assert_eq!(
+        addrs,
+        [
+            (ListenerKind::Mqtt, "0.0.0.0:1884".to_owned()),
+            (ListenerKind::Stomp, "0.0.0.0:61615".to_owned()),
+            (ListenerKind::Amqp, "127.0.0.1:5673".to_owned()),
+            (ListenerKind::Metrics, "[::1]:9090".to_owned()),
+        ]
+    );
+    // The same port twice, once through `bind` and once spelled out.
+    let text = "[listeners]\nbind = \"0.0.0.0\"\nmqtt = 1883\nstomp = \"0.0.0.0:1883\"\n";
+    let err = Config::parse(text, "x").expect_err("duplicate");
+    assert!(
+        err.to_string().contains("already used by `listeners.mqtt`"),
+        "{err}"
+    );
+}
+
+#[test]
 fn partial_sections_keep_other_defaults() {
     let text = "data_dir = \"/var/lib/rosetta\"\n[store]\nsync = \"periodic\"\nsync_interval_ms = 50\n[broker]\nexpiry_address = \"/topic/expired\"\ndead_letter_address = \"/queue/dead\"\n[[bindings]]\nqueue = \"/queue/orders\"\nfilter = \"shop/+/orders\"\n[[bindings]]\nqueue = \"all\"\nfilter = \"#\"\n";
     let c = Config::parse(text, "x").expect("parses");
@@ -128,7 +155,9 @@ const BAD: &[(&str, &str, usize, &str)] = &[
     ("[store]\nsync = \"sometimes\"\n", "store.sync", 2, "sometimes"),
     ("[listeners]\nmqtt = \"0.0.0.0:70000\"\n", "listeners.mqtt", 2, "port 70000 is out of range"),
     ("[listeners]\n\nstomp = \"localhost\"\n", "listeners.stomp", 3, "has no port"),
-    ("[listeners]\namqp = 5672\n", "listeners.amqp", 2, "invalid type"),
+    ("[listeners]\namqp = 70000\n", "listeners.amqp", 2, "port 70000 is out of range"),
+    ("[listeners]\namqp = true\n", "listeners.amqp", 2, "invalid type"),
+    ("[listeners]\nbind = \"0.0.0.0:1883\"\n", "listeners.bind", 2, "without a port"),
     ("[store]\n\nsegment_size_bytes = 0\n", "store.segment_size_bytes", 3, "out of range"),
     ("[store]\nsegment_size_bytes = -5\n", "store.segment_size_bytes", 2, "invalid value"),
     ("[store]\nsync_interval_ms = 0\n", "store.sync_interval_ms", 2, "greater than 0"),
@@ -160,7 +189,8 @@ const BAD: &[(&str, &str, usize, &str)] = &[
     ("[websocket]\nmessage_size_max_bytes = 10\n", "websocket.message_size_max_bytes", 2, "minimum"),
     ("[stomp]\nheartbeat_send_ms = 10\n", "stomp.heartbeat_send_ms", 2, "heartbeat_min_ms"),
     ("[stomp]\nprefetch_default = 20000\n", "stomp.prefetch_default", 2, "out of range"),
-    ("[stomp]\nheader_size_max_bytes = 2000000\n", "stomp.header_size_max_bytes", 2, "frame_size_max_bytes"),
+    ("[stomp]\nframe_size_max_bytes = 4096\nheader_size_max_bytes = 8192\n", "stomp.header_size_max_bytes", 3, "frame_size_max_bytes"),
+    ("[broker]\npayload_size_max_bytes = 300000000\n", "broker.payload_size_max_bytes", 2, "out of range"),
     ("[amqp]\nframe_size_max_bytes = 100\n", "amqp.frame_size_max_bytes", 2, "minimum of 512"),
     ("[amqp]\nidle_timeout_ms = 10\n", "amqp.idle_timeout_ms", 2, "0 for no idle timeout"),
     ("[[bindings]]\nqueue = \"/topic/x\"\nfilter = \"a\"\n", "bindings[0].queue", 2, "is a topic"),

@@ -12,9 +12,9 @@ pub const TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// ports too.
 pub const REQUIRE_CLIENT_CERT_DEFAULT: bool = false;
 
-/// Largest WebSocket message accepted: one maximal protocol frame (1 MiB by
-/// default) plus headroom for several small packets batched in one message.
-pub const WEBSOCKET_MESSAGE_SIZE_MAX_BYTES_DEFAULT: usize = 2 * 1024 * 1024;
+/// What a WebSocket message may hold beyond one maximal protocol frame when
+/// its limit is derived: room for small packets a client batches with it.
+pub const WEBSOCKET_BATCH_HEADROOM_BYTES: usize = 64 * 1024;
 /// Smallest allowed `websocket.message_size_max_bytes`: below this not even
 /// a CONNECT with credentials fits.
 pub const WEBSOCKET_MESSAGE_SIZE_MIN_BYTES: usize = 1024;
@@ -74,7 +74,9 @@ pub struct WebSocketConfig {
     /// internet, since browsers let any site connect otherwise.
     pub allowed_origins: Vec<String>,
     /// Largest WebSocket message, in bytes (after reassembly of fragments).
-    pub message_size_max_bytes: usize,
+    /// Unset (the default): the largest frame any protocol accepts, so a
+    /// payload that fits over TCP fits over WebSocket.
+    pub message_size_max_bytes: Option<usize>,
     /// Serve Prometheus metrics at `GET /metrics` on the HTTP port (queue
     /// names included, which name MQTT client ids: turn it off on a port
     /// reachable from the internet).
@@ -85,7 +87,7 @@ impl Default for WebSocketConfig {
     fn default() -> Self {
         Self {
             allowed_origins: Vec::new(),
-            message_size_max_bytes: WEBSOCKET_MESSAGE_SIZE_MAX_BYTES_DEFAULT,
+            message_size_max_bytes: None,
             metrics: true,
         }
     }

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex, RwLock};
+use rosetta_neutral::login::{self, Credentials, LoginPlan, LoginStart, PasswordCheck};
 use rosetta_neutral::{
     Address, AuthError, Broker, EventSink, KickReason, Message, Principal, Protocol,
     ScramCredentials, Session, SessionEvent, SessionInfo,
@@ -49,16 +50,39 @@ use queue::{DispatchOutput, Entry, MemoryGauge, Queue};
 use routing::Routing;
 use session::{CoreSession, SessionShared};
 
-/// Default dead-letter address: an anycast queue.
+// The defaults of the core's settings live here, once; `[broker]` and
+// `[store]` in `crate::config` name these constants rather than repeat them.
+
+/// Dead-letter address: the queue `DLQ`, the name ActiveMQ and Artemis use,
+/// so operators find it where they look.
 pub const DEAD_LETTER_ADDRESS_DEFAULT: &str = "DLQ";
 /// Delivery attempts before a message is dead-lettered (as ActiveMQ and
-/// Artemis do by default).
+/// Artemis do by default): enough to ride out a consumer restart loop, few
+/// enough that a poison message stops soon.
 pub const DELIVERY_ATTEMPTS_MAX_DEFAULT: u32 = 10;
-/// Queued bytes before producers are held back when no configuration says
-/// otherwise: a quarter GiB leaves room on small machines.
+/// Queues named by a producer or consumer spring into being, as STOMP and
+/// AMQP clients expect from ActiveMQ and RabbitMQ.
+pub const AUTO_CREATE_QUEUES_DEFAULT: bool = true;
+/// Payload bytes of queued messages kept in memory; the rest pages to disk.
+/// A quarter GiB leaves room on small machines, and a million queued 1 KiB
+/// messages fit.
 pub const MEMORY_BUDGET_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
-/// Messages one queue may hold when no configuration says otherwise.
+/// Messages one queue may hold: past this, producers get a resource-limit
+/// error instead of the broker running out of disk or memory.
 pub const QUEUE_DEPTH_MAX_DEFAULT: u64 = 10_000_000;
+/// Queues all clients together may create when no configuration says
+/// otherwise: ten per connection at the default 100,000 connections (a
+/// session queue and a few shared, durable and temporary ones each).
+/// RabbitMQ (vhost `max-queues`) and Artemis set no cap by default; every
+/// queue holds memory even empty, so clients must not create them without
+/// end.
+pub const QUEUES_MAX_DEFAULT: usize = 1_000_000;
+/// Topic bindings (MQTT subscriptions, STOMP and AMQP topic subscriptions)
+/// all clients together may create when no configuration says otherwise:
+/// a hundred per connection at the default 100,000 connections, and a
+/// hundred times the routing benchmark's table. Each costs a trie entry
+/// and a copy of its filter in its queue.
+pub const BINDINGS_MAX_DEFAULT: usize = 10_000_000;
 /// How often the housekeeping thread looks at wills and idle queues: fine
 /// enough for second-granularity MQTT timers.
 const HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(100);
@@ -92,6 +116,15 @@ pub struct CoreConfig {
     /// Producers are held back while the filesystem of this directory has
     /// less free space than this; `None` never checks.
     pub disk_free_min: Option<DiskFreeMin>,
+    /// Most queues at once. A declare (or auto-creation) past it fails
+    /// with `BrokerError::ResourceLimit`; the dead-letter and expiry queues
+    /// are exempt, so no message is dropped for want of them. Queues
+    /// recovered from the journal are kept even past it.
+    pub queues_max: usize,
+    /// Most topic bindings at once, all queues together; a bind of a new
+    /// filter past it fails with `BrokerError::ResourceLimit`. Recovered
+    /// bindings are kept even past it.
+    pub bindings_max: usize,
 }
 
 impl Default for CoreConfig {
@@ -100,11 +133,13 @@ impl Default for CoreConfig {
             dead_letter_address: DEAD_LETTER_ADDRESS_DEFAULT.into(),
             delivery_attempts_max: DELIVERY_ATTEMPTS_MAX_DEFAULT,
             expiry_address: None,
-            auto_create_queues: true,
+            auto_create_queues: AUTO_CREATE_QUEUES_DEFAULT,
             memory_budget_bytes: MEMORY_BUDGET_BYTES_DEFAULT,
             paging_dir: None,
             queue_depth_max: QUEUE_DEPTH_MAX_DEFAULT,
             disk_free_min: None,
+            queues_max: QUEUES_MAX_DEFAULT,
+            bindings_max: BINDINGS_MAX_DEFAULT,
         }
     }
 }
@@ -119,6 +154,15 @@ pub trait AccessControl: Send + Sync + 'static {
         user: Option<&str>,
         password: Option<&[u8]>,
     ) -> Result<Principal, AuthError>;
+    /// Checks a new connection's password where its cost stalls no other
+    /// connection: [`LoginStart::Pending`] once the check is under way
+    /// (its result then goes to [`PasswordCheck::finish`]), or an answer
+    /// now, [`AuthError::ServerBusy`] included. The provided method checks
+    /// on the caller's thread, which is right for checks that cost nothing
+    /// ([`AllowAll`]).
+    fn authenticate_later(&self, check: PasswordCheck) -> LoginStart {
+        LoginStart::Done(self.authenticate(check.user(), Some(check.password())))
+    }
     /// SCRAM-SHA-256 credentials of a user.
     fn scram_credentials(&self, user: &str) -> Option<ScramCredentials>;
     /// Whether anonymous clients are allowed.
@@ -386,6 +430,19 @@ impl Broker for Core {
 
     fn authenticate_certificate(&self, subject: &str) -> Result<Principal, AuthError> {
         self.inner.access.authenticate_certificate(subject)
+    }
+
+    /// Logins that need a password check go to the access control's
+    /// [`AccessControl::authenticate_later`] (the users file's hashing
+    /// pool); the rest are answered now.
+    fn start_login(&self, credentials: Credentials<'_>, sink: &Arc<dyn EventSink>) -> LoginStart {
+        match login::plan(&credentials) {
+            LoginPlan::Cheap(cheap) => LoginStart::Done(cheap.answer(self)),
+            LoginPlan::Password { user, password } => self
+                .inner
+                .access
+                .authenticate_later(PasswordCheck::new(user, password, sink)),
+        }
     }
 
     fn open_session(&self, info: SessionInfo, sink: Arc<dyn EventSink>) -> Box<dyn Session> {

@@ -76,6 +76,10 @@ pub(crate) struct ConsumerSlot {
     pub(crate) mode: CreditMode,
     /// Deliveries the consumer may still receive now.
     pub(crate) credit: u32,
+    /// Deliveries handed to the consumer since it attached, wrapping: what
+    /// an explicit credit limit is counted against (see
+    /// `Session::set_credit`).
+    pub(crate) sent: u32,
     pub(crate) auto_settle: bool,
     pub(crate) drain: bool,
     pub(crate) sink: Arc<dyn EventSink>,
@@ -122,6 +126,23 @@ pub struct QueueStats {
     pub time_in_queue_ms_total: u64,
 }
 
+impl ConsumerSlot {
+    /// Whether the consumer can take a delivery now: it has credit, and its
+    /// connection has room in its delivery budget. A consumer turned away
+    /// for lack of room is resumed by its connection once there is room.
+    pub(crate) fn can_take(&self) -> bool {
+        self.credit > 0 && self.sink.budget().is_none_or(|b| b.try_room())
+    }
+
+    /// Sets an explicit credit from a limit counted like `sent`.
+    pub(crate) fn set_credit_limit(&mut self, limit: u32) {
+        let credit = limit.wrapping_sub(self.sent);
+        // A limit behind what was sent (the client lowered its credit while
+        // deliveries were in transit) wraps to a huge number: no credit.
+        self.credit = if credit > i32::MAX as u32 { 0 } else { credit };
+    }
+}
+
 /// Chooses which consumer gets the next message. The default is round-robin
 /// over consumers with credit.
 pub(crate) trait DispatchPolicy: Send {
@@ -138,7 +159,7 @@ pub(crate) struct RoundRobin {
 impl DispatchPolicy for RoundRobin {
     fn pick(&mut self, consumers: &[ConsumerSlot], entry: &Entry) -> Option<usize> {
         let n = consumers.len();
-        let eligible = |c: &ConsumerSlot| c.credit > 0 && entry.excluded != Some(c.key);
+        let eligible = |c: &ConsumerSlot| entry.excluded != Some(c.key) && c.can_take();
         let start = self.next % n.max(1);
         // An excluded message (AMQP undeliverable-here) goes elsewhere when it
         // can; when only excluded consumers have credit it goes to them rather
@@ -149,7 +170,7 @@ impl DispatchPolicy for RoundRobin {
             .or_else(|| {
                 (0..n)
                     .map(|i| (start + i) % n)
-                    .find(|&i| consumers[i].credit > 0)
+                    .find(|&i| consumers[i].can_take())
             });
         if let Some(i) = found {
             self.next = i + 1;
@@ -313,6 +334,11 @@ impl Queue {
             };
             let slot = &mut st.consumers[i];
             slot.credit -= 1;
+            slot.sent = slot.sent.wrapping_add(1);
+            let charge = match slot.sink.budget() {
+                Some(budget) => budget.charge(entry.message.memory_size() as u64),
+                None => rosetta_neutral::DeliveryCharge::none(),
+            };
             let delivery = Delivery {
                 consumer: slot.key.consumer,
                 tag: DeliveryTag(entry.seq),
@@ -322,6 +348,7 @@ impl Queue {
                 from_retained: entry.from_retained,
                 matched: entry.matched.clone(),
                 annotation: entry.annotation.clone(),
+                charge,
             };
             let key = slot.key;
             let auto_settle = slot.auto_settle;

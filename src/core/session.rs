@@ -91,6 +91,7 @@ impl CoreSession {
             state: Mutex::new(SessionState::default()),
         });
         inner.sessions.lock().insert(id, Arc::downgrade(&shared));
+        register_resume(&inner, &shared);
         if let Some(client_id) = &shared.info.client_id {
             let key = (shared.info.protocol, client_id.clone());
             let previous = inner
@@ -165,6 +166,43 @@ impl CoreSession {
         self.inner
             .access
             .may_subscribe(&info.principal, &Address::Queue(name.to_owned()))
+    }
+}
+
+/// Lets the session's connection resume dispatch once its delivery budget
+/// has room again (see `rosetta_neutral::budget`).
+fn register_resume(inner: &Arc<Inner>, shared: &Arc<SessionShared>) {
+    let Some(budget) = shared.sink.budget() else {
+        return;
+    };
+    let inner = Arc::downgrade(inner);
+    let session = Arc::downgrade(shared);
+    budget.set_resume(Box::new(move || {
+        if let (Some(inner), Some(session)) = (inner.upgrade(), session.upgrade()) {
+            dispatch_to_session(&inner, &session);
+        }
+    }));
+}
+
+/// Dispatches every queue the session consumes from: what its consumers
+/// were turned away from while their connection had no room.
+fn dispatch_to_session(inner: &Inner, shared: &SessionShared) {
+    let queues: Vec<Arc<Queue>> = {
+        let st = shared.state.lock();
+        let mut queues: Vec<Arc<Queue>> = Vec::with_capacity(st.consumers.len());
+        for c in st.consumers.values() {
+            if !queues.iter().any(|q| Arc::ptr_eq(q, &c.queue)) {
+                queues.push(Arc::clone(&c.queue));
+            }
+        }
+        queues
+    };
+    for q in queues {
+        let out = {
+            let mut qs = q.state.lock();
+            q.dispatch_locked(&mut qs, rosetta_neutral::message::now_ms())
+        };
+        inner.after_dispatch(out);
     }
 }
 
@@ -511,6 +549,7 @@ impl Session for CoreSession {
                     name: Some(spec.queue.clone()),
                     durable: true,
                     lifetime: QueueLifetime::Permanent,
+                    bindings_max: None,
                 };
                 let (q, _) = self
                     .inner
@@ -538,6 +577,7 @@ impl Session for CoreSession {
             },
             mode: spec.credit,
             credit,
+            sent: 0,
             auto_settle: spec.auto_settle,
             drain: false,
             sink: Arc::clone(&self.shared.sink),
@@ -578,7 +618,7 @@ impl Session for CoreSession {
     fn set_credit(
         &mut self,
         consumer: ConsumerId,
-        credit: u32,
+        limit: u32,
         drain: bool,
     ) -> Result<(), BrokerError> {
         let st = self.state()?;
@@ -598,7 +638,7 @@ impl Session for CoreSession {
             let Some(slot) = qs.consumers.iter_mut().find(|c| c.key == key) else {
                 return Err(BrokerError::Unknown("consumer"));
             };
-            slot.credit = credit;
+            slot.set_credit_limit(limit);
             slot.drain = drain;
             q.dispatch_locked(&mut qs, rosetta_neutral::message::now_ms())
         };

@@ -59,6 +59,7 @@ fn subscribe(s: &mut Box<dyn Session>, filter: &str, window: u32) -> (String, Co
             name: None,
             durable: false,
             lifetime: QueueLifetime::Consumer,
+            bindings_max: None,
         })
         .expect("declare");
     s.bind(&q.name, filter, BindingOptions::default())
@@ -130,6 +131,7 @@ fn overlapping_bindings_deliver_once_with_all_subscription_ids() {
             name: Some("$share/g/a/#".into()),
             durable: false,
             lifetime: QueueLifetime::Session,
+            bindings_max: None,
         })
         .expect("declare");
     let opts = |qos, id| BindingOptions {
@@ -509,6 +511,7 @@ fn retained_messages_are_sent_on_bind_and_cleared_by_empty_payload() {
             name: None,
             durable: false,
             lifetime: QueueLifetime::Session,
+            bindings_max: None,
         })
         .expect("declare");
     s.consume(ConsumerSpec {
@@ -540,6 +543,7 @@ fn retained_messages_are_sent_on_bind_and_cleared_by_empty_payload() {
             name: None,
             durable: false,
             lifetime: QueueLifetime::Session,
+            bindings_max: None,
         })
         .expect("declare");
     assert_eq!(
@@ -559,6 +563,7 @@ fn no_local_skips_the_publishers_own_bindings() {
             name: None,
             durable: false,
             lifetime: QueueLifetime::Session,
+            bindings_max: None,
         })
         .expect("declare");
     s.bind(
@@ -645,6 +650,7 @@ fn session_lifetime_queues_vanish_with_their_session() {
             name: None,
             durable: false,
             lifetime: QueueLifetime::Session,
+            bindings_max: None,
         })
         .expect("declare");
     assert!(q.name.starts_with("$temp/"));
@@ -695,6 +701,7 @@ fn redeclare_changes_a_lasting_queues_lifetime() {
         name: Some("sess".into()),
         durable: true,
         lifetime,
+        bindings_max: None,
     };
     assert!(
         !s.declare_queue(spec(QueueLifetime::Permanent))
@@ -934,4 +941,281 @@ fn a_full_queue_refuses_sends_and_misses_topic_messages_others_get() {
     assert!(e1.deliveries().is_empty());
     let stats = core.queue_stats(&full).expect("subscriber queue");
     assert_eq!((stats.depth, stats.dropped_full_total), (3, 2));
+}
+
+/// The core numbers an explicit-credit consumer's deliveries and stops at
+/// the limit it is given, so deliveries already sent but not yet seen by
+/// the adapter (in its event queue) are inside the client's credit, not
+/// on top of it. With an absolute credit, repeating a flow whose credit the
+/// in-transit deliveries already used sent that credit again.
+#[test]
+fn explicit_credit_counts_deliveries_still_in_transit() {
+    let core = Core::in_memory();
+    let (mut s, e) = open(&core, "c");
+    let c = s
+        .consume(ConsumerSpec {
+            queue: "q".into(),
+            credit: CreditMode::Explicit(0),
+            auto_settle: false,
+        })
+        .expect("consume");
+    for i in 0..20 {
+        publish(&mut s, queue("q"), &i.to_string());
+    }
+    s.set_credit(c, 5, false).expect("credit");
+    // The adapter has seen none of these five yet when the client repeats
+    // its flow (same delivery-count, same credit): the limit is the same.
+    s.set_credit(c, 5, false).expect("credit again");
+    let first = e.deliveries();
+    assert_eq!(first.len(), 5, "the client granted five");
+    // Seen five; the client grants five more.
+    s.set_credit(c, 10, false).expect("more credit");
+    let second = e.deliveries();
+    assert_eq!(
+        second.iter().map(text).collect::<Vec<_>>(),
+        ["5", "6", "7", "8", "9"]
+    );
+    assert!(
+        second.iter().chain(&first).all(|d| !d.redelivered),
+        "nothing went round twice"
+    );
+    // A limit behind what was sent (the client lowered its credit) grants
+    // nothing rather than wrapping into a huge credit.
+    s.set_credit(c, 3, false).expect("lower");
+    assert!(e.deliveries().is_empty());
+    assert_eq!(core.queue_stats("q").map(|q| q.redeliveries_total), Some(0));
+}
+
+/// A sink with a delivery budget, as a connection's driver makes one.
+struct Budgeted {
+    events: Events,
+    budget: Arc<DeliveryBudget>,
+}
+
+impl EventSink for Budgeted {
+    fn send(&self, event: SessionEvent) {
+        self.events.send(event);
+    }
+
+    fn budget(&self) -> Option<&Arc<DeliveryBudget>> {
+        Some(&self.budget)
+    }
+}
+
+/// An auto-settled consumer's credit comes back at dispatch, so only the
+/// connection's byte budget holds the core back from emptying a whole
+/// backlog into a connection that does not read; once the connection
+/// writes (drops) what it holds, the core is resumed.
+#[test]
+fn a_full_delivery_budget_holds_dispatch_until_the_connection_resumes_it() {
+    let core = Core::in_memory();
+    let body = "x".repeat(1000);
+    let one = Message::text(body.clone()).memory_size() as u64;
+    let sink = Arc::new(Budgeted {
+        events: Events::default(),
+        budget: DeliveryBudget::new(10 * one),
+    });
+    let mut s = core.open_session(info("slow"), sink.clone());
+    s.consume(ConsumerSpec {
+        queue: "q".into(),
+        credit: CreditMode::Window(1000),
+        auto_settle: true,
+    })
+    .expect("consume");
+    let (mut producer, _pe) = open(&core, "producer");
+    for _ in 0..100 {
+        producer
+            .publish(
+                &queue("q"),
+                Message::text(body.clone()),
+                PublishOptions::default(),
+            )
+            .expect("publish");
+    }
+    let mut held = sink.events.deliveries();
+    assert_eq!(held.len(), 10, "the budget holds ten");
+    assert_eq!(core.queue_stats("q").map(|q| q.depth), Some(90));
+    assert!(sink.budget.held_back_since().is_some());
+    assert!(!sink.budget.resume_if_due(), "nothing written yet");
+    // The connection writes (drops) six: 4 of 10 left, below half.
+    drop(held.drain(..6).collect::<Vec<_>>());
+    assert!(sink.budget.resume_if_due(), "resumed");
+    assert_eq!(sink.events.deliveries().len(), 6, "refilled to the budget");
+    assert_eq!(core.queue_stats("q").map(|q| q.depth), Some(84));
+    drop(held);
+}
+
+fn limited_core(config: CoreConfig) -> Core {
+    Core::new(config, Arc::new(NoJournal), Arc::new(super::AllowAll), None)
+}
+
+fn named(name: &str, bindings_max: Option<usize>) -> QueueSpec {
+    QueueSpec {
+        name: Some(name.into()),
+        durable: false,
+        lifetime: QueueLifetime::Permanent,
+        bindings_max,
+    }
+}
+
+fn is_limit<T: std::fmt::Debug>(r: &Result<T, BrokerError>) -> bool {
+    matches!(r, Err(BrokerError::ResourceLimit(_)))
+}
+
+#[test]
+fn queues_in_total_are_capped_but_dead_letters_still_find_their_queue() {
+    let core = limited_core(CoreConfig {
+        queues_max: 2,
+        delivery_attempts_max: 1,
+        ..CoreConfig::default()
+    });
+    let (mut s, e) = open(&core, "c");
+    s.declare_queue(named("a", None)).expect("first");
+    // Auto-created on first send: the second queue.
+    publish(&mut s, queue("b"), "m");
+    let third = s.declare_queue(named("c", None));
+    assert!(is_limit(&third), "{third:?}");
+    assert!(is_limit(&s.publish(
+        &queue("c"),
+        Message::text("x"),
+        PublishOptions::default()
+    )));
+    let consume = s.consume(ConsumerSpec {
+        queue: "c".into(),
+        credit: CreditMode::Window(1),
+        auto_settle: false,
+    });
+    assert!(is_limit(&consume), "{consume:?}");
+    // Declaring an existing queue is no new queue.
+    assert!(s.declare_queue(named("a", None)).expect("again").existed);
+    // The dead-letter queue is created even at the cap: a rejected message
+    // must not be dropped for want of a place to go.
+    let c = s
+        .consume(ConsumerSpec {
+            queue: "b".into(),
+            credit: CreditMode::Window(1),
+            auto_settle: false,
+        })
+        .expect("consume");
+    let d = e.deliveries().remove(0);
+    s.settle(c, d.tag, Outcome::Reject, None, false)
+        .expect("reject");
+    assert_eq!(core.queue_stats("DLQ").map(|s| s.depth), Some(1));
+    // Deleting a queue frees a place.
+    s.delete_queue("a").expect("delete");
+    s.delete_queue("DLQ").expect("delete");
+    s.declare_queue(named("c", None)).expect("room again");
+}
+
+#[test]
+fn bindings_in_total_are_capped_and_rebinding_is_no_new_binding() {
+    let core = limited_core(CoreConfig {
+        bindings_max: 2,
+        ..CoreConfig::default()
+    });
+    let (mut s, _) = open(&core, "c");
+    s.declare_queue(named("q1", None)).expect("declare");
+    s.declare_queue(named("q2", None)).expect("declare");
+    s.bind("q1", "a/#", BindingOptions::default())
+        .expect("bind");
+    s.bind("q2", "a/#", BindingOptions::default())
+        .expect("bind");
+    let refused = s.bind("q1", "b", BindingOptions::default());
+    assert!(is_limit(&refused), "{refused:?}");
+    // Replacing a binding's options is no new binding.
+    let again = s
+        .bind("q1", "a/#", BindingOptions::default())
+        .expect("rebind");
+    assert!(again.existed);
+    assert!(s.unbind("q2", "a/#").expect("unbind"));
+    s.bind("q1", "b", BindingOptions::default())
+        .expect("room again");
+    // Deleting a queue frees its bindings too.
+    s.delete_queue("q1").expect("delete");
+    s.bind("q2", "c", BindingOptions::default()).expect("bind");
+    s.bind("q2", "d", BindingOptions::default()).expect("bind");
+}
+
+#[test]
+fn a_queue_declared_with_a_bindings_cap_keeps_it_until_declared_with_another() {
+    let core = Core::in_memory();
+    let (mut s, _) = open(&core, "c");
+    s.declare_queue(named("session", Some(2))).expect("declare");
+    s.bind("session", "a", BindingOptions::default())
+        .expect("bind");
+    s.bind("session", "b", BindingOptions::default())
+        .expect("bind");
+    let refused = s.bind("session", "c", BindingOptions::default());
+    assert!(is_limit(&refused), "{refused:?}");
+    assert!(
+        s.bind("session", "b", BindingOptions::default())
+            .expect("rebind")
+            .existed
+    );
+    // Another queue is not limited by it.
+    s.declare_queue(named("other", None)).expect("declare");
+    for f in ["a", "b", "c"] {
+        s.bind("other", f, BindingOptions::default()).expect("bind");
+    }
+    // A declare without a cap (a producer auto-creating it, say) keeps the
+    // cap; one with a cap replaces it.
+    s.declare_queue(named("session", None)).expect("declare");
+    assert!(is_limit(&s.bind("session", "c", BindingOptions::default())));
+    s.declare_queue(named("session", Some(3))).expect("declare");
+    s.bind("session", "c", BindingOptions::default())
+        .expect("raised");
+    s.declare_queue(named("session", Some(1))).expect("declare");
+    assert!(is_limit(&s.bind("session", "d", BindingOptions::default())));
+    assert!(
+        s.unbind("session", "a").expect("unbind"),
+        "lowered: unbinding works"
+    );
+}
+
+#[test]
+fn one_queue_matched_by_many_bindings_gets_one_copy_among_many_queues() {
+    let core = Core::in_memory();
+    let (mut s, e) = open(&core, "c");
+    let queues = 200;
+    for i in 0..queues {
+        let name = format!("q{i}");
+        s.declare_queue(named(&name, None)).expect("declare");
+        let at_most_once = BindingOptions {
+            max_guarantee: Guarantee::AtMostOnce,
+            ..BindingOptions::default()
+        };
+        s.bind(&name, "fan/out", at_most_once).expect("bind");
+        if i % 3 == 0 {
+            let opts = BindingOptions {
+                subscription_id: Some(i),
+                max_guarantee: Guarantee::AtLeastOnce,
+                ..BindingOptions::default()
+            };
+            s.bind(&name, "fan/#", opts).expect("bind");
+        }
+        s.consume(ConsumerSpec {
+            queue: name,
+            credit: CreditMode::Window(10),
+            auto_settle: true,
+        })
+        .expect("consume");
+    }
+    assert_eq!(
+        publish(&mut s, topic("fan/out"), "m").routed,
+        queues as usize
+    );
+    let d = e.deliveries();
+    assert_eq!(d.len(), queues as usize, "one copy per queue");
+    let mut ids: Vec<u32> = d
+        .iter()
+        .flat_map(|d| d.matched.subscription_ids.clone())
+        .collect();
+    ids.sort_unstable();
+    let want: Vec<u32> = (0..queues).filter(|i| i % 3 == 0).collect();
+    assert_eq!(ids, want, "each queue's matches folded into its copy");
+    let upgraded = d
+        .iter()
+        .filter(|d| d.matched.max_guarantee == Some(Guarantee::AtLeastOnce))
+        .count();
+    assert_eq!(upgraded, want.len());
 }

@@ -136,7 +136,6 @@ impl<V> Default for TopicTrie<V> {
 
 impl<V> TopicTrie<V> {
     /// Number of values stored.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }

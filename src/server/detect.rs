@@ -17,7 +17,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
@@ -207,11 +206,12 @@ where
 /// cannot be recognised is logged and closed.
 pub(crate) async fn serve_any(
     stream: TcpStream,
-    peer: SocketAddr,
+    mut plain: Peer,
     conn_id: u64,
     shared: Arc<Shared>,
     tls: Option<TlsAcceptor>,
 ) {
+    let peer = plain.addr;
     let detected = match detect(&stream, DETECT_TIMEOUT).await {
         Ok(detected) => detected,
         Err(e) => {
@@ -220,7 +220,6 @@ pub(crate) async fn serve_any(
         }
     };
     tracing::trace!(conn = conn_id, %peer, ?detected, "any port: detected");
-    let plain = Peer::plain(peer);
     match detected {
         Detected::Mqtt => run_wire(Wire::Mqtt, stream, plain, conn_id, shared).await,
         Detected::Stomp => run_wire(Wire::Stomp, stream, plain, conn_id, shared).await,
@@ -234,14 +233,12 @@ pub(crate) async fn serve_any(
             let timeout = super::tls::handshake_timeout(&shared.config.tls);
             // A failed handshake is logged by `accept`.
             let Ok((stream, certificate_user)) =
-                super::tls::accept(&acceptor, stream, peer, timeout).await
+                super::tls::accept(&acceptor, stream, peer, timeout, &shared.tls_log).await
             else {
                 return;
             };
-            let peer = Peer {
-                addr: peer,
-                certificate_user,
-            };
+            plain.certificate_user = certificate_user;
+            let peer = plain;
             let (inner, stream) = match detect_read(stream, DETECT_TIMEOUT).await {
                 Ok(found) => found,
                 Err(e) => {

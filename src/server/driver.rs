@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures_util::task::AtomicWaker;
-use rosetta_neutral::{EventSink, SessionEvent};
+use rosetta_neutral::{DeliveryBudget, EventSink, SessionEvent};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Sleep;
@@ -59,6 +59,10 @@ const INPUT_RECHECK_INTERVAL: Duration = Duration::from_millis(50);
 /// timers do not consume tokio's cooperative budget, so a connection fed
 /// events without pause must yield by itself to keep its worker fair.
 const TURNS_PER_POLL: u32 = 32;
+/// How long a connection closed by the broker (a slow consumer) gets to
+/// take its last frames before the socket is cut: the peer that was not
+/// reading may never read them.
+const FAREWELL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the driver needs from a protocol state machine. Every adapter
 /// exposes these as inherent methods; the impls in `protocols.rs` forward.
@@ -71,6 +75,11 @@ pub(crate) trait ProtocolConnection: Send + 'static {
     fn wants_input(&self) -> bool;
     fn is_closed(&self) -> bool;
     fn handle_transport_closed(&mut self, now: Instant);
+
+    /// The peer has stopped reading and its deliveries have filled the
+    /// connection's delivery budget for longer than the slow-consumer
+    /// limit: say why in the protocol's own way and close.
+    fn handle_slow_consumer(&mut self, now: Instant);
 
     /// The protocol's own parse buffer, for an adapter that parses from a
     /// `BytesMut`: the driver reads straight into its spare capacity, so
@@ -125,8 +134,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Transport for tokio_rustls::serve
 /// (3 KiB here) per connection up front, which was the largest part of an
 /// idle connection's memory. This queue allocates nothing until an event
 /// arrives, and the task takes every waiting event with one lock.
-/// Unbounded is safe because every producer is itself bounded: deliveries
-/// by consumer credit, commits by the adapter's limit on pending commits.
+/// Unbounded in count, bounded in what matters: deliveries by the
+/// connection's [`DeliveryBudget`] in bytes (and by consumer credit),
+/// commits by the adapter's limit on pending commits.
 #[derive(Default)]
 pub(crate) struct EventQueue {
     events: parking_lot::Mutex<VecDeque<SessionEvent>>,
@@ -149,19 +159,69 @@ impl EventQueue {
 }
 
 /// The sink the core holds for one connection.
-pub(crate) struct ChannelSink(Arc<EventQueue>);
+pub(crate) struct ChannelSink {
+    queue: Arc<EventQueue>,
+    budget: Option<Arc<DeliveryBudget>>,
+}
 
 impl EventSink for ChannelSink {
     fn send(&self, event: SessionEvent) {
-        self.0.events.lock().push_back(event);
-        self.0.waker.wake();
+        self.queue.events.lock().push_back(event);
+        self.queue.waker.wake();
+    }
+
+    fn budget(&self) -> Option<&Arc<DeliveryBudget>> {
+        self.budget.as_ref()
     }
 }
 
-/// A sink and the queue its events go to.
-pub(crate) fn event_channel() -> (Arc<ChannelSink>, Arc<EventQueue>) {
+/// A sink and the queue its events go to. With `budget_bytes`, deliveries
+/// waiting for the connection are bounded by a [`DeliveryBudget`] of that
+/// size, which wakes the connection's task when the core is to be resumed.
+pub(crate) fn event_channel(budget_bytes: Option<u64>) -> (Arc<ChannelSink>, Arc<EventQueue>) {
     let queue = Arc::new(EventQueue::default());
-    (Arc::new(ChannelSink(Arc::clone(&queue))), queue)
+    let budget = budget_bytes.map(|bytes| {
+        let budget = DeliveryBudget::new(bytes);
+        let waker = Arc::clone(&queue);
+        budget.set_notify(Box::new(move || waker.waker.wake()));
+        budget
+    });
+    let sink = Arc::new(ChannelSink {
+        queue: Arc::clone(&queue),
+        budget,
+    });
+    (sink, queue)
+}
+
+/// How the driver treats a connection whose peer stops reading.
+#[derive(Debug, Clone)]
+pub(crate) struct SlowConsumerPolicy {
+    /// The connection's delivery budget (the sink's).
+    pub(crate) budget: Option<Arc<DeliveryBudget>>,
+    /// A connection that cannot write while its budget is full for this
+    /// long is closed as a slow consumer; `None` never closes it.
+    pub(crate) timeout: Option<Duration>,
+}
+
+impl SlowConsumerPolicy {
+    /// No budget, never closed (tests, in-process connections).
+    #[cfg(test)]
+    pub(crate) fn none() -> Self {
+        Self {
+            budget: None,
+            timeout: None,
+        }
+    }
+}
+
+impl ChannelSink {
+    /// The policy for this sink's connection.
+    pub(crate) fn slow_consumer_policy(&self, timeout: Option<Duration>) -> SlowConsumerPolicy {
+        SlowConsumerPolicy {
+            budget: self.budget.clone(),
+            timeout,
+        }
+    }
 }
 
 /// Completes when the server's shutdown grace period is over.
@@ -182,6 +242,7 @@ pub(crate) fn drive<C, T>(
     conn: C,
     io: T,
     events: Arc<EventQueue>,
+    slow: SlowConsumerPolicy,
     span: tracing::Span,
     hard_stop: watch::Receiver<bool>,
 ) -> impl Future<Output = ()> + Send
@@ -205,6 +266,10 @@ where
         batch: VecDeque::new(),
         timer: None,
         input_recheck: None,
+        slow,
+        write_stalled_since: None,
+        stall_timer: None,
+        farewell: None,
         phase: Phase::Running,
     }
     .instrument(span)
@@ -252,6 +317,15 @@ struct Driver<C, T> {
     /// When a connection that stopped reading looks again (see
     /// [`INPUT_RECHECK_INTERVAL`]).
     input_recheck: Option<Instant>,
+    /// The delivery budget and the slow-consumer limit.
+    slow: SlowConsumerPolicy,
+    /// Since when output has been waiting for a peer that does not read.
+    write_stalled_since: Option<Instant>,
+    /// The slow-consumer deadline, allocated while a write is stalled with
+    /// the budget full.
+    stall_timer: Option<Pin<Box<Sleep>>>,
+    /// Bounds the last write of a connection the broker closed.
+    farewell: Option<Pin<Box<Sleep>>>,
     phase: Phase,
 }
 
@@ -282,6 +356,12 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 }
                 return self.finish();
             }
+            if let Some(farewell) = &mut self.farewell {
+                if farewell.as_mut().poll(cx).is_ready() {
+                    tracing::debug!("peer took no farewell; cutting the connection");
+                    return self.finish();
+                }
+            }
             match self.phase {
                 Phase::Done => return Poll::Ready(()),
                 Phase::Draining => {
@@ -306,10 +386,27 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 }
                 Phase::Running => {}
             }
+            if let Some(budget) = &self.slow.budget {
+                // Room came back since the core turned a delivery away:
+                // let it dispatch again (outside any adapter call).
+                budget.resume_if_due();
+            }
+            if self.poll_slow_consumer(cx) {
+                continue;
+            }
             // Output first: a connection that cannot write does not take
             // more input or events (back-pressure onto the peer and the core).
             match self.poll_write_out(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    if self.written < self.out.len() && self.write_stalled_since.is_none() {
+                        self.write_stalled_since = Some(Instant::now());
+                        // Arms the deadline if the core is waiting already.
+                        if self.poll_slow_consumer(cx) {
+                            continue;
+                        }
+                    }
+                    return Poll::Pending;
+                }
                 Poll::Ready(Err(e)) => {
                     tracing::debug!(error = %e, "write failed; closing");
                     self.conn.handle_transport_closed(Instant::now());
@@ -346,6 +443,58 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         Poll::Pending
     }
 
+    /// When the connection becomes a slow consumer: its write has been
+    /// stalled, and the core held deliveries back for lack of budget, for
+    /// the whole slow-consumer limit. A peer whose deliveries wait on its
+    /// own flow control (unsettled deliveries, a closed AMQP session
+    /// window) while its socket takes everything is not slow.
+    fn slow_consumer_deadline(&self) -> Option<Instant> {
+        let timeout = self.slow.timeout?;
+        let held_back = self.slow.budget.as_ref()?.held_back_since()?;
+        let stalled = self.write_stalled_since?;
+        Some(held_back.max(stalled) + timeout)
+    }
+
+    /// Closes a slow consumer whose deadline passed (returns true), or
+    /// arms the timer that wakes the task at the deadline.
+    fn poll_slow_consumer(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(deadline) = self.slow_consumer_deadline() else {
+            self.stall_timer = None;
+            return false;
+        };
+        let now = Instant::now();
+        if now < deadline {
+            let at = tokio::time::Instant::from_std(deadline);
+            let timer = match &mut self.stall_timer {
+                Some(timer) => {
+                    if timer.deadline() != at {
+                        timer.as_mut().reset(at);
+                    }
+                    timer
+                }
+                none => none.insert(Box::pin(tokio::time::sleep_until(at))),
+            };
+            if timer.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+        }
+        self.stall_timer = None;
+        let budget = self
+            .slow
+            .budget
+            .as_ref()
+            .map(|b| (b.used_bytes(), b.max_bytes()));
+        tracing::info!(
+            ?budget,
+            timeout_ms = self.slow.timeout.map(|t| t.as_millis()),
+            "slow consumer: the peer stopped reading; closing"
+        );
+        self.conn.handle_slow_consumer(now);
+        self.farewell = Some(Box::pin(tokio::time::sleep(FAREWELL_TIMEOUT)));
+        self.phase = Phase::ShuttingDown;
+        true
+    }
+
     fn finish(&mut self) -> Poll<()> {
         self.phase = Phase::Done;
         tracing::debug!("connection finished");
@@ -372,6 +521,8 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 }
                 self.written += n;
                 self.flushing = true;
+                // The peer took bytes: whatever stall there was is over.
+                self.write_stalled_since = None;
             }
             if self.flushing {
                 std::task::ready!(Pin::new(&mut self.io).poll_flush(cx))?;
@@ -567,6 +718,7 @@ mod tests {
             false
         }
         fn handle_transport_closed(&mut self, _: Instant) {}
+        fn handle_slow_consumer(&mut self, _: Instant) {}
     }
 
     /// A connection held back from reading has nothing that wakes it when
@@ -580,9 +732,16 @@ mod tests {
             open: Arc::clone(&open),
             echoed: Vec::new(),
         };
-        let (_sink, events) = event_channel();
+        let (_sink, events) = event_channel(None);
         let (_stop_tx, stop) = watch::channel(false);
-        let task = tokio::spawn(drive(conn, server, events, tracing::Span::none(), stop));
+        let task = tokio::spawn(drive(
+            conn,
+            server,
+            events,
+            SlowConsumerPolicy::none(),
+            tracing::Span::none(),
+            stop,
+        ));
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         client.write_all(b"ping").await.expect("write");
         let mut buf = [0u8; 4];

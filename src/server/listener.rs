@@ -2,14 +2,16 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::config::ListenerKind;
 
-use super::{protocols, Shared};
+use super::admission::HandshakeDeadline;
+use super::protocols::{self, Peer};
+use super::{refuse, Shared};
 
 /// Pause after an accept error (e.g. out of file descriptors) so the loop
 /// does not spin while the condition lasts.
@@ -47,13 +49,20 @@ pub(crate) async fn spawn(
 }
 
 fn accept(kind: ListenerKind, stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
-    // `[broker] connections_max`: beyond it a socket is closed at once, so
-    // a flood of connections cannot exhaust memory or file descriptors.
-    let max = usize::try_from(shared.config.broker.connections_max).unwrap_or(usize::MAX);
-    if shared.active_connections() >= max {
-        tracing::warn!(listener = kind.key(), %peer, max, "connection refused: connections_max reached");
-        return;
-    }
+    // Admission (see `admission`): authenticated connections count against
+    // `connections_max`, those still connecting against their own caps, so
+    // a flood of idle sockets cannot lock out clients that log in. A
+    // refused socket is told why in its protocol's terms, then closed.
+    let ticket = match shared.admission.admit(peer.ip()) {
+        Ok(ticket) => ticket,
+        Err(why) => {
+            if let Some(suppressed) = shared.admission.log.admit(Instant::now()) {
+                tracing::warn!(listener = kind.key(), %peer, reason = %why, suppressed, "connection refused");
+            }
+            refuse::spawn(kind, stream, why, &shared.refusals);
+            return;
+        }
+    };
     // Latency matters more than packet count for a broker: acks and small
     // messages must not wait for Nagle.
     if let Err(e) = stream.set_nodelay(true) {
@@ -62,8 +71,22 @@ fn accept(kind: ListenerKind, stream: TcpStream, peer: SocketAddr, shared: &Arc<
     let conn_id = shared.next_conn_id();
     let guard = shared.track();
     let shared = Arc::clone(shared);
+    let connect_timeout = Duration::from_millis(shared.config.broker.connect_timeout_ms);
+    let deadline = HandshakeDeadline::new(ticket.clone(), connect_timeout);
     tokio::spawn(async move {
         let _guard = guard;
-        protocols::serve(kind, stream, peer, conn_id, shared).await;
+        let admission = Arc::clone(&shared.admission);
+        let peer_info = Peer::new(peer, ticket);
+        tokio::select! {
+            () = protocols::serve(kind, stream, peer_info, conn_id, shared) => {}
+            () = deadline => {
+                if let Some(suppressed) = admission.log.admit(Instant::now()) {
+                    tracing::warn!(
+                        listener = kind.key(), %peer, conn = conn_id, suppressed,
+                        "closing a connection not authenticated within [broker] connect_timeout_ms"
+                    );
+                }
+            }
+        }
     });
 }

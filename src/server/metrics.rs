@@ -100,6 +100,9 @@ const QUEUE_METRICS: &[QueueMetric] = &[
 /// Broker-wide figures besides the core's.
 pub(crate) struct BrokerFigures {
     pub(crate) connections: usize,
+    pub(crate) authenticated: usize,
+    pub(crate) unauthenticated: usize,
+    pub(crate) refused_total: u64,
     pub(crate) memory_budget_bytes: u64,
     pub(crate) store: StoreStats,
 }
@@ -122,12 +125,30 @@ pub(crate) fn render(core: &Core, broker: &BrokerFigures) -> String {
         }
     }
     let s = &broker.store;
-    let plain: [(&str, &str, &str, f64); 11] = [
+    let plain: [(&str, &str, &str, f64); 14] = [
         (
             "rosetta_connections",
             "gauge",
             "Open client connections.",
             broker.connections as f64,
+        ),
+        (
+            "rosetta_connections_authenticated",
+            "gauge",
+            "Open connections that have authenticated ([broker] connections_max caps them).",
+            broker.authenticated as f64,
+        ),
+        (
+            "rosetta_connections_unauthenticated",
+            "gauge",
+            "Open connections not yet authenticated ([broker] unauthenticated_connections_max caps them).",
+            broker.unauthenticated as f64,
+        ),
+        (
+            "rosetta_connections_refused_total",
+            "counter",
+            "Connections refused at accept because a connection cap was reached.",
+            broker.refused_total as f64,
         ),
         (
             "rosetta_memory_used_bytes",
@@ -261,6 +282,9 @@ mod tests {
         }
         let figures = BrokerFigures {
             connections: 3,
+            authenticated: 2,
+            unauthenticated: 1,
+            refused_total: 4,
             memory_budget_bytes: 1 << 20,
             store: StoreStats::default(),
         };
@@ -275,6 +299,8 @@ mod tests {
         );
         assert!(text.contains("rosetta_queue_enqueued_total{queue=\"orders\\\"x\"} 2\n"));
         assert!(text.contains("rosetta_connections 3\n"));
+        assert!(text.contains("rosetta_connections_unauthenticated 1\n"));
+        assert!(text.contains("rosetta_connections_refused_total 4\n"));
         assert!(text.contains("rosetta_memory_budget_bytes 1048576\n"));
         assert!(text.contains("rosetta_producers_blocked 0\n"), "{text}");
         assert!(
@@ -304,6 +330,9 @@ mod tests {
         );
         let figures = BrokerFigures {
             connections: 0,
+            authenticated: 0,
+            unauthenticated: 0,
+            refused_total: 0,
             memory_budget_bytes: 1 << 20,
             store: StoreStats::default(),
         };

@@ -6,15 +6,22 @@
 //! 1. stop accepting;
 //! 2. tell every client (MQTT 5 DISCONNECT 0x8B, STOMP ERROR, AMQP close)
 //!    through [`Core::shutdown`];
-//! 3. let connections drain for up to [`SHUTDOWN_GRACE`];
+//! 3. let connections drain for up to `[broker] shutdown_grace_ms`;
 //! 4. flush and sync the journal;
 //! 5. return, and the process exits 0.
 
+mod admission;
 mod detect;
 mod driver;
+/// For the cargo-fuzz targets in `fuzz/` only.
+#[doc(hidden)]
+pub mod fuzzing;
 mod listener;
+mod log_throttle;
 mod metrics;
+mod preflight;
 mod protocols;
+mod refuse;
 mod tls;
 mod ws;
 
@@ -31,8 +38,7 @@ use crate::config::{Config, ListenerKind};
 use crate::core::{AccessControl, Core, CoreConfig};
 use crate::store::{Store, StoreConfig};
 
-/// How long connections get to say goodbye at shutdown before they are cut.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+pub use preflight::{preflight, Preflight};
 
 /// State every connection task shares.
 pub(crate) struct Shared {
@@ -45,6 +51,12 @@ pub(crate) struct Shared {
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
     /// The journal, for its counters.
     pub(crate) store: Arc<Store>,
+    /// Who may connect: the authenticated and unauthenticated counts.
+    pub(crate) admission: Arc<admission::Admission>,
+    /// Refusals being answered.
+    pub(crate) refusals: Arc<refuse::Refusals>,
+    /// Failed TLS handshakes are logged through this.
+    pub(crate) tls_log: log_throttle::LogThrottle,
     active: AtomicUsize,
     idle: Notify,
 }
@@ -54,19 +66,31 @@ impl Shared {
     pub(crate) fn metrics(&self) -> String {
         let figures = metrics::BrokerFigures {
             connections: self.active.load(Ordering::Relaxed),
+            authenticated: self.admission.authenticated(),
+            unauthenticated: self.admission.unauthenticated(),
+            refused_total: self.admission.refused_total(),
             memory_budget_bytes: self.config.store.memory_budget_bytes,
             store: self.store.stats(),
         };
         metrics::render(&self.core, &figures)
     }
 
-    pub(crate) fn next_conn_id(&self) -> u64 {
-        self.next_conn_id.fetch_add(1, Ordering::Relaxed)
+    /// Says how many rate-limited log lines were left out since the last
+    /// one of their kind, so a storm that ended leaves a trace.
+    fn report_suppressed_logs(&self) {
+        for (what, throttle) in [
+            ("refused or timed-out connections", &self.admission.log),
+            ("failed TLS handshakes", &self.tls_log),
+        ] {
+            let suppressed = throttle.take_suppressed();
+            if suppressed > 0 {
+                tracing::warn!(suppressed, "{what}: {suppressed} more not logged");
+            }
+        }
     }
 
-    /// Connection tasks open now (those counted by [`Shared::track`]).
-    pub(crate) fn active_connections(&self) -> usize {
-        self.active.load(Ordering::SeqCst)
+    pub(crate) fn next_conn_id(&self) -> u64 {
+        self.next_conn_id.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Counts a connection task for the shutdown drain; the guard uncounts
@@ -108,6 +132,12 @@ impl RunningBroker {
         &self.shared.core
     }
 
+    /// The Prometheus exposition of this broker now, as `GET /metrics`
+    /// serves it.
+    pub fn metrics(&self) -> String {
+        self.shared.metrics()
+    }
+
     /// Shuts down in phases; see the module docs.
     pub async fn shutdown(self) -> anyhow::Result<()> {
         tracing::info!("shutting down: no new connections");
@@ -116,7 +146,9 @@ impl RunningBroker {
             let _ = t.await;
         }
         self.shared.core.shutdown();
-        let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        // How long connections get to say goodbye before they are cut.
+        let grace = Duration::from_millis(self.shared.config.broker.shutdown_grace_ms);
+        let drained = tokio::time::timeout(grace, async {
             loop {
                 let notified = self.shared.idle.notified();
                 if self.shared.active.load(Ordering::SeqCst) == 0 {
@@ -129,10 +161,12 @@ impl RunningBroker {
         if drained.is_err() {
             tracing::warn!(
                 remaining = self.shared.active.load(Ordering::SeqCst),
-                "grace period over; cutting remaining connections"
+                grace_ms = grace.as_millis(),
+                "grace period over ([broker] shutdown_grace_ms); cutting remaining connections"
             );
         }
         let _ = self.hard_stop.send(true);
+        self.shared.report_suppressed_logs();
         let store = Arc::clone(&self.store);
         tokio::task::spawn_blocking(move || store.flush())
             .await?
@@ -147,7 +181,10 @@ pub async fn start(
     config: Config,
     access: Arc<dyn AccessControl>,
 ) -> anyhow::Result<RunningBroker> {
-    config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let checked = preflight(&config)?;
+    for warning in &checked.warnings {
+        tracing::warn!("{warning}");
+    }
     let store_config = store_config(&config);
     let dir = config.data_dir.clone();
     let (store, recovered) = tokio::task::spawn_blocking(move || Store::open(store_config))
@@ -156,13 +193,7 @@ pub async fn start(
     let store = Arc::new(store);
     let core = Core::new(core_config(&config), store.clone(), access, Some(recovered));
     apply_bindings(&core, &config)?;
-    let tls = if config.tls.enabled() {
-        let server_config =
-            tls::server_config(&config.tls).map_err(|e| anyhow::anyhow!("[tls]: {e}"))?;
-        Some(tokio_rustls::TlsAcceptor::from(server_config))
-    } else {
-        None
-    };
+    let tls = checked.tls.map(tokio_rustls::TlsAcceptor::from);
     let (stop_accepting, stop_rx) = watch::channel(false);
     let (hard_stop, hard_rx) = watch::channel(false);
     let shared = Arc::new(Shared {
@@ -172,6 +203,9 @@ pub async fn start(
         hard_stop: hard_rx,
         tls,
         store: Arc::clone(&store),
+        admission: admission::Admission::new(&config.broker),
+        refusals: Arc::default(),
+        tls_log: log_throttle::LogThrottle::default(),
         active: AtomicUsize::new(0),
         idle: Notify::new(),
     });
@@ -190,6 +224,7 @@ pub async fn start(
         addrs.push((kind, bound));
         accept_tasks.push(task);
     }
+    say_who_can_connect(&config);
     Ok(RunningBroker {
         addrs,
         shared,
@@ -198,6 +233,31 @@ pub async fn start(
         hard_stop,
         accept_tasks,
     })
+}
+
+/// One line at start on who can reach the broker: loopback only (and the
+/// setting that opens it), or, with anonymous access on, a warning that
+/// anyone on the network may do everything.
+fn say_who_can_connect(config: &Config) {
+    let listeners = config.active_listeners();
+    let open: Vec<String> = listeners
+        .iter()
+        .filter(|(_, addr)| !addr.is_loopback())
+        .map(|(kind, addr)| format!("{}={addr}", kind.key()))
+        .collect();
+    if listeners.is_empty() {
+        return;
+    }
+    if open.is_empty() {
+        tracing::info!(
+            "listening on loopback only: clients on other machines cannot connect; set [listeners] bind = \"0.0.0.0\" (or a listener's own \"host:port\") to accept them"
+        );
+    } else if config.security.anonymous {
+        tracing::warn!(
+            listeners = %open.join(" "),
+            "anonymous access is on ([security] anonymous = true) and these listeners are reachable from the network: anyone who can connect may publish and subscribe as [anonymous] permits"
+        );
+    }
 }
 
 /// Runs until SIGINT or SIGTERM, then shuts down gracefully.
@@ -244,6 +304,8 @@ fn core_config(config: &Config) -> CoreConfig {
         memory_budget_bytes: config.store.memory_budget_bytes,
         paging_dir: Some(config.data_dir.join("paging")),
         queue_depth_max: config.broker.queue_depth_max,
+        queues_max: usize::try_from(config.broker.queues_max).unwrap_or(usize::MAX),
+        bindings_max: usize::try_from(config.broker.bindings_max).unwrap_or(usize::MAX),
         disk_free_min: (config.store.disk_free_min_bytes > 0).then(|| crate::core::DiskFreeMin {
             dir: config.data_dir.clone(),
             bytes: config.store.disk_free_min_bytes,
@@ -258,7 +320,7 @@ fn apply_bindings(core: &Core, config: &Config) -> anyhow::Result<()> {
     if config.bindings.is_empty() {
         return Ok(());
     }
-    let (sink, _rx) = driver::event_channel();
+    let (sink, _rx) = driver::event_channel(None);
     let info = SessionInfo {
         conn_id: 0,
         protocol: Protocol::Internal,
@@ -272,6 +334,7 @@ fn apply_bindings(core: &Core, config: &Config) -> anyhow::Result<()> {
             name: Some(b.queue.clone()),
             durable: true,
             lifetime: QueueLifetime::Permanent,
+            bindings_max: None,
         };
         session
             .declare_queue(spec)

@@ -9,6 +9,7 @@ use rosetta_neutral::{Broker, SessionEvent};
 
 use crate::config::ListenerKind;
 
+use super::admission::{AdmittedBroker, Ticket};
 use super::driver::{self, ProtocolConnection};
 use super::Shared;
 
@@ -20,14 +21,18 @@ pub(crate) struct Peer {
     /// The user named by a verified TLS client certificate (mutual TLS):
     /// it stands in for a password ([`Broker::authenticate_connection`]).
     pub(crate) certificate_user: Option<String>,
+    /// The connection's place in the admission counts: the adapter's
+    /// broker handle moves it to the authenticated count.
+    pub(crate) admission: Ticket,
 }
 
 impl Peer {
-    /// A peer the transport did not authenticate.
-    pub(crate) fn plain(addr: SocketAddr) -> Self {
+    /// A peer the transport has not authenticated (yet).
+    pub(crate) fn new(addr: SocketAddr, admission: Ticket) -> Self {
         Self {
             addr,
             certificate_user: None,
+            admission,
         }
     }
 }
@@ -97,6 +102,9 @@ macro_rules! forward_protocol_connection {
             fn handle_transport_closed(&mut self, now: Instant) {
                 <$ty>::handle_transport_closed(self, now)
             }
+            fn handle_slow_consumer(&mut self, now: Instant) {
+                <$ty>::handle_slow_consumer(self, now)
+            }
             $($extra)*
         }
     };
@@ -117,7 +125,7 @@ forward_protocol_connection!(rosetta_amqp::AmqpConnection, lends_input_buffer);
 pub(crate) async fn serve(
     kind: ListenerKind,
     stream: tokio::net::TcpStream,
-    peer: SocketAddr,
+    peer: Peer,
     conn_id: u64,
     shared: Arc<Shared>,
 ) {
@@ -128,11 +136,14 @@ pub(crate) async fn serve(
         _ => None,
     };
     if let Some(wire) = plain {
-        return run_wire(wire, stream, Peer::plain(peer), conn_id, shared).await;
+        return run_wire(wire, stream, peer, conn_id, shared).await;
     }
     match kind {
         ListenerKind::WebSocket => {
-            Box::pin(super::ws::serve(stream, Peer::plain(peer), conn_id, shared)).await;
+            Box::pin(super::ws::serve(stream, peer, conn_id, shared)).await;
+        }
+        ListenerKind::Metrics => {
+            Box::pin(super::ws::serve_metrics(stream, peer, conn_id, shared)).await;
         }
         ListenerKind::Any => {
             let tls = shared.tls.clone();
@@ -146,7 +157,7 @@ pub(crate) async fn serve(
 async fn serve_tls(
     kind: ListenerKind,
     stream: tokio::net::TcpStream,
-    peer: SocketAddr,
+    mut peer: Peer,
     conn_id: u64,
     shared: Arc<Shared>,
 ) {
@@ -156,14 +167,12 @@ async fn serve_tls(
     };
     let timeout = super::tls::handshake_timeout(&shared.config.tls);
     // A failed handshake is logged by `accept` and closes only this connection.
-    let Ok((stream, certificate_user)) = super::tls::accept(&acceptor, stream, peer, timeout).await
+    let Ok((stream, certificate_user)) =
+        super::tls::accept(&acceptor, stream, peer.addr, timeout, &shared.tls_log).await
     else {
         return;
     };
-    let peer = Peer {
-        addr: peer,
-        certificate_user,
-    };
+    peer.certificate_user = certificate_user;
     match kind {
         ListenerKind::Mqtts => run_wire(Wire::Mqtt, stream, peer, conn_id, shared).await,
         ListenerKind::Stomps => run_wire(Wire::Stomp, stream, peer, conn_id, shared).await,
@@ -178,8 +187,18 @@ where
     T: driver::Transport,
 {
     let span = tracing::info_span!("conn", id = conn_id, proto = wire.name(), %peer);
-    let (sink, events) = driver::event_channel();
-    let broker: Arc<dyn Broker> = Arc::new(shared.core.clone());
+    let limits = &shared.config.broker;
+    let (sink, events) = driver::event_channel(Some(limits.delivery_buffer_bytes_max));
+    let slow = sink.slow_consumer_policy(
+        (limits.slow_consumer_timeout_ms > 0)
+            .then(|| std::time::Duration::from_millis(limits.slow_consumer_timeout_ms)),
+    );
+    // The adapter's broker: the core, and the signal that the connection
+    // has authenticated (see `admission`).
+    let broker: Arc<dyn Broker> = Arc::new(AdmittedBroker::new(
+        shared.core.clone(),
+        peer.admission.clone(),
+    ));
     let now = Instant::now();
     let user = peer.certificate_user;
     let stop = shared.hard_stop.clone();
@@ -189,19 +208,19 @@ where
             let config = stomp_config(&shared.config);
             let conn = rosetta_stomp::StompConnection::new(config, broker, sink, conn_id, now)
                 .with_certificate_user(user);
-            Box::pin(driver::drive(conn, io, events, span, stop)).await;
+            Box::pin(driver::drive(conn, io, events, slow, span, stop)).await;
         }
         Wire::Mqtt => {
             let config = mqtt_config(&shared.config);
             let conn = rosetta_mqtt::MqttConnection::new(config, broker, sink, conn_id, now)
                 .with_certificate_user(user);
-            Box::pin(driver::drive(conn, io, events, span, stop)).await;
+            Box::pin(driver::drive(conn, io, events, slow, span, stop)).await;
         }
         Wire::Amqp => {
             let config = amqp_config(&shared.config);
             let conn = rosetta_amqp::AmqpConnection::new(config, broker, sink, conn_id, now)
                 .with_certificate_user(user);
-            Box::pin(driver::drive(conn, io, events, span, stop)).await;
+            Box::pin(driver::drive(conn, io, events, slow, span, stop)).await;
         }
     }
 }
@@ -210,9 +229,8 @@ where
 fn stomp_config(config: &crate::config::Config) -> rosetta_stomp::StompConfig {
     let c = &config.stomp;
     rosetta_stomp::StompConfig {
-        frame_size_max_bytes: c.frame_size_max_bytes as usize,
-        // The body is bounded by the frame: one configured limit, not two.
-        body_size_max_bytes: c.frame_size_max_bytes as usize,
+        frame_size_max_bytes: config.stomp_frame_size_max() as usize,
+        body_size_max_bytes: config.stomp_body_size_max() as usize,
         headers_max: c.header_count_max as usize,
         header_line_max_bytes: c.header_size_max_bytes as usize,
         heart_beat_send_min_ms: u64::from(c.heartbeat_send_ms),
@@ -232,13 +250,15 @@ fn mqtt_config(config: &crate::config::Config) -> rosetta_mqtt::MqttConfig {
     rosetta_mqtt::MqttConfig {
         keep_alive_max_s: c.keep_alive_max_s,
         receive_maximum: c.receive_maximum,
-        packet_size_max_bytes: c.packet_size_max_bytes,
+        packet_size_max_bytes: config.mqtt_packet_size_max(),
         qos_max: c.qos_max,
         retain_available: c.retain_available,
         wildcard_subscriptions_available: c.wildcard_available,
         shared_subscriptions_available: c.shared_available,
         topic_alias_max: c.topic_alias_max,
         session_expiry_max_s: c.session_expiry_max_s,
+        subscriptions_max: c.subscriptions_max as usize,
+        own_subscriptions_max: c.shared_subscriptions_max as usize,
         connect_timeout_ms: config.broker.connect_timeout_ms,
         ..Default::default()
     }
@@ -249,9 +269,11 @@ fn amqp_config(config: &crate::config::Config) -> rosetta_amqp::AmqpConfig {
     let c = &config.amqp;
     rosetta_amqp::AmqpConfig {
         frame_size_max_bytes: c.frame_size_max_bytes,
-        message_size_max_bytes: u64::from(c.message_size_max_bytes),
+        message_size_max_bytes: u64::from(config.amqp_message_size_max()),
         channel_max: c.channel_max,
-        links_per_session_max: c.handle_max,
+        // handle-max is the highest handle, so one more link than it.
+        links_per_session_max: c.handle_max.saturating_add(1),
+        links_per_connection_max: c.links_per_connection_max as usize,
         idle_timeout_ms: c.idle_timeout_ms,
         sender_credit_window: c.link_credit_window,
         handshake_timeout_ms: config.broker.connect_timeout_ms,

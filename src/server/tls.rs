@@ -36,6 +36,8 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::config::TlsConfig;
 
+use super::log_throttle::LogThrottle;
+
 /// Certificates read from one PEM file at most: a chain or CA bundle is a
 /// handful; thousands mean the wrong file was named.
 const PEM_CERTIFICATES_MAX: usize = 1000;
@@ -222,14 +224,19 @@ pub(crate) fn handshake_timeout(tls: &TlsConfig) -> Duration {
 ///
 /// Returns the TLS stream and, when the client presented a certificate
 /// (verified by rustls against `tls.client_ca_file`), the user it names
-/// (see [`client_identity`]). A failed or timed-out handshake is logged at
-/// debug with the peer and returned as an error; the caller just drops the
-/// connection, which affects no other.
+/// (see [`client_identity`]). A failed handshake (no client certificate
+/// when one is required, an unknown CA, an old protocol version,
+/// plaintext on a TLS port) is logged at warn, a timed-out one at info,
+/// with the peer and the reason, through `log` so that a storm of them
+/// cannot flood the log (each line says how many were left out before
+/// it). The error is returned; the caller just drops the connection,
+/// which affects no other.
 pub(crate) async fn accept<S>(
     acceptor: &TlsAcceptor,
     io: S,
     peer: SocketAddr,
     timeout: Duration,
+    log: &LogThrottle,
 ) -> io::Result<(TlsStream<S>, Option<String>)>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -237,11 +244,15 @@ where
     let stream = match tokio::time::timeout(timeout, acceptor.accept(io)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => {
-            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            if let Some(suppressed) = log.admit(std::time::Instant::now()) {
+                tracing::warn!(%peer, reason = %e, suppressed, "TLS handshake failed");
+            }
             return Err(e);
         }
         Err(_) => {
-            tracing::debug!(%peer, timeout_ms = timeout.as_millis(), "TLS handshake timed out");
+            if let Some(suppressed) = log.admit(std::time::Instant::now()) {
+                tracing::info!(%peer, timeout_ms = timeout.as_millis(), suppressed, "TLS handshake timed out");
+            }
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "TLS handshake timed out",
@@ -403,7 +414,8 @@ pub(crate) mod tests {
         let addr = listener.local_addr().expect("addr");
         let task = tokio::spawn(async move {
             let (tcp, peer) = listener.accept().await?;
-            accept(&TlsAcceptor::from(config), tcp, peer, TEST_TIMEOUT).await
+            let log = LogThrottle::default();
+            accept(&TlsAcceptor::from(config), tcp, peer, TEST_TIMEOUT, &log).await
         });
         (addr, task)
     }
@@ -538,6 +550,7 @@ pub(crate) mod tests {
             tcp,
             peer,
             Duration::from_millis(50),
+            &LogThrottle::default(),
         )
         .await
         .expect_err("timed out");

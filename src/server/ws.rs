@@ -87,7 +87,7 @@ impl From<WsWire> for Wire {
 }
 
 impl WsWire {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             WsWire::Mqtt => "MQTT",
             WsWire::Stomp => "STOMP",
@@ -264,6 +264,7 @@ fn reason(status: u16) -> &'static str {
         405 => "Method Not Allowed",
         426 => "Upgrade Required",
         431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
         _ => "Error",
     }
 }
@@ -422,26 +423,40 @@ pub(crate) async fn accept<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    accept_serving(io, settings, &String::new).await
+    accept_serving(io, settings, message_max_alone(settings), &String::new).await
 }
 
-/// [`accept`], with `metrics` producing the body of `GET /metrics`.
+/// The message limit of `settings` on their own (tests, fuzzing): as set,
+/// or derived from the default configuration's protocol limits.
+pub(crate) fn message_max_alone(settings: &WsSettings) -> usize {
+    settings
+        .message_size_max_bytes
+        .unwrap_or_else(|| crate::config::Config::default().websocket_message_size_max())
+}
+
+/// [`accept`], with `metrics` producing the body of `GET /metrics`, and no
+/// message larger than `message_max` bytes (after reassembly).
 pub(crate) async fn accept_serving<S>(
     io: S,
     settings: &WsSettings,
+    message_max: usize,
     metrics: &(dyn Fn() -> String + Sync),
 ) -> Result<(WsWire, WsByteStream<S>), NotWebSocket>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, accept_inner(io, settings, metrics))
-        .await
-        .unwrap_or(Err(NotWebSocket::Timeout))
+    tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        accept_inner(io, settings, message_max, metrics),
+    )
+    .await
+    .unwrap_or(Err(NotWebSocket::Timeout))
 }
 
 async fn accept_inner<S>(
     mut io: S,
     settings: &WsSettings,
+    message_max: usize,
     metrics: &(dyn Fn() -> String + Sync),
 ) -> Result<(WsWire, WsByteStream<S>), NotWebSocket>
 where
@@ -487,7 +502,7 @@ where
                 io,
                 tail,
                 Role::Server,
-                Some(ws_config(settings)),
+                Some(ws_config(message_max)),
             )
             .await;
             Ok((wire, WsByteStream::new(ws, wire)))
@@ -495,13 +510,13 @@ where
     }
 }
 
-/// tungstenite's limits from `[websocket]`: no message (after reassembly)
-/// and so no frame larger than `message_size_max_bytes`.
-fn ws_config(settings: &WsSettings) -> WebSocketConfig {
+/// tungstenite's limits: no message (after reassembly) and so no frame
+/// larger than `message_max` bytes.
+fn ws_config(message_max: usize) -> WebSocketConfig {
     WebSocketConfig::default()
         .read_buffer_size(WS_READ_BUFFER_BYTES)
-        .max_message_size(Some(settings.message_size_max_bytes))
-        .max_frame_size(Some(settings.message_size_max_bytes))
+        .max_message_size(Some(message_max))
+        .max_frame_size(Some(message_max))
 }
 
 async fn refuse<S, T>(mut io: S, refusal: Refusal) -> Result<T, NotWebSocket>
@@ -530,7 +545,7 @@ where
 
 /// Writes a whole response and closes our side: one request per
 /// connection keeps this listener simple, and browsers reconnect at once.
-async fn respond<S>(
+pub(crate) async fn respond<S>(
     io: &mut S,
     status: u16,
     content_type: &str,
@@ -636,7 +651,8 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let metrics = || shared.metrics();
-    match accept_serving(io, &shared.config.websocket, &metrics).await {
+    let message_max = shared.config.websocket_message_size_max();
+    match accept_serving(io, &shared.config.websocket, message_max, &metrics).await {
         Ok((wire, stream)) => {
             tracing::debug!(conn = conn_id, %peer, protocol = wire.name(), "WebSocket accepted");
             super::protocols::run_wire(wire.into(), stream, peer, conn_id, shared).await;
@@ -647,6 +663,44 @@ where
         Err(e) => {
             tracing::debug!(conn = conn_id, %peer, reason = %e, "no WebSocket");
         }
+    }
+}
+
+/// Serves one connection of the `metrics` listener: `GET /metrics` (or
+/// HEAD), and nothing else.
+pub(crate) async fn serve_metrics<S>(
+    mut io: S,
+    peer: super::protocols::Peer,
+    conn_id: u64,
+    shared: Arc<Shared>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let served = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+        let head = match read_head(&mut io).await {
+            Ok((head, _)) => head,
+            Err(HeadError::Refused(refusal)) => return refuse::<_, ()>(io, refusal).await,
+            Err(HeadError::Closed) => return Err(NotWebSocket::Closed),
+            Err(HeadError::Io(e)) => return Err(NotWebSocket::Io(e)),
+        };
+        let head_only = match head.method.as_str() {
+            "GET" => false,
+            "HEAD" => true,
+            _ => return refuse(io, Refusal::new(405, "only GET is served here")).await,
+        };
+        if head.path != METRICS_PATH {
+            return refuse(io, Refusal::new(404, "not found: metrics are at /metrics")).await;
+        }
+        let text = shared.metrics();
+        let body = if head_only { &[][..] } else { text.as_bytes() };
+        let extra = format!("Content-Length: {}\r\n", text.len());
+        respond(&mut io, 200, METRICS_CONTENT_TYPE, &extra, body).await?;
+        Ok(())
+    })
+    .await
+    .unwrap_or(Err(NotWebSocket::Timeout));
+    if let Err(e) = served {
+        tracing::debug!(conn = conn_id, %peer, reason = %e, "metrics listener");
     }
 }
 
@@ -1290,7 +1344,7 @@ mod tests {
     #[tokio::test]
     async fn oversized_message_closes_with_1009() {
         let settings = WsSettings {
-            message_size_max_bytes: 1024,
+            message_size_max_bytes: Some(1024),
             ..WsSettings::default()
         };
         let (mut client, _, _, stream) = ws_pair(settings, "/mqtt", None).await;
@@ -1310,7 +1364,7 @@ mod tests {
     #[tokio::test]
     async fn oversized_fragmented_message_closes() {
         let settings = WsSettings {
-            message_size_max_bytes: 1024,
+            message_size_max_bytes: Some(1024),
             ..WsSettings::default()
         };
         let (mut client, _, _, stream) = ws_pair(settings, "/mqtt", None).await;

@@ -102,7 +102,7 @@ pub fn users_file_access(
         .unwrap_or_else(|e| panic!("add user {}: {e}", a.user));
     }
     let users = rosetta::users::Users::load(&path).expect("load users");
-    Arc::new(rosetta::access::UsersAccess::new(users, anonymous))
+    Arc::new(rosetta::access::UsersAccess::new(users, anonymous).expect("hashing threads start"))
 }
 
 impl TestBroker {
@@ -162,6 +162,11 @@ impl TestBroker {
         self.running().core()
     }
 
+    /// The Prometheus exposition, as `GET /metrics` serves it.
+    pub fn metrics(&self) -> String {
+        self.running().metrics()
+    }
+
     /// `(depth, in_flight)` of queue `q`, or `None` if it does not exist.
     pub fn queue(&self, q: &str) -> Option<(u64, u64)> {
         self.core().queue_stats(q).map(|s| (s.depth, s.in_flight))
@@ -206,4 +211,5 @@ impl TestBroker {
 pub mod amqp;
 pub mod mqtt;
 pub mod pki;
+pub mod process;
 pub mod stomp;

@@ -514,7 +514,11 @@ pub struct Raw {
 
 impl Raw {
     pub async fn open(addr: SocketAddr) -> Raw {
-        let stream = TcpStream::connect(addr).await.expect("tcp connect");
+        Self::from_stream(TcpStream::connect(addr).await.expect("tcp connect"))
+    }
+
+    /// A client on a socket the test connected itself.
+    pub fn from_stream(stream: TcpStream) -> Raw {
         stream.set_nodelay(true).expect("nodelay");
         Raw {
             stream,
@@ -768,6 +772,48 @@ impl Raw {
     pub async fn shutdown(mut self) {
         let _ = self.stream.shutdown().await;
     }
+
+    /// Writes `bytes` one at a time, `every` apart (a slow-loris peer),
+    /// while reading what the server sends into the receive buffer, until
+    /// the server closes the connection or every byte is written.
+    pub async fn dribble(&mut self, bytes: &[u8], every: Duration) -> Dribbled {
+        let start = tokio::time::Instant::now();
+        let (mut rd, mut wr) = self.stream.split();
+        let mut chunk = [0u8; 4096];
+        let mut written = 0;
+        let mut next = start;
+        let closed = |written| Dribbled {
+            written,
+            closed_after: Some(start.elapsed()),
+        };
+        loop {
+            tokio::select! {
+                read = rd.read(&mut chunk) => match read {
+                    Ok(0) | Err(_) => return closed(written),
+                    Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                },
+                () = tokio::time::sleep_until(next) => {
+                    if written == bytes.len() {
+                        return Dribbled { written, closed_after: None };
+                    }
+                    if wr.write_all(&bytes[written..=written]).await.is_err() {
+                        return closed(written);
+                    }
+                    written += 1;
+                    next += every;
+                }
+            }
+        }
+    }
+}
+
+/// How a [`Raw::dribble`] ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Dribbled {
+    /// Bytes written before the server closed (all of them if it did not).
+    pub written: usize,
+    /// When the server closed, from the first byte; `None` if it did not.
+    pub closed_after: Option<Duration>,
 }
 
 /// A v5 CONNECT with the given id, clean start and properties.

@@ -110,7 +110,11 @@ pub fn encode(command: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
 
 impl StompClient {
     pub async fn connect_raw(addr: SocketAddr) -> StompClient {
-        let stream = TcpStream::connect(addr).await.expect("tcp connect");
+        Self::from_stream(TcpStream::connect(addr).await.expect("tcp connect"))
+    }
+
+    /// A client on a socket the test connected itself (nothing sent yet).
+    pub fn from_stream(stream: TcpStream) -> StompClient {
         stream.set_nodelay(true).expect("nodelay");
         StompClient {
             stream,

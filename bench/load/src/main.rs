@@ -98,6 +98,33 @@ enum Scenario {
         #[arg(long)]
         subscribe: bool,
     },
+    /// A QoS 1 stream between two clients while `logins` connections log
+    /// in at once with a password; reports the stream's latency during
+    /// the storm (p50/p99) and before it (`baseline_p99_us`).
+    MqttLoginStorm {
+        /// Credentials of the stream's two clients (none: anonymous).
+        #[command(flatten)]
+        client: mqtt::ClientArgs,
+        #[arg(long, default_value_t = 500)]
+        logins: usize,
+        /// User name of the storm's CONNECTs.
+        #[arg(long)]
+        login_user: String,
+        /// Password of the storm's CONNECTs.
+        #[arg(long)]
+        login_password: String,
+        /// Stream messages per second.
+        #[arg(long, default_value_t = 1000)]
+        rate: u32,
+        #[arg(long, default_value_t = 256)]
+        size: usize,
+        /// Stream time before the storm, in milliseconds.
+        #[arg(long, default_value_t = 2000)]
+        before_ms: u64,
+        /// Stream time after the storm's last answer, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        after_ms: u64,
+    },
     /// STOMP persistent queue, producers → consumers, ack=client-individual,
     /// each SEND confirmed by a RECEIPT.
     Stomp {
@@ -214,6 +241,28 @@ async fn main() -> anyhow::Result<()> {
             connections,
             subscribe,
         } => mqtt::idle(&target, connections, subscribe).await?,
+        Scenario::MqttLoginStorm {
+            client,
+            logins,
+            login_user,
+            login_password,
+            rate,
+            size,
+            before_ms,
+            after_ms,
+        } => {
+            let storm = mqtt::login_storm::Storm {
+                client,
+                logins,
+                user: login_user,
+                password: login_password,
+                rate,
+                size,
+                before: Duration::from_millis(before_ms),
+                after: Duration::from_millis(after_ms),
+            };
+            mqtt::login_storm::run(&target, storm).await?
+        }
         Scenario::Stomp {
             producers,
             consumers,

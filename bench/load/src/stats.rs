@@ -24,11 +24,17 @@ pub(crate) fn stamped_payload(size: usize) -> Vec<u8> {
     p
 }
 
+/// When a payload made by [`stamped_payload`] was published, on the
+/// [`now_ns`] clock; `None` if the payload is too short to carry a stamp.
+pub(crate) fn stamp_ns(payload: &[u8]) -> Option<u64> {
+    let stamp: [u8; STAMP_BYTES] = payload.get(..STAMP_BYTES)?.try_into().ok()?;
+    Some(u64::from_le_bytes(stamp))
+}
+
 /// Latency in ns of a payload made by [`stamped_payload`]; `None` if the
 /// payload is too short to carry a stamp.
 pub(crate) fn latency_ns(payload: &[u8]) -> Option<u64> {
-    let stamp: [u8; STAMP_BYTES] = payload.get(..STAMP_BYTES)?.try_into().ok()?;
-    Some(now_ns().saturating_sub(u64::from_le_bytes(stamp)))
+    Some(now_ns().saturating_sub(stamp_ns(payload)?))
 }
 
 /// Nearest-rank percentile (`p` in 0..=100) of sorted samples.

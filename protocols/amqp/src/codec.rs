@@ -1,6 +1,6 @@
 //! Thin helpers around `serde_amqp`: a bounds-checked scanner that finds
-//! where one encoded AMQP value ends, descriptor peeking, and encoding into a
-//! caller's buffer.
+//! where one encoded AMQP value ends, and encoding into a caller's buffer
+//! (descriptors are read by `descriptor`).
 //!
 //! `serde_amqp::from_slice` decodes a value from a slice but does not say
 //! how many bytes it consumed, and a transfer frame is a performative
@@ -98,23 +98,6 @@ fn read_u32(buf: &[u8], at: usize) -> Result<u32, CodecError> {
     Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
 }
 
-/// The numeric descriptor code of the described value at the start of
-/// `buf`, or `None` when it is not described by a ulong code. Symbolic
-/// descriptors (`amqp:transfer:list`) are mapped by the caller's decoder,
-/// so here they yield `None`.
-pub(crate) fn descriptor_code(buf: &[u8]) -> Option<u64> {
-    match buf {
-        [0x00, 0x53, code, ..] => Some(u64::from(*code)),
-        [0x00, 0x44, ..] => Some(0),
-        [0x00, 0x80, rest @ ..] if rest.len() >= 8 => {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&rest[..8]);
-            Some(u64::from_be_bytes(b))
-        }
-        _ => None,
-    }
-}
-
 /// Where the value of the described value at the start of `buf` begins
 /// (after the `0x00` and the descriptor).
 pub(crate) fn described_value_offset(buf: &[u8]) -> Result<usize, CodecError> {
@@ -180,7 +163,7 @@ fn constructor(buf: &[u8], depth: usize) -> Result<(u8, usize), CodecError> {
 
 /// Checks the encoding that follows format code `code` at the start of
 /// `buf` and returns its length.
-fn check_body(code: u8, buf: &[u8], depth: usize) -> Result<usize, CodecError> {
+pub(crate) fn check_body(code: u8, buf: &[u8], depth: usize) -> Result<usize, CodecError> {
     let (width, compound) = match code {
         0x40..=0x45 => return Ok(0),
         0x50..=0x56 => return fixed(buf, 1),
@@ -233,7 +216,7 @@ fn fixed(buf: &[u8], width: usize) -> Result<usize, CodecError> {
 }
 
 /// A 1- or 4-byte big-endian size or count at `at`.
-fn read_width(buf: &[u8], at: usize, width: usize) -> Result<usize, CodecError> {
+pub(crate) fn read_width(buf: &[u8], at: usize, width: usize) -> Result<usize, CodecError> {
     let n = if width == 1 {
         u32::from(*buf.get(at).ok_or(CodecError::Truncated)?)
     } else {
@@ -354,14 +337,5 @@ mod tests {
         }
         assert_eq!(check_value(&deep, 0), Err(CodecError::TooDeep));
         assert_eq!(check_value(&[0x00; 64], 0), Err(CodecError::TooDeep));
-    }
-
-    #[test]
-    fn descriptors_are_peeked() {
-        assert_eq!(descriptor_code(&[0x00, 0x53, 0x14, 0x45]), Some(0x14));
-        let mut long = vec![0x00, 0x80];
-        long.extend_from_slice(&0x41u64.to_be_bytes());
-        assert_eq!(descriptor_code(&long), Some(0x41));
-        assert_eq!(descriptor_code(&[0x45]), None);
     }
 }

@@ -10,12 +10,18 @@ pub const HANDSHAKE_FRAME_SIZE_MAX_BYTES: u32 = 64 * 1024;
 /// Highest channel number (sessions per connection minus one): clients use
 /// one or a few sessions; 255 bounds per-connection session state.
 pub const CHANNEL_MAX: u16 = 255;
-/// Links per session (handle-max + 1); JMS opens one per producer/consumer.
+/// Links per session (handle-max + 1, advertised in Begin); JMS opens one
+/// per producer/consumer. RabbitMQ allows 256 (`link_max_per_session`).
 pub const LINKS_PER_SESSION_MAX: u32 = 1024;
 /// Links across all sessions of one connection: each holds a consumer or
-/// credit state in the core, so one client cannot exhaust it.
+/// credit state in the core, so one client cannot exhaust it. An attach
+/// past it is refused with `amqp:resource-limit-exceeded`. Four sessions'
+/// worth of links; RabbitMQ's defaults (64 sessions of 256 links) allow
+/// 16,384.
 pub const LINKS_PER_CONNECTION_MAX: usize = 4_096;
-/// Our idle timeout, advertised in Open: a silent peer is closed after it.
+/// Our idle timeout: a peer silent this long is closed. Half of it is
+/// advertised in Open (AMQP 1.0 §2.4.5), so a peer that keeps alive at the
+/// advertised period is never cut off.
 pub const IDLE_TIMEOUT_MS: u32 = 60_000;
 /// Time allowed from accept to the peer's Open (SASL included), so that
 /// half-open or stalled handshakes do not hold a connection forever.
@@ -58,7 +64,8 @@ pub struct AmqpConfig {
     pub links_per_session_max: u32,
     /// See [`LINKS_PER_CONNECTION_MAX`].
     pub links_per_connection_max: usize,
-    /// See [`IDLE_TIMEOUT_MS`]; 0 disables our idle check.
+    /// See [`IDLE_TIMEOUT_MS`]: the timeout enforced (half is advertised);
+    /// 0 disables our idle check.
     pub idle_timeout_ms: u32,
     /// See [`HANDSHAKE_TIMEOUT_MS`].
     pub handshake_timeout_ms: u64,

@@ -3,10 +3,16 @@
 //!
 //! ```text
 //!  Header ──SASL hdr──▶ Sasl ──outcome ok──▶ SaslDone ──AMQP hdr──▶ AwaitOpen
-//!    │                   └─ outcome auth ──▶ Closed                   │ Open
+//!    │                   │└─ outcome auth ──▶ Closed                  │ Open
+//!    │                   └─ PLAIN ──▶ SaslChecking ──LoginChecked──▶ (outcome)
 //!    └──AMQP hdr (anonymous allowed)──────────────────────────────────┘
 //!  AwaitOpen ──Open──▶ Opened ──Close / error──▶ CloseSent ──Close──▶ Closed
 //! ```
+//!
+//! In `SaslChecking` the broker checks a PLAIN password elsewhere: nothing
+//! is parsed and [`AmqpConnection::wants_input`] is false, so what the
+//! client pipelined (the AMQP header, Open, Begin...) waits in the
+//! decoder's buffer and is handled after the outcome.
 //!
 //! Every handler returns `Result<(), Fault>`; [`Fault`] says what the error
 //! breaks (a link, a session, the connection), and `apply_fault` closes only
@@ -33,9 +39,10 @@ use tracing::{debug, trace, warn};
 
 use crate::codec;
 use crate::config::AmqpConfig;
+use crate::descriptor;
 use crate::error::AmqpError;
 use crate::frame::{
-    self, Frame, FrameDecoder, ProtocolHeader, FRAME_TYPE_AMQP, FRAME_TYPE_SASL,
+    self, Frame, FrameDecoder, FrameError, ProtocolHeader, FRAME_TYPE_AMQP, FRAME_TYPE_SASL,
     MIN_MAX_FRAME_SIZE, PROTOCOL_ID_AMQP, PROTOCOL_ID_SASL,
 };
 use crate::idmap::IdMap;
@@ -63,6 +70,8 @@ enum Phase {
     Header,
     /// SASL frames.
     Sasl,
+    /// A PLAIN password is being checked; input waits.
+    SaslChecking,
     /// SASL succeeded; waiting for the AMQP protocol header.
     SaslDone,
     /// Headers exchanged; waiting for Open.
@@ -131,6 +140,7 @@ pub struct AmqpConnection {
     pub(crate) now: Instant,
     /// Wall-clock ms for ttl <-> expiry, read once per entry call.
     pub(crate) now_ms: u64,
+    /// When the last whole frame arrived (the idle timeout counts frames).
     last_recv: Instant,
     last_send: Instant,
     handshake_deadline: Option<Instant>,
@@ -227,14 +237,23 @@ impl AmqpConnection {
         if matches!(self.phase, Phase::Closed) {
             return;
         }
-        self.last_recv = now;
         loop {
             match self.phase {
-                Phase::Closed => return,
+                // Waiting for a password check: what is buffered stays
+                // there until its result (`on_login_checked`).
+                Phase::Closed | Phase::SaslChecking => return,
                 Phase::Header | Phase::SaslDone => match self.decoder.next_protocol_header() {
                     Ok(None) => return,
                     Ok(Some(h)) => self.on_protocol_header(h),
-                    Err(e) => self.fail(AmqpError::Frame(e)),
+                    Err(e) => {
+                        let requested = match &e {
+                            FrameError::BadProtocolHeader(h) if h.starts_with(b"AMQP") => {
+                                Some(h[4])
+                            }
+                            _ => None,
+                        };
+                        self.refuse_protocol_header(requested, AmqpError::Frame(e));
+                    }
                 },
                 phase => {
                     let max = if matches!(phase, Phase::Opened | Phase::CloseSent) {
@@ -247,7 +266,13 @@ impl AmqpConnection {
                             self.settle_accepted_in();
                             return;
                         }
-                        Ok(Some(f)) => self.on_frame(f),
+                        Ok(Some(f)) => {
+                            // Only a whole frame counts against the idle
+                            // timeout (spec 2.4.5): the bytes of one dribbled
+                            // a byte at a time must not keep a peer alive.
+                            self.last_recv = now;
+                            self.on_frame(f);
+                        }
                         Err(e) => self.fail(AmqpError::Frame(e)),
                     }
                 }
@@ -263,6 +288,7 @@ impl AmqpConnection {
             return;
         }
         match event {
+            SessionEvent::LoginChecked { result } => self.on_login_checked(result),
             SessionEvent::Delivery(d) => self.on_delivery(d),
             SessionEvent::Committed { ticket, result } => self.on_committed(ticket, result),
             SessionEvent::Drained { consumer } => self.on_drained(consumer),
@@ -362,10 +388,11 @@ impl AmqpConnection {
         }
     }
 
-    /// False while the driver should stop reading: too many durable commits
-    /// are pending.
+    /// False while the driver should stop reading: a password check is
+    /// under way, or too many durable commits are pending.
     pub fn wants_input(&self) -> bool {
-        !matches!(self.phase, Phase::Closed) && self.tickets.len() < self.cfg.pending_commits_max
+        !matches!(self.phase, Phase::Closed | Phase::SaslChecking)
+            && self.tickets.len() < self.cfg.pending_commits_max
     }
 
     /// True once the connection is finished.
@@ -422,14 +449,18 @@ impl AmqpConnection {
 
     // ---- headers and SASL ----
 
-    fn on_protocol_header(&mut self, h: ProtocolHeader) {
-        // Who a client that skips SASL is: its certificate's user, else
-        // anonymous when that is allowed, else nobody (refused below).
-        let without_sasl = match self.certificate_user.as_deref() {
+    /// Who a client that skips SASL is: its certificate's user, else
+    /// anonymous when that is allowed, else nobody (it must use SASL).
+    fn principal_without_sasl(&self) -> Option<Principal> {
+        match self.certificate_user.as_deref() {
             Some(user) => self.broker.authenticate_certificate(user).ok(),
             None => None,
         }
-        .or_else(|| self.broker.anonymous_allowed().then(Principal::anonymous));
+        .or_else(|| self.broker.anonymous_allowed().then(Principal::anonymous))
+    }
+
+    fn on_protocol_header(&mut self, h: ProtocolHeader) {
+        let without_sasl = self.principal_without_sasl();
         match (self.phase, h.protocol_id) {
             (Phase::Header, PROTOCOL_ID_SASL) => {
                 self.out
@@ -456,21 +487,26 @@ impl AmqpConnection {
                     .extend_from_slice(&frame::protocol_header(PROTOCOL_ID_AMQP));
                 self.phase = Phase::AwaitOpen;
             }
-            (_, id) => {
-                // Answer with the header we want, then close (spec 2.2).
-                debug!(conn = self.conn_id, id, "protocol header refused");
-                let want = if self.phase == Phase::SaslDone {
-                    PROTOCOL_ID_AMQP
-                } else {
-                    PROTOCOL_ID_SASL
-                };
-                self.out.extend_from_slice(&frame::protocol_header(want));
-                self.error = Some(AmqpError::NotAllowed(format!(
-                    "protocol id {id} not accepted here"
-                )));
-                self.phase = Phase::Closed;
-            }
+            (_, id) => self.refuse_protocol_header(
+                Some(id),
+                AmqpError::NotAllowed(format!("protocol id {id} not accepted here")),
+            ),
         }
+    }
+
+    /// A protocol header we do not accept: a wrong version (AMQP 0-9-1's
+    /// `AMQP 0 0 9 1`), a protocol id we do not serve here, or bytes that
+    /// are no protocol header at all. AMQP 1.0 §2.2: the server "MUST send
+    /// a protocol header with a supported protocol version and then close
+    /// the socket". `requested` is the protocol id the client asked for,
+    /// if it sent an `AMQP` header.
+    fn refuse_protocol_header(&mut self, requested: Option<u8>, e: AmqpError) {
+        let sasl_optional = self.principal_without_sasl().is_some();
+        let answer = refusal_protocol_id(self.phase, requested, sasl_optional);
+        debug!(conn = self.conn_id, ?requested, answer, error = %e, "protocol header refused");
+        self.out.extend_from_slice(&frame::protocol_header(answer));
+        self.error = Some(e);
+        self.phase = Phase::Closed;
     }
 
     fn on_sasl_frame(&mut self, f: Frame) -> Result<(), Fault> {
@@ -481,7 +517,7 @@ impl AmqpConnection {
         }
         let body = &f.body[..];
         let len = codec::value_len(body).map_err(|e| Fault::Connection(e.into()))?;
-        let step = match codec::descriptor_code(body) {
+        let step = match descriptor::descriptor_code(body) {
             Some(0x41) => {
                 let init: SaslInit = codec::decode("sasl-init", &body[..len])
                     .map_err(|e| Fault::Connection(e.into()))?;
@@ -489,6 +525,7 @@ impl AmqpConnection {
                 self.sasl.on_init(
                     &*self.broker,
                     self.certificate_user.as_deref(),
+                    &self.sink,
                     init.mechanism.as_str(),
                     resp,
                 )
@@ -504,7 +541,28 @@ impl AmqpConnection {
                 )))
             }
         };
+        self.apply_sasl_step(step);
+        Ok(())
+    }
+
+    /// The result of the PLAIN password check the connection waited for:
+    /// the outcome, then whatever the client pipelined behind sasl-init.
+    fn on_login_checked(&mut self, result: Result<Principal, rosetta_neutral::AuthError>) {
+        if self.phase != Phase::SaslChecking {
+            debug!(
+                conn = self.conn_id,
+                "login result with no SASL exchange waiting"
+            );
+            return;
+        }
+        self.apply_sasl_step(sasl::outcome(result));
+        self.handle_buffered_input(self.now);
+    }
+
+    /// Answers one SASL step: a challenge, the outcome, or nothing yet.
+    fn apply_sasl_step(&mut self, step: SaslStep) {
         match step {
+            SaslStep::Pending => self.phase = Phase::SaslChecking,
             SaslStep::Challenge(c) => {
                 let ch = fe2o3_amqp_types::sasl::SaslChallenge {
                     challenge: c.into(),
@@ -524,20 +582,23 @@ impl AmqpConnection {
                 self.principal = Some(principal);
                 self.phase = Phase::SaslDone;
             }
-            SaslStep::Failure(why) => {
-                debug!(conn = self.conn_id, %why, "SASL failed");
-                let outcome = SaslOutcome {
-                    code: SaslCode::Auth,
-                    additional_data: None,
-                };
-                write_frame(&mut self.out, FRAME_TYPE_SASL, 0, &outcome, &[]);
-                self.error = Some(AmqpError::Broker(
-                    rosetta_neutral::BrokerError::Unauthorized(why),
-                ));
-                self.phase = Phase::Closed;
-            }
+            SaslStep::Failure(why) => self.refuse_sasl(SaslCode::Auth, why),
+            SaslStep::Unavailable(why) => self.refuse_sasl(SaslCode::SysTemp, why),
         }
-        Ok(())
+    }
+
+    /// Sends a failed sasl-outcome and closes.
+    fn refuse_sasl(&mut self, code: SaslCode, why: String) {
+        debug!(conn = self.conn_id, %why, ?code, "SASL failed");
+        let outcome = SaslOutcome {
+            code,
+            additional_data: None,
+        };
+        write_frame(&mut self.out, FRAME_TYPE_SASL, 0, &outcome, &[]);
+        self.error = Some(AmqpError::Broker(
+            rosetta_neutral::BrokerError::Unauthorized(why),
+        ));
+        self.phase = Phase::Closed;
     }
 
     // ---- frames ----
@@ -547,7 +608,7 @@ impl AmqpConnection {
         let result = match self.phase {
             Phase::Sasl => self.on_sasl_frame(f),
             Phase::AwaitOpen | Phase::Opened | Phase::CloseSent => self.on_amqp_frame(f),
-            Phase::Header | Phase::SaslDone | Phase::Closed => Ok(()),
+            Phase::Header | Phase::SaslChecking | Phase::SaslDone | Phase::Closed => Ok(()),
         };
         if let Err(fault) = result {
             self.apply_fault(channel, fault);
@@ -666,7 +727,7 @@ impl AmqpConnection {
             hostname: None,
             max_frame_size: MaxFrameSize(self.cfg.frame_size_max_bytes),
             channel_max: ChannelMax(self.cfg.channel_max),
-            idle_time_out: (self.cfg.idle_timeout_ms > 0).then_some(self.cfg.idle_timeout_ms),
+            idle_time_out: advertised_idle_timeout_ms(self.cfg.idle_timeout_ms),
             outgoing_locales: None,
             incoming_locales: None,
             offered_capabilities: Some(Array(vec![
@@ -694,6 +755,18 @@ impl AmqpConnection {
             Fault::Connection(e) => self.fail(e),
             Fault::Session(e) => self.end_session_with_error(ch, e),
             Fault::Link(handle, e) => self.detach_with_error(ch, handle, e),
+        }
+    }
+
+    /// The client stopped reading while its deliveries filled the
+    /// connection's buffer for too long: close with
+    /// `amqp:resource-limit-exceeded` (which it may never read).
+    pub fn handle_slow_consumer(&mut self, _now: Instant) {
+        if !self.is_closed() {
+            self.fail(AmqpError::ResourceLimit(
+                "slow consumer: the client stopped reading and its delivery buffer stayed full"
+                    .into(),
+            ));
         }
     }
 
@@ -740,7 +813,9 @@ impl AmqpConnection {
                 self.phase = Phase::Closed;
             }
             Phase::CloseSent | Phase::Closed => self.phase = Phase::Closed,
-            Phase::Header | Phase::Sasl | Phase::SaslDone => self.phase = Phase::Closed,
+            Phase::Header | Phase::Sasl | Phase::SaslChecking | Phase::SaslDone => {
+                self.phase = Phase::Closed
+            }
         }
         self.close_core(CloseKind::Abnormal);
         self.sessions.clear();
@@ -780,6 +855,40 @@ impl AmqpConnection {
             );
         }
     }
+}
+
+/// The protocol id of the header that answers one we refuse, before we
+/// close (AMQP 1.0 §2.2). We support version 1.0.0 only, the highest
+/// version not above any the client may ask for, so the version is always
+/// that; the protocol id is the layer the client should start with here:
+///
+/// | where                  | client asked for                  | answer |
+/// |------------------------|-----------------------------------|--------|
+/// | after SASL             | anything                          | AMQP (0): only it may follow SASL (§5.3.2) |
+/// | first header           | AMQP (0), SASL optional           | AMQP (0) |
+/// | first header           | AMQP (0), SASL required           | SASL (3) |
+/// | first header           | SASL (3), TLS (2), other, garbage | SASL (3) |
+///
+/// TLS is not negotiated inside an AMQP connection (§5.2): it is the
+/// `amqps` port's, and the `any` port's detection takes it before AMQP
+/// starts, so a TLS header is answered with the security layer we do
+/// offer here, SASL, which every client may use.
+fn refusal_protocol_id(phase: Phase, requested: Option<u8>, sasl_optional: bool) -> u8 {
+    match (phase, requested) {
+        (Phase::SaslDone, _) => PROTOCOL_ID_AMQP,
+        (_, Some(PROTOCOL_ID_AMQP)) if sasl_optional => PROTOCOL_ID_AMQP,
+        _ => PROTOCOL_ID_SASL,
+    }
+}
+
+/// The idle-time-out to advertise in our Open for the timeout we enforce
+/// (`None`: no idle check). AMQP 1.0 §2.4.5: "To avoid spurious timeouts,
+/// the value in idle-time-out SHOULD be half the peer's actual timeout
+/// threshold." A peer that sends its keep-alives at the advertised period
+/// (python-qpid-proton does) then still has a whole half period of slack
+/// before we close.
+fn advertised_idle_timeout_ms(enforced_ms: u32) -> Option<u32> {
+    (enforced_ms > 0).then(|| (enforced_ms / 2).max(1))
 }
 
 /// Appends one frame: header, `body` encoded, then `payload`.

@@ -21,6 +21,7 @@ use tracing::debug;
 use crate::codec;
 use crate::connection::{AmqpConnection, Fault, PendingCommit};
 use crate::delivery::Incoming;
+use crate::descriptor;
 use crate::error::AmqpError;
 
 const DESCRIPTOR_DECLARE: u64 = 0x31;
@@ -39,10 +40,10 @@ fn decode_control(payload: &[u8]) -> Result<Control, AmqpError> {
     while pos < payload.len() {
         let rest = &payload[pos..];
         let len = codec::value_len(rest)?;
-        if codec::descriptor_code(rest) == Some(SECTION_AMQP_VALUE) {
+        if descriptor::descriptor_code(rest) == Some(SECTION_AMQP_VALUE) {
             let off = codec::described_value_offset(&rest[..len])?;
             let value = &rest[off..len];
-            return match codec::descriptor_code(value) {
+            return match descriptor::descriptor_code(value) {
                 Some(DESCRIPTOR_DECLARE) => Ok(Control::Declare(codec::decode("declare", value)?)),
                 Some(DESCRIPTOR_DISCHARGE) => {
                     Ok(Control::Discharge(codec::decode("discharge", value)?))

@@ -140,7 +140,7 @@ impl AmqpConnection {
                     delivery_id: p.delivery_id,
                     settled: p.settled,
                     txn: p.txn,
-                    payload: p.buf.freeze(),
+                    payload: exact_payload(p.buf),
                 }
             }
         };
@@ -433,13 +433,13 @@ impl AmqpConnection {
             return;
         };
         if let Some(LinkKind::Outgoing(o)) = s.links.get_mut(&handle).map(|l| &mut l.kind) {
+            o.core_seen = o.core_seen.wrapping_add(1);
             if o.credit == 0 && !o.auto_settle {
-                // The core dispatched this before it saw the client's newer,
-                // smaller credit (`set_credit` is absolute and deliveries in
-                // our event queue are not counted in it). Sending it would
-                // exceed the client's link credit: it goes back to its place
-                // in the queue, uncounted. (An auto-settled delivery is
-                // already gone from the queue, so it is sent.)
+                // The core dispatched this before it saw the client lower
+                // its credit. Sending it would exceed the client's link
+                // credit: it goes back to its place in the queue, uncounted.
+                // (An auto-settled delivery is already gone from the queue,
+                // so it is sent.)
                 trace!(conn = self.conn_id, consumer = ?d.consumer, "delivery past link credit released");
                 self.give_back(&d, Outcome::Release);
                 return;
@@ -499,10 +499,10 @@ impl AmqpConnection {
             // The client never sees it, so its credit is still there: give
             // the core that credit back.
             o.credit = o.credit.saturating_add(1);
-            let credit = o.credit;
+            let limit = o.core_seen.wrapping_add(o.credit);
             self.scratch = head;
             if let Some(core) = self.core.as_deref_mut() {
-                if let Err(e) = core.set_credit(d.consumer, credit, false) {
+                if let Err(e) = core.set_credit(d.consumer, limit, false) {
                     debug!(conn = self.conn_id, error = %e, "credit restore failed");
                 }
             }
@@ -623,6 +623,22 @@ impl AmqpConnection {
             return;
         }
         self.write_link_flow(ch, handle, true);
+    }
+}
+
+/// A reassembled message larger than this whose buffer grew well past its
+/// size is copied into an allocation of its own size: the message lives on
+/// in queues, and a frozen buffer would pin all its slack (up to as much
+/// again, from doubling) for as long.
+const SLACK_COPY_MIN_BYTES: usize = 64 * 1024;
+
+/// The reassembled payload in `buf`, without the buffer's slack.
+fn exact_payload(buf: BytesMut) -> Bytes {
+    let slack = buf.capacity() - buf.len();
+    if buf.len() >= SLACK_COPY_MIN_BYTES && slack > buf.len() / 4 {
+        Bytes::copy_from_slice(&buf)
+    } else {
+        buf.freeze()
     }
 }
 

@@ -50,6 +50,11 @@ pub enum AmqpError {
     /// An attach on a handle already in use.
     #[error("handle {0} in use")]
     HandleInUse(u32),
+    /// A channel or handle above the channel-max or handle-max we
+    /// advertised: spec 2.7.1 and 2.7.2 make it a framing error of the
+    /// connection.
+    #[error("out of range: {0}")]
+    OutOfRange(String),
     /// A transfer without link credit.
     #[error("transfer limit exceeded: {0}")]
     TransferLimitExceeded(String),
@@ -99,6 +104,9 @@ impl AmqpError {
                 ErrorCondition::SessionError(SessionError::UnattachedHandle)
             }
             AmqpError::HandleInUse(_) => ErrorCondition::SessionError(SessionError::HandleInUse),
+            AmqpError::OutOfRange(_) => {
+                ErrorCondition::ConnectionError(ConnectionError::FramingError)
+            }
             AmqpError::TransferLimitExceeded(_) => {
                 ErrorCondition::LinkError(LinkError::TransferLimitExceeded)
             }

@@ -6,17 +6,16 @@
 //! benchmark: a visitor per field, a format-code conversion per byte
 //! read). These decoders read the common shapes directly. Anything else
 //! (a described outcome other than accepted/released, a delivery state on
-//! a transfer, a descriptor written as a symbol, an unusual encoding) is
-//! answered with `None`, and the caller decodes it with `serde_amqp` as
-//! before, errors included. A `Some` is exactly what `serde_amqp` would
-//! have produced (a proptest checks that).
+//! a transfer, an unusual encoding) is answered with `None`, and the
+//! caller decodes it with `serde_amqp` as before, errors included. A
+//! `Some` is exactly what `serde_amqp` would have produced (a proptest
+//! checks that). Descriptors are read in either form (§1.5: symbol or
+//! ulong) by `descriptor`.
 
 use fe2o3_amqp_types::definitions::{Handle, ReceiverSettleMode, Role};
 use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Released};
 use fe2o3_amqp_types::performatives::{Disposition, Performative, Transfer};
 
-const DESCRIBED: u8 = 0x00;
-const SMALL_ULONG: u8 = 0x53;
 const TRANSFER: u8 = 0x14;
 const DISPOSITION: u8 = 0x15;
 const ACCEPTED: u8 = 0x24;
@@ -134,12 +133,12 @@ impl Reader<'_> {
         Some(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
     }
 
-    /// `0x00 0x53 <code>`: a descriptor written as a small ulong.
+    /// The code of a descriptor, written as an ulong or a symbol; `None`
+    /// for a code none of ours fits in.
     fn descriptor(&mut self) -> Option<u8> {
-        if self.byte()? != DESCRIBED || self.byte()? != SMALL_ULONG {
-            return None;
-        }
-        self.byte()
+        let (code, len) = crate::descriptor::described_code(self.buf.get(self.pos..)?)?;
+        self.pos += len;
+        u8::try_from(code).ok()
     }
 
     /// A list's element count and where the list ends, its size checked
@@ -242,6 +241,9 @@ mod tests {
     use fe2o3_amqp_types::messaging::{Modified, Rejected};
     use proptest::prelude::*;
 
+    const DESCRIBED: u8 = 0x00;
+    const SMALL_ULONG: u8 = 0x53;
+
     fn serde_decode(buf: &[u8]) -> Performative {
         serde_amqp::from_slice(buf).expect("serde decodes its own encoding")
     }
@@ -323,6 +325,16 @@ mod tests {
         fn dispositions_decode_as_serde_does(d in dispositions()) {
             let bytes = encode(&Performative::Disposition(d));
             prop_assert_eq!(performative(&bytes), Some(serde_decode(&bytes)));
+        }
+
+        /// The same with every descriptor written as a symbol (python-qpid-
+        /// proton's form for some types), still on the fast path.
+        #[test]
+        fn symbolic_descriptors_decode_as_serde_does(t in transfers(), d in dispositions()) {
+            for p in [Performative::Transfer(t), Performative::Disposition(d)] {
+                let (bytes, _) = crate::descriptor::to_symbolic(&encode(&p)).unwrap();
+                prop_assert_eq!(performative(&bytes), Some(serde_decode(&bytes)));
+            }
         }
 
         /// Whatever the bytes, a `Some` agrees with serde, and nothing panics.

@@ -6,7 +6,9 @@
 //!
 //! ## Layout
 //! - [`frame`]: bounds-checked protocol-header and frame parsing/encoding;
-//! - `codec`: value-length scanning, descriptor peeking, encode into a buffer;
+//! - `codec`: value-length scanning, size checks, encode into a buffer;
+//! - [`descriptor`]: the spec's descriptors, read in either form (symbol or
+//!   ulong, §1.5);
 //! - `sasl`: ANONYMOUS, PLAIN, SCRAM-SHA-256;
 //! - `connection`: the [`AmqpConnection`] state machine, Open/Close, idle
 //!   timeouts, dispatch, error scoping;
@@ -31,6 +33,11 @@
 //!   `Bytes` slices of the frame.
 //! - `amqp:frame-size-too-large` is not an `AmqpError` variant (the spec only
 //!   names frame-size-too-small): sent as `ErrorCondition::Custom`.
+//! - `serde_amqp` decodes symbolic descriptors (`amqp:declare:list`, as
+//!   python-qpid-proton writes transaction control) for every type we
+//!   decode with it; where we dispatch on a descriptor ourselves (SASL
+//!   frames, message sections, declare/discharge, the fast path),
+//!   [`descriptor`] reads both forms.
 //! - Transaction types need the `transaction` feature, enabled in our
 //!   manifest.
 //! - `Transfer::delivery_tag` is a heap `ByteBuf`: one small allocation per
@@ -51,6 +58,7 @@ mod config;
 mod connection;
 mod coordinator;
 mod delivery;
+pub mod descriptor;
 pub mod error;
 mod fast_decode;
 pub mod frame;

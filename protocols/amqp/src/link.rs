@@ -155,6 +155,11 @@ pub(crate) struct OutgoingLink {
     pub(crate) credit: u32,
     /// Deliveries queued behind the peer's session window.
     pub(crate) queued: u32,
+    /// Deliveries received from the core for this link, wrapping: the base
+    /// the credit limit we give the core is counted from (see
+    /// `Session::set_credit`), so deliveries still on their way to us are
+    /// inside the client's credit, not on top of it.
+    pub(crate) core_seen: u32,
     /// Deliveries sent and not yet settled by the client; credit is capped
     /// so that this stays within `link_credit_max`.
     pub(crate) unsettled: u32,
@@ -208,8 +213,11 @@ impl AmqpConnection {
     pub(crate) fn on_attach(&mut self, ch: u16, a: Attach) -> Result<(), Fault> {
         let handle = a.handle.0;
         if handle >= self.cfg.links_per_session_max {
-            return Err(Fault::Session(AmqpError::ResourceLimit(format!(
-                "handle {handle} above handle-max"
+            // What our Begin advertised (session.rs); a peer that ignores it
+            // breaks the framing contract, not a limit (spec 2.7.2).
+            return Err(Fault::Connection(AmqpError::OutOfRange(format!(
+                "handle {handle} above handle-max {}",
+                self.cfg.links_per_session_max.saturating_sub(1)
             ))));
         }
         let Some(s) = self.sessions.get(&ch) else {
@@ -421,6 +429,7 @@ impl AmqpConnection {
             name: None,
             durable: false,
             lifetime: QueueLifetime::Session,
+            bindings_max: None,
         })?;
         Ok(Address::Queue(info.name))
     }
@@ -462,6 +471,7 @@ impl AmqpConnection {
                 name: None,
                 durable: false,
                 lifetime: QueueLifetime::Session,
+                bindings_max: None,
             })?;
             reply_source.address = Some(Address::Queue(info.name.clone()).to_destination());
             (info.name, None)
@@ -489,6 +499,7 @@ impl AmqpConnection {
                             name: Some(durable_name),
                             durable: true,
                             lifetime: QueueLifetime::Permanent,
+                            bindings_max: None,
                         }
                     } else if shared {
                         // JMS 2 shared non-durable subscription: one queue
@@ -497,12 +508,14 @@ impl AmqpConnection {
                             name: Some(volatile_name),
                             durable: false,
                             lifetime: QueueLifetime::Consumer,
+                            bindings_max: None,
                         }
                     } else {
                         QueueSpec {
                             name: None,
                             durable: false,
                             lifetime: QueueLifetime::Consumer,
+                            bindings_max: None,
                         }
                     };
                     let info = core.declare_queue(spec)?;
@@ -522,7 +535,17 @@ impl AmqpConnection {
                     if !echo.is_empty() {
                         reply_source.filter = Some(echo);
                     }
-                    core.bind(&info.name, &filter, options)?;
+                    if let Err(e) = core.bind(&info.name, &filter, options) {
+                        // A queue made for this link alone must not outlive
+                        // the refusal: no consumer would ever come to take
+                        // it away (an existing durable one stays).
+                        if !info.existed {
+                            if let Err(e) = core.delete_queue(&info.name) {
+                                debug!(queue = %info.name, error = %e, "cannot drop the unused subscription queue");
+                            }
+                        }
+                        return Err(e.into());
+                    }
                     let dq = durable.then(|| info.name.clone());
                     (info.name, dq)
                 }
@@ -597,6 +620,7 @@ impl AmqpConnection {
             name: Some(name.clone()),
             durable: true,
             lifetime: QueueLifetime::Permanent,
+            bindings_max: None,
         })?;
         if !info.existed {
             // Best effort: the error we report matters more.
@@ -668,6 +692,7 @@ impl AmqpConnection {
                     delivery_count: 0,
                     credit: 0,
                     queued: 0,
+                    core_seen: 0,
                     unsettled: 0,
                     auto_settle,
                     max_message_size: a.max_message_size.filter(|m| *m > 0),
@@ -757,11 +782,11 @@ impl AmqpConnection {
             LinkKind::Outgoing(o) => {
                 // link-credit(snd) = delivery-count(rcv) + link-credit(rcv) - delivery-count(snd)
                 //
-                // `Session::set_credit` is absolute, and deliveries the core
-                // has dispatched but whose events have not reached us yet are
-                // not in our delivery-count, so the core may send up to that
-                // many more than the client granted: `on_delivery` releases
-                // those back to the queue instead of sending them.
+                // The core gets it as a limit counted from the deliveries we
+                // have received from it, so those still on their way count
+                // against it. Only a client that lowers its credit while
+                // deliveries are in transit gets some it no longer wants;
+                // `on_delivery` releases those back to the queue.
                 let rcv_dc = f.delivery_count.unwrap_or(0);
                 let limit = rcv_dc.wrapping_add(f.link_credit.unwrap_or(0));
                 let sent = o.delivery_count.wrapping_add(o.queued);
@@ -776,8 +801,9 @@ impl AmqpConnection {
                     o.acquire_txn = acquire;
                 }
                 let consumer = o.consumer;
+                let limit = o.core_seen.wrapping_add(credit);
                 if let Some(core) = self.core.as_deref_mut() {
-                    if let Err(e) = core.set_credit(consumer, credit, f.drain) {
+                    if let Err(e) = core.set_credit(consumer, limit, f.drain) {
                         return Err(Fault::Link(handle, e.into()));
                     }
                 }

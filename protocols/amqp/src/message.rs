@@ -25,8 +25,10 @@
 //! Not carried: delivery-annotations and footer (hop-by-hop by the spec),
 //! `reply-to-group-id` (no neutral field), and decimal application-property
 //! values, which become [`Value::Binary`] of their IEEE 754 bytes (the
-//! neutral [`Value`] has no decimal type). Described application-property
-//! values are illegal by the spec and are dropped with a debug log.
+//! neutral [`Value`] has no decimal type). Application properties outside
+//! the spec's (a list, map, array or described value, a key that is not a
+//! string; some clients send them) are dropped with a debug log, and a
+//! symbol key is read as its string, rather than refusing the message.
 //!
 //! Encoding writes every section but the body bytes into a reusable scratch
 //! buffer; the body (`Bytes` shared with the core) is then copied once,
@@ -46,6 +48,7 @@ use fe2o3_amqp_types::primitives::{
 use rosetta_neutral::{Address, Body, BodyKind, Delivery, Message, MessageId, Properties, Value};
 
 use crate::codec::{self, CodecError};
+use crate::descriptor;
 
 const SECTION_HEADER: u64 = 0x70;
 const SECTION_DELIVERY_ANNOTATIONS: u64 = 0x71;
@@ -91,8 +94,8 @@ pub(crate) fn decode(payload: &Bytes, now_ms: u64) -> Result<Decoded, CodecError
         let rest = &payload[pos..];
         let len = codec::value_len(rest)?;
         let section = &rest[..len];
-        let code = codec::descriptor_code(section)
-            .ok_or_else(|| malformed("message", "section without a numeric descriptor"))?;
+        let code = descriptor::descriptor_code(section)
+            .ok_or_else(|| malformed("message", "section without a known descriptor"))?;
         match code {
             SECTION_HEADER => {
                 let h: Header = codec::decode("header", section)?;
@@ -109,8 +112,14 @@ pub(crate) fn decode(payload: &Bytes, now_ms: u64) -> Result<Decoded, CodecError
                 to = apply_properties(&mut msg, p);
             }
             SECTION_APPLICATION_PROPERTIES => {
-                let a: ApplicationProperties = codec::decode("application-properties", section)?;
-                msg.properties = from_application_properties(a);
+                // The map itself, not `ApplicationProperties`: that one
+                // refuses the whole message for one key or value outside
+                // the spec's (string keys, simple values), which clients
+                // such as python-qpid-proton and rhea send.
+                let off = codec::described_value_offset(section)?;
+                let map: OrderedMap<AmqpAny, AmqpAny> =
+                    codec::decode("application-properties", &section[off..])?;
+                msg.properties = from_application_properties(map);
             }
             SECTION_DATA | SECTION_AMQP_SEQUENCE | SECTION_AMQP_VALUE => match &mut body {
                 None => body = Some((code, pos, pos + len, 1)),
@@ -203,38 +212,52 @@ fn from_amqp_id(id: AmqpMessageId) -> MessageId {
     }
 }
 
-fn from_application_properties(a: ApplicationProperties) -> Properties {
-    a.0.into_inner()
+/// The neutral properties of an application-properties map. The spec
+/// allows string keys and simple values only; a symbol key is taken as its
+/// string (it is one to every other protocol), and an entry with any other
+/// key, or a list, map, array or described value, is dropped with a debug
+/// log: the neutral [`Value`] has no such type, and refusing the whole
+/// message for one property would lose it.
+fn from_application_properties(map: OrderedMap<AmqpAny, AmqpAny>) -> Properties {
+    map.into_inner()
         .into_iter()
         .filter_map(|(k, v)| {
-            let value = match v {
-                SimpleValue::Null => Value::Null,
-                SimpleValue::Bool(b) => Value::Bool(b),
-                SimpleValue::Ubyte(v) => Value::UByte(v),
-                SimpleValue::Ushort(v) => Value::UShort(v),
-                SimpleValue::Uint(v) => Value::UInt(v),
-                SimpleValue::Ulong(v) => Value::ULong(v),
-                SimpleValue::Byte(v) => Value::Byte(v),
-                SimpleValue::Short(v) => Value::Short(v),
-                SimpleValue::Int(v) => Value::Int(v),
-                SimpleValue::Long(v) => Value::Long(v),
-                SimpleValue::Float(v) => Value::Float(v.into_inner()),
-                SimpleValue::Double(v) => Value::Double(v.into_inner()),
-                SimpleValue::Decimal32(d) => Value::Binary(Bytes::copy_from_slice(d.as_inner())),
-                SimpleValue::Decimal64(d) => Value::Binary(Bytes::copy_from_slice(d.as_inner())),
-                SimpleValue::Decimal128(d) => Value::Binary(Bytes::copy_from_slice(d.as_inner())),
-                SimpleValue::Char(c) => Value::Char(c),
-                SimpleValue::Timestamp(t) => Value::Timestamp(t.milliseconds()),
-                SimpleValue::Uuid(u) => Value::Uuid(u.into_inner()),
-                SimpleValue::Binary(b) => Value::Binary(Bytes::from(b.into_vec())),
-                SimpleValue::String(s) => Value::String(s),
-                SimpleValue::Symbol(s) => Value::Symbol(s.into_inner()),
-                SimpleValue::Described(_) => {
-                    tracing::debug!(property = %k, "dropping described application property");
+            let key = match k {
+                AmqpAny::String(s) => s,
+                AmqpAny::Symbol(s) => s.into_inner(),
+                other => {
+                    tracing::debug!(key = ?other, "dropping application property with a non-string key");
                     return None;
                 }
             };
-            Some((k, value))
+            let value = match v {
+                AmqpAny::Null => Value::Null,
+                AmqpAny::Bool(b) => Value::Bool(b),
+                AmqpAny::Ubyte(v) => Value::UByte(v),
+                AmqpAny::Ushort(v) => Value::UShort(v),
+                AmqpAny::Uint(v) => Value::UInt(v),
+                AmqpAny::Ulong(v) => Value::ULong(v),
+                AmqpAny::Byte(v) => Value::Byte(v),
+                AmqpAny::Short(v) => Value::Short(v),
+                AmqpAny::Int(v) => Value::Int(v),
+                AmqpAny::Long(v) => Value::Long(v),
+                AmqpAny::Float(v) => Value::Float(v.into_inner()),
+                AmqpAny::Double(v) => Value::Double(v.into_inner()),
+                AmqpAny::Decimal32(d) => Value::Binary(Bytes::copy_from_slice(d.as_inner())),
+                AmqpAny::Decimal64(d) => Value::Binary(Bytes::copy_from_slice(d.as_inner())),
+                AmqpAny::Decimal128(d) => Value::Binary(Bytes::copy_from_slice(d.as_inner())),
+                AmqpAny::Char(c) => Value::Char(c),
+                AmqpAny::Timestamp(t) => Value::Timestamp(t.milliseconds()),
+                AmqpAny::Uuid(u) => Value::Uuid(u.into_inner()),
+                AmqpAny::Binary(b) => Value::Binary(Bytes::from(b.into_vec())),
+                AmqpAny::String(s) => Value::String(s),
+                AmqpAny::Symbol(s) => Value::Symbol(s.into_inner()),
+                AmqpAny::List(_) | AmqpAny::Map(_) | AmqpAny::Array(_) | AmqpAny::Described(_) => {
+                    tracing::debug!(property = %key, "dropping application property that is not a simple value");
+                    return None;
+                }
+            };
+            Some((key, value))
         })
         .collect()
 }
@@ -367,6 +390,7 @@ mod tests {
             from_retained: false,
             matched: MatchInfo::default(),
             annotation: None,
+            charge: rosetta_neutral::DeliveryCharge::none(),
         }
     }
 
@@ -411,6 +435,44 @@ mod tests {
         ap.insert("s".to_string(), SimpleValue::String("v".into()));
         enc(&mut p, &ApplicationProperties(ap));
         p
+    }
+
+    /// Keys and values the spec does not allow in application-properties
+    /// (python-qpid-proton and rhea send them when an application puts
+    /// them there) cost only those entries, not the message.
+    #[test]
+    fn application_properties_outside_the_spec_are_dropped_not_refused() {
+        use fe2o3_amqp_types::primitives::Array;
+        let mut map = OrderedMap::new();
+        map.insert(AmqpAny::String("ok".into()), AmqpAny::Int(1));
+        map.insert(AmqpAny::Symbol(Symbol::from("sym")), AmqpAny::Bool(true));
+        map.insert(
+            AmqpAny::String("list".into()),
+            AmqpAny::List(vec![AmqpAny::Int(1)]),
+        );
+        map.insert(
+            AmqpAny::String("map".into()),
+            AmqpAny::Map(OrderedMap::new()),
+        );
+        map.insert(
+            AmqpAny::String("array".into()),
+            AmqpAny::Array(Array(vec![AmqpAny::Int(2)])),
+        );
+        map.insert(AmqpAny::Int(7), AmqpAny::Int(3));
+        let section = serde_amqp::described::Described {
+            descriptor: serde_amqp::descriptor::Descriptor::Code(SECTION_APPLICATION_PROPERTIES),
+            value: AmqpAny::Map(map),
+        };
+        let mut p = Vec::new();
+        enc(&mut p, &section);
+        enc(&mut p, &AmqpValue("body".to_string()));
+        let d = decode(&Bytes::from(p), 0).expect("the message is taken");
+        let props: Vec<(&str, &Value)> = d.message.properties.iter().collect();
+        assert_eq!(
+            props,
+            vec![("ok", &Value::Int(1)), ("sym", &Value::Bool(true))]
+        );
+        assert_eq!(d.message.body, Body::text("body"));
     }
 
     #[test]

@@ -2,15 +2,27 @@
 //! (RFC 5802, RFC 7677) and EXTERNAL (RFC 4422 appendix A: the identity of
 //! a verified TLS client certificate), as a small state machine with no IO.
 //!
-//! PLAIN is checked with [`Broker::authenticate`]. SCRAM is
-//! [`rosetta_neutral::scram`] (shared with MQTT 5 enhanced authentication):
-//! it verifies the client proof against [`Broker::scram_credentials`], so
-//! the password never reaches us, and an unknown user fails at the proof
-//! like a wrong password. Here it only rides in sasl-init, sasl-challenge,
-//! sasl-response and the outcome's additional data.
+//! PLAIN goes through [`Broker::start_login`], under the identity rule of
+//! [`rosetta_neutral::login`]: on a connection with a client certificate,
+//! its user name must be the certificate's user. Its password check may
+//! finish later ([`SaslStep::Pending`]; the connection reads nothing
+//! meanwhile and turns the result into an outcome with [`outcome`]). SCRAM
+//! is [`rosetta_neutral::scram`] (shared with MQTT 5 enhanced
+//! authentication): it verifies the client proof against
+//! [`Broker::scram_credentials`], so the password never reaches us, and an
+//! unknown user fails at the proof like a wrong password; its user too
+//! must be the certificate's. Here it only rides in sasl-init,
+//! sasl-challenge, sasl-response and the outcome's additional data.
+//! ANONYMOUS, EXTERNAL and SCRAM are decided at once.
+//!
+//! Outcomes: `ok`; `auth` for every refusal; `sys-temp` (a temporary
+//! failure) when the broker has no room for another password check.
 
+use std::sync::Arc;
+
+use rosetta_neutral::login::check_certificate_user;
 use rosetta_neutral::scram::{self, ScramPending};
-use rosetta_neutral::{AuthError, Broker, Principal};
+use rosetta_neutral::{AuthError, Broker, Credentials, EventSink, LoginStart, Principal};
 
 /// SASL ANONYMOUS.
 pub(crate) const ANONYMOUS: &str = "ANONYMOUS";
@@ -33,6 +45,12 @@ pub(crate) enum SaslStep {
     },
     /// Failed: send sasl-outcome auth and close.
     Failure(String),
+    /// Failed for now (too many logins in progress): send sasl-outcome
+    /// sys-temp and close.
+    Unavailable(String),
+    /// A password check is under way; its result comes as
+    /// [`rosetta_neutral::SessionEvent::LoginChecked`].
+    Pending,
 }
 
 /// Where the exchange is.
@@ -63,11 +81,13 @@ pub(crate) fn mechanisms(broker: &dyn Broker, certificate_user: Option<&str>) ->
 }
 
 impl SaslServer {
-    /// Handles sasl-init.
+    /// Handles sasl-init. `sink` is where a password check that finishes
+    /// later sends its result.
     pub(crate) fn on_init(
         &mut self,
         broker: &dyn Broker,
         certificate_user: Option<&str>,
+        sink: &Arc<dyn EventSink>,
         mechanism: &str,
         initial_response: Option<&[u8]>,
     ) -> SaslStep {
@@ -85,7 +105,12 @@ impl SaslServer {
                 Ok(_) => SaslStep::Failure(AuthError::AnonymousDisabled.to_string()),
                 Err(e) => SaslStep::Failure(e.to_string()),
             },
-            PLAIN => plain(broker, initial_response.unwrap_or_default()),
+            PLAIN => plain(
+                broker,
+                certificate_user,
+                sink,
+                initial_response.unwrap_or_default(),
+            ),
             EXTERNAL => external(
                 broker,
                 certificate_user,
@@ -95,6 +120,11 @@ impl SaslServer {
                 let lookup = |user: &str| broker.scram_credentials(user);
                 match scram::server_first(initial_response.unwrap_or_default(), lookup) {
                     Ok((pending, challenge)) => {
+                        if let Err(e) =
+                            check_certificate_user(certificate_user, Some(pending.user()))
+                        {
+                            return SaslStep::Failure(e.to_string());
+                        }
                         *self = SaslServer::ScramFinal(Box::new(pending));
                         SaslStep::Challenge(challenge)
                     }
@@ -123,12 +153,13 @@ impl SaslServer {
 }
 
 /// The step for a one-round mechanism's authentication result.
-fn outcome(result: Result<Principal, AuthError>) -> SaslStep {
+pub(crate) fn outcome(result: Result<Principal, AuthError>) -> SaslStep {
     match result {
         Ok(principal) => SaslStep::Success {
             principal,
             additional_data: None,
         },
+        Err(AuthError::ServerBusy) => SaslStep::Unavailable(AuthError::ServerBusy.to_string()),
         Err(e) => SaslStep::Failure(e.to_string()),
     }
 }
@@ -147,7 +178,12 @@ fn external(broker: &dyn Broker, certificate_user: Option<&str>, authzid: &[u8])
 }
 
 /// PLAIN: `[authzid] NUL authcid NUL passwd` (RFC 4616).
-fn plain(broker: &dyn Broker, response: &[u8]) -> SaslStep {
+fn plain(
+    broker: &dyn Broker,
+    certificate_user: Option<&str>,
+    sink: &Arc<dyn EventSink>,
+    response: &[u8],
+) -> SaslStep {
     let mut parts = response.split(|b| *b == 0);
     let (Some(_authzid), Some(user), Some(pass), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -157,7 +193,15 @@ fn plain(broker: &dyn Broker, response: &[u8]) -> SaslStep {
     let Ok(user) = std::str::from_utf8(user) else {
         return SaslStep::Failure("user name is not UTF-8".into());
     };
-    outcome(broker.authenticate(Some(user), Some(pass)))
+    let credentials = Credentials {
+        user: Some(user),
+        password: Some(pass),
+        certificate_user,
+    };
+    match broker.start_login(credentials, sink) {
+        LoginStart::Done(result) => outcome(result),
+        LoginStart::Pending => SaslStep::Pending,
+    }
 }
 
 #[cfg(test)]

@@ -100,7 +100,7 @@ impl AmqpConnection {
             )));
         }
         if ch > self.channel_max() {
-            return Err(Fault::Connection(AmqpError::NotAllowed(format!(
+            return Err(Fault::Connection(AmqpError::OutOfRange(format!(
                 "channel {ch} above channel-max {}",
                 self.channel_max()
             ))));

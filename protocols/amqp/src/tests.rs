@@ -27,8 +27,11 @@ use serde::Serialize;
 use crate::codec;
 use crate::config::AmqpConfig;
 use crate::connection::{write_frame, write_perf, AmqpConnection};
+use crate::descriptor;
 use crate::frame::{self, FRAME_TYPE_SASL, PROTOCOL_ID_AMQP, PROTOCOL_ID_SASL};
 use crate::sasl::tests::{scram_client_final, scram_creds};
+
+mod descriptor_forms;
 
 // ---------------------------------------------------------------- fake core
 
@@ -51,6 +54,9 @@ struct Log {
     blocked: bool,
     next: u64,
     publish_error: Option<BrokerError>,
+    /// How logins are answered (deferred, refused, or by the fake).
+    logins: login::ScriptedLogins,
+    bind_error: Option<BrokerError>,
 }
 
 impl Log {
@@ -88,6 +94,10 @@ impl Broker for FakeBroker {
     fn authenticate_certificate(&self, _: &str) -> Result<Principal, AuthError> {
         Err(AuthError::BadCredentials)
     }
+    fn start_login(&self, credentials: Credentials<'_>, sink: &Arc<dyn EventSink>) -> LoginStart {
+        let scripted = self.log.lock().unwrap().logins.start(&credentials, sink);
+        scripted.unwrap_or_else(|| login::answer_now(self, &credentials))
+    }
     fn open_session(&self, info: SessionInfo, _sink: Arc<dyn EventSink>) -> Box<dyn Session> {
         self.log.lock().unwrap().sessions.push(info);
         Box::new(FakeSession {
@@ -119,7 +129,11 @@ impl Session for FakeSession {
         Ok(())
     }
     fn bind(&mut self, q: &str, f: &str, _: BindingOptions) -> Result<BindInfo, BrokerError> {
-        self.log.lock().unwrap().bound.push((q.into(), f.into()));
+        let mut log = self.log.lock().unwrap();
+        if let Some(e) = log.bind_error.clone() {
+            return Err(e);
+        }
+        log.bound.push((q.into(), f.into()));
         Ok(BindInfo {
             existed: false,
             retained_sent: 0,
@@ -229,6 +243,28 @@ struct Peer {
     now: Instant,
     log: Arc<Mutex<Log>>,
     rx: Vec<u8>,
+    /// Write every descriptor as a symbol (see [`with_symbolic_descriptors`]).
+    symbolic: bool,
+}
+
+thread_local! {
+    /// Set while a scenario runs under [`with_symbolic_descriptors`]: the
+    /// peers it creates write symbolic descriptors.
+    static SYMBOLIC: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `scenario` with every frame its test client sends (SASL frames,
+/// performatives, the message sections of transfers) re-encoded with
+/// symbolic descriptors (`amqp:open:list` for `0x10`), as
+/// python-qpid-proton writes some of them. The scenario's assertions must
+/// hold unchanged.
+fn with_symbolic_descriptors(scenario: fn()) {
+    SYMBOLIC.with(|s| s.set(true));
+    let result = std::panic::catch_unwind(scenario);
+    SYMBOLIC.with(|s| s.set(false));
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 impl Peer {
@@ -244,6 +280,7 @@ impl Peer {
             now,
             log,
             rx: Vec::new(),
+            symbolic: SYMBOLIC.with(|s| s.get()),
         }
     }
 
@@ -266,15 +303,29 @@ impl Peer {
     }
 
     fn sasl<T: Serialize>(&mut self, body: &T) {
-        let mut b = Vec::new();
-        write_frame(&mut b, FRAME_TYPE_SASL, 0, body, &[]);
+        let b = self.frame(FRAME_TYPE_SASL, 0, body, &[]);
         self.input(&b);
     }
 
     fn send<T: Serialize>(&mut self, ch: u16, perf: &T, payload: &[u8]) {
-        let mut b = Vec::new();
-        write_perf(&mut b, ch, perf, payload);
+        let b = self.frame(frame::FRAME_TYPE_AMQP, ch, perf, payload);
         self.input(&b);
+    }
+
+    /// One frame as this peer writes it: `body` then `payload` (whole
+    /// message sections), with symbolic descriptors if [`Peer::symbolic`].
+    fn frame<T: Serialize>(&self, frame_type: u8, ch: u16, body: &T, payload: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        if !self.symbolic {
+            write_frame(&mut b, frame_type, ch, body, payload);
+            return b;
+        }
+        let (body, _) = descriptor::to_symbolic(&serde_amqp::to_vec(body).unwrap()).unwrap();
+        let start = frame::begin_frame(&mut b, frame_type, ch);
+        b.extend_from_slice(&body);
+        b.extend_from_slice(&descriptor::to_symbolic_all(payload).unwrap());
+        frame::finish_frame(&mut b, start);
+        b
     }
 
     fn event(&mut self, e: SessionEvent) {
@@ -444,6 +495,7 @@ fn delivery(consumer: u64, tag: u64, body: &'static [u8]) -> SessionEvent {
         from_retained: false,
         matched: MatchInfo::default(),
         annotation: None,
+        charge: rosetta_neutral::DeliveryCharge::none(),
     })
 }
 
@@ -453,10 +505,29 @@ fn condition_symbol(e: &WireError) -> String {
     sym.0
 }
 
+/// The performatives among `out`, in order.
+fn performatives_of(out: &[Out]) -> Vec<&Performative> {
+    out.iter()
+        .filter_map(|o| match o {
+            Out::Perf(_, p, _) => Some(p),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The condition of the Close that ends what the connection wrote.
+fn closed_with(p: &mut Peer) -> String {
+    let out = p.perfs();
+    let Some(Performative::Close(c)) = out.last() else {
+        panic!("expected a Close last: {out:?}")
+    };
+    condition_symbol(c.error.as_ref().expect("an error in the Close"))
+}
+
 fn sasl_outcome(out: &[Out]) -> SaslOutcome {
     out.iter()
         .find_map(|o| match o {
-            Out::Sasl(b) if codec::descriptor_code(b) == Some(0x44) => {
+            Out::Sasl(b) if descriptor::descriptor_code(b) == Some(0x44) => {
                 Some(codec::decode::<SaslOutcome>("outcome", b).unwrap())
             }
             _ => None,
@@ -568,6 +639,8 @@ fn sasl_plain_wrong_password_fails_with_auth() {
 fn sasl_anonymous_only_when_allowed() {
     for allowed in [true, false] {
         let mut p = Peer::new(allowed);
+        // ANONYMOUS never waits for a password check.
+        p.log().logins.defer_passwords = true;
         p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
         p.recv();
         p.sasl(&SaslInit {
@@ -582,6 +655,7 @@ fn sasl_anonymous_only_when_allowed() {
         };
         assert_eq!(sasl_outcome(&p.recv()).code, want);
         assert_eq!(p.conn.is_closed(), !allowed);
+        assert!(p.log().logins.pending.is_empty());
     }
 }
 
@@ -599,6 +673,48 @@ fn skipping_sasl_needs_anonymous_access() {
         "{out:?}"
     );
     assert!(p.conn.is_closed());
+}
+
+/// A protocol header we do not accept is answered with one we support,
+/// then the connection closes (AMQP 1.0 §2.2); which one depends on where
+/// the connection is and what the client asked for.
+#[test]
+fn refused_protocol_headers_are_answered_with_ours() {
+    let (amqp, sasl) = (PROTOCOL_ID_AMQP, PROTOCOL_ID_SASL);
+    // (anonymous allowed, SASL done first, client's bytes, answer)
+    let cases: &[(bool, bool, &[u8], u8)] = &[
+        (true, false, b"AMQP\x00\x00\x09\x01", amqp), // AMQP 0-9-1
+        (false, false, b"AMQP\x00\x00\x09\x01", sasl),
+        (true, false, b"AMQP\x00\x01\x00\x01", amqp), // 1.0.1
+        (true, false, b"AMQP\x00\x02\x00\x00", amqp),
+        (false, false, b"AMQP\x00\x01\x00\x00", sasl), // SASL required
+        (true, false, b"AMQP\x03\x01\x00\x01", sasl),  // SASL 1.0.1
+        (true, false, b"AMQP\x02\x01\x00\x00", sasl),  // TLS in-band
+        (true, false, b"AMQP\x01\x01\x00\x00", sasl),  // unknown id
+        (true, false, b"AMQP\x09\x09\x09\x09", sasl),
+        (true, false, b"GET / HTTP/1.1\r\n", sasl), // not a header at all
+        (true, false, b"\x10\x0c\x00\x04MQTT", sasl),
+        (false, true, b"AMQP\x03\x01\x00\x00", amqp), // SASL again
+        (false, true, b"AMQP\x02\x01\x00\x00", amqp),
+        (false, true, b"AMQP\x00\x00\x09\x01", amqp),
+    ];
+    for &(anonymous, after_sasl, input, answer) in cases {
+        let mut p = Peer::new(anonymous);
+        if after_sasl {
+            p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
+            p.sasl(&plain("alice", PASSWORD));
+            assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::Ok);
+        }
+        p.input(input);
+        let mut out = Vec::new();
+        p.conn.poll_transmit(&mut out);
+        assert_eq!(
+            out,
+            frame::protocol_header(answer),
+            "{input:?} (anonymous {anonymous}, after SASL {after_sasl})"
+        );
+        assert!(p.conn.is_closed(), "{input:?}");
+    }
 }
 
 /// A SCRAM-SHA-256 exchange as `user` (client nonce `clientnonce123`) up
@@ -656,6 +772,70 @@ fn sasl_scram_unknown_user_fails_like_a_wrong_password() {
     // the same failure as a wrong password.
     let (outcome, _, _) = scram_exchange("mallory", PASSWORD);
     assert_eq!(outcome.code, SaslCode::Auth);
+}
+
+/// A peer whose connection has a verified client certificate naming `user`.
+fn certified(user: &str) -> Peer {
+    let mut p = Peer::new(false);
+    let broker = Arc::new(FakeBroker {
+        log: p.log.clone(),
+        anonymous: false,
+    });
+    p.conn = AmqpConnection::new(AmqpConfig::default(), broker, Arc::new(NullSink), 7, p.now)
+        .with_certificate_user(Some(user.into()));
+    p.input(&frame::protocol_header(PROTOCOL_ID_SASL));
+    p.recv();
+    p
+}
+
+/// SCRAM client-first as alice.
+fn scram_first_as_alice() -> SaslInit {
+    SaslInit {
+        mechanism: Symbol::from("SCRAM-SHA-256"),
+        initial_response: Some(Binary::from(b"n,,n=alice,r=clientnonce123".to_vec())),
+        hostname: None,
+    }
+}
+
+/// With a client certificate, the user of PLAIN and of SCRAM must be the
+/// certificate's user (the identity rule of `rosetta_neutral::login`); the
+/// same user's PLAIN password is still checked.
+#[test]
+fn sasl_users_must_be_the_certificate_user() {
+    let mut p = certified("bob");
+    p.sasl(&plain("alice", PASSWORD));
+    assert_eq!(
+        sasl_outcome(&p.recv()).code,
+        SaslCode::Auth,
+        "PLAIN as alice"
+    );
+    assert!(p.conn.is_closed());
+
+    let mut p = certified("bob");
+    p.sasl(&scram_first_as_alice());
+    assert_eq!(
+        sasl_outcome(&p.recv()).code,
+        SaslCode::Auth,
+        "SCRAM as alice"
+    );
+
+    let mut p = certified("alice");
+    p.sasl(&scram_first_as_alice());
+    assert!(
+        matches!(&p.recv()[..], [Out::Sasl(b)] if crate::descriptor::descriptor_code(b) == Some(0x42)),
+        "SCRAM as the certificate's user gets its challenge"
+    );
+
+    let mut p = certified("alice");
+    p.sasl(&plain("alice", "wrong"));
+    assert_eq!(
+        sasl_outcome(&p.recv()).code,
+        SaslCode::Auth,
+        "wrong password"
+    );
+    let mut p = certified("alice");
+    p.sasl(&plain("alice", PASSWORD));
+    assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::Ok);
 }
 
 // ---------------------------------------------------------------- framing
@@ -808,6 +988,89 @@ fn idle_timeouts_both_ways() {
         condition_symbol(c.error.as_ref().unwrap()),
         "amqp:resource-limit-exceeded"
     );
+    assert!(p.conn.is_closed());
+}
+
+/// We advertise half the idle timeout we enforce (AMQP 1.0 §2.4.5), so a
+/// peer that sends its keep-alive once per advertised period (as
+/// python-qpid-proton does) is never closed; a silent one is, after the
+/// whole enforced timeout.
+#[test]
+fn advertised_idle_timeout_is_half_the_enforced_one() {
+    let enforced = Duration::from_millis(crate::config::IDLE_TIMEOUT_MS.into());
+    let mut p = Peer::new(true);
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    p.send(0, &open("c"), &[]);
+    let out = p.perfs();
+    let Some(Performative::Open(ours)) = out.first() else {
+        panic!("{out:?}")
+    };
+    let advertised = Duration::from_millis(ours.idle_time_out.expect("advertised").into());
+    assert_eq!(advertised, enforced / 2);
+    for _ in 0..10 {
+        p.advance(advertised);
+        p.input(&[0, 0, 0, 8, 2, 0, 0, 0]);
+        p.recv();
+        assert!(!p.conn.is_closed(), "keep-alive at the advertised period");
+    }
+    p.advance(enforced - Duration::from_millis(1));
+    assert!(!p.conn.is_closed());
+    p.advance(Duration::from_millis(1));
+    assert!(p.conn.is_closed(), "silent for the enforced timeout");
+    // No idle timeout configured: none advertised, none enforced.
+    let mut p = Peer::opened(|c| c.idle_timeout_ms = 0);
+    p.advance(enforced * 10);
+    assert!(!p.conn.is_closed());
+    let mut p = Peer::with(
+        true,
+        AmqpConfig {
+            idle_timeout_ms: 0,
+            ..AmqpConfig::default()
+        },
+    );
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    p.send(0, &open("c"), &[]);
+    let out = p.perfs();
+    assert!(
+        matches!(&out[0], Performative::Open(o) if o.idle_time_out.is_none()),
+        "{out:?}"
+    );
+}
+
+/// Spec 2.4.5: the idle timeout fires when no *frames* arrive. A frame
+/// dribbled a byte at a time never completes, so its bytes must not keep
+/// the connection open.
+#[test]
+fn idle_timeout_counts_frames_not_bytes() {
+    let mut p = Peer::opened(|c| c.idle_timeout_ms = 2_000);
+    p.recv();
+    let mut b = Vec::new();
+    write_perf(&mut b, 0, &begin(), &[]);
+    let opened_at = p.now;
+    let mut sent = 0;
+    while !p.conn.is_closed() && sent < b.len() {
+        p.input(&b[sent..=sent]);
+        sent += 1;
+        p.advance(Duration::from_millis(500));
+    }
+    assert!(p.conn.is_closed(), "a dribbled frame kept the connection");
+    assert!(sent < b.len(), "closed before the frame completed");
+    assert!(p.now - opened_at <= Duration::from_millis(2_000));
+    assert_eq!(closed_with(&mut p), "amqp:resource-limit-exceeded");
+}
+
+/// A frame that arrived in pieces counts when its last byte arrives.
+#[test]
+fn idle_timeout_restarts_when_a_split_frame_completes() {
+    let mut p = Peer::opened(|c| c.idle_timeout_ms = 2_000);
+    p.recv();
+    p.advance(Duration::from_millis(1_500));
+    p.input(&[0, 0, 0, 8]);
+    p.advance(Duration::from_millis(400));
+    p.input(&[2, 0, 0, 0]); // the rest of an empty frame
+    p.advance(Duration::from_millis(1_900));
+    assert!(!p.conn.is_closed());
+    p.advance(Duration::from_millis(100));
     assert!(p.conn.is_closed());
 }
 
@@ -1020,6 +1283,68 @@ fn links_per_connection_are_limited() {
     );
 }
 
+/// Begin advertises handle-max = links per session - 1; a handle above it
+/// breaks what we advertised: a framing error that closes the connection
+/// (spec 2.7.2), not a refused link.
+#[test]
+fn handles_above_the_advertised_handle_max_close_the_connection() {
+    let mut p = Peer::with(
+        true,
+        AmqpConfig {
+            links_per_session_max: 2,
+            ..AmqpConfig::default()
+        },
+    );
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    p.send(0, &open("client-1"), &[]);
+    p.send(0, &begin(), &[]);
+    let out = p.perfs();
+    let Some(Performative::Begin(b)) = out.get(1) else {
+        panic!("{out:?}")
+    };
+    assert_eq!(b.handle_max, Handle(1));
+    p.send(0, &attach("one", 1, Role::Sender, Some("q")), &[]);
+    assert!(matches!(
+        p.perfs()[..],
+        [Performative::Attach(_), Performative::Flow(_)]
+    ));
+    p.send(0, &attach("two", 2, Role::Sender, Some("q")), &[]);
+    assert_eq!(closed_with(&mut p), "amqp:connection:framing-error");
+}
+
+#[test]
+fn a_channel_above_channel_max_closes_the_connection() {
+    let mut p = Peer::opened(|c| c.channel_max = 1);
+    p.send(2, &begin(), &[]);
+    assert_eq!(closed_with(&mut p), "amqp:connection:framing-error");
+}
+
+/// A topic receiver whose binding the core refuses (past its bindings
+/// limit, say) gets its attach refused, and the queue made for it goes:
+/// no consumer would ever come to take it away.
+#[test]
+fn a_refused_topic_binding_leaves_no_queue_behind() {
+    let mut p = Peer::opened(|_| {});
+    p.log().bind_error = Some(BrokerError::ResourceLimit("bindings".into()));
+    p.send(0, &attach("sub", 0, Role::Receiver, Some("/topic/t")), &[]);
+    let out = p.perfs();
+    let Some(Performative::Detach(d)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(d.error.as_ref().unwrap()),
+        "amqp:resource-limit-exceeded"
+    );
+    let log = p.log();
+    let declared = log.declared.last().and_then(|s| s.name.clone());
+    assert_eq!(log.deleted.len(), 1, "{:?}", log.deleted);
+    assert!(
+        log.declared.len() == 1 && declared.is_none(),
+        "a temporary queue"
+    );
+    assert!(log.deleted[0].starts_with("$temp/"), "{:?}", log.deleted);
+}
+
 #[test]
 fn dynamic_target_gets_a_temporary_queue() {
     let mut p = Peer::new(true);
@@ -1225,9 +1550,10 @@ fn queue_receiver_credit_delivery_and_accept() {
         p.log().settled,
         vec![(ConsumerId(1), DeliveryTag(42), Outcome::Accept, None)]
     );
-    // More credit is absolute: delivery-count 1 + credit 5 -> 5 left.
+    // More credit: delivery-count 1 + credit 5 -> 5 left, given to the
+    // core as a limit counted from the deliveries it has sent us (1 + 5).
     p.send(0, &flow(0, 1, 5, false), &[]);
-    assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 5, false)));
+    assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 6, false)));
 }
 
 #[test]
@@ -1236,8 +1562,10 @@ fn deliveries_past_the_clients_link_credit_go_back_to_the_queue() {
     p.open();
     attach_receiver(&mut p, 0, attach("rcv", 0, Role::Receiver, Some("q")));
     p.send(0, &flow(0, 0, 2, false), &[]);
-    // The core dispatched three before it learnt of a smaller credit (its
-    // events race the client's flow): only two may be sent.
+    // Three arrive although the link has credit for two: the client
+    // lowered its credit while they were on their way (the core counts
+    // its limit from what it sent, so only a lowered credit gets here).
+    // Only two may be sent.
     for tag in 1..=3 {
         p.event(delivery(1, tag, b"m"));
     }
@@ -1457,9 +1785,10 @@ fn unsettled_deliveries_cap_the_credit() {
     p.event(delivery(1, 1, b"a"));
     p.event(delivery(1, 2, b"b"));
     p.recv();
-    // Two unsettled: a fresh grant of 100 is capped to 1.
+    // Two unsettled: a fresh grant of 100 is capped to 1, a limit of 2 + 1
+    // in the core's count.
     p.send(0, &flow(0, 2, 100, false), &[]);
-    assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 1, false)));
+    assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 3, false)));
 }
 
 #[test]
@@ -1479,8 +1808,9 @@ fn deliveries_over_the_receivers_max_message_size_go_back() {
         panic!("{out:?}")
     };
     assert_eq!(t.delivery_id, Some(0));
-    // The credit the skipped delivery used is handed back to the core.
-    assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 2, false)));
+    // The credit the skipped delivery used is handed back to the core: it
+    // sent one, and the client's two are still there (limit 1 + 2).
+    assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 3, false)));
     assert_eq!(
         p.log().settled,
         vec![(
@@ -1902,6 +2232,7 @@ fn engine_cost_per_message() {
                 from_retained: false,
                 matched: MatchInfo::default(),
                 annotation: None,
+                charge: rosetta_neutral::DeliveryCharge::none(),
             }),
         );
         if tag % 100 == 99 {
@@ -1963,13 +2294,7 @@ fn pipelined_sasl_and_open_in_one_read() {
     let out = p.recv();
     assert!(matches!(out[0], Out::Header(PROTOCOL_ID_SASL)));
     assert_eq!(sasl_outcome(&out).code, SaslCode::Ok);
-    let perfs: Vec<&Performative> = out
-        .iter()
-        .filter_map(|o| match o {
-            Out::Perf(_, p, _) => Some(p),
-            _ => None,
-        })
-        .collect();
+    let perfs = performatives_of(&out);
     assert!(matches!(
         perfs[..],
         [
@@ -1979,6 +2304,123 @@ fn pipelined_sasl_and_open_in_one_read() {
             Performative::Flow(_)
         ]
     ));
+}
+
+// ---------------------------------------------------------------- SASL PLAIN waiting for its check
+
+/// What Proton sends before reading anything back: SASL header, PLAIN,
+/// AMQP header, Open, Begin.
+fn pipelined_plain_open_begin(user: &str, password: &str) -> Vec<u8> {
+    let mut wire = frame::protocol_header(PROTOCOL_ID_SASL).to_vec();
+    write_frame(&mut wire, FRAME_TYPE_SASL, 0, &plain(user, password), &[]);
+    wire.extend_from_slice(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    write_perf(&mut wire, 0, &open("c"), &[]);
+    write_perf(&mut wire, 0, &begin(), &[]);
+    wire
+}
+
+fn deferring() -> Peer {
+    let p = Peer::new(false);
+    p.log().logins.defer_passwords = true;
+    p
+}
+
+fn alice() -> Principal {
+    Principal {
+        user: Some("alice".into()),
+    }
+}
+
+#[test]
+fn frames_pipelined_behind_plain_wait_for_the_password_check() {
+    let mut p = deferring();
+    p.input(&pipelined_plain_open_begin("alice", PASSWORD));
+    let out = p.recv();
+    // The SASL header and mechanisms go out; no outcome, nothing else.
+    assert!(
+        matches!(out[..], [Out::Header(PROTOCOL_ID_SASL), Out::Sasl(_)]),
+        "{out:?}"
+    );
+    assert!(!p.conn.wants_input());
+    assert!(p.log().sessions.is_empty());
+    assert_eq!(p.log().logins.pending.len(), 1);
+    assert_eq!(p.log().logins.pending[0].user(), Some("alice"));
+
+    p.event(SessionEvent::LoginChecked {
+        result: Ok(alice()),
+    });
+    let out = p.recv();
+    assert_eq!(sasl_outcome(&out).code, SaslCode::Ok);
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Out::Header(PROTOCOL_ID_AMQP))));
+    let perfs = performatives_of(&out);
+    assert!(
+        matches!(perfs[..], [Performative::Open(_), Performative::Begin(_)]),
+        "{perfs:?}"
+    );
+    assert!(p.conn.wants_input());
+    assert_eq!(p.log().sessions[0].principal, alice());
+}
+
+#[test]
+fn a_refused_password_check_is_outcome_auth_and_nothing_after_it_runs() {
+    let mut p = deferring();
+    p.input(&pipelined_plain_open_begin("alice", "nope"));
+    p.recv();
+    p.event(SessionEvent::LoginChecked {
+        result: Err(AuthError::BadCredentials),
+    });
+    let out = p.recv();
+    assert_eq!(sasl_outcome(&out).code, SaslCode::Auth);
+    assert!(!out.iter().any(|o| matches!(o, Out::Perf(..))), "{out:?}");
+    assert!(p.conn.is_closed());
+    assert!(p.log().sessions.is_empty());
+}
+
+#[test]
+fn a_full_check_queue_is_outcome_sys_temp() {
+    let mut p = Peer::new(false);
+    p.log().logins.refuse_all = Some(AuthError::ServerBusy);
+    p.input(&pipelined_plain_open_begin("alice", PASSWORD));
+    assert_eq!(sasl_outcome(&p.recv()).code, SaslCode::SysTemp);
+    assert!(p.conn.is_closed());
+}
+
+#[test]
+fn a_connection_closed_while_its_password_check_is_pending_does_no_harm() {
+    let mut p = deferring();
+    p.input(&pipelined_plain_open_begin("alice", PASSWORD));
+    p.recv();
+    p.conn.handle_transport_closed(p.now);
+    p.event(SessionEvent::LoginChecked {
+        result: Ok(alice()),
+    });
+    assert!(p.recv().is_empty());
+    assert!(p.log().sessions.is_empty());
+    let Peer { conn, log, .. } = p;
+    drop(conn);
+    let check = log.lock().unwrap().logins.pending.pop().unwrap();
+    assert!(check.is_abandoned());
+    check.finish(Ok(alice()));
+}
+
+#[test]
+fn the_handshake_deadline_runs_while_the_password_check_is_pending() {
+    let mut p = deferring();
+    p.input(&pipelined_plain_open_begin("alice", PASSWORD));
+    p.recv();
+    let due = p
+        .conn
+        .poll_timeout()
+        .expect("the handshake deadline is armed");
+    p.advance(due - p.now + Duration::from_millis(1));
+    assert!(p.conn.is_closed());
+    p.event(SessionEvent::LoginChecked {
+        result: Ok(alice()),
+    });
+    assert!(p.recv().is_empty());
+    assert!(p.log().sessions.is_empty());
 }
 
 // ---------------------------------------------------------------- rcv-settle-mode second

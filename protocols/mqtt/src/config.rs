@@ -25,6 +25,11 @@ pub const CLIENT_ID_LEN_MAX_BYTES: usize = 256;
 pub const SESSION_EXPIRY_MAX_S: u32 = 7 * 24 * 3600;
 /// How long a new connection may take to send CONNECT.
 pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
+/// Plain subscriptions per session (each a binding of the session queue,
+/// which the core caps). Devices use a handful and AWS IoT Core allows 50;
+/// 1,000 leaves room for bridges and dashboards while one client id cannot
+/// fill the routing table (EMQX and mosquitto set no cap by default).
+pub const SUBSCRIPTIONS_MAX: usize = 1_000;
 /// Shared and `$queue/` subscriptions per session. Each is a consumer
 /// of its own, and a persistent session rewrites the whole list in its
 /// durable state on every change, so the list is kept short.
@@ -77,6 +82,9 @@ pub struct MqttConfig {
     /// Most shared and `$queue/` subscriptions per session; more are
     /// refused with 0x97 (quota exceeded).
     pub own_subscriptions_max: usize,
+    /// Most plain subscriptions per session; more are refused with 0x97
+    /// (3.1.1: 0x80).
+    pub subscriptions_max: usize,
 }
 
 impl Default for MqttConfig {
@@ -99,6 +107,7 @@ impl Default for MqttConfig {
             connect_timeout_ms: CONNECT_TIMEOUT_MS,
             pending_acks_max: PENDING_ACKS_MAX,
             own_subscriptions_max: OWN_SUBSCRIPTIONS_MAX,
+            subscriptions_max: SUBSCRIPTIONS_MAX,
         }
     }
 }
@@ -134,6 +143,12 @@ impl MqttConfig {
         }
         if self.pending_acks_max == 0 {
             return err("pending_acks_max", "must be at least 1");
+        }
+        if self.subscriptions_max == 0 {
+            return err("subscriptions_max", "must be at least 1");
+        }
+        if self.own_subscriptions_max == 0 {
+            return err("shared_subscriptions_max", "must be at least 1");
         }
         Ok(())
     }

@@ -57,6 +57,11 @@ pub enum MqttError {
     /// Re-authentication failed (0x87).
     #[error("re-authentication failed: {0}")]
     ReauthenticationFailed(String),
+    /// The client stopped reading while its messages filled the
+    /// connection's delivery buffer (0x97 Quota exceeded: the buffer is
+    /// the quota; 0x89 Server busy would invite an immediate retry).
+    #[error("slow consumer: the client stopped reading and its delivery buffer stayed full")]
+    SlowConsumer,
 }
 
 /// Where a broker error happened: the same error maps to a different code
@@ -93,10 +98,18 @@ pub fn broker_reason(err: &BrokerError, ctx: ReasonContext) -> u8 {
 }
 
 /// The CONNACK reason for a failed authentication.
+///
+/// A user name other than the client certificate's user is 0x87 (3.1.1:
+/// 5, not authorized), not 0x86 (4, bad user name or password): nothing
+/// the client sent is malformed, and its password is never checked; the
+/// certificate proved who the client is, and that client may not connect
+/// as someone else, an authorization decision. A full password-check queue
+/// is 0x89, server busy (3.1.1: 3, server unavailable): try again later.
 pub fn auth_reason(err: &AuthError) -> u8 {
     match err {
         AuthError::BadCredentials => 0x86,
-        AuthError::AnonymousDisabled => 0x87,
+        AuthError::AnonymousDisabled | AuthError::CertificateMismatch => 0x87,
+        AuthError::ServerBusy => 0x89,
     }
 }
 
@@ -132,6 +145,7 @@ impl MqttError {
             MqttError::Broker(e) => broker_reason(e, ReasonContext::Disconnect),
             MqttError::Encode(_) => 0x83,
             MqttError::ReauthenticationFailed(_) => 0x87,
+            MqttError::SlowConsumer => 0x97,
         }
     }
 }
@@ -154,5 +168,9 @@ mod tests {
         let full = BrokerError::ResourceLimit("disk".into());
         assert_eq!(broker_reason(&full, ReasonContext::Publish), 0x97);
         assert_eq!(connack_v4_code(auth_reason(&AuthError::BadCredentials)), 4);
+        let mismatch = AuthError::CertificateMismatch;
+        assert_eq!((auth_reason(&mismatch), connack_v4_code(0x87)), (0x87, 5));
+        let busy = AuthError::ServerBusy;
+        assert_eq!((auth_reason(&busy), connack_v4_code(0x89)), (0x89, 3));
     }
 }

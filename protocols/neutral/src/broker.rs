@@ -1,7 +1,8 @@
 //! The handle an adapter uses to talk to the broker core.
 //!
-//! An adapter authenticates a client with [`Broker::authenticate`], opens a
-//! [`Session`] for it with [`Broker::open_session`], and from then on calls
+//! An adapter logs a client in with [`Broker::start_login`] (the identity
+//! rule and the asynchronous password check are in [`crate::login`]),
+//! opens a [`Session`] for it with [`Broker::open_session`], and from then on calls
 //! the session synchronously: declare and bind queues, publish, consume,
 //! settle, run transactions. Calls return at once. Work that finishes later
 //! (a durable commit, a delivery, a drained consumer) comes back as a
@@ -29,6 +30,8 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::address::Address;
+use crate::budget::{DeliveryBudget, DeliveryCharge};
+use crate::login::{self, Credentials, LoginPlan, LoginStart};
 use crate::message::{Guarantee, Message};
 
 /// Which wire protocol a session speaks. Used for logs, metrics and to keep
@@ -93,6 +96,14 @@ pub enum AuthError {
     /// No credentials given and anonymous access is off.
     #[error("anonymous access is disabled")]
     AnonymousDisabled,
+    /// A user name other than the verified client certificate's user
+    /// (see [`crate::login`]): the client is who its certificate says, and
+    /// may not log in as anyone else.
+    #[error("the user name is not the client certificate's user")]
+    CertificateMismatch,
+    /// Too many password checks are waiting: try again later.
+    #[error("too many logins in progress; try again later")]
+    ServerBusy,
 }
 
 /// Identity of a connection, for the session being opened.
@@ -132,28 +143,43 @@ pub trait Broker: Send + Sync + 'static {
     /// Accepts a user named by a verified TLS client certificate.
     fn authenticate_certificate(&self, subject: &str) -> Result<Principal, AuthError>;
 
-    /// The one rule every adapter applies to a new connection: credentials
-    /// given with a password are checked as such; without a password, a
-    /// verified TLS client certificate (`certificate_user`, the name the
-    /// TLS layer took from its subject) names the user, and must be a user
-    /// of the users file. A user name sent
-    /// next to the certificate must then be that same name, so a client
-    /// cannot borrow one identity's certificate to act as another.
+    /// The one rule every adapter applies to a new connection
+    /// ([`login::plan`]), checked on the caller's thread: a verified TLS
+    /// client certificate (`certificate_user`) names the user, a user name
+    /// sent next to it must be the same name, and a password sent is
+    /// checked. Without a certificate, the user name and password are
+    /// checked as such.
     fn authenticate_connection(
         &self,
         user: Option<&str>,
         password: Option<&[u8]>,
         certificate_user: Option<&str>,
     ) -> Result<Principal, AuthError> {
-        // Clients that always send the field (stomp.js) send it empty.
-        let password = password.filter(|p| !p.is_empty());
-        match (password, certificate_user) {
-            (None, Some(subject)) => match user {
-                Some(name) if !name.is_empty() && name != subject => Err(AuthError::BadCredentials),
-                _ => self.authenticate_certificate(subject),
-            },
-            _ => self.authenticate(user, password),
+        let credentials = Credentials {
+            user,
+            password,
+            certificate_user,
+        };
+        match login::plan(&credentials) {
+            LoginPlan::Cheap(cheap) => cheap.answer(self),
+            LoginPlan::Password { user, password } => self.authenticate(user, Some(password)),
         }
+    }
+
+    /// Starts logging a new connection in, under the same rule as
+    /// [`Broker::authenticate_connection`]. What costs nothing (anonymous,
+    /// certificate, a refusal by the rule) is answered at once; a password
+    /// check may run elsewhere, and then the answer is
+    /// [`LoginStart::Pending`] and the result arrives as
+    /// [`SessionEvent::LoginChecked`] through `sink`, the connection's
+    /// sink. A broker with no room for another check answers
+    /// [`AuthError::ServerBusy`] at once.
+    ///
+    /// The provided method checks everything at once, on the caller's
+    /// thread.
+    fn start_login(&self, credentials: Credentials<'_>, sink: &Arc<dyn EventSink>) -> LoginStart {
+        let _ = sink;
+        login::answer_now(self, &credentials)
     }
 
     /// Opens a session. Events for it go to `sink`.
@@ -166,6 +192,13 @@ pub trait Broker: Send + Sync + 'static {
 pub trait EventSink: Send + Sync {
     /// Queues one event for the session's connection.
     fn send(&self, event: SessionEvent);
+
+    /// The connection's budget for deliveries it has not written yet; the
+    /// core charges every delivery to it and stops dispatching to the
+    /// connection while it is full. `None`: no bound (in-process sinks).
+    fn budget(&self) -> Option<&Arc<DeliveryBudget>> {
+        None
+    }
 }
 
 /// Identifies one consumer within its session.
@@ -211,6 +244,12 @@ pub struct QueueSpec {
     pub durable: bool,
     /// When the queue goes away.
     pub lifetime: QueueLifetime,
+    /// Most bindings the queue may have: binding one more filter fails with
+    /// [`BrokerError::ResourceLimit`] (an MQTT session queue carries the
+    /// session's subscription cap this way). Every declare that gives one
+    /// sets it; `None` leaves the queue's cap as it is (none for a new
+    /// queue). Not journaled: the owner declares it again after a restart.
+    pub bindings_max: Option<usize>,
 }
 
 /// The result of a declare.
@@ -279,7 +318,8 @@ pub enum CreditMode {
     /// receive-maximum, STOMP prefetch).
     Window(u32),
     /// Credit is granted explicitly with [`Session::set_credit`] and consumed
-    /// by each delivery (AMQP link credit). Starts at the given value.
+    /// by each delivery (AMQP link credit). Starts with a limit of the given
+    /// value (see `set_credit`).
     Explicit(u32),
 }
 
@@ -429,6 +469,13 @@ pub enum SessionEvent {
         /// Why.
         reason: KickReason,
     },
+    /// The password check a [`Broker::start_login`] started has finished
+    /// (sent before any session exists, so there is at most one per
+    /// connection).
+    LoginChecked {
+        /// Who the client is, or why it may not log in.
+        result: Result<Principal, AuthError>,
+    },
 }
 
 /// Why a session was closed by the broker.
@@ -473,6 +520,10 @@ pub struct Delivery {
     /// The adapter's saved state for this in-flight delivery (see
     /// [`Session::annotate`]), e.g. an MQTT packet id. Survives restarts.
     pub annotation: Option<Bytes>,
+    /// The delivery's bytes on its connection's [`DeliveryBudget`]: the
+    /// adapter drops the delivery (or takes the charge out and drops it)
+    /// once the delivery is written into its output.
+    pub charge: DeliveryCharge,
 }
 
 /// A connection's handle on the core.
@@ -515,13 +566,21 @@ pub trait Session: Send {
     /// Stops a consumer. Its unsettled deliveries go back to the queue.
     fn cancel(&mut self, consumer: ConsumerId) -> Result<(), BrokerError>;
 
-    /// Sets an explicit-credit consumer's credit to `credit`. With `drain`,
-    /// the core sends what it has up to that credit, then zeroes the rest and
-    /// sends [`SessionEvent::Drained`].
+    /// Grants an explicit-credit consumer deliveries up to `limit`, counted
+    /// as AMQP counts link credit: the core numbers the deliveries it hands
+    /// this consumer from 0 (wrapping), and sends while that number is
+    /// below `limit`. The adapter passes the number of deliveries it has
+    /// *received* plus the credit it grants, so deliveries still on their
+    /// way to it count against the grant and the consumer never gets more
+    /// than it asked for (an absolute credit would let the core send that
+    /// credit again on top of whatever was already in transit). A limit at
+    /// or below what was sent grants nothing. With `drain`, the core sends
+    /// what it has up to the limit, then gives up the rest and sends
+    /// [`SessionEvent::Drained`].
     fn set_credit(
         &mut self,
         consumer: ConsumerId,
-        credit: u32,
+        limit: u32,
         drain: bool,
     ) -> Result<(), BrokerError>;
 

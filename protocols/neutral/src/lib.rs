@@ -8,6 +8,10 @@
 //! - [`address`]: the naming scheme shared by MQTT, STOMP and AMQP;
 //! - [`broker`]: the [`Broker`]/[`Session`] handle adapters call, and the
 //!   [`SessionEvent`]s the core sends back;
+//! - [`budget`]: the per-connection byte budget for deliveries not yet
+//!   written, the core's back-pressure from a slow reader;
+//! - [`login`]: the identity rule for a new connection (password, client
+//!   certificate) and the password check that finishes later;
 //! - [`scram`]: the SCRAM-SHA-256 exchange (RFC 5802/7677) that AMQP SASL
 //!   and MQTT 5 enhanced authentication both run.
 //!
@@ -17,12 +21,16 @@
 
 pub mod address;
 pub mod broker;
+pub mod budget;
 pub mod fields;
+pub mod login;
 pub mod message;
 pub mod scram;
 pub mod value;
 
 pub use address::{Address, AddressError, RoutingType};
 pub use broker::*;
+pub use budget::{DeliveryBudget, DeliveryCharge};
+pub use login::{Credentials, LoginStart, PasswordCheck};
 pub use message::{Body, BodyKind, Guarantee, Message, MessageId};
 pub use value::{Properties, Value};

@@ -6,6 +6,15 @@
 //! Every error is fatal and reported once, as an ERROR frame, by
 //! `StompConnection::fail`.
 //!
+//! A CONNECT whose passcode the broker checks elsewhere
+//! ([`Broker::start_login`] answered `Pending`) waits in
+//! `State::CheckingLogin`: no frame is decoded and
+//! [`StompConnection::wants_input`] is false; bytes that arrived behind the
+//! CONNECT stay buffered (at most [`StompConfig::frame_size_max_bytes`]
+//! more than the decoder holds) and are handled, in order, once
+//! [`SessionEvent::LoginChecked`] brings the result. Anonymous and
+//! certificate logins are decided at once.
+//!
 //! Durability contract: a RECEIPT is written only when the frame's effect
 //! is durable (the core's `Committed` event for every ticket the frame
 //! produced) and every earlier frame's RECEIPT is out; SENDs of persistent
@@ -30,7 +39,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rosetta_neutral::{Broker, CloseKind, EventSink, Protocol, SessionEvent, SessionInfo};
+use rosetta_neutral::{
+    AuthError, Broker, CloseKind, Credentials, EventSink, LoginStart, Principal, Protocol,
+    SessionEvent, SessionInfo,
+};
 use tracing::{debug, info, trace};
 
 use crate::config::StompConfig;
@@ -47,10 +59,22 @@ const SUPPORTED: [Version; 3] = [Version::V1_2, Version::V1_1, Version::V1_0];
 enum State {
     /// Accepted, no CONNECT yet.
     AwaitConnect,
+    /// CONNECT read; the broker is checking its passcode.
+    CheckingLogin(Box<Negotiated>),
     /// Authenticated, with a session.
     Open(Box<Open>),
     /// Finished: input and events are ignored.
     Closed,
+}
+
+/// What a CONNECT settled besides who the client is.
+struct Negotiated {
+    version: Version,
+    heart: HeartBeat,
+    client_id: Option<String>,
+    host: String,
+    /// The CONNECT's `receipt` header, for a refusal's ERROR frame.
+    receipt: Option<String>,
 }
 
 /// A STOMP server connection, driven by bytes, core events and time.
@@ -72,6 +96,9 @@ pub struct StompConnection {
     error: Option<StompError>,
     /// User named by a verified TLS client certificate, if any.
     certificate_user: Option<String>,
+    /// Bytes that arrived while a login was checked and did not fit in
+    /// the decoder; fed to it once the result is in.
+    held_input: Vec<u8>,
 }
 
 impl std::fmt::Debug for StompConnection {
@@ -108,6 +135,7 @@ impl StompConnection {
             connect_deadline,
             error: None,
             certificate_user: None,
+            held_input: Vec::new(),
         }
     }
 
@@ -127,10 +155,19 @@ impl StompConnection {
         // Any byte proves the client alive, even while frames are ignored
         // (after DISCONNECT, waiting for its receipt).
         self.last_rx = now;
+        if matches!(self.state, State::CheckingLogin(_)) {
+            return self.hold_input(data);
+        }
         if !self.reading() {
             trace!(conn_id = self.conn_id, len = data.len(), "input ignored");
             return;
         }
+        self.decode_input(data);
+    }
+
+    /// Feeds `data` to the decoder and handles every frame it completes,
+    /// until the input is used up or frames must no longer be read.
+    fn decode_input(&mut self, data: &[u8]) {
         let mut rest = data;
         loop {
             let taken = self.decoder.feed(rest);
@@ -146,6 +183,11 @@ impl StompConnection {
                     Err(e) => return self.fail(e.into(), None),
                 }
             }
+            if matches!(self.state, State::CheckingLogin(_)) {
+                // A CONNECT started a password check: what follows it
+                // waits for the result.
+                return self.hold_input(rest);
+            }
             if rest.is_empty() || !self.reading() {
                 return;
             }
@@ -156,6 +198,39 @@ impl StompConnection {
                 return self.fail(FrameError::FrameTooLarge { max }.into(), None);
             }
         }
+    }
+
+    /// Keeps bytes that arrived while a login is checked, within one more
+    /// frame's worth.
+    fn hold_input(&mut self, data: &[u8]) {
+        let max = self.config.frame_size_max_bytes;
+        if self.held_input.len() + data.len() > max {
+            let err = StompError::LimitExceeded {
+                what: "bytes sent before CONNECTED",
+                max,
+            };
+            return self.fail(err, None);
+        }
+        self.held_input.extend_from_slice(data);
+    }
+
+    /// The result of the passcode check a CONNECT waited for: CONNECTED
+    /// (then the frames that came behind the CONNECT) or an ERROR frame.
+    fn on_login_checked(&mut self, result: Result<Principal, AuthError>) {
+        let State::CheckingLogin(negotiated) = std::mem::replace(&mut self.state, State::Closed)
+        else {
+            debug!(
+                conn_id = self.conn_id,
+                "login result with no CONNECT waiting"
+            );
+            return;
+        };
+        match result {
+            Ok(principal) => self.open(*negotiated, principal),
+            Err(e) => return self.fail(e.into(), negotiated.receipt),
+        }
+        let held = std::mem::take(&mut self.held_input);
+        self.decode_input(&held);
     }
 
     /// An event the core sent to this connection's sink.
@@ -171,6 +246,9 @@ impl StompConnection {
     }
 
     fn on_event(&mut self, now: Instant, event: SessionEvent) {
+        if let SessionEvent::LoginChecked { result } = event {
+            return self.on_login_checked(result);
+        }
         let State::Open(open) = &mut self.state else {
             trace!(conn_id = self.conn_id, ?event, "event after close ignored");
             return;
@@ -200,6 +278,8 @@ impl StompConnection {
                 self.state = State::Closed;
                 self.write_error(version, &StompError::Kicked(reason), None);
             }
+            // Handled above: a session exists only after its login.
+            SessionEvent::LoginChecked { .. } => {}
         }
     }
 
@@ -208,7 +288,7 @@ impl StompConnection {
         self.now = now;
         match &self.state {
             State::Closed => {}
-            State::AwaitConnect => {
+            State::AwaitConnect | State::CheckingLogin(_) => {
                 if self.connect_deadline.is_some_and(|d| now >= d) {
                     self.fail(
                         StompError::ConnectTimeout(self.config.connect_timeout_ms),
@@ -241,7 +321,7 @@ impl StompConnection {
     pub fn poll_timeout(&self) -> Option<Instant> {
         match &self.state {
             State::Closed => None,
-            State::AwaitConnect => self.connect_deadline,
+            State::AwaitConnect | State::CheckingLogin(_) => self.connect_deadline,
             State::Open(open) => {
                 match (self.send_due(&open.heart), self.receive_due(&open.heart)) {
                     (Some(a), Some(b)) => Some(a.min(b)),
@@ -274,13 +354,14 @@ impl StompConnection {
         out.append(&mut self.out);
     }
 
-    /// False while the driver should stop reading: too many durable commits
-    /// pending, or the core holding producers back. (After DISCONNECT bytes
-    /// are still read, and ignored, so that EOF and liveness are seen.)
+    /// False while the driver should stop reading: a passcode check under
+    /// way, too many durable commits pending, or the core holding producers
+    /// back. (After DISCONNECT bytes are still read, and ignored, so that
+    /// EOF and liveness are seen.)
     pub fn wants_input(&self) -> bool {
         match &self.state {
             State::AwaitConnect => true,
-            State::Closed => false,
+            State::CheckingLogin(_) | State::Closed => false,
             State::Open(open) => {
                 open.receipts.outstanding() <= self.config.pending_commits_max
                     && !open.session.producer_blocked()
@@ -316,11 +397,21 @@ impl StompConnection {
         }
     }
 
+    /// Whether frames are decoded now.
     fn reading(&self) -> bool {
         match &self.state {
             State::AwaitConnect => true,
             State::Open(open) => !open.disconnecting,
-            State::Closed => false,
+            State::CheckingLogin(_) | State::Closed => false,
+        }
+    }
+
+    /// The client stopped reading while its deliveries filled the
+    /// connection's buffer for too long: ERROR (which it may never read)
+    /// and close.
+    pub fn handle_slow_consumer(&mut self, _now: Instant) {
+        if !matches!(self.state, State::Closed) {
+            self.fail(StompError::SlowConsumer, None);
         }
     }
 
@@ -359,7 +450,7 @@ impl StompConnection {
         let receipt = frame.header("receipt").map(str::to_owned);
         let is_connect = matches!(frame.command, Command::Connect | Command::Stomp);
         let result = match &mut self.state {
-            State::Closed => return,
+            State::Closed | State::CheckingLogin(_) => return,
             State::AwaitConnect => match frame.command {
                 Command::Connect | Command::Stomp => self.connect(frame),
                 other => Err(StompError::ExpectedConnect(other)),
@@ -431,18 +522,41 @@ impl StompConnection {
         } else {
             HeartBeat::default()
         };
-        let login = frame.header("login");
-        let passcode = frame.header("passcode").map(str::as_bytes);
-        let principal = self.broker.authenticate_connection(
-            login,
-            passcode,
-            self.certificate_user.as_deref(),
-        )?;
-        let client_id = frame.header("client-id").map(str::to_owned);
+        let negotiated = Negotiated {
+            version,
+            heart,
+            client_id: frame.header("client-id").map(str::to_owned),
+            host: frame.header("host").unwrap_or("").to_owned(),
+            receipt: frame.header("receipt").map(str::to_owned),
+        };
+        let credentials = Credentials {
+            user: frame.header("login"),
+            password: frame.header("passcode").map(str::as_bytes),
+            certificate_user: self.certificate_user.as_deref(),
+        };
+        match self.broker.start_login(credentials, &self.sink) {
+            LoginStart::Done(result) => self.open(negotiated, result?),
+            LoginStart::Pending => {
+                trace!(conn_id = self.conn_id, "passcode check started");
+                self.state = State::CheckingLogin(Box::new(negotiated));
+            }
+        }
+        Ok(Done::now())
+    }
+
+    /// Opens the session of a logged-in client and answers CONNECTED.
+    fn open(&mut self, negotiated: Negotiated, principal: Principal) {
+        let Negotiated {
+            version,
+            heart,
+            client_id,
+            host,
+            receipt: _,
+        } = negotiated;
         debug!(
             conn_id = self.conn_id,
             %version,
-            host = frame.header("host").unwrap_or(""),
+            host = %host,
             user = principal.user.as_deref().unwrap_or(""),
             "STOMP connect"
         );
@@ -475,6 +589,5 @@ impl StompConnection {
             client_key,
             heart,
         )));
-        Ok(Done::now())
     }
 }

@@ -92,6 +92,10 @@ pub enum StompError {
     /// The client stopped sending heart-beats.
     #[error("no data or heart-beat from the client for {0} ms")]
     HeartBeatTimeout(u64),
+    /// The client stopped reading while its messages filled the
+    /// connection's delivery buffer.
+    #[error("slow consumer: the client stopped reading and its delivery buffer stayed full")]
+    SlowConsumer,
 
     // -- the core --
     /// The core refused an operation.
@@ -168,10 +172,12 @@ pub fn error_frame(err: &StompError) -> ErrorFrame {
             "unsupported protocol version"
         }
         StompError::UnsupportedCommand(..) => "unsupported command",
+        StompError::Auth(AuthError::ServerBusy) => "server busy",
         StompError::Auth(_) => "authentication failed",
         StompError::LimitExceeded { .. } => "limit exceeded",
         StompError::ConnectTimeout(_) => "connect timeout",
         StompError::HeartBeatTimeout(_) => "heart-beat timeout",
+        StompError::SlowConsumer => "slow consumer",
         StompError::Broker(e) | StompError::SubscriptionClosed { reason: e, .. } => {
             broker_message(e)
         }

@@ -178,6 +178,7 @@ impl Open {
             name: None,
             durable: false,
             lifetime: QueueLifetime::Session,
+            bindings_max: None,
         })?;
         self.temp_queues.insert(local.to_owned(), info.name.clone());
         Ok(info.name)
@@ -264,12 +265,14 @@ impl Open {
                         name: Some(q),
                         durable: true,
                         lifetime: QueueLifetime::Permanent,
+                        bindings_max: None,
                     }
                 }
                 None => QueueSpec {
                     name: None,
                     durable: false,
                     lifetime: QueueLifetime::Consumer,
+                    bindings_max: None,
                 },
             };
             let mut info = self.session.declare_queue(spec.clone())?;

@@ -1,11 +1,13 @@
 //! MQTT 3.1.1 scenarios: 1 → 1 at QoS 0 and QoS 1, QoS 1 fan-out 1 → N,
-//! and N idle connections for memory per connection.
+//! N idle connections for memory per connection, and a login storm next
+//! to a QoS 1 stream ([`login_storm`]).
 //!
 //! Two clients run the publish/subscribe scenarios: `wire` (our own,
 //! [`crate::mqtt_client`]; the default, cheap enough that the broker, not
 //! the tool, bounds the run) and `rumqttc`, kept to compare against. The
 //! idle scenario writes its few packets by hand.
 
+pub(crate) mod login_storm;
 mod rumqtt;
 mod wire;
 

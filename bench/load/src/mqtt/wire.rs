@@ -12,13 +12,13 @@ use super::{PubSub, KEEP_ALIVE_S};
 use crate::mqtt_client::{ClientError, Connect, Connection, Inflight, Packet, WRITE_BATCH_BYTES};
 use crate::run::{supervise, Tally, Target};
 use crate::run::{Measured, Meter};
-use crate::stats::{latency_ns, now_ns, stamped_payload, STAMP_BYTES};
+use crate::stats::{now_ns, stamp_ns, stamped_payload, STAMP_BYTES};
 
 /// How long the publisher gets, after the subscribers saw every message,
 /// to collect its last PUBACKs.
 const JOIN_GRACE: Duration = Duration::from_secs(15);
 
-fn connect_options<'a>(p: &'a PubSub, client_id: &'a str) -> Connect<'a> {
+pub(super) fn connect_options<'a>(p: &'a PubSub, client_id: &'a str) -> Connect<'a> {
     Connect {
         client_id,
         clean_session: true,
@@ -32,22 +32,31 @@ fn unexpected(p: &Packet) -> ClientError {
     ClientError::Protocol(format!("unexpected {}", p.name()))
 }
 
+/// One delivery's timing, on the [`now_ns`] clock.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Sample {
+    /// When the publisher stamped it.
+    pub(super) sent_ns: u64,
+    /// Receive time minus `sent_ns`.
+    pub(super) latency_ns: u64,
+}
+
 /// What a subscriber saw.
 #[derive(Debug, Default)]
-struct Received {
-    latencies_ns: Vec<u64>,
+pub(super) struct Received {
+    pub(super) samples: Vec<Sample>,
     /// Write calls on the connection before the final DISCONNECT.
-    writes: u64,
+    pub(super) writes: u64,
 }
 
 /// Receives until the run is over: every complete packet of a read is
 /// handled, then the read's PUBACKs go out in one write.
-async fn subscriber(
+pub(super) async fn subscriber(
     mut conn: Connection,
     qos: u8,
     tally: Arc<Tally>,
 ) -> Result<Received, ClientError> {
-    let mut lat = Vec::new();
+    let mut samples = Vec::new();
     loop {
         let mut n = 0;
         while let Some(p) = conn.next_packet()? {
@@ -64,8 +73,11 @@ async fn subscriber(
                     if let Some(id) = m.packet_id {
                         conn.puback(id);
                     }
-                    if let Some(l) = latency_ns(&m.payload) {
-                        lat.push(l);
+                    if let Some(sent_ns) = stamp_ns(&m.payload) {
+                        samples.push(Sample {
+                            sent_ns,
+                            latency_ns: now_ns().saturating_sub(sent_ns),
+                        });
                     }
                     n += 1;
                 }
@@ -88,10 +100,7 @@ async fn subscriber(
     // Writes the last PUBACKs. A failing disconnect does not undo a
     // complete run.
     let _ = conn.disconnect().await;
-    Ok(Received {
-        latencies_ns: lat,
-        writes,
-    })
+    Ok(Received { samples, writes })
 }
 
 /// What the publisher sends.
@@ -226,8 +235,9 @@ pub(super) async fn run(
     let mut sub_writes = 0;
     while let Some(r) = subs.join_next().await {
         match r? {
-            Ok(mut r) => {
-                m.latencies_ns.append(&mut r.latencies_ns);
+            Ok(r) => {
+                m.latencies_ns
+                    .extend(r.samples.iter().map(|s| s.latency_ns));
                 sub_writes += r.writes;
             }
             Err(e) => error = error.or(Some(format!("subscriber: {e}"))),
@@ -324,7 +334,7 @@ mod tests {
             .expect("subscriber");
         broker.await.expect("fake broker");
         assert_eq!(tally.received(), 100);
-        assert_eq!(r.latencies_ns.len(), 100);
+        assert_eq!(r.samples.len(), 100);
         // CONNECT, SUBSCRIBE, then one write for the first read's PUBACKs.
         assert_eq!(r.writes, 3);
     }

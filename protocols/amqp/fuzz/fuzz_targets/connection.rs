@@ -123,6 +123,7 @@ fuzz_target!(|data: &[u8]| {
                     from_retained: false,
                     matched: MatchInfo::default(),
                     annotation: None,
+                    charge: rosetta_neutral::DeliveryCharge::none(),
                 }),
             );
             conn.handle_event(now, SessionEvent::Committed { ticket: Ticket(i as u64), result: Ok(()) });

@@ -8,6 +8,10 @@
 //! `establish` needs, so a session never opens before the proof checks.
 //! Any other method gets CONNACK 0x8C.
 //!
+//! On a connection with a verified client certificate, the SCRAM user must
+//! be the certificate's user ([`check_certificate_user`], the identity rule
+//! of [`rosetta_neutral::login`]): CONNACK 0x87 otherwise.
+//!
 //! Failures: CONNACK 0x86 (bad user name or password, also for a malformed
 //! SCRAM message, with the reason as Reason String) during CONNECT;
 //! DISCONNECT 0x87 when re-authentication fails, 0x82 (protocol error) for
@@ -17,12 +21,13 @@
 use std::time::Instant;
 
 use bytes::Bytes;
+use rosetta_neutral::login::check_certificate_user;
 use rosetta_neutral::{Broker, Principal};
 
 use super::handshake::Refusal;
 use super::{Ctx, MqttConnection, Open, State};
 use crate::codec::{encode, ConnectPacket, ReasonPacket};
-use crate::error::MqttError;
+use crate::error::{auth_reason, MqttError};
 use crate::scram::{self, ScramPending, SCRAM_SHA_256};
 
 /// AUTH reason code: success (re-authentication done).
@@ -50,7 +55,6 @@ impl Authenticating {
 
 /// A finished enhanced authentication, for `establish` and CONNACK.
 pub(super) struct EnhancedAuth {
-    pub(super) principal: Principal,
     pub(super) method: String,
     /// Authentication Data of the CONNACK (SCRAM server-final).
     pub(super) data: Bytes,
@@ -69,6 +73,15 @@ impl MqttConnection {
                     CONNACK_BAD_CREDENTIALS,
                     "user name differs from the SCRAM user",
                 ),
+                _ if check_certificate_user(
+                    self.certificate_user.as_deref(),
+                    Some(pending.user()),
+                )
+                .is_err() =>
+                {
+                    let e = rosetta_neutral::AuthError::CertificateMismatch;
+                    Refusal::new(auth_reason(&e), e.to_string())
+                }
                 _ => {
                     encode::auth(AUTH_CONTINUE, SCRAM_SHA_256, &server_first, &mut self.out);
                     self.state = State::Authenticating(Box::new(Authenticating {
@@ -105,14 +118,14 @@ impl MqttConnection {
         let client_final = a.props.authentication_data.unwrap_or_default();
         match auth.scram.server_final(&client_final) {
             Ok(server_final) => {
+                let principal = Principal {
+                    user: Some(auth.scram.user().to_owned()),
+                };
                 let enhanced = EnhancedAuth {
-                    principal: Principal {
-                        user: Some(auth.scram.user().to_owned()),
-                    },
                     method: SCRAM_SHA_256.to_owned(),
                     data: Bytes::from(server_final),
                 };
-                self.complete_connect(now, c, Some(enhanced));
+                self.complete_connect(now, c, principal, Some(enhanced));
             }
             Err(e) => {
                 let refusal = Refusal::new(CONNACK_BAD_CREDENTIALS, e.to_string());

@@ -1,14 +1,20 @@
 //! CONNECT/CONNACK: authentication, client id rules, keep-alive, the
 //! session queue (clean start, expiry, session present), the will; and the
 //! client's DISCONNECT.
+//!
+//! A CONNECT is checked (authentication method, client id) before any
+//! login work starts, so a CONNECT that will be refused anyway costs no
+//! password check. The login goes through [`Broker::start_login`]; a
+//! password check that runs elsewhere parks the CONNECT in
+//! [`CheckingLogin`] until [`MqttConnection::on_login_checked`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use mqttbytes::v5::ConnAckProperties;
 use rosetta_neutral::{
-    mqtt_session_queue, Address, BrokerError, CloseKind, ConsumerSpec, CreditMode, Protocol,
-    QueueLifetime, QueueSpec, SessionInfo, Will,
+    mqtt_session_queue, Address, AuthError, BrokerError, CloseKind, ConsumerSpec, Credentials,
+    CreditMode, LoginStart, Principal, Protocol, QueueLifetime, QueueSpec, SessionInfo, Will,
 };
 
 use super::auth::EnhancedAuth;
@@ -38,6 +44,13 @@ impl Refusal {
     }
 }
 
+/// A CONNECT waiting for the broker's password check.
+pub(super) struct CheckingLogin {
+    /// The connect deadline still applies.
+    pub(super) deadline: Instant,
+    connect: Box<ConnectPacket>,
+}
+
 /// What a v5 client gets told about session expiry.
 struct Lifetime {
     durable: bool,
@@ -47,25 +60,75 @@ struct Lifetime {
 
 impl MqttConnection {
     pub(super) fn on_connect(&mut self, now: Instant, deadline: Instant, c: ConnectPacket) {
-        if c.version == Version::V5
-            && c.props.authentication_method.as_deref() == Some(SCRAM_SHA_256)
-        {
+        if let Err(refusal) = check_connect(&c, &self.config) {
+            return self.refuse(c.version, &refusal, c.props.maximum_packet_size);
+        }
+        if c.props.authentication_method.is_some() {
+            // SCRAM-SHA-256 on v5 (`check_connect` refused anything else).
             return self.start_enhanced_auth(deadline, c);
         }
-        self.complete_connect(now, c, None);
+        let credentials = Credentials {
+            user: c.username.as_deref(),
+            password: c.password.as_deref(),
+            certificate_user: self.certificate_user.as_deref(),
+        };
+        match self.broker.start_login(credentials, &self.sink) {
+            LoginStart::Done(result) => self.finish_login(now, c, result),
+            LoginStart::Pending => {
+                tracing::trace!(conn_id = self.conn_id, "password check started");
+                self.state = State::CheckingLogin(Box::new(CheckingLogin {
+                    deadline,
+                    connect: Box::new(c),
+                }));
+            }
+        }
     }
 
-    /// Opens the session (CONNACK) or refuses; `enhanced` is the result of
-    /// an AUTH exchange when the CONNECT named a method.
+    /// The result of the password check a CONNECT waited for; then the
+    /// packets that arrived behind the CONNECT, in order. A result with no
+    /// CONNECT waiting (the connection closed meanwhile) is dropped.
+    pub(super) fn on_login_checked(&mut self, now: Instant, result: Result<Principal, AuthError>) {
+        let State::CheckingLogin(checking) = std::mem::replace(&mut self.state, State::Closed)
+        else {
+            tracing::debug!(
+                conn_id = self.conn_id,
+                "login result with no CONNECT waiting"
+            );
+            return;
+        };
+        let checking = *checking;
+        self.finish_login(now, *checking.connect, result);
+        self.handle_buffered_input(now);
+    }
+
+    /// Opens the session for a checked login, or refuses it.
+    fn finish_login(
+        &mut self,
+        now: Instant,
+        c: ConnectPacket,
+        result: Result<Principal, AuthError>,
+    ) {
+        match result {
+            Ok(principal) => self.complete_connect(now, c, principal, None),
+            Err(e) => {
+                let refusal = Refusal::new(auth_reason(&e), e.to_string());
+                self.refuse(c.version, &refusal, c.props.maximum_packet_size);
+            }
+        }
+    }
+
+    /// Opens the session (CONNACK) for `principal` or refuses; `enhanced`
+    /// is the result of an AUTH exchange when the CONNECT named a method.
     pub(super) fn complete_connect(
         &mut self,
         now: Instant,
         c: ConnectPacket,
+        principal: Principal,
         enhanced: Option<EnhancedAuth>,
     ) {
         let version = c.version;
         let client_packet_max = c.props.maximum_packet_size;
-        match self.establish(now, c, enhanced) {
+        match self.establish(now, c, principal, enhanced) {
             Ok(open) => self.state = State::Open(Box::new(open)),
             Err(refusal) => self.refuse(version, &refusal, client_packet_max),
         }
@@ -122,29 +185,20 @@ impl MqttConnection {
         }
     }
 
+    /// Opens the session of a CONNECT that [`check_connect`] passed, for
+    /// an authenticated `principal`.
     fn establish(
         &mut self,
         now: Instant,
         c: ConnectPacket,
+        principal: Principal,
         enhanced: Option<EnhancedAuth>,
     ) -> Result<Open, Refusal> {
         let v5 = c.version == Version::V5;
         let cfg = &self.config;
-        if let (Some(method), None) = (&c.props.authentication_method, &enhanced) {
-            // Only SCRAM-SHA-256 is offered (MQTT 5 §4.12), and it arrives
-            // here only once its exchange succeeded.
-            return Err(Refusal::new(
-                0x8C,
-                format!("authentication method {method} not supported"),
-            ));
-        }
 
-        // Client id rules (MQTT-3.1.3-7/8, MQTT 5 §3.1.3.1).
         let mut assigned = None;
         let client_id = if c.client_id.is_empty() {
-            if !v5 && !c.clean_start {
-                return Err(Refusal::new(0x85, "empty client id needs clean session"));
-            }
             let id = format!("rosetta-{}-{}", self.conn_id, self.clock.epoch_ms(now));
             if v5 {
                 assigned = Some(id.clone());
@@ -152,25 +206,6 @@ impl MqttConnection {
             id
         } else {
             c.client_id.clone()
-        };
-        if client_id.len() > cfg.client_id_len_max_bytes {
-            return Err(Refusal::new(0x85, "client id too long"));
-        }
-        // The id becomes part of a queue name, where wildcards are invalid.
-        if client_id.contains(['+', '#']) {
-            return Err(Refusal::new(0x85, "client id contains + or #"));
-        }
-
-        let principal = match &enhanced {
-            Some(e) => e.principal.clone(),
-            None => self
-                .broker
-                .authenticate_connection(
-                    c.username.as_deref(),
-                    c.password.as_deref(),
-                    self.certificate_user.as_deref(),
-                )
-                .map_err(|e| Refusal::new(auth_reason(&e), e.to_string()))?,
         };
         let user = principal.user.clone();
 
@@ -245,6 +280,8 @@ impl MqttConnection {
                         name: Some(queue.clone()),
                         durable: life.durable,
                         lifetime: life.lifetime,
+                        // Plain subscriptions are the queue's bindings.
+                        bindings_max: Some(cfg.subscriptions_max),
                     })?
                     .existed
             };
@@ -400,6 +437,32 @@ impl MqttConnection {
     }
 }
 
+/// What a CONNECT is refused for before any login work: an authentication
+/// method other than SCRAM-SHA-256, and the client id rules (MQTT-3.1.3-7/8,
+/// MQTT 5 §3.1.3.1). An empty id is given one in `establish`.
+fn check_connect(c: &ConnectPacket, cfg: &MqttConfig) -> Result<(), Refusal> {
+    if let Some(method) = &c.props.authentication_method {
+        // Only SCRAM-SHA-256 is offered (MQTT 5 §4.12).
+        if c.version != Version::V5 || method != SCRAM_SHA_256 {
+            return Err(Refusal::new(
+                0x8C,
+                format!("authentication method {method} not supported"),
+            ));
+        }
+    }
+    if c.client_id.is_empty() && c.version != Version::V5 && !c.clean_start {
+        return Err(Refusal::new(0x85, "empty client id needs clean session"));
+    }
+    if c.client_id.len() > cfg.client_id_len_max_bytes {
+        return Err(Refusal::new(0x85, "client id too long"));
+    }
+    // The id becomes part of a queue name, where wildcards are invalid.
+    if c.client_id.contains(['+', '#']) {
+        return Err(Refusal::new(0x85, "client id contains + or #"));
+    }
+    Ok(())
+}
+
 /// The Response Information returned to a v5 client that asks for it
 /// (MQTT 5 §3.1.2.11.6): a topic prefix of its own for responses. It lies
 /// under `response/`, which the default permissions (everything) allow; a
@@ -510,6 +573,8 @@ impl Open {
             name: Some(self.session_queue.clone()),
             durable: expiry_s > 0,
             lifetime,
+            // Keeps the subscription cap set at CONNECT.
+            bindings_max: None,
         });
         if let Err(e) = r {
             tracing::warn!(error = %e, "could not change the session expiry");

@@ -9,6 +9,15 @@
 //! A CONNECT naming SCRAM-SHA-256 passes through [`State::Authenticating`]
 //! (only AUTH and DISCONNECT accepted) before `Open` exists.
 //!
+//! A CONNECT whose password the broker checks elsewhere
+//! ([`Broker::start_login`] answered `Pending`) waits in
+//! [`State::CheckingLogin`]: nothing more is parsed and
+//! [`MqttConnection::wants_input`] is false, so packets pipelined behind
+//! the CONNECT stay in the decoder's buffer. The result comes as
+//! [`SessionEvent::LoginChecked`]; then the CONNACK is written and the
+//! buffered packets are handled, in order. Anonymous, certificate and SCRAM
+//! logins are decided at once.
+//!
 //! Submodules: [`handshake`] (CONNECT/CONNACK, sessions), [`auth`]
 //! (enhanced authentication and re-authentication), [`inbound`]
 //! (client PUBLISH, PUBREL, ack ordering), [`outbound`] (deliveries and
@@ -87,6 +96,8 @@ struct Open {
     shared: BTreeMap<String, SharedSub>,
     /// 1.5 × the effective keep-alive; `None` when disabled.
     keep_alive_timeout: Option<Duration>,
+    /// When the last complete control packet arrived (bytes of an
+    /// unfinished one do not count).
     last_input: Instant,
     /// Consumer window: min(client receive maximum, our cap).
     window: u32,
@@ -137,6 +148,8 @@ enum State {
     },
     /// CONNECT named SCRAM-SHA-256; the AUTH exchange is under way.
     Authenticating(Box<auth::Authenticating>),
+    /// The broker is checking the CONNECT's password; input waits.
+    CheckingLogin(Box<handshake::CheckingLogin>),
     Open(Box<Open>),
     Closed,
 }
@@ -211,17 +224,23 @@ impl MqttConnection {
     }
 
     /// Parses what was appended to [`Self::input_buffer`].
+    ///
+    /// Only a complete control packet restarts the keep-alive timer
+    /// (MQTT-3.1.2-24): a packet dribbled a byte at a time must not keep a
+    /// connection open forever.
     pub fn handle_buffered_input(&mut self, now: Instant) {
-        if let State::Open(open) = &mut self.state {
-            open.last_input = now;
-        }
         loop {
-            if matches!(self.state, State::Closed) {
+            if matches!(self.state, State::Closed | State::CheckingLogin(_)) {
+                // Closed, or waiting for a password check: what is buffered
+                // stays there until the result (`on_login_checked`).
                 return;
             }
             match self.decoder.next_packet() {
                 Ok(Some(packet)) => {
                     tracing::trace!(conn_id = self.conn_id, ?packet, "packet in");
+                    if let State::Open(open) = &mut self.state {
+                        open.last_input = now;
+                    }
                     self.handle_packet(now, packet);
                 }
                 Ok(None) => break,
@@ -238,7 +257,8 @@ impl MqttConnection {
 
     fn handle_packet(&mut self, now: Instant, packet: Inbound) {
         let result = match &mut self.state {
-            State::Closed => Ok(()),
+            // No packet is parsed while a login is checked.
+            State::Closed | State::CheckingLogin(_) => Ok(()),
             State::AwaitConnect { deadline } => match packet {
                 Inbound::Connect(c) => {
                     let deadline = *deadline;
@@ -319,6 +339,9 @@ impl MqttConnection {
 
     /// An event the core sent to this connection's sink.
     pub fn handle_event(&mut self, now: Instant, event: SessionEvent) {
+        if let SessionEvent::LoginChecked { result } = event {
+            return self.on_login_checked(now, result);
+        }
         let State::Open(open) = &mut self.state else {
             // Events for a session already closed (late commits, deliveries
             // racing the close) have nobody to go to.
@@ -352,6 +375,8 @@ impl MqttConnection {
                 KickReason::TakenOver => MqttError::SessionTakenOver,
                 KickReason::ServerShutdown => MqttError::ServerShutdown,
             }),
+            // Handled above: a session is open only after its login.
+            SessionEvent::LoginChecked { .. } => Ok(()),
         };
         if let Err(e) = result {
             self.fail(e);
@@ -372,7 +397,9 @@ impl MqttConnection {
             _ => return,
         }
         let err = match self.state {
-            State::AwaitConnect { .. } | State::Authenticating(_) => MqttError::ConnectTimeout,
+            State::AwaitConnect { .. } | State::Authenticating(_) | State::CheckingLogin(_) => {
+                MqttError::ConnectTimeout
+            }
             _ => MqttError::KeepAliveTimeout,
         };
         self.fail(err);
@@ -383,6 +410,7 @@ impl MqttConnection {
         match &self.state {
             State::AwaitConnect { deadline } => Some(*deadline),
             State::Authenticating(a) => Some(a.deadline),
+            State::CheckingLogin(c) => Some(c.deadline),
             State::Open(open) => open.keep_alive_timeout.map(|t| open.last_input + t),
             State::Closed => None,
         }
@@ -411,11 +439,13 @@ impl MqttConnection {
         self.decoder.shrink_if_idle(IDLE_BUFFER_KEEP_BYTES);
     }
 
-    /// False while the driver should stop reading: too many acks wait for
-    /// durable commits, or the core holds producers back.
+    /// False while the driver should stop reading: a password check is
+    /// under way, too many acks wait for durable commits, or the core holds
+    /// producers back.
     pub fn wants_input(&self) -> bool {
         match &self.state {
             State::AwaitConnect { .. } | State::Authenticating(_) => true,
+            State::CheckingLogin(_) => false,
             State::Open(open) => {
                 open.acks.len() < self.config.pending_acks_max && !open.session.producer_blocked()
             }
@@ -438,6 +468,14 @@ impl MqttConnection {
             open.session.close(CloseKind::Abnormal);
         }
         self.state = State::Closed;
+    }
+
+    /// The client stopped reading while its deliveries filled the
+    /// connection's buffer for too long: a v5 client is told why
+    /// (DISCONNECT 0x97, which it may never read) and the session closes
+    /// abnormally, as for any connection the server drops.
+    pub fn handle_slow_consumer(&mut self, _now: Instant) {
+        self.fail(MqttError::SlowConsumer);
     }
 
     /// The negotiated protocol version, once connected.
@@ -490,6 +528,11 @@ impl MqttConnection {
                     let refusal = handshake::Refusal::new(err.reason_code(), err.to_string());
                     self.write_refusal(Version::V5, &refusal, auth.client_packet_max());
                 }
+            }
+            State::CheckingLogin(_) => {
+                // Only the connect deadline gets here (nothing is parsed
+                // meanwhile): like any timeout before CONNACK, just close.
+                tracing::debug!(conn_id = self.conn_id, error = %err, "closing while the password is checked");
             }
             State::Closed => {}
         }

@@ -206,6 +206,7 @@ impl Open {
             name: Some(queue.to_owned()),
             durable,
             lifetime,
+            bindings_max: None,
         }
     }
 
@@ -297,7 +298,7 @@ impl Open {
         };
         if shared.is_none() {
             return Ok(self
-                .session_queue_consumer()
+                .session_queue_consumer(cfg)
                 .and_then(|()| self.session.bind(&self.session_queue, filter, options))
                 .map(|_| granted)
                 .map_err(|e| broker_reason(&e, ReasonContext::Subscribe)));
@@ -312,7 +313,10 @@ impl Open {
     /// Creates the queue of a clean, non-lasting session and its consumer,
     /// on its first subscription (see `establish`); nothing for a session
     /// that has them.
-    fn session_queue_consumer(&mut self) -> Result<(), rosetta_neutral::BrokerError> {
+    fn session_queue_consumer(
+        &mut self,
+        cfg: &MqttConfig,
+    ) -> Result<(), rosetta_neutral::BrokerError> {
         if self.session_consumer.is_some() {
             return Ok(());
         }
@@ -320,6 +324,7 @@ impl Open {
             name: Some(self.session_queue.clone()),
             durable: false,
             lifetime: QueueLifetime::Session,
+            bindings_max: Some(cfg.subscriptions_max),
         })?;
         let consumer = self.session.consume(ConsumerSpec {
             queue: self.session_queue.clone(),

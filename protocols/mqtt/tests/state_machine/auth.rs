@@ -130,6 +130,33 @@ fn user_name_must_match_the_scram_user() {
     assert!(h.conn.is_closed());
 }
 
+/// On a connection with a verified client certificate, the SCRAM user
+/// must be the certificate's user (the identity rule of
+/// `rosetta_neutral::login`): 0x87, before any exchange.
+#[test]
+fn the_scram_user_must_be_the_certificate_user() {
+    let mut h = harness();
+    let broker = h.broker.clone();
+    h.conn = rosetta_mqtt::MqttConnection::new(
+        rosetta_mqtt::MqttConfig::default(),
+        std::sync::Arc::new(broker),
+        std::sync::Arc::new(crate::fake::NullSink),
+        8,
+        h.now,
+    )
+    .with_certificate_user(Some("bob".into()));
+    connect_scram(&mut h, &ScramClient::new("alice", b"secret"), None);
+    assert!(matches!(
+        h.v5_packets().as_slice(),
+        [v5::Packet::ConnAck(v5::ConnAck {
+            code: v5::ConnectReturnCode::NotAuthorized,
+            ..
+        })]
+    ));
+    assert!(h.conn.is_closed());
+    assert!(h.broker.state().sessions.is_empty());
+}
+
 #[test]
 fn only_auth_may_follow_a_scram_connect() {
     let mut h = harness();

@@ -272,6 +272,53 @@ fn keep_alive_is_enforced_at_one_and_a_half_times() {
     assert_eq!(h.broker.state().closes, vec![CloseKind::Abnormal]);
 }
 
+/// MQTT-3.1.2-24: only a complete control packet counts. A PUBLISH dribbled
+/// one byte a second never completes within 1.5 × the keep-alive, so the
+/// connection is closed, however busy the socket looks.
+#[test]
+fn keep_alive_counts_complete_packets_not_bytes() {
+    let mut h = Harness::new(false);
+    h.input(&connect_v4("k", true, 2, None));
+    h.packets();
+    let connected_at = h.now;
+    let publish = publish_v4(
+        "dribble/topic",
+        0,
+        0,
+        b"a payload long enough to outlast the keep-alive",
+    );
+    let mut sent = 0;
+    while !h.conn.is_closed() && sent < publish.len() {
+        h.input(&publish[sent..=sent]);
+        sent += 1;
+        h.advance(Duration::from_secs(1));
+    }
+    assert!(h.conn.is_closed(), "a dribbled packet kept the connection");
+    assert!(
+        h.now - connected_at <= Duration::from_secs(3),
+        "closed after {:?}, not within 1.5 × 2 s",
+        h.now - connected_at
+    );
+    assert!(sent < publish.len(), "closed before the PUBLISH completed");
+    assert_eq!(h.broker.state().closes, vec![CloseKind::Abnormal]);
+}
+
+/// A complete packet that arrived in pieces resets the timer when its last
+/// byte arrives.
+#[test]
+fn keep_alive_restarts_when_a_split_packet_completes() {
+    let mut h = Harness::new(false);
+    h.input(&connect_v4("k", true, 10, None));
+    h.packets();
+    h.advance(Duration::from_secs(14));
+    h.input(&[0xC0]); // first half of PINGREQ: not yet a packet
+    h.advance(Duration::from_millis(999));
+    assert!(!h.conn.is_closed());
+    h.input(&[0]);
+    assert!(matches!(h.v4_packets().as_slice(), [v4::Packet::PingResp]));
+    assert_eq!(h.conn.poll_timeout(), Some(h.now + Duration::from_secs(15)));
+}
+
 /// While producers are held back the connection is not read, so the
 /// client's PINGREQs wait in the socket: its silence is not its fault.
 #[test]

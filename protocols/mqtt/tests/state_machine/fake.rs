@@ -16,6 +16,8 @@ pub struct FakeQueue {
     pub durable: bool,
     pub lifetime: QueueLifetime,
     pub bindings: Vec<(String, BindingOptions)>,
+    /// The binding cap of the last declare that gave one.
+    pub bindings_max: Option<usize>,
 }
 
 /// Everything the fake knows and records.
@@ -48,6 +50,8 @@ pub struct FakeState {
     pub fail_publish: Option<BrokerError>,
     pub fail_bind: Option<BrokerError>,
     pub producer_blocked: bool,
+    /// How logins are answered (deferred, refused, or by the fake).
+    pub logins: login::ScriptedLogins,
 }
 
 impl FakeState {
@@ -114,6 +118,11 @@ impl Broker for FakeBroker {
         Err(AuthError::BadCredentials)
     }
 
+    fn start_login(&self, credentials: Credentials<'_>, sink: &Arc<dyn EventSink>) -> LoginStart {
+        let scripted = self.state().logins.start(&credentials, sink);
+        scripted.unwrap_or_else(|| login::answer_now(self, &credentials))
+    }
+
     fn open_session(&self, info: SessionInfo, _sink: Arc<dyn EventSink>) -> Box<dyn Session> {
         self.state().sessions.push(info);
         Box::new(FakeSession(self.clone()))
@@ -132,9 +141,13 @@ impl Session for FakeSession {
             durable: spec.durable,
             lifetime: spec.lifetime,
             bindings: Vec::new(),
+            bindings_max: None,
         });
         q.durable = spec.durable;
         q.lifetime = spec.lifetime;
+        if spec.bindings_max.is_some() {
+            q.bindings_max = spec.bindings_max;
+        }
         Ok(QueueInfo {
             name,
             existed,

@@ -326,6 +326,7 @@ pub fn delivery(consumer: u64, tag: u64, msg: Message, granted: u8) -> Delivery 
             retain_as_published: false,
         },
         annotation: None,
+        charge: rosetta_neutral::DeliveryCharge::none(),
     }
 }
 

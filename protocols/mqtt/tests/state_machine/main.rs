@@ -16,6 +16,7 @@ mod fake;
 mod fuzz_common;
 mod fuzz_smoke;
 mod harness;
+mod login_wait;
 mod problem_info;
 mod publish;
 mod resume;

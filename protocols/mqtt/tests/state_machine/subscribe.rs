@@ -219,3 +219,38 @@ fn unsubscribe_unbinds() {
     );
     assert!(h.broker.state().queues["$mqtt/c1"].bindings.is_empty());
 }
+
+/// The session's subscription cap travels with its queue (the core counts
+/// the queue's bindings), for a clean session's queue made on the first
+/// SUBSCRIBE and a persistent one's made at CONNECT; the core's refusal
+/// is 0x97 in v5 and 0x80 in 3.1.1.
+#[test]
+fn the_subscription_cap_is_declared_with_the_session_queue() {
+    let config = MqttConfig {
+        subscriptions_max: 7,
+        ..MqttConfig::default()
+    };
+    let mut h = Harness::with(config.clone(), FakeBroker::new(), true);
+    h.connect_ok("clean", true);
+    assert!(!h.broker.state().queues.contains_key("$mqtt/clean"));
+    h.subscribe_ok("a");
+    assert_eq!(h.broker.state().queues["$mqtt/clean"].bindings_max, Some(7));
+    h.broker.state().fail_bind = Some(BrokerError::ResourceLimit("7 bindings".into()));
+    h.input(&v5_sub(
+        2,
+        vec![v5::SubscribeFilter::new("b".into(), qos(1))],
+        None,
+    ));
+    assert_eq!(suback_codes(&mut h), vec![0x97]);
+
+    let mut h = Harness::with(config, FakeBroker::new(), false);
+    h.connect_ok("kept", false);
+    assert_eq!(h.broker.state().queues["$mqtt/kept"].bindings_max, Some(7));
+    h.broker.state().fail_bind = Some(BrokerError::ResourceLimit("7 bindings".into()));
+    h.input(&subscribe_v4(1, &[("b", 1)]));
+    let p = h.v4_packets();
+    let [v4::Packet::SubAck(a)] = p.as_slice() else {
+        panic!("{p:?}")
+    };
+    assert_eq!(a.return_codes, vec![v4::SubscribeReasonCode::Failure]);
+}

@@ -41,6 +41,8 @@ pub struct Inner {
     pub blocked: bool,
     /// Tickets handed out, in order.
     pub tickets: Vec<Ticket>,
+    /// How logins are answered (deferred, refused, or by the fake).
+    pub logins: login::ScriptedLogins,
 }
 
 impl Inner {
@@ -75,6 +77,10 @@ impl Broker for FakeBroker {
     }
     fn authenticate_certificate(&self, _subject: &str) -> Result<Principal, AuthError> {
         Err(AuthError::BadCredentials)
+    }
+    fn start_login(&self, credentials: Credentials<'_>, sink: &Arc<dyn EventSink>) -> LoginStart {
+        let scripted = self.0.lock().unwrap().logins.start(&credentials, sink);
+        scripted.unwrap_or_else(|| login::answer_now(self, &credentials))
     }
     fn open_session(&self, info: SessionInfo, _sink: Arc<dyn EventSink>) -> Box<dyn Session> {
         self.0.lock().unwrap().calls.push(Call::Open(info));
@@ -342,6 +348,7 @@ pub fn delivery(
         from_retained: false,
         matched: MatchInfo::default(),
         annotation: None,
+        charge: rosetta_neutral::DeliveryCharge::none(),
     }
 }
 

@@ -1,0 +1,505 @@
+//! The `rosetta` binary as an operator runs it: `check-config` makes the
+//! checks `run` makes, the start says who can connect, failed TLS
+//! handshakes reach the log (rate-limited), and `user add` asks for the
+//! password twice without echo.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_rosetta");
+/// Longest wait for the broker to say something.
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Every listener off except those in `listeners` (TOML lines), data in
+/// `dir`.
+fn write_config(dir: &Path, listeners: &str, rest: &str) -> PathBuf {
+    let path = dir.join("rosetta.toml");
+    let given = |key: &str| {
+        listeners
+            .lines()
+            .any(|l| l.split('=').next().map(str::trim) == Some(key))
+    };
+    let off: String = [
+        "mqtt",
+        "stomp",
+        "amqp",
+        "websocket",
+        "mqtts",
+        "stomps",
+        "amqps",
+        "wss",
+    ]
+    .into_iter()
+    .filter(|key| !given(key))
+    .map(|key| format!("{key} = \"\"\n"))
+    .collect();
+    let text = format!(
+        "data_dir = {:?}\n[listeners]\n{off}{listeners}\n{rest}\n",
+        dir.join("data")
+    );
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+fn rosetta(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("ROSETTA_LOG", "info")
+        .env_remove("ROSETTA_PASSWORD")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run rosetta")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+// ---- check-config runs the checks of run -----------------------------------
+
+#[test]
+fn check_config_refuses_missing_tls_files_as_run_does() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(
+        dir.path(),
+        "mqtts = \"127.0.0.1:0\"",
+        "[tls]\ncert_file = \"/nonexistent/cert.pem\"\nkey_file = \"/nonexistent/key.pem\"",
+    );
+    let config = config.to_str().expect("utf-8 path");
+    let check = rosetta(&["--config", config, "check-config"]);
+    assert!(
+        !check.status.success(),
+        "check-config passed: {}",
+        stderr(&check)
+    );
+    assert!(
+        stderr(&check).contains("/nonexistent/cert.pem"),
+        "{}",
+        stderr(&check)
+    );
+    let run = rosetta(&["--config", config, "run"]);
+    assert!(!run.status.success());
+    assert_eq!(
+        stderr(&check).lines().last(),
+        stderr(&run).lines().last(),
+        "the same check, the same message"
+    );
+}
+
+#[test]
+fn check_config_refuses_a_data_dir_that_cannot_be_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), "", "");
+    // The data directory's place is taken by a file.
+    std::fs::write(dir.path().join("data"), b"not a directory").expect("write");
+    let check = rosetta(&["--config", config.to_str().expect("utf-8"), "check-config"]);
+    assert!(
+        !check.status.success(),
+        "check-config passed: {}",
+        stderr(&check)
+    );
+    assert!(stderr(&check).contains("data_dir"), "{}", stderr(&check));
+    assert!(
+        stderr(&check).contains("not a directory"),
+        "{}",
+        stderr(&check)
+    );
+}
+
+#[test]
+fn check_config_warns_when_no_one_can_log_in() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let users = dir.path().join("users.toml");
+    let config = write_config(
+        dir.path(),
+        "",
+        &format!("[security]\nanonymous = false\nusers_file = {users:?}"),
+    );
+    let config = config.to_str().expect("utf-8");
+    let check = rosetta(&["--config", config, "check-config"]);
+    assert!(check.status.success(), "{}", stderr(&check));
+    let warning = stderr(&check);
+    assert!(
+        warning.contains("warning:")
+            && warning.contains("does not exist")
+            && warning.contains("no client can log in"),
+        "{warning}"
+    );
+
+    let add = rosetta(&[
+        "--config",
+        config,
+        "user",
+        "add",
+        "alice",
+        "--password",
+        "wonderland",
+    ]);
+    assert!(add.status.success(), "{}", stderr(&add));
+    let check = rosetta(&["--config", config, "check-config"]);
+    assert!(check.status.success());
+    assert!(!stderr(&check).contains("warning"), "{}", stderr(&check));
+}
+
+// ---- the broker binary's log -----------------------------------------------
+
+/// The broker binary on a configuration, its log read line by line.
+struct Broker {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl Broker {
+    fn start(config: &Path) -> Broker {
+        let mut child = Command::new(BIN)
+            .arg("--config")
+            .arg(config)
+            .env("ROSETTA_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn rosetta");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, lines) = mpsc::channel();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let all = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                all.lock().expect("lines").push(line.clone());
+                let _ = tx.send(line);
+            }
+        });
+        Broker { child, lines, seen }
+    }
+
+    /// The next log line with `needle` in it.
+    fn line_with(&self, needle: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("no log line with {needle:?}; log:\n{}", self.log()),
+            }
+        }
+    }
+
+    /// Where the listener `key` is bound, from its "listening" line.
+    fn addr(&self, key: &str) -> SocketAddr {
+        let line = self.line_with(&format!("listener=\"{key}\""));
+        let rest = &line[line.find("addr=").expect("addr=") + 5..];
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        rest[..end].parse().expect("address")
+    }
+
+    fn log(&self) -> String {
+        self.seen.lock().expect("lines").join("\n")
+    }
+
+    /// SIGTERM, then the whole log once the process is gone.
+    fn stop(mut self) -> String {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + WAIT;
+        while self.child.try_wait().expect("wait").is_none() {
+            assert!(Instant::now() < deadline, "no exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The reader thread has the last lines once the pipe closes.
+        while self.lines.recv_timeout(Duration::from_millis(200)).is_ok() {}
+        self.log()
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn without_bind_the_broker_listens_on_loopback_and_says_how_to_open_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), "mqtt = 0", "");
+    let broker = Broker::start(&config);
+    assert!(broker.addr("mqtt").ip().is_loopback());
+    let line = broker.line_with("loopback only");
+    assert!(line.contains("[listeners] bind"), "{line}");
+    broker.stop();
+
+    let config = write_config(dir.path(), "bind = \"0.0.0.0\"\nmqtt = 0", "");
+    let broker = Broker::start(&config);
+    assert!(broker.addr("mqtt").ip().is_unspecified());
+    let line = broker.line_with("anonymous access is on");
+    assert!(line.contains("WARN"), "{line}");
+    broker.stop();
+}
+
+#[test]
+fn failed_tls_handshakes_are_logged_with_peer_and_reason_and_rate_limited() {
+    /// Bad handshakes sent in one burst: far more than a window lets through.
+    const STORM: usize = 60;
+    /// `log_throttle::LOG_LINES_PER_WINDOW_MAX`.
+    const LINES_PER_WINDOW: usize = 10;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = common::pki::Pki::generate(dir.path());
+    let config = write_config(
+        dir.path(),
+        "mqtts = \"127.0.0.1:0\"",
+        &format!(
+            "[tls]\ncert_file = {:?}\nkey_file = {:?}",
+            pki.cert_file, pki.key_file
+        ),
+    );
+    let broker = Broker::start(&config);
+    let addr = broker.addr("mqtts");
+
+    // Plaintext on a TLS port: an MQTT CONNECT.
+    let plaintext = |addr| {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        let _ = s.write_all(b"\x10\x10\x00\x04MQTT\x04\x02\x00\x3c\x00\x04test");
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest); // the broker closes
+        s.local_addr().expect("local addr")
+    };
+    let first_peer = plaintext(addr);
+    let line = broker.line_with("TLS handshake failed");
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains(&format!("peer={first_peer}")), "{line}");
+    assert!(line.contains("reason="), "{line}");
+
+    for _ in 1..STORM {
+        plaintext(addr);
+    }
+    let log = broker.stop();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("TLS handshake failed"))
+        .collect();
+    // A burst this short fits in one or two windows.
+    assert!(lines.len() <= 2 * LINES_PER_WINDOW, "{log}");
+    // Nothing is lost without a trace: the lines logged, the counts they
+    // carry and the count reported at shutdown add up to the storm.
+    let carried: usize = lines.iter().map(|l| number_after(l, "suppressed=")).sum();
+    let at_shutdown = log
+        .lines()
+        .find(|l| l.contains("failed TLS handshakes:"))
+        .map_or(0, |l| number_after(l, "failed TLS handshakes: "));
+    assert_eq!(lines.len() + carried + at_shutdown, STORM, "{log}");
+    assert!(at_shutdown > 0, "{log}");
+}
+
+/// The number right after `key` in `line` (0 when absent).
+fn number_after(line: &str, key: &str) -> usize {
+    line.find(key)
+        .map(|i| &line[i + key.len()..])
+        .and_then(|rest| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+// ---- user add: the password prompt ---------------------------------------------
+
+/// A pseudo-terminal whose slave is the controlling terminal of a child
+/// (`setsid -c`), as a shell in a terminal window would give it.
+struct Terminal {
+    master: std::fs::File,
+    output: mpsc::Receiver<Vec<u8>>,
+    screen: Vec<u8>,
+    /// The program on the terminal; killed if the test fails first.
+    child: Child,
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Terminal {
+    fn spawn(args: &[&str]) -> Terminal {
+        use rustix::pty::{grantpt, openpt, ptsname, unlockpt, OpenptFlags};
+        let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).expect("openpt");
+        grantpt(&master).expect("grantpt");
+        unlockpt(&master).expect("unlockpt");
+        let name = ptsname(&master, Vec::new()).expect("ptsname");
+        let slave_path = PathBuf::from(name.to_string_lossy().into_owned());
+        let slave = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&slave_path)
+            .expect("open the pty slave");
+        let child = Command::new("setsid")
+            .arg("-c")
+            .arg(BIN)
+            .args(args)
+            .env_remove("ROSETTA_PASSWORD")
+            .stdin(slave.try_clone().expect("slave"))
+            .stdout(slave.try_clone().expect("slave"))
+            .stderr(slave)
+            .spawn()
+            .expect("spawn setsid rosetta");
+        let master = std::fs::File::from(master);
+        let mut reader = master.try_clone().expect("master");
+        let (tx, output) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 1024];
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                    break;
+                }
+            }
+        });
+        Terminal {
+            master,
+            output,
+            screen: Vec::new(),
+            child,
+        }
+    }
+
+    /// Waits until the screen shows `text`.
+    fn expect(&mut self, text: &str) {
+        let deadline = Instant::now() + WAIT;
+        while !String::from_utf8_lossy(&self.screen).contains(text) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.output.recv_timeout(left) {
+                Ok(bytes) => self.screen.extend_from_slice(&bytes),
+                Err(_) => panic!(
+                    "{text:?} not shown; screen: {:?}",
+                    String::from_utf8_lossy(&self.screen)
+                ),
+            }
+        }
+    }
+
+    /// Waits until the terminal no longer echoes (the program turned echo
+    /// off to read a secret), then types `line`.
+    fn type_secret(&mut self, line: &str) {
+        use rustix::termios::{tcgetattr, LocalModes};
+        let deadline = Instant::now() + WAIT;
+        while tcgetattr(&self.master)
+            .expect("tcgetattr")
+            .local_modes
+            .contains(LocalModes::ECHO)
+        {
+            assert!(Instant::now() < deadline, "echo never turned off");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.master
+            .write_all(format!("{line}\n").as_bytes())
+            .expect("type");
+    }
+
+    /// Everything shown until the child exits.
+    fn finish(mut self) -> (bool, String) {
+        let deadline = Instant::now() + WAIT;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "rosetta user add did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        while let Ok(bytes) = self.output.recv_timeout(Duration::from_millis(200)) {
+            self.screen.extend_from_slice(&bytes);
+        }
+        (
+            status.success(),
+            String::from_utf8_lossy(&self.screen).into_owned(),
+        )
+    }
+}
+
+#[test]
+fn user_add_asks_twice_without_echo_on_a_terminal() {
+    const SECRET: &str = "s3cret-Kept-Off-Screen";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let users = dir.path().join("users.toml");
+    let users_arg = users.to_str().expect("utf-8");
+    let mut terminal = Terminal::spawn(&["user", "add", "alice", "--users-file", users_arg]);
+    terminal.expect("password: ");
+    terminal.type_secret(SECRET);
+    terminal.expect("again");
+    terminal.type_secret(SECRET);
+    let (ok, screen) = terminal.finish();
+    assert!(ok, "{screen}");
+    assert!(screen.contains("saved"), "{screen}");
+    assert!(
+        !screen.contains(SECRET),
+        "the password was echoed: {screen}"
+    );
+    let saved = rosetta::users::Users::load(&users).expect("users file");
+    assert!(saved.verify("alice", SECRET.as_bytes()));
+
+    // A typo in the confirmation saves nothing.
+    let mut terminal = Terminal::spawn(&["user", "add", "bob", "--users-file", users_arg]);
+    terminal.expect("password: ");
+    terminal.type_secret("one");
+    terminal.expect("again");
+    terminal.type_secret("another");
+    let (ok, screen) = terminal.finish();
+    assert!(!ok, "{screen}");
+    assert!(screen.contains("do not match"), "{screen}");
+    let saved = rosetta::users::Users::load(&users).expect("users file");
+    assert!(!saved.contains("bob"));
+}
+
+#[test]
+fn user_add_still_takes_the_password_from_scripts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let users = dir.path().join("users.toml");
+    let users_arg = users.to_str().expect("utf-8");
+    let flag = rosetta(&[
+        "user",
+        "add",
+        "a",
+        "--password",
+        "pa",
+        "--users-file",
+        users_arg,
+    ]);
+    assert!(flag.status.success(), "{}", stderr(&flag));
+    let env = Command::new(BIN)
+        .args(["user", "add", "b", "--users-file", users_arg])
+        .env("ROSETTA_PASSWORD", "pb")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    assert!(env.status.success(), "{}", stderr(&env));
+    let mut piped = Command::new(BIN)
+        .args(["user", "add", "c", "--users-file", users_arg])
+        .env_remove("ROSETTA_PASSWORD")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    piped
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"pc\n")
+        .expect("pipe");
+    assert!(piped.wait().expect("wait").success());
+    let saved = rosetta::users::Users::load(&users).expect("users file");
+    for (user, password) in [("a", "pa"), ("b", "pb"), ("c", "pc")] {
+        assert!(saved.verify(user, password.as_bytes()), "{user}");
+    }
+}
