@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::Criterion;
+use rosetta::core::codec;
 use rosetta::store::{Record, Store, StoreConfig, SyncPolicy};
 use rosetta_neutral::Message;
 
@@ -116,7 +117,7 @@ fn commit_one(
         vec![Record::Message {
             seq,
             queues: vec![1],
-            message: message.clone(),
+            body: codec::opaque(message),
         }],
         Some(Box::new(move |r| {
             let _ = tx.send(r.is_ok());
@@ -153,7 +154,7 @@ fn task_writers(
                             vec![Record::Message {
                                 seq: seq.fetch_add(1, Ordering::Relaxed),
                                 queues: vec![1],
-                                message: message.clone(),
+                                body: codec::opaque(&message),
                             }],
                             Some(Box::new(move |r| {
                                 let _ = tx.send(r.is_ok());

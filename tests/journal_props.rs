@@ -14,10 +14,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use proptest::prelude::*;
 use rosetta::store::{
-    segment, BindingDef, MessageSeq, QueueDef, QueueId, Record, Recovered, RecoveredMessage, Store,
+    segment, BindingDef, MessageSeq, Opaque, QueueDef, QueueId, Record, Recovered, RecoveredMessage, Store,
     StoreConfig, StoreError, StoredLifetime,
 };
-use rosetta_neutral::Message;
 
 /// One generated record; seqs of new messages are assigned in order.
 #[derive(Debug, Clone)]
@@ -85,7 +84,7 @@ fn to_records(ops: &[Op], next_seq: &mut MessageSeq) -> Vec<Record> {
                 Record::Message {
                     seq,
                     queues: (1..=4u64).filter(|q| mask & (1 << (q - 1)) != 0).collect(),
-                    message: Arc::new(Message::text(format!("message {seq}"))),
+                    body: Opaque::Bytes(Bytes::from(format!("message {seq}"))),
                 }
             }
             Op::Ack(q, back) => Record::Ack {
@@ -105,7 +104,7 @@ fn to_records(ops: &[Op], next_seq: &mut MessageSeq) -> Vec<Record> {
                     *next_seq += 1;
                     Record::Retain {
                         topic,
-                        message: Some((seq, Arc::new(Message::text(format!("retained {seq}"))))),
+                        message: Some((seq, Opaque::Bytes(Bytes::from(format!("retained {seq}"))))),
                     }
                 } else {
                     Record::Retain {
@@ -129,8 +128,8 @@ type Placements = BTreeMap<QueueId, (u32, Option<Bytes>)>;
 struct Model {
     queues: BTreeMap<QueueId, QueueDef>,
     bindings: BTreeMap<(QueueId, String), BindingDef>,
-    messages: BTreeMap<MessageSeq, (Message, Placements)>,
-    retained: BTreeMap<String, (MessageSeq, Message)>,
+    messages: BTreeMap<MessageSeq, (Bytes, Placements)>,
+    retained: BTreeMap<String, (MessageSeq, Bytes)>,
     state: BTreeMap<String, Bytes>,
 }
 
@@ -154,14 +153,10 @@ impl Model {
             Record::Unbind { queue, filter } => {
                 self.bindings.remove(&(*queue, filter.clone()));
             }
-            Record::Message {
-                seq,
-                queues,
-                message,
-            } => {
+            Record::Message { seq, queues, body } => {
                 if !self.messages.contains_key(seq) && !queues.is_empty() {
                     let p = queues.iter().map(|q| (*q, (0, None))).collect();
-                    self.messages.insert(*seq, ((**message).clone(), p));
+                    self.messages.insert(*seq, (body.to_bytes(), p));
                 }
             }
             Record::Ack { queue, seq } => {
@@ -188,7 +183,7 @@ impl Model {
             }
             Record::Retain { topic, message } => match message {
                 Some((seq, m)) => {
-                    self.retained.insert(topic.clone(), (*seq, (**m).clone()));
+                    self.retained.insert(topic.clone(), (*seq, m.to_bytes()));
                 }
                 None => {
                     self.retained.remove(topic);
@@ -222,13 +217,13 @@ impl Model {
                         .iter()
                         .map(|p| (p.queue, (p.delivery_count, p.annotation.clone())))
                         .collect();
-                    (m.seq, ((*m.message).clone(), p))
+                    (m.seq, (m.body.clone(), p))
                 })
                 .collect(),
             retained: r
                 .retained
                 .iter()
-                .map(|(t, s, m)| (t.clone(), (*s, (**m).clone())))
+                .map(|(t, s, m)| (t.clone(), (*s, m.clone())))
                 .collect(),
             state: r.state.iter().cloned().collect(),
         }

@@ -30,10 +30,9 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use rosetta::store::sim::{SimDisk, SimOp, SimRng};
 use rosetta::store::{
-    BindingDef, MessageSeq, QueueDef, QueueId, Record, Store, StoreConfig, StoreError,
+    BindingDef, MessageSeq, Opaque, QueueDef, QueueId, Record, Store, StoreConfig, StoreError,
     StoredLifetime,
 };
-use rosetta_neutral::{Message, Properties, Value};
 
 /// Seeds CI runs (debug build, well under the two-minute budget).
 const CI_SEEDS: std::ops::Range<u64> = 0..40;
@@ -55,8 +54,8 @@ type Placements = BTreeMap<QueueId, (u32, Option<Bytes>)>;
 struct Model {
     queues: BTreeMap<QueueId, QueueDef>,
     bindings: BTreeMap<(QueueId, String), BindingDef>,
-    messages: BTreeMap<MessageSeq, (Arc<Message>, Placements)>,
-    retained: BTreeMap<String, (MessageSeq, Arc<Message>)>,
+    messages: BTreeMap<MessageSeq, (Bytes, Placements)>,
+    retained: BTreeMap<String, (MessageSeq, Bytes)>,
     state: BTreeMap<String, Bytes>,
 }
 
@@ -80,16 +79,12 @@ impl Model {
             Record::Unbind { queue, filter } => {
                 self.bindings.remove(&(*queue, filter.clone()));
             }
-            Record::Message {
-                seq,
-                queues,
-                message,
-            } => {
+            Record::Message { seq, queues, body } => {
                 if self.messages.contains_key(seq) || queues.is_empty() {
                     return;
                 }
                 let placements = queues.iter().map(|q| (*q, (0, None))).collect();
-                self.messages.insert(*seq, (message.clone(), placements));
+                self.messages.insert(*seq, (body.to_bytes(), placements));
             }
             Record::Ack { queue, seq } => {
                 if let Some((_, p)) = self.messages.get_mut(seq) {
@@ -115,7 +110,7 @@ impl Model {
             }
             Record::Retain { topic, message } => match message {
                 Some((seq, m)) => {
-                    self.retained.insert(topic.clone(), (*seq, m.clone()));
+                    self.retained.insert(topic.clone(), (*seq, m.to_bytes()));
                 }
                 None => {
                     self.retained.remove(topic);
@@ -290,7 +285,7 @@ impl Sim {
                 .into_iter()
                 .map(|p| (p.queue, (p.delivery_count, p.annotation)))
                 .collect();
-            got.messages.insert(m.seq, (m.message, placements));
+            got.messages.insert(m.seq, (m.body, placements));
         }
         self.check(&got);
         if next_seq < got.messages.keys().next_back().map_or(0, |s| s + 1) {
@@ -333,7 +328,7 @@ impl Sim {
                 continue;
             }
             for r in &u.records {
-                let Record::Message { seq, message, .. } = r else {
+                let Record::Message { seq, body, .. } = r else {
                     continue;
                 };
                 let removed_later = self.units[i..].iter().any(|later| {
@@ -346,7 +341,7 @@ impl Sim {
                 let was_new = !self.base.messages.contains_key(seq);
                 if was_new && !removed_later {
                     match got.messages.get(seq) {
-                        Some((m, _)) if **m == **message => {}
+                        Some((m, _)) if *m == body.to_bytes() => {}
                         Some(_) => self.fail(format!("message {seq} came back with other bytes")),
                         None => self.fail(format!("reported message {seq} was lost")),
                     }
@@ -430,7 +425,9 @@ impl Sim {
         Some(seqs[self.rng.below(seqs.len() as u64) as usize])
     }
 
-    fn random_message(&mut self) -> Arc<Message> {
+    /// A message body as the store sees one: bytes, sometimes empty,
+    /// sometimes past a sector.
+    fn random_message(&mut self) -> Opaque {
         let len = match self.rng.below(10) {
             0 => 0,
             1 => 900 + self.rng.below(1200) as usize,
@@ -440,14 +437,7 @@ impl Sim {
         let body: Vec<u8> = (0..len)
             .map(|i| (fill >> (i % 8 * 8)) as u8 ^ i as u8)
             .collect();
-        let mut m = Message::text(String::from_utf8_lossy(&body).into_owned());
-        m.durable = true;
-        if self.rng.coin() {
-            let mut p = Properties::new();
-            p.push("n", Value::ULong(fill));
-            m.properties = p;
-        }
-        Arc::new(m)
+        Opaque::Bytes(Bytes::from(body))
     }
 
     fn random_record(&mut self) -> Record {
@@ -493,7 +483,7 @@ impl Sim {
                 Record::Message {
                     seq,
                     queues,
-                    message: self.random_message(),
+                    body: self.random_message(),
                 }
             }
             11..=14 => match self.queued_seq(q) {

@@ -10,13 +10,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 
+use bytes::Bytes;
 use rosetta::store::segment::{self, SegmentHeader, SegmentScanner, SEGMENT_HEADER_BYTES};
 use rosetta::store::sim::{SimDisk, SimOp};
 use rosetta::store::{
-    Damage, ManifestState, MessageSeq, OsStorage, QueueDef, Record, RecoveryReport, Store,
+    Damage, ManifestState, MessageSeq, Opaque, OsStorage, QueueDef, Record, RecoveryReport, Store,
     StoreConfig, StoreError, StoredLifetime,
 };
-use rosetta_neutral::Message;
 
 /// Each segment with its entries: (path, [(offset, len, entry seq)]).
 type Layout = Vec<(PathBuf, Vec<(u64, u64, u64)>)>;
@@ -201,7 +201,7 @@ fn build(disk: &dyn Disk) -> Layout {
             vec![Record::Message {
                 seq,
                 queues: vec![queue_of(seq)],
-                message: Arc::new(Message::text(body(seq))),
+                body: Opaque::Bytes(Bytes::from(body(seq))),
             }],
         );
     }
@@ -267,7 +267,7 @@ fn finish(
     };
     for m in &messages {
         assert_eq!(
-            m.message.body.bytes,
+            m.body,
             body(m.seq).as_bytes(),
             "{}",
             disk.name()
@@ -667,7 +667,7 @@ fn a_segment_compaction_retired_before_a_crash_is_removed_unread() {
                 vec![Record::Message {
                     seq,
                     queues: vec![1],
-                    message: Arc::new(Message::text(body(seq))),
+                    body: Opaque::Bytes(Bytes::from(body(seq))),
                 }],
             );
             commit(&store, vec![Record::Ack { queue: 1, seq }]);
@@ -833,7 +833,7 @@ fn entries_replayed_from_the_page_cache_after_a_failed_sync_are_made_durable() {
         vec![Record::Message {
             seq: 1000,
             queues: vec![1],
-            message: Arc::new(Message::text("unsynced")),
+            body: Opaque::Bytes(Bytes::from("unsynced")),
         }],
         Some(Box::new(move |r| {
             let _ = tx.send(r);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use rosetta::core::{AllowAll, Core, CoreConfig};
+use rosetta::core::{codec, AllowAll, Core, CoreConfig};
 use rosetta::store::{QueueDef, Record, Store, StoreConfig, StoredLifetime};
 use rosetta_neutral::{
     Broker, ConsumerSpec, CreditMode, EventSink, Message, Outcome, Principal, Protocol,
@@ -70,12 +70,12 @@ fn fill(dir: &Path) {
                 Record::Message {
                     seq: 2 * i + 1,
                     queues: vec![1],
-                    message: Arc::new(kept),
+                    body: codec::opaque(&Arc::new(kept)),
                 },
                 Record::Message {
                     seq: 2 * i + 2,
                     queues: vec![2],
-                    message: Arc::new(dead),
+                    body: codec::opaque(&Arc::new(dead)),
                 },
             ],
             None,

@@ -5,8 +5,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::{mpsc, Arc};
 
-use rosetta::store::{QueueDef, Record, Store, StoreConfig, StoredLifetime};
-use rosetta_neutral::Message;
+use rosetta::store::{Opaque, QueueDef, Record, Store, StoreConfig, StoredLifetime};
 
 fn commit(store: &Store, records: Vec<Record>) {
     let (tx, rx) = mpsc::channel();
@@ -65,7 +64,7 @@ fn store_check_reports_damage_and_missing_segments_and_changes_nothing() {
             vec![Record::Message {
                 seq,
                 queues: vec![1],
-                message: Arc::new(Message::text("x".repeat(200))),
+                body: Opaque::Bytes("x".repeat(200).into()),
             }],
         );
     }

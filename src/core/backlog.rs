@@ -39,10 +39,8 @@ use rosetta_neutral::{MatchInfo, Message};
 
 use super::queue::Entry;
 use super::Journal;
-use crate::store::{
-    decode_message_exact, encode_message, MessageSeq, OsStorage, PageFile, PageRef, QueueId,
-    Storage,
-};
+use super::codec::{decode_message_exact, encode_message};
+use crate::store::{MessageSeq, OsStorage, PageFile, PageRef, QueueId, Storage};
 
 /// Most messages read back from a page file at once.
 const DEPAGE_BATCH_MESSAGES: usize = 512;

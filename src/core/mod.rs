@@ -20,6 +20,7 @@
 
 mod backlog;
 mod batch;
+pub mod codec;
 mod disk;
 mod queue;
 mod routing;
@@ -218,8 +219,10 @@ pub trait Journal: Send + Sync + 'static {
     /// Reads journaled messages back by seq: restored queues page their
     /// messages by reference instead of copying them into page files (see
     /// `backlog`). A journal that keeps nothing has nothing to read.
-    fn read_messages(&self, seqs: &[MessageSeq]) -> Vec<Result<Arc<Message>, StoreError>> {
-        seqs.iter().map(|_| Err(StoreError::Closed)).collect()
+    fn read_messages(&self, seqs: &[MessageSeq]) -> Vec<Result<Arc<Message>, ReadBackError>> {
+        seqs.iter()
+            .map(|_| Err(ReadBackError::Store(StoreError::Closed)))
+            .collect()
     }
 }
 
@@ -228,9 +231,37 @@ impl Journal for Store {
         Store::append(self, records, done);
     }
 
-    fn read_messages(&self, seqs: &[MessageSeq]) -> Vec<Result<Arc<Message>, StoreError>> {
+    fn read_messages(&self, seqs: &[MessageSeq]) -> Vec<Result<Arc<Message>, ReadBackError>> {
         Store::read_messages(self, seqs)
+            .into_iter()
+            .zip(seqs)
+            .map(|(read, seq)| decode_journaled(*seq, read?))
+            .collect()
     }
+}
+
+/// Why a journaled message could not be had back.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadBackError {
+    /// The store could not read its record.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The record's checksum held but its body does not decode: a codec
+    /// bug or a journal written by a newer build.
+    #[error("journaled message {seq} does not decode: {source}")]
+    Undecodable {
+        /// The message.
+        seq: MessageSeq,
+        /// What the codec found.
+        source: crate::store::DecodeError,
+    },
+}
+
+/// A message body the store read back, decoded (never a panic).
+fn decode_journaled(seq: MessageSeq, body: Bytes) -> Result<Arc<Message>, ReadBackError> {
+    codec::decode_message_exact(body)
+        .map(Arc::new)
+        .map_err(|source| ReadBackError::Undecodable { seq, source })
 }
 
 /// A journal that keeps nothing and completes at once.
@@ -584,15 +615,25 @@ impl Inner {
                     continue;
                 }
             };
+            let message = match decode_journaled(m.seq, m.body) {
+                Ok(message) => message,
+                Err(e) => {
+                    // Stays in the journal (nothing acknowledges it), so a
+                    // build that can decode it still finds it.
+                    unreadable += 1;
+                    tracing::error!(error = %e, "a recovered message does not decode; it stays in the journal");
+                    continue;
+                }
+            };
             for placement in m.queues {
                 let Some(q) = by_id.get(&placement.queue) else {
                     continue;
                 };
-                let mut entry = Entry::new(m.seq, Arc::clone(&m.message), true);
+                let mut entry = Entry::new(m.seq, Arc::clone(&message), true);
                 entry.delivery_count = placement.delivery_count;
                 entry.redelivered = placement.delivery_count > 0 || placement.annotation.is_some();
                 entry.annotation = placement.annotation;
-                if let Some(Address::Topic(topic)) = &m.message.address {
+                if let Some(Address::Topic(topic)) = &message.address {
                     entry.matched = routing::match_info(&q.state.lock().bindings, topic);
                 }
                 q.restore(entry);
@@ -601,8 +642,15 @@ impl Inner {
         self.memory.end_restore();
         drop(routing);
         let mut r = self.retained.lock();
-        for (topic, seq, msg) in retained {
-            r.insert(topic, (seq, msg));
+        for (topic, seq, body) in retained {
+            match decode_journaled(seq, body) {
+                Ok(message) => {
+                    r.insert(topic, (seq, message));
+                }
+                Err(e) => {
+                    tracing::error!(topic, error = %e, "a retained message does not decode; not restored");
+                }
+            }
         }
         self.client_state.lock().extend(state);
     }

@@ -16,6 +16,7 @@ use rosetta_neutral::{
 use crate::store::{BindingDef, QueueDef, Record, StoredLifetime};
 
 use super::batch::Batch;
+use super::codec;
 use super::queue::{Entry, Queue, QueueBinding};
 use super::trie::TopicTrie;
 use super::Inner;
@@ -276,7 +277,7 @@ impl Inner {
             batch.records.push(Record::Message {
                 seq,
                 queues: durable_queues,
-                message: Arc::clone(&message),
+                body: codec::opaque(&message),
             });
         }
         let routed = targets.len();
@@ -302,7 +303,7 @@ impl Inner {
             retained.insert(topic.to_owned(), (seq, Arc::clone(message)));
             batch.records.push(Record::Retain {
                 topic: topic.to_owned(),
-                message: Some((seq, Arc::clone(message))),
+                message: Some((seq, codec::opaque(message))),
             });
         }
     }
@@ -517,7 +518,7 @@ impl Inner {
                     batch.records.push(Record::Message {
                         seq,
                         queues: vec![q.id],
-                        message: Arc::clone(&message),
+                        body: codec::opaque(&message),
                     });
                 }
                 let mut entry = Entry::new(seq, message, journaled);

@@ -151,7 +151,7 @@ fn rewrite(w: &mut Writer, seg: SegmentId) -> Result<Option<usize>, StoreError> 
             }
             copy_bytes += size as usize;
             match rec {
-                Record::Message { seq, message, .. } => {
+                Record::Message { seq, body, .. } => {
                     let Some(m) = index.message(seq) else {
                         continue;
                     };
@@ -172,11 +172,7 @@ fn rewrite(w: &mut Writer, seg: SegmentId) -> Result<Option<usize>, StoreError> 
                         })
                         .collect();
                     copy_bytes += states.len() * (RECORD_FRAME_BYTES + 24);
-                    copies.push(Record::Message {
-                        seq,
-                        queues,
-                        message,
-                    });
+                    copies.push(Record::Message { seq, queues, body });
                     copies.extend(states);
                 }
                 other => copies.push(other),

@@ -30,9 +30,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use rosetta_neutral::Message;
 use smallvec::SmallVec;
 
+use super::opaque::Opaque;
 use super::record::{BindingDef, MessageSeq, QueueDef, QueueId, Record};
 use super::segment::SegmentId;
 
@@ -186,7 +186,7 @@ pub(crate) struct RetainedEntry {
     /// Its seq.
     pub(crate) seq: MessageSeq,
     /// The message while recovering, `None` afterwards.
-    pub(crate) message: Option<Arc<Message>>,
+    pub(crate) message: Option<Opaque>,
 }
 
 #[derive(Debug)]
@@ -443,15 +443,10 @@ impl Index {
                 };
                 self.tombstone(slot, deps);
             }
-            Record::Message {
-                seq,
-                queues,
-                message,
-            } => {
+            Record::Message { seq, queues, .. } => {
                 // The body is not kept, even while recovering: recovery
                 // reads each live message back from its location when the
                 // core takes it, so a deep journal never sits in memory.
-                let _ = message;
                 self.put_message(*seq, queues, slot);
             }
             Record::Ack { queue, seq } => {
@@ -769,7 +764,7 @@ mod tests {
         Record::Message {
             seq,
             queues: queues.to_vec(),
-            message: Arc::new(Message::text("x")),
+            body: Opaque::Bytes(bytes::Bytes::from_static(b"x")),
         }
     }
 

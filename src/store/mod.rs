@@ -4,7 +4,12 @@
 //! # Shape
 //!
 //! - [`record`]: the record kinds and their versioned encoding;
-//! - `codec`: the lossless [`Message`] encoding used inside records;
+//! - [`Opaque`]: what the store keeps without interpreting it: message
+//!   bodies, encoded and decoded by the core (`rosetta_core::codec`). The
+//!   store knows record kinds and keys (queue ids, message seqs), because
+//!   liveness and replay depend on them, and never what a message is;
+//! - [`wire`]: the little-endian primitives records (and the core's codec)
+//!   are written with;
 //! - [`segment`]: file naming, segment and entry headers, the verifying scanner;
 //! - `writer`: the single writer thread (group commit, rollover, syncs);
 //! - `index`: the live state and per-segment liveness (the replay rules);
@@ -44,8 +49,9 @@
 //! tell a segment compaction deleted from one that was lost.
 //!
 //! One [`Store::append`] call is one entry, so its records are replayed all
-//! together or not at all. The record payloads are listed in [`record`]; the
-//! message encoding in `codec`. Record kinds carry their own version byte,
+//! together or not at all. The record payloads are listed in [`record`]; a
+//! message body is opaque here (its encoding is versioned by the core's
+//! codec, which writes a version byte first). Record kinds carry their own version byte,
 //! so kinds can be added and layouts evolved.
 //!
 //! # Durability: what a completion (and so a producer's acknowledgement) means
@@ -140,10 +146,10 @@
 //!
 //! So one unconsumed message cannot pin old segments: it is copied forward.
 
-mod codec;
 mod compaction;
 mod index;
 mod manifest;
+mod opaque;
 pub mod page_file;
 mod reader;
 pub mod record;
@@ -152,7 +158,7 @@ mod report;
 pub mod segment;
 pub mod sim;
 pub mod storage;
-mod wire;
+pub mod wire;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -162,10 +168,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use rosetta_neutral::Message;
 
-pub use codec::{decode_message_exact, encode_message, MESSAGE_CODEC_VERSION};
 pub use manifest::ManifestState;
+pub use opaque::{EncodeOpaque, Opaque};
 pub use page_file::{PageError, PageFile, PageRef};
 pub use reader::RecoveredMessages;
 pub use record::{BindingDef, MessageSeq, QueueDef, QueueId, Record, StoredLifetime};
@@ -412,8 +417,8 @@ pub struct RecoveredPlacement {
 pub struct RecoveredMessage {
     /// Its seq.
     pub seq: MessageSeq,
-    /// The message.
-    pub message: Arc<Message>,
+    /// The message as the core encoded it.
+    pub body: Bytes,
     /// Holders, by queue id.
     pub queues: Vec<RecoveredPlacement>,
 }
@@ -430,7 +435,7 @@ pub struct Recovered {
     /// Compaction rewrites wait until all are read or this is dropped.
     pub messages: RecoveredMessages,
     /// Retained messages: (topic, seq, message), by topic.
-    pub retained: Vec<(String, MessageSeq, Arc<Message>)>,
+    pub retained: Vec<(String, MessageSeq, Bytes)>,
     /// Generic state, by key.
     pub state: Vec<(String, Bytes)>,
     /// Greater than any message seq ever journaled here.
@@ -445,7 +450,7 @@ pub(crate) struct RecoveredState {
     pub(crate) queues: Vec<QueueDef>,
     pub(crate) bindings: Vec<BindingDef>,
     pub(crate) messages: Vec<reader::PendingMessage>,
-    pub(crate) retained: Vec<(String, MessageSeq, Arc<Message>)>,
+    pub(crate) retained: Vec<(String, MessageSeq, Bytes)>,
     pub(crate) state: Vec<(String, Bytes)>,
 }
 
@@ -548,7 +553,7 @@ impl Store {
     /// keeps current, and looked up again if the read fails because the
     /// record moved in between. Each message is verified as it is read.
     /// A seq no queue holds any more is an error.
-    pub fn read_messages(&self, seqs: &[MessageSeq]) -> Vec<Result<Arc<Message>, StoreError>> {
+    pub fn read_messages(&self, seqs: &[MessageSeq]) -> Vec<Result<Bytes, StoreError>> {
         let locate = |seq: MessageSeq| self.shared.index.lock().message(seq).map(|m| m.loc());
         let locs: Vec<_> = {
             let index = self.shared.index.lock();
@@ -762,11 +767,11 @@ fn encoded_size_hint(records: &[Record]) -> usize {
     records
         .iter()
         .map(|r| match r {
-            Record::Message { message, .. }
+            Record::Message { body, .. }
             | Record::Retain {
-                message: Some((_, message)),
+                message: Some((_, body)),
                 ..
-            } => 256 + message.memory_size(),
+            } => 256 + body.len_hint(),
             _ => 64,
         })
         .sum()

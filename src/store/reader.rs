@@ -43,7 +43,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use rosetta_neutral::Message;
 
 use super::index::Loc;
 use super::record::{self, MessageSeq, QueueId, Record};
@@ -180,7 +179,7 @@ impl MessageReader {
     }
 
     /// Message `seq`, whose record is at `loc`.
-    pub(crate) fn read(&mut self, seq: MessageSeq, loc: Loc) -> Result<Arc<Message>, StoreError> {
+    pub(crate) fn read(&mut self, seq: MessageSeq, loc: Loc) -> Result<Bytes, StoreError> {
         let path = || self.dir.join(segment::file_name(loc.seg));
         let body = self
             .window
@@ -192,10 +191,8 @@ impl MessageReader {
         })?;
         match rec {
             Record::Message {
-                seq: found,
-                message,
-                ..
-            } if found == seq => Ok(message),
+                seq: found, body, ..
+            } if found == seq => Ok(body.to_bytes()),
             other => Err(StoreError::Corrupt {
                 path: path(),
                 offset: loc.entry,
@@ -227,9 +224,9 @@ impl Iterator for RecoveredMessages {
             self.reader.release();
         }
         let seq = p.seq;
-        Some(read.map(|message| RecoveredMessage {
+        Some(read.map(|body| RecoveredMessage {
             seq,
-            message,
+            body,
             queues: p.placements(),
         }))
     }

@@ -18,18 +18,15 @@
 //! | 2   | QueueDelete    | queue u64                                                         |
 //! | 3   | Bind           | queue u64, filter str, max_qos u8, subscription_id opt u32, no_local bool, retain_as_published bool, owner opt str |
 //! | 4   | Unbind         | queue u64, filter str                                             |
-//! | 5   | Message        | seq u64, queue count u32, queue u64*, message (see `codec`)       |
+//! | 5   | Message        | seq u64, queue count u32, queue u64*, body (opaque, to the end)   |
 //! | 6   | Ack            | queue u64, seq u64                                                |
 //! | 7   | DeliveryState  | queue u64, seq u64, delivery_count u32, annotation opt bytes      |
-//! | 8   | Retain         | topic str, present bool, [seq u64, message]                       |
+//! | 8   | Retain         | topic str, present bool, [seq u64, body (opaque, to the end)]     |
 //! | 9   | State          | key str, value opt bytes                                          |
 
-use std::sync::Arc;
-
 use bytes::Bytes;
-use rosetta_neutral::Message;
 
-use super::codec;
+use super::opaque::Opaque;
 use super::wire::{self, DecodeError, Reader};
 
 /// Identifies a queue in the journal. Assigned by the core.
@@ -105,8 +102,8 @@ pub enum Record {
         seq: MessageSeq,
         /// Queues holding it.
         queues: Vec<QueueId>,
-        /// The message.
-        message: Arc<Message>,
+        /// The message, encoded by the core.
+        body: Opaque,
     },
     /// Removes message `seq` from `queue`.
     Ack {
@@ -130,8 +127,8 @@ pub enum Record {
     Retain {
         /// The topic.
         topic: String,
-        /// The retained message and its number.
-        message: Option<(MessageSeq, Arc<Message>)>,
+        /// The retained message's number and body (encoded by the core).
+        message: Option<(MessageSeq, Opaque)>,
     },
     /// Generic durable key/value state; `None` deletes the key.
     State {
@@ -206,17 +203,13 @@ impl Record {
                 wire::put_u64(out, *queue);
                 wire::put_str(out, filter);
             }
-            Record::Message {
-                seq,
-                queues,
-                message,
-            } => {
+            Record::Message { seq, queues, body } => {
                 wire::put_u64(out, *seq);
                 wire::put_len(out, queues.len());
                 for q in queues {
                     wire::put_u64(out, *q);
                 }
-                codec::encode_message(message, out);
+                body.write_to(out);
             }
             Record::Ack { queue, seq } => {
                 wire::put_u64(out, *queue);
@@ -237,10 +230,10 @@ impl Record {
                 wire::put_str(out, topic);
                 match message {
                     None => wire::put_bool(out, false),
-                    Some((seq, m)) => {
+                    Some((seq, body)) => {
                         wire::put_bool(out, true);
                         wire::put_u64(out, *seq);
-                        codec::encode_message(m, out);
+                        body.write_to(out);
                     }
                 }
             }
@@ -291,12 +284,8 @@ impl Record {
                 for _ in 0..n {
                     queues.push(r.u64("queue id")?);
                 }
-                let message = Arc::new(codec::decode_message(r)?);
-                Record::Message {
-                    seq,
-                    queues,
-                    message,
-                }
+                let body = Opaque::Bytes(r.rest());
+                Record::Message { seq, queues, body }
             }
             tag::ACK => Record::Ack {
                 queue: r.u64("queue id")?,
@@ -312,7 +301,7 @@ impl Record {
                 let topic = r.string("topic")?;
                 let message = if r.bool("retain present")? {
                     let seq = r.u64("seq")?;
-                    Some((seq, Arc::new(codec::decode_message(r)?)))
+                    Some((seq, Opaque::Bytes(r.rest())))
                 } else {
                     None
                 };
@@ -450,10 +439,10 @@ pub(crate) fn decode_record_at(body: &Bytes, idx: u32) -> Result<Record, DecodeE
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::store::codec::tests::full_message;
 
     pub(crate) fn sample_records() -> Vec<Record> {
-        let m = Arc::new(full_message());
+        // What the core would have encoded; the store never looks inside.
+        let m = Opaque::Bytes(Bytes::from_static(b"\x01an encoded message"));
         vec![
             Record::QueueDeclare(QueueDef {
                 id: 1,
@@ -491,7 +480,7 @@ pub(crate) mod tests {
             Record::Message {
                 seq: 10,
                 queues: vec![1, 3],
-                message: m.clone(),
+                body: m.clone(),
             },
             Record::Ack { queue: 3, seq: 10 },
             Record::DeliveryState {

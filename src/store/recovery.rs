@@ -872,7 +872,7 @@ pub(crate) fn collect(index: &mut Index) -> super::RecoveredState {
         .collect();
     let retained = index
         .retained()
-        .filter_map(|(topic, r)| Some((topic.to_owned(), r.seq, r.message.clone()?)))
+        .filter_map(|(topic, r)| Some((topic.to_owned(), r.seq, r.message.as_ref()?.to_bytes())))
         .collect();
     let state = index
         .state()

@@ -7,7 +7,6 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rosetta_neutral::Message;
 
 use super::segment::{self, SegmentScanner, SEGMENT_HEADER_BYTES};
 use super::*;
@@ -31,7 +30,7 @@ struct Rec {
     queues: Vec<QueueDef>,
     bindings: Vec<BindingDef>,
     messages: Vec<RecoveredMessage>,
-    retained: Vec<(String, MessageSeq, Arc<Message>)>,
+    retained: Vec<(String, MessageSeq, Bytes)>,
     state: Vec<(String, Bytes)>,
     next_seq: MessageSeq,
     next_queue_id: QueueId,
@@ -67,8 +66,13 @@ fn msg(seq: MessageSeq, queues: &[QueueId], body: &str) -> Record {
     Record::Message {
         seq,
         queues: queues.to_vec(),
-        message: Arc::new(Message::text(body)),
+        body: opaque(body),
     }
+}
+
+/// A message body as the store sees one: bytes it does not interpret.
+fn opaque(body: &str) -> Opaque {
+    Opaque::Bytes(Bytes::copy_from_slice(body.as_bytes()))
 }
 
 fn declare(id: QueueId, name: &str) -> Record {
@@ -154,7 +158,8 @@ fn every_record_kind_survives_reopen() {
     let (store, rec) = open(config(d.path()));
     assert!(rec.messages.is_empty());
     assert_eq!(rec.next_seq, 0);
-    let full = Arc::new(codec::tests::full_message());
+    // The store keeps message bodies as they are; binary, with every byte value.
+    let full = Opaque::Bytes((0..=255u8).cycle().take(1000).collect::<Vec<u8>>().into());
     commit(
         &store,
         vec![
@@ -180,7 +185,7 @@ fn every_record_kind_survives_reopen() {
         vec![Record::Message {
             seq: 5,
             queues: vec![1, 2],
-            message: full.clone(),
+            body: full.clone(),
         }],
     );
     commit(
@@ -210,7 +215,8 @@ fn every_record_kind_survives_reopen() {
     assert_eq!(rec.bindings[0].subscription_id, Some(3));
     assert_eq!(rec.messages.len(), 1);
     assert_eq!(
-        *rec.messages[0].message, *full,
+        rec.messages[0].body,
+        full.to_bytes(),
         "message round-trips through disk"
     );
     assert_eq!(
@@ -658,7 +664,7 @@ fn one_unacked_message_does_not_pin_old_segments() {
     let (_s, rec) = open(small_compacting(d.path()));
     assert_eq!(seqs(&rec), vec![0]);
     assert_eq!(
-        rec.messages[0].message.body.bytes,
+        rec.messages[0].body,
         Bytes::from("the one that stays")
     );
     assert_eq!(rec.messages[0].queues.len(), 1);
@@ -783,7 +789,7 @@ fn deletes_and_replacements_survive_compaction() {
         &store,
         vec![Record::Retain {
             topic: "t".into(),
-            message: Some((50, Arc::new(Message::text("r")))),
+            message: Some((50, opaque("r"))),
         }],
     );
     commit(
@@ -920,7 +926,7 @@ fn open_lazy(c: StoreConfig) -> (Store, Recovered) {
 }
 
 fn body_of(m: &RecoveredMessage) -> String {
-    String::from_utf8_lossy(&m.message.body.bytes).into_owned()
+    String::from_utf8_lossy(&m.body).into_owned()
 }
 
 #[test]
@@ -1020,7 +1026,7 @@ fn messages_of_an_entry_larger_than_the_read_window_come_back() {
     assert_eq!(seqs(&rec), (0..=3001).collect::<Vec<_>>());
     for m in &rec.messages[1..=3000] {
         assert_eq!(body_of(m)[..4], format!("{:04}", m.seq));
-        assert_eq!(m.message.body.bytes.len(), 1024);
+        assert_eq!(m.body.len(), 1024);
     }
     assert_eq!(body_of(&rec.messages[3001]), "after");
 }

@@ -1,4 +1,5 @@
-//! Little-endian primitives shared by the record and message codecs.
+//! Little-endian primitives of the record encoding, public so that what
+//! the store keeps opaque (the core's message codec) is written the same way.
 //!
 //! Every integer has an explicit width. Variable-length items carry a `u32`
 //! length prefix. The decoder reads from a [`Bytes`] so that byte fields
@@ -58,50 +59,50 @@ pub enum DecodeError {
 }
 
 /// Appends a `u8`.
-pub(crate) fn put_u8(out: &mut Vec<u8>, v: u8) {
+pub fn put_u8(out: &mut Vec<u8>, v: u8) {
     out.push(v);
 }
 
 /// Appends a `bool` as one byte (0 or 1).
-pub(crate) fn put_bool(out: &mut Vec<u8>, v: bool) {
+pub fn put_bool(out: &mut Vec<u8>, v: bool) {
     out.push(u8::from(v));
 }
 
 /// Appends a little-endian `u16`.
-pub(crate) fn put_u16(out: &mut Vec<u8>, v: u16) {
+pub fn put_u16(out: &mut Vec<u8>, v: u16) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
 /// Appends a little-endian `u32`.
-pub(crate) fn put_u32(out: &mut Vec<u8>, v: u32) {
+pub fn put_u32(out: &mut Vec<u8>, v: u32) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
 /// Appends a little-endian `u64`.
-pub(crate) fn put_u64(out: &mut Vec<u8>, v: u64) {
+pub fn put_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
 /// Appends a length prefix. Lengths above `u32::MAX` cannot occur: an entry
 /// body is capped far below that before anything is encoded, and callers
 /// check the final size against that cap.
-pub(crate) fn put_len(out: &mut Vec<u8>, len: usize) {
+pub fn put_len(out: &mut Vec<u8>, len: usize) {
     put_u32(out, u32::try_from(len).unwrap_or(u32::MAX));
 }
 
 /// Appends length-prefixed bytes.
-pub(crate) fn put_bytes(out: &mut Vec<u8>, v: &[u8]) {
+pub fn put_bytes(out: &mut Vec<u8>, v: &[u8]) {
     put_len(out, v.len());
     out.extend_from_slice(v);
 }
 
 /// Appends a length-prefixed UTF-8 string.
-pub(crate) fn put_str(out: &mut Vec<u8>, v: &str) {
+pub fn put_str(out: &mut Vec<u8>, v: &str) {
     put_bytes(out, v.as_bytes());
 }
 
 /// Appends an optional string: presence byte, then the string.
-pub(crate) fn put_opt_str(out: &mut Vec<u8>, v: Option<&str>) {
+pub fn put_opt_str(out: &mut Vec<u8>, v: Option<&str>) {
     match v {
         None => put_u8(out, 0),
         Some(s) => {
@@ -112,7 +113,7 @@ pub(crate) fn put_opt_str(out: &mut Vec<u8>, v: Option<&str>) {
 }
 
 /// Appends optional bytes: presence byte, then the bytes.
-pub(crate) fn put_opt_bytes(out: &mut Vec<u8>, v: Option<&[u8]>) {
+pub fn put_opt_bytes(out: &mut Vec<u8>, v: Option<&[u8]>) {
     match v {
         None => put_u8(out, 0),
         Some(b) => {
@@ -123,7 +124,7 @@ pub(crate) fn put_opt_bytes(out: &mut Vec<u8>, v: Option<&[u8]>) {
 }
 
 /// Appends an optional `u32`.
-pub(crate) fn put_opt_u32(out: &mut Vec<u8>, v: Option<u32>) {
+pub fn put_opt_u32(out: &mut Vec<u8>, v: Option<u32>) {
     match v {
         None => put_u8(out, 0),
         Some(x) => {
@@ -134,7 +135,7 @@ pub(crate) fn put_opt_u32(out: &mut Vec<u8>, v: Option<u32>) {
 }
 
 /// Appends an optional `u64`.
-pub(crate) fn put_opt_u64(out: &mut Vec<u8>, v: Option<u64>) {
+pub fn put_opt_u64(out: &mut Vec<u8>, v: Option<u64>) {
     match v {
         None => put_u8(out, 0),
         Some(x) => {
@@ -145,32 +146,40 @@ pub(crate) fn put_opt_u64(out: &mut Vec<u8>, v: Option<u64>) {
 }
 
 /// A bounds-checked reader over a [`Bytes`] buffer.
-pub(crate) struct Reader {
+pub struct Reader {
     buf: Bytes,
     pos: usize,
 }
 
 impl Reader {
     /// Reads `buf` from its start.
-    pub(crate) fn new(buf: Bytes) -> Self {
+    pub fn new(buf: Bytes) -> Self {
         Self { buf, pos: 0 }
     }
 
     /// Bytes not yet read.
-    pub(crate) fn remaining(&self) -> usize {
+    pub fn remaining(&self) -> usize {
         self.buf.len().saturating_sub(self.pos)
     }
 
     /// Fails unless every byte was read.
-    pub(crate) fn finish(&self, what: &'static str) -> Result<(), DecodeError> {
+    pub fn finish(&self, what: &'static str) -> Result<(), DecodeError> {
         match self.remaining() {
             0 => Ok(()),
             extra => Err(DecodeError::Trailing { what, extra }),
         }
     }
 
+    /// Everything not yet read, as a zero-copy slice; the reader is then at
+    /// the end. For a last field that fills the rest of its frame.
+    pub fn rest(&mut self) -> Bytes {
+        let out = self.buf.slice(self.pos.min(self.buf.len())..);
+        self.pos = self.buf.len();
+        out
+    }
+
     /// The next `n` bytes as a zero-copy slice.
-    pub(crate) fn take(&mut self, n: usize, what: &'static str) -> Result<Bytes, DecodeError> {
+    pub fn take(&mut self, n: usize, what: &'static str) -> Result<Bytes, DecodeError> {
         let have = self.remaining();
         if n > have {
             return Err(DecodeError::Truncated {
@@ -201,12 +210,12 @@ impl Reader {
     }
 
     /// Reads a `u8`.
-    pub(crate) fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
+    pub fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
         Ok(self.array::<1>(what)?[0])
     }
 
     /// Reads a `bool`; any byte other than 0 or 1 is an error.
-    pub(crate) fn bool(&mut self, what: &'static str) -> Result<bool, DecodeError> {
+    pub fn bool(&mut self, what: &'static str) -> Result<bool, DecodeError> {
         match self.u8(what)? {
             0 => Ok(false),
             1 => Ok(true),
@@ -215,27 +224,27 @@ impl Reader {
     }
 
     /// Reads a little-endian `u16`.
-    pub(crate) fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
+    pub fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
         Ok(u16::from_le_bytes(self.array(what)?))
     }
 
     /// Reads a little-endian `u32`.
-    pub(crate) fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+    pub fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
         Ok(u32::from_le_bytes(self.array(what)?))
     }
 
     /// Reads a little-endian `u64`.
-    pub(crate) fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
+    pub fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
     /// Reads 16 raw bytes (UUIDs).
-    pub(crate) fn uuid(&mut self, what: &'static str) -> Result<[u8; 16], DecodeError> {
+    pub fn uuid(&mut self, what: &'static str) -> Result<[u8; 16], DecodeError> {
         self.array(what)
     }
 
     /// Reads a length prefix and checks that many bytes remain.
-    pub(crate) fn length(&mut self, what: &'static str) -> Result<usize, DecodeError> {
+    pub fn length(&mut self, what: &'static str) -> Result<usize, DecodeError> {
         let n = usize::try_from(self.u32(what)?).unwrap_or(usize::MAX);
         let have = self.remaining();
         if n > have {
@@ -251,7 +260,7 @@ impl Reader {
     /// Reads an element count whose elements each need at least
     /// `min_elem_bytes`, so a corrupt count cannot make us reserve memory
     /// the input could never fill.
-    pub(crate) fn count(
+    pub fn count(
         &mut self,
         min_elem_bytes: usize,
         what: &'static str,
@@ -269,13 +278,13 @@ impl Reader {
     }
 
     /// Reads length-prefixed bytes (zero-copy).
-    pub(crate) fn bytes(&mut self, what: &'static str) -> Result<Bytes, DecodeError> {
+    pub fn bytes(&mut self, what: &'static str) -> Result<Bytes, DecodeError> {
         let n = self.length(what)?;
         self.take(n, what)
     }
 
     /// Reads a length-prefixed UTF-8 string.
-    pub(crate) fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
+    pub fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
         let b = self.bytes(what)?;
         String::from_utf8(b.to_vec()).map_err(|_| DecodeError::BadUtf8 { what })
     }
@@ -286,7 +295,7 @@ impl Reader {
     }
 
     /// Reads an optional string.
-    pub(crate) fn opt_string(&mut self, what: &'static str) -> Result<Option<String>, DecodeError> {
+    pub fn opt_string(&mut self, what: &'static str) -> Result<Option<String>, DecodeError> {
         if self.present(what)? {
             self.string(what).map(Some)
         } else {
@@ -295,7 +304,7 @@ impl Reader {
     }
 
     /// Reads optional bytes.
-    pub(crate) fn opt_bytes(&mut self, what: &'static str) -> Result<Option<Bytes>, DecodeError> {
+    pub fn opt_bytes(&mut self, what: &'static str) -> Result<Option<Bytes>, DecodeError> {
         if self.present(what)? {
             self.bytes(what).map(Some)
         } else {
@@ -304,7 +313,7 @@ impl Reader {
     }
 
     /// Reads an optional `u32`.
-    pub(crate) fn opt_u32(&mut self, what: &'static str) -> Result<Option<u32>, DecodeError> {
+    pub fn opt_u32(&mut self, what: &'static str) -> Result<Option<u32>, DecodeError> {
         if self.present(what)? {
             self.u32(what).map(Some)
         } else {
@@ -313,7 +322,7 @@ impl Reader {
     }
 
     /// Reads an optional `u64`.
-    pub(crate) fn opt_u64(&mut self, what: &'static str) -> Result<Option<u64>, DecodeError> {
+    pub fn opt_u64(&mut self, what: &'static str) -> Result<Option<u64>, DecodeError> {
         if self.present(what)? {
             self.u64(what).map(Some)
         } else {

@@ -1,4 +1,6 @@
-//! [`Message`] ⇄ bytes, losslessly.
+//! [`Message`] ⇄ bytes, losslessly: how the core keeps a message in the
+//! journal and in page files. The store holds these bytes as an
+//! [`Opaque`] record body and never looks inside; decoding them is ours.
 //!
 //! Every field of the neutral message is written, in a fixed order, after a
 //! one-byte codec version ([`MESSAGE_CODEC_VERSION`]). A later version may
@@ -27,10 +29,13 @@
 //! Optional items are a presence byte (0 or 1) followed by the value. Floats
 //! are stored as their IEEE bit patterns, so NaN payloads survive too.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use rosetta_neutral::{Address, Body, BodyKind, Guarantee, Message, MessageId, Properties, Value};
 
-use super::wire::{self, DecodeError, Reader};
+use crate::store::wire::{self, DecodeError, Reader};
+use crate::store::{EncodeOpaque, Opaque};
 
 /// Version byte written in front of every encoded message.
 pub const MESSAGE_CODEC_VERSION: u8 = 1;
@@ -79,7 +84,7 @@ pub fn encode_message(m: &Message, out: &mut Vec<u8>) {
 }
 
 /// Decodes one message from `r`, leaving `r` just after it.
-pub(crate) fn decode_message(r: &mut Reader) -> Result<Message, DecodeError> {
+fn decode_message(r: &mut Reader) -> Result<Message, DecodeError> {
     let version = r.u8("message version")?;
     if version != MESSAGE_CODEC_VERSION {
         return Err(DecodeError::UnsupportedVersion {
@@ -144,6 +149,25 @@ pub(crate) fn decode_message(r: &mut Reader) -> Result<Message, DecodeError> {
         properties: props.into_iter().collect::<Properties>(),
         amqp_annotations,
     })
+}
+
+/// The record body of `message`, encoded only when the journal writer
+/// writes it (straight into the entry: the payload is copied once).
+pub fn opaque(message: &Arc<Message>) -> Opaque {
+    Opaque::Deferred(Arc::new(Encoded(Arc::clone(message))))
+}
+
+/// A message on its way into a journal record.
+struct Encoded(Arc<Message>);
+
+impl EncodeOpaque for Encoded {
+    fn encode(&self, out: &mut Vec<u8>) {
+        encode_message(&self.0, out);
+    }
+
+    fn encoded_len_hint(&self) -> usize {
+        self.0.memory_size()
+    }
 }
 
 /// Decodes a buffer that holds exactly one message.
@@ -348,7 +372,7 @@ fn get_value(r: &mut Reader) -> Result<Value, DecodeError> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use proptest::prelude::*;
 
@@ -362,7 +386,7 @@ pub(crate) mod tests {
     }
 
     /// A message with every field set to a non-default value.
-    pub(crate) fn full_message() -> Message {
+    fn full_message() -> Message {
         let mut properties = Properties::new();
         for (i, v) in all_values().into_iter().enumerate() {
             properties.push(format!("p{}", i % 5), v);
