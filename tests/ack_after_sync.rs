@@ -1,5 +1,5 @@
-//! A producer's acknowledgement (MQTT PUBACK, STOMP RECEIPT) is sent only
-//! after the `fdatasync` that covers its message.
+//! A producer's acknowledgement (MQTT PUBACK, STOMP RECEIPT, AMQP
+//! `accepted`) is sent only after the `fdatasync` that covers its message.
 //!
 //! The real MQTT and STOMP connection state machines run over the core,
 //! over the journal, over a simulated disk. The journal runs a manual
@@ -9,7 +9,9 @@
 //! bytes are in the synced part of a journal file, the part a power loss
 //! keeps; and the acknowledgement must not be on the wire before the step
 //! that synced. Remove the `sync_data` call from the journal writer and
-//! both tests fail.
+//! all three tests fail.
+
+mod common;
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -100,6 +102,18 @@ impl Adapter for rosetta_mqtt::MqttConnection {
 }
 
 impl Adapter for rosetta_stomp::StompConnection {
+    fn input(&mut self, now: Instant, bytes: &[u8]) {
+        self.handle_input(now, bytes);
+    }
+    fn event(&mut self, now: Instant, event: SessionEvent) {
+        self.handle_event(now, event);
+    }
+    fn transmit(&mut self, out: &mut Vec<u8>) {
+        self.poll_transmit(out);
+    }
+}
+
+impl Adapter for rosetta_amqp::AmqpConnection {
     fn input(&mut self, now: Instant, bytes: &[u8]) {
         self.handle_input(now, bytes);
     }
@@ -270,5 +284,64 @@ fn stomp_receipt_is_sent_only_once_the_message_is_synced() {
         String::from_utf8_lossy(&out)
     );
     assert_eq!(*rig.sink.durable_at_commit.lock(), vec![true]);
+    assert_eq!(rig.core.queue_stats("orders").map(|s| s.depth), Some(1));
+}
+
+#[test]
+fn amqp_accepted_is_sent_only_once_the_message_is_synced() {
+    use common::amqp::{self as raw, enc};
+    let payload = "amqp body that must be on disk before its accepted outcome";
+    let rig = rig(payload.as_bytes());
+    let now = Instant::now();
+    let broker: Arc<dyn Broker> = Arc::new(rig.core.clone());
+    let mut conn = rosetta_amqp::AmqpConnection::new(
+        rosetta_amqp::AmqpConfig::default(),
+        broker,
+        rig.sink.clone(),
+        1,
+        now,
+    );
+    let mut handshake = raw::protocol_header(0).to_vec();
+    handshake.extend(raw::frame(0, 0, &raw::open_body("producer", 65_536, None)));
+    handshake.extend(raw::frame(0, 0, &raw::begin_body()));
+    handshake.extend(raw::frame(
+        0,
+        0,
+        &raw::attach_sender_body("orders-sender", 0, "orders"),
+    ));
+    conn.input(now, &handshake);
+    let out = rig.settle(&mut conn, now);
+    assert!(
+        out.starts_with(&raw::protocol_header(0)),
+        "protocol header, open, begin, attach: {out:?}"
+    );
+    rig.sink.durable_at_commit.lock().clear();
+
+    // One unsettled transfer of a durable message: header (durable = true)
+    // and an amqp-value body.
+    let mut transfer = raw::transfer_body(0, 0, false);
+    transfer.extend(enc::described(0x70, &[enc::boolean(true)]));
+    transfer.extend(raw::value_section(payload));
+    conn.input(now, &raw::frame(0, 0, &transfer));
+    let out = rig.pump(&mut conn, now);
+    // disposition (0x15) with the accepted outcome (0x24).
+    let accepted =
+        |out: &[u8]| contains(out, &[0x00, 0x53, 0x15]) && contains(out, &[0x00, 0x53, 0x24]);
+    assert!(!accepted(&out), "accepted before the journal ran: {out:?}");
+    assert!(!rig
+        .disk
+        .durably_contains(Path::new(DIR), payload.as_bytes()));
+    assert!(
+        rig.sink.durable_at_commit.lock().is_empty(),
+        "no commit yet"
+    );
+
+    let out = rig.settle(&mut conn, now);
+    assert!(accepted(&out), "accepted after the sync: {out:?}");
+    assert_eq!(
+        *rig.sink.durable_at_commit.lock(),
+        vec![true],
+        "at the commit (the outcome's cause) the message was in the synced part of the journal"
+    );
     assert_eq!(rig.core.queue_stats("orders").map(|s| s.depth), Some(1));
 }

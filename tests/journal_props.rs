@@ -8,14 +8,14 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc};
+use std::sync::mpsc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use proptest::prelude::*;
 use rosetta::store::{
-    segment, BindingDef, MessageSeq, Opaque, QueueDef, QueueId, Record, Recovered, RecoveredMessage, Store,
-    StoreConfig, StoreError, StoredLifetime,
+    segment, BindingDef, MessageSeq, Opaque, QueueDef, QueueId, Record, Recovered,
+    RecoveredMessage, Store, StoreConfig, StoreError, StoredLifetime,
 };
 
 /// One generated record; seqs of new messages are assigned in order.

@@ -31,7 +31,11 @@ async fn connack_advertises_the_default_limits() {
     let p = ack.properties.expect("CONNACK properties");
     assert_eq!(p.server_keep_alive, Some(600));
     assert_eq!(p.receive_max, Some(1024));
-    assert_eq!(p.max_packet_size, Some(1024 * 1024));
+    // Derived from the payload limit (16 MiB by default) plus room for the
+    // headers, so that a default-sized payload fits.
+    let packet_max = rosetta::config::Config::default().mqtt_packet_size_max();
+    assert!(packet_max >= 16 * 1024 * 1024, "{packet_max}");
+    assert_eq!(p.max_packet_size, Some(packet_max));
     assert_eq!(p.topic_alias_max, Some(64));
     // Absent means available; present must say 1.
     for flag in [

@@ -266,12 +266,7 @@ fn finish(
         Err(e) => panic!("{}: read: {e}", disk.name()),
     };
     for m in &messages {
-        assert_eq!(
-            m.body,
-            body(m.seq).as_bytes(),
-            "{}",
-            disk.name()
-        );
+        assert_eq!(m.body, body(m.seq).as_bytes(), "{}", disk.name());
         assert_eq!(m.queues.len(), 1);
         assert_eq!(m.queues[0].queue, queue_of(m.seq));
     }

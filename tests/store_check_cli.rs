@@ -3,7 +3,7 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::{mpsc, Arc};
+use std::sync::mpsc;
 
 use rosetta::store::{Opaque, QueueDef, Record, Store, StoreConfig, StoredLifetime};
 

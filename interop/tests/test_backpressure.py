@@ -109,6 +109,14 @@ def test_proton_receiver_of_large_messages_gets_no_redeliveries(small_budget_bro
     assert not runner.is_alive(), f"received {handler.received} of {count} in 120 s"
     elapsed = time.monotonic() - started
 
+    # The figures for the record (pytest -s shows them).
+    print(
+        f"\n{count} x {size // 1024} KiB, prefetch 200: {elapsed:.1f} s, "
+        f"redeliveries {queue_metric(b, 'rosetta_queue_redeliveries_total', queue):.0f}, "
+        f"first-acquirer false {handler.not_first}, "
+        f"queue memory peak {peak_memory[0] / MIB:.1f} MiB (budget {BUDGET_BYTES / MIB:.0f}), "
+        f"RSS growth {(peak_rss[0] - baseline) / MIB:.0f} MiB"
+    )
     assert handler.received == count
     assert handler.sizes_ok
     assert handler.not_first == 0, f"{handler.not_first} of {count} came with first-acquirer false"

@@ -37,9 +37,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use rosetta_neutral::{MatchInfo, Message};
 
+use super::codec::{decode_message_exact, encode_message};
 use super::queue::Entry;
 use super::Journal;
-use super::codec::{decode_message_exact, encode_message};
 use crate::store::{MessageSeq, OsStorage, PageFile, PageRef, QueueId, Storage};
 
 /// Most messages read back from a page file at once.

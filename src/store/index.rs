@@ -27,7 +27,6 @@
 //! a placement that does not exist is ignored; queue order is by seq.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
 
 use bytes::Bytes;
 use smallvec::SmallVec;

@@ -663,10 +663,7 @@ fn one_unacked_message_does_not_pin_old_segments() {
     ok(store.close());
     let (_s, rec) = open(small_compacting(d.path()));
     assert_eq!(seqs(&rec), vec![0]);
-    assert_eq!(
-        rec.messages[0].body,
-        Bytes::from("the one that stays")
-    );
+    assert_eq!(rec.messages[0].body, Bytes::from("the one that stays"));
     assert_eq!(rec.messages[0].queues.len(), 1);
     assert_eq!(rec.queues.len(), 1);
     assert!(
