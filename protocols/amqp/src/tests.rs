@@ -26,9 +26,10 @@ use serde::Serialize;
 
 use crate::codec;
 use crate::config::AmqpConfig;
-use crate::connection::{write_frame, write_perf, AmqpConnection};
+use crate::connection::AmqpConnection;
 use crate::descriptor;
 use crate::frame::{self, FRAME_TYPE_SASL, PROTOCOL_ID_AMQP, PROTOCOL_ID_SASL};
+use crate::frame::{write_frame, write_perf};
 use crate::sasl::tests::{scram_client_final, scram_creds};
 
 mod descriptor_forms;
