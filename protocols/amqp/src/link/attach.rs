@@ -258,14 +258,19 @@ fn dynamic_target(ctx: &mut Ctx<'_>, caps: Option<&Array<Symbol>>) -> Result<Add
             ctx.conn_id, ctx.conn.container_id
         )));
     }
-    let core = &mut *ctx.conn.core;
-    let info = core.declare_queue(QueueSpec {
+    Ok(Address::Queue(declare_temporary_queue(ctx)?))
+}
+
+/// A queue named by the core that lives as long as this connection's core
+/// session (a dynamic terminus).
+fn declare_temporary_queue(ctx: &mut Ctx<'_>) -> Result<String, BrokerError> {
+    let info = ctx.conn.core.declare_queue(QueueSpec {
         name: None,
         durable: false,
         lifetime: QueueLifetime::Session,
         bindings_max: None,
     })?;
-    Ok(Address::Queue(info.name))
+    Ok(info.name)
 }
 
 /// Client receives, we send.
@@ -298,14 +303,9 @@ pub(crate) fn attach_outgoing(ctx: &mut Ctx<'_>, a: &Attach) -> Result<Attached,
     let core = &mut *ctx.conn.core;
     let (queue, durable_queue) = if src.dynamic {
         // A temporary queue; its generated name is the reply-to.
-        let info = core.declare_queue(QueueSpec {
-            name: None,
-            durable: false,
-            lifetime: QueueLifetime::Session,
-            bindings_max: None,
-        })?;
-        reply_source.address = Some(Address::Queue(info.name.clone()).to_destination());
-        (info.name, None)
+        let name = declare_temporary_queue(ctx)?;
+        reply_source.address = Some(Address::Queue(name.clone()).to_destination());
+        (name, None)
     } else if let Some(addr) = src.address.as_deref() {
         match resolve_address(addr, src.capabilities.as_ref())? {
             Address::Queue(q) => {
