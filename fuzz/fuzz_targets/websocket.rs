@@ -230,9 +230,13 @@ fuzz_target!(|data: &[u8]| {
     };
     let mode = knobs % 3;
     let mut settings = WebSocketConfig::default();
-    if knobs & 0x80 != 0 {
-        settings.message_size_max_bytes = 16 + usize::from(more) * 4;
-    }
+    // A tiny limit, or one well above anything a fuzz input can reach.
+    let message_max = if knobs & 0x80 != 0 {
+        16 + usize::from(more) * 4
+    } else {
+        2 * 1024 * 1024
+    };
+    settings.message_size_max_bytes = Some(message_max);
     let (input, expected) = match mode {
         0 => (rest.to_vec(), None),
         1 => {
@@ -242,7 +246,7 @@ fuzz_target!(|data: &[u8]| {
         }
         _ => {
             let mut input = upgrade_request(more);
-            let (frames, expected) = messages(rest, settings.message_size_max_bytes);
+            let (frames, expected) = messages(rest, message_max);
             input.extend_from_slice(&frames);
             (input, Some(expected))
         }

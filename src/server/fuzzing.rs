@@ -49,11 +49,14 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let metrics = String::new;
-    let (wire, mut stream) = match ws::accept_serving(io, settings, &metrics).await {
-        Ok(accepted) => accepted,
-        Err(NotWebSocket::Refused(refusal)) => return WebSocketOutcome::Refused(refusal.status),
-        Err(_) => return WebSocketOutcome::Other,
-    };
+    let (wire, mut stream) =
+        match ws::accept_serving(io, settings, ws::message_max_alone(settings), &metrics).await {
+            Ok(accepted) => accepted,
+            Err(NotWebSocket::Refused(refusal)) => {
+                return WebSocketOutcome::Refused(refusal.status)
+            }
+            Err(_) => return WebSocketOutcome::Other,
+        };
     let mut read = Vec::new();
     let mut chunk = vec![0u8; read_chunk_bytes.max(1)];
     let end = loop {

@@ -423,10 +423,15 @@ pub(crate) async fn accept<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let message_max = settings
+    accept_serving(io, settings, message_max_alone(settings), &String::new).await
+}
+
+/// The message limit of `settings` on their own (tests, fuzzing): as set,
+/// or derived from the default configuration's protocol limits.
+pub(crate) fn message_max_alone(settings: &WsSettings) -> usize {
+    settings
         .message_size_max_bytes
-        .unwrap_or_else(|| crate::config::Config::default().websocket_message_size_max());
-    accept_serving(io, settings, message_max, &String::new).await
+        .unwrap_or_else(|| crate::config::Config::default().websocket_message_size_max())
 }
 
 /// [`accept`], with `metrics` producing the body of `GET /metrics`, and no
