@@ -1438,6 +1438,24 @@ fn transfer_on_unknown_handle_ends_the_session() {
 }
 
 #[test]
+fn begin_on_a_channel_whose_end_we_await_closes_the_connection() {
+    let mut p = Peer::new(true);
+    p.open();
+    p.send(0, &transfer(9, 0, true), &data_payload(b"x"));
+    assert!(matches!(p.perfs().last(), Some(Performative::End(_))));
+    // The session is gone, but its channel stays taken until the peer's End.
+    p.send(0, &begin(), &[]);
+    let out = p.perfs();
+    let Some(Performative::Close(c)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(c.error.as_ref().unwrap()),
+        "amqp:not-allowed"
+    );
+}
+
+#[test]
 fn session_window_reopens_and_violation_ends_the_session() {
     let mut p = Peer::opened(|c| c.session_window_frames = 4);
     attach_sender(&mut p, Some("q"));

@@ -8,6 +8,10 @@
 //! links-per-connection limit and link stealing on Attach, transactions
 //! (through `coordinator`, which owns no state of its own), and the
 //! scoped errors a handler returns.
+//!
+//! A channel is free, holds a session, or is `ending`: we ended its
+//! session with an error, the session is gone, and the channel stays
+//! taken (its frames dropped) until the peer's End.
 
 use std::time::{Duration, Instant};
 
@@ -21,7 +25,7 @@ use crate::context::{Ctx, Env, PendingCommit, Shared};
 use crate::coordinator;
 use crate::error::{AmqpError, Fault};
 use crate::frame::write_perf;
-use crate::idmap::IdMap;
+use crate::idmap::{IdMap, IdSet};
 use crate::session::AmqpSession;
 
 /// The opened connection (see the module docs).
@@ -30,6 +34,9 @@ pub(crate) struct Opened {
     /// Sessions by the peer's channel (we mirror it as our channel).
     /// Bounded by `channel_max`.
     sessions: IdMap<u16, AmqpSession>,
+    /// Channels whose session we ended with an error, until the peer's
+    /// End. Within `channel_max` like `sessions`.
+    ending: IdSet<u16>,
     /// The channel-max in force: ours, or the peer's if lower.
     channel_max: u16,
     /// The peer's idle timeout: we send something at half of it.
@@ -41,6 +48,7 @@ impl Opened {
         Self {
             shared,
             sessions: IdMap::default(),
+            ending: IdSet::default(),
             channel_max,
             peer_idle,
         }
@@ -105,6 +113,7 @@ impl Opened {
     ) -> Result<(), Fault> {
         let mut ctx = env.ctx(&mut self.shared);
         let sessions = &mut self.sessions;
+        let ending = &mut self.ending;
         if !matches!(
             perf,
             Performative::Transfer(_) | Performative::Disposition(_) | Performative::Flow(_)
@@ -119,20 +128,23 @@ impl Opened {
             ))),
             // The connection's own (it ends this state).
             Performative::Close(_) => Ok(()),
-            Performative::Begin(b) => on_begin(&mut ctx, sessions, self.channel_max, ch, &b),
+            Performative::Begin(b) => {
+                on_begin(&mut ctx, sessions, ending, self.channel_max, ch, &b)
+            }
+            other if ending.contains(&ch) => {
+                // We ended its session with an error: drop frames until
+                // its End.
+                if let Performative::End(_) = other {
+                    ending.remove(&ch);
+                }
+                Ok(())
+            }
             other => {
                 let Some(session) = sessions.get_mut(&ch) else {
                     return Err(Fault::Connection(AmqpError::NotAllowed(format!(
                         "frame on unmapped channel {ch}"
                     ))));
                 };
-                if session.is_ending() {
-                    // We ended it with an error: drop frames until its End.
-                    if let Performative::End(_) = other {
-                        sessions.remove(&ch);
-                    }
-                    return Ok(());
-                }
                 match other {
                     Performative::End(e) => {
                         if let Some(s) = sessions.remove(&ch) {
@@ -213,8 +225,9 @@ impl Opened {
 
     pub(super) fn end_session_with_error(&mut self, env: Env<'_>, ch: u16, e: &AmqpError) {
         let mut ctx = env.ctx(&mut self.shared);
-        if let Some(s) = self.sessions.get_mut(&ch) {
+        if let Some(s) = self.sessions.remove(&ch) {
             s.end_with_error(&mut ctx, e);
+            self.ending.insert(ch);
         }
     }
 
@@ -229,6 +242,7 @@ impl Opened {
 fn on_begin(
     ctx: &mut Ctx<'_>,
     sessions: &mut IdMap<u16, AmqpSession>,
+    ending: &IdSet<u16>,
     channel_max: u16,
     ch: u16,
     b: &Begin,
@@ -243,7 +257,7 @@ fn on_begin(
             "channel {ch} above channel-max {channel_max}"
         ))));
     }
-    if sessions.contains_key(&ch) {
+    if sessions.contains_key(&ch) || ending.contains(&ch) {
         return Err(Fault::Connection(AmqpError::NotAllowed(format!(
             "channel {ch} already in use"
         ))));

@@ -11,9 +11,11 @@
 //! apply; they never see the connection.
 //!
 //! Lifecycle: a session exists from the peer's Begin (answered at once)
-//! until its End. One we end with an error is `ending` until the peer's
-//! End: its frames are dropped. A link we detach with an error waits in
-//! `detaching` for the peer's Detach.
+//! until its End. One we end with an error is consumed by
+//! [`AmqpSession::end_with_error`]: only its channel remains, with the
+//! connection, until the peer's End. Likewise a link we detach with an
+//! error is gone; only its handle waits in `detaching` for the peer's
+//! Detach (so a link, when it exists, is attached).
 //!
 //! We never begin sessions ourselves, so our channel number mirrors the
 //! peer's and our link handles mirror the peer's handles; this keeps every
@@ -66,8 +68,6 @@ pub(crate) enum Queued {
 #[derive(Debug)]
 pub(crate) struct AmqpSession {
     local_channel: u16,
-    /// We sent End with an error and wait for the peer's End.
-    ending: bool,
     /// Transfer id the peer's next transfer carries.
     next_incoming_id: u32,
     /// Transfers the peer may still send before we re-open the window.
@@ -104,7 +104,6 @@ impl AmqpSession {
     pub(crate) fn begin(ch: u16, b: &Begin, cfg: &AmqpConfig) -> (Self, Begin) {
         let session = AmqpSession {
             local_channel: ch,
-            ending: false,
             next_incoming_id: b.next_outgoing_id,
             incoming_window: cfg.session_window_frames,
             next_outgoing_id: 0,
@@ -128,12 +127,6 @@ impl AmqpSession {
             properties: None,
         };
         (session, reply)
-    }
-
-    /// True once we ended the session with an error: its frames are
-    /// dropped until the peer's End.
-    pub(crate) fn is_ending(&self) -> bool {
-        self.ending
     }
 
     /// How many links are attached.
@@ -168,12 +161,11 @@ impl AmqpSession {
         write_perf(ctx.out, self.local_channel, &End { error: None }, &[]);
     }
 
-    /// Ends the session with an error: the links go, and the session
-    /// waits for the peer's End.
-    pub(crate) fn end_with_error(&mut self, ctx: &mut Ctx<'_>, e: &AmqpError) {
+    /// Ends the session with an error: the links go, and so does the
+    /// session; the connection keeps its channel until the peer's End.
+    pub(crate) fn end_with_error(mut self, ctx: &mut Ctx<'_>, e: &AmqpError) {
         debug!(conn = ctx.conn_id, channel = self.local_channel, error = %e, "ending session");
         self.close_links(ctx);
-        self.ending = true;
         let end = End {
             error: Some(e.to_wire()),
         };
