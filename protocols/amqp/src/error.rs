@@ -20,6 +20,18 @@ use crate::frame::FrameError;
 /// (used by Qpid and RabbitMQ) as a framing failure.
 pub const FRAME_SIZE_TOO_LARGE: &str = "amqp:frame-size-too-large";
 
+/// What an error breaks: the scope a handler's failure closes, and only
+/// that (the connection applies it; see `connection`).
+#[derive(Debug)]
+pub(crate) enum Fault {
+    /// Close the connection.
+    Connection(AmqpError),
+    /// End the session the frame arrived on.
+    Session(AmqpError),
+    /// Detach this link (by handle) with the error.
+    Link(u32, AmqpError),
+}
+
 /// What went wrong, grouped by cause.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AmqpError {

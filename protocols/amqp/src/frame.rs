@@ -226,6 +226,36 @@ pub fn write_empty_frame(out: &mut Vec<u8>) {
     out.extend_from_slice(&[0, 0, 0, 8, 2, FRAME_TYPE_AMQP, 0, 0]);
 }
 
+/// Appends one frame: header, `body` encoded, then `payload`.
+pub(crate) fn write_frame<T: serde::Serialize>(
+    out: &mut Vec<u8>,
+    frame_type: u8,
+    channel: u16,
+    body: &T,
+    payload: &[u8],
+) {
+    let start = begin_frame(out, frame_type, channel);
+    if let Err(e) = crate::codec::encode_into(out, body) {
+        // Our own values always encode; if one does not, drop the frame
+        // rather than send garbage.
+        tracing::error!(error = %e, "failed to encode a frame");
+        out.truncate(start);
+        return;
+    }
+    out.extend_from_slice(payload);
+    finish_frame(out, start);
+}
+
+/// Appends one AMQP performative frame.
+pub(crate) fn write_perf<T: serde::Serialize>(
+    out: &mut Vec<u8>,
+    channel: u16,
+    perf: &T,
+    payload: &[u8],
+) {
+    write_frame(out, FRAME_TYPE_AMQP, channel, perf, payload);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,15 +9,27 @@
 //! - `codec`: value-length scanning, size checks, encode into a buffer;
 //! - [`descriptor`]: the spec's descriptors, read in either form (symbol or
 //!   ulong, §1.5);
-//! - `sasl`: ANONYMOUS, PLAIN, SCRAM-SHA-256;
-//! - `connection`: the [`AmqpConnection`] state machine, Open/Close, idle
-//!   timeouts, dispatch, error scoping;
-//! - `session`: Begin/End, windows, dispositions;
-//! - `link`: Attach/Detach, addresses, credit;
-//! - `delivery`: transfers both ways, commits, drain;
+//! - `sasl`: ANONYMOUS, PLAIN, SCRAM-SHA-256, EXTERNAL (a sub-machine of the
+//!   connection's handshake);
+//! - `connection`: the [`AmqpConnection`] state machine (headers, SASL,
+//!   Open/Close, idle timeouts) and its opened state, which dispatches
+//!   frames and core events to sessions and scopes errors;
+//! - `session`: one session (Begin/End, windows, dispositions, transfers
+//!   both ways), owned by the connection under its channel;
+//! - `link`: one link (Attach/Detach, addresses, credit, partial
+//!   transfers), owned by its session under its handle;
+//! - `delivery`: helpers both directions share (hand-written transfer
+//!   frames, dispositions, outcome mapping);
+//! - `coordinator`: transactions, driven by the connection that owns them;
+//! - `context`, `transactions`: what the connection lends its sessions and
+//!   links for a call, and the declared transactions;
 //! - `message`: AMQP sections <-> [`rosetta_neutral::Message`];
-//! - `coordinator`: transactions;
 //! - [`error`]: [`AmqpError`] and the one mapping to AMQP conditions.
+//!
+//! The modules form a tree: `connection` → `session` → `link` →
+//! `delivery`, with `coordinator` used by `connection` and using `session`;
+//! only `connection` names [`AmqpConnection`], and the inner levels reach
+//! the outer ones only through `context::Ctx`.
 //!
 //! ## Where `fe2o3-amqp-types` falls short, and what we wrap
 //! - `serde_amqp::from_slice` does not say how many bytes it consumed, yet a
@@ -56,6 +68,7 @@
 mod codec;
 mod config;
 mod connection;
+mod context;
 mod coordinator;
 mod delivery;
 pub mod descriptor;
@@ -68,6 +81,7 @@ mod message;
 mod sasl;
 mod section_writer;
 mod session;
+mod transactions;
 
 #[cfg(test)]
 mod tests;

@@ -5,8 +5,9 @@
 //! PLAIN goes through [`Broker::start_login`], under the identity rule of
 //! [`rosetta_neutral::login`]: on a connection with a client certificate,
 //! its user name must be the certificate's user. Its password check may
-//! finish later ([`SaslStep::Pending`]; the connection reads nothing
-//! meanwhile and turns the result into an outcome with [`outcome`]). SCRAM
+//! finish later ([`SaslStep::Pending`], the [`SaslServer::CheckingPassword`]
+//! state: the connection reads nothing meanwhile and hands the result to
+//! [`SaslServer::on_login_checked`]). SCRAM
 //! is [`rosetta_neutral::scram`] (shared with MQTT 5 enhanced
 //! authentication): it verifies the client proof against
 //! [`Broker::scram_credentials`], so the password never reaches us, and an
@@ -54,6 +55,12 @@ pub(crate) enum SaslStep {
 }
 
 /// Where the exchange is.
+///
+/// ```text
+/// AwaitInit ──sasl-init SCRAM──▶ ScramFinal ──sasl-response──▶ Done
+///     │└─ sasl-init PLAIN, check pending ─▶ CheckingPassword ──result──▶ Done
+///     └─ sasl-init (decided at once) ─────────────────────────────────▶ Done
+/// ```
 #[derive(Debug, Default)]
 pub(crate) enum SaslServer {
     /// Waiting for sasl-init.
@@ -61,6 +68,10 @@ pub(crate) enum SaslServer {
     AwaitInit,
     /// SCRAM server-first sent; waiting for client-final.
     ScramFinal(Box<ScramPending>),
+    /// A PLAIN password is being checked elsewhere; its result comes as
+    /// [`rosetta_neutral::SessionEvent::LoginChecked`]. No frame is read
+    /// meanwhile.
+    CheckingPassword,
     /// An outcome was produced; further SASL frames are out of order.
     Done,
 }
@@ -105,12 +116,18 @@ impl SaslServer {
                 Ok(_) => SaslStep::Failure(AuthError::AnonymousDisabled.to_string()),
                 Err(e) => SaslStep::Failure(e.to_string()),
             },
-            PLAIN => plain(
-                broker,
-                certificate_user,
-                sink,
-                initial_response.unwrap_or_default(),
-            ),
+            PLAIN => {
+                let step = plain(
+                    broker,
+                    certificate_user,
+                    sink,
+                    initial_response.unwrap_or_default(),
+                );
+                if step == SaslStep::Pending {
+                    *self = SaslServer::CheckingPassword;
+                }
+                step
+            }
             EXTERNAL => external(
                 broker,
                 certificate_user,
@@ -135,6 +152,24 @@ impl SaslServer {
         }
     }
 
+    /// Whether a password check is under way (input waits for it).
+    pub(crate) fn checking_password(&self) -> bool {
+        matches!(self, SaslServer::CheckingPassword)
+    }
+
+    /// The result of the password check this exchange waits for, as the
+    /// outcome to send; `None` when no check was waited for.
+    pub(crate) fn on_login_checked(
+        &mut self,
+        result: Result<Principal, AuthError>,
+    ) -> Option<SaslStep> {
+        if !self.checking_password() {
+            return None;
+        }
+        *self = SaslServer::Done;
+        Some(outcome(result))
+    }
+
     /// Handles sasl-response.
     pub(crate) fn on_response(&mut self, response: &[u8]) -> SaslStep {
         match std::mem::replace(self, SaslServer::Done) {
@@ -153,7 +188,7 @@ impl SaslServer {
 }
 
 /// The step for a one-round mechanism's authentication result.
-pub(crate) fn outcome(result: Result<Principal, AuthError>) -> SaslStep {
+fn outcome(result: Result<Principal, AuthError>) -> SaslStep {
     match result {
         Ok(principal) => SaslStep::Success {
             principal,

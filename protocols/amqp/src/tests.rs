@@ -26,9 +26,10 @@ use serde::Serialize;
 
 use crate::codec;
 use crate::config::AmqpConfig;
-use crate::connection::{write_frame, write_perf, AmqpConnection};
+use crate::connection::AmqpConnection;
 use crate::descriptor;
 use crate::frame::{self, FRAME_TYPE_SASL, PROTOCOL_ID_AMQP, PROTOCOL_ID_SASL};
+use crate::frame::{write_frame, write_perf};
 use crate::sasl::tests::{scram_client_final, scram_creds};
 
 mod descriptor_forms;
@@ -1434,6 +1435,24 @@ fn transfer_on_unknown_handle_ends_the_session() {
     p.send(0, &End { error: None }, &[]);
     p.send(0, &begin(), &[]);
     assert!(matches!(p.perfs()[..], [Performative::Begin(_)]));
+}
+
+#[test]
+fn begin_on_a_channel_whose_end_we_await_closes_the_connection() {
+    let mut p = Peer::new(true);
+    p.open();
+    p.send(0, &transfer(9, 0, true), &data_payload(b"x"));
+    assert!(matches!(p.perfs().last(), Some(Performative::End(_))));
+    // The session is gone, but its channel stays taken until the peer's End.
+    p.send(0, &begin(), &[]);
+    let out = p.perfs();
+    let Some(Performative::Close(c)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        condition_symbol(c.error.as_ref().unwrap()),
+        "amqp:not-allowed"
+    );
 }
 
 #[test]
