@@ -39,7 +39,7 @@ use rosetta_neutral::{MatchInfo, Message};
 
 use super::queue::Entry;
 use super::Journal;
-use crate::store::{
+use rosetta_store::{
     decode_message_exact, encode_message, MessageSeq, OsStorage, PageFile, PageRef, QueueId,
     Storage,
 };
@@ -318,7 +318,7 @@ impl Backlog {
         gauge: &MemoryGauge,
         dir: &std::path::Path,
         queue: QueueId,
-    ) -> Result<PageRef, crate::store::PageError> {
+    ) -> Result<PageRef, rosetta_store::PageError> {
         let file = match &mut self.file {
             Some(f) => f,
             None => {

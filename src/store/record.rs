@@ -450,7 +450,7 @@ pub(crate) fn decode_record_at(body: &Bytes, idx: u32) -> Result<Record, DecodeE
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::store::codec::tests::full_message;
+    use crate::codec::tests::full_message;
 
     pub(crate) fn sample_records() -> Vec<Record> {
         let m = Arc::new(full_message());
