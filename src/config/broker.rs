@@ -7,15 +7,15 @@ use rosetta_neutral::address::validate_topic_filter;
 use rosetta_neutral::Address;
 use serde::{Deserialize, Deserializer};
 
-/// Dead-letter address: see [`crate::core::DEAD_LETTER_ADDRESS_DEFAULT`].
-pub const DEAD_LETTER_QUEUE_DEFAULT: &str = crate::core::DEAD_LETTER_ADDRESS_DEFAULT;
+/// Dead-letter address: see [`rosetta_core::DEAD_LETTER_ADDRESS_DEFAULT`].
+pub const DEAD_LETTER_QUEUE_DEFAULT: &str = rosetta_core::DEAD_LETTER_ADDRESS_DEFAULT;
 /// Delivery attempts before dead-lettering: see
-/// [`crate::core::DELIVERY_ATTEMPTS_MAX_DEFAULT`].
-pub const DELIVERY_ATTEMPTS_MAX_DEFAULT: u32 = crate::core::DELIVERY_ATTEMPTS_MAX_DEFAULT;
-/// Queues created on first use: see [`crate::core::AUTO_CREATE_QUEUES_DEFAULT`].
-pub const AUTO_CREATE_QUEUES_DEFAULT: bool = crate::core::AUTO_CREATE_QUEUES_DEFAULT;
-/// Messages one queue may hold: see [`crate::core::QUEUE_DEPTH_MAX_DEFAULT`].
-pub const QUEUE_DEPTH_MAX_DEFAULT: u64 = crate::core::QUEUE_DEPTH_MAX_DEFAULT;
+/// [`rosetta_core::DELIVERY_ATTEMPTS_MAX_DEFAULT`].
+pub const DELIVERY_ATTEMPTS_MAX_DEFAULT: u32 = rosetta_core::DELIVERY_ATTEMPTS_MAX_DEFAULT;
+/// Queues created on first use: see [`rosetta_core::AUTO_CREATE_QUEUES_DEFAULT`].
+pub const AUTO_CREATE_QUEUES_DEFAULT: bool = rosetta_core::AUTO_CREATE_QUEUES_DEFAULT;
+/// Messages one queue may hold: see [`rosetta_core::QUEUE_DEPTH_MAX_DEFAULT`].
+pub const QUEUE_DEPTH_MAX_DEFAULT: u64 = rosetta_core::QUEUE_DEPTH_MAX_DEFAULT;
 /// Authenticated connections across all listeners: each costs a file
 /// descriptor and a few KiB, so this bounds both.
 pub const CONNECTIONS_MAX_DEFAULT: u32 = 100_000;
@@ -37,11 +37,11 @@ pub const UNAUTHENTICATED_CONNECTIONS_MAX_DEFAULT: u32 = 1_024;
 /// once, still fits.
 pub const UNAUTHENTICATED_PER_ADDRESS_MAX_DEFAULT: u32 = 128;
 /// Queues all clients together may create (see
-/// [`crate::core::QUEUES_MAX_DEFAULT`] for why this many).
-pub const QUEUES_MAX_DEFAULT: u64 = crate::core::QUEUES_MAX_DEFAULT as u64;
+/// [`rosetta_core::QUEUES_MAX_DEFAULT`] for why this many).
+pub const QUEUES_MAX_DEFAULT: u64 = rosetta_core::QUEUES_MAX_DEFAULT as u64;
 /// Topic bindings all clients together may create (see
-/// [`crate::core::BINDINGS_MAX_DEFAULT`] for why this many).
-pub const BINDINGS_MAX_DEFAULT: u64 = crate::core::BINDINGS_MAX_DEFAULT as u64;
+/// [`rosetta_core::BINDINGS_MAX_DEFAULT`] for why this many).
+pub const BINDINGS_MAX_DEFAULT: u64 = rosetta_core::BINDINGS_MAX_DEFAULT as u64;
 /// Time from accept to an authenticated session: a client that has not
 /// finished its handshake by then is closed, so idle sockets cannot hold
 /// connection slots.
@@ -75,6 +75,17 @@ pub const ANONYMOUS_DEFAULT: bool = true;
 /// File name of the users file, looked up next to the configuration file
 /// (or in the working directory without one).
 pub const USERS_FILE_NAME_DEFAULT: &str = "users.toml";
+/// Most password-hashing threads a configuration may ask for: each holds
+/// 8 MiB while it hashes, and more threads than cores only add waiting.
+pub const PASSWORD_CHECK_THREADS_MAX: usize = 64;
+/// Password checks that may wait for a thread by default: at ~14 ms each,
+/// 512 are about 7 s of one thread's work, inside the 10 s connect
+/// timeout, so a queued login is answered before its client gives up.
+/// Each waiting check holds a user name and a password (at most ~1.3 KiB).
+pub const PASSWORD_CHECK_QUEUE_MAX_DEFAULT: usize = 512;
+/// Most waiting password checks a configuration may ask for (~85 MiB of
+/// queued credentials at worst).
+pub const PASSWORD_CHECK_QUEUE_MAX_LIMIT: usize = 65_536;
 
 /// Reads a destination under the naming scheme (`/queue/q`, bare `q`,
 /// `/topic/t`).
@@ -188,11 +199,11 @@ pub struct SecurityConfig {
     /// Allow clients without credentials. They get the users file's
     /// `[anonymous]` permissions (everything by default).
     pub anonymous: bool,
-    /// The users file (see [`crate::users`]). Absent = `users.toml` next
-    /// to the configuration file; see [`crate::config::Config::users_file`].
+    /// The users file (see `rosetta_server::users`). Absent = `users.toml`
+    /// next to the configuration file; see [`crate::Config::users_file`].
     pub users_file: Option<PathBuf>,
-    /// Threads that check passwords (see [`crate::hash_pool`]). Absent =
-    /// half the cores, at least one.
+    /// Threads that check passwords (see `rosetta_server::hash_pool`).
+    /// Absent = half the cores, at least one.
     pub password_check_threads: Option<usize>,
     /// Password checks that may wait for a thread; past this a login is
     /// refused as "server busy" (MQTT CONNACK 0x89/3, a STOMP ERROR, AMQP
@@ -206,7 +217,7 @@ impl Default for SecurityConfig {
             anonymous: ANONYMOUS_DEFAULT,
             users_file: None,
             password_check_threads: None,
-            password_check_queue_max: crate::hash_pool::QUEUE_MAX_DEFAULT,
+            password_check_queue_max: PASSWORD_CHECK_QUEUE_MAX_DEFAULT,
         }
     }
 }

@@ -269,7 +269,7 @@ impl ListenerKind {
 ///
 /// An empty string turns a listener off. The TLS listeners have default
 /// ports but run only when `[tls]` names a certificate and key (see
-/// [`crate::config::Config::active_listeners`]).
+/// [`crate::Config::active_listeners`]).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Listeners {

@@ -10,7 +10,7 @@ use toml::Spanned;
 
 /// The innermost key path whose key or value covers byte offset `pos`.
 /// `None` if the document does not parse or nothing covers `pos`.
-pub(crate) fn key_at(doc: &str, pos: usize) -> Option<String> {
+pub fn key_at(doc: &str, pos: usize) -> Option<String> {
     let root = DeTable::parse(doc).ok()?;
     let mut best: Option<(String, usize)> = None;
     walk_table(root.get_ref(), "", pos, &mut best);
@@ -91,7 +91,7 @@ fn segments(path: &str) -> Vec<Segment<'_>> {
 /// The span of `path` in `doc`, or of its deepest ancestor that the
 /// document spells out (a key absent from the file is blamed on its
 /// section). `None` if not even the first segment is in the document.
-pub(crate) fn span_of(doc: &str, path: &str) -> Option<Range<usize>> {
+pub fn span_of(doc: &str, path: &str) -> Option<Range<usize>> {
     let root = DeTable::parse(doc).ok()?;
     let mut table: Option<&DeTable<'_>> = Some(root.get_ref());
     let mut array: Option<&[Spanned<DeValue<'_>>]> = None;
@@ -126,7 +126,7 @@ pub(crate) fn span_of(doc: &str, path: &str) -> Option<Range<usize>> {
 }
 
 /// 1-based line and column (in characters) of byte offset `pos`.
-pub(crate) fn line_col(doc: &str, pos: usize) -> (usize, usize) {
+pub fn line_col(doc: &str, pos: usize) -> (usize, usize) {
     let pos = pos.min(doc.len());
     // Step back to a char boundary so slicing cannot panic.
     let pos = (0..=pos)

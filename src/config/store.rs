@@ -24,15 +24,15 @@ pub const SYNC_POLICY_DEFAULT: SyncPolicy = SyncPolicy::EveryCommit;
 /// Periodic sync interval: bounds what a power loss can take under
 /// `periodic` to about one second of messages.
 pub const SYNC_INTERVAL_MS_DEFAULT: u64 = 1_000;
-/// Segment file size: see [`crate::store::SEGMENT_SIZE_DEFAULT_BYTES`].
-pub const SEGMENT_SIZE_BYTES_DEFAULT: u64 = crate::store::SEGMENT_SIZE_DEFAULT_BYTES;
+/// Segment file size: see [`rosetta_store::SEGMENT_SIZE_DEFAULT_BYTES`].
+pub const SEGMENT_SIZE_BYTES_DEFAULT: u64 = rosetta_store::SEGMENT_SIZE_DEFAULT_BYTES;
 /// Smallest segment: a segment must hold at least a few maximal records.
 pub const SEGMENT_SIZE_MIN_BYTES: u64 = 64 * 1024;
 /// Largest segment: record offsets within a segment stay below 2^30.
 pub const SEGMENT_SIZE_MAX_BYTES: u64 = 1024 * 1024 * 1024;
 /// Memory budget of queued messages: see
-/// [`crate::core::MEMORY_BUDGET_BYTES_DEFAULT`].
-pub const MEMORY_BUDGET_BYTES_DEFAULT: u64 = crate::core::MEMORY_BUDGET_BYTES_DEFAULT;
+/// [`rosetta_core::MEMORY_BUDGET_BYTES_DEFAULT`].
+pub const MEMORY_BUDGET_BYTES_DEFAULT: u64 = rosetta_core::MEMORY_BUDGET_BYTES_DEFAULT;
 /// Smallest memory budget: enough for a window of in-flight messages.
 pub const MEMORY_BUDGET_MIN_BYTES: u64 = 1024 * 1024;
 /// Free disk space below which producers are held back: room for the
@@ -40,9 +40,9 @@ pub const MEMORY_BUDGET_MIN_BYTES: u64 = 1024 * 1024;
 /// copy forward, so consumers and compaction can make room again.
 pub const DISK_FREE_MIN_BYTES_DEFAULT: u64 = 2 * SEGMENT_SIZE_BYTES_DEFAULT;
 /// How often compaction looks for dead segments: see
-/// [`crate::store::COMPACTION_INTERVAL_DEFAULT`].
+/// [`rosetta_store::COMPACTION_INTERVAL_DEFAULT`].
 pub const COMPACTION_INTERVAL_MS_DEFAULT: u64 =
-    crate::store::COMPACTION_INTERVAL_DEFAULT.as_millis() as u64;
+    rosetta_store::COMPACTION_INTERVAL_DEFAULT.as_millis() as u64;
 
 /// A missing segment stops the start: losing acknowledged messages must be
 /// a decision, not a side effect of restarting.

@@ -7,7 +7,8 @@ use super::*;
 const DEFAULTS_FILE: &str = include_str!("../../config/rosetta.toml");
 
 fn defaults_file_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rosetta.toml")
+    // The crate is src/config; the file is the workspace's config/rosetta.toml.
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/rosetta.toml")
 }
 
 #[test]

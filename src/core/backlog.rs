@@ -40,7 +40,7 @@ use rosetta_neutral::{MatchInfo, Message};
 use super::codec::{decode_message_exact, encode_message};
 use super::queue::Entry;
 use super::Journal;
-use crate::store::{MessageSeq, OsStorage, PageFile, PageRef, QueueId, Storage};
+use rosetta_store::{MessageSeq, OsStorage, PageFile, PageRef, QueueId, Storage};
 
 /// Most messages read back from a page file at once.
 const DEPAGE_BATCH_MESSAGES: usize = 512;
@@ -316,7 +316,7 @@ impl Backlog {
         gauge: &MemoryGauge,
         dir: &std::path::Path,
         queue: QueueId,
-    ) -> Result<PageRef, crate::store::PageError> {
+    ) -> Result<PageRef, rosetta_store::PageError> {
         let file = match &mut self.file {
             Some(f) => f,
             None => {

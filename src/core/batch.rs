@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use crate::store::{Completion, Record};
+use rosetta_store::{Completion, Record};
 
 use super::queue::{Entry, Queue};
 use super::Inner;

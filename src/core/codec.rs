@@ -34,8 +34,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use rosetta_neutral::{Address, Body, BodyKind, Guarantee, Message, MessageId, Properties, Value};
 
-use crate::store::wire::{self, DecodeError, Reader};
-use crate::store::{EncodeOpaque, Opaque};
+use rosetta_store::wire::{self, DecodeError, Reader};
+use rosetta_store::{EncodeOpaque, Opaque};
 
 /// Version byte written in front of every encoded message.
 pub const MESSAGE_CODEC_VERSION: u8 = 1;

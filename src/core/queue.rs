@@ -28,7 +28,7 @@ use rosetta_neutral::{
 
 use super::backlog::Backlog;
 pub(crate) use super::backlog::MemoryGauge;
-use crate::store::{MessageSeq, QueueId, Record};
+use rosetta_store::{MessageSeq, QueueId, Record};
 
 /// A consumer, globally unique: the session id and the session's consumer id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

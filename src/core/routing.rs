@@ -13,7 +13,7 @@ use rosetta_neutral::{
     QueueSpec, RetainedOnBind, SessionEvent,
 };
 
-use crate::store::{BindingDef, QueueDef, Record, StoredLifetime};
+use rosetta_store::{BindingDef, QueueDef, Record, StoredLifetime};
 
 use super::batch::Batch;
 use super::codec;

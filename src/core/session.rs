@@ -14,7 +14,7 @@ use rosetta_neutral::{
     Ticket, TxnId, Will,
 };
 
-use crate::store::{Completion, Record};
+use rosetta_store::{Completion, Record};
 
 use super::batch::Batch;
 use super::queue::{elapsed_ms, ConsumerKey, ConsumerSlot, Queue};

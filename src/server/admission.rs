@@ -40,8 +40,8 @@ use rosetta_neutral::{
 };
 use tokio::time::Sleep;
 
-use crate::config::BrokerConfig;
-use crate::core::Core;
+use rosetta_config::BrokerConfig;
+use rosetta_core::Core;
 
 use super::log_throttle::LogThrottle;
 

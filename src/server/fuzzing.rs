@@ -11,7 +11,7 @@ use std::io;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::config::WebSocketConfig;
+use rosetta_config::WebSocketConfig;
 
 use super::ws::{self, NotWebSocket};
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::config::ListenerKind;
+use rosetta_config::ListenerKind;
 
 use super::admission::HandshakeDeadline;
 use super::protocols::{self, Peer};

@@ -5,8 +5,8 @@
 
 use std::fmt::Write as _;
 
-use crate::core::{Core, QueueStats};
-use crate::store::StoreStats;
+use rosetta_core::{Core, QueueStats};
+use rosetta_store::StoreStats;
 
 /// One per-queue series: name, type, help, and how to read it.
 struct QueueMetric {
@@ -317,15 +317,15 @@ mod tests {
     #[test]
     fn a_disk_short_of_its_limit_shows_as_blocked_producers() {
         let core = Core::new(
-            crate::core::CoreConfig {
-                disk_free_min: Some(crate::core::DiskFreeMin {
+            rosetta_core::CoreConfig {
+                disk_free_min: Some(rosetta_core::DiskFreeMin {
                     dir: std::env::temp_dir(),
                     bytes: u64::MAX,
                 }),
-                ..crate::core::CoreConfig::default()
+                ..rosetta_core::CoreConfig::default()
             },
-            Arc::new(crate::core::NoJournal),
-            Arc::new(crate::core::AllowAll),
+            Arc::new(rosetta_core::NoJournal),
+            Arc::new(rosetta_core::AllowAll),
             None,
         );
         let figures = BrokerFigures {

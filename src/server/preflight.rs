@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::config::Config;
 use crate::users::Users;
+use rosetta_config::Config;
 
 /// What the checks produced: the TLS configuration to serve with, and
 /// warnings for the operator.

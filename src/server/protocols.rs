@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use rosetta_neutral::{Broker, SessionEvent};
 
-use crate::config::ListenerKind;
+use rosetta_config::ListenerKind;
 
 use super::admission::{AdmittedBroker, Ticket};
 use super::driver::{self, ProtocolConnection};
@@ -226,7 +226,7 @@ where
 }
 
 /// The `[stomp]` section applied over the adapter's defaults.
-fn stomp_config(config: &crate::config::Config) -> rosetta_stomp::StompConfig {
+fn stomp_config(config: &rosetta_config::Config) -> rosetta_stomp::StompConfig {
     let c = &config.stomp;
     rosetta_stomp::StompConfig {
         frame_size_max_bytes: config.stomp_frame_size_max() as usize,
@@ -245,7 +245,7 @@ fn stomp_config(config: &crate::config::Config) -> rosetta_stomp::StompConfig {
 }
 
 /// The `[mqtt]` section applied over the adapter's defaults.
-fn mqtt_config(config: &crate::config::Config) -> rosetta_mqtt::MqttConfig {
+fn mqtt_config(config: &rosetta_config::Config) -> rosetta_mqtt::MqttConfig {
     let c = &config.mqtt;
     rosetta_mqtt::MqttConfig {
         keep_alive_max_s: c.keep_alive_max_s,
@@ -265,7 +265,7 @@ fn mqtt_config(config: &crate::config::Config) -> rosetta_mqtt::MqttConfig {
 }
 
 /// The `[amqp]` section applied over the adapter's defaults.
-fn amqp_config(config: &crate::config::Config) -> rosetta_amqp::AmqpConfig {
+fn amqp_config(config: &rosetta_config::Config) -> rosetta_amqp::AmqpConfig {
     let c = &config.amqp;
     rosetta_amqp::AmqpConfig {
         frame_size_max_bytes: c.frame_size_max_bytes,

@@ -35,7 +35,7 @@ use rosetta_amqp::frame::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::config::ListenerKind;
+use rosetta_config::ListenerKind;
 
 use super::admission::Refused;
 use super::detect::{self, Detected};

@@ -34,7 +34,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::TlsConfig;
+use rosetta_config::TlsConfig;
 
 use super::log_throttle::LogThrottle;
 

@@ -38,7 +38,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig
 use tokio_tungstenite::tungstenite::{self, Message, Utf8Bytes};
 use tokio_tungstenite::WebSocketStream;
 
-use crate::config::WebSocketConfig as WsSettings;
+use rosetta_config::WebSocketConfig as WsSettings;
 
 use super::protocols::Wire;
 use super::Shared;
@@ -431,7 +431,7 @@ where
 pub(crate) fn message_max_alone(settings: &WsSettings) -> usize {
     settings
         .message_size_max_bytes
-        .unwrap_or_else(|| crate::config::Config::default().websocket_message_size_max())
+        .unwrap_or_else(|| rosetta_config::Config::default().websocket_message_size_max())
 }
 
 /// [`accept`], with `metrics` producing the body of `GET /metrics`, and no

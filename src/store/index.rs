@@ -757,7 +757,7 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::record::StoredLifetime;
+    use crate::record::StoredLifetime;
 
     fn msg(seq: MessageSeq, queues: &[QueueId]) -> Record {
         Record::Message {

@@ -276,7 +276,7 @@ mod tests {
 
     #[test]
     fn the_newest_valid_copy_wins_and_a_torn_one_is_noticed() {
-        let disk = crate::store::sim::SimDisk::new(1);
+        let disk = crate::sim::SimDisk::new(1);
         let dir = Path::new("/sim/m");
         assert!(disk.create_dir_all(dir).is_ok());
         let mut m = sample();

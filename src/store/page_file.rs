@@ -205,7 +205,7 @@ impl Drop for PageFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::storage::OsStorage;
+    use crate::storage::OsStorage;
     use std::os::unix::fs::FileExt;
 
     #[test]

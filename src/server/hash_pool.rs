@@ -20,6 +20,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
+// The limits are the configuration's, which checks them at start; the pool
+// clamps to them again so that no caller can exceed them.
+use rosetta_config::{PASSWORD_CHECK_QUEUE_MAX_LIMIT, PASSWORD_CHECK_THREADS_MAX};
 
 /// Hashing threads by default: half the cores, at least one, so that a
 /// login storm takes at most half the machine from the traffic already
@@ -27,20 +30,6 @@ use parking_lot::Mutex;
 pub fn threads_default() -> usize {
     std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
 }
-
-/// Most hashing threads a configuration may ask for: each holds 8 MiB
-/// while it hashes, and more threads than cores only add waiting.
-pub const THREADS_MAX: usize = 64;
-
-/// Password checks that may wait for a thread by default: at ~14 ms each,
-/// 512 are about 7 s of one thread's work, inside the 10 s connect
-/// timeout, so a queued login is answered before its client gives up.
-/// Each waiting check holds a user name and a password (at most ~1.3 KiB).
-pub const QUEUE_MAX_DEFAULT: usize = 512;
-
-/// Most waiting checks a configuration may ask for (~85 MiB of queued
-/// credentials at worst).
-pub const QUEUE_MAX_LIMIT: usize = 65_536;
 
 /// A job for the pool.
 type Job = Box<dyn FnOnce() + Send + 'static>;
@@ -76,11 +65,11 @@ impl std::fmt::Debug for HashPool {
 }
 
 impl HashPool {
-    /// Starts `threads` threads (1 to [`THREADS_MAX`]) with room for
+    /// Starts `threads` threads (1 to [`PASSWORD_CHECK_THREADS_MAX`]) with room for
     /// `queue_max` waiting jobs (0: a job is taken only by an idle thread).
     pub fn new(threads: usize, queue_max: usize) -> std::io::Result<Self> {
-        let threads = threads.clamp(1, THREADS_MAX);
-        let queue_max = queue_max.min(QUEUE_MAX_LIMIT);
+        let threads = threads.clamp(1, PASSWORD_CHECK_THREADS_MAX);
+        let queue_max = queue_max.min(PASSWORD_CHECK_QUEUE_MAX_LIMIT);
         let (tx, rx) = mpsc::sync_channel::<Job>(queue_max);
         let rx = Arc::new(Mutex::new(rx));
         let waiting = Arc::new(AtomicUsize::new(0));
@@ -276,7 +265,7 @@ mod tests {
     fn limits_are_clamped() {
         let pool = HashPool::new(0, usize::MAX).expect("pool");
         assert_eq!(pool.threads(), 1);
-        assert_eq!(pool.queue_max(), QUEUE_MAX_LIMIT);
+        assert_eq!(pool.queue_max(), PASSWORD_CHECK_QUEUE_MAX_LIMIT);
         assert!(threads_default() >= 1);
     }
 }

@@ -40,7 +40,7 @@ use rosetta_neutral::{
     ScramCredentials, Session, SessionEvent, SessionInfo,
 };
 
-use crate::store::{Completion, MessageSeq, QueueId, Record, Recovered, Store, StoreError};
+use rosetta_store::{Completion, MessageSeq, QueueId, Record, Recovered, Store, StoreError};
 
 pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
@@ -52,7 +52,7 @@ use routing::Routing;
 use session::{CoreSession, SessionShared};
 
 // The defaults of the core's settings live here, once; `[broker]` and
-// `[store]` in `crate::config` name these constants rather than repeat them.
+// `[store]` in `rosetta-config` name these constants rather than repeat them.
 
 /// Dead-letter address: the queue `DLQ`, the name ActiveMQ and Artemis use,
 /// so operators find it where they look.
@@ -253,7 +253,7 @@ pub enum ReadBackError {
         /// The message.
         seq: MessageSeq,
         /// What the codec found.
-        source: crate::store::DecodeError,
+        source: rosetta_store::DecodeError,
     },
 }
 
@@ -559,10 +559,10 @@ impl Inner {
         let mut by_id: HashMap<QueueId, Arc<Queue>> = HashMap::new();
         for def in queues {
             let lifetime = match def.lifetime {
-                crate::store::StoredLifetime::Permanent => {
+                rosetta_store::StoredLifetime::Permanent => {
                     rosetta_neutral::QueueLifetime::Permanent
                 }
-                crate::store::StoredLifetime::IdleForMs(ms) => {
+                rosetta_store::StoredLifetime::IdleForMs(ms) => {
                     rosetta_neutral::QueueLifetime::IdleFor(Duration::from_millis(ms))
                 }
             };

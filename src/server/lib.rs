@@ -9,13 +9,19 @@
 //! 3. let connections drain for up to `[broker] shutdown_grace_ms`;
 //! 4. flush and sync the journal;
 //! 5. return, and the process exits 0.
+//!
+//! It also owns who may connect: the users file ([`users`]), the access
+//! control the core asks ([`access`]) and the threads that check passwords
+//! ([`hash_pool`]).
 
+pub mod access;
 mod admission;
 mod detect;
 mod driver;
 /// For the cargo-fuzz targets in `fuzz/` only.
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod hash_pool;
 mod listener;
 mod log_throttle;
 mod metrics;
@@ -23,6 +29,7 @@ mod preflight;
 mod protocols;
 mod refuse;
 mod tls;
+pub mod users;
 mod ws;
 
 use std::net::SocketAddr;
@@ -34,9 +41,9 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::{watch, Notify};
 
-use crate::config::{Config, ListenerKind};
-use crate::core::{AccessControl, Core, CoreConfig};
-use crate::store::{Store, StoreConfig};
+use rosetta_config::{Config, ListenerKind};
+use rosetta_core::{AccessControl, Core, CoreConfig};
+use rosetta_store::{Store, StoreConfig};
 
 pub use preflight::{preflight, Preflight};
 
@@ -280,9 +287,9 @@ async fn wait_for_signal() -> anyhow::Result<()> {
 fn store_config(config: &Config) -> StoreConfig {
     let mut sc = StoreConfig::new(config.data_dir.clone());
     sc.sync = match config.store.sync {
-        crate::config::SyncPolicy::EveryCommit => crate::store::SyncPolicy::EveryCommit,
-        crate::config::SyncPolicy::Periodic => {
-            crate::store::SyncPolicy::Periodic(config.store.sync_interval())
+        rosetta_config::SyncPolicy::EveryCommit => rosetta_store::SyncPolicy::EveryCommit,
+        rosetta_config::SyncPolicy::Periodic => {
+            rosetta_store::SyncPolicy::Periodic(config.store.sync_interval())
         }
     };
     sc.segment_size_bytes = config.store.segment_size_bytes;
@@ -306,7 +313,7 @@ fn core_config(config: &Config) -> CoreConfig {
         queue_depth_max: config.broker.queue_depth_max,
         queues_max: usize::try_from(config.broker.queues_max).unwrap_or(usize::MAX),
         bindings_max: usize::try_from(config.broker.bindings_max).unwrap_or(usize::MAX),
-        disk_free_min: (config.store.disk_free_min_bytes > 0).then(|| crate::core::DiskFreeMin {
+        disk_free_min: (config.store.disk_free_min_bytes > 0).then(|| rosetta_core::DiskFreeMin {
             dir: config.data_dir.clone(),
             bytes: config.store.disk_free_min_bytes,
         }),

@@ -30,7 +30,10 @@
 mod broker;
 mod limits;
 mod listeners;
-pub(crate) mod locate;
+/// Also for the users file's errors (`rosetta_server::users`), which point
+/// at a key and line the same way.
+#[doc(hidden)]
+pub mod locate;
 mod protocols;
 mod store;
 mod transport;
@@ -431,14 +434,14 @@ impl Config {
                 "security.password_check_threads",
                 threads as u64,
                 1,
-                crate::hash_pool::THREADS_MAX as u64,
+                PASSWORD_CHECK_THREADS_MAX as u64,
             )?;
         }
         within(
             "security.password_check_queue_max",
             s.password_check_queue_max as u64,
             0,
-            crate::hash_pool::QUEUE_MAX_LIMIT as u64,
+            PASSWORD_CHECK_QUEUE_MAX_LIMIT as u64,
         )
     }
 

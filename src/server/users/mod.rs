@@ -3,7 +3,7 @@
 //!
 //! ## The users file
 //! A TOML file (by default `users.toml` next to the configuration file,
-//! see [`crate::config::Config::users_file`]; a missing file means no
+//! see [`rosetta_config::Config::users_file`]; a missing file means no
 //! users). `config/users.toml.example` documents it:
 //!
 //! ```toml
@@ -44,10 +44,10 @@ use std::sync::OnceLock;
 use rosetta_neutral::ScramCredentials;
 use serde::Deserialize;
 
-use crate::config::locate;
-use crate::config::Location;
 pub use password::HashError;
 pub use permissions::{Pattern, PatternError, Permissions};
+use rosetta_config::locate;
+use rosetta_config::Location;
 pub use scram::ScramFormatError;
 
 /// Longest user name, in bytes: longer than any real name, short enough

@@ -15,10 +15,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use rosetta_neutral::{Address, AuthError, LoginStart, PasswordCheck, Principal, ScramCredentials};
 
-use crate::config::Config;
-use crate::core::AccessControl;
 use crate::hash_pool::{self, HashPool};
 use crate::users::Users;
+use rosetta_config::Config;
+use rosetta_core::AccessControl;
 
 /// Users-file access control.
 pub struct UsersAccess {
@@ -41,7 +41,7 @@ impl UsersAccess {
             users,
             anonymous,
             hash_pool::threads_default(),
-            hash_pool::QUEUE_MAX_DEFAULT,
+            rosetta_config::PASSWORD_CHECK_QUEUE_MAX_DEFAULT,
         )
     }
 

@@ -6,7 +6,7 @@ use rosetta_neutral::Address;
 
 use super::*;
 
-const EXAMPLE_FILE: &str = include_str!("../../config/users.toml.example");
+const EXAMPLE_FILE: &str = include_str!("../../../config/users.toml.example");
 
 fn strings(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
