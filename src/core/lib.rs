@@ -24,6 +24,7 @@ pub mod codec;
 mod disk;
 mod queue;
 mod routing;
+pub mod selector;
 mod session;
 mod trie;
 
