@@ -176,29 +176,30 @@ impl Parser {
     }
 
     fn or(&mut self) -> Result<Parsed, SelectorError> {
-        let at = self.position();
-        let (mut left, mut depth) = self.and()?;
-        while self.eat_keyword(Keyword::Or) {
-            let right_at = self.position();
-            let (right, d) = self.and()?;
-            self.condition(&left, at)?;
-            self.condition(&right, right_at)?;
-            depth = self.check_depth(depth.max(d) + 1, right_at)?;
-            left = Expr::Or(boxed(left), boxed(right));
-        }
-        Ok((left, depth))
+        self.logic_chain(Keyword::Or, Self::and, Expr::Or)
     }
 
     fn and(&mut self) -> Result<Parsed, SelectorError> {
+        self.logic_chain(Keyword::And, Self::not, Expr::And)
+    }
+
+    /// `operand ( keyword operand )*`, left-associative, each side a
+    /// condition.
+    fn logic_chain(
+        &mut self,
+        keyword: Keyword,
+        operand: fn(&mut Self) -> Result<Parsed, SelectorError>,
+        build: fn(Box<Expr>, Box<Expr>) -> Expr,
+    ) -> Result<Parsed, SelectorError> {
         let at = self.position();
-        let (mut left, mut depth) = self.not()?;
-        while self.eat_keyword(Keyword::And) {
+        let (mut left, mut depth) = operand(self)?;
+        while self.eat_keyword(keyword) {
             let right_at = self.position();
-            let (right, d) = self.not()?;
+            let (right, d) = operand(self)?;
             self.condition(&left, at)?;
             self.condition(&right, right_at)?;
             depth = self.check_depth(depth.max(d) + 1, right_at)?;
-            left = Expr::And(boxed(left), boxed(right));
+            left = build(boxed(left), boxed(right));
         }
         Ok((left, depth))
     }
@@ -425,41 +426,39 @@ impl Parser {
     }
 
     fn sum(&mut self) -> Result<Parsed, SelectorError> {
-        let at = self.position();
-        let (mut left, mut depth) = self.product()?;
-        loop {
-            let op = match self.peek() {
-                Some(Token::Plus) => ArithOp::Add,
-                Some(Token::Minus) => ArithOp::Sub,
-                _ => return Ok((left, depth)),
-            };
-            self.next += 1;
-            let right_at = self.position();
-            let (right, d) = self.product()?;
-            Self::numeric(&left, at)?;
-            Self::numeric(&right, right_at)?;
-            depth = self.check_depth(depth.max(d) + 1, right_at)?;
-            left = Expr::Arith(op, boxed(left), boxed(right));
-        }
+        self.arith_chain(Self::product, |t| match t {
+            Token::Plus => Some(ArithOp::Add),
+            Token::Minus => Some(ArithOp::Sub),
+            _ => None,
+        })
     }
 
     fn product(&mut self) -> Result<Parsed, SelectorError> {
+        self.arith_chain(Self::unary, |t| match t {
+            Token::Star => Some(ArithOp::Mul),
+            Token::Slash => Some(ArithOp::Div),
+            _ => None,
+        })
+    }
+
+    /// `operand ( op operand )*`, left-associative, each side numeric.
+    fn arith_chain(
+        &mut self,
+        operand: fn(&mut Self) -> Result<Parsed, SelectorError>,
+        op_of: fn(&Token) -> Option<ArithOp>,
+    ) -> Result<Parsed, SelectorError> {
         let at = self.position();
-        let (mut left, mut depth) = self.unary()?;
-        loop {
-            let op = match self.peek() {
-                Some(Token::Star) => ArithOp::Mul,
-                Some(Token::Slash) => ArithOp::Div,
-                _ => return Ok((left, depth)),
-            };
+        let (mut left, mut depth) = operand(self)?;
+        while let Some(op) = self.peek().and_then(op_of) {
             self.next += 1;
             let right_at = self.position();
-            let (right, d) = self.unary()?;
+            let (right, d) = operand(self)?;
             Self::numeric(&left, at)?;
             Self::numeric(&right, right_at)?;
             depth = self.check_depth(depth.max(d) + 1, right_at)?;
             left = Expr::Arith(op, boxed(left), boxed(right));
         }
+        Ok((left, depth))
     }
 
     fn unary(&mut self) -> Result<Parsed, SelectorError> {
