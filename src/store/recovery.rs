@@ -56,6 +56,7 @@
 //! | segments of the old format and no manifest (a journal written before manifests) | no manifest, version 1 headers | replayed; the manifest is written from what was found |
 //! | segment or entry header with a newer format version | version field (checksum valid) | `open` fails with [`StoreError::Unsupported`]: never skip data a newer build wrote |
 //! | checksummed body that does not decode, unknown record kind or version | record decoder | `open` fails with [`StoreError::Corrupt`] / [`StoreError::Unsupported`] (a bug or a newer build, not a torn write) |
+//! | a message body (opaque here) that the core's codec cannot decode, checksum valid | the core, at restore or when reading a paged message back | that message is logged and left in the journal, not queued; the others are restored |
 //! | segments whose first entry sequence goes backwards | segment header vs. previous segment | `open` fails with [`StoreError::Corrupt`] (files mixed up by hand) |
 //! | I/O error while reading | `read` | `open` fails with [`StoreError::Io`] |
 //! | entries of the newest segment read back from the page cache after a failed `fdatasync` (or a kill -9 under the periodic policy) | cannot be told apart: always done | the replayed part of the newest segment is written again and synced before anything is built on it (see [`make_durable`]) |
