@@ -6,7 +6,8 @@
 //! maps and the replay rules from the `store` docs. proptest prints the
 //! failing case (and persists its seed) when a property fails.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -17,6 +18,8 @@ use rosetta::store::{
     segment, BindingDef, MessageSeq, Opaque, QueueDef, QueueId, Record, Recovered,
     RecoveredMessage, Store, StoreConfig, StoreError, StoredLifetime,
 };
+
+use common::journal_model::JournalModel;
 
 /// One generated record; seqs of new messages are assigned in order.
 #[derive(Debug, Clone)]
@@ -121,113 +124,9 @@ fn to_records(ops: &[Op], next_seq: &mut MessageSeq) -> Vec<Record> {
         .collect()
 }
 
-type Placements = BTreeMap<QueueId, (u32, Option<Bytes>)>;
-
-/// The committed state, by the replay rules in the store docs.
-#[derive(Debug, Clone, Default, PartialEq)]
-struct Model {
-    queues: BTreeMap<QueueId, QueueDef>,
-    bindings: BTreeMap<(QueueId, String), BindingDef>,
-    messages: BTreeMap<MessageSeq, (Bytes, Placements)>,
-    retained: BTreeMap<String, (MessageSeq, Bytes)>,
-    state: BTreeMap<String, Bytes>,
-}
-
-impl Model {
-    fn apply(&mut self, rec: &Record) {
-        match rec {
-            Record::QueueDeclare(d) => {
-                self.queues.insert(d.id, d.clone());
-            }
-            Record::QueueDelete { queue } => {
-                self.queues.remove(queue);
-                self.bindings.retain(|(q, _), _| q != queue);
-                for (_, p) in self.messages.values_mut() {
-                    p.remove(queue);
-                }
-                self.messages.retain(|_, (_, p)| !p.is_empty());
-            }
-            Record::Bind(b) => {
-                self.bindings.insert((b.queue, b.filter.clone()), b.clone());
-            }
-            Record::Unbind { queue, filter } => {
-                self.bindings.remove(&(*queue, filter.clone()));
-            }
-            Record::Message { seq, queues, body } => {
-                if !self.messages.contains_key(seq) && !queues.is_empty() {
-                    let p = queues.iter().map(|q| (*q, (0, None))).collect();
-                    self.messages.insert(*seq, (body.to_bytes(), p));
-                }
-            }
-            Record::Ack { queue, seq } => {
-                if let Some((_, p)) = self.messages.get_mut(seq) {
-                    p.remove(queue);
-                    if p.is_empty() {
-                        self.messages.remove(seq);
-                    }
-                }
-            }
-            Record::DeliveryState {
-                queue,
-                seq,
-                delivery_count,
-                annotation,
-            } => {
-                if let Some(p) = self
-                    .messages
-                    .get_mut(seq)
-                    .and_then(|(_, p)| p.get_mut(queue))
-                {
-                    *p = (*delivery_count, annotation.clone());
-                }
-            }
-            Record::Retain { topic, message } => match message {
-                Some((seq, m)) => {
-                    self.retained.insert(topic.clone(), (*seq, m.to_bytes()));
-                }
-                None => {
-                    self.retained.remove(topic);
-                }
-            },
-            Record::State { key, value } => match value {
-                Some(v) => {
-                    self.state.insert(key.clone(), v.clone());
-                }
-                None => {
-                    self.state.remove(key);
-                }
-            },
-        }
-    }
-
-    fn from_recovered(r: &Opened) -> Model {
-        Model {
-            queues: r.queues.iter().map(|q| (q.id, q.clone())).collect(),
-            bindings: r
-                .bindings
-                .iter()
-                .map(|b| ((b.queue, b.filter.clone()), b.clone()))
-                .collect(),
-            messages: r
-                .messages
-                .iter()
-                .map(|m| {
-                    let p = m
-                        .queues
-                        .iter()
-                        .map(|p| (p.queue, (p.delivery_count, p.annotation.clone())))
-                        .collect();
-                    (m.seq, (m.body.clone(), p))
-                })
-                .collect(),
-            retained: r
-                .retained
-                .iter()
-                .map(|(t, s, m)| (t.clone(), (*s, m.clone())))
-                .collect(),
-            state: r.state.iter().cloned().collect(),
-        }
-    }
+/// The state a reopened store holds.
+fn model_of(r: &Opened) -> JournalModel {
+    JournalModel::from_recovered(&r.queues, &r.bindings, &r.messages, &r.retained, &r.state)
 }
 
 fn commit(store: &Store, records: Vec<Record>) -> Result<(), StoreError> {
@@ -372,7 +271,7 @@ proptest! {
                     && *end <= cut
                     && !flipped.iter().any(|at| (*start..*end).contains(at)))
         };
-        let mut expected = Model::default();
+        let mut expected = JournalModel::default();
         let mut seq = 0;
         let mut kept = 0;
         for (ops, span) in appends.iter().zip(&spans) {
@@ -387,7 +286,7 @@ proptest! {
         let expected = &expected;
 
         let (store, recovered) = open(&config)?;
-        let got = Model::from_recovered(&recovered);
+        let got = model_of(&recovered);
         prop_assert_eq!(&got, expected, "appends kept: {} of {}, cut at {} of {}, flipped {:?}\n{}",
             kept, appends.len(), cut, len, flipped, recovered.report);
         // Damage is reported iff some byte of the file changed or a cut
@@ -417,7 +316,7 @@ proptest! {
         // Damage left in place is reported again (until compaction
         // rewrites the segment); nothing is cut a second time.
         prop_assert!(recovered.report.damaged.iter().all(|d| !d.cut), "{}", recovered.report);
-        prop_assert_eq!(&Model::from_recovered(&recovered), &after);
+        prop_assert_eq!(&model_of(&recovered), &after);
     }
 
     /// With compaction deleting and rewriting segments along the way, the
@@ -433,7 +332,7 @@ proptest! {
         config.segment_size_bytes = 1024;
         let (store, _) = open(&config)?;
         let mut next_seq = 0;
-        let mut model = Model::default();
+        let mut model = JournalModel::default();
         for ops in &appends {
             let records = to_records(ops, &mut next_seq);
             for r in &records {
@@ -478,6 +377,6 @@ proptest! {
             _ => &full,
         };
         let (_store, recovered) = open(&config)?;
-        prop_assert_eq!(&Model::from_recovered(&recovered), expected);
+        prop_assert_eq!(&model_of(&recovered), expected);
     }
 }

@@ -22,7 +22,8 @@
 //! Run new random seeds for a while: `scripts/simulate.sh [seconds]` (sets
 //! `SIM_SECONDS`); a failure prints the seed to replay.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -33,6 +34,8 @@ use rosetta::store::{
     BindingDef, MessageSeq, Opaque, QueueDef, QueueId, Record, Store, StoreConfig, StoreError,
     StoredLifetime,
 };
+
+use common::journal_model::JournalModel;
 
 /// Seeds CI runs (debug build, well under the two-minute budget).
 const CI_SEEDS: std::ops::Range<u64> = 0..40;
@@ -45,94 +48,6 @@ const QUEUES: [QueueId; 4] = [1, 2, 3, 4];
 const FILTERS: [&str; 3] = ["a/#", "a/+/c", "b"];
 const TOPICS: [&str; 3] = ["t/1", "t/2", "t/3"];
 const KEYS: [&str; 3] = ["k1", "k2", "k3"];
-
-/// Who holds a message: queue -> (delivery count, annotation).
-type Placements = BTreeMap<QueueId, (u32, Option<Bytes>)>;
-
-/// The journal's live state, as the store's docs define replay.
-#[derive(Debug, Clone, Default, PartialEq)]
-struct Model {
-    queues: BTreeMap<QueueId, QueueDef>,
-    bindings: BTreeMap<(QueueId, String), BindingDef>,
-    messages: BTreeMap<MessageSeq, (Bytes, Placements)>,
-    retained: BTreeMap<String, (MessageSeq, Bytes)>,
-    state: BTreeMap<String, Bytes>,
-}
-
-impl Model {
-    fn apply(&mut self, r: &Record) {
-        match r {
-            Record::QueueDeclare(d) => {
-                self.queues.insert(d.id, d.clone());
-            }
-            Record::QueueDelete { queue } => {
-                self.queues.remove(queue);
-                self.bindings.retain(|(q, _), _| q != queue);
-                for (_, (_, placements)) in self.messages.iter_mut() {
-                    placements.remove(queue);
-                }
-                self.messages.retain(|_, (_, p)| !p.is_empty());
-            }
-            Record::Bind(b) => {
-                self.bindings.insert((b.queue, b.filter.clone()), b.clone());
-            }
-            Record::Unbind { queue, filter } => {
-                self.bindings.remove(&(*queue, filter.clone()));
-            }
-            Record::Message { seq, queues, body } => {
-                if self.messages.contains_key(seq) || queues.is_empty() {
-                    return;
-                }
-                let placements = queues.iter().map(|q| (*q, (0, None))).collect();
-                self.messages.insert(*seq, (body.to_bytes(), placements));
-            }
-            Record::Ack { queue, seq } => {
-                if let Some((_, p)) = self.messages.get_mut(seq) {
-                    p.remove(queue);
-                    if p.is_empty() {
-                        self.messages.remove(seq);
-                    }
-                }
-            }
-            Record::DeliveryState {
-                queue,
-                seq,
-                delivery_count,
-                annotation,
-            } => {
-                if let Some(p) = self
-                    .messages
-                    .get_mut(seq)
-                    .and_then(|(_, p)| p.get_mut(queue))
-                {
-                    *p = (*delivery_count, annotation.clone());
-                }
-            }
-            Record::Retain { topic, message } => match message {
-                Some((seq, m)) => {
-                    self.retained.insert(topic.clone(), (*seq, m.to_bytes()));
-                }
-                None => {
-                    self.retained.remove(topic);
-                }
-            },
-            Record::State { key, value } => match value {
-                Some(v) => {
-                    self.state.insert(key.clone(), v.clone());
-                }
-                None => {
-                    self.state.remove(key);
-                }
-            },
-        }
-    }
-
-    fn apply_all(&mut self, records: &[Record]) {
-        for r in records {
-            self.apply(r);
-        }
-    }
-}
 
 /// What became of one append.
 #[derive(Debug, Clone, PartialEq)]
@@ -160,12 +75,12 @@ struct Sim {
     segment_size: u64,
     store: Option<Store>,
     /// The state the last recovery was checked to hold.
-    base: Model,
+    base: JournalModel,
     /// Units appended since that recovery, in order.
     units: Vec<Unit>,
     /// Everything appended since, as if all of it succeeds (picks what
     /// acks and delivery states refer to).
-    optimistic: Model,
+    optimistic: JournalModel,
     next_seq: MessageSeq,
     /// Disk writes and power losses when the store first reported a
     /// failure since it was opened.
@@ -198,9 +113,9 @@ impl Sim {
             dir: PathBuf::from("/sim/journal"),
             segment_size,
             store: None,
-            base: Model::default(),
+            base: JournalModel::default(),
             units: Vec::new(),
-            optimistic: Model::default(),
+            optimistic: JournalModel::default(),
             next_seq: 1,
             writes_at_failure: None,
             restarts: 0,
@@ -261,32 +176,18 @@ impl Sim {
             }
         };
         self.last_report = format!("{:?}", recovered.report.damaged);
-        let mut got = Model::default();
-        for q in recovered.queues {
-            got.queues.insert(q.id, q);
-        }
-        for b in recovered.bindings {
-            got.bindings.insert((b.queue, b.filter.clone()), b);
-        }
-        for (topic, seq, m) in recovered.retained {
-            got.retained.insert(topic, (seq, m));
-        }
-        for (k, v) in recovered.state {
-            got.state.insert(k, v);
-        }
         let next_seq = recovered.next_seq;
         let messages = match recovered.messages.read_all() {
             Ok(m) => m,
             Err(e) => self.fail(format!("reading recovered messages: {e}")),
         };
-        for m in messages {
-            let placements = m
-                .queues
-                .into_iter()
-                .map(|p| (p.queue, (p.delivery_count, p.annotation)))
-                .collect();
-            got.messages.insert(m.seq, (m.body, placements));
-        }
+        let got = JournalModel::from_recovered(
+            &recovered.queues,
+            &recovered.bindings,
+            &messages,
+            &recovered.retained,
+            &recovered.state,
+        );
         self.check(&got);
         if next_seq < got.messages.keys().next_back().map_or(0, |s| s + 1) {
             self.fail(format!(
@@ -312,7 +213,7 @@ impl Sim {
 
     /// The recovered state must be the base plus every reported unit plus
     /// some of the uncertain ones, in order.
-    fn check(&mut self, got: &Model) {
+    fn check(&mut self, got: &JournalModel) {
         let mut uncertain = Vec::new();
         for (i, u) in self.units.iter().enumerate() {
             match *u.outcome.lock() {
@@ -640,7 +541,7 @@ impl Sim {
     }
 }
 
-fn summary(m: &Model) -> String {
+fn summary(m: &JournalModel) -> String {
     let msgs: Vec<String> = m
         .messages
         .iter()

@@ -209,6 +209,7 @@ impl TestBroker {
 }
 
 pub mod amqp;
+pub mod journal_model;
 pub mod mqtt;
 pub mod pki;
 pub mod process;
