@@ -10,6 +10,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+// The blocking client speaks the same frames as the async one: one frame
+// type, one encoder (`frame`, as these tests call it), one parser.
+use super::stomp::parse_frame;
+pub use super::stomp::{encode as frame, Frame};
+
 /// Every listener of `[listeners]`: the ones a test does not ask for are
 /// switched off.
 const LISTENERS: [&str; 9] = [
@@ -142,23 +147,6 @@ pub struct Stomp {
     buf: Vec<u8>,
 }
 
-/// One frame read.
-pub struct Frame {
-    pub command: String,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Frame {
-    /// The first header `name`.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
 impl Stomp {
     /// Connects (CONNECT, CONNECTED) with reads timing out after `timeout`.
     pub fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<Stomp> {
@@ -194,7 +182,7 @@ impl Stomp {
                 .take_while(|b| matches!(b, b'\n' | b'\r'))
                 .count();
             self.buf.drain(..skip);
-            if let Some(f) = self.parse() {
+            if let Some(f) = parse_frame(&mut self.buf) {
                 return Ok(Some(f));
             }
             let mut chunk = [0u8; 65536];
@@ -205,50 +193,6 @@ impl Stomp {
             self.buf.extend_from_slice(&chunk[..n]);
         }
     }
-
-    fn parse(&mut self) -> Option<Frame> {
-        let head_end = self.buf.windows(2).position(|w| w == b"\n\n")?;
-        let head = String::from_utf8_lossy(&self.buf[..head_end]).into_owned();
-        let mut lines = head.lines();
-        let command = lines.next()?.to_owned();
-        let headers: Vec<(String, String)> = lines
-            .filter_map(|l| l.split_once(':').map(|(n, v)| (n.to_owned(), v.to_owned())))
-            .collect();
-        let start = head_end + 2;
-        let len = headers
-            .iter()
-            .find(|(n, _)| n == "content-length")
-            .and_then(|(_, v)| v.parse::<usize>().ok());
-        let end = match len {
-            Some(len) if self.buf.len() > start + len => start + len,
-            Some(_) => return None,
-            None => start + self.buf[start..].iter().position(|b| *b == 0)?,
-        };
-        let body = self.buf[start..end].to_vec();
-        self.buf.drain(..=end);
-        Some(Frame {
-            command,
-            headers,
-            body,
-        })
-    }
-}
-
-/// One STOMP frame, with a `content-length` when it has a body.
-pub fn frame(command: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    out.extend_from_slice(command.as_bytes());
-    out.push(b'\n');
-    for (n, v) in headers {
-        out.extend_from_slice(format!("{n}:{v}\n").as_bytes());
-    }
-    if !body.is_empty() {
-        out.extend_from_slice(format!("content-length:{}\n", body.len()).as_bytes());
-    }
-    out.push(b'\n');
-    out.extend_from_slice(body);
-    out.push(0);
-    out
 }
 
 /// An MQTT 3.1.1 packet: `first` byte, remaining length, `body`.

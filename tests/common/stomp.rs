@@ -332,50 +332,55 @@ impl StompClient {
     }
 
     fn parse(&mut self) -> Option<Frame> {
-        // The head ends at the first empty line (LF LF or CRLF CRLF): one
-        // scan over the LFs, so big buffers of small frames stay cheap.
-        let (head_end, body_start) = self
-            .buf
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| **b == b'\n')
-            .find_map(|(i, _)| match self.buf.get(i + 1..) {
-                Some([b'\n', ..]) => Some((i, i + 2)),
-                Some([b'\r', b'\n', ..]) => Some((i, i + 3)),
-                _ => None,
-            })?;
-        let head = String::from_utf8_lossy(&self.buf[..head_end]).replace('\r', "");
-        let mut lines = head.lines();
-        let command = lines.next()?.to_owned();
-        let headers: Vec<(String, String)> = lines
-            .filter_map(|l| l.split_once(':').map(|(n, v)| (n.to_owned(), v.to_owned())))
-            .collect();
-        let len = headers
-            .iter()
-            .find(|(n, _)| n == "content-length")
-            .and_then(|(_, v)| v.parse::<usize>().ok());
-        let body_end = match len {
-            Some(len) => {
-                if self.buf.len() < body_start + len + 1 {
-                    return None;
-                }
-                assert_eq!(
-                    self.buf[body_start + len],
-                    0,
-                    "frame from the server must end with NUL after content-length bytes"
-                );
-                body_start + len
-            }
-            None => body_start + self.buf[body_start..].iter().position(|b| *b == 0)?,
-        };
-        let body = self.buf[body_start..body_end].to_vec();
-        self.buf.drain(..=body_end);
-        Some(Frame {
-            command,
-            headers,
-            body,
-        })
+        parse_frame(&mut self.buf)
     }
+}
+
+/// Takes the first whole frame off the front of `buf` (which must not
+/// start with heart-beat EOLs), or `None` if it is not all there yet.
+pub fn parse_frame(buf: &mut Vec<u8>) -> Option<Frame> {
+    // The head ends at the first empty line (LF LF or CRLF CRLF): one
+    // scan over the LFs, so big buffers of small frames stay cheap.
+    let (head_end, body_start) = buf
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b'\n')
+        .find_map(|(i, _)| match buf.get(i + 1..) {
+            Some([b'\n', ..]) => Some((i, i + 2)),
+            Some([b'\r', b'\n', ..]) => Some((i, i + 3)),
+            _ => None,
+        })?;
+    let head = String::from_utf8_lossy(&buf[..head_end]).replace('\r', "");
+    let mut lines = head.lines();
+    let command = lines.next()?.to_owned();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':').map(|(n, v)| (n.to_owned(), v.to_owned())))
+        .collect();
+    let len = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .and_then(|(_, v)| v.parse::<usize>().ok());
+    let body_end = match len {
+        Some(len) => {
+            if buf.len() < body_start + len + 1 {
+                return None;
+            }
+            assert_eq!(
+                buf[body_start + len],
+                0,
+                "frame from the server must end with NUL after content-length bytes"
+            );
+            body_start + len
+        }
+        None => body_start + buf[body_start..].iter().position(|b| *b == 0)?,
+    };
+    let body = buf[body_start..body_end].to_vec();
+    buf.drain(..=body_end);
+    Some(Frame {
+        command,
+        headers,
+        body,
+    })
 }
 
 /// A process-unique id for receipts and names.
