@@ -89,41 +89,28 @@ trait Adapter {
     fn transmit(&mut self, out: &mut Vec<u8>);
 }
 
-impl Adapter for rosetta_mqtt::MqttConnection {
-    fn input(&mut self, now: Instant, bytes: &[u8]) {
-        self.handle_input(now, bytes);
-    }
-    fn event(&mut self, now: Instant, event: SessionEvent) {
-        self.handle_event(now, event);
-    }
-    fn transmit(&mut self, out: &mut Vec<u8>) {
-        self.poll_transmit(out);
-    }
+/// The three adapters' entry points have the same names and shapes.
+macro_rules! adapter {
+    ($($connection:ty),*) => {$(
+        impl Adapter for $connection {
+            fn input(&mut self, now: Instant, bytes: &[u8]) {
+                self.handle_input(now, bytes);
+            }
+            fn event(&mut self, now: Instant, event: SessionEvent) {
+                self.handle_event(now, event);
+            }
+            fn transmit(&mut self, out: &mut Vec<u8>) {
+                self.poll_transmit(out);
+            }
+        }
+    )*};
 }
 
-impl Adapter for rosetta_stomp::StompConnection {
-    fn input(&mut self, now: Instant, bytes: &[u8]) {
-        self.handle_input(now, bytes);
-    }
-    fn event(&mut self, now: Instant, event: SessionEvent) {
-        self.handle_event(now, event);
-    }
-    fn transmit(&mut self, out: &mut Vec<u8>) {
-        self.poll_transmit(out);
-    }
-}
-
-impl Adapter for rosetta_amqp::AmqpConnection {
-    fn input(&mut self, now: Instant, bytes: &[u8]) {
-        self.handle_input(now, bytes);
-    }
-    fn event(&mut self, now: Instant, event: SessionEvent) {
-        self.handle_event(now, event);
-    }
-    fn transmit(&mut self, out: &mut Vec<u8>) {
-        self.poll_transmit(out);
-    }
-}
+adapter!(
+    rosetta_mqtt::MqttConnection,
+    rosetta_stomp::StompConnection,
+    rosetta_amqp::AmqpConnection
+);
 
 impl Rig {
     /// Hands the core's events to the connection and returns what it
