@@ -11,7 +11,8 @@
 //!
 //! To write a fixture of the current format (for a future `journal-vN`):
 //! `JOURNAL_FIXTURE_OUT=tests/fixtures/journal-vN cargo test --test
-//! journal_fixture -- --ignored write_fixture`.
+//! journal_fixture a_journal_written_now` (the test writes it there and
+//! checks it as it checks any journal written now).
 
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
@@ -463,28 +464,22 @@ fn the_v1_journal_fixture_opens_with_its_exact_state() {
 }
 
 /// A journal written by this build holds the same state, so [`expected`]
-/// describes what the writer wrote, not a quirk of an old decoder.
+/// describes what the writer wrote, not a quirk of an old decoder. With
+/// `JOURNAL_FIXTURE_OUT` set, the journal is written there (a new fixture,
+/// see the module docs) and checked the same way.
 #[test]
 fn a_journal_written_now_opens_with_the_same_state() {
     let tmp = match tempfile::tempdir() {
         Ok(d) => d,
         Err(e) => panic!("tempdir: {e}"),
     };
-    let dir = tmp.path().join("written-now");
+    let dir = match std::env::var_os("JOURNAL_FIXTURE_OUT") {
+        Some(out) => PathBuf::from(out),
+        None => tmp.path().join("written-now"),
+    };
+    if dir.exists() {
+        panic!("{} exists; remove it first", dir.display());
+    }
     write_representative_journal(&dir);
     check_journal("written now", &dir);
-}
-
-/// Writes a fixture of the current format to `$JOURNAL_FIXTURE_OUT`.
-#[test]
-#[ignore = "writes a fixture; run by hand when a format version is added"]
-fn write_fixture() {
-    let Some(out) = std::env::var_os("JOURNAL_FIXTURE_OUT") else {
-        panic!("set JOURNAL_FIXTURE_OUT to the directory to write");
-    };
-    let out = PathBuf::from(out);
-    if out.exists() {
-        panic!("{} exists; remove it first", out.display());
-    }
-    write_representative_journal(&out);
 }
