@@ -72,6 +72,7 @@ fn subscriber(s: &mut dyn Session, name: String, filters: impl IntoIterator<Item
         queue: name,
         credit: CreditMode::Window(1_000),
         auto_settle: true,
+        options: Default::default(),
     })
     .expect("consume");
 }

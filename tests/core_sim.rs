@@ -239,6 +239,7 @@ impl Sim {
                 queue: (*q).into(),
                 credit: CreditMode::Window(WINDOW),
                 auto_settle: false,
+                options: Default::default(),
             };
             match consumer.consume(spec) {
                 Ok(c) => {

@@ -151,6 +151,7 @@ fn round(dir: &std::path::Path) -> (usize, usize) {
             queue: QUEUE.into(),
             credit: CreditMode::Window(u32::MAX),
             auto_settle: false,
+            options: Default::default(),
         })
         .expect("consume");
     let mut seen: HashMap<String, usize> = HashMap::new();

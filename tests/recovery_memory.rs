@@ -139,6 +139,7 @@ fn fill(dir: &std::path::Path) {
             queue: "churn".into(),
             credit: CreditMode::Window(256),
             auto_settle: true,
+            options: Default::default(),
         })
         .expect("consume churn");
     for _ in 0..MESSAGES {
@@ -152,6 +153,7 @@ fn fill(dir: &std::path::Path) {
             queue: "deep".into(),
             credit: CreditMode::Explicit((FAILED_ONCE + ANNOTATED) as u32),
             auto_settle: false,
+            options: Default::default(),
         })
         .expect("consume deep");
     for i in 0..FAILED_ONCE + ANNOTATED {
@@ -237,6 +239,7 @@ fn restart_and_check(dir: &std::path::Path) {
             queue: "deep".into(),
             credit: CreditMode::Window(256),
             auto_settle: false,
+            options: Default::default(),
         })
         .expect("consume deep");
     for i in 0..MESSAGES {

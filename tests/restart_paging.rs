@@ -173,6 +173,7 @@ fn a_restart_pages_by_reference_and_reads_back_after_compaction_moved_the_record
         queue: "deep".into(),
         credit: CreditMode::Window(64),
         auto_settle: false,
+        options: Default::default(),
     }) {
         Ok(c) => c,
         Err(e) => panic!("consume: {e}"),

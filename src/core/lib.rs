@@ -23,6 +23,7 @@ mod batch;
 pub mod codec;
 mod disk;
 mod queue;
+mod queue_settings;
 mod routing;
 pub mod selector;
 mod session;
@@ -45,6 +46,7 @@ use rosetta_store::{Completion, MessageSeq, QueueId, Record, Recovered, Store, S
 
 pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
+pub use queue_settings::{QueueSettings, GROUPS_MAX_DEFAULT};
 
 use batch::Batch;
 use disk::DiskWatch;
@@ -573,6 +575,7 @@ impl Inner {
                 true,
                 lifetime,
                 None,
+                QueueSettings::default(),
                 Arc::clone(&self.memory),
             ));
             routing.insert_queue(Arc::clone(&q));

@@ -28,6 +28,7 @@ use rosetta_neutral::{
 
 use super::backlog::Backlog;
 pub(crate) use super::backlog::MemoryGauge;
+use super::queue_settings::QueueSettings;
 use rosetta_store::{MessageSeq, QueueId, Record};
 
 /// A consumer, globally unique: the session id and the session's consumer id.
@@ -202,6 +203,9 @@ pub(crate) struct Queue {
     lifetime: Mutex<QueueLifetime>,
     /// The session that declared a session-lifetime queue.
     pub(crate) owner_session: Option<u64>,
+    /// What the configuration says about this queue.
+    #[allow(dead_code)] // read by dispatch once exclusive queues and groups land
+    pub(crate) settings: QueueSettings,
     pub(crate) state: Mutex<QueueState>,
     memory: Arc<MemoryGauge>,
 }
@@ -221,6 +225,7 @@ impl Queue {
         durable: bool,
         lifetime: QueueLifetime,
         owner_session: Option<u64>,
+        settings: QueueSettings,
         memory: Arc<MemoryGauge>,
     ) -> Self {
         Self {
@@ -229,6 +234,7 @@ impl Queue {
             durable,
             lifetime: Mutex::new(lifetime),
             owner_session,
+            settings,
             memory,
             state: Mutex::new(QueueState {
                 backlog: Backlog::default(),

@@ -402,6 +402,7 @@ impl Inner {
             durable,
             spec.lifetime,
             owner,
+            crate::QueueSettings::default(),
             Arc::clone(&self.memory),
         ));
         if durable {

@@ -69,6 +69,7 @@ fn subscribe(s: &mut Box<dyn Session>, filter: &str, window: u32) -> (String, Co
             queue: q.name.clone(),
             credit: CreditMode::Window(window),
             auto_settle: false,
+            options: Default::default(),
         })
         .expect("consume");
     (q.name, c)
@@ -145,6 +146,7 @@ fn overlapping_bindings_deliver_once_with_all_subscription_ids() {
         queue: q.name.clone(),
         credit: CreditMode::Window(10),
         auto_settle: true,
+        options: Default::default(),
     })
     .expect("consume");
     let (mut p, _) = open(&core, "p");
@@ -163,11 +165,13 @@ fn anycast_round_robins_across_consumers_with_credit() {
         queue: "work".into(),
         credit: CreditMode::Window(10),
         auto_settle: true,
+        options: Default::default(),
     });
     let c2 = s.consume(ConsumerSpec {
         queue: "work".into(),
         credit: CreditMode::Window(10),
         auto_settle: true,
+        options: Default::default(),
     });
     let (c1, c2) = (c1.expect("c1"), c2.expect("c2"));
     for i in 0..4 {
@@ -192,6 +196,7 @@ fn credit_window_limits_unsettled_deliveries() {
         queue: "q".into(),
         credit: CreditMode::Window(2),
         auto_settle: false,
+        options: Default::default(),
     });
     let c = c.expect("consume");
     for i in 0..5 {
@@ -219,6 +224,7 @@ fn settle_many_settles_runs_of_consumers_skips_unknowns_and_refills_windows() {
         queue: q.into(),
         credit: CreditMode::Window(2),
         auto_settle: false,
+        options: Default::default(),
     };
     let a = s.consume(window("qa")).expect("consume a");
     let b = s.consume(window("qb")).expect("consume b");
@@ -267,6 +273,7 @@ fn explicit_credit_and_drain() {
         queue: "q".into(),
         credit: CreditMode::Explicit(0),
         auto_settle: true,
+        options: Default::default(),
     });
     let c = c.expect("consume");
     publish(&mut s, queue("q"), "a");
@@ -287,6 +294,7 @@ fn release_keeps_count_modify_raises_it_and_order_is_kept() {
         queue: "q".into(),
         credit: CreditMode::Window(1),
         auto_settle: false,
+        options: Default::default(),
     });
     let c = c.expect("consume");
     publish(&mut s, queue("q"), "first");
@@ -324,6 +332,7 @@ fn too_many_failures_and_reject_go_to_the_dead_letter_queue() {
         queue: "q".into(),
         credit: CreditMode::Window(1),
         auto_settle: false,
+        options: Default::default(),
     });
     let c = c.expect("consume");
     publish(&mut s, queue("q"), "poison");
@@ -342,6 +351,7 @@ fn too_many_failures_and_reject_go_to_the_dead_letter_queue() {
         queue: "DLQ".into(),
         credit: CreditMode::Window(10),
         auto_settle: true,
+        options: Default::default(),
     });
     dlq.expect("consume dlq");
     let dead = e.deliveries();
@@ -364,6 +374,7 @@ fn unsettled_deliveries_return_when_the_consumer_goes() {
         queue: "q".into(),
         credit: CreditMode::Window(5),
         auto_settle: false,
+        options: Default::default(),
     })
     .expect("consume");
     publish(&mut s1, queue("q"), "m");
@@ -372,6 +383,7 @@ fn unsettled_deliveries_return_when_the_consumer_goes() {
         queue: "q".into(),
         credit: CreditMode::Window(5),
         auto_settle: false,
+        options: Default::default(),
     })
     .expect("consume");
     assert!(e2.deliveries().is_empty());
@@ -396,6 +408,7 @@ fn expired_messages_are_never_delivered() {
         queue: "q".into(),
         credit: CreditMode::Window(5),
         auto_settle: true,
+        options: Default::default(),
     })
     .expect("consume");
     assert_eq!(
@@ -421,6 +434,7 @@ fn expired_messages_move_to_the_expiry_address_when_configured() {
         queue: "q".into(),
         credit: CreditMode::Window(5),
         auto_settle: true,
+        options: Default::default(),
     })
     .expect("consume");
     assert_eq!(core.queue_stats("expired").map(|s| s.depth), Some(1));
@@ -434,6 +448,7 @@ fn transactions_apply_sends_and_acks_atomically_or_not_at_all() {
         queue: "in".into(),
         credit: CreditMode::Window(5),
         auto_settle: false,
+        options: Default::default(),
     });
     let c = c.expect("consume");
     publish(&mut s, queue("in"), "job");
@@ -518,6 +533,7 @@ fn retained_messages_are_sent_on_bind_and_cleared_by_empty_payload() {
         queue: q.name.clone(),
         credit: CreditMode::Window(10),
         auto_settle: true,
+        options: Default::default(),
     })
     .expect("consume");
     let opts = BindingOptions {
@@ -579,6 +595,7 @@ fn no_local_skips_the_publishers_own_bindings() {
         queue: q.name.clone(),
         credit: CreditMode::Window(10),
         auto_settle: true,
+        options: Default::default(),
     })
     .expect("consume");
     publish(&mut s, topic("chat"), "mine");
@@ -659,7 +676,8 @@ fn session_lifetime_queues_vanish_with_their_session() {
         other.consume(ConsumerSpec {
             queue: q.name.clone(),
             credit: CreditMode::Window(1),
-            auto_settle: true
+            auto_settle: true,
+            options: Default::default(),
         }),
         Err(BrokerError::Unauthorized(_))
     ));
@@ -766,6 +784,7 @@ fn producers_are_held_back_past_the_memory_budget_until_consumers_catch_up() {
             queue: "q".into(),
             credit: CreditMode::Window(100),
             auto_settle: false,
+            options: Default::default(),
         })
         .expect("consume");
     for d in e.deliveries() {
@@ -830,6 +849,7 @@ fn past_the_budget_messages_page_to_disk_and_come_back_in_order() {
             queue: "q".into(),
             credit: CreditMode::Window(100),
             auto_settle: false,
+            options: Default::default(),
         })
         .expect("consume");
     let mut got: Vec<usize> = Vec::new();
@@ -915,6 +935,7 @@ fn a_full_queue_refuses_sends_and_misses_topic_messages_others_get() {
             queue: "q".into(),
             credit: CreditMode::Window(1),
             auto_settle: false,
+            options: Default::default(),
         })
         .expect("consume");
     let d = e.deliveries();
@@ -957,6 +978,7 @@ fn explicit_credit_counts_deliveries_still_in_transit() {
             queue: "q".into(),
             credit: CreditMode::Explicit(0),
             auto_settle: false,
+            options: Default::default(),
         })
         .expect("consume");
     for i in 0..20 {
@@ -1020,6 +1042,7 @@ fn a_full_delivery_budget_holds_dispatch_until_the_connection_resumes_it() {
         queue: "q".into(),
         credit: CreditMode::Window(1000),
         auto_settle: true,
+        options: Default::default(),
     })
     .expect("consume");
     let (mut producer, _pe) = open(&core, "producer");
@@ -1084,6 +1107,7 @@ fn queues_in_total_are_capped_but_dead_letters_still_find_their_queue() {
         queue: "c".into(),
         credit: CreditMode::Window(1),
         auto_settle: false,
+        options: Default::default(),
     });
     assert!(is_limit(&consume), "{consume:?}");
     // Declaring an existing queue is no new queue.
@@ -1095,6 +1119,7 @@ fn queues_in_total_are_capped_but_dead_letters_still_find_their_queue() {
             queue: "b".into(),
             credit: CreditMode::Window(1),
             auto_settle: false,
+            options: Default::default(),
         })
         .expect("consume");
     let d = e.deliveries().remove(0);
@@ -1197,6 +1222,7 @@ fn one_queue_matched_by_many_bindings_gets_one_copy_among_many_queues() {
             queue: name,
             credit: CreditMode::Window(10),
             auto_settle: true,
+            options: Default::default(),
         })
         .expect("consume");
     }

@@ -89,7 +89,9 @@ pub fn broker_reason(err: &BrokerError, ctx: ReasonContext) -> u8 {
         (BrokerError::SessionClosed, ReasonContext::Disconnect) => 0x8E,
         (BrokerError::SessionClosed, ReasonContext::Connect) => 0x88,
         (BrokerError::InUse(_), ReasonContext::Connect) => 0x88,
-        (BrokerError::Unknown(_), _) => 0x83,
+        // MQTT has no selectors: an MQTT consumer cannot give one, so this
+        // is the implementation-specific error it would be.
+        (BrokerError::Unknown(_), _) | (BrokerError::InvalidSelector(_), _) => 0x83,
         (BrokerError::NotFound(_), _)
         | (BrokerError::InUse(_), _)
         | (BrokerError::SessionClosed, _)

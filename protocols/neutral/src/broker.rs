@@ -333,6 +333,33 @@ pub struct ConsumerSpec {
     /// Settle each message as it is sent (STOMP `ack:auto`, MQTT QoS 0
     /// deliveries, AMQP pre-settled). Such deliveries need no `settle`.
     pub auto_settle: bool,
+    /// What the client asked for beyond credit (selector, exclusivity,
+    /// priority, browsing).
+    pub options: ConsumerOptions,
+}
+
+/// The options a client may give a consumer when it subscribes, the same
+/// for every protocol (see `docs/semantics.md` for each protocol's
+/// spelling). The queue's own settings win where both say something.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConsumerOptions {
+    /// A JMS message selector (JMS 2.0 §3.8) over the message's headers and
+    /// properties: only matching messages are offered to this consumer; the
+    /// others wait for another. A selector that does not parse fails
+    /// `consume` with [`BrokerError::InvalidSelector`].
+    pub selector: Option<String>,
+    /// Exclusive consumer: while it is attached it is the only one that
+    /// receives from the queue; other consumers stand by in attach order.
+    pub exclusive: bool,
+    /// Consumer priority: consumers of a higher priority get messages while
+    /// they can take them; the others only get what they cannot. Default 0.
+    pub priority: i32,
+    /// A browser: sees the queue's messages without taking them. Its
+    /// deliveries are copies that need no settlement, change no delivery
+    /// count and leave the queue's order as it is; once it has seen
+    /// everything queued it gets [`SessionEvent::BrowseEnded`] and nothing
+    /// more.
+    pub browse: bool,
 }
 
 /// A consumer's verdict on a delivery.
@@ -437,6 +464,10 @@ pub enum BrokerError {
     /// The journal failed; the operation is not durable.
     #[error("storage failure: {0}")]
     Storage(String),
+    /// A consumer's message selector does not parse (the text says where
+    /// and why).
+    #[error("invalid selector: {0}")]
+    InvalidSelector(String),
 }
 
 /// An asynchronous event for a session.
@@ -453,6 +484,13 @@ pub enum SessionEvent {
     },
     /// A drain request finished: the consumer's credit is now zero.
     Drained {
+        /// The consumer.
+        consumer: ConsumerId,
+    },
+    /// A browser has seen every message the queue held and will get no
+    /// more deliveries (STOMP sends ActiveMQ's end-of-browse MESSAGE, AMQP
+    /// drains the link's credit).
+    BrowseEnded {
         /// The consumer.
         consumer: ConsumerId,
     },

@@ -268,6 +268,9 @@ impl StompConnection {
                 }
             }
             SessionEvent::Drained { .. } => {}
+            // Browsing is not offered over STOMP yet: no consumer of this
+            // connection browses.
+            SessionEvent::BrowseEnded { .. } => {}
             SessionEvent::ConsumerClosed { consumer, reason } => {
                 let id = open.by_consumer.get(&consumer).cloned().unwrap_or_default();
                 self.fail(StompError::SubscriptionClosed { id, reason }, None);

@@ -141,6 +141,7 @@ fn broker_message(e: &BrokerError) -> &'static str {
         BrokerError::InvalidAddress(_) => "invalid destination",
         BrokerError::Unknown(_) => "unknown reference",
         BrokerError::InUse(_) => "destination in use",
+        BrokerError::InvalidSelector(_) => "invalid selector",
         BrokerError::SessionClosed => "session closed",
         BrokerError::Storage(_) => "storage failure: the operation is not durable",
     }

@@ -300,6 +300,7 @@ impl Open {
             queue: queue.clone(),
             credit: CreditMode::Window(prefetch),
             auto_settle: ack == AckMode::Auto,
+            options: Default::default(),
         }) {
             Ok(c) => c,
             Err(e) => {

@@ -204,6 +204,8 @@ impl Opened {
                 }
                 Ok(())
             }
+            // Browsing is not offered over AMQP yet: no link browses.
+            SessionEvent::BrowseEnded { .. } => Ok(()),
             SessionEvent::ConsumerClosed { consumer, reason } => {
                 let Some(&(ch, handle)) = ctx.conn.consumers.get(&consumer) else {
                     return Ok(());

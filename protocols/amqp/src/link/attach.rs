@@ -489,6 +489,7 @@ fn open_outgoing(
         queue,
         credit: CreditMode::Explicit(0),
         auto_settle,
+        options: Default::default(),
     })?;
     let serial = ctx.conn.next_serial();
     let reply = Attach {

@@ -318,6 +318,7 @@ impl MqttConnection {
                     queue: queue.clone(),
                     credit: CreditMode::Window(window),
                     auto_settle: false,
+                    options: Default::default(),
                 })
                 .map(Some)
         };

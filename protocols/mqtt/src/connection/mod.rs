@@ -356,7 +356,8 @@ impl MqttConnection {
         let result = match event {
             SessionEvent::Delivery(d) => open.on_delivery(ctx, d),
             SessionEvent::Committed { ticket, result } => open.on_committed(ctx, ticket, result),
-            SessionEvent::Drained { .. } => Ok(()),
+            // MQTT has no credit drain and no browsers.
+            SessionEvent::Drained { .. } | SessionEvent::BrowseEnded { .. } => Ok(()),
             SessionEvent::ConsumerClosed { consumer, reason } => {
                 if Some(consumer) == open.session_consumer {
                     Err(MqttError::Broker(reason))

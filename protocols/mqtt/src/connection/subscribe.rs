@@ -229,6 +229,7 @@ impl Open {
             queue,
             credit: CreditMode::Window(self.window),
             auto_settle: false,
+            options: Default::default(),
         })?;
         self.shared.insert(
             sub.filter.clone(),
@@ -330,6 +331,7 @@ impl Open {
             queue: self.session_queue.clone(),
             credit: CreditMode::Window(self.window),
             auto_settle: false,
+            options: Default::default(),
         })?;
         self.session_consumer = Some(consumer);
         Ok(())
