@@ -24,7 +24,9 @@ use rosetta::store::{
     BindingDef, MessageSeq, QueueDef, QueueId, Record, RecoveredPlacement, Store, StoreConfig,
     StoredLifetime,
 };
-use rosetta_neutral::{Address, Body, BodyKind, Guarantee, Message, MessageId, Properties, Value};
+use rosetta_neutral::{
+    Address, BindingOptions, Body, BodyKind, Guarantee, Message, MessageId, Properties, Value,
+};
 
 fn fixture_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -96,15 +98,20 @@ fn declare(id: QueueId, name: &str, lifetime: StoredLifetime) -> Record {
     })
 }
 
+/// A binding as the core journals it. The fixture was written while the
+/// store still encoded these options itself: comparing its bytes with the
+/// core's encoding proves the layout did not change.
 fn binding(queue: QueueId, filter: &str, max_qos: u8, owner: Option<&str>) -> BindingDef {
-    BindingDef {
-        queue,
-        filter: filter.into(),
-        max_qos,
+    let options = BindingOptions {
+        max_guarantee: Guarantee::from_qos(max_qos).unwrap_or(Guarantee::ExactlyOnce),
         subscription_id: (max_qos > 0).then_some(u32::from(max_qos) + 6),
         no_local: max_qos == 1,
         retain_as_published: max_qos == 2,
-        owner: owner.map(str::to_owned),
+        ..BindingOptions::default()
+    };
+    match codec::bind_record(queue, filter, &options, owner) {
+        Record::Bind(b) => b,
+        other => panic!("bind_record made {other:?}"),
     }
 }
 
@@ -185,12 +192,12 @@ fn write_representative_journal(dir: &Path) {
     commit(&store, vec![message(2, &[1, 2], 300)]);
     commit(
         &store,
-        vec![Record::DeliveryState {
-            queue: 1,
-            seq: 2,
-            delivery_count: 3,
-            annotation: Some(Bytes::from_static(b"\x00\x53\x70delivery-failed")),
-        }],
+        vec![codec::delivery_state_record(
+            1,
+            2,
+            3,
+            Some(&Bytes::from_static(b"\x00\x53\x70delivery-failed")),
+        )],
     );
     commit(
         &store,
@@ -256,12 +263,7 @@ fn write_representative_journal(dir: &Path) {
         &store,
         vec![
             message(200, &[2], 1500),
-            Record::DeliveryState {
-                queue: 2,
-                seq: 200,
-                delivery_count: 1,
-                annotation: None,
-            },
+            codec::delivery_state_record(2, 200, 1, None),
         ],
     );
     commit(
@@ -325,16 +327,20 @@ struct Expected {
     next_queue_id: QueueId,
 }
 
+/// A placement; one never delivered has no delivery state record.
 fn placement(
     queue: QueueId,
     delivery_count: u32,
     annotation: Option<&'static [u8]>,
 ) -> RecoveredPlacement {
-    RecoveredPlacement {
-        queue,
-        delivery_count,
-        annotation: annotation.map(Bytes::from_static),
-    }
+    let annotation = annotation.map(Bytes::from_static);
+    let state = (delivery_count > 0 || annotation.is_some()).then(|| {
+        match codec::delivery_state_record(queue, 0, delivery_count, annotation.as_ref()) {
+            Record::DeliveryState { state, .. } => state,
+            other => panic!("delivery_state_record made {other:?}"),
+        }
+    });
+    RecoveredPlacement { queue, state }
 }
 
 fn expected() -> Expected {

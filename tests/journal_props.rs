@@ -71,11 +71,9 @@ fn to_records(ops: &[Op], next_seq: &mut MessageSeq) -> Vec<Record> {
             Op::Bind(q, f, qos) => Record::Bind(BindingDef {
                 queue: *q,
                 filter: FILTERS[*f as usize].into(),
-                max_qos: *qos,
-                subscription_id: (*qos > 0).then_some(u32::from(*qos)),
-                no_local: *qos == 1,
-                retain_as_published: *qos == 2,
-                owner: None,
+                // Opaque to the store: any bytes, varied so that a
+                // replaced binding is told from the one it replaced.
+                options: Bytes::from(vec![*qos; usize::from(*qos) + 1]),
             }),
             Op::Unbind(q, f) => Record::Unbind {
                 queue: *q,
@@ -97,8 +95,7 @@ fn to_records(ops: &[Op], next_seq: &mut MessageSeq) -> Vec<Record> {
             Op::Ds(q, back, count, ann) => Record::DeliveryState {
                 queue: *q,
                 seq: next_seq.saturating_sub(1 + u64::from(*back)),
-                delivery_count: *count,
-                annotation: ann.then(|| Bytes::from(format!("ann{count}"))),
+                state: Bytes::from(format!("count {count}, annotated {ann}")),
             },
             Op::Retain(t, set) => {
                 let topic = format!("t/{t}");

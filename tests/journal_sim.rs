@@ -355,15 +355,12 @@ impl Sim {
             }),
             2 => Record::QueueDelete { queue: q },
             3 => {
-                let qos = self.rng.below(3) as u8;
+                // The options are opaque to the store: random bytes.
+                let options = vec![self.rng.below(256) as u8; self.rng.below(12) as usize];
                 Record::Bind(BindingDef {
                     queue: q,
                     filter: FILTERS[self.rng.below(3) as usize].into(),
-                    max_qos: qos,
-                    subscription_id: (qos > 0).then_some(u32::from(qos)),
-                    no_local: qos == 1,
-                    retain_as_published: qos == 2,
-                    owner: self.rng.coin().then(|| "owner".to_owned()),
+                    options: Bytes::from(options),
                 })
             }
             4 => Record::Unbind {
@@ -398,14 +395,12 @@ impl Sim {
                 let seq = self
                     .queued_seq(q)
                     .unwrap_or_else(|| self.rng.below(self.next_seq.max(1)));
+                // The state is opaque to the store: random bytes.
+                let state = vec![self.rng.below(256) as u8; 1 + self.rng.below(8) as usize];
                 Record::DeliveryState {
                     queue: q,
                     seq,
-                    delivery_count: 1 + self.rng.below(5) as u32,
-                    annotation: self
-                        .rng
-                        .coin()
-                        .then(|| Bytes::from(vec![self.rng.below(256) as u8; 3])),
+                    state: Bytes::from(state),
                 }
             }
             17 => {

@@ -585,15 +585,16 @@ impl Inner {
             let Some(q) = by_id.get(&b.queue) else {
                 continue;
             };
-            let options = rosetta_neutral::BindingOptions {
-                max_guarantee: rosetta_neutral::Guarantee::from_qos(b.max_qos)
-                    .unwrap_or(rosetta_neutral::Guarantee::ExactlyOnce),
-                subscription_id: b.subscription_id,
-                no_local: b.no_local,
-                retain_as_published: b.retain_as_published,
-                retained: rosetta_neutral::RetainedOnBind::None,
-            };
-            routing.bind(q, &b.filter, options, b.owner.map(Arc::from));
+            match codec::decode_binding(b.options) {
+                Ok(stored) => {
+                    routing.bind(q, &b.filter, stored.options, stored.owner);
+                }
+                // Stays in the journal, so a build that can decode it still
+                // finds it; the subscription is gone until then.
+                Err(e) => {
+                    tracing::error!(queue = %q.name, filter = %b.filter, error = %e, "a recovered binding does not decode; it stays in the journal");
+                }
+            }
         }
         // One message at a time, read from the journal as it goes: each
         // queue keeps it in memory or pages it (past the memory budget), so
@@ -634,9 +635,20 @@ impl Inner {
                     continue;
                 };
                 let mut entry = Entry::new(m.seq, Arc::clone(&message), true);
-                entry.delivery_count = placement.delivery_count;
-                entry.redelivered = placement.delivery_count > 0 || placement.annotation.is_some();
-                entry.annotation = placement.annotation;
+                if let Some(state) = placement.state {
+                    // Undecodable state: delivered before, count unknown.
+                    // Counted as one attempt rather than dropped.
+                    let state = codec::decode_delivery_state(state).unwrap_or_else(|e| {
+                        tracing::error!(seq = m.seq, error = %e, "a recovered delivery state does not decode; counted as one delivery");
+                        codec::StoredDelivery {
+                            delivery_count: 1,
+                            annotation: None,
+                        }
+                    });
+                    entry.redelivered = state.delivery_count > 0 || state.annotation.is_some();
+                    entry.delivery_count = state.delivery_count;
+                    entry.annotation = state.annotation;
+                }
                 if let Some(Address::Topic(topic)) = &message.address {
                     entry.matched = routing::match_info(&q.state.lock().bindings, topic);
                 }

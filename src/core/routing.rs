@@ -13,7 +13,7 @@ use rosetta_neutral::{
     QueueSpec, RetainedOnBind, SessionEvent,
 };
 
-use rosetta_store::{BindingDef, QueueDef, Record, StoredLifetime};
+use rosetta_store::{QueueDef, Record, StoredLifetime};
 
 use super::batch::Batch;
 use super::codec;
@@ -483,15 +483,9 @@ impl Inner {
             (q, existed)
         };
         if q.durable {
-            batch.records.push(Record::Bind(BindingDef {
-                queue: q.id,
-                filter: filter.to_owned(),
-                max_qos: options.max_guarantee.qos(),
-                subscription_id: options.subscription_id,
-                no_local: options.no_local,
-                retain_as_published: options.retain_as_published,
-                owner: owner.map(|o| o.to_string()),
-            }));
+            batch
+                .records
+                .push(codec::bind_record(q.id, filter, &options, owner.as_deref()));
         }
         let send_retained = match options.retained {
             RetainedOnBind::Send => true,

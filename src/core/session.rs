@@ -17,6 +17,7 @@ use rosetta_neutral::{
 use rosetta_store::{Completion, Record};
 
 use super::batch::Batch;
+use super::codec;
 use super::queue::{elapsed_ms, ConsumerKey, ConsumerSlot, Queue};
 use super::{Inner, PendingWill};
 
@@ -312,12 +313,12 @@ fn settle_locked(
                     entry.excluded = Some(key);
                 }
                 if delivery_failed && entry.journaled {
-                    batch.records.push(Record::DeliveryState {
-                        queue: queue.id,
-                        seq: entry.seq,
-                        delivery_count: entry.delivery_count,
-                        annotation: None,
-                    });
+                    batch.records.push(codec::delivery_state_record(
+                        queue.id,
+                        entry.seq,
+                        entry.delivery_count,
+                        None,
+                    ));
                 }
                 entry.annotation = None;
                 Queue::put_back(st, entry);
@@ -353,12 +354,12 @@ fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
                 retire_to_dead_letter(queue, &mut st.stats, entry, &mut batch, &mut dead);
             } else {
                 if entry.journaled {
-                    batch.records.push(Record::DeliveryState {
-                        queue: queue.id,
-                        seq: entry.seq,
-                        delivery_count: entry.delivery_count,
-                        annotation: entry.annotation.clone(),
-                    });
+                    batch.records.push(codec::delivery_state_record(
+                        queue.id,
+                        entry.seq,
+                        entry.delivery_count,
+                        entry.annotation.as_ref(),
+                    ));
                 }
                 Queue::put_back(&mut st, entry);
             }
@@ -763,11 +764,13 @@ impl Session for CoreSession {
                 return Err(BrokerError::Unknown("delivery"));
             };
             entry.annotation = Some(annotation.clone());
-            entry.journaled.then(|| Record::DeliveryState {
-                queue: q.id,
-                seq: entry.seq,
-                delivery_count: entry.delivery_count,
-                annotation: Some(annotation),
+            entry.journaled.then(|| {
+                codec::delivery_state_record(
+                    q.id,
+                    entry.seq,
+                    entry.delivery_count,
+                    Some(&annotation),
+                )
             })
         };
         if let Some(record) = record {

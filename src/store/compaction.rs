@@ -160,18 +160,18 @@ fn rewrite(w: &mut Writer, seg: SegmentId) -> Result<Option<usize>, StoreError> 
                     // states, which would otherwise be replayed before the
                     // copy and ignored.
                     let queues = m.placements.keys().copied().collect();
-                    let states: Vec<Record> = m
-                        .placements
-                        .iter()
-                        .filter(|(_, p)| p.has_state_record())
-                        .map(|(q, p)| Record::DeliveryState {
-                            queue: *q,
-                            seq,
-                            delivery_count: p.delivery_count(),
-                            annotation: p.annotation().cloned(),
-                        })
-                        .collect();
-                    copy_bytes += states.len() * (RECORD_FRAME_BYTES + 24);
+                    let mut states = Vec::new();
+                    for (q, p) in m.placements.iter() {
+                        if let Some(state) = p.state() {
+                            // Frame, queue and seq, then the state.
+                            copy_bytes += RECORD_FRAME_BYTES + 16 + state.len();
+                            states.push(Record::DeliveryState {
+                                queue: *q,
+                                seq,
+                                state: state.clone(),
+                            });
+                        }
+                    }
                     copies.push(Record::Message { seq, queues, body });
                     copies.extend(states);
                 }

@@ -90,25 +90,15 @@ pub(crate) struct Placement {
 
 #[derive(Debug, Clone)]
 struct PlacementState {
-    delivery_count: u32,
-    annotation: Option<Bytes>,
+    /// The state as the core encoded it.
+    state: Bytes,
     ds: Slot,
 }
 
 impl Placement {
-    /// True if a `DeliveryState` record for this placement is live on disk.
-    pub(crate) fn has_state_record(&self) -> bool {
-        self.state.is_some()
-    }
-
-    /// Delivery attempts.
-    pub(crate) fn delivery_count(&self) -> u32 {
-        self.state.as_ref().map_or(0, |s| s.delivery_count)
-    }
-
-    /// Opaque annotation.
-    pub(crate) fn annotation(&self) -> Option<&Bytes> {
-        self.state.as_ref().and_then(|s| s.annotation.as_ref())
+    /// The latest delivery state, as the core encoded it.
+    pub(crate) fn state(&self) -> Option<&Bytes> {
+        self.state.as_ref().map(|s| &s.state)
     }
 }
 
@@ -454,12 +444,7 @@ impl Index {
                     self.tombstone(slot, deps);
                 }
             }
-            Record::DeliveryState {
-                queue,
-                seq,
-                delivery_count,
-                annotation,
-            } => {
+            Record::DeliveryState { queue, seq, state } => {
                 let segments = &mut self.segments;
                 let total = &mut self.live_records;
                 let placement = self
@@ -471,8 +456,7 @@ impl Index {
                         live_sub(segments, total, old.ds.loc.seg, old.ds.size, false);
                     }
                     p.state = Some(Box::new(PlacementState {
-                        delivery_count: *delivery_count,
-                        annotation: annotation.clone(),
+                        state: state.clone(),
                         ds: slot,
                     }));
                     live_add(segments, total, slot, false);
@@ -847,11 +831,7 @@ mod tests {
             &Record::Bind(BindingDef {
                 queue: 5,
                 filter: "a/#".into(),
-                max_qos: 1,
-                subscription_id: None,
-                no_local: false,
-                retain_as_published: false,
-                owner: None,
+                options: Bytes::from_static(b"opts-1"),
             }),
             at(1, 1),
             10,
@@ -862,8 +842,7 @@ mod tests {
             &Record::DeliveryState {
                 queue: 5,
                 seq: 9,
-                delivery_count: 1,
-                annotation: None,
+                state: Bytes::from_static(b"ds-1-none"),
             },
             at(2, 1),
             10,
@@ -922,8 +901,7 @@ mod tests {
             &Record::DeliveryState {
                 queue: 1,
                 seq: 1,
-                delivery_count: 3,
-                annotation: None,
+                state: Bytes::from_static(b"ds-3-none"),
             },
             at(1, 0),
             4,

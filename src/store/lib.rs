@@ -406,10 +406,10 @@ pub struct StoreStats {
 pub struct RecoveredPlacement {
     /// The queue.
     pub queue: QueueId,
-    /// Delivery attempts so far.
-    pub delivery_count: u32,
-    /// Latest annotation.
-    pub annotation: Option<Bytes>,
+    /// The latest delivery state the core journaled for it (attempts,
+    /// annotations), as the core encoded it; `None` when it was never
+    /// delivered.
+    pub state: Option<Bytes>,
 }
 
 /// A recovered message with the queues that still hold it.

@@ -72,7 +72,7 @@ pub(crate) struct PendingMessage {
 impl PendingMessage {
     pub(crate) fn new(seq: MessageSeq, loc: Loc, mut placements: Vec<RecoveredPlacement>) -> Self {
         let usual = match placements.as_slice() {
-            [p] => p.delivery_count == 0 && p.annotation.is_none(),
+            [p] => p.state.is_none(),
             _ => false,
         };
         if usual {
@@ -97,8 +97,7 @@ impl PendingMessage {
             Some(all) => *all,
             None => vec![RecoveredPlacement {
                 queue: self.queue,
-                delivery_count: 0,
-                annotation: None,
+                state: None,
             }],
         }
     }

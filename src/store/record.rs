@@ -12,15 +12,24 @@
 //! A reader that meets a tag or version it does not know stops with a typed
 //! error rather than guessing.
 //!
+//! The store reads only what it needs to keep records live and compact
+//! them: kinds and keys (queue id, seq, filter, topic, state key). What the
+//! core says about a message, a binding or a delivery is opaque bytes at
+//! the end of the payload, encoded and decoded by the core
+//! (`rosetta_core::codec`). Version 1 journals were written when the store
+//! still decoded the binding options and delivery state itself; their
+//! bytes sit where the opaque tails sit now and the core reads them in that
+//! same layout, so those journals still open unchanged.
+//!
 //! | tag | kind           | payload (version 1)                                               |
 //! |-----|----------------|-------------------------------------------------------------------|
 //! | 1   | QueueDeclare   | id u64, name str, lifetime u8 (0 permanent, 1 idle-for + ms u64)  |
 //! | 2   | QueueDelete    | queue u64                                                         |
-//! | 3   | Bind           | queue u64, filter str, max_qos u8, subscription_id opt u32, no_local bool, retain_as_published bool, owner opt str |
+//! | 3   | Bind           | queue u64, filter str, options (opaque, to the end)               |
 //! | 4   | Unbind         | queue u64, filter str                                             |
 //! | 5   | Message        | seq u64, queue count u32, queue u64*, body (opaque, to the end)   |
 //! | 6   | Ack            | queue u64, seq u64                                                |
-//! | 7   | DeliveryState  | queue u64, seq u64, delivery_count u32, annotation opt bytes      |
+//! | 7   | DeliveryState  | queue u64, seq u64, state (opaque, to the end)                    |
 //! | 8   | Retain         | topic str, present bool, [seq u64, body (opaque, to the end)]     |
 //! | 9   | State          | key str, value opt bytes                                          |
 
@@ -62,16 +71,8 @@ pub struct BindingDef {
     pub queue: QueueId,
     /// The topic filter.
     pub filter: String,
-    /// Highest QoS granted.
-    pub max_qos: u8,
-    /// MQTT 5 subscription identifier.
-    pub subscription_id: Option<u32>,
-    /// MQTT 5 no-local.
-    pub no_local: bool,
-    /// MQTT 5 retain-as-published.
-    pub retain_as_published: bool,
-    /// Owning session/client, if any.
-    pub owner: Option<String>,
+    /// The binding's options, encoded by the core.
+    pub options: Bytes,
 }
 
 /// One journal record. See the module docs for the encoding and the crate
@@ -118,10 +119,8 @@ pub enum Record {
         queue: QueueId,
         /// The message.
         seq: MessageSeq,
-        /// Delivery attempts so far.
-        delivery_count: u32,
-        /// Opaque annotation (e.g. AMQP modified annotations).
-        annotation: Option<Bytes>,
+        /// The delivery state (attempts, annotations), encoded by the core.
+        state: Bytes,
     },
     /// Sets (`Some`) or clears (`None`) the retained message of a topic.
     Retain {
@@ -193,11 +192,7 @@ impl Record {
             Record::Bind(b) => {
                 wire::put_u64(out, b.queue);
                 wire::put_str(out, &b.filter);
-                wire::put_u8(out, b.max_qos);
-                wire::put_opt_u32(out, b.subscription_id);
-                wire::put_bool(out, b.no_local);
-                wire::put_bool(out, b.retain_as_published);
-                wire::put_opt_str(out, b.owner.as_deref());
+                out.extend_from_slice(&b.options);
             }
             Record::Unbind { queue, filter } => {
                 wire::put_u64(out, *queue);
@@ -215,16 +210,10 @@ impl Record {
                 wire::put_u64(out, *queue);
                 wire::put_u64(out, *seq);
             }
-            Record::DeliveryState {
-                queue,
-                seq,
-                delivery_count,
-                annotation,
-            } => {
+            Record::DeliveryState { queue, seq, state } => {
                 wire::put_u64(out, *queue);
                 wire::put_u64(out, *seq);
-                wire::put_u32(out, *delivery_count);
-                wire::put_opt_bytes(out, annotation.as_deref());
+                out.extend_from_slice(state);
             }
             Record::Retain { topic, message } => {
                 wire::put_str(out, topic);
@@ -267,11 +256,7 @@ impl Record {
             tag::BIND => Record::Bind(BindingDef {
                 queue: r.u64("queue id")?,
                 filter: r.string("filter")?,
-                max_qos: r.u8("max qos")?,
-                subscription_id: r.opt_u32("subscription id")?,
-                no_local: r.bool("no local")?,
-                retain_as_published: r.bool("retain as published")?,
-                owner: r.opt_string("owner")?,
+                options: r.rest(),
             }),
             tag::UNBIND => Record::Unbind {
                 queue: r.u64("queue id")?,
@@ -294,8 +279,7 @@ impl Record {
             tag::DELIVERY_STATE => Record::DeliveryState {
                 queue: r.u64("queue id")?,
                 seq: r.u64("seq")?,
-                delivery_count: r.u32("delivery count")?,
-                annotation: r.opt_bytes("annotation")?,
+                state: r.rest(),
             },
             tag::RETAIN => {
                 let topic = r.string("topic")?;
@@ -458,20 +442,12 @@ pub(crate) mod tests {
             Record::Bind(BindingDef {
                 queue: 1,
                 filter: "a/+/c".into(),
-                max_qos: 2,
-                subscription_id: Some(17),
-                no_local: true,
-                retain_as_published: true,
-                owner: Some("client-1".into()),
+                options: Bytes::from_static(b"opts-2"),
             }),
             Record::Bind(BindingDef {
                 queue: 1,
                 filter: "#".into(),
-                max_qos: 0,
-                subscription_id: None,
-                no_local: false,
-                retain_as_published: false,
-                owner: None,
+                options: Bytes::from_static(b"opts-0"),
             }),
             Record::Unbind {
                 queue: 1,
@@ -486,14 +462,12 @@ pub(crate) mod tests {
             Record::DeliveryState {
                 queue: 1,
                 seq: 10,
-                delivery_count: 2,
-                annotation: Some(Bytes::from_static(b"ann")),
+                state: Bytes::from_static(b"ds-2-ann"),
             },
             Record::DeliveryState {
                 queue: 1,
                 seq: 10,
-                delivery_count: 3,
-                annotation: None,
+                state: Bytes::from_static(b"ds-3-none"),
             },
             Record::Retain {
                 topic: "a/b/c".into(),

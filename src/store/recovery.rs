@@ -864,8 +864,7 @@ pub(crate) fn collect(index: &mut Index) -> super::RecoveredState {
                 .iter()
                 .map(|(q, p)| RecoveredPlacement {
                     queue: *q,
-                    delivery_count: p.delivery_count(),
-                    annotation: p.annotation().cloned(),
+                    state: p.state().cloned(),
                 })
                 .collect();
             PendingMessage::new(seq, m.loc(), placements)

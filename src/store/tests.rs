@@ -172,11 +172,7 @@ fn every_record_kind_survives_reopen() {
             Record::Bind(BindingDef {
                 queue: 1,
                 filter: "a/#".into(),
-                max_qos: 1,
-                subscription_id: Some(3),
-                no_local: true,
-                retain_as_published: false,
-                owner: Some("c".into()),
+                options: Bytes::from_static(b"opts-1"),
             }),
         ],
     );
@@ -194,8 +190,7 @@ fn every_record_kind_survives_reopen() {
             Record::DeliveryState {
                 queue: 2,
                 seq: 5,
-                delivery_count: 4,
-                annotation: Some(Bytes::from_static(b"a")),
+                state: Bytes::from_static(b"ds-4-ann"),
             },
             Record::Retain {
                 topic: "t".into(),
@@ -212,7 +207,7 @@ fn every_record_kind_survives_reopen() {
     assert_eq!(rec.queues.len(), 2);
     assert_eq!(rec.queues[1].lifetime, StoredLifetime::IdleForMs(500));
     assert_eq!(rec.bindings.len(), 1);
-    assert_eq!(rec.bindings[0].subscription_id, Some(3));
+    assert_eq!(rec.bindings[0].options, Bytes::from_static(b"opts-1"));
     assert_eq!(rec.messages.len(), 1);
     assert_eq!(
         rec.messages[0].body,
@@ -224,13 +219,11 @@ fn every_record_kind_survives_reopen() {
         vec![
             RecoveredPlacement {
                 queue: 1,
-                delivery_count: 0,
-                annotation: None
+                state: None,
             },
             RecoveredPlacement {
                 queue: 2,
-                delivery_count: 4,
-                annotation: Some(Bytes::from_static(b"a"))
+                state: Some(Bytes::from_static(b"ds-4-ann")),
             },
         ]
     );
@@ -690,8 +683,7 @@ fn rewritten_message_keeps_only_live_queues_and_its_delivery_state() {
         vec![Record::DeliveryState {
             queue: 2,
             seq: 10,
-            delivery_count: 3,
-            annotation: Some(Bytes::from_static(b"ann")),
+            state: Bytes::from_static(b"ds-3-ann"),
         }],
     );
     commit(&store, vec![Record::Ack { queue: 1, seq: 10 }]);
@@ -722,13 +714,11 @@ fn rewritten_message_keeps_only_live_queues_and_its_delivery_state() {
             vec![
                 RecoveredPlacement {
                     queue: 2,
-                    delivery_count: 3,
-                    annotation: Some(Bytes::from_static(b"ann"))
+                    state: Some(Bytes::from_static(b"ds-3-ann")),
                 },
                 RecoveredPlacement {
                     queue: 3,
-                    delivery_count: 0,
-                    annotation: None
+                    state: None,
                 },
             ]
         );

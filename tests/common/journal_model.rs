@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use rosetta::store::{BindingDef, MessageSeq, QueueDef, QueueId, Record, RecoveredMessage};
 
-/// Who holds a message: queue -> (delivery count, annotation).
-pub type Placements = BTreeMap<QueueId, (u32, Option<Bytes>)>;
+/// Who holds a message: queue -> its latest delivery state (opaque to the
+/// store), if it has one.
+pub type Placements = BTreeMap<QueueId, Option<Bytes>>;
 
 /// The committed state, by the replay rules in the store docs.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -45,7 +46,7 @@ impl JournalModel {
                 if self.messages.contains_key(seq) || queues.is_empty() {
                     return;
                 }
-                let placements = queues.iter().map(|q| (*q, (0, None))).collect();
+                let placements = queues.iter().map(|q| (*q, None)).collect();
                 self.messages.insert(*seq, (body.to_bytes(), placements));
             }
             Record::Ack { queue, seq } => {
@@ -56,18 +57,13 @@ impl JournalModel {
                     }
                 }
             }
-            Record::DeliveryState {
-                queue,
-                seq,
-                delivery_count,
-                annotation,
-            } => {
+            Record::DeliveryState { queue, seq, state } => {
                 if let Some(p) = self
                     .messages
                     .get_mut(seq)
                     .and_then(|(_, p)| p.get_mut(queue))
                 {
-                    *p = (*delivery_count, annotation.clone());
+                    *p = Some(state.clone());
                 }
             }
             Record::Retain { topic, message } => match message {
@@ -116,7 +112,7 @@ impl JournalModel {
                     let p = m
                         .queues
                         .iter()
-                        .map(|p| (p.queue, (p.delivery_count, p.annotation.clone())))
+                        .map(|p| (p.queue, p.state.clone()))
                         .collect();
                     (m.seq, (m.body.clone(), p))
                 })

@@ -28,6 +28,9 @@
 //!
 //! Optional items are a presence byte (0 or 1) followed by the value. Floats
 //! are stored as their IEEE bit patterns, so NaN payloads survive too.
+//!
+//! [`tails`] encodes the core's part of the binding and delivery-state
+//! records the same way.
 
 use std::sync::Arc;
 
@@ -36,6 +39,12 @@ use rosetta_neutral::{Address, Body, BodyKind, Guarantee, Message, MessageId, Pr
 
 use rosetta_store::wire::{self, DecodeError, Reader};
 use rosetta_store::{EncodeOpaque, Opaque};
+
+mod tails;
+pub use tails::{
+    bind_record, decode_binding, decode_delivery_state, delivery_state_record, StoredBinding,
+    StoredDelivery,
+};
 
 /// Version byte written in front of every encoded message.
 pub const MESSAGE_CODEC_VERSION: u8 = 1;

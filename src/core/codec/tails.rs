@@ -1,0 +1,174 @@
+//! The core's part of two journal records, kept by the store as opaque
+//! bytes at the end of the record (see `rosetta_store::record`):
+//!
+//! | record        | opaque tail                                                                   |
+//! |---------------|-------------------------------------------------------------------------------|
+//! | Bind          | max qos `u8`, subscription id optional `u32`, no-local `u8` bool, retain-as-published `u8` bool, owner optional string |
+//! | DeliveryState | delivery count `u32`, annotation optional bytes                               |
+//!
+//! These are the layouts the store itself wrote and read in version 1 of
+//! those records, byte for byte, so journals written before the store
+//! stopped decoding them still open. A new field goes at the end, read only
+//! when bytes remain.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use rosetta_neutral::{BindingOptions, Guarantee, RetainedOnBind};
+use rosetta_store::wire::{self, DecodeError, Reader};
+use rosetta_store::{BindingDef, MessageSeq, QueueId, Record};
+
+/// A binding's options as the journal keeps them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBinding {
+    /// The options (`retained` is not kept: it applies when binding).
+    pub options: BindingOptions,
+    /// The client that owns the binding, if any.
+    pub owner: Option<Arc<str>>,
+}
+
+/// A delivered message's state as the journal keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoredDelivery {
+    /// Delivery attempts so far.
+    pub delivery_count: u32,
+    /// Annotations a consumer added (AMQP `modified` message-annotations).
+    pub annotation: Option<Bytes>,
+}
+
+/// The Bind record for `filter` on `queue`.
+pub fn bind_record(
+    queue: QueueId,
+    filter: &str,
+    options: &BindingOptions,
+    owner: Option<&str>,
+) -> Record {
+    let mut out = Vec::with_capacity(16 + owner.map_or(0, str::len));
+    wire::put_u8(&mut out, options.max_guarantee.qos());
+    wire::put_opt_u32(&mut out, options.subscription_id);
+    wire::put_bool(&mut out, options.no_local);
+    wire::put_bool(&mut out, options.retain_as_published);
+    wire::put_opt_str(&mut out, owner);
+    Record::Bind(BindingDef {
+        queue,
+        filter: filter.to_owned(),
+        options: out.into(),
+    })
+}
+
+/// The options of a recovered Bind record.
+pub fn decode_binding(options: Bytes) -> Result<StoredBinding, DecodeError> {
+    let mut r = Reader::new(options);
+    let qos = r.u8("max qos")?;
+    let max_guarantee = Guarantee::from_qos(qos).ok_or(DecodeError::BadTag {
+        what: "max qos",
+        tag: qos,
+    })?;
+    let options = BindingOptions {
+        max_guarantee,
+        subscription_id: r.opt_u32("subscription id")?,
+        no_local: r.bool("no local")?,
+        retain_as_published: r.bool("retain as published")?,
+        retained: RetainedOnBind::None,
+    };
+    let owner = r.opt_string("owner")?.map(Arc::from);
+    Ok(StoredBinding { options, owner })
+}
+
+/// The DeliveryState record of message `seq` in `queue`.
+pub fn delivery_state_record(
+    queue: QueueId,
+    seq: MessageSeq,
+    delivery_count: u32,
+    annotation: Option<&Bytes>,
+) -> Record {
+    let mut out = Vec::with_capacity(9 + annotation.map_or(0, Bytes::len));
+    wire::put_u32(&mut out, delivery_count);
+    wire::put_opt_bytes(&mut out, annotation.map(|a| &a[..]));
+    Record::DeliveryState {
+        queue,
+        seq,
+        state: out.into(),
+    }
+}
+
+/// The state of a recovered DeliveryState record.
+pub fn decode_delivery_state(state: Bytes) -> Result<StoredDelivery, DecodeError> {
+    let mut r = Reader::new(state);
+    Ok(StoredDelivery {
+        delivery_count: r.u32("delivery count")?,
+        annotation: r.opt_bytes("annotation")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tail(record: &Record) -> Bytes {
+        match record {
+            Record::Bind(b) => b.options.clone(),
+            Record::DeliveryState { state, .. } => state.clone(),
+            other => panic!("not a record with a tail: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn binding_options_round_trip() {
+        let options = BindingOptions {
+            max_guarantee: Guarantee::AtLeastOnce,
+            subscription_id: Some(7),
+            no_local: true,
+            retain_as_published: true,
+            retained: RetainedOnBind::Send,
+        };
+        let r = bind_record(3, "a/+", &options, Some("client-1"));
+        let back = decode_binding(tail(&r)).expect("decodes");
+        assert_eq!(back.options.max_guarantee, Guarantee::AtLeastOnce);
+        assert_eq!(back.options.subscription_id, Some(7));
+        assert!(back.options.no_local && back.options.retain_as_published);
+        // Not kept: it only applies at bind time.
+        assert_eq!(back.options.retained, RetainedOnBind::None);
+        assert_eq!(back.owner.as_deref(), Some("client-1"));
+    }
+
+    #[test]
+    fn binding_tail_is_the_version_1_layout() {
+        // What the store wrote when it encoded the options itself: qos 1,
+        // subscription id 3 (present), no-local, not retain-as-published,
+        // owner "c".
+        let v1: &[u8] = &[1, 1, 3, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, b'c'];
+        let options = BindingOptions {
+            max_guarantee: Guarantee::AtLeastOnce,
+            subscription_id: Some(3),
+            no_local: true,
+            ..BindingOptions::default()
+        };
+        assert_eq!(&tail(&bind_record(1, "a/#", &options, Some("c")))[..], v1);
+        let back = decode_binding(Bytes::from_static(v1)).expect("decodes");
+        assert_eq!(back.options, options);
+    }
+
+    #[test]
+    fn delivery_state_round_trips_in_the_version_1_layout() {
+        let ann = Bytes::from_static(b"ann");
+        let r = delivery_state_record(2, 5, 4, Some(&ann));
+        assert_eq!(
+            &tail(&r)[..],
+            &[4, 0, 0, 0, 1, 3, 0, 0, 0, b'a', b'n', b'n']
+        );
+        let back = decode_delivery_state(tail(&r)).expect("decodes");
+        assert_eq!(back.delivery_count, 4);
+        assert_eq!(back.annotation, Some(ann));
+        let none = decode_delivery_state(tail(&delivery_state_record(2, 5, 1, None)));
+        assert_eq!(none.expect("decodes").annotation, None);
+    }
+
+    #[test]
+    fn a_short_tail_is_an_error_not_a_default() {
+        assert!(decode_binding(Bytes::new()).is_err());
+        assert!(decode_delivery_state(Bytes::from_static(&[1, 0])).is_err());
+        // A qos that is no qos.
+        assert!(decode_binding(Bytes::from_static(&[9, 0, 0, 0, 0])).is_err());
+    }
+}
