@@ -6,14 +6,18 @@
 //! the broker serving: consumers still drain, compaction still frees
 //! segments, and producers resume once there is room again.
 //!
-//! The housekeeping thread samples free space (one `statvfs`) at most once
-//! per [`DISK_CHECK_INTERVAL`]; the hot path reads one atomic.
+//! The housekeeping thread samples free space at most once per
+//! [`DISK_CHECK_INTERVAL`], through the journal's [`Storage`] (one
+//! `statvfs` on a real disk; a simulated disk reports what its test sets);
+//! the hot path reads one atomic.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use rosetta_store::Storage;
 
 /// How often free space is sampled: a producer fills at most this much
 /// time's worth of writes past the limit.
@@ -33,6 +37,7 @@ pub struct DiskFreeMin {
 #[derive(Debug)]
 pub(crate) struct DiskWatch {
     limit: Option<DiskFreeMin>,
+    storage: Arc<dyn Storage>,
     low: AtomicBool,
     /// Last sampled free bytes; `u64::MAX` until sampled or unwatched.
     free: AtomicU64,
@@ -40,9 +45,10 @@ pub(crate) struct DiskWatch {
 }
 
 impl DiskWatch {
-    pub(crate) fn new(limit: Option<DiskFreeMin>) -> Self {
+    pub(crate) fn new(limit: Option<DiskFreeMin>, storage: Arc<dyn Storage>) -> Self {
         let watch = Self {
             limit,
+            storage,
             low: AtomicBool::new(false),
             free: AtomicU64::new(u64::MAX),
             last_check: Mutex::new(None),
@@ -79,8 +85,8 @@ impl DiskWatch {
     fn check(&self, now: Instant) {
         let Some(limit) = &self.limit else { return };
         *self.last_check.lock() = Some(now);
-        let free = match rustix::fs::statvfs(&limit.dir) {
-            Ok(s) => s.f_bavail.saturating_mul(s.f_frsize),
+        let free = match self.storage.free_bytes(&limit.dir) {
+            Ok(free) => free,
             Err(e) => {
                 // Unknown is not "full": keep the last verdict, say why.
                 tracing::warn!(dir = %limit.dir.display(), error = %e, "cannot read free disk space");
@@ -105,13 +111,40 @@ impl DiskWatch {
 
 #[cfg(test)]
 mod tests {
+    use rosetta_store::sim::SimDisk;
+    use rosetta_store::OsStorage;
+
     use super::*;
 
     fn watch(bytes: u64) -> DiskWatch {
-        DiskWatch::new(Some(DiskFreeMin {
-            dir: std::env::temp_dir(),
-            bytes,
-        }))
+        DiskWatch::new(
+            Some(DiskFreeMin {
+                dir: std::env::temp_dir(),
+                bytes,
+            }),
+            Arc::new(OsStorage),
+        )
+    }
+
+    #[test]
+    fn producers_wait_while_the_journal_disk_is_short_and_resume_when_it_is_not() {
+        let disk = SimDisk::new(7);
+        let dir = PathBuf::from("/data");
+        disk.create_dir_all(&dir).expect("mkdir");
+        let w = DiskWatch::new(
+            Some(DiskFreeMin { dir, bytes: 1_000 }),
+            Arc::new(disk.clone()),
+        );
+        assert!(!w.is_low());
+        // Sampled once at creation; the next sample is due an interval on.
+        let start = Instant::now() + DISK_CHECK_INTERVAL;
+        disk.set_free_bytes(999);
+        w.check_if_due(start);
+        assert!(w.is_low(), "one byte short of the limit");
+        assert_eq!(w.free_bytes(), Some(999));
+        disk.set_free_bytes(1_000);
+        w.check_if_due(start + DISK_CHECK_INTERVAL);
+        assert!(!w.is_low(), "at the limit again");
     }
 
     #[test]
@@ -126,7 +159,7 @@ mod tests {
 
     #[test]
     fn unwatched_is_never_low_and_reports_nothing() {
-        let w = DiskWatch::new(None);
+        let w = DiskWatch::new(None, Arc::new(OsStorage));
         w.check_if_due(Instant::now());
         assert!(!w.is_low());
         assert_eq!(w.free_bytes(), None);
@@ -134,10 +167,13 @@ mod tests {
 
     #[test]
     fn an_unreadable_directory_keeps_the_last_verdict() {
-        let w = DiskWatch::new(Some(DiskFreeMin {
-            dir: PathBuf::from("/nonexistent/rosetta-disk-watch"),
-            bytes: u64::MAX,
-        }));
+        let w = DiskWatch::new(
+            Some(DiskFreeMin {
+                dir: PathBuf::from("/nonexistent/rosetta-disk-watch"),
+                bytes: u64::MAX,
+            }),
+            Arc::new(OsStorage),
+        );
         assert!(!w.is_low(), "never sampled: not assumed full");
         assert_eq!(w.free_bytes(), None);
     }

@@ -42,7 +42,9 @@ use rosetta_neutral::{
     ScramCredentials, Session, SessionEvent, SessionInfo,
 };
 
-use rosetta_store::{Completion, MessageSeq, QueueId, Record, Recovered, Store, StoreError};
+use rosetta_store::{
+    Completion, MessageSeq, OsStorage, QueueId, Record, Recovered, Storage, Store, StoreError,
+};
 
 pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
@@ -227,6 +229,13 @@ pub trait Journal: Send + Sync + 'static {
             .map(|_| Err(ReadBackError::Store(StoreError::Closed)))
             .collect()
     }
+
+    /// The files the journal lives on: where the disk limit of producer
+    /// flow control reads free space. A journal that keeps nothing has
+    /// the host's files.
+    fn storage(&self) -> Arc<dyn Storage> {
+        Arc::new(OsStorage)
+    }
 }
 
 impl Journal for Store {
@@ -240,6 +249,10 @@ impl Journal for Store {
             .zip(seqs)
             .map(|(read, seq)| decode_journaled(*seq, read?))
             .collect()
+    }
+
+    fn storage(&self) -> Arc<dyn Storage> {
+        Arc::clone(Store::storage(self))
     }
 }
 
@@ -335,7 +348,7 @@ impl Core {
             }
         });
         let memory = Arc::new(MemoryGauge::new(config.memory_budget_bytes, paging_dir));
-        let disk = DiskWatch::new(config.disk_free_min.clone());
+        let disk = DiskWatch::new(config.disk_free_min.clone(), journal.storage());
         let inner = Arc::new(Inner {
             config,
             journal,

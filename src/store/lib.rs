@@ -678,6 +678,11 @@ impl Store {
         going
     }
 
+    /// The files the journal is kept in.
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
     /// Current counters.
     pub fn stats(&self) -> StoreStats {
         let c = &self.shared.stats;

@@ -179,6 +179,8 @@ struct State {
     one_shots: Vec<OneShot>,
     corrupt_reads: Vec<(PathBuf, u64, u64)>,
     power_fails_at_op: Option<u64>,
+    /// What [`Storage::free_bytes`] reports, whatever the directory.
+    free_bytes: u64,
     stats: SimStats,
     trace: VecDeque<String>,
 }
@@ -336,6 +338,9 @@ fn put(buf: &mut Vec<u8>, offset: u64, bytes: &[u8]) {
     buf[at..end].copy_from_slice(bytes);
 }
 
+/// Free space a new simulated disk reports: plenty (1 TiB).
+pub const SIM_FREE_BYTES_DEFAULT: u64 = 1 << 40;
+
 /// The simulated disk. Cheap to clone; clones share one disk.
 ///
 /// A program run on the disk (a store) gets its own handle from
@@ -370,11 +375,18 @@ impl SimDisk {
                 one_shots: Vec::new(),
                 corrupt_reads: Vec::new(),
                 power_fails_at_op: None,
+                free_bytes: SIM_FREE_BYTES_DEFAULT,
                 stats: SimStats::default(),
                 trace: VecDeque::new(),
             })),
             epoch: None,
         }
+    }
+
+    /// Sets the free space every directory reports from now on (a disk
+    /// filling up, or freed).
+    pub fn set_free_bytes(&self, bytes: u64) {
+        self.state.lock().free_bytes = bytes;
     }
 
     /// A handle for one run of a program on the disk, until the next
@@ -654,6 +666,17 @@ impl Storage for SimDisk {
 
     fn random_u32(&self) -> u32 {
         self.state.lock().rng.next_u64() as u32
+    }
+
+    fn free_bytes(&self, dir: &Path) -> io::Result<u64> {
+        let st = self.live()?;
+        if !st.dirs.contains(dir) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no directory {}", dir.display()),
+            ));
+        }
+        Ok(st.free_bytes)
     }
 
     fn try_lock(&self, path: &Path) -> io::Result<Option<Box<dyn LockGuard>>> {

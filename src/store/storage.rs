@@ -51,6 +51,9 @@ pub trait Storage: Send + Sync + Debug + 'static {
     /// A random number: the salt of a new journal (see `segment`). Here so
     /// that a simulated disk can draw it from its seed.
     fn random_u32(&self) -> u32;
+    /// Bytes free for this process on the filesystem holding `dir` (what
+    /// the disk limit of producer flow control watches).
+    fn free_bytes(&self, dir: &Path) -> io::Result<u64>;
 }
 
 /// An open file.
@@ -158,6 +161,13 @@ impl Storage for OsStorage {
 
     fn random_u32(&self) -> u32 {
         rand::random()
+    }
+
+    fn free_bytes(&self, dir: &Path) -> io::Result<u64> {
+        // Available to an unprivileged user (f_bavail), not f_bfree: the
+        // reserved blocks are not ours to fill.
+        let s = rustix::fs::statvfs(dir)?;
+        Ok(s.f_bavail.saturating_mul(s.f_frsize))
     }
 
     fn try_lock(&self, path: &Path) -> io::Result<Option<Box<dyn LockGuard>>> {
