@@ -22,10 +22,10 @@ use bytes::Bytes;
 use rosetta::core::codec;
 use rosetta::store::{
     BindingDef, MessageSeq, QueueDef, QueueId, Record, RecoveredPlacement, Store, StoreConfig,
-    StoredLifetime,
 };
 use rosetta_neutral::{
-    Address, BindingOptions, Body, BodyKind, Guarantee, Message, MessageId, Properties, Value,
+    Address, BindingOptions, Body, BodyKind, Guarantee, Message, MessageId, Properties,
+    QueueLifetime, Value,
 };
 
 fn fixture_dir(name: &str) -> PathBuf {
@@ -90,12 +90,14 @@ fn rich_message(n: u64, body_bytes: usize) -> Message {
     }
 }
 
-fn declare(id: QueueId, name: &str, lifetime: StoredLifetime) -> Record {
-    Record::QueueDeclare(QueueDef {
-        id,
-        name: name.into(),
-        lifetime,
-    })
+/// A queue declaration as the core journals it (the fixture's bytes were
+/// written while the store still encoded the lifetime itself).
+fn declare(id: QueueId, name: &str, lifetime: QueueLifetime) -> Record {
+    codec::queue_declare_record(id, name, lifetime)
+}
+
+fn idle_for_ms(ms: u64) -> QueueLifetime {
+    QueueLifetime::IdleFor(Duration::from_millis(ms))
 }
 
 /// A binding as the core journals it. The fixture was written while the
@@ -170,10 +172,10 @@ fn write_representative_journal(dir: &Path) {
     commit(
         &store,
         vec![
-            declare(1, "orders", StoredLifetime::Permanent),
-            declare(2, "$mqtt/client-a", StoredLifetime::IdleForMs(60_000)),
-            declare(3, "doomed", StoredLifetime::Permanent),
-            declare(4, "$share/g/sensors/#", StoredLifetime::IdleForMs(5_000)),
+            declare(1, "orders", QueueLifetime::Permanent),
+            declare(2, "$mqtt/client-a", idle_for_ms(60_000)),
+            declare(3, "doomed", QueueLifetime::Permanent),
+            declare(4, "$share/g/sensors/#", idle_for_ms(5_000)),
         ],
     );
     commit(
@@ -344,16 +346,15 @@ fn placement(
 }
 
 fn expected() -> Expected {
-    let q = |id, name: &str, lifetime| QueueDef {
-        id,
-        name: name.into(),
-        lifetime,
+    let q = |id, name: &str, lifetime| match declare(id, name, lifetime) {
+        Record::QueueDeclare(def) => def,
+        other => panic!("queue_declare_record made {other:?}"),
     };
     Expected {
         queues: vec![
-            q(1, "orders", StoredLifetime::Permanent),
-            q(2, "$mqtt/client-a", StoredLifetime::IdleForMs(60_000)),
-            q(4, "$share/g/sensors/#", StoredLifetime::IdleForMs(5_000)),
+            q(1, "orders", QueueLifetime::Permanent),
+            q(2, "$mqtt/client-a", idle_for_ms(60_000)),
+            q(4, "$share/g/sensors/#", idle_for_ms(5_000)),
         ],
         bindings: vec![
             binding(2, "alerts/+", 2, Some("client-a")),

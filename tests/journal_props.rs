@@ -16,7 +16,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use rosetta::store::{
     segment, BindingDef, MessageSeq, Opaque, QueueDef, QueueId, Record, Recovered,
-    RecoveredMessage, Store, StoreConfig, StoreError, StoredLifetime,
+    RecoveredMessage, Store, StoreConfig, StoreError,
 };
 
 use common::journal_model::JournalModel;
@@ -61,11 +61,12 @@ fn to_records(ops: &[Op], next_seq: &mut MessageSeq) -> Vec<Record> {
             Op::Declare(q, permanent) => Record::QueueDeclare(QueueDef {
                 id: *q,
                 name: format!("q{q}"),
-                lifetime: if *permanent {
-                    StoredLifetime::Permanent
+                // Opaque to the store.
+                attributes: Bytes::from(if *permanent {
+                    "permanent".to_owned()
                 } else {
-                    StoredLifetime::IdleForMs(*q * 1000)
-                },
+                    format!("idle for {}", *q * 1000)
+                }),
             }),
             Op::Delete(q) => Record::QueueDelete { queue: *q },
             Op::Bind(q, f, qos) => Record::Bind(BindingDef {

@@ -32,7 +32,6 @@ use parking_lot::Mutex;
 use rosetta::store::sim::{SimDisk, SimOp, SimRng};
 use rosetta::store::{
     BindingDef, MessageSeq, Opaque, QueueDef, QueueId, Record, Store, StoreConfig, StoreError,
-    StoredLifetime,
 };
 
 use common::journal_model::JournalModel;
@@ -347,11 +346,11 @@ impl Sim {
             0..=1 => Record::QueueDeclare(QueueDef {
                 id: q,
                 name: format!("q{q}"),
-                lifetime: if self.rng.coin() {
-                    StoredLifetime::Permanent
-                } else {
-                    StoredLifetime::IdleForMs(self.rng.below(100_000))
-                },
+                // Opaque to the store: random bytes.
+                attributes: Bytes::from(vec![
+                    self.rng.below(256) as u8;
+                    self.rng.below(10) as usize
+                ]),
             }),
             2 => Record::QueueDelete { queue: q },
             3 => {

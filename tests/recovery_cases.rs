@@ -11,12 +11,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 
 use bytes::Bytes;
+use rosetta::core::codec;
 use rosetta::store::segment::{self, SegmentHeader, SegmentScanner, SEGMENT_HEADER_BYTES};
 use rosetta::store::sim::{SimDisk, SimOp};
 use rosetta::store::{
-    Damage, ManifestState, MessageSeq, Opaque, OsStorage, QueueDef, Record, RecoveryReport, Store,
-    StoreConfig, StoreError, StoredLifetime,
+    Damage, ManifestState, MessageSeq, Opaque, OsStorage, Record, RecoveryReport, Store,
+    StoreConfig, StoreError,
 };
+use rosetta_neutral::QueueLifetime;
 
 /// Each segment with its entries: (path, [(offset, len, entry seq)]).
 type Layout = Vec<(PathBuf, Vec<(u64, u64, u64)>)>;
@@ -183,16 +185,8 @@ fn build(disk: &dyn Disk) -> Layout {
     commit(
         &store,
         vec![
-            Record::QueueDeclare(QueueDef {
-                id: 1,
-                name: "orders".into(),
-                lifetime: StoredLifetime::Permanent,
-            }),
-            Record::QueueDeclare(QueueDef {
-                id: 2,
-                name: "billing".into(),
-                lifetime: StoredLifetime::Permanent,
-            }),
+            codec::queue_declare_record(1, "orders", QueueLifetime::Permanent),
+            codec::queue_declare_record(2, "billing", QueueLifetime::Permanent),
         ],
     );
     for seq in 0..MESSAGES {
@@ -650,11 +644,11 @@ fn a_segment_compaction_retired_before_a_crash_is_removed_unread() {
         let (store, _) = open(&*d);
         commit(
             &store,
-            vec![Record::QueueDeclare(QueueDef {
-                id: 1,
-                name: "orders".into(),
-                lifetime: StoredLifetime::Permanent,
-            })],
+            vec![codec::queue_declare_record(
+                1,
+                "orders",
+                QueueLifetime::Permanent,
+            )],
         );
         for seq in 0..30u64 {
             commit(

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use rosetta::core::{codec, AllowAll, Core, CoreConfig};
-use rosetta::store::{QueueDef, Record, Store, StoreConfig, StoredLifetime};
+use rosetta::store::{Record, Store, StoreConfig};
 use rosetta_neutral::{
     Broker, ConsumerSpec, CreditMode, EventSink, Message, Outcome, Principal, Protocol,
-    SessionEvent, SessionInfo,
+    QueueLifetime, SessionEvent, SessionInfo,
 };
 
 /// Messages kept in the deep queue.
@@ -52,13 +52,7 @@ fn fill(dir: &Path) {
         Ok(x) => x,
         Err(e) => panic!("open: {e}"),
     };
-    let declare = |id, name: &str| {
-        Record::QueueDeclare(QueueDef {
-            id,
-            name: name.into(),
-            lifetime: StoredLifetime::Permanent,
-        })
-    };
+    let declare = |id, name: &str| codec::queue_declare_record(id, name, QueueLifetime::Permanent);
     store.append(vec![declare(1, "deep"), declare(2, "busy")], None);
     for i in 0..KEPT {
         let mut kept = Message::text(kept_body(i));

@@ -5,7 +5,9 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::mpsc;
 
-use rosetta::store::{Opaque, QueueDef, Record, Store, StoreConfig, StoredLifetime};
+use rosetta::core::codec;
+use rosetta::store::{Opaque, Record, Store, StoreConfig};
+use rosetta_neutral::QueueLifetime;
 
 fn commit(store: &Store, records: Vec<Record>) {
     let (tx, rx) = mpsc::channel();
@@ -52,11 +54,11 @@ fn store_check_reports_damage_and_missing_segments_and_changes_nothing() {
     };
     commit(
         &store,
-        vec![Record::QueueDeclare(QueueDef {
-            id: 1,
-            name: "orders".into(),
-            lifetime: StoredLifetime::Permanent,
-        })],
+        vec![codec::queue_declare_record(
+            1,
+            "orders",
+            QueueLifetime::Permanent,
+        )],
     );
     for seq in 0..40 {
         commit(

@@ -574,12 +574,13 @@ impl Inner {
         let mut routing = self.routing.write();
         let mut by_id: HashMap<QueueId, Arc<Queue>> = HashMap::new();
         for def in queues {
-            let lifetime = match def.lifetime {
-                rosetta_store::StoredLifetime::Permanent => {
+            let lifetime = match codec::decode_queue(def.attributes) {
+                Ok(stored) => stored.lifetime,
+                // Kept, and kept for good: an expiry we cannot read must not
+                // delete what the queue holds.
+                Err(e) => {
+                    tracing::error!(queue = %def.name, error = %e, "a recovered queue's attributes do not decode; it is kept as a permanent queue");
                     rosetta_neutral::QueueLifetime::Permanent
-                }
-                rosetta_store::StoredLifetime::IdleForMs(ms) => {
-                    rosetta_neutral::QueueLifetime::IdleFor(Duration::from_millis(ms))
                 }
             };
             let q = Arc::new(Queue::new(

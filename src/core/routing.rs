@@ -13,7 +13,7 @@ use rosetta_neutral::{
     QueueSpec, RetainedOnBind, SessionEvent,
 };
 
-use rosetta_store::{QueueDef, Record, StoredLifetime};
+use rosetta_store::Record;
 
 use super::batch::Batch;
 use super::codec;
@@ -208,15 +208,6 @@ fn add_match(info: &mut MatchInfo, options: &BindingOptions) {
     info.retain_as_published |= options.retain_as_published;
 }
 
-fn stored_lifetime(lifetime: QueueLifetime) -> StoredLifetime {
-    match lifetime {
-        QueueLifetime::IdleFor(d) => {
-            StoredLifetime::IdleForMs(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        }
-        _ => StoredLifetime::Permanent,
-    }
-}
-
 impl Inner {
     /// Routes `message` to the queues of `address` inside `batch`. Returns
     /// how many queues it went to. `origin` is the publisher's client id
@@ -366,11 +357,9 @@ impl Inner {
             if lasting(q.lifetime()) && lasting(spec.lifetime) && q.lifetime() != spec.lifetime {
                 q.set_lifetime(spec.lifetime);
                 if q.durable {
-                    batch.records.push(Record::QueueDeclare(QueueDef {
-                        id: q.id,
-                        name: name.clone(),
-                        lifetime: stored_lifetime(spec.lifetime),
-                    }));
+                    batch
+                        .records
+                        .push(codec::queue_declare_record(q.id, &name, spec.lifetime));
                 }
             }
             routing.set_bindings_max(&q, spec.bindings_max);
@@ -406,11 +395,9 @@ impl Inner {
             Arc::clone(&self.memory),
         ));
         if durable {
-            batch.records.push(Record::QueueDeclare(QueueDef {
-                id,
-                name: name.clone(),
-                lifetime: stored_lifetime(spec.lifetime),
-            }));
+            batch
+                .records
+                .push(codec::queue_declare_record(id, &name, spec.lifetime));
         }
         routing.insert_queue(Arc::clone(&q));
         routing.set_bindings_max(&q, spec.bindings_max);

@@ -741,7 +741,6 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::StoredLifetime;
 
     fn msg(seq: MessageSeq, queues: &[QueueId]) -> Record {
         Record::Message {
@@ -821,7 +820,7 @@ mod tests {
             &Record::QueueDeclare(QueueDef {
                 id: 5,
                 name: "q".into(),
-                lifetime: StoredLifetime::Permanent,
+                attributes: Bytes::from_static(b"permanent"),
             }),
             at(1, 0),
             10,

@@ -173,7 +173,7 @@ pub use manifest::ManifestState;
 pub use opaque::{EncodeOpaque, Opaque};
 pub use page_file::{PageError, PageFile, PageRef};
 pub use reader::RecoveredMessages;
-pub use record::{BindingDef, MessageSeq, QueueDef, QueueId, Record, StoredLifetime};
+pub use record::{BindingDef, MessageSeq, QueueDef, QueueId, Record};
 pub use report::{DamagedRange, LostSummary, MissingSegment, RecoveryReport, SuspectRecords};
 pub use segment::{Damage, ENTRY_BODY_MAX_BYTES};
 pub use storage::{LockGuard, OsStorage, Storage, StorageFile};

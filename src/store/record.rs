@@ -17,13 +17,13 @@
 //! core says about a message, a binding or a delivery is opaque bytes at
 //! the end of the payload, encoded and decoded by the core
 //! (`rosetta_core::codec`). Version 1 journals were written when the store
-//! still decoded the binding options and delivery state itself; their
+//! still decoded queue lifetimes, binding options and delivery states; their
 //! bytes sit where the opaque tails sit now and the core reads them in that
 //! same layout, so those journals still open unchanged.
 //!
 //! | tag | kind           | payload (version 1)                                               |
 //! |-----|----------------|-------------------------------------------------------------------|
-//! | 1   | QueueDeclare   | id u64, name str, lifetime u8 (0 permanent, 1 idle-for + ms u64)  |
+//! | 1   | QueueDeclare   | id u64, name str, attributes (opaque, to the end)                 |
 //! | 2   | QueueDelete    | queue u64                                                         |
 //! | 3   | Bind           | queue u64, filter str, options (opaque, to the end)               |
 //! | 4   | Unbind         | queue u64, filter str                                             |
@@ -43,25 +43,16 @@ pub type QueueId = u64;
 /// A globally unique, increasing message number. Assigned by the core.
 pub type MessageSeq = u64;
 
-/// How long a stored queue lives.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StoredLifetime {
-    /// Until deleted.
-    Permanent,
-    /// Deleted after this many milliseconds without a consumer (MQTT session
-    /// expiry).
-    IdleForMs(u64),
-}
-
 /// A durable queue definition.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueueDef {
     /// Queue id.
     pub id: QueueId,
-    /// Queue name.
+    /// Queue name (the store names queues in its recovery reports).
     pub name: String,
-    /// Lifetime.
-    pub lifetime: StoredLifetime,
+    /// What the core keeps about the queue (its lifetime), encoded by the
+    /// core.
+    pub attributes: Bytes,
 }
 
 /// A durable binding of a queue to a topic filter.
@@ -180,13 +171,7 @@ impl Record {
             Record::QueueDeclare(def) => {
                 wire::put_u64(out, def.id);
                 wire::put_str(out, &def.name);
-                match def.lifetime {
-                    StoredLifetime::Permanent => wire::put_u8(out, 0),
-                    StoredLifetime::IdleForMs(ms) => {
-                        wire::put_u8(out, 1);
-                        wire::put_u64(out, ms);
-                    }
-                }
+                out.extend_from_slice(&def.attributes);
             }
             Record::QueueDelete { queue } => wire::put_u64(out, *queue),
             Record::Bind(b) => {
@@ -238,17 +223,12 @@ impl Record {
             tag::QUEUE_DECLARE => {
                 let id = r.u64("queue id")?;
                 let name = r.string("queue name")?;
-                let lifetime = match r.u8("lifetime")? {
-                    0 => StoredLifetime::Permanent,
-                    1 => StoredLifetime::IdleForMs(r.u64("idle ms")?),
-                    tag => {
-                        return Err(DecodeError::BadTag {
-                            what: "lifetime",
-                            tag,
-                        })
-                    }
-                };
-                Record::QueueDeclare(QueueDef { id, name, lifetime })
+                let attributes = r.rest();
+                Record::QueueDeclare(QueueDef {
+                    id,
+                    name,
+                    attributes,
+                })
             }
             tag::QUEUE_DELETE => Record::QueueDelete {
                 queue: r.u64("queue id")?,
@@ -431,12 +411,12 @@ pub(crate) mod tests {
             Record::QueueDeclare(QueueDef {
                 id: 1,
                 name: "q".into(),
-                lifetime: StoredLifetime::Permanent,
+                attributes: Bytes::from_static(b"permanent"),
             }),
             Record::QueueDeclare(QueueDef {
                 id: 2,
                 name: "session/x".into(),
-                lifetime: StoredLifetime::IdleForMs(3_600_000),
+                attributes: Bytes::from_static(b"idle 3_600_000"),
             }),
             Record::QueueDelete { queue: 2 },
             Record::Bind(BindingDef {

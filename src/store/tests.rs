@@ -79,7 +79,7 @@ fn declare(id: QueueId, name: &str) -> Record {
     Record::QueueDeclare(QueueDef {
         id,
         name: name.into(),
-        lifetime: StoredLifetime::Permanent,
+        attributes: Bytes::from_static(b"permanent"),
     })
 }
 
@@ -167,7 +167,7 @@ fn every_record_kind_survives_reopen() {
             Record::QueueDeclare(QueueDef {
                 id: 2,
                 name: "q2".into(),
-                lifetime: StoredLifetime::IdleForMs(500),
+                attributes: Bytes::from_static(b"idle 500"),
             }),
             Record::Bind(BindingDef {
                 queue: 1,
@@ -205,7 +205,7 @@ fn every_record_kind_survives_reopen() {
     ok(store.close());
     let (store, rec) = open(config(d.path()));
     assert_eq!(rec.queues.len(), 2);
-    assert_eq!(rec.queues[1].lifetime, StoredLifetime::IdleForMs(500));
+    assert_eq!(rec.queues[1].attributes, Bytes::from_static(b"idle 500"));
     assert_eq!(rec.bindings.len(), 1);
     assert_eq!(rec.bindings[0].options, Bytes::from_static(b"opts-1"));
     assert_eq!(rec.messages.len(), 1);

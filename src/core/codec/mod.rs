@@ -42,8 +42,8 @@ use rosetta_store::{EncodeOpaque, Opaque};
 
 mod tails;
 pub use tails::{
-    bind_record, decode_binding, decode_delivery_state, delivery_state_record, StoredBinding,
-    StoredDelivery,
+    bind_record, decode_binding, decode_delivery_state, decode_queue, delivery_state_record,
+    queue_declare_record, StoredBinding, StoredDelivery, StoredQueue,
 };
 
 /// Version byte written in front of every encoded message.

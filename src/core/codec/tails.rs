@@ -1,8 +1,9 @@
-//! The core's part of two journal records, kept by the store as opaque
+//! The core's part of three journal records, kept by the store as opaque
 //! bytes at the end of the record (see `rosetta_store::record`):
 //!
 //! | record        | opaque tail                                                                   |
 //! |---------------|-------------------------------------------------------------------------------|
+//! | QueueDeclare  | lifetime `u8` (0 permanent, 1 idle-for, then its milliseconds `u64`)           |
 //! | Bind          | max qos `u8`, subscription id optional `u32`, no-local `u8` bool, retain-as-published `u8` bool, owner optional string |
 //! | DeliveryState | delivery count `u32`, annotation optional bytes                               |
 //!
@@ -12,11 +13,54 @@
 //! when bytes remain.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
-use rosetta_neutral::{BindingOptions, Guarantee, RetainedOnBind};
+use rosetta_neutral::{BindingOptions, Guarantee, QueueLifetime, RetainedOnBind};
 use rosetta_store::wire::{self, DecodeError, Reader};
-use rosetta_store::{BindingDef, MessageSeq, QueueId, Record};
+use rosetta_store::{BindingDef, MessageSeq, QueueDef, QueueId, Record};
+
+/// A queue's attributes as the journal keeps them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredQueue {
+    /// How long it lives: `Permanent` or `IdleFor` (the other lifetimes
+    /// end with the process, so such queues are never journaled).
+    pub lifetime: QueueLifetime,
+}
+
+/// The QueueDeclare record of queue `id`, or its re-declaration with a new
+/// lifetime.
+pub fn queue_declare_record(id: QueueId, name: &str, lifetime: QueueLifetime) -> Record {
+    let mut out = Vec::with_capacity(9);
+    match lifetime {
+        QueueLifetime::IdleFor(d) => {
+            wire::put_u8(&mut out, 1);
+            wire::put_u64(&mut out, u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        }
+        _ => wire::put_u8(&mut out, 0),
+    }
+    Record::QueueDeclare(QueueDef {
+        id,
+        name: name.to_owned(),
+        attributes: out.into(),
+    })
+}
+
+/// The attributes of a recovered QueueDeclare record.
+pub fn decode_queue(attributes: Bytes) -> Result<StoredQueue, DecodeError> {
+    let mut r = Reader::new(attributes);
+    let lifetime = match r.u8("lifetime")? {
+        0 => QueueLifetime::Permanent,
+        1 => QueueLifetime::IdleFor(Duration::from_millis(r.u64("idle ms")?)),
+        tag => {
+            return Err(DecodeError::BadTag {
+                what: "lifetime",
+                tag,
+            })
+        }
+    };
+    Ok(StoredQueue { lifetime })
+}
 
 /// A binding's options as the journal keeps them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,6 +151,7 @@ mod tests {
 
     fn tail(record: &Record) -> Bytes {
         match record {
+            Record::QueueDeclare(q) => q.attributes.clone(),
             Record::Bind(b) => b.options.clone(),
             Record::DeliveryState { state, .. } => state.clone(),
             other => panic!("not a record with a tail: {other:?}"),
@@ -162,6 +207,24 @@ mod tests {
         assert_eq!(back.annotation, Some(ann));
         let none = decode_delivery_state(tail(&delivery_state_record(2, 5, 1, None)));
         assert_eq!(none.expect("decodes").annotation, None);
+    }
+
+    #[test]
+    fn queue_lifetimes_round_trip_in_the_version_1_layout() {
+        let idle = queue_declare_record(2, "q", QueueLifetime::IdleFor(Duration::from_secs(60)));
+        assert_eq!(&tail(&idle)[..], &[1, 0x60, 0xea, 0, 0, 0, 0, 0, 0]);
+        let back = decode_queue(tail(&idle)).expect("decodes");
+        assert_eq!(
+            back.lifetime,
+            QueueLifetime::IdleFor(Duration::from_secs(60))
+        );
+        let permanent = queue_declare_record(1, "q", QueueLifetime::Permanent);
+        assert_eq!(&tail(&permanent)[..], &[0]);
+        assert_eq!(
+            decode_queue(tail(&permanent)).expect("decodes").lifetime,
+            QueueLifetime::Permanent
+        );
+        assert!(decode_queue(Bytes::from_static(&[2])).is_err());
     }
 
     #[test]
