@@ -36,6 +36,15 @@
 //! and `#.b.#`, which both match `a.b`) apply in file order, the later one
 //! winning.
 
+//!
+//! ## Adding an option
+//! An option (those of issue 16: `visibility_timeout_ms`,
+//! `redelivery_delay_ms`, `dedup_window_s`, `last_value_key`, …) is a
+//! field of [`QueueSettings`] with its default, an `Option` of the same
+//! name in [`QueueOverrides`], and a key of `[[queues]]` in the
+//! configuration crate. `QueueOverrides::apply` and the configuration's
+//! conversion name every field, so one left out does not compile.
+
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
