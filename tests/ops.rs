@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::mqtt::{p4, Raw, WAIT};
 use common::stomp::StompClient;
-use common::TestBroker;
+use common::{http_get, TestBroker};
 use fe2o3_amqp::sasl_profile::SaslProfile;
 use fe2o3_amqp::Connection;
 use rosetta::core::AllowAll;
@@ -285,20 +285,6 @@ async fn a_connection_still_unauthenticated_after_connect_timeout_ms_is_closed()
 }
 
 // ---- metrics listener ------------------------------------------------------
-
-/// One HTTP/1.1 request on a fresh connection; the whole answer.
-async fn http_get(addr: SocketAddr, path: &str) -> String {
-    use tokio::io::AsyncWriteExt;
-    let mut s = TcpStream::connect(addr).await.expect("connect");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
-    s.write_all(request.as_bytes()).await.expect("write");
-    let mut answer = Vec::new();
-    tokio::time::timeout(WAIT, s.read_to_end(&mut answer))
-        .await
-        .expect("answered in time")
-        .expect("read");
-    String::from_utf8_lossy(&answer).into_owned()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_can_have_a_listener_of_their_own() {

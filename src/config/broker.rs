@@ -1,5 +1,5 @@
 //! `[broker]`, `[security]` and `[[bindings]]`: delivery policy, access and
-//! static topic-to-queue bindings.
+//! static topic-to-queue bindings (`[[queues]]` is in `queues.rs`).
 
 use std::path::PathBuf;
 
@@ -97,7 +97,7 @@ where
     Address::parse_destination(&s).map_err(serde::de::Error::custom)
 }
 
-fn deserialize_address_opt<'de, D>(de: D) -> Result<Option<Address>, D::Error>
+pub(crate) fn deserialize_address_opt<'de, D>(de: D) -> Result<Option<Address>, D::Error>
 where
     D: Deserializer<'de>,
 {

@@ -35,6 +35,7 @@ mod listeners;
 #[doc(hidden)]
 pub mod locate;
 mod protocols;
+mod queues;
 mod store;
 mod transport;
 
@@ -49,6 +50,7 @@ use serde::Deserialize;
 pub use broker::*;
 pub use listeners::*;
 pub use protocols::*;
+pub use queues::*;
 pub use store::*;
 pub use transport::*;
 
@@ -82,6 +84,8 @@ pub struct Config {
     pub amqp: AmqpConfig,
     /// `[[bindings]]`: queues fed from topic filters.
     pub bindings: Vec<Binding>,
+    /// `[[queues]]`: per-queue settings, by name or pattern.
+    pub queues: Vec<QueueEntry>,
     /// Directory of the file this was loaded from (`None` for the embedded
     /// defaults or a string); the default users file is looked up there.
     #[serde(skip)]
@@ -102,6 +106,7 @@ impl Default for Config {
             stomp: StompConfig::default(),
             amqp: AmqpConfig::default(),
             bindings: Vec::new(),
+            queues: Vec::new(),
             config_dir: None,
         }
     }
@@ -311,7 +316,8 @@ impl Config {
         self.check_mqtt()?;
         self.check_stomp()?;
         self.check_amqp()?;
-        self.check_bindings()
+        self.check_bindings()?;
+        self.check_queues()
     }
 
     fn check_listeners(&self) -> Result<(), Invalid> {

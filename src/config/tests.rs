@@ -203,6 +203,32 @@ const BAD: &[(&str, &str, usize, &str)] = &[
         4,
         "second time",
     ),
+    ("[[queues]]\nname = \"a\"\npattern = \"a.*\"\n", "queues[0].pattern", 3, "not both"),
+    ("[[queues]]\nexclusive = true\n", "queues[0]", 1, "needs `name`"),
+    ("[[queues]]\npattern = \"orders*\"\n", "queues[0].pattern", 2, "whole words"),
+    ("[[queues]]\npattern = \"orders\"\n", "queues[0].pattern", 2, "no wildcard"),
+    ("[[queues]]\npattern = \"a..#\"\n", "queues[0].pattern", 2, "empty word"),
+    ("[[queues]]\npattern = \"/topic/a.#\"\n", "queues[0].pattern", 2, "is a topic"),
+    ("[[queues]]\nname = \"/topic/a\"\n", "queues[0].name", 2, "is a topic"),
+    ("[[queues]]\nname = \"/queue/\"\n", "queues[0].name", 2, "empty"),
+    (
+        "[[queues]]\nname = \"a\"\n\n[[queues]]\nname = \"/queue/a\"\n",
+        "queues[1].name",
+        5,
+        "already configured by `queues[0]`",
+    ),
+    (
+        "[[queues]]\npattern = \"a.*\"\n[[queues]]\nname = \"a.b\"\n[[queues]]\npattern = \"a.*\"\n",
+        "queues[2].pattern",
+        6,
+        "`a.*` is already configured by `queues[0]`",
+    ),
+    ("[[queues]]\nname = \"a\"\ncolour = \"red\"\n", "queues[0].colour", 3, "unknown key `colour`"),
+    ("[[queues]]\nname = \"a\"\nexclusive = \"yes\"\n", "queues[0].exclusive", 3, "invalid type"),
+    ("[[queues]]\nname = \"a\"\ndelivery_attempts_max = 0\n", "queues[0].delivery_attempts_max", 3, "greater than 0"),
+    ("[[queues]]\nname = \"a\"\ngroups_max = 0\n", "queues[0].groups_max", 3, "out of range"),
+    ("[[queues]]\nname = \"a\"\ngroups_max = 20000000\n", "queues[0].groups_max", 3, "out of range"),
+    ("[[queues]]\nname = \"a\"\ndead_letter_address = \"/queue/\"\n", "queues[0].dead_letter_address", 3, "empty"),
 ];
 
 #[test]
@@ -303,10 +329,13 @@ fn the_defaults_file_mentions_every_key() {
         "mqtt",
         "stomp",
         "amqp",
+        "queues",
     ];
     for section in sections {
         let probe = if section.is_empty() {
             "no_such_key = 1\n".to_owned()
+        } else if section == "queues" {
+            "[[queues]]\nno_such_key = 1\n".to_owned()
         } else {
             format!("[{section}]\nno_such_key = 1\n")
         };
@@ -332,8 +361,8 @@ fn the_defaults_file_mentions_every_key() {
                 && section.is_empty();
             let mentioned = if is_table {
                 DEFAULTS_FILE.contains(&format!("[{key}]"))
-            } else if key == "bindings" {
-                DEFAULTS_FILE.contains("[[bindings]]")
+            } else if key == "bindings" || key == "queues" {
+                DEFAULTS_FILE.contains(&format!("[[{key}]]"))
             } else {
                 DEFAULTS_FILE.lines().any(|l| {
                     l.trim_start_matches(['#', ' '])
@@ -343,4 +372,52 @@ fn the_defaults_file_mentions_every_key() {
             assert!(mentioned, "`{section}.{key}` is not in config/rosetta.toml");
         }
     }
+}
+
+#[test]
+fn queue_entries_become_core_rules() {
+    let text = "[[queues]]\npattern = \"/queue/orders.*\"\nexclusive = true\ndead_letter_address = \"/queue/orders.dead\"\n\n[[queues]]\nname = \"/queue/orders.eu\"\ndelivery_attempts_max = 2\ngroups_max = 10\n\n[[queues]]\nname = \"$durable/app/audit\"\nexclusive = false\n";
+    let c = Config::parse(text, "x").expect("parses");
+    assert_eq!(c.queues.len(), 3);
+    assert_eq!(
+        c.queues[1].name.as_deref(),
+        Some("orders.eu"),
+        "the core name"
+    );
+    assert_eq!(
+        c.queues[0].pattern.as_ref().map(|p| p.as_str()),
+        Some("orders.*")
+    );
+    let rules = c.queue_rules();
+    let eu = rules.resolve("orders.eu");
+    assert_eq!(
+        eu,
+        rosetta_core::QueueSettings {
+            exclusive: true,
+            dead_letter_address: Some("orders.dead".into()),
+            delivery_attempts_max: Some(2),
+            groups_max: 10,
+        },
+        "the pattern's keys, and the name's over them"
+    );
+    assert_eq!(rules.resolve("orders.us").delivery_attempts_max, None);
+    assert!(!rules.resolve("$durable/app/audit").exclusive);
+    assert_eq!(
+        Config::default().queue_rules().resolve("orders.eu"),
+        rosetta_core::QueueSettings::default()
+    );
+}
+
+#[test]
+fn queue_entries_are_capped() {
+    let entry = |i: usize| format!("[[queues]]\nname = \"q{i}\"\n");
+    let at_cap: String = (0..QUEUE_ENTRIES_MAX).map(entry).collect();
+    Config::parse(&at_cap, "x").expect("the cap itself is fine");
+    let past: String = (0..=QUEUE_ENTRIES_MAX).map(entry).collect();
+    let err = Config::parse(&past, "x").expect_err("one too many");
+    assert_eq!(
+        err.key(),
+        Some(format!("queues[{QUEUE_ENTRIES_MAX}]").as_str())
+    );
+    assert_eq!(err.line(), Some(2 * QUEUE_ENTRIES_MAX + 1), "{err}");
 }

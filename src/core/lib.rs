@@ -48,7 +48,10 @@ use rosetta_store::{
 
 pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
-pub use queue_settings::{QueueSettings, GROUPS_MAX_DEFAULT};
+pub use queue_settings::{
+    QueueMatch, QueueOverrides, QueuePattern, QueuePatternError, QueueRule, QueueRules,
+    QueueSettings, GROUPS_MAX_DEFAULT, QUEUE_PATTERN_WORDS_MAX,
+};
 
 use batch::Batch;
 use disk::DiskWatch;
@@ -131,6 +134,11 @@ pub struct CoreConfig {
     /// filter past it fails with `BrokerError::ResourceLimit`. Recovered
     /// bindings are kept even past it.
     pub bindings_max: usize,
+    /// Per-queue settings (`[[queues]]`), resolved for each queue when it
+    /// is created or recovered. A queue's own dead-letter address and
+    /// delivery attempts take the place of `dead_letter_address` and
+    /// `delivery_attempts_max` above for that queue.
+    pub queue_rules: QueueRules,
 }
 
 impl Default for CoreConfig {
@@ -146,6 +154,7 @@ impl Default for CoreConfig {
             disk_free_min: None,
             queues_max: QUEUES_MAX_DEFAULT,
             bindings_max: BINDINGS_MAX_DEFAULT,
+            queue_rules: QueueRules::default(),
         }
     }
 }
@@ -400,6 +409,23 @@ impl Core {
             .collect()
     }
 
+    /// Settings of every queue, by name, with the broker's dead-letter
+    /// address and delivery attempts filled in where the queue has none of
+    /// its own (what is in force, for `/metrics`).
+    pub fn all_queue_settings(&self) -> Vec<(String, QueueSettings)> {
+        let queues: Vec<_> = self.inner.routing.read().queues().cloned().collect();
+        queues
+            .into_iter()
+            .map(|q| (q.name.to_string(), self.inner.settings_in_force(&q)))
+            .collect()
+    }
+
+    /// Settings of one queue, as [`Core::all_queue_settings`] gives them.
+    pub fn queue_settings(&self, name: &str) -> Option<QueueSettings> {
+        let q = self.inner.routing.read().queue(name).cloned()?;
+        Some(self.inner.settings_in_force(&q))
+    }
+
     /// Statistics of one queue.
     pub fn queue_stats(&self, name: &str) -> Option<QueueStats> {
         self.inner.routing.read().queue(name).map(|q| q.stats())
@@ -535,14 +561,38 @@ impl Inner {
         }
     }
 
+    /// A queue's settings with the broker's values where it has none.
+    fn settings_in_force(&self, queue: &Queue) -> QueueSettings {
+        let mut settings = queue.settings.clone();
+        settings.dead_letter_address = Some(
+            settings
+                .dead_letter_address_or(&self.config.dead_letter_address)
+                .to_owned(),
+        );
+        settings.delivery_attempts_max =
+            Some(settings.delivery_attempts_max_or(self.config.delivery_attempts_max));
+        settings
+    }
+
+    /// Failed delivery attempts after which `queue` dead-letters a message.
+    pub(crate) fn delivery_attempts_max(&self, queue: &Queue) -> u32 {
+        queue
+            .settings
+            .delivery_attempts_max_or(self.config.delivery_attempts_max)
+    }
+
     /// Moves dead entries (too many attempts, rejected) to the dead-letter
-    /// address within `batch`, so the original's ack and the copy commit
-    /// together.
-    fn dead_letter(&self, entries: Vec<(Entry, Arc<str>)>, batch: &mut Batch) {
-        let target = Address::Queue(self.config.dead_letter_address.clone());
+    /// address of the queue each came from, within `batch`, so the
+    /// original's ack and the copy commit together.
+    fn dead_letter(&self, entries: Vec<(Entry, Arc<Queue>)>, batch: &mut Batch) {
         for (entry, from) in entries {
+            let target = Address::Queue(
+                from.settings
+                    .dead_letter_address_or(&self.config.dead_letter_address)
+                    .to_owned(),
+            );
             let mut msg = (*entry.message).clone();
-            msg.properties.push("x-original-queue", from.as_ref());
+            msg.properties.push("x-original-queue", from.name.as_ref());
             msg.properties
                 .push("x-delivery-count", entry.delivery_count.to_string());
             if let Err(e) = self.route(&target, msg, None, batch) {
@@ -589,7 +639,7 @@ impl Inner {
                 true,
                 lifetime,
                 None,
-                QueueSettings::default(),
+                self.config.queue_rules.resolve(&def.name),
                 Arc::clone(&self.memory),
             ));
             routing.insert_queue(Arc::clone(&q));

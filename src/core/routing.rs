@@ -366,6 +366,7 @@ impl Inner {
             return Ok((q, true));
         }
         let exempt = name == self.config.dead_letter_address
+            || self.config.queue_rules.is_dead_letter_address(&name)
             || self.config.expiry_address.as_deref() == Some(name.as_str());
         if routing.queues.len() >= self.config.queues_max && !exempt {
             return Err(limit_exceeded(
@@ -391,7 +392,7 @@ impl Inner {
             durable,
             spec.lifetime,
             owner,
-            crate::QueueSettings::default(),
+            self.config.queue_rules.resolve(&name),
             Arc::clone(&self.memory),
         ));
         if durable {

@@ -216,12 +216,12 @@ fn retire_to_dead_letter(
     stats: &mut super::QueueStats,
     entry: super::queue::Entry,
     batch: &mut Batch,
-    dead: &mut Vec<(super::queue::Entry, Arc<str>)>,
+    dead: &mut Vec<(super::queue::Entry, Arc<Queue>)>,
 ) {
     stats.dead_lettered_total += 1;
     batch.records.extend(queue.ack_record(&entry));
     queue.release(&entry);
-    dead.push((entry, Arc::clone(&queue.name)));
+    dead.push((entry, Arc::clone(queue)));
 }
 
 /// Settles one in-flight delivery in its queue. Dead entries are moved in
@@ -250,7 +250,7 @@ fn apply_settle(
 fn finish_settles(
     inner: &Inner,
     out: super::queue::DispatchOutput,
-    dead: Vec<(super::queue::Entry, Arc<str>)>,
+    dead: Vec<(super::queue::Entry, Arc<Queue>)>,
     batch: &mut Batch,
 ) {
     batch.records.extend(out.records);
@@ -275,7 +275,7 @@ fn settle_locked(
     tag: DeliveryTag,
     outcome: Outcome,
     batch: &mut Batch,
-    dead: &mut Vec<(super::queue::Entry, Arc<str>)>,
+    dead: &mut Vec<(super::queue::Entry, Arc<Queue>)>,
 ) -> Result<(), BrokerError> {
     match st.inflight.get(&tag.0) {
         Some((owner, _)) if *owner == key => {}
@@ -306,7 +306,7 @@ fn settle_locked(
             if delivery_failed {
                 entry.delivery_count += 1;
             }
-            if entry.delivery_count >= inner.config.delivery_attempts_max {
+            if entry.delivery_count >= inner.delivery_attempts_max(queue) {
                 retire_to_dead_letter(queue, &mut st.stats, entry, batch, dead);
             } else {
                 if undeliverable_here {
@@ -350,7 +350,7 @@ fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
                 continue;
             };
             entry.delivery_count += 1;
-            if entry.delivery_count >= inner.config.delivery_attempts_max {
+            if entry.delivery_count >= inner.delivery_attempts_max(queue) {
                 retire_to_dead_letter(queue, &mut st.stats, entry, &mut batch, &mut dead);
             } else {
                 if entry.journaled {

@@ -9,7 +9,7 @@ use rosetta_neutral::*;
 use super::{Core, CoreConfig, NoJournal};
 
 #[derive(Default)]
-struct Events(Mutex<Vec<SessionEvent>>);
+pub(crate) struct Events(Mutex<Vec<SessionEvent>>);
 
 impl EventSink for Events {
     fn send(&self, event: SessionEvent) {
@@ -22,7 +22,7 @@ impl Events {
         std::mem::take(&mut *self.0.lock())
     }
 
-    fn deliveries(&self) -> Vec<Delivery> {
+    pub(crate) fn deliveries(&self) -> Vec<Delivery> {
         self.take()
             .into_iter()
             .filter_map(|e| match e {
@@ -43,13 +43,13 @@ fn info(client: &str) -> SessionInfo {
     }
 }
 
-fn open(core: &Core, client: &str) -> (Box<dyn Session>, Arc<Events>) {
+pub(crate) fn open(core: &Core, client: &str) -> (Box<dyn Session>, Arc<Events>) {
     let events = Arc::new(Events::default());
     let session = core.open_session(info(client), events.clone());
     (session, events)
 }
 
-fn text(d: &Delivery) -> String {
+pub(crate) fn text(d: &Delivery) -> String {
     String::from_utf8_lossy(&d.message.body.bytes).into_owned()
 }
 

@@ -313,6 +313,7 @@ fn core_config(config: &Config) -> CoreConfig {
         queue_depth_max: config.broker.queue_depth_max,
         queues_max: usize::try_from(config.broker.queues_max).unwrap_or(usize::MAX),
         bindings_max: usize::try_from(config.broker.bindings_max).unwrap_or(usize::MAX),
+        queue_rules: config.queue_rules(),
         disk_free_min: (config.store.disk_free_min_bytes > 0).then(|| rosetta_core::DiskFreeMin {
             dir: config.data_dir.clone(),
             bytes: config.store.disk_free_min_bytes,

@@ -1,7 +1,8 @@
 //! Prometheus metrics: what an operator asks first (queue depth, age of the
 //! oldest message, delivery attempts, time in queue), the memory budget and
 //! paging, connections and the journal, in the text exposition format at
-//! `GET /metrics` on the HTTP port.
+//! `GET /metrics` on the HTTP port, and each queue's settings in force
+//! (`rosetta_queue_settings_info`).
 
 use std::fmt::Write as _;
 
@@ -124,6 +125,7 @@ pub(crate) fn render(core: &Core, broker: &BrokerFigures) -> String {
             );
         }
     }
+    render_queue_settings(&mut out, core);
     let s = &broker.store;
     let plain: [(&str, &str, &str, f64); 14] = [
         (
@@ -226,6 +228,34 @@ pub(crate) fn render(core: &Core, broker: &BrokerFigures) -> String {
         let _ = writeln!(out, "{name} {free}");
     }
     out
+}
+
+/// One info-style series per queue: the settings in force (its own from
+/// `[[queues]]`, else the broker's) as labels, value 1, so a query can
+/// join them to the other per-queue series by `queue`.
+fn render_queue_settings(out: &mut String, core: &Core) {
+    let name = "rosetta_queue_settings_info";
+    header(
+        out,
+        name,
+        "gauge",
+        "Settings of the queue in force ([[queues]] over [broker]), as labels; always 1.",
+    );
+    let mut queues = core.all_queue_settings();
+    queues.sort_by(|a, b| a.0.cmp(&b.0));
+    for (queue, settings) in &queues {
+        let attempts = settings
+            .delivery_attempts_max
+            .map_or_else(String::new, |m| m.to_string());
+        let _ = writeln!(
+            out,
+            "{name}{{queue=\"{}\",exclusive=\"{}\",dead_letter_address=\"{}\",delivery_attempts_max=\"{attempts}\",groups_max=\"{}\"}} 1",
+            escape_label(queue),
+            settings.exclusive,
+            escape_label(settings.dead_letter_address.as_deref().unwrap_or_default()),
+            settings.groups_max,
+        );
+    }
 }
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {

@@ -208,6 +208,20 @@ impl TestBroker {
     }
 }
 
+/// One HTTP/1.1 request on a fresh connection; the whole answer.
+pub async fn http_get(addr: SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+    s.write_all(request.as_bytes()).await.expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(mqtt::WAIT, s.read_to_end(&mut answer))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 pub mod amqp;
 pub mod journal_model;
 pub mod mqtt;

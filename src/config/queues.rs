@@ -1,0 +1,176 @@
+//! `[[queues]]`: per-queue settings, for one queue by `name` or for every
+//! queue whose name matches a `pattern`.
+//!
+//! Matching, precedence and merging are the core's
+//! ([`rosetta_core::QueueRules`]): entries match the core's queue name
+//! (`/queue/orders` and MQTT `$queue/orders` are the queue `orders`), a
+//! pattern is dot-separated words with `*` for one word and `#` for any
+//! number, every matching entry applies from the least to the most
+//! specific (an exact name is the most specific), and each overrides only
+//! the keys it sets. Settings take effect when a queue is created or
+//! recovered, so a changed entry applies to existing queues at the next
+//! restart.
+
+use rosetta_core::{QueueMatch, QueueOverrides, QueuePattern, QueueRule};
+use rosetta_neutral::address::{ADDRESS_LEN_MAX, QUEUE_PREFIX, TOPIC_PREFIX};
+use rosetta_neutral::Address;
+use serde::{Deserialize, Deserializer};
+
+use super::broker::deserialize_address_opt;
+use super::{invalid, positive, within, Config, Invalid};
+
+/// Most `[[queues]]` entries: creating a queue checks it against every
+/// pattern, so this bounds that to about a thousand short matches.
+pub const QUEUE_ENTRIES_MAX: usize = 1_000;
+/// Highest `groups_max` accepted: each remembered group costs its key and
+/// an assignment (about 100 bytes), so about 1 GiB for one queue at most.
+pub const QUEUE_GROUPS_MAX_LIMIT: u64 = 10_000_000;
+
+/// One `[[queues]]` entry. Exactly one of `name` and `pattern` is set;
+/// every other key is optional and left to less specific entries (or the
+/// defaults) when absent.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueEntry {
+    /// One queue: bare `orders` or `/queue/orders` (stored as the core
+    /// name `orders`); internal names such as `$durable/app/sub` too.
+    #[serde(default, deserialize_with = "deserialize_queue_name_opt")]
+    pub name: Option<String>,
+    /// Queues whose name matches, e.g. `orders.*` or `/queue/orders.#`.
+    #[serde(default, deserialize_with = "deserialize_pattern_opt")]
+    pub pattern: Option<QueuePattern>,
+    /// One consumer at a time receives; the others stand by.
+    pub exclusive: Option<bool>,
+    /// Where this queue's dead letters go, as `[broker]
+    /// dead_letter_address` is written.
+    #[serde(default, deserialize_with = "deserialize_address_opt")]
+    pub dead_letter_address: Option<Address>,
+    /// Failed delivery attempts before a message is dead-lettered (> 0).
+    pub delivery_attempts_max: Option<u32>,
+    /// Most message groups the queue keeps assignments for (> 0).
+    pub groups_max: Option<u64>,
+}
+
+impl QueueEntry {
+    /// The entry in core terms. Call on a validated configuration.
+    pub fn to_rule(&self) -> Option<QueueRule> {
+        let target = match (&self.name, &self.pattern) {
+            (Some(name), None) => QueueMatch::Name(name.clone()),
+            (None, Some(pattern)) => QueueMatch::Pattern(pattern.clone()),
+            _ => return None,
+        };
+        Some(QueueRule {
+            target,
+            overrides: QueueOverrides {
+                exclusive: self.exclusive,
+                dead_letter_address: self
+                    .dead_letter_address
+                    .as_ref()
+                    .map(|a| a.name().to_owned()),
+                delivery_attempts_max: self.delivery_attempts_max,
+                groups_max: self
+                    .groups_max
+                    .map(|g| usize::try_from(g).unwrap_or(usize::MAX)),
+            },
+        })
+    }
+}
+
+/// The core's name of a queue written as `q` or `/queue/q`. Any name a
+/// queue can have is accepted, internal ones (which may hold `#`) too.
+fn queue_name(text: &str) -> Result<String, String> {
+    if text.starts_with(TOPIC_PREFIX) {
+        return Err(format!(
+            "`{text}` is a topic; `[[queues]]` configures queues (`q` or `/queue/q`)"
+        ));
+    }
+    let name = text.strip_prefix(QUEUE_PREFIX).unwrap_or(text);
+    if name.is_empty() {
+        return Err("a queue name must not be empty".to_owned());
+    }
+    if name.len() > ADDRESS_LEN_MAX {
+        return Err(format!("longer than {ADDRESS_LEN_MAX} bytes"));
+    }
+    if name.contains('\0') {
+        return Err("a queue name must not contain NUL".to_owned());
+    }
+    Ok(name.to_owned())
+}
+
+fn deserialize_queue_name_opt<'de, D>(de: D) -> Result<Option<String>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    let text = String::deserialize(de)?;
+    queue_name(&text)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn deserialize_pattern_opt<'de, D>(de: D) -> Result<Option<QueuePattern>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    let text = String::deserialize(de)?;
+    if text.starts_with(TOPIC_PREFIX) {
+        return Err(serde::de::Error::custom(format!(
+            "`{text}` is a topic; `[[queues]]` configures queues"
+        )));
+    }
+    let text = text.strip_prefix(QUEUE_PREFIX).unwrap_or(&text);
+    QueuePattern::parse(text)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+impl Config {
+    pub(crate) fn check_queues(&self) -> Result<(), Invalid> {
+        if self.queues.len() > QUEUE_ENTRIES_MAX {
+            return Err(invalid(
+                format!("queues[{QUEUE_ENTRIES_MAX}]"),
+                format!("at most {QUEUE_ENTRIES_MAX} `[[queues]]` entries"),
+            ));
+        }
+        for (i, q) in self.queues.iter().enumerate() {
+            let at = |key: &str| format!("queues[{i}].{key}");
+            let (key, what) = match (&q.name, &q.pattern) {
+                (Some(_), Some(_)) => {
+                    return Err(invalid(
+                        at("pattern"),
+                        "`name` is set too: an entry is for one queue (`name`) or for a pattern, not both",
+                    ))
+                }
+                (None, None) => {
+                    return Err(invalid(
+                        format!("queues[{i}]"),
+                        "needs `name` (one queue) or `pattern` (e.g. `orders.*`)",
+                    ))
+                }
+                (Some(name), None) => ("name", name.clone()),
+                (None, Some(pattern)) => ("pattern", pattern.to_string()),
+            };
+            let earlier = self.queues[..i].iter().position(|e| {
+                (q.name.is_some() && e.name == q.name)
+                    || (q.pattern.is_some() && e.pattern == q.pattern)
+            });
+            if let Some(j) = earlier {
+                return Err(invalid(
+                    at(key),
+                    format!("`{what}` is already configured by `queues[{j}]`"),
+                ));
+            }
+            if let Some(max) = q.delivery_attempts_max {
+                positive(&at("delivery_attempts_max"), max.into())?;
+            }
+            if let Some(max) = q.groups_max {
+                within(&at("groups_max"), max, 1, QUEUE_GROUPS_MAX_LIMIT)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The `[[queues]]` entries in core terms, in file order.
+    pub fn queue_rules(&self) -> rosetta_core::QueueRules {
+        rosetta_core::QueueRules::new(self.queues.iter().filter_map(QueueEntry::to_rule))
+    }
+}
