@@ -31,15 +31,17 @@ fn selector_source(address: &str, selector: &str) -> Source {
         .build()
 }
 
-/// STOMP-published messages `0..n`, colour alternating red and green
-/// (STOMP headers are message properties, which selectors read).
+/// STOMP-published text messages `<colour>-<i>` for `i` in `0..n`, colour
+/// alternating red and green (STOMP headers are message properties,
+/// which selectors read).
 async fn publish_colours(broker: &TestBroker, dest: &str, n: usize) {
     let mut p = StompClient::connect(broker.stomp(), &[]).await;
     for i in 0..n {
         let colour = if i % 2 == 0 { "red" } else { "green" };
+        // Text, so that an AMQP consumer gets an amqp-value string.
         p.send_persistent(
             dest,
-            &[("colour", colour)],
+            &[("colour", colour), ("content-type", "text/plain")],
             format!("{colour}-{i}").as_bytes(),
         )
         .await;

@@ -90,7 +90,10 @@ class SelectedRecv(Scenario):
         event.container.create_receiver(self.conn, self.address, options=Selector(self.selector))
 
     def on_link_opened(self, event):
-        self.echoed = event.link.remote_source.filter.get_object()
+        # The reply's source filter, as a {symbol: Described} dict.
+        f = event.link.remote_source.filter
+        f.rewind()
+        self.echoed = f.get_object() if f.next() else None
 
     def on_link_error(self, event):
         cond = event.link.remote_condition
@@ -156,7 +159,8 @@ class Browser(Scenario):
 
     def on_message(self, event):
         self.bodies.append(event.message.body)
-        self.settled.append(event.delivery.remote_state is None and event.delivery.settled)
+        # Settled by the broker on the transfer itself.
+        self.settled.append(event.delivery.settled)
 
     def on_link_flow(self, event):
         if event.link.is_receiver:
