@@ -58,6 +58,30 @@ def expected(colour, n):
     return [f"{colour}-{i}" for i in range(n) if colour_of(i) == colour]
 
 
+def stomp_send(broker, dest, bodies, headers=None):
+    """Persistent STOMP SENDs of ``bodies`` (str), each confirmed."""
+    p = Stomp(broker)
+    try:
+        for body in bodies:
+            p.send(dest, body.encode(), headers={"persistent": "true", **(headers or {})})
+    finally:
+        p.close()
+
+
+def numbered(n, first=0):
+    return [f"m{i}" for i in range(first, n)]
+
+
+def take(c, n, timeout=10):
+    """The next ``n`` bodies on stomp.py client ``c``, each ACKed."""
+    bodies = []
+    for _ in range(n):
+        r = c.get(timeout)
+        c.ack(r)
+        bodies.append(r.body.decode())
+    return bodies
+
+
 def assert_nothing_more(recv):
     """No further message on a stomp.py or blocking proton receiver."""
     try:
@@ -195,12 +219,7 @@ def test_stomp_selector(broker, uniq):
     c = Stomp(broker)
     try:
         c.subscribe(dest, headers={"selector": "colour = 'green'"})
-        got = []
-        for _ in range(10):
-            r = c.get()
-            c.ack(r)
-            got.append(r.body.decode())
-        assert got == expected("green", 20)
+        assert take(c, 10) == expected("green", 20)
         assert_nothing_more(c)
     finally:
         c.close()
@@ -224,20 +243,11 @@ def test_stomp_exclusive_standby_takes_over_in_order(broker, uniq):
     try:
         first.subscribe(dest, headers={"activemq.exclusive": "true", "activemq.prefetchSize": "4"})
         standby.subscribe(dest, headers={"activemq.exclusive": "true"})
-        p = Stomp(broker)
-        for i in range(10):
-            p.send(dest, f"m{i}".encode(), headers={"persistent": "true"})
-        p.close()
-        for i in range(3):
-            r = first.get()
-            assert r.body == f"m{i}".encode()
-            first.ack(r)
+        stomp_send(broker, dest, numbered(10))
+        assert take(first, 3) == numbered(3)
         assert_nothing_more(standby)
         first.close()  # m3.. unacknowledged: they go to the standby
-        got = [standby.get() for _ in range(7)]
-        for r in got:
-            standby.ack(r)
-        assert [r.body.decode() for r in got] == [f"m{i}" for i in range(3, 10)]
+        assert take(standby, 7) == numbered(10, first=3)
         assert_nothing_more(standby)
     finally:
         first.close()
@@ -250,14 +260,8 @@ def test_stomp_consumer_priority(broker, uniq):
     try:
         low.subscribe(dest, headers={"activemq.priority": "1", "activemq.prefetchSize": "100"})
         high.subscribe(dest, headers={"activemq.priority": "9", "activemq.prefetchSize": "100"})
-        p = Stomp(broker)
-        for i in range(20):
-            p.send(dest, f"m{i}".encode(), headers={"persistent": "true"})
-        p.close()
-        got = [high.get() for _ in range(20)]
-        for r in got:
-            high.ack(r)
-        assert [r.body.decode() for r in got] == [f"m{i}" for i in range(20)]
+        stomp_send(broker, dest, numbered(20))
+        assert take(high, 20) == numbered(20)
         assert_nothing_more(low)
     finally:
         low.close()
@@ -266,11 +270,8 @@ def test_stomp_consumer_priority(broker, uniq):
 
 def test_stomp_browser_ends_with_the_end_of_browse_message(broker, uniq):
     dest = f"/queue/{uniq}"
-    p = Stomp(broker)
-    sent = [f"b{i}" for i in range(5)]
-    for body in sent:
-        p.send(dest, body.encode(), headers={"persistent": "true"})
-    p.close()
+    sent = numbered(5)
+    stomp_send(broker, dest, sent)
     b = Stomp(broker)
     try:
         b.subscribe(dest, ack="auto", headers={"browser": "true"})
@@ -300,11 +301,7 @@ def test_mqtt_producer_feeds_stomp_and_amqp_selectors(broker):
         for i in range(20):
             m.publish(topic, f"{colour_of(i)}-{i}".encode(), qos=1, props={"colour": colour_of(i)})
         m.close()
-        got_red = []
-        for _ in range(10):
-            r = reds.get()
-            reds.ack(r)
-            got_red.append(r.body.decode())
+        got_red = take(reds, 10)
         got_green = [r.body.decode() for r in green_rcv.get_n(10)]
         assert got_red == expected("red", 20)
         assert got_green == expected("green", 20)
@@ -432,18 +429,12 @@ def test_a_standby_exclusive_consumer_takes_over_after_kill_9(broker, uniq):
     standby = Stomp(broker)
     try:
         standby.subscribe(dest, headers={"activemq.exclusive": "true"})
-        p = Stomp(broker)
-        for i in range(10):
-            p.send(dest, f"m{i}".encode(), headers={"persistent": "true"})
-        p.close()
+        stomp_send(broker, dest, numbered(10))
         w.collect(lambda w: len(w.acked) == 3 and w.held)
         assert_nothing_more(standby)
         w.kill9()
-        assert [e["body"] for e in w.acked] == ["m0", "m1", "m2"]
-        got = [standby.get(timeout=15) for _ in range(7)]
-        for r in got:
-            standby.ack(r)
-        assert [r.body.decode() for r in got] == [f"m{i}" for i in range(3, 10)]
+        assert [e["body"] for e in w.acked] == numbered(3)
+        assert take(standby, 7, timeout=15) == numbered(10, first=3)
         assert_nothing_more(standby)
     finally:
         w.close()
