@@ -1,4 +1,5 @@
-//! Queue semantics over real sockets with the Rust clients: JMS selectors
+//! Consumer options of queue semantics over real sockets with the Rust
+//! clients (message priority and groups are in `queue_semantics.rs`): JMS selectors
 //! from a STOMP and an AMQP consumer on one queue (fe2o3-amqp with the
 //! `apache.org:selector-filter:string` filter), refused selectors, and a
 //! STOMP browser (`browser:true`) that sees everything, ends with
