@@ -543,3 +543,46 @@ def test_a_standby_exclusive_consumer_takes_over_after_kill_9(broker, uniq):
     finally:
         w.close()
         standby.close()
+
+
+# ------------------------------------------------ MQTT on an exclusive queue
+
+# A queue the configuration makes exclusive (`[[queues]]`, the h/qconf
+# keys): MQTT has no per-subscription option, so this is how an MQTT
+# `$queue/` subscriber gets a single active consumer.
+EXCLUSIVE_QUEUE = "mqtt-exclusive"
+
+
+@pytest.fixture(scope="module")
+def exclusive_queue_broker():
+    from conftest import Broker
+    b = Broker("exclusive-queue", extra_config=f"""
+[[queues]]
+name = "{EXCLUSIVE_QUEUE}"
+exclusive = true
+""")
+    b.start()
+    yield b
+    b.cleanup()
+
+
+def test_mqtt_queue_subscribers_of_an_exclusive_queue(exclusive_queue_broker):
+    b = exclusive_queue_broker
+    topic = f"$queue/{EXCLUSIVE_QUEUE}"
+    first, standby = Mqtt(b, version=5), Mqtt(b, version=5)
+    try:
+        first.subscribe(topic, qos=1)
+        standby.subscribe(topic, qos=1)
+        p = Mqtt(b, version=5)
+        for body in numbered(10):
+            p.publish(topic, body.encode(), qos=1)
+        assert [first.get().body.decode() for _ in range(10)] == numbered(10)
+        assert_nothing_more(standby)
+        first.close()
+        for body in numbered(15, first=10):
+            p.publish(topic, body.encode(), qos=1)
+        p.close()
+        assert [standby.get().body.decode() for _ in range(5)] == numbered(15, first=10)
+    finally:
+        first.close()
+        standby.close()
