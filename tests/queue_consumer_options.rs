@@ -1,10 +1,11 @@
 //! Consumer options of queue semantics over real sockets with the Rust
-//! clients (message priority and groups are in `queue_semantics.rs`): JMS selectors
-//! from a STOMP and an AMQP consumer on one queue (fe2o3-amqp with the
-//! `apache.org:selector-filter:string` filter), refused selectors, and a
-//! STOMP browser (`browser:true`) that sees everything, ends with
-//! ActiveMQ's end-of-browse MESSAGE and leaves the queue as it was. The
-//! AMQP browser is in `amqp_jms.rs` (Qpid JMS `QueueBrowser`).
+//! clients (message priority and groups are in `queue_semantics.rs`):
+//! JMS selectors from a STOMP and an AMQP consumer on one queue
+//! (fe2o3-amqp with the `apache.org:selector-filter:string` filter),
+//! refused selectors, and a STOMP browser (`browser:true`) that sees
+//! everything, ends with ActiveMQ's end-of-browse MESSAGE and leaves the
+//! queue as it was. The AMQP browser is in `amqp_jms.rs` (Qpid JMS
+//! `QueueBrowser`).
 
 mod common;
 
