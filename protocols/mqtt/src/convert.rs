@@ -263,6 +263,28 @@ mod tests {
         );
     }
 
+    /// Queue semantics read these fields: an MQTT 5 publisher's group and
+    /// priority must reach them (and leave the user properties), so an
+    /// AMQP or STOMP consumer of the queue is grouped and ordered by them.
+    #[test]
+    fn group_and_priority_user_properties_set_the_fields() {
+        let props = Props {
+            user_properties: vec![
+                ("JMSXGroupID".into(), "order-17".into()),
+                ("JMSXGroupSeq".into(), "3".into()),
+                ("priority".into(), "9".into()),
+                ("colour".into(), "green".into()),
+            ],
+            ..Props::default()
+        };
+        let msg = inbound_message(1, false, props, Bytes::new(), 0).expect("ok");
+        assert_eq!(msg.group_id.as_deref(), Some("order-17"));
+        assert_eq!(msg.group_sequence, Some(3));
+        assert_eq!(msg.priority, 9);
+        let left: Vec<_> = msg.properties.iter().map(|(n, _)| n.to_owned()).collect();
+        assert_eq!(left, ["colour"]);
+    }
+
     #[test]
     fn values_too_long_for_mqtt_are_left_out() {
         let mut msg = Message::text("x");

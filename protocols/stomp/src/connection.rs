@@ -34,6 +34,9 @@
 //!   carries `persistent:true`, `durable:true` or
 //!   `activemq.subscriptionName`, which delete it;
 //! - redelivery: `redelivered:true` and `delivery-count:<n>` on MESSAGE;
+//! - queue semantics on SUBSCRIBE (`selector`, `activemq.exclusive`,
+//!   `activemq.priority`, `browser`): see `consumer_options`; a browser
+//!   ends with ActiveMQ's `browser:end` MESSAGE and needs no ACK;
 //! - `client-id` on CONNECT takes over a live session with the same id.
 
 use std::sync::Arc;
@@ -268,9 +271,11 @@ impl StompConnection {
                 }
             }
             SessionEvent::Drained { .. } => {}
-            // Browsing is not offered over STOMP yet: no consumer of this
-            // connection browses.
-            SessionEvent::BrowseEnded { .. } => {}
+            SessionEvent::BrowseEnded { consumer } => {
+                let version = open.version;
+                open.browse_ended(&mut self.out, version, consumer);
+                self.last_tx = now;
+            }
             SessionEvent::ConsumerClosed { consumer, reason } => {
                 let id = open.by_consumer.get(&consumer).cloned().unwrap_or_default();
                 self.fail(StompError::SubscriptionClosed { id, reason }, None);

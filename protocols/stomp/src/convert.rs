@@ -33,6 +33,7 @@ use rosetta_neutral::fields::{field_properties, take_field_properties};
 use rosetta_neutral::message::PRIORITY_DEFAULT;
 use rosetta_neutral::{Body, BodyKind, Delivery, Message, MessageId, Value};
 
+use crate::consumer_options::BROWSER_HEADER;
 use crate::encoder::FrameWriter;
 use crate::error::StompError;
 use crate::frame::{Command, Frame, Version};
@@ -227,4 +228,21 @@ pub(crate) fn write_message(
         }
     }
     w.finish(&m.body.bytes);
+}
+
+/// `message-id` of the end-of-browse MESSAGE, as ActiveMQ sends it: it
+/// names no message and is never acknowledged.
+pub(crate) const END_OF_BROWSE_MESSAGE_ID: &str = "0";
+
+/// Writes the MESSAGE that ends a browse (ActiveMQ's form): `subscription`,
+/// `browser:end`, the subscribed `destination`, `message-id:0`, no body.
+pub(crate) fn write_end_of_browse(out: &mut Vec<u8>, version: Version, sub: &Subscription) {
+    let mut w = FrameWriter::new(out, version, Command::Message);
+    if sub.id_given {
+        w.header("subscription", &sub.id);
+    }
+    w.header(BROWSER_HEADER, "end");
+    w.header("destination", &sub.destination);
+    w.header("message-id", END_OF_BROWSE_MESSAGE_ID);
+    w.finish(b"");
 }

@@ -60,6 +60,10 @@ pub enum StompError {
     /// SUBSCRIBE with an id already in use.
     #[error("subscription id {0:?} is already in use on this connection")]
     DuplicateSubscription(String),
+    /// `browser:true` on a destination that is not a queue (ActiveMQ
+    /// browses queues only).
+    #[error("only a queue can be browsed, not {0:?}")]
+    BrowseNotQueue(String),
     /// A durable subscription without a client id or login to key it by.
     #[error("a durable subscription needs a 'client-id' header (or a login) on CONNECT")]
     DurableWithoutClientId,
@@ -161,7 +165,7 @@ pub fn error_frame(err: &StompError) -> ErrorFrame {
         StompError::UnexpectedFrame(_) => "unexpected frame",
         StompError::MissingHeader { .. } => "missing header",
         StompError::BadHeader { .. } => "invalid header",
-        StompError::BadDestination { .. } => "invalid destination",
+        StompError::BadDestination { .. } | StompError::BrowseNotQueue(_) => "invalid destination",
         StompError::UnknownAckId(_) => "unknown message id",
         StompError::UnknownTransaction(_) | StompError::DuplicateTransaction(_) => {
             "invalid transaction"

@@ -10,6 +10,8 @@
 //!   [`StompConfig`]; its header conventions are documented there;
 //! - private helpers: `open` (frame handlers of the connected state),
 //!   `convert` (headers ↔ neutral message), `subscription` (ack tracking),
+//!   `consumer_options` (SUBSCRIBE headers → selector, exclusivity,
+//!   priority, browsing),
 //!   `receipts` (ordered durable receipts), `heartbeat` (negotiation);
 //! - [`error`]: [`StompError`] and the one mapping to ERROR frames.
 //!
@@ -27,6 +29,7 @@ pub mod escape;
 pub mod frame;
 pub mod parser;
 
+mod consumer_options;
 mod convert;
 mod heartbeat;
 mod open;

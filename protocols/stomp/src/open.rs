@@ -16,7 +16,10 @@ use rosetta_neutral::{
 use tracing::{debug, trace};
 
 use crate::config::StompConfig;
-use crate::convert::{message_from_send, write_message};
+use crate::consumer_options::consumer_options;
+use crate::convert::{
+    message_from_send, write_end_of_browse, write_message, END_OF_BROWSE_MESSAGE_ID,
+};
 use crate::error::StompError;
 use crate::frame::{Command, Frame, Version};
 use crate::heartbeat::HeartBeat;
@@ -146,6 +149,31 @@ impl Open {
         sub.delivered(d.tag);
     }
 
+    /// Writes the end-of-browse MESSAGE of a browser that has seen every
+    /// message. The subscription stays until the client unsubscribes, as
+    /// in ActiveMQ; it gets nothing more.
+    pub(crate) fn browse_ended(
+        &mut self,
+        out: &mut Vec<u8>,
+        version: Version,
+        consumer: ConsumerId,
+    ) {
+        let Some(sub) = self
+            .by_consumer
+            .get(&consumer)
+            .and_then(|id| self.subs.get(id))
+        else {
+            trace!(
+                conn_id = self.conn_id,
+                consumer = consumer.0,
+                "browse end for a cancelled subscription"
+            );
+            return;
+        };
+        debug!(conn_id = self.conn_id, sub = %sub.id, "browse ended");
+        write_end_of_browse(out, version, sub);
+    }
+
     fn txn_id(&self, frame: &Frame) -> Result<Option<TxnId>, StompError> {
         match frame.header("transaction") {
             None => Ok(None),
@@ -249,6 +277,8 @@ impl Open {
             value: ack_header.unwrap_or_default().to_owned(),
         })?;
         let prefetch = prefetch(config, frame)?;
+        let options = consumer_options(frame, !dest.starts_with(TOPIC_PREFIX))?;
+        let browse = options.browse;
         let mut durable_queue = None;
         let mut tickets = Vec::new();
         let queue = if let Some(filter) = dest.strip_prefix(TOPIC_PREFIX) {
@@ -299,8 +329,8 @@ impl Open {
         let consumer = match self.session.consume(ConsumerSpec {
             queue: queue.clone(),
             credit: CreditMode::Window(prefetch),
-            auto_settle: ack == AckMode::Auto,
-            options: Default::default(),
+            auto_settle: browse || ack == AckMode::Auto,
+            options,
         }) {
             Ok(c) => c,
             Err(e) => {
@@ -310,11 +340,19 @@ impl Open {
                 return Err(e.into());
             }
         };
-        debug!(conn_id = self.conn_id, sub = %id, %dest, %queue, ?ack, prefetch, "subscribed");
+        debug!(conn_id = self.conn_id, sub = %id, %dest, %queue, ?ack, prefetch, browse, "subscribed");
         self.by_consumer.insert(consumer, id.clone());
         self.subs.insert(
             id.clone(),
-            Subscription::new(id, id_given, dest.to_owned(), consumer, ack, durable_queue),
+            Subscription::new(
+                id,
+                id_given,
+                dest.to_owned(),
+                consumer,
+                ack,
+                durable_queue,
+                browse,
+            ),
         );
         Ok(Done {
             tickets,
@@ -419,6 +457,13 @@ impl Open {
             None => required(frame, "message-id")?,
         };
         let unknown = || StompError::UnknownAckId(id.to_owned());
+        if id == END_OF_BROWSE_MESSAGE_ID && self.subs.values().any(|s| s.browse) {
+            trace!(
+                conn_id = self.conn_id,
+                "ACK/NACK of an end-of-browse MESSAGE ignored"
+            );
+            return Ok(Done::now());
+        }
         let (consumer, tag) = parse_ack_id(id).ok_or_else(unknown)?;
         let sub_id = self.by_consumer.get(&consumer).ok_or_else(unknown)?;
         if frame.header("subscription").is_some_and(|s| s != sub_id) {
@@ -427,6 +472,13 @@ impl Open {
         let txn_name = frame.header("transaction");
         let txn = self.txn_id(frame)?;
         let sub = self.subs.get_mut(sub_id).ok_or_else(unknown)?;
+        if sub.browse {
+            // A browser's copies were settled as they were sent (there is
+            // nothing to take or give back); ActiveMQ clients ACK them all
+            // the same, so the ACK (or NACK) is taken and does nothing.
+            trace!(conn_id = self.conn_id, %id, "ACK/NACK of a browsed copy ignored");
+            return Ok(Done::now());
+        }
         let tags = sub.take_acked(tag).ok_or_else(unknown)?;
         if let Some(t) = txn_name.and_then(|n| self.txns.get(n)) {
             if t.acked.len() + tags.len() > config.transaction_acks_max {

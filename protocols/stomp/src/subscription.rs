@@ -47,6 +47,9 @@ pub(crate) struct Subscription {
     pub(crate) ack: AckMode,
     /// Name of the durable queue behind a durable topic subscription.
     pub(crate) durable_queue: Option<String>,
+    /// A queue browser (`browser:true`): its messages are copies that
+    /// need no ACK, and it ends with an end-of-browse MESSAGE.
+    pub(crate) browse: bool,
     /// Unacknowledged deliveries in delivery order.
     unacked: VecDeque<DeliveryTag>,
 }
@@ -59,14 +62,18 @@ impl Subscription {
         consumer: ConsumerId,
         ack: AckMode,
         durable_queue: Option<String>,
+        browse: bool,
     ) -> Self {
         Self {
             id,
             id_given,
             destination,
             consumer,
-            ack,
+            // A browser's copies are settled by the core as they are
+            // sent, whatever `ack` the client asked for.
+            ack: if browse { AckMode::Auto } else { ack },
             durable_queue,
+            browse,
             unacked: VecDeque::new(),
         }
     }
@@ -139,6 +146,7 @@ mod tests {
             ConsumerId(1),
             ack,
             None,
+            false,
         );
         for t in 1..=4 {
             s.delivered(DeliveryTag(t));

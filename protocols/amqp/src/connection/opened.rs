@@ -204,8 +204,19 @@ impl Opened {
                 }
                 Ok(())
             }
-            // Browsing is not offered over AMQP yet: no link browses.
-            SessionEvent::BrowseEnded { .. } => Ok(()),
+            // A browser that has seen everything is told as a drain is
+            // answered: its remaining credit is used up (delivery-count
+            // advanced, link-credit 0), which is how the Proton queue
+            // browser knows it is done (`receiver.drained`).
+            SessionEvent::BrowseEnded { consumer } => {
+                let Some(&(ch, handle)) = ctx.conn.consumers.get(&consumer) else {
+                    return Ok(());
+                };
+                if let Some(s) = sessions.get_mut(&ch) {
+                    s.on_browse_ended(&mut ctx, handle);
+                }
+                Ok(())
+            }
             SessionEvent::ConsumerClosed { consumer, reason } => {
                 let Some(&(ch, handle)) = ctx.conn.consumers.get(&consumer) else {
                     return Ok(());

@@ -12,7 +12,8 @@
 //! | receiver           | topic + filter `rosetta:retained` | as above, the bind also enqueues the retained messages matching the filter (echoed in the reply's source filter) |
 //! | receiver           | topic + capability `shared` (JMS 2) | one queue per subscription name, see `subscription_queue` |
 //! | receiver           | null source, or no address   | lookup of an existing durable subscription (JMS unsubscribe); not-found if none |
-//! | receiver           | queue + distribution-mode `copy` | refused, not-implemented (a browser; no non-destructive read) |
+//! | receiver           | queue + distribution-mode `copy` | `consume` with `browse` (a queue browser): pre-settled copies, the link's credit drained when it has seen everything |
+//! | receiver           | source filter `apache.org:selector-filter:string`, link properties `exclusive`, `priority` | the consumer's options (see `consumer_options`); the selector echoed in the reply once applied |
 //! | sender             | address                      | publish to it                              |
 //! | sender             | null target/address          | anonymous relay: publish to each message's `to` |
 //! | sender             | coordinator                  | transactions (see `coordinator`)           |
@@ -26,12 +27,13 @@ use fe2o3_amqp_types::primitives::{Array, Symbol, Value};
 use rosetta_neutral::address::{validate_topic_filter, validate_topic_name};
 use rosetta_neutral::{
     address::TEMP_QUEUE_NAME_PREFIX, durable_subscription_queue, Address, BindingOptions,
-    BrokerError, ConsumerSpec, CreditMode, QueueLifetime, QueueSpec, RetainedOnBind,
-    SHARED_SUBSCRIPTION_PREFIX,
+    BrokerError, ConsumerOptions, ConsumerSpec, CreditMode, QueueLifetime, QueueSpec,
+    RetainedOnBind, SHARED_SUBSCRIPTION_PREFIX,
 };
 use serde_amqp::descriptor::Descriptor;
 use tracing::debug;
 
+use super::consumer_options::{consumer_options, selector_filter};
 use super::{IncomingLink, Link, LinkKind, OutgoingLink};
 use crate::context::Ctx;
 use crate::error::AmqpError;
@@ -294,12 +296,20 @@ pub(crate) fn attach_outgoing(ctx: &mut Ctx<'_>, a: &Attach) -> Result<Attached,
     let volatile_name = subscription_queue(&ctx.conn.container_id, &a.name, false, shared, global);
     let mut reply_source: Source = src.clone();
     // The filters we implement are `rosetta:retained` and the JMS
-    // no-local filter (topics only, set below); others (JMS selectors)
-    // are left out of the reply, as the spec asks, and the client
-    // decides whether to go on.
+    // no-local filter (topics only, set below) and the JMS selector (added
+    // by `open_outgoing` once the core took it); others are left out of
+    // the reply, as the spec asks, and the client decides whether to go on.
     reply_source.filter = None;
     let retained = retained_filter(src.filter.as_ref());
     let no_local = no_local_filter(src.filter.as_ref());
+    // Checked before anything is declared, so a bad option leaves nothing.
+    let selector = selector_filter(src.filter.as_ref())?;
+    let mut options = consumer_options(
+        a.properties.as_ref(),
+        selector.as_ref().map(|s| s.text.clone()),
+        false,
+    )?;
+    let mut fresh_queue = false;
     let core = &mut *ctx.conn.core;
     let (queue, durable_queue) = if src.dynamic {
         // A temporary queue; its generated name is the reply-to.
@@ -309,15 +319,10 @@ pub(crate) fn attach_outgoing(ctx: &mut Ctx<'_>, a: &Attach) -> Result<Attached,
     } else if let Some(addr) = src.address.as_deref() {
         match resolve_address(addr, src.capabilities.as_ref())? {
             Address::Queue(q) => {
-                if src.distribution_mode == Some(DistributionMode::Copy) {
-                    // A queue browser (Qpid JMS `QueueBrowser` attaches
-                    // pre-settled with copy). The core has no
-                    // non-destructive read, and consuming would delete
-                    // what the client only meant to look at.
-                    return Err(AmqpError::NotImplemented(
-                        "browsing a queue (distribution-mode copy)".into(),
-                    ));
-                }
+                // A queue browser (the Proton queue-browser example; Qpid
+                // JMS `QueueBrowser` attaches pre-settled with copy). The
+                // reply keeps distribution-mode copy.
+                options.browse = src.distribution_mode == Some(DistributionMode::Copy);
                 (q, None)
             }
             Address::Topic(filter) => {
@@ -378,13 +383,34 @@ pub(crate) fn attach_outgoing(ctx: &mut Ctx<'_>, a: &Attach) -> Result<Attached,
                     return Err(e.into());
                 }
                 let dq = durable.then(|| info.name.clone());
+                fresh_queue = !info.existed;
                 (info.name, dq)
             }
         }
     } else {
         return Err(AmqpError::InvalidField("source without an address".into()));
     };
-    open_outgoing(ctx, a, reply_source, queue, durable_queue)
+    let consumer = OutgoingConsumer {
+        queue,
+        durable_queue,
+        options,
+        selector_echo: selector.map(|s| s.entry),
+        fresh_queue,
+    };
+    open_outgoing(ctx, a, reply_source, consumer)
+}
+
+/// What an outgoing link consumes, and how.
+struct OutgoingConsumer {
+    queue: String,
+    /// The durable subscription queue behind the link, if any.
+    durable_queue: Option<String>,
+    options: ConsumerOptions,
+    /// The selector filter entry to echo in the reply once it is applied.
+    selector_echo: Option<(Symbol, Value)>,
+    /// The queue was declared by this attach: a refused consume deletes
+    /// it, since no consumer would ever come to take it away.
+    fresh_queue: bool,
 }
 
 /// The queue behind a topic subscription link, by Qpid JMS's naming
@@ -469,34 +495,71 @@ fn attach_subscription_lookup(ctx: &mut Ctx<'_>, a: &Attach) -> Result<Attached,
         )));
     }
     let mut source = a.source.as_deref().cloned().unwrap_or_default();
+    let selector = selector_filter(source.filter.as_ref())?;
+    let options = consumer_options(
+        a.properties.as_ref(),
+        selector.as_ref().map(|s| s.text.clone()),
+        false,
+    )?;
+    source.filter = None;
     source.address = Some(Address::Queue(name.clone()).to_destination());
     source.durable = TerminusDurability::UnsettledState;
     source.expiry_policy = TerminusExpiryPolicy::Never;
-    open_outgoing(ctx, a, source, info.name, Some(name))
+    let consumer = OutgoingConsumer {
+        queue: info.name,
+        durable_queue: Some(name),
+        options,
+        selector_echo: selector.map(|s| s.entry),
+        fresh_queue: false,
+    };
+    open_outgoing(ctx, a, source, consumer)
 }
 
 /// Starts the consumer of an outgoing link and answers its attach.
 fn open_outgoing(
     ctx: &mut Ctx<'_>,
     a: &Attach,
-    reply_source: Source,
-    queue: String,
-    durable_queue: Option<String>,
+    mut reply_source: Source,
+    c: OutgoingConsumer,
 ) -> Result<Attached, AmqpError> {
     let core = &mut *ctx.conn.core;
-    let auto_settle = a.snd_settle_mode == SenderSettleMode::Settled;
-    let consumer = core.consume(ConsumerSpec {
-        queue,
+    let browse = c.options.browse;
+    // A browser's copies need no settlement: they go out pre-settled.
+    let auto_settle = browse || a.snd_settle_mode == SenderSettleMode::Settled;
+    let consumer = match core.consume(ConsumerSpec {
+        queue: c.queue.clone(),
         credit: CreditMode::Explicit(0),
         auto_settle,
-        options: Default::default(),
-    })?;
+        options: c.options,
+    }) {
+        Ok(consumer) => consumer,
+        Err(e) => {
+            if c.fresh_queue {
+                if let Err(e) = core.delete_queue(&c.queue) {
+                    debug!(queue = %c.queue, error = %e, "cannot drop the unused subscription queue");
+                }
+            }
+            return Err(e.into());
+        }
+    };
+    if let Some((key, value)) = c.selector_echo {
+        reply_source
+            .filter
+            .get_or_insert_with(FilterSet::new)
+            .insert(key, value);
+    }
+    let durable_queue = c.durable_queue;
     let serial = ctx.conn.next_serial();
     let reply = Attach {
         name: a.name.clone(),
         handle: a.handle.clone(),
         role: Role::Sender,
-        snd_settle_mode: a.snd_settle_mode.clone(),
+        // A browser states that it settles everything itself.
+        snd_settle_mode: if browse {
+            SenderSettleMode::Settled
+        } else {
+            a.snd_settle_mode.clone()
+        },
         // At the sender this is only the mode we desire; the receiver's
         // own choice governs, and we follow either (`on_disposition`
         // settles an outcome the receiver leaves unsettled).
@@ -528,9 +591,10 @@ fn open_outgoing(
             max_message_size: a.max_message_size.filter(|m| *m > 0),
             durable_queue,
             acquire_txn: None,
+            browse_ended: false,
         }),
     };
-    debug!(conn = ctx.conn_id, link = %a.name, ?consumer, "attached outgoing link");
+    debug!(conn = ctx.conn_id, link = %a.name, ?consumer, browse, "attached outgoing link");
     Ok(Attached { link, reply })
 }
 

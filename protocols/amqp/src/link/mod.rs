@@ -7,9 +7,11 @@
 //! arguments (a [`Ctx`] where they reach the core) and return errors as
 //! [`AmqpError`]; the session turns them into a detach of this link.
 //! Attaching (terminus resolution, the consumer behind a broker -> client
-//! link) is in `attach`.
+//! link) is in `attach`; the consumer options a receiver asks for
+//! (selector, exclusivity, priority, browsing) in `consumer_options`.
 
 mod attach;
+mod consumer_options;
 
 pub(crate) use attach::{attach_incoming, attach_outgoing, refusal, Attached, SHARED_SUBS};
 
@@ -86,6 +88,9 @@ pub(crate) struct OutgoingLink {
     /// Transaction (wire id) under which deliveries are acquired, set by a
     /// flow carrying `txn-id` (spec 4.4.3).
     pub(crate) acquire_txn: Option<u64>,
+    /// A browser that has seen everything: the core sends it nothing
+    /// more, so credit the client grants later is drained at once.
+    pub(crate) browse_ended: bool,
 }
 
 /// What a link does.
@@ -131,6 +136,12 @@ impl Link {
         }
     }
 
+    /// A finished browser holding credit the client granted after its
+    /// end: the session answers with a drain flow.
+    pub(crate) fn ended_browser_with_credit(&self) -> bool {
+        matches!(&self.kind, LinkKind::Outgoing(o) if o.browse_ended && o.credit > 0)
+    }
+
     /// A Flow naming this link; `acquire` is what it says about
     /// transactional acquisition (see [`flow_acquisition`]). The caller
     /// answers an `echo`.
@@ -143,7 +154,9 @@ impl Link {
         match &mut self.kind {
             LinkKind::Outgoing(o) => {
                 let limit = o.on_flow(f, ctx.cfg.link_credit_max, acquire);
-                ctx.conn.core.set_credit(o.consumer, limit, f.drain)?;
+                if !o.browse_ended {
+                    ctx.conn.core.set_credit(o.consumer, limit, f.drain)?;
+                }
             }
             LinkKind::Incoming(i) => {
                 // The sender may advance its delivery-count (after a drain);

@@ -227,6 +227,11 @@ impl AmqpSession {
         };
         link.on_flow(ctx, f, acquire)
             .map_err(|e| Fault::Link(handle, e))?;
+        if link.ended_browser_with_credit() {
+            // The answer is the drain flow, which also serves as the echo.
+            self.on_drained(ctx, handle);
+            return Ok(());
+        }
         if f.echo {
             self.write_link_flow(ctx.out, handle, false);
         }

@@ -143,6 +143,15 @@ impl AmqpSession {
         ctx.conn.scratch = head;
     }
 
+    /// A browser has seen everything: its credit is drained now and
+    /// whenever the client grants more.
+    pub(crate) fn on_browse_ended(&mut self, ctx: &mut Ctx<'_>, handle: u32) {
+        if let Some(LinkKind::Outgoing(o)) = self.links.get_mut(&handle).map(|l| &mut l.kind) {
+            o.browse_ended = true;
+        }
+        self.on_drained(ctx, handle);
+    }
+
     /// The core consumed the drained link's remaining credit.
     pub(crate) fn on_drained(&mut self, ctx: &mut Ctx<'_>, handle: u32) {
         if !self.queued.is_empty() || self.remote_incoming_window == 0 {

@@ -141,6 +141,17 @@ impl Session for FakeSession {
         if spec.queue == "missing" {
             return Err(BrokerError::NotFound("missing".into()));
         }
+        if let Some(sel) = spec
+            .options
+            .selector
+            .as_deref()
+            .filter(|s| s.contains("(("))
+        {
+            // Stands in for the core's parser refusing a selector.
+            return Err(BrokerError::InvalidSelector(format!(
+                "unbalanced parenthesis in {sel:?}"
+            )));
+        }
         let mut inner = self.0.lock().unwrap();
         let id = ConsumerId(inner.next());
         inner.calls.push(Call::Consume(spec, id));

@@ -1,0 +1,157 @@
+//! SUBSCRIBE headers → the neutral [`ConsumerOptions`], spelled as
+//! ActiveMQ spells them (Artemis reads the same names):
+//!
+//! | header                    | option      | values                               |
+//! |---------------------------|-------------|--------------------------------------|
+//! | `selector`                | `selector`  | JMS selector text, parsed by the core |
+//! | `activemq.exclusive`      | `exclusive` | `true` / `false` (any case)           |
+//! | `activemq.priority`       | `priority`  | 0–[`CONSUMER_PRIORITY_MAX`]           |
+//! | `browser`                 | `browse`    | `true` / `false`, queues only         |
+//!
+//! A value outside these is an ERROR frame (`invalid header`), as every
+//! other SUBSCRIBE header error is: ActiveMQ would ignore it silently, and
+//! a client that asked for exclusivity and did not get it would never know.
+
+use rosetta_neutral::ConsumerOptions;
+
+use crate::error::StompError;
+use crate::frame::Frame;
+
+/// SUBSCRIBE header carrying a JMS message selector.
+pub(crate) const SELECTOR_HEADER: &str = "selector";
+/// SUBSCRIBE header asking for an exclusive consumer.
+pub(crate) const EXCLUSIVE_HEADER: &str = "activemq.exclusive";
+/// SUBSCRIBE header giving the consumer's priority.
+pub(crate) const PRIORITY_HEADER: &str = "activemq.priority";
+/// SUBSCRIBE header asking for a queue browser; also the MESSAGE header
+/// (`browser:end`) that tells the browser it has seen everything.
+pub(crate) const BROWSER_HEADER: &str = "browser";
+
+/// Highest consumer priority: ActiveMQ keeps it in a byte and documents
+/// 0–127, so a client written for it never sends more.
+pub(crate) const CONSUMER_PRIORITY_MAX: i32 = 127;
+
+/// The consumer options a SUBSCRIBE asks for. `is_queue`: the destination
+/// is a queue (only queues can be browsed).
+pub(crate) fn consumer_options(
+    frame: &Frame,
+    is_queue: bool,
+) -> Result<ConsumerOptions, StompError> {
+    let browse = flag(frame, BROWSER_HEADER)?;
+    if browse && !is_queue {
+        return Err(StompError::BrowseNotQueue(
+            frame.header("destination").unwrap_or_default().to_owned(),
+        ));
+    }
+    Ok(ConsumerOptions {
+        selector: frame.header(SELECTOR_HEADER).map(str::to_owned),
+        exclusive: flag(frame, EXCLUSIVE_HEADER)?,
+        priority: priority(frame)?,
+        browse,
+    })
+}
+
+/// A `true`/`false` header; absent is false.
+fn flag(frame: &Frame, header: &'static str) -> Result<bool, StompError> {
+    match frame.header(header).map(str::trim) {
+        None => Ok(false),
+        Some(v) if v.eq_ignore_ascii_case("true") => Ok(true),
+        Some(v) if v.eq_ignore_ascii_case("false") => Ok(false),
+        Some(v) => Err(bad(header, v)),
+    }
+}
+
+fn priority(frame: &Frame) -> Result<i32, StompError> {
+    let Some(v) = frame.header(PRIORITY_HEADER) else {
+        return Ok(0);
+    };
+    match v.trim().parse::<i32>() {
+        Ok(p) if (0..=CONSUMER_PRIORITY_MAX).contains(&p) => Ok(p),
+        _ => Err(bad(PRIORITY_HEADER, v)),
+    }
+}
+
+fn bad(header: &'static str, value: &str) -> StompError {
+    StompError::BadHeader {
+        header,
+        value: value.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{Command, Headers};
+
+    fn subscribe(headers: &[(&str, &str)]) -> Frame {
+        Frame {
+            command: Command::Subscribe,
+            headers: headers.iter().copied().collect::<Headers>(),
+            body: Default::default(),
+            has_content_length: false,
+        }
+    }
+
+    #[test]
+    fn headers_map_to_options() {
+        let f = subscribe(&[
+            ("destination", "/queue/q"),
+            ("selector", "colour = 'green'"),
+            ("activemq.exclusive", "TRUE"),
+            ("activemq.priority", " 9 "),
+            ("browser", "true"),
+        ]);
+        assert_eq!(
+            consumer_options(&f, true).ok(),
+            Some(ConsumerOptions {
+                selector: Some("colour = 'green'".into()),
+                exclusive: true,
+                priority: 9,
+                browse: true,
+            })
+        );
+        let none = subscribe(&[("destination", "/queue/q")]);
+        assert_eq!(
+            consumer_options(&none, true).ok(),
+            Some(ConsumerOptions::default())
+        );
+        let off = subscribe(&[("activemq.exclusive", "false"), ("browser", "False")]);
+        assert_eq!(
+            consumer_options(&off, true).ok(),
+            Some(ConsumerOptions::default())
+        );
+    }
+
+    #[test]
+    fn bad_values_are_header_errors() {
+        for (header, value) in [
+            ("activemq.priority", "128"),
+            ("activemq.priority", "-1"),
+            ("activemq.priority", "high"),
+            ("activemq.exclusive", "yes"),
+            ("browser", "1"),
+        ] {
+            let f = subscribe(&[(header, value)]);
+            assert!(
+                matches!(consumer_options(&f, true), Err(StompError::BadHeader { header: h, .. }) if h == header),
+                "{header}:{value}"
+            );
+        }
+        let edge = subscribe(&[("activemq.priority", "127")]);
+        assert_eq!(consumer_options(&edge, true).map(|o| o.priority), Ok(127));
+    }
+
+    #[test]
+    fn only_queues_are_browsed() {
+        let f = subscribe(&[("destination", "/topic/t"), ("browser", "true")]);
+        assert_eq!(
+            consumer_options(&f, false),
+            Err(StompError::BrowseNotQueue("/topic/t".into()))
+        );
+        let sel = subscribe(&[("destination", "/topic/t"), ("selector", "a > 1")]);
+        assert_eq!(
+            consumer_options(&sel, false).map(|o| o.selector),
+            Ok(Some("a > 1".into()))
+        );
+    }
+}
