@@ -297,6 +297,10 @@ fn groups_stick_to_one_consumer_in_order_and_spread_evenly() {
             &format!("{}-{i}", groups[i % 4]),
             in_group(groups[i % 4]),
         );
+        if i % 4 == 3 {
+            // Ungrouped messages go to either; they do not move groups.
+            send(&mut s, "q", "none", |_| {});
+        }
     }
     let d = e.deliveries();
     let mut per_consumer = std::collections::HashMap::new();
@@ -326,6 +330,7 @@ fn groups_stick_to_one_consumer_in_order_and_spread_evenly() {
     let d = e.deliveries();
     assert_eq!(to(&d, c), vec!["g5-0"]);
     assert_eq!(d.len(), 2);
+    assert_ne!(d[1].consumer, c, "g1 stays where it was");
 }
 
 #[test]
