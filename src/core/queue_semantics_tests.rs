@@ -380,3 +380,94 @@ fn a_group_without_credit_holds_up_only_itself() {
     s.set_credit(a, 10, false).expect("credit");
     assert_eq!(to(&e.deliveries(), a), vec!["x-1", "x-2", "x-3"]);
 }
+
+/// A queue with its own settings, as `[[queues]]` configuration gives it.
+fn configured_queue(core: &Core, name: &str, settings: crate::QueueSettings) {
+    let inner = &core.inner;
+    let id = inner
+        .next_queue_id
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let q = crate::queue::Queue::new(
+        id,
+        name,
+        false,
+        QueueLifetime::Permanent,
+        None,
+        settings,
+        Arc::clone(&inner.memory),
+    );
+    inner.routing.write().insert_queue(Arc::new(q));
+}
+
+#[test]
+fn on_an_exclusive_queue_the_first_consumer_receives_and_the_next_takes_over() {
+    let core = Core::in_memory();
+    configured_queue(
+        &core,
+        "q",
+        crate::QueueSettings {
+            exclusive: true,
+            ..Default::default()
+        },
+    );
+    let (mut s, e) = open(&core, "c");
+    let a = plain(&mut s, "q", CreditMode::Window(10));
+    let b = plain(&mut s, "q", CreditMode::Window(10));
+    let c = plain(&mut s, "q", CreditMode::Window(10));
+    for i in 0..4 {
+        send(&mut s, "q", &i.to_string(), |_| {});
+    }
+    let d = e.deliveries();
+    assert_eq!(to(&d, a), vec!["0", "1", "2", "3"]);
+    accept_all(&mut s, &d[..2]);
+    s.cancel(a).expect("cancel");
+    let d = e.deliveries();
+    assert_eq!(
+        to(&d, b),
+        vec!["2", "3"],
+        "the unsettled ones, first, in order"
+    );
+    assert!(to(&d, c).is_empty());
+    assert!(d.iter().all(|d| d.delivery_count == 1));
+}
+
+#[test]
+fn past_groups_max_the_longest_idle_group_is_forgotten_and_assigned_afresh() {
+    let core = Core::in_memory();
+    configured_queue(
+        &core,
+        "q",
+        crate::QueueSettings {
+            groups_max: 2,
+            ..Default::default()
+        },
+    );
+    let (mut s, e) = open(&core, "c");
+    let a = plain(&mut s, "q", CreditMode::Window(10));
+    let b = plain(&mut s, "q", CreditMode::Window(10));
+    send(&mut s, "q", "g1", in_group("g1"));
+    send(&mut s, "q", "g2", in_group("g2"));
+    let d = e.deliveries();
+    assert_eq!(
+        (to(&d, a), to(&d, b)),
+        (vec!["g1".into()], vec!["g2".into()])
+    );
+    // g1 goes idle first, then g2.
+    accept_all(&mut s, &d);
+    // A third group: g1, idle the longest, is forgotten to make room.
+    send(&mut s, "q", "g3", in_group("g3"));
+    let d = e.deliveries();
+    assert_eq!(texts(&d), vec!["g3"]);
+    accept_all(&mut s, &d);
+    // A new consumer has the fewest groups. g2 is still b's; g1,
+    // forgotten, is assigned afresh: to the new consumer, not to a.
+    let c = plain(&mut s, "q", CreditMode::Window(10));
+    for _ in 0..3 {
+        send(&mut s, "q", "g2 again", in_group("g2"));
+    }
+    send(&mut s, "q", "g1 again", in_group("g1"));
+    let d = e.deliveries();
+    assert_eq!(to(&d, b), vec!["g2 again"; 3]);
+    assert_eq!(to(&d, c), vec!["g1 again"]);
+    assert!(to(&d, a).is_empty());
+}
