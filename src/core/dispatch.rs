@@ -531,6 +531,15 @@ impl Queue {
                 self.note_group_delivery(st, i, group);
             }
         }
+        if let Some(group) = entry.message.group_id.as_deref() {
+            if crate::groups::closes_group(&entry.message) {
+                if let Some(owner) = st.groups.close(group) {
+                    if let Some(c) = st.consumers.iter_mut().find(|c| c.key == owner) {
+                        c.groups = c.groups.saturating_sub(1);
+                    }
+                }
+            }
+        }
         let slot = &mut st.consumers[i];
         let delivery = delivery_of(slot, &entry);
         slot.credit -= 1;

@@ -24,13 +24,28 @@
 //! Assignments live in memory only: a broker restart forgets them all, and
 //! groups are assigned afresh as their messages are delivered again.
 //!
-//! `JMSXGroupSeq = -1` (close the group, in Artemis) is not honoured: the
-//! neutral `Message::group_sequence` is an unsigned sequence and cannot
-//! carry it.
+//! A message with `JMSXGroupSeq = -1` closes its group (Artemis): it goes
+//! to the group's consumer like the others, and the group is forgotten
+//! after it, so the group's next message is assigned afresh. The neutral
+//! `Message::group_sequence` is unsigned (AMQP's `group-sequence` is a
+//! `uint`) and cannot carry -1; the STOMP and MQTT adapters leave a value
+//! that does not fit as an application property named `JMSXGroupSeq`, and
+//! that property is what is read here (see [`closes_group`]).
 
 use std::collections::{BTreeMap, HashMap};
 
+use rosetta_neutral::Message;
+
 use crate::queue::ConsumerKey;
+
+/// Whether `message` closes its group: an application property
+/// `JMSXGroupSeq` of -1, as a number or as text.
+pub(crate) fn closes_group(message: &Message) -> bool {
+    message
+        .properties
+        .get(rosetta_neutral::fields::GROUP_SEQUENCE)
+        .is_some_and(|v| v.to_text().trim() == "-1")
+}
 
 /// One remembered group.
 #[derive(Debug)]
@@ -123,6 +138,15 @@ impl Groups {
         if g.held == 0 {
             self.went_idle(group);
         }
+    }
+
+    /// Forgets `group` (closed); returns who had it.
+    pub(crate) fn close(&mut self, group: &str) -> Option<ConsumerKey> {
+        let g = self.by_id.remove(group)?;
+        if let Some(t) = g.idle_since {
+            self.idle.remove(&t);
+        }
+        Some(g.owner)
     }
 
     /// Forgets every group of `owner` (it went); returns how many.

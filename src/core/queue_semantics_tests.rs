@@ -471,3 +471,211 @@ fn past_groups_max_the_longest_idle_group_is_forgotten_and_assigned_afresh() {
     assert_eq!(to(&d, c), vec!["g1 again"]);
     assert!(to(&d, a).is_empty());
 }
+
+/// One step of the interleaving property below.
+#[derive(Debug, Clone)]
+enum Step {
+    Publish {
+        priority: u8,
+        group: Option<u8>,
+        colour: u8,
+    },
+    Attach {
+        kind: u8,
+        credit: u8,
+        explicit: bool,
+    },
+    Cancel(usize),
+    Settle {
+        consumer: usize,
+        accept: bool,
+    },
+    Credit {
+        consumer: usize,
+        limit: u8,
+    },
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (0u8..10, proptest::option::of(0u8..4), 0u8..3)
+            .prop_map(|(priority, group, colour)| Step::Publish { priority, group, colour }),
+        1 => (0u8..6, 0u8..4, any::<bool>())
+            .prop_map(|(kind, credit, explicit)| Step::Attach { kind, credit, explicit }),
+        1 => (0usize..8).prop_map(Step::Cancel),
+        3 => (0usize..8, any::<bool>()).prop_map(|(consumer, accept)| Step::Settle { consumer, accept }),
+        1 => (0usize..8, 0u8..6).prop_map(|(consumer, limit)| Step::Credit { consumer, limit }),
+    ]
+}
+
+const COLOURS: [&str; 3] = ["green", "red", "blue"];
+
+struct Attached {
+    id: ConsumerId,
+    browse: bool,
+    colour: Option<&'static str>,
+    /// Deliveries not settled yet: tag and message number.
+    unsettled: Vec<(DeliveryTag, u64)>,
+    browsed: std::collections::HashSet<u64>,
+}
+
+/// Checks and records what the core sent.
+struct Model {
+    attached: Vec<Attached>,
+    accepted: std::collections::HashSet<u64>,
+    in_flight: std::collections::HashSet<u64>,
+}
+
+impl Model {
+    fn absorb(&mut self, e: &Events) -> Result<(), proptest::test_runner::TestCaseError> {
+        for d in e.deliveries() {
+            let n: u64 = text(&d).parse().expect("number");
+            let Some(c) = self.attached.iter_mut().find(|c| c.id == d.consumer) else {
+                proptest::prop_assert!(false, "delivery to a cancelled consumer");
+                unreachable!()
+            };
+            if c.browse {
+                proptest::prop_assert!(c.browsed.insert(n), "browsed {} twice", n);
+                continue;
+            }
+            proptest::prop_assert!(!self.accepted.contains(&n), "{} delivered after accept", n);
+            proptest::prop_assert!(self.in_flight.insert(n), "{} delivered twice at once", n);
+            if let (Some(colour), None) = (c.colour, &d.message.group_id) {
+                let got = d.message.properties.get("colour").map(|v| v.to_text());
+                proptest::prop_assert_eq!(got.as_deref(), Some(colour));
+            }
+            c.unsettled.push((d.tag, n));
+        }
+        Ok(())
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config::with_cases(64))]
+    #[test]
+    fn random_interleavings_never_lose_or_duplicate_a_message(steps in proptest::collection::vec(step(), 1..120)) {
+        let core = limited_core(CoreConfig {
+            delivery_attempts_max: u32::MAX,
+            ..Default::default()
+        });
+        let (mut s, e) = open(&core, "c");
+        let mut model = Model {
+            attached: Vec::new(),
+            accepted: Default::default(),
+            in_flight: Default::default(),
+        };
+        let mut published = 0u64;
+        for step in steps {
+            match step {
+                Step::Publish { priority, group, colour } => {
+                    send(&mut s, "q", &published.to_string(), |m| {
+                        m.priority = priority;
+                        m.group_id = group.map(|g| format!("g{g}"));
+                        m.properties.push("colour", COLOURS[usize::from(colour)]);
+                    });
+                    published += 1;
+                }
+                Step::Attach { kind, credit, explicit } => {
+                    let colour = (kind == 1 || kind == 2).then(|| COLOURS[usize::from(kind - 1)]);
+                    let options = ConsumerOptions {
+                        selector: colour.map(|c| format!("colour = '{c}'")),
+                        exclusive: kind == 3,
+                        priority: if kind == 4 { 7 } else { 0 },
+                        browse: kind == 5,
+                    };
+                    let credit = u32::from(credit);
+                    let mode = if explicit { CreditMode::Explicit(credit) } else { CreditMode::Window(credit.max(1)) };
+                    let id = consume_with(&mut s, "q", mode, options);
+                    model.attached.push(Attached {
+                        id,
+                        browse: kind == 5,
+                        colour,
+                        unsettled: Vec::new(),
+                        browsed: Default::default(),
+                    });
+                }
+                Step::Cancel(i) => {
+                    if i < model.attached.len() {
+                        let c = model.attached.remove(i);
+                        s.cancel(c.id).expect("cancel");
+                        for (_, n) in c.unsettled {
+                            model.in_flight.remove(&n);
+                        }
+                    }
+                }
+                Step::Settle { consumer, accept } => {
+                    if let Some(c) = model.attached.get_mut(consumer) {
+                        if !c.unsettled.is_empty() {
+                            let (tag, n) = c.unsettled.remove(0);
+                            let outcome = if accept { Outcome::Accept } else { Outcome::Release };
+                            let id = c.id;
+                            model.in_flight.remove(&n);
+                            if accept {
+                                proptest::prop_assert!(model.accepted.insert(n));
+                            }
+                            s.settle(id, tag, outcome, None, false).expect("settle");
+                        }
+                    }
+                }
+                Step::Credit { consumer, limit } => {
+                    if let Some(c) = model.attached.get(consumer) {
+                        s.set_credit(c.id, u32::from(limit), false).expect("credit");
+                    }
+                }
+            }
+            model.absorb(&e)?;
+        }
+        // Everyone goes; one plain consumer takes what is left.
+        for c in std::mem::take(&mut model.attached) {
+            s.cancel(c.id).expect("cancel");
+            for (_, n) in c.unsettled {
+                model.in_flight.remove(&n);
+            }
+        }
+        e.take();
+        let last = plain(&mut s, "q", CreditMode::Window(1000));
+        model.attached.push(Attached {
+            id: last,
+            browse: false,
+            colour: None,
+            unsettled: Vec::new(),
+            browsed: Default::default(),
+        });
+        loop {
+            model.absorb(&e)?;
+            let pending = std::mem::take(&mut model.attached[0].unsettled);
+            if pending.is_empty() {
+                break;
+            }
+            for (tag, n) in pending {
+                proptest::prop_assert!(model.accepted.insert(n), "{} accepted twice", n);
+                s.settle(last, tag, Outcome::Accept, None, false).expect("settle");
+            }
+        }
+        proptest::prop_assert_eq!(model.accepted.len() as u64, published);
+        let stats = core.queue_stats("q").expect("queue");
+        proptest::prop_assert_eq!((stats.depth, stats.in_flight), (0, 0));
+    }
+}
+
+#[test]
+fn a_message_with_group_sequence_minus_one_closes_its_group() {
+    let core = Core::in_memory();
+    let (mut s, e) = open(&core, "c");
+    let a = plain(&mut s, "q", CreditMode::Explicit(2));
+    let b = plain(&mut s, "q", CreditMode::Window(10));
+    send(&mut s, "q", "g-0", in_group("g"));
+    send(&mut s, "q", "g-1 last", |m| {
+        m.group_id = Some("g".into());
+        // What the STOMP and MQTT adapters leave of `JMSXGroupSeq:-1`.
+        m.properties.push("JMSXGroupSeq", "-1");
+    });
+    let d = e.deliveries();
+    assert_eq!(to(&d, a), vec!["g-0", "g-1 last"]);
+    // a has no credit left; the closed group starts afresh with b rather
+    // than wait for a.
+    send(&mut s, "q", "g-2", in_group("g"));
+    send(&mut s, "q", "g-3", in_group("g"));
+    assert_eq!(to(&e.deliveries(), b), vec!["g-2", "g-3"]);
+}
