@@ -1,9 +1,19 @@
 //! The messages a queue holds for its consumers, in memory while the broker
 //! is under its memory budget and paged to disk past it.
 //!
+//! In memory, messages wait by priority (0-9, higher first) and by
+//! sequence within a priority, one ring per priority (`levels`): a
+//! released message returns to its place within its priority. Messages of
+//! a message group wait apart once their group's consumer is known, in
+//! that consumer's own list (`reserve`), so nobody else passes over them.
+//!
 //! Paging works per queue, the way Artemis pages an address: once a queue
 //! starts paging, every newer message goes to its page file too, so the
-//! queue is "in memory first, then on disk", in sequence order. Only the
+//! queue is "in memory first, then on disk", in sequence order. Paged
+//! messages keep sequence order whatever their priority until they are read
+//! back, and only then take their place by priority: a high-priority
+//! message that was paged waits behind the lower-priority ones in memory
+//! (Artemis behaves the same when paging). Only the
 //! small [`Paged`] reference (about 56 bytes) stays in memory for a
 //! paged message, so a million 1 KiB messages cost a million references,
 //! not a gigabyte. When the in-memory part runs dry, dispatch reads back
@@ -250,6 +260,11 @@ impl Backlog {
         self.len() == 0
     }
 
+    /// Whether nothing waits but what is reserved for groups' consumers.
+    pub(crate) fn shared_is_empty(&self) -> bool {
+        self.memory.is_empty() && self.paged.is_empty()
+    }
+
     /// Notes (or stops noting) the places of messages as they arrive in
     /// memory, for [`Self::take_arrived`].
     pub(crate) fn set_noting(&mut self, noting: bool) {
@@ -308,7 +323,11 @@ impl Backlog {
             return false;
         }
         let before = self.paged.len();
-        self.page_in(gauge, queue);
+        // At most what the budget has room for (at least one message), so
+        // reading back for these consumers overshoots it by one message at
+        // most.
+        let room = gauge.budget.saturating_sub(gauge.used());
+        self.page_in_at_most(gauge, queue, room.min(DEPAGE_BATCH_BYTES));
         self.paged.len() < before
     }
 
@@ -498,6 +517,11 @@ impl Backlog {
     /// Reads the next batch of paged messages into memory: a run of
     /// messages from the same place (the page file, or the journal).
     fn page_in(&mut self, gauge: &MemoryGauge, queue: QueueId) {
+        self.page_in_at_most(gauge, queue, DEPAGE_BATCH_BYTES);
+    }
+
+    /// [`Self::page_in`] of at most `bytes_max` (and at least one message).
+    fn page_in_at_most(&mut self, gauge: &MemoryGauge, queue: QueueId, bytes_max: u64) {
         let Some(in_journal) = self.paged.front().map(|p| p.in_journal) else {
             return;
         };
@@ -506,7 +530,7 @@ impl Backlog {
         for p in &self.paged {
             if count == DEPAGE_BATCH_MESSAGES
                 || p.in_journal != in_journal
-                || (count > 0 && bytes + u64::from(p.at.len) > DEPAGE_BATCH_BYTES)
+                || (count > 0 && bytes + u64::from(p.at.len) > bytes_max)
             {
                 break;
             }

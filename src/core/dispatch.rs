@@ -606,7 +606,7 @@ impl Queue {
     /// Consumers in drain mode with nothing left to send them lose their
     /// credit and are told so.
     fn finish_drains(&self, st: &mut QueueState, receivers: Receivers) {
-        let nothing_ready = st.backlog.is_empty();
+        let nothing_shared = st.backlog.shared_is_empty();
         for (i, slot) in st.consumers.iter_mut().enumerate() {
             if !slot.drain {
                 continue;
@@ -617,7 +617,7 @@ impl Queue {
                 None if slot.selector.is_some() => {
                     slot.matches.is_empty() && !st.backlog.has_reserved(slot.key)
                 }
-                None => nothing_ready,
+                None => nothing_shared && !st.backlog.has_reserved(slot.key),
             };
             if nothing_for_it || slot.credit == 0 {
                 slot.credit = 0;

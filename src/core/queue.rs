@@ -6,9 +6,9 @@
 //! never across an `.await`. Journal records produced while it is held are
 //! collected in a [`Batch`](super::batch::Batch) and written after.
 //!
-//! Messages wait in the [`Backlog`], ordered by their global sequence
-//! number, so a released message goes back to its original place (FIFO per
-//! queue); past the memory budget it pages them to disk.
+//! Messages wait in the [`Backlog`], ordered by priority and then by their
+//! global sequence number, so a released message goes back to its original
+//! place (FIFO per priority); past the memory budget it pages them to disk.
 //! Delivered-but-unsettled messages sit in `inflight` until settled.
 //!
 //! Who gets which message (priorities, exclusive consumers, consumer

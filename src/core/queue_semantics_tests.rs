@@ -679,3 +679,60 @@ fn a_message_with_group_sequence_minus_one_closes_its_group() {
     send(&mut s, "q", "g-3", in_group("g"));
     assert_eq!(to(&e.deliveries(), b), vec!["g-2", "g-3"]);
 }
+
+#[test]
+fn a_selecting_consumers_paged_matches_reach_it_as_they_are_read_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let budget = 16 * 1024;
+    let core = paging_core(budget, dir.path());
+    let (mut s, e) = open(&core, "c");
+    let body = |i: usize| format!("{i:04}-{}", "x".repeat(1_000));
+    // 100 messages no selector matches, then 5 matches, most on disk.
+    for i in 0..105 {
+        let colour = if i < 100 { "red" } else { "green" };
+        send(&mut s, "q", &body(i), |m| {
+            m.properties.push("colour", colour)
+        });
+    }
+    assert!(core.queue_stats("q").expect("queue").paged > 80);
+    let green = consume_with(
+        &mut s,
+        "q",
+        CreditMode::Window(10),
+        ConsumerOptions {
+            selector: Some("colour = 'green'".into()),
+            ..Default::default()
+        },
+    );
+    // Memory is full of messages it does not match: its matches wait on
+    // disk (the documented limit) rather than memory overflowing.
+    assert!(e.deliveries().is_empty());
+    assert!(core.memory_used() <= budget + 2 * 1024);
+    // A plain consumer takes the red ones; the green ones, read back and
+    // evaluated once, go to the selecting consumer.
+    let red = plain(&mut s, "q", CreditMode::Explicit(100));
+    let mut reds = 0;
+    let mut greens = Vec::new();
+    loop {
+        let d = e.deliveries();
+        if d.is_empty() {
+            break;
+        }
+        for d in d {
+            if d.consumer == red {
+                reds += 1;
+                assert!(text(&d).as_str() < "0100", "{}", &text(&d)[..4]);
+            } else {
+                assert_eq!(d.consumer, green);
+                greens.push(text(&d)[..4].to_owned());
+            }
+            s.settle(d.consumer, d.tag, Outcome::Accept, None, false)
+                .expect("accept");
+        }
+    }
+    assert_eq!(reds, 100);
+    assert_eq!(greens, vec!["0100", "0101", "0102", "0103", "0104"]);
+    let stats = core.queue_stats("q").expect("queue");
+    assert_eq!((stats.depth, stats.paged), (0, 0));
+    assert_eq!(stats.selector_evaluations_total, 105);
+}
