@@ -256,10 +256,6 @@ impl Backlog {
         self.memory.len() + self.paged.len() + self.reserved_len
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Whether nothing waits but what is reserved for groups' consumers.
     pub(crate) fn shared_is_empty(&self) -> bool {
         self.memory.is_empty() && self.paged.is_empty()
