@@ -271,6 +271,13 @@ impl QueueState {
     }
 }
 
+/// What one dispatch pass knows and produces.
+struct Pass<'a> {
+    receivers: Receivers,
+    now_ms: u64,
+    out: &'a mut DispatchOutput,
+}
+
 /// Where the entry being handed out came from.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum From {
@@ -288,11 +295,16 @@ impl Queue {
         let mut out = DispatchOutput::default();
         st.index_arrivals();
         let receivers = st.receivers(&self.settings);
+        let mut pass = Pass {
+            receivers,
+            now_ms,
+            out: &mut out,
+        };
         loop {
-            let mut progress = self.dispatch_reserved(st, receivers, now_ms, &mut out);
-            progress |= self.dispatch_heads(st, receivers, now_ms, &mut out);
+            let mut progress = self.dispatch_reserved(st, &mut pass);
+            progress |= self.dispatch_heads(st, &mut pass);
             if st.selecting > 0 {
-                progress |= self.dispatch_matches(st, receivers, now_ms, &mut out);
+                progress |= self.dispatch_matches(st, &mut pass);
             }
             // Only consumers' own lists can make more go after a pass.
             if !progress || (st.selecting == 0 && st.backlog.reserved_len() == 0) {
@@ -307,13 +319,12 @@ impl Queue {
     }
 
     /// The head of the queue, over and over, to whoever may take it.
-    fn dispatch_heads(
-        &self,
-        st: &mut QueueState,
-        receivers: Receivers,
-        now_ms: u64,
-        out: &mut DispatchOutput,
-    ) -> bool {
+    fn dispatch_heads(&self, st: &mut QueueState, pass: &mut Pass<'_>) -> bool {
+        let Pass {
+            receivers,
+            now_ms,
+            ref mut out,
+        } = *pass;
         let mut progress = false;
         let groups_apply = receivers == Receivers::All;
         while !st.consumers.is_empty() {
@@ -370,13 +381,12 @@ impl Queue {
 
     /// Each receiver's reserved messages (its groups'), while it can take
     /// them.
-    fn dispatch_reserved(
-        &self,
-        st: &mut QueueState,
-        receivers: Receivers,
-        now_ms: u64,
-        out: &mut DispatchOutput,
-    ) -> bool {
+    fn dispatch_reserved(&self, st: &mut QueueState, pass: &mut Pass<'_>) -> bool {
+        let Pass {
+            receivers,
+            now_ms,
+            ref mut out,
+        } = *pass;
         if st.backlog.reserved_len() == 0 {
             return false;
         }
@@ -406,13 +416,12 @@ impl Queue {
 
     /// Selecting consumers take their first matches, wherever they are,
     /// higher priorities first.
-    fn dispatch_matches(
-        &self,
-        st: &mut QueueState,
-        receivers: Receivers,
-        now_ms: u64,
-        out: &mut DispatchOutput,
-    ) -> bool {
+    fn dispatch_matches(&self, st: &mut QueueState, pass: &mut Pass<'_>) -> bool {
+        let Pass {
+            receivers,
+            now_ms,
+            ref mut out,
+        } = *pass;
         let mut order: Vec<usize> = (0..st.consumers.len())
             .filter(|&i| {
                 let c = &st.consumers[i];

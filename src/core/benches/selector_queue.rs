@@ -77,10 +77,15 @@ fn attach(s: &mut Box<dyn Session>) -> rosetta_neutral::ConsumerId {
     .expect("consume")
 }
 
-/// Settles what arrived until every match has been taken.
-fn consume_all(s: &mut Box<dyn Session>, inbox: &Inbox, consumer: rosetta_neutral::ConsumerId) {
+/// Settles what arrives until `count` messages have been taken.
+fn consume_all(
+    s: &mut Box<dyn Session>,
+    inbox: &Inbox,
+    consumer: rosetta_neutral::ConsumerId,
+    count: usize,
+) {
     let mut received = 0;
-    while received < MESSAGES / MATCH_ONE_IN {
+    while received < count {
         let batch = std::mem::take(&mut *inbox.0.lock());
         assert!(!batch.is_empty(), "stalled after {received} matches");
         for d in batch {
@@ -106,7 +111,7 @@ fn run(label: &str, attach_first: bool) {
         started = Instant::now();
         consumer = attach(&mut s);
     }
-    consume_all(&mut s, &inbox, consumer);
+    consume_all(&mut s, &inbox, consumer, MESSAGES / MATCH_ONE_IN);
     let elapsed = started.elapsed();
     let stats = core.queue_stats("q").expect("queue");
     println!(
@@ -147,16 +152,7 @@ fn plain() {
             options: ConsumerOptions::default(),
         })
         .expect("consume");
-    let mut received = 0;
-    while received < MESSAGES {
-        let batch = std::mem::take(&mut *inbox.0.lock());
-        assert!(!batch.is_empty(), "stalled after {received}");
-        for d in batch {
-            received += 1;
-            s.settle(consumer, d.tag, Outcome::Accept, None, false)
-                .expect("settle");
-        }
-    }
+    consume_all(&mut s, &inbox, consumer, MESSAGES);
     println!(
         "no selector: {MESSAGES} messages queued, all consumed in {:.1} ms",
         started.elapsed().as_secs_f64() * 1e3
