@@ -23,6 +23,19 @@
 //!   other consumers. Past the last waiting message a browser is told
 //!   [`SessionEvent::BrowseEnded`] once and gets nothing more.
 //!
+//! Where rules meet:
+//! - A browser walks in arrival (sequence) order, not priority order: that
+//!   is the order in which "each message once" holds while new messages
+//!   of any priority keep arriving.
+//! - A group's reserved messages go to the group's consumer whatever its
+//!   selector says; and a selecting consumer that takes a group's message
+//!   from its matches first becomes the group's consumer, though earlier
+//!   messages of the group it does not match may still wait. Order within
+//!   a group holds when the group's messages all match its consumer (or it
+//!   has no selector).
+//! - Exclusive queues and consumers, and who was active, are not persisted:
+//!   after a restart the first (exclusive) consumer to attach is active.
+//!
 //! ## What is indexed, and what is bounded
 //! A consumer's selector is evaluated once per message: when the message
 //! arrives in memory (enqueued, put back after a delivery, read back from

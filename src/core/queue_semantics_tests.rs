@@ -515,14 +515,17 @@ struct Attached {
     id: ConsumerId,
     browse: bool,
     colour: Option<&'static str>,
-    /// Deliveries not settled yet: tag and message number.
-    unsettled: Vec<(DeliveryTag, u64)>,
+    /// Deliveries not settled yet: tag, message number and group.
+    unsettled: Vec<(DeliveryTag, u64, Option<String>)>,
     browsed: std::collections::HashSet<u64>,
 }
 
 /// Checks and records what the core sent.
 struct Model {
     attached: Vec<Attached>,
+    /// An exclusive consumer attached at some point: groups were dropped,
+    /// and a group's old consumer may still hold some of its messages.
+    had_exclusive: bool,
     accepted: std::collections::HashSet<u64>,
     in_flight: std::collections::HashSet<u64>,
 }
@@ -545,7 +548,16 @@ impl Model {
                 let got = d.message.properties.get("colour").map(|v| v.to_text());
                 proptest::prop_assert_eq!(got.as_deref(), Some(colour));
             }
-            c.unsettled.push((d.tag, n));
+            c.unsettled.push((d.tag, n, d.message.group_id.clone()));
+            // A group's unsettled messages are all with one consumer.
+            if let (Some(group), false) = (&d.message.group_id, self.had_exclusive) {
+                let holders = self
+                    .attached
+                    .iter()
+                    .filter(|c| c.unsettled.iter().any(|u| u.2.as_ref() == Some(group)))
+                    .count();
+                proptest::prop_assert!(holders <= 1, "{} held by {} consumers", group, holders);
+            }
         }
         Ok(())
     }
@@ -562,6 +574,7 @@ proptest::proptest! {
         let (mut s, e) = open(&core, "c");
         let mut model = Model {
             attached: Vec::new(),
+            had_exclusive: false,
             accepted: Default::default(),
             in_flight: Default::default(),
         };
@@ -586,6 +599,7 @@ proptest::proptest! {
                     };
                     let credit = u32::from(credit);
                     let mode = if explicit { CreditMode::Explicit(credit) } else { CreditMode::Window(credit.max(1)) };
+                    model.had_exclusive |= options.exclusive;
                     let id = consume_with(&mut s, "q", mode, options);
                     model.attached.push(Attached {
                         id,
@@ -599,7 +613,7 @@ proptest::proptest! {
                     if i < model.attached.len() {
                         let c = model.attached.remove(i);
                         s.cancel(c.id).expect("cancel");
-                        for (_, n) in c.unsettled {
+                        for (_, n, _) in c.unsettled {
                             model.in_flight.remove(&n);
                         }
                     }
@@ -607,7 +621,7 @@ proptest::proptest! {
                 Step::Settle { consumer, accept } => {
                     if let Some(c) = model.attached.get_mut(consumer) {
                         if !c.unsettled.is_empty() {
-                            let (tag, n) = c.unsettled.remove(0);
+                            let (tag, n, _) = c.unsettled.remove(0);
                             let outcome = if accept { Outcome::Accept } else { Outcome::Release };
                             let id = c.id;
                             model.in_flight.remove(&n);
@@ -629,7 +643,7 @@ proptest::proptest! {
         // Everyone goes; one plain consumer takes what is left.
         for c in std::mem::take(&mut model.attached) {
             s.cancel(c.id).expect("cancel");
-            for (_, n) in c.unsettled {
+            for (_, n, _) in c.unsettled {
                 model.in_flight.remove(&n);
             }
         }
@@ -648,7 +662,7 @@ proptest::proptest! {
             if pending.is_empty() {
                 break;
             }
-            for (tag, n) in pending {
+            for (tag, n, _) in pending {
                 proptest::prop_assert!(model.accepted.insert(n), "{} accepted twice", n);
                 s.settle(last, tag, Outcome::Accept, None, false).expect("settle");
             }
