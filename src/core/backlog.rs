@@ -1,9 +1,19 @@
 //! The messages a queue holds for its consumers, in memory while the broker
 //! is under its memory budget and paged to disk past it.
 //!
+//! In memory, messages wait by priority (0-9, higher first) and by
+//! sequence within a priority, one ring per priority (`levels`): a
+//! released message returns to its place within its priority. Messages of
+//! a message group wait apart once their group's consumer is known, in
+//! that consumer's own list (`reserve`), so nobody else passes over them.
+//!
 //! Paging works per queue, the way Artemis pages an address: once a queue
 //! starts paging, every newer message goes to its page file too, so the
-//! queue is "in memory first, then on disk", in sequence order. Only the
+//! queue is "in memory first, then on disk", in sequence order. Paged
+//! messages keep sequence order whatever their priority until they are read
+//! back, and only then take their place by priority: a high-priority
+//! message that was paged waits behind the lower-priority ones in memory
+//! (Artemis behaves the same when paging). Only the
 //! small [`Paged`] reference (about 56 bytes) stays in memory for a
 //! paged message, so a million 1 KiB messages cost a million references,
 //! not a gigabyte. When the in-memory part runs dry, dispatch reads back
@@ -27,7 +37,9 @@
 //! OS page cache, usually), bounded to [`DEPAGE_BATCH_BYTES`], and only the
 //! paging queue waits for it.
 
-use std::collections::{BTreeMap, VecDeque};
+mod levels;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -38,7 +50,10 @@ use bytes::Bytes;
 use rosetta_neutral::{MatchInfo, Message};
 
 use super::codec::{decode_message_exact, encode_message};
-use super::queue::Entry;
+use levels::Levels;
+pub(crate) use levels::Place;
+
+use super::queue::{ConsumerKey, Entry};
 use super::Journal;
 use rosetta_store::{MessageSeq, OsStorage, PageFile, PageRef, QueueId, Storage};
 
@@ -215,23 +230,173 @@ impl Paged {
 /// A queue's waiting messages.
 #[derive(Debug, Default)]
 pub(crate) struct Backlog {
-    /// In memory, by sequence (a released message returns to its place).
-    memory: InMemory,
+    /// In memory, by priority then sequence (a released message returns to
+    /// its place).
+    memory: Levels,
     /// On disk, in sequence order, all newer than `memory`.
     paged: VecDeque<Paged>,
     file: Option<PageFile>,
     /// A page file failed: this queue keeps everything in memory from now.
     paging_off: bool,
+    /// Messages of a message group waiting for the consumer the group is
+    /// assigned to, by consumer, in sequence order. In memory, counted in
+    /// the gauge; out of `memory`, so that nobody else passes over them.
+    reserved: HashMap<ConsumerKey, BTreeMap<MessageSeq, Entry>>,
+    reserved_len: usize,
+    /// Whether the places of messages arriving in `memory` are noted in
+    /// `arrived` (the queue has consumers with selectors, or message
+    /// groups, that must look at each message once).
+    noting: bool,
+    arrived: Vec<Place>,
 }
 
 impl Backlog {
-    /// Messages waiting, paged ones included.
+    /// Messages waiting, paged and reserved ones included.
     pub(crate) fn len(&self) -> usize {
-        self.memory.len() + self.paged.len()
+        self.memory.len() + self.paged.len() + self.reserved_len
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    /// Whether nothing waits but what is reserved for groups' consumers.
+    pub(crate) fn shared_is_empty(&self) -> bool {
         self.memory.is_empty() && self.paged.is_empty()
+    }
+
+    /// Notes (or stops noting) the places of messages as they arrive in
+    /// memory, for [`Self::take_arrived`].
+    pub(crate) fn set_noting(&mut self, noting: bool) {
+        self.noting = noting;
+        if !noting {
+            self.arrived.clear();
+        }
+    }
+
+    /// The places of messages that arrived in memory since the last call
+    /// (pushed, put back or read back from disk), while noting. The vector
+    /// is handed back with [`Self::return_arrived`] so its capacity is kept.
+    pub(crate) fn take_arrived(&mut self) -> Vec<Place> {
+        std::mem::take(&mut self.arrived)
+    }
+
+    /// Gives back the (emptied) vector of [`Self::take_arrived`].
+    pub(crate) fn return_arrived(&mut self, mut arrived: Vec<Place>) {
+        arrived.clear();
+        if self.arrived.is_empty() {
+            self.arrived = arrived;
+        }
+    }
+
+    fn insert_in_memory(&mut self, entry: Entry) {
+        let place = self.memory.insert(entry);
+        if self.noting {
+            self.arrived.push(place);
+        }
+    }
+
+    /// The message at the head of the in-memory part, read back from disk
+    /// first if that part is empty.
+    pub(crate) fn front(&mut self, gauge: &MemoryGauge, queue: QueueId) -> Option<&Entry> {
+        if self.memory.is_empty() && !self.paged.is_empty() {
+            self.page_in(gauge, queue);
+        }
+        self.memory.first()
+    }
+
+    /// A message in memory, by place.
+    pub(crate) fn get(&self, place: Place) -> Option<&Entry> {
+        self.memory.get(place)
+    }
+
+    /// Takes a message out of memory, from wherever it is.
+    pub(crate) fn remove(&mut self, place: Place) -> Option<Entry> {
+        self.memory.remove(place)
+    }
+
+    /// Reads the next batch of paged messages back while the broker is
+    /// under its memory budget (for consumers whose messages may all be on
+    /// disk behind messages they cannot take). False when nothing was read.
+    pub(crate) fn page_in_within_budget(&mut self, gauge: &MemoryGauge, queue: QueueId) -> bool {
+        if self.paged.is_empty() || gauge.used() >= gauge.budget {
+            return false;
+        }
+        let before = self.paged.len();
+        // At most what the budget has room for (at least one message), so
+        // reading back for these consumers overshoots it by one message at
+        // most.
+        let room = gauge.budget.saturating_sub(gauge.used());
+        self.page_in_at_most(gauge, queue, room.min(DEPAGE_BATCH_BYTES));
+        self.paged.len() < before
+    }
+
+    /// Whether messages wait on disk.
+    pub(crate) fn has_paged(&self) -> bool {
+        !self.paged.is_empty()
+    }
+
+    /// Messages reserved for their groups' consumers.
+    pub(crate) fn reserved_len(&self) -> usize {
+        self.reserved_len
+    }
+
+    /// Whether messages are reserved for `consumer`.
+    pub(crate) fn has_reserved(&self, consumer: ConsumerKey) -> bool {
+        self.reserved.contains_key(&consumer)
+    }
+
+    /// The shared messages in memory, in no particular order.
+    pub(crate) fn iter_memory(&self) -> impl Iterator<Item = &Entry> {
+        self.memory.iter()
+    }
+
+    /// Keeps `entry` for `consumer` alone (its message group's consumer).
+    pub(crate) fn reserve(&mut self, consumer: ConsumerKey, entry: Entry) {
+        self.reserved
+            .entry(consumer)
+            .or_default()
+            .insert(entry.seq, entry);
+        self.reserved_len += 1;
+    }
+
+    /// The first message kept for `consumer`.
+    pub(crate) fn first_reserved(&self, consumer: ConsumerKey) -> Option<&Entry> {
+        self.reserved
+            .get(&consumer)
+            .and_then(|r| r.first_key_value())
+            .map(|(_, e)| e)
+    }
+
+    /// Takes the first message kept for `consumer`.
+    pub(crate) fn pop_reserved(&mut self, consumer: ConsumerKey) -> Option<Entry> {
+        let list = self.reserved.get_mut(&consumer)?;
+        let entry = list.pop_first().map(|(_, e)| e);
+        if list.is_empty() {
+            self.reserved.remove(&consumer);
+        }
+        self.reserved_len -= usize::from(entry.is_some());
+        entry
+    }
+
+    /// The consumer went: what was kept for it returns to the queue, to its
+    /// place in queue order.
+    pub(crate) fn unreserve(&mut self, consumer: ConsumerKey) {
+        let Some(list) = self.reserved.remove(&consumer) else {
+            return;
+        };
+        self.reserved_len -= list.len();
+        for entry in list.into_values() {
+            self.insert_in_memory(entry);
+        }
+    }
+
+    /// The waiting message (in memory, reserved or not) with the lowest
+    /// sequence at or after `seq`: a browser's next message, in arrival
+    /// order. Paged messages are not looked at (see the module docs).
+    pub(crate) fn first_from(&self, seq: MessageSeq) -> Option<&Entry> {
+        let shared = self.memory.first_from(seq);
+        let reserved = self
+            .reserved
+            .values()
+            .filter_map(|r| r.range(seq..).next().map(|(_, e)| e));
+        shared.into_iter().chain(reserved).min_by_key(|e| e.seq)
     }
 
     /// Messages waiting on disk.
@@ -241,10 +406,17 @@ impl Backlog {
 
     /// When the message at the head of the queue was enqueued.
     pub(crate) fn oldest_enqueued_at(&self) -> Option<Instant> {
-        match self.memory.first() {
-            Some(e) => Some(e.enqueued_at),
-            None => self.paged.front().map(|p| p.enqueued_at),
-        }
+        let waiting = self
+            .memory
+            .oldest()
+            .map(|e| e.enqueued_at)
+            .or_else(|| self.paged.front().map(|p| p.enqueued_at));
+        let reserved = self
+            .reserved
+            .values()
+            .filter_map(|r| r.first_key_value())
+            .map(|(_, e)| e.enqueued_at);
+        waiting.into_iter().chain(reserved).min()
     }
 
     /// A new message: kept in memory, or paged when the queue is already
@@ -281,13 +453,13 @@ impl Backlog {
             }
         }
         gauge.add(&entry);
-        self.memory.insert(entry);
+        self.insert_in_memory(entry);
     }
 
     /// A message that was in flight comes back (released, or redelivered):
     /// it is in memory and counted already.
     pub(crate) fn put_back(&mut self, entry: Entry) {
-        self.memory.insert(entry);
+        self.insert_in_memory(entry);
     }
 
     /// The message at the head, read back from disk if the in-memory part
@@ -307,7 +479,12 @@ impl Backlog {
             .fetch_sub(self.paged.len() as u64, Ordering::Relaxed);
         self.paged.clear();
         self.file = None;
-        std::mem::take(&mut self.memory).into_entries()
+        let mut all = std::mem::take(&mut self.memory).into_entries();
+        for list in std::mem::take(&mut self.reserved).into_values() {
+            all.extend(list.into_values());
+        }
+        self.reserved_len = 0;
+        all
     }
 
     fn page_out(
@@ -336,6 +513,11 @@ impl Backlog {
     /// Reads the next batch of paged messages into memory: a run of
     /// messages from the same place (the page file, or the journal).
     fn page_in(&mut self, gauge: &MemoryGauge, queue: QueueId) {
+        self.page_in_at_most(gauge, queue, DEPAGE_BATCH_BYTES);
+    }
+
+    /// [`Self::page_in`] of at most `bytes_max` (and at least one message).
+    fn page_in_at_most(&mut self, gauge: &MemoryGauge, queue: QueueId, bytes_max: u64) {
         let Some(in_journal) = self.paged.front().map(|p| p.in_journal) else {
             return;
         };
@@ -344,7 +526,7 @@ impl Backlog {
         for p in &self.paged {
             if count == DEPAGE_BATCH_MESSAGES
                 || p.in_journal != in_journal
-                || (count > 0 && bytes + u64::from(p.at.len) > DEPAGE_BATCH_BYTES)
+                || (count > 0 && bytes + u64::from(p.at.len) > bytes_max)
             {
                 break;
             }
@@ -362,13 +544,23 @@ impl Backlog {
             return;
         };
         gauge.paged.fetch_sub(count as u64, Ordering::Relaxed);
-        for (p, message) in self.paged.drain(..count).zip(messages) {
+        let Self {
+            memory,
+            paged,
+            noting,
+            arrived,
+            ..
+        } = self;
+        for (p, message) in paged.drain(..count).zip(messages) {
             let Some(message) = message else {
                 continue;
             };
             let entry = p.into_entry(message);
             gauge.add(&entry);
-            self.memory.insert(entry);
+            let place = memory.insert(entry);
+            if *noting {
+                arrived.push(place);
+            }
         }
         if self.paged.is_empty() {
             if let Some(file) = &mut self.file {
@@ -440,136 +632,5 @@ impl Backlog {
                 })
                 .collect(),
         )
-    }
-}
-
-/// The in-memory part of a backlog, in sequence order.
-///
-/// Almost every message arrives with a higher sequence than any before it,
-/// and leaves from the front: a ring buffer does that with no allocation
-/// per message. (A `BTreeMap` alone allocated and freed a node whenever a
-/// queue went between empty and one message, which is every message for a
-/// consumer that keeps up, and moved whole entries on each pop.) Released
-/// messages, and the rare message whose enqueue overtook a newer one, go to
-/// an ordered map beside it; the head is the lower of the two heads.
-#[derive(Debug, Default)]
-struct InMemory {
-    in_order: VecDeque<Entry>,
-    out_of_order: BTreeMap<MessageSeq, Entry>,
-}
-
-impl InMemory {
-    fn len(&self) -> usize {
-        self.in_order.len() + self.out_of_order.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.in_order.is_empty() && self.out_of_order.is_empty()
-    }
-
-    fn insert(&mut self, entry: Entry) {
-        match self.in_order.back() {
-            Some(last) if last.seq >= entry.seq => {
-                self.out_of_order.insert(entry.seq, entry);
-            }
-            _ => self.in_order.push_back(entry),
-        }
-    }
-
-    /// Whether the head is in `out_of_order` rather than `in_order`.
-    fn head_is_out_of_order(&self) -> bool {
-        match (self.in_order.front(), self.out_of_order.first_key_value()) {
-            (Some(a), Some((b, _))) => *b < a.seq,
-            (None, Some(_)) => true,
-            _ => false,
-        }
-    }
-
-    fn first(&self) -> Option<&Entry> {
-        if self.head_is_out_of_order() {
-            self.out_of_order.first_key_value().map(|(_, e)| e)
-        } else {
-            self.in_order.front()
-        }
-    }
-
-    fn pop_first(&mut self) -> Option<Entry> {
-        if self.head_is_out_of_order() {
-            self.out_of_order.pop_first().map(|(_, e)| e)
-        } else {
-            self.in_order.pop_front()
-        }
-    }
-
-    /// Every entry, in no particular order.
-    fn into_entries(self) -> Vec<Entry> {
-        let mut all: Vec<Entry> = self.in_order.into();
-        all.extend(self.out_of_order.into_values());
-        all
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use rosetta_neutral::Message;
-
-    use super::*;
-
-    fn entry(seq: MessageSeq) -> Entry {
-        Entry::new(seq, Arc::new(Message::default()), false)
-    }
-
-    fn drain(m: &mut InMemory) -> Vec<MessageSeq> {
-        std::iter::from_fn(|| m.pop_first())
-            .map(|e| e.seq)
-            .collect()
-    }
-
-    #[test]
-    fn in_memory_pops_in_sequence_order_whatever_the_insert_order() {
-        let mut m = InMemory::default();
-        for seq in [3, 5, 4, 9, 1, 7, 8, 2] {
-            m.insert(entry(seq));
-        }
-        assert_eq!(m.len(), 8);
-        assert_eq!(m.first().map(|e| e.seq), Some(1));
-        assert_eq!(drain(&mut m), vec![1, 2, 3, 4, 5, 7, 8, 9]);
-        assert!(m.is_empty());
-    }
-
-    #[test]
-    fn a_released_message_returns_ahead_of_newer_ones() {
-        let mut m = InMemory::default();
-        for seq in 10..15 {
-            m.insert(entry(seq));
-        }
-        let taken: Vec<Entry> = (0..3).filter_map(|_| m.pop_first()).collect();
-        m.insert(entry(15));
-        // Released in reverse, as a detaching consumer may return them.
-        for e in taken.into_iter().rev() {
-            m.insert(e);
-        }
-        assert_eq!(drain(&mut m), vec![10, 11, 12, 13, 14, 15]);
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn in_memory_matches_a_sorted_model(ops in proptest::collection::vec((0u8..3, 0u64..64), 0..200)) {
-            let mut m = InMemory::default();
-            let mut model = std::collections::BTreeSet::new();
-            for (op, seq) in ops {
-                if op < 2 {
-                    if model.insert(seq) {
-                        m.insert(entry(seq));
-                    }
-                } else {
-                    proptest::prop_assert_eq!(m.pop_first().map(|e| e.seq), model.pop_first());
-                }
-                proptest::prop_assert_eq!(m.len(), model.len());
-                proptest::prop_assert_eq!(m.first().map(|e| e.seq), model.first().copied());
-            }
-        }
     }
 }

@@ -22,6 +22,8 @@ mod backlog;
 mod batch;
 pub mod codec;
 mod disk;
+mod dispatch;
+mod groups;
 mod queue;
 mod queue_settings;
 mod routing;

@@ -6,29 +6,29 @@
 //! never across an `.await`. Journal records produced while it is held are
 //! collected in a [`Batch`](super::batch::Batch) and written after.
 //!
-//! Messages wait in the [`Backlog`], ordered by their global sequence
-//! number, so a released message goes back to its original place (FIFO per
-//! queue); past the memory budget it pages them to disk.
+//! Messages wait in the [`Backlog`], ordered by priority and then by their
+//! global sequence number, so a released message goes back to its original
+//! place (FIFO per priority); past the memory budget it pages them to disk.
 //! Delivered-but-unsettled messages sit in `inflight` until settled.
 //!
-//! Dispatch is a pluggable [`DispatchPolicy`]; the default is round-robin
-//! over consumers with credit. Later policies (exclusive consumer, message
-//! groups) slot in there.
+//! Who gets which message (priorities, exclusive consumers, consumer
+//! priority, selectors, browsers, message groups) is the `dispatch`
+//! module's job; message groups' assignments are in `groups`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use rosetta_neutral::{
-    ConsumerId, CreditMode, Delivery, DeliveryTag, EventSink, MatchInfo, Message, QueueLifetime,
-    SessionEvent,
-};
+use rosetta_neutral::{ConsumerId, CreditMode, EventSink, MatchInfo, Message, QueueLifetime};
 
-use super::backlog::Backlog;
 pub(crate) use super::backlog::MemoryGauge;
+use super::backlog::{Backlog, Place};
+use super::dispatch::DispatchPolicy;
+use super::groups::Groups;
 use super::queue_settings::QueueSettings;
+use super::selector::Selector;
 use rosetta_store::{MessageSeq, QueueId, Record};
 
 /// A consumer, globally unique: the session id and the session's consumer id.
@@ -84,6 +84,29 @@ pub(crate) struct ConsumerSlot {
     pub(crate) auto_settle: bool,
     pub(crate) drain: bool,
     pub(crate) sink: Arc<dyn EventSink>,
+    /// Consumer priority: higher ones get messages first.
+    pub(crate) priority: i32,
+    /// An exclusive consumer: while attached, the first of them in attach
+    /// order is the only receiver.
+    pub(crate) exclusive: bool,
+    /// Only messages it matches are offered.
+    pub(crate) selector: Option<Box<Selector>>,
+    /// With a selector: the places of the waiting (in memory, not
+    /// reserved) messages it matches, each evaluated once.
+    pub(crate) matches: BTreeSet<Place>,
+    /// Message groups assigned to it.
+    pub(crate) groups: usize,
+    /// A browser's walk through the queue.
+    pub(crate) browse: Option<BrowseCursor>,
+}
+
+/// How far a browser has seen the queue, in arrival (sequence) order.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct BrowseCursor {
+    /// The lowest sequence it has not been offered yet.
+    pub(crate) next_seq: MessageSeq,
+    /// It has been told it saw everything; it gets nothing more.
+    pub(crate) ended: bool,
 }
 
 /// A binding as the queue remembers it (the routing trie holds the other
@@ -125,6 +148,9 @@ pub struct QueueStats {
     pub dropped_full_total: u64,
     /// Sum of time-in-queue of acknowledged messages, in milliseconds.
     pub time_in_queue_ms_total: u64,
+    /// Consumer selectors evaluated against a message since start: once
+    /// per message and selecting consumer, not once per dispatch.
+    pub selector_evaluations_total: u64,
 }
 
 impl ConsumerSlot {
@@ -144,47 +170,20 @@ impl ConsumerSlot {
     }
 }
 
-/// Chooses which consumer gets the next message. The default is round-robin
-/// over consumers with credit.
-pub(crate) trait DispatchPolicy: Send {
-    /// Index into `consumers` of the consumer for `entry`, or `None` when no
-    /// consumer can take it now.
-    fn pick(&mut self, consumers: &[ConsumerSlot], entry: &Entry) -> Option<usize>;
-}
-
-#[derive(Default)]
-pub(crate) struct RoundRobin {
-    next: usize,
-}
-
-impl DispatchPolicy for RoundRobin {
-    fn pick(&mut self, consumers: &[ConsumerSlot], entry: &Entry) -> Option<usize> {
-        let n = consumers.len();
-        let eligible = |c: &ConsumerSlot| entry.excluded != Some(c.key) && c.can_take();
-        let start = self.next % n.max(1);
-        // An excluded message (AMQP undeliverable-here) goes elsewhere when it
-        // can; when only excluded consumers have credit it goes to them rather
-        // than block the head of the queue forever.
-        let found = (0..n)
-            .map(|i| (start + i) % n)
-            .find(|&i| eligible(&consumers[i]))
-            .or_else(|| {
-                (0..n)
-                    .map(|i| (start + i) % n)
-                    .find(|&i| consumers[i].can_take())
-            });
-        if let Some(i) = found {
-            self.next = i + 1;
-        }
-        found
-    }
-}
-
 pub(crate) struct QueueState {
     pub(crate) backlog: Backlog,
     pub(crate) inflight: HashMap<MessageSeq, (ConsumerKey, Entry)>,
+    /// In attach order (exclusive consumers stand by in it).
     pub(crate) consumers: Vec<ConsumerSlot>,
-    pub(crate) policy: Box<dyn DispatchPolicy>,
+    pub(crate) policy: DispatchPolicy,
+    pub(crate) groups: Groups,
+    /// Consumers with a selector, browsers excluded.
+    pub(crate) selecting: usize,
+    /// Exclusive consumers, browsers excluded.
+    pub(crate) exclusive_consumers: usize,
+    pub(crate) browsers: usize,
+    /// Not all consumers have the same priority.
+    pub(crate) priorities_differ: bool,
     pub(crate) bindings: Vec<QueueBinding>,
     pub(crate) deleted: bool,
     /// When the queue last lost its last consumer (for idle expiry).
@@ -204,7 +203,6 @@ pub(crate) struct Queue {
     /// The session that declared a session-lifetime queue.
     pub(crate) owner_session: Option<u64>,
     /// What the configuration says about this queue.
-    #[allow(dead_code)] // read by dispatch once exclusive queues and groups land
     pub(crate) settings: QueueSettings,
     pub(crate) state: Mutex<QueueState>,
     memory: Arc<MemoryGauge>,
@@ -240,7 +238,12 @@ impl Queue {
                 backlog: Backlog::default(),
                 inflight: HashMap::new(),
                 consumers: Vec::new(),
-                policy: Box::<RoundRobin>::default(),
+                policy: DispatchPolicy::default(),
+                groups: Groups::default(),
+                selecting: 0,
+                exclusive_consumers: 0,
+                browsers: 0,
+                priorities_differ: false,
                 bindings: Vec::new(),
                 deleted: false,
                 idle_since: Some(Instant::now()),
@@ -315,84 +318,6 @@ impl Queue {
     /// A delivered message comes back to its place in the queue.
     pub(crate) fn put_back(st: &mut QueueState, entry: Entry) {
         st.backlog.put_back(entry);
-    }
-
-    /// Hands ready messages to consumers with credit, in order.
-    pub(crate) fn dispatch_locked(&self, st: &mut QueueState, now_ms: u64) -> DispatchOutput {
-        let mut out = DispatchOutput::default();
-        while !st.consumers.is_empty() {
-            let Some(mut entry) = st.backlog.pop_front(&self.memory, self.id) else {
-                break;
-            };
-            if entry.message.is_expired(now_ms) {
-                st.stats.expired_total += 1;
-                out.records.extend(self.ack_record(&entry));
-                self.release(&entry);
-                out.expired.push(entry);
-                continue;
-            }
-            let QueueState {
-                consumers, policy, ..
-            } = &mut *st;
-            let Some(i) = policy.pick(consumers, &entry) else {
-                st.backlog.put_back(entry);
-                break;
-            };
-            let slot = &mut st.consumers[i];
-            slot.credit -= 1;
-            slot.sent = slot.sent.wrapping_add(1);
-            let charge = match slot.sink.budget() {
-                Some(budget) => budget.charge(entry.message.memory_size() as u64),
-                None => rosetta_neutral::DeliveryCharge::none(),
-            };
-            let delivery = Delivery {
-                consumer: slot.key.consumer,
-                tag: DeliveryTag(entry.seq),
-                message: Arc::clone(&entry.message),
-                delivery_count: entry.delivery_count,
-                redelivered: entry.redelivered,
-                from_retained: entry.from_retained,
-                matched: entry.matched.clone(),
-                annotation: entry.annotation.clone(),
-                charge,
-            };
-            let key = slot.key;
-            let auto_settle = slot.auto_settle;
-            slot.sink.send(SessionEvent::Delivery(delivery));
-            st.stats.deliveries_total += 1;
-            if entry.redelivered {
-                st.stats.redeliveries_total += 1;
-            }
-            if auto_settle {
-                if let CreditMode::Window(_) = st.consumers[i].mode {
-                    st.consumers[i].credit += 1;
-                }
-                st.stats.acked_total += 1;
-                st.stats.time_in_queue_ms_total += elapsed_ms(entry.enqueued_at);
-                out.records.extend(self.ack_record(&entry));
-                self.release(&entry);
-            } else {
-                entry.redelivered = true;
-                st.inflight.insert(entry.seq, (key, entry));
-            }
-        }
-        self.finish_drains(st);
-        out
-    }
-
-    /// Consumers in drain mode with nothing left to send lose their credit
-    /// and are told so.
-    fn finish_drains(&self, st: &mut QueueState) {
-        let nothing_ready = st.backlog.is_empty();
-        for slot in st.consumers.iter_mut().filter(|c| c.drain) {
-            if nothing_ready || slot.credit == 0 {
-                slot.credit = 0;
-                slot.drain = false;
-                slot.sink.send(SessionEvent::Drained {
-                    consumer: slot.key.consumer,
-                });
-            }
-        }
     }
 
     /// Statistics snapshot.

@@ -18,7 +18,8 @@ use rosetta_store::{Completion, Record};
 
 use super::batch::Batch;
 use super::codec;
-use super::queue::{elapsed_ms, ConsumerKey, ConsumerSlot, Queue};
+use super::queue::{elapsed_ms, BrowseCursor, ConsumerKey, ConsumerSlot, Queue};
+use super::selector::Selector;
 use super::{Inner, PendingWill};
 
 /// Most transactions one session may have open at once.
@@ -281,7 +282,7 @@ fn settle_locked(
         Some((owner, _)) if *owner == key => {}
         _ => return Err(BrokerError::Unknown("delivery")),
     }
-    let Some((_, mut entry)) = st.inflight.remove(&tag.0) else {
+    let Some((_, mut entry)) = st.take_inflight(tag.0) else {
         return Err(BrokerError::Unknown("delivery"));
     };
     if let Some(slot) = st.consumers.iter_mut().find(|c| c.key == key) {
@@ -338,7 +339,7 @@ fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
     let mut dead = Vec::new();
     let (out, delete_now) = {
         let mut st = queue.state.lock();
-        st.consumers.retain(|c| c.key != key);
+        st.detach(key);
         let returned: Vec<u64> = st
             .inflight
             .iter()
@@ -346,7 +347,7 @@ fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
             .map(|(seq, _)| *seq)
             .collect();
         for seq in returned {
-            let Some((_, mut entry)) = st.inflight.remove(&seq) else {
+            let Some((_, mut entry)) = st.take_inflight(seq) else {
                 continue;
             };
             entry.delivery_count += 1;
@@ -566,6 +567,13 @@ impl Session for CoreSession {
                 spec.queue
             )));
         }
+        let options = spec.options;
+        let selector = match options.selector.as_deref().map(Selector::parse) {
+            None => None,
+            Some(Ok(s)) if s.is_empty() => None,
+            Some(Ok(s)) => Some(Box::new(s)),
+            Some(Err(e)) => return Err(BrokerError::InvalidSelector(e.to_string())),
+        };
         st.next_consumer += 1;
         let id = ConsumerId(st.next_consumer);
         let credit = match spec.credit {
@@ -582,13 +590,19 @@ impl Session for CoreSession {
             auto_settle: spec.auto_settle,
             drain: false,
             sink: Arc::clone(&self.shared.sink),
+            priority: options.priority,
+            exclusive: options.exclusive,
+            selector,
+            matches: Default::default(),
+            groups: 0,
+            browse: options.browse.then(BrowseCursor::default),
         };
         let out = {
             let mut qs = q.state.lock();
             if qs.deleted {
                 return Err(BrokerError::NotFound(format!("queue '{}'", spec.queue)));
             }
-            qs.consumers.push(slot);
+            qs.attach(slot);
             qs.idle_since = None;
             q.dispatch_locked(&mut qs, rosetta_neutral::message::now_ms())
         };

@@ -1245,3 +1245,8 @@ fn one_queue_matched_by_many_bindings_gets_one_copy_among_many_queues() {
         .count();
     assert_eq!(upgraded, want.len());
 }
+
+// Beside this file, not under `tests/`: Cargo would take that directory
+// for integration tests of the crate.
+#[path = "queue_semantics_tests.rs"]
+mod queue_semantics;
