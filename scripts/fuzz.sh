@@ -9,15 +9,17 @@
 #   scripts/fuzz.sh --depth [TARGET...]       # the recorded depth: 10M executions
 #                                             # for decoders, 3M for state machines
 #
-# TARGET is crate:target (mqtt:decode, root:websocket, ...); `--list` prints
-# them. With both --runs and --seconds a target stops at whichever comes
-# first. Each target starts from its committed seeds (<dir>/fuzz/corpus/
-# <target>/seed-*, and the dictionary <dir>/fuzz/<target>.dict when there is
-# one) and adds what it finds to that directory (ignored by git). A crash
-# stops the script with libFuzzer's reproducer path in
+# TARGET is crate:target (mqtt:decode, config:parse, root:websocket, ...);
+# `--list` prints them. With both --runs and --seconds a target stops at
+# whichever comes first. Each target starts from its committed seeds
+# (<dir>/fuzz/corpus/<target>/seed-*, and the dictionary
+# <dir>/fuzz/<target>.dict when there is one) and adds what it finds to
+# that directory (ignored by git). A crash stops the script with
+# libFuzzer's reproducer path in
 # <dir>/fuzz/artifacts/<target>/; replay it with
 #   cd <dir> && cargo +nightly fuzz run <target> <artifact>
-# where <dir> is protocols/<crate>, or the repository root for `root`.
+# where <dir> is protocols/<crate>, src/config for `config`, or the
+# repository root for `root`.
 # Logs go to $FUZZ_LOG_DIR (default target/fuzz-logs). All targets build in
 # one directory, $CARGO_TARGET_DIR (default target/fuzz), to share crates.
 set -euo pipefail
@@ -30,7 +32,7 @@ targets=(
     mqtt:decode:10000000 mqtt:connection:3000000
     stomp:decoder:10000000 stomp:connection:3000000
     amqp:frame_decoder:10000000 amqp:connection:3000000
-    root:websocket:3000000 root:config:10000000
+    config:parse:10000000 root:websocket:3000000
 )
 # libFuzzer's memory limit: a single allocation over it is a finding too.
 rss_limit_mb=2048
@@ -86,7 +88,11 @@ fi
 for entry in "${chosen[@]}"; do
     IFS=: read -r crate target target_depth <<<"$entry"
     # cargo fuzz runs from the crate's directory, the one holding fuzz/.
-    if [ "$crate" = root ]; then crate_dir=.; else crate_dir="protocols/$crate"; fi
+    case "$crate" in
+        root) crate_dir=. ;;
+        config) crate_dir=src/config ;;
+        *) crate_dir="protocols/$crate" ;;
+    esac
     limits=()
     budget=""
     if [ -n "$depth" ]; then

@@ -225,7 +225,7 @@ impl Default for SecurityConfig {
 /// `[[bindings]]`: a queue fed with a copy of every message published to
 /// topics matching `filter`, so MQTT publishers can feed queues that STOMP
 /// and AMQP consumers compete on. The queue is created, durable, at start.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Binding {
     /// The queue: bare `q` or `/queue/q` (stored as the core name `q`).

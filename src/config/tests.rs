@@ -421,3 +421,62 @@ fn queue_entries_are_capped() {
     );
     assert_eq!(err.line(), Some(2 * QUEUE_ENTRIES_MAX + 1), "{err}");
 }
+
+/// An item that counts how often it is compared.
+struct Counted<'a> {
+    value: usize,
+    comparisons: &'a std::cell::Cell<usize>,
+}
+
+impl PartialEq for Counted<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.comparisons.set(self.comparisons.get() + 1);
+        self.value == other.value
+    }
+}
+
+impl Eq for Counted<'_> {}
+
+impl std::hash::Hash for Counted<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.value.hash(state);
+    }
+}
+
+#[test]
+fn finding_a_repeated_binding_takes_linear_comparisons() {
+    // Fuzzing finding 2: comparing each binding with every earlier one made
+    // a file of many bindings cost quadratic time.
+    let count = 2_000;
+    let comparisons = std::cell::Cell::new(0);
+    let items: Vec<_> = (0..count)
+        .chain([7])
+        .map(|value| Counted {
+            value,
+            comparisons: &comparisons,
+        })
+        .collect();
+    assert_eq!(first_repeat(&items), Some(count));
+    assert!(
+        comparisons.get() <= 2 * items.len(),
+        "{} comparisons for {} items",
+        comparisons.get(),
+        items.len()
+    );
+    assert_eq!(first_repeat(&items[..count]), None);
+}
+
+#[test]
+fn a_repeated_binding_among_many_is_found_at_its_index() {
+    let count = 5_000;
+    let mut text: String = (0..count)
+        .map(|i| format!("[[bindings]]\nqueue = \"q{i}\"\nfilter = \"s/{i}/#\"\n"))
+        .collect();
+    let config = Config::parse(&text, "f").expect("distinct bindings parse");
+    assert_eq!(config.bindings.len(), count);
+
+    text.push_str("[[bindings]]\nqueue = \"/queue/q17\"\nfilter = \"s/17/#\"\n");
+    let err = Config::parse(&text, "f").expect_err("a repeated binding");
+    assert_eq!(err.key(), Some(format!("bindings[{count}]").as_str()));
+    assert_eq!(err.line(), Some(3 * count + 1));
+}

@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rosetta::config::Config;
+use rosetta_config::Config;
 
 const ORIGIN: &str = "fuzz.toml";
 
