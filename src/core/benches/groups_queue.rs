@@ -19,6 +19,9 @@
 //!
 //! Measured per run:
 //! - throughput: messages / (first publish .. last accept);
+//! - CPU per message: the process's user + system time over the run
+//!   (`/proc/self/stat`) divided by the messages, the figure a shared,
+//!   noisy machine disturbs least;
 //! - latency p50/p99/max from publish (a timestamp in the message's
 //!   properties) to the consumer thread taking the delivery off its
 //!   connection's channel;
@@ -27,6 +30,12 @@
 //!   of order within their group, deliveries of a group to a consumer that
 //!   is not the group's, and the spread of groups over consumers (min/max
 //!   groups per consumer).
+//!
+//! Columns: `cpu_us` CPU microseconds per message, `dup/err` duplicates +
+//! redeliveries + failed confirms + failed settles, `order/off` deliveries
+//! out of order within their group / to a consumer not the group's,
+//! `grp/cons` min..max groups per consumer. The process exits 1 when any
+//! of the correctness counts is not 0.
 //!
 //! Grouped and ungrouped runs alternate (A B A B ...) so machine noise hits
 //! both alike; the summary gives the medians and the ratio grouped /
@@ -79,6 +88,10 @@ const STALL_TIMEOUT_S: u64 = 60;
 /// How often an idle consumer thread looks whether the run is over.
 const CONSUMER_POLL_MS: u64 = 50;
 
+/// Clock ticks per second of `/proc/self/stat` times (Linux's USER_HZ,
+/// 100 on every architecture's /proc ABI).
+const PROC_TICKS_PER_S: f64 = 100.0;
+
 /// Message properties the bench reads back on delivery.
 const PROP_NUMBER: &str = "n";
 const PROP_SENT_NS: &str = "sent_ns";
@@ -97,6 +110,18 @@ fn long(m: &Message, name: &str) -> usize {
         Some(Value::Long(v)) => usize::try_from(*v).expect("bench property is non-negative"),
         other => panic!("bench property {name} missing or of another type: {other:?}"),
     }
+}
+
+/// User + system CPU time of this process so far, in seconds; `None` off
+/// Linux.
+fn process_cpu_s() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses and may hold
+    // spaces: state is the first, utime the 12th, stime the 13th.
+    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / PROC_TICKS_PER_S)
 }
 
 /// Where a consumer session's deliveries go: its thread's channel, tagged
@@ -339,6 +364,9 @@ struct RunResult {
     grouped: bool,
     messages: usize,
     elapsed: Duration,
+    /// CPU seconds the process spent from the first publish to the last
+    /// accept (the idle consumer threads' last poll included).
+    cpu_s: Option<f64>,
     p50_us: f64,
     p99_us: f64,
     max_us: f64,
@@ -355,6 +383,11 @@ struct RunResult {
 impl RunResult {
     fn rate(&self) -> f64 {
         self.messages as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn cpu_us_per_message(&self) -> f64 {
+        self.cpu_s
+            .map_or(f64::NAN, |s| s * 1e6 / self.messages as f64)
     }
 
     fn faults(&self) -> u64 {
@@ -452,6 +485,7 @@ fn run(grouped: bool, messages: usize, base_dir: &std::path::Path) -> RunResult 
         .collect();
     start.wait();
     let started = Instant::now();
+    let cpu_started = process_cpu_s();
     let failed_confirms = producers
         .into_iter()
         .map(|p| p.join().expect("producer thread"))
@@ -471,6 +505,7 @@ fn run(grouped: bool, messages: usize, base_dir: &std::path::Path) -> RunResult 
         }
     }
     let ended = tally.last_accept.lock().unwrap_or_else(Instant::now);
+    let cpu_s = cpu_started.zip(process_cpu_s()).map(|(a, b)| b - a);
     let mut latencies: Vec<u64> = consumers
         .into_iter()
         .flat_map(|c| c.join().expect("consumer thread"))
@@ -481,6 +516,7 @@ fn run(grouped: bool, messages: usize, base_dir: &std::path::Path) -> RunResult 
         grouped,
         messages,
         elapsed: ended.duration_since(started),
+        cpu_s,
         p50_us: percentile_us(&latencies, 0.50),
         p99_us: percentile_us(&latencies, 0.99),
         max_us: latencies.last().map_or(f64::NAN, |&v| v as f64 / 1e3),
@@ -518,8 +554,9 @@ fn print_row(round: usize, r: &RunResult) {
         ("plain", "-".into(), "-".into(), "-".into())
     };
     println!(
-        "{round:>5} {kind:<7} {groups:>6} {:>9.0} {:>9.1} {:>9.1} {:>9.1} {:>8} {:>8} {:>8} {:>9}",
+        "{round:>5} {kind:<6} {groups:>6} {:>8.0} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7} {:>7} {:>9} {:>9}",
         r.rate(),
+        r.cpu_us_per_message(),
         r.p50_us / 1e3,
         r.p99_us / 1e3,
         r.max_us / 1e3,
@@ -555,7 +592,19 @@ fn main() {
         base_dir.display()
     );
     println!(
-        "round kind    groups     msg/s   p50(ms)   p99(ms)   max(ms)  missing   dup/err  order/off  groups/consumer"
+        "{:>5} {:<6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>9} {:>9}",
+        "round",
+        "kind",
+        "groups",
+        "msg/s",
+        "cpu_us",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+        "missing",
+        "dup/err",
+        "order/off",
+        "grp/cons"
     );
     let mut results = Vec::new();
     for round in 1..=rounds {
@@ -576,17 +625,22 @@ fn main() {
         let of_kind: Vec<_> = results.iter().filter(|r| r.grouped == grouped).collect();
         (
             median(of_kind.iter().map(|r| r.rate()).collect()),
+            median(of_kind.iter().map(|r| r.cpu_us_per_message()).collect()),
             median(of_kind.iter().map(|r| r.p99_us).collect()),
         )
     };
-    let (g_rate, g_p99) = summary(true);
-    let (p_rate, p_p99) = summary(false);
+    let (g_rate, g_cpu, g_p99) = summary(true);
+    let (p_rate, p_cpu, p_p99) = summary(false);
     println!(
-        "median: groups {g_rate:.0} msg/s p99 {:.1} ms; plain {p_rate:.0} msg/s p99 {:.1} ms; \
-         grouped/plain throughput {:.2}, p99 {:.2}",
+        "median: groups {g_rate:.0} msg/s, {g_cpu:.1} us CPU/msg, p99 {:.1} ms; \
+         plain {p_rate:.0} msg/s, {p_cpu:.1} us CPU/msg, p99 {:.1} ms",
         g_p99 / 1e3,
         p_p99 / 1e3,
+    );
+    println!(
+        "grouped/plain: throughput {:.2}, CPU per message {:.2}, p99 {:.2}",
         g_rate / p_rate,
+        g_cpu / p_cpu,
         g_p99 / p_p99,
     );
     let faults: u64 = results.iter().map(RunResult::faults).sum();
