@@ -44,8 +44,9 @@
 //! `cargo bench -p rosetta-core --bench groups_queue`. Environment:
 //! `GROUPS_BENCH_MESSAGES` (default 100,000; a multiple of `PRODUCERS`),
 //! `GROUPS_BENCH_ROUNDS` (default 2: each round is one run of each kind),
-//! `GROUPS_BENCH_DIR` (default: the system temp dir). Not run in CI: a
-//! measurement, not a test.
+//! `GROUPS_BENCH_DIR` (default: the system temp dir), `GROUPS_BENCH_KINDS`
+//! (`groups`, `plain`, or both, the default: one kind alone is for a
+//! profiler, not for the ratio). Not run in CI: a measurement, not a test.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -582,6 +583,11 @@ fn median(mut values: Vec<f64>) -> f64 {
 fn main() {
     let messages = env_usize("GROUPS_BENCH_MESSAGES", MESSAGES_DEFAULT);
     let rounds = env_usize("GROUPS_BENCH_ROUNDS", ROUNDS_DEFAULT).max(1);
+    let kinds: Vec<bool> = match std::env::var("GROUPS_BENCH_KINDS").as_deref() {
+        Ok("groups") => vec![true],
+        Ok("plain") => vec![false],
+        _ => vec![true, false],
+    };
     let base_dir = std::env::var_os("GROUPS_BENCH_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
@@ -615,7 +621,7 @@ fn main() {
         } else {
             [false, true]
         };
-        for grouped in order {
+        for grouped in order.into_iter().filter(|&g| kinds.contains(&g)) {
             let r = run(grouped, messages, &base_dir);
             print_row(round, &r);
             results.push(r);
