@@ -37,8 +37,9 @@
 //! `grp/cons` min..max groups per consumer. The process exits 1 when any
 //! of the correctness counts is not 0.
 //!
-//! Grouped and ungrouped runs alternate (A B A B ...) so machine noise hits
-//! both alike; the summary gives the medians and the ratio grouped /
+//! Grouped and ungrouped runs alternate, the order swapped every round
+//! (A B, B A, ...), so machine noise and warm-up hit both alike; the
+//! summary gives the medians of each kind and the ratios grouped /
 //! ungrouped.
 //!
 //! `cargo bench -p rosetta-core --bench groups_queue`. Environment:
