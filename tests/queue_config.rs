@@ -129,6 +129,13 @@ async fn metrics_show_the_settings_in_force_across_restarts() {
         "{metrics}"
     );
     assert_eq!(settings_line(&metrics, "plain"), Some(plain), "{metrics}");
+    // The queue-semantics counters are there for every queue too.
+    for line in [
+        "rosetta_queue_groups{queue=\"plain\"} 0",
+        "rosetta_queue_selector_evaluations_total{queue=\"plain\"} 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}: {metrics}");
+    }
 
     broker.restart().await;
     let metrics = scrape(&broker).await;

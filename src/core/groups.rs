@@ -71,8 +71,8 @@ impl Groups {
         self.by_id.is_empty()
     }
 
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    /// Groups with an assigned consumer now.
+    pub(crate) fn len(&self) -> usize {
         self.by_id.len()
     }
 

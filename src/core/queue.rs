@@ -151,6 +151,8 @@ pub struct QueueStats {
     /// Consumer selectors evaluated against a message since start: once
     /// per message and selecting consumer, not once per dispatch.
     pub selector_evaluations_total: u64,
+    /// Message groups with an assigned consumer now.
+    pub groups: u64,
 }
 
 impl ConsumerSlot {
@@ -328,6 +330,7 @@ impl Queue {
         s.paged = st.backlog.paged_len() as u64;
         s.in_flight = st.inflight.len() as u64;
         s.consumers = st.consumers.len() as u64;
+        s.groups = st.groups.len() as u64;
         // The head is the oldest by sequence; a released message keeps its
         // original enqueue time, so this is the age an operator cares about.
         s.oldest_age = st.backlog.oldest_enqueued_at().map(|t| t.elapsed());

@@ -331,6 +331,8 @@ fn groups_stick_to_one_consumer_in_order_and_spread_evenly() {
     assert_eq!(to(&d, c), vec!["g5-0"]);
     assert_eq!(d.len(), 2);
     assert_ne!(d[1].consumer, c, "g1 stays where it was");
+    // Nothing was settled, so every group is still held by its consumer.
+    assert_eq!(core.queue_stats("q").map(|st| st.groups), Some(5));
 }
 
 #[test]

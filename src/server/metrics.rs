@@ -91,6 +91,18 @@ const QUEUE_METRICS: &[QueueMetric] = &[
         value: |s| s.dropped_full_total as f64,
     },
     QueueMetric {
+        name: "rosetta_queue_groups",
+        kind: "gauge",
+        help: "Message groups with a consumer assigned.",
+        value: |s| s.groups as f64,
+    },
+    QueueMetric {
+        name: "rosetta_queue_selector_evaluations_total",
+        kind: "counter",
+        help: "Consumer selectors evaluated against a message since start.",
+        value: |s| s.selector_evaluations_total as f64,
+    },
+    QueueMetric {
         name: "rosetta_queue_time_in_queue_seconds_total",
         kind: "counter",
         help: "Sum of enqueue-to-acknowledgement times of acknowledged messages.",
