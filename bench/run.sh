@@ -10,7 +10,9 @@
 # a table and writes the whole output to bench/results/<date>-<proto>.txt.
 # Environment: COUNT_SCALE (multiplies message counts, e.g. 0.1, default 1),
 # DURATION_S (cap on a run's sending time, default 20), WARMUP (1: a 3 s
-# unreported run per broker and scenario first, default 1).
+# unreported run per broker and scenario first, default 1), ROSETTA_BIN and
+# LOAD_BIN (both set: measure that broker binary with that load tool, no
+# build; how a before/after comparison of two commits is run).
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -19,9 +21,16 @@ which="${1:-all}"
 case "$which" in mqtt|stomp|amqp|all) ;; *) echo "usage: $0 [mqtt|stomp|amqp|all]" >&2; exit 2 ;; esac
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-cargo build --release --locked -p rosetta -p rosetta-load || exit 1
-ROSETTA_BIN=$CARGO_TARGET_DIR/release/rosetta
-LOAD=$CARGO_TARGET_DIR/release/rosetta-load
+if [ -n "${ROSETTA_BIN:-}" ] && [ -n "${LOAD_BIN:-}" ]; then
+  # A before/after comparison: another commit's broker binary, measured
+  # with one load tool, so only the broker differs between the runs.
+  LOAD=$LOAD_BIN
+else
+  cargo build --release --locked -p rosetta -p rosetta-load || exit 1
+  ROSETTA_BIN=${ROSETTA_BIN:-$CARGO_TARGET_DIR/release/rosetta}
+  LOAD=$CARGO_TARGET_DIR/release/rosetta-load
+fi
+export ROSETTA_BIN
 "$ROOT/bench/peers/setup.sh" || { echo "peer install failed" >&2; exit 1; }
 
 # 10,000 idle connections need more descriptors than the usual 1024, in the
@@ -76,6 +85,7 @@ PY
 header() {
   echo "# rosetta peer benchmark: $1 ($(date -u +%FT%TZ))"
   echo "# $(git -C "$ROOT" describe --always --dirty) $(nproc) cores, $(uname -r), load average $(cut -d" " -f1-3 /proc/loadavg)"
+  echo "# broker binary: $ROSETTA_BIN"
   echo "# mosquitto $(dpkg-query -W -f='${Version}' mosquitto), activemq $(dpkg-query -W -f='${Version}' activemq), rabbitmq-server $(dpkg-query -W -f='${Version}' rabbitmq-server)"
   echo "# COUNT_SCALE=$SCALE DURATION_S=$DURATION_S WARMUP=$WARMUP"
   fsync_rate
