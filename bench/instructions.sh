@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Broker instructions per message under callgrind: a before/after figure
+# that the machine's load does not move (time-based figures on these shared
+# 2-core machines vary by 20% between runs of the same binary).
+#
+#   bench/instructions.sh BROKER_BIN LOAD_BIN [COUNT]     (default 20000)
+#
+# For each scenario, runs the broker under `valgrind --tool=callgrind` twice:
+# once with no traffic (start, then SIGTERM) and once with COUNT messages of
+# the scenario from LOAD_BIN (rosetta-load), and prints
+# (Ir(traffic) - Ir(idle)) / COUNT: the instructions the broker executed per
+# message, all threads, the journal's writer included. Timers (the 100 ms
+# housekeeping tick) and group-commit batch sizes depend on wall time, which
+# valgrind stretches, so compare binaries measured by the same script on the
+# same machine, not against native runs.
+set -euo pipefail
+
+BROKER=${1:?broker binary}
+LOAD=${2:?rosetta-load binary}
+COUNT=${3:-20000}
+command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 2; }
+
+TMP=$(mktemp -d /tmp/rosetta-ir.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# run_broker NAME [LOAD ARGS...]: prints the broker's total Ir.
+run_broker() {
+  local name=$1; shift
+  local dir=$TMP/$name
+  mkdir -p "$dir/data"
+  local mqtt stomp amqp
+  mqtt=$(free_port); stomp=$(free_port); amqp=$(free_port)
+  cat > "$dir/rosetta.toml" <<CONF
+data_dir = "$dir/data"
+[listeners]
+mqtt = "127.0.0.1:$mqtt"
+stomp = "127.0.0.1:$stomp"
+amqp = "127.0.0.1:$amqp"
+websocket = ""
+mqtts = ""
+stomps = ""
+amqps = ""
+wss = ""
+[store]
+sync = "every-commit"
+CONF
+  valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
+    "$BROKER" --config "$dir/rosetta.toml" > "$dir/broker.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 600); do
+    (exec 3<>/dev/tcp/127.0.0.1/"$amqp") 2>/dev/null && break
+    sleep 0.2
+  done
+  if [ $# -gt 0 ]; then
+    local port
+    case $1 in
+      mqtt-*) port=$mqtt ;;
+      stomp) port=$stomp ;;
+      amqp) port=$amqp ;;
+    esac
+    "$LOAD" --port "$port" --stall-s 120 --timeout-s 1200 "$@" > "$dir/load.log" 2>&1 \
+      || { echo "load failed for $name:" >&2; tail -5 "$dir/load.log" >&2; }
+  fi
+  kill -TERM "$pid"
+  wait "$pid" || true
+  awk '/^summary:/ {print $2}' "$dir/callgrind.out"
+}
+
+idle=$(run_broker idle)
+echo "broker $BROKER"
+echo "idle start+stop: $idle Ir"
+printf '%-24s %12s\n' scenario Ir/msg
+while read -r name args; do
+  # shellcheck disable=SC2086
+  total=$(run_broker "$name" $args --count "$COUNT")
+  printf '%-24s %12d\n' "$name" $(( (total - idle) / COUNT ))
+done <<'SCENARIOS'
+mqtt-qos1 mqtt-qos1
+stomp-1to1 stomp --producers 1 --consumers 1
+stomp-4to4 stomp --producers 4 --consumers 4
+amqp-durable amqp
+amqp-nondurable amqp --non-durable
+SCENARIOS
