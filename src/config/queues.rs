@@ -11,7 +11,10 @@
 //! recovered, so a changed entry applies to existing queues at the next
 //! restart.
 
-use rosetta_core::{QueueMatch, QueueOverrides, QueuePattern, QueueRule};
+use rosetta_core::{
+    QueueMatch, QueueOverrides, QueuePattern, QueueRule, RedeliveryMultiplier,
+    REDELIVERY_DELAY_MS_MAX, REDELIVERY_MULTIPLIER_MAX,
+};
 use rosetta_neutral::address::{ADDRESS_LEN_MAX, QUEUE_PREFIX, TOPIC_PREFIX};
 use rosetta_neutral::Address;
 use serde::{Deserialize, Deserializer};
@@ -49,6 +52,16 @@ pub struct QueueEntry {
     pub delivery_attempts_max: Option<u32>,
     /// Most message groups the queue keeps assignments for (> 0).
     pub groups_max: Option<u64>,
+    /// How long a released or failed delivery waits before it is offered
+    /// again, in ms (0 to `REDELIVERY_DELAY_MS_MAX`).
+    pub redelivery_delay_ms: Option<u64>,
+    /// The delay's growth per further failed attempt (1.0 to
+    /// `REDELIVERY_MULTIPLIER_MAX`).
+    #[serde(default, deserialize_with = "deserialize_multiplier_opt")]
+    pub redelivery_multiplier: Option<RedeliveryMultiplier>,
+    /// The longest the delay grows to, in ms (0 to
+    /// `REDELIVERY_DELAY_MS_MAX`; default ten times the delay).
+    pub redelivery_delay_max_ms: Option<u64>,
 }
 
 impl QueueEntry {
@@ -71,6 +84,9 @@ impl QueueEntry {
                 groups_max: self
                     .groups_max
                     .map(|g| usize::try_from(g).unwrap_or(usize::MAX)),
+                redelivery_delay_ms: self.redelivery_delay_ms,
+                redelivery_multiplier: self.redelivery_multiplier,
+                redelivery_delay_max_ms: self.redelivery_delay_max_ms,
             },
         })
     }
@@ -105,6 +121,18 @@ where
     queue_name(&text)
         .map(Some)
         .map_err(serde::de::Error::custom)
+}
+
+fn deserialize_multiplier_opt<'de, D>(de: D) -> Result<Option<RedeliveryMultiplier>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    let factor = f64::deserialize(de)?;
+    RedeliveryMultiplier::new(factor).map(Some).ok_or_else(|| {
+        serde::de::Error::custom(format!(
+            "{factor} is out of range (1.0-{REDELIVERY_MULTIPLIER_MAX:.1})"
+        ))
+    })
 }
 
 fn deserialize_pattern_opt<'de, D>(de: D) -> Result<Option<QueuePattern>, D::Error>
@@ -164,6 +192,14 @@ impl Config {
             }
             if let Some(max) = q.groups_max {
                 within(&at("groups_max"), max, 1, QUEUE_GROUPS_MAX_LIMIT)?;
+            }
+            for (key, ms) in [
+                ("redelivery_delay_ms", q.redelivery_delay_ms),
+                ("redelivery_delay_max_ms", q.redelivery_delay_max_ms),
+            ] {
+                if let Some(ms) = ms {
+                    within(&at(key), ms, 0, REDELIVERY_DELAY_MS_MAX)?;
+                }
             }
         }
         Ok(())

@@ -397,6 +397,7 @@ fn queue_entries_become_core_rules() {
             dead_letter_address: Some("orders.dead".into()),
             delivery_attempts_max: Some(2),
             groups_max: 10,
+            ..rosetta_core::QueueSettings::default()
         },
         "the pattern's keys, and the name's over them"
     );
@@ -406,6 +407,44 @@ fn queue_entries_become_core_rules() {
         Config::default().queue_rules().resolve("orders.eu"),
         rosetta_core::QueueSettings::default()
     );
+}
+
+#[test]
+fn redelivery_delay_keys_become_queue_settings_and_are_bounded() {
+    let text = "[[queues]]\nname = \"q\"\nredelivery_delay_ms = 250\nredelivery_multiplier = 1.5\nredelivery_delay_max_ms = 4000\n";
+    let c = Config::parse(text, "x").expect("parses");
+    let q = c.queue_rules().resolve("q");
+    assert_eq!(q.redelivery_delay_ms, 250);
+    assert_eq!(q.redelivery_multiplier.get(), 1.5);
+    assert_eq!(q.redelivery_delay_max_ms, Some(4000));
+    assert_eq!(q.redelivery_delay_ms_for(3), 562, "250 * 1.5^2");
+    let default_cap = Config::parse("[[queues]]\nname = \"q\"\nredelivery_delay_ms = 250\n", "x")
+        .expect("parses")
+        .queue_rules()
+        .resolve("q");
+    assert_eq!(
+        default_cap.redelivery_delay_cap_ms(),
+        2500,
+        "ten times, as Artemis"
+    );
+    for (bad, key) in [
+        (
+            "redelivery_delay_ms = 86400001",
+            "queues[0].redelivery_delay_ms",
+        ),
+        (
+            "redelivery_delay_max_ms = 86400001",
+            "queues[0].redelivery_delay_max_ms",
+        ),
+    ] {
+        let err = Config::parse(&format!("[[queues]]\nname = \"q\"\n{bad}\n"), "x").expect_err(bad);
+        assert_eq!(err.key(), Some(key), "{err}");
+    }
+    for bad in ["0.5", "101.0", "nan", "inf"] {
+        let text = format!("[[queues]]\nname = \"q\"\nredelivery_multiplier = {bad}\n");
+        let err = Config::parse(&text, "x").expect_err(bad);
+        assert!(err.to_string().contains("redelivery_multiplier"), "{err}");
+    }
 }
 
 #[test]

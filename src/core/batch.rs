@@ -33,8 +33,9 @@ impl Batch {
         } else {
             inner.journal.append(records, done);
         }
+        let now_ms = inner.now_ms();
         for (queue, entry) in enqueues {
-            let out = queue.enqueue(entry, rosetta_neutral::message::now_ms());
+            let out = queue.enqueue(entry, now_ms);
             inner.after_dispatch(out);
         }
     }

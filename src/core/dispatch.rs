@@ -618,7 +618,7 @@ impl Queue {
     }
 
     /// Drops an expired entry (to the expiry address, after the lock).
-    fn expire(&self, st: &mut QueueState, entry: Entry, out: &mut DispatchOutput) {
+    pub(crate) fn expire(&self, st: &mut QueueState, entry: Entry, out: &mut DispatchOutput) {
         st.stats.expired_total += 1;
         out.records.extend(self.ack_record(&entry));
         self.release(&entry);

@@ -20,6 +20,7 @@
 
 mod backlog;
 mod batch;
+mod clock;
 pub mod codec;
 mod disk;
 mod dispatch;
@@ -27,6 +28,7 @@ mod groups;
 mod queue;
 mod queue_settings;
 mod routing;
+mod schedule;
 pub mod selector;
 mod session;
 mod trie;
@@ -37,7 +39,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 use rosetta_neutral::login::{self, Credentials, LoginPlan, LoginStart, PasswordCheck};
 use rosetta_neutral::{
     Address, AuthError, Broker, EventSink, KickReason, Message, Principal, Protocol,
@@ -48,17 +50,20 @@ use rosetta_store::{
     Completion, MessageSeq, OsStorage, QueueId, Record, Recovered, Storage, Store, StoreError,
 };
 
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
 pub use queue_settings::{
     QueueMatch, QueueOverrides, QueuePattern, QueuePatternError, QueueRule, QueueRules,
-    QueueSettings, GROUPS_MAX_DEFAULT, QUEUE_PATTERN_WORDS_MAX,
+    QueueSettings, RedeliveryMultiplier, GROUPS_MAX_DEFAULT, QUEUE_PATTERN_WORDS_MAX,
+    REDELIVERY_DELAY_MAX_FACTOR_DEFAULT, REDELIVERY_DELAY_MS_MAX, REDELIVERY_MULTIPLIER_MAX,
 };
 
 use batch::Batch;
 use disk::DiskWatch;
-use queue::{DispatchOutput, Entry, MemoryGauge, Queue};
+use queue::{DispatchOutput, Entry, MemoryGauge, Queue, QueueLinks};
 use routing::Routing;
+use schedule::Timers;
 use session::{CoreSession, SessionShared};
 
 // The defaults of the core's settings live here, once; `[broker]` and
@@ -95,7 +100,8 @@ pub const QUEUES_MAX_DEFAULT: usize = 1_000_000;
 /// and a copy of its filter in its queue.
 pub const BINDINGS_MAX_DEFAULT: usize = 10_000_000;
 /// How often the housekeeping thread looks at wills and idle queues: fine
-/// enough for second-granularity MQTT timers.
+/// enough for second-granularity MQTT timers. Scheduled messages do not
+/// wait for it: the thread wakes at the earliest armed due time.
 const HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Core behaviour settings (the `[broker]` configuration section).
@@ -327,8 +333,14 @@ pub(crate) struct Inner {
     memory: Arc<MemoryGauge>,
     /// Free disk space (producer flow control).
     disk: DiskWatch,
+    /// The time messages are scheduled, delayed and expired by.
+    clock: Arc<dyn Clock>,
+    /// Queues' earliest due times, and the housekeeping thread's wakeup.
+    timers: Arc<Timers>,
+    /// One timer pass at a time (the housekeeping thread's, or
+    /// [`Core::run_timers`]), so a caller of the latter sees the pass done.
+    timer_pass: Mutex<()>,
     stopping: AtomicBool,
-    wake: (Mutex<()>, Condvar),
 }
 
 /// The broker core. Cheap to clone; all clones share one broker.
@@ -339,12 +351,26 @@ pub struct Core {
 
 impl Core {
     /// A core over `journal`, rebuilt from `recovered` (the journal's
-    /// replay), with a housekeeping thread for wills and idle queues.
+    /// replay), with a housekeeping thread for wills, idle queues and
+    /// scheduled messages, on the system clock.
     pub fn new(
         config: CoreConfig,
         journal: Arc<dyn Journal>,
         access: Arc<dyn AccessControl>,
         recovered: Option<Recovered>,
+    ) -> Core {
+        Core::with_clock(config, journal, access, recovered, Arc::new(SystemClock))
+    }
+
+    /// [`Core::new`] on `clock`: expiry, scheduled delivery and redelivery
+    /// delays follow it. With a [`ManualClock`], advance it and call
+    /// [`Core::run_timers`] to have what became due delivered.
+    pub fn with_clock(
+        config: CoreConfig,
+        journal: Arc<dyn Journal>,
+        access: Arc<dyn AccessControl>,
+        recovered: Option<Recovered>,
+        clock: Arc<dyn Clock>,
     ) -> Core {
         let paging_dir = config.paging_dir.clone().and_then(|dir| {
             // Leftovers of a previous run are stale: the journal rebuilds
@@ -376,8 +402,10 @@ impl Core {
             wills: Mutex::new(Vec::new()),
             memory,
             disk,
+            clock,
+            timers: Arc::new(Timers::default()),
+            timer_pass: Mutex::new(()),
             stopping: AtomicBool::new(false),
-            wake: (Mutex::new(()), Condvar::new()),
         });
         if let Some(recovered) = recovered {
             inner.restore(recovered);
@@ -400,6 +428,15 @@ impl Core {
             Arc::new(AllowAll),
             None,
         )
+    }
+
+    /// Moves what is due by the core's clock now (scheduled messages,
+    /// delayed redeliveries) into the queues' backlogs and dispatches it.
+    /// The housekeeping thread does this on its own at each due time; a
+    /// test on a [`ManualClock`] calls it after advancing the clock. When
+    /// it returns, every queue due at the clock's time has been served.
+    pub fn run_timers(&self) {
+        self.inner.run_timers();
     }
 
     /// Statistics of every queue, by name.
@@ -464,7 +501,7 @@ impl Core {
     /// close their sessions themselves.
     pub fn shutdown(&self) {
         self.inner.stopping.store(true, Ordering::SeqCst);
-        self.inner.wake.1.notify_all();
+        self.inner.timers.wake_all();
         let sessions: Vec<_> = self
             .inner
             .sessions
@@ -530,6 +567,39 @@ impl Inner {
         self.next_seq.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Now, by the core's clock (ms since the Unix epoch).
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// What every queue shares with the core.
+    pub(crate) fn queue_links(&self) -> QueueLinks {
+        QueueLinks {
+            memory: Arc::clone(&self.memory),
+            timers: Arc::clone(&self.timers),
+        }
+    }
+
+    /// One timer pass: every queue due now releases what is due, until
+    /// none is (a queue with more than one batch due re-arms for now).
+    fn run_timers(&self) {
+        let _pass = self.timer_pass.lock();
+        loop {
+            let now = self.now_ms();
+            let due = self.timers.take_due(now);
+            if due.is_empty() {
+                return;
+            }
+            for queue in due {
+                let Some(queue) = queue.upgrade() else {
+                    continue;
+                };
+                let out = queue.release_due(now);
+                self.after_dispatch(out);
+            }
+        }
+    }
+
     fn next_ticket(&self) -> rosetta_neutral::Ticket {
         rosetta_neutral::Ticket(self.next_ticket.fetch_add(1, Ordering::Relaxed))
     }
@@ -551,8 +621,10 @@ impl Inner {
             let target = Address::Queue(expiry.clone());
             for entry in expired {
                 let mut msg = (*entry.message).clone();
-                // Expired copies must not expire again in the expiry queue.
+                // Expired copies must not expire again in the expiry queue,
+                // nor wait there for a delivery time they never reached.
                 msg.expiry = None;
+                msg.delivery_time = None;
                 if let Err(e) = self.route(&target, msg, None, &mut batch) {
                     tracing::warn!(error = %e, "cannot move an expired message to the expiry address");
                 }
@@ -635,15 +707,15 @@ impl Inner {
                     rosetta_neutral::QueueLifetime::Permanent
                 }
             };
-            let q = Arc::new(Queue::new(
+            let q = Queue::new(
                 def.id,
                 &def.name,
                 true,
                 lifetime,
                 None,
                 self.config.queue_rules.resolve(&def.name),
-                Arc::clone(&self.memory),
-            ));
+                self.queue_links(),
+            );
             routing.insert_queue(Arc::clone(&q));
             by_id.insert(def.id, q);
         }
@@ -671,6 +743,7 @@ impl Inner {
         // loop reads by recorded location, may then move their records; the
         // store finds them by seq wherever they are.
         self.memory.start_restore(Arc::clone(&self.journal));
+        let now_ms = self.now_ms();
         let mut unreadable = 0u64;
         for m in messages {
             let m = match m {
@@ -718,7 +791,7 @@ impl Inner {
                 if let Some(Address::Topic(topic)) = &message.address {
                     entry.matched = routing::match_info(&q.state.lock().bindings, topic);
                 }
-                q.restore(entry);
+                q.restore(entry, now_ms);
             }
         }
         self.memory.end_restore();
@@ -779,9 +852,12 @@ fn housekeeping(inner: Weak<Inner>) {
                 tracing::warn!(queue = %name, error = %e, "cannot delete idle queue");
             }
         }
-        let (lock, cvar) = &inner.wake;
-        let mut guard = lock.lock();
-        cvar.wait_for(&mut guard, HOUSEKEEPING_INTERVAL);
+        inner.run_timers();
+        let timers = Arc::clone(&inner.timers);
+        let now_ms = inner.now_ms();
+        // Not holding the core while asleep: a dropped core ends the loop.
+        drop(inner);
+        timers.wait(now_ms, HOUSEKEEPING_INTERVAL);
     }
 }
 

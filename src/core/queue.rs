@@ -16,7 +16,7 @@
 //! module's job; message groups' assignments are in `groups`.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -28,6 +28,7 @@ use super::backlog::{Backlog, Place};
 use super::dispatch::DispatchPolicy;
 use super::groups::Groups;
 use super::queue_settings::QueueSettings;
+use super::schedule::{Schedule, Timers, SCHEDULE_RELEASE_BATCH_MAX};
 use super::selector::Selector;
 use rosetta_store::{MessageSeq, QueueId, Record};
 
@@ -153,6 +154,10 @@ pub struct QueueStats {
     pub selector_evaluations_total: u64,
     /// Message groups with an assigned consumer now.
     pub groups: u64,
+    /// Messages waiting for a time, not ready and not part of `depth`:
+    /// scheduled for later (delivery time) or coming back after a
+    /// redelivery delay.
+    pub scheduled: u64,
 }
 
 impl ConsumerSlot {
@@ -174,6 +179,11 @@ impl ConsumerSlot {
 
 pub(crate) struct QueueState {
     pub(crate) backlog: Backlog,
+    /// Messages waiting for a time (see `schedule`).
+    pub(crate) schedule: Schedule,
+    /// The earliest due time this queue armed the core-wide timer with,
+    /// while that is still to come.
+    pub(crate) armed_ms: Option<u64>,
     pub(crate) inflight: HashMap<MessageSeq, (ConsumerKey, Entry)>,
     /// In attach order (exclusive consumers stand by in it).
     pub(crate) consumers: Vec<ConsumerSlot>,
@@ -208,6 +218,17 @@ pub(crate) struct Queue {
     pub(crate) settings: QueueSettings,
     pub(crate) state: Mutex<QueueState>,
     memory: Arc<MemoryGauge>,
+    /// The core-wide timer this queue arms with its earliest due time.
+    timers: Arc<Timers>,
+    /// This queue, for the timer to come back to.
+    me: Weak<Queue>,
+}
+
+/// What every queue shares with the core: the memory gauge and the timer.
+#[derive(Clone)]
+pub(crate) struct QueueLinks {
+    pub(crate) memory: Arc<MemoryGauge>,
+    pub(crate) timers: Arc<Timers>,
 }
 
 /// What a dispatch pass produced besides deliveries: journal records for
@@ -226,18 +247,22 @@ impl Queue {
         lifetime: QueueLifetime,
         owner_session: Option<u64>,
         settings: QueueSettings,
-        memory: Arc<MemoryGauge>,
-    ) -> Self {
-        Self {
+        links: QueueLinks,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|me| Self {
             id,
             name: name.into(),
             durable,
             lifetime: Mutex::new(lifetime),
             owner_session,
             settings,
-            memory,
+            memory: links.memory,
+            timers: links.timers,
+            me: me.clone(),
             state: Mutex::new(QueueState {
                 backlog: Backlog::default(),
+                schedule: Schedule::default(),
+                armed_ms: None,
                 inflight: HashMap::new(),
                 consumers: Vec::new(),
                 policy: DispatchPolicy::default(),
@@ -251,7 +276,7 @@ impl Queue {
                 idle_since: Some(Instant::now()),
                 stats: QueueStats::default(),
             }),
-        }
+        })
     }
 
     pub(crate) fn lifetime(&self) -> QueueLifetime {
@@ -266,7 +291,7 @@ impl Queue {
     /// flight).
     pub(crate) fn is_full(&self, max: u64) -> bool {
         let st = self.state.lock();
-        (st.backlog.len() + st.inflight.len()) as u64 >= max
+        (st.backlog.len() + st.schedule.len() + st.inflight.len()) as u64 >= max
     }
 
     /// Counts a topic message missed because the queue was full.
@@ -307,19 +332,87 @@ impl Queue {
             };
         }
         st.stats.enqueued_total += 1;
+        if let Some(due) = entry.message.delivery_time.filter(|&t| t > now_ms) {
+            self.memory.add(&entry);
+            self.schedule_locked(&mut st, due, entry);
+            return DispatchOutput::default();
+        }
         st.backlog.push(entry, &self.memory, self.id);
         self.dispatch_locked(&mut st, now_ms)
     }
 
     /// Adds a message recovered from the journal (no dispatch: nobody is
-    /// connected yet).
-    pub(crate) fn restore(&self, entry: Entry) {
-        self.state.lock().backlog.push(entry, &self.memory, self.id);
+    /// connected yet). One scheduled for later waits for its time again.
+    pub(crate) fn restore(&self, entry: Entry, now_ms: u64) {
+        let mut st = self.state.lock();
+        if let Some(due) = entry.message.delivery_time.filter(|&t| t > now_ms) {
+            self.memory.add(&entry);
+            self.schedule_locked(&mut st, due, entry);
+            return;
+        }
+        st.backlog.push(entry, &self.memory, self.id);
     }
 
-    /// A delivered message comes back to its place in the queue.
-    pub(crate) fn put_back(st: &mut QueueState, entry: Entry) {
-        st.backlog.put_back(entry);
+    /// A delivered message comes back, after the queue's redelivery delay
+    /// for its delivery count when it has one (see
+    /// `QueueSettings::redelivery_delay_ms_for`), at once otherwise.
+    pub(crate) fn put_back_later(&self, st: &mut QueueState, entry: Entry, now_ms: u64) {
+        let delay = self.settings.redelivery_delay_ms_for(entry.delivery_count);
+        if delay == 0 {
+            st.backlog.put_back(entry);
+        } else {
+            self.schedule_locked(st, now_ms.saturating_add(delay), entry);
+        }
+    }
+
+    /// Keeps `entry` (counted in the gauge already) until `due_ms`, and arms
+    /// the core's timer when that is this queue's new earliest time.
+    fn schedule_locked(&self, st: &mut QueueState, due_ms: u64, entry: Entry) {
+        let due = st.schedule.insert(due_ms, entry);
+        self.arm_if_earlier(st, due);
+    }
+
+    fn arm_if_earlier(&self, st: &mut QueueState, due_ms: u64) {
+        if st.armed_ms.is_none_or(|armed| due_ms < armed) {
+            st.armed_ms = Some(due_ms);
+            self.timers.arm(due_ms, self.me.clone());
+        }
+    }
+
+    /// The core's timer came back for this queue: what is due at `now_ms`
+    /// moves to the backlog (what expired meanwhile to the expiry address)
+    /// and is dispatched; the timer is armed again for what is left.
+    pub(crate) fn release_due(&self, now_ms: u64) -> DispatchOutput {
+        let mut st = self.state.lock();
+        if st.armed_ms.is_some_and(|armed| armed <= now_ms) {
+            st.armed_ms = None;
+        }
+        if st.deleted {
+            return DispatchOutput::default();
+        }
+        let due = st.schedule.take_due(now_ms, SCHEDULE_RELEASE_BATCH_MAX);
+        let mut out = DispatchOutput::default();
+        // A due message takes its original place in the queue (by sequence,
+        // as a release does). Consumers that can take messages now get
+        // them in due order even from a late pass: each run of one due
+        // time is dispatched before the next is put back.
+        let mut iter = due.into_iter().peekable();
+        while let Some((due_ms, entry)) = iter.next() {
+            if entry.message.is_expired(now_ms) {
+                self.expire(&mut st, entry, &mut out);
+            } else {
+                st.backlog.put_back(entry);
+            }
+            if iter.peek().is_none_or(|(next, _)| *next != due_ms) {
+                let more = self.dispatch_locked(&mut st, now_ms);
+                out.records.extend(more.records);
+                out.expired.extend(more.expired);
+            }
+        }
+        if let Some(next) = st.schedule.next_due() {
+            self.arm_if_earlier(&mut st, next);
+        }
+        out
     }
 
     /// Statistics snapshot.
@@ -327,6 +420,7 @@ impl Queue {
         let st = self.state.lock();
         let mut s = st.stats.clone();
         s.depth = st.backlog.len() as u64;
+        s.scheduled = st.schedule.len() as u64;
         s.paged = st.backlog.paged_len() as u64;
         s.in_flight = st.inflight.len() as u64;
         s.consumers = st.consumers.len() as u64;

@@ -396,9 +396,9 @@ fn configured_queue(core: &Core, name: &str, settings: crate::QueueSettings) {
         QueueLifetime::Permanent,
         None,
         settings,
-        Arc::clone(&inner.memory),
+        inner.queue_links(),
     );
-    inner.routing.write().insert_queue(Arc::new(q));
+    inner.routing.write().insert_queue(q);
 }
 
 #[test]

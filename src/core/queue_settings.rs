@@ -57,6 +57,49 @@ pub const GROUPS_MAX_DEFAULT: usize = 100_000;
 /// over the name's words.
 pub const QUEUE_PATTERN_WORDS_MAX: usize = 32;
 
+/// Longest redelivery delay a queue may configure (`redelivery_delay_ms`
+/// and `redelivery_delay_max_ms`): a day. A released message held longer
+/// than that is better dead-lettered than forgotten in a timer.
+pub const REDELIVERY_DELAY_MS_MAX: u64 = 24 * 60 * 60 * 1000;
+/// Largest `redelivery_multiplier`: past it the delay reaches its cap after
+/// one or two attempts anyway.
+pub const REDELIVERY_MULTIPLIER_MAX: f64 = 100.0;
+/// `redelivery_delay_max_ms` when a queue sets a delay and no cap: ten
+/// times the delay, as Artemis (`max-redelivery-delay` defaults to
+/// `redelivery-delay * 10`).
+pub const REDELIVERY_DELAY_MAX_FACTOR_DEFAULT: u64 = 10;
+
+/// The factor a redelivery delay grows by with each failed attempt: finite
+/// and from 1.0 (no growth) to [`REDELIVERY_MULTIPLIER_MAX`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RedeliveryMultiplier(f64);
+
+// Equality by value; a multiplier is never NaN (see `new`).
+impl Eq for RedeliveryMultiplier {}
+
+impl RedeliveryMultiplier {
+    /// No growth: every redelivery waits the same delay.
+    pub const ONE: RedeliveryMultiplier = RedeliveryMultiplier(1.0);
+
+    /// `factor`, when it is finite and within 1.0 to
+    /// [`REDELIVERY_MULTIPLIER_MAX`].
+    pub fn new(factor: f64) -> Option<RedeliveryMultiplier> {
+        (factor.is_finite() && (1.0..=REDELIVERY_MULTIPLIER_MAX).contains(&factor))
+            .then_some(RedeliveryMultiplier(factor))
+    }
+
+    /// The factor.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+impl Default for RedeliveryMultiplier {
+    fn default() -> Self {
+        RedeliveryMultiplier::ONE
+    }
+}
+
 /// One queue's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueSettings {
@@ -71,6 +114,15 @@ pub struct QueueSettings {
     pub delivery_attempts_max: Option<u32>,
     /// Most message groups the queue keeps assignments for.
     pub groups_max: usize,
+    /// How long a released, rejected-for-retry or abandoned delivery waits
+    /// before it is offered again (0: at once). The messages behind it are
+    /// not held up.
+    pub redelivery_delay_ms: u64,
+    /// The delay grows by this factor with each further failed attempt.
+    pub redelivery_multiplier: RedeliveryMultiplier,
+    /// The longest the delay grows to; `None`: ten times
+    /// `redelivery_delay_ms` ([`REDELIVERY_DELAY_MAX_FACTOR_DEFAULT`]).
+    pub redelivery_delay_max_ms: Option<u64>,
 }
 
 impl Default for QueueSettings {
@@ -80,6 +132,9 @@ impl Default for QueueSettings {
             dead_letter_address: None,
             delivery_attempts_max: None,
             groups_max: GROUPS_MAX_DEFAULT,
+            redelivery_delay_ms: 0,
+            redelivery_multiplier: RedeliveryMultiplier::ONE,
+            redelivery_delay_max_ms: None,
         }
     }
 }
@@ -93,6 +148,30 @@ impl QueueSettings {
     /// The queue's delivery attempts before dead-lettering, or `broker`'s.
     pub fn delivery_attempts_max_or(&self, broker: u32) -> u32 {
         self.delivery_attempts_max.unwrap_or(broker)
+    }
+
+    /// The cap on the redelivery delay in force.
+    pub fn redelivery_delay_cap_ms(&self) -> u64 {
+        self.redelivery_delay_max_ms.unwrap_or(
+            self.redelivery_delay_ms
+                .saturating_mul(REDELIVERY_DELAY_MAX_FACTOR_DEFAULT),
+        )
+    }
+
+    /// How long a delivery that failed `delivery_count` times (0 for a
+    /// release, which counts no attempt) waits before it is offered again:
+    /// `redelivery_delay_ms * redelivery_multiplier^(delivery_count - 1)`,
+    /// at most [`Self::redelivery_delay_cap_ms`].
+    pub fn redelivery_delay_ms_for(&self, delivery_count: u32) -> u64 {
+        if self.redelivery_delay_ms == 0 {
+            return 0;
+        }
+        let cap = self.redelivery_delay_cap_ms();
+        let exponent = i32::try_from(delivery_count.saturating_sub(1)).unwrap_or(i32::MAX);
+        let delay =
+            self.redelivery_delay_ms as f64 * self.redelivery_multiplier.get().powi(exponent);
+        // `as` saturates: an infinite product is the cap.
+        (delay as u64).min(cap)
     }
 }
 
@@ -108,6 +187,12 @@ pub struct QueueOverrides {
     pub delivery_attempts_max: Option<u32>,
     /// [`QueueSettings::groups_max`].
     pub groups_max: Option<usize>,
+    /// [`QueueSettings::redelivery_delay_ms`].
+    pub redelivery_delay_ms: Option<u64>,
+    /// [`QueueSettings::redelivery_multiplier`].
+    pub redelivery_multiplier: Option<RedeliveryMultiplier>,
+    /// [`QueueSettings::redelivery_delay_max_ms`].
+    pub redelivery_delay_max_ms: Option<u64>,
 }
 
 impl QueueOverrides {
@@ -119,6 +204,9 @@ impl QueueOverrides {
             dead_letter_address,
             delivery_attempts_max,
             groups_max,
+            redelivery_delay_ms,
+            redelivery_multiplier,
+            redelivery_delay_max_ms,
         } = self;
         if let Some(exclusive) = exclusive {
             settings.exclusive = *exclusive;
@@ -131,6 +219,15 @@ impl QueueOverrides {
         }
         if let Some(max) = groups_max {
             settings.groups_max = *max;
+        }
+        if let Some(delay) = redelivery_delay_ms {
+            settings.redelivery_delay_ms = *delay;
+        }
+        if let Some(multiplier) = redelivery_multiplier {
+            settings.redelivery_multiplier = *multiplier;
+        }
+        if let Some(max) = redelivery_delay_max_ms {
+            settings.redelivery_delay_max_ms = Some(*max);
         }
     }
 }

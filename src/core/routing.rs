@@ -13,6 +13,7 @@ use rosetta_neutral::{
     QueueSpec, RetainedOnBind, SessionEvent,
 };
 
+use rosetta_neutral::message::DELIVERY_DELAY_MAX_MS;
 use rosetta_store::Record;
 
 use super::batch::Batch;
@@ -220,6 +221,15 @@ impl Inner {
         batch: &mut Batch,
     ) -> Result<usize, BrokerError> {
         message.address = Some(address.clone());
+        if let Some(at) = message.delivery_time {
+            let latest = self.now_ms().saturating_add(DELIVERY_DELAY_MAX_MS);
+            if at > latest {
+                return Err(BrokerError::ResourceLimit(format!(
+                    "delivery time more than {} days ahead",
+                    DELIVERY_DELAY_MAX_MS / 86_400_000
+                )));
+            }
+        }
         let targets: Vec<(Arc<Queue>, MatchInfo)> = match address {
             Address::Topic(topic) => {
                 validate_topic_name(topic)
@@ -255,7 +265,11 @@ impl Inner {
             !full
         });
         let message = Arc::new(message);
-        if let (Address::Topic(topic), true) = (address, message.retain) {
+        // A scheduled message is routed now and waits in each subscriber
+        // queue; it does not become the topic's retained message, which a
+        // new subscriber would get before its time.
+        let scheduled = message.is_scheduled(self.now_ms());
+        if let (Address::Topic(topic), true, false) = (address, message.retain, scheduled) {
             self.update_retained(topic, &message, batch);
         }
         let seq = self.next_seq();
@@ -386,15 +400,15 @@ impl Inner {
         let owner = (spec.lifetime == QueueLifetime::Session)
             .then_some(session)
             .flatten();
-        let q = Arc::new(Queue::new(
+        let q = Queue::new(
             id,
             &name,
             durable,
             spec.lifetime,
             owner,
             self.config.queue_rules.resolve(&name),
-            Arc::clone(&self.memory),
-        ));
+            self.queue_links(),
+        );
         if durable {
             batch
                 .records
@@ -436,6 +450,9 @@ impl Inner {
             });
         }
         for entry in st.backlog.take_all(q.memory()) {
+            q.release(&entry);
+        }
+        for entry in st.schedule.take_all() {
             q.release(&entry);
         }
         for (_, entry) in std::mem::take(&mut st.inflight).into_values() {
@@ -547,7 +564,7 @@ impl Inner {
         let mut message = will.message;
         if let Some(interval) = will.expiry_interval {
             let interval_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
-            message.expiry = Some(rosetta_neutral::message::now_ms().saturating_add(interval_ms));
+            message.expiry = Some(self.now_ms().saturating_add(interval_ms));
         }
         match self.route(&will.address, message, None, &mut batch) {
             Ok(_) => batch.commit(self, None),

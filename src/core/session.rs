@@ -202,7 +202,7 @@ fn dispatch_to_session(inner: &Inner, shared: &SessionShared) {
     for q in queues {
         let out = {
             let mut qs = q.state.lock();
-            q.dispatch_locked(&mut qs, rosetta_neutral::message::now_ms())
+            q.dispatch_locked(&mut qs, inner.now_ms())
         };
         inner.after_dispatch(out);
     }
@@ -239,7 +239,7 @@ fn apply_settle(
     let out = {
         let mut st = queue.state.lock();
         settle_locked(inner, queue, &mut st, key, tag, outcome, batch, &mut dead)?;
-        queue.dispatch_locked(&mut st, rosetta_neutral::message::now_ms())
+        queue.dispatch_locked(&mut st, inner.now_ms())
     };
     finish_settles(inner, out, dead, batch);
     Ok(())
@@ -298,7 +298,7 @@ fn settle_locked(
             batch.records.extend(queue.ack_record(&entry));
         }
         Outcome::Release => {
-            Queue::put_back(st, entry);
+            queue.put_back_later(st, entry, inner.now_ms());
         }
         Outcome::Modify {
             delivery_failed,
@@ -322,7 +322,7 @@ fn settle_locked(
                     ));
                 }
                 entry.annotation = None;
-                Queue::put_back(st, entry);
+                queue.put_back_later(st, entry, inner.now_ms());
             }
         }
         Outcome::Reject => {
@@ -337,6 +337,7 @@ fn settle_locked(
 fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
     let mut batch = Batch::default();
     let mut dead = Vec::new();
+    let now_ms = inner.now_ms();
     let (out, delete_now) = {
         let mut st = queue.state.lock();
         st.detach(key);
@@ -362,14 +363,16 @@ fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
                         entry.annotation.as_ref(),
                     ));
                 }
-                Queue::put_back(&mut st, entry);
+                // As Artemis: a consumer that goes with unsettled
+                // deliveries failed them, and the delay applies.
+                queue.put_back_later(&mut st, entry, now_ms);
             }
         }
         let no_consumers = st.consumers.is_empty();
         if no_consumers {
             st.idle_since = Some(Instant::now());
         }
-        let out = queue.dispatch_locked(&mut st, rosetta_neutral::message::now_ms());
+        let out = queue.dispatch_locked(&mut st, now_ms);
         (
             out,
             no_consumers && queue.lifetime() == QueueLifetime::Consumer && !st.deleted,
@@ -604,7 +607,7 @@ impl Session for CoreSession {
             }
             qs.attach(slot);
             qs.idle_since = None;
-            q.dispatch_locked(&mut qs, rosetta_neutral::message::now_ms())
+            q.dispatch_locked(&mut qs, self.inner.now_ms())
         };
         st.consumers.insert(id, ConsumerRef { queue: q });
         drop(st);
@@ -655,7 +658,7 @@ impl Session for CoreSession {
             };
             slot.set_credit_limit(limit);
             slot.drain = drain;
-            q.dispatch_locked(&mut qs, rosetta_neutral::message::now_ms())
+            q.dispatch_locked(&mut qs, self.inner.now_ms())
         };
         self.inner.after_dispatch(out);
         Ok(())
@@ -750,7 +753,7 @@ impl Session for CoreSession {
                     );
                     settled += usize::from(settle.is_ok());
                 }
-                queue.dispatch_locked(&mut st, rosetta_neutral::message::now_ms())
+                queue.dispatch_locked(&mut st, self.inner.now_ms())
             };
             finish_settles(&self.inner, out, dead, &mut batch);
         }

@@ -31,6 +31,13 @@ const QUEUE_METRICS: &[QueueMetric] = &[
         value: |s| s.paged as f64,
     },
     QueueMetric {
+        name: "rosetta_queue_scheduled",
+        kind: "gauge",
+        help:
+            "Messages waiting for a time (scheduled delivery, redelivery delay), not part of depth.",
+        value: |s| s.scheduled as f64,
+    },
+    QueueMetric {
         name: "rosetta_queue_in_flight",
         kind: "gauge",
         help: "Messages delivered and not yet settled.",
@@ -322,6 +329,14 @@ mod tests {
             )
             .expect("publish");
         }
+        let mut later = Message::text("later");
+        later.delivery_time = Some(rosetta_neutral::message::now_ms() + 3_600_000);
+        s.publish(
+            &Address::Queue("later".into()),
+            later,
+            PublishOptions::default(),
+        )
+        .expect("publish");
         let figures = BrokerFigures {
             connections: 3,
             authenticated: 2,
@@ -340,6 +355,14 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("rosetta_queue_enqueued_total{queue=\"orders\\\"x\"} 2\n"));
+        assert!(
+            text.contains("rosetta_queue_scheduled{queue=\"later\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rosetta_queue_depth{queue=\"later\"} 0\n"),
+            "{text}"
+        );
         assert!(text.contains("rosetta_connections 3\n"));
         assert!(text.contains("rosetta_connections_unauthenticated 1\n"));
         assert!(text.contains("rosetta_connections_refused_total 4\n"));

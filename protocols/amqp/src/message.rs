@@ -11,6 +11,8 @@
 //! | several `data` sections                | `BodyKind::AmqpData`, raw bytes          |
 //! | header durable/priority/ttl            | `durable`/`priority`/`expiry` (now+ttl)  |
 //! | message-annotations                    | `amqp_annotations`, raw section bytes    |
+//! | annotation `x-opt-delivery-time` (epoch ms, long or timestamp) | `delivery_time` |
+//! | annotation `x-opt-delivery-delay` (ms, long) | `delivery_time` = now + delay (when no `x-opt-delivery-time`) |
 //! | properties                             | the matching neutral fields; `to` is returned for anonymous relay |
 //! | application-properties                 | `properties`, typed [`Value`]s           |
 //!
@@ -62,6 +64,13 @@ const SECTION_FOOTER: u64 = 0x78;
 
 /// Message annotation marking a delivery replayed from the retained store.
 pub(crate) const RETAIN_ANNOTATION: &str = "x-opt-retain";
+/// Message annotation: not to be delivered before this time (epoch ms, a
+/// long or a timestamp), as Artemis and Azure Service Bus read it.
+pub(crate) const DELIVERY_TIME_ANNOTATION: &str = "x-opt-delivery-time";
+/// Message annotation: not to be delivered before this many ms from now
+/// (a long), as Artemis reads it. `x-opt-delivery-time` wins when both
+/// are set.
+pub(crate) const DELIVERY_DELAY_ANNOTATION: &str = "x-opt-delivery-delay";
 
 /// Most sections one message may have: 6 non-body sections plus the body.
 /// A body of thousands of tiny `data` sections is legal but pathological;
@@ -106,6 +115,7 @@ pub(crate) fn decode(payload: &Bytes, now_ms: u64) -> Result<Decoded, CodecError
             SECTION_DELIVERY_ANNOTATIONS | SECTION_FOOTER => {}
             SECTION_MESSAGE_ANNOTATIONS => {
                 msg.amqp_annotations = Some(payload.slice(pos..pos + len));
+                msg.delivery_time = scheduled_time(section, now_ms)?;
             }
             SECTION_PROPERTIES => {
                 let p: AmqpProperties = codec::decode("properties", section)?;
@@ -165,6 +175,46 @@ pub(crate) fn decode(payload: &Bytes, now_ms: u64) -> Result<Decoded, CodecError
         }
     };
     Ok(Decoded { message: msg, to })
+}
+
+/// The delivery time the message annotations ask for, if any. Annotations
+/// that do not decode as a map are carried raw as before and ask for
+/// nothing; a scheduling annotation of the wrong type, or negative, is
+/// malformed (the delivery is rejected with `amqp:decode-error`). A time
+/// too far ahead is the core's to refuse (`amqp:resource-limit-exceeded`).
+fn scheduled_time(section: &[u8], now_ms: u64) -> Result<Option<u64>, CodecError> {
+    let Ok(annotations) = codec::decode::<MessageAnnotations>("message-annotations", section)
+    else {
+        return Ok(None);
+    };
+    let get = |name: &str| annotations.0.get(&OwnedKey::from(Symbol::from(name)));
+    if let Some(at) = get(DELIVERY_TIME_ANNOTATION) {
+        return annotation_ms(DELIVERY_TIME_ANNOTATION, at).map(Some);
+    }
+    match get(DELIVERY_DELAY_ANNOTATION) {
+        Some(delay) => {
+            let delay = annotation_ms(DELIVERY_DELAY_ANNOTATION, delay)?;
+            Ok(Some(now_ms.saturating_add(delay)))
+        }
+        None => Ok(None),
+    }
+}
+
+/// A scheduling annotation's milliseconds: a non-negative integer or a
+/// timestamp.
+fn annotation_ms(name: &str, value: &AmqpAny) -> Result<u64, CodecError> {
+    let ms = match value {
+        AmqpAny::Long(v) => u64::try_from(*v).ok(),
+        AmqpAny::Int(v) => u64::try_from(*v).ok(),
+        AmqpAny::Ulong(v) => Some(*v),
+        AmqpAny::Uint(v) => Some(u64::from(*v)),
+        AmqpAny::Timestamp(t) => u64::try_from(t.milliseconds()).ok(),
+        _ => None,
+    };
+    ms.ok_or_else(|| CodecError::Malformed {
+        what: "message-annotations",
+        detail: format!("`{name}` must be a non-negative long or a timestamp (ms)"),
+    })
 }
 
 fn raw(kind: BodyKind, payload: &Bytes, start: usize, end: usize) -> Body {
@@ -392,6 +442,80 @@ mod tests {
             annotation: None,
             charge: rosetta_neutral::DeliveryCharge::none(),
         }
+    }
+
+    /// A payload of message annotations `(name, value)` and a data body.
+    fn annotated(entries: Vec<(&str, AmqpValueAny)>) -> Bytes {
+        let mut ann = OrderedMap::new();
+        for (name, value) in entries {
+            ann.insert(OwnedKey::from(Symbol::from(name)), value);
+        }
+        let mut p = Vec::new();
+        enc(&mut p, &MessageAnnotations(ann));
+        enc(&mut p, &Data(Binary::from(b"x".to_vec())));
+        Bytes::from(p)
+    }
+
+    #[test]
+    fn delivery_time_and_delay_annotations_schedule_the_message() {
+        let now = 1_700_000_000_000u64;
+        let at = |entries| decode(&annotated(entries), now).map(|d| d.message.delivery_time);
+        let time = DELIVERY_TIME_ANNOTATION;
+        let delay = DELIVERY_DELAY_ANNOTATION;
+        assert_eq!(
+            at(vec![(time, AmqpValueAny::Long(now as i64 + 5))]).ok(),
+            Some(Some(now + 5))
+        );
+        assert_eq!(
+            at(vec![(
+                time,
+                AmqpValueAny::Timestamp(Timestamp::from_milliseconds(now as i64 + 7))
+            )])
+            .ok(),
+            Some(Some(now + 7))
+        );
+        assert_eq!(
+            at(vec![(delay, AmqpValueAny::Long(1_500))]).ok(),
+            Some(Some(now + 1_500))
+        );
+        assert_eq!(
+            at(vec![
+                (delay, AmqpValueAny::Long(9)),
+                (time, AmqpValueAny::Long(now as i64 + 1))
+            ])
+            .ok(),
+            Some(Some(now + 1)),
+            "the time wins over the delay"
+        );
+        assert_eq!(
+            at(vec![("x-opt-other", AmqpValueAny::Long(1))]).ok(),
+            Some(None)
+        );
+        for bad in [
+            (delay, AmqpValueAny::Long(-1)),
+            (delay, AmqpValueAny::String("soon".into())),
+            (time, AmqpValueAny::Bool(true)),
+        ] {
+            let shown = format!("{bad:?}");
+            assert!(
+                matches!(at(vec![bad]), Err(CodecError::Malformed { .. })),
+                "{shown}"
+            );
+        }
+    }
+
+    #[test]
+    fn python_qpid_protons_delivery_delay_schedules_the_message() {
+        // `Message(body='x', annotations={symbol('x-opt-delivery-delay'): 1000})`
+        // as python-qpid-proton encodes it: an empty header, the
+        // annotations as a map32, an empty properties list.
+        let hex = "00537045005372d10000002300000002a314782d6f70742d64656c69766572792d64656c61798100000000000003e800537345005377a10178";
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let d = decode(&Bytes::from(bytes), 5).unwrap();
+        assert_eq!(d.message.delivery_time, Some(1_005));
     }
 
     fn full_payload() -> Vec<u8> {

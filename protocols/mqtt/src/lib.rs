@@ -84,6 +84,7 @@ pub mod codec;
 pub mod config;
 mod connection;
 mod convert;
+mod delayed;
 pub mod error;
 mod inflight;
 mod own_subs;

@@ -216,6 +216,11 @@ pub struct Message {
     /// AMQP message-annotations section in its original encoding, carried
     /// through untouched for AMQP consumers.
     pub amqp_annotations: Option<Bytes>,
+    /// Scheduled delivery (ms since epoch): the message is not delivered
+    /// before this time (AMQP `x-opt-delivery-time`/`x-opt-delivery-delay`,
+    /// STOMP `AMQ_SCHEDULED_DELAY`, MQTT `$delayed/<seconds>/`). `None`, or
+    /// a time already past, delivers at once.
+    pub delivery_time: Option<u64>,
 }
 
 impl Default for Message {
@@ -240,6 +245,7 @@ impl Default for Message {
             expiry: None,
             properties: Properties::new(),
             amqp_annotations: None,
+            delivery_time: None,
         }
     }
 }
@@ -266,6 +272,12 @@ impl Message {
         self.expiry.is_some_and(|e| e <= now_ms)
     }
 
+    /// True if the message is scheduled for later than `now_ms`: it waits
+    /// and is not delivered yet.
+    pub fn is_scheduled(&self, now_ms: u64) -> bool {
+        self.delivery_time.is_some_and(|t| t > now_ms)
+    }
+
     /// Remaining lifetime in whole seconds at `now_ms`, rounded up, for the
     /// MQTT 5 message expiry interval on delivery.
     pub fn remaining_lifetime_s(&self, now_ms: u64) -> Option<u32> {
@@ -285,6 +297,13 @@ impl Message {
             + self.amqp_annotations.as_ref().map_or(0, Bytes::len)
     }
 }
+
+/// Longest delay a publisher may schedule a message for: one year, as a
+/// bound on how long a message may sit in a queue's timer index before
+/// anyone can see it (a mistyped delay in seconds-as-milliseconds would
+/// otherwise hold a message for decades). Every adapter refuses a delay
+/// past it with its protocol's error, and the core refuses it too.
+pub const DELIVERY_DELAY_MAX_MS: u64 = 365 * 24 * 60 * 60 * 1000;
 
 /// Milliseconds since the Unix epoch, from the system clock.
 pub fn now_ms() -> u64 {

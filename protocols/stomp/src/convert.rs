@@ -8,6 +8,7 @@
 //! | `expires`           | `expiry` (ms since epoch; `0` = never)             |
 //! | `priority`          | `priority` (0–9, larger values clamp to 9)         |
 //! | `persistent:true`   | `durable`                                          |
+//! | `AMQ_SCHEDULED_DELAY` | `delivery_time` = now + the delay (ms, as ActiveMQ; at most `DELIVERY_DELAY_MAX_MS`) |
 //! | `amqp-message-id`, `type`, `user-id`, `JMSXGroupID`, `JMSXGroupSeq`, `content-encoding`, `timestamp` | the standard fields of [`rosetta_neutral::fields`] |
 //! | body                | `body.bytes`, exactly; kind below                  |
 //! | any other header    | `properties`, as `Value::String`, in order         |
@@ -30,7 +31,7 @@
 //! would be ignored by the "first header wins" rule or confuse the client).
 
 use rosetta_neutral::fields::{field_properties, take_field_properties};
-use rosetta_neutral::message::PRIORITY_DEFAULT;
+use rosetta_neutral::message::{DELIVERY_DELAY_MAX_MS, PRIORITY_DEFAULT};
 use rosetta_neutral::{Body, BodyKind, Delivery, Message, MessageId, Value};
 
 use crate::consumer_options::BROWSER_HEADER;
@@ -39,8 +40,13 @@ use crate::error::StompError;
 use crate::frame::{Command, Frame, Version};
 use crate::subscription::{AckMode, Subscription};
 
+/// SEND header scheduling the message this many ms from now (ActiveMQ's
+/// name; its other scheduling headers, period, repeat and cron, are not
+/// supported and are carried as plain properties).
+pub(crate) const SCHEDULED_DELAY_HEADER: &str = "AMQ_SCHEDULED_DELAY";
+
 /// SEND headers with a meaning of their own (not copied to properties).
-const SEND_RESERVED: [&str; 10] = [
+const SEND_RESERVED: [&str; 11] = [
     "destination",
     "content-length",
     "content-type",
@@ -51,6 +57,7 @@ const SEND_RESERVED: [&str; 10] = [
     "persistent",
     "transaction",
     "receipt",
+    SCHEDULED_DELAY_HEADER,
 ];
 
 /// Headers the server writes on MESSAGE itself.
@@ -81,11 +88,21 @@ pub(crate) const RETAINED_HEADER: &str = "retained";
 pub(crate) const TEXT_CONTENT_TYPE: &str = "text/plain;charset=utf-8";
 
 /// Builds the neutral message of a SEND. `reply_to` is the already
-/// resolved `reply-to` header.
+/// resolved `reply-to` header; `now_ms` (epoch ms) turns a scheduled delay
+/// into a delivery time.
 pub(crate) fn message_from_send(
     frame: Frame,
     reply_to: Option<String>,
+    now_ms: u64,
 ) -> Result<Message, StompError> {
+    let delivery_time = match frame.header(SCHEDULED_DELAY_HEADER) {
+        None => None,
+        Some(v) => match v.trim().parse::<u64>() {
+            Ok(0) => None,
+            Ok(ms) if ms <= DELIVERY_DELAY_MAX_MS => Some(now_ms.saturating_add(ms)),
+            _ => return Err(bad(SCHEDULED_DELAY_HEADER, v)),
+        },
+    };
     let content_type = frame.header("content-type").map(str::to_owned);
     let expiry = match frame.header("expires") {
         None => None,
@@ -140,6 +157,7 @@ pub(crate) fn message_from_send(
         priority,
         durable,
         properties,
+        delivery_time,
         ..Message::default()
     };
     take_field_properties(&mut message);

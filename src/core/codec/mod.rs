@@ -8,7 +8,7 @@
 //!
 //! | field              | encoding                                             |
 //! |--------------------|------------------------------------------------------|
-//! | version            | `u8` = 1                                             |
+//! | version            | `u8` = 2                                             |
 //! | body kind          | `u8` (0 binary, 1 text, 2 amqp-value, 3 amqp-sequence, 4 amqp-data) |
 //! | body bytes         | `u32` length + bytes                                 |
 //! | address            | `u8` (0 none, 1 topic, 2 queue) + string             |
@@ -25,6 +25,11 @@
 //! | creation time, expiry | optional `u64`                                    |
 //! | properties         | `u32` count, then per entry: name string, `u8` value tag, value |
 //! | amqp annotations   | optional bytes                                       |
+//! | delivery time      | optional `u64` (version 2 only)                      |
+//!
+//! Version 2 (scheduled delivery) added the delivery time at the end.
+//! Version 1 encodings, in journals written before it, still decode, with
+//! no delivery time.
 //!
 //! Optional items are a presence byte (0 or 1) followed by the value. Floats
 //! are stored as their IEEE bit patterns, so NaN payloads survive too.
@@ -47,7 +52,10 @@ pub use tails::{
 };
 
 /// Version byte written in front of every encoded message.
-pub const MESSAGE_CODEC_VERSION: u8 = 1;
+pub const MESSAGE_CODEC_VERSION: u8 = 2;
+
+/// The version before scheduled delivery: no delivery time at the end.
+const MESSAGE_CODEC_VERSION_1: u8 = 1;
 
 /// Smallest possible encoding of one property (empty name + `Null` tag), used
 /// to bound a decoded property count by the bytes that remain.
@@ -90,12 +98,13 @@ pub fn encode_message(m: &Message, out: &mut Vec<u8>) {
         put_value(out, value);
     }
     wire::put_opt_bytes(out, m.amqp_annotations.as_deref());
+    wire::put_opt_u64(out, m.delivery_time);
 }
 
 /// Decodes one message from `r`, leaving `r` just after it.
 fn decode_message(r: &mut Reader) -> Result<Message, DecodeError> {
     let version = r.u8("message version")?;
-    if version != MESSAGE_CODEC_VERSION {
+    if version != MESSAGE_CODEC_VERSION && version != MESSAGE_CODEC_VERSION_1 {
         return Err(DecodeError::UnsupportedVersion {
             what: "message",
             version,
@@ -137,6 +146,11 @@ fn decode_message(r: &mut Reader) -> Result<Message, DecodeError> {
         props.push((name, value));
     }
     let amqp_annotations = r.opt_bytes("amqp annotations")?;
+    let delivery_time = if version >= MESSAGE_CODEC_VERSION {
+        r.opt_u64("delivery time")?
+    } else {
+        None
+    };
     Ok(Message {
         body: Body { kind, bytes },
         address,
@@ -157,6 +171,7 @@ fn decode_message(r: &mut Reader) -> Result<Message, DecodeError> {
         expiry,
         properties: props.into_iter().collect::<Properties>(),
         amqp_annotations,
+        delivery_time,
     })
 }
 
@@ -424,6 +439,7 @@ mod tests {
             expiry: Some(u64::MAX),
             properties,
             amqp_annotations: Some(Bytes::from_static(b"\x00\x53\x72\xc1\x01\x00")),
+            delivery_time: Some(1_700_000_060_000),
         }
     }
 
@@ -484,7 +500,27 @@ mod tests {
         assert_eq!(names, want, "property order and duplicates");
         assert_eq!(back.properties, m.properties);
         assert_eq!(back.amqp_annotations, m.amqp_annotations);
+        assert_eq!(back.delivery_time, m.delivery_time);
         assert_eq!(back, m);
+    }
+
+    /// A version 1 encoding (before scheduled delivery), byte for byte as
+    /// that build wrote it: today's encoding of the same message without
+    /// its delivery time and with version byte 1 is exactly that layout.
+    #[test]
+    fn a_version_1_encoding_decodes_with_no_delivery_time() {
+        let mut m = full_message();
+        m.delivery_time = None;
+        let mut v2 = Vec::new();
+        encode_message(&m, &mut v2);
+        // v2 ends with the delivery time's absent presence byte.
+        assert_eq!(v2.last(), Some(&0));
+        let mut v1 = v2[..v2.len() - 1].to_vec();
+        v1[0] = MESSAGE_CODEC_VERSION_1;
+        assert_eq!(decode_message_exact(Bytes::from(v1.clone())), Ok(m));
+        // A v1 encoding followed by a delivery time is not a v1 encoding.
+        v1.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0, 1]);
+        assert!(decode_message_exact(Bytes::from(v1)).is_err());
     }
 
     #[test]
@@ -659,6 +695,7 @@ mod tests {
                 proptest::option::of(any::<u64>()),
                 props,
                 proptest::option::of(proptest::collection::vec(any::<u8>(), 0..8)),
+                proptest::option::of(any::<u64>()),
             ),
         )
             .prop_map(
@@ -675,6 +712,7 @@ mod tests {
                         expiry,
                         props,
                         ann,
+                        delivery_time,
                     ),
                 )| Message {
                     body: Body {
@@ -699,6 +737,7 @@ mod tests {
                     expiry,
                     properties: props.into_iter().collect(),
                     amqp_annotations: ann.map(Bytes::from),
+                    delivery_time,
                 },
             )
     }

@@ -12,6 +12,7 @@ use super::{Ctx, Open};
 use crate::codec::encode::{self, AckKind};
 use crate::codec::{AckPacket, PublishPacket, Version};
 use crate::convert::inbound_message;
+use crate::delayed;
 use crate::error::{broker_reason, MqttError, ReasonContext};
 use crate::inflight::{encode_qos2_set, QOS2_INBOUND_STATE_KEY};
 
@@ -41,10 +42,16 @@ impl Open {
         if validate_topic_name(&topic).is_err() {
             return Err(MqttError::TopicNameInvalid(topic));
         }
+        // `$delayed/<seconds>/<topic>` goes to `<topic>`, later.
+        let (delay_ms, target) = match delayed::parse(&topic) {
+            Ok(None) => (None, topic.as_str()),
+            Ok(Some(d)) => (Some(d.delay_ms), d.topic),
+            Err(()) => return Err(MqttError::TopicNameInvalid(topic)),
+        };
         // `$queue/q` sends to the queue `q` (how an MQTT responder answers
         // a STOMP or AMQP requester whose reply-to is a queue); the core
         // checks the publish permission on `/queue/q`.
-        let Ok(address) = Address::from_mqtt_topic(&topic) else {
+        let Ok(address) = Address::from_mqtt_topic(target) else {
             return Err(MqttError::TopicNameInvalid(topic));
         };
 
@@ -62,7 +69,10 @@ impl Open {
             }
         }
 
-        let message = inbound_message(p.qos, p.retain, p.props, p.payload, ctx.now_ms)?;
+        let mut message = inbound_message(p.qos, p.retain, p.props, p.payload, ctx.now_ms)?;
+        message.delivery_time = delay_ms
+            .filter(|&ms| ms > 0)
+            .map(|ms| ctx.now_ms.saturating_add(ms));
         let options = PublishOptions {
             txn: None,
             confirm: p.qos > 0,
