@@ -21,6 +21,7 @@
 mod backlog;
 mod batch;
 pub mod codec;
+mod dedup;
 mod disk;
 mod dispatch;
 mod groups;
@@ -48,11 +49,12 @@ use rosetta_store::{
     Completion, MessageSeq, OsStorage, QueueId, Record, Recovered, Storage, Store, StoreError,
 };
 
+pub use dedup::{DedupMode, DEDUP_ID_BYTES_MAX};
 pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
 pub use queue_settings::{
     QueueMatch, QueueOverrides, QueuePattern, QueuePatternError, QueueRule, QueueRules,
-    QueueSettings, GROUPS_MAX_DEFAULT, QUEUE_PATTERN_WORDS_MAX,
+    QueueSettings, DEDUP_IDS_MAX_DEFAULT, GROUPS_MAX_DEFAULT, QUEUE_PATTERN_WORDS_MAX,
 };
 
 use batch::Batch;
@@ -97,6 +99,9 @@ pub const BINDINGS_MAX_DEFAULT: usize = 10_000_000;
 /// How often the housekeeping thread looks at wills and idle queues: fine
 /// enough for second-granularity MQTT timers.
 const HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(100);
+/// How often the housekeeping thread forgets dedup ids whose window has
+/// passed: windows are whole seconds, and a sweep walks the queue map.
+const DEDUP_EXPIRY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Core behaviour settings (the `[broker]` configuration section).
 #[derive(Debug, Clone)]
@@ -723,6 +728,13 @@ impl Inner {
         }
         self.memory.end_restore();
         drop(routing);
+        let (dedup_state, state): (Vec<_>, Vec<_>) = state
+            .into_iter()
+            .partition(|(key, _)| key.starts_with(dedup::DEDUP_STATE_PREFIX));
+        let forget = dedup::restore(dedup_state, &by_id, rosetta_neutral::message::now_ms());
+        if !forget.is_empty() {
+            self.journal.append(forget, None);
+        }
         let mut r = self.retained.lock();
         for (topic, seq, body) in retained {
             match decode_journaled(seq, body) {
@@ -735,6 +747,26 @@ impl Inner {
             }
         }
         self.client_state.lock().extend(state);
+    }
+
+    /// Forgets dedup ids whose window has passed, in every queue with a
+    /// window, and journals their tombstones in one append.
+    fn expire_dedup_ids(&self) {
+        let queues: Vec<Arc<Queue>> = self
+            .routing
+            .read()
+            .queues()
+            .filter(|q| q.dedup.is_some())
+            .cloned()
+            .collect();
+        let now_ms = rosetta_neutral::message::now_ms();
+        let mut records = Vec::new();
+        for q in &queues {
+            dedup::expire(q, now_ms, &mut records);
+        }
+        if !records.is_empty() {
+            self.journal.append(records, None);
+        }
     }
 
     fn complete_ticket(sink: &Arc<dyn EventSink>, ticket: rosetta_neutral::Ticket) -> Completion {
@@ -750,6 +782,7 @@ impl Inner {
 
 /// Publishes due wills and deletes queues idle past their lifetime.
 fn housekeeping(inner: Weak<Inner>) {
+    let mut dedup_swept = Instant::now();
     loop {
         let Some(inner) = inner.upgrade() else { return };
         if inner.stopping.load(Ordering::SeqCst) {
@@ -778,6 +811,10 @@ fn housekeeping(inner: Weak<Inner>) {
             if let Err(e) = inner.delete_queue(&name) {
                 tracing::warn!(queue = %name, error = %e, "cannot delete idle queue");
             }
+        }
+        if now.duration_since(dedup_swept) >= DEDUP_EXPIRY_INTERVAL {
+            dedup_swept = now;
+            inner.expire_dedup_ids();
         }
         let (lock, cvar) = &inner.wake;
         let mut guard = lock.lock();

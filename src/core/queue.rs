@@ -25,6 +25,7 @@ use rosetta_neutral::{ConsumerId, CreditMode, EventSink, MatchInfo, Message, Que
 
 pub(crate) use super::backlog::MemoryGauge;
 use super::backlog::{Backlog, Place};
+use super::dedup::DedupWindow;
 use super::dispatch::DispatchPolicy;
 use super::groups::Groups;
 use super::queue_settings::QueueSettings;
@@ -153,6 +154,14 @@ pub struct QueueStats {
     pub selector_evaluations_total: u64,
     /// Message groups with an assigned consumer now.
     pub groups: u64,
+    /// Sends dropped (and acknowledged) as duplicates within the dedup
+    /// window, since start.
+    pub duplicates_total: u64,
+    /// Dedup ids remembered now.
+    pub dedup_ids: u64,
+    /// Dedup ids forgotten before their window passed, to stay within
+    /// `dedup_ids_max`, since start.
+    pub dedup_evicted_total: u64,
 }
 
 impl ConsumerSlot {
@@ -208,6 +217,15 @@ pub(crate) struct Queue {
     pub(crate) settings: QueueSettings,
     pub(crate) state: Mutex<QueueState>,
     memory: Arc<MemoryGauge>,
+    /// The dedup window, when the settings give one. A leaf lock, never
+    /// taken while another lock is wanted after it.
+    pub(crate) dedup: Option<QueueDedup>,
+}
+
+/// A queue's duplicate detection.
+pub(crate) struct QueueDedup {
+    pub(crate) mode: super::DedupMode,
+    pub(crate) window: Mutex<DedupWindow>,
 }
 
 /// What a dispatch pass produced besides deliveries: journal records for
@@ -228,6 +246,13 @@ impl Queue {
         settings: QueueSettings,
         memory: Arc<MemoryGauge>,
     ) -> Self {
+        let dedup = settings.dedup_window_s.map(|window_s| QueueDedup {
+            mode: settings.dedup,
+            window: Mutex::new(DedupWindow::new(
+                window_s.saturating_mul(1_000),
+                settings.dedup_ids_max,
+            )),
+        });
         Self {
             id,
             name: name.into(),
@@ -236,6 +261,7 @@ impl Queue {
             owner_session,
             settings,
             memory,
+            dedup,
             state: Mutex::new(QueueState {
                 backlog: Backlog::default(),
                 inflight: HashMap::new(),
@@ -334,6 +360,13 @@ impl Queue {
         // The head is the oldest by sequence; a released message keeps its
         // original enqueue time, so this is the age an operator cares about.
         s.oldest_age = st.backlog.oldest_enqueued_at().map(|t| t.elapsed());
+        drop(st);
+        if let Some(dedup) = &self.dedup {
+            let w = dedup.window.lock();
+            s.duplicates_total = w.duplicates_total();
+            s.dedup_ids = w.len() as u64;
+            s.dedup_evicted_total = w.evicted_total();
+        }
         s
     }
 }

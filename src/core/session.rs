@@ -527,7 +527,7 @@ impl Session for CoreSession {
         let mut batch = Batch::default();
         let routed = self
             .inner
-            .route(address, message, self.origin.as_deref(), &mut batch)?;
+            .route_send(address, message, self.origin.as_deref(), &mut batch)?;
         let pending = self.commit_batch(batch, options.confirm);
         Ok(PublishReceipt { routed, pending })
     }
@@ -823,7 +823,7 @@ impl Session for CoreSession {
             let result = match op {
                 Staged::Publish { address, message } => self
                     .inner
-                    .route(&address, *message, self.origin.as_deref(), &mut batch)
+                    .route_send(&address, *message, self.origin.as_deref(), &mut batch)
                     .map(|_| ()),
                 Staged::Settle {
                     consumer,
