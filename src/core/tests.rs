@@ -1250,3 +1250,6 @@ fn one_queue_matched_by_many_bindings_gets_one_copy_among_many_queues() {
 // for integration tests of the crate.
 #[path = "queue_semantics_tests.rs"]
 mod queue_semantics;
+
+#[path = "dedup_tests.rs"]
+mod dedup;
