@@ -103,6 +103,24 @@ const QUEUE_METRICS: &[QueueMetric] = &[
         value: |s| s.selector_evaluations_total as f64,
     },
     QueueMetric {
+        name: "rosetta_queue_duplicates_total",
+        kind: "counter",
+        help: "Sends dropped (and acknowledged) as duplicates within the queue's dedup window.",
+        value: |s| s.duplicates_total as f64,
+    },
+    QueueMetric {
+        name: "rosetta_queue_dedup_ids",
+        kind: "gauge",
+        help: "Dedup ids the queue remembers now.",
+        value: |s| s.dedup_ids as f64,
+    },
+    QueueMetric {
+        name: "rosetta_queue_dedup_evicted_total",
+        kind: "counter",
+        help: "Dedup ids forgotten before their window passed, to stay within dedup_ids_max.",
+        value: |s| s.dedup_evicted_total as f64,
+    },
+    QueueMetric {
         name: "rosetta_queue_time_in_queue_seconds_total",
         kind: "counter",
         help: "Sum of enqueue-to-acknowledgement times of acknowledged messages.",
@@ -301,6 +319,69 @@ mod tests {
     struct Discard;
     impl EventSink for Discard {
         fn send(&self, _: SessionEvent) {}
+    }
+
+    #[test]
+    fn duplicates_are_counted_per_queue() {
+        let rules = rosetta_core::QueueRules::new([rosetta_core::QueueRule {
+            target: rosetta_core::QueueMatch::Name("orders".into()),
+            overrides: rosetta_core::QueueOverrides {
+                dedup_window_s: Some(60),
+                ..Default::default()
+            },
+        }]);
+        let core = Core::new(
+            rosetta_core::CoreConfig {
+                queue_rules: rules,
+                ..Default::default()
+            },
+            Arc::new(rosetta_core::NoJournal),
+            Arc::new(rosetta_core::AllowAll),
+            None,
+        );
+        let info = SessionInfo {
+            conn_id: 1,
+            protocol: Protocol::Internal,
+            principal: Principal::anonymous(),
+            client_id: None,
+            take_over: false,
+        };
+        let mut s = core.open_session(info, Arc::new(Discard));
+        for _ in 0..3 {
+            let mut m = Message::text("m");
+            m.properties.push("dedup-id", "one");
+            s.publish(
+                &Address::Queue("orders".into()),
+                m,
+                PublishOptions::default(),
+            )
+            .expect("publish");
+        }
+        let figures = BrokerFigures {
+            connections: 0,
+            authenticated: 0,
+            unauthenticated: 0,
+            refused_total: 0,
+            memory_budget_bytes: 1 << 20,
+            store: StoreStats::default(),
+        };
+        let text = render(&core, &figures);
+        assert!(
+            text.contains("# TYPE rosetta_queue_duplicates_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rosetta_queue_duplicates_total{queue=\"orders\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rosetta_queue_dedup_ids{queue=\"orders\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rosetta_queue_depth{queue=\"orders\"} 1\n"),
+            "{text}"
+        );
     }
 
     #[test]
