@@ -338,3 +338,91 @@ fn a_restart_without_the_window_forgets_the_ids_for_good() {
     );
     drop(store);
 }
+
+/// A journal that completes nothing until told: appends wait in order.
+#[derive(Default)]
+struct HeldJournal {
+    held: parking_lot::Mutex<Vec<Option<rosetta_store::Completion>>>,
+}
+
+impl HeldJournal {
+    fn complete(&self, append: usize, result: Result<(), rosetta_store::StoreError>) {
+        let done = self.held.lock()[append].take().expect("held completion");
+        done(result);
+    }
+
+    fn appends(&self) -> usize {
+        self.held.lock().len()
+    }
+}
+
+impl crate::Journal for HeldJournal {
+    fn append(
+        &self,
+        _records: Vec<rosetta_store::Record>,
+        done: Option<rosetta_store::Completion>,
+    ) {
+        self.held.lock().push(done);
+    }
+}
+
+fn committed(events: &[SessionEvent], ticket: Ticket) -> Option<Result<(), BrokerError>> {
+    events.iter().find_map(|e| match e {
+        SessionEvent::Committed { ticket: t, result } if *t == ticket => Some(result.clone()),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_duplicate_is_acknowledged_only_once_its_first_copy_is_durable() {
+    let journal = Arc::new(HeldJournal::default());
+    let core = Core::new(
+        CoreConfig {
+            queue_rules: dedup_rules(crate::DedupMode::Id, None),
+            ..CoreConfig::default()
+        },
+        journal.clone(),
+        Arc::new(AllowAll),
+        None,
+    );
+    let (mut s, e) = open(&core, "p");
+    let orders = queue("orders");
+    let first = send(&mut s, &orders, with_dedup_property("a", "a"));
+    let retry = send(&mut s, &orders, with_dedup_property("a", "a"));
+    let (Some(first), Some(retry)) = (first.pending, retry.pending) else {
+        panic!("both sends wait for the journal: {first:?} {retry:?}");
+    };
+    let appends = journal.appends();
+    let events = e.take();
+    assert_eq!(
+        committed(&events, retry),
+        None,
+        "not before the first copy is durable"
+    );
+    // The first copy's append completes: both are acknowledged with its
+    // result. The retry appended nothing of its own.
+    journal.complete(appends - 1, Ok(()));
+    let events = e.take();
+    assert_eq!(committed(&events, first), Some(Ok(())));
+    assert_eq!(committed(&events, retry), Some(Ok(())));
+
+    // A first copy whose append fails fails its waiting retries too.
+    let first = send(&mut s, &orders, with_dedup_property("b", "b")).pending;
+    let retry = send(&mut s, &orders, with_dedup_property("b", "b")).pending;
+    journal.complete(
+        journal.appends() - 1,
+        Err(rosetta_store::StoreError::Closed),
+    );
+    let events = e.take();
+    assert!(matches!(
+        committed(&events, first.expect("ticket")),
+        Some(Err(_))
+    ));
+    assert!(matches!(
+        committed(&events, retry.expect("ticket")),
+        Some(Err(_))
+    ));
+    // Once durable, a retry is acknowledged at once: nothing to wait for.
+    let late = send(&mut s, &orders, with_dedup_property("a", "a"));
+    assert_eq!(late.pending, None);
+}

@@ -550,7 +550,7 @@ impl Inner {
         let DispatchOutput { records, expired } = out;
         let mut batch = Batch {
             records,
-            enqueues: Vec::new(),
+            ..Batch::default()
         };
         if let Some(expiry) = &self.config.expiry_address {
             let target = Address::Queue(expiry.clone());

@@ -225,7 +225,7 @@ pub(crate) struct Queue {
 /// A queue's duplicate detection.
 pub(crate) struct QueueDedup {
     pub(crate) mode: super::DedupMode,
-    pub(crate) window: Mutex<DedupWindow>,
+    pub(crate) window: Mutex<DedupWindow<super::dedup::FirstSend>>,
 }
 
 /// What a dispatch pass produced besides deliveries: journal records for

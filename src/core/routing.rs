@@ -272,9 +272,9 @@ impl Inner {
                 match dedup::screen(&q, &message, now_ms)? {
                     Screen::Pass => kept.push((q, matched, None)),
                     Screen::Candidate(key) => kept.push((q, matched, Some(key))),
-                    Screen::Duplicate { again } => {
+                    Screen::Duplicate { wait } => {
                         duplicates += 1;
-                        batch.records.extend(again);
+                        batch.waits.extend(wait);
                     }
                 }
             }
@@ -303,7 +303,7 @@ impl Inner {
         let journaled = |q: &Queue| q.durable && message.durable;
         targets.retain(|(q, _, key)| {
             let Some(key) = key else { return true };
-            let admitted = dedup::admit(q, *key, journaled(q), now_ms, &mut batch.records);
+            let admitted = dedup::admit(q, *key, journaled(q), now_ms, batch);
             if !admitted {
                 duplicates += 1;
             }

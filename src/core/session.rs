@@ -889,7 +889,7 @@ impl Session for CoreSession {
         }
         let batch = Batch {
             records: vec![Record::State { key: full, value }],
-            enqueues: Vec::new(),
+            ..Batch::default()
         };
         Ok(self.commit_batch(batch, true))
     }

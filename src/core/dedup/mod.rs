@@ -39,10 +39,10 @@
 //! At routing, for producers' sends only (not for dead-lettered or expired
 //! copies, which keep the original's id). A transactional send is checked
 //! when the transaction commits, so a rolled-back send never enters the
-//! window. A duplicate of a journaled key journals the key again (same
-//! time, so the window does not move): its acknowledgement then waits for
-//! an append behind the original's, and never comes before the original
-//! is durable when the original's append was already issued.
+//! window. A duplicate is acknowledged only once the append that journaled
+//! its first copy has completed (at once when it has), and gets that
+//! append's result: a retry racing its original is never acknowledged
+//! before the original is durable.
 
 mod window;
 
@@ -52,6 +52,13 @@ use rosetta_store::wire::{self, DecodeError, Reader};
 use rosetta_store::{QueueId, Record};
 use sha2::{Digest, Sha256};
 
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rosetta_store::{Completion, StoreError};
+
+use super::batch::Batch;
 use super::queue::Queue;
 
 pub(crate) use window::{Admission, DedupKey, DedupWindow, DEDUP_KEY_BYTES};
@@ -217,6 +224,100 @@ pub(crate) fn decode_stored(key: &str, value: Bytes) -> Result<StoredKey, Stored
     })
 }
 
+/// What a duplicate waits for: the append that journaled its first copy,
+/// so no duplicate is acknowledged before the send it repeats is durable.
+/// `None` when there is nothing to wait for (a key recovered from the
+/// journal, or a first copy that was not journaled).
+pub(crate) type FirstSend = Option<Arc<Durability>>;
+
+/// One journal append that admitted keys, until it completes.
+pub(crate) struct Durability(Mutex<DurabilityState>);
+
+enum DurabilityState {
+    /// Duplicates' completions, run when the append completes.
+    Pending(Vec<Completion>),
+    Done(Result<(), StoreError>),
+}
+
+impl Durability {
+    pub(crate) fn pending() -> Arc<Durability> {
+        Arc::new(Durability(Mutex::new(DurabilityState::Pending(Vec::new()))))
+    }
+
+    /// The append completed: runs the waiting completions with its result.
+    pub(crate) fn finish(&self, result: Result<(), StoreError>) {
+        let waiting = {
+            let mut st = self.0.lock();
+            match std::mem::replace(&mut *st, DurabilityState::Done(result.clone())) {
+                DurabilityState::Pending(waiting) => waiting,
+                DurabilityState::Done(_) => Vec::new(),
+            }
+        };
+        for done in waiting {
+            done(result.clone());
+        }
+    }
+
+    /// Whether the append is still under way.
+    fn is_pending(&self) -> bool {
+        matches!(*self.0.lock(), DurabilityState::Pending(_))
+    }
+
+    /// Runs `done` once the append completes (now, if it has).
+    fn then(&self, done: Completion) {
+        let mut st = self.0.lock();
+        match &mut *st {
+            DurabilityState::Pending(waiting) => waiting.push(done),
+            DurabilityState::Done(result) => {
+                let result = result.clone();
+                drop(st);
+                done(result);
+            }
+        }
+    }
+}
+
+/// `done`, run only once every append in `waits` has completed too (with
+/// the first error among them all).
+pub(crate) fn after_all(
+    done: Option<Completion>,
+    waits: Vec<Arc<Durability>>,
+) -> Option<Completion> {
+    let done = done?;
+    if waits.is_empty() {
+        return Some(done);
+    }
+    struct Join {
+        remaining: AtomicUsize,
+        first_error: Mutex<Option<StoreError>>,
+        done: Mutex<Option<Completion>>,
+    }
+    impl Join {
+        fn arrive(&self, result: Result<(), StoreError>) {
+            if let Err(e) = result {
+                self.first_error.lock().get_or_insert(e);
+            }
+            if self.remaining.fetch_sub(1, AtomicOrdering::AcqRel) == 1 {
+                let error = self.first_error.lock().take();
+                if let Some(done) = self.done.lock().take() {
+                    done(error.map_or(Ok(()), Err));
+                }
+            }
+        }
+    }
+    // One arrival per wait, and one for the batch's own append.
+    let join = Arc::new(Join {
+        remaining: AtomicUsize::new(waits.len() + 1),
+        first_error: Mutex::new(None),
+        done: Mutex::new(Some(done)),
+    });
+    for wait in waits {
+        let join = Arc::clone(&join);
+        wait.then(Box::new(move |result| join.arrive(result)));
+    }
+    Some(Box::new(move |result| join.arrive(result)))
+}
+
 /// What a queue's window says about a send before its queue is checked
 /// for room.
 pub(crate) enum Screen {
@@ -224,15 +325,17 @@ pub(crate) enum Screen {
     Pass,
     /// Not seen yet: admit `key` once the queue is known to take it.
     Candidate(DedupKey),
-    /// Seen within the window: drop it, and journal `again` (the key's
-    /// record once more) so the acknowledgement waits behind the first.
+    /// Seen within the window: drop it; its acknowledgement waits for the
+    /// first copy's append (`wait`) when that is not durable yet.
     Duplicate {
-        /// The record to journal with the duplicate's acknowledgement.
-        again: Option<Record>,
+        /// The first copy's append.
+        wait: FirstSend,
     },
 }
 
-/// Screens `message` against `queue`'s window (counts nothing yet).
+/// Screens `message` against `queue`'s window. Only a duplicate is
+/// counted here; a candidate is admitted (or found a duplicate after all)
+/// by [`admit`].
 pub(crate) fn screen(queue: &Queue, message: &Message, now_ms: u64) -> Result<Screen, BrokerError> {
     let Some(dedup) = &queue.dedup else {
         return Ok(Screen::Pass);
@@ -241,64 +344,51 @@ pub(crate) fn screen(queue: &Queue, message: &Message, now_ms: u64) -> Result<Sc
         return Ok(Screen::Pass);
     };
     let mut window = dedup.window.lock();
-    match window.peek(&key, now_ms) {
-        Some(_) => Ok(duplicate(queue, &mut window, key, now_ms)),
-        None => Ok(Screen::Candidate(key)),
+    if window.peek(&key, now_ms).is_none() {
+        return Ok(Screen::Candidate(key));
+    }
+    // Seen within the window, under the same lock: `admit` counts it.
+    match window.admit(key, now_ms, false, None) {
+        Admission::Duplicate { first, .. } => Ok(Screen::Duplicate {
+            wait: first.filter(|d| d.is_pending()),
+        }),
+        Admission::New { .. } => Ok(Screen::Pass),
     }
 }
 
-fn duplicate(queue: &Queue, window: &mut DedupWindow, key: DedupKey, now_ms: u64) -> Screen {
-    // `admit` of a key seen within the window counts the duplicate.
-    match window.admit(key, now_ms, false) {
-        Admission::Duplicate {
-            admitted_ms,
-            journaled,
-        } => Screen::Duplicate {
-            again: (journaled && queue.durable)
-                .then(|| admitted_record(queue.id, &key, admitted_ms)),
-        },
-        // Unreachable after a peek under the same lock; admitted is right
-        // for a key the window no longer holds.
-        Admission::New { .. } => Screen::Pass,
-    }
-}
-
-/// Admits `key` to `queue`'s window once the queue takes the message:
-/// `Some(records)` to journal with the message (the key when `journaled`,
-/// the tombstone of a key evicted for room), or `None` when a concurrent
-/// send admitted it first (then this one is a duplicate, its records in
-/// `records` too).
+/// Admits `key` to `queue`'s window once the queue takes the message, its
+/// records (the key when `journaled`, the tombstone of a key evicted for
+/// room) into `batch`. False when a concurrent send admitted it first:
+/// this one is then a duplicate, and `batch` waits for the other's append.
 pub(crate) fn admit(
     queue: &Queue,
     key: DedupKey,
     journaled: bool,
     now_ms: u64,
-    records: &mut Vec<Record>,
+    batch: &mut Batch,
 ) -> bool {
     let Some(dedup) = &queue.dedup else {
         return true;
     };
+    let first = journaled.then(|| batch.admitting());
     let mut window = dedup.window.lock();
-    match window.admit(key, now_ms, journaled) {
+    match window.admit(key, now_ms, journaled, first) {
         Admission::New {
             admitted_ms,
             evicted,
         } => {
             if let Some(old) = evicted.filter(|_| queue.durable) {
-                records.push(forgotten_record(queue.id, &old));
+                batch.records.push(forgotten_record(queue.id, &old));
             }
             if journaled {
-                records.push(admitted_record(queue.id, &key, admitted_ms));
+                batch
+                    .records
+                    .push(admitted_record(queue.id, &key, admitted_ms));
             }
             true
         }
-        Admission::Duplicate {
-            admitted_ms,
-            journaled,
-        } => {
-            if journaled && queue.durable {
-                records.push(admitted_record(queue.id, &key, admitted_ms));
-            }
+        Admission::Duplicate { first, .. } => {
+            batch.waits.extend(first.filter(|d| d.is_pending()));
             false
         }
     }
@@ -393,29 +483,32 @@ mod tests {
     #[test]
     fn the_dedup_id_property_wins_over_the_message_id() {
         let mut m = with_id(MessageId::String("amqp".into()));
-        let by_id = key_of(&m, DedupMode::Id).unwrap();
+        let by_id = key_of(&m, DedupMode::Id).expect("key");
         m.properties.push("dedup-id", "amqp");
         // The same string from a property and from a message-id is the
         // same id: one notion across protocols.
-        assert_eq!(key_of(&m, DedupMode::Id).unwrap(), by_id);
+        assert_eq!(key_of(&m, DedupMode::Id).expect("key"), by_id);
         let mut other = with_id(MessageId::String("amqp".into()));
         other.properties.push("dedup-id", "stomp");
-        assert_ne!(key_of(&other, DedupMode::Id).unwrap(), by_id);
+        assert_ne!(key_of(&other, DedupMode::Id).expect("key"), by_id);
     }
 
     #[test]
     fn id_types_do_not_collide_and_a_message_without_id_has_no_key() {
-        let s = key_of(&with_id(MessageId::String("7".into())), DedupMode::Id).unwrap();
-        let u = key_of(&with_id(MessageId::Ulong(7)), DedupMode::Id).unwrap();
+        let s = key_of(&with_id(MessageId::String("7".into())), DedupMode::Id).expect("key");
+        let u = key_of(&with_id(MessageId::Ulong(7)), DedupMode::Id).expect("key");
         let b = key_of(
             &with_id(MessageId::Binary(Bytes::from_static(b"7"))),
             DedupMode::Id,
         )
-        .unwrap();
+        .expect("key");
         assert!(s.is_some() && u.is_some() && b.is_some());
         assert_ne!(s, u);
         assert_ne!(s, b);
-        assert_eq!(key_of(&Message::text("x"), DedupMode::Id).unwrap(), None);
+        assert_eq!(
+            key_of(&Message::text("x"), DedupMode::Id).expect("key"),
+            None
+        );
     }
 
     #[test]
@@ -423,21 +516,21 @@ mod tests {
         let a = with_id(MessageId::Ulong(1));
         let b = with_id(MessageId::Ulong(2));
         assert_eq!(
-            key_of(&a, DedupMode::Content).unwrap(),
-            key_of(&b, DedupMode::Content).unwrap()
+            key_of(&a, DedupMode::Content).expect("key"),
+            key_of(&b, DedupMode::Content).expect("key")
         );
         let other_body = Message::text("y");
         assert_ne!(
-            key_of(&a, DedupMode::Content).unwrap(),
-            key_of(&other_body, DedupMode::Content).unwrap()
+            key_of(&a, DedupMode::Content).expect("key"),
+            key_of(&other_body, DedupMode::Content).expect("key")
         );
         let binary = Message {
             body: Body::binary("x"),
             ..Message::default()
         };
         assert_ne!(
-            key_of(&a, DedupMode::Content).unwrap(),
-            key_of(&binary, DedupMode::Content).unwrap()
+            key_of(&a, DedupMode::Content).expect("key"),
+            key_of(&binary, DedupMode::Content).expect("key")
         );
     }
 
@@ -449,7 +542,7 @@ mod tests {
             Err(BrokerError::ResourceLimit(_))
         ));
         let ok = with_id(MessageId::String("x".repeat(DEDUP_ID_BYTES_MAX)));
-        assert!(key_of(&ok, DedupMode::Id).unwrap().is_some());
+        assert!(key_of(&ok, DedupMode::Id).expect("key").is_some());
     }
 
     #[test]
@@ -463,7 +556,7 @@ mod tests {
             panic!("a dedup key is a State record with a value");
         };
         assert_eq!(
-            decode_stored(&text, value).unwrap(),
+            decode_stored(&text, value).expect("key"),
             StoredKey {
                 queue: 42,
                 key,

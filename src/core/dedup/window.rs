@@ -16,6 +16,9 @@
 //!
 //! Times are kept non-decreasing: a wall clock stepping back admits at the
 //! latest time seen, so the order queue stays sorted.
+//!
+//! Each key carries a `T` from its first send, handed to every duplicate
+//! of it (the core keeps there what a duplicate must wait for).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -28,8 +31,8 @@ pub(crate) const DEDUP_KEY_BYTES: usize = 16;
 pub(crate) type DedupKey = [u8; DEDUP_KEY_BYTES];
 
 /// What the window says about a send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Admission {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Admission<T> {
     /// Not seen within the window: admitted now. `evicted` is the oldest
     /// key forgotten to make room (past `ids_max`), when it was journaled.
     New {
@@ -42,23 +45,24 @@ pub(crate) enum Admission {
     Duplicate {
         /// When the first send was admitted.
         admitted_ms: u64,
-        /// Whether the first send's key was journaled (its message was).
-        journaled: bool,
+        /// What the first send left for its duplicates.
+        first: T,
     },
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Seen {
+#[derive(Debug, Clone)]
+struct Seen<T> {
     admitted_ms: u64,
     journaled: bool,
+    first: T,
 }
 
 /// The window of one queue.
 #[derive(Debug)]
-pub(crate) struct DedupWindow {
+pub(crate) struct DedupWindow<T = ()> {
     window_ms: u64,
     ids_max: usize,
-    seen: HashMap<DedupKey, Seen>,
+    seen: HashMap<DedupKey, Seen<T>>,
     /// Keys in admission order, with the time they were admitted at.
     order: VecDeque<(DedupKey, u64)>,
     latest_ms: u64,
@@ -66,7 +70,7 @@ pub(crate) struct DedupWindow {
     evicted_total: u64,
 }
 
-impl DedupWindow {
+impl<T: Clone + Default> DedupWindow<T> {
     /// A window of `window_ms` keeping at most `ids_max` keys (at least one).
     pub(crate) fn new(window_ms: u64, ids_max: usize) -> Self {
         Self {
@@ -85,26 +89,32 @@ impl DedupWindow {
         self.latest_ms
     }
 
-    fn live(&self, seen: &Seen, now_ms: u64) -> bool {
-        seen.admitted_ms.saturating_add(self.window_ms) > now_ms
+    fn live(&self, admitted_ms: u64, now_ms: u64) -> bool {
+        admitted_ms.saturating_add(self.window_ms) > now_ms
     }
 
     /// The first send of `key` within the window, without admitting it.
-    pub(crate) fn peek(&self, key: &DedupKey, now_ms: u64) -> Option<Admission> {
+    pub(crate) fn peek(&self, key: &DedupKey, now_ms: u64) -> Option<Admission<T>> {
         let now_ms = self.latest_ms.max(now_ms);
         self.seen
             .get(key)
-            .filter(|s| self.live(s, now_ms))
+            .filter(|s| self.live(s.admitted_ms, now_ms))
             .map(|s| Admission::Duplicate {
                 admitted_ms: s.admitted_ms,
-                journaled: s.journaled,
+                first: s.first.clone(),
             })
     }
 
     /// Admits `key` unless it was seen within the window; a duplicate is
-    /// counted. `journaled` says whether the caller journals the key (so
-    /// that a duplicate of it can be journaled again behind it).
-    pub(crate) fn admit(&mut self, key: DedupKey, now_ms: u64, journaled: bool) -> Admission {
+    /// counted. `journaled` says whether the caller journals the key (its
+    /// expiry then needs a tombstone); `first` goes to its duplicates.
+    pub(crate) fn admit(
+        &mut self,
+        key: DedupKey,
+        now_ms: u64,
+        journaled: bool,
+        first: T,
+    ) -> Admission<T> {
         let now_ms = self.clamp(now_ms);
         if let Some(dup) = self.peek(&key, now_ms) {
             self.duplicates_total += 1;
@@ -118,7 +128,7 @@ impl DedupWindow {
                 .filter(|(_, s)| s.journaled)
                 .map(|(k, _)| k)
         };
-        self.insert(key, now_ms, journaled);
+        self.insert(key, now_ms, journaled, first);
         Admission::New {
             admitted_ms: now_ms,
             evicted,
@@ -135,11 +145,7 @@ impl DedupWindow {
         now_ms: u64,
         evicted: &mut Vec<DedupKey>,
     ) -> bool {
-        let seen = Seen {
-            admitted_ms,
-            journaled: true,
-        };
-        if !self.live(&seen, now_ms) || self.seen.contains_key(&key) {
+        if !self.live(admitted_ms, now_ms) || self.seen.contains_key(&key) {
             return false;
         }
         if let Some((old, s)) = self.make_room() {
@@ -150,23 +156,24 @@ impl DedupWindow {
         // Restored keys keep their own time; the order stays sorted since
         // the caller restores in admission order.
         self.latest_ms = self.latest_ms.max(admitted_ms);
-        self.insert(key, admitted_ms, true);
+        self.insert(key, admitted_ms, true, T::default());
         true
     }
 
-    fn insert(&mut self, key: DedupKey, admitted_ms: u64, journaled: bool) {
+    fn insert(&mut self, key: DedupKey, admitted_ms: u64, journaled: bool, first: T) {
         self.seen.insert(
             key,
             Seen {
                 admitted_ms,
                 journaled,
+                first,
             },
         );
         self.order.push_back((key, admitted_ms));
     }
 
     /// Forgets the oldest live key when the window is full.
-    fn make_room(&mut self) -> Option<(DedupKey, Seen)> {
+    fn make_room(&mut self) -> Option<(DedupKey, Seen<T>)> {
         if self.seen.len() < self.ids_max {
             return None;
         }
@@ -188,12 +195,12 @@ impl DedupWindow {
                 break;
             }
             self.order.pop_front();
-            if let Some(seen) = self.seen.get(&key).copied() {
+            if let Some(seen) = self.seen.get(&key) {
                 if seen.admitted_ms == at {
-                    self.seen.remove(&key);
                     if seen.journaled {
                         expired.push(key);
                     }
+                    self.seen.remove(&key);
                 }
             }
         }
@@ -233,34 +240,34 @@ mod tests {
         [n; DEDUP_KEY_BYTES]
     }
 
-    fn is_new(a: Admission) -> bool {
+    fn is_new(a: Admission<()>) -> bool {
         matches!(a, Admission::New { .. })
     }
 
     #[test]
     fn a_key_is_a_duplicate_within_the_window_and_new_after_it() {
-        let mut w = DedupWindow::new(1_000, 10);
-        assert!(is_new(w.admit(key(1), 10_000, true)));
+        let mut w: DedupWindow = DedupWindow::new(1_000, 10);
+        assert!(is_new(w.admit(key(1), 10_000, true, ())));
         assert_eq!(
-            w.admit(key(1), 10_999, true),
+            w.admit(key(1), 10_999, true, ()),
             Admission::Duplicate {
                 admitted_ms: 10_000,
-                journaled: true
+                first: ()
             }
         );
         assert_eq!(w.duplicates_total(), 1);
         // The window is measured from the first send, not the last
         // duplicate: at 11,000 it has passed.
-        assert!(is_new(w.admit(key(1), 11_000, true)));
-        assert!(is_new(w.admit(key(2), 11_000, true)));
+        assert!(is_new(w.admit(key(1), 11_000, true, ())));
+        assert!(is_new(w.admit(key(2), 11_000, true, ())));
     }
 
     #[test]
     fn expiry_pops_only_what_the_window_has_passed_in_order() {
-        let mut w = DedupWindow::new(1_000, 10);
-        w.admit(key(1), 0, true);
-        w.admit(key(2), 500, false);
-        w.admit(key(3), 900, true);
+        let mut w: DedupWindow = DedupWindow::new(1_000, 10);
+        w.admit(key(1), 0, true, ());
+        w.admit(key(2), 500, false, ());
+        w.admit(key(3), 900, true, ());
         let mut expired = Vec::new();
         w.expire(999, &mut expired);
         assert!(expired.is_empty());
@@ -269,21 +276,21 @@ mod tests {
         // key 2 was never journaled: nothing to tombstone.
         assert_eq!(expired, vec![key(1)]);
         assert_eq!(w.len(), 1);
-        assert!(is_new(w.admit(key(2), 1_500, true)));
-        assert!(!is_new(w.admit(key(3), 1_500, true)));
+        assert!(is_new(w.admit(key(2), 1_500, true, ())));
+        assert!(!is_new(w.admit(key(3), 1_500, true, ())));
     }
 
     #[test]
     fn a_key_readmitted_before_the_sweep_keeps_only_its_new_time() {
-        let mut w = DedupWindow::new(1_000, 10);
-        w.admit(key(1), 0, true);
+        let mut w: DedupWindow = DedupWindow::new(1_000, 10);
+        w.admit(key(1), 0, true, ());
         // Expired, not yet swept, admitted again.
-        assert!(is_new(w.admit(key(1), 1_200, true)));
+        assert!(is_new(w.admit(key(1), 1_200, true, ())));
         let mut expired = Vec::new();
         w.expire(1_300, &mut expired);
         // The stale first entry is skipped, not taken for the new one.
         assert!(expired.is_empty());
-        assert!(!is_new(w.admit(key(1), 1_300, true)));
+        assert!(!is_new(w.admit(key(1), 1_300, true, ())));
         w.expire(2_200, &mut expired);
         assert_eq!(expired, vec![key(1)]);
         assert_eq!(w.len(), 0);
@@ -291,11 +298,11 @@ mod tests {
 
     #[test]
     fn past_the_bound_the_oldest_key_is_forgotten_early_and_counted() {
-        let mut w = DedupWindow::new(60_000, 2);
-        w.admit(key(1), 0, true);
-        w.admit(key(2), 1, true);
+        let mut w: DedupWindow = DedupWindow::new(60_000, 2);
+        w.admit(key(1), 0, true, ());
+        w.admit(key(2), 1, true, ());
         assert_eq!(
-            w.admit(key(3), 2, true),
+            w.admit(key(3), 2, true, ()),
             Admission::New {
                 admitted_ms: 2,
                 evicted: Some(key(1))
@@ -304,17 +311,17 @@ mod tests {
         assert_eq!(w.len(), 2);
         assert_eq!(w.evicted_total(), 1);
         // Forgotten: its next send is admitted (and evicts key 2).
-        assert!(is_new(w.admit(key(1), 3, true)));
-        assert!(!is_new(w.admit(key(3), 4, true)));
+        assert!(is_new(w.admit(key(1), 3, true, ())));
+        assert!(!is_new(w.admit(key(3), 4, true, ())));
         assert_eq!(w.len(), 2);
     }
 
     #[test]
     fn a_clock_stepping_back_keeps_the_order_sorted() {
-        let mut w = DedupWindow::new(1_000, 10);
-        w.admit(key(1), 5_000, true);
+        let mut w: DedupWindow = DedupWindow::new(1_000, 10);
+        w.admit(key(1), 5_000, true, ());
         assert_eq!(
-            w.admit(key(2), 4_000, true),
+            w.admit(key(2), 4_000, true, ()),
             Admission::New {
                 admitted_ms: 5_000,
                 evicted: None
@@ -327,7 +334,7 @@ mod tests {
 
     #[test]
     fn restore_skips_expired_keys_and_keeps_the_bound() {
-        let mut w = DedupWindow::new(1_000, 2);
+        let mut w: DedupWindow = DedupWindow::new(1_000, 2);
         let mut evicted = Vec::new();
         assert!(!w.restore(key(1), 0, 5_000, &mut evicted));
         assert!(w.restore(key(2), 4_500, 5_000, &mut evicted));
@@ -338,7 +345,7 @@ mod tests {
             w.peek(&key(3), 5_000),
             Some(Admission::Duplicate {
                 admitted_ms: 4_600,
-                journaled: true
+                first: ()
             })
         );
         assert_eq!(w.peek(&key(3), 5_600), None);
