@@ -60,7 +60,7 @@ pub use queue_settings::{
 use batch::Batch;
 use disk::DiskWatch;
 use queue::{DispatchOutput, Entry, MemoryGauge, Queue};
-use routing::Routing;
+use routing::{Duplicates, Routing};
 use session::{CoreSession, SessionShared};
 
 // The defaults of the core's settings live here, once; `[broker]` and
@@ -558,7 +558,7 @@ impl Inner {
                 let mut msg = (*entry.message).clone();
                 // Expired copies must not expire again in the expiry queue.
                 msg.expiry = None;
-                if let Err(e) = self.route(&target, msg, None, &mut batch) {
+                if let Err(e) = self.route(&target, msg, None, &mut batch, Duplicates::Ignore) {
                     tracing::warn!(error = %e, "cannot move an expired message to the expiry address");
                 }
             }
@@ -602,7 +602,7 @@ impl Inner {
             msg.properties.push("x-original-queue", from.name.as_ref());
             msg.properties
                 .push("x-delivery-count", entry.delivery_count.to_string());
-            if let Err(e) = self.route(&target, msg, None, batch) {
+            if let Err(e) = self.route(&target, msg, None, batch, Duplicates::Ignore) {
                 tracing::warn!(error = %e, seq = entry.seq, "cannot dead-letter a message; it is dropped");
             }
         }

@@ -209,41 +209,30 @@ fn add_match(info: &mut MatchInfo, options: &BindingOptions) {
     info.retain_as_published |= options.retain_as_published;
 }
 
+/// Whether a route checks dedup windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Duplicates {
+    /// A producer's send: queues with a dedup window drop duplicates.
+    Detect,
+    /// The broker's own copy of a message already admitted once.
+    Ignore,
+}
+
 impl Inner {
     /// Routes `message` to the queues of `address` inside `batch`. Returns
     /// how many queues it went to. `origin` is the publisher's client id
-    /// (for no-local bindings). No duplicate detection: for the broker's
-    /// own copies (dead letters, expired messages, wills).
+    /// (for no-local bindings). For a producer's send
+    /// ([`Duplicates::Detect`]), a queue with a dedup window drops a
+    /// duplicate, which still counts as routed to it (it holds the first
+    /// copy), so the producer hears success; the broker's own copies (dead
+    /// letters, expired messages, wills) are never taken for duplicates.
     pub(crate) fn route(
-        &self,
-        address: &Address,
-        message: Message,
-        origin: Option<&str>,
-        batch: &mut Batch,
-    ) -> Result<usize, BrokerError> {
-        self.route_checked(address, message, origin, batch, false)
-    }
-
-    /// Routes a producer's send: as [`Inner::route`], and a queue with a
-    /// dedup window drops a duplicate, which still counts as routed to it
-    /// (it holds the first copy), so the producer hears success.
-    pub(crate) fn route_send(
-        &self,
-        address: &Address,
-        message: Message,
-        origin: Option<&str>,
-        batch: &mut Batch,
-    ) -> Result<usize, BrokerError> {
-        self.route_checked(address, message, origin, batch, true)
-    }
-
-    fn route_checked(
         &self,
         address: &Address,
         mut message: Message,
         origin: Option<&str>,
         batch: &mut Batch,
-        detect_duplicates: bool,
+        duplicates: Duplicates,
     ) -> Result<usize, BrokerError> {
         message.address = Some(address.clone());
         let targets: Vec<(Arc<Queue>, MatchInfo)> = match address {
@@ -265,15 +254,16 @@ impl Inner {
         // Duplicates first: a queue that holds the first copy takes a
         // retry even when full.
         let now_ms = rosetta_neutral::message::now_ms();
-        let mut duplicates = 0usize;
-        let mut targets: Vec<(Arc<Queue>, MatchInfo, Option<DedupKey>)> = if detect_duplicates {
+        let mut dropped = 0usize;
+        let detect = duplicates == Duplicates::Detect;
+        let mut targets: Vec<(Arc<Queue>, MatchInfo, Option<DedupKey>)> = if detect {
             let mut kept = Vec::with_capacity(targets.len());
             for (q, matched) in targets {
                 match dedup::screen(&q, &message, now_ms)? {
                     Screen::Pass => kept.push((q, matched, None)),
                     Screen::Candidate(key) => kept.push((q, matched, Some(key))),
                     Screen::Duplicate { wait } => {
-                        duplicates += 1;
+                        dropped += 1;
                         batch.waits.extend(wait);
                     }
                 }
@@ -305,7 +295,7 @@ impl Inner {
             let Some(key) = key else { return true };
             let admitted = dedup::admit(q, *key, journaled(q), now_ms, batch);
             if !admitted {
-                duplicates += 1;
+                dropped += 1;
             }
             admitted
         });
@@ -326,7 +316,7 @@ impl Inner {
                 body: codec::opaque(&message),
             });
         }
-        let routed = targets.len() + duplicates;
+        let routed = targets.len() + dropped;
         for (q, matched, _) in targets {
             let mut entry = Entry::new(seq, Arc::clone(&message), q.durable && message.durable);
             entry.matched = matched;
@@ -605,7 +595,7 @@ impl Inner {
             let interval_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
             message.expiry = Some(rosetta_neutral::message::now_ms().saturating_add(interval_ms));
         }
-        match self.route(&will.address, message, None, &mut batch) {
+        match self.route(&will.address, message, None, &mut batch, Duplicates::Ignore) {
             Ok(_) => batch.commit(self, None),
             Err(e) => tracing::warn!(error = %e, "cannot publish will"),
         }

@@ -19,6 +19,7 @@ use rosetta_store::{Completion, Record};
 use super::batch::Batch;
 use super::codec;
 use super::queue::{elapsed_ms, BrowseCursor, ConsumerKey, ConsumerSlot, Queue};
+use super::routing::Duplicates;
 use super::selector::Selector;
 use super::{Inner, PendingWill};
 
@@ -525,9 +526,13 @@ impl Session for CoreSession {
         }
         drop(st);
         let mut batch = Batch::default();
-        let routed = self
-            .inner
-            .route_send(address, message, self.origin.as_deref(), &mut batch)?;
+        let routed = self.inner.route(
+            address,
+            message,
+            self.origin.as_deref(),
+            &mut batch,
+            Duplicates::Detect,
+        )?;
         let pending = self.commit_batch(batch, options.confirm);
         Ok(PublishReceipt { routed, pending })
     }
@@ -823,7 +828,13 @@ impl Session for CoreSession {
             let result = match op {
                 Staged::Publish { address, message } => self
                     .inner
-                    .route_send(&address, *message, self.origin.as_deref(), &mut batch)
+                    .route(
+                        &address,
+                        *message,
+                        self.origin.as_deref(),
+                        &mut batch,
+                        Duplicates::Detect,
+                    )
                     .map(|_| ()),
                 Staged::Settle {
                     consumer,

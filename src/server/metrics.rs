@@ -321,6 +321,17 @@ mod tests {
         fn send(&self, _: SessionEvent) {}
     }
 
+    fn session(core: &Core) -> Box<dyn rosetta_neutral::Session> {
+        let info = SessionInfo {
+            conn_id: 1,
+            protocol: Protocol::Internal,
+            principal: Principal::anonymous(),
+            client_id: None,
+            take_over: false,
+        };
+        core.open_session(info, Arc::new(Discard))
+    }
+
     #[test]
     fn duplicates_are_counted_per_queue() {
         let rules = rosetta_core::QueueRules::new([rosetta_core::QueueRule {
@@ -339,14 +350,7 @@ mod tests {
             Arc::new(rosetta_core::AllowAll),
             None,
         );
-        let info = SessionInfo {
-            conn_id: 1,
-            protocol: Protocol::Internal,
-            principal: Principal::anonymous(),
-            client_id: None,
-            take_over: false,
-        };
-        let mut s = core.open_session(info, Arc::new(Discard));
+        let mut s = session(&core);
         for _ in 0..3 {
             let mut m = Message::text("m");
             m.properties.push("dedup-id", "one");
@@ -358,10 +362,10 @@ mod tests {
             .expect("publish");
         }
         let figures = BrokerFigures {
-            connections: 0,
-            authenticated: 0,
-            unauthenticated: 0,
-            refused_total: 0,
+            connections: 3,
+            authenticated: 2,
+            unauthenticated: 1,
+            refused_total: 4,
             memory_budget_bytes: 1 << 20,
             store: StoreStats::default(),
         };
@@ -387,14 +391,7 @@ mod tests {
     #[test]
     fn queues_and_broker_figures_are_exposed() {
         let core = Core::in_memory();
-        let info = SessionInfo {
-            conn_id: 1,
-            protocol: Protocol::Internal,
-            principal: Principal::anonymous(),
-            client_id: None,
-            take_over: false,
-        };
-        let mut s = core.open_session(info, Arc::new(Discard));
+        let mut s = session(&core);
         for body in ["a", "b"] {
             s.publish(
                 &Address::Queue("orders\"x".into()),
