@@ -332,6 +332,18 @@ mod tests {
         core.open_session(info, Arc::new(Discard))
     }
 
+    /// 3 connections (2 authenticated, 1 not), 4 refused, a 1 MiB budget.
+    fn figures() -> BrokerFigures {
+        BrokerFigures {
+            connections: 3,
+            authenticated: 2,
+            unauthenticated: 1,
+            refused_total: 4,
+            memory_budget_bytes: 1 << 20,
+            store: StoreStats::default(),
+        }
+    }
+
     #[test]
     fn duplicates_are_counted_per_queue() {
         let rules = rosetta_core::QueueRules::new([rosetta_core::QueueRule {
@@ -361,15 +373,7 @@ mod tests {
             )
             .expect("publish");
         }
-        let figures = BrokerFigures {
-            connections: 3,
-            authenticated: 2,
-            unauthenticated: 1,
-            refused_total: 4,
-            memory_budget_bytes: 1 << 20,
-            store: StoreStats::default(),
-        };
-        let text = render(&core, &figures);
+        let text = render(&core, &figures());
         assert!(
             text.contains("# TYPE rosetta_queue_duplicates_total counter\n"),
             "{text}"
@@ -400,15 +404,7 @@ mod tests {
             )
             .expect("publish");
         }
-        let figures = BrokerFigures {
-            connections: 3,
-            authenticated: 2,
-            unauthenticated: 1,
-            refused_total: 4,
-            memory_budget_bytes: 1 << 20,
-            store: StoreStats::default(),
-        };
-        let text = render(&core, &figures);
+        let text = render(&core, &figures());
         assert!(
             text.contains("# TYPE rosetta_queue_depth gauge\n"),
             "{text}"
