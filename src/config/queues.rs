@@ -28,6 +28,34 @@ pub const QUEUE_ENTRIES_MAX: usize = 1_000;
 /// Highest `groups_max` accepted: each remembered group costs its key and
 /// an assignment (about 100 bytes), so about 1 GiB for one queue at most.
 pub const QUEUE_GROUPS_MAX_LIMIT: u64 = 10_000_000;
+/// Longest `dedup_window_s` accepted: a week, past the longest retry a
+/// producer makes in practice (SQS keeps 5 minutes, and Artemis's id cache
+/// is bounded by count alone).
+pub const QUEUE_DEDUP_WINDOW_S_LIMIT: u64 = 7 * 24 * 3600;
+/// Highest `dedup_ids_max` accepted: each id costs about 100 bytes between
+/// the queue's window and the journal's index, so about 1 GiB for one
+/// queue at most.
+pub const QUEUE_DEDUP_IDS_MAX_LIMIT: u64 = 10_000_000;
+
+/// `dedup` as written: what a dedup window compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DedupSetting {
+    /// The dedup id: AMQP `message-id`, STOMP header or MQTT 5 user
+    /// property `dedup-id`.
+    Id,
+    /// A hash of the body.
+    Content,
+}
+
+impl From<DedupSetting> for rosetta_core::DedupMode {
+    fn from(setting: DedupSetting) -> Self {
+        match setting {
+            DedupSetting::Id => rosetta_core::DedupMode::Id,
+            DedupSetting::Content => rosetta_core::DedupMode::Content,
+        }
+    }
+}
 
 /// One `[[queues]]` entry. Exactly one of `name` and `pattern` is set;
 /// every other key is optional and left to less specific entries (or the
@@ -62,6 +90,15 @@ pub struct QueueEntry {
     /// The longest the delay grows to, in ms (0 to
     /// `REDELIVERY_DELAY_MS_MAX`; default ten times the delay).
     pub redelivery_delay_max_ms: Option<u64>,
+    /// Duplicate detection window in seconds (1 s to a week); off when
+    /// absent.
+    pub dedup_window_s: Option<u64>,
+    /// What the dedup window compares: `"id"` (the default) or
+    /// `"content"`.
+    pub dedup: Option<DedupSetting>,
+    /// Most dedup ids remembered (> 0); past it the oldest is forgotten
+    /// before its window passes.
+    pub dedup_ids_max: Option<u64>,
 }
 
 impl QueueEntry {
@@ -87,6 +124,11 @@ impl QueueEntry {
                 redelivery_delay_ms: self.redelivery_delay_ms,
                 redelivery_multiplier: self.redelivery_multiplier,
                 redelivery_delay_max_ms: self.redelivery_delay_max_ms,
+                dedup_window_s: self.dedup_window_s,
+                dedup: self.dedup.map(Into::into),
+                dedup_ids_max: self
+                    .dedup_ids_max
+                    .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
             },
         })
     }
@@ -200,6 +242,12 @@ impl Config {
                 if let Some(ms) = ms {
                     within(&at(key), ms, 0, REDELIVERY_DELAY_MS_MAX)?;
                 }
+            }
+            if let Some(window) = q.dedup_window_s {
+                within(&at("dedup_window_s"), window, 1, QUEUE_DEDUP_WINDOW_S_LIMIT)?;
+            }
+            if let Some(max) = q.dedup_ids_max {
+                within(&at("dedup_ids_max"), max, 1, QUEUE_DEDUP_IDS_MAX_LIMIT)?;
             }
         }
         Ok(())

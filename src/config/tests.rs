@@ -229,6 +229,10 @@ const BAD: &[(&str, &str, usize, &str)] = &[
     ("[[queues]]\nname = \"a\"\ngroups_max = 0\n", "queues[0].groups_max", 3, "out of range"),
     ("[[queues]]\nname = \"a\"\ngroups_max = 20000000\n", "queues[0].groups_max", 3, "out of range"),
     ("[[queues]]\nname = \"a\"\ndead_letter_address = \"/queue/\"\n", "queues[0].dead_letter_address", 3, "empty"),
+    ("[[queues]]\nname = \"a\"\ndedup_window_s = 0\n", "queues[0].dedup_window_s", 3, "out of range"),
+    ("[[queues]]\nname = \"a\"\ndedup_window_s = 604801\n", "queues[0].dedup_window_s", 3, "out of range"),
+    ("[[queues]]\nname = \"a\"\ndedup_ids_max = 0\n", "queues[0].dedup_ids_max", 3, "out of range"),
+    ("[[queues]]\nname = \"a\"\ndedup = \"body\"\n", "queues[0].dedup", 3, "unknown variant"),
 ];
 
 #[test]
@@ -445,6 +449,31 @@ fn redelivery_delay_keys_become_queue_settings_and_are_bounded() {
         let err = Config::parse(&text, "x").expect_err(bad);
         assert!(err.to_string().contains("redelivery_multiplier"), "{err}");
     }
+}
+
+#[test]
+fn dedup_keys_become_core_settings() {
+    let text = "[[queues]]\npattern = \"orders.*\"\ndedup_window_s = 300\n\n[[queues]]\nname = \"orders.eu\"\ndedup = \"content\"\ndedup_ids_max = 5000\n";
+    let rules = Config::parse(text, "x").expect("parses").queue_rules();
+    let eu = rules.resolve("orders.eu");
+    assert_eq!(
+        (eu.dedup_window_s, eu.dedup, eu.dedup_ids_max),
+        (Some(300), rosetta_core::DedupMode::Content, 5000)
+    );
+    let us = rules.resolve("orders.us");
+    assert_eq!(
+        (us.dedup_window_s, us.dedup, us.dedup_ids_max),
+        (
+            Some(300),
+            rosetta_core::DedupMode::Id,
+            rosetta_core::DEDUP_IDS_MAX_DEFAULT
+        )
+    );
+    assert_eq!(
+        rules.resolve("other").dedup_window_s,
+        None,
+        "off by default"
+    );
 }
 
 #[test]

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use rosetta_store::{Completion, Record};
 
+use super::dedup::{self, Durability};
 use super::queue::{Entry, Queue};
 use super::Inner;
 
@@ -18,6 +19,12 @@ use super::Inner;
 pub(crate) struct Batch {
     pub(crate) records: Vec<Record>,
     pub(crate) enqueues: Vec<(Arc<Queue>, Entry)>,
+    /// Completes with this batch's append: duplicates of the dedup keys it
+    /// admitted wait for it.
+    pub(crate) admitted: Option<Arc<Durability>>,
+    /// Appends of first copies this batch's duplicates repeat: its
+    /// completion waits for them too.
+    pub(crate) waits: Vec<Arc<Durability>>,
 }
 
 impl Batch {
@@ -25,7 +32,22 @@ impl Batch {
     /// enqueues. `done` runs once the records are durable; at once when
     /// there are none.
     pub(crate) fn commit(self, inner: &Inner, done: Option<Completion>) {
-        let Batch { records, enqueues } = self;
+        let Batch {
+            records,
+            enqueues,
+            admitted,
+            waits,
+        } = self;
+        let done = dedup::after_all(done, waits);
+        let done: Option<Completion> = match admitted {
+            Some(admitted) => Some(Box::new(move |result| {
+                admitted.finish(result.clone());
+                if let Some(done) = done {
+                    done(result);
+                }
+            })),
+            None => done,
+        };
         if records.is_empty() {
             if let Some(done) = done {
                 done(Ok(()));
@@ -40,7 +62,14 @@ impl Batch {
         }
     }
 
+    /// Whether committing has anything to wait for: records to append, or
+    /// first copies of duplicates still being appended.
     pub(crate) fn has_records(&self) -> bool {
-        !self.records.is_empty()
+        !self.records.is_empty() || !self.waits.is_empty()
+    }
+
+    /// The completion of this batch's append, for the dedup keys it admits.
+    pub(crate) fn admitting(&mut self) -> Arc<Durability> {
+        Arc::clone(self.admitted.get_or_insert_with(Durability::pending))
     }
 }

@@ -22,6 +22,7 @@ mod backlog;
 mod batch;
 mod clock;
 pub mod codec;
+mod dedup;
 mod disk;
 mod dispatch;
 mod groups;
@@ -51,18 +52,20 @@ use rosetta_store::{
 };
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use dedup::{DedupMode, DEDUP_ID_BYTES_MAX};
 pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
 pub use queue_settings::{
     QueueMatch, QueueOverrides, QueuePattern, QueuePatternError, QueueRule, QueueRules,
     QueueSettings, RedeliveryMultiplier, GROUPS_MAX_DEFAULT, QUEUE_PATTERN_WORDS_MAX,
     REDELIVERY_DELAY_MAX_FACTOR_DEFAULT, REDELIVERY_DELAY_MS_MAX, REDELIVERY_MULTIPLIER_MAX,
+    DEDUP_IDS_MAX_DEFAULT,
 };
 
 use batch::Batch;
 use disk::DiskWatch;
 use queue::{DispatchOutput, Entry, MemoryGauge, Queue, QueueLinks};
-use routing::Routing;
+use routing::{Duplicates, Routing};
 use schedule::Timers;
 use session::{CoreSession, SessionShared};
 
@@ -103,6 +106,9 @@ pub const BINDINGS_MAX_DEFAULT: usize = 10_000_000;
 /// enough for second-granularity MQTT timers. Scheduled messages do not
 /// wait for it: the thread wakes at the earliest armed due time.
 const HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(100);
+/// How often the housekeeping thread forgets dedup ids whose window has
+/// passed: windows are whole seconds, and a sweep walks the queue map.
+const DEDUP_EXPIRY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Core behaviour settings (the `[broker]` configuration section).
 #[derive(Debug, Clone)]
@@ -615,7 +621,7 @@ impl Inner {
         let DispatchOutput { records, expired } = out;
         let mut batch = Batch {
             records,
-            enqueues: Vec::new(),
+            ..Batch::default()
         };
         if let Some(expiry) = &self.config.expiry_address {
             let target = Address::Queue(expiry.clone());
@@ -625,7 +631,7 @@ impl Inner {
                 // nor wait there for a delivery time they never reached.
                 msg.expiry = None;
                 msg.delivery_time = None;
-                if let Err(e) = self.route(&target, msg, None, &mut batch) {
+                if let Err(e) = self.route(&target, msg, None, &mut batch, Duplicates::Ignore) {
                     tracing::warn!(error = %e, "cannot move an expired message to the expiry address");
                 }
             }
@@ -669,7 +675,7 @@ impl Inner {
             msg.properties.push("x-original-queue", from.name.as_ref());
             msg.properties
                 .push("x-delivery-count", entry.delivery_count.to_string());
-            if let Err(e) = self.route(&target, msg, None, batch) {
+            if let Err(e) = self.route(&target, msg, None, batch, Duplicates::Ignore) {
                 tracing::warn!(error = %e, seq = entry.seq, "cannot dead-letter a message; it is dropped");
             }
         }
@@ -796,6 +802,13 @@ impl Inner {
         }
         self.memory.end_restore();
         drop(routing);
+        let (dedup_state, state): (Vec<_>, Vec<_>) = state
+            .into_iter()
+            .partition(|(key, _)| key.starts_with(dedup::DEDUP_STATE_PREFIX));
+        let forget = dedup::restore(dedup_state, &by_id, rosetta_neutral::message::now_ms());
+        if !forget.is_empty() {
+            self.journal.append(forget, None);
+        }
         let mut r = self.retained.lock();
         for (topic, seq, body) in retained {
             match decode_journaled(seq, body) {
@@ -808,6 +821,26 @@ impl Inner {
             }
         }
         self.client_state.lock().extend(state);
+    }
+
+    /// Forgets dedup ids whose window has passed, in every queue with a
+    /// window, and journals their tombstones in one append.
+    fn expire_dedup_ids(&self) {
+        let queues: Vec<Arc<Queue>> = self
+            .routing
+            .read()
+            .queues()
+            .filter(|q| q.dedup.is_some())
+            .cloned()
+            .collect();
+        let now_ms = rosetta_neutral::message::now_ms();
+        let mut records = Vec::new();
+        for q in &queues {
+            dedup::expire(q, now_ms, &mut records);
+        }
+        if !records.is_empty() {
+            self.journal.append(records, None);
+        }
     }
 
     fn complete_ticket(sink: &Arc<dyn EventSink>, ticket: rosetta_neutral::Ticket) -> Completion {
@@ -823,6 +856,7 @@ impl Inner {
 
 /// Publishes due wills and deletes queues idle past their lifetime.
 fn housekeeping(inner: Weak<Inner>) {
+    let mut dedup_swept = Instant::now();
     loop {
         let Some(inner) = inner.upgrade() else { return };
         if inner.stopping.load(Ordering::SeqCst) {
@@ -853,6 +887,10 @@ fn housekeeping(inner: Weak<Inner>) {
             }
         }
         inner.run_timers();
+        if now.duration_since(dedup_swept) >= DEDUP_EXPIRY_INTERVAL {
+            dedup_swept = now;
+            inner.expire_dedup_ids();
+        }
         let timers = Arc::clone(&inner.timers);
         let now_ms = inner.now_ms();
         // Not holding the core while asleep: a dropped core ends the loop.

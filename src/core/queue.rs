@@ -25,6 +25,7 @@ use rosetta_neutral::{ConsumerId, CreditMode, EventSink, MatchInfo, Message, Que
 
 pub(crate) use super::backlog::MemoryGauge;
 use super::backlog::{Backlog, Place};
+use super::dedup::DedupWindow;
 use super::dispatch::DispatchPolicy;
 use super::groups::Groups;
 use super::queue_settings::QueueSettings;
@@ -158,6 +159,14 @@ pub struct QueueStats {
     /// scheduled for later (delivery time) or coming back after a
     /// redelivery delay.
     pub scheduled: u64,
+    /// Sends dropped (and acknowledged) as duplicates within the dedup
+    /// window, since start.
+    pub duplicates_total: u64,
+    /// Dedup ids remembered now.
+    pub dedup_ids: u64,
+    /// Dedup ids forgotten before their window passed, to stay within
+    /// `dedup_ids_max`, since start.
+    pub dedup_evicted_total: u64,
 }
 
 impl ConsumerSlot {
@@ -222,6 +231,9 @@ pub(crate) struct Queue {
     timers: Arc<Timers>,
     /// This queue, for the timer to come back to.
     me: Weak<Queue>,
+    /// The dedup window, when the settings give one. A leaf lock, never
+    /// taken while another lock is wanted after it.
+    pub(crate) dedup: Option<QueueDedup>,
 }
 
 /// What every queue shares with the core: the memory gauge and the timer.
@@ -229,6 +241,12 @@ pub(crate) struct Queue {
 pub(crate) struct QueueLinks {
     pub(crate) memory: Arc<MemoryGauge>,
     pub(crate) timers: Arc<Timers>,
+}
+
+/// A queue's duplicate detection.
+pub(crate) struct QueueDedup {
+    pub(crate) mode: super::DedupMode,
+    pub(crate) window: Mutex<DedupWindow<super::dedup::FirstSend>>,
 }
 
 /// What a dispatch pass produced besides deliveries: journal records for
@@ -249,6 +267,13 @@ impl Queue {
         settings: QueueSettings,
         links: QueueLinks,
     ) -> Arc<Self> {
+        let dedup = settings.dedup_window_s.map(|window_s| QueueDedup {
+            mode: settings.dedup,
+            window: Mutex::new(DedupWindow::new(
+                window_s.saturating_mul(1_000),
+                settings.dedup_ids_max,
+            )),
+        });
         Arc::new_cyclic(|me| Self {
             id,
             name: name.into(),
@@ -259,6 +284,7 @@ impl Queue {
             memory: links.memory,
             timers: links.timers,
             me: me.clone(),
+            dedup,
             state: Mutex::new(QueueState {
                 backlog: Backlog::default(),
                 schedule: Schedule::default(),
@@ -428,6 +454,13 @@ impl Queue {
         // The head is the oldest by sequence; a released message keeps its
         // original enqueue time, so this is the age an operator cares about.
         s.oldest_age = st.backlog.oldest_enqueued_at().map(|t| t.elapsed());
+        drop(st);
+        if let Some(dedup) = &self.dedup {
+            let w = dedup.window.lock();
+            s.duplicates_total = w.duplicates_total();
+            s.dedup_ids = w.len() as u64;
+            s.dedup_evicted_total = w.evicted_total();
+        }
         s
     }
 }

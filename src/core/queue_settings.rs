@@ -52,6 +52,12 @@ use std::collections::HashMap;
 /// idle the longest is forgotten (its next message is assigned afresh).
 pub const GROUPS_MAX_DEFAULT: usize = 100_000;
 
+/// Most dedup ids a queue with a dedup window remembers by default; past
+/// it, the oldest is forgotten before its window has passed (counted in
+/// `QueueStats::dedup_evicted_total`). About 100 bytes each between the
+/// window and the journal's index, so 10 MB for a full window.
+pub const DEDUP_IDS_MAX_DEFAULT: usize = 100_000;
+
 /// Most words in a [`QueuePattern`]: deeper hierarchies are not seen in
 /// practice, and it bounds matching one queue name to that many passes
 /// over the name's words.
@@ -123,6 +129,13 @@ pub struct QueueSettings {
     /// The longest the delay grows to; `None`: ten times
     /// `redelivery_delay_ms` ([`REDELIVERY_DELAY_MAX_FACTOR_DEFAULT`]).
     pub redelivery_delay_max_ms: Option<u64>,
+    /// Duplicate detection: a send whose dedup id the queue saw within
+    /// this many seconds is dropped (and acknowledged); `None` is off.
+    pub dedup_window_s: Option<u64>,
+    /// What the dedup window compares: the dedup id or the body.
+    pub dedup: crate::DedupMode,
+    /// Most dedup ids remembered; past it the oldest is forgotten early.
+    pub dedup_ids_max: usize,
 }
 
 impl Default for QueueSettings {
@@ -135,6 +148,9 @@ impl Default for QueueSettings {
             redelivery_delay_ms: 0,
             redelivery_multiplier: RedeliveryMultiplier::ONE,
             redelivery_delay_max_ms: None,
+            dedup_window_s: None,
+            dedup: crate::DedupMode::Id,
+            dedup_ids_max: DEDUP_IDS_MAX_DEFAULT,
         }
     }
 }
@@ -193,6 +209,12 @@ pub struct QueueOverrides {
     pub redelivery_multiplier: Option<RedeliveryMultiplier>,
     /// [`QueueSettings::redelivery_delay_max_ms`].
     pub redelivery_delay_max_ms: Option<u64>,
+    /// [`QueueSettings::dedup_window_s`].
+    pub dedup_window_s: Option<u64>,
+    /// [`QueueSettings::dedup`].
+    pub dedup: Option<crate::DedupMode>,
+    /// [`QueueSettings::dedup_ids_max`].
+    pub dedup_ids_max: Option<usize>,
 }
 
 impl QueueOverrides {
@@ -207,6 +229,9 @@ impl QueueOverrides {
             redelivery_delay_ms,
             redelivery_multiplier,
             redelivery_delay_max_ms,
+            dedup_window_s,
+            dedup,
+            dedup_ids_max,
         } = self;
         if let Some(exclusive) = exclusive {
             settings.exclusive = *exclusive;
@@ -228,6 +253,15 @@ impl QueueOverrides {
         }
         if let Some(max) = redelivery_delay_max_ms {
             settings.redelivery_delay_max_ms = Some(*max);
+        }
+        if let Some(window) = dedup_window_s {
+            settings.dedup_window_s = Some(*window);
+        }
+        if let Some(mode) = dedup {
+            settings.dedup = *mode;
+        }
+        if let Some(max) = dedup_ids_max {
+            settings.dedup_ids_max = *max;
         }
     }
 }

@@ -18,6 +18,7 @@ use rosetta_store::Record;
 
 use super::batch::Batch;
 use super::codec;
+use super::dedup::{self, DedupKey, Screen};
 use super::queue::{Entry, Queue, QueueBinding};
 use super::trie::TopicTrie;
 use super::Inner;
@@ -209,16 +210,30 @@ fn add_match(info: &mut MatchInfo, options: &BindingOptions) {
     info.retain_as_published |= options.retain_as_published;
 }
 
+/// Whether a route checks dedup windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Duplicates {
+    /// A producer's send: queues with a dedup window drop duplicates.
+    Detect,
+    /// The broker's own copy of a message already admitted once.
+    Ignore,
+}
+
 impl Inner {
     /// Routes `message` to the queues of `address` inside `batch`. Returns
     /// how many queues it went to. `origin` is the publisher's client id
-    /// (for no-local bindings).
+    /// (for no-local bindings). For a producer's send
+    /// ([`Duplicates::Detect`]), a queue with a dedup window drops a
+    /// duplicate, which still counts as routed to it (it holds the first
+    /// copy), so the producer hears success; the broker's own copies (dead
+    /// letters, expired messages, wills) are never taken for duplicates.
     pub(crate) fn route(
         &self,
         address: &Address,
         mut message: Message,
         origin: Option<&str>,
         batch: &mut Batch,
+        duplicates: Duplicates,
     ) -> Result<usize, BrokerError> {
         message.address = Some(address.clone());
         if let Some(at) = message.delivery_time {
@@ -244,25 +259,55 @@ impl Inner {
                 });
                 per_queue(matches)
             }
-            Address::Queue(name) => {
-                let q = self.queue_for_send(name, batch)?;
-                if q.is_full(self.config.queue_depth_max) {
-                    return Err(BrokerError::ResourceLimit(format!(
-                        "queue '{name}' holds its maximum of {} messages",
-                        self.config.queue_depth_max
-                    )));
-                }
-                vec![(q, MatchInfo::default())]
-            }
+            Address::Queue(name) => vec![(self.queue_for_send(name, batch)?, MatchInfo::default())],
         };
+        // Duplicates first: a queue that holds the first copy takes a
+        // retry even when full.
+        let now_ms = rosetta_neutral::message::now_ms();
+        let mut dropped = 0usize;
+        let detect = duplicates == Duplicates::Detect;
+        let mut targets: Vec<(Arc<Queue>, MatchInfo, Option<DedupKey>)> = if detect {
+            let mut kept = Vec::with_capacity(targets.len());
+            for (q, matched) in targets {
+                match dedup::screen(&q, &message, now_ms)? {
+                    Screen::Pass => kept.push((q, matched, None)),
+                    Screen::Candidate(key) => kept.push((q, matched, Some(key))),
+                    Screen::Duplicate { wait } => {
+                        dropped += 1;
+                        batch.waits.extend(wait);
+                    }
+                }
+            }
+            kept
+        } else {
+            targets.into_iter().map(|(q, m)| (q, m, None)).collect()
+        };
+        if let (Address::Queue(name), Some((q, _, _))) = (address, targets.first()) {
+            if q.is_full(self.config.queue_depth_max) {
+                return Err(BrokerError::ResourceLimit(format!(
+                    "queue '{name}' holds its maximum of {} messages",
+                    self.config.queue_depth_max
+                )));
+            }
+        }
         // A full subscriber queue misses this message; the others get it.
-        let mut targets = targets;
-        targets.retain(|(q, _)| {
+        targets.retain(|(q, _, _)| {
             let full = q.is_full(self.config.queue_depth_max);
             if full {
                 q.count_dropped_full();
             }
             !full
+        });
+        // Admitted only now that the queue takes the message, so a refused
+        // send leaves no key behind; a concurrent send may have won.
+        let journaled = |q: &Queue| q.durable && message.durable;
+        targets.retain(|(q, _, key)| {
+            let Some(key) = key else { return true };
+            let admitted = dedup::admit(q, *key, journaled(q), now_ms, batch);
+            if !admitted {
+                dropped += 1;
+            }
+            admitted
         });
         let message = Arc::new(message);
         // A scheduled message is routed now and waits in each subscriber
@@ -275,8 +320,8 @@ impl Inner {
         let seq = self.next_seq();
         let durable_queues: Vec<u64> = targets
             .iter()
-            .filter(|(q, _)| q.durable && message.durable)
-            .map(|(q, _)| q.id)
+            .filter(|(q, _, _)| q.durable && message.durable)
+            .map(|(q, _, _)| q.id)
             .collect();
         if !durable_queues.is_empty() {
             batch.records.push(Record::Message {
@@ -285,8 +330,8 @@ impl Inner {
                 body: codec::opaque(&message),
             });
         }
-        let routed = targets.len();
-        for (q, matched) in targets {
+        let routed = targets.len() + dropped;
+        for (q, matched, _) in targets {
             let mut entry = Entry::new(seq, Arc::clone(&message), q.durable && message.durable);
             entry.matched = matched;
             batch.enqueues.push((q, entry));
@@ -460,8 +505,9 @@ impl Inner {
         }
         drop(st);
         if q.durable {
-            self.journal
-                .append(vec![Record::QueueDelete { queue: q.id }], None);
+            let mut records = vec![Record::QueueDelete { queue: q.id }];
+            dedup::forget_all(&q, &mut records);
+            self.journal.append(records, None);
         }
         tracing::debug!(queue = %name, "queue deleted");
         Ok(())
@@ -566,7 +612,7 @@ impl Inner {
             let interval_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
             message.expiry = Some(self.now_ms().saturating_add(interval_ms));
         }
-        match self.route(&will.address, message, None, &mut batch) {
+        match self.route(&will.address, message, None, &mut batch, Duplicates::Ignore) {
             Ok(_) => batch.commit(self, None),
             Err(e) => tracing::warn!(error = %e, "cannot publish will"),
         }

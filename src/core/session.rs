@@ -19,6 +19,7 @@ use rosetta_store::{Completion, Record};
 use super::batch::Batch;
 use super::codec;
 use super::queue::{elapsed_ms, BrowseCursor, ConsumerKey, ConsumerSlot, Queue};
+use super::routing::Duplicates;
 use super::selector::Selector;
 use super::{Inner, PendingWill};
 
@@ -528,9 +529,13 @@ impl Session for CoreSession {
         }
         drop(st);
         let mut batch = Batch::default();
-        let routed = self
-            .inner
-            .route(address, message, self.origin.as_deref(), &mut batch)?;
+        let routed = self.inner.route(
+            address,
+            message,
+            self.origin.as_deref(),
+            &mut batch,
+            Duplicates::Detect,
+        )?;
         let pending = self.commit_batch(batch, options.confirm);
         Ok(PublishReceipt { routed, pending })
     }
@@ -826,7 +831,13 @@ impl Session for CoreSession {
             let result = match op {
                 Staged::Publish { address, message } => self
                     .inner
-                    .route(&address, *message, self.origin.as_deref(), &mut batch)
+                    .route(
+                        &address,
+                        *message,
+                        self.origin.as_deref(),
+                        &mut batch,
+                        Duplicates::Detect,
+                    )
                     .map(|_| ()),
                 Staged::Settle {
                     consumer,
@@ -892,7 +903,7 @@ impl Session for CoreSession {
         }
         let batch = Batch {
             records: vec![Record::State { key: full, value }],
-            enqueues: Vec::new(),
+            ..Batch::default()
         };
         Ok(self.commit_batch(batch, true))
     }

@@ -1253,3 +1253,5 @@ mod queue_semantics;
 
 #[path = "schedule_tests.rs"]
 mod schedule;
+#[path = "dedup_tests.rs"]
+mod dedup;

@@ -110,6 +110,24 @@ const QUEUE_METRICS: &[QueueMetric] = &[
         value: |s| s.selector_evaluations_total as f64,
     },
     QueueMetric {
+        name: "rosetta_queue_duplicates_total",
+        kind: "counter",
+        help: "Sends dropped (and acknowledged) as duplicates within the queue's dedup window.",
+        value: |s| s.duplicates_total as f64,
+    },
+    QueueMetric {
+        name: "rosetta_queue_dedup_ids",
+        kind: "gauge",
+        help: "Dedup ids the queue remembers now.",
+        value: |s| s.dedup_ids as f64,
+    },
+    QueueMetric {
+        name: "rosetta_queue_dedup_evicted_total",
+        kind: "counter",
+        help: "Dedup ids forgotten before their window passed, to stay within dedup_ids_max.",
+        value: |s| s.dedup_evicted_total as f64,
+    },
+    QueueMetric {
         name: "rosetta_queue_time_in_queue_seconds_total",
         kind: "counter",
         help: "Sum of enqueue-to-acknowledgement times of acknowledged messages.",
@@ -310,9 +328,7 @@ mod tests {
         fn send(&self, _: SessionEvent) {}
     }
 
-    #[test]
-    fn queues_and_broker_figures_are_exposed() {
-        let core = Core::in_memory();
+    fn session(core: &Core) -> Box<dyn rosetta_neutral::Session> {
         let info = SessionInfo {
             conn_id: 1,
             protocol: Protocol::Internal,
@@ -320,7 +336,73 @@ mod tests {
             client_id: None,
             take_over: false,
         };
-        let mut s = core.open_session(info, Arc::new(Discard));
+        core.open_session(info, Arc::new(Discard))
+    }
+
+    /// 3 connections (2 authenticated, 1 not), 4 refused, a 1 MiB budget.
+    fn figures() -> BrokerFigures {
+        BrokerFigures {
+            connections: 3,
+            authenticated: 2,
+            unauthenticated: 1,
+            refused_total: 4,
+            memory_budget_bytes: 1 << 20,
+            store: StoreStats::default(),
+        }
+    }
+
+    #[test]
+    fn duplicates_are_counted_per_queue() {
+        let rules = rosetta_core::QueueRules::new([rosetta_core::QueueRule {
+            target: rosetta_core::QueueMatch::Name("orders".into()),
+            overrides: rosetta_core::QueueOverrides {
+                dedup_window_s: Some(60),
+                ..Default::default()
+            },
+        }]);
+        let core = Core::new(
+            rosetta_core::CoreConfig {
+                queue_rules: rules,
+                ..Default::default()
+            },
+            Arc::new(rosetta_core::NoJournal),
+            Arc::new(rosetta_core::AllowAll),
+            None,
+        );
+        let mut s = session(&core);
+        for _ in 0..3 {
+            let mut m = Message::text("m");
+            m.properties.push("dedup-id", "one");
+            s.publish(
+                &Address::Queue("orders".into()),
+                m,
+                PublishOptions::default(),
+            )
+            .expect("publish");
+        }
+        let text = render(&core, &figures());
+        assert!(
+            text.contains("# TYPE rosetta_queue_duplicates_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rosetta_queue_duplicates_total{queue=\"orders\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rosetta_queue_dedup_ids{queue=\"orders\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rosetta_queue_depth{queue=\"orders\"} 1\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn queues_and_broker_figures_are_exposed() {
+        let core = Core::in_memory();
+        let mut s = session(&core);
         for body in ["a", "b"] {
             s.publish(
                 &Address::Queue("orders\"x".into()),
@@ -337,15 +419,7 @@ mod tests {
             PublishOptions::default(),
         )
         .expect("publish");
-        let figures = BrokerFigures {
-            connections: 3,
-            authenticated: 2,
-            unauthenticated: 1,
-            refused_total: 4,
-            memory_budget_bytes: 1 << 20,
-            store: StoreStats::default(),
-        };
-        let text = render(&core, &figures);
+        let text = render(&core, &figures());
         assert!(
             text.contains("# TYPE rosetta_queue_depth gauge\n"),
             "{text}"

@@ -164,6 +164,11 @@ impl Guarantee {
     }
 }
 
+/// Property that carries a message's dedup id: the STOMP SEND header, the
+/// MQTT 5 user property and the AMQP application property of that name.
+/// See [`Message::dedup_id`].
+pub const DEDUP_ID_PROPERTY: &str = "dedup-id";
+
 /// Default priority (AMQP 1.0 and JMS both use 4).
 pub const PRIORITY_DEFAULT: u8 = 4;
 
@@ -285,6 +290,20 @@ impl Message {
             let ms = e.saturating_sub(now_ms);
             u32::try_from(ms.div_ceil(1000)).unwrap_or(u32::MAX)
         })
+    }
+
+    /// The id a queue with a dedup window compares: the property
+    /// [`DEDUP_ID_PROPERTY`] when present (a typed AMQP value reads as its
+    /// text, binary stays binary), else the message id (AMQP
+    /// `properties.message-id`, any of its types). One notion for every
+    /// protocol, so a string id matches itself whichever adapter it came
+    /// through.
+    pub fn dedup_id(&self) -> Option<MessageId> {
+        match self.properties.get(DEDUP_ID_PROPERTY) {
+            Some(crate::value::Value::Binary(b)) => Some(MessageId::Binary(b.clone())),
+            Some(v) => Some(MessageId::String(v.to_text())),
+            None => self.message_id.clone(),
+        }
     }
 
     /// Approximate bytes of memory the message holds, for memory budgets.
