@@ -21,9 +21,11 @@
 mod backlog;
 mod batch;
 pub mod codec;
+mod dead_letter;
 mod disk;
 mod dispatch;
 mod groups;
+mod last_value;
 mod queue;
 mod queue_settings;
 mod routing;
@@ -48,6 +50,9 @@ use rosetta_store::{
     Completion, MessageSeq, OsStorage, QueueId, Record, Recovered, Storage, Store, StoreError,
 };
 
+pub use dead_letter::{
+    DeadLetterReason, DEAD_LETTER_REASON_PROPERTY, DELIVERY_COUNT_PROPERTY, ORIGINAL_QUEUE_PROPERTY,
+};
 pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
 pub use queue_settings::{
@@ -56,6 +61,7 @@ pub use queue_settings::{
 };
 
 use batch::Batch;
+use dead_letter::DeadLetter;
 use disk::DiskWatch;
 use queue::{DispatchOutput, Entry, MemoryGauge, Queue};
 use routing::Routing;
@@ -586,17 +592,20 @@ impl Inner {
     /// Moves dead entries (too many attempts, rejected) to the dead-letter
     /// address of the queue each came from, within `batch`, so the
     /// original's ack and the copy commit together.
-    fn dead_letter(&self, entries: Vec<(Entry, Arc<Queue>)>, batch: &mut Batch) {
-        for (entry, from) in entries {
+    fn dead_letter(&self, entries: Vec<DeadLetter>, batch: &mut Batch) {
+        for DeadLetter {
+            entry,
+            from,
+            reason,
+        } in entries
+        {
             let target = Address::Queue(
                 from.settings
                     .dead_letter_address_or(&self.config.dead_letter_address)
                     .to_owned(),
             );
             let mut msg = (*entry.message).clone();
-            msg.properties.push("x-original-queue", from.name.as_ref());
-            msg.properties
-                .push("x-delivery-count", entry.delivery_count.to_string());
+            dead_letter::annotate(&mut msg, &from.name, reason, entry.delivery_count);
             if let Err(e) = self.route(&target, msg, None, batch) {
                 tracing::warn!(error = %e, seq = entry.seq, "cannot dead-letter a message; it is dropped");
             }
@@ -672,6 +681,9 @@ impl Inner {
         // store finds them by seq wherever they are.
         self.memory.start_restore(Arc::clone(&self.journal));
         let mut unreadable = 0u64;
+        // Acks of what last-value queues dropped while rebuilding (a crash
+        // came between a replacement's two appends).
+        let mut replaced = Vec::new();
         for m in messages {
             let m = match m {
                 Ok(m) => m,
@@ -718,10 +730,17 @@ impl Inner {
                 if let Some(Address::Topic(topic)) = &message.address {
                     entry.matched = routing::match_info(&q.state.lock().bindings, topic);
                 }
-                q.restore(entry);
+                replaced.extend(q.restore(entry));
             }
         }
         self.memory.end_restore();
+        if !replaced.is_empty() {
+            tracing::info!(
+                replaced = replaced.len(),
+                "last-value queues kept only the newest message per value"
+            );
+            self.journal.append(replaced, None);
+        }
         drop(routing);
         let mut r = self.retained.lock();
         for (topic, seq, body) in retained {

@@ -71,6 +71,9 @@ pub struct QueueSettings {
     pub delivery_attempts_max: Option<u32>,
     /// Most message groups the queue keeps assignments for.
     pub groups_max: usize,
+    /// A last-value queue: of the waiting messages with the same value of
+    /// this property, only the newest is kept (see `last_value`).
+    pub last_value_key: Option<String>,
 }
 
 impl Default for QueueSettings {
@@ -80,6 +83,7 @@ impl Default for QueueSettings {
             dead_letter_address: None,
             delivery_attempts_max: None,
             groups_max: GROUPS_MAX_DEFAULT,
+            last_value_key: None,
         }
     }
 }
@@ -108,6 +112,8 @@ pub struct QueueOverrides {
     pub delivery_attempts_max: Option<u32>,
     /// [`QueueSettings::groups_max`].
     pub groups_max: Option<usize>,
+    /// [`QueueSettings::last_value_key`].
+    pub last_value_key: Option<String>,
 }
 
 impl QueueOverrides {
@@ -119,6 +125,7 @@ impl QueueOverrides {
             dead_letter_address,
             delivery_attempts_max,
             groups_max,
+            last_value_key,
         } = self;
         if let Some(exclusive) = exclusive {
             settings.exclusive = *exclusive;
@@ -131,6 +138,9 @@ impl QueueOverrides {
         }
         if let Some(max) = groups_max {
             settings.groups_max = *max;
+        }
+        if let Some(key) = last_value_key {
+            settings.last_value_key = Some(key.clone());
         }
     }
 }

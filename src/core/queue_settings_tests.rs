@@ -128,6 +128,7 @@ fn queue_settings_merge_from_the_least_to_the_most_specific() {
                 dead_letter_address: Some("orders.dead".into()),
                 delivery_attempts_max: Some(3),
                 groups_max: 7,
+                ..QueueSettings::default()
             },
             "the name overrides only `exclusive`; `orders.*` beats `orders.#` and `#`"
         );
