@@ -25,6 +25,10 @@ pub const QUEUE_ENTRIES_MAX: usize = 1_000;
 /// Highest `groups_max` accepted: each remembered group costs its key and
 /// an assignment (about 100 bytes), so about 1 GiB for one queue at most.
 pub const QUEUE_GROUPS_MAX_LIMIT: u64 = 10_000_000;
+/// Longest `last_value_key`: property names are short in practice (an MQTT
+/// user property or STOMP header name), and the key is looked up in every
+/// message the queue receives.
+pub const LAST_VALUE_KEY_LEN_MAX: usize = 256;
 
 /// One `[[queues]]` entry. Exactly one of `name` and `pattern` is set;
 /// every other key is optional and left to less specific entries (or the
@@ -49,6 +53,9 @@ pub struct QueueEntry {
     pub delivery_attempts_max: Option<u32>,
     /// Most message groups the queue keeps assignments for (> 0).
     pub groups_max: Option<u64>,
+    /// A last-value queue keyed by this property (AMQP application
+    /// property, STOMP header, MQTT 5 user property).
+    pub last_value_key: Option<String>,
 }
 
 impl QueueEntry {
@@ -71,6 +78,7 @@ impl QueueEntry {
                 groups_max: self
                     .groups_max
                     .map(|g| usize::try_from(g).unwrap_or(usize::MAX)),
+                last_value_key: self.last_value_key.clone(),
             },
         })
     }
@@ -123,6 +131,24 @@ where
         .map_err(serde::de::Error::custom)
 }
 
+/// A property name: not empty, no NUL, at most [`LAST_VALUE_KEY_LEN_MAX`]
+/// bytes.
+fn check_last_value_key(key_name: &str, key: &str) -> Result<(), Invalid> {
+    if key.is_empty() {
+        return Err(invalid(key_name, "must not be empty: name the property"));
+    }
+    if key.len() > LAST_VALUE_KEY_LEN_MAX {
+        return Err(invalid(
+            key_name,
+            format!("longer than {LAST_VALUE_KEY_LEN_MAX} bytes"),
+        ));
+    }
+    if key.contains('\0') {
+        return Err(invalid(key_name, "must not contain NUL"));
+    }
+    Ok(())
+}
+
 impl Config {
     pub(crate) fn check_queues(&self) -> Result<(), Invalid> {
         if self.queues.len() > QUEUE_ENTRIES_MAX {
@@ -164,6 +190,9 @@ impl Config {
             }
             if let Some(max) = q.groups_max {
                 within(&at("groups_max"), max, 1, QUEUE_GROUPS_MAX_LIMIT)?;
+            }
+            if let Some(key) = &q.last_value_key {
+                check_last_value_key(&at("last_value_key"), key)?;
             }
         }
         Ok(())

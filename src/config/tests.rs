@@ -229,6 +229,8 @@ const BAD: &[(&str, &str, usize, &str)] = &[
     ("[[queues]]\nname = \"a\"\ngroups_max = 0\n", "queues[0].groups_max", 3, "out of range"),
     ("[[queues]]\nname = \"a\"\ngroups_max = 20000000\n", "queues[0].groups_max", 3, "out of range"),
     ("[[queues]]\nname = \"a\"\ndead_letter_address = \"/queue/\"\n", "queues[0].dead_letter_address", 3, "empty"),
+    ("[[queues]]\nname = \"a\"\nlast_value_key = \"\"\n", "queues[0].last_value_key", 3, "empty"),
+    ("[[queues]]\nname = \"a\"\nlast_value_key = \"a\\u0000b\"\n", "queues[0].last_value_key", 3, "NUL"),
 ];
 
 #[test]
@@ -376,7 +378,7 @@ fn the_defaults_file_mentions_every_key() {
 
 #[test]
 fn queue_entries_become_core_rules() {
-    let text = "[[queues]]\npattern = \"/queue/orders.*\"\nexclusive = true\ndead_letter_address = \"/queue/orders.dead\"\n\n[[queues]]\nname = \"/queue/orders.eu\"\ndelivery_attempts_max = 2\ngroups_max = 10\n\n[[queues]]\nname = \"$durable/app/audit\"\nexclusive = false\n";
+    let text = "[[queues]]\npattern = \"/queue/orders.*\"\nexclusive = true\ndead_letter_address = \"/queue/orders.dead\"\n\n[[queues]]\nname = \"/queue/orders.eu\"\ndelivery_attempts_max = 2\ngroups_max = 10\nlast_value_key = \"symbol\"\n\n[[queues]]\nname = \"$durable/app/audit\"\nexclusive = false\n";
     let c = Config::parse(text, "x").expect("parses");
     assert_eq!(c.queues.len(), 3);
     assert_eq!(
@@ -397,6 +399,7 @@ fn queue_entries_become_core_rules() {
             dead_letter_address: Some("orders.dead".into()),
             delivery_attempts_max: Some(2),
             groups_max: 10,
+            last_value_key: Some("symbol".into()),
         },
         "the pattern's keys, and the name's over them"
     );
