@@ -405,3 +405,129 @@ fn a_consumer_that_goes_too_often_dead_letters_for_delivery_attempts() {
         )
     );
 }
+
+mod model {
+    //! Against a model: publishes with random keys (or none) and random
+    //! consumer steps (grant one, ack or release what is in flight), with
+    //! and without paging. A message is dead when a newer one of its value
+    //! was published while it waited (not in flight, not acked): dead
+    //! messages are never delivered, and every other message is acked
+    //! exactly once by the end.
+
+    use std::collections::{BTreeSet, HashMap, HashSet};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Publish(Option<u8>),
+        Grant,
+        Ack,
+        Release,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => proptest::option::weighted(0.8, 0u8..4).prop_map(Step::Publish),
+            1 => Just(Step::Grant),
+            1 => Just(Step::Ack),
+            1 => Just(Step::Release),
+        ]
+    }
+
+    fn number(d: &Delivery) -> usize {
+        text(d)
+            .split(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("numbered body")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn last_value_queue_matches_its_model(
+            steps in proptest::collection::vec(step(), 1..120),
+            paging in any::<bool>(),
+        ) {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let core = lvq_core(CoreConfig {
+                memory_budget_bytes: if paging { 2_048 } else { u64::MAX },
+                paging_dir: paging.then(|| dir.path().to_owned()),
+                ..CoreConfig::default()
+            });
+            let (mut p, _) = open(&core, "p");
+            let (mut c, e) = open(&core, "c");
+            let id = c
+                .consume(ConsumerSpec {
+                    queue: "prices".into(),
+                    credit: CreditMode::Explicit(0),
+                    auto_settle: false,
+                    options: Default::default(),
+                })
+                .expect("consume");
+            let mut limit = 0u32;
+            let mut newest: HashMap<u8, usize> = HashMap::new();
+            let mut in_flight: Vec<Delivery> = Vec::new();
+            let mut published: BTreeSet<usize> = BTreeSet::new();
+            let mut dead: HashSet<usize> = HashSet::new();
+            let mut acked: BTreeSet<usize> = BTreeSet::new();
+            let pad = "x".repeat(300);
+            for (i, s) in steps.iter().enumerate() {
+                match s {
+                    Step::Publish(key) => {
+                        let sym = key.map(|k| k.to_string());
+                        let body = format!("{i} {pad}");
+                        send(&mut p, "prices", priced(sym.as_deref(), &body));
+                        published.insert(i);
+                        if let Some(k) = key {
+                            if let Some(j) = newest.insert(*k, i) {
+                                let flying = in_flight.iter().any(|d| number(d) == j);
+                                if !flying && !acked.contains(&j) {
+                                    dead.insert(j);
+                                }
+                            }
+                        }
+                    }
+                    Step::Grant => {
+                        limit += 1;
+                        c.set_credit(id, limit, false).expect("credit");
+                    }
+                    Step::Ack => {
+                        if let Some(d) = in_flight.pop() {
+                            prop_assert!(acked.insert(number(&d)), "acked twice");
+                            c.settle(id, d.tag, Outcome::Accept, None, false).expect("ack");
+                        }
+                    }
+                    Step::Release => {
+                        if let Some(d) = in_flight.pop() {
+                            c.settle(id, d.tag, Outcome::Release, None, false).expect("release");
+                        }
+                    }
+                }
+                for d in e.deliveries() {
+                    prop_assert!(!dead.contains(&number(&d)), "a replaced message was delivered");
+                    in_flight.push(d);
+                }
+            }
+            limit += 1_000;
+            c.set_credit(id, limit, false).expect("credit");
+            loop {
+                in_flight.extend(e.deliveries());
+                let Some(d) = in_flight.pop() else { break };
+                prop_assert!(!dead.contains(&number(&d)), "a replaced message was delivered");
+                prop_assert!(acked.insert(number(&d)), "acked twice");
+                c.settle(id, d.tag, Outcome::Accept, None, false).expect("ack");
+            }
+            let want: BTreeSet<usize> = published.iter().filter(|n| !dead.contains(n)).copied().collect();
+            prop_assert_eq!(acked, want);
+            let s = stats(&core, "prices");
+            prop_assert_eq!((s.depth, s.in_flight), (0, 0));
+            prop_assert_eq!(s.replaced_total, dead.len() as u64);
+            prop_assert_eq!(core.memory_used(), 0);
+            prop_assert_eq!(core.messages_paged(), 0);
+        }
+    }
+}
