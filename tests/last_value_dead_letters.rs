@@ -196,20 +196,27 @@ async fn mqtt5_last_value_queue_keys_on_a_user_property() {
     broker.stop().await;
 }
 
+/// Sends `body` to `queue` with STOMP and NACKs it until it is
+/// dead-lettered (the queue's 2 attempts); returns the NACKing client.
+async fn nack_until_dead(broker: &TestBroker, queue: &str, body: &[u8]) -> StompClient {
+    let dest = format!("/queue/{queue}");
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    p.send_persistent(&dest, &[], body).await;
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.subscribe("s", &dest, "client-individual", &[]).await;
+    for _ in 0..2 {
+        let m = c.message().await;
+        c.request("NACK", &[("id", &m.ack_id())], b"").await;
+    }
+    c
+}
+
 /// STOMP NACKs past the attempts: the dead letter's headers say why and
 /// how often, under the same names AMQP and MQTT use.
 #[tokio::test]
 async fn stomp_dead_letters_carry_the_reason_and_count_headers() {
     let broker = broker().await;
-    let mut p = StompClient::connect(broker.stomp(), &[]).await;
-    p.send_persistent("/queue/jobs.stomp", &[], b"poison").await;
-    let mut c = StompClient::connect(broker.stomp(), &[]).await;
-    c.subscribe("s", "/queue/jobs.stomp", "client-individual", &[])
-        .await;
-    for _ in 0..2 {
-        let m = c.message().await;
-        c.request("NACK", &[("id", &m.ack_id())], b"").await;
-    }
+    let mut c = nack_until_dead(&broker, "jobs.stomp", b"poison").await;
     c.subscribe("d", "/queue/dead.stomp", "client-individual", &[])
         .await;
     let m = c.message().await;
@@ -297,15 +304,7 @@ async fn amqp_dead_letters_carry_the_reason_and_count_as_message_annotations() {
 #[tokio::test]
 async fn mqtt5_dead_letters_carry_the_reason_and_count_user_properties() {
     let broker = broker().await;
-    let mut p = StompClient::connect(broker.stomp(), &[]).await;
-    p.send_persistent("/queue/jobs.mqtt", &[], b"unlucky").await;
-    let mut c = StompClient::connect(broker.stomp(), &[]).await;
-    c.subscribe("s", "/queue/jobs.mqtt", "client-individual", &[])
-        .await;
-    for _ in 0..2 {
-        let m = c.message().await;
-        c.request("NACK", &[("id", &m.ack_id())], b"").await;
-    }
+    nack_until_dead(&broker, "jobs.mqtt", b"unlucky").await;
     let (m, mut mev, _) = connected5(opts5(&broker, "dl-mqtt")).await;
     subscribe5(
         &m,

@@ -43,6 +43,14 @@ def nack_twice(broker, queue, body):
         c.close()
 
 
+def take_dead_letter(a, queue):
+    """The next message on ``queue`` with proton, accepted."""
+    dead = a.conn.create_receiver(f"/queue/{queue}", credit=1)
+    d = dead.receive(timeout=10)
+    dead.accept()
+    return d
+
+
 def annotations(m):
     return {str(k): v for k, v in (m.annotations or {}).items()}
 
@@ -57,9 +65,7 @@ def test_proton_reads_reason_and_count_from_message_annotations(dl_broker):
         got = r.receive(timeout=10)
         assert got.body == "refused"
         r.reject()
-        dead = a.conn.create_receiver("/queue/dead.amqp", credit=1)
-        d = dead.receive(timeout=10)
-        dead.accept()
+        d = take_dead_letter(a, "dead.amqp")
         assert d.body == "refused"
         ann = annotations(d)
         assert ann.get("x-opt-dead-letter-reason") == "rejected", ann
@@ -77,10 +83,7 @@ def test_proton_sees_delivery_attempts_as_the_reason(dl_broker):
     nack_twice(dl_broker, "jobs.amqp", b"poison")
     a = Amqp(dl_broker)
     try:
-        dead = a.conn.create_receiver("/queue/dead.amqp", credit=1)
-        d = dead.receive(timeout=10)
-        dead.accept()
-        ann = annotations(d)
+        ann = annotations(take_dead_letter(a, "dead.amqp"))
         assert ann.get("x-opt-dead-letter-reason") == "delivery-attempts", ann
         assert ann.get("x-opt-delivery-count") == 2, ann
     finally:

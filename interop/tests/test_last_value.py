@@ -42,6 +42,27 @@ UPDATES = [("ACME", "acme 1"), ("INIT", "init 1"), ("ACME", "acme 2"), (None, "n
 NEWEST = ["init 1", "news", "acme 3"]
 
 
+def stomp_updates(broker, dest):
+    """``UPDATES`` as persistent stomp.py SENDs, ``symbol`` as a header."""
+    p = Stomp(broker)
+    try:
+        for symbol, body in UPDATES:
+            headers = {"persistent": "true", **({"symbol": symbol} if symbol else {})}
+            p.send(dest, body.encode(), headers=headers)
+    finally:
+        p.close()
+
+
+def take(c, n):
+    """The next ``n`` bodies on stomp.py client ``c``, each ACKed."""
+    bodies = []
+    for _ in range(n):
+        r = c.get()
+        c.ack(r)
+        bodies.append(r.body.decode())
+    return bodies
+
+
 def replaced(broker, q):
     return broker.metrics().get(f'rosetta_queue_last_value_replaced_total{{queue="{q}"}}')
 
@@ -58,25 +79,14 @@ def test_paho_publishes_user_properties_stomp_consumes_the_newest(lvq_broker):
     c = Stomp(lvq_broker)
     try:
         c.subscribe("/queue/prices.mqtt")
-        got = []
-        for _ in NEWEST:
-            r = c.get()
-            c.ack(r)
-            got.append(r.body.decode())
-        assert got == NEWEST
+        assert take(c, len(NEWEST)) == NEWEST
         nothing_more(c)
     finally:
         c.close()
 
 
 def test_stomp_sends_headers_proton_consumes_the_newest(lvq_broker):
-    p = Stomp(lvq_broker)
-    try:
-        for symbol, body in UPDATES:
-            headers = {"persistent": "true", **({"symbol": symbol} if symbol else {})}
-            p.send("/queue/prices.stomp", body.encode(), headers=headers)
-    finally:
-        p.close()
+    stomp_updates(lvq_broker, "/queue/prices.stomp")
     a = Amqp(lvq_broker)
     try:
         r = a.receiver("/queue/prices.stomp")
@@ -106,23 +116,12 @@ def test_proton_sends_application_properties_paho_consumes_the_newest(lvq_broker
 
 
 def test_only_the_newest_per_value_survives_kill_9(lvq_broker):
-    p = Stomp(lvq_broker)
-    try:
-        for symbol, body in UPDATES:
-            headers = {"persistent": "true", **({"symbol": symbol} if symbol else {})}
-            p.send("/queue/prices.restart", body.encode(), headers=headers)
-    finally:
-        p.close()
+    stomp_updates(lvq_broker, "/queue/prices.restart")
     lvq_broker.restart(hard=True)
     c = Stomp(lvq_broker)
     try:
         c.subscribe("/queue/prices.restart")
-        got = []
-        for _ in NEWEST:
-            r = c.get()
-            c.ack(r)
-            got.append(r.body.decode())
-        assert got == NEWEST
+        assert take(c, len(NEWEST)) == NEWEST
         nothing_more(c)
     finally:
         c.close()
