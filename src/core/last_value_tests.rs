@@ -177,6 +177,35 @@ fn last_value_queue_drops_replaced_messages_that_are_paged() {
 }
 
 #[test]
+fn last_value_queue_replaces_a_message_reserved_for_its_groups_consumer() {
+    let core = lvq_core(CoreConfig::default());
+    let (mut p, _) = open(&core, "p");
+    let (mut c, e) = open(&core, "c");
+    let id = consume(&mut c, "prices", 1);
+    let grouped = |symbol: &str, body: &str| {
+        let mut m = priced(Some(symbol), body);
+        m.group_id = Some("g".into());
+        m
+    };
+    send(&mut p, "prices", grouped("FIRST", "first"));
+    let first = e.deliveries().remove(0);
+    // The group is the consumer's now, and it has no credit: the next
+    // messages of the group wait reserved for it.
+    send(&mut p, "prices", grouped("ACME", "acme 1"));
+    send(&mut p, "prices", grouped("ACME", "acme 2"));
+    let s = stats(&core, "prices");
+    assert_eq!((s.depth, s.replaced_total, s.groups), (1, 1, 1));
+    c.settle(id, first.tag, Outcome::Accept, None, false)
+        .expect("ack");
+    let next = e.deliveries().remove(0);
+    assert_eq!(text(&next), "acme 2");
+    c.settle(id, next.tag, Outcome::Accept, None, false)
+        .expect("ack");
+    assert_eq!(stats(&core, "prices").depth, 0);
+    assert_eq!(core.memory_used(), 0);
+}
+
+#[test]
 fn last_value_index_drops_an_older_message_that_arrives_second() {
     let gauge = MemoryGauge::new(u64::MAX, None);
     let mut backlog = Backlog::default();
