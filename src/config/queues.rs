@@ -56,6 +56,10 @@ impl From<DedupSetting> for rosetta_core::DedupMode {
         }
     }
 }
+/// Longest `last_value_key`: property names are short in practice (an MQTT
+/// user property or STOMP header name), and the key is looked up in every
+/// message the queue receives.
+pub const LAST_VALUE_KEY_LEN_MAX: usize = 256;
 
 /// One `[[queues]]` entry. Exactly one of `name` and `pattern` is set;
 /// every other key is optional and left to less specific entries (or the
@@ -99,6 +103,9 @@ pub struct QueueEntry {
     /// Most dedup ids remembered (> 0); past it the oldest is forgotten
     /// before its window passes.
     pub dedup_ids_max: Option<u64>,
+    /// A last-value queue keyed by this property (AMQP application
+    /// property, STOMP header, MQTT 5 user property).
+    pub last_value_key: Option<String>,
 }
 
 impl QueueEntry {
@@ -129,6 +136,7 @@ impl QueueEntry {
                 dedup_ids_max: self
                     .dedup_ids_max
                     .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+                last_value_key: self.last_value_key.clone(),
             },
         })
     }
@@ -193,6 +201,24 @@ where
         .map_err(serde::de::Error::custom)
 }
 
+/// A property name: not empty, no NUL, at most [`LAST_VALUE_KEY_LEN_MAX`]
+/// bytes.
+fn check_last_value_key(key_name: &str, key: &str) -> Result<(), Invalid> {
+    if key.is_empty() {
+        return Err(invalid(key_name, "must not be empty: name the property"));
+    }
+    if key.len() > LAST_VALUE_KEY_LEN_MAX {
+        return Err(invalid(
+            key_name,
+            format!("longer than {LAST_VALUE_KEY_LEN_MAX} bytes"),
+        ));
+    }
+    if key.contains('\0') {
+        return Err(invalid(key_name, "must not contain NUL"));
+    }
+    Ok(())
+}
+
 impl Config {
     pub(crate) fn check_queues(&self) -> Result<(), Invalid> {
         if self.queues.len() > QUEUE_ENTRIES_MAX {
@@ -248,6 +274,9 @@ impl Config {
             }
             if let Some(max) = q.dedup_ids_max {
                 within(&at("dedup_ids_max"), max, 1, QUEUE_DEDUP_IDS_MAX_LIMIT)?;
+            }
+            if let Some(key) = &q.last_value_key {
+                check_last_value_key(&at("last_value_key"), key)?;
             }
         }
         Ok(())

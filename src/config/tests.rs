@@ -233,6 +233,8 @@ const BAD: &[(&str, &str, usize, &str)] = &[
     ("[[queues]]\nname = \"a\"\ndedup_window_s = 604801\n", "queues[0].dedup_window_s", 3, "out of range"),
     ("[[queues]]\nname = \"a\"\ndedup_ids_max = 0\n", "queues[0].dedup_ids_max", 3, "out of range"),
     ("[[queues]]\nname = \"a\"\ndedup = \"body\"\n", "queues[0].dedup", 3, "unknown variant"),
+    ("[[queues]]\nname = \"a\"\nlast_value_key = \"\"\n", "queues[0].last_value_key", 3, "empty"),
+    ("[[queues]]\nname = \"a\"\nlast_value_key = \"a\\u0000b\"\n", "queues[0].last_value_key", 3, "NUL"),
 ];
 
 #[test]
@@ -380,7 +382,7 @@ fn the_defaults_file_mentions_every_key() {
 
 #[test]
 fn queue_entries_become_core_rules() {
-    let text = "[[queues]]\npattern = \"/queue/orders.*\"\nexclusive = true\ndead_letter_address = \"/queue/orders.dead\"\n\n[[queues]]\nname = \"/queue/orders.eu\"\ndelivery_attempts_max = 2\ngroups_max = 10\n\n[[queues]]\nname = \"$durable/app/audit\"\nexclusive = false\n";
+    let text = "[[queues]]\npattern = \"/queue/orders.*\"\nexclusive = true\ndead_letter_address = \"/queue/orders.dead\"\n\n[[queues]]\nname = \"/queue/orders.eu\"\ndelivery_attempts_max = 2\ngroups_max = 10\nlast_value_key = \"symbol\"\n\n[[queues]]\nname = \"$durable/app/audit\"\nexclusive = false\n";
     let c = Config::parse(text, "x").expect("parses");
     assert_eq!(c.queues.len(), 3);
     assert_eq!(
@@ -401,6 +403,7 @@ fn queue_entries_become_core_rules() {
             dead_letter_address: Some("orders.dead".into()),
             delivery_attempts_max: Some(2),
             groups_max: 10,
+            last_value_key: Some("symbol".into()),
             ..rosetta_core::QueueSettings::default()
         },
         "the pattern's keys, and the name's over them"

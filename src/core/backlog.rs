@@ -153,6 +153,27 @@ impl MemoryGauge {
     }
 }
 
+/// A waiting message taken out by [`Backlog::withdraw`].
+#[derive(Debug)]
+pub(crate) struct Withdrawn {
+    pub(crate) seq: MessageSeq,
+    /// Its record for this queue is in the journal (to be acked).
+    pub(crate) journaled: bool,
+    /// The entry, when it was in memory and counted in the gauge (the
+    /// caller uncounts it); `None` for a paged one.
+    pub(crate) counted: Option<Entry>,
+}
+
+impl Withdrawn {
+    fn of_counted(entry: Entry) -> Self {
+        Self {
+            seq: entry.seq,
+            journaled: entry.journaled,
+            counted: Some(entry),
+        }
+    }
+}
+
 /// The journal, as the gauge holds it (it has no `Debug`).
 struct JournalRef(Arc<dyn Journal>);
 
@@ -309,6 +330,63 @@ impl Backlog {
     /// Takes a message out of memory, from wherever it is.
     pub(crate) fn remove(&mut self, place: Place) -> Option<Entry> {
         self.memory.remove(place)
+    }
+
+    /// Takes the waiting message at `place` out, wherever it waits: in
+    /// memory, reserved for a group's consumer, or on disk (a paged one
+    /// leaves only its reference, so nothing is read back). `None` when it
+    /// does not wait here (in flight, or gone). A last-value queue's
+    /// replacement; the caller acks it.
+    pub(crate) fn withdraw(&mut self, place: Place, gauge: &MemoryGauge) -> Option<Withdrawn> {
+        if let Some(entry) = self.memory.remove(place) {
+            return Some(Withdrawn::of_counted(entry));
+        }
+        let owner = self
+            .reserved
+            .iter()
+            .find_map(|(owner, list)| list.contains_key(&place.seq).then_some(*owner));
+        if let Some(owner) = owner {
+            let list = self.reserved.get_mut(&owner)?;
+            let entry = list.remove(&place.seq)?;
+            if list.is_empty() {
+                self.reserved.remove(&owner);
+            }
+            self.reserved_len -= 1;
+            return Some(Withdrawn::of_counted(entry));
+        }
+        let i = self.paged_index(place.seq)?;
+        let paged = self.paged.remove(i)?;
+        gauge.paged.fetch_sub(1, Ordering::Relaxed);
+        Some(Withdrawn {
+            seq: paged.seq,
+            journaled: paged.journaled,
+            counted: None,
+        })
+    }
+
+    /// Whether the message at `place` waits here (see [`Self::withdraw`]).
+    pub(crate) fn holds(&self, place: Place) -> bool {
+        self.memory.get(place).is_some()
+            || self.reserved.values().any(|r| r.contains_key(&place.seq))
+            || self.paged_index(place.seq).is_some()
+    }
+
+    /// Where `seq` is among the paged messages. They are in sequence order
+    /// but for the rare enqueue that overtook a newer one, so a binary
+    /// search finds it almost always, and a scan the rest. A message in
+    /// flight left from memory, which holds the older messages, so the
+    /// common miss is below the first paged seq and costs no scan.
+    fn paged_index(&self, seq: MessageSeq) -> Option<usize> {
+        let first = self.paged.front()?.seq;
+        let last = self.paged.back()?.seq;
+        if seq < first.min(last) || seq > first.max(last) {
+            return None;
+        }
+        let at = self.paged.partition_point(|p| p.seq < seq);
+        if self.paged.get(at).is_some_and(|p| p.seq == seq) {
+            return Some(at);
+        }
+        self.paged.iter().position(|p| p.seq == seq)
     }
 
     /// Reads the next batch of paged messages back while the broker is

@@ -23,9 +23,11 @@ mod batch;
 mod clock;
 pub mod codec;
 mod dedup;
+mod dead_letter;
 mod disk;
 mod dispatch;
 mod groups;
+mod last_value;
 mod queue;
 mod queue_settings;
 mod routing;
@@ -53,6 +55,9 @@ use rosetta_store::{
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use dedup::{DedupMode, DEDUP_ID_BYTES_MAX};
+pub use dead_letter::{
+    DeadLetterReason, DEAD_LETTER_REASON_PROPERTY, DELIVERY_COUNT_PROPERTY, ORIGINAL_QUEUE_PROPERTY,
+};
 pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
 pub use queue_settings::{
@@ -63,6 +68,7 @@ pub use queue_settings::{
 };
 
 use batch::Batch;
+use dead_letter::DeadLetter;
 use disk::DiskWatch;
 use queue::{DispatchOutput, Entry, MemoryGauge, Queue, QueueLinks};
 use routing::{Duplicates, Routing};
@@ -664,17 +670,20 @@ impl Inner {
     /// Moves dead entries (too many attempts, rejected) to the dead-letter
     /// address of the queue each came from, within `batch`, so the
     /// original's ack and the copy commit together.
-    fn dead_letter(&self, entries: Vec<(Entry, Arc<Queue>)>, batch: &mut Batch) {
-        for (entry, from) in entries {
+    fn dead_letter(&self, entries: Vec<DeadLetter>, batch: &mut Batch) {
+        for DeadLetter {
+            entry,
+            from,
+            reason,
+        } in entries
+        {
             let target = Address::Queue(
                 from.settings
                     .dead_letter_address_or(&self.config.dead_letter_address)
                     .to_owned(),
             );
             let mut msg = (*entry.message).clone();
-            msg.properties.push("x-original-queue", from.name.as_ref());
-            msg.properties
-                .push("x-delivery-count", entry.delivery_count.to_string());
+            dead_letter::annotate(&mut msg, &from.name, reason, entry.delivery_count);
             if let Err(e) = self.route(&target, msg, None, batch, Duplicates::Ignore) {
                 tracing::warn!(error = %e, seq = entry.seq, "cannot dead-letter a message; it is dropped");
             }
@@ -751,6 +760,9 @@ impl Inner {
         self.memory.start_restore(Arc::clone(&self.journal));
         let now_ms = self.now_ms();
         let mut unreadable = 0u64;
+        // Acks of what last-value queues dropped while rebuilding (a crash
+        // came between a replacement's two appends).
+        let mut replaced = Vec::new();
         for m in messages {
             let m = match m {
                 Ok(m) => m,
@@ -797,10 +809,17 @@ impl Inner {
                 if let Some(Address::Topic(topic)) = &message.address {
                     entry.matched = routing::match_info(&q.state.lock().bindings, topic);
                 }
-                q.restore(entry, now_ms);
+                replaced.extend(q.restore(entry, now_ms));
             }
         }
         self.memory.end_restore();
+        if !replaced.is_empty() {
+            tracing::info!(
+                replaced = replaced.len(),
+                "last-value queues kept only the newest message per value"
+            );
+            self.journal.append(replaced, None);
+        }
         drop(routing);
         let (dedup_state, state): (Vec<_>, Vec<_>) = state
             .into_iter()

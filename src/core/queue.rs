@@ -28,6 +28,7 @@ use super::backlog::{Backlog, Place};
 use super::dedup::DedupWindow;
 use super::dispatch::DispatchPolicy;
 use super::groups::Groups;
+use super::last_value::{Arrival, LastValues};
 use super::queue_settings::QueueSettings;
 use super::schedule::{Schedule, Timers, SCHEDULE_RELEASE_BATCH_MAX};
 use super::selector::Selector;
@@ -167,6 +168,9 @@ pub struct QueueStats {
     /// Dedup ids forgotten before their window passed, to stay within
     /// `dedup_ids_max`, since start.
     pub dedup_evicted_total: u64,
+    /// Waiting messages a last-value queue dropped for a newer one of the
+    /// same value, since start.
+    pub replaced_total: u64,
 }
 
 impl ConsumerSlot {
@@ -210,6 +214,8 @@ pub(crate) struct QueueState {
     /// When the queue last lost its last consumer (for idle expiry).
     pub(crate) idle_since: Option<Instant>,
     pub(crate) stats: QueueStats,
+    /// A last-value queue's index (`last_value_key` is set).
+    pub(crate) last_values: Option<LastValues>,
 }
 
 /// A queue. Shared by the routing table, its consumers' sessions and the
@@ -280,7 +286,6 @@ impl Queue {
             durable,
             lifetime: Mutex::new(lifetime),
             owner_session,
-            settings,
             memory: links.memory,
             timers: links.timers,
             me: me.clone(),
@@ -301,7 +306,10 @@ impl Queue {
                 deleted: false,
                 idle_since: Some(Instant::now()),
                 stats: QueueStats::default(),
+                last_values: settings.last_value_key.as_deref().map(LastValues::new),
             }),
+            // After `state`, which reads it.
+            settings,
         })
     }
 
@@ -359,24 +367,72 @@ impl Queue {
         }
         st.stats.enqueued_total += 1;
         if let Some(due) = entry.message.delivery_time.filter(|&t| t > now_ms) {
+            // A last-value queue compares a scheduled message when it is
+            // due, not before: until then it is not waiting.
             self.memory.add(&entry);
             self.schedule_locked(&mut st, due, entry);
             return DispatchOutput::default();
         }
-        st.backlog.push(entry, &self.memory, self.id);
-        self.dispatch_locked(&mut st, now_ms)
+        let mut acks = Vec::new();
+        if self.admit_last_value(&mut st, &entry, &mut acks) {
+            st.backlog.push(entry, &self.memory, self.id);
+        }
+        let mut out = self.dispatch_locked(&mut st, now_ms);
+        out.records.append(&mut acks);
+        out
     }
 
     /// Adds a message recovered from the journal (no dispatch: nobody is
     /// connected yet). One scheduled for later waits for its time again.
-    pub(crate) fn restore(&self, entry: Entry, now_ms: u64) {
+    /// Returns the ack records of what a last-value queue dropped for it
+    /// (or of it), for the caller to journal.
+    pub(crate) fn restore(&self, entry: Entry, now_ms: u64) -> Vec<Record> {
         let mut st = self.state.lock();
         if let Some(due) = entry.message.delivery_time.filter(|&t| t > now_ms) {
             self.memory.add(&entry);
             self.schedule_locked(&mut st, due, entry);
-            return;
+            return Vec::new();
         }
-        st.backlog.push(entry, &self.memory, self.id);
+        let mut acks = Vec::new();
+        if self.admit_last_value(&mut st, &entry, &mut acks) {
+            st.backlog.push(entry, &self.memory, self.id);
+        }
+        acks
+    }
+
+    /// A last-value queue's rule for an arriving `entry` (see
+    /// `last_value`): the waiting message it replaces is taken out, and
+    /// false means a newer one waits and `entry` is dropped. The acks of
+    /// either go to `acks`. True, with nothing done, on other queues.
+    fn admit_last_value(&self, st: &mut QueueState, entry: &Entry, acks: &mut Vec<Record>) -> bool {
+        let QueueState {
+            last_values,
+            backlog,
+            stats,
+            ..
+        } = st;
+        let Some(last_values) = last_values else {
+            return true;
+        };
+        match last_values.arrive(entry, backlog, &self.memory) {
+            Arrival::Queue(None) => true,
+            Arrival::Queue(Some(replaced)) => {
+                stats.replaced_total += 1;
+                if let Some(counted) = &replaced.counted {
+                    self.release(counted);
+                }
+                acks.extend(replaced.journaled.then_some(Record::Ack {
+                    queue: self.id,
+                    seq: replaced.seq,
+                }));
+                true
+            }
+            Arrival::Superseded => {
+                stats.replaced_total += 1;
+                acks.extend(self.ack_record(entry));
+                false
+            }
+        }
     }
 
     /// A delivered message comes back, after the queue's redelivery delay

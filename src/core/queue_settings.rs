@@ -136,6 +136,9 @@ pub struct QueueSettings {
     pub dedup: crate::DedupMode,
     /// Most dedup ids remembered; past it the oldest is forgotten early.
     pub dedup_ids_max: usize,
+    /// A last-value queue: of the waiting messages with the same value of
+    /// this property, only the newest is kept (see `last_value`).
+    pub last_value_key: Option<String>,
 }
 
 impl Default for QueueSettings {
@@ -151,6 +154,7 @@ impl Default for QueueSettings {
             dedup_window_s: None,
             dedup: crate::DedupMode::Id,
             dedup_ids_max: DEDUP_IDS_MAX_DEFAULT,
+            last_value_key: None,
         }
     }
 }
@@ -215,6 +219,8 @@ pub struct QueueOverrides {
     pub dedup: Option<crate::DedupMode>,
     /// [`QueueSettings::dedup_ids_max`].
     pub dedup_ids_max: Option<usize>,
+    /// [`QueueSettings::last_value_key`].
+    pub last_value_key: Option<String>,
 }
 
 impl QueueOverrides {
@@ -232,6 +238,7 @@ impl QueueOverrides {
             dedup_window_s,
             dedup,
             dedup_ids_max,
+            last_value_key,
         } = self;
         if let Some(exclusive) = exclusive {
             settings.exclusive = *exclusive;
@@ -262,6 +269,9 @@ impl QueueOverrides {
         }
         if let Some(max) = dedup_ids_max {
             settings.dedup_ids_max = *max;
+        }
+        if let Some(key) = last_value_key {
+            settings.last_value_key = Some(key.clone());
         }
     }
 }

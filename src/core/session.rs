@@ -18,6 +18,7 @@ use rosetta_store::{Completion, Record};
 
 use super::batch::Batch;
 use super::codec;
+use super::dead_letter::{DeadLetter, DeadLetterReason};
 use super::queue::{elapsed_ms, BrowseCursor, ConsumerKey, ConsumerSlot, Queue};
 use super::routing::Duplicates;
 use super::selector::Selector;
@@ -217,13 +218,18 @@ fn retire_to_dead_letter(
     queue: &Arc<Queue>,
     stats: &mut super::QueueStats,
     entry: super::queue::Entry,
+    reason: DeadLetterReason,
     batch: &mut Batch,
-    dead: &mut Vec<(super::queue::Entry, Arc<Queue>)>,
+    dead: &mut Vec<DeadLetter>,
 ) {
     stats.dead_lettered_total += 1;
     batch.records.extend(queue.ack_record(&entry));
     queue.release(&entry);
-    dead.push((entry, Arc::clone(queue)));
+    dead.push(DeadLetter {
+        entry,
+        from: Arc::clone(queue),
+        reason,
+    });
 }
 
 /// Settles one in-flight delivery in its queue. Dead entries are moved in
@@ -252,7 +258,7 @@ fn apply_settle(
 fn finish_settles(
     inner: &Inner,
     out: super::queue::DispatchOutput,
-    dead: Vec<(super::queue::Entry, Arc<Queue>)>,
+    dead: Vec<DeadLetter>,
     batch: &mut Batch,
 ) {
     batch.records.extend(out.records);
@@ -277,7 +283,7 @@ fn settle_locked(
     tag: DeliveryTag,
     outcome: Outcome,
     batch: &mut Batch,
-    dead: &mut Vec<(super::queue::Entry, Arc<Queue>)>,
+    dead: &mut Vec<DeadLetter>,
 ) -> Result<(), BrokerError> {
     match st.inflight.get(&tag.0) {
         Some((owner, _)) if *owner == key => {}
@@ -309,7 +315,8 @@ fn settle_locked(
                 entry.delivery_count += 1;
             }
             if entry.delivery_count >= inner.delivery_attempts_max(queue) {
-                retire_to_dead_letter(queue, &mut st.stats, entry, batch, dead);
+                let reason = DeadLetterReason::DeliveryAttempts;
+                retire_to_dead_letter(queue, &mut st.stats, entry, reason, batch, dead);
             } else {
                 if undeliverable_here {
                     entry.excluded = Some(key);
@@ -327,7 +334,8 @@ fn settle_locked(
             }
         }
         Outcome::Reject => {
-            retire_to_dead_letter(queue, &mut st.stats, entry, batch, dead);
+            let reason = DeadLetterReason::Rejected;
+            retire_to_dead_letter(queue, &mut st.stats, entry, reason, batch, dead);
         }
     }
     Ok(())
@@ -354,7 +362,8 @@ fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
             };
             entry.delivery_count += 1;
             if entry.delivery_count >= inner.delivery_attempts_max(queue) {
-                retire_to_dead_letter(queue, &mut st.stats, entry, &mut batch, &mut dead);
+                let reason = DeadLetterReason::DeliveryAttempts;
+                retire_to_dead_letter(queue, &mut st.stats, entry, reason, &mut batch, &mut dead);
             } else {
                 if entry.journaled {
                     batch.records.push(codec::delivery_state_record(

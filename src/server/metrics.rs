@@ -128,6 +128,12 @@ const QUEUE_METRICS: &[QueueMetric] = &[
         value: |s| s.dedup_evicted_total as f64,
     },
     QueueMetric {
+        name: "rosetta_queue_last_value_replaced_total",
+        kind: "counter",
+        help: "Waiting messages a last-value queue dropped for a newer one of the same value.",
+        value: |s| s.replaced_total as f64,
+    },
+    QueueMetric {
         name: "rosetta_queue_time_in_queue_seconds_total",
         kind: "counter",
         help: "Sum of enqueue-to-acknowledgement times of acknowledged messages.",

@@ -24,6 +24,23 @@
 //! annotation `x-opt-retain: true`, as Eclipse Hono marks retained
 //! messages, next to any annotations the publisher sent.
 //!
+//! Neutral properties named `x-opt-*` are written as message annotations,
+//! not application properties: that is how the broker's own facts reach
+//! an AMQP consumer, such as a dead letter's `x-opt-dead-letter-reason`
+//! and `x-opt-delivery-count` (the core's `dead_letter` module), which
+//! STOMP and MQTT 5 consumers see as headers and user properties under the
+//! same names. The specification reserves the `x-opt-` prefix for
+//! annotations, and the neutral message keeps no annotations field (the
+//! journaled message codec stays as it is), so the prefix is the marker.
+//! They are merged into the publisher's section, the broker's value
+//! winning a clash. An AMQP publisher's own annotations are not read into
+//! properties on the way in: they stay in their section, seen by AMQP
+//! consumers only, as before (lifting them would show every STOMP and MQTT
+//! consumer the annotations AMQP clients add for themselves, such as Qpid
+//! JMS's `x-opt-jms-msg-type`, and cost a map decode per publish). A
+//! consequence: an application property an AMQP publisher names `x-opt-*`
+//! reaches AMQP consumers as an annotation.
+//!
 //! Not carried: delivery-annotations and footer (hop-by-hop by the spec),
 //! `reply-to-group-id` (no neutral field), and decimal application-property
 //! values, which become [`Value::Binary`] of their IEEE 754 bytes (the
@@ -71,6 +88,9 @@ pub(crate) const DELIVERY_TIME_ANNOTATION: &str = "x-opt-delivery-time";
 /// (a long), as Artemis reads it. `x-opt-delivery-time` wins when both
 /// are set.
 pub(crate) const DELIVERY_DELAY_ANNOTATION: &str = "x-opt-delivery-delay";
+/// Neutral properties whose names start with this are message annotations
+/// to an AMQP consumer.
+const ANNOTATION_PREFIX: &str = "x-opt-";
 
 /// Most sections one message may have: 6 non-body sections plus the body.
 /// A body of thousands of tiny `data` sections is legal but pathological;
@@ -357,8 +377,9 @@ pub(crate) fn encode_head<'d>(
             delivery_count: delivery.delivery_count,
         },
     );
-    if delivery.from_retained {
-        write_retained_annotations(head, m.amqp_annotations.as_deref())?;
+    let broker_annotations = m.properties.iter().any(|(k, _)| is_annotation(k));
+    if delivery.from_retained || broker_annotations {
+        write_merged_annotations(head, m, delivery.from_retained)?;
     } else if let Some(ann) = &m.amqp_annotations {
         head.extend_from_slice(ann);
     }
@@ -367,7 +388,7 @@ pub(crate) fn encode_head<'d>(
     }
     if !m.properties.is_empty() {
         let mut map = OrderedMap::with_capacity(m.properties.len());
-        for (k, v) in m.properties.iter() {
+        for (k, v) in m.properties.iter().filter(|(k, _)| !is_annotation(k)) {
             // AMQP maps have unique keys: the first value wins, as for
             // `Properties::get`.
             if !map.contains_key(k) {
@@ -391,28 +412,52 @@ pub(crate) fn encode_head<'d>(
     Ok(body)
 }
 
-/// Writes the publisher's message annotations (if any) with
-/// [`RETAIN_ANNOTATION`] added. Annotations that do not decode (they were
-/// carried raw, never checked) are written as they came, unmarked.
-fn write_retained_annotations(
+/// Whether a neutral property is written as a message annotation rather
+/// than an application property: its name has the `x-opt-` prefix the
+/// specification reserves for annotations (the broker's dead-letter
+/// reason and count are such properties; see the module docs).
+fn is_annotation(name: &str) -> bool {
+    name.starts_with(ANNOTATION_PREFIX)
+}
+
+/// Writes the publisher's message annotations (if any) with what the
+/// broker adds: [`RETAIN_ANNOTATION`] for a retained replay, and every
+/// `x-opt-*` property (its first value; over the publisher's annotation of
+/// the same name, the broker's being the newer). Annotations that do not
+/// decode (they were carried raw, never checked) are written as they came,
+/// without the additions.
+fn write_merged_annotations(
     head: &mut Vec<u8>,
-    original: Option<&[u8]>,
+    m: &Message,
+    retained: bool,
 ) -> Result<(), serde_amqp::Error> {
-    let mut ann = match original {
+    let mut ann = match m.amqp_annotations.as_deref() {
         None => MessageAnnotations::default(),
         Some(raw) => match codec::decode::<MessageAnnotations>("message-annotations", raw) {
             Ok(a) => a,
             Err(e) => {
-                tracing::debug!(error = %e, "message annotations kept unmarked");
+                tracing::debug!(error = %e, "message annotations kept as they came, without the broker's");
                 head.extend_from_slice(raw);
                 return Ok(());
             }
         },
     };
-    ann.0.insert(
-        OwnedKey::from(Symbol::from(RETAIN_ANNOTATION)),
-        AmqpAny::Bool(true),
-    );
+    if retained {
+        ann.0.insert(
+            OwnedKey::from(Symbol::from(RETAIN_ANNOTATION)),
+            AmqpAny::Bool(true),
+        );
+    }
+    let mut added: Vec<&str> = Vec::new();
+    for (k, v) in m.properties.iter().filter(|(k, _)| is_annotation(k)) {
+        if !added.contains(&k) {
+            added.push(k);
+            ann.0.insert(
+                OwnedKey::from(Symbol::from(k)),
+                AmqpAny::from(to_simple_value(v)),
+            );
+        }
+    }
     codec::encode_into(head, &ann)
 }
 
@@ -725,6 +770,49 @@ mod tests {
         encode_head(&mut head, &del, 0).unwrap();
         let ann = annotations(&head).expect("annotations after the header");
         assert_eq!(ann.0.get(&key), None);
+    }
+
+    /// The broker's `x-opt-*` properties (a dead letter's reason and
+    /// count) reach an AMQP consumer as message annotations, merged with
+    /// the publisher's own (the broker's value winning a clash), and not as
+    /// application properties.
+    #[test]
+    fn x_opt_properties_become_message_annotations() {
+        let mut p = full_payload();
+        enc(&mut p, &Data(Binary::from(b"x".to_vec())));
+        let mut m = decode(&Bytes::from(p), 0).unwrap().message;
+        m.properties.push("x-opt-dead-letter-reason", "rejected");
+        m.properties.push("x-opt-delivery-count", Value::UInt(3));
+        m.properties.push("x-opt-a", Value::Int(6));
+        let mut head = Vec::new();
+        let del = delivery(m);
+        let body = encode_head(&mut head, &del, 0).unwrap();
+        let mut wire = head.clone();
+        wire.extend_from_slice(body);
+        let len = codec::value_len(&wire).unwrap();
+        let ann: MessageAnnotations =
+            codec::decode("message-annotations", &wire[len..]).expect("annotations");
+        let get = |k: &str| ann.0.get(&OwnedKey::from(Symbol::from(k))).cloned();
+        assert_eq!(
+            get("x-opt-dead-letter-reason"),
+            Some(AmqpAny::String("rejected".into()))
+        );
+        assert_eq!(get("x-opt-delivery-count"), Some(AmqpAny::Uint(3)));
+        assert_eq!(get("x-opt-a"), Some(AmqpAny::Int(6)), "the broker's wins");
+        let back = decode(&Bytes::from(wire), 0).unwrap().message;
+        let names: Vec<&str> = back.properties.iter().map(|(k, _)| k).collect();
+        assert_eq!(names, ["k", "s"], "application properties without x-opt-*");
+        // No broker annotations and no retained marker: the publisher's
+        // section is written as it came.
+        let mut plain = Vec::new();
+        enc(&mut plain, &MessageAnnotations(OrderedMap::new()));
+        let m = Message {
+            amqp_annotations: Some(Bytes::from(plain.clone())),
+            ..Message::text("t")
+        };
+        encode_head(&mut head, &delivery(m), 0).unwrap();
+        let len = codec::value_len(&head).unwrap();
+        assert_eq!(&head[len..len + plain.len()], &plain[..]);
     }
 
     #[test]

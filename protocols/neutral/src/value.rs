@@ -135,6 +135,16 @@ impl Properties {
         self.0.push((name.into(), value.into()));
     }
 
+    /// Sets `name` to `value` alone: any earlier values under that name
+    /// are dropped and the new one goes last. For values the broker owns
+    /// (a dead letter's reason), which must not pile up when a message
+    /// passes through twice.
+    pub fn set(&mut self, name: impl Into<String>, value: impl Into<Value>) {
+        let name = name.into();
+        self.0.retain(|(n, _)| *n != name);
+        self.0.push((name, value.into()));
+    }
+
     /// The first value stored under `name`.
     pub fn get(&self, name: &str) -> Option<&Value> {
         self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v)
