@@ -11,6 +11,7 @@
 //! recovered, so a changed entry applies to existing queues at the next
 //! restart.
 
+use rosetta_core::VISIBILITY_TIMEOUT_MS_MAX;
 use rosetta_core::{
     QueueMatch, QueueOverrides, QueuePattern, QueueRule, RedeliveryMultiplier,
     REDELIVERY_DELAY_MS_MAX, REDELIVERY_MULTIPLIER_MAX,
@@ -62,6 +63,9 @@ pub struct QueueEntry {
     /// The longest the delay grows to, in ms (0 to
     /// `REDELIVERY_DELAY_MS_MAX`; default ten times the delay).
     pub redelivery_delay_max_ms: Option<u64>,
+    /// A delivery's lease, in ms (1 to `VISIBILITY_TIMEOUT_MS_MAX`):
+    /// unsettled past it, it returns to the queue; absent: no lease.
+    pub visibility_timeout_ms: Option<u32>,
 }
 
 impl QueueEntry {
@@ -87,6 +91,7 @@ impl QueueEntry {
                 redelivery_delay_ms: self.redelivery_delay_ms,
                 redelivery_multiplier: self.redelivery_multiplier,
                 redelivery_delay_max_ms: self.redelivery_delay_max_ms,
+                visibility_timeout_ms: self.visibility_timeout_ms,
             },
         })
     }
@@ -200,6 +205,14 @@ impl Config {
                 if let Some(ms) = ms {
                     within(&at(key), ms, 0, REDELIVERY_DELAY_MS_MAX)?;
                 }
+            }
+            if let Some(ms) = q.visibility_timeout_ms {
+                within(
+                    &at("visibility_timeout_ms"),
+                    ms.into(),
+                    1,
+                    VISIBILITY_TIMEOUT_MS_MAX.into(),
+                )?;
             }
         }
         Ok(())

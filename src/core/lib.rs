@@ -25,6 +25,7 @@ pub mod codec;
 mod disk;
 mod dispatch;
 mod groups;
+mod lease;
 mod queue;
 mod queue_settings;
 mod routing;
@@ -53,6 +54,7 @@ use rosetta_store::{
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
+pub use queue_settings::VISIBILITY_TIMEOUT_MS_MAX;
 pub use queue_settings::{
     QueueMatch, QueueOverrides, QueuePattern, QueuePatternError, QueueRule, QueueRules,
     QueueSettings, RedeliveryMultiplier, GROUPS_MAX_DEFAULT, QUEUE_PATTERN_WORDS_MAX,
@@ -594,7 +596,20 @@ impl Inner {
                 let Some(queue) = queue.upgrade() else {
                     continue;
                 };
-                let out = queue.release_due(now);
+                let mut out = queue.release_due(now, self.delivery_attempts_max(&queue));
+                if !out.dead.is_empty() {
+                    // The originals' acks and their copies commit together.
+                    let dead = std::mem::take(&mut out.dead)
+                        .into_iter()
+                        .map(|e| (e, Arc::clone(&queue)))
+                        .collect();
+                    let mut batch = Batch {
+                        records: std::mem::take(&mut out.records),
+                        enqueues: Vec::new(),
+                    };
+                    self.dead_letter(dead, &mut batch);
+                    batch.commit(self, None);
+                }
                 self.after_dispatch(out);
             }
         }
@@ -612,7 +627,11 @@ impl Inner {
     }
 
     fn after_dispatch(&self, out: DispatchOutput) {
-        let DispatchOutput { records, expired } = out;
+        // Dead entries come only from `release_due`, whose caller routes
+        // them (it knows their queue).
+        let DispatchOutput {
+            records, expired, ..
+        } = out;
         let mut batch = Batch {
             records,
             enqueues: Vec::new(),

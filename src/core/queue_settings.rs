@@ -69,6 +69,11 @@ pub const REDELIVERY_MULTIPLIER_MAX: f64 = 100.0;
 /// `redelivery-delay * 10`).
 pub const REDELIVERY_DELAY_MAX_FACTOR_DEFAULT: u64 = 10;
 
+/// Longest lease (visibility timeout) a queue or a consumer may ask for
+/// (`visibility_timeout_ms`): 12 hours, as SQS. A delivery held longer is
+/// better settled or released by its consumer than forgotten in a timer.
+pub const VISIBILITY_TIMEOUT_MS_MAX: u32 = 12 * 60 * 60 * 1000;
+
 /// The factor a redelivery delay grows by with each failed attempt: finite
 /// and from 1.0 (no growth) to [`REDELIVERY_MULTIPLIER_MAX`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -123,6 +128,11 @@ pub struct QueueSettings {
     /// The longest the delay grows to; `None`: ten times
     /// `redelivery_delay_ms` ([`REDELIVERY_DELAY_MAX_FACTOR_DEFAULT`]).
     pub redelivery_delay_max_ms: Option<u64>,
+    /// How long a delivery may stay unsettled before it returns to the
+    /// queue while its consumer stays connected (a lease, as the visibility
+    /// timeout of SQS); `None`: held until settled or its consumer goes. At
+    /// most [`VISIBILITY_TIMEOUT_MS_MAX`]; a consumer's own timeout wins.
+    pub visibility_timeout_ms: Option<u32>,
 }
 
 impl Default for QueueSettings {
@@ -135,6 +145,7 @@ impl Default for QueueSettings {
             redelivery_delay_ms: 0,
             redelivery_multiplier: RedeliveryMultiplier::ONE,
             redelivery_delay_max_ms: None,
+            visibility_timeout_ms: None,
         }
     }
 }
@@ -193,6 +204,8 @@ pub struct QueueOverrides {
     pub redelivery_multiplier: Option<RedeliveryMultiplier>,
     /// [`QueueSettings::redelivery_delay_max_ms`].
     pub redelivery_delay_max_ms: Option<u64>,
+    /// [`QueueSettings::visibility_timeout_ms`].
+    pub visibility_timeout_ms: Option<u32>,
 }
 
 impl QueueOverrides {
@@ -207,6 +220,7 @@ impl QueueOverrides {
             redelivery_delay_ms,
             redelivery_multiplier,
             redelivery_delay_max_ms,
+            visibility_timeout_ms,
         } = self;
         if let Some(exclusive) = exclusive {
             settings.exclusive = *exclusive;
@@ -228,6 +242,9 @@ impl QueueOverrides {
         }
         if let Some(max) = redelivery_delay_max_ms {
             settings.redelivery_delay_max_ms = Some(*max);
+        }
+        if let Some(timeout) = visibility_timeout_ms {
+            settings.visibility_timeout_ms = Some(*timeout);
         }
     }
 }

@@ -1253,3 +1253,6 @@ mod queue_semantics;
 
 #[path = "schedule_tests.rs"]
 mod schedule;
+
+#[path = "lease_tests.rs"]
+mod lease;
