@@ -69,10 +69,9 @@ pub const REDELIVERY_MULTIPLIER_MAX: f64 = 100.0;
 /// `redelivery-delay * 10`).
 pub const REDELIVERY_DELAY_MAX_FACTOR_DEFAULT: u64 = 10;
 
-/// Longest lease (visibility timeout) a queue or a consumer may ask for
-/// (`visibility_timeout_ms`): 12 hours, as SQS. A delivery held longer is
-/// better settled or released by its consumer than forgotten in a timer.
-pub const VISIBILITY_TIMEOUT_MS_MAX: u32 = 12 * 60 * 60 * 1000;
+/// Longest lease a queue may configure (`visibility_timeout_ms`), the
+/// same bound as a consumer's.
+pub use rosetta_neutral::VISIBILITY_TIMEOUT_MS_MAX;
 
 /// The factor a redelivery delay grows by with each failed attempt: finite
 /// and from 1.0 (no growth) to [`REDELIVERY_MULTIPLIER_MAX`].

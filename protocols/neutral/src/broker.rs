@@ -339,6 +339,11 @@ pub struct ConsumerSpec {
     pub options: ConsumerOptions,
 }
 
+/// Longest lease (visibility timeout) a queue or a consumer may ask for,
+/// in ms: 12 hours, as SQS. A delivery held longer is better settled or
+/// released by its consumer than forgotten in a timer.
+pub const VISIBILITY_TIMEOUT_MS_MAX: u32 = 12 * 60 * 60 * 1000;
+
 /// The options a client may give a consumer when it subscribes, the same
 /// for every protocol (see `docs/semantics.md` for each protocol's
 /// spelling). The queue's own settings win where both say something.
