@@ -210,11 +210,33 @@ impl QueueState {
         let (key, mut entry) = self.inflight.remove(&tag)?;
         if let Some(deadline) = entry.lease_until.take() {
             self.leases.end(deadline, tag);
+            if let Some(group) = &entry.message.group_id {
+                self.unlease_group(group);
+            }
         }
         if let Some(group) = &entry.message.group_id {
             self.groups.unhold(group, key);
         }
         Some((key, entry))
+    }
+
+    fn unlease_group(&mut self, group: &str) {
+        if let Some(n) = self.leased_groups.get_mut(group) {
+            *n -= 1;
+            if *n == 0 {
+                self.leased_groups.remove(group);
+            }
+        }
+    }
+
+    /// Whether `entry` must wait: its group has a leased delivery in flight.
+    pub(crate) fn waits_for_its_group(&self, entry: &Entry) -> bool {
+        !self.leased_groups.is_empty()
+            && entry
+                .message
+                .group_id
+                .as_deref()
+                .is_some_and(|g| self.leased_groups.contains_key(g))
     }
 
     fn note_priorities(&mut self) {
@@ -414,7 +436,22 @@ impl Queue {
                 continue;
             }
             while st.backlog.first_reserved(key).is_some() && st.consumers[i].can_take() {
-                let Some(entry) = st.backlog.pop_reserved(key) else {
+                let entry = if st.leased_groups.is_empty() {
+                    st.backlog.pop_reserved(key)
+                } else {
+                    let QueueState {
+                        backlog,
+                        leased_groups,
+                        ..
+                    } = &mut *st;
+                    backlog.pop_reserved_where(key, |e| {
+                        e.message
+                            .group_id
+                            .as_deref()
+                            .is_none_or(|g| !leased_groups.contains_key(g))
+                    })
+                };
+                let Some(entry) = entry else {
                     break;
                 };
                 progress = true;
@@ -483,6 +520,8 @@ impl Queue {
                     .and_then(|g| st.groups.owner(g));
                 match owner {
                     Some(owner) if owner != key => reserve_for(st, owner, entry),
+                    // Its group's previous message is leased: it waits.
+                    Some(owner) if st.waits_for_its_group(&entry) => reserve_for(st, owner, entry),
                     _ => self.deliver(st, i, entry, From::Shared, now_ms, out),
                 }
             }
@@ -603,6 +642,9 @@ impl Queue {
             if let Some(lease_ms) = lease_ms {
                 let deadline = now_ms.saturating_add(u64::from(lease_ms));
                 entry.lease_until = Some(deadline);
+                if let Some(group) = &entry.message.group_id {
+                    *st.leased_groups.entry(group.clone()).or_default() += 1;
+                }
                 st.leases.start(deadline, tag);
                 self.arm_if_earlier(st, deadline);
             }
@@ -671,7 +713,7 @@ impl Queue {
 }
 
 /// Keeps `entry` for its group's consumer.
-fn reserve_for(st: &mut QueueState, owner: ConsumerKey, entry: Entry) {
+pub(crate) fn reserve_for(st: &mut QueueState, owner: ConsumerKey, entry: Entry) {
     if let Some(group) = &entry.message.group_id {
         st.groups.hold(group);
     }

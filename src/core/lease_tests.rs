@@ -336,3 +336,48 @@ fn a_restart_brings_a_leased_message_back_and_loses_nothing() {
     let _c = consume_with(&mut s, "q", 1, None);
     assert_eq!(split(e.take()).0.len(), 1);
 }
+
+fn send_in_group(s: &mut Box<dyn Session>, group: &str, body: &str) {
+    let mut m = Message::text(body);
+    m.group_id = Some(group.into());
+    s.publish(&queue("q"), m, PublishOptions::default())
+        .expect("publish");
+}
+
+#[test]
+fn a_groups_next_message_waits_while_one_is_leased_so_order_holds_across_expiry() {
+    let (core, clock) = leasing_core(1_000, QueueOverrides::default());
+    let (mut s, e) = open(&core, "c");
+    let c = consume_with(&mut s, "q", 10, None);
+    for body in ["a1", "a2", "a3"] {
+        send_in_group(&mut s, "a", body);
+    }
+    send_in_group(&mut s, "b", "b1");
+    let (first, _) = split(e.take());
+    let got: Vec<String> = first.iter().map(text).collect();
+    assert_eq!(
+        got,
+        vec!["a1", "b1"],
+        "one leased message per group, other groups go on"
+    );
+
+    advance(&core, &clock, 1_000);
+    let (again, expired) = split(e.take());
+    assert_eq!(expired.len(), 2);
+    let got: Vec<String> = again.iter().map(text).collect();
+    assert_eq!(
+        got,
+        vec!["a1", "b1"],
+        "a1 again before a2: order holds across the expiry"
+    );
+    for d in &again {
+        s.settle(c, d.tag, Outcome::Accept, None, false)
+            .expect("accept");
+    }
+    let (next, _) = split(e.take());
+    assert_eq!(next.iter().map(text).collect::<Vec<_>>(), vec!["a2"]);
+    s.settle(c, next[0].tag, Outcome::Accept, None, false)
+        .expect("accept");
+    let (last, _) = split(e.take());
+    assert_eq!(last.iter().map(text).collect::<Vec<_>>(), vec!["a3"]);
+}

@@ -200,6 +200,10 @@ pub(crate) struct QueueState {
     pub(crate) next_tag: u64,
     /// Lease deadlines of in-flight deliveries, and expired leases.
     pub(crate) leases: Leases,
+    /// Message groups with a leased delivery in flight, and how many: a
+    /// group's next message waits while one is leased, so that its order
+    /// holds across an expiry and redelivery.
+    pub(crate) leased_groups: HashMap<String, u32>,
     /// In attach order (exclusive consumers stand by in it).
     pub(crate) consumers: Vec<ConsumerSlot>,
     pub(crate) policy: DispatchPolicy,
@@ -284,6 +288,7 @@ impl Queue {
                 inflight: HashMap::new(),
                 next_tag: 0,
                 leases: Leases::default(),
+                leased_groups: HashMap::new(),
                 consumers: Vec::new(),
                 policy: DispatchPolicy::default(),
                 groups: Groups::default(),
@@ -497,7 +502,20 @@ impl Queue {
             }
             // The adapter forgot the delivery: its saved state goes too.
             entry.annotation = None;
-            self.put_back_later(st, entry, now_ms);
+            let owner = entry
+                .message
+                .group_id
+                .as_deref()
+                .and_then(|g| st.groups.owner(g));
+            match owner {
+                // Straight back to its group's consumer, ahead of the
+                // group's later messages kept for it (kept in sequence
+                // order), so per-group order holds.
+                Some(owner) if self.settings.redelivery_delay_ms_for(entry.delivery_count) == 0 => {
+                    super::dispatch::reserve_for(st, owner, entry);
+                }
+                _ => self.put_back_later(st, entry, now_ms),
+            }
         }
         any
     }
