@@ -15,9 +15,9 @@
 //!
 //! An entry here holds its message in memory, counted in the memory gauge
 //! like the backlog's in-memory part. Scheduled messages are **not paged**
-//! past the memory budget: a million scheduled 1 KiB messages cost their
-//! bodies plus an index entry each (see `benches/scheduled.rs` for the
-//! measured cost). Paging them like the backlog's would need a page file
+//! past the memory budget: a million scheduled messages cost their bodies
+//! plus the message structure and the index entry, about 680 bytes each
+//! besides the body (`benches/scheduled.rs` measures it). Paging them like the backlog's would need a page file
 //! read by seq out of order; that is left for later, and producers are
 //! held back by the budget as for any queued message meanwhile.
 //!

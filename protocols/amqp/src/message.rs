@@ -504,6 +504,20 @@ mod tests {
         }
     }
 
+    #[test]
+    fn python_qpid_protons_delivery_delay_schedules_the_message() {
+        // `Message(body='x', annotations={symbol('x-opt-delivery-delay'): 1000})`
+        // as python-qpid-proton encodes it: an empty header, the
+        // annotations as a map32, an empty properties list.
+        let hex = "00537045005372d10000002300000002a314782d6f70742d64656c69766572792d64656c61798100000000000003e800537345005377a10178";
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let d = decode(&Bytes::from(bytes), 5).unwrap();
+        assert_eq!(d.message.delivery_time, Some(1_005));
+    }
+
     fn full_payload() -> Vec<u8> {
         let mut p = Vec::new();
         enc(
