@@ -193,3 +193,93 @@ async fn amqp_an_expired_lease_is_released_redelivered_and_the_late_accept_not_a
     assert_eq!(text_of(&next), "next");
     r.accept(&next).await.expect("accept");
 }
+
+/// One performative, encoded for a raw frame.
+fn performative(p: fe2o3_amqp::types::performatives::Performative) -> Vec<u8> {
+    serde_amqp::to_vec(&p).expect("encode performative")
+}
+
+/// fe2o3-amqp cannot send a `received` disposition (its receiver only
+/// disposes with terminal states), so renewal is sent from a raw client.
+#[tokio::test]
+async fn amqp_a_received_disposition_renews_the_lease() {
+    use common::amqp::{frame, RawAmqp, ATTACH, DISPOSITION, TRANSFER};
+    use fe2o3_amqp::types::definitions::{Handle, ReceiverSettleMode, Role, SenderSettleMode};
+    use fe2o3_amqp::types::messaging::{DeliveryState, Received, Source};
+    use fe2o3_amqp::types::performatives::{Attach, Disposition, Flow, Performative};
+
+    let broker = TestBroker::start().await;
+    let (_conn, mut session) = amqp::connect_session(&broker, "lease-producer").await;
+    let mut s = amqp::sender(&mut session, "p", "renewed").await;
+    send_accepted(&mut s, Message::builder().value("job".to_string()).build()).await;
+
+    let mut raw = RawAmqp::connect(broker.amqp()).await;
+    raw.open_and_begin().await;
+    let mut props = Fields::new();
+    props.insert(Symbol::from("visibility-timeout"), Value::Uint(400));
+    let attach = Attach {
+        name: "leased".into(),
+        handle: Handle(0),
+        role: Role::Receiver,
+        snd_settle_mode: SenderSettleMode::Unsettled,
+        rcv_settle_mode: ReceiverSettleMode::First,
+        source: Some(Box::new(Source::builder().address("renewed").build())),
+        target: None,
+        unsettled: None,
+        incomplete_unsettled: false,
+        initial_delivery_count: None,
+        max_message_size: None,
+        offered_capabilities: None,
+        desired_capabilities: None,
+        properties: Some(props),
+    };
+    assert!(
+        raw.write(&frame(0, 0, &performative(Performative::Attach(attach))))
+            .await
+    );
+    raw.expect(ATTACH).await;
+    let flow = Flow {
+        next_incoming_id: Some(0),
+        incoming_window: 100,
+        next_outgoing_id: 0,
+        outgoing_window: 100,
+        handle: Some(Handle(0)),
+        delivery_count: Some(0),
+        link_credit: Some(10),
+        available: None,
+        drain: false,
+        echo: false,
+        properties: None,
+    };
+    assert!(
+        raw.write(&frame(0, 0, &performative(Performative::Flow(flow))))
+            .await
+    );
+    raw.expect(TRANSFER).await;
+    // The session's first delivery has delivery id 0.
+    let received = Disposition {
+        role: Role::Receiver,
+        first: 0,
+        last: None,
+        settled: false,
+        state: Some(DeliveryState::Received(Received {
+            section_number: 0,
+            section_offset: 0,
+        })),
+        batchable: false,
+    };
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let d = performative(Performative::Disposition(received.clone()));
+        assert!(raw.write(&frame(0, 0, &d)).await);
+    }
+    // A second, 1 s in: renewed all along, never released or redelivered.
+    match raw.read_frame_within(Duration::from_millis(100)).await {
+        Err(common::amqp::RawEnd::Timeout) => {}
+        other => panic!("nothing expected while renewed: {other:?}"),
+    }
+    assert_eq!(broker.depth("renewed"), (0, 1));
+    // No more renewals: released, then delivered again.
+    raw.expect(DISPOSITION).await;
+    raw.expect(TRANSFER).await;
+}
