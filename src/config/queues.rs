@@ -11,6 +11,7 @@
 //! recovered, so a changed entry applies to existing queues at the next
 //! restart.
 
+use rosetta_core::VISIBILITY_TIMEOUT_MS_MAX;
 use rosetta_core::{
     QueueMatch, QueueOverrides, QueuePattern, QueueRule, RedeliveryMultiplier,
     REDELIVERY_DELAY_MS_MAX, REDELIVERY_MULTIPLIER_MAX,
@@ -106,6 +107,9 @@ pub struct QueueEntry {
     /// A last-value queue keyed by this property (AMQP application
     /// property, STOMP header, MQTT 5 user property).
     pub last_value_key: Option<String>,
+    /// A delivery's lease, in ms (1 to `VISIBILITY_TIMEOUT_MS_MAX`):
+    /// unsettled past it, it returns to the queue; absent: no lease.
+    pub visibility_timeout_ms: Option<u32>,
 }
 
 impl QueueEntry {
@@ -137,6 +141,7 @@ impl QueueEntry {
                     .dedup_ids_max
                     .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
                 last_value_key: self.last_value_key.clone(),
+                visibility_timeout_ms: self.visibility_timeout_ms,
             },
         })
     }
@@ -277,6 +282,14 @@ impl Config {
             }
             if let Some(key) = &q.last_value_key {
                 check_last_value_key(&at("last_value_key"), key)?;
+            }
+            if let Some(ms) = q.visibility_timeout_ms {
+                within(
+                    &at("visibility_timeout_ms"),
+                    ms.into(),
+                    1,
+                    VISIBILITY_TIMEOUT_MS_MAX.into(),
+                )?;
             }
         }
         Ok(())

@@ -551,3 +551,27 @@ fn a_repeated_binding_among_many_is_found_at_its_index() {
     assert_eq!(err.key(), Some(format!("bindings[{count}]").as_str()));
     assert_eq!(err.line(), Some(3 * count + 1));
 }
+
+#[test]
+fn visibility_timeout_key_becomes_a_queue_setting_and_is_bounded() {
+    let c = Config::parse(
+        "[[queues]]\nname = \"q\"\nvisibility_timeout_ms = 30000\n",
+        "x",
+    )
+    .expect("parses");
+    assert_eq!(
+        c.queue_rules().resolve("q").visibility_timeout_ms,
+        Some(30_000)
+    );
+    assert_eq!(c.queue_rules().resolve("other").visibility_timeout_ms, None);
+    for bad in [
+        "visibility_timeout_ms = 0",
+        "visibility_timeout_ms = 43200001",
+    ] {
+        let err = Config::parse(&format!("[[queues]]\nname = \"q\"\n{bad}\n"), "x").expect_err(bad);
+        assert!(
+            err.to_string().contains("queues[0].visibility_timeout_ms"),
+            "{err}"
+        );
+    }
+}

@@ -453,6 +453,25 @@ impl Backlog {
         entry
     }
 
+    /// Takes the first message kept for `consumer` that `may_go` allows
+    /// (messages of a group with a leased delivery in flight wait, see
+    /// `lease`). Looks at the consumer's kept messages in order, at most
+    /// all of them.
+    pub(crate) fn pop_reserved_where(
+        &mut self,
+        consumer: ConsumerKey,
+        may_go: impl Fn(&Entry) -> bool,
+    ) -> Option<Entry> {
+        let list = self.reserved.get_mut(&consumer)?;
+        let seq = list.values().find(|e| may_go(e)).map(|e| e.seq)?;
+        let entry = list.remove(&seq);
+        if list.is_empty() {
+            self.reserved.remove(&consumer);
+        }
+        self.reserved_len -= usize::from(entry.is_some());
+        entry
+    }
+
     /// The consumer went: what was kept for it returns to the queue, to its
     /// place in queue order.
     pub(crate) fn unreserve(&mut self, consumer: ConsumerKey) {

@@ -204,13 +204,39 @@ impl QueueState {
         Some(slot)
     }
 
-    /// Takes an in-flight delivery out (settled, or returned).
-    pub(crate) fn take_inflight(&mut self, seq: u64) -> Option<(ConsumerKey, Entry)> {
-        let (key, entry) = self.inflight.remove(&seq)?;
+    /// Takes an in-flight delivery out (settled, or returned), ending its
+    /// lease.
+    pub(crate) fn take_inflight(&mut self, tag: u64) -> Option<(ConsumerKey, Entry)> {
+        let (key, mut entry) = self.inflight.remove(&tag)?;
+        if let Some(deadline) = entry.lease_until.take() {
+            self.leases.end(deadline, tag);
+            if let Some(group) = &entry.message.group_id {
+                self.unlease_group(group);
+            }
+        }
         if let Some(group) = &entry.message.group_id {
             self.groups.unhold(group, key);
         }
         Some((key, entry))
+    }
+
+    fn unlease_group(&mut self, group: &str) {
+        if let Some(n) = self.leased_groups.get_mut(group) {
+            *n -= 1;
+            if *n == 0 {
+                self.leased_groups.remove(group);
+            }
+        }
+    }
+
+    /// Whether `entry` must wait: its group has a leased delivery in flight.
+    pub(crate) fn waits_for_its_group(&self, entry: &Entry) -> bool {
+        !self.leased_groups.is_empty()
+            && entry
+                .message
+                .group_id
+                .as_deref()
+                .is_some_and(|g| self.leased_groups.contains_key(g))
     }
 
     fn note_priorities(&mut self) {
@@ -386,7 +412,7 @@ impl Queue {
             } else if let Some(owner) = owner {
                 reserve_for(st, owner, entry);
             } else if let Some(i) = pick {
-                self.deliver(st, i, entry, From::Shared, out);
+                self.deliver(st, i, entry, From::Shared, now_ms, out);
             }
         }
         progress
@@ -410,7 +436,22 @@ impl Queue {
                 continue;
             }
             while st.backlog.first_reserved(key).is_some() && st.consumers[i].can_take() {
-                let Some(entry) = st.backlog.pop_reserved(key) else {
+                let entry = if st.leased_groups.is_empty() {
+                    st.backlog.pop_reserved(key)
+                } else {
+                    let QueueState {
+                        backlog,
+                        leased_groups,
+                        ..
+                    } = &mut *st;
+                    backlog.pop_reserved_where(key, |e| {
+                        e.message
+                            .group_id
+                            .as_deref()
+                            .is_none_or(|g| !leased_groups.contains_key(g))
+                    })
+                };
+                let Some(entry) = entry else {
                     break;
                 };
                 progress = true;
@@ -420,7 +461,7 @@ impl Queue {
                     }
                     self.expire(st, entry, out);
                 } else {
-                    self.deliver(st, i, entry, From::Reserved, out);
+                    self.deliver(st, i, entry, From::Reserved, now_ms, out);
                 }
             }
         }
@@ -479,7 +520,9 @@ impl Queue {
                     .and_then(|g| st.groups.owner(g));
                 match owner {
                     Some(owner) if owner != key => reserve_for(st, owner, entry),
-                    _ => self.deliver(st, i, entry, From::Shared, out),
+                    // Its group's previous message is leased: it waits.
+                    Some(owner) if st.waits_for_its_group(&entry) => reserve_for(st, owner, entry),
+                    _ => self.deliver(st, i, entry, From::Shared, now_ms, out),
                 }
             }
         }
@@ -520,7 +563,11 @@ impl Queue {
                         st.stats.selector_evaluations_total += 1;
                         s.matches(&entry.message)
                     });
-                let delivery = wanted.then(|| delivery_of(&st.consumers[i], entry));
+                let delivery = wanted.then(|| {
+                    // A copy is never settled; its tag is unique all the same.
+                    st.next_tag = st.next_tag.wrapping_add(1);
+                    delivery_of(&st.consumers[i], entry, st.next_tag)
+                });
                 let c = &mut st.consumers[i];
                 c.browse = Some(super::queue::BrowseCursor {
                     next_seq: seq + 1,
@@ -545,6 +592,7 @@ impl Queue {
         i: usize,
         mut entry: Entry,
         from: From,
+        now_ms: u64,
         out: &mut DispatchOutput,
     ) {
         let key = st.consumers[i].key;
@@ -562,8 +610,11 @@ impl Queue {
                 }
             }
         }
+        st.next_tag = st.next_tag.wrapping_add(1);
+        let tag = st.next_tag;
         let slot = &mut st.consumers[i];
-        let delivery = delivery_of(slot, &entry);
+        let delivery = delivery_of(slot, &entry, tag);
+        let lease_ms = slot.visibility_timeout_ms;
         slot.credit -= 1;
         slot.sent = slot.sent.wrapping_add(1);
         let auto_settle = slot.auto_settle;
@@ -588,7 +639,16 @@ impl Queue {
             self.release(&entry);
         } else {
             entry.redelivered = true;
-            st.inflight.insert(entry.seq, (key, entry));
+            if let Some(lease_ms) = lease_ms {
+                let deadline = now_ms.saturating_add(u64::from(lease_ms));
+                entry.lease_until = Some(deadline);
+                if let Some(group) = &entry.message.group_id {
+                    *st.leased_groups.entry(group.clone()).or_default() += 1;
+                }
+                st.leases.start(deadline, tag);
+                self.arm_if_earlier(st, deadline);
+            }
+            st.inflight.insert(tag, (key, entry));
         }
     }
 
@@ -653,7 +713,7 @@ impl Queue {
 }
 
 /// Keeps `entry` for its group's consumer.
-fn reserve_for(st: &mut QueueState, owner: ConsumerKey, entry: Entry) {
+pub(crate) fn reserve_for(st: &mut QueueState, owner: ConsumerKey, entry: Entry) {
     if let Some(group) = &entry.message.group_id {
         st.groups.hold(group);
     }
@@ -661,14 +721,14 @@ fn reserve_for(st: &mut QueueState, owner: ConsumerKey, entry: Entry) {
 }
 
 /// The delivery of `entry` to `slot`, charged to its connection's budget.
-fn delivery_of(slot: &ConsumerSlot, entry: &Entry) -> Delivery {
+fn delivery_of(slot: &ConsumerSlot, entry: &Entry, tag: u64) -> Delivery {
     let charge = match slot.sink.budget() {
         Some(budget) => budget.charge(entry.message.memory_size() as u64),
         None => rosetta_neutral::DeliveryCharge::none(),
     };
     Delivery {
         consumer: slot.key.consumer,
-        tag: DeliveryTag(entry.seq),
+        tag: DeliveryTag(tag),
         message: Arc::clone(&entry.message),
         delivery_count: entry.delivery_count,
         redelivered: entry.redelivered,

@@ -28,6 +28,7 @@ mod disk;
 mod dispatch;
 mod groups;
 mod last_value;
+mod lease;
 mod queue;
 mod queue_settings;
 mod routing;
@@ -60,6 +61,7 @@ pub use dead_letter::{
 };
 pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
+pub use queue_settings::VISIBILITY_TIMEOUT_MS_MAX;
 pub use queue_settings::{
     QueueMatch, QueueOverrides, QueuePattern, QueuePatternError, QueueRule, QueueRules,
     QueueSettings, RedeliveryMultiplier, GROUPS_MAX_DEFAULT, QUEUE_PATTERN_WORDS_MAX,
@@ -606,7 +608,26 @@ impl Inner {
                 let Some(queue) = queue.upgrade() else {
                     continue;
                 };
-                let out = queue.release_due(now);
+                let mut out = queue.release_due(now, self.delivery_attempts_max(&queue));
+                if !out.dead.is_empty() {
+                    // The originals' acks and their copies commit together.
+                    // Expired leases past their attempts: the only way a
+                    // timer dead-letters.
+                    let dead = std::mem::take(&mut out.dead)
+                        .into_iter()
+                        .map(|entry| dead_letter::DeadLetter {
+                            entry,
+                            from: Arc::clone(&queue),
+                            reason: DeadLetterReason::DeliveryAttempts,
+                        })
+                        .collect();
+                    let mut batch = Batch {
+                        records: std::mem::take(&mut out.records),
+                        ..Batch::default()
+                    };
+                    self.dead_letter(dead, &mut batch);
+                    batch.commit(self, None);
+                }
                 self.after_dispatch(out);
             }
         }
@@ -624,7 +645,11 @@ impl Inner {
     }
 
     fn after_dispatch(&self, out: DispatchOutput) {
-        let DispatchOutput { records, expired } = out;
+        // Dead entries come only from `release_due`, whose caller routes
+        // them (it knows their queue).
+        let DispatchOutput {
+            records, expired, ..
+        } = out;
         let mut batch = Batch {
             records,
             ..Batch::default()

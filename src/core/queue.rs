@@ -9,7 +9,9 @@
 //! Messages wait in the [`Backlog`], ordered by priority and then by their
 //! global sequence number, so a released message goes back to its original
 //! place (FIFO per priority); past the memory budget it pages them to disk.
-//! Delivered-but-unsettled messages sit in `inflight` until settled.
+//! Delivered-but-unsettled messages sit in `inflight`, keyed by their
+//! delivery tag (unique per delivery, see `QueueState::next_tag`), until
+//! settled, returned, or their lease runs out (`lease`).
 //!
 //! Who gets which message (priorities, exclusive consumers, consumer
 //! priority, selectors, browsers, message groups) is the `dispatch`
@@ -29,6 +31,7 @@ use super::dedup::DedupWindow;
 use super::dispatch::DispatchPolicy;
 use super::groups::Groups;
 use super::last_value::{Arrival, LastValues};
+use super::lease::Leases;
 use super::queue_settings::QueueSettings;
 use super::schedule::{Schedule, Timers, SCHEDULE_RELEASE_BATCH_MAX};
 use super::selector::Selector;
@@ -56,6 +59,8 @@ pub(crate) struct Entry {
     pub(crate) enqueued_at: Instant,
     /// Not to be redelivered to this consumer (AMQP undeliverable-here).
     pub(crate) excluded: Option<ConsumerKey>,
+    /// In flight on a lease that runs out at this time (see `lease`).
+    pub(crate) lease_until: Option<u64>,
 }
 
 impl Entry {
@@ -71,6 +76,7 @@ impl Entry {
             journaled,
             enqueued_at: Instant::now(),
             excluded: None,
+            lease_until: None,
         }
     }
 }
@@ -101,6 +107,9 @@ pub(crate) struct ConsumerSlot {
     pub(crate) groups: usize,
     /// A browser's walk through the queue.
     pub(crate) browse: Option<BrowseCursor>,
+    /// Its deliveries' lease, in ms (its own or the queue's); `None`: held
+    /// until settled or it goes.
+    pub(crate) visibility_timeout_ms: Option<u32>,
 }
 
 /// How far a browser has seen the queue, in arrival (sequence) order.
@@ -197,7 +206,17 @@ pub(crate) struct QueueState {
     /// The earliest due time this queue armed the core-wide timer with,
     /// while that is still to come.
     pub(crate) armed_ms: Option<u64>,
-    pub(crate) inflight: HashMap<MessageSeq, (ConsumerKey, Entry)>,
+    /// Delivered and unsettled, by delivery tag.
+    pub(crate) inflight: HashMap<u64, (ConsumerKey, Entry)>,
+    /// The last delivery tag handed out: each delivery gets the next, so a
+    /// redelivered message never has the tag of its earlier delivery.
+    pub(crate) next_tag: u64,
+    /// Lease deadlines of in-flight deliveries, and expired leases.
+    pub(crate) leases: Leases,
+    /// Message groups with a leased delivery in flight, and how many: a
+    /// group's next message waits while one is leased, so that its order
+    /// holds across an expiry and redelivery.
+    pub(crate) leased_groups: HashMap<String, u32>,
     /// In attach order (exclusive consumers stand by in it).
     pub(crate) consumers: Vec<ConsumerSlot>,
     pub(crate) policy: DispatchPolicy,
@@ -261,6 +280,9 @@ pub(crate) struct QueueDedup {
 pub(crate) struct DispatchOutput {
     pub(crate) records: Vec<Record>,
     pub(crate) expired: Vec<Entry>,
+    /// Entries for the dead-letter address (leases that ran out once too
+    /// often); their ack records are in `records`.
+    pub(crate) dead: Vec<Entry>,
 }
 
 impl Queue {
@@ -295,6 +317,9 @@ impl Queue {
                 schedule: Schedule::default(),
                 armed_ms: None,
                 inflight: HashMap::new(),
+                next_tag: 0,
+                leases: Leases::default(),
+                leased_groups: HashMap::new(),
                 consumers: Vec::new(),
                 policy: DispatchPolicy::default(),
                 groups: Groups::default(),
@@ -363,6 +388,7 @@ impl Queue {
             return DispatchOutput {
                 records: self.ack_record(&entry).into_iter().collect(),
                 expired: Vec::new(),
+                dead: Vec::new(),
             };
         }
         st.stats.enqueued_total += 1;
@@ -454,17 +480,19 @@ impl Queue {
         self.arm_if_earlier(st, due);
     }
 
-    fn arm_if_earlier(&self, st: &mut QueueState, due_ms: u64) {
+    pub(crate) fn arm_if_earlier(&self, st: &mut QueueState, due_ms: u64) {
         if st.armed_ms.is_none_or(|armed| due_ms < armed) {
             st.armed_ms = Some(due_ms);
             self.timers.arm(due_ms, self.me.clone());
         }
     }
 
-    /// The core's timer came back for this queue: what is due at `now_ms`
-    /// moves to the backlog (what expired meanwhile to the expiry address)
-    /// and is dispatched; the timer is armed again for what is left.
-    pub(crate) fn release_due(&self, now_ms: u64) -> DispatchOutput {
+    /// The core's timer came back for this queue: leases that ran out
+    /// return their deliveries (see [`Self::expire_leases`]), what is due
+    /// at `now_ms` moves to the backlog (what expired meanwhile to the
+    /// expiry address) and is dispatched; the timer is armed again for
+    /// what is left. `attempts_max`: the queue's delivery attempts in force.
+    pub(crate) fn release_due(&self, now_ms: u64, attempts_max: u32) -> DispatchOutput {
         let mut st = self.state.lock();
         if st.armed_ms.is_some_and(|armed| armed <= now_ms) {
             st.armed_ms = None;
@@ -472,8 +500,13 @@ impl Queue {
         if st.deleted {
             return DispatchOutput::default();
         }
-        let due = st.schedule.take_due(now_ms, SCHEDULE_RELEASE_BATCH_MAX);
         let mut out = DispatchOutput::default();
+        if self.expire_leases(&mut st, now_ms, attempts_max, &mut out) {
+            let more = self.dispatch_locked(&mut st, now_ms);
+            out.records.extend(more.records);
+            out.expired.extend(more.expired);
+        }
+        let due = st.schedule.take_due(now_ms, SCHEDULE_RELEASE_BATCH_MAX);
         // A due message takes its original place in the queue (by sequence,
         // as a release does). Consumers that can take messages now get
         // them in due order even from a late pass: each run of one due
@@ -491,10 +524,82 @@ impl Queue {
                 out.expired.extend(more.expired);
             }
         }
-        if let Some(next) = st.schedule.next_due() {
+        let next = [st.schedule.next_due(), st.leases.next_deadline()]
+            .into_iter()
+            .flatten()
+            .min();
+        if let Some(next) = next {
             self.arm_if_earlier(&mut st, next);
         }
         out
+    }
+
+    /// Deliveries whose lease ran out by `now_ms` leave their consumer (it
+    /// is told, and a window consumer gets its credit back), count one
+    /// failed attempt, and come back through the redelivery path (the
+    /// redelivery delay applies), or go to the dead-letter address after
+    /// `attempts_max` attempts. Returns whether any did.
+    fn expire_leases(
+        &self,
+        st: &mut QueueState,
+        now_ms: u64,
+        attempts_max: u32,
+        out: &mut DispatchOutput,
+    ) -> bool {
+        let due = st.leases.take_due(now_ms, SCHEDULE_RELEASE_BATCH_MAX);
+        let any = !due.is_empty();
+        for tag in due {
+            let Some((key, mut entry)) = st.take_inflight(tag) else {
+                continue;
+            };
+            if let Some(slot) = st.consumers.iter_mut().find(|c| c.key == key) {
+                // A window refills as on a settlement; an explicit (AMQP
+                // link) credit is the client's to grant again.
+                if let CreditMode::Window(_) = slot.mode {
+                    slot.credit += 1;
+                }
+                slot.sink.send(rosetta_neutral::SessionEvent::LeaseExpired {
+                    consumer: key.consumer,
+                    tag: rosetta_neutral::DeliveryTag(tag),
+                });
+            }
+            entry.delivery_count += 1;
+            tracing::debug!(queue = %self.name, seq = entry.seq, tag, delivery_count = entry.delivery_count, "lease expired");
+            if entry.delivery_count >= attempts_max {
+                // Hook for the dead-letter reason (`delivery-attempts`)
+                // once dead-lettering records one.
+                st.stats.dead_lettered_total += 1;
+                out.records.extend(self.ack_record(&entry));
+                self.release(&entry);
+                out.dead.push(entry);
+                continue;
+            }
+            if entry.journaled {
+                out.records.push(super::codec::delivery_state_record(
+                    self.id,
+                    entry.seq,
+                    entry.delivery_count,
+                    None,
+                ));
+            }
+            // The adapter forgot the delivery: its saved state goes too.
+            entry.annotation = None;
+            let owner = entry
+                .message
+                .group_id
+                .as_deref()
+                .and_then(|g| st.groups.owner(g));
+            match owner {
+                // Straight back to its group's consumer, ahead of the
+                // group's later messages kept for it (kept in sequence
+                // order), so per-group order holds.
+                Some(owner) if self.settings.redelivery_delay_ms_for(entry.delivery_count) == 0 => {
+                    super::dispatch::reserve_for(st, owner, entry);
+                }
+                _ => self.put_back_later(st, entry, now_ms),
+            }
+        }
+        any
     }
 
     /// Statistics snapshot.

@@ -75,6 +75,10 @@ pub const REDELIVERY_MULTIPLIER_MAX: f64 = 100.0;
 /// `redelivery-delay * 10`).
 pub const REDELIVERY_DELAY_MAX_FACTOR_DEFAULT: u64 = 10;
 
+/// Longest lease a queue may configure (`visibility_timeout_ms`), the
+/// same bound as a consumer's.
+pub use rosetta_neutral::VISIBILITY_TIMEOUT_MS_MAX;
+
 /// The factor a redelivery delay grows by with each failed attempt: finite
 /// and from 1.0 (no growth) to [`REDELIVERY_MULTIPLIER_MAX`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -139,6 +143,11 @@ pub struct QueueSettings {
     /// A last-value queue: of the waiting messages with the same value of
     /// this property, only the newest is kept (see `last_value`).
     pub last_value_key: Option<String>,
+    /// How long a delivery may stay unsettled before it returns to the
+    /// queue while its consumer stays connected (a lease, as the visibility
+    /// timeout of SQS); `None`: held until settled or its consumer goes. At
+    /// most [`VISIBILITY_TIMEOUT_MS_MAX`]; a consumer's own timeout wins.
+    pub visibility_timeout_ms: Option<u32>,
 }
 
 impl Default for QueueSettings {
@@ -155,6 +164,7 @@ impl Default for QueueSettings {
             dedup: crate::DedupMode::Id,
             dedup_ids_max: DEDUP_IDS_MAX_DEFAULT,
             last_value_key: None,
+            visibility_timeout_ms: None,
         }
     }
 }
@@ -221,6 +231,8 @@ pub struct QueueOverrides {
     pub dedup_ids_max: Option<usize>,
     /// [`QueueSettings::last_value_key`].
     pub last_value_key: Option<String>,
+    /// [`QueueSettings::visibility_timeout_ms`].
+    pub visibility_timeout_ms: Option<u32>,
 }
 
 impl QueueOverrides {
@@ -239,6 +251,7 @@ impl QueueOverrides {
             dedup,
             dedup_ids_max,
             last_value_key,
+            visibility_timeout_ms,
         } = self;
         if let Some(exclusive) = exclusive {
             settings.exclusive = *exclusive;
@@ -272,6 +285,9 @@ impl QueueOverrides {
         }
         if let Some(key) = last_value_key {
             settings.last_value_key = Some(key.clone());
+        }
+        if let Some(timeout) = visibility_timeout_ms {
+            settings.visibility_timeout_ms = Some(*timeout);
         }
     }
 }

@@ -21,6 +21,7 @@ use super::codec;
 use super::dead_letter::{DeadLetter, DeadLetterReason};
 use super::queue::{elapsed_ms, BrowseCursor, ConsumerKey, ConsumerSlot, Queue};
 use super::routing::Duplicates;
+use super::queue_settings::VISIBILITY_TIMEOUT_MS_MAX;
 use super::selector::Selector;
 use super::{Inner, PendingWill};
 
@@ -267,6 +268,7 @@ fn finish_settles(
         inner.after_dispatch(super::queue::DispatchOutput {
             records: Vec::new(),
             expired: out.expired,
+            dead: Vec::new(),
         });
     }
 }
@@ -287,6 +289,8 @@ fn settle_locked(
 ) -> Result<(), BrokerError> {
     match st.inflight.get(&tag.0) {
         Some((owner, _)) if *owner == key => {}
+        // Never applied elsewhere: the redelivered copy has its own tag.
+        None if st.leases.take_expired(tag.0) => return Err(BrokerError::LeaseExpired),
         _ => return Err(BrokerError::Unknown("delivery")),
     }
     let Some((_, mut entry)) = st.take_inflight(tag.0) else {
@@ -591,6 +595,18 @@ impl Session for CoreSession {
             Some(Ok(s)) => Some(Box::new(s)),
             Some(Err(e)) => return Err(BrokerError::InvalidSelector(e.to_string())),
         };
+        let visibility_timeout_ms = options
+            .visibility_timeout_ms
+            .or(q.settings.visibility_timeout_ms)
+            // A browser's copies need no settlement, so no lease.
+            .filter(|_| !options.browse && !spec.auto_settle);
+        if let Some(ms) = visibility_timeout_ms {
+            if ms == 0 || ms > VISIBILITY_TIMEOUT_MS_MAX {
+                return Err(BrokerError::ResourceLimit(format!(
+                    "visibility timeout {ms} ms: from 1 to {VISIBILITY_TIMEOUT_MS_MAX} ms"
+                )));
+            }
+        }
         st.next_consumer += 1;
         let id = ConsumerId(st.next_consumer);
         let credit = match spec.credit {
@@ -613,6 +629,7 @@ impl Session for CoreSession {
             matches: Default::default(),
             groups: 0,
             browse: options.browse.then(BrowseCursor::default),
+            visibility_timeout_ms,
         };
         let out = {
             let mut qs = q.state.lock();
@@ -703,8 +720,14 @@ impl Session for CoreSession {
                     "more than {TRANSACTION_OPS_MAX} operations in one transaction"
                 )));
             }
-            if !q.state.lock().inflight.contains_key(&tag.0) {
-                return Err(BrokerError::Unknown("delivery"));
+            {
+                let qs = q.state.lock();
+                if !qs.inflight.contains_key(&tag.0) {
+                    if qs.leases.is_expired(tag.0) {
+                        return Err(BrokerError::LeaseExpired);
+                    }
+                    return Err(BrokerError::Unknown("delivery"));
+                }
             }
             ops.push(Staged::Settle {
                 consumer,
@@ -808,6 +831,44 @@ impl Session for CoreSession {
             self.inner.journal.append(vec![record], None);
         }
         Ok(())
+    }
+
+    fn renew_lease(&mut self, consumer: ConsumerId, tag: DeliveryTag) -> Result<(), BrokerError> {
+        let st = self.state()?;
+        let q = Arc::clone(
+            &st.consumers
+                .get(&consumer)
+                .ok_or(BrokerError::Unknown("consumer"))?
+                .queue,
+        );
+        drop(st);
+        let key = ConsumerKey {
+            session: self.shared.id,
+            consumer,
+        };
+        let now_ms = self.inner.now_ms();
+        let mut qs = q.state.lock();
+        let lease_ms = qs
+            .consumers
+            .iter()
+            .find(|c| c.key == key)
+            .and_then(|c| c.visibility_timeout_ms);
+        let qs = &mut *qs;
+        match qs.inflight.get_mut(&tag.0) {
+            Some((owner, entry)) if *owner == key => {
+                if let (Some(old), Some(lease_ms)) = (entry.lease_until, lease_ms) {
+                    let deadline = now_ms.saturating_add(u64::from(lease_ms));
+                    entry.lease_until = Some(deadline);
+                    qs.leases.end(old, tag.0);
+                    qs.leases.start(deadline, tag.0);
+                    // A later deadline: the armed timer fires early once
+                    // and re-arms (no earlier arm needed).
+                }
+                Ok(())
+            }
+            None if qs.leases.is_expired(tag.0) => Err(BrokerError::LeaseExpired),
+            _ => Err(BrokerError::Unknown("delivery")),
+        }
     }
 
     fn begin(&mut self) -> TxnId {

@@ -1255,3 +1255,6 @@ mod queue_semantics;
 mod schedule;
 #[path = "dedup_tests.rs"]
 mod dedup;
+
+#[path = "lease_tests.rs"]
+mod lease;

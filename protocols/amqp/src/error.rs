@@ -165,6 +165,10 @@ pub fn broker_condition(e: &BrokerError) -> ErrorCondition {
             ErrorCondition::ConnectionError(ConnectionError::ConnectionForced)
         }
         BrokerError::Storage(_) => Cond::InternalError.into(),
+        // A late settlement is answered on the delivery (a `released`
+        // disposition), never with an error that ends a link; this is for
+        // a path that forgets to.
+        BrokerError::LeaseExpired => Cond::PreconditionFailed.into(),
     }
 }
 

@@ -95,7 +95,9 @@ pub fn broker_reason(err: &BrokerError, ctx: ReasonContext) -> u8 {
         (BrokerError::NotFound(_), _)
         | (BrokerError::InUse(_), _)
         | (BrokerError::SessionClosed, _)
-        | (BrokerError::Storage(_), _) => 0x80,
+        | (BrokerError::Storage(_), _)
+        // MQTT has nothing to say about a late PUBACK (it is ignored).
+        | (BrokerError::LeaseExpired, _) => 0x80,
     }
 }
 

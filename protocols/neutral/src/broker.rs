@@ -205,9 +205,10 @@ pub trait EventSink: Send + Sync {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConsumerId(pub u64);
 
-/// Identifies one delivery within its consumer: unique while unsettled.
-/// It is the message's position in its queue, so it stays the same when the
-/// same message is redelivered.
+/// Identifies one delivery within its consumer, opaque to adapters. Each
+/// delivery gets its own tag, a redelivery of the same message a new one,
+/// so a late settlement of an expired lease can never settle the copy
+/// delivered after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeliveryTag(pub u64);
 
@@ -338,6 +339,11 @@ pub struct ConsumerSpec {
     pub options: ConsumerOptions,
 }
 
+/// Longest lease (visibility timeout) a queue or a consumer may ask for,
+/// in ms: 12 hours, as SQS. A delivery held longer is better settled or
+/// released by its consumer than forgotten in a timer.
+pub const VISIBILITY_TIMEOUT_MS_MAX: u32 = 12 * 60 * 60 * 1000;
+
 /// The options a client may give a consumer when it subscribes, the same
 /// for every protocol (see `docs/semantics.md` for each protocol's
 /// spelling). The queue's own settings win where both say something.
@@ -360,6 +366,12 @@ pub struct ConsumerOptions {
     /// everything queued it gets [`SessionEvent::BrowseEnded`] and nothing
     /// more.
     pub browse: bool,
+    /// This consumer's lease (visibility timeout) in milliseconds: a
+    /// delivery it has not settled (nor renewed, [`Session::renew_lease`])
+    /// within it returns to the queue and the consumer gets
+    /// [`SessionEvent::LeaseExpired`]. Overrides the queue's
+    /// `visibility_timeout_ms`; `None` keeps the queue's.
+    pub visibility_timeout_ms: Option<u32>,
 }
 
 /// A consumer's verdict on a delivery.
@@ -468,6 +480,11 @@ pub enum BrokerError {
     /// and why).
     #[error("invalid selector: {0}")]
     InvalidSelector(String),
+    /// The delivery's lease (visibility timeout) ran out before this
+    /// settlement or renewal: the message went back to the queue and the
+    /// settlement was not applied.
+    #[error("lease expired")]
+    LeaseExpired,
 }
 
 /// An asynchronous event for a session.
@@ -500,6 +517,16 @@ pub enum SessionEvent {
         consumer: ConsumerId,
         /// Why.
         reason: BrokerError,
+    },
+    /// A delivery's lease ran out while its consumer stayed connected: the
+    /// message went back to the queue (to come again under a new tag), and
+    /// a settlement of `tag` now fails with [`BrokerError::LeaseExpired`].
+    /// The adapter forgets the delivery (and may tell the client).
+    LeaseExpired {
+        /// The consumer.
+        consumer: ConsumerId,
+        /// The expired delivery.
+        tag: DeliveryTag,
     },
     /// The session was closed by the broker: taken over by a new connection
     /// with the same client id, or the broker is shutting down.
@@ -668,6 +695,18 @@ pub trait Session: Send {
         tag: DeliveryTag,
         annotation: Bytes,
     ) -> Result<(), BrokerError>;
+
+    /// Restarts the lease of an unsettled delivery from now (its consumer's
+    /// or queue's visibility timeout). Fails with
+    /// [`BrokerError::LeaseExpired`] when the lease already ran out, and
+    /// with [`BrokerError::Unknown`] for a delivery that is not in flight.
+    /// A delivery without a lease has nothing to renew: `Ok`.
+    ///
+    /// The provided method knows no leases (test doubles).
+    fn renew_lease(&mut self, consumer: ConsumerId, tag: DeliveryTag) -> Result<(), BrokerError> {
+        let _ = (consumer, tag);
+        Err(BrokerError::Unknown("delivery"))
+    }
 
     /// Starts a transaction.
     fn begin(&mut self) -> TxnId;

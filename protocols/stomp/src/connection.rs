@@ -57,6 +57,11 @@ use crate::open::{Done, Open};
 use crate::parser::{Decoder, FrameError};
 
 /// Versions this server speaks, best first.
+/// RECEIPT header by which the broker says that the ACK, NACK or RENEW it
+/// answers came after the delivery's lease had run out: nothing was
+/// settled, and the message was (or will be) delivered again.
+pub const LEASE_EXPIRED_HEADER: &str = "lease-expired";
+
 const SUPPORTED: [Version; 3] = [Version::V1_2, Version::V1_1, Version::V1_0];
 
 enum State {
@@ -271,6 +276,7 @@ impl StompConnection {
                 }
             }
             SessionEvent::Drained { .. } => {}
+            SessionEvent::LeaseExpired { consumer, tag } => open.lease_expired(consumer, tag),
             SessionEvent::BrowseEnded { consumer } => {
                 let version = open.version;
                 open.browse_ended(&mut self.out, version, consumer);
@@ -471,7 +477,8 @@ impl StompConnection {
             Ok(_) if is_connect => {}
             Ok(done) => {
                 if let State::Open(open) = &mut self.state {
-                    open.receipts.push(receipt, &done.tickets, done.disconnect);
+                    open.receipts
+                        .push(receipt, &done.tickets, done.disconnect, done.lease_expired);
                     if done.disconnect {
                         open.disconnecting = true;
                     }
@@ -488,9 +495,12 @@ impl StompConnection {
         };
         while let Some(p) = open.receipts.pop_ready() {
             if let Some(r) = &p.receipt {
-                FrameWriter::new(&mut self.out, open.version, Command::Receipt)
-                    .header("receipt-id", r)
-                    .finish(b"");
+                let mut w = FrameWriter::new(&mut self.out, open.version, Command::Receipt);
+                w.header("receipt-id", r);
+                if p.lease_expired {
+                    w.header(LEASE_EXPIRED_HEADER, "true");
+                }
+                w.finish(b"");
                 self.last_tx = self.now;
             }
             if p.disconnect {

@@ -7,12 +7,15 @@
 //! | `activemq.exclusive`      | `exclusive` | `true` / `false` (any case)           |
 //! | `activemq.priority`       | `priority`  | 0–[`CONSUMER_PRIORITY_MAX`]           |
 //! | `browser`                 | `browse`    | `true` / `false`, queues only         |
+//! | `visibility-timeout`      | `visibility_timeout_ms` | ms, 1–`VISIBILITY_TIMEOUT_MS_MAX` (Rosetta) |
 //!
 //! A value outside these is an ERROR frame (`invalid header`), as every
 //! other SUBSCRIBE header error is: ActiveMQ would ignore it silently, and
 //! a client that asked for exclusivity and did not get it would never know.
 
-use rosetta_neutral::ConsumerOptions;
+use rosetta_neutral::{ConsumerOptions, VISIBILITY_TIMEOUT_MS_MAX};
+/// SUBSCRIBE header giving the consumer's lease (visibility timeout), ms.
+pub(crate) const VISIBILITY_TIMEOUT_HEADER: &str = "visibility-timeout";
 
 use crate::error::StompError;
 use crate::frame::Frame;
@@ -48,7 +51,18 @@ pub(crate) fn consumer_options(
         exclusive: flag(frame, EXCLUSIVE_HEADER)?,
         priority: priority(frame)?,
         browse,
+        visibility_timeout_ms: visibility_timeout(frame)?,
     })
+}
+
+fn visibility_timeout(frame: &Frame) -> Result<Option<u32>, StompError> {
+    let Some(v) = frame.header(VISIBILITY_TIMEOUT_HEADER) else {
+        return Ok(None);
+    };
+    match v.trim().parse::<u32>() {
+        Ok(ms) if (1..=VISIBILITY_TIMEOUT_MS_MAX).contains(&ms) => Ok(Some(ms)),
+        _ => Err(bad(VISIBILITY_TIMEOUT_HEADER, v)),
+    }
 }
 
 /// A `true`/`false` header; absent is false.
@@ -108,6 +122,7 @@ mod tests {
                 exclusive: true,
                 priority: 9,
                 browse: true,
+                visibility_timeout_ms: None,
             })
         );
         let none = subscribe(&[("destination", "/queue/q")]);

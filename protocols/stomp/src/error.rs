@@ -148,6 +148,9 @@ fn broker_message(e: &BrokerError) -> &'static str {
         BrokerError::InvalidSelector(_) => "invalid selector",
         BrokerError::SessionClosed => "session closed",
         BrokerError::Storage(_) => "storage failure: the operation is not durable",
+        // Answered with a RECEIPT, not an ERROR (see `open::Open::ack`);
+        // reached only if a path forgets to.
+        BrokerError::LeaseExpired => "lease expired",
     }
 }
 

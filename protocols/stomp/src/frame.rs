@@ -64,6 +64,9 @@ pub enum Command {
     Ack,
     /// Client: negatively acknowledge (1.1+).
     Nack,
+    /// Client, Rosetta extension: restart the lease (visibility timeout) of
+    /// an unacknowledged MESSAGE, named by its `id` as ACK names it.
+    Renew,
     /// Client: start a transaction.
     Begin,
     /// Client: commit a transaction.
@@ -83,7 +86,7 @@ pub enum Command {
 }
 
 /// All commands, for lookups and tests.
-pub const COMMANDS: [Command; 15] = [
+pub const COMMANDS: [Command; 16] = [
     Command::Connect,
     Command::Stomp,
     Command::Send,
@@ -91,6 +94,7 @@ pub const COMMANDS: [Command; 15] = [
     Command::Unsubscribe,
     Command::Ack,
     Command::Nack,
+    Command::Renew,
     Command::Begin,
     Command::Commit,
     Command::Abort,
@@ -112,6 +116,7 @@ impl Command {
             Command::Unsubscribe => "UNSUBSCRIBE",
             Command::Ack => "ACK",
             Command::Nack => "NACK",
+            Command::Renew => "RENEW",
             Command::Begin => "BEGIN",
             Command::Commit => "COMMIT",
             Command::Abort => "ABORT",

@@ -9,9 +9,9 @@ use rosetta_neutral::address::{
     validate_topic_filter, validate_topic_name, TEMP_QUEUE_PREFIX, TOPIC_PREFIX,
 };
 use rosetta_neutral::{
-    durable_subscription_queue, Address, ConsumerId, ConsumerSpec, CreditMode, Delivery,
-    DeliveryTag, Outcome, PublishOptions, QueueInfo, QueueLifetime, QueueSpec, Session, Ticket,
-    TxnId,
+    durable_subscription_queue, Address, BrokerError, ConsumerId, ConsumerSpec, CreditMode,
+    Delivery, DeliveryTag, Outcome, PublishOptions, QueueInfo, QueueLifetime, QueueSpec, Session,
+    Ticket, TxnId,
 };
 use tracing::{debug, trace};
 
@@ -55,6 +55,10 @@ pub(crate) struct Open {
 pub(crate) struct Done {
     pub(crate) tickets: Vec<Ticket>,
     pub(crate) disconnect: bool,
+    /// The frame named a delivery whose lease had run out (a late ACK,
+    /// NACK or RENEW): its RECEIPT says so (`lease-expired:true`), and
+    /// nothing was settled.
+    pub(crate) lease_expired: bool,
 }
 
 impl Done {
@@ -62,6 +66,7 @@ impl Done {
         Done {
             tickets: Vec::new(),
             disconnect: false,
+            lease_expired: false,
         }
     }
 }
@@ -118,12 +123,14 @@ impl Open {
                 Err(StompError::UnsupportedCommand(Command::Nack, self.version))
             }
             Command::Nack => self.ack(config, &frame, Outcome::NACK),
+            Command::Renew => self.renew(&frame),
             Command::Begin => self.begin(config, &frame),
             Command::Commit => self.commit(&frame),
             Command::Abort => self.abort(&frame),
             Command::Disconnect => Ok(Done {
                 tickets: Vec::new(),
                 disconnect: true,
+                lease_expired: false,
             }),
             other => Err(StompError::UnexpectedFrame(other)),
         }
@@ -247,6 +254,7 @@ impl Open {
         Ok(Done {
             tickets: published.pending.into_iter().collect(),
             disconnect: false,
+            lease_expired: false,
         })
     }
 
@@ -357,6 +365,7 @@ impl Open {
         Ok(Done {
             tickets,
             disconnect: false,
+            lease_expired: false,
         })
     }
 
@@ -433,11 +442,68 @@ impl Open {
                     return Ok(Done {
                         tickets: cleared.into_iter().collect(),
                         disconnect: false,
+                        lease_expired: false,
                     });
                 }
             }
         }
         Ok(Done::now())
+    }
+
+    /// A late ACK, NACK or RENEW: answered, never applied (see
+    /// [`Done::lease_expired`]).
+    fn late(&self, id: &str) -> Done {
+        debug!(conn_id = self.conn_id, %id, "acknowledgement after its lease expired: not applied");
+        Done {
+            tickets: Vec::new(),
+            disconnect: false,
+            lease_expired: true,
+        }
+    }
+
+    /// RENEW (Rosetta extension): the lease of the delivery named by `id`
+    /// (as ACK names it) restarts from now.
+    fn renew(&mut self, frame: &Frame) -> Result<Done, StompError> {
+        let id = self.ack_id_of(frame)?;
+        let unknown = || StompError::UnknownAckId(id.to_owned());
+        let (consumer, tag) = parse_ack_id(id).ok_or_else(unknown)?;
+        let sub_id = self.by_consumer.get(&consumer).ok_or_else(unknown)?;
+        let sub = self.subs.get_mut(sub_id).ok_or_else(unknown)?;
+        if sub.was_expired(tag, true) {
+            return Ok(self.late(id));
+        }
+        match self.session.renew_lease(consumer, tag) {
+            Ok(()) => Ok(Done::now()),
+            Err(BrokerError::LeaseExpired) => Ok(self.late(id)),
+            Err(BrokerError::Unknown(_)) => Err(unknown()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The `id` (1.2) or `message-id` (1.0, 1.1) an ACK, NACK or RENEW
+    /// names its delivery by.
+    fn ack_id_of<'f>(&self, frame: &'f Frame) -> Result<&'f str, StompError> {
+        let id = if self.version == Version::V1_2 {
+            frame.header("id").or_else(|| frame.header("message-id"))
+        } else {
+            frame.header("message-id").or_else(|| frame.header("id"))
+        };
+        match id {
+            Some(id) => Ok(id),
+            None if self.version == Version::V1_2 => required(frame, "id"),
+            None => required(frame, "message-id"),
+        }
+    }
+
+    /// The lease of a delivery ran out (the core took it back).
+    pub(crate) fn lease_expired(&mut self, consumer: ConsumerId, tag: DeliveryTag) {
+        if let Some(sub) = self
+            .by_consumer
+            .get(&consumer)
+            .and_then(|id| self.subs.get_mut(id))
+        {
+            sub.lease_expired(tag);
+        }
     }
 
     fn ack(
@@ -446,16 +512,7 @@ impl Open {
         frame: &Frame,
         outcome: Outcome,
     ) -> Result<Done, StompError> {
-        let id = if self.version == Version::V1_2 {
-            frame.header("id").or_else(|| frame.header("message-id"))
-        } else {
-            frame.header("message-id").or_else(|| frame.header("id"))
-        };
-        let id = match id {
-            Some(id) => id,
-            None if self.version == Version::V1_2 => required(frame, "id")?,
-            None => required(frame, "message-id")?,
-        };
+        let id = self.ack_id_of(frame)?;
         let unknown = || StompError::UnknownAckId(id.to_owned());
         if id == END_OF_BROWSE_MESSAGE_ID && self.subs.values().any(|s| s.browse) {
             trace!(
@@ -479,6 +536,9 @@ impl Open {
             trace!(conn_id = self.conn_id, %id, "ACK/NACK of a browsed copy ignored");
             return Ok(Done::now());
         }
+        if sub.was_expired(tag, true) {
+            return Ok(self.late(id));
+        }
         let tags = sub.take_acked(tag).ok_or_else(unknown)?;
         if let Some(t) = txn_name.and_then(|n| self.txns.get(n)) {
             if t.acked.len() + tags.len() > config.transaction_acks_max {
@@ -490,9 +550,14 @@ impl Open {
         }
         let confirm = txn.is_none() && frame.header("receipt").is_some();
         let mut tickets = Vec::new();
+        let mut lease_expired = false;
         for t in &tags {
-            if let Some(ticket) = self.session.settle(consumer, *t, outcome, txn, confirm)? {
-                tickets.push(ticket);
+            match self.session.settle(consumer, *t, outcome, txn, confirm) {
+                Ok(Some(ticket)) => tickets.push(ticket),
+                Ok(None) => {}
+                // Expired before this connection heard of it: not applied.
+                Err(BrokerError::LeaseExpired) => lease_expired = true,
+                Err(e) => return Err(e.into()),
             }
         }
         if let Some(t) = txn_name.and_then(|n| self.txns.get_mut(n)) {
@@ -501,6 +566,7 @@ impl Open {
         Ok(Done {
             tickets,
             disconnect: false,
+            lease_expired,
         })
     }
 
@@ -539,6 +605,7 @@ impl Open {
         Ok(Done {
             tickets: vec![ticket],
             disconnect: false,
+            lease_expired: false,
         })
     }
 

@@ -20,6 +20,9 @@ pub(crate) struct Pending {
     waiting: usize,
     /// The frame was a DISCONNECT: close once released.
     pub(crate) disconnect: bool,
+    /// The frame acknowledged or renewed a delivery whose lease had run
+    /// out: its RECEIPT carries `lease-expired:true`.
+    pub(crate) lease_expired: bool,
 }
 
 #[derive(Debug, Default)]
@@ -31,7 +34,13 @@ pub(crate) struct Receipts {
 
 impl Receipts {
     /// Registers a processed frame and the tickets it waits for.
-    pub(crate) fn push(&mut self, receipt: Option<String>, tickets: &[Ticket], disconnect: bool) {
+    pub(crate) fn push(
+        &mut self,
+        receipt: Option<String>,
+        tickets: &[Ticket],
+        disconnect: bool,
+        lease_expired: bool,
+    ) {
         if receipt.is_none() && tickets.is_empty() && !disconnect {
             return;
         }
@@ -45,6 +54,7 @@ impl Receipts {
             receipt,
             waiting: tickets.len(),
             disconnect,
+            lease_expired,
         });
     }
 
@@ -79,9 +89,9 @@ mod tests {
     #[test]
     fn receipts_release_in_frame_order() {
         let mut r = Receipts::default();
-        r.push(Some("a".into()), &[Ticket(1)], false);
-        r.push(None, &[], false); // nothing to wait for: no entry
-        r.push(Some("b".into()), &[], false);
+        r.push(Some("a".into()), &[Ticket(1)], false, false);
+        r.push(None, &[], false, false); // nothing to wait for: no entry
+        r.push(Some("b".into()), &[], false, false);
         assert_eq!(r.outstanding(), 1);
         assert!(r.pop_ready().is_none(), "b must wait for a");
         assert_eq!(r.committed(Ticket(1)), Some(Some("a".into())));

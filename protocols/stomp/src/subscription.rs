@@ -4,6 +4,12 @@
 
 use std::collections::VecDeque;
 
+/// Most expired deliveries a subscription remembers, so that their late
+/// ACK/NACK/RENEW gets a `lease-expired` RECEIPT rather than an ERROR: a
+/// bound on what a client that never acknowledges can make it hold (the
+/// oldest is forgotten first, and its late ACK is then an unknown id).
+pub(crate) const EXPIRED_ACK_IDS_MAX: usize = 1024;
+
 use rosetta_neutral::{BindingOptions, ConsumerId, DeliveryTag, RetainedOnBind};
 
 use crate::frame::Frame;
@@ -52,6 +58,9 @@ pub(crate) struct Subscription {
     pub(crate) browse: bool,
     /// Unacknowledged deliveries in delivery order.
     unacked: VecDeque<DeliveryTag>,
+    /// Deliveries whose lease ran out, oldest first (at most
+    /// [`EXPIRED_ACK_IDS_MAX`]).
+    expired: VecDeque<DeliveryTag>,
 }
 
 impl Subscription {
@@ -75,7 +84,34 @@ impl Subscription {
             durable_queue,
             browse,
             unacked: VecDeque::new(),
+            expired: VecDeque::new(),
         }
+    }
+
+    /// The lease of `tag` ran out: the message went back to the queue, so
+    /// it is no longer unacknowledged here (a cumulative ACK skips it), and
+    /// its late ACK is recognised.
+    pub(crate) fn lease_expired(&mut self, tag: DeliveryTag) {
+        let Some(pos) = self.unacked.iter().position(|t| *t == tag) else {
+            return;
+        };
+        self.unacked.remove(pos);
+        if self.expired.len() >= EXPIRED_ACK_IDS_MAX {
+            self.expired.pop_front();
+        }
+        self.expired.push_back(tag);
+    }
+
+    /// Whether `tag` is a remembered expired delivery (`take`: forgotten
+    /// then, as a late ACK is answered once).
+    pub(crate) fn was_expired(&mut self, tag: DeliveryTag, take: bool) -> bool {
+        let Some(pos) = self.expired.iter().position(|t| *t == tag) else {
+            return false;
+        };
+        if take {
+            self.expired.remove(pos);
+        }
+        true
     }
 
     /// Records a delivery sent to the client.
@@ -123,7 +159,8 @@ pub(crate) fn binding_options(frame: &Frame) -> BindingOptions {
 }
 
 /// The id a MESSAGE carries in `message-id` (and `ack` in 1.2): the
-/// consumer and the delivery tag, which stays the same on redelivery.
+/// consumer and the delivery tag; a redelivery has a new tag, so a late
+/// ACK of an expired lease never acknowledges the redelivered copy.
 pub(crate) fn ack_id(consumer: ConsumerId, tag: DeliveryTag) -> String {
     format!("{}-{}", consumer.0, tag.0)
 }

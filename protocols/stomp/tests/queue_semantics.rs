@@ -21,7 +21,7 @@ fn subscribe(extra: &str) -> (Harness, u64, ConsumerSpec) {
 #[test]
 fn selector_exclusive_and_priority_reach_the_consumer() {
     let (_, _, spec) = subscribe(
-        "selector:colour = 'green' AND weight > 5\nactivemq.exclusive:true\nactivemq.priority:7\n",
+        "selector:colour = 'green' AND weight > 5\nactivemq.exclusive:true\nactivemq.priority:7\nvisibility-timeout:30000\n",
     );
     assert_eq!(
         spec.options,
@@ -30,6 +30,7 @@ fn selector_exclusive_and_priority_reach_the_consumer() {
             exclusive: true,
             priority: 7,
             browse: false,
+            visibility_timeout_ms: Some(30_000),
         }
     );
     let (_, _, plain) = subscribe("");
@@ -57,6 +58,9 @@ fn bad_option_values_are_refused_before_the_core_is_asked() {
         "activemq.priority:-3\n",
         "activemq.exclusive:maybe\n",
         "browser:yes\n",
+        "visibility-timeout:0\n",
+        "visibility-timeout:43200001\n",
+        "visibility-timeout:soon\n",
     ] {
         let mut h = Harness::new();
         h.connect("1.2", "");

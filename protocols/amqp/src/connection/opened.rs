@@ -217,6 +217,17 @@ impl Opened {
                 }
                 Ok(())
             }
+            // The broker took the delivery back: the receiver is told by a
+            // settled `released` disposition (see `Session::on_lease_expired`).
+            SessionEvent::LeaseExpired { consumer, tag } => {
+                let Some(&(ch, _)) = ctx.conn.consumers.get(&consumer) else {
+                    return Ok(());
+                };
+                if let Some(s) = sessions.get_mut(&ch) {
+                    s.on_lease_expired(&mut ctx, consumer, tag);
+                }
+                Ok(())
+            }
             SessionEvent::ConsumerClosed { consumer, reason } => {
                 let Some(&(ch, handle)) = ctx.conn.consumers.get(&consumer) else {
                     return Ok(());

@@ -7,6 +7,7 @@
 //! | link property `exclusive`, a boolean                | `exclusive` |
 //! | link property `priority`, an integer in `i32`       | `priority`  |
 //! | source `distribution-mode = copy` on a queue        | `browse`    |
+//! | link property `visibility-timeout`, an unsigned int, ms (1 to `VISIBILITY_TIMEOUT_MS_MAX`) | `visibility_timeout_ms` (Rosetta) |
 //!
 //! The selector entry is echoed in the reply's source filter only once
 //! the core has accepted it (spec 3.5.3: the reply names the filters in
@@ -18,7 +19,7 @@
 use fe2o3_amqp_types::definitions::Fields;
 use fe2o3_amqp_types::messaging::FilterSet;
 use fe2o3_amqp_types::primitives::{Symbol, Value};
-use rosetta_neutral::ConsumerOptions;
+use rosetta_neutral::{ConsumerOptions, VISIBILITY_TIMEOUT_MS_MAX};
 use serde_amqp::descriptor::Descriptor;
 
 use crate::error::AmqpError;
@@ -32,6 +33,8 @@ pub(crate) const SELECTOR_FILTER_CODE: u64 = 0x0000_468C_0000_0004;
 pub(crate) const EXCLUSIVE_PROPERTY: &str = "exclusive";
 /// Link property giving the consumer's priority (Artemis).
 pub(crate) const PRIORITY_PROPERTY: &str = "priority";
+/// Link property giving the consumer's lease (visibility timeout), in ms.
+pub(crate) const VISIBILITY_TIMEOUT_PROPERTY: &str = "visibility-timeout";
 
 /// A source's selector filter.
 #[derive(Debug)]
@@ -99,12 +102,40 @@ pub(crate) fn consumer_options(
             ))
         })?,
     };
+    let visibility_timeout_ms = match property(VISIBILITY_TIMEOUT_PROPERTY) {
+        None => None,
+        Some(v) => Some(
+            unsigned(v)
+                .filter(|ms| (1..=VISIBILITY_TIMEOUT_MS_MAX).contains(ms))
+                .ok_or_else(|| {
+                    AmqpError::InvalidField(format!(
+                        "link property {VISIBILITY_TIMEOUT_PROPERTY:?} is not an unsigned int of 1 to {VISIBILITY_TIMEOUT_MS_MAX} ms: {v:?}"
+                    ))
+                })?,
+        ),
+    };
     Ok(ConsumerOptions {
         selector,
         exclusive,
         priority,
         browse,
+        visibility_timeout_ms,
     })
+}
+
+/// An AMQP unsigned integer of any width that fits a `u32` (the spec type
+/// is `uint`; clients encode small ones as `ubyte` or `ushort` too, and
+/// some only have signed longs).
+fn unsigned(v: &Value) -> Option<u32> {
+    match v {
+        Value::Ubyte(n) => Some(u32::from(*n)),
+        Value::Ushort(n) => Some(u32::from(*n)),
+        Value::Uint(n) => Some(*n),
+        Value::Ulong(n) => u32::try_from(*n).ok(),
+        Value::Int(n) => u32::try_from(*n).ok(),
+        Value::Long(n) => u32::try_from(*n).ok(),
+        _ => None,
+    }
 }
 
 /// An AMQP integer of any width that fits an `i32` (clients differ in
@@ -196,6 +227,7 @@ mod tests {
                 exclusive: true,
                 priority: 5,
                 browse: true,
+                visibility_timeout_ms: None,
             }
         );
         assert_eq!(
@@ -226,6 +258,12 @@ mod tests {
             (EXCLUSIVE_PROPERTY, Value::String("true".into())),
             (PRIORITY_PROPERTY, Value::String("5".into())),
             (PRIORITY_PROPERTY, Value::Long(i64::from(i32::MAX) + 1)),
+            (VISIBILITY_TIMEOUT_PROPERTY, Value::Uint(0)),
+            (
+                VISIBILITY_TIMEOUT_PROPERTY,
+                Value::Uint(VISIBILITY_TIMEOUT_MS_MAX + 1),
+            ),
+            (VISIBILITY_TIMEOUT_PROPERTY, Value::String("30000".into())),
         ] {
             let mut p = Fields::new();
             p.insert(Symbol::from(name), value);

@@ -287,6 +287,10 @@ impl AmqpSession {
             }
             Some(state) => (delivery_state_outcome(state), None),
         };
+        if let (Some(DeliveryState::Received(_)), false) = (&d.state, d.settled) {
+            self.renew_leases(ctx, d.first, d.last.unwrap_or(d.first));
+            return Ok(());
+        }
         let Some(outcome) = outcome else {
             return Ok(());
         };
@@ -357,6 +361,55 @@ impl AmqpSession {
             write_settle_back(ctx.out, ch, id, outcome);
         }
         Ok(())
+    }
+
+    /// An unsettled `received` disposition (spec 3.4.1: the receiver has
+    /// part of the delivery and has not decided) restarts the lease of
+    /// each delivery it names. A lease that already ran out has been
+    /// settled `released` by us (see [`Self::on_lease_expired`]), so it is
+    /// no longer in `unsettled_out` and is skipped.
+    fn renew_leases(&mut self, ctx: &mut Ctx<'_>, first: u32, last: u32) {
+        for (id, od) in self.unsettled_out.iter() {
+            if !in_range(*id, first, last) {
+                continue;
+            }
+            if let Err(e) = ctx.conn.core.renew_lease(od.consumer, od.tag) {
+                debug!(conn = ctx.conn_id, delivery_id = *id, error = %e, "lease not renewed");
+            }
+        }
+    }
+
+    /// The core took a delivery back when its lease ran out: we settle it
+    /// with `released` (spec 3.4.4: not processed, may be redelivered), so
+    /// the receiver knows, and a later disposition of it is not applied
+    /// (its id is no longer unsettled here). The link stays attached; the
+    /// credit the delivery used is the receiver's to grant again.
+    pub(crate) fn on_lease_expired(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        consumer: ConsumerId,
+        tag: DeliveryTag,
+    ) {
+        // A scan of this session's unsettled deliveries, bounded by the
+        // credit its receivers granted.
+        let found = self
+            .unsettled_out
+            .iter()
+            .find(|(_, od)| od.consumer == consumer && od.tag == tag)
+            .map(|(id, od)| (*id, od.handle));
+        let Some((id, handle)) = found else {
+            return;
+        };
+        self.unsettled_out.remove(&id);
+        if let Some(LinkKind::Outgoing(o)) = self.links.get_mut(&handle).map(|l| &mut l.kind) {
+            o.unsettled = o.unsettled.saturating_sub(1);
+        }
+        debug!(
+            conn = ctx.conn_id,
+            delivery_id = id,
+            "lease expired: delivery released"
+        );
+        write_settle_back(ctx.out, self.local_channel, id, Outcome::Release);
     }
 
     /// Settles our side of a delivery whose receiver left its outcome

@@ -38,6 +38,7 @@ fn selector_and_link_properties_reach_the_consumer_and_the_selector_is_echoed() 
     let mut props = Fields::new();
     props.insert(Symbol::from("exclusive"), Value::Bool(true));
     props.insert(Symbol::from("priority"), Value::Int(3));
+    props.insert(Symbol::from("visibility-timeout"), Value::Uint(30_000));
     a.properties = Some(props);
     let reply = attach_receiver(&mut p, 0, a);
     assert_eq!(
@@ -47,6 +48,7 @@ fn selector_and_link_properties_reach_the_consumer_and_the_selector_is_echoed() 
             exclusive: true,
             priority: 3,
             browse: false,
+            visibility_timeout_ms: Some(30_000),
         }
     );
     let echoed = reply.source.unwrap().filter.unwrap();

@@ -358,6 +358,20 @@ impl MqttConnection {
             SessionEvent::Committed { ticket, result } => open.on_committed(ctx, ticket, result),
             // MQTT has no credit drain and no browsers.
             SessionEvent::Drained { .. } | SessionEvent::BrowseEnded { .. } => Ok(()),
+            // A `$queue/` delivery's lease ran out and it went back to the
+            // queue (to another member, or to us again under a new tag).
+            // Its packet id stays in use until the client's PUBACK, which
+            // MQTT requires and which the core then refuses to apply
+            // (`settle_many` skips it): MQTT has no way to say "too late".
+            SessionEvent::LeaseExpired { consumer, tag } => {
+                tracing::debug!(
+                    conn_id = ctx.conn_id,
+                    ?consumer,
+                    ?tag,
+                    "lease expired: its PUBACK will be ignored"
+                );
+                Ok(())
+            }
             SessionEvent::ConsumerClosed { consumer, reason } => {
                 if Some(consumer) == open.session_consumer {
                     Err(MqttError::Broker(reason))

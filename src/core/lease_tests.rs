@@ -1,0 +1,383 @@
+//! Lease delivery (visibility timeout, issue 16) through the session API on
+//! a manual clock: no real sleeps. Time moves only by
+//! `ManualClock::advance`; `Core::run_timers` then serves due leases, as
+//! the housekeeping thread does on its own.
+
+use super::*;
+use crate::{ManualClock, QueueMatch, QueueOverrides, QueueRule, QueueRules};
+
+const T0_MS: u64 = 1_700_000_000_000;
+
+/// A core whose queue `q` leases deliveries for `lease_ms`, with
+/// `overrides` on top.
+fn leasing_core(lease_ms: u32, overrides: QueueOverrides) -> (Core, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let config = CoreConfig {
+        queue_rules: QueueRules::new([QueueRule {
+            target: QueueMatch::Name("q".into()),
+            overrides: QueueOverrides {
+                visibility_timeout_ms: Some(lease_ms),
+                ..overrides
+            },
+        }]),
+        ..CoreConfig::default()
+    };
+    let core = Core::with_clock(
+        config,
+        Arc::new(NoJournal),
+        Arc::new(super::super::AllowAll),
+        None,
+        clock.clone(),
+    );
+    (core, clock)
+}
+
+fn consume_with(
+    s: &mut Box<dyn Session>,
+    q: &str,
+    window: u32,
+    lease_ms: Option<u32>,
+) -> ConsumerId {
+    s.consume(ConsumerSpec {
+        queue: q.into(),
+        credit: CreditMode::Window(window),
+        auto_settle: false,
+        options: ConsumerOptions {
+            visibility_timeout_ms: lease_ms,
+            ..ConsumerOptions::default()
+        },
+    })
+    .expect("consume")
+}
+
+fn send(s: &mut Box<dyn Session>, body: &str) {
+    publish(s, queue("q"), body);
+}
+
+fn advance(core: &Core, clock: &ManualClock, ms: u64) {
+    clock.advance(ms);
+    core.run_timers();
+}
+
+/// Deliveries and expired leases, in the order the session got them.
+fn split(events: Vec<SessionEvent>) -> (Vec<Delivery>, Vec<DeliveryTag>) {
+    let mut deliveries = Vec::new();
+    let mut expired = Vec::new();
+    for e in events {
+        match e {
+            SessionEvent::Delivery(d) => deliveries.push(d),
+            SessionEvent::LeaseExpired { tag, .. } => expired.push(tag),
+            _ => {}
+        }
+    }
+    (deliveries, expired)
+}
+
+fn stats(core: &Core) -> crate::QueueStats {
+    core.queue_stats("q").expect("queue exists")
+}
+
+#[test]
+fn a_lease_expires_while_the_consumer_stays_and_the_message_comes_back_counted() {
+    let (core, clock) = leasing_core(1_000, QueueOverrides::default());
+    let (mut s, e) = open(&core, "c");
+    let _c = consume_with(&mut s, "q", 1, None);
+    send(&mut s, "m");
+    let (first, _) = split(e.take());
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].delivery_count, 0);
+
+    advance(&core, &clock, 999);
+    assert!(e.take().is_empty(), "nothing before the deadline");
+    advance(&core, &clock, 1);
+    let (again, expired) = split(e.take());
+    assert_eq!(expired, vec![first[0].tag], "the consumer is told");
+    assert_eq!(
+        again.len(),
+        1,
+        "its window credit came back: redelivered to it"
+    );
+    assert_eq!(text(&again[0]), "m");
+    assert_eq!(
+        again[0].delivery_count, 1,
+        "the expiry counts as an attempt"
+    );
+    assert!(again[0].redelivered);
+    assert_ne!(again[0].tag, first[0].tag, "a new delivery, a new tag");
+    assert_eq!(stats(&core).in_flight, 1);
+}
+
+#[test]
+fn an_expired_lease_goes_to_another_consumer_when_its_own_is_full() {
+    let (core, clock) = leasing_core(1_000, QueueOverrides::default());
+    let (mut s1, e1) = open(&core, "c1");
+    let (mut s2, e2) = open(&core, "c2");
+    let _a = consume_with(&mut s1, "q", 1, None);
+    send(&mut s1, "m1");
+    let _b = consume_with(&mut s2, "q", 1, None);
+    send(&mut s1, "m2");
+    assert_eq!(split(e1.take()).0.len(), 1);
+    let (to_b, _) = split(e2.take());
+    assert_eq!(text(&to_b[0]), "m2");
+    s2.settle(to_b[0].consumer, to_b[0].tag, Outcome::Accept, None, false)
+        .expect("accept");
+    // c2 settled and has room; c1's lease runs out: either may get it.
+    advance(&core, &clock, 1_000);
+    let (again1, expired1) = split(e1.take());
+    let (again2, _) = split(e2.take());
+    assert_eq!(expired1.len(), 1);
+    let all: Vec<String> = again1.iter().chain(&again2).map(text).collect();
+    assert_eq!(all, vec!["m1"], "offered again, once");
+}
+
+#[test]
+fn a_late_settlement_is_refused_and_never_applied_to_the_redelivered_copy() {
+    let (core, clock) = leasing_core(1_000, QueueOverrides::default());
+    let (mut s, e) = open(&core, "c");
+    let c = consume_with(&mut s, "q", 1, None);
+    send(&mut s, "m");
+    let (first, _) = split(e.take());
+    advance(&core, &clock, 1_000);
+    let (copy, _) = split(e.take());
+    assert_eq!(copy.len(), 1);
+
+    let late = s.settle(c, first[0].tag, Outcome::Accept, None, false);
+    assert_eq!(late, Err(BrokerError::LeaseExpired));
+    assert_eq!(stats(&core).in_flight, 1, "the copy is still in flight");
+    assert_eq!(stats(&core).acked_total, 0);
+    assert_eq!(
+        s.renew_lease(c, first[0].tag),
+        Err(BrokerError::Unknown("delivery")),
+        "a late settlement is answered once"
+    );
+    s.settle(c, copy[0].tag, Outcome::Accept, None, false)
+        .expect("the copy settles");
+    assert_eq!(stats(&core).in_flight, 0);
+    assert_eq!(stats(&core).acked_total, 1);
+}
+
+#[test]
+fn a_late_settlement_in_a_transaction_is_refused() {
+    let (core, clock) = leasing_core(1_000, QueueOverrides::default());
+    let (mut s, e) = open(&core, "c");
+    let c = consume_with(&mut s, "q", 1, None);
+    send(&mut s, "m");
+    let (first, _) = split(e.take());
+    advance(&core, &clock, 1_000);
+    let txn = s.begin();
+    assert_eq!(
+        s.settle(c, first[0].tag, Outcome::Accept, Some(txn), false),
+        Err(BrokerError::LeaseExpired)
+    );
+}
+
+#[test]
+fn renewal_keeps_a_delivery_past_its_first_deadline() {
+    let (core, clock) = leasing_core(1_000, QueueOverrides::default());
+    let (mut s, e) = open(&core, "c");
+    let c = consume_with(&mut s, "q", 1, None);
+    send(&mut s, "m");
+    let (first, _) = split(e.take());
+    advance(&core, &clock, 900);
+    s.renew_lease(c, first[0].tag).expect("renew");
+    advance(&core, &clock, 900);
+    assert!(e.take().is_empty(), "renewed: 1800 ms in, still leased");
+    s.renew_lease(c, first[0].tag).expect("renew again");
+    advance(&core, &clock, 999);
+    assert!(e.take().is_empty());
+    advance(&core, &clock, 1);
+    let (_, expired) = split(e.take());
+    assert_eq!(expired, vec![first[0].tag], "unrenewed, it runs out");
+    assert_eq!(
+        s.renew_lease(c, first[0].tag),
+        Err(BrokerError::LeaseExpired)
+    );
+}
+
+#[test]
+fn a_consumers_own_timeout_overrides_the_queues_and_unleased_queues_hold() {
+    let (core, clock) = leasing_core(10_000, QueueOverrides::default());
+    let (mut s, e) = open(&core, "c");
+    let _c = consume_with(&mut s, "q", 1, Some(100));
+    send(&mut s, "m");
+    split(e.take());
+    advance(&core, &clock, 100);
+    assert_eq!(split(e.take()).1.len(), 1, "the consumer's 100 ms won");
+
+    // A queue without a lease holds a delivery as long as it likes.
+    let (mut s2, e2) = open(&core, "c2");
+    let _d = consume_with(&mut s2, "other", 1, None);
+    publish(&mut s2, queue("other"), "x");
+    assert_eq!(split(e2.take()).0.len(), 1);
+    advance(&core, &clock, 24 * 60 * 60 * 1000);
+    assert!(e2.take().is_empty());
+    assert_eq!(core.queue_stats("other").expect("q").in_flight, 1);
+}
+
+#[test]
+fn a_timeout_past_the_maximum_is_refused() {
+    let (core, _clock) = leasing_core(1_000, QueueOverrides::default());
+    let (mut s, _e) = open(&core, "c");
+    for bad in [0, crate::VISIBILITY_TIMEOUT_MS_MAX + 1] {
+        let err = s
+            .consume(ConsumerSpec {
+                queue: "q".into(),
+                credit: CreditMode::Window(1),
+                auto_settle: false,
+                options: ConsumerOptions {
+                    visibility_timeout_ms: Some(bad),
+                    ..ConsumerOptions::default()
+                },
+            })
+            .expect_err("out of range");
+        assert!(matches!(err, BrokerError::ResourceLimit(_)), "{err}");
+    }
+}
+
+#[test]
+fn expiries_count_attempts_and_dead_letter_at_the_maximum() {
+    let (core, clock) = leasing_core(
+        1_000,
+        QueueOverrides {
+            delivery_attempts_max: Some(2),
+            ..QueueOverrides::default()
+        },
+    );
+    let (mut s, e) = open(&core, "c");
+    let _c = consume_with(&mut s, "q", 1, None);
+    send(&mut s, "m");
+    assert_eq!(split(e.take()).0.len(), 1);
+    advance(&core, &clock, 1_000);
+    let (again, _) = split(e.take());
+    assert_eq!(again[0].delivery_count, 1);
+    advance(&core, &clock, 1_000);
+    let (none, expired) = split(e.take());
+    assert_eq!(expired.len(), 1);
+    assert!(
+        none.is_empty(),
+        "second expiry: dead-lettered, not redelivered"
+    );
+    let st = stats(&core);
+    assert_eq!((st.in_flight, st.depth, st.dead_lettered_total), (0, 0, 1));
+    let dead = core
+        .queue_stats(crate::DEAD_LETTER_ADDRESS_DEFAULT)
+        .expect("dead-letter queue");
+    assert_eq!(dead.depth, 1);
+}
+
+#[test]
+fn an_expired_lease_waits_the_redelivery_delay() {
+    let (core, clock) = leasing_core(
+        1_000,
+        QueueOverrides {
+            redelivery_delay_ms: Some(500),
+            ..QueueOverrides::default()
+        },
+    );
+    let (mut s, e) = open(&core, "c");
+    let _c = consume_with(&mut s, "q", 1, None);
+    send(&mut s, "m");
+    split(e.take());
+    advance(&core, &clock, 1_000);
+    let (none, expired) = split(e.take());
+    assert_eq!((none.len(), expired.len()), (0, 1));
+    assert_eq!(stats(&core).scheduled, 1);
+    advance(&core, &clock, 500);
+    assert_eq!(split(e.take()).0.len(), 1, "after the delay");
+}
+
+#[test]
+fn a_restart_brings_a_leased_message_back_and_loses_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let config = || CoreConfig {
+        queue_rules: QueueRules::new([QueueRule {
+            target: QueueMatch::Name("q".into()),
+            overrides: QueueOverrides {
+                visibility_timeout_ms: Some(1_000),
+                ..QueueOverrides::default()
+            },
+        }]),
+        ..CoreConfig::default()
+    };
+    let start = |clock: &Arc<ManualClock>| {
+        let (store, recovered) =
+            rosetta_store::Store::open(rosetta_store::StoreConfig::new(dir.path()))
+                .expect("open store");
+        let store = Arc::new(store);
+        let core = Core::with_clock(
+            config(),
+            store.clone(),
+            Arc::new(super::super::AllowAll),
+            Some(recovered),
+            clock.clone(),
+        );
+        (core, store)
+    };
+    {
+        let (core, store) = start(&clock);
+        let (mut s, e) = open(&core, "c");
+        let mut m = Message::text("m");
+        m.durable = true;
+        s.publish(&queue("q"), m, PublishOptions::default())
+            .expect("publish");
+        let _c = consume_with(&mut s, "q", 1, None);
+        assert_eq!(split(e.take()).0.len(), 1, "leased, then the broker stops");
+        store.flush().expect("flush");
+        // The broker stops with the delivery leased (the session goes
+        // with it); a lease does not outlive the process.
+        drop(s);
+        store.flush().expect("flush");
+    }
+    clock.advance(5_000);
+    let (core, _store) = start(&clock);
+    assert_eq!(stats(&core).depth, 1, "the in-flight message came back");
+    let (mut s, e) = open(&core, "c");
+    let _c = consume_with(&mut s, "q", 1, None);
+    assert_eq!(split(e.take()).0.len(), 1);
+}
+
+fn send_in_group(s: &mut Box<dyn Session>, group: &str, body: &str) {
+    let mut m = Message::text(body);
+    m.group_id = Some(group.into());
+    s.publish(&queue("q"), m, PublishOptions::default())
+        .expect("publish");
+}
+
+#[test]
+fn a_groups_next_message_waits_while_one_is_leased_so_order_holds_across_expiry() {
+    let (core, clock) = leasing_core(1_000, QueueOverrides::default());
+    let (mut s, e) = open(&core, "c");
+    let c = consume_with(&mut s, "q", 10, None);
+    for body in ["a1", "a2", "a3"] {
+        send_in_group(&mut s, "a", body);
+    }
+    send_in_group(&mut s, "b", "b1");
+    let (first, _) = split(e.take());
+    let got: Vec<String> = first.iter().map(text).collect();
+    assert_eq!(
+        got,
+        vec!["a1", "b1"],
+        "one leased message per group, other groups go on"
+    );
+
+    advance(&core, &clock, 1_000);
+    let (again, expired) = split(e.take());
+    assert_eq!(expired.len(), 2);
+    let got: Vec<String> = again.iter().map(text).collect();
+    assert_eq!(
+        got,
+        vec!["a1", "b1"],
+        "a1 again before a2: order holds across the expiry"
+    );
+    for d in &again {
+        s.settle(c, d.tag, Outcome::Accept, None, false)
+            .expect("accept");
+    }
+    let (next, _) = split(e.take());
+    assert_eq!(next.iter().map(text).collect::<Vec<_>>(), vec!["a2"]);
+    s.settle(c, next[0].tag, Outcome::Accept, None, false)
+        .expect("accept");
+    let (last, _) = split(e.take());
+    assert_eq!(last.iter().map(text).collect::<Vec<_>>(), vec!["a3"]);
+}
