@@ -566,8 +566,8 @@ impl Queue {
             entry.delivery_count += 1;
             tracing::debug!(queue = %self.name, seq = entry.seq, tag, delivery_count = entry.delivery_count, "lease expired");
             if entry.delivery_count >= attempts_max {
-                // Hook for the dead-letter reason (`delivery-attempts`)
-                // once dead-lettering records one.
+                // Dead-lettered by the caller with reason
+                // `delivery-attempts` (`Inner::run_timers`).
                 st.stats.dead_lettered_total += 1;
                 out.records.extend(self.ack_record(&entry));
                 self.release(&entry);
