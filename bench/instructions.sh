@@ -22,43 +22,25 @@ command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install va
 
 TMP=$(mktemp -d /tmp/rosetta-ir.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+BENCH_TMP=$TMP
+# shellcheck source=bench/peers/peers.sh
+source "$(dirname "$0")/peers/peers.sh"
 
 # run_broker NAME [LOAD ARGS...]: prints the broker's total Ir.
 run_broker() {
   local name=$1; shift
   local dir=$TMP/$name
-  mkdir -p "$dir/data"
-  local mqtt stomp amqp
-  mqtt=$(free_port); stomp=$(free_port); amqp=$(free_port)
-  cat > "$dir/rosetta.toml" <<CONF
-data_dir = "$dir/data"
-[listeners]
-mqtt = "127.0.0.1:$mqtt"
-stomp = "127.0.0.1:$stomp"
-amqp = "127.0.0.1:$amqp"
-websocket = ""
-mqtts = ""
-stomps = ""
-amqps = ""
-wss = ""
-[store]
-sync = "every-commit"
-CONF
+  rosetta_config "$dir"
   valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
     "$BROKER" --config "$dir/rosetta.toml" > "$dir/broker.log" 2>&1 &
   local pid=$!
-  for _ in $(seq 1 600); do
-    (exec 3<>/dev/tcp/127.0.0.1/"$amqp") 2>/dev/null && break
-    sleep 0.2
-  done
+  wait_port "$ROSETTA_AMQP_PORT" "$pid" 120 || { echo "broker did not start" >&2; exit 1; }
   if [ $# -gt 0 ]; then
     local port
     case $1 in
-      mqtt-*) port=$mqtt ;;
-      stomp) port=$stomp ;;
-      amqp) port=$amqp ;;
+      mqtt-*) port=$ROSETTA_MQTT_PORT ;;
+      stomp) port=$ROSETTA_STOMP_PORT ;;
+      amqp) port=$ROSETTA_AMQP_PORT ;;
     esac
     "$LOAD" --port "$port" --stall-s 120 --timeout-s 1200 "$@" > "$dir/load.log" 2>&1 \
       || { echo "load failed for $name:" >&2; tail -5 "$dir/load.log" >&2; }

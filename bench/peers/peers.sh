@@ -48,8 +48,11 @@ peers_stop_all() {
   PEER_PIDS=()
 }
 
-start_rosetta() {
-  local dir=$BENCH_TMP/rosetta
+# rosetta_config DIR: picks free ports (ROSETTA_MQTT_PORT, _STOMP_PORT,
+# _AMQP_PORT) and writes DIR/rosetta.toml: a journal in DIR/data synced on
+# every commit, plain listeners on those ports, nothing else.
+rosetta_config() {
+  local dir=$1
   mkdir -p "$dir/data"
   ROSETTA_MQTT_PORT=$(free_port); ROSETTA_STOMP_PORT=$(free_port); ROSETTA_AMQP_PORT=$(free_port)
   cat > "$dir/rosetta.toml" <<CONF
@@ -68,6 +71,11 @@ sync = "every-commit"
 [broker]
 connections_max = 100000
 CONF
+}
+
+start_rosetta() {
+  local dir=$BENCH_TMP/rosetta
+  rosetta_config "$dir"
   "$ROSETTA_BIN" --config "$dir/rosetta.toml" > "$dir/rosetta.log" 2>&1 &
   ROSETTA_PID=$!
   PEER_PIDS+=("$ROSETTA_PID")
