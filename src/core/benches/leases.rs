@@ -116,7 +116,7 @@ fn run(leased: bool, messages: u64, abandon_every: u64) -> (f64, u64) {
             for (consumer, tag) in got {
                 progress = true;
                 seen += 1;
-                if abandon_every > 0 && seen % abandon_every == 0 {
+                if abandon_every > 0 && seen.is_multiple_of(abandon_every) {
                     continue; // left to expire
                 }
                 s.settle(consumer, tag, Outcome::Accept, None, false)
