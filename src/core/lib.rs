@@ -22,8 +22,8 @@ mod backlog;
 mod batch;
 mod clock;
 pub mod codec;
-mod dedup;
 mod dead_letter;
+mod dedup;
 mod disk;
 mod dispatch;
 mod groups;
@@ -55,18 +55,18 @@ use rosetta_store::{
 };
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use dedup::{DedupMode, DEDUP_ID_BYTES_MAX};
 pub use dead_letter::{
     DeadLetterReason, DEAD_LETTER_REASON_PROPERTY, DELIVERY_COUNT_PROPERTY, ORIGINAL_QUEUE_PROPERTY,
 };
+pub use dedup::{DedupMode, DEDUP_ID_BYTES_MAX};
 pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
 pub use queue_settings::VISIBILITY_TIMEOUT_MS_MAX;
 pub use queue_settings::{
     QueueMatch, QueueOverrides, QueuePattern, QueuePatternError, QueueRule, QueueRules,
-    QueueSettings, RedeliveryMultiplier, GROUPS_MAX_DEFAULT, QUEUE_PATTERN_WORDS_MAX,
-    REDELIVERY_DELAY_MAX_FACTOR_DEFAULT, REDELIVERY_DELAY_MS_MAX, REDELIVERY_MULTIPLIER_MAX,
-    DEDUP_IDS_MAX_DEFAULT,
+    QueueSettings, RedeliveryMultiplier, DEDUP_IDS_MAX_DEFAULT, GROUPS_MAX_DEFAULT,
+    QUEUE_PATTERN_WORDS_MAX, REDELIVERY_DELAY_MAX_FACTOR_DEFAULT, REDELIVERY_DELAY_MS_MAX,
+    REDELIVERY_MULTIPLIER_MAX,
 };
 
 use batch::Batch;

@@ -20,8 +20,8 @@ use super::batch::Batch;
 use super::codec;
 use super::dead_letter::{DeadLetter, DeadLetterReason};
 use super::queue::{elapsed_ms, BrowseCursor, ConsumerKey, ConsumerSlot, Queue};
-use super::routing::Duplicates;
 use super::queue_settings::VISIBILITY_TIMEOUT_MS_MAX;
+use super::routing::Duplicates;
 use super::selector::Selector;
 use super::{Inner, PendingWill};
 

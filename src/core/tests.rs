@@ -1251,10 +1251,10 @@ fn one_queue_matched_by_many_bindings_gets_one_copy_among_many_queues() {
 #[path = "queue_semantics_tests.rs"]
 mod queue_semantics;
 
-#[path = "schedule_tests.rs"]
-mod schedule;
 #[path = "dedup_tests.rs"]
 mod dedup;
+#[path = "schedule_tests.rs"]
+mod schedule;
 
 #[path = "lease_tests.rs"]
 mod lease;
