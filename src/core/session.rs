@@ -130,6 +130,15 @@ impl CoreSession {
         Ok(st)
     }
 
+    /// The queue `consumer` consumes from.
+    fn queue_of(&self, consumer: ConsumerId) -> Result<Arc<Queue>, BrokerError> {
+        let st = self.state()?;
+        st.consumers
+            .get(&consumer)
+            .map(|c| Arc::clone(&c.queue))
+            .ok_or(BrokerError::Unknown("consumer"))
+    }
+
     fn completion(&self, ticket: Ticket) -> Completion {
         Inner::complete_ticket(&self.shared.sink, ticket)
     }
@@ -670,14 +679,7 @@ impl Session for CoreSession {
         limit: u32,
         drain: bool,
     ) -> Result<(), BrokerError> {
-        let st = self.state()?;
-        let q = Arc::clone(
-            &st.consumers
-                .get(&consumer)
-                .ok_or(BrokerError::Unknown("consumer"))?
-                .queue,
-        );
-        drop(st);
+        let q = self.queue_of(consumer)?;
         let key = ConsumerKey {
             session: self.shared.id,
             consumer,
@@ -804,14 +806,7 @@ impl Session for CoreSession {
         tag: DeliveryTag,
         annotation: Bytes,
     ) -> Result<(), BrokerError> {
-        let st = self.state()?;
-        let q = Arc::clone(
-            &st.consumers
-                .get(&consumer)
-                .ok_or(BrokerError::Unknown("consumer"))?
-                .queue,
-        );
-        drop(st);
+        let q = self.queue_of(consumer)?;
         let record = {
             let mut qs = q.state.lock();
             let Some((_, entry)) = qs.inflight.get_mut(&tag.0) else {
@@ -834,14 +829,7 @@ impl Session for CoreSession {
     }
 
     fn renew_lease(&mut self, consumer: ConsumerId, tag: DeliveryTag) -> Result<(), BrokerError> {
-        let st = self.state()?;
-        let q = Arc::clone(
-            &st.consumers
-                .get(&consumer)
-                .ok_or(BrokerError::Unknown("consumer"))?
-                .queue,
-        );
-        drop(st);
+        let q = self.queue_of(consumer)?;
         let key = ConsumerKey {
             session: self.shared.id,
             consumer,
