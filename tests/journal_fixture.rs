@@ -201,6 +201,7 @@ fn write_representative_journal(dir: &Path) {
             2,
             3,
             Some(&Bytes::from_static(b"\x00\x53\x70delivery-failed")),
+            None,
         )],
     );
     commit(
@@ -267,7 +268,7 @@ fn write_representative_journal(dir: &Path) {
         &store,
         vec![
             message(200, &[2], 1500),
-            codec::delivery_state_record(2, 200, 1, None),
+            codec::delivery_state_record(2, 200, 1, None, None),
         ],
     );
     commit(
@@ -339,7 +340,7 @@ fn placement(
 ) -> RecoveredPlacement {
     let annotation = annotation.map(Bytes::from_static);
     let state = (delivery_count > 0 || annotation.is_some()).then(|| {
-        match codec::delivery_state_record(queue, 0, delivery_count, annotation.as_ref()) {
+        match codec::delivery_state_record(queue, 0, delivery_count, annotation.as_ref(), None) {
             Record::DeliveryState { state, .. } => state,
             other => panic!("delivery_state_record made {other:?}"),
         }

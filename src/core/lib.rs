@@ -817,6 +817,7 @@ impl Inner {
                     continue;
                 };
                 let mut entry = Entry::new(m.seq, Arc::clone(&message), true);
+                let mut redeliver_at_ms = None;
                 if let Some(state) = placement.state {
                     // Undecodable state: delivered before, count unknown.
                     // Counted as one attempt rather than dropped.
@@ -825,16 +826,18 @@ impl Inner {
                         codec::StoredDelivery {
                             delivery_count: 1,
                             annotation: None,
+                            redeliver_at_ms: None,
                         }
                     });
                     entry.redelivered = state.delivery_count > 0 || state.annotation.is_some();
                     entry.delivery_count = state.delivery_count;
                     entry.annotation = state.annotation;
+                    redeliver_at_ms = state.redeliver_at_ms;
                 }
                 if let Some(Address::Topic(topic)) = &message.address {
                     entry.matched = routing::match_info(&q.state.lock().bindings, topic);
                 }
-                replaced.extend(q.restore(entry, now_ms));
+                replaced.extend(q.restore(entry, redeliver_at_ms, now_ms));
             }
         }
         self.memory.end_restore();

@@ -412,9 +412,17 @@ impl Queue {
     /// connected yet). One scheduled for later waits for its time again.
     /// Returns the ack records of what a last-value queue dropped for it
     /// (or of it), for the caller to journal.
-    pub(crate) fn restore(&self, entry: Entry, now_ms: u64) -> Vec<Record> {
+    /// `redeliver_at_ms`: it came back with a redelivery delay that ends
+    /// then.
+    pub(crate) fn restore(
+        &self,
+        entry: Entry,
+        redeliver_at_ms: Option<u64>,
+        now_ms: u64,
+    ) -> Vec<Record> {
         let mut st = self.state.lock();
-        if let Some(due) = entry.message.delivery_time.filter(|&t| t > now_ms) {
+        let due = entry.message.delivery_time.max(redeliver_at_ms);
+        if let Some(due) = due.filter(|&t| t > now_ms) {
             self.memory.add(&entry);
             self.schedule_locked(&mut st, due, entry);
             return Vec::new();
@@ -464,13 +472,45 @@ impl Queue {
     /// A delivered message comes back, after the queue's redelivery delay
     /// for its delivery count when it has one (see
     /// `QueueSettings::redelivery_delay_ms_for`), at once otherwise.
-    pub(crate) fn put_back_later(&self, st: &mut QueueState, entry: Entry, now_ms: u64) {
+    /// `failed`: this return raised its delivery count. The journal learns
+    /// the new count, and the time it may be offered again, so a restart
+    /// neither forgets an attempt nor delivers it before its delay is over.
+    pub(crate) fn put_back_later(
+        &self,
+        st: &mut QueueState,
+        entry: Entry,
+        now_ms: u64,
+        failed: bool,
+        records: &mut Vec<Record>,
+    ) {
         let delay = self.settings.redelivery_delay_ms_for(entry.delivery_count);
-        if delay == 0 {
-            st.backlog.put_back(entry);
-        } else {
-            self.schedule_locked(st, now_ms.saturating_add(delay), entry);
+        let due = (delay > 0).then(|| now_ms.saturating_add(delay));
+        if failed || due.is_some() {
+            records.extend(self.delivery_state_record(&entry, due));
         }
+        match due {
+            None => st.backlog.put_back(entry),
+            Some(due) => self.schedule_locked(st, due, entry),
+        }
+    }
+
+    /// The DeliveryState record of `entry` if it is journaled here: its
+    /// delivery count and saved annotation, and when it may be offered
+    /// again.
+    pub(crate) fn delivery_state_record(
+        &self,
+        entry: &Entry,
+        redeliver_at_ms: Option<u64>,
+    ) -> Option<Record> {
+        entry.journaled.then(|| {
+            super::codec::delivery_state_record(
+                self.id,
+                entry.seq,
+                entry.delivery_count,
+                entry.annotation.as_ref(),
+                redeliver_at_ms,
+            )
+        })
     }
 
     /// Keeps `entry` (counted in the gauge already) until `due_ms`, and arms
@@ -574,14 +614,6 @@ impl Queue {
                 out.dead.push(entry);
                 continue;
             }
-            if entry.journaled {
-                out.records.push(super::codec::delivery_state_record(
-                    self.id,
-                    entry.seq,
-                    entry.delivery_count,
-                    None,
-                ));
-            }
             // The adapter forgot the delivery: its saved state goes too.
             entry.annotation = None;
             let owner = entry
@@ -594,9 +626,10 @@ impl Queue {
                 // group's later messages kept for it (kept in sequence
                 // order), so per-group order holds.
                 Some(owner) if self.settings.redelivery_delay_ms_for(entry.delivery_count) == 0 => {
+                    out.records.extend(self.delivery_state_record(&entry, None));
                     super::dispatch::reserve_for(st, owner, entry);
                 }
-                _ => self.put_back_later(st, entry, now_ms),
+                _ => self.put_back_later(st, entry, now_ms, true, &mut out.records),
             }
         }
         any

@@ -376,3 +376,75 @@ fn a_restart_keeps_scheduled_messages_and_never_delivers_them_early() {
     assert_eq!(bodies(&e.deliveries()), vec!["b"]);
     assert_eq!(clock.now_ms(), T0_MS + 2_000);
 }
+
+#[test]
+fn a_restart_during_a_redelivery_delay_does_not_deliver_the_message_early() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let config = || CoreConfig {
+        queue_rules: QueueRules::new([QueueRule {
+            target: QueueMatch::Name("q".into()),
+            overrides: QueueOverrides {
+                redelivery_delay_ms: Some(1_000),
+                ..QueueOverrides::default()
+            },
+        }]),
+        ..CoreConfig::default()
+    };
+    let start = |clock: &Arc<ManualClock>| {
+        let (store, recovered) =
+            rosetta_store::Store::open(rosetta_store::StoreConfig::new(dir.path()))
+                .expect("open store");
+        let store = Arc::new(store);
+        let core = Core::with_clock(
+            config(),
+            store.clone(),
+            Arc::new(super::super::AllowAll),
+            Some(recovered),
+            clock.clone(),
+        );
+        (core, store)
+    };
+    {
+        let (core, store) = start(&clock);
+        let (mut s, e) = open(&core, "c");
+        for body in ["failed", "released"] {
+            let mut m = Message::text(body);
+            m.durable = true;
+            s.publish(&queue("q"), m, PublishOptions::default())
+                .expect("publish");
+        }
+        let _c = consume(&mut s, "q", CreditMode::Window(10));
+        let d = e.deliveries();
+        assert_eq!(bodies(&d), vec!["failed", "released"]);
+        fail(&mut s, &d[0]);
+        s.settle(d[1].consumer, d[1].tag, Outcome::Release, None, false)
+            .expect("release");
+        assert_eq!(stats(&core, "q").scheduled, 2, "both wait out the delay");
+        store.flush().expect("flush");
+        // Nothing is in flight: closing changes nothing, and only the
+        // journal carries the delay across the restart.
+        s.close(CloseKind::Clean);
+    }
+    clock.set(T0_MS + 400);
+    let (core, _store) = start(&clock);
+    let st = stats(&core, "q");
+    assert_eq!(
+        (st.depth, st.scheduled),
+        (0, 2),
+        "still waiting after the restart"
+    );
+    let (mut s, e) = open(&core, "c");
+    let _c = consume(&mut s, "q", CreditMode::Window(10));
+    core.run_timers();
+    advance(&core, &clock, 599);
+    assert!(e.deliveries().is_empty(), "not before the delay is over");
+    advance(&core, &clock, 1);
+    let d = e.deliveries();
+    assert_eq!(bodies(&d), vec!["failed", "released"]);
+    assert_eq!(
+        d.iter().map(|d| d.delivery_count).collect::<Vec<_>>(),
+        vec![1, 0],
+        "the failed attempt is counted, the release is not"
+    );
+}

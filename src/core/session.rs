@@ -17,7 +17,6 @@ use rosetta_neutral::{
 use rosetta_store::{Completion, Record};
 
 use super::batch::Batch;
-use super::codec;
 use super::dead_letter::{DeadLetter, DeadLetterReason};
 use super::queue::{elapsed_ms, BrowseCursor, ConsumerKey, ConsumerSlot, Queue};
 use super::queue_settings::VISIBILITY_TIMEOUT_MS_MAX;
@@ -318,7 +317,7 @@ fn settle_locked(
             batch.records.extend(queue.ack_record(&entry));
         }
         Outcome::Release => {
-            queue.put_back_later(st, entry, inner.now_ms());
+            queue.put_back_later(st, entry, inner.now_ms(), false, &mut batch.records);
         }
         Outcome::Modify {
             delivery_failed,
@@ -334,16 +333,9 @@ fn settle_locked(
                 if undeliverable_here {
                     entry.excluded = Some(key);
                 }
-                if delivery_failed && entry.journaled {
-                    batch.records.push(codec::delivery_state_record(
-                        queue.id,
-                        entry.seq,
-                        entry.delivery_count,
-                        None,
-                    ));
-                }
                 entry.annotation = None;
-                queue.put_back_later(st, entry, inner.now_ms());
+                let now_ms = inner.now_ms();
+                queue.put_back_later(st, entry, now_ms, delivery_failed, &mut batch.records);
             }
         }
         Outcome::Reject => {
@@ -378,17 +370,9 @@ fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
                 let reason = DeadLetterReason::DeliveryAttempts;
                 retire_to_dead_letter(queue, &mut st.stats, entry, reason, &mut batch, &mut dead);
             } else {
-                if entry.journaled {
-                    batch.records.push(codec::delivery_state_record(
-                        queue.id,
-                        entry.seq,
-                        entry.delivery_count,
-                        entry.annotation.as_ref(),
-                    ));
-                }
                 // As Artemis: a consumer that goes with unsettled
                 // deliveries failed them, and the delay applies.
-                queue.put_back_later(&mut st, entry, now_ms);
+                queue.put_back_later(&mut st, entry, now_ms, true, &mut batch.records);
             }
         }
         let no_consumers = st.consumers.is_empty();
@@ -813,14 +797,7 @@ impl Session for CoreSession {
                 return Err(BrokerError::Unknown("delivery"));
             };
             entry.annotation = Some(annotation.clone());
-            entry.journaled.then(|| {
-                codec::delivery_state_record(
-                    q.id,
-                    entry.seq,
-                    entry.delivery_count,
-                    Some(&annotation),
-                )
-            })
+            q.delivery_state_record(entry, None)
         };
         if let Some(record) = record {
             self.inner.journal.append(vec![record], None);

@@ -5,7 +5,7 @@
 //! |---------------|-------------------------------------------------------------------------------|
 //! | QueueDeclare  | lifetime `u8` (0 permanent, 1 idle-for, then its milliseconds `u64`)           |
 //! | Bind          | max qos `u8`, subscription id optional `u32`, no-local `u8` bool, retain-as-published `u8` bool, owner optional string |
-//! | DeliveryState | delivery count `u32`, annotation optional bytes                               |
+//! | DeliveryState | delivery count `u32`, annotation optional bytes, then (only when set) the redelivery time `u64` ms |
 //!
 //! These are the layouts the store itself wrote and read in version 1 of
 //! those records, byte for byte, so journals written before the store
@@ -78,6 +78,10 @@ pub struct StoredDelivery {
     pub delivery_count: u32,
     /// Annotations a consumer added (AMQP `modified` message-annotations).
     pub annotation: Option<Bytes>,
+    /// Not to be offered again before this time (ms since the epoch): it
+    /// came back with a redelivery delay. Written only when set, so a
+    /// record without it has the version 1 bytes.
+    pub redeliver_at_ms: Option<u64>,
 }
 
 /// The Bind record for `filter` on `queue`.
@@ -125,10 +129,14 @@ pub fn delivery_state_record(
     seq: MessageSeq,
     delivery_count: u32,
     annotation: Option<&Bytes>,
+    redeliver_at_ms: Option<u64>,
 ) -> Record {
-    let mut out = Vec::with_capacity(9 + annotation.map_or(0, Bytes::len));
+    let mut out = Vec::with_capacity(17 + annotation.map_or(0, Bytes::len));
     wire::put_u32(&mut out, delivery_count);
     wire::put_opt_bytes(&mut out, annotation.map(|a| &a[..]));
+    if let Some(at) = redeliver_at_ms {
+        wire::put_u64(&mut out, at);
+    }
     Record::DeliveryState {
         queue,
         seq,
@@ -139,9 +147,17 @@ pub fn delivery_state_record(
 /// The state of a recovered DeliveryState record.
 pub fn decode_delivery_state(state: Bytes) -> Result<StoredDelivery, DecodeError> {
     let mut r = Reader::new(state);
+    let delivery_count = r.u32("delivery count")?;
+    let annotation = r.opt_bytes("annotation")?;
+    let redeliver_at_ms = if r.remaining() > 0 {
+        Some(r.u64("redelivery time")?)
+    } else {
+        None
+    };
     Ok(StoredDelivery {
-        delivery_count: r.u32("delivery count")?,
-        annotation: r.opt_bytes("annotation")?,
+        delivery_count,
+        annotation,
+        redeliver_at_ms,
     })
 }
 
@@ -197,7 +213,7 @@ mod tests {
     #[test]
     fn delivery_state_round_trips_in_the_version_1_layout() {
         let ann = Bytes::from_static(b"ann");
-        let r = delivery_state_record(2, 5, 4, Some(&ann));
+        let r = delivery_state_record(2, 5, 4, Some(&ann), None);
         assert_eq!(
             &tail(&r)[..],
             &[4, 0, 0, 0, 1, 3, 0, 0, 0, b'a', b'n', b'n']
@@ -205,8 +221,28 @@ mod tests {
         let back = decode_delivery_state(tail(&r)).expect("decodes");
         assert_eq!(back.delivery_count, 4);
         assert_eq!(back.annotation, Some(ann));
-        let none = decode_delivery_state(tail(&delivery_state_record(2, 5, 1, None)));
+        assert_eq!(back.redeliver_at_ms, None);
+        let none = decode_delivery_state(tail(&delivery_state_record(2, 5, 1, None, None)));
         assert_eq!(none.expect("decodes").annotation, None);
+    }
+
+    #[test]
+    fn a_redelivery_time_follows_the_version_1_layout() {
+        let r = delivery_state_record(2, 5, 3, None, Some(0x0102));
+        assert_eq!(
+            &tail(&r)[..],
+            &[3, 0, 0, 0, 0, 0x02, 0x01, 0, 0, 0, 0, 0, 0],
+            "the version 1 bytes, then the time"
+        );
+        let back = decode_delivery_state(tail(&r)).expect("decodes");
+        assert_eq!(
+            (back.delivery_count, back.redeliver_at_ms),
+            (3, Some(0x0102))
+        );
+        assert!(
+            decode_delivery_state(Bytes::from_static(&[3, 0, 0, 0, 0, 1, 2])).is_err(),
+            "a cut time is an error, not a missing one"
+        );
     }
 
     #[test]
