@@ -105,7 +105,7 @@ async fn metrics_show_the_settings_in_force_across_restarts() {
         |c| {
             c.listeners.metrics = Some(ListenAddr::new("127.0.0.1", 0));
             c.queues = queues(
-                "[[queues]]\npattern = \"jobs.*\"\nexclusive = true\ndead_letter_address = \"jobs.dead\"\n\n[[queues]]\nname = \"jobs.slow\"\ngroups_max = 50\n",
+                "[[queues]]\npattern = \"jobs.*\"\nexclusive = true\ndead_letter_address = \"jobs.dead\"\n\n[[queues]]\nname = \"jobs.slow\"\ngroups_max = 50\nvisibility_timeout_ms = 30000\nredelivery_delay_ms = 250\nredelivery_multiplier = 1.5\ndedup_window_s = 60\nlast_value_key = \"sym\"\n",
             );
         },
         Arc::new(rosetta::core::AllowAll),
@@ -116,8 +116,8 @@ async fn metrics_show_the_settings_in_force_across_restarts() {
         p.send_persistent(q, &[], b"m").await;
     }
     p.disconnect().await;
-    let slow = "rosetta_queue_settings_info{queue=\"jobs.slow\",exclusive=\"true\",dead_letter_address=\"jobs.dead\",delivery_attempts_max=\"10\",groups_max=\"50\"} 1";
-    let plain = "rosetta_queue_settings_info{queue=\"plain\",exclusive=\"false\",dead_letter_address=\"DLQ\",delivery_attempts_max=\"10\",groups_max=\"100000\"} 1";
+    let slow = "rosetta_queue_settings_info{queue=\"jobs.slow\",exclusive=\"true\",dead_letter_address=\"jobs.dead\",delivery_attempts_max=\"10\",groups_max=\"50\",visibility_timeout_ms=\"30000\",redelivery_delay_ms=\"250\",redelivery_multiplier=\"1.5\",redelivery_delay_max_ms=\"2500\",dedup_window_s=\"60\",dedup=\"id\",dedup_ids_max=\"100000\",last_value_key=\"sym\"} 1";
+    let plain = "rosetta_queue_settings_info{queue=\"plain\",exclusive=\"false\",dead_letter_address=\"DLQ\",delivery_attempts_max=\"10\",groups_max=\"100000\",visibility_timeout_ms=\"\",redelivery_delay_ms=\"0\",redelivery_multiplier=\"1\",redelivery_delay_max_ms=\"0\",dedup_window_s=\"\",dedup=\"id\",dedup_ids_max=\"100000\",last_value_key=\"\"} 1";
     let metrics = scrape(&broker).await;
     assert!(
         metrics.contains("# TYPE rosetta_queue_settings_info gauge\n"),
@@ -150,7 +150,7 @@ async fn metrics_show_the_settings_in_force_across_restarts() {
     let metrics = scrape(&broker).await;
     assert_eq!(
         settings_line(&metrics, "jobs.slow"),
-        Some("rosetta_queue_settings_info{queue=\"jobs.slow\",exclusive=\"false\",dead_letter_address=\"DLQ\",delivery_attempts_max=\"4\",groups_max=\"100000\"} 1"),
+        Some("rosetta_queue_settings_info{queue=\"jobs.slow\",exclusive=\"false\",dead_letter_address=\"DLQ\",delivery_attempts_max=\"4\",groups_max=\"100000\",visibility_timeout_ms=\"\",redelivery_delay_ms=\"0\",redelivery_multiplier=\"1\",redelivery_delay_max_ms=\"0\",dedup_window_s=\"\",dedup=\"id\",dedup_ids_max=\"100000\",last_value_key=\"\"} 1"),
         "the changed configuration applies at the restart: {metrics}"
     );
     assert_eq!(broker.queue("jobs.slow"), Some((1, 0)), "its message kept");

@@ -287,16 +287,25 @@ fn render_queue_settings(out: &mut String, core: &Core) {
     let mut queues = core.all_queue_settings();
     queues.sort_by(|a, b| a.0.cmp(&b.0));
     for (queue, settings) in &queues {
-        let attempts = settings
-            .delivery_attempts_max
-            .map_or_else(String::new, |m| m.to_string());
+        // An unset option is an empty label, as Prometheus reads a
+        // missing one.
+        let or_empty = |v: Option<String>| v.unwrap_or_default();
         let _ = writeln!(
             out,
-            "{name}{{queue=\"{}\",exclusive=\"{}\",dead_letter_address=\"{}\",delivery_attempts_max=\"{attempts}\",groups_max=\"{}\"}} 1",
+            "{name}{{queue=\"{}\",exclusive=\"{}\",dead_letter_address=\"{}\",delivery_attempts_max=\"{}\",groups_max=\"{}\",visibility_timeout_ms=\"{}\",redelivery_delay_ms=\"{}\",redelivery_multiplier=\"{}\",redelivery_delay_max_ms=\"{}\",dedup_window_s=\"{}\",dedup=\"{}\",dedup_ids_max=\"{}\",last_value_key=\"{}\"}} 1",
             escape_label(queue),
             settings.exclusive,
             escape_label(settings.dead_letter_address.as_deref().unwrap_or_default()),
+            or_empty(settings.delivery_attempts_max.map(|m| m.to_string())),
             settings.groups_max,
+            or_empty(settings.visibility_timeout_ms.map(|m| m.to_string())),
+            settings.redelivery_delay_ms,
+            settings.redelivery_multiplier.get(),
+            settings.redelivery_delay_cap_ms(),
+            or_empty(settings.dedup_window_s.map(|s| s.to_string())),
+            settings.dedup.as_str(),
+            settings.dedup_ids_max,
+            escape_label(settings.last_value_key.as_deref().unwrap_or_default()),
         );
     }
 }
