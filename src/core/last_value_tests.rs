@@ -8,6 +8,7 @@ use rosetta_neutral::*;
 
 use super::*;
 use crate::tests::{open, text};
+use crate::Clock;
 use crate::{
     AllowAll, Core, CoreConfig, NoJournal, QueueMatch, QueueOverrides, QueueRule, QueueRules,
     QueueStats, DEAD_LETTER_REASON_PROPERTY, DELIVERY_COUNT_PROPERTY, ORIGINAL_QUEUE_PROPERTY,
@@ -114,6 +115,73 @@ fn last_value_queue_does_not_recall_a_message_in_flight() {
         0,
         "the replaced one's bytes are released"
     );
+}
+
+#[test]
+fn last_value_queue_drops_a_released_message_when_a_newer_one_of_its_value_waits() {
+    let core = lvq_core(CoreConfig::default());
+    let (mut p, _) = open(&core, "p");
+    let (mut c, e) = open(&core, "c");
+    let id = consume(&mut c, "prices", 1);
+    send(&mut p, "prices", priced(Some("ACME"), "acme 1"));
+    let first = e.deliveries().remove(0);
+    send(&mut p, "prices", priced(Some("ACME"), "acme 2"));
+    c.settle(id, first.tag, Outcome::Release, None, false)
+        .expect("release");
+    let s = stats(&core, "prices");
+    assert_eq!(
+        (s.depth + s.in_flight, s.replaced_total),
+        (1, 1),
+        "the released older one is dropped, as Artemis drops it"
+    );
+    let next = e.deliveries().remove(0);
+    assert_eq!(text(&next), "acme 2");
+    c.settle(id, next.tag, Outcome::Accept, None, false)
+        .expect("ack");
+    assert!(e.deliveries().is_empty(), "acme 1 never comes again");
+    assert_eq!(
+        core.memory_used(),
+        0,
+        "the dropped one's bytes are released"
+    );
+}
+
+#[test]
+fn last_value_queue_compares_a_scheduled_message_when_it_becomes_due() {
+    let clock = Arc::new(crate::ManualClock::new(1_700_000_000_000));
+    let core = Core::with_clock(
+        CoreConfig {
+            queue_rules: lvq_rules("prices"),
+            ..CoreConfig::default()
+        },
+        Arc::new(NoJournal),
+        Arc::new(AllowAll),
+        None,
+        clock.clone(),
+    );
+    let (mut p, _) = open(&core, "p");
+    send(&mut p, "prices", priced(Some("ACME"), "acme now"));
+    let mut later = priced(Some("ACME"), "acme later");
+    later.delivery_time = Some(clock.now_ms() + 1_000);
+    send(&mut p, "prices", later);
+    let s = stats(&core, "prices");
+    assert_eq!(
+        (s.depth, s.scheduled, s.replaced_total),
+        (1, 1, 0),
+        "not waiting yet"
+    );
+    clock.advance(1_000);
+    core.run_timers();
+    let s = stats(&core, "prices");
+    assert_eq!(
+        (s.depth, s.scheduled, s.replaced_total),
+        (1, 0, 1),
+        "due, it replaces the older waiting one"
+    );
+    let (mut c, e) = open(&core, "c");
+    consume(&mut c, "prices", 10);
+    let d = e.deliveries();
+    assert_eq!(d.iter().map(text).collect::<Vec<_>>(), vec!["acme later"]);
 }
 
 #[test]
@@ -438,8 +506,10 @@ fn a_consumer_that_goes_too_often_dead_letters_for_delivery_attempts() {
 mod model {
     //! Against a model: publishes with random keys (or none) and random
     //! consumer steps (grant one, ack or release what is in flight), with
-    //! and without paging. A message is dead when a newer one of its value
-    //! was published while it waited (not in flight, not acked): dead
+    //! and without paging. The model keeps, per value, the message that
+    //! waits for it. A message is dead when another of its value comes to
+    //! wait while it waits (a publish, or a release of a newer one), or
+    //! when it is released while a newer one of its value waits: dead
     //! messages are never delivered, and every other message is acked
     //! exactly once by the end.
 
@@ -498,7 +568,8 @@ mod model {
                 })
                 .expect("consume");
             let mut limit = 0u32;
-            let mut newest: HashMap<u8, usize> = HashMap::new();
+            let mut waiting: HashMap<u8, usize> = HashMap::new();
+            let mut key_of: HashMap<usize, u8> = HashMap::new();
             let mut in_flight: Vec<Delivery> = Vec::new();
             let mut published: BTreeSet<usize> = BTreeSet::new();
             let mut dead: HashSet<usize> = HashSet::new();
@@ -512,11 +583,9 @@ mod model {
                         send(&mut p, "prices", priced(sym.as_deref(), &body));
                         published.insert(i);
                         if let Some(k) = key {
-                            if let Some(j) = newest.insert(*k, i) {
-                                let flying = in_flight.iter().any(|d| number(d) == j);
-                                if !flying && !acked.contains(&j) {
-                                    dead.insert(j);
-                                }
+                            key_of.insert(i, *k);
+                            if let Some(j) = waiting.insert(*k, i) {
+                                dead.insert(j);
                             }
                         }
                     }
@@ -532,12 +601,33 @@ mod model {
                     }
                     Step::Release => {
                         if let Some(d) = in_flight.pop() {
+                            let n = number(&d);
+                            if let Some(&k) = key_of.get(&n) {
+                                match waiting.get(&k).copied() {
+                                    Some(j) if j > n => {
+                                        dead.insert(n);
+                                    }
+                                    Some(j) => {
+                                        dead.insert(j);
+                                        waiting.insert(k, n);
+                                    }
+                                    None => {
+                                        waiting.insert(k, n);
+                                    }
+                                }
+                            }
                             c.settle(id, d.tag, Outcome::Release, None, false).expect("release");
                         }
                     }
                 }
                 for d in e.deliveries() {
-                    prop_assert!(!dead.contains(&number(&d)), "a replaced message was delivered");
+                    let n = number(&d);
+                    prop_assert!(!dead.contains(&n), "a replaced message was delivered");
+                    if let Some(k) = key_of.get(&n) {
+                        if waiting.get(k) == Some(&n) {
+                            waiting.remove(k);
+                        }
+                    }
                     in_flight.push(d);
                 }
             }

@@ -489,8 +489,31 @@ impl Queue {
             records.extend(self.delivery_state_record(&entry, due));
         }
         match due {
-            None => st.backlog.put_back(entry),
+            None => {
+                if let Some(entry) = self.admit_returning(st, entry, records) {
+                    st.backlog.put_back(entry);
+                }
+            }
             Some(due) => self.schedule_locked(st, due, entry),
+        }
+    }
+
+    /// A message coming back to wait (released, or its scheduled time or
+    /// redelivery delay over), under the last-value rule as an arriving one
+    /// is: on a last-value queue it is dropped (acked, uncounted) when a
+    /// newer message of its value waits, as Artemis drops it, and it
+    /// replaces an older one. `None` when dropped.
+    fn admit_returning(
+        &self,
+        st: &mut QueueState,
+        entry: Entry,
+        records: &mut Vec<Record>,
+    ) -> Option<Entry> {
+        if self.admit_last_value(st, &entry, records) {
+            Some(entry)
+        } else {
+            self.release(&entry);
+            None
         }
     }
 
@@ -555,7 +578,7 @@ impl Queue {
         while let Some((due_ms, entry)) = iter.next() {
             if entry.message.is_expired(now_ms) {
                 self.expire(&mut st, entry, &mut out);
-            } else {
+            } else if let Some(entry) = self.admit_returning(&mut st, entry, &mut out.records) {
                 st.backlog.put_back(entry);
             }
             if iter.peek().is_none_or(|(next, _)| *next != due_ms) {
