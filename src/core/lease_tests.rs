@@ -300,20 +300,7 @@ fn a_restart_brings_a_leased_message_back_and_loses_nothing() {
         }]),
         ..CoreConfig::default()
     };
-    let start = |clock: &Arc<ManualClock>| {
-        let (store, recovered) =
-            rosetta_store::Store::open(rosetta_store::StoreConfig::new(dir.path()))
-                .expect("open store");
-        let store = Arc::new(store);
-        let core = Core::with_clock(
-            config(),
-            store.clone(),
-            Arc::new(super::super::AllowAll),
-            Some(recovered),
-            clock.clone(),
-        );
-        (core, store)
-    };
+    let start = |clock: &Arc<ManualClock>| core_on_store(dir.path(), config(), clock);
     {
         let (core, store) = start(&clock);
         let (mut s, e) = open(&core, "c");

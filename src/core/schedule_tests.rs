@@ -329,20 +329,7 @@ fn a_timer_armed_in_time_order_arms_the_core_once_per_queue() {
 fn a_restart_keeps_scheduled_messages_and_never_delivers_them_early() {
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = Arc::new(ManualClock::new(T0_MS));
-    let start = |clock: &Arc<ManualClock>| {
-        let (store, recovered) =
-            rosetta_store::Store::open(rosetta_store::StoreConfig::new(dir.path()))
-                .expect("open store");
-        let store = Arc::new(store);
-        let core = Core::with_clock(
-            CoreConfig::default(),
-            store.clone(),
-            Arc::new(super::super::AllowAll),
-            Some(recovered),
-            clock.clone(),
-        );
-        (core, store)
-    };
+    let start = |clock: &Arc<ManualClock>| core_on_store(dir.path(), CoreConfig::default(), clock);
     {
         let (core, store) = start(&clock);
         let (mut s, _e) = open(&core, "c");
@@ -391,20 +378,7 @@ fn a_restart_during_a_redelivery_delay_does_not_deliver_the_message_early() {
         }]),
         ..CoreConfig::default()
     };
-    let start = |clock: &Arc<ManualClock>| {
-        let (store, recovered) =
-            rosetta_store::Store::open(rosetta_store::StoreConfig::new(dir.path()))
-                .expect("open store");
-        let store = Arc::new(store);
-        let core = Core::with_clock(
-            config(),
-            store.clone(),
-            Arc::new(super::super::AllowAll),
-            Some(recovered),
-            clock.clone(),
-        );
-        (core, store)
-    };
+    let start = |clock: &Arc<ManualClock>| core_on_store(dir.path(), config(), clock);
     {
         let (core, store) = start(&clock);
         let (mut s, e) = open(&core, "c");

@@ -49,6 +49,26 @@ pub(crate) fn open(core: &Core, client: &str) -> (Box<dyn Session>, Arc<Events>)
     (session, events)
 }
 
+/// A core with `config` on a real store in `dir`, on `clock`: started
+/// again on the same `dir` it recovers what the last one journaled.
+pub(crate) fn core_on_store(
+    dir: &std::path::Path,
+    config: CoreConfig,
+    clock: &Arc<crate::ManualClock>,
+) -> (Core, Arc<rosetta_store::Store>) {
+    let (store, recovered) =
+        rosetta_store::Store::open(rosetta_store::StoreConfig::new(dir)).expect("open store");
+    let store = Arc::new(store);
+    let core = Core::with_clock(
+        config,
+        store.clone(),
+        Arc::new(super::AllowAll),
+        Some(recovered),
+        clock.clone(),
+    );
+    (core, store)
+}
+
 pub(crate) fn text(d: &Delivery) -> String {
     String::from_utf8_lossy(&d.message.body.bytes).into_owned()
 }
