@@ -4,7 +4,7 @@
 //! the housekeeping thread does on its own.
 
 use super::*;
-use crate::{ManualClock, QueueMatch, QueueOverrides, QueueRule, QueueRules};
+use crate::{ManualClock, QueueOverrides};
 
 const T0_MS: u64 = 1_700_000_000_000;
 
@@ -12,16 +12,13 @@ const T0_MS: u64 = 1_700_000_000_000;
 /// `overrides` on top.
 fn leasing_core(lease_ms: u32, overrides: QueueOverrides) -> (Core, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(T0_MS));
-    let config = CoreConfig {
-        queue_rules: QueueRules::new([QueueRule {
-            target: QueueMatch::Name("q".into()),
-            overrides: QueueOverrides {
-                visibility_timeout_ms: Some(lease_ms),
-                ..overrides
-            },
-        }]),
-        ..CoreConfig::default()
-    };
+    let config = config_for_queue(
+        "q",
+        QueueOverrides {
+            visibility_timeout_ms: Some(lease_ms),
+            ..overrides
+        },
+    );
     let core = Core::with_clock(
         config,
         Arc::new(NoJournal),
@@ -290,15 +287,14 @@ fn an_expired_lease_waits_the_redelivery_delay() {
 fn a_restart_brings_a_leased_message_back_and_loses_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = Arc::new(ManualClock::new(T0_MS));
-    let config = || CoreConfig {
-        queue_rules: QueueRules::new([QueueRule {
-            target: QueueMatch::Name("q".into()),
-            overrides: QueueOverrides {
+    let config = || {
+        config_for_queue(
+            "q",
+            QueueOverrides {
                 visibility_timeout_ms: Some(1_000),
                 ..QueueOverrides::default()
             },
-        }]),
-        ..CoreConfig::default()
+        )
     };
     let start = |clock: &Arc<ManualClock>| core_on_store(dir.path(), config(), clock);
     {

@@ -4,9 +4,7 @@
 //! serves what became due, as the housekeeping thread does on its own.
 
 use super::*;
-use crate::{
-    Clock, ManualClock, QueueMatch, QueueOverrides, QueueRule, QueueRules, RedeliveryMultiplier,
-};
+use crate::{Clock, ManualClock, QueueOverrides, RedeliveryMultiplier};
 
 /// An arbitrary wall-clock start (2023-11-14), far from zero so that
 /// "now minus something" never underflows.
@@ -33,13 +31,7 @@ fn delaying_core(delay_ms: u64, multiplier: f64, max_ms: Option<u64>) -> (Core, 
         redelivery_delay_max_ms: max_ms,
         ..QueueOverrides::default()
     };
-    manual_core(CoreConfig {
-        queue_rules: QueueRules::new([QueueRule {
-            target: QueueMatch::Name("q".into()),
-            overrides,
-        }]),
-        ..CoreConfig::default()
-    })
+    manual_core(config_for_queue("q", overrides))
 }
 
 fn send_at(s: &mut Box<dyn Session>, q: &str, body: &str, at: Option<u64>, expiry: Option<u64>) {
@@ -368,15 +360,14 @@ fn a_restart_keeps_scheduled_messages_and_never_delivers_them_early() {
 fn a_restart_during_a_redelivery_delay_does_not_deliver_the_message_early() {
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = Arc::new(ManualClock::new(T0_MS));
-    let config = || CoreConfig {
-        queue_rules: QueueRules::new([QueueRule {
-            target: QueueMatch::Name("q".into()),
-            overrides: QueueOverrides {
+    let config = || {
+        config_for_queue(
+            "q",
+            QueueOverrides {
                 redelivery_delay_ms: Some(1_000),
                 ..QueueOverrides::default()
             },
-        }]),
-        ..CoreConfig::default()
+        )
     };
     let start = |clock: &Arc<ManualClock>| core_on_store(dir.path(), config(), clock);
     {

@@ -49,6 +49,17 @@ pub(crate) fn open(core: &Core, client: &str) -> (Box<dyn Session>, Arc<Events>)
     (session, events)
 }
 
+/// The core's defaults, with `overrides` for the queue named `queue`.
+pub(crate) fn config_for_queue(queue: &str, overrides: crate::QueueOverrides) -> CoreConfig {
+    CoreConfig {
+        queue_rules: crate::QueueRules::new([crate::QueueRule {
+            target: crate::QueueMatch::Name(queue.into()),
+            overrides,
+        }]),
+        ..CoreConfig::default()
+    }
+}
+
 /// A core with `config` on a real store in `dir`, on `clock`: started
 /// again on the same `dir` it recovers what the last one journaled.
 pub(crate) fn core_on_store(
