@@ -38,6 +38,7 @@
 //! paging queue waits for it.
 
 mod levels;
+pub(crate) mod paged;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
@@ -46,12 +47,12 @@ use std::time::Instant;
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use rosetta_neutral::{MatchInfo, Message};
+use rosetta_neutral::Message;
 
-use super::codec::{decode_message_exact, encode_message};
+use super::codec::encode_message;
 use levels::Levels;
 pub(crate) use levels::Place;
+pub(crate) use paged::Paged;
 
 use super::queue::{ConsumerKey, Entry};
 use super::Journal;
@@ -107,8 +108,38 @@ impl MemoryGauge {
         self.restoring.store(false, Ordering::SeqCst);
     }
 
+    /// Where page files go, when paging is on.
+    pub(crate) fn page_dir(&self) -> Option<&std::path::Path> {
+        self.page_dir.as_deref()
+    }
+
+    /// What page files are written through.
+    pub(crate) fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
+    /// The journal restored messages were paged into by reference.
+    pub(crate) fn journal(&self) -> Option<&Arc<dyn Journal>> {
+        self.journal.get().map(|j| &j.0)
+    }
+
+    /// Whether what is counted now is over the budget.
+    pub(crate) fn over_budget(&self) -> bool {
+        self.used() > self.budget
+    }
+
+    /// `count` more messages are paged out.
+    pub(crate) fn add_paged(&self, count: u64) {
+        self.paged.fetch_add(count, Ordering::Relaxed);
+    }
+
+    /// `count` fewer messages are paged out.
+    pub(crate) fn sub_paged(&self, count: u64) {
+        self.paged.fetch_sub(count, Ordering::Relaxed);
+    }
+
     /// Whether a message being pushed now may be paged by reference.
-    fn pages_into_journal(&self, entry: &Entry) -> bool {
+    pub(crate) fn pages_into_journal(&self, entry: &Entry) -> bool {
         entry.journaled && self.restoring.load(Ordering::Relaxed) && self.journal.get().is_some()
     }
 
@@ -183,71 +214,6 @@ impl std::fmt::Debug for JournalRef {
     }
 }
 
-/// What stays in memory of a paged message: everything but the message.
-/// Kept small (about 56 bytes): there is one per paged message.
-#[derive(Debug)]
-struct Paged {
-    /// Where it is in the page file; for a message paged by reference, only
-    /// `len` means something (its size, for the depaging batch bound).
-    at: PageRef,
-    seq: MessageSeq,
-    journaled: bool,
-    /// Paged by reference: read back from the journal, not the page file.
-    in_journal: bool,
-    enqueued_at: Instant,
-    /// Delivery state, for the rare paged message that has any (a
-    /// redelivered message recovered from the journal, a retained copy).
-    state: Option<Box<DeliveryState>>,
-}
-
-/// The part of an [`Entry`] that is usually at its default.
-#[derive(Debug, Default)]
-struct DeliveryState {
-    delivery_count: u32,
-    redelivered: bool,
-    from_retained: bool,
-    matched: MatchInfo,
-    annotation: Option<Bytes>,
-}
-
-impl Paged {
-    fn of(entry: Entry, at: PageRef) -> Self {
-        let state = DeliveryState {
-            delivery_count: entry.delivery_count,
-            redelivered: entry.redelivered,
-            from_retained: entry.from_retained,
-            matched: entry.matched,
-            annotation: entry.annotation,
-        };
-        let usual = state.delivery_count == 0
-            && !state.redelivered
-            && !state.from_retained
-            && state.matched == MatchInfo::default()
-            && state.annotation.is_none();
-        Self {
-            at,
-            seq: entry.seq,
-            journaled: entry.journaled,
-            in_journal: false,
-            enqueued_at: entry.enqueued_at,
-            state: (!usual).then(|| Box::new(state)),
-        }
-    }
-
-    fn into_entry(self, message: std::sync::Arc<rosetta_neutral::Message>) -> Entry {
-        let mut entry = Entry::new(self.seq, message, self.journaled);
-        entry.enqueued_at = self.enqueued_at;
-        if let Some(state) = self.state {
-            entry.delivery_count = state.delivery_count;
-            entry.redelivered = state.redelivered;
-            entry.from_retained = state.from_retained;
-            entry.matched = state.matched;
-            entry.annotation = state.annotation;
-        }
-        entry
-    }
-}
-
 /// A queue's waiting messages.
 #[derive(Debug, Default)]
 pub(crate) struct Backlog {
@@ -275,6 +241,11 @@ impl Backlog {
     /// Messages waiting, paged and reserved ones included.
     pub(crate) fn len(&self) -> usize {
         self.memory.len() + self.paged.len() + self.reserved_len
+    }
+
+    /// Whether messages wait ready in memory (not paged, not reserved).
+    pub(crate) fn has_ready_in_memory(&self) -> bool {
+        !self.memory.is_empty()
     }
 
     /// Whether nothing waits but what is reserved for groups' consumers.
@@ -688,13 +659,7 @@ impl Backlog {
             self.paged
                 .iter()
                 .zip(bodies)
-                .map(|(p, body)| match decode_message_exact(body) {
-                    Ok(m) => Some(Arc::new(m)),
-                    Err(e) => {
-                        tracing::error!(queue, seq = p.seq, error = %e, "a paged message does not decode; dropped from memory (the journal keeps it until restart)");
-                        None
-                    }
-                })
+                .map(|(p, body)| paged::decode(queue, p.seq, body))
                 .collect(),
         )
     }
@@ -708,26 +673,7 @@ impl Backlog {
         queue: QueueId,
         count: usize,
     ) -> Option<Vec<Option<Arc<Message>>>> {
-        let journal = &gauge.journal.get()?.0;
         let seqs: Vec<MessageSeq> = self.paged.iter().take(count).map(|p| p.seq).collect();
-        let read = journal.read_messages(&seqs);
-        if read.iter().all(|r| r.is_err()) {
-            if let Some(Err(e)) = read.first() {
-                tracing::error!(queue, error = %e, "cannot read paged messages back from the journal");
-            }
-            return None;
-        }
-        Some(
-            read.into_iter()
-                .zip(&seqs)
-                .map(|(r, seq)| match r {
-                    Ok(m) => Some(m),
-                    Err(e) => {
-                        tracing::error!(queue, seq, error = %e, "a paged message cannot be read back from the journal; dropped from memory (the journal keeps it until restart)");
-                        None
-                    }
-                })
-                .collect(),
-        )
+        paged::read_from_journal(gauge.journal()?.as_ref(), queue, &seqs)
     }
 }

@@ -137,6 +137,9 @@ pub struct QueueStats {
     /// Messages waiting on disk because the broker is over its memory
     /// budget (part of `depth`).
     pub paged: u64,
+    /// Scheduled messages waiting on disk because the broker is over its
+    /// memory budget (part of `scheduled`).
+    pub scheduled_paged: u64,
     /// Messages delivered and not yet settled.
     pub in_flight: u64,
     /// Age of the oldest waiting message.
@@ -539,7 +542,7 @@ impl Queue {
     /// Keeps `entry` (counted in the gauge already) until `due_ms`, and arms
     /// the core's timer when that is this queue's new earliest time.
     fn schedule_locked(&self, st: &mut QueueState, due_ms: u64, entry: Entry) {
-        let due = st.schedule.insert(due_ms, entry);
+        let due = st.schedule.insert(due_ms, entry, &self.memory, self.id);
         self.arm_if_earlier(st, due);
     }
 
@@ -569,12 +572,22 @@ impl Queue {
             out.records.extend(more.records);
             out.expired.extend(more.expired);
         }
-        let due = st.schedule.take_due(now_ms, SCHEDULE_RELEASE_BATCH_MAX);
+        // Due messages on disk come back only while the queue has room
+        // for them in memory, as the backlog reads its paged part back.
+        let room = !self.memory.over_budget() || !st.backlog.has_ready_in_memory();
+        let due = st.schedule.take_due(
+            now_ms,
+            SCHEDULE_RELEASE_BATCH_MAX,
+            room,
+            &self.memory,
+            self.id,
+        );
+        let retry_at_ms = due.retry_at_ms;
         // A due message takes its original place in the queue (by sequence,
         // as a release does). Consumers that can take messages now get
         // them in due order even from a late pass: each run of one due
         // time is dispatched before the next is put back.
-        let mut iter = due.into_iter().peekable();
+        let mut iter = due.entries.into_iter().peekable();
         while let Some((due_ms, entry)) = iter.next() {
             if entry.message.is_expired(now_ms) {
                 self.expire(&mut st, entry, &mut out);
@@ -587,7 +600,13 @@ impl Queue {
                 out.expired.extend(more.expired);
             }
         }
-        let next = [st.schedule.next_due(), st.leases.next_deadline()]
+        // What was left due on disk is looked at again at the retry time,
+        // not at once (that would spin the timer thread).
+        let schedule_next = match (st.schedule.next_due(), retry_at_ms) {
+            (Some(next), Some(retry)) if next <= now_ms => Some(retry),
+            (next, _) => next,
+        };
+        let next = [schedule_next, st.leases.next_deadline()]
             .into_iter()
             .flatten()
             .min();
@@ -665,6 +684,7 @@ impl Queue {
         s.depth = st.backlog.len() as u64;
         s.scheduled = st.schedule.len() as u64;
         s.paged = st.backlog.paged_len() as u64;
+        s.scheduled_paged = st.schedule.paged_len() as u64;
         s.in_flight = st.inflight.len() as u64;
         s.consumers = st.consumers.len() as u64;
         s.groups = st.groups.len() as u64;

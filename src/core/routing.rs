@@ -497,7 +497,7 @@ impl Inner {
         for entry in st.backlog.take_all(q.memory()) {
             q.release(&entry);
         }
-        for entry in st.schedule.take_all() {
+        for entry in st.schedule.take_all(q.memory()) {
             q.release(&entry);
         }
         for (_, entry) in std::mem::take(&mut st.inflight).into_values() {

@@ -1286,6 +1286,8 @@ mod queue_semantics;
 mod dedup;
 #[path = "schedule_tests.rs"]
 mod schedule;
+#[path = "schedule_paging_tests.rs"]
+mod schedule_paging;
 
 #[path = "lease_tests.rs"]
 mod lease;

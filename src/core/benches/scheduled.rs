@@ -9,14 +9,17 @@
 //! `SCHEDULED_COUNT` (messages), `SCHEDULED_SPAN_S` (seconds the times
 //! spread over), `SCHEDULED_LEAD_S` (seconds from the start of publishing
 //! to the first time, so publishing is over before delivering starts) and
-//! `SCHEDULED_BODY_BYTES`. Not run in CI: a measurement, not a test.
+//! `SCHEDULED_BODY_BYTES`. Past `SCHEDULED_BUDGET_BYTES` (default 16 MiB;
+//! 0 turns paging off) the bodies wait in page files in a temporary
+//! directory, as the broker's do past `memory_budget_bytes`, and only the
+//! index entries stay in memory. Not run in CI: a measurement, not a test.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use rosetta_core::Core;
+use rosetta_core::{AllowAll, Core, CoreConfig, NoJournal};
 use rosetta_neutral::message::now_ms;
 use rosetta_neutral::{
     Address, Broker, ConsumerSpec, CreditMode, EventSink, Message, Principal, Protocol,
@@ -70,7 +73,18 @@ fn main() {
     let span_ms = env_or("SCHEDULED_SPAN_S", 60) * 1000;
     let lead_ms = env_or("SCHEDULED_LEAD_S", 10) * 1000;
     let body_bytes = env_or("SCHEDULED_BODY_BYTES", 100) as usize;
-    let core = Core::in_memory();
+    let budget_bytes = env_or("SCHEDULED_BUDGET_BYTES", 16 * 1024 * 1024);
+    let paging_dir = tempfile::tempdir().expect("paging dir");
+    let config = CoreConfig {
+        memory_budget_bytes: if budget_bytes == 0 {
+            u64::MAX / 4
+        } else {
+            budget_bytes
+        },
+        paging_dir: (budget_bytes > 0).then(|| paging_dir.path().to_owned()),
+        ..CoreConfig::default()
+    };
+    let core = Core::new(config, Arc::new(NoJournal), Arc::new(AllowAll), None);
     let sink = Arc::new(Lateness::default());
     let mut s = core.open_session(
         SessionInfo {
@@ -120,8 +134,9 @@ fn main() {
         lead_ms
     );
     println!(
-        "  queue: scheduled {} depth {}; memory gauge {} B ({} B/message); RSS +{} B ({} B/message)",
+        "  queue: scheduled {} (on disk {}) depth {}; memory gauge {} B ({} B/message); RSS +{} B ({} B/message)",
         stats.scheduled,
+        stats.scheduled_paged,
         stats.depth,
         gauge,
         gauge / count.max(1),
@@ -135,6 +150,7 @@ fn main() {
     while sink.received.load(Ordering::Relaxed) < count as usize && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
+    let rss_delivered = rss_bytes();
     let mut errors = std::mem::take(&mut *sink.errors_ms.lock());
     errors.sort_unstable();
     let early = errors.iter().filter(|e| **e < 0).count();
@@ -144,6 +160,12 @@ fn main() {
         percentile(&errors, 0.50),
         percentile(&errors, 0.99),
         errors.last().copied().unwrap_or(0),
+    );
+    println!(
+        "  after delivery: memory gauge {} B, paged {}, RSS +{} B over the start",
+        core.memory_used(),
+        core.messages_paged(),
+        rss_delivered.saturating_sub(rss_before)
     );
 }
 
