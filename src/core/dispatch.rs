@@ -220,7 +220,7 @@ impl QueueState {
         Some((key, entry))
     }
 
-    fn unlease_group(&mut self, group: &str) {
+    pub(crate) fn unlease_group(&mut self, group: &str) {
         if let Some(n) = self.leased_groups.get_mut(group) {
             *n -= 1;
             if *n == 0 {

@@ -364,3 +364,86 @@ fn a_groups_next_message_waits_while_one_is_leased_so_order_holds_across_expiry(
     let (last, _) = split(e.take());
     assert_eq!(last.iter().map(text).collect::<Vec<_>>(), vec!["a3"]);
 }
+
+#[test]
+fn a_groups_order_holds_while_its_expired_message_waits_out_a_redelivery_delay() {
+    let overrides = QueueOverrides {
+        redelivery_delay_ms: Some(500),
+        ..QueueOverrides::default()
+    };
+    let (core, clock) = leasing_core(1_000, overrides);
+    let (mut s, e) = open(&core, "c");
+    let c = consume_with(&mut s, "q", 10, None);
+    for body in ["a1", "a2"] {
+        send_in_group(&mut s, "a", body);
+    }
+    send_in_group(&mut s, "b", "b1");
+    let (first, _) = split(e.take());
+    assert_eq!(first.iter().map(text).collect::<Vec<_>>(), vec!["a1", "b1"]);
+    let b1 = first[1].tag;
+
+    // a1's lease runs out: it waits out the delay, and a2 waits for it;
+    // group b is not held up.
+    advance(&core, &clock, 1_000);
+    let (during, expired) = split(e.take());
+    assert_eq!(expired.len(), 2, "both leases ran out");
+    assert!(
+        during.is_empty(),
+        "nothing of group a passes a1 while a1 waits out its delay: {:?}",
+        during.iter().map(text).collect::<Vec<_>>()
+    );
+    assert!(
+        s.settle(c, b1, Outcome::Accept, None, false).is_err(),
+        "b1's lease ran out too"
+    );
+    advance(&core, &clock, 499);
+    assert!(split(e.take()).0.is_empty(), "still within the delay");
+    advance(&core, &clock, 1);
+    let (back, _) = split(e.take());
+    assert_eq!(
+        back.iter().map(text).collect::<Vec<_>>(),
+        vec!["a1", "b1"],
+        "a1 first once its delay is over"
+    );
+    s.settle(c, back[0].tag, Outcome::Accept, None, false)
+        .expect("accept a1");
+    let (next, _) = split(e.take());
+    assert_eq!(next.iter().map(text).collect::<Vec<_>>(), vec!["a2"]);
+}
+
+#[test]
+fn a_released_group_message_with_a_delay_comes_back_before_the_groups_later_ones() {
+    let overrides = QueueOverrides {
+        redelivery_delay_ms: Some(500),
+        ..QueueOverrides::default()
+    };
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let core = Core::with_clock(
+        config_for_queue("q", overrides),
+        Arc::new(NoJournal),
+        Arc::new(super::super::AllowAll),
+        None,
+        clock.clone(),
+    );
+    let (mut s, e) = open(&core, "c");
+    // One at a time, so that the group's next message is not in flight.
+    let c = consume_with(&mut s, "q", 1, None);
+    for body in ["a1", "a2"] {
+        send_in_group(&mut s, "a", body);
+    }
+    let (first, _) = split(e.take());
+    assert_eq!(first.iter().map(text).collect::<Vec<_>>(), vec!["a1"]);
+    s.settle(c, first[0].tag, Outcome::Release, None, false)
+        .expect("release");
+    assert!(
+        split(e.take()).0.is_empty(),
+        "a2 does not pass a1 while a1 waits out its delay"
+    );
+    advance(&core, &clock, 500);
+    let (back, _) = split(e.take());
+    assert_eq!(back.iter().map(text).collect::<Vec<_>>(), vec!["a1"]);
+    s.settle(c, back[0].tag, Outcome::Accept, None, false)
+        .expect("accept");
+    let (next, _) = split(e.take());
+    assert_eq!(next.iter().map(text).collect::<Vec<_>>(), vec!["a2"]);
+}

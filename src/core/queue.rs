@@ -220,6 +220,11 @@ pub(crate) struct QueueState {
     /// group's next message waits while one is leased, so that its order
     /// holds across an expiry and redelivery.
     pub(crate) leased_groups: HashMap<String, u32>,
+    /// Messages of an assigned group waiting out a redelivery delay, with
+    /// their group and its consumer then. Each counts in `leased_groups`
+    /// and holds its group (as an in-flight one does), so the group's later
+    /// messages wait for it and per-group order holds across the delay.
+    pub(crate) delayed_in_group: HashMap<MessageSeq, (String, ConsumerKey)>,
     /// In attach order (exclusive consumers stand by in it).
     pub(crate) consumers: Vec<ConsumerSlot>,
     pub(crate) policy: DispatchPolicy,
@@ -323,6 +328,7 @@ impl Queue {
                 next_tag: 0,
                 leases: Leases::default(),
                 leased_groups: HashMap::new(),
+                delayed_in_group: HashMap::new(),
                 consumers: Vec::new(),
                 policy: DispatchPolicy::default(),
                 groups: Groups::default(),
@@ -497,7 +503,10 @@ impl Queue {
                     st.backlog.put_back(entry);
                 }
             }
-            Some(due) => self.schedule_locked(st, due, entry),
+            Some(due) => {
+                hold_group_during_delay(st, &entry);
+                self.schedule_locked(st, due, entry);
+            }
         }
     }
 
@@ -583,16 +592,28 @@ impl Queue {
             self.id,
         );
         let retry_at_ms = due.retry_at_ms;
+        for seq in &due.dropped {
+            end_group_delay(&mut st, *seq);
+        }
         // A due message takes its original place in the queue (by sequence,
         // as a release does). Consumers that can take messages now get
         // them in due order even from a late pass: each run of one due
         // time is dispatched before the next is put back.
         let mut iter = due.entries.into_iter().peekable();
         while let Some((due_ms, entry)) = iter.next() {
+            let held_group = end_group_delay(&mut st, entry.seq);
             if entry.message.is_expired(now_ms) {
                 self.expire(&mut st, entry, &mut out);
             } else if let Some(entry) = self.admit_returning(&mut st, entry, &mut out.records) {
-                st.backlog.put_back(entry);
+                // Back to its group's consumer ahead of the group's later
+                // messages kept for it, as a lease expiry without a delay.
+                let owner = held_group
+                    .and_then(|g| st.groups.owner(&g))
+                    .filter(|_| entry.message.group_id.is_some());
+                match owner {
+                    Some(owner) => super::dispatch::reserve_for(&mut st, owner, entry),
+                    None => st.backlog.put_back(entry),
+                }
             }
             if iter.peek().is_none_or(|(next, _)| *next != due_ms) {
                 let more = self.dispatch_locked(&mut st, now_ms);
@@ -704,4 +725,29 @@ impl Queue {
 
 pub(crate) fn elapsed_ms(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A message of an assigned group goes to wait out a redelivery delay: its
+/// group stays held, and its later messages wait for it (see
+/// `QueueState::delayed_in_group`).
+fn hold_group_during_delay(st: &mut QueueState, entry: &Entry) {
+    let Some(group) = entry.message.group_id.as_deref() else {
+        return;
+    };
+    let Some(owner) = st.groups.owner(group) else {
+        return;
+    };
+    st.groups.hold(group);
+    *st.leased_groups.entry(group.to_owned()).or_default() += 1;
+    st.delayed_in_group
+        .insert(entry.seq, (group.to_owned(), owner));
+}
+
+/// The message `seq` is back from its redelivery delay (or gone): its group
+/// is no longer held for it. Returns the group, when it was held.
+fn end_group_delay(st: &mut QueueState, seq: MessageSeq) -> Option<String> {
+    let (group, owner) = st.delayed_in_group.remove(&seq)?;
+    st.groups.unhold(&group, owner);
+    st.unlease_group(&group);
+    Some(group)
 }

@@ -109,6 +109,9 @@ pub(crate) struct Due {
     /// Due entries were left on disk (no room in memory, or a read
     /// failed): look again at this time.
     pub(crate) retry_at_ms: Option<u64>,
+    /// Due entries read back from disk that did not decode (logged):
+    /// dropped from memory, the journal keeps them until restart.
+    pub(crate) dropped: Vec<MessageSeq>,
 }
 
 /// One queue's entries waiting for a time.
@@ -267,7 +270,9 @@ impl Schedule {
                         OnDisk::PageFile(_, p) | OnDisk::Journal(p) => p,
                     };
                     let ReadBack::Message(message) = read else {
-                        continue; // does not decode: logged, the journal keeps it
+                        // Does not decode: logged, the journal keeps it.
+                        due.dropped.push(key.1);
+                        continue;
                     };
                     let entry = paged.into_entry(message);
                     gauge.add(&entry);
