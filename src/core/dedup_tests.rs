@@ -426,3 +426,28 @@ fn a_duplicate_is_acknowledged_only_once_its_first_copy_is_durable() {
     let late = send(&mut s, &orders, with_dedup_property("a", "a"));
     assert_eq!(late.pending, None);
 }
+
+#[test]
+fn the_window_runs_on_the_cores_clock() {
+    let clock = Arc::new(crate::ManualClock::new(1_700_000_000_000));
+    let core = Core::with_clock(
+        CoreConfig {
+            queue_rules: dedup_rules(crate::DedupMode::Id, None),
+            ..CoreConfig::default()
+        },
+        Arc::new(NoJournal),
+        Arc::new(AllowAll),
+        None,
+        clock.clone(),
+    );
+    let (mut s, e) = open(&core, "p");
+    let orders = queue("orders");
+    send(&mut s, &orders, with_id("first", MessageId::Ulong(7)));
+    clock.advance(299_999);
+    send(&mut s, &orders, with_id("within", MessageId::Ulong(7)));
+    assert_eq!(duplicates(&core, "orders"), 1, "inside the 300 s window");
+    clock.advance(1);
+    send(&mut s, &orders, with_id("after", MessageId::Ulong(7)));
+    assert_eq!(duplicates(&core, "orders"), 1, "the window has passed");
+    assert_eq!(drain(&mut s, &e, "orders"), vec!["first", "after"]);
+}

@@ -852,7 +852,7 @@ impl Inner {
         let (dedup_state, state): (Vec<_>, Vec<_>) = state
             .into_iter()
             .partition(|(key, _)| key.starts_with(dedup::DEDUP_STATE_PREFIX));
-        let forget = dedup::restore(dedup_state, &by_id, rosetta_neutral::message::now_ms());
+        let forget = dedup::restore(dedup_state, &by_id, self.now_ms());
         if !forget.is_empty() {
             self.journal.append(forget, None);
         }
@@ -880,7 +880,7 @@ impl Inner {
             .filter(|q| q.dedup.is_some())
             .cloned()
             .collect();
-        let now_ms = rosetta_neutral::message::now_ms();
+        let now_ms = self.now_ms();
         let mut records = Vec::new();
         for q in &queues {
             dedup::expire(q, now_ms, &mut records);

@@ -263,7 +263,7 @@ impl Inner {
         };
         // Duplicates first: a queue that holds the first copy takes a
         // retry even when full.
-        let now_ms = rosetta_neutral::message::now_ms();
+        let now_ms = self.now_ms();
         let mut dropped = 0usize;
         let detect = duplicates == Duplicates::Detect;
         let mut targets: Vec<(Arc<Queue>, MatchInfo, Option<DedupKey>)> = if detect {
