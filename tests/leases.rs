@@ -1,7 +1,9 @@
 //! Lease delivery (visibility timeout, issue 16) over real sockets: a lease
 //! that runs out while its consumer stays connected, the late
 //! acknowledgement that is refused, and renewal, with the raw STOMP client
-//! and fe2o3-amqp. The broker runs on the system clock, so these wait out
+//! and fe2o3-amqp; and for MQTT `$queue/` members (rumqttc, manual acks),
+//! the lease that runs out while connected, goes to another member, and
+//! whose late PUBACK is ignored. The broker runs on the system clock, so these wait out
 //! short leases for real; the timer logic itself is tested on a manual
 //! clock in the core (`src/core/lease_tests.rs`).
 
@@ -282,4 +284,120 @@ async fn amqp_a_received_disposition_renews_the_lease() {
     // No more renewals: released, then delivered again.
     raw.expect(DISPOSITION).await;
     raw.expect(TRANSFER).await;
+}
+
+/// A 3.1.1 client that acknowledges only when told (rumqttc manual acks),
+/// subscribed to `$queue/leased` at QoS 1.
+async fn holding_mqtt_member(
+    broker: &TestBroker,
+    id: &str,
+) -> (rumqttc::AsyncClient, rumqttc::EventLoop) {
+    let mut opts = common::mqtt::opts4(broker, id);
+    opts.set_manual_acks(true);
+    let (c, mut ev) = rumqttc::AsyncClient::new(opts, 64);
+    common::mqtt::connack4(&mut ev).await;
+    common::mqtt::subscribe4(&c, &mut ev, "$queue/leased", rumqttc::QoS::AtLeastOnce).await;
+    (c, ev)
+}
+
+/// The next PUBLISH within `within`, or `None`.
+async fn publish_within(ev: &mut rumqttc::EventLoop, within: Duration) -> Option<rumqttc::Publish> {
+    tokio::time::timeout(within, common::mqtt::publish4(ev))
+        .await
+        .ok()
+}
+
+#[tokio::test]
+async fn mqtt_a_queue_members_lease_expires_while_connected_and_its_late_puback_is_ignored() {
+    let broker = leasing_broker().await;
+    let (c, mut ev) = holding_mqtt_member(&broker, "lease-a").await;
+    common::mqtt::publish_once4(
+        &broker,
+        "$queue/leased",
+        rumqttc::QoS::AtLeastOnce,
+        false,
+        b"job",
+    )
+    .await;
+    let first = common::mqtt::publish4(&mut ev).await;
+    assert_eq!(&first.payload[..], b"job");
+
+    // Not acknowledged: after the lease it comes again, to the member that
+    // is still connected (the only one), as a new PUBLISH.
+    let again = publish_within(&mut ev, Duration::from_millis(LEASE_MS * 10))
+        .await
+        .expect("redelivered after the lease");
+    assert_eq!(&again.payload[..], b"job");
+    assert_ne!(
+        again.pkid, first.pkid,
+        "the first packet id is still in use"
+    );
+
+    // The late PUBACK is accepted by the protocol and ignored by the queue:
+    // the redelivered copy stays in flight.
+    c.ack(&first).await.expect("late puback");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        broker.depth("leased"),
+        (0, 1),
+        "the copy is still in flight"
+    );
+    c.ack(&again).await.expect("puback");
+    let settled = async {
+        while broker.depth("leased") != (0, 0) {
+            let _ = tokio::time::timeout(Duration::from_millis(20), ev.poll()).await;
+        }
+    };
+    tokio::time::timeout(WAIT, settled)
+        .await
+        .expect("settled by the on-time PUBACK");
+}
+
+#[tokio::test]
+async fn mqtt_a_lease_that_runs_out_goes_to_another_queue_member() {
+    let broker = leasing_broker().await;
+    let (_holder, mut holder_ev) = holding_mqtt_member(&broker, "lease-holder").await;
+    common::mqtt::publish_once4(
+        &broker,
+        "$queue/leased",
+        rumqttc::QoS::AtLeastOnce,
+        false,
+        b"work",
+    )
+    .await;
+    let held = common::mqtt::publish4(&mut holder_ev).await;
+    assert_eq!(&held.payload[..], b"work");
+    // A second member joins; the holder never acknowledges. Each time the
+    // lease runs out the message is offered again, and the other member
+    // gets it (its client acknowledges), with the holder still connected.
+    let (_worker, mut worker_ev) = common::mqtt::subscriber4(
+        &broker,
+        "lease-worker",
+        true,
+        "$queue/leased",
+        rumqttc::QoS::AtLeastOnce,
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(LEASE_MS * 20);
+    let got = loop {
+        tokio::select! {
+            p = common::mqtt::publish4(&mut worker_ev) => break p,
+            // The holder keeps polling (it stays connected) and keeps
+            // ignoring what it gets.
+            _ = common::mqtt::publish4(&mut holder_ev) => {}
+            _ = tokio::time::sleep_until(deadline) => panic!("never offered to the other member"),
+        }
+    };
+    assert_eq!(&got.payload[..], b"work");
+    let acked = async {
+        while broker.depth("leased") != (0, 0) {
+            tokio::select! {
+                _ = worker_ev.poll() => {}
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, acked)
+        .await
+        .expect("settled by the other member's PUBACK");
 }
