@@ -3,9 +3,9 @@
 //! acknowledgement that is refused, and renewal, with the raw STOMP client
 //! and fe2o3-amqp; and for MQTT `$queue/` members (rumqttc, manual acks),
 //! the lease that runs out while connected, goes to another member, and
-//! whose late PUBACK is ignored. The broker runs on the system clock, so these wait out
-//! short leases for real; the timer logic itself is tested on a manual
-//! clock in the core (`src/core/lease_tests.rs`).
+//! whose late PUBACK is ignored. The broker runs on the system clock, so
+//! these wait out short leases for real; the timer logic itself is tested
+//! on a manual clock in the core (`src/core/lease_tests.rs`).
 
 mod common;
 
