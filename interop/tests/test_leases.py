@@ -9,16 +9,20 @@ over real sockets:
   its first deadline;
 - python-qpid-proton (blocking API): receiver link property
   ``visibility-timeout``; an unaccepted delivery comes again with its
-  delivery count raised, and the link stays up. Proton's blocking receiver
-  cannot send a ``received`` disposition, so AMQP renewal is tested from
-  Rust's harness only (see docs/semantics.md).
+  delivery count raised, and the link stays up;
+- python-qpid-proton (event-driven API, whose ``Delivery.update`` can state
+  ``received`` without settling): an unsettled ``received`` disposition
+  renews the lease, so a delivery renewed for three leases is never sent
+  again, and is accepted at the end.
 """
 
 import queue
 import time
 
 import stomp
-from proton import Message, uint
+from proton import Delivery, Message, uint
+from proton.handlers import MessagingHandler
+from proton.reactor import Container
 
 from clients import Amqp, Stomp
 from test_queue_semantics import LinkProperties
@@ -109,5 +113,83 @@ def test_proton_lease_expires_while_the_receiver_stays(broker, uniq):
         nxt = rcv.receive(timeout=10)
         assert nxt.body == "next"
         rcv.accept()
+    finally:
+        c.close()
+
+
+class Renewer(MessagingHandler):
+    """Receives one delivery, renews its lease with ``received``
+    dispositions every third of a lease for three leases, then accepts it,
+    and watches two more leases for a redelivery."""
+
+    RENEWALS = 9
+
+    def __init__(self, url, address):
+        super().__init__(prefetch=10, auto_accept=False)
+        self.url, self.address = url, address
+        self.received = []
+        self.renewed = 0
+        self.delivery = None
+        self.timed_out = False
+        self.conn = None
+
+    def on_start(self, event):
+        self.container = event.container
+        self.conn = event.container.connect(self.url)
+        event.container.create_receiver(
+            self.conn,
+            self.address,
+            options=LinkProperties(**{"visibility-timeout": uint(LEASE_MS)}),
+        )
+        self.deadline = event.container.schedule(30, self)
+
+    def on_message(self, event):
+        self.received.append((event.message.body, event.message.delivery_count))
+        if self.delivery is None:
+            self.delivery = event.delivery
+            self.container.schedule(LEASE_MS / 3000, self)
+
+    def on_timer_task(self, event):
+        if self.conn is None:
+            return
+        if self.delivery is None or self.renewed > self.RENEWALS + 100:
+            # The scenario overran (the 30 s deadline).
+            self.timed_out = True
+            self.conn.close()
+            return
+        if self.renewed < self.RENEWALS:
+            self.delivery.update(Delivery.RECEIVED)
+            self.renewed += 1
+            self.container.schedule(LEASE_MS / 3000, self)
+        elif self.renewed == self.RENEWALS:
+            self.accept(self.delivery)
+            self.renewed += 1
+            self.container.schedule(2 * LEASE_MS / 1000, self)
+        else:
+            self.deadline.cancel()
+            self.conn.close()
+            self.conn = None
+
+
+def test_proton_received_disposition_renews_the_lease(broker, uniq):
+    address = f"lease-renew-amqp-{uniq}"
+    c = Amqp(broker)
+    c.send(address, Message(body="long job", durable=True))
+    c.close()
+    h = Renewer(f"amqp://{broker.host}:{broker.amqp_port}", address)
+    Container(h).run()
+    assert not h.timed_out
+    assert h.renewed == Renewer.RENEWALS + 1
+    # Held for three leases by renewal alone: sent once, never again.
+    assert h.received == [("long job", 0)]
+    # Accepted at the end: the queue is empty.
+    c = Amqp(broker)
+    try:
+        rcv = c.conn.create_receiver(address, credit=1)
+        try:
+            rcv.receive(timeout=1)
+            raise AssertionError("the accepted delivery is still in the queue")
+        except Exception as e:  # proton's Timeout
+            assert "Timeout" in type(e).__name__, e
     finally:
         c.close()
