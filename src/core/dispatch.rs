@@ -647,6 +647,11 @@ impl Queue {
                 }
                 st.leases.start(deadline, tag);
                 self.arm_if_earlier(st, deadline);
+                // The deadline goes to the journal with the delivery state,
+                // so a restart does not offer the message again before its
+                // lease would have run out.
+                out.records
+                    .extend(self.delivery_state_record(&entry, Some(deadline)));
             }
             st.inflight.insert(tag, (key, entry));
         }

@@ -447,3 +447,96 @@ fn a_released_group_message_with_a_delay_comes_back_before_the_groups_later_ones
     let (next, _) = split(e.take());
     assert_eq!(next.iter().map(text).collect::<Vec<_>>(), vec!["a2"]);
 }
+
+/// Copies the directory tree `from` to `to`: the disk image a crash would
+/// leave, once the store has flushed.
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read_dir") {
+        let e = e.expect("entry");
+        let target = to.join(e.file_name());
+        if e.file_type().expect("type").is_dir() {
+            copy_tree(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).expect("copy");
+        }
+    }
+}
+
+#[test]
+fn after_a_crash_a_leased_message_waits_out_its_journaled_lease() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (running, crashed) = (dir.path().join("running"), dir.path().join("crashed"));
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let config = || {
+        config_for_queue(
+            "q",
+            QueueOverrides {
+                visibility_timeout_ms: Some(10_000),
+                ..QueueOverrides::default()
+            },
+        )
+    };
+    let (core, store) = core_on_store(&running, config(), &clock);
+    let (mut s, e) = open(&core, "c");
+    for body in ["held", "renewed", "given back"] {
+        let mut m = Message::text(body);
+        m.durable = true;
+        s.publish(&queue("q"), m, PublishOptions::default())
+            .expect("publish");
+    }
+    // Explicit credit (an AMQP link's): a message given back is not sent
+    // again until the client grants more, so it waits in the queue.
+    let c = s
+        .consume(ConsumerSpec {
+            queue: "q".into(),
+            credit: CreditMode::Explicit(3),
+            auto_settle: false,
+            options: ConsumerOptions::default(),
+        })
+        .expect("consume");
+    let (got, _) = split(e.take());
+    assert_eq!(
+        got.iter().map(text).collect::<Vec<_>>(),
+        ["held", "renewed", "given back"]
+    );
+    clock.advance(4_000);
+    s.renew_lease(c, got[1].tag).expect("renew");
+    s.settle(c, got[2].tag, Outcome::Release, None, false)
+        .expect("give back");
+    assert_eq!(split(e.take()).0.len(), 0, "no credit: it waits");
+    store.flush().expect("flush");
+    // The process dies here: its sessions never close. What is on disk is
+    // what a restart sees.
+    copy_tree(&running, &crashed);
+
+    clock.advance(1_000);
+    let (core2, _store2) = core_on_store(&crashed, config(), &clock);
+    let st = core2.queue_stats("q").expect("queue");
+    assert_eq!(
+        (st.depth, st.scheduled),
+        (1, 2),
+        "the one given back is ready, the leased ones wait out their leases"
+    );
+    let (mut s2, e2) = open(&core2, "c2");
+    let _c2 = consume_with(&mut s2, "q", 10, None);
+    let ready: Vec<String> = split(e2.take()).0.iter().map(text).collect();
+    assert_eq!(ready, ["given back"]);
+    advance(&core2, &clock, 4_999);
+    assert!(
+        split(e2.take()).0.is_empty(),
+        "not before its lease ran out"
+    );
+    advance(&core2, &clock, 1);
+    let held: Vec<String> = split(e2.take()).0.iter().map(text).collect();
+    assert_eq!(held, ["held"], "at T0 + 10 s, its first deadline");
+    advance(&core2, &clock, 3_999);
+    assert!(
+        split(e2.take()).0.is_empty(),
+        "the renewed lease still runs"
+    );
+    advance(&core2, &clock, 1);
+    let renewed: Vec<String> = split(e2.take()).0.iter().map(text).collect();
+    assert_eq!(renewed, ["renewed"], "at T0 + 14 s, its renewed deadline");
+    drop((s, core, s2, core2));
+}

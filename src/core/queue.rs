@@ -481,20 +481,23 @@ impl Queue {
     /// A delivered message comes back, after the queue's redelivery delay
     /// for its delivery count when it has one (see
     /// `QueueSettings::redelivery_delay_ms_for`), at once otherwise.
-    /// `failed`: this return raised its delivery count. The journal learns
-    /// the new count, and the time it may be offered again, so a restart
-    /// neither forgets an attempt nor delivers it before its delay is over.
+    /// `state_changed`: what the journal holds of its delivery state is
+    /// out of date (this return raised its delivery count, or its delivery
+    /// journaled a lease deadline). The journal learns the new count, and
+    /// the time it may be offered again, so a restart neither forgets an
+    /// attempt nor delivers it before its delay is over (nor holds it back
+    /// for a lease that ended).
     pub(crate) fn put_back_later(
         &self,
         st: &mut QueueState,
         entry: Entry,
         now_ms: u64,
-        failed: bool,
+        state_changed: bool,
         records: &mut Vec<Record>,
     ) {
         let delay = self.settings.redelivery_delay_ms_for(entry.delivery_count);
         let due = (delay > 0).then(|| now_ms.saturating_add(delay));
-        if failed || due.is_some() {
+        if state_changed || due.is_some() {
             records.extend(self.delivery_state_record(&entry, due));
         }
         match due {

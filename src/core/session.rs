@@ -301,6 +301,11 @@ fn settle_locked(
         None if st.leases.take_expired(tag.0) => return Err(BrokerError::LeaseExpired),
         _ => return Err(BrokerError::Unknown("delivery")),
     }
+    // Its delivery journaled a lease deadline, which a return must clear.
+    let lease_journaled = st
+        .inflight
+        .get(&tag.0)
+        .is_some_and(|(_, e)| e.journaled && e.lease_until.is_some());
     let Some((_, mut entry)) = st.take_inflight(tag.0) else {
         return Err(BrokerError::Unknown("delivery"));
     };
@@ -317,7 +322,8 @@ fn settle_locked(
             batch.records.extend(queue.ack_record(&entry));
         }
         Outcome::Release => {
-            queue.put_back_later(st, entry, inner.now_ms(), false, &mut batch.records);
+            let now_ms = inner.now_ms();
+            queue.put_back_later(st, entry, now_ms, lease_journaled, &mut batch.records);
         }
         Outcome::Modify {
             delivery_failed,
@@ -335,7 +341,8 @@ fn settle_locked(
                 }
                 entry.annotation = None;
                 let now_ms = inner.now_ms();
-                queue.put_back_later(st, entry, now_ms, delivery_failed, &mut batch.records);
+                let changed = delivery_failed || lease_journaled;
+                queue.put_back_later(st, entry, now_ms, changed, &mut batch.records);
             }
         }
         Outcome::Reject => {
@@ -812,28 +819,41 @@ impl Session for CoreSession {
             consumer,
         };
         let now_ms = self.inner.now_ms();
-        let mut qs = q.state.lock();
-        let lease_ms = qs
+        let mut guard = q.state.lock();
+        let lease_ms = guard
             .consumers
             .iter()
             .find(|c| c.key == key)
             .and_then(|c| c.visibility_timeout_ms);
-        let qs = &mut *qs;
-        match qs.inflight.get_mut(&tag.0) {
+        let qs = &mut *guard;
+        let record = match qs.inflight.get_mut(&tag.0) {
             Some((owner, entry)) if *owner == key => {
-                if let (Some(old), Some(lease_ms)) = (entry.lease_until, lease_ms) {
-                    let deadline = now_ms.saturating_add(u64::from(lease_ms));
-                    entry.lease_until = Some(deadline);
-                    qs.leases.end(old, tag.0);
-                    qs.leases.start(deadline, tag.0);
-                    // A later deadline: the armed timer fires early once
-                    // and re-arms (no earlier arm needed).
+                match (entry.lease_until, lease_ms) {
+                    (Some(old), Some(lease_ms)) => {
+                        let deadline = now_ms.saturating_add(u64::from(lease_ms));
+                        entry.lease_until = Some(deadline);
+                        qs.leases.end(old, tag.0);
+                        qs.leases.start(deadline, tag.0);
+                        // A later deadline: the armed timer fires early once
+                        // and re-arms (no earlier arm needed). The journal
+                        // learns it, as it learnt the first.
+                        q.delivery_state_record(entry, Some(deadline))
+                    }
+                    _ => None,
                 }
-                Ok(())
             }
-            None if qs.leases.is_expired(tag.0) => Err(BrokerError::LeaseExpired),
-            _ => Err(BrokerError::Unknown("delivery")),
+            None if qs.leases.is_expired(tag.0) => return Err(BrokerError::LeaseExpired),
+            _ => return Err(BrokerError::Unknown("delivery")),
+        };
+        drop(guard);
+        if let Some(record) = record {
+            let batch = Batch {
+                records: vec![record],
+                ..Batch::default()
+            };
+            batch.commit(&self.inner, None);
         }
+        Ok(())
     }
 
     fn begin(&mut self) -> TxnId {
