@@ -540,3 +540,44 @@ fn after_a_crash_a_leased_message_waits_out_its_journaled_lease() {
     assert_eq!(renewed, ["renewed"], "at T0 + 14 s, its renewed deadline");
     drop((s, core, s2, core2));
 }
+
+#[test]
+fn a_message_whose_time_to_live_ends_on_its_lease_goes_to_the_expiry_address_at_the_expiry_of_the_lease(
+) {
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let config = CoreConfig {
+        expiry_address: Some("EXP".into()),
+        ..config_for_queue(
+            "q",
+            QueueOverrides {
+                visibility_timeout_ms: Some(1_000),
+                ..QueueOverrides::default()
+            },
+        )
+    };
+    let core = Core::with_clock(
+        config,
+        Arc::new(NoJournal),
+        Arc::new(super::super::AllowAll),
+        None,
+        clock.clone(),
+    );
+    let (mut s, e) = open(&core, "c");
+    let c = consume_with(&mut s, "q", 10, None);
+    let x = consume_with(&mut s, "EXP", 10, None);
+    let mut m = Message::text("short-lived");
+    m.expiry = Some(T0_MS + 500);
+    s.publish(&queue("q"), m, PublishOptions::default())
+        .expect("publish");
+    let (first, _) = split(e.take());
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].consumer, c, "delivered while it lives");
+    // Its time to live ends while it is out on the lease; the lease runs
+    // out later and the message is not offered again: it expired.
+    advance(&core, &clock, 1_000);
+    let (after, expired) = split(e.take());
+    assert_eq!(expired.len(), 1, "the lease ran out");
+    assert_eq!(after.iter().map(text).collect::<Vec<_>>(), ["short-lived"]);
+    assert_eq!(after[0].consumer, x, "to the expiry address, not to c");
+    assert_eq!(stats(&core).expired_total, 1);
+}
