@@ -486,6 +486,7 @@ mod tests {
             matched: MatchInfo::default(),
             annotation: None,
             charge: rosetta_neutral::DeliveryCharge::none(),
+            stream: None,
         }
     }
 

@@ -372,6 +372,12 @@ pub struct ConsumerOptions {
     /// [`SessionEvent::LeaseExpired`]. Overrides the queue's
     /// `visibility_timeout_ms`; `None` keeps the queue's.
     pub visibility_timeout_ms: Option<u32>,
+    /// Read the queue as a stream (STOMP `x-queue-type:stream`, an offset
+    /// spec, AMQP's `rabbitmq:stream-offset-spec`, MQTT `$stream/`): from
+    /// where, in which group. A queue configured as a stream is read as one
+    /// without this; an offset spec on a queue that exists and is not a
+    /// stream fails with [`BrokerError::InvalidStreamOffset`].
+    pub stream: Option<crate::StreamRead>,
 }
 
 /// A consumer's verdict on a delivery.
@@ -485,6 +491,10 @@ pub enum BrokerError {
     /// settlement was not applied.
     #[error("lease expired")]
     LeaseExpired,
+    /// A stream offset spec that is not valid here: unparsable, past the
+    /// end of the stream, or given for a queue that is not a stream.
+    #[error("invalid stream offset: {0}")]
+    InvalidStreamOffset(String),
 }
 
 /// An asynchronous event for a session.
@@ -589,6 +599,9 @@ pub struct Delivery {
     /// adapter drops the delivery (or takes the charge out and drops it)
     /// once the delivery is written into its output.
     pub charge: DeliveryCharge,
+    /// For a stream delivery: its offset and timestamp (adapters show them
+    /// as `x-stream-offset`). `None` for queue deliveries.
+    pub stream: Option<crate::StreamPosition>,
 }
 
 /// A connection's handle on the core.

@@ -120,6 +120,7 @@ pub(crate) fn consumer_options(
         priority,
         browse,
         visibility_timeout_ms,
+        stream: None,
     })
 }
 
@@ -228,6 +229,7 @@ mod tests {
                 priority: 5,
                 browse: true,
                 visibility_timeout_ms: None,
+                stream: None,
             }
         );
         assert_eq!(

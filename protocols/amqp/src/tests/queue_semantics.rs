@@ -49,6 +49,7 @@ fn selector_and_link_properties_reach_the_consumer_and_the_selector_is_echoed() 
             priority: 3,
             browse: false,
             visibility_timeout_ms: Some(30_000),
+            stream: None,
         }
     );
     let echoed = reply.source.unwrap().filter.unwrap();
