@@ -614,6 +614,16 @@ pub trait Session: Send {
     /// lifetime (durably for a durable queue); its durability never changes.
     fn declare_queue(&mut self, spec: QueueSpec) -> Result<QueueInfo, BrokerError>;
 
+    /// Declares the stream `name` (a queue kept as a log, see
+    /// [`crate::stream`]), or finds it: `Ok(true)` when it existed. Fails
+    /// with [`BrokerError::InvalidStreamOffset`] when a queue that is not a
+    /// stream has the name. A broker without streams says not-found.
+    fn declare_stream(&mut self, name: &str) -> Result<bool, BrokerError> {
+        Err(BrokerError::NotFound(format!(
+            "stream '{name}': no streams here"
+        )))
+    }
+
     /// Deletes a queue and drops its messages.
     fn delete_queue(&mut self, name: &str) -> Result<(), BrokerError>;
 
