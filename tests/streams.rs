@@ -182,3 +182,167 @@ async fn a_bad_offset_spec_or_an_offset_on_a_plain_queue_is_an_error_and_a_close
         .await;
     assert_eq!(offsets(&c.messages(2).await), ["0", "1"]);
 }
+
+mod amqp_readers {
+    //! The same stream read over AMQP 1.0 with fe2o3-amqp: RabbitMQ's
+    //! `/amq/queue/<name>` address, the `rabbitmq:stream-offset-spec`
+    //! source filter, the `x-stream-offset` message annotation, a group
+    //! named by container id and link name.
+
+    use super::common::amqp::{self, AnyDelivery};
+    use super::common::stomp::StompClient;
+    use super::common::TestBroker;
+    use fe2o3_amqp::types::messaging::annotations::OwnedKey;
+    use fe2o3_amqp::types::messaging::Source;
+    use fe2o3_amqp::types::primitives::{Symbol, Timestamp, Value};
+    use fe2o3_amqp::Receiver;
+    use serde_amqp::described::Described;
+    use serde_amqp::descriptor::Descriptor;
+
+    const FILTER: &str = "rabbitmq:stream-offset-spec";
+
+    fn offset_source(address: &str, spec: Value) -> Source {
+        Source::builder()
+            .address(address)
+            .add_to_filter(
+                FILTER,
+                Described {
+                    descriptor: Descriptor::Name(Symbol::from(FILTER)),
+                    value: spec,
+                },
+            )
+            .build()
+    }
+
+    fn offset_of(d: &AnyDelivery) -> Option<i64> {
+        let ann = d.message().message_annotations.as_ref()?;
+        match ann
+            .0
+            .get(&OwnedKey::from(Symbol::from("x-stream-offset")))?
+        {
+            Value::Long(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    async fn write(broker: &TestBroker, n: usize) {
+        let mut p = StompClient::connect(broker.stomp(), &[]).await;
+        for i in 0..n {
+            p.send_persistent(
+                "/queue/events",
+                &[("x-queue-type", "stream"), ("content-type", "text/plain")],
+                format!("e{i}").as_bytes(),
+            )
+            .await;
+        }
+        p.disconnect().await;
+    }
+
+    async fn read(r: &mut Receiver, n: usize) -> Vec<(Option<i64>, String)> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let d = amqp::recv_any(r).await;
+            r.accept(&d).await.expect("accept");
+            out.push((offset_of(&d), amqp::text_of(&d)));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn an_amqp_reader_starts_at_an_offset_first_or_a_time_and_sees_the_offset_annotation() {
+        let broker = TestBroker::start().await;
+        write(&broker, 4).await;
+        let (_conn, mut session) = amqp::connect_session(&broker, "reader-1").await;
+        let source = offset_source("/amq/queue/events", Value::Ulong(2));
+        let mut r = Receiver::builder()
+            .name("from-2")
+            .source(source)
+            .attach(&mut session)
+            .await
+            .expect("attach with an offset");
+        assert_eq!(
+            read(&mut r, 2).await,
+            [(Some(2), "e2".to_owned()), (Some(3), "e3".to_owned())]
+        );
+        let source = offset_source("/queue/events", Value::String("first".into()));
+        let mut r = Receiver::builder()
+            .name("from-first")
+            .source(source)
+            .attach(&mut session)
+            .await
+            .expect("attach from first");
+        let got = read(&mut r, 4).await;
+        assert_eq!(
+            got.iter().map(|g| g.0).collect::<Vec<_>>(),
+            [Some(0), Some(1), Some(2), Some(3)]
+        );
+        let an_hour_ago = Timestamp::from_milliseconds(super::now_s() as i64 * 1000 - 3_600_000);
+        let source = offset_source("/amq/queue/events", Value::Timestamp(an_hour_ago));
+        let mut r = Receiver::builder()
+            .name("since")
+            .source(source)
+            .attach(&mut session)
+            .await
+            .expect("attach by time");
+        assert_eq!(read(&mut r, 4).await.len(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_bad_offset_spec_refuses_only_that_link() {
+        let broker = TestBroker::start().await;
+        write(&broker, 2).await;
+        let (_conn, mut session) = amqp::connect_session(&broker, "reader-2").await;
+        for (name, spec) in [
+            ("bad-word", Value::String("yesterday".into())),
+            ("past-end", Value::Ulong(99)),
+            ("negative", Value::Long(-1)),
+        ] {
+            let refused = Receiver::builder()
+                .name(name)
+                .source(offset_source("/amq/queue/events", spec))
+                .attach(&mut session)
+                .await;
+            assert!(refused.is_err(), "{name}: attached");
+        }
+        // The session and connection go on.
+        let mut r = Receiver::builder()
+            .name("good")
+            .source(offset_source(
+                "/amq/queue/events",
+                Value::String("first".into()),
+            ))
+            .attach(&mut session)
+            .await
+            .expect("a good link on the same session");
+        assert_eq!(read(&mut r, 2).await.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_link_resumes_where_the_same_container_and_link_name_left_off() {
+        let mut broker = TestBroker::start().await;
+        write(&broker, 5).await;
+        {
+            let (mut conn, mut session) = amqp::connect_session(&broker, "billing").await;
+            let mut r = Receiver::builder()
+                .name("invoices")
+                .source(offset_source(
+                    "/amq/queue/events",
+                    Value::String("first".into()),
+                ))
+                .attach(&mut session)
+                .await
+                .expect("attach");
+            read(&mut r, 3).await; // accepted: 0, 1, 2
+            r.close().await.expect("detach");
+            conn.close().await.expect("close");
+        }
+        broker.restart().await;
+        let (_conn, mut session) = amqp::connect_session(&broker, "billing").await;
+        let mut r = amqp::receiver(&mut session, "invoices", "/amq/queue/events").await;
+        let got = read(&mut r, 2).await;
+        assert_eq!(
+            got,
+            [(Some(3), "e3".to_owned()), (Some(4), "e4".to_owned())]
+        );
+    }
+}

@@ -154,7 +154,7 @@ impl CoreSession {
         &self,
         spec: &ConsumerSpec,
     ) -> Result<Option<Arc<stream::Stream>>, BrokerError> {
-        let asked = spec.options.stream.is_some();
+        let asked = spec.options.stream.as_ref().is_some_and(|r| r.declare);
         if asked && self.inner.routing.read().queue(&spec.queue).is_some() {
             return Err(BrokerError::InvalidStreamOffset(format!(
                 "'{}' is a queue, not a stream",

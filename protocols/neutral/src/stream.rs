@@ -81,6 +81,13 @@ pub struct StreamRead {
     /// A consumer group: acknowledgements commit its offset durably, and a
     /// reader of the same group resumes from it.
     pub group: Option<String>,
+    /// The client asked for a stream (STOMP `x-queue-type:stream` or an
+    /// offset header, an AMQP offset filter, MQTT `$stream/`): the core
+    /// declares it at first use and refuses a plain queue of that name.
+    /// When `false` (an AMQP link that names a group by its link name
+    /// only), the read applies if the queue is a stream and is ignored if
+    /// it is a plain queue.
+    pub declare: bool,
 }
 
 /// Where a delivered stream message is in its stream.

@@ -108,7 +108,11 @@ fn stream_read(frame: &Frame, is_queue: bool) -> Result<Option<StreamRead>, Stom
         }
         g => g.map(str::to_owned),
     };
-    Ok(Some(StreamRead { offset, group }))
+    Ok(Some(StreamRead {
+        offset,
+        group,
+        declare: true,
+    }))
 }
 
 fn visibility_timeout(frame: &Frame) -> Result<Option<u32>, StompError> {

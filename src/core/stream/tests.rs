@@ -32,6 +32,7 @@ fn read(offset: Option<StreamOffset>, group: Option<&str>) -> ConsumerOptions {
         stream: Some(StreamRead {
             offset,
             group: group.map(str::to_owned),
+            declare: true,
         }),
         ..ConsumerOptions::default()
     }
@@ -281,6 +282,8 @@ fn retention_under_a_live_reader_skips_it_ahead_and_says_how_many_it_missed() {
             stream: Some(StreamRead {
                 offset: Some(StreamOffset::First),
                 group: None,
+                // A configured stream is read as one without declaring.
+                declare: false,
             }),
             ..ConsumerOptions::default()
         },
