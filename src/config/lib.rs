@@ -37,6 +37,7 @@ pub mod locate;
 mod protocols;
 mod queues;
 mod store;
+mod streams;
 mod transport;
 
 #[cfg(test)]
@@ -54,6 +55,7 @@ pub use listeners::*;
 pub use protocols::*;
 pub use queues::*;
 pub use store::*;
+pub use streams::*;
 pub use transport::*;
 
 /// Where data lives by default: next to where the broker was started, so a
@@ -88,6 +90,8 @@ pub struct Config {
     pub bindings: Vec<Binding>,
     /// `[[queues]]`: per-queue settings, by name or pattern.
     pub queues: Vec<QueueEntry>,
+    /// `[[streams]]`: queues kept as logs, by name or prefix pattern.
+    pub streams: Vec<StreamEntry>,
     /// Directory of the file this was loaded from (`None` for the embedded
     /// defaults or a string); the default users file is looked up there.
     #[serde(skip)]
@@ -109,6 +113,7 @@ impl Default for Config {
             amqp: AmqpConfig::default(),
             bindings: Vec::new(),
             queues: Vec::new(),
+            streams: Vec::new(),
             config_dir: None,
         }
     }
@@ -319,7 +324,8 @@ impl Config {
         self.check_stomp()?;
         self.check_amqp()?;
         self.check_bindings()?;
-        self.check_queues()
+        self.check_queues()?;
+        self.check_streams()
     }
 
     fn check_listeners(&self) -> Result<(), Invalid> {

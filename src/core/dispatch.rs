@@ -741,5 +741,6 @@ fn delivery_of(slot: &ConsumerSlot, entry: &Entry, tag: u64) -> Delivery {
         matched: entry.matched.clone(),
         annotation: entry.annotation.clone(),
         charge,
+        stream: None,
     }
 }

@@ -35,6 +35,7 @@ mod routing;
 mod schedule;
 pub mod selector;
 mod session;
+pub mod stream;
 mod trie;
 
 use std::collections::HashMap;
@@ -161,6 +162,8 @@ pub struct CoreConfig {
     /// delivery attempts take the place of `dead_letter_address` and
     /// `delivery_attempts_max` above for that queue.
     pub queue_rules: QueueRules,
+    /// Streams (`[[streams]]` and the streams' directory): see [`stream`].
+    pub streams: stream::StreamsConfig,
 }
 
 impl Default for CoreConfig {
@@ -177,6 +180,7 @@ impl Default for CoreConfig {
             queues_max: QUEUES_MAX_DEFAULT,
             bindings_max: BINDINGS_MAX_DEFAULT,
             queue_rules: QueueRules::default(),
+            streams: stream::StreamsConfig::default(),
         }
     }
 }
@@ -355,6 +359,8 @@ pub(crate) struct Inner {
     /// [`Core::run_timers`]), so a caller of the latter sees the pass done.
     timer_pass: Mutex<()>,
     stopping: AtomicBool,
+    /// Streams: logs read without consuming (see [`stream`]).
+    streams: Arc<stream::Streams>,
 }
 
 /// The broker core. Cheap to clone; all clones share one broker.
@@ -400,8 +406,14 @@ impl Core {
         });
         let memory = Arc::new(MemoryGauge::new(config.memory_budget_bytes, paging_dir));
         let disk = DiskWatch::new(config.disk_free_min.clone(), journal.storage());
+        let streams = stream::Streams::new(
+            config.streams.clone(),
+            stream::Groups::new(Arc::clone(&journal)),
+            Arc::clone(&clock),
+        );
         let inner = Arc::new(Inner {
             config,
+            streams,
             journal,
             access,
             routing: RwLock::new(Routing::default()),
@@ -505,6 +517,13 @@ impl Core {
         self.inner.producers_blocked()
     }
 
+    /// Applies the retention of every open stream now (the core does
+    /// this on its own every few seconds; tests on a manual clock call it
+    /// after advancing the clock).
+    pub fn run_stream_retention(&self) {
+        self.inner.streams.run_retention();
+    }
+
     /// Names of all queues.
     pub fn queue_names(&self) -> Vec<String> {
         self.inner.routing.read().queue_names()
@@ -533,6 +552,7 @@ impl Core {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.streams.stop();
         self.stopping.store(true, Ordering::SeqCst);
     }
 }
@@ -868,6 +888,7 @@ impl Inner {
             }
         }
         self.client_state.lock().extend(state);
+        self.streams.groups.restore(self.client_state.lock().iter());
     }
 
     /// Forgets dedup ids whose window has passed, in every queue with a

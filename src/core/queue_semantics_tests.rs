@@ -599,6 +599,7 @@ proptest::proptest! {
                         priority: if kind == 4 { 7 } else { 0 },
                         browse: kind == 5,
                         visibility_timeout_ms: None,
+                        stream: None,
                     };
                     let credit = u32::from(credit);
                     let mode = if explicit { CreditMode::Explicit(credit) } else { CreditMode::Window(credit.max(1)) };

@@ -22,6 +22,7 @@ use super::queue::{elapsed_ms, BrowseCursor, ConsumerKey, ConsumerSlot, Queue};
 use super::queue_settings::VISIBILITY_TIMEOUT_MS_MAX;
 use super::routing::Duplicates;
 use super::selector::Selector;
+use super::stream::{self, Reader};
 use super::{Inner, PendingWill};
 
 /// Most transactions one session may have open at once.
@@ -53,6 +54,8 @@ struct ConsumerRef {
 struct SessionState {
     closed: bool,
     consumers: HashMap<ConsumerId, ConsumerRef>,
+    /// Consumers of streams (see `stream`): they read a log, not a queue.
+    stream_readers: HashMap<ConsumerId, Arc<Reader>>,
     next_consumer: u64,
     owned_queues: Vec<String>,
     txns: HashMap<TxnId, Vec<Staged>>,
@@ -138,6 +141,93 @@ impl CoreSession {
             .ok_or(BrokerError::Unknown("consumer"))
     }
 
+    /// The stream reader `consumer` is, if it is one.
+    fn stream_reader(&self, consumer: ConsumerId) -> Result<Option<Arc<Reader>>, BrokerError> {
+        Ok(self.state()?.stream_readers.get(&consumer).cloned())
+    }
+
+    /// The stream a consumer reads, when it reads one: a queue name that
+    /// is a stream, or one the consumer asks to be a stream (declared at
+    /// first use). Asking for a stream read of an existing queue that is
+    /// not a stream is an error.
+    fn stream_to_consume(
+        &self,
+        spec: &ConsumerSpec,
+    ) -> Result<Option<Arc<stream::Stream>>, BrokerError> {
+        let asked = spec.options.stream.as_ref().is_some_and(|r| r.declare);
+        if asked && self.inner.routing.read().queue(&spec.queue).is_some() {
+            return Err(BrokerError::InvalidStreamOffset(format!(
+                "'{}' is a queue, not a stream",
+                spec.queue
+            )));
+        }
+        self.inner.streams.get(&spec.queue, asked)
+    }
+
+    fn consume_stream(
+        &self,
+        mut st: parking_lot::MutexGuard<'_, SessionState>,
+        s: Arc<stream::Stream>,
+        spec: ConsumerSpec,
+    ) -> Result<ConsumerId, BrokerError> {
+        let principal = &self.shared.info.principal;
+        if !self
+            .inner
+            .access
+            .may_subscribe(principal, &Address::Queue(spec.queue.clone()))
+        {
+            return Err(BrokerError::Unauthorized(format!(
+                "consume from '{}'",
+                spec.queue
+            )));
+        }
+        let read = spec.options.stream.clone().unwrap_or_default();
+        let groups = &self.inner.streams.groups;
+        let start = stream::start_offset(&s, &read, groups)?;
+        st.next_consumer += 1;
+        let id = ConsumerId(st.next_consumer);
+        let reader = Arc::new(Reader::new(
+            id,
+            Arc::clone(&s),
+            Arc::clone(&self.shared.sink),
+            spec.credit,
+            spec.auto_settle,
+            read.group,
+            start,
+        ));
+        st.stream_readers.insert(id, Arc::clone(&reader));
+        drop(st);
+        self.inner.streams.attach(&s, &reader);
+        Ok(id)
+    }
+
+    fn publish_to_stream(
+        &self,
+        s: &Arc<stream::Stream>,
+        message: Message,
+        options: PublishOptions,
+    ) -> Result<PublishReceipt, BrokerError> {
+        if options.txn.is_some() {
+            return Err(BrokerError::InvalidAddress(format!(
+                "transactional publishes to a stream ('{}') are not supported yet",
+                s.name
+            )));
+        }
+        let now = self.inner.streams.now_ms();
+        let (pending, done) = if options.confirm {
+            let ticket = self.inner.next_ticket();
+            let sink = Arc::clone(&self.shared.sink);
+            let done: stream::AppendDone = Box::new(move |result| {
+                sink.send(SessionEvent::Committed { ticket, result });
+            });
+            (Some(ticket), Some(done))
+        } else {
+            (None, None)
+        };
+        self.inner.streams.append(s, &message, now, done)?;
+        Ok(PublishReceipt { routed: 1, pending })
+    }
+
     fn completion(&self, ticket: Ticket) -> Completion {
         Inner::complete_ticket(&self.shared.sink, ticket)
     }
@@ -200,6 +290,16 @@ fn register_resume(inner: &Arc<Inner>, shared: &Arc<SessionShared>) {
 /// Dispatches every queue the session consumes from: what its consumers
 /// were turned away from while their connection had no room.
 fn dispatch_to_session(inner: &Inner, shared: &SessionShared) {
+    let readers: Vec<Arc<Reader>> = shared
+        .state
+        .lock()
+        .stream_readers
+        .values()
+        .cloned()
+        .collect();
+    for r in readers {
+        r.pump(&r.stream, &inner.streams.groups);
+    }
     let queues: Vec<Arc<Queue>> = {
         let st = shared.state.lock();
         let mut queues: Vec<Arc<Queue>> = Vec::with_capacity(st.consumers.len());
@@ -411,6 +511,9 @@ fn close_shared(inner: &Arc<Inner>, shared: &Arc<SessionShared>, kind: CloseKind
         }
         st.closed = true;
         st.txns.clear();
+        for (_, r) in st.stream_readers.drain() {
+            r.close();
+        }
         (
             std::mem::take(&mut st.consumers),
             std::mem::take(&mut st.owned_queues),
@@ -471,6 +574,18 @@ impl Session for CoreSession {
         Ok(Inner::queue_info(&q, existed))
     }
 
+    fn declare_stream(&mut self, name: &str) -> Result<bool, BrokerError> {
+        let _st = self.state()?;
+        if self.inner.routing.read().queue(name).is_some() {
+            return Err(BrokerError::InvalidStreamOffset(format!(
+                "'{name}' is a queue, not a stream"
+            )));
+        }
+        let existed = self.inner.streams.get(name, false)?.is_some();
+        self.inner.streams.get(name, true)?;
+        Ok(existed)
+    }
+
     fn delete_queue(&mut self, name: &str) -> Result<(), BrokerError> {
         let mut st = self.state()?;
         st.owned_queues.retain(|n| n != name);
@@ -521,6 +636,12 @@ impl Session for CoreSession {
         {
             return Err(BrokerError::Unauthorized(format!("publish to '{address}'")));
         }
+        if let Address::Queue(name) = address {
+            if let Some(s) = self.inner.streams.get(name, false)? {
+                drop(st);
+                return self.publish_to_stream(&s, message, options);
+            }
+        }
         if let Some(txn) = options.txn {
             let ops = st
                 .txns
@@ -559,6 +680,9 @@ impl Session for CoreSession {
             return Err(BrokerError::ResourceLimit(format!(
                 "more than {CONSUMERS_PER_SESSION_MAX} consumers"
             )));
+        }
+        if let Some(s) = self.stream_to_consume(&spec)? {
+            return self.consume_stream(st, s, spec);
         }
         let q = match self.inner.routing.read().queue(&spec.queue) {
             Some(q) => Some(Arc::clone(q)),
@@ -648,6 +772,10 @@ impl Session for CoreSession {
 
     fn cancel(&mut self, consumer: ConsumerId) -> Result<(), BrokerError> {
         let mut st = self.state()?;
+        if let Some(r) = st.stream_readers.remove(&consumer) {
+            r.close();
+            return Ok(());
+        }
         let c = st
             .consumers
             .remove(&consumer)
@@ -670,6 +798,11 @@ impl Session for CoreSession {
         limit: u32,
         drain: bool,
     ) -> Result<(), BrokerError> {
+        if let Some(r) = self.stream_reader(consumer)? {
+            r.set_credit(limit, drain);
+            r.pump(&r.stream, &self.inner.streams.groups);
+            return Ok(());
+        }
         let q = self.queue_of(consumer)?;
         let key = ConsumerKey {
             session: self.shared.id,
@@ -696,6 +829,17 @@ impl Session for CoreSession {
         txn: Option<TxnId>,
         confirm: bool,
     ) -> Result<Option<Ticket>, BrokerError> {
+        let _ = outcome; // a log has no redelivery: every outcome settles
+        if let Some(r) = self.stream_reader(consumer)? {
+            // Not staged in a transaction: a stream settlement only moves
+            // the group's offset (see `stream::reader`).
+            let _ = (txn, confirm);
+            if !r.settle(tag, &self.inner.streams.groups) {
+                return Err(BrokerError::Unknown("delivery"));
+            }
+            r.pump(&r.stream, &self.inner.streams.groups);
+            return Ok(None);
+        }
         let mut st = self.state()?;
         let q = Arc::clone(
             &st.consumers
@@ -759,6 +903,13 @@ impl Session for CoreSession {
             let run = rest.iter().take_while(|(c, _)| *c == consumer).count();
             let (this, next) = rest.split_at(run);
             rest = next;
+            if let Some(r) = self.stream_reader(consumer)? {
+                for &(_, tag) in this {
+                    settled += usize::from(r.settle(tag, &self.inner.streams.groups));
+                }
+                r.pump(&r.stream, &self.inner.streams.groups);
+                continue;
+            }
             let queue = match self.state()?.consumers.get(&consumer) {
                 Some(c) => Arc::clone(&c.queue),
                 None => continue,

@@ -22,6 +22,19 @@ impl Events {
         std::mem::take(&mut *self.0.lock())
     }
 
+    /// Takes the journal commits out, leaving every other event in order.
+    pub(crate) fn take_committed(&self) -> Vec<(Ticket, Result<(), BrokerError>)> {
+        let mut out = Vec::new();
+        self.0.lock().retain(|e| match e {
+            SessionEvent::Committed { ticket, result } => {
+                out.push((*ticket, result.clone()));
+                false
+            }
+            _ => true,
+        });
+        out
+    }
+
     pub(crate) fn deliveries(&self) -> Vec<Delivery> {
         self.take()
             .into_iter()

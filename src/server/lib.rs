@@ -314,6 +314,12 @@ fn core_config(config: &Config) -> CoreConfig {
         queues_max: usize::try_from(config.broker.queues_max).unwrap_or(usize::MAX),
         bindings_max: usize::try_from(config.broker.bindings_max).unwrap_or(usize::MAX),
         queue_rules: config.queue_rules(),
+        streams: rosetta_core::stream::StreamsConfig {
+            dir: Some(config.data_dir.join("streams")),
+            sync: store_config(config).sync,
+            rules: config.stream_rules(),
+            ..rosetta_core::stream::StreamsConfig::default()
+        },
         disk_free_min: (config.store.disk_free_min_bytes > 0).then(|| rosetta_core::DiskFreeMin {
             dir: config.data_dir.clone(),
             bytes: config.store.disk_free_min_bytes,

@@ -19,6 +19,8 @@
 //! - `compaction`: deleting dead segments, rewriting mostly-dead ones;
 //! - [`storage`]: every file operation, behind the [`Storage`] trait
 //!   ([`OsStorage`] in production);
+//! - [`log`]: stream logs (append-only, read without consuming, offsets,
+//!   retention), next to the journal and on the same [`Storage`];
 //! - [`sim`]: a simulated disk for tests (power loss, torn writes, EIO,
 //!   corrupted reads, lost files), seeded and deterministic.
 //!
@@ -148,6 +150,7 @@
 
 mod compaction;
 mod index;
+pub mod log;
 mod manifest;
 mod opaque;
 pub mod page_file;

@@ -157,9 +157,9 @@ pub fn broker_condition(e: &BrokerError) -> ErrorCondition {
         BrokerError::NotFound(_) | BrokerError::Unknown(_) => Cond::NotFound.into(),
         BrokerError::Unauthorized(_) => Cond::UnauthorizedAccess.into(),
         BrokerError::ResourceLimit(_) => Cond::ResourceLimitExceeded.into(),
-        BrokerError::InvalidAddress(_) | BrokerError::InvalidSelector(_) => {
-            Cond::InvalidField.into()
-        }
+        BrokerError::InvalidAddress(_)
+        | BrokerError::InvalidSelector(_)
+        | BrokerError::InvalidStreamOffset(_) => Cond::InvalidField.into(),
         BrokerError::InUse(_) => Cond::ResourceLocked.into(),
         BrokerError::SessionClosed => {
             ErrorCondition::ConnectionError(ConnectionError::ConnectionForced)

@@ -81,6 +81,8 @@ const SECTION_FOOTER: u64 = 0x78;
 
 /// Message annotation marking a delivery replayed from the retained store.
 pub(crate) const RETAIN_ANNOTATION: &str = "x-opt-retain";
+/// Message annotation with a stream message's offset (RabbitMQ's name).
+pub(crate) const STREAM_OFFSET_ANNOTATION: &str = "x-stream-offset";
 /// Message annotation: not to be delivered before this time (epoch ms, a
 /// long or a timestamp), as Artemis and Azure Service Bus read it.
 pub(crate) const DELIVERY_TIME_ANNOTATION: &str = "x-opt-delivery-time";
@@ -378,8 +380,8 @@ pub(crate) fn encode_head<'d>(
         },
     );
     let broker_annotations = m.properties.iter().any(|(k, _)| is_annotation(k));
-    if delivery.from_retained || broker_annotations {
-        write_merged_annotations(head, m, delivery.from_retained)?;
+    if delivery.from_retained || broker_annotations || delivery.stream.is_some() {
+        write_merged_annotations(head, m, delivery.from_retained, delivery.stream)?;
     } else if let Some(ann) = &m.amqp_annotations {
         head.extend_from_slice(ann);
     }
@@ -430,6 +432,7 @@ fn write_merged_annotations(
     head: &mut Vec<u8>,
     m: &Message,
     retained: bool,
+    stream: Option<rosetta_neutral::StreamPosition>,
 ) -> Result<(), serde_amqp::Error> {
     let mut ann = match m.amqp_annotations.as_deref() {
         None => MessageAnnotations::default(),
@@ -446,6 +449,13 @@ fn write_merged_annotations(
         ann.0.insert(
             OwnedKey::from(Symbol::from(RETAIN_ANNOTATION)),
             AmqpAny::Bool(true),
+        );
+    }
+    if let Some(p) = stream {
+        // RabbitMQ's annotation of a stream message's offset (a long).
+        ann.0.insert(
+            OwnedKey::from(Symbol::from(STREAM_OFFSET_ANNOTATION)),
+            AmqpAny::Long(i64::try_from(p.offset).unwrap_or(i64::MAX)),
         );
     }
     let mut added: Vec<&str> = Vec::new();
@@ -486,6 +496,7 @@ mod tests {
             matched: MatchInfo::default(),
             annotation: None,
             charge: rosetta_neutral::DeliveryCharge::none(),
+            stream: None,
         }
     }
 

@@ -509,6 +509,7 @@ fn delivery(consumer: u64, tag: u64, body: &'static [u8]) -> SessionEvent {
         matched: MatchInfo::default(),
         annotation: None,
         charge: rosetta_neutral::DeliveryCharge::none(),
+        stream: None,
     })
 }
 
@@ -2264,6 +2265,7 @@ fn engine_cost_per_message() {
                 matched: MatchInfo::default(),
                 annotation: None,
                 charge: rosetta_neutral::DeliveryCharge::none(),
+                stream: None,
             }),
         );
         if tag % 100 == 99 {

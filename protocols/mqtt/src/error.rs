@@ -84,6 +84,10 @@ pub fn broker_reason(err: &BrokerError, ctx: ReasonContext) -> u8 {
         (BrokerError::Unauthorized(_), _) => 0x87,
         (BrokerError::ResourceLimit(_), _) => 0x97,
         (BrokerError::InvalidAddress(_), ReasonContext::Subscribe) => 0x8F,
+        // A bad offset spec is in the filter (`$stream/s/<spec>`) or its
+        // user property: the filter is not valid as given.
+        (BrokerError::InvalidStreamOffset(_), ReasonContext::Subscribe) => 0x8F,
+        (BrokerError::InvalidStreamOffset(_), _) => 0x83,
         (BrokerError::InvalidAddress(_), ReasonContext::Connect) => 0x85,
         (BrokerError::InvalidAddress(_), _) => 0x90,
         (BrokerError::SessionClosed, ReasonContext::Disconnect) => 0x8E,

@@ -372,6 +372,12 @@ pub struct ConsumerOptions {
     /// [`SessionEvent::LeaseExpired`]. Overrides the queue's
     /// `visibility_timeout_ms`; `None` keeps the queue's.
     pub visibility_timeout_ms: Option<u32>,
+    /// Read the queue as a stream (STOMP `x-queue-type:stream`, an offset
+    /// spec, AMQP's `rabbitmq:stream-offset-spec`, MQTT `$stream/`): from
+    /// where, in which group. A queue configured as a stream is read as one
+    /// without this; an offset spec on a queue that exists and is not a
+    /// stream fails with [`BrokerError::InvalidStreamOffset`].
+    pub stream: Option<crate::StreamRead>,
 }
 
 /// A consumer's verdict on a delivery.
@@ -485,6 +491,10 @@ pub enum BrokerError {
     /// settlement was not applied.
     #[error("lease expired")]
     LeaseExpired,
+    /// A stream offset spec that is not valid here: unparsable, past the
+    /// end of the stream, or given for a queue that is not a stream.
+    #[error("invalid stream offset: {0}")]
+    InvalidStreamOffset(String),
 }
 
 /// An asynchronous event for a session.
@@ -589,6 +599,9 @@ pub struct Delivery {
     /// adapter drops the delivery (or takes the charge out and drops it)
     /// once the delivery is written into its output.
     pub charge: DeliveryCharge,
+    /// For a stream delivery: its offset and timestamp (adapters show them
+    /// as `x-stream-offset`). `None` for queue deliveries.
+    pub stream: Option<crate::StreamPosition>,
 }
 
 /// A connection's handle on the core.
@@ -600,6 +613,16 @@ pub trait Session: Send {
     /// idle-expiring queue with another of those two lifetimes changes its
     /// lifetime (durably for a durable queue); its durability never changes.
     fn declare_queue(&mut self, spec: QueueSpec) -> Result<QueueInfo, BrokerError>;
+
+    /// Declares the stream `name` (a queue kept as a log, see
+    /// [`crate::stream`]), or finds it: `Ok(true)` when it existed. Fails
+    /// with [`BrokerError::InvalidStreamOffset`] when a queue that is not a
+    /// stream has the name. A broker without streams says not-found.
+    fn declare_stream(&mut self, name: &str) -> Result<bool, BrokerError> {
+        Err(BrokerError::NotFound(format!(
+            "stream '{name}': no streams here"
+        )))
+    }
 
     /// Deletes a queue and drops its messages.
     fn delete_queue(&mut self, name: &str) -> Result<(), BrokerError>;

@@ -10,6 +10,8 @@
 //!   [`SessionEvent`]s the core sends back;
 //! - [`budget`]: the per-connection byte budget for deliveries not yet
 //!   written, the core's back-pressure from a slow reader;
+//! - [`stream`]: where a stream reader starts, its group, and the
+//!   position a stream delivery carries;
 //! - [`login`]: the identity rule for a new connection (password, client
 //!   certificate) and the password check that finishes later;
 //! - [`scram`]: the SCRAM-SHA-256 exchange (RFC 5802/7677) that AMQP SASL
@@ -26,6 +28,7 @@ pub mod fields;
 pub mod login;
 pub mod message;
 pub mod scram;
+pub mod stream;
 pub mod value;
 
 pub use address::{Address, AddressError, RoutingType};
@@ -33,4 +36,8 @@ pub use broker::*;
 pub use budget::{DeliveryBudget, DeliveryCharge};
 pub use login::{Credentials, LoginStart, PasswordCheck};
 pub use message::{Body, BodyKind, Guarantee, Message, MessageId};
+pub use stream::{
+    StreamOffset, StreamOffsetError, StreamPosition, StreamRead, STREAM_GROUP_BYTES_MAX,
+    STREAM_OFFSET_SPEC_BYTES_MAX,
+};
 pub use value::{Properties, Value};

@@ -8,12 +8,17 @@
 //! | `activemq.priority`       | `priority`  | 0–[`CONSUMER_PRIORITY_MAX`]           |
 //! | `browser`                 | `browse`    | `true` / `false`, queues only         |
 //! | `visibility-timeout`      | `visibility_timeout_ms` | ms, 1–`VISIBILITY_TIMEOUT_MS_MAX` (Rosetta) |
+//! | `x-queue-type`            | `stream`    | `stream` (RabbitMQ); `classic`/`quorum` read as a queue |
+//! | `x-stream-offset`         | `stream.offset` | `first`, `last`, `next`, `offset=N`, `timestamp=T` (POSIX s), queues only |
+//! | `x-stream-group`          | `stream.group`  | a consumer group name (Rosetta), queues only |
 //!
 //! A value outside these is an ERROR frame (`invalid header`), as every
 //! other SUBSCRIBE header error is: ActiveMQ would ignore it silently, and
 //! a client that asked for exclusivity and did not get it would never know.
 
-use rosetta_neutral::{ConsumerOptions, VISIBILITY_TIMEOUT_MS_MAX};
+use rosetta_neutral::{
+    ConsumerOptions, StreamOffset, StreamRead, STREAM_GROUP_BYTES_MAX, VISIBILITY_TIMEOUT_MS_MAX,
+};
 /// SUBSCRIBE header giving the consumer's lease (visibility timeout), ms.
 pub(crate) const VISIBILITY_TIMEOUT_HEADER: &str = "visibility-timeout";
 
@@ -29,6 +34,14 @@ pub(crate) const PRIORITY_HEADER: &str = "activemq.priority";
 /// SUBSCRIBE header asking for a queue browser; also the MESSAGE header
 /// (`browser:end`) that tells the browser it has seen everything.
 pub(crate) const BROWSER_HEADER: &str = "browser";
+
+/// Header naming the queue type, as RabbitMQ reads it on every frame.
+pub(crate) const QUEUE_TYPE_HEADER: &str = "x-queue-type";
+/// SUBSCRIBE header saying where a stream reader starts; also the MESSAGE
+/// header carrying a stream message's offset.
+pub(crate) const STREAM_OFFSET_HEADER: &str = "x-stream-offset";
+/// SUBSCRIBE header naming the stream reader's consumer group.
+pub(crate) const STREAM_GROUP_HEADER: &str = "x-stream-group";
 
 /// Highest consumer priority: ActiveMQ keeps it in a byte and documents
 /// 0–127, so a client written for it never sends more.
@@ -52,7 +65,54 @@ pub(crate) fn consumer_options(
         priority: priority(frame)?,
         browse,
         visibility_timeout_ms: visibility_timeout(frame)?,
+        stream: stream_read(frame, is_queue)?,
     })
+}
+
+/// Whether a frame names queue type `stream` (`x-queue-type:stream`).
+pub(crate) fn wants_stream(frame: &Frame) -> Result<bool, StompError> {
+    match frame.header(QUEUE_TYPE_HEADER).map(str::trim) {
+        None => Ok(false),
+        Some(v) if v.eq_ignore_ascii_case("stream") => Ok(true),
+        Some(v) if v.eq_ignore_ascii_case("classic") || v.eq_ignore_ascii_case("quorum") => {
+            Ok(false)
+        }
+        Some(v) => Err(bad(QUEUE_TYPE_HEADER, v)),
+    }
+}
+
+/// The stream read a SUBSCRIBE asks for: with `x-queue-type:stream`, an
+/// offset spec or a group, on a queue destination.
+fn stream_read(frame: &Frame, is_queue: bool) -> Result<Option<StreamRead>, StompError> {
+    let typed = wants_stream(frame)?;
+    let offset = frame.header(STREAM_OFFSET_HEADER);
+    let group = frame.header(STREAM_GROUP_HEADER);
+    if !typed && offset.is_none() && group.is_none() {
+        return Ok(None);
+    }
+    if !is_queue {
+        let (header, value) = match (offset, group) {
+            (Some(v), _) => (STREAM_OFFSET_HEADER, v),
+            (None, Some(v)) => (STREAM_GROUP_HEADER, v),
+            (None, None) => (QUEUE_TYPE_HEADER, "stream"),
+        };
+        return Err(bad(header, value));
+    }
+    let offset = match offset {
+        None => None,
+        Some(v) => Some(StreamOffset::parse(v.trim()).map_err(|_| bad(STREAM_OFFSET_HEADER, v))?),
+    };
+    let group = match group {
+        Some(g) if g.is_empty() || g.len() > STREAM_GROUP_BYTES_MAX => {
+            return Err(bad(STREAM_GROUP_HEADER, g));
+        }
+        g => g.map(str::to_owned),
+    };
+    Ok(Some(StreamRead {
+        offset,
+        group,
+        declare: true,
+    }))
 }
 
 fn visibility_timeout(frame: &Frame) -> Result<Option<u32>, StompError> {
@@ -123,6 +183,7 @@ mod tests {
                 priority: 9,
                 browse: true,
                 visibility_timeout_ms: None,
+                stream: None,
             })
         );
         let none = subscribe(&[("destination", "/queue/q")]);

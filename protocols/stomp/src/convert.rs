@@ -46,7 +46,7 @@ use crate::subscription::{AckMode, Subscription};
 pub(crate) const SCHEDULED_DELAY_HEADER: &str = "AMQ_SCHEDULED_DELAY";
 
 /// SEND headers with a meaning of their own (not copied to properties).
-const SEND_RESERVED: [&str; 11] = [
+const SEND_RESERVED: [&str; 12] = [
     "destination",
     "content-length",
     "content-type",
@@ -58,6 +58,8 @@ const SEND_RESERVED: [&str; 11] = [
     "transaction",
     "receipt",
     SCHEDULED_DELAY_HEADER,
+    // Declares the destination a stream (RabbitMQ), not a property.
+    crate::consumer_options::QUEUE_TYPE_HEADER,
 ];
 
 /// Headers the server writes on MESSAGE itself.
@@ -171,6 +173,12 @@ fn bad(header: &'static str, value: &str) -> StompError {
     }
 }
 
+/// MESSAGE header with a stream message's offset (RabbitMQ's name).
+pub(crate) const STREAM_OFFSET_HEADER: &str = crate::consumer_options::STREAM_OFFSET_HEADER;
+/// MESSAGE header, on the first delivery after retention cut under the
+/// reader, with how many records it missed (Rosetta).
+pub(crate) const STREAM_MISSED_HEADER: &str = "x-stream-missed";
+
 /// Writes the MESSAGE frame for `delivery` on `sub`.
 pub(crate) fn write_message(
     out: &mut Vec<u8>,
@@ -235,6 +243,12 @@ pub(crate) fn write_message(
     }
     if delivery.from_retained {
         w.header(RETAINED_HEADER, "true");
+    }
+    if let Some(p) = delivery.stream {
+        w.header(STREAM_OFFSET_HEADER, &p.offset.to_string());
+        if p.missed > 0 {
+            w.header(STREAM_MISSED_HEADER, &p.missed.to_string());
+        }
     }
     for (name, value) in m.properties.iter() {
         let written = MESSAGE_RESERVED.contains(&name)

@@ -146,6 +146,7 @@ fn broker_message(e: &BrokerError) -> &'static str {
         BrokerError::Unknown(_) => "unknown reference",
         BrokerError::InUse(_) => "destination in use",
         BrokerError::InvalidSelector(_) => "invalid selector",
+        BrokerError::InvalidStreamOffset(_) => "invalid stream offset",
         BrokerError::SessionClosed => "session closed",
         BrokerError::Storage(_) => "storage failure: the operation is not durable",
         // Answered with a RECEIPT, not an ERROR (see `open::Open::ack`);

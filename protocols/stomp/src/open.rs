@@ -235,6 +235,13 @@ impl Open {
         let dest = required(&frame, "destination")?.to_owned();
         let txn = self.txn_id(&frame)?;
         let address = self.send_address(config, &dest)?;
+        if let (true, Address::Queue(name)) =
+            (crate::consumer_options::wants_stream(&frame)?, &address)
+        {
+            // RabbitMQ declares the stream a SEND names with
+            // `x-queue-type:stream`.
+            self.session.declare_stream(name)?;
+        }
         let reply_to = match frame.header("reply-to") {
             Some(r) => match r.strip_prefix(TEMP_QUEUE_PREFIX) {
                 // Other protocols cannot resolve our local temp name.

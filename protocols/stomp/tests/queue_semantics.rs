@@ -31,6 +31,7 @@ fn selector_exclusive_and_priority_reach_the_consumer() {
             priority: 7,
             browse: false,
             visibility_timeout_ms: Some(30_000),
+            stream: None,
         }
     );
     let (_, _, plain) = subscribe("");

@@ -124,6 +124,7 @@ fuzz_target!(|data: &[u8]| {
                     matched: MatchInfo::default(),
                     annotation: None,
                     charge: rosetta_neutral::DeliveryCharge::none(),
+                    stream: None,
                 }),
             );
             conn.handle_event(now, SessionEvent::Committed { ticket: Ticket(i as u64), result: Ok(()) });

@@ -117,11 +117,21 @@ fn no_local_filter(filter: Option<&FilterSet>) -> Option<(Symbol, Value)> {
 
 /// Resolves a terminus address. Bare names are queues unless the terminus
 /// says `topic`.
+/// RabbitMQ's address prefix for a queue: `/amq/queue/<name>` is the
+/// queue (or stream) `<name>`, as `/queue/<name>` is.
+pub(crate) const RABBITMQ_QUEUE_PREFIX: &str = "/amq/queue/";
+
 pub(crate) fn resolve_address(
     addr: &str,
     capabilities: Option<&Array<Symbol>>,
 ) -> Result<Address, AmqpError> {
     let has = |cap: &str| capabilities.is_some_and(|c| c.0.iter().any(|s| s.as_str() == cap));
+    if let Some(q) = addr.strip_prefix(RABBITMQ_QUEUE_PREFIX) {
+        // RabbitMQ's AMQP 1.0 address of a queue (v2 addresses), which its
+        // stream clients use.
+        return Address::parse_destination(&format!("/queue/{q}"))
+            .map_err(|e| AmqpError::InvalidField(format!("address {addr:?}: {e}")));
+    }
     let address = if !addr.starts_with('/') && has(CAP_TOPIC) && !has(CAP_QUEUE) {
         Address::Topic(addr.to_owned())
     } else {
@@ -309,6 +319,20 @@ pub(crate) fn attach_outgoing(ctx: &mut Ctx<'_>, a: &Attach) -> Result<Attached,
         selector.as_ref().map(|s| s.text.clone()),
         false,
     )?;
+    let stream_offset = super::consumer_options::stream_offset_filter(src.filter.as_ref())?;
+    options.stream = Some(rosetta_neutral::StreamRead {
+        offset: stream_offset.as_ref().map(|f| f.offset),
+        // A stream read by this link resumes where the same link of the
+        // same container left off.
+        group: Some(format!("{}/{}", ctx.conn.container_id, a.name)),
+        declare: stream_offset.is_some(),
+    });
+    if let Some(f) = &stream_offset {
+        reply_source
+            .filter
+            .get_or_insert_with(FilterSet::new)
+            .insert(f.entry.0.clone(), f.entry.1.clone());
+    }
     let mut fresh_queue = false;
     let core = &mut *ctx.conn.core;
     let (queue, durable_queue) = if src.dynamic {

@@ -8,6 +8,8 @@
 //! | link property `priority`, an integer in `i32`       | `priority`  |
 //! | source `distribution-mode = copy` on a queue        | `browse`    |
 //! | link property `visibility-timeout`, an unsigned int, ms (1 to `VISIBILITY_TIMEOUT_MS_MAX`) | `visibility_timeout_ms` (Rosetta) |
+//! | source filter `rabbitmq:stream-offset-spec` (key or descriptor): `"first"`, `"last"`, `"next"`, an offset (ulong), or a timestamp (ms) | `stream.offset` (RabbitMQ); the stream is declared at first use |
+//! | the container id and link name, `<container>/<link>` | `stream.group`, when the address is a stream |
 //!
 //! The selector entry is echoed in the reply's source filter only once
 //! the core has accepted it (spec 3.5.3: the reply names the filters in
@@ -19,7 +21,7 @@
 use fe2o3_amqp_types::definitions::Fields;
 use fe2o3_amqp_types::messaging::FilterSet;
 use fe2o3_amqp_types::primitives::{Symbol, Value};
-use rosetta_neutral::{ConsumerOptions, VISIBILITY_TIMEOUT_MS_MAX};
+use rosetta_neutral::{ConsumerOptions, StreamOffset, VISIBILITY_TIMEOUT_MS_MAX};
 use serde_amqp::descriptor::Descriptor;
 
 use crate::error::AmqpError;
@@ -35,6 +37,72 @@ pub(crate) const EXCLUSIVE_PROPERTY: &str = "exclusive";
 pub(crate) const PRIORITY_PROPERTY: &str = "priority";
 /// Link property giving the consumer's lease (visibility timeout), in ms.
 pub(crate) const VISIBILITY_TIMEOUT_PROPERTY: &str = "visibility-timeout";
+
+/// Filter name and descriptor of RabbitMQ's stream offset filter: where a
+/// stream reader starts. Its value is the string `first`, `last` or
+/// `next`, an offset (ulong, or any unsigned or non-negative integer), or
+/// an AMQP timestamp (ms since the epoch).
+pub(crate) const STREAM_OFFSET_FILTER_NAME: &str = "rabbitmq:stream-offset-spec";
+
+/// A source's stream offset filter.
+#[derive(Debug)]
+pub(crate) struct StreamOffsetFilter {
+    /// The filter-set entry, echoed in the reply (the filter is in force).
+    pub(crate) entry: (Symbol, Value),
+    /// Where to start.
+    pub(crate) offset: StreamOffset,
+}
+
+/// The stream offset filter of a source, found by its descriptor or its
+/// key; a value of another shape refuses the link (`invalid-field`).
+pub(crate) fn stream_offset_filter(
+    filter: Option<&FilterSet>,
+) -> Result<Option<StreamOffsetFilter>, AmqpError> {
+    let is_offset = |k: &Symbol, v: &Value| {
+        k.as_str() == STREAM_OFFSET_FILTER_NAME
+            || matches!(v, Value::Described(d) if matches!(&d.descriptor, Descriptor::Name(n) if n.as_str() == STREAM_OFFSET_FILTER_NAME))
+    };
+    let Some((key, value)) = filter.and_then(|f| f.iter().find(|(k, v)| is_offset(k, v))) else {
+        return Ok(None);
+    };
+    let inner = match value {
+        Value::Described(d) => &d.value,
+        v => v,
+    };
+    let bad = || {
+        AmqpError::InvalidField(format!(
+            "{STREAM_OFFSET_FILTER_NAME} must be \"first\", \"last\", \"next\", an offset or a timestamp: {inner:?}"
+        ))
+    };
+    let offset = match inner {
+        Value::String(s) | Value::Symbol(Symbol(s)) => match s.as_str() {
+            "first" => StreamOffset::First,
+            "last" => StreamOffset::Last,
+            "next" => StreamOffset::Next,
+            _ => return Err(bad()),
+        },
+        Value::Timestamp(t) => {
+            StreamOffset::TimestampMs(u64::try_from(t.milliseconds()).map_err(|_| bad())?)
+        }
+        v => StreamOffset::Offset(unsigned_u64(v).ok_or_else(bad)?),
+    };
+    Ok(Some(StreamOffsetFilter {
+        entry: (key.clone(), value.clone()),
+        offset,
+    }))
+}
+
+fn unsigned_u64(v: &Value) -> Option<u64> {
+    match v {
+        Value::Ulong(n) => Some(*n),
+        Value::Uint(n) => Some(u64::from(*n)),
+        Value::Ushort(n) => Some(u64::from(*n)),
+        Value::Ubyte(n) => Some(u64::from(*n)),
+        Value::Long(n) => u64::try_from(*n).ok(),
+        Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
+    }
+}
 
 /// A source's selector filter.
 #[derive(Debug)]
@@ -120,6 +188,7 @@ pub(crate) fn consumer_options(
         priority,
         browse,
         visibility_timeout_ms,
+        stream: None,
     })
 }
 
@@ -228,6 +297,7 @@ mod tests {
                 priority: 5,
                 browse: true,
                 visibility_timeout_ms: None,
+                stream: None,
             }
         );
         assert_eq!(

@@ -41,14 +41,21 @@ fn selector_and_link_properties_reach_the_consumer_and_the_selector_is_echoed() 
     props.insert(Symbol::from("visibility-timeout"), Value::Uint(30_000));
     a.properties = Some(props);
     let reply = attach_receiver(&mut p, 0, a);
+    let got = p.log().consumers[0].options.clone();
+    // Every receiver names its group (container/link) in case its queue
+    // is a stream; without an offset filter it asks for no stream.
+    let stream = got.stream.clone().expect("a group hint");
+    assert_eq!((stream.offset, stream.declare), (None, false));
+    assert!(stream.group.is_some_and(|g| g.contains('/')));
     assert_eq!(
-        p.log().consumers[0].options,
+        got,
         ConsumerOptions {
             selector: Some("colour = 'green'".into()),
             exclusive: true,
             priority: 3,
             browse: false,
             visibility_timeout_ms: Some(30_000),
+            stream: got.stream.clone(),
         }
     );
     let echoed = reply.source.unwrap().filter.unwrap();

@@ -93,6 +93,7 @@ fn delivery(tag: u64, qos: u8, payload: &[u8]) -> SessionEvent {
         annotation: (qos & 0x08 != 0)
             .then(|| Bytes::copy_from_slice(&payload[..payload.len().min(4)])),
         charge: rosetta_neutral::DeliveryCharge::none(),
+        stream: None,
     })
 }
 

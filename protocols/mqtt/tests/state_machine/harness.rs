@@ -327,6 +327,7 @@ pub fn delivery(consumer: u64, tag: u64, msg: Message, granted: u8) -> Delivery 
         },
         annotation: None,
         charge: rosetta_neutral::DeliveryCharge::none(),
+        stream: None,
     }
 }
 

@@ -360,6 +360,7 @@ pub fn delivery(
         matched: MatchInfo::default(),
         annotation: None,
         charge: rosetta_neutral::DeliveryCharge::none(),
+        stream: None,
     }
 }
 

@@ -1,0 +1,408 @@
+//! Streams in the core: queues kept as logs ([`rosetta_store::log`]),
+//! read without being consumed, from a chosen offset, by any number of
+//! readers, with consumer groups whose committed offsets live in the
+//! journal.
+//!
+//! # Shape
+//!
+//! - this module: the configuration (`[[streams]]` rules), the open
+//!   streams by name, the pump thread that serves readers when appends
+//!   become durable, and retention runs;
+//! - `reader`: one stream consumer: its position, credit and unsettled
+//!   deliveries, and the pump that reads its next records from the log;
+//! - `groups`: committed offsets as journal `State` records under
+//!   `$stream/<stream>/<group>`.
+//!
+//! # One copy, readers that cost only their credit
+//!
+//! A stream's messages are on disk once, in its log. A reader holds only
+//! its position and the deliveries it has not settled (at most its
+//! credit): each delivery is read from the log (the page cache, for a
+//! reader at the tail) and decoded for that reader alone.
+//!
+//! # Declaration
+//!
+//! A name is a stream when a `[[streams]]` rule names it (exactly, or by
+//! a prefix pattern ending in `*`), when its log directory exists (it was
+//! declared before), or when a consumer asks for one
+//! ([`rosetta_neutral::ConsumerOptions::stream`]) or
+//! [`rosetta_neutral::Session::declare_stream`] is called and no queue of
+//! that name exists: declaration at first use, as RabbitMQ does.
+
+mod groups;
+mod reader;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::{Condvar, Mutex};
+use rosetta_neutral::{BrokerError, Message, StreamOffset, StreamRead};
+use rosetta_store::log::{LogCompletion, LogConfig, StreamLog};
+use rosetta_store::{OsStorage, Storage, SyncPolicy};
+
+pub(crate) use groups::Groups;
+pub(crate) use reader::Reader;
+
+/// Most streams open at once: each holds open files and an index in
+/// memory, and a client must not be able to create them without end.
+pub const STREAMS_MAX: usize = 10_000;
+/// How often retention looks at every open stream: age limits are in
+/// seconds, and a run only compares timestamps until something is due.
+const RETENTION_INTERVAL: Duration = Duration::from_secs(10);
+/// Longest stream name accepted, in bytes (it names a directory).
+pub const STREAM_NAME_BYTES_MAX: usize = 200;
+
+/// Runs once a stream append is durable (or failed).
+pub(crate) type AppendDone = Box<dyn FnOnce(Result<(), BrokerError>) + Send>;
+
+/// One `[[streams]]` rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamRule {
+    /// A stream name, or a prefix followed by `*` (`orders.*`, `*`).
+    pub pattern: String,
+    /// Retention by age, in seconds (`None`: none).
+    pub max_age_s: Option<u64>,
+    /// Retention by size, in bytes (`None`: none).
+    pub max_bytes: Option<u64>,
+    /// Segment size in bytes.
+    pub segment_bytes: u64,
+}
+
+impl StreamRule {
+    fn matches(&self, name: &str) -> bool {
+        match self.pattern.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => self.pattern == name,
+        }
+    }
+}
+
+/// How the core keeps streams.
+#[derive(Debug, Clone)]
+pub struct StreamsConfig {
+    /// The directory holding one subdirectory per stream; `None` turns
+    /// streams off (asking for one fails with not-found).
+    pub dir: Option<PathBuf>,
+    /// The broker's sync policy, the journal's.
+    pub sync: SyncPolicy,
+    /// `[[streams]]`, first match wins.
+    pub rules: Vec<StreamRule>,
+    /// Settings of a stream declared at first use that no rule names.
+    pub defaults: StreamRule,
+    /// Where the files are (a simulated disk in tests).
+    pub storage: Arc<dyn Storage>,
+}
+
+impl Default for StreamsConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            sync: SyncPolicy::EveryCommit,
+            rules: Vec::new(),
+            defaults: StreamRule {
+                pattern: "*".into(),
+                max_age_s: None,
+                max_bytes: None,
+                segment_bytes: rosetta_store::log::LOG_SEGMENT_DEFAULT_BYTES,
+            },
+            storage: Arc::new(OsStorage),
+        }
+    }
+}
+
+/// One open stream.
+pub(crate) struct Stream {
+    pub(crate) name: Arc<str>,
+    pub(crate) log: StreamLog,
+    readers: Mutex<Vec<Weak<Reader>>>,
+}
+
+impl Stream {
+    /// Serves every reader that has credit and something to read.
+    fn pump_all(&self, groups: &groups::Groups) {
+        let readers: Vec<Arc<Reader>> = {
+            let mut rs = self.readers.lock();
+            rs.retain(|r| r.strong_count() > 0);
+            rs.iter().filter_map(Weak::upgrade).collect()
+        };
+        for r in readers {
+            r.pump(self, groups);
+        }
+    }
+}
+
+/// The streams of one core.
+pub(crate) struct Streams {
+    config: StreamsConfig,
+    /// The core's clock: record timestamps and retention by age.
+    clock: Arc<dyn crate::Clock>,
+    open: Mutex<HashMap<String, Arc<Stream>>>,
+    pump: Arc<PumpQueue>,
+    pub(crate) groups: groups::Groups,
+}
+
+#[derive(Default)]
+struct PumpQueue {
+    dirty: Mutex<(VecDeque<Weak<Stream>>, bool)>,
+    wake: Condvar,
+}
+
+impl PumpQueue {
+    fn mark(&self, stream: &Arc<Stream>) {
+        let mut d = self.dirty.lock();
+        if !d
+            .0
+            .iter()
+            .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(stream)))
+        {
+            d.0.push_back(Arc::downgrade(stream));
+        }
+        drop(d);
+        self.wake.notify_one();
+    }
+}
+
+/// A stream directory's name: the stream name with every byte outside
+/// `[A-Za-z0-9._-]` written `%XX`, so any name is one safe path component.
+fn dir_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl Streams {
+    pub(crate) fn new(
+        config: StreamsConfig,
+        groups: groups::Groups,
+        clock: Arc<dyn crate::Clock>,
+    ) -> Arc<Streams> {
+        let s = Arc::new(Streams {
+            config,
+            clock,
+            open: Mutex::new(HashMap::new()),
+            pump: Arc::new(PumpQueue::default()),
+            groups,
+        });
+        if s.config.dir.is_some() {
+            let weak = Arc::downgrade(&s);
+            let spawned = std::thread::Builder::new()
+                .name("rosetta-stream-pump".into())
+                .spawn(move || pump_loop(weak));
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start the stream pump thread; stream readers get only what they ask for");
+            }
+        }
+        s
+    }
+
+    pub(crate) fn stop(&self) {
+        self.pump.dirty.lock().1 = true;
+        self.pump.wake.notify_all();
+    }
+
+    fn rule_for(&self, name: &str) -> Option<&StreamRule> {
+        self.config.rules.iter().find(|r| r.matches(name))
+    }
+
+    /// The open stream `name`, opening it when it is one (configured, or
+    /// its log exists), or declaring it when `declare`.
+    pub(crate) fn get(
+        &self,
+        name: &str,
+        declare: bool,
+    ) -> Result<Option<Arc<Stream>>, BrokerError> {
+        let Some(dir) = &self.config.dir else {
+            return if declare {
+                Err(BrokerError::NotFound(format!(
+                    "stream '{name}': streams are off (no data directory)"
+                )))
+            } else {
+                Ok(None)
+            };
+        };
+        let mut open = self.open.lock();
+        if let Some(s) = open.get(name) {
+            return Ok(Some(Arc::clone(s)));
+        }
+        let log_dir = dir.join(dir_name(name));
+        let configured = self.rule_for(name).is_some();
+        let exists = self.config.storage.list(&log_dir).is_ok();
+        if !(configured || exists || declare) {
+            return Ok(None);
+        }
+        if name.is_empty() || name.len() > STREAM_NAME_BYTES_MAX {
+            return Err(BrokerError::InvalidAddress(format!(
+                "stream names are 1 to {STREAM_NAME_BYTES_MAX} bytes"
+            )));
+        }
+        if open.len() >= STREAMS_MAX {
+            return Err(BrokerError::ResourceLimit(format!(
+                "more than {STREAMS_MAX} streams"
+            )));
+        }
+        let rule = self.rule_for(name).unwrap_or(&self.config.defaults);
+        let mut lc = LogConfig::new(log_dir);
+        lc.sync = self.config.sync;
+        lc.segment_bytes = rule.segment_bytes;
+        lc.max_age_s = rule.max_age_s;
+        lc.max_bytes = rule.max_bytes;
+        lc.storage = Arc::clone(&self.config.storage);
+        let (log, report) = StreamLog::open(lc).map_err(|e| BrokerError::Storage(e.to_string()))?;
+        tracing::info!(
+            stream = name,
+            first = report.first_offset,
+            next = report.next_offset,
+            torn_tail_bytes = report.torn_tail_bytes,
+            lost = report.lost.len(),
+            "stream opened"
+        );
+        let s = Arc::new(Stream {
+            name: Arc::from(name),
+            log,
+            readers: Mutex::new(Vec::new()),
+        });
+        open.insert(name.to_owned(), Arc::clone(&s));
+        Ok(Some(s))
+    }
+
+    /// Appends `message` to `stream` at `now_ms`; `done` runs once it is
+    /// durable, and then the stream's readers are served.
+    pub(crate) fn append(
+        &self,
+        stream: &Arc<Stream>,
+        message: &Message,
+        now_ms: u64,
+        done: Option<AppendDone>,
+    ) -> Result<u64, BrokerError> {
+        let mut body = Vec::new();
+        crate::codec::encode_message(message, &mut body);
+        let pump = Arc::clone(&self.pump);
+        let weak = Arc::downgrade(stream);
+        let completion: LogCompletion = Box::new(move |r| {
+            if let Some(s) = weak.upgrade() {
+                pump.mark(&s);
+            }
+            if let Some(done) = done {
+                done(
+                    r.map(|_| ())
+                        .map_err(|e| BrokerError::Storage(e.to_string())),
+                );
+            }
+        });
+        stream
+            .log
+            .append(now_ms, Bytes::from(body), Some(completion))
+            .map_err(|e| BrokerError::Storage(e.to_string()))
+    }
+
+    /// Registers `reader` with `stream` and serves it.
+    pub(crate) fn attach(&self, stream: &Arc<Stream>, reader: &Arc<Reader>) {
+        stream.readers.lock().push(Arc::downgrade(reader));
+        reader.pump(stream, &self.groups);
+    }
+
+    /// Applies every open stream's retention at the clock's now, then
+    /// serves their readers (a reader cut by it learns on its next
+    /// delivery how many it missed).
+    pub(crate) fn run_retention(&self) {
+        let now = self.clock.now_ms();
+        for s in self.all() {
+            if let Err(e) = s.log.apply_retention(now) {
+                tracing::error!(stream = %s.name, error = %e, "stream retention failed");
+            }
+            s.pump_all(&self.groups);
+        }
+    }
+
+    /// The core clock's now.
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    fn all(&self) -> Vec<Arc<Stream>> {
+        self.open.lock().values().cloned().collect()
+    }
+}
+
+fn pump_loop(streams: Weak<Streams>) {
+    let Some(pump) = streams.upgrade().map(|s| Arc::clone(&s.pump)) else {
+        return;
+    };
+    let mut retention_at = Instant::now() + RETENTION_INTERVAL;
+    loop {
+        let next = {
+            let mut d = pump.dirty.lock();
+            loop {
+                if d.1 {
+                    return;
+                }
+                if let Some(w) = d.0.pop_front() {
+                    break Some(w);
+                }
+                if Instant::now() >= retention_at {
+                    break None;
+                }
+                pump.wake.wait_until(&mut d, retention_at);
+            }
+        };
+        let Some(streams) = streams.upgrade() else {
+            return;
+        };
+        match next.and_then(|w| w.upgrade()) {
+            Some(s) => s.pump_all(&streams.groups),
+            None if Instant::now() >= retention_at => {
+                retention_at = Instant::now() + RETENTION_INTERVAL;
+                streams.run_retention();
+            }
+            None => {}
+        }
+    }
+}
+
+/// Where a new reader of `stream` starts, from its spec and group: a
+/// committed offset wins when no spec is given, an explicit spec resets
+/// the group, and a new group starts where the spec says (default
+/// `next`). Creates or resets the group in the journal.
+pub(crate) fn start_offset(
+    stream: &Stream,
+    read: &StreamRead,
+    groups: &groups::Groups,
+) -> Result<u64, BrokerError> {
+    let bounds = stream.log.bounds();
+    if let (None, Some(g)) = (read.offset, &read.group) {
+        if let Some(at) = groups.committed(&stream.name, g) {
+            return Ok(at);
+        }
+    }
+    let at = match read.offset.unwrap_or(StreamOffset::Next) {
+        StreamOffset::First => bounds.first,
+        StreamOffset::Last => bounds.next.saturating_sub(1).max(bounds.first),
+        StreamOffset::Next => bounds.next,
+        StreamOffset::Offset(n) if n > bounds.next => {
+            return Err(BrokerError::InvalidStreamOffset(format!(
+                "offset {n} is past the end of stream '{}' (next offset {})",
+                stream.name, bounds.next
+            )));
+        }
+        StreamOffset::Offset(n) => n,
+        StreamOffset::TimestampMs(t) => stream
+            .log
+            .offset_at_timestamp(t)
+            .map_err(|e| BrokerError::Storage(e.to_string()))?,
+    };
+    if let Some(g) = &read.group {
+        groups.commit(&stream.name, g, at, true);
+    }
+    Ok(at)
+}

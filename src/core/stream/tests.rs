@@ -1,0 +1,303 @@
+//! Streams in the core, on a real store and real logs in a temp dir:
+//! declaration at first use, reading from every kind of start, credit,
+//! consumer groups across a restart, retention under a live reader.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rosetta_neutral::*;
+
+use crate::tests::{core_on_store, open, text, Events};
+use crate::{Core, CoreConfig, ManualClock};
+
+use super::{StreamRule, StreamsConfig};
+
+fn config(dir: &std::path::Path, rules: Vec<StreamRule>) -> CoreConfig {
+    CoreConfig {
+        streams: StreamsConfig {
+            dir: Some(dir.join("streams")),
+            rules,
+            ..StreamsConfig::default()
+        },
+        ..CoreConfig::default()
+    }
+}
+
+fn start(dir: &std::path::Path, rules: Vec<StreamRule>, clock: &Arc<ManualClock>) -> Core {
+    core_on_store(&dir.join("journal"), config(dir, rules), clock).0
+}
+
+fn read(offset: Option<StreamOffset>, group: Option<&str>) -> ConsumerOptions {
+    ConsumerOptions {
+        stream: Some(StreamRead {
+            offset,
+            group: group.map(str::to_owned),
+            declare: true,
+        }),
+        ..ConsumerOptions::default()
+    }
+}
+
+fn consume(
+    s: &mut Box<dyn Session>,
+    name: &str,
+    window: u32,
+    options: ConsumerOptions,
+) -> Result<ConsumerId, BrokerError> {
+    s.consume(ConsumerSpec {
+        queue: name.into(),
+        credit: CreditMode::Window(window),
+        auto_settle: false,
+        options,
+    })
+}
+
+/// Publishes `bodies` to stream `name` and waits until each is durable.
+fn publish(s: &mut Box<dyn Session>, events: &Events, name: &str, bodies: &[&str]) {
+    let mut tickets = Vec::new();
+    for b in bodies {
+        let r = s.publish(
+            &Address::Queue(name.into()),
+            Message::text(*b),
+            PublishOptions {
+                confirm: true,
+                ..PublishOptions::default()
+            },
+        );
+        match r {
+            Ok(PublishReceipt {
+                pending: Some(t), ..
+            }) => tickets.push(t),
+            other => panic!("publish to a stream: {other:?}"),
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut committed = Vec::new();
+    while committed.len() < tickets.len() {
+        assert!(Instant::now() < deadline, "appends not acknowledged");
+        for (ticket, result) in events.take_committed() {
+            assert!(result.is_ok(), "{result:?}");
+            committed.push(ticket);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Waits for `n` deliveries.
+fn deliveries(events: &Events, n: usize) -> Vec<Delivery> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = Vec::new();
+    while got.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} deliveries",
+            got.len()
+        );
+        got.extend(events.deliveries());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    got
+}
+
+fn quiet(events: &Events) -> Vec<Delivery> {
+    std::thread::sleep(Duration::from_millis(100));
+    events.deliveries()
+}
+
+fn offsets(ds: &[Delivery]) -> Vec<u64> {
+    ds.iter()
+        .map(|d| d.stream.map_or(u64::MAX, |p| p.offset))
+        .collect()
+}
+
+#[test]
+fn a_stream_declared_at_first_use_is_read_from_first_offset_and_timestamp_without_being_consumed() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let core = start(d.path(), vec![], &clock);
+    let (mut s, ev) = open(&core, "a");
+    let tail = consume(&mut s, "s1", 100, read(None, None)).expect("declare by consuming");
+    publish(&mut s, &ev, "s1", &["m0", "m1", "m2"]);
+    clock.advance(5_000);
+    publish(&mut s, &ev, "s1", &["m3", "m4"]);
+    let got = deliveries(&ev, 5);
+    assert_eq!(
+        offsets(&got),
+        vec![0, 1, 2, 3, 4],
+        "a `next` reader sees what comes"
+    );
+    assert!(got.iter().all(|d| d.consumer == tail));
+    assert_eq!(text(&got[3]), "m3");
+    assert_eq!(got[0].stream.map(|p| p.timestamp_ms), Some(1_000_000));
+    let (mut r, rev) = open(&core, "b");
+    consume(&mut r, "s1", 100, read(Some(StreamOffset::First), None)).expect("first");
+    assert_eq!(
+        offsets(&deliveries(&rev, 5)),
+        vec![0, 1, 2, 3, 4],
+        "reading did not delete"
+    );
+    consume(&mut r, "s1", 100, read(Some(StreamOffset::Offset(3)), None)).expect("offset");
+    assert_eq!(offsets(&deliveries(&rev, 2)), vec![3, 4]);
+    consume(
+        &mut r,
+        "s1",
+        100,
+        read(Some(StreamOffset::TimestampMs(1_002_000)), None),
+    )
+    .expect("timestamp");
+    assert_eq!(offsets(&deliveries(&rev, 2)), vec![3, 4]);
+    consume(&mut r, "s1", 100, read(Some(StreamOffset::Last), None)).expect("last");
+    assert_eq!(offsets(&deliveries(&rev, 1)), vec![4]);
+    assert!(quiet(&rev).is_empty());
+}
+
+#[test]
+fn a_bad_start_or_a_stream_read_of_a_plain_queue_is_refused_and_nothing_else_changes() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(1_000));
+    let core = start(d.path(), vec![], &clock);
+    let (mut s, ev) = open(&core, "a");
+    s.declare_stream("s1").expect("declare");
+    publish(&mut s, &ev, "s1", &["a", "b"]);
+    let past = consume(&mut s, "s1", 10, read(Some(StreamOffset::Offset(3)), None));
+    assert!(
+        matches!(past, Err(BrokerError::InvalidStreamOffset(_))),
+        "{past:?}"
+    );
+    consume(&mut s, "s1", 10, read(Some(StreamOffset::Offset(2)), None))
+        .expect("the end itself is fine: the next message");
+    s.declare_queue(QueueSpec {
+        name: Some("plain".into()),
+        durable: true,
+        lifetime: QueueLifetime::Permanent,
+        bindings_max: None,
+    })
+    .expect("queue");
+    let on_queue = consume(&mut s, "plain", 10, read(Some(StreamOffset::First), None));
+    assert!(
+        matches!(on_queue, Err(BrokerError::InvalidStreamOffset(_))),
+        "{on_queue:?}"
+    );
+    assert!(matches!(
+        s.declare_stream("plain"),
+        Err(BrokerError::InvalidStreamOffset(_))
+    ));
+    // The stream still serves.
+    consume(&mut s, "s1", 10, read(Some(StreamOffset::First), None)).expect("first");
+    assert_eq!(offsets(&deliveries(&ev, 2)), vec![0, 1]);
+}
+
+#[test]
+fn credit_bounds_what_a_reader_is_sent_and_settling_frees_it() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(1_000));
+    let core = start(d.path(), vec![], &clock);
+    let (mut s, ev) = open(&core, "a");
+    s.declare_stream("s1").expect("declare");
+    publish(&mut s, &ev, "s1", &["0", "1", "2", "3", "4"]);
+    let c = consume(&mut s, "s1", 2, read(Some(StreamOffset::First), None)).expect("consume");
+    let first = deliveries(&ev, 2);
+    assert_eq!(offsets(&first), vec![0, 1]);
+    assert!(quiet(&ev).is_empty(), "a window of 2");
+    s.settle(c, first[0].tag, Outcome::Accept, None, false)
+        .expect("settle");
+    assert_eq!(offsets(&deliveries(&ev, 1)), vec![2]);
+    assert!(matches!(
+        s.settle(c, first[0].tag, Outcome::Accept, None, false),
+        Err(BrokerError::Unknown(_))
+    ));
+}
+
+#[test]
+fn a_group_resumes_from_its_cumulative_commit_after_a_restart_and_an_explicit_spec_resets_it() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(1_000));
+    {
+        let core = start(d.path(), vec![], &clock);
+        let (mut s, ev) = open(&core, "a");
+        s.declare_stream("s1").expect("declare");
+        publish(&mut s, &ev, "s1", &["0", "1", "2", "3", "4", "5"]);
+        let c =
+            consume(&mut s, "s1", 10, read(Some(StreamOffset::First), Some("g"))).expect("consume");
+        let got = deliveries(&ev, 6);
+        // 0, 1, 2 in order, then 4 out of order: the commit stops at 3.
+        for i in [0usize, 1, 2, 4] {
+            s.settle(c, got[i].tag, Outcome::Accept, None, false)
+                .expect("settle");
+        }
+        s.close(CloseKind::Clean);
+    }
+    let core = start(d.path(), vec![], &clock);
+    let (mut s, ev) = open(&core, "b");
+    consume(&mut s, "s1", 10, read(None, Some("g"))).expect("resume");
+    assert_eq!(
+        offsets(&deliveries(&ev, 3)),
+        vec![3, 4, 5],
+        "from the committed offset"
+    );
+    let (mut t, tev) = open(&core, "c");
+    consume(
+        &mut t,
+        "s1",
+        10,
+        read(Some(StreamOffset::Offset(1)), Some("g")),
+    )
+    .expect("reset");
+    assert_eq!(offsets(&deliveries(&tev, 5)), vec![1, 2, 3, 4, 5]);
+    let (mut u, uev) = open(&core, "d");
+    consume(&mut u, "s1", 10, read(None, Some("g"))).expect("after reset");
+    assert_eq!(
+        offsets(&deliveries(&uev, 5))[0],
+        1,
+        "the reset was committed"
+    );
+    let (mut n, nev) = open(&core, "e");
+    consume(&mut n, "s1", 10, read(None, Some("new"))).expect("new group");
+    assert!(quiet(&nev).is_empty(), "a new group starts at next");
+}
+
+#[test]
+fn retention_under_a_live_reader_skips_it_ahead_and_says_how_many_it_missed() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let rule = StreamRule {
+        pattern: "logs.*".into(),
+        max_age_s: Some(60),
+        max_bytes: None,
+        segment_bytes: rosetta_store::log::LOG_SEGMENT_MIN_BYTES,
+    };
+    let core = start(d.path(), vec![rule], &clock);
+    let (mut s, ev) = open(&core, "a");
+    let bodies: Vec<String> = (0..60)
+        .map(|i| format!("{i:02}{}", "x".repeat(100)))
+        .collect();
+    let refs: Vec<&str> = bodies.iter().map(String::as_str).collect();
+    publish(&mut s, &ev, "logs.app", &refs);
+    // A configured stream is read as one without asking.
+    let c = consume(
+        &mut s,
+        "logs.app",
+        1,
+        ConsumerOptions {
+            stream: Some(StreamRead {
+                offset: Some(StreamOffset::First),
+                group: None,
+                // A configured stream is read as one without declaring.
+                declare: false,
+            }),
+            ..ConsumerOptions::default()
+        },
+    )
+    .expect("consume");
+    let first = deliveries(&ev, 1);
+    assert_eq!(offsets(&first), vec![0]);
+    clock.advance(120_000);
+    publish(&mut s, &ev, "logs.app", &["new"]);
+    core.run_stream_retention();
+    s.settle(c, first[0].tag, Outcome::Accept, None, false)
+        .expect("settle");
+    let next = deliveries(&ev, 1);
+    let p = next[0].stream.expect("position");
+    assert!(p.offset > 1, "skipped ahead to {}", p.offset);
+    assert_eq!(p.missed, p.offset - 1, "told how many it missed");
+}

@@ -1,0 +1,348 @@
+//! Streams over real sockets with the raw STOMP client: a stream written
+//! with SENDs (declared by `x-queue-type:stream`), read from `first`,
+//! `offset=N` and `timestamp=T`, without being consumed; a consumer group
+//! resuming after a reconnect and after a broker restart; bad specs get
+//! an ERROR and a close.
+
+mod common;
+
+use common::stomp::StompClient;
+use common::TestBroker;
+
+const STREAM: &str = "/queue/events";
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn write_stream(broker: &TestBroker, n: usize) {
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    for i in 0..n {
+        p.send_persistent(
+            STREAM,
+            &[("x-queue-type", "stream")],
+            format!("e{i}").as_bytes(),
+        )
+        .await;
+    }
+    p.disconnect().await;
+}
+
+fn offsets(frames: &[common::stomp::Frame]) -> Vec<String> {
+    frames
+        .iter()
+        .map(|f| f.header("x-stream-offset").unwrap_or("none").to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_stream_is_read_from_first_from_an_offset_and_from_a_time_without_being_consumed() {
+    let broker = TestBroker::start().await;
+    write_stream(&broker, 5).await;
+    assert_eq!(broker.queue("events"), None, "a stream, not a queue");
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.subscribe(
+        "all",
+        STREAM,
+        "client",
+        &[
+            ("x-queue-type", "stream"),
+            ("x-stream-offset", "first"),
+            ("prefetch-count", "10"),
+        ],
+    )
+    .await;
+    let all = c.messages(5).await;
+    assert_eq!(offsets(&all), ["0", "1", "2", "3", "4"]);
+    assert_eq!(all[3].text(), "e3");
+    assert_eq!(
+        all[0].header("x-queue-type"),
+        None,
+        "the declaring header is no property"
+    );
+    c.subscribe(
+        "from2",
+        STREAM,
+        "client",
+        &[("x-stream-offset", "offset=2")],
+    )
+    .await;
+    assert_eq!(
+        offsets(&c.messages(3).await),
+        ["2", "3", "4"],
+        "reading deleted nothing"
+    );
+    let an_hour_ago = format!("timestamp={}", now_s() - 3600);
+    c.subscribe(
+        "since",
+        STREAM,
+        "auto",
+        &[("x-stream-offset", &an_hour_ago)],
+    )
+    .await;
+    assert_eq!(offsets(&c.messages(5).await), ["0", "1", "2", "3", "4"]);
+    let later = format!("timestamp={}", now_s() + 3600);
+    c.subscribe("later", STREAM, "auto", &[("x-stream-offset", &later)])
+        .await;
+    c.expect_nothing().await;
+    // A `next` reader (the default) gets only what comes.
+    c.subscribe("tail", STREAM, "auto", &[("x-queue-type", "stream")])
+        .await;
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    p.send_persistent(STREAM, &[], b"e5").await;
+    // Every live subscription of this connection gets offset 5 once.
+    let five = c.messages(5).await;
+    assert!(
+        five.iter()
+            .all(|f| f.header("x-stream-offset") == Some("5")),
+        "{five:?}"
+    );
+    let mut subs: Vec<&str> = five
+        .iter()
+        .filter_map(|f| f.header("subscription"))
+        .collect();
+    subs.sort_unstable();
+    assert_eq!(subs, ["all", "from2", "later", "since", "tail"]);
+    c.expect_nothing().await;
+}
+
+#[tokio::test]
+async fn a_group_resumes_from_its_acknowledged_offset_after_a_reconnect_and_a_restart() {
+    let mut broker = TestBroker::start().await;
+    write_stream(&broker, 6).await;
+    let group = [("x-stream-group", "billing"), ("x-stream-offset", "first")];
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.subscribe("g", STREAM, "client", &group).await;
+    let got = c.messages(6).await;
+    // ack:client is cumulative: acknowledging offset 2 settles 0, 1, 2.
+    c.ack(&got[2]).await;
+    c.disconnect().await;
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.subscribe("g", STREAM, "client", &[("x-stream-group", "billing")])
+        .await;
+    let resumed = c.messages(3).await;
+    assert_eq!(offsets(&resumed), ["3", "4", "5"], "after a reconnect");
+    c.ack(&resumed[0]).await;
+    c.disconnect().await;
+    broker.restart().await;
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.subscribe("g", STREAM, "client", &[("x-stream-group", "billing")])
+        .await;
+    assert_eq!(offsets(&c.messages(2).await), ["4", "5"], "after a restart");
+    c.expect_nothing().await;
+}
+
+#[tokio::test]
+async fn a_bad_offset_spec_or_an_offset_on_a_plain_queue_is_an_error_and_a_close() {
+    let broker = TestBroker::start().await;
+    write_stream(&broker, 2).await;
+    for bad in ["yesterday", "offset=-1", "timestamp=soon", "offset=99"] {
+        let mut c = StompClient::connect(broker.stomp(), &[]).await;
+        c.send_frame(
+            "SUBSCRIBE",
+            &[
+                ("id", "s"),
+                ("destination", STREAM),
+                ("ack", "auto"),
+                ("x-stream-offset", bad),
+            ],
+            b"",
+        )
+        .await;
+        let e = c.expect_error_then_close().await;
+        assert!(
+            e.header("message").is_some_and(|m| m.contains("invalid")),
+            "{bad}: {e:?}"
+        );
+    }
+    let mut p = StompClient::connect(broker.stomp(), &[]).await;
+    p.send_persistent("/queue/plain", &[], b"q").await;
+    p.send_frame(
+        "SUBSCRIBE",
+        &[
+            ("id", "s"),
+            ("destination", "/queue/plain"),
+            ("ack", "auto"),
+            ("x-stream-offset", "first"),
+        ],
+        b"",
+    )
+    .await;
+    p.expect_error_then_close().await;
+    assert_eq!(
+        broker.depth("plain"),
+        (1, 0),
+        "the queue's message is untouched"
+    );
+    // Other clients of the stream are unaffected.
+    let mut c = StompClient::connect(broker.stomp(), &[]).await;
+    c.subscribe("ok", STREAM, "auto", &[("x-stream-offset", "first")])
+        .await;
+    assert_eq!(offsets(&c.messages(2).await), ["0", "1"]);
+}
+
+mod amqp_readers {
+    //! The same stream read over AMQP 1.0 with fe2o3-amqp: RabbitMQ's
+    //! `/amq/queue/<name>` address, the `rabbitmq:stream-offset-spec`
+    //! source filter, the `x-stream-offset` message annotation, a group
+    //! named by container id and link name.
+
+    use super::common::amqp::{self, AnyDelivery};
+    use super::common::stomp::StompClient;
+    use super::common::TestBroker;
+    use fe2o3_amqp::types::messaging::annotations::OwnedKey;
+    use fe2o3_amqp::types::messaging::Source;
+    use fe2o3_amqp::types::primitives::{Symbol, Timestamp, Value};
+    use fe2o3_amqp::Receiver;
+    use serde_amqp::described::Described;
+    use serde_amqp::descriptor::Descriptor;
+
+    const FILTER: &str = "rabbitmq:stream-offset-spec";
+
+    fn offset_source(address: &str, spec: Value) -> Source {
+        Source::builder()
+            .address(address)
+            .add_to_filter(
+                FILTER,
+                Described {
+                    descriptor: Descriptor::Name(Symbol::from(FILTER)),
+                    value: spec,
+                },
+            )
+            .build()
+    }
+
+    fn offset_of(d: &AnyDelivery) -> Option<i64> {
+        let ann = d.message().message_annotations.as_ref()?;
+        match ann
+            .0
+            .get(&OwnedKey::from(Symbol::from("x-stream-offset")))?
+        {
+            Value::Long(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    async fn write(broker: &TestBroker, n: usize) {
+        let mut p = StompClient::connect(broker.stomp(), &[]).await;
+        for i in 0..n {
+            p.send_persistent(
+                "/queue/events",
+                &[("x-queue-type", "stream"), ("content-type", "text/plain")],
+                format!("e{i}").as_bytes(),
+            )
+            .await;
+        }
+        p.disconnect().await;
+    }
+
+    async fn read(r: &mut Receiver, n: usize) -> Vec<(Option<i64>, String)> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let d = amqp::recv_any(r).await;
+            r.accept(&d).await.expect("accept");
+            out.push((offset_of(&d), amqp::text_of(&d)));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn an_amqp_reader_starts_at_an_offset_first_or_a_time_and_sees_the_offset_annotation() {
+        let broker = TestBroker::start().await;
+        write(&broker, 4).await;
+        let (_conn, mut session) = amqp::connect_session(&broker, "reader-1").await;
+        let source = offset_source("/amq/queue/events", Value::Ulong(2));
+        let mut r = Receiver::builder()
+            .name("from-2")
+            .source(source)
+            .attach(&mut session)
+            .await
+            .expect("attach with an offset");
+        assert_eq!(
+            read(&mut r, 2).await,
+            [(Some(2), "e2".to_owned()), (Some(3), "e3".to_owned())]
+        );
+        let source = offset_source("/queue/events", Value::String("first".into()));
+        let mut r = Receiver::builder()
+            .name("from-first")
+            .source(source)
+            .attach(&mut session)
+            .await
+            .expect("attach from first");
+        let got = read(&mut r, 4).await;
+        assert_eq!(
+            got.iter().map(|g| g.0).collect::<Vec<_>>(),
+            [Some(0), Some(1), Some(2), Some(3)]
+        );
+        let an_hour_ago = Timestamp::from_milliseconds(super::now_s() as i64 * 1000 - 3_600_000);
+        let source = offset_source("/amq/queue/events", Value::Timestamp(an_hour_ago));
+        let mut r = Receiver::builder()
+            .name("since")
+            .source(source)
+            .attach(&mut session)
+            .await
+            .expect("attach by time");
+        assert_eq!(read(&mut r, 4).await.len(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_bad_offset_spec_refuses_only_that_link() {
+        let broker = TestBroker::start().await;
+        write(&broker, 2).await;
+        let (_conn, mut session) = amqp::connect_session(&broker, "reader-2").await;
+        for (name, spec) in [
+            ("bad-word", Value::String("yesterday".into())),
+            ("past-end", Value::Ulong(99)),
+            ("negative", Value::Long(-1)),
+        ] {
+            let refused = Receiver::builder()
+                .name(name)
+                .source(offset_source("/amq/queue/events", spec))
+                .attach(&mut session)
+                .await;
+            assert!(refused.is_err(), "{name}: attached");
+        }
+        // The session and connection go on.
+        let mut r = Receiver::builder()
+            .name("good")
+            .source(offset_source(
+                "/amq/queue/events",
+                Value::String("first".into()),
+            ))
+            .attach(&mut session)
+            .await
+            .expect("a good link on the same session");
+        assert_eq!(read(&mut r, 2).await.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_link_resumes_where_the_same_container_and_link_name_left_off() {
+        let mut broker = TestBroker::start().await;
+        write(&broker, 5).await;
+        {
+            let (mut conn, mut session) = amqp::connect_session(&broker, "billing").await;
+            let mut r = Receiver::builder()
+                .name("invoices")
+                .source(offset_source(
+                    "/amq/queue/events",
+                    Value::String("first".into()),
+                ))
+                .attach(&mut session)
+                .await
+                .expect("attach");
+            read(&mut r, 3).await; // accepted: 0, 1, 2
+            r.close().await.expect("detach");
+            conn.close().await.expect("close");
+        }
+        broker.restart().await;
+        let (_conn, mut session) = amqp::connect_session(&broker, "billing").await;
+        let mut r = amqp::receiver(&mut session, "invoices", "/amq/queue/events").await;
+        let got = read(&mut r, 2).await;
+        assert_eq!(
+            got,
+            [(Some(3), "e3".to_owned()), (Some(4), "e4".to_owned())]
+        );
+    }
+}
