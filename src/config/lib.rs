@@ -27,6 +27,7 @@
 //! relative to the working directory, except the *default* users file,
 //! which is `users.toml` next to the configuration file.
 
+mod admin;
 mod broker;
 mod limits;
 mod listeners;
@@ -49,6 +50,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub use admin::*;
 pub use broker::*;
 pub use listeners::*;
 pub use protocols::*;
@@ -88,6 +90,8 @@ pub struct Config {
     pub bindings: Vec<Binding>,
     /// `[[queues]]`: per-queue settings, by name or pattern.
     pub queues: Vec<QueueEntry>,
+    /// `[admin]`: the admin HTTP API.
+    pub admin: AdminConfig,
     /// Directory of the file this was loaded from (`None` for the embedded
     /// defaults or a string); the default users file is looked up there.
     #[serde(skip)]
@@ -109,6 +113,7 @@ impl Default for Config {
             amqp: AmqpConfig::default(),
             bindings: Vec::new(),
             queues: Vec::new(),
+            admin: AdminConfig::default(),
             config_dir: None,
         }
     }

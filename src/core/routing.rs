@@ -52,6 +52,10 @@ impl Routing {
         self.queues.values()
     }
 
+    pub(crate) fn queue_count(&self) -> usize {
+        self.queues.len()
+    }
+
     pub(crate) fn queue(&self, name: &str) -> Option<&Arc<Queue>> {
         self.queues.get(name)
     }

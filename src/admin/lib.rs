@@ -1,0 +1,1 @@
+//! The admin HTTP API.
