@@ -53,6 +53,7 @@ const RULES: &[(&str, &[&str])] = &[
         &[
             "rosetta-config",
             "rosetta-core",
+            "rosetta-store",
             "rosetta-server",
             "rosetta-neutral",
         ],

@@ -74,6 +74,34 @@ impl Core {
         }
     }
 
+    /// Creates a permanent queue `name` (an operator's, owned by no
+    /// session); `done` runs once its declaration is durable. Returns
+    /// whether it existed already (then nothing changes; compare
+    /// [`Core::queue_durable`] for its settings).
+    pub fn create_queue(
+        &self,
+        name: &str,
+        durable: bool,
+        done: Completion,
+    ) -> Result<bool, BrokerError> {
+        let spec = rosetta_neutral::QueueSpec {
+            name: Some(name.to_owned()),
+            durable,
+            lifetime: rosetta_neutral::QueueLifetime::Permanent,
+            bindings_max: None,
+        };
+        let mut batch = super::Batch::default();
+        let (_, existed) = self.inner.declare(spec, None, &mut batch)?;
+        batch.commit(&self.inner, Some(done));
+        Ok(existed)
+    }
+
+    /// Deletes queue `name` with its messages, in flight ones included;
+    /// its consumers are told the queue is gone.
+    pub fn delete_queue(&self, name: &str) -> Result<(), BrokerError> {
+        self.inner.delete_queue(name)
+    }
+
     /// Whether queue `name` is durable; `None` if there is no such queue.
     pub fn queue_durable(&self, name: &str) -> Option<bool> {
         self.inner.routing.read().queue(name).map(|q| q.durable)

@@ -73,6 +73,16 @@ impl Registry {
         all
     }
 
+    /// Each live connection's protocol and transport (for counts, without
+    /// copying the entries).
+    pub fn kinds(&self) -> Vec<(&'static str, &'static str)> {
+        self.entries
+            .lock()
+            .values()
+            .map(|e| (e.info.protocol, e.info.transport))
+            .collect()
+    }
+
     /// Number of live connections.
     pub fn len(&self) -> usize {
         self.entries.lock().len()

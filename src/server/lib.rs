@@ -294,7 +294,8 @@ pub async fn run(config: Config, access: Arc<dyn AccessControl>) -> anyhow::Resu
     broker.shutdown().await
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
+/// Returns at SIGINT or SIGTERM.
+pub async fn wait_for_signal() -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     tokio::select! {
