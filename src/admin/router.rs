@@ -294,3 +294,47 @@ mod tests {
         assert!(Query::parse(Some("name=%e2%28")).is_err(), "not UTF-8");
     }
 }
+
+/// The checked-in OpenAPI description and the route table say the same.
+#[cfg(test)]
+mod openapi_tests {
+    use super::*;
+
+    const OPENAPI: &str = include_str!("../../docs/admin-api.json");
+    const METHODS: [&str; 5] = ["get", "put", "post", "delete", "patch"];
+
+    #[test]
+    fn every_route_is_described_and_every_description_is_a_route() {
+        let doc: serde_json::Value = serde_json::from_str(OPENAPI).expect("docs/admin-api.json");
+        let paths = doc["paths"].as_object().expect("paths");
+        let mut described = Vec::new();
+        for (path, ops) in paths {
+            for method in METHODS {
+                if let Some(op) = ops.get(method) {
+                    described.push((method.to_uppercase(), path.clone()));
+                    // Health checks are the only routes without credentials.
+                    let open = op
+                        .get("security")
+                        .is_some_and(|s| s == &serde_json::json!([]));
+                    let route = ROUTES
+                        .iter()
+                        .find(|r| r.path == path && r.method.as_str().eq_ignore_ascii_case(method));
+                    if let Some(route) = route {
+                        assert_eq!(open, route.role.is_none(), "{method} {path}: security");
+                        if let Some(role) = route.role {
+                            let text = op["description"].as_str().unwrap_or_default();
+                            assert!(text.contains(&format!("`{role}`")), "{method} {path}: role");
+                        }
+                    }
+                }
+            }
+        }
+        let mut routed: Vec<(String, String)> = ROUTES
+            .iter()
+            .map(|r| (r.method.as_str().to_owned(), r.path.to_owned()))
+            .collect();
+        described.sort();
+        routed.sort();
+        assert_eq!(described, routed);
+    }
+}
