@@ -8,6 +8,7 @@
 //! when they were one crate, for the `rosetta` binary, the integration
 //! tests, benches, examples and fuzz targets.
 
+pub use rosetta_admin as admin;
 pub use rosetta_config as config;
 pub use rosetta_core as core;
 pub use rosetta_server as server;

@@ -102,8 +102,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            let access = rosetta::access::from_config(&config)?;
-            runtime.block_on(rosetta::server::run(config, access))
+            let access = rosetta::access::users_access(&config)?;
+            runtime.block_on(serve(config, access))
         }
         Command::CheckConfig => {
             // The very checks `run` makes before it binds a port.
@@ -142,6 +142,29 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             action: StoreAction::Check { data_dir },
         } => store_check(data_dir.unwrap_or_else(|| config.data_dir.clone())),
     }
+}
+
+/// The broker and its admin API until SIGINT or SIGTERM. The admin API
+/// stops last, so `/readyz` answers 503 while the broker drains.
+async fn serve(
+    config: rosetta::config::Config,
+    access: std::sync::Arc<rosetta::access::UsersAccess>,
+) -> anyhow::Result<()> {
+    let broker = rosetta::server::start(config, access.clone()).await?;
+    let admin = match rosetta::admin::start(broker.view(), access).await {
+        Ok(admin) => admin,
+        Err(e) => {
+            // Not half-started: the journal is flushed before the error.
+            broker.shutdown().await?;
+            return Err(e);
+        }
+    };
+    rosetta::server::wait_for_signal().await?;
+    let stopped = broker.shutdown().await;
+    if let Some(admin) = admin {
+        admin.shutdown().await;
+    }
+    stopped
 }
 
 /// `rosetta store check`: the report recovery would log, without starting.

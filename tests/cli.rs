@@ -41,7 +41,8 @@ fn write_config(dir: &Path, listeners: &str, rest: &str) -> PathBuf {
     .map(|key| format!("{key} = \"\"\n"))
     .collect();
     let text = format!(
-        "data_dir = {:?}\n[listeners]\n{off}{listeners}\n{rest}\n",
+        // The admin API off: its default port is one for the whole machine.
+        "data_dir = {:?}\n[listeners]\n{off}{listeners}\n{rest}\n[admin]\nlisten = \"\"\n",
         dir.join("data")
     );
     std::fs::write(&path, text).expect("write config");

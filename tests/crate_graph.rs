@@ -45,6 +45,19 @@ const RULES: &[(&str, &[&str])] = &[
             "rosetta-amqp",
         ],
     ),
+    // The admin HTTP API: over the server's view of a running broker; it
+    // depends on the server (not the reverse), so the server knows no HTTP
+    // framework and the binary starts both.
+    (
+        "rosetta-admin",
+        &[
+            "rosetta-config",
+            "rosetta-core",
+            "rosetta-store",
+            "rosetta-server",
+            "rosetta-neutral",
+        ],
+    ),
     // Sans-IO adapters: the neutral API only, never the core.
     ("rosetta-neutral", &[]),
     ("rosetta-mqtt", &["rosetta-neutral"]),
@@ -58,6 +71,7 @@ const RULES: &[(&str, &[&str])] = &[
             "rosetta-core",
             "rosetta-config",
             "rosetta-server",
+            "rosetta-admin",
         ],
     ),
     // The load generator talks to brokers over sockets like any client.

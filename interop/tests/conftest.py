@@ -63,7 +63,7 @@ class Broker:
     """One broker process with fixed ports and data directory, so that a
     restart finds its journal again and clients reconnect to the same ports."""
 
-    def __init__(self, name: str, extra_config: str = "", websocket: bool = False):
+    def __init__(self, name: str, extra_config: str = "", websocket: bool = False, admin: bool = False):
         """``extra_config`` is appended to the configuration file (sections
         the template does not write, e.g. ``[store]``); ``websocket`` opens
         the HTTP/WebSocket listener, which also serves ``/metrics``."""
@@ -78,6 +78,9 @@ class Broker:
         self.stomp_port = free_port()
         self.amqp_port = free_port()
         self.http_port = free_port() if websocket else None
+        # The admin API is off unless asked for: brokers run side by side
+        # here, and its default port (8161) would be shared.
+        self.admin_port = free_port() if admin else None
         self.proc = None
         self._log = None
         self.starts = 0
@@ -124,6 +127,9 @@ receive_maximum = 1024
 [stomp]
 heartbeat_send_ms = 0
 heartbeat_receive_ms = 0
+
+[admin]
+listen = "{f'127.0.0.1:{self.admin_port}' if self.admin_port else ''}"
 {bindings}
 {self.extra_config}"""
         )

@@ -27,6 +27,7 @@
 //! relative to the working directory, except the *default* users file,
 //! which is `users.toml` next to the configuration file.
 
+mod admin;
 mod broker;
 mod limits;
 mod listeners;
@@ -50,6 +51,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub use admin::*;
 pub use broker::*;
 pub use listeners::*;
 pub use protocols::*;
@@ -92,6 +94,8 @@ pub struct Config {
     pub queues: Vec<QueueEntry>,
     /// `[[streams]]`: queues kept as logs, by name or prefix pattern.
     pub streams: Vec<StreamEntry>,
+    /// `[admin]`: the admin HTTP API.
+    pub admin: AdminConfig,
     /// Directory of the file this was loaded from (`None` for the embedded
     /// defaults or a string); the default users file is looked up there.
     #[serde(skip)]
@@ -114,6 +118,7 @@ impl Default for Config {
             bindings: Vec::new(),
             queues: Vec::new(),
             streams: Vec::new(),
+            admin: AdminConfig::default(),
             config_dir: None,
         }
     }

@@ -161,7 +161,7 @@ impl fmt::Display for ListenAddr {
 /// Reads an optional listener: a port (integer or string), `host:port`, or
 /// an empty string, which (like an absent key, through the section
 /// default) turns it off.
-fn deserialize_listen_opt<'de, D>(de: D) -> Result<Option<ListenAddr>, D::Error>
+pub(crate) fn deserialize_listen_opt<'de, D>(de: D) -> Result<Option<ListenAddr>, D::Error>
 where
     D: Deserializer<'de>,
 {

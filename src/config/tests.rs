@@ -335,6 +335,7 @@ fn the_defaults_file_mentions_every_key() {
         "mqtt",
         "stomp",
         "amqp",
+        "admin",
         "queues",
     ];
     for section in sections {
@@ -362,6 +363,7 @@ fn the_defaults_file_mentions_every_key() {
                 "mqtt",
                 "stomp",
                 "amqp",
+                "admin",
             ]
             .contains(&key)
                 && section.is_empty();
@@ -574,4 +576,25 @@ fn visibility_timeout_key_becomes_a_queue_setting_and_is_bounded() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn admin_listener_defaults_to_loopback_and_can_be_turned_off() {
+    let default = Config::default();
+    assert_eq!(
+        default.admin.listen_addr().map(|a| a.to_string()),
+        Some("127.0.0.1:8161".to_owned())
+    );
+    let bare = Config::parse("[admin]\nlisten = 9000\n", "t").expect("bare port");
+    assert_eq!(
+        bare.admin.listen_addr().map(|a| a.to_string()),
+        Some("127.0.0.1:9000".to_owned()),
+        "a bare port binds loopback, not [listeners] bind"
+    );
+    let empty = Config::parse("[admin]\nlisten = \"\"\n", "t").expect("empty");
+    assert_eq!(empty.admin.listen_addr(), None);
+    let off = Config::parse("[admin]\nenabled = false\n", "t").expect("off");
+    assert_eq!(off.admin.listen_addr(), None);
+    let err = Config::parse("[admin]\nlisten = \"nope\"\n", "t").expect_err("bad");
+    assert_eq!(err.key(), Some("admin.listen"), "{err}");
 }

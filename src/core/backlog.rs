@@ -542,17 +542,34 @@ impl Backlog {
     /// Empties the backlog (the queue is deleted); returns the in-memory
     /// entries so their accounting can be undone.
     pub(crate) fn take_all(&mut self, gauge: &MemoryGauge) -> Vec<Entry> {
+        self.take_waiting(gauge).0
+    }
+
+    /// Empties the backlog and keeps the queue (a purge): the in-memory
+    /// entries (for their accounting to be undone and their acks), and
+    /// the paged ones, which are not read back, as [`Withdrawn`] without
+    /// an entry (their acks).
+    pub(crate) fn take_waiting(&mut self, gauge: &MemoryGauge) -> (Vec<Entry>, Vec<Withdrawn>) {
         gauge
             .paged
             .fetch_sub(self.paged.len() as u64, Ordering::Relaxed);
-        self.paged.clear();
+        let paged = std::mem::take(&mut self.paged)
+            .into_iter()
+            .map(|p| Withdrawn {
+                seq: p.seq,
+                journaled: p.journaled,
+                counted: None,
+            })
+            .collect();
         self.file = None;
         let mut all = std::mem::take(&mut self.memory).into_entries();
         for list in std::mem::take(&mut self.reserved).into_values() {
             all.extend(list.into_values());
         }
         self.reserved_len = 0;
-        all
+        // Noted arrivals point at places that are gone now.
+        self.arrived.clear();
+        (all, paged)
     }
 
     fn page_out(

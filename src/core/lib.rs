@@ -18,6 +18,7 @@
 //! while taking the routing lock; work that needs both (dead-lettering,
 //! expiry) collects entries under the queue lock and routes them after.
 
+mod admin;
 mod backlog;
 mod batch;
 mod clock;
@@ -55,6 +56,7 @@ use rosetta_store::{
     Completion, MessageSeq, OsStorage, QueueId, Record, Recovered, Storage, Store, StoreError,
 };
 
+pub use admin::{Purged, QueuePage, SessionIdentity};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use dead_letter::{
     DeadLetterReason, DEAD_LETTER_REASON_PROPERTY, DELIVERY_COUNT_PROPERTY, ORIGINAL_QUEUE_PROPERTY,

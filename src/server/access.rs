@@ -22,7 +22,9 @@ use rosetta_core::AccessControl;
 
 /// Users-file access control.
 pub struct UsersAccess {
-    users: Arc<Users>,
+    /// The users file as last loaded; replaced whole when the admin API
+    /// writes the file, so a login or check after that sees the new one.
+    users: parking_lot::RwLock<Arc<Users>>,
     anonymous: bool,
     pool: HashPool,
     /// Logins refused because the pool's queue was full, for the log.
@@ -45,6 +47,23 @@ impl UsersAccess {
         )
     }
 
+    /// The users as last loaded (a snapshot: a replacement does not change
+    /// it).
+    pub fn users(&self) -> Arc<Users> {
+        Arc::clone(&self.users.read())
+    }
+
+    /// Puts `users` in force: every login and permission check from now
+    /// on uses them (sessions already open keep their principal).
+    pub fn replace_users(&self, users: Users) {
+        *self.users.write() = Arc::new(users);
+    }
+
+    /// Whether clients without credentials may connect.
+    pub fn anonymous(&self) -> bool {
+        self.anonymous
+    }
+
     /// Access control whose password checks run on `threads` threads with
     /// room for `queue_max` waiting checks.
     pub fn with_pool(
@@ -55,7 +74,7 @@ impl UsersAccess {
     ) -> anyhow::Result<Self> {
         let pool = HashPool::new(threads, queue_max).context("starting the hashing threads")?;
         Ok(Self {
-            users: Arc::new(users),
+            users: parking_lot::RwLock::new(Arc::new(users)),
             anonymous,
             pool,
             busy_refusals: AtomicU64::new(0),
@@ -68,6 +87,13 @@ impl UsersAccess {
 /// clients exist), `[security] anonymous`, and the hashing pool's
 /// `password_check_threads` and `password_check_queue_max`.
 pub fn from_config(config: &Config) -> anyhow::Result<Arc<dyn AccessControl>> {
+    let access: Arc<dyn AccessControl> = users_access(config)?;
+    Ok(access)
+}
+
+/// [`from_config`] as its own type, for the admin API, which reads and
+/// replaces the users (`UsersAccess::users`, `UsersAccess::replace_users`).
+pub fn users_access(config: &Config) -> anyhow::Result<Arc<UsersAccess>> {
     let path = config.users_file();
     let users = Users::load(&path).with_context(|| format!("users file {}", path.display()))?;
     let s = &config.security;
@@ -106,11 +132,11 @@ impl AccessControl for UsersAccess {
         user: Option<&str>,
         password: Option<&[u8]>,
     ) -> Result<Principal, AuthError> {
-        check_password(&self.users, self.anonymous, user, password)
+        check_password(&self.users(), self.anonymous, user, password)
     }
 
     fn authenticate_later(&self, check: PasswordCheck) -> LoginStart {
-        let (users, anonymous) = (Arc::clone(&self.users), self.anonymous);
+        let (users, anonymous) = (self.users(), self.anonymous);
         let job = move || {
             if check.is_abandoned() {
                 // The client left (or its connect timeout passed) while
@@ -136,7 +162,7 @@ impl AccessControl for UsersAccess {
     }
 
     fn scram_credentials(&self, user: &str) -> Option<ScramCredentials> {
-        self.users.scram(user)
+        self.users.read().scram(user)
     }
 
     fn anonymous_allowed(&self) -> bool {
@@ -145,7 +171,7 @@ impl AccessControl for UsersAccess {
 
     fn authenticate_certificate(&self, subject: &str) -> Result<Principal, AuthError> {
         // A verified certificate stands in for the password of an existing user.
-        if self.users.contains(subject) {
+        if self.users.read().contains(subject) {
             Ok(Principal {
                 user: Some(subject.to_owned()),
             })
@@ -156,12 +182,14 @@ impl AccessControl for UsersAccess {
 
     fn may_publish(&self, principal: &Principal, address: &Address) -> bool {
         self.users
+            .read()
             .permissions(principal.user.as_deref())
             .may_publish(address)
     }
 
     fn may_subscribe(&self, principal: &Principal, address: &Address) -> bool {
         self.users
+            .read()
             .permissions(principal.user.as_deref())
             .may_subscribe(address)
     }

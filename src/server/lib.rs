@@ -16,6 +16,7 @@
 
 pub mod access;
 mod admission;
+pub mod connections;
 mod detect;
 mod driver;
 /// For the cargo-fuzz targets in `fuzz/` only.
@@ -30,6 +31,7 @@ mod protocols;
 mod refuse;
 mod tls;
 pub mod users;
+mod view;
 mod ws;
 
 use std::net::SocketAddr;
@@ -45,7 +47,9 @@ use rosetta_config::{Config, ListenerKind};
 use rosetta_core::{AccessControl, Core, CoreConfig};
 use rosetta_store::{Store, StoreConfig};
 
+pub use metrics::BrokerFigures;
 pub use preflight::{preflight, Preflight};
+pub use view::BrokerView;
 
 /// State every connection task shares.
 pub(crate) struct Shared {
@@ -64,6 +68,10 @@ pub(crate) struct Shared {
     pub(crate) refusals: Arc<refuse::Refusals>,
     /// Failed TLS handshakes are logged through this.
     pub(crate) tls_log: log_throttle::LogThrottle,
+    /// Live protocol connections, for the admin API.
+    pub(crate) connections: Arc<connections::Registry>,
+    /// When the broker started (the admin API's uptime).
+    pub(crate) started: std::time::Instant,
     active: AtomicUsize,
     idle: Notify,
 }
@@ -71,15 +79,19 @@ pub(crate) struct Shared {
 impl Shared {
     /// The Prometheus exposition of this broker, now.
     pub(crate) fn metrics(&self) -> String {
-        let figures = metrics::BrokerFigures {
+        metrics::render(&self.core, &self.figures())
+    }
+
+    /// The broker-wide figures, now.
+    pub(crate) fn figures(&self) -> BrokerFigures {
+        BrokerFigures {
             connections: self.active.load(Ordering::Relaxed),
             authenticated: self.admission.authenticated(),
             unauthenticated: self.admission.unauthenticated(),
             refused_total: self.admission.refused_total(),
             memory_budget_bytes: self.config.store.memory_budget_bytes,
             store: self.store.stats(),
-        };
-        metrics::render(&self.core, &figures)
+        }
     }
 
     /// Says how many rate-limited log lines were left out since the last
@@ -143,6 +155,12 @@ impl RunningBroker {
     /// serves it.
     pub fn metrics(&self) -> String {
         self.shared.metrics()
+    }
+
+    /// What the admin API sees of this broker; it stops saying "ready"
+    /// when the shutdown begins.
+    pub fn view(&self) -> BrokerView {
+        BrokerView::new(Arc::clone(&self.shared), self.stop_accepting.subscribe())
     }
 
     /// Shuts down in phases; see the module docs.
@@ -213,6 +231,8 @@ pub async fn start(
         admission: admission::Admission::new(&config.broker),
         refusals: Arc::default(),
         tls_log: log_throttle::LogThrottle::default(),
+        connections: Arc::default(),
+        started: std::time::Instant::now(),
         active: AtomicUsize::new(0),
         idle: Notify::new(),
     });
@@ -274,7 +294,8 @@ pub async fn run(config: Config, access: Arc<dyn AccessControl>) -> anyhow::Resu
     broker.shutdown().await
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
+/// Returns at SIGINT or SIGTERM.
+pub async fn wait_for_signal() -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     tokio::select! {

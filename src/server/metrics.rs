@@ -141,14 +141,22 @@ const QUEUE_METRICS: &[QueueMetric] = &[
     },
 ];
 
-/// Broker-wide figures besides the core's.
-pub(crate) struct BrokerFigures {
-    pub(crate) connections: usize,
-    pub(crate) authenticated: usize,
-    pub(crate) unauthenticated: usize,
-    pub(crate) refused_total: u64,
-    pub(crate) memory_budget_bytes: u64,
-    pub(crate) store: StoreStats,
+/// Broker-wide figures besides the core's (for `/metrics` and the admin
+/// API's overview).
+#[derive(Debug, Clone)]
+pub struct BrokerFigures {
+    /// Open client connections (every socket being served).
+    pub connections: usize,
+    /// Connections that have authenticated.
+    pub authenticated: usize,
+    /// Connections not yet authenticated.
+    pub unauthenticated: usize,
+    /// Connections refused at accept because a cap was reached.
+    pub refused_total: u64,
+    /// `[store] memory_budget_bytes`.
+    pub memory_budget_bytes: u64,
+    /// The journal's counters.
+    pub store: StoreStats,
 }
 
 /// The whole exposition.

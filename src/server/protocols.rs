@@ -24,6 +24,12 @@ pub(crate) struct Peer {
     /// The connection's place in the admission counts: the adapter's
     /// broker handle moves it to the authenticated count.
     pub(crate) admission: Ticket,
+    /// Set once a TLS handshake succeeded.
+    pub(crate) tls: bool,
+    /// Set once a WebSocket upgrade succeeded.
+    pub(crate) websocket: bool,
+    /// When the socket was accepted, in ms since the Unix epoch.
+    pub(crate) accepted_at_ms: u64,
 }
 
 impl Peer {
@@ -33,6 +39,19 @@ impl Peer {
             addr,
             certificate_user: None,
             admission,
+            tls: false,
+            websocket: false,
+            accepted_at_ms: rosetta_neutral::message::now_ms(),
+        }
+    }
+
+    /// The transport as the admin API names it.
+    pub(crate) fn transport(&self) -> &'static str {
+        match (self.websocket, self.tls) {
+            (false, false) => "tcp",
+            (false, true) => "tls",
+            (true, false) => "ws",
+            (true, true) => "wss",
         }
     }
 }
@@ -173,6 +192,7 @@ async fn serve_tls(
         return;
     };
     peer.certificate_user = certificate_user;
+    peer.tls = true;
     match kind {
         ListenerKind::Mqtts => run_wire(Wire::Mqtt, stream, peer, conn_id, shared).await,
         ListenerKind::Stomps => run_wire(Wire::Stomp, stream, peer, conn_id, shared).await,
@@ -189,6 +209,17 @@ where
     let span = tracing::info_span!("conn", id = conn_id, proto = wire.name(), %peer);
     let limits = &shared.config.broker;
     let (sink, events) = driver::event_channel(Some(limits.delivery_buffer_bytes_max));
+    let _registered = shared.connections.enter(
+        crate::connections::ConnectionInfo {
+            id: conn_id,
+            protocol: wire.name(),
+            transport: peer.transport(),
+            peer: peer.addr,
+            tls: peer.tls,
+            connected_at_ms: peer.accepted_at_ms,
+        },
+        sink.clone(),
+    );
     let slow = sink.slow_consumer_policy(
         (limits.slow_consumer_timeout_ms > 0)
             .then(|| std::time::Duration::from_millis(limits.slow_consumer_timeout_ms)),

@@ -646,8 +646,12 @@ fn parse_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
 /// Serves one connection of the HTTP port (or of `wss`, or an HTTP client
 /// of the `any` port): the demo page, a refusal, or a protocol over
 /// WebSocket until it closes.
-pub(crate) async fn serve<S>(io: S, peer: super::protocols::Peer, conn_id: u64, shared: Arc<Shared>)
-where
+pub(crate) async fn serve<S>(
+    io: S,
+    mut peer: super::protocols::Peer,
+    conn_id: u64,
+    shared: Arc<Shared>,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let metrics = || shared.metrics();
@@ -655,6 +659,7 @@ where
     match accept_serving(io, &shared.config.websocket, message_max, &metrics).await {
         Ok((wire, stream)) => {
             tracing::debug!(conn = conn_id, %peer, protocol = wire.name(), "WebSocket accepted");
+            peer.websocket = true;
             super::protocols::run_wire(wire.into(), stream, peer, conn_id, shared).await;
         }
         Err(NotWebSocket::Served(path)) => {

@@ -88,6 +88,10 @@ pub enum AmqpError {
     /// The broker closes the connection (take-over, shutdown).
     #[error("connection forced: {0}")]
     Forced(String),
+    /// An operator closed the connection: `amqp:connection:forced` with the
+    /// operator's reason, as it was given, for the description.
+    #[error("{0}")]
+    Administrative(String),
     /// The link was attached again under the same name.
     #[error("link {0:?} attached elsewhere")]
     LinkStolen(String),
@@ -133,7 +137,7 @@ impl AmqpError {
             AmqpError::TxnRollback(_) => {
                 ErrorCondition::TransactionError(TransactionError::Rollback)
             }
-            AmqpError::Forced(_) => {
+            AmqpError::Forced(_) | AmqpError::Administrative(_) => {
                 ErrorCondition::ConnectionError(ConnectionError::ConnectionForced)
             }
             AmqpError::ResourceDeleted(_) => Cond::ResourceDeleted.into(),

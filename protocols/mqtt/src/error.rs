@@ -48,6 +48,10 @@ pub enum MqttError {
     /// The broker is shutting down (0x8B).
     #[error("server shutting down")]
     ServerShutdown,
+    /// An operator closed the connection (0x98 Administrative action); the
+    /// text is the DISCONNECT's reason string.
+    #[error("{0}")]
+    AdministrativeAction(String),
     /// The core failed an operation the connection cannot continue without.
     #[error("broker error: {0}")]
     Broker(BrokerError),
@@ -150,6 +154,7 @@ impl MqttError {
             MqttError::ConnectTimeout => 0x88,
             MqttError::SessionTakenOver => 0x8E,
             MqttError::ServerShutdown => 0x8B,
+            MqttError::AdministrativeAction(_) => 0x98,
             MqttError::Broker(e) => broker_reason(e, ReasonContext::Disconnect),
             MqttError::Encode(_) => 0x83,
             MqttError::ReauthenticationFailed(_) => 0x87,

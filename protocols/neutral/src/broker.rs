@@ -539,7 +539,8 @@ pub enum SessionEvent {
         tag: DeliveryTag,
     },
     /// The session was closed by the broker: taken over by a new connection
-    /// with the same client id, or the broker is shutting down.
+    /// with the same client id, the broker is shutting down, or an operator
+    /// closed the connection.
     Kicked {
         /// Why.
         reason: KickReason,
@@ -554,12 +555,17 @@ pub enum SessionEvent {
 }
 
 /// Why a session was closed by the broker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KickReason {
     /// Another connection with the same client id took the session.
     TakenOver,
     /// The broker is shutting down.
     ServerShutdown,
+    /// An operator closed the connection (the admin API's `DELETE
+    /// /api/v1/connections/{id}`), with the text the client is shown where
+    /// its protocol carries one (MQTT 5 DISCONNECT 0x98 reason string,
+    /// STOMP ERROR `message`, AMQP close description).
+    Administrative(String),
 }
 
 /// Which bindings of a queue a message matched (for MQTT overlapping

@@ -446,7 +446,7 @@ impl StompConnection {
         info!(conn_id = self.conn_id, error = %err, "closing connection with ERROR");
         let ef = error_frame(err);
         let mut w = FrameWriter::new(&mut self.out, version, Command::Error);
-        w.header("message", ef.message);
+        w.header("message", &ef.message);
         if let Some(r) = &receipt {
             w.header("receipt-id", r);
         }

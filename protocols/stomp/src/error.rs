@@ -4,6 +4,8 @@
 //! go on, so the connection sends an ERROR frame and closes.
 //! [`error_frame`] is the only place that decides what such a frame says.
 
+use std::borrow::Cow;
+
 use rosetta_neutral::{AddressError, AuthError, BrokerError, KickReason};
 
 use crate::frame::{Command, Version};
@@ -114,22 +116,24 @@ pub enum StompError {
         reason: BrokerError,
     },
     /// The core closed the whole session.
-    #[error("session closed by the broker: {}", kick_text(*.0))]
+    #[error("session closed by the broker: {}", kick_text(.0))]
     Kicked(KickReason),
 }
 
-fn kick_text(reason: KickReason) -> &'static str {
+fn kick_text(reason: &KickReason) -> &str {
     match reason {
         KickReason::TakenOver => "another connection with the same client-id took over",
         KickReason::ServerShutdown => "the broker is shutting down",
+        KickReason::Administrative(text) => text,
     }
 }
 
 /// The content of an ERROR frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ErrorFrame {
-    /// The short `message` header.
-    pub message: &'static str,
+    /// The short `message` header: a fixed text per error, or an
+    /// operator's reason for closing the connection.
+    pub message: Cow<'static, str>,
     /// Extra headers (e.g. `version` for a failed negotiation).
     pub headers: Vec<(&'static str, String)>,
     /// The explanatory body.
@@ -190,10 +194,18 @@ pub fn error_frame(err: &StompError) -> ErrorFrame {
         StompError::Broker(e) | StompError::SubscriptionClosed { reason: e, .. } => {
             broker_message(e)
         }
+        // The operator's words are what the client is shown.
+        StompError::Kicked(KickReason::Administrative(text)) => {
+            return ErrorFrame {
+                message: Cow::Owned(text.clone()),
+                headers,
+                body: format!("{err}\nThe connection is closed.\n"),
+            };
+        }
         StompError::Kicked(_) => "session closed",
     };
     ErrorFrame {
-        message,
+        message: Cow::Borrowed(message),
         headers,
         body: format!("{err}\nThe connection is closed.\n"),
     }

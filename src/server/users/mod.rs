@@ -16,6 +16,7 @@
 //! scram_sha_256 = "SCRAM-SHA-256$4096:<salt>$<StoredKey>:<ServerKey>"
 //! publish = ["/topic/sensors/#", "/queue/orders"]         # see `permissions`
 //! subscribe = ["#"]
+//! roles = ["monitoring"]           # admin API rights, see `roles`; absent: none
 //! ```
 //!
 //! Absent `publish`/`subscribe` lists mean everything. [`add_user`] writes
@@ -30,6 +31,7 @@
 
 pub mod password;
 pub mod permissions;
+pub mod roles;
 pub mod scram;
 
 #[cfg(test)]
@@ -46,6 +48,7 @@ use serde::Deserialize;
 
 pub use password::HashError;
 pub use permissions::{Pattern, PatternError, Permissions};
+pub use roles::{AdminRole, ADMIN_ROLES};
 use rosetta_config::locate;
 use rosetta_config::Location;
 pub use scram::ScramFormatError;
@@ -159,6 +162,9 @@ struct UserDoc {
     scram_sha_256: Option<String>,
     publish: Option<Vec<String>>,
     subscribe: Option<Vec<String>>,
+    /// Admin roles; files written before roles existed have none.
+    #[serde(default)]
+    roles: Vec<String>,
 }
 
 // ---- the loaded users ----------------------------------------------------
@@ -167,6 +173,20 @@ struct User {
     password_hash: String,
     scram: Option<ScramCredentials>,
     permissions: Permissions,
+    roles: Vec<AdminRole>,
+}
+
+/// What may be shown of a user: never its hash or SCRAM credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserSummary {
+    /// The user name.
+    pub name: String,
+    /// Its admin roles, in order.
+    pub roles: Vec<AdminRole>,
+    /// What it may publish to.
+    pub publish: Vec<String>,
+    /// What it may subscribe to.
+    pub subscribe: Vec<String>,
 }
 
 /// The users of the broker, loaded from the users file.
@@ -303,12 +323,25 @@ impl Users {
                 publish: patterns(u.publish.as_deref(), &format!("{key}.publish"))?,
                 subscribe: patterns(u.subscribe.as_deref(), &format!("{key}.subscribe"))?,
             };
+            let mut roles = Vec::with_capacity(u.roles.len());
+            for (i, role) in u.roles.iter().enumerate() {
+                let role = AdminRole::parse(role).ok_or_else(|| {
+                    (
+                        format!("{key}.roles[{i}]"),
+                        format!("unknown role {role:?}: monitoring, management or administrator"),
+                    )
+                })?;
+                roles.push(role);
+            }
+            roles.sort_unstable();
+            roles.dedup();
             users.insert(
                 name,
                 User {
                     password_hash: u.password_hash,
                     scram,
                     permissions,
+                    roles,
                 },
             );
         }
@@ -347,6 +380,34 @@ impl Users {
         }
     }
 
+    /// The admin roles of `user` (none for an unknown user).
+    pub fn roles(&self, user: &str) -> &[AdminRole] {
+        self.users.get(user).map_or(&[], |u| &u.roles)
+    }
+
+    /// The strongest admin role of `user`, if it has any.
+    pub fn highest_role(&self, user: &str) -> Option<AdminRole> {
+        self.roles(user).iter().max().copied()
+    }
+
+    /// What may be shown of `user` (no hash); `None` if unknown.
+    pub fn summary(&self, user: &str) -> Option<UserSummary> {
+        let strings = |list: &[Pattern]| list.iter().map(|p| p.as_str().to_owned()).collect();
+        self.users.get(user).map(|u| UserSummary {
+            name: user.to_owned(),
+            roles: u.roles.clone(),
+            publish: strings(&u.permissions.publish),
+            subscribe: strings(&u.permissions.subscribe),
+        })
+    }
+
+    /// Every user's name, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.users.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        names
+    }
+
     /// True if the file names `user`.
     pub fn contains(&self, user: &str) -> bool {
         self.users.contains_key(user)
@@ -381,17 +442,30 @@ fn string_array(list: &[&str]) -> toml_edit::Item {
 }
 
 /// Adds `name` to the users file at `path`, or replaces its password and
-/// permissions. `publish`/`subscribe` are permission patterns (see
-/// [`permissions`]); `None` allows everything. Creates the file if needed.
-/// The file is replaced atomically (written to a temporary file, synced,
-/// renamed) with mode 0600. Not safe against two concurrent writers: the
-/// last one wins.
+/// permissions (keeping its roles). `publish`/`subscribe` are permission
+/// patterns (see [`permissions`]); `None` allows everything. Creates the
+/// file if needed. The file is replaced atomically (written to a temporary
+/// file, synced, renamed) with mode 0600. Not safe against two concurrent
+/// writers: the last one wins.
 pub fn add_user(
     path: &Path,
     name: &str,
     password: &[u8],
     publish: Option<&[String]>,
     subscribe: Option<&[String]>,
+) -> Result<(), UsersError> {
+    save_user(path, name, password, publish, subscribe, None)
+}
+
+/// [`add_user`] that also sets the user's admin roles; `roles: None`
+/// keeps those of an existing entry (none for a new one).
+pub fn save_user(
+    path: &Path,
+    name: &str,
+    password: &[u8],
+    publish: Option<&[String]>,
+    subscribe: Option<&[String]>,
+    roles: Option<&[AdminRole]>,
 ) -> Result<(), UsersError> {
     if !valid_name(name) {
         return Err(UsersError::InvalidName(name.to_owned()));
@@ -415,11 +489,51 @@ pub fn add_user(
     let subscribe: Vec<&str> = subscribe.iter().map(String::as_str).collect();
     entry.insert("publish", string_array(&publish));
     entry.insert("subscribe", string_array(&subscribe));
+    let new_roles = roles.map(|roles| {
+        let mut roles = roles.to_vec();
+        roles.sort_unstable();
+        roles.dedup();
+        roles.iter().map(|r| r.as_str()).collect::<Vec<_>>()
+    });
 
     edit_file(path, |users| {
+        let kept = users
+            .get(name)
+            .and_then(|old| old.get("roles"))
+            .filter(|_| new_roles.is_none())
+            .cloned();
+        match (&new_roles, kept) {
+            (Some(roles), _) if !roles.is_empty() => {
+                entry.insert("roles", string_array(roles));
+            }
+            (None, Some(kept)) => {
+                entry.insert("roles", kept);
+            }
+            _ => {}
+        }
         users.insert(name, toml_edit::Item::Table(entry));
     })
     .map(|_| ())
+}
+
+/// Changes the password (hash and SCRAM credentials) of an existing user,
+/// keeping its permissions and roles. Returns false if there is no such
+/// user (the file is then left as it was).
+pub fn set_password(path: &Path, name: &str, password: &[u8]) -> Result<bool, UsersError> {
+    if password.is_empty() || password.len() > PASSWORD_LEN_MAX_BYTES {
+        return Err(UsersError::InvalidPassword);
+    }
+    let hash = password::hash(password)?;
+    let scram = scram::encode(&scram::derive_new(password));
+    let mut found = false;
+    edit_file(path, |users| {
+        if let Some(entry) = users.get_mut(name).and_then(|e| e.as_table_like_mut()) {
+            entry.insert("password_hash", toml_edit::value(hash));
+            entry.insert("scram_sha_256", toml_edit::value(scram));
+            found = true;
+        }
+    })?;
+    Ok(found)
 }
 
 /// Removes `name` from the users file. Returns whether it was there.

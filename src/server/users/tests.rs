@@ -230,6 +230,7 @@ fn the_example_file_parses_and_its_sample_user_works() {
     }
     let sample = Users::parse(&enabled, "sample").expect("sample parses");
     assert!(sample.verify("sensor-42", b"change-me"));
+    assert_eq!(sample.roles("sensor-42"), [AdminRole::Monitoring]);
     let creds = sample.scram("sensor-42").expect("scram");
     assert_eq!(
         scram::derive(b"change-me", &creds.salt, creds.iterations),
@@ -256,4 +257,51 @@ fn load_reports_unreadable_files() {
     // A directory where the file should be: exists, but cannot be read.
     let err = Users::load(dir.path()).expect_err("a directory");
     assert!(matches!(err, UsersError::Read { .. }), "{err}");
+}
+
+#[test]
+fn roles_load_are_checked_and_survive_a_password_change_by_the_cli() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("users.toml");
+    save_user(
+        &path,
+        "ops",
+        b"pw",
+        None,
+        None,
+        Some(&[AdminRole::Management, AdminRole::Monitoring]),
+    )
+    .expect("save");
+    let users = Users::load(&path).expect("load");
+    assert_eq!(
+        users.roles("ops"),
+        [AdminRole::Monitoring, AdminRole::Management]
+    );
+    assert_eq!(users.highest_role("ops"), Some(AdminRole::Management));
+    // `rosetta user add` again (no roles given) keeps them.
+    add_user(&path, "ops", b"pw2", None, None).expect("add again");
+    let users = Users::load(&path).expect("load");
+    assert!(users.verify("ops", b"pw2"));
+    assert_eq!(users.highest_role("ops"), Some(AdminRole::Management));
+    // The API's password change keeps them too, and knows unknown users.
+    assert!(set_password(&path, "ops", b"pw3").expect("set"));
+    assert!(!set_password(&path, "nobody", b"pw").expect("set"));
+    let users = Users::load(&path).expect("load");
+    assert!(users.verify("ops", b"pw3"));
+    assert_eq!(users.highest_role("ops"), Some(AdminRole::Management));
+    let summary = users.summary("ops").expect("summary");
+    assert_eq!(summary.publish, ["#"]);
+
+    let file = std::fs::read_to_string(&path).expect("read");
+    let hash = users_hash_line(&file);
+    let bad = format!("[users.x]\n{hash}\nroles = [\"root\"]\n");
+    let err = Users::parse(&bad, "f").expect_err("unknown role");
+    assert_eq!(err.key(), Some("users.x.roles[0]"), "{err}");
+    assert_eq!(err.line(), Some(3), "{err}");
+}
+
+fn users_hash_line(file: &str) -> &str {
+    file.lines()
+        .find(|l| l.starts_with("password_hash"))
+        .expect("a hash line")
 }

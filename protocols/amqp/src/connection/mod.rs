@@ -213,6 +213,9 @@ impl AmqpConnection {
                 let why = match reason {
                     KickReason::TakenOver => "container id taken over by another connection",
                     KickReason::ServerShutdown => "broker shutting down",
+                    KickReason::Administrative(text) => {
+                        return self.fail(AmqpError::Administrative(text));
+                    }
                 };
                 self.fail(AmqpError::Forced(why.into()));
             }

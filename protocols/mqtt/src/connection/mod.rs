@@ -389,6 +389,7 @@ impl MqttConnection {
             SessionEvent::Kicked { reason } => Err(match reason {
                 KickReason::TakenOver => MqttError::SessionTakenOver,
                 KickReason::ServerShutdown => MqttError::ServerShutdown,
+                KickReason::Administrative(text) => MqttError::AdministrativeAction(text),
             }),
             // Handled above: a session is open only after its login.
             SessionEvent::LoginChecked { .. } => Ok(()),

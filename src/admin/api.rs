@@ -1,0 +1,145 @@
+//! The request dispatcher: route, authenticate and authorise, then the
+//! resource's handler.
+
+use std::path::PathBuf;
+
+use hyper::header::AUTHORIZATION;
+use hyper::StatusCode;
+use rosetta_server::BrokerView;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+
+use crate::auth::Authenticator;
+use crate::error::ApiError;
+use crate::http::RequestParts;
+use crate::router::{self, Action, Matched, Query};
+use crate::{connections, overview, queues, users};
+
+/// A successful answer.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    pub(crate) status: StatusCode,
+    pub(crate) body: Option<Value>,
+}
+
+impl Reply {
+    pub(crate) fn ok(body: Value) -> Self {
+        Self {
+            status: StatusCode::OK,
+            body: Some(body),
+        }
+    }
+
+    pub(crate) fn created(body: Value) -> Self {
+        Self {
+            status: StatusCode::CREATED,
+            body: Some(body),
+        }
+    }
+
+    pub(crate) fn no_content() -> Self {
+        Self {
+            status: StatusCode::NO_CONTENT,
+            body: None,
+        }
+    }
+}
+
+/// Everything a request may need.
+pub(crate) struct Api {
+    pub(crate) broker: BrokerView,
+    pub(crate) auth: Authenticator,
+    pub(crate) users_file: PathBuf,
+    /// One users-file change at a time: each reads, edits and renames the
+    /// whole file.
+    pub(crate) users_write: tokio::sync::Mutex<()>,
+}
+
+/// One request, routed, with what the handlers read from it.
+pub(crate) struct Call<'a> {
+    pub(crate) matched: Matched,
+    pub(crate) parts: &'a RequestParts,
+    pub(crate) query: Query,
+    /// The authenticated user (`None` on the health routes).
+    pub(crate) user: Option<String>,
+}
+
+impl Call<'_> {
+    /// The body as JSON of type `T`; an empty body is `T`'s default when
+    /// `empty` is given.
+    pub(crate) fn json<T: DeserializeOwned>(&self, empty: Option<T>) -> Result<T, ApiError> {
+        if self.parts.body.iter().all(u8::is_ascii_whitespace) {
+            return empty.ok_or_else(|| ApiError::bad_request("a JSON body is required"));
+        }
+        serde_json::from_slice(&self.parts.body)
+            .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))
+    }
+
+    /// A request header as UTF-8 text.
+    pub(crate) fn header(&self, name: &str) -> Result<Option<String>, ApiError> {
+        match self.parts.head.headers.get(name) {
+            None => Ok(None),
+            Some(v) => String::from_utf8(v.as_bytes().to_vec())
+                .map(Some)
+                .map_err(|_| ApiError::bad_request(format!("header {name} is not UTF-8"))),
+        }
+    }
+}
+
+impl Api {
+    pub(crate) async fn handle(&self, parts: RequestParts) -> Result<Reply, ApiError> {
+        let matched = router::find(&parts.head.method, parts.head.uri.path())?;
+        let user = match matched.route.role {
+            None => None,
+            Some(needed) => {
+                let authorization = parts.head.headers.get(AUTHORIZATION).map(|v| v.as_bytes());
+                Some(self.auth.authorise(authorization, needed).await?)
+            }
+        };
+        let query = Query::parse(parts.head.uri.query())?;
+        let call = Call {
+            matched,
+            parts: &parts,
+            query,
+            user,
+        };
+        match call.matched.route.action {
+            Action::Healthz => Ok(Reply::ok(json!({"status": "ok"}))),
+            Action::Readyz => {
+                if self.broker.ready() {
+                    Ok(Reply::ok(json!({"status": "ready"})))
+                } else {
+                    Err(ApiError::unavailable("shutting down"))
+                }
+            }
+            Action::Overview => Ok(Reply::ok(overview::overview(&self.broker))),
+            Action::ListQueues => queues::list(self, &call),
+            Action::GetQueue => queues::get(self, &call),
+            Action::PutQueue => queues::put(self, &call).await,
+            Action::DeleteQueue => queues::delete(self, &call),
+            Action::PurgeQueue => queues::purge(self, &call).await,
+            Action::ListConnections => connections::list(self, &call),
+            Action::CloseConnection => connections::close(self, &call),
+            Action::ListUsers => users::list(self, &call),
+            Action::CreateUser => users::create(self, &call).await,
+            Action::GetUser => users::get(self, &call),
+            Action::DeleteUser => users::delete(self, &call).await,
+            Action::SetPassword => users::set_password(self, &call).await,
+        }
+    }
+}
+
+/// Waits for a core completion (a journal append) handed to a callback.
+pub(crate) async fn durable<T>(
+    start: impl FnOnce(rosetta_store::Completion) -> Result<T, rosetta_neutral::BrokerError>,
+) -> Result<T, ApiError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let value = start(Box::new(move |result| {
+        let _ = tx.send(result);
+    }))?;
+    match rx.await {
+        Ok(Ok(())) => Ok(value),
+        Ok(Err(e)) => Err(ApiError::internal(format!("the journal failed: {e}"))),
+        Err(_) => Err(ApiError::internal("the journal dropped the write")),
+    }
+}

@@ -1,0 +1,163 @@
+//! The listener: HTTP/1.1 over TCP with hyper, one task per connection,
+//! each bounded (connections, header size, header time, body size), and
+//! stopped gracefully with the broker.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+use crate::api::Api;
+use crate::auth::REALM;
+use crate::error::ApiError;
+use crate::router;
+
+/// Admin connections open at once: an operator, a console and a few
+/// scripts need a handful; past this an accepted socket is closed at once.
+pub const ADMIN_CONNECTIONS_MAX: usize = 64;
+/// Largest request body: a user with its permissions is well under 1 KiB.
+pub const REQUEST_BODY_MAX_BYTES: usize = 64 * 1024;
+/// Largest request head (hyper's read buffer).
+pub const REQUEST_HEAD_MAX_BYTES: usize = 16 * 1024;
+/// Time for a request head to arrive: a socket that dribbles it is closed.
+pub const REQUEST_HEAD_TIMEOUT_MS: u64 = 10_000;
+/// Time a connection gets to finish its request at shutdown.
+pub const SHUTDOWN_GRACE_MS: u64 = 2_000;
+
+/// Accepts on `listener` until `stop` turns true.
+pub(crate) async fn serve(listener: TcpListener, api: Arc<Api>, mut stop: watch::Receiver<bool>) {
+    let slots = Arc::new(Semaphore::new(ADMIN_CONNECTIONS_MAX));
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.changed() => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "admin API: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            tracing::warn!(%peer, max = ADMIN_CONNECTIONS_MAX, "admin API: too many connections; closing");
+            continue;
+        };
+        let (api, stop) = (Arc::clone(&api), stop.clone());
+        tokio::spawn(async move {
+            serve_connection(stream, peer, api, stop).await;
+            drop(slot);
+        });
+    }
+}
+
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    api: Arc<Api>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let service = hyper::service::service_fn(move |req| {
+        let api = Arc::clone(&api);
+        async move { Ok::<_, std::convert::Infallible>(respond(&api, req, peer).await) }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(REQUEST_HEAD_TIMEOUT_MS))
+        .max_buf_size(REQUEST_HEAD_MAX_BYTES);
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = stop.changed() => {
+            conn.as_mut().graceful_shutdown();
+            match tokio::time::timeout(Duration::from_millis(SHUTDOWN_GRACE_MS), conn).await {
+                Ok(r) => r,
+                Err(_) => Ok(()),
+            }
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "admin API connection");
+    }
+}
+
+/// One request's answer: every error is a JSON body with its status.
+async fn respond(api: &Api, req: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let answer = match read(req).await {
+        Ok(parts) => api.handle(parts).await,
+        Err(e) => Err(e),
+    };
+    match answer {
+        Ok(reply) => {
+            tracing::debug!(%peer, %method, path, status = reply.status.as_u16(), "admin API");
+            json_response(reply.status, reply.body.as_ref())
+        }
+        Err(e) => {
+            tracing::debug!(%peer, %method, path, status = e.status.as_u16(), reason = %e.reason, "admin API refused");
+            let mut response = json_response(e.status, Some(&e.body()));
+            let headers = response.headers_mut();
+            if e.status == StatusCode::UNAUTHORIZED {
+                if let Ok(v) = HeaderValue::from_str(&format!("Basic realm=\"{REALM}\"")) {
+                    headers.insert(WWW_AUTHENTICATE, v);
+                }
+            }
+            if e.status == StatusCode::METHOD_NOT_ALLOWED {
+                if let Ok(v) = HeaderValue::from_str(&router::allowed_methods(&path)) {
+                    headers.insert(ALLOW, v);
+                }
+            }
+            response
+        }
+    }
+}
+
+/// A request with its whole body, bounded.
+pub(crate) struct RequestParts {
+    pub(crate) head: hyper::http::request::Parts,
+    pub(crate) body: Bytes,
+}
+
+async fn read(req: Request<Incoming>) -> Result<RequestParts, ApiError> {
+    let (head, body) = req.into_parts();
+    let body = Limited::new(body, REQUEST_BODY_MAX_BYTES)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                ApiError::too_large(format!("request body over {REQUEST_BODY_MAX_BYTES} bytes"))
+            } else {
+                ApiError::bad_request(format!("reading the request body: {e}"))
+            }
+        })?
+        .to_bytes();
+    Ok(RequestParts { head, body })
+}
+
+fn json_response(status: StatusCode, body: Option<&serde_json::Value>) -> Response<Full<Bytes>> {
+    let bytes = body.map_or_else(Bytes::new, |b| {
+        let mut text = b.to_string();
+        text.push('\n');
+        Bytes::from(text)
+    });
+    let mut response = Response::new(Full::new(bytes));
+    *response.status_mut() = status;
+    if body.is_some() {
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    }
+    response
+}

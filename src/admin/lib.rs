@@ -1,0 +1,105 @@
+//! The admin HTTP API (issue 18): what an operator looks at and acts with,
+//! as JSON over HTTP/1.1 on its own listener (`[admin] listen`, loopback
+//! by default). The console and the CLI are to use it and nothing else.
+//!
+//! ## Shape
+//! - `GET /healthz` (live) and `GET /readyz` (recovered and listening; 503
+//!   once the shutdown begins) need no credentials, for orchestrators.
+//! - Every `/api/v1/` request needs HTTP basic credentials of a user in the
+//!   users file ([`auth`]) holding the route's role ([`router::ROUTES`]):
+//!   `monitoring` reads, `management` also acts on queues and connections,
+//!   `administrator` also manages users.
+//! - Errors are `{"error": ..., "reason": ...}` with 400, 401 (with
+//!   `WWW-Authenticate: Basic realm="rosetta"`), 403, 404, 405 (with
+//!   `Allow`), 409, 413 or 500 ([`error`]).
+//! - Listings are `{"items", "page", "page_size", "total"}`, `?page=`
+//!   (from 1), `&page_size=` (at most [`listing::PAGE_SIZE_MAX`]),
+//!   `&name=` (substring) ([`listing`]).
+//!
+//! ## Layout
+//! `http` (listener, limits) → `api` (route, authenticate, dispatch) →
+//! `overview`, `queues`, `connections`, `users` (one resource each).
+//!
+//! It depends on the server (the server does not know it): the binary
+//! starts the broker, then this over the broker's [`BrokerView`].
+
+mod api;
+pub mod auth;
+mod connections;
+pub mod error;
+mod http;
+pub mod listing;
+mod overview;
+mod queues;
+pub mod router;
+mod users;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use rosetta_server::access::UsersAccess;
+use rosetta_server::BrokerView;
+use tokio::sync::watch;
+
+pub use connections::{REASON_DEFAULT, REASON_HEADER, REASON_MAX_BYTES};
+pub use http::{
+    ADMIN_CONNECTIONS_MAX, REQUEST_BODY_MAX_BYTES, REQUEST_HEAD_MAX_BYTES, REQUEST_HEAD_TIMEOUT_MS,
+    SHUTDOWN_GRACE_MS,
+};
+
+/// A running admin API.
+pub struct AdminServer {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AdminServer {
+    /// The address it listens on (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting and lets open requests finish (bounded).
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+/// Binds `[admin] listen` of the broker's configuration and serves the
+/// API; `Ok(None)` when the API is off. `users` is the access control the
+/// broker runs with: the API checks its credentials against it and puts
+/// the users file back in force through it after each change.
+pub async fn start(
+    broker: BrokerView,
+    users: Arc<UsersAccess>,
+) -> anyhow::Result<Option<AdminServer>> {
+    let Some(addr) = broker.config().admin.listen_addr() else {
+        tracing::info!("admin API off ([admin] listen = \"\" or enabled = false)");
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(addr.to_string())
+        .await
+        .with_context(|| format!("admin API ([admin] listen) on {addr}"))?;
+    let bound = listener.local_addr()?;
+    let users_file = broker.config().users_file();
+    let api = Arc::new(api::Api {
+        broker,
+        auth: auth::Authenticator::new(users),
+        users_file,
+        users_write: tokio::sync::Mutex::new(()),
+    });
+    let (stop, stop_rx) = watch::channel(false);
+    let task = tokio::spawn(http::serve(listener, api, stop_rx));
+    tracing::info!(addr = %bound, "admin API listening");
+    if !bound.ip().is_loopback() {
+        tracing::warn!(addr = %bound, "the admin API is reachable from the network: it is HTTP without TLS, so basic credentials cross the network in the clear");
+    }
+    Ok(Some(AdminServer {
+        addr: bound,
+        stop,
+        task,
+    }))
+}

@@ -1,0 +1,166 @@
+//! `/api/v1/users`: list, create, get, delete, change password. The users
+//! file stays the one source: every change is written to it atomically
+//! (temporary file, sync, rename: `rosetta_server::users`), then read
+//! back and put in force, so the next login sees it. A hash is never
+//! returned.
+
+use rosetta_server::users::{self, AdminRole, UserSummary, Users, UsersError};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::api::{Api, Call, Reply};
+use crate::error::ApiError;
+use crate::listing::PageRequest;
+
+fn item(u: &UserSummary) -> Value {
+    json!({
+        "name": u.name,
+        "roles": u.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>(),
+        "publish": u.publish,
+        "subscribe": u.subscribe,
+    })
+}
+
+pub(crate) fn list(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError> {
+    let page = PageRequest::from_query(&call.query)?;
+    let all = api.auth.users().users();
+    let summaries: Vec<UserSummary> = all.names().iter().filter_map(|n| all.summary(n)).collect();
+    Ok(Reply::ok(page.answer_all(summaries, |u| &u.name, item)))
+}
+
+pub(crate) fn get(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError> {
+    let name = call.matched.param();
+    api.auth
+        .users()
+        .users()
+        .summary(name)
+        .map(|u| Reply::ok(item(&u)))
+        .ok_or_else(|| ApiError::not_found(format!("no user '{name}'")))
+}
+
+/// The body of `POST /api/v1/users`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewUser {
+    name: String,
+    password: String,
+    #[serde(default)]
+    roles: Vec<String>,
+    /// Absent: everything.
+    publish: Option<Vec<String>>,
+    /// Absent: everything.
+    subscribe: Option<Vec<String>>,
+}
+
+pub(crate) async fn create(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError> {
+    let new: NewUser = call.json(None)?;
+    let roles = new
+        .roles
+        .iter()
+        .map(|r| {
+            AdminRole::parse(r).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "unknown role {r:?}: monitoring, management or administrator"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let _writing = api.users_write.lock().await;
+    if api.auth.users().users().contains(&new.name) {
+        return Err(ApiError::conflict(format!("user '{}' exists", new.name)));
+    }
+    let path = api.users_file.clone();
+    let name = new.name.clone();
+    write(api, move || {
+        users::save_user(
+            &path,
+            &new.name,
+            new.password.as_bytes(),
+            new.publish.as_deref(),
+            new.subscribe.as_deref(),
+            Some(&roles),
+        )
+    })
+    .await?;
+    tracing::info!(user = %name, by = ?call.user, "admin API: user created");
+    let summary = api.auth.users().users().summary(&name);
+    Ok(Reply::created(
+        summary.map_or(json!({"name": name}), |u| item(&u)),
+    ))
+}
+
+pub(crate) async fn delete(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError> {
+    let name = call.matched.param().to_owned();
+    let _writing = api.users_write.lock().await;
+    let path = api.users_file.clone();
+    let target = name.clone();
+    let removed = write(api, move || users::remove_user(&path, &target)).await?;
+    if !removed {
+        return Err(ApiError::not_found(format!("no user '{name}'")));
+    }
+    tracing::info!(user = %name, by = ?call.user, "admin API: user deleted");
+    Ok(Reply::no_content())
+}
+
+/// The body of `PUT /api/v1/users/{name}/password`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewPassword {
+    password: String,
+}
+
+pub(crate) async fn set_password(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError> {
+    let name = call.matched.param().to_owned();
+    let new: NewPassword = call.json(None)?;
+    let _writing = api.users_write.lock().await;
+    let path = api.users_file.clone();
+    let target = name.clone();
+    let found = write(api, move || {
+        users::set_password(&path, &target, new.password.as_bytes())
+    })
+    .await?;
+    if !found {
+        return Err(ApiError::not_found(format!("no user '{name}'")));
+    }
+    tracing::info!(user = %name, by = ?call.user, "admin API: password changed");
+    Ok(Reply::no_content())
+}
+
+/// Runs a users-file change off the async workers (it hashes passwords
+/// and syncs files), then loads the file and puts it in force.
+async fn write<T: Send + 'static>(
+    api: &Api,
+    change: impl FnOnce() -> Result<T, UsersError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let path = api.users_file.clone();
+    let (result, reloaded) = tokio::task::spawn_blocking(move || {
+        let result = change();
+        let reloaded = result.as_ref().ok().map(|_| Users::load(&path));
+        (result, reloaded)
+    })
+    .await
+    .map_err(|_| ApiError::internal("the users file change failed"))?;
+    let value = result.map_err(users_error)?;
+    match reloaded {
+        Some(Ok(users)) => {
+            api.auth.users().replace_users(users);
+            api.auth.forget_all();
+        }
+        Some(Err(e)) => {
+            return Err(ApiError::internal(format!(
+                "written, but reading it back failed: {e}"
+            )))
+        }
+        None => {}
+    }
+    Ok(value)
+}
+
+fn users_error(e: UsersError) -> ApiError {
+    match e {
+        UsersError::InvalidName(_)
+        | UsersError::InvalidPassword
+        | UsersError::InvalidPattern(_) => ApiError::bad_request(e.to_string()),
+        other => ApiError::internal(other.to_string()),
+    }
+}

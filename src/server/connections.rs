@@ -1,0 +1,170 @@
+//! The registry of live protocol connections, for the admin API: who is
+//! connected over what (listing), and a way to close one with a reason
+//! the client is shown (`DELETE /api/v1/connections/{id}`).
+//!
+//! A connection is entered once its protocol is known (`run_wire`) and
+//! leaves when its task ends: one short lock at each end, none per
+//! message. What only the session knows (user, client id) is asked of the
+//! core when a listing is made ([`rosetta_core::Core::session_identities`]),
+//! so the hot path pays nothing for it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rosetta_neutral::{EventSink, KickReason, SessionEvent};
+
+/// What the registry knows of one connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionInfo {
+    /// The connection id (as in the logs' `conn` field).
+    pub id: u64,
+    /// `mqtt`, `stomp` or `amqp`.
+    pub protocol: &'static str,
+    /// `tcp`, `tls`, `ws` or `wss`.
+    pub transport: &'static str,
+    /// The peer's socket address.
+    pub peer: SocketAddr,
+    /// Whether the connection runs over TLS.
+    pub tls: bool,
+    /// When the connection was accepted, in ms since the Unix epoch.
+    pub connected_at_ms: u64,
+}
+
+struct Entry {
+    info: ConnectionInfo,
+    /// The connection's event sink: a kick travels the way the core's
+    /// take-over and shutdown kicks do, so each adapter says goodbye in its
+    /// own protocol.
+    sink: Arc<dyn EventSink>,
+}
+
+/// Live connections by id.
+#[derive(Default)]
+pub struct Registry {
+    entries: Mutex<HashMap<u64, Entry>>,
+}
+
+impl Registry {
+    /// Enters a connection; it leaves when the guard is dropped.
+    pub(crate) fn enter(
+        self: &Arc<Self>,
+        info: ConnectionInfo,
+        sink: Arc<dyn EventSink>,
+    ) -> RegistryGuard {
+        let id = info.id;
+        self.entries.lock().insert(id, Entry { info, sink });
+        RegistryGuard {
+            registry: Arc::clone(self),
+            id,
+        }
+    }
+
+    /// Every live connection, by ascending id.
+    pub fn list(&self) -> Vec<ConnectionInfo> {
+        let mut all: Vec<ConnectionInfo> = self
+            .entries
+            .lock()
+            .values()
+            .map(|e| e.info.clone())
+            .collect();
+        all.sort_unstable_by_key(|c| c.id);
+        all
+    }
+
+    /// Each live connection's protocol and transport (for counts, without
+    /// copying the entries).
+    pub fn kinds(&self) -> Vec<(&'static str, &'static str)> {
+        self.entries
+            .lock()
+            .values()
+            .map(|e| (e.info.protocol, e.info.transport))
+            .collect()
+    }
+
+    /// Number of live connections.
+    pub fn len(&self) -> usize {
+        self.entries.lock().len()
+    }
+
+    /// True when no connection is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Asks connection `id` to close with `reason` (shown to the client
+    /// where its protocol allows). False if there is no such connection.
+    /// A connection still logging in has no session to kick: its adapter
+    /// ignores the event and the connect timeout closes it.
+    pub fn close(&self, id: u64, reason: String) -> bool {
+        let sink = self.entries.lock().get(&id).map(|e| Arc::clone(&e.sink));
+        match sink {
+            Some(sink) => {
+                sink.send(SessionEvent::Kicked {
+                    reason: KickReason::Administrative(reason),
+                });
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Removes its connection from the registry when dropped.
+pub(crate) struct RegistryGuard {
+    registry: Arc<Registry>,
+    id: u64,
+}
+
+impl Drop for RegistryGuard {
+    fn drop(&mut self) {
+        self.registry.entries.lock().remove(&self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<SessionEvent>>);
+    impl EventSink for Recorder {
+        fn send(&self, event: SessionEvent) {
+            self.0.lock().push(event);
+        }
+    }
+
+    fn info(id: u64) -> ConnectionInfo {
+        ConnectionInfo {
+            id,
+            protocol: "mqtt",
+            transport: "tcp",
+            peer: SocketAddr::from(([127, 0, 0, 1], 4000)),
+            tls: false,
+            connected_at_ms: 1,
+        }
+    }
+
+    #[test]
+    fn entries_leave_with_their_guard_and_a_close_reaches_the_sink() {
+        let registry = Arc::new(Registry::default());
+        let sink = Arc::new(Recorder::default());
+        let first = registry.enter(info(7), sink.clone());
+        let second = registry.enter(info(3), Arc::new(Recorder::default()));
+        assert_eq!(
+            registry.list().iter().map(|c| c.id).collect::<Vec<_>>(),
+            [3, 7]
+        );
+        assert!(registry.close(7, "maintenance".into()));
+        assert!(!registry.close(99, "nobody".into()));
+        assert!(matches!(
+            sink.0.lock().as_slice(),
+            [SessionEvent::Kicked { reason: KickReason::Administrative(t) }] if t == "maintenance"
+        ));
+        drop(first);
+        assert_eq!(registry.len(), 1);
+        drop(second);
+        assert!(registry.is_empty());
+    }
+}

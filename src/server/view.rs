@@ -1,0 +1,59 @@
+//! What the admin API (`rosetta-admin`) sees of a running broker: the
+//! core, the configuration, the broker-wide figures, the live connections
+//! and whether it is ready. A handle, cheap to clone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rosetta_config::Config;
+use rosetta_core::Core;
+use tokio::sync::watch;
+
+use super::connections::Registry;
+use super::{BrokerFigures, Shared};
+
+/// A running broker, as the admin API sees it.
+#[derive(Clone)]
+pub struct BrokerView {
+    shared: Arc<Shared>,
+    /// Turns true when the shutdown begins (no more accepting).
+    stopping: watch::Receiver<bool>,
+}
+
+impl BrokerView {
+    pub(crate) fn new(shared: Arc<Shared>, stopping: watch::Receiver<bool>) -> Self {
+        Self { shared, stopping }
+    }
+
+    /// The core: queues, sessions.
+    pub fn core(&self) -> &Core {
+        &self.shared.core
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    /// The live protocol connections.
+    pub fn connections(&self) -> &Registry {
+        &self.shared.connections
+    }
+
+    /// Connection counts, memory budget and the journal's counters, now.
+    pub fn figures(&self) -> BrokerFigures {
+        self.shared.figures()
+    }
+
+    /// Time since the broker started.
+    pub fn uptime(&self) -> Duration {
+        self.shared.started.elapsed()
+    }
+
+    /// Recovered and listening, and not shutting down: a view exists only
+    /// once [`crate::start`] has recovered the journal and bound every
+    /// listener, so this is false only once the shutdown has begun.
+    pub fn ready(&self) -> bool {
+        !*self.stopping.borrow()
+    }
+}

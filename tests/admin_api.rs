@@ -1,0 +1,809 @@
+//! The admin HTTP API over real HTTP (hyper's client) against a real
+//! broker on free loopback ports, with real protocol clients where a
+//! route acts on them: every route, and the refusals (no credentials,
+//! wrong password, missing role, malformed body, unknown resource,
+//! duplicate, wrong method).
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64ct_free::basic;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::HeaderMap;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+
+use common::mqtt::{connected5, next5, opts5, v5};
+use common::stomp::StompClient;
+use common::TestBroker;
+use rosetta::admin::AdminServer;
+use rosetta::config::ListenAddr;
+use rosetta::users::AdminRole;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Basic credentials without a base64 crate: the test's own encoder.
+mod base64ct_free {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+    pub(crate) fn basic(user: &str, password: &str) -> String {
+        let input = format!("{user}:{password}");
+        let mut out = String::new();
+        for chunk in input.as_bytes().chunks(3) {
+            let b = [
+                chunk[0],
+                chunk.get(1).copied().unwrap_or(0),
+                chunk.get(2).copied().unwrap_or(0),
+            ];
+            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+            for i in 0..4 {
+                if i <= chunk.len() {
+                    out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+                } else {
+                    out.push('=');
+                }
+            }
+        }
+        format!("Basic {out}")
+    }
+}
+
+/// A broker with a users file (`admin` administrator, `manager`
+/// management, `watcher` monitoring, `plain` no role) and its admin API.
+struct Admin {
+    broker: TestBroker,
+    api: Option<AdminServer>,
+    users_file: PathBuf,
+    _users_dir: tempfile::TempDir,
+}
+
+const ADMIN: (&str, &str) = ("admin", "admin-pw");
+const MANAGER: (&str, &str) = ("manager", "manager-pw");
+const WATCHER: (&str, &str) = ("watcher", "watcher-pw");
+const PLAIN: (&str, &str) = ("plain", "plain-pw");
+
+impl Admin {
+    async fn start() -> Admin {
+        let users_dir = tempfile::tempdir().expect("tempdir");
+        let users_file = users_dir.path().join("users.toml");
+        for ((user, password), roles) in [
+            (ADMIN, &[AdminRole::Administrator][..]),
+            (MANAGER, &[AdminRole::Management]),
+            (WATCHER, &[AdminRole::Monitoring]),
+            (PLAIN, &[]),
+        ] {
+            rosetta::users::save_user(
+                &users_file,
+                user,
+                password.as_bytes(),
+                None,
+                None,
+                Some(roles),
+            )
+            .expect("save user");
+        }
+        let users = rosetta::users::Users::load(&users_file).expect("load users");
+        let access = Arc::new(rosetta::access::UsersAccess::new(users, true).expect("access"));
+        let file = users_file.clone();
+        let broker = TestBroker::start_with(
+            move |c| {
+                c.security.users_file = Some(file);
+                c.admin.listen = Some(ListenAddr::new("127.0.0.1", 0));
+            },
+            access.clone(),
+        )
+        .await;
+        let view = broker.broker.as_ref().expect("running").view();
+        let api = rosetta::admin::start(view, access)
+            .await
+            .expect("admin API starts")
+            .expect("admin API on");
+        Admin {
+            broker,
+            api: Some(api),
+            users_file,
+            _users_dir: users_dir,
+        }
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        who: Option<(&str, &str)>,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> (StatusCode, HeaderMap, Value) {
+        let addr = self.api.as_ref().expect("api").local_addr();
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
+        tokio::spawn(conn);
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", addr.to_string());
+        if let Some((user, password)) = who {
+            req = req.header("authorization", basic(user, password));
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body.unwrap_or_default().to_owned())))
+            .expect("request");
+        let response = tokio::time::timeout(WAIT, sender.send_request(req))
+            .await
+            .expect("answer in time")
+            .expect("response");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|e| panic!("JSON body ({e}): {}", String::from_utf8_lossy(&bytes)))
+        };
+        (status, headers, value)
+    }
+
+    async fn get(&self, path: &str, who: (&str, &str)) -> (StatusCode, Value) {
+        let (status, _, body) = self.call(Method::GET, path, Some(who), &[], None).await;
+        (status, body)
+    }
+
+    async fn stop(mut self) {
+        if let Some(api) = self.api.take() {
+            api.shutdown().await;
+        }
+        self.broker.stop().await;
+    }
+}
+
+/// An error answer has the JSON shape and the status.
+fn assert_error(status: StatusCode, body: &Value, want: StatusCode) {
+    assert_eq!(status, want, "{body}");
+    assert!(body["error"].is_string(), "{body}");
+    assert!(body["reason"].is_string(), "{body}");
+}
+
+#[tokio::test]
+async fn health_needs_no_credentials_and_the_api_refuses_properly() {
+    let admin = Admin::start().await;
+    let (status, _, body) = admin.call(Method::GET, "/healthz", None, &[], None).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::OK, Some("ok"))
+    );
+    let (status, _, body) = admin.call(Method::GET, "/readyz", None, &[], None).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::OK, Some("ready"))
+    );
+
+    // No credentials, wrong password, unknown user: 401 with a challenge.
+    for who in [None, Some(("admin", "wrong")), Some(("nobody", "x"))] {
+        let (status, headers, body) = admin
+            .call(Method::GET, "/api/v1/overview", who, &[], None)
+            .await;
+        assert_error(status, &body, StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            headers
+                .get("www-authenticate")
+                .and_then(|v| v.to_str().ok()),
+            Some("Basic realm=\"rosetta\""),
+            "{who:?}"
+        );
+    }
+    // A user without a role, and roles too weak for the route: 403.
+    let (status, body) = admin.get("/api/v1/overview", PLAIN).await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    let (status, _, body) = admin
+        .call(
+            Method::POST,
+            "/api/v1/queues/q/purge",
+            Some(WATCHER),
+            &[],
+            None,
+        )
+        .await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    let (status, body) = admin.get("/api/v1/users", MANAGER).await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+
+    // Unknown paths 404, wrong methods 405 with Allow.
+    let (status, body) = admin.get("/api/v1/nothing", ADMIN).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    let (status, headers, body) = admin
+        .call(Method::POST, "/api/v1/overview", Some(ADMIN), &[], None)
+        .await;
+    assert_error(status, &body, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(
+        headers.get("allow").and_then(|v| v.to_str().ok()),
+        Some("GET")
+    );
+    // Bad listing parameters: 400.
+    for query in ["page=0", "page_size=0", "page_size=100000", "page=x"] {
+        let (status, body) = admin.get(&format!("/api/v1/queues?{query}"), WATCHER).await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST);
+    }
+
+    let (status, body) = admin.get("/api/v1/overview", WATCHER).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["version"], env!("CARGO_PKG_VERSION"));
+    assert!(body["uptime_s"].is_u64(), "{body}");
+    assert!(body["node"].is_string(), "{body}");
+    assert!(
+        body["memory"]["budget_bytes"]
+            .as_u64()
+            .is_some_and(|b| b > 0),
+        "{body}"
+    );
+    assert!(body["journal"]["bytes"].is_u64(), "{body}");
+    admin.stop().await;
+}
+
+#[tokio::test]
+async fn queues_are_listed_created_purged_and_deleted() {
+    let admin = Admin::start().await;
+    // Create: 201, again the same: 200, with other settings: 409.
+    let (status, _, body) = admin
+        .call(
+            Method::PUT,
+            "/api/v1/queues/orders",
+            Some(MANAGER),
+            &[],
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, &body["durable"]),
+        (StatusCode::CREATED, &json!(true)),
+        "{body}"
+    );
+    let (status, _, _) = admin
+        .call(
+            Method::PUT,
+            "/api/v1/queues/orders",
+            Some(MANAGER),
+            &[],
+            Some("{\"durable\": true}"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, body) = admin
+        .call(
+            Method::PUT,
+            "/api/v1/queues/orders",
+            Some(MANAGER),
+            &[],
+            Some("{\"durable\": false}"),
+        )
+        .await;
+    assert_error(status, &body, StatusCode::CONFLICT);
+    for bad in ["{\"durable\": ", "{\"durable\": 3}", "{\"colour\": 1}"] {
+        let (status, _, body) = admin
+            .call(
+                Method::PUT,
+                "/api/v1/queues/orders",
+                Some(MANAGER),
+                &[],
+                Some(bad),
+            )
+            .await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST);
+    }
+    let (status, body) = admin.get("/api/v1/queues/nosuch", WATCHER).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+
+    // Three messages from a real client; another queue for the filter.
+    let mut producer = StompClient::connect(admin.broker.stomp(), &[]).await;
+    for i in 0..3 {
+        producer
+            .send_persistent("/queue/orders", &[], format!("m{i}").as_bytes())
+            .await;
+    }
+    producer
+        .send_persistent("/queue/invoices", &[], b"i0")
+        .await;
+    let (status, body) = admin.get("/api/v1/queues/orders", WATCHER).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (&body["name"], &body["depth"], &body["durable"]),
+        (&json!("orders"), &json!(3), &json!(true)),
+        "{body}"
+    );
+    assert!(body["oldest_message_age_ms"].is_u64(), "{body}");
+
+    let (status, body) = admin.get("/api/v1/queues?name=order", WATCHER).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (&body["total"], &body["page"]),
+        (&json!(1), &json!(1)),
+        "{body}"
+    );
+    assert_eq!(body["items"][0]["name"], "orders", "{body}");
+    let (_, body) = admin
+        .get("/api/v1/queues?page_size=1&page=2", WATCHER)
+        .await;
+    assert_eq!(
+        (&body["total"], &body["page_size"]),
+        (&json!(2), &json!(1)),
+        "{body}"
+    );
+    assert_eq!(
+        body["items"][0]["name"], "orders",
+        "name order: invoices, orders; {body}"
+    );
+
+    // One message in flight with a consumer that does not ack: a purge
+    // removes the two ready ones and leaves it.
+    let mut consumer = StompClient::connect(admin.broker.stomp(), &[]).await;
+    consumer
+        .subscribe(
+            "s",
+            "/queue/orders",
+            "client-individual",
+            &[("activemq.prefetchSize", "1")],
+        )
+        .await;
+    let held = consumer.message().await;
+    assert_eq!(held.text(), "m0");
+    let (status, _, body) = admin
+        .call(
+            Method::POST,
+            "/api/v1/queues/orders/purge",
+            Some(MANAGER),
+            &[],
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, &body["removed"]),
+        (StatusCode::OK, &json!(2)),
+        "{body}"
+    );
+    let (_, body) = admin.get("/api/v1/queues/orders", WATCHER).await;
+    assert_eq!(
+        (&body["depth"], &body["in_flight"]),
+        (&json!(0), &json!(1)),
+        "{body}"
+    );
+    // The consumer acks what it holds, and gets nothing more: the queue is empty.
+    consumer.ack(&held).await;
+    consumer.expect_nothing().await;
+    consumer.disconnect().await;
+    let mut late = StompClient::connect(admin.broker.stomp(), &[]).await;
+    late.subscribe("s", "/queue/orders", "auto", &[]).await;
+    late.expect_nothing().await;
+    late.disconnect().await;
+
+    let (status, _, body) = admin
+        .call(
+            Method::POST,
+            "/api/v1/queues/nosuch/purge",
+            Some(MANAGER),
+            &[],
+            None,
+        )
+        .await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    let (status, _, _) = admin
+        .call(
+            Method::DELETE,
+            "/api/v1/queues/invoices",
+            Some(MANAGER),
+            &[],
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, body) = admin.get("/api/v1/queues/invoices", WATCHER).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    let (status, _, body) = admin
+        .call(
+            Method::DELETE,
+            "/api/v1/queues/invoices",
+            Some(MANAGER),
+            &[],
+            None,
+        )
+        .await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    producer.disconnect().await;
+    admin.stop().await;
+}
+
+/// A queue name with a `/` travels percent-encoded.
+#[tokio::test]
+async fn queue_names_with_slashes_are_percent_encoded() {
+    let admin = Admin::start().await;
+    let (status, _, body) = admin
+        .call(
+            Method::PUT,
+            "/api/v1/queues/app%2Faudit",
+            Some(ADMIN),
+            &[],
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = admin.get("/api/v1/queues/app%2Faudit", WATCHER).await;
+    assert_eq!(
+        (status, &body["name"]),
+        (StatusCode::OK, &json!("app/audit")),
+        "{body}"
+    );
+    admin.stop().await;
+}
+
+async fn connection_id(admin: &Admin, client_id: &str) -> u64 {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (status, body) = admin
+            .get(&format!("/api/v1/connections?name={client_id}"), WATCHER)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let found = body["items"]
+            .as_array()
+            .and_then(|items| items.iter().find(|c| c["client_id"] == client_id))
+            .and_then(|c| c["id"].as_u64());
+        if let Some(id) = found {
+            return id;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{client_id} never listed: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn closing_a_connection_tells_each_client_the_reason() {
+    let admin = Admin::start().await;
+    let reason = "maintenance at 02:00";
+
+    // MQTT 5 (rumqttc): DISCONNECT 0x98 with the reason string.
+    let (_client, mut ev, _) = connected5(opts5(&admin.broker, "kick-mqtt")).await;
+    let id = connection_id(&admin, "kick-mqtt").await;
+    let (_, body) = admin.get("/api/v1/connections", WATCHER).await;
+    let row = body["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|c| c["id"] == id).cloned())
+        .expect("listed");
+    assert_eq!(
+        (&row["protocol"], &row["transport"], &row["tls"]),
+        (&json!("mqtt"), &json!("tcp"), &json!(false)),
+        "{row}"
+    );
+    assert!(
+        row["peer"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("127.0.0.1:")),
+        "{row}"
+    );
+    let (status, _, _) = admin
+        .call(
+            Method::DELETE,
+            &format!("/api/v1/connections/{id}"),
+            Some(MANAGER),
+            &[("x-reason", reason)],
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let err = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Err(e) = next5(&mut ev).await {
+                break e;
+            }
+        }
+    })
+    .await
+    .expect("disconnected in time");
+    match err {
+        v5::ConnectionError::MqttState(v5::StateError::ServerDisconnect {
+            reason_code,
+            reason_string,
+        }) => {
+            assert_eq!(reason_code, v5::DisconnectReasonCode::AdministrativeAction);
+            assert_eq!(reason_string.as_deref(), Some(reason));
+        }
+        other => panic!("expected DISCONNECT 0x98, got {other:?}"),
+    }
+
+    // STOMP: an ERROR frame whose message is the reason, then the close.
+    let mut stomp =
+        StompClient::connect(admin.broker.stomp(), &[("client-id", "kick-stomp")]).await;
+    let id = connection_id(&admin, "kick-stomp").await;
+    let (status, _, _) = admin
+        .call(
+            Method::DELETE,
+            &format!("/api/v1/connections/{id}"),
+            Some(MANAGER),
+            &[("x-reason", reason)],
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let error = stomp.expect_error_then_close().await;
+    // STOMP 1.2 escapes the colon in a header value (`\c`).
+    let message = error.header("message").map(common::stomp::unescape);
+    assert_eq!(message.as_deref(), Some(reason), "{error:?}");
+
+    // AMQP (fe2o3-amqp): close with amqp:connection:forced, the reason
+    // as its description.
+    let mut amqp = common::amqp::connect(&admin.broker, "kick-amqp").await;
+    let id = connection_id(&admin, "kick-amqp").await;
+    let (status, _, _) = admin
+        .call(
+            Method::DELETE,
+            &format!("/api/v1/connections/{id}"),
+            Some(MANAGER),
+            &[("x-reason", reason)],
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let closed = tokio::time::timeout(WAIT, amqp.on_close())
+        .await
+        .expect("closed in time");
+    match closed {
+        Err(fe2o3_amqp::connection::Error::RemoteClosedWithError(e)) => {
+            assert_eq!(
+                e.condition,
+                fe2o3_amqp::types::definitions::ErrorCondition::ConnectionError(
+                    fe2o3_amqp::types::definitions::ConnectionError::ConnectionForced
+                )
+            );
+            assert_eq!(e.description.as_deref(), Some(reason));
+        }
+        other => panic!("expected a close with an error, got {other:?}"),
+    }
+
+    // Refusals: unknown id 404, a reason with a control character 400, a
+    // monitoring user 403.
+    for (path, who, headers, want) in [
+        (
+            "/api/v1/connections/999999",
+            MANAGER,
+            vec![],
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "/api/v1/connections/abc",
+            MANAGER,
+            vec![],
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "/api/v1/connections/1",
+            WATCHER,
+            vec![],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "/api/v1/connections/1",
+            MANAGER,
+            vec![("x-reason", "a\tb")],
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let (status, _, body) = admin
+            .call(Method::DELETE, path, Some(who), &headers, None)
+            .await;
+        assert_error(status, &body, want);
+    }
+    admin.stop().await;
+}
+
+#[tokio::test]
+async fn users_are_managed_through_the_file_and_take_effect_at_the_next_login() {
+    let admin = Admin::start().await;
+    let (status, body) = admin.get("/api/v1/users", ADMIN).await;
+    assert_eq!(
+        (status, &body["total"]),
+        (StatusCode::OK, &json!(4)),
+        "{body}"
+    );
+    let text = body.to_string();
+    assert!(
+        !text.contains("argon2") && !text.contains("SCRAM"),
+        "no hash: {text}"
+    );
+
+    let new = r#"{"name": "ops", "password": "ops-pw", "roles": ["monitoring"]}"#;
+    let (status, _, body) = admin
+        .call(Method::POST, "/api/v1/users", Some(ADMIN), &[], Some(new))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["roles"], json!(["monitoring"]), "{body}");
+    assert!(body.get("password_hash").is_none(), "{body}");
+    let (status, _, body) = admin
+        .call(Method::POST, "/api/v1/users", Some(ADMIN), &[], Some(new))
+        .await;
+    assert_error(status, &body, StatusCode::CONFLICT);
+    for bad in [
+        "{\"name\": \"x\"",
+        "{\"name\": \"x\"}",
+        r#"{"name": "x", "password": "p", "roles": ["root"]}"#,
+        r#"{"name": "x", "password": "", "roles": []}"#,
+        r#"{"name": "x", "password": "p", "publish": ["no-slash"]}"#,
+    ] {
+        let (status, _, body) = admin
+            .call(Method::POST, "/api/v1/users", Some(ADMIN), &[], Some(bad))
+            .await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST);
+    }
+    let (status, _, body) = admin
+        .call(Method::POST, "/api/v1/users", Some(MANAGER), &[], Some(new))
+        .await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+
+    // In force at once: the new user reads the API and logs in over STOMP.
+    let (status, _) = admin.get("/api/v1/overview", ("ops", "ops-pw")).await;
+    assert_eq!(status, StatusCode::OK);
+    let stomp = StompClient::connect(
+        admin.broker.stomp(),
+        &[("login", "ops"), ("passcode", "ops-pw")],
+    )
+    .await;
+    stomp.disconnect().await;
+    let file = std::fs::read_to_string(&admin.users_file).expect("users file");
+    assert!(
+        file.contains("[users.ops]") && file.contains("roles = [\"monitoring\"]"),
+        "{file}"
+    );
+
+    let (status, body) = admin.get("/api/v1/users/ops", ADMIN).await;
+    assert_eq!(
+        (status, &body["name"]),
+        (StatusCode::OK, &json!("ops")),
+        "{body}"
+    );
+    let (status, _, _) = admin
+        .call(
+            Method::PUT,
+            "/api/v1/users/ops/password",
+            Some(ADMIN),
+            &[],
+            Some(r#"{"password": "new-pw"}"#),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    // The old password (remembered a moment ago) no longer works.
+    let (status, body) = admin.get("/api/v1/overview", ("ops", "ops-pw")).await;
+    assert_error(status, &body, StatusCode::UNAUTHORIZED);
+    let (status, _) = admin.get("/api/v1/overview", ("ops", "new-pw")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, body) = admin
+        .call(
+            Method::PUT,
+            "/api/v1/users/nobody/password",
+            Some(ADMIN),
+            &[],
+            Some(r#"{"password": "p"}"#),
+        )
+        .await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+
+    let (status, _, _) = admin
+        .call(Method::DELETE, "/api/v1/users/ops", Some(ADMIN), &[], None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, body) = admin.get("/api/v1/users/ops", ADMIN).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    let (status, body) = admin.get("/api/v1/overview", ("ops", "new-pw")).await;
+    assert_error(status, &body, StatusCode::UNAUTHORIZED);
+    let (status, _, body) = admin
+        .call(Method::DELETE, "/api/v1/users/ops", Some(ADMIN), &[], None)
+        .await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    admin.stop().await;
+}
+
+/// A purge is journaled: the purged messages do not come back after a
+/// restart.
+#[tokio::test]
+async fn purged_messages_stay_gone_after_a_restart() {
+    let mut admin = Admin::start().await;
+    let mut producer = StompClient::connect(admin.broker.stomp(), &[]).await;
+    for i in 0..3 {
+        producer
+            .send_persistent("/queue/jobs", &[], format!("j{i}").as_bytes())
+            .await;
+    }
+    producer.disconnect().await;
+    let (status, _, body) = admin
+        .call(
+            Method::POST,
+            "/api/v1/queues/jobs/purge",
+            Some(MANAGER),
+            &[],
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, &body["removed"]),
+        (StatusCode::OK, &json!(3)),
+        "{body}"
+    );
+    if let Some(api) = admin.api.take() {
+        api.shutdown().await;
+    }
+    admin.broker.restart().await;
+    assert_eq!(
+        admin.broker.queue("jobs"),
+        Some((0, 0)),
+        "the queue stays, empty"
+    );
+    admin.broker.stop().await;
+}
+
+/// 100,000 queues: the overview does no per-queue work and a page of 100
+/// costs its 100 queues plus a name selection, not 100,000 statistics
+/// snapshots. Timed over real HTTP; the bounds are the issue's (50 ms,
+/// 100 ms), measured on a debug build, so a release build has room.
+#[tokio::test]
+async fn a_hundred_thousand_queues_list_within_the_bounds() {
+    const QUEUES: usize = 100_000;
+    let admin = Admin::start().await;
+    let core = admin.broker.core().clone();
+    tokio::task::spawn_blocking(move || {
+        for i in 0..QUEUES {
+            core.create_queue(&format!("q{i:06}"), false, Box::new(|_| {}))
+                .expect("create");
+        }
+    })
+    .await
+    .expect("created");
+    let time = |path: &'static str| {
+        let admin = &admin;
+        async move {
+            // The best of a few: the machine is shared with other builds.
+            let mut best = Duration::MAX;
+            let mut last = Value::Null;
+            for _ in 0..5 {
+                let started = std::time::Instant::now();
+                let (status, body) = admin.get(path, WATCHER).await;
+                best = best.min(started.elapsed());
+                assert_eq!(status, StatusCode::OK, "{body}");
+                last = body;
+            }
+            (best, last)
+        }
+    };
+    let (overview, body) = time("/api/v1/overview").await;
+    assert_eq!(body["queues"]["count"], json!(QUEUES), "{body}");
+    let (page, body) = time("/api/v1/queues?page=500&page_size=100").await;
+    assert_eq!(body["total"], json!(QUEUES), "{body}");
+    assert_eq!(body["items"][0]["name"], "q049900", "{body}");
+    let (filtered, body) = time("/api/v1/queues?name=q0999&page_size=100").await;
+    assert_eq!(body["total"], json!(100), "{body}");
+    eprintln!(
+        "{QUEUES} queues: overview {overview:?}, page of 100 {page:?}, filtered page {filtered:?}"
+    );
+    assert!(
+        overview < Duration::from_millis(50),
+        "overview {overview:?}"
+    );
+    assert!(page < Duration::from_millis(100), "page {page:?}");
+    assert!(
+        filtered < Duration::from_millis(100),
+        "filtered {filtered:?}"
+    );
+    admin.stop().await;
+}
