@@ -1,0 +1,1 @@
+//! A minimal etcd v3 client (placeholder).
