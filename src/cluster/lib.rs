@@ -21,7 +21,11 @@ pub mod balancer;
 pub mod etcd;
 pub mod health;
 pub mod membership;
+/// For tests (this crate's and the broker's): a throwaway etcd.
+#[doc(hidden)]
+pub mod testing;
 
 pub use balancer::{
     Balancer, BalancerSettings, ConnectionFacts, Decision, KeySource, Policy, SettingsError, Target,
 };
+pub use membership::{Membership, MembershipSettings, NodeRecord};

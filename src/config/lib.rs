@@ -28,6 +28,7 @@
 //! which is `users.toml` next to the configuration file.
 
 mod broker;
+mod cluster;
 mod limits;
 mod listeners;
 /// Also for the users file's errors (`rosetta_server::users`), which point
@@ -50,6 +51,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 pub use broker::*;
+pub use cluster::*;
 pub use listeners::*;
 pub use protocols::*;
 pub use queues::*;
@@ -88,6 +90,8 @@ pub struct Config {
     pub bindings: Vec<Binding>,
     /// `[[queues]]`: per-queue settings, by name or pattern.
     pub queues: Vec<QueueEntry>,
+    /// `[cluster]`: membership on etcd and the balancer; `None`: one node.
+    pub cluster: Option<ClusterConfig>,
     /// Directory of the file this was loaded from (`None` for the embedded
     /// defaults or a string); the default users file is looked up there.
     #[serde(skip)]
@@ -109,6 +113,7 @@ impl Default for Config {
             amqp: AmqpConfig::default(),
             bindings: Vec::new(),
             queues: Vec::new(),
+            cluster: None,
             config_dir: None,
         }
     }
@@ -319,7 +324,8 @@ impl Config {
         self.check_stomp()?;
         self.check_amqp()?;
         self.check_bindings()?;
-        self.check_queues()
+        self.check_queues()?;
+        self.check_cluster()
     }
 
     fn check_listeners(&self) -> Result<(), Invalid> {
