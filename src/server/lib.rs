@@ -16,6 +16,7 @@
 
 pub mod access;
 mod admission;
+mod cluster;
 mod detect;
 mod driver;
 /// For the cargo-fuzz targets in `fuzz/` only.
@@ -64,6 +65,8 @@ pub(crate) struct Shared {
     pub(crate) refusals: Arc<refuse::Refusals>,
     /// Failed TLS handshakes are logged through this.
     pub(crate) tls_log: log_throttle::LogThrottle,
+    /// `[cluster]`'s balancer; `None` for a single node.
+    pub(crate) cluster: Option<Arc<cluster::ClusterNode>>,
     active: AtomicUsize,
     idle: Notify,
 }
@@ -126,6 +129,8 @@ pub struct RunningBroker {
     stop_accepting: watch::Sender<bool>,
     hard_stop: watch::Sender<bool>,
     accept_tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// This node in etcd (`[cluster]`), left first on shutdown.
+    membership: Option<rosetta_cluster::Membership>,
 }
 
 impl RunningBroker {
@@ -147,6 +152,10 @@ impl RunningBroker {
 
     /// Shuts down in phases; see the module docs.
     pub async fn shutdown(self) -> anyhow::Result<()> {
+        // Leaving first: the other nodes stop sending clients here.
+        if let Some(membership) = self.membership {
+            membership.leave().await;
+        }
         tracing::info!("shutting down: no new connections");
         let _ = self.stop_accepting.send(true);
         for t in self.accept_tasks {
@@ -203,6 +212,11 @@ pub async fn start(
     let tls = checked.tls.map(tokio_rustls::TlsAcceptor::from);
     let (stop_accepting, stop_rx) = watch::channel(false);
     let (hard_stop, hard_rx) = watch::channel(false);
+    let cluster = config
+        .cluster
+        .as_ref()
+        .map(cluster::ClusterNode::new)
+        .transpose()?;
     let shared = Arc::new(Shared {
         core,
         config: config.clone(),
@@ -213,6 +227,7 @@ pub async fn start(
         admission: admission::Admission::new(&config.broker),
         refusals: Arc::default(),
         tls_log: log_throttle::LogThrottle::default(),
+        cluster,
         active: AtomicUsize::new(0),
         idle: Notify::new(),
     });
@@ -232,6 +247,14 @@ pub async fn start(
         accept_tasks.push(task);
     }
     say_who_can_connect(&config);
+    let membership = match (&shared.cluster, &config.cluster) {
+        (Some(node), Some(cluster_config)) => {
+            let admission = Arc::clone(&shared.admission);
+            let count = Arc::new(move || admission.authenticated() as u64);
+            Some(node.join(cluster_config, &addrs, count)?)
+        }
+        _ => None,
+    };
     Ok(RunningBroker {
         addrs,
         shared,
@@ -239,6 +262,7 @@ pub async fn start(
         stop_accepting,
         hard_stop,
         accept_tasks,
+        membership,
     })
 }
 

@@ -24,15 +24,19 @@ pub(crate) struct Peer {
     /// The connection's place in the admission counts: the adapter's
     /// broker handle moves it to the authenticated count.
     pub(crate) admission: Ticket,
+    /// The listener it came in on: a redirect sends the client to the
+    /// same kind of listener on the target (`[cluster]`).
+    pub(crate) listener: ListenerKind,
 }
 
 impl Peer {
     /// A peer the transport has not authenticated (yet).
-    pub(crate) fn new(addr: SocketAddr, admission: Ticket) -> Self {
+    pub(crate) fn new(addr: SocketAddr, admission: Ticket, listener: ListenerKind) -> Self {
         Self {
             addr,
             certificate_user: None,
             admission,
+            listener,
         }
     }
 }
@@ -195,10 +199,13 @@ where
     );
     // The adapter's broker: the core, and the signal that the connection
     // has authenticated (see `admission`).
-    let broker: Arc<dyn Broker> = Arc::new(AdmittedBroker::new(
-        shared.core.clone(),
-        peer.admission.clone(),
-    ));
+    let broker: Arc<dyn Broker> = Arc::new(
+        AdmittedBroker::new(shared.core.clone(), peer.admission.clone()).with_placement(
+            shared.cluster.clone(),
+            peer.listener,
+            peer.addr.ip(),
+        ),
+    );
     let now = Instant::now();
     let user = peer.certificate_user;
     let stop = shared.hard_stop.clone();

@@ -25,6 +25,7 @@ pub mod budget;
 pub mod fields;
 pub mod login;
 pub mod message;
+pub mod placement;
 pub mod scram;
 pub mod value;
 
@@ -33,4 +34,5 @@ pub use broker::*;
 pub use budget::{DeliveryBudget, DeliveryCharge};
 pub use login::{Credentials, LoginStart, PasswordCheck};
 pub use message::{Body, BodyKind, Guarantee, Message, MessageId};
+pub use placement::{Placement, PlacementRequest, RedirectTarget};
 pub use value::{Properties, Value};
