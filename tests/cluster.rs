@@ -224,6 +224,12 @@ async fn below_quorum_clients_are_told_the_server_is_unavailable() {
     let (raw, ack4) = Raw::connect4(a.mqtt(), "q1", true, 10).await;
     raw.shutdown().await;
     assert_eq!(ack4.code, rumqttc::ConnectReturnCode::ServiceUnavailable);
+    // STOMP: an ERROR frame, then the connection closes.
+    let answer = stomp_connect_answer(a.process.addr("stomp"), "q1");
+    assert!(
+        answer.starts_with("ERROR") && answer.contains("message:server unavailable"),
+        "{answer}"
+    );
     // A third node makes the quorum.
     let c = Node::start("c", &etcd.endpoint, quorum, "");
     let nodes = [&a, &b, &c];
@@ -231,6 +237,28 @@ async fn below_quorum_clients_are_told_the_server_is_unavailable() {
         !placed(&a, &nodes, "q1").await.starts_with("refused")
     })
     .await;
+}
+
+/// Everything a STOMP server answers to a CONNECT with `client-id`, up
+/// to its closing the connection.
+fn stomp_connect_answer(addr: SocketAddr, client_id: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let connect = common::process::frame(
+        "CONNECT",
+        &[
+            ("accept-version", "1.2"),
+            ("host", "h"),
+            ("client-id", client_id),
+        ],
+        b"",
+    );
+    s.write_all(&connect).expect("write");
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
 }
 
 /// A users file with `users` (password `pw` each), and the `[security]`
