@@ -32,10 +32,15 @@ const RULES: &[(&str, &[&str])] = &[
             "rosetta-amqp",
         ],
     ),
-    // The only network IO, bringing the others together.
+    // Scale-out: the sans-IO balancer over the neutral API, and the etcd
+    // membership that feeds it (IO of its own, but no listener and no
+    // other Rosetta crate).
+    ("rosetta-cluster", &["rosetta-neutral"]),
+    // The client-facing network IO, bringing the others together.
     (
         "rosetta-server",
         &[
+            "rosetta-cluster",
             "rosetta-config",
             "rosetta-core",
             "rosetta-store",

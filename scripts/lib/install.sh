@@ -1,10 +1,11 @@
 # Shared install helpers for the test scripts (sourced, not run):
-# `apt_install PKG...` and `ensure_node`. Everything they fetch comes from
+# `apt_install PKG...`, `ensure_etcd` and `ensure_node`. Everything they fetch comes from
 # Debian's archive or the npm registry, so a fresh Debian 12 with only the
 # package registries reachable can run the whole suite.
 #
 #   source "$root/scripts/lib/install.sh"
 #   ensure_node            # a Node.js >= node_major_min first on PATH, and npm
+#   ensure_etcd            # Debian's etcd (etcd-server) on PATH
 
 # The callers set -euo pipefail; this file only defines things.
 install_lib_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,6 +31,15 @@ apt_install() {
     fi
     apt-get install -y -qq --no-install-recommends "$@" >"$apt_log" 2>&1 \
         || { cat "$apt_log" >&2; return 1; }
+}
+
+# --- etcd ----------------------------------------------------------------------
+# The cluster tests (issue 19) start their own etcd on free loopback ports
+# (rosetta_cluster::testing); Debian's etcd-server package ships the binary.
+# Its service, where systemd runs it, listens on 2379 and is not used.
+ensure_etcd() {
+    command -v etcd >/dev/null 2>&1 && return 0
+    apt_install etcd-server
 }
 
 # --- Node.js -----------------------------------------------------------------

@@ -29,6 +29,7 @@
 
 mod admin;
 mod broker;
+mod cluster;
 mod limits;
 mod listeners;
 /// Also for the users file's errors (`rosetta_server::users`), which point
@@ -53,6 +54,7 @@ use serde::Deserialize;
 
 pub use admin::*;
 pub use broker::*;
+pub use cluster::*;
 pub use listeners::*;
 pub use protocols::*;
 pub use queues::*;
@@ -96,6 +98,8 @@ pub struct Config {
     pub streams: Vec<StreamEntry>,
     /// `[admin]`: the admin HTTP API.
     pub admin: AdminConfig,
+    /// `[cluster]`: membership on etcd and the balancer; `None`: one node.
+    pub cluster: Option<ClusterConfig>,
     /// Directory of the file this was loaded from (`None` for the embedded
     /// defaults or a string); the default users file is looked up there.
     #[serde(skip)]
@@ -119,6 +123,7 @@ impl Default for Config {
             queues: Vec::new(),
             streams: Vec::new(),
             admin: AdminConfig::default(),
+            cluster: None,
             config_dir: None,
         }
     }
@@ -330,7 +335,8 @@ impl Config {
         self.check_amqp()?;
         self.check_bindings()?;
         self.check_queues()?;
-        self.check_streams()
+        self.check_streams()?;
+        self.check_cluster()
     }
 
     fn check_listeners(&self) -> Result<(), Invalid> {

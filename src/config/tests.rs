@@ -337,6 +337,8 @@ fn the_defaults_file_mentions_every_key() {
         "amqp",
         "admin",
         "queues",
+        "cluster",
+        "cluster.balancer",
     ];
     for section in sections {
         let probe = if section.is_empty() {
@@ -364,11 +366,14 @@ fn the_defaults_file_mentions_every_key() {
                 "stomp",
                 "amqp",
                 "admin",
+                "cluster",
             ]
             .contains(&key)
                 && section.is_empty();
             let mentioned = if is_table {
                 DEFAULTS_FILE.contains(&format!("[{key}]"))
+            } else if section == "cluster" && key == "balancer" {
+                DEFAULTS_FILE.contains("[cluster.balancer]")
             } else if key == "bindings" || key == "queues" {
                 DEFAULTS_FILE.contains(&format!("[[{key}]]"))
             } else {

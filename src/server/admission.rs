@@ -34,15 +34,16 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use rosetta_neutral::SessionInfo;
 use rosetta_neutral::{
     AuthError, Broker, Credentials, EventSink, LoginStart, Principal, ScramCredentials, Session,
 };
+use rosetta_neutral::{Placement, PlacementRequest, SessionInfo};
 use tokio::time::Sleep;
 
-use rosetta_config::BrokerConfig;
+use rosetta_config::{BrokerConfig, ListenerKind};
 use rosetta_core::Core;
 
+use super::cluster::ClusterNode;
 use super::log_throttle::LogThrottle;
 
 /// Time past `connect_timeout_ms` before the server cuts a connection that
@@ -258,11 +259,28 @@ impl Future for HandshakeDeadline {
 pub(crate) struct AdmittedBroker {
     core: Core,
     ticket: Ticket,
+    /// `[cluster]`'s balancer, and what it needs to know of the transport.
+    placement: Option<(Arc<ClusterNode>, ListenerKind, IpAddr)>,
 }
 
 impl AdmittedBroker {
     pub(crate) fn new(core: Core, ticket: Ticket) -> Self {
-        Self { core, ticket }
+        Self {
+            core,
+            ticket,
+            placement: None,
+        }
+    }
+
+    /// Asks `cluster` (when there is one) where the connection belongs.
+    pub(crate) fn with_placement(
+        mut self,
+        cluster: Option<Arc<ClusterNode>>,
+        listener: ListenerKind,
+        source: IpAddr,
+    ) -> Self {
+        self.placement = cluster.map(|c| (c, listener, source));
+        self
     }
 }
 
@@ -306,6 +324,13 @@ impl Broker for AdmittedBroker {
     fn open_session(&self, info: SessionInfo, sink: Arc<dyn EventSink>) -> Box<dyn Session> {
         self.ticket.authenticated();
         self.core.open_session(info, sink)
+    }
+
+    fn place_connection(&self, request: &PlacementRequest<'_>) -> Placement {
+        match &self.placement {
+            Some((cluster, listener, source)) => cluster.place(request, *listener, *source),
+            None => self.core.place_connection(request),
+        }
     }
 }
 

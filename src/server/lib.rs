@@ -17,6 +17,7 @@
 pub mod access;
 mod admission;
 pub mod connections;
+mod cluster;
 mod detect;
 mod driver;
 /// For the cargo-fuzz targets in `fuzz/` only.
@@ -72,6 +73,8 @@ pub(crate) struct Shared {
     pub(crate) connections: Arc<connections::Registry>,
     /// When the broker started (the admin API's uptime).
     pub(crate) started: std::time::Instant,
+    /// `[cluster]`'s balancer; `None` for a single node.
+    pub(crate) cluster: Option<Arc<cluster::ClusterNode>>,
     active: AtomicUsize,
     idle: Notify,
 }
@@ -138,6 +141,8 @@ pub struct RunningBroker {
     stop_accepting: watch::Sender<bool>,
     hard_stop: watch::Sender<bool>,
     accept_tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// This node in etcd (`[cluster]`), left first on shutdown.
+    membership: Option<rosetta_cluster::Membership>,
 }
 
 impl RunningBroker {
@@ -165,6 +170,10 @@ impl RunningBroker {
 
     /// Shuts down in phases; see the module docs.
     pub async fn shutdown(self) -> anyhow::Result<()> {
+        // Leaving first: the other nodes stop sending clients here.
+        if let Some(membership) = self.membership {
+            membership.leave().await;
+        }
         tracing::info!("shutting down: no new connections");
         let _ = self.stop_accepting.send(true);
         for t in self.accept_tasks {
@@ -221,6 +230,11 @@ pub async fn start(
     let tls = checked.tls.map(tokio_rustls::TlsAcceptor::from);
     let (stop_accepting, stop_rx) = watch::channel(false);
     let (hard_stop, hard_rx) = watch::channel(false);
+    let cluster = config
+        .cluster
+        .as_ref()
+        .map(cluster::ClusterNode::new)
+        .transpose()?;
     let shared = Arc::new(Shared {
         core,
         config: config.clone(),
@@ -233,6 +247,7 @@ pub async fn start(
         tls_log: log_throttle::LogThrottle::default(),
         connections: Arc::default(),
         started: std::time::Instant::now(),
+        cluster,
         active: AtomicUsize::new(0),
         idle: Notify::new(),
     });
@@ -252,6 +267,14 @@ pub async fn start(
         accept_tasks.push(task);
     }
     say_who_can_connect(&config);
+    let membership = match (&shared.cluster, &config.cluster) {
+        (Some(node), Some(cluster_config)) => {
+            let admission = Arc::clone(&shared.admission);
+            let count = Arc::new(move || admission.authenticated() as u64);
+            Some(node.join(cluster_config, &addrs, count)?)
+        }
+        _ => None,
+    };
     Ok(RunningBroker {
         addrs,
         shared,
@@ -259,6 +282,7 @@ pub async fn start(
         stop_accepting,
         hard_stop,
         accept_tasks,
+        membership,
     })
 }
 

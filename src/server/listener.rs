@@ -76,7 +76,7 @@ fn accept(kind: ListenerKind, stream: TcpStream, peer: SocketAddr, shared: &Arc<
     tokio::spawn(async move {
         let _guard = guard;
         let admission = Arc::clone(&shared.admission);
-        let peer_info = Peer::new(peer, ticket);
+        let peer_info = Peer::new(peer, ticket, kind);
         tokio::select! {
             () = protocols::serve(kind, stream, peer_info, conn_id, shared) => {}
             () = deadline => {

@@ -30,11 +30,14 @@ pub(crate) struct Peer {
     pub(crate) websocket: bool,
     /// When the socket was accepted, in ms since the Unix epoch.
     pub(crate) accepted_at_ms: u64,
+    /// The listener it came in on: a redirect sends the client to the
+    /// same kind of listener on the target (`[cluster]`).
+    pub(crate) listener: ListenerKind,
 }
 
 impl Peer {
     /// A peer the transport has not authenticated (yet).
-    pub(crate) fn new(addr: SocketAddr, admission: Ticket) -> Self {
+    pub(crate) fn new(addr: SocketAddr, admission: Ticket, listener: ListenerKind) -> Self {
         Self {
             addr,
             certificate_user: None,
@@ -42,6 +45,7 @@ impl Peer {
             tls: false,
             websocket: false,
             accepted_at_ms: rosetta_neutral::message::now_ms(),
+            listener,
         }
     }
 
@@ -226,10 +230,13 @@ where
     );
     // The adapter's broker: the core, and the signal that the connection
     // has authenticated (see `admission`).
-    let broker: Arc<dyn Broker> = Arc::new(AdmittedBroker::new(
-        shared.core.clone(),
-        peer.admission.clone(),
-    ));
+    let broker: Arc<dyn Broker> = Arc::new(
+        AdmittedBroker::new(shared.core.clone(), peer.admission.clone()).with_placement(
+            shared.cluster.clone(),
+            peer.listener,
+            peer.addr.ip(),
+        ),
+    );
     let now = Instant::now();
     let user = peer.certificate_user;
     let stop = shared.hard_stop.clone();

@@ -33,6 +33,7 @@ use crate::address::Address;
 use crate::budget::{DeliveryBudget, DeliveryCharge};
 use crate::login::{self, Credentials, LoginPlan, LoginStart};
 use crate::message::{Guarantee, Message};
+use crate::placement::{Placement, PlacementRequest};
 
 /// Which wire protocol a session speaks. Used for logs, metrics and to keep
 /// client-id namespaces apart.
@@ -184,6 +185,14 @@ pub trait Broker: Send + Sync + 'static {
 
     /// Opens a session. Events for it go to `sink`.
     fn open_session(&self, info: SessionInfo, sink: Arc<dyn EventSink>) -> Box<dyn Session>;
+
+    /// Where a connection belongs, asked once the client is known and
+    /// before its session opens ([`crate::placement`]). The provided
+    /// method keeps everyone here: one node, or a test double.
+    fn place_connection(&self, request: &PlacementRequest<'_>) -> Placement {
+        let _ = request;
+        Placement::Local
+    }
 }
 
 /// Where the core sends a session's asynchronous events. Implemented by the

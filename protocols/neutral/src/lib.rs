@@ -27,6 +27,7 @@ pub mod budget;
 pub mod fields;
 pub mod login;
 pub mod message;
+pub mod placement;
 pub mod scram;
 pub mod stream;
 pub mod value;
@@ -40,4 +41,5 @@ pub use stream::{
     StreamOffset, StreamOffsetError, StreamPosition, StreamRead, STREAM_GROUP_BYTES_MAX,
     STREAM_OFFSET_SPEC_BYTES_MAX,
 };
+pub use placement::{Placement, PlacementRequest, RedirectTarget};
 pub use value::{Properties, Value};

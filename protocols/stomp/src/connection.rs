@@ -43,8 +43,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rosetta_neutral::{
-    AuthError, Broker, CloseKind, Credentials, EventSink, LoginStart, Principal, Protocol,
-    SessionEvent, SessionInfo,
+    AuthError, Broker, CloseKind, Credentials, EventSink, LoginStart, Placement, PlacementRequest,
+    Principal, Protocol, SessionEvent, SessionInfo,
 };
 use tracing::{debug, info, trace};
 
@@ -562,6 +562,25 @@ impl StompConnection {
         Ok(Done::now())
     }
 
+    /// Whether the cluster's balancer has no broker for this client. STOMP
+    /// cannot redirect, so a client that belongs elsewhere is served here
+    /// (docs/cluster.md).
+    fn placement_unavailable(&self, client_id: Option<&str>, principal: &Principal) -> bool {
+        let request = PlacementRequest {
+            protocol: Protocol::Stomp,
+            client_id,
+            user: principal.user.as_deref(),
+        };
+        match self.broker.place_connection(&request) {
+            Placement::Local => false,
+            Placement::Redirect(target) => {
+                debug!(conn_id = self.conn_id, target = %target.authority(), "STOMP cannot be redirected; serving the client here");
+                false
+            }
+            Placement::Unavailable => true,
+        }
+    }
+
     /// Opens the session of a logged-in client and answers CONNECTED.
     fn open(&mut self, negotiated: Negotiated, principal: Principal) {
         let Negotiated {
@@ -578,6 +597,9 @@ impl StompConnection {
             user = principal.user.as_deref().unwrap_or(""),
             "STOMP connect"
         );
+        if self.placement_unavailable(client_id.as_deref(), &principal) {
+            return self.fail(StompError::ServerUnavailable, None);
+        }
         let client_key = client_id.clone().or_else(|| principal.user.clone());
         let session = self.broker.open_session(
             SessionInfo {

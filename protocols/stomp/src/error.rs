@@ -102,6 +102,10 @@ pub enum StompError {
     /// connection's delivery buffer.
     #[error("slow consumer: the client stopped reading and its delivery buffer stayed full")]
     SlowConsumer,
+    /// The cluster's balancer has no broker ready to take the client
+    /// (`Broker::place_connection`).
+    #[error("no broker of the cluster is ready to take this client")]
+    ServerUnavailable,
 
     // -- the core --
     /// The core refused an operation.
@@ -191,6 +195,7 @@ pub fn error_frame(err: &StompError) -> ErrorFrame {
         StompError::ConnectTimeout(_) => "connect timeout",
         StompError::HeartBeatTimeout(_) => "heart-beat timeout",
         StompError::SlowConsumer => "slow consumer",
+        StompError::ServerUnavailable => "server unavailable",
         StompError::Broker(e) | StompError::SubscriptionClosed { reason: e, .. } => {
             broker_message(e)
         }

@@ -225,6 +225,9 @@ impl AmqpConnection {
     /// The peer's Open (in `AwaitOpen`, as `principal`): the core session
     /// opens and the connection is [`Opened`].
     pub(super) fn on_open(&mut self, principal: Principal, open: Open) {
+        if let Some(error) = self.placement_error(&principal, &open) {
+            return self.refuse_open(error);
+        }
         let peer_max_frame = open.max_frame_size.0.max(MIN_MAX_FRAME_SIZE);
         let channel_max = self.cfg.channel_max.min(open.channel_max.0);
         let peer_idle = open

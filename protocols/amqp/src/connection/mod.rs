@@ -37,6 +37,7 @@
 
 mod handshake;
 mod opened;
+mod placement;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -494,6 +495,23 @@ impl AmqpConnection {
         }
     }
 
+    /// The Open sent only to carry the Close after it (a connection
+    /// refused before it opened: spec 2.4.3).
+    fn refusal_open(&self) -> Open {
+        Open {
+            container_id: self.cfg.container_id.clone(),
+            hostname: None,
+            max_frame_size: MaxFrameSize(self.cfg.frame_size_max_bytes),
+            channel_max: ChannelMax(0),
+            idle_time_out: None,
+            outgoing_locales: None,
+            incoming_locales: None,
+            offered_capabilities: None,
+            desired_capabilities: None,
+            properties: None,
+        }
+    }
+
     /// Closes the connection with `e`, as far as the handshake allows.
     fn fail(&mut self, e: AmqpError) {
         warn!(conn = self.conn_id, error = %e, "closing connection");
@@ -511,18 +529,7 @@ impl AmqpConnection {
             }
             State::AwaitOpen { .. } => {
                 // An error before Open: send Open then Close (spec 2.4.3).
-                let open = Open {
-                    container_id: self.cfg.container_id.clone(),
-                    hostname: None,
-                    max_frame_size: MaxFrameSize(self.cfg.frame_size_max_bytes),
-                    channel_max: ChannelMax(0),
-                    idle_time_out: None,
-                    outgoing_locales: None,
-                    incoming_locales: None,
-                    offered_capabilities: None,
-                    desired_capabilities: None,
-                    properties: None,
-                };
+                let open = self.refusal_open();
                 write_perf(&mut self.out, 0, &open, &[]);
                 let close = Close {
                     error: Some(e.to_wire()),

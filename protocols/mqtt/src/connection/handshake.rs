@@ -33,6 +33,8 @@ use rosetta_neutral::address::MQTT_QUEUE_TOPIC_PREFIX;
 pub(super) struct Refusal {
     code: u8,
     why: String,
+    /// MQTT 5 Server Reference: where the client should go instead.
+    server_reference: Option<String>,
 }
 
 impl Refusal {
@@ -40,7 +42,13 @@ impl Refusal {
         Self {
             code,
             why: why.into(),
+            server_reference: None,
         }
+    }
+
+    pub(super) fn with_server_reference(mut self, reference: String) -> Self {
+        self.server_reference = Some(reference);
+        self
     }
 }
 
@@ -128,6 +136,9 @@ impl MqttConnection {
     ) {
         let version = c.version;
         let client_packet_max = c.props.maximum_packet_size;
+        if let Some(refusal) = self.placement_refusal(&c, &principal) {
+            return self.refuse(version, &refusal, client_packet_max);
+        }
         match self.establish(now, c, principal, enhanced) {
             Ok(open) => self.state = State::Open(Box::new(open)),
             Err(refusal) => self.refuse(version, &refusal, client_packet_max),
@@ -177,6 +188,7 @@ impl MqttConnection {
             Version::V5 => {
                 let mut props = ConnAckProperties::new();
                 props.reason_string = Some(refusal.why.clone());
+                props.server_reference = refusal.server_reference.clone();
                 let r = encode::connack_v5(false, refusal.code, props, client_max, &mut self.out);
                 if r.is_err() {
                     tracing::warn!(conn_id = self.conn_id, "could not encode CONNACK");

@@ -27,6 +27,7 @@ mod auth;
 mod handshake;
 mod inbound;
 mod outbound;
+mod placement;
 mod subscribe;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};

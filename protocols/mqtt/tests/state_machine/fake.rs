@@ -52,6 +52,9 @@ pub struct FakeState {
     pub producer_blocked: bool,
     /// How logins are answered (deferred, refused, or by the fake).
     pub logins: login::ScriptedLogins,
+    /// What `place_connection` answers (`None`: Local), and what it was asked.
+    pub placement: Option<Placement>,
+    pub placement_asked: Vec<(Option<String>, Option<String>)>,
 }
 
 impl FakeState {
@@ -126,6 +129,15 @@ impl Broker for FakeBroker {
     fn open_session(&self, info: SessionInfo, _sink: Arc<dyn EventSink>) -> Box<dyn Session> {
         self.state().sessions.push(info);
         Box::new(FakeSession(self.clone()))
+    }
+
+    fn place_connection(&self, request: &PlacementRequest<'_>) -> Placement {
+        let mut s = self.state();
+        s.placement_asked.push((
+            request.client_id.map(str::to_owned),
+            request.user.map(str::to_owned),
+        ));
+        s.placement.clone().unwrap_or(Placement::Local)
     }
 }
 

@@ -17,6 +17,7 @@ mod fuzz_common;
 mod fuzz_smoke;
 mod harness;
 mod login_wait;
+mod placement;
 mod problem_info;
 mod publish;
 mod resume;

@@ -1,0 +1,103 @@
+//! The target key of a connection: which fact of the connection it is
+//! taken from, and the regex that narrows it.
+
+use std::net::IpAddr;
+
+use regex::Regex;
+
+/// What a connection says about itself, as far as the adapter and the
+/// transport know at the moment the balancer is asked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConnectionFacts {
+    /// The protocol's client id (MQTT client id, STOMP `client-id`, AMQP
+    /// container id).
+    pub client_id: Option<String>,
+    /// The authenticated user.
+    pub user_name: Option<String>,
+    /// The peer's IP address.
+    pub source_ip: Option<IpAddr>,
+    /// The host the client asked for in TLS SNI.
+    pub sni_host: Option<String>,
+}
+
+/// Which fact the target key is taken from (`key = "..."`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeySource {
+    /// `client_id`.
+    ClientId,
+    /// `user_name`.
+    UserName,
+    /// `source_ip`.
+    SourceIp,
+    /// `sni_host`.
+    SniHost,
+}
+
+impl KeySource {
+    /// From its configuration name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "client_id" => Self::ClientId,
+            "user_name" => Self::UserName,
+            "source_ip" => Self::SourceIp,
+            "sni_host" => Self::SniHost,
+            _ => return None,
+        })
+    }
+
+    /// The raw key of `facts`, if the connection has that fact.
+    pub fn raw_key(self, facts: &ConnectionFacts) -> Option<String> {
+        match self {
+            Self::ClientId => facts.client_id.clone(),
+            Self::UserName => facts.user_name.clone(),
+            Self::SourceIp => facts.source_ip.map(|ip| ip.to_canonical().to_string()),
+            Self::SniHost => facts.sni_host.clone(),
+        }
+    }
+}
+
+/// The key of a connection after the optional filter: the whole key
+/// without one; with one, its first match (its first capture group when
+/// the pattern has one). A key the filter does not match has no key.
+pub(crate) fn filtered_key(raw: &str, filter: Option<&Regex>) -> Option<String> {
+    let Some(filter) = filter else {
+        return Some(raw.to_owned());
+    };
+    let captures = filter.captures(raw)?;
+    let m = captures.get(1).or_else(|| captures.get(0))?;
+    Some(m.as_str().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_filter_takes_the_first_group_or_the_whole_match() {
+        let group = Regex::new(r"^([a-z]+)-\d+$").expect("regex");
+        assert_eq!(
+            filtered_key("plant-17", Some(&group)).as_deref(),
+            Some("plant")
+        );
+        let whole = Regex::new(r"\d+").expect("regex");
+        assert_eq!(
+            filtered_key("plant-17", Some(&whole)).as_deref(),
+            Some("17")
+        );
+        assert_eq!(filtered_key("plant", Some(&whole)), None);
+        assert_eq!(filtered_key("plant", None).as_deref(), Some("plant"));
+    }
+
+    #[test]
+    fn a_mapped_ipv6_source_is_the_ipv4_key() {
+        let v4: IpAddr = "10.0.0.1".parse().expect("ip");
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().expect("ip");
+        let key = |ip| {
+            KeySource::SourceIp.raw_key(&ConnectionFacts {
+                source_ip: Some(ip),
+                ..Default::default()
+            })
+        };
+        assert_eq!(key(v4), key(mapped));
+    }
+}

@@ -1,0 +1,307 @@
+//! The broker balancer, sans-IO: where does a connection belong?
+//!
+//! [`Balancer::decide`] takes what a connection says about itself
+//! ([`ConnectionFacts`]), the listener it came in on and the time, and
+//! answers with a [`Decision`]:
+//!
+//! 1. The target key is the fact named by `key` ([`KeySource`]), narrowed
+//!    by `key_filter` (its first capture group, or the whole match). A
+//!    connection without that fact, or whose key the filter does not
+//!    match, has nothing to be steered by and stays here.
+//! 2. A key matching `local_target_filter` stays here.
+//! 3. The candidates are the ready targets (this node among them when
+//!    `local_target_enabled`). Fewer than `quorum_size`: the pool is not
+//!    active and the answer is [`Decision::Unavailable`].
+//! 4. A key chosen within `cache_timeout_ms` goes where it went, if that
+//!    target is still a candidate; otherwise the [`Policy`] picks.
+//! 5. The chosen target is this node ([`Decision::Local`]) or another,
+//!    whose address for the same listener the client is sent to.
+//!
+//! The pool is fed from outside: [`Balancer::set_remote_targets`] by
+//! membership, [`Balancer::set_ready`] by the health checks and
+//! [`Balancer::set_local_connections`] by the server.
+
+mod cache;
+mod key;
+mod pool;
+pub mod ring;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use regex::Regex;
+
+pub use cache::CACHE_ENTRIES_MAX;
+pub use key::{ConnectionFacts, KeySource};
+pub use pool::Target;
+
+use pool::Pool;
+use ring::Ring;
+
+/// How a target is picked among the candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// `first_element`: the first ready target in name order.
+    FirstElement,
+    /// `round_robin`: each new key the next target in name order.
+    RoundRobin,
+    /// `consistent_hash`: a hash ring with virtual nodes; a key stays on
+    /// its target while the target is ready, whatever else comes and goes.
+    ConsistentHash,
+    /// `least_connections`: the target holding the fewest connections, as
+    /// the nodes publish them (ties to the lower name).
+    LeastConnections,
+}
+
+impl Policy {
+    /// From its configuration name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "first_element" => Self::FirstElement,
+            "round_robin" => Self::RoundRobin,
+            "consistent_hash" => Self::ConsistentHash,
+            "least_connections" => Self::LeastConnections,
+            _ => return None,
+        })
+    }
+}
+
+/// Where a connection belongs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Here.
+    Local,
+    /// On another node, at `address` (`host:port`).
+    Redirect {
+        /// The target's node name (for logs).
+        node: String,
+        /// Its client-facing address for the listener asked.
+        address: String,
+    },
+    /// Nowhere now: the pool has no quorum, or the target chosen has no
+    /// listener of the kind the client used.
+    Unavailable,
+}
+
+/// What a balancer is configured with.
+#[derive(Debug, Clone)]
+pub struct BalancerSettings {
+    /// This node's name.
+    pub local_name: String,
+    /// This node's client-facing addresses by listener key.
+    pub local_addresses: BTreeMap<String, String>,
+    /// Which fact is the key.
+    pub key: KeySource,
+    /// Narrows the key (`key_filter`).
+    pub key_filter: Option<String>,
+    /// Keys matching it stay here (`local_target_filter`).
+    pub local_target_filter: Option<String>,
+    /// How a target is picked.
+    pub policy: Policy,
+    /// Fewest ready targets for the pool to be active.
+    pub quorum_size: usize,
+    /// This node is a target itself.
+    pub local_target_enabled: bool,
+    /// How long a key's target is remembered; 0: not at all.
+    pub cache_timeout_ms: u64,
+    /// Points per target on the consistent-hash ring.
+    pub virtual_nodes: u32,
+}
+
+/// A setting a balancer cannot run with; names the configuration key.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// A filter that is not a valid regex.
+    #[error("`{key}`: not a valid regular expression: {source}")]
+    Regex {
+        /// The configuration key.
+        key: &'static str,
+        /// What the regex parser said.
+        #[source]
+        source: regex::Error,
+    },
+    /// Virtual nodes out of range.
+    #[error("`cluster.balancer.virtual_nodes`: {0} is not within 1-{max}", max = ring::VIRTUAL_NODES_MAX)]
+    VirtualNodes(u32),
+}
+
+/// A balancer: settings, pool, cache, shared by every connection.
+#[derive(Debug)]
+pub struct Balancer {
+    key: KeySource,
+    key_filter: Option<Regex>,
+    local_target_filter: Option<Regex>,
+    policy: Policy,
+    quorum_size: usize,
+    local_target_enabled: bool,
+    virtual_nodes: u32,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    pool: Pool,
+    cache: cache::Cache,
+    round_robin_next: usize,
+    /// The ring and the pool generation it was built for.
+    ring: Option<(u64, Ring)>,
+}
+
+impl Balancer {
+    /// A balancer with only this node in its pool.
+    pub fn new(settings: BalancerSettings) -> Result<Self, SettingsError> {
+        let compile = |key: &'static str, pattern: &Option<String>| {
+            pattern
+                .as_deref()
+                .map(Regex::new)
+                .transpose()
+                .map_err(|source| SettingsError::Regex { key, source })
+        };
+        if settings.virtual_nodes == 0 || settings.virtual_nodes > ring::VIRTUAL_NODES_MAX {
+            return Err(SettingsError::VirtualNodes(settings.virtual_nodes));
+        }
+        let mut local = Target::new(settings.local_name, settings.local_addresses);
+        local.ready = true;
+        Ok(Self {
+            key: settings.key,
+            key_filter: compile("cluster.balancer.key_filter", &settings.key_filter)?,
+            local_target_filter: compile(
+                "cluster.balancer.local_target_filter",
+                &settings.local_target_filter,
+            )?,
+            policy: settings.policy,
+            quorum_size: settings.quorum_size,
+            local_target_enabled: settings.local_target_enabled,
+            virtual_nodes: settings.virtual_nodes,
+            state: Mutex::new(State {
+                pool: Pool::new(local),
+                cache: cache::Cache::new(Duration::from_millis(settings.cache_timeout_ms)),
+                round_robin_next: 0,
+                ring: None,
+            }),
+        })
+    }
+
+    /// This node's name.
+    pub fn local_name(&self) -> String {
+        self.state.lock().pool.local.name.clone()
+    }
+
+    /// Replaces the remote targets with those membership sees now.
+    pub fn set_remote_targets(&self, seen: Vec<Target>) {
+        self.state.lock().pool.set_remote(seen);
+    }
+
+    /// Forgets every remote target (etcd unreachable: we can no longer
+    /// tell who is there).
+    pub fn drop_remote_targets(&self) {
+        self.state.lock().pool.set_remote(Vec::new());
+    }
+
+    /// The result of a health check of a remote target.
+    pub fn set_ready(&self, name: &str, ready: bool) {
+        self.state.lock().pool.set_ready(name, ready);
+    }
+
+    /// The connections this node holds now.
+    pub fn set_local_connections(&self, connections: u64) {
+        self.state.lock().pool.local.connections = connections;
+    }
+
+    /// The remote targets known now (for the health checks).
+    pub fn remote_targets(&self) -> Vec<Target> {
+        self.state.lock().pool.remote.values().cloned().collect()
+    }
+
+    /// Where a connection with `facts`, on the listener `listener` (its
+    /// key: `mqtt`, `amqps`, ...), belongs.
+    pub fn decide(&self, facts: &ConnectionFacts, listener: &str, now: Instant) -> Decision {
+        let Some(key) = self
+            .key
+            .raw_key(facts)
+            .and_then(|raw| key::filtered_key(&raw, self.key_filter.as_ref()))
+        else {
+            return Decision::Local;
+        };
+        if self
+            .local_target_filter
+            .as_ref()
+            .is_some_and(|f| f.is_match(&key))
+        {
+            return Decision::Local;
+        }
+        let mut state = self.state.lock();
+        let candidates = state.pool.ready_names(self.local_target_enabled);
+        if candidates.is_empty() || candidates.len() < self.quorum_size {
+            return Decision::Unavailable;
+        }
+        let cached = state
+            .cache
+            .get(&key, now)
+            .filter(|t| candidates.iter().any(|c| c == t))
+            .map(str::to_owned);
+        let chosen = match cached {
+            Some(t) => t,
+            None => {
+                state.cache.forget(&key);
+                let t = self.pick(&mut state, &candidates, &key);
+                state.cache.put(&key, &t, now);
+                t
+            }
+        };
+        if chosen == state.pool.local.name {
+            return Decision::Local;
+        }
+        match state
+            .pool
+            .get(&chosen)
+            .and_then(|t| t.addresses.get(listener))
+        {
+            Some(address) => Decision::Redirect {
+                node: chosen,
+                address: address.clone(),
+            },
+            None => {
+                tracing::debug!(node = %chosen, listener, "target has no such listener");
+                Decision::Unavailable
+            }
+        }
+    }
+
+    /// The policy's pick among `candidates` (non-empty, in name order).
+    fn pick(&self, state: &mut State, candidates: &[String], key: &str) -> String {
+        match self.policy {
+            Policy::FirstElement => candidates[0].clone(),
+            Policy::RoundRobin => {
+                let i = state.round_robin_next % candidates.len();
+                state.round_robin_next = state.round_robin_next.wrapping_add(1);
+                candidates[i].clone()
+            }
+            Policy::ConsistentHash => {
+                let generation = state.pool.generation;
+                let stale = state.ring.as_ref().is_none_or(|(g, _)| *g != generation);
+                if stale {
+                    let ring = Ring::new(candidates.iter().cloned(), self.virtual_nodes);
+                    state.ring = Some((generation, ring));
+                }
+                state
+                    .ring
+                    .as_ref()
+                    .and_then(|(_, r)| r.owner(key))
+                    .map_or_else(|| candidates[0].clone(), str::to_owned)
+            }
+            Policy::LeastConnections => candidates
+                .iter()
+                .min_by_key(|name| {
+                    let connections = state.pool.get(name).map_or(u64::MAX, |t| t.connections);
+                    (connections, (*name).clone())
+                })
+                .cloned()
+                .unwrap_or_else(|| candidates[0].clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,261 @@
+//! Just enough HTTP/1.1 for etcd's JSON gateway: one POST per connection
+//! (`Connection: close`), a response body of either kind (length or
+//! chunked), read whole or as a stream of newline-separated JSON
+//! messages (how the gateway streams a watch).
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::EtcdError;
+
+/// Largest response head: the gateway's are a few hundred bytes.
+const HEAD_BYTES_MAX: usize = 16 * 1024;
+/// Largest response body or streamed message: a range over the cluster
+/// prefix holds one small record per node.
+pub(crate) const BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Most headers in a response head.
+const HEADERS_MAX: usize = 32;
+/// Read buffer growth step.
+const READ_CHUNK_BYTES: usize = 8 * 1024;
+
+/// An open response: its status and the body still to be read.
+pub(crate) struct Response {
+    stream: TcpStream,
+    /// Bytes read past the head, not yet decoded.
+    raw: Vec<u8>,
+    body: Body,
+    /// Decoded body bytes not yet handed out.
+    decoded: Vec<u8>,
+    finished: bool,
+    pub(crate) status: u16,
+}
+
+enum Body {
+    Length(usize),
+    Chunked(ChunkState),
+    UntilClose,
+}
+
+#[derive(Clone, Copy)]
+enum ChunkState {
+    /// Expecting a size line.
+    Size,
+    /// In a chunk with this many bytes left.
+    Data(usize),
+    /// Expecting the CRLF after a chunk.
+    DataEnd,
+}
+
+/// Sends `POST path` with a JSON body to `host:port`, and reads the head
+/// of the response, within `timeout`.
+pub(crate) async fn post(
+    authority: &str,
+    path: &str,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<Response, EtcdError> {
+    tokio::time::timeout(timeout, post_untimed(authority, path, body))
+        .await
+        .map_err(|_| EtcdError::Timeout)?
+}
+
+async fn post_untimed(authority: &str, path: &str, body: &[u8]) -> Result<Response, EtcdError> {
+    let mut stream = TcpStream::connect(authority).await?;
+    stream.set_nodelay(true)?;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body).await?;
+    stream.flush().await?;
+    let mut raw = Vec::with_capacity(READ_CHUNK_BYTES);
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
+        let mut response = httparse::Response::new(&mut headers);
+        match response.parse(&raw) {
+            Ok(httparse::Status::Complete(len)) => {
+                let status = response.code.unwrap_or(0);
+                let body = body_kind(response.headers)?;
+                let rest = raw.split_off(len);
+                return Ok(Response {
+                    stream,
+                    raw: rest,
+                    body,
+                    decoded: Vec::new(),
+                    finished: false,
+                    status,
+                });
+            }
+            Ok(httparse::Status::Partial) => {}
+            Err(e) => return Err(EtcdError::Http(format!("bad response head: {e}"))),
+        }
+        if raw.len() > HEAD_BYTES_MAX {
+            return Err(EtcdError::Http("response head too large".into()));
+        }
+        if read_more(&mut stream, &mut raw).await? == 0 {
+            return Err(EtcdError::Http("closed before the response head".into()));
+        }
+    }
+}
+
+fn body_kind(headers: &[httparse::Header<'_>]) -> Result<Body, EtcdError> {
+    for h in headers {
+        if h.name.eq_ignore_ascii_case("transfer-encoding")
+            && String::from_utf8_lossy(h.value)
+                .to_ascii_lowercase()
+                .contains("chunked")
+        {
+            return Ok(Body::Chunked(ChunkState::Size));
+        }
+    }
+    for h in headers {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let n: usize = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(|| EtcdError::Http("bad content-length".into()))?;
+            if n > BODY_BYTES_MAX {
+                return Err(EtcdError::Http("response body too large".into()));
+            }
+            return Ok(Body::Length(n));
+        }
+    }
+    Ok(Body::UntilClose)
+}
+
+/// Reads what is there into `buf`. Cancel-safe (a watch is read inside
+/// `select!`): the bytes land in `buf` only once the read completed.
+async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<usize, EtcdError> {
+    let mut chunk = [0u8; READ_CHUNK_BYTES];
+    let n = stream.read(&mut chunk).await?;
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(n)
+}
+
+impl Response {
+    /// The whole body.
+    pub(crate) async fn body(mut self, timeout: Duration) -> Result<Vec<u8>, EtcdError> {
+        tokio::time::timeout(timeout, async {
+            while !self.finished {
+                self.fill().await?;
+            }
+            Ok(std::mem::take(&mut self.decoded))
+        })
+        .await
+        .map_err(|_| EtcdError::Timeout)?
+    }
+
+    /// The next newline-terminated message of a streamed body (without
+    /// the newline); `None` when the body ended. No timeout: a watch waits
+    /// as long as nothing happens.
+    pub(crate) async fn next_line(&mut self) -> Result<Option<Vec<u8>>, EtcdError> {
+        loop {
+            if let Some(at) = self.decoded.iter().position(|b| *b == b'\n') {
+                let mut line: Vec<u8> = self.decoded.drain(..=at).collect();
+                line.pop();
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return Ok(Some(line));
+            }
+            if self.finished {
+                let rest = std::mem::take(&mut self.decoded);
+                return Ok((!rest.iter().all(u8::is_ascii_whitespace)).then_some(rest));
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Decodes what has been read; reads more when that is not enough.
+    async fn fill(&mut self) -> Result<(), EtcdError> {
+        let progressed = self.decode()?;
+        if self.decoded.len() > BODY_BYTES_MAX {
+            return Err(EtcdError::Http("response body too large".into()));
+        }
+        if progressed || self.finished {
+            return Ok(());
+        }
+        if read_more(&mut self.stream, &mut self.raw).await? == 0 {
+            match self.body {
+                Body::UntilClose => self.finished = true,
+                _ => return Err(EtcdError::Http("closed inside the response body".into())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves body bytes from `raw` to `decoded`; whether anything moved
+    /// or finished.
+    fn decode(&mut self) -> Result<bool, EtcdError> {
+        let mut progressed = false;
+        loop {
+            match &mut self.body {
+                Body::Length(left) => {
+                    let n = (*left).min(self.raw.len());
+                    self.decoded.extend(self.raw.drain(..n));
+                    *left -= n;
+                    progressed |= n > 0;
+                    if *left == 0 {
+                        self.finished = true;
+                        return Ok(true);
+                    }
+                    return Ok(progressed);
+                }
+                Body::UntilClose => {
+                    progressed |= !self.raw.is_empty();
+                    self.decoded.append(&mut self.raw);
+                    return Ok(progressed);
+                }
+                Body::Chunked(state) => match *state {
+                    ChunkState::Size => {
+                        let Some(end) = self.raw.windows(2).position(|w| w == b"\r\n") else {
+                            if self.raw.len() > HEAD_BYTES_MAX {
+                                return Err(EtcdError::Http("chunk size line too long".into()));
+                            }
+                            return Ok(progressed);
+                        };
+                        let line = String::from_utf8_lossy(&self.raw[..end]).into_owned();
+                        self.raw.drain(..end + 2);
+                        let hex = line.split(';').next().unwrap_or("").trim();
+                        let size = usize::from_str_radix(hex, 16)
+                            .map_err(|_| EtcdError::Http(format!("bad chunk size {hex:?}")))?;
+                        if size > BODY_BYTES_MAX {
+                            return Err(EtcdError::Http("chunk too large".into()));
+                        }
+                        if size == 0 {
+                            self.finished = true;
+                            return Ok(true);
+                        }
+                        *state = ChunkState::Data(size);
+                    }
+                    ChunkState::Data(left) => {
+                        let n = left.min(self.raw.len());
+                        if n == 0 {
+                            return Ok(progressed);
+                        }
+                        self.decoded.extend(self.raw.drain(..n));
+                        progressed = true;
+                        *state = if n == left {
+                            ChunkState::DataEnd
+                        } else {
+                            ChunkState::Data(left - n)
+                        };
+                    }
+                    ChunkState::DataEnd => {
+                        if self.raw.len() < 2 {
+                            return Ok(progressed);
+                        }
+                        if &self.raw[..2] != b"\r\n" {
+                            return Err(EtcdError::Http("chunk not followed by CRLF".into()));
+                        }
+                        self.raw.drain(..2);
+                        *state = ChunkState::Size;
+                    }
+                },
+            }
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! `[cluster]`: membership on etcd and the broker balancer (issue 19).
+//!
+//! Absent (the default), the broker is one node: nothing here starts and
+//! no etcd is needed. Present, the node registers under `key_prefix` in
+//! the etcd cluster `etcd` names, and the balancer of `[cluster.balancer]`
+//! decides at each connect whether the client belongs here. See
+//! `docs/cluster.md`.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::{invalid, Config, Invalid};
+
+/// A node that dies drops out of the others' pools after this long: a few
+/// seconds, so its clients are sent elsewhere soon, yet long enough that a
+/// keep-alive every third of it survives a busy second.
+pub const LEASE_TTL_S_DEFAULT: u64 = 5;
+/// Shortest lease accepted: etcd itself raises shorter TTLs to its minimum
+/// (about 1.5 election timeouts, 1.5 s by default).
+pub const LEASE_TTL_S_MIN: u64 = 2;
+/// Longest lease accepted: beyond it a dead node is redirected to for
+/// minutes.
+pub const LEASE_TTL_S_MAX: u64 = 300;
+/// Where the records live, so several clusters can share one etcd.
+pub const KEY_PREFIX_DEFAULT: &str = "/rosetta/";
+/// One etcd call's time limit: see `rosetta_cluster::etcd`.
+pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 1500;
+/// How often each remote target is connected to: once a second notices a
+/// dead node well before its lease expires.
+pub const HEALTH_CHECK_INTERVAL_MS_DEFAULT: u64 = 1000;
+/// A check's connect time limit: a loaded node on a LAN answers in
+/// milliseconds.
+pub const HEALTH_CHECK_TIMEOUT_MS_DEFAULT: u64 = 500;
+/// Most etcd endpoints: an etcd cluster has 3 to 7 members.
+pub const ETCD_ENDPOINTS_MAX: usize = 16;
+/// Longest node name: it is part of an etcd key and every log line.
+pub const NODE_NAME_LEN_MAX_BYTES: usize = 128;
+/// Points per target on the consistent-hash ring (see
+/// `rosetta_cluster::balancer::ring`).
+pub const VIRTUAL_NODES_DEFAULT: u32 = 160;
+
+/// `[cluster]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// etcd endpoints, `http://host:port`.
+    pub etcd: Vec<String>,
+    /// This node's name, unique in the cluster.
+    pub node_name: String,
+    /// The registration lease's TTL.
+    #[serde(default = "lease_ttl_s_default")]
+    pub lease_ttl_s: u64,
+    /// Prefix of this cluster's keys in etcd.
+    #[serde(default = "key_prefix_default")]
+    pub key_prefix: String,
+    /// One etcd call's time limit.
+    #[serde(default = "request_timeout_ms_default")]
+    pub request_timeout_ms: u64,
+    /// How often remote targets are health-checked.
+    #[serde(default = "health_check_interval_ms_default")]
+    pub health_check_interval_ms: u64,
+    /// A health check's connect time limit.
+    #[serde(default = "health_check_timeout_ms_default")]
+    pub health_check_timeout_ms: u64,
+    /// Client-facing addresses published, by listener key (`mqtt =
+    /// "broker-a.example:1883"`); a listener not named here publishes the
+    /// address it is bound to (its port on `advertise_host` when set).
+    #[serde(default)]
+    pub advertise: BTreeMap<String, String>,
+    /// The host published for listeners not in `advertise`; unset: the
+    /// bound address (loopback stays loopback; an unspecified address
+    /// becomes 127.0.0.1, with a warning).
+    #[serde(default)]
+    pub advertise_host: Option<String>,
+    /// `[cluster.balancer]`.
+    #[serde(default)]
+    pub balancer: BalancerConfig,
+}
+
+/// Which fact of a connection is its target key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetKey {
+    /// The protocol's client id.
+    ClientId,
+    /// The authenticated user.
+    UserName,
+    /// The peer's IP address.
+    SourceIp,
+    /// The TLS SNI host name.
+    SniHost,
+}
+
+/// How a target is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BalancerPolicy {
+    /// The first ready target in name order.
+    FirstElement,
+    /// Each new key the next ready target.
+    RoundRobin,
+    /// A hash ring with virtual nodes.
+    ConsistentHash,
+    /// The target with the fewest connections.
+    LeastConnections,
+}
+
+/// What MQTT 5 clients sent elsewhere are told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MqttRedirect {
+    /// CONNACK 0x9C, Use another server (for now).
+    UseAnotherServer,
+    /// CONNACK 0x9D, Server moved (for good).
+    ServerMoved,
+}
+
+/// `[cluster.balancer]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BalancerConfig {
+    /// The target key's source.
+    pub key: TargetKey,
+    /// A regex narrowing the key (its first group, or the whole match).
+    pub key_filter: Option<String>,
+    /// A regex: matching keys stay on this node.
+    pub local_target_filter: Option<String>,
+    /// The policy.
+    pub policy: BalancerPolicy,
+    /// Fewest ready targets (this node included when a target) for the
+    /// balancer to place anyone; below it clients are refused as
+    /// "server unavailable".
+    pub quorum_size: u32,
+    /// This node takes clients itself.
+    pub local_target_enabled: bool,
+    /// How long a key's target is remembered (0: not at all).
+    pub cache_timeout_ms: u64,
+    /// Points per target on the consistent-hash ring.
+    pub virtual_nodes: u32,
+    /// The CONNACK reason MQTT 5 clients get with the Server Reference.
+    pub mqtt_redirect: MqttRedirect,
+}
+
+impl Default for BalancerConfig {
+    fn default() -> Self {
+        Self {
+            key: TargetKey::ClientId,
+            key_filter: None,
+            local_target_filter: None,
+            policy: BalancerPolicy::ConsistentHash,
+            quorum_size: 1,
+            local_target_enabled: true,
+            cache_timeout_ms: 0,
+            virtual_nodes: VIRTUAL_NODES_DEFAULT,
+            mqtt_redirect: MqttRedirect::UseAnotherServer,
+        }
+    }
+}
+
+fn lease_ttl_s_default() -> u64 {
+    LEASE_TTL_S_DEFAULT
+}
+fn key_prefix_default() -> String {
+    KEY_PREFIX_DEFAULT.to_owned()
+}
+fn request_timeout_ms_default() -> u64 {
+    REQUEST_TIMEOUT_MS_DEFAULT
+}
+fn health_check_interval_ms_default() -> u64 {
+    HEALTH_CHECK_INTERVAL_MS_DEFAULT
+}
+fn health_check_timeout_ms_default() -> u64 {
+    HEALTH_CHECK_TIMEOUT_MS_DEFAULT
+}
+
+impl Config {
+    pub(crate) fn check_cluster(&self) -> Result<(), Invalid> {
+        let Some(c) = &self.cluster else {
+            return Ok(());
+        };
+        if c.etcd.is_empty() || c.etcd.len() > ETCD_ENDPOINTS_MAX {
+            return Err(invalid(
+                "cluster.etcd",
+                format!("needs 1 to {ETCD_ENDPOINTS_MAX} endpoints"),
+            ));
+        }
+        for e in &c.etcd {
+            let ok = e
+                .strip_prefix("http://")
+                .is_some_and(|rest| rest.trim_end_matches('/').contains(':'));
+            if !ok {
+                return Err(invalid(
+                    "cluster.etcd",
+                    format!("{e:?}: write http://host:port (TLS to etcd is not supported yet)"),
+                ));
+            }
+        }
+        if c.node_name.is_empty()
+            || c.node_name.len() > NODE_NAME_LEN_MAX_BYTES
+            || !c
+                .node_name
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
+        {
+            return Err(invalid(
+                "cluster.node_name",
+                format!("1 to {NODE_NAME_LEN_MAX_BYTES} of A-Z a-z 0-9 - _ ."),
+            ));
+        }
+        if !(LEASE_TTL_S_MIN..=LEASE_TTL_S_MAX).contains(&c.lease_ttl_s) {
+            return Err(invalid(
+                "cluster.lease_ttl_s",
+                format!("must be {LEASE_TTL_S_MIN}-{LEASE_TTL_S_MAX}"),
+            ));
+        }
+        if !c.key_prefix.starts_with('/') || !c.key_prefix.ends_with('/') {
+            return Err(invalid("cluster.key_prefix", "must start and end with /"));
+        }
+        for (key, value) in [
+            ("cluster.request_timeout_ms", c.request_timeout_ms),
+            (
+                "cluster.health_check_interval_ms",
+                c.health_check_interval_ms,
+            ),
+            ("cluster.health_check_timeout_ms", c.health_check_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be above 0"));
+            }
+        }
+        for (listener, address) in &c.advertise {
+            if !ADVERTISED_LISTENERS.contains(&listener.as_str()) {
+                return Err(invalid(
+                    format!("cluster.advertise.{listener}"),
+                    "not a listener name",
+                ));
+            }
+            if address
+                .rsplit_once(':')
+                .and_then(|(_, p)| p.parse::<u16>().ok())
+                .is_none()
+            {
+                return Err(invalid(
+                    format!("cluster.advertise.{listener}"),
+                    "write host:port",
+                ));
+            }
+        }
+        let b = &c.balancer;
+        if b.virtual_nodes == 0 || b.virtual_nodes > 4096 {
+            return Err(invalid("cluster.balancer.virtual_nodes", "must be 1-4096"));
+        }
+        Ok(())
+    }
+}
+
+/// The listeners whose address a node publishes (`[listeners]` keys;
+/// `metrics` serves no client).
+const ADVERTISED_LISTENERS: &[&str] = &[
+    "mqtt",
+    "stomp",
+    "amqp",
+    "websocket",
+    "mqtts",
+    "stomps",
+    "amqps",
+    "wss",
+    "any",
+];
+
+#[cfg(test)]
+mod tests {
+    use crate::{BalancerPolicy, Config, TargetKey};
+
+    #[test]
+    fn a_cluster_section_parses_with_defaults_for_what_it_leaves_out() {
+        let c = Config::parse(
+            "[cluster]\netcd = [\"http://127.0.0.1:2379\"]\nnode_name = \"a\"\n[cluster.balancer]\nkey = \"user_name\"\n",
+            "x",
+        )
+        .expect("parses");
+        let cluster = c.cluster.expect("cluster");
+        assert_eq!(cluster.lease_ttl_s, super::LEASE_TTL_S_DEFAULT);
+        assert_eq!(cluster.balancer.key, TargetKey::UserName);
+        assert_eq!(cluster.balancer.policy, BalancerPolicy::ConsistentHash);
+        assert!(Config::default().cluster.is_none(), "one node by default");
+    }
+
+    #[test]
+    fn bad_cluster_values_name_their_key() {
+        for (doc, key) in [
+            ("etcd = []\nnode_name = \"a\"", "cluster.etcd"),
+            (
+                "etcd = [\"https://e:2379\"]\nnode_name = \"a\"",
+                "cluster.etcd",
+            ),
+            (
+                "etcd = [\"http://e:2379\"]\nnode_name = \"a/b\"",
+                "cluster.node_name",
+            ),
+            (
+                "etcd = [\"http://e:2379\"]\nnode_name = \"a\"\nlease_ttl_s = 1",
+                "cluster.lease_ttl_s",
+            ),
+            (
+                "etcd = [\"http://e:2379\"]\nnode_name = \"a\"\nadvertise = { nope = \"h:1\" }",
+                "cluster.advertise.nope",
+            ),
+            (
+                "etcd = [\"http://e:2379\"]\nnode_name = \"a\"\nbalancer = { policy = \"random\" }",
+                "cluster.balancer.policy",
+            ),
+        ] {
+            let err = Config::parse(&format!("[cluster]\n{doc}\n"), "x").expect_err(doc);
+            assert!(err.to_string().contains(key), "{doc}: {err}");
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! `[cluster]` in the server: the balancer every connection asks (through
+//! its [`AdmittedBroker`](super::admission::AdmittedBroker)), and the etcd
+//! membership that feeds it, started once the listeners are bound (their
+//! addresses are what the node publishes) and left first on shutdown.
+//! Without `[cluster]` none of this exists.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use rosetta_cluster::{
+    Balancer, BalancerSettings, ConnectionFacts, Decision, KeySource, Membership,
+    MembershipSettings, Policy,
+};
+use rosetta_config::{BalancerPolicy, ClusterConfig, ListenerKind, MqttRedirect, TargetKey};
+use rosetta_neutral::{Placement, PlacementRequest, RedirectTarget};
+
+/// The balancer of this node, with what its answers need.
+pub(crate) struct ClusterNode {
+    balancer: Arc<Balancer>,
+    /// MQTT 5 clients sent elsewhere get 0x9D rather than 0x9C.
+    permanent: bool,
+}
+
+impl ClusterNode {
+    /// The balancer of `[cluster.balancer]`; its errors name the key.
+    pub(crate) fn new(config: &ClusterConfig) -> anyhow::Result<Arc<Self>> {
+        let b = &config.balancer;
+        let settings = BalancerSettings {
+            local_name: config.node_name.clone(),
+            // This node's own addresses are published by membership; the
+            // balancer answers Local for it.
+            local_addresses: BTreeMap::new(),
+            key: match b.key {
+                TargetKey::ClientId => KeySource::ClientId,
+                TargetKey::UserName => KeySource::UserName,
+                TargetKey::SourceIp => KeySource::SourceIp,
+                TargetKey::SniHost => KeySource::SniHost,
+            },
+            key_filter: b.key_filter.clone(),
+            local_target_filter: b.local_target_filter.clone(),
+            policy: match b.policy {
+                BalancerPolicy::FirstElement => Policy::FirstElement,
+                BalancerPolicy::RoundRobin => Policy::RoundRobin,
+                BalancerPolicy::ConsistentHash => Policy::ConsistentHash,
+                BalancerPolicy::LeastConnections => Policy::LeastConnections,
+            },
+            quorum_size: b.quorum_size as usize,
+            local_target_enabled: b.local_target_enabled,
+            cache_timeout_ms: b.cache_timeout_ms,
+            virtual_nodes: b.virtual_nodes,
+        };
+        let balancer = Balancer::new(settings).context("[cluster.balancer]")?;
+        Ok(Arc::new(Self {
+            balancer: Arc::new(balancer),
+            permanent: b.mqtt_redirect == MqttRedirect::ServerMoved,
+        }))
+    }
+
+    /// Registers this node in etcd with the addresses of `bound`.
+    pub(crate) fn join(
+        &self,
+        config: &ClusterConfig,
+        bound: &[(ListenerKind, SocketAddr)],
+        connections: rosetta_cluster::membership::ConnectionCount,
+    ) -> anyhow::Result<Membership> {
+        let settings = MembershipSettings {
+            endpoints: config.etcd.clone(),
+            node_name: config.node_name.clone(),
+            lease_ttl_s: config.lease_ttl_s,
+            key_prefix: config.key_prefix.clone(),
+            addresses: advertised(config, bound),
+            request_timeout_ms: config.request_timeout_ms,
+            health_check_interval_ms: config.health_check_interval_ms,
+            health_check_timeout_ms: config.health_check_timeout_ms,
+        };
+        tracing::info!(node = %settings.node_name, addresses = ?settings.addresses, "cluster: joining");
+        Membership::spawn(settings, Arc::clone(&self.balancer), connections)
+            .context("[cluster] etcd")
+    }
+
+    /// Where a connection that came in on `listener` from `source` belongs.
+    pub(crate) fn place(
+        &self,
+        request: &PlacementRequest<'_>,
+        listener: ListenerKind,
+        source: IpAddr,
+    ) -> Placement {
+        let facts = ConnectionFacts {
+            client_id: request.client_id.map(str::to_owned),
+            user_name: request.user.map(str::to_owned),
+            source_ip: Some(source),
+            sni_host: None,
+        };
+        match self.balancer.decide(&facts, listener.key(), Instant::now()) {
+            Decision::Local => Placement::Local,
+            Decision::Redirect { node, address } => {
+                match RedirectTarget::parse(&address, self.permanent) {
+                    Some(target) => {
+                        tracing::debug!(%node, %address, "cluster: redirecting");
+                        Placement::Redirect(target)
+                    }
+                    None => {
+                        tracing::warn!(%node, %address, "cluster: a node published an address that is not host:port");
+                        Placement::Unavailable
+                    }
+                }
+            }
+            Decision::Unavailable => Placement::Unavailable,
+        }
+    }
+}
+
+/// The addresses this node publishes: `advertise` where given, else each
+/// client listener's bound address (its port on `advertise_host` when
+/// set; an unspecified address becomes loopback, with a warning).
+fn advertised(
+    config: &ClusterConfig,
+    bound: &[(ListenerKind, SocketAddr)],
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (kind, addr) in bound {
+        if *kind == ListenerKind::Metrics {
+            continue;
+        }
+        let key = kind.key().to_owned();
+        if let Some(given) = config.advertise.get(&key) {
+            out.insert(key, given.clone());
+            continue;
+        }
+        let host = match &config.advertise_host {
+            Some(h) => h.clone(),
+            None if addr.ip().is_unspecified() => {
+                tracing::warn!(listener = %key, %addr, "cluster: listener bound to every interface; publishing 127.0.0.1 (set [cluster] advertise_host)");
+                "127.0.0.1".to_owned()
+            }
+            None => addr.ip().to_string(),
+        };
+        let authority = if host.contains(':') {
+            format!("[{host}]:{}", addr.port())
+        } else {
+            format!("{host}:{}", addr.port())
+        };
+        out.insert(key, authority);
+    }
+    out
+}

@@ -1,0 +1,366 @@
+//! Three Rosetta nodes (the broker binary, each with its own config on
+//! free loopback ports) and one etcd: membership, MQTT 5 and AMQP
+//! redirects to the node a key hashes to, a node killed with SIGKILL
+//! leaving the pool with only its keys moving, and the quorum rule.
+//!
+//! Skipped loudly without etcd unless `ROSETTA_REQUIRE_ETCD` is set
+//! (`scripts/test.sh` sets it).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::mqtt::Raw;
+use common::process::BrokerProcess;
+use fe2o3_amqp::types::definitions::{ConnectionError, ErrorCondition};
+use rosetta_cluster::balancer::ring::Ring;
+use rosetta_cluster::testing::EtcdServer;
+use rumqttc::v5::mqttbytes::v5 as p5;
+
+/// Lease TTL of the test nodes: short, so a killed node leaves soon.
+const LEASE_TTL_S: u64 = 2;
+/// Points per node on the ring, as the nodes are configured.
+const VIRTUAL_NODES: u32 = 160;
+/// How long the cluster gets to settle (nodes registering, first checks).
+const SETTLE: Duration = Duration::from_secs(15);
+
+struct Node {
+    name: &'static str,
+    process: BrokerProcess,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn start(name: &'static str, etcd: &str, balancer: &str, security: &str) -> Node {
+        let dir = tempfile::tempdir().expect("dir");
+        let extra = format!(
+            "{security}\n[cluster]\netcd = [\"{etcd}\"]\nnode_name = \"{name}\"\nlease_ttl_s = {LEASE_TTL_S}\nhealth_check_interval_ms = 200\nhealth_check_timeout_ms = 300\n[cluster.balancer]\nvirtual_nodes = {VIRTUAL_NODES}\n{balancer}\n"
+        );
+        let process = BrokerProcess::start(dir.path(), &["mqtt", "amqp", "stomp"], &extra);
+        Node {
+            name,
+            process,
+            _dir: dir,
+        }
+    }
+
+    fn mqtt(&self) -> SocketAddr {
+        self.process.addr("mqtt")
+    }
+
+    fn amqp(&self) -> SocketAddr {
+        self.process.addr("amqp")
+    }
+}
+
+/// The CONNACK a clean v5 CONNECT with `id` gets from `addr`.
+async fn connack5(addr: SocketAddr, id: &str) -> p5::ConnAck {
+    let (raw, ack) = Raw::connect5_clean(addr, id, None).await;
+    raw.shutdown().await;
+    ack
+}
+
+fn server_reference(ack: &p5::ConnAck) -> Option<String> {
+    ack.properties.as_ref()?.server_reference.clone()
+}
+
+/// Where `node` sends client `id`: its own name, or the node whose MQTT
+/// address the Server Reference names.
+async fn placed(node: &Node, nodes: &[&Node], id: &str) -> String {
+    let ack = connack5(node.mqtt(), id).await;
+    match ack.code {
+        p5::ConnectReturnCode::Success => node.name.to_owned(),
+        p5::ConnectReturnCode::UseAnotherServer => {
+            let reference = server_reference(&ack).expect("a redirect names the server");
+            nodes
+                .iter()
+                .find(|n| n.mqtt().to_string() == reference)
+                .map(|n| n.name.to_owned())
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{reference} is no node's MQTT address: {:?}",
+                        nodes
+                            .iter()
+                            .map(|n| (n.name, n.mqtt(), n.amqp()))
+                            .collect::<Vec<_>>()
+                    )
+                })
+        }
+        other => format!("refused:{other:?}"),
+    }
+}
+
+/// Waits until `ok` holds, or fails saying `what`.
+async fn eventually<F, Fut>(what: &str, timeout: Duration, mut ok: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if ok().await {
+            return start.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what}: not within {timeout:?}");
+}
+
+fn ids(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("device-{i}")).collect()
+}
+
+/// Every id of `ids` placed by `node` as `ring` says.
+async fn all_placed_by_ring(node: &Node, nodes: &[&Node], ring: &Ring, ids: &[String]) -> bool {
+    for id in ids {
+        let owner = ring.owner(id).expect("ring");
+        if placed(node, nodes, id).await != owner {
+            return false;
+        }
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt5_clients_are_redirected_to_their_node_and_a_killed_node_moves_only_its_keys() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let a = Node::start("a", &etcd.endpoint, "", "");
+    let b = Node::start("b", &etcd.endpoint, "", "");
+    let mut c = Node::start("c", &etcd.endpoint, "", "");
+    let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
+    let sample = ids(30);
+    {
+        let nodes = [&a, &b, &c];
+        // Every node answers as the ring of all three says.
+        for node in nodes {
+            eventually("the three nodes see each other", SETTLE, || {
+                all_placed_by_ring(node, &nodes, &ring, &sample)
+            })
+            .await;
+        }
+    }
+
+    // A client id that hashes to b, connecting to a: 0x9C with b's
+    // address; following it, b takes the client.
+    let to_b = sample
+        .iter()
+        .find(|id| ring.owner(id) == Some("b"))
+        .expect("some id hashes to b");
+    let ack = connack5(a.mqtt(), to_b).await;
+    assert_eq!(ack.code, p5::ConnectReturnCode::UseAnotherServer);
+    assert_eq!(server_reference(&ack), Some(b.mqtt().to_string()));
+    let opts = rumqttc::v5::MqttOptions::new(to_b.as_str(), "127.0.0.1", b.mqtt().port());
+    let (client, mut events) = rumqttc::v5::AsyncClient::new(opts, 10);
+    let first = tokio::time::timeout(Duration::from_secs(5), events.poll())
+        .await
+        .expect("b answers")
+        .expect("b accepts the client");
+    assert!(
+        matches!(
+            first,
+            rumqttc::v5::Event::Incoming(rumqttc::v5::Incoming::ConnAck(ref ack))
+                if ack.code == p5::ConnectReturnCode::Success
+        ),
+        "{first:?}"
+    );
+    let _ = client.disconnect().await;
+
+    // SIGKILL c: no revoke; it leaves the pool (health checks, then its
+    // lease) and only its keys move, to a and b.
+    let before: Vec<(String, &str)> = ids(200)
+        .into_iter()
+        .map(|id| {
+            let owner = ring.owner(&id).expect("ring");
+            (id, owner)
+        })
+        .collect();
+    c.process.kill();
+    let killed = Instant::now();
+    let all = [&a, &b, &c];
+    let c_key = before
+        .iter()
+        .find(|(_, o)| *o == "c")
+        .map(|(id, _)| id.clone())
+        .expect("some id on c");
+    let gone = eventually("c leaves the pool", SETTLE, || async {
+        let p = placed(&a, &all, &c_key).await;
+        p == "a" || p == "b"
+    })
+    .await;
+    assert!(
+        killed.elapsed() <= Duration::from_secs(LEASE_TTL_S) + Duration::from_secs(2),
+        "c left after {gone:?}, lease TTL {LEASE_TTL_S} s"
+    );
+    // Give its lease time to expire too, then check every key.
+    tokio::time::sleep(Duration::from_millis(LEASE_TTL_S * 1000 + 500)).await;
+    let mut moved = 0;
+    for (id, owner) in &before {
+        let now_on = placed(&a, &all, id).await;
+        if *owner == "c" {
+            assert!(now_on == "a" || now_on == "b", "{id} went to {now_on}");
+            moved += 1;
+        } else {
+            assert_eq!(&now_on, owner, "{id} moved though its node lives");
+        }
+    }
+    assert!(moved > 0, "c owned some keys");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_quorum_clients_are_told_the_server_is_unavailable() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let quorum = "quorum_size = 3";
+    let a = Node::start("a", &etcd.endpoint, quorum, "");
+    let b = Node::start("b", &etcd.endpoint, quorum, "");
+    // Two of three: refused, v5 with 0x88, 3.1.1 with return code 3.
+    let ack = connack5(a.mqtt(), "q1").await;
+    assert_eq!(ack.code, p5::ConnectReturnCode::ServerUnavailable);
+    let (raw, ack4) = Raw::connect4(a.mqtt(), "q1", true, 10).await;
+    raw.shutdown().await;
+    assert_eq!(ack4.code, rumqttc::ConnectReturnCode::ServiceUnavailable);
+    // STOMP: an ERROR frame, then the connection closes.
+    let answer = stomp_connect_answer(a.process.addr("stomp"), "q1");
+    assert!(
+        answer.starts_with("ERROR") && answer.contains("message:server unavailable"),
+        "{answer}"
+    );
+    // A third node makes the quorum.
+    let c = Node::start("c", &etcd.endpoint, quorum, "");
+    let nodes = [&a, &b, &c];
+    eventually("the quorum is reached", SETTLE, || async {
+        !placed(&a, &nodes, "q1").await.starts_with("refused")
+    })
+    .await;
+}
+
+/// Everything a STOMP server answers to a CONNECT with `client-id`, up
+/// to its closing the connection.
+fn stomp_connect_answer(addr: SocketAddr, client_id: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let connect = common::process::frame(
+        "CONNECT",
+        &[
+            ("accept-version", "1.2"),
+            ("host", "h"),
+            ("client-id", client_id),
+        ],
+        b"",
+    );
+    s.write_all(&connect).expect("write");
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A users file with `users` (password `pw` each), and the `[security]`
+/// section that uses it.
+fn users(dir: &Path, users: &[String]) -> String {
+    let path = dir.join("users.toml");
+    for u in users {
+        rosetta::server::users::add_user(&path, u, b"pw", None, None).expect("add user");
+    }
+    format!("[security]\nanonymous = false\nusers_file = {path:?}\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_clients_are_redirected_by_user_name() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
+    let names: Vec<String> = (0..12).map(|i| format!("user{i}")).collect();
+    let to_b = names
+        .iter()
+        .find(|u| ring.owner(u) == Some("b"))
+        .expect("a user on b")
+        .clone();
+    let on_a = names
+        .iter()
+        .find(|u| ring.owner(u) == Some("a"))
+        .expect("a user on a")
+        .clone();
+    let shared = tempfile::tempdir().expect("dir");
+    let security = users(shared.path(), &[to_b.clone(), on_a.clone()]);
+    let by_user = "key = \"user_name\"";
+    let a = Node::start("a", &etcd.endpoint, by_user, &security);
+    let b = Node::start("b", &etcd.endpoint, by_user, &security);
+    let c = Node::start("c", &etcd.endpoint, by_user, &security);
+    let _ = &c;
+    let url = |addr: SocketAddr, user: &str| format!("amqp://{user}:pw@{addr}");
+    let expected_port = u64::from(b.amqp().port());
+    eventually("a redirects the user of b", SETTLE, || {
+        let url = url(a.amqp(), &to_b);
+        async move {
+            match amqp_refusal(&url).await {
+                Some(e) => redirect_port(e) == expected_port,
+                // Not settled yet: served here.
+                None => false,
+            }
+        }
+    })
+    .await;
+    // Following the redirect works, and a's own user stays on a.
+    let mut there = fe2o3_amqp::Connection::open("followed", url(b.amqp(), &to_b).as_str())
+        .await
+        .expect("b takes its user");
+    there.close().await.expect("close");
+    let mut here = fe2o3_amqp::Connection::open("local", url(a.amqp(), &on_a).as_str())
+        .await
+        .expect("a keeps its user");
+    here.close().await.expect("close");
+}
+
+/// The error a connection to `url` is closed with at once, if it is: at
+/// open, or (fe2o3-amqp returns from open on the server's Open, before the
+/// Close behind it) right after.
+async fn amqp_refusal(url: &str) -> Option<fe2o3_amqp::types::definitions::Error> {
+    match fe2o3_amqp::Connection::open("redirected", url).await {
+        Err(fe2o3_amqp::connection::OpenError::RemoteClosedWithError(e)) => Some(e),
+        Err(e) => panic!("unexpected open error: {e:?}"),
+        Ok(mut conn) => {
+            match tokio::time::timeout(Duration::from_millis(500), conn.on_close()).await {
+                Ok(Err(fe2o3_amqp::connection::Error::RemoteClosedWithError(e))) => Some(e),
+                Ok(other) => panic!("closed without an error: {other:?}"),
+                Err(_) => {
+                    let _ = conn.close().await;
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// The port of an `amqp:connection:redirect` error, after checking its
+/// condition and info fields (AMQP 1.0 §2.8.17).
+fn redirect_port(e: fe2o3_amqp::types::definitions::Error) -> u64 {
+    assert_eq!(
+        e.condition,
+        ErrorCondition::ConnectionError(ConnectionError::Redirect),
+        "{:?}",
+        e.description
+    );
+    let info = e.info.expect("redirect info");
+    let field = |k: &str| {
+        info.iter()
+            .find(|(key, _)| key.as_str() == k)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        field("network-host"),
+        Some(serde_amqp::Value::String("127.0.0.1".into()))
+    );
+    assert!(field("hostname").is_some(), "hostname");
+    match field("port") {
+        Some(serde_amqp::Value::Uint(p)) => u64::from(p),
+        other => panic!("port: {other:?}"),
+    }
+}
