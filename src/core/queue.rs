@@ -746,6 +746,15 @@ fn hold_group_during_delay(st: &mut QueueState, entry: &Entry) {
         .insert(entry.seq, (group.to_owned(), owner));
 }
 
+/// Every message waiting out a redelivery delay is gone (the schedule was
+/// emptied): their groups are no longer held for them.
+pub(crate) fn end_group_delays(st: &mut QueueState) {
+    let seqs: Vec<MessageSeq> = st.delayed_in_group.keys().copied().collect();
+    for seq in seqs {
+        end_group_delay(st, seq);
+    }
+}
+
 /// The message `seq` is back from its redelivery delay (or gone): its group
 /// is no longer held for it. Returns the group, when it was held.
 fn end_group_delay(st: &mut QueueState, seq: MessageSeq) -> Option<String> {

@@ -513,7 +513,8 @@ impl Inner {
         for entry in st.backlog.take_all(q.memory()) {
             q.release(&entry);
         }
-        for entry in st.schedule.take_all(q.memory()) {
+        super::queue::end_group_delays(&mut st);
+        for entry in st.schedule.take_all(q.memory()).0 {
             q.release(&entry);
         }
         for (_, entry) in std::mem::take(&mut st.inflight).into_values() {

@@ -346,14 +346,22 @@ impl Schedule {
         out
     }
 
-    /// Empties the schedule (the queue is deleted): returns the entries in
-    /// memory, for the caller to uncount; those on disk are forgotten with
-    /// their page files.
-    pub(crate) fn take_all(&mut self, gauge: &MemoryGauge) -> Vec<Entry> {
+    /// Empties the schedule (the queue is deleted or purged): returns the
+    /// entries in memory, for the caller to uncount (and acknowledge), and
+    /// the seq of each one on disk with whether it is journaled here (to
+    /// acknowledge); their page files are deleted.
+    pub(crate) fn take_all(
+        &mut self,
+        gauge: &MemoryGauge,
+    ) -> (Vec<Entry>, Vec<(MessageSeq, bool)>) {
         gauge.sub_paged(self.on_disk.len() as u64);
-        self.on_disk.clear();
+        let on_disk = std::mem::take(&mut self.on_disk)
+            .into_values()
+            .map(|d| (d.paged().seq, d.paged().journaled))
+            .collect();
         self.pages.clear();
-        std::mem::take(&mut self.in_memory).into_values().collect()
+        let in_memory = std::mem::take(&mut self.in_memory).into_values().collect();
+        (in_memory, on_disk)
     }
 }
 
