@@ -82,9 +82,9 @@ impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> Self {
         match &e {
             BrokerError::NotFound(_) | BrokerError::Unknown(_) => Self::not_found(e.to_string()),
-            BrokerError::InvalidAddress(_) | BrokerError::InvalidSelector(_) => {
-                Self::bad_request(e.to_string())
-            }
+            BrokerError::InvalidAddress(_)
+            | BrokerError::InvalidSelector(_)
+            | BrokerError::InvalidStreamOffset(_) => Self::bad_request(e.to_string()),
             BrokerError::InUse(_) => Self::conflict(e.to_string()),
             BrokerError::Unauthorized(_) => Self::forbidden(e.to_string()),
             BrokerError::ResourceLimit(_) => Self::new(

@@ -125,18 +125,23 @@ impl Core {
         let mut removed = 0u64;
         let mut st = queue.state.lock();
         let (entries, paged) = st.backlog.take_waiting(queue.memory());
-        let scheduled = st.schedule.take_all();
+        crate::queue::end_group_delays(&mut st);
+        let (scheduled, scheduled_on_disk) = st.schedule.take_all(queue.memory());
         drop(st);
+        let paged = paged
+            .into_iter()
+            .map(|gone| (gone.seq, gone.journaled))
+            .chain(scheduled_on_disk);
         for entry in entries.iter().chain(&scheduled) {
             records.extend(queue.ack_record(entry));
             queue.release(entry);
             removed += 1;
         }
-        for gone in paged {
-            if gone.journaled {
+        for (seq, journaled) in paged {
+            if journaled {
                 records.push(Record::Ack {
                     queue: queue.id,
-                    seq: gone.seq,
+                    seq,
                 });
             }
             removed += 1;

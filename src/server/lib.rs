@@ -16,8 +16,8 @@
 
 pub mod access;
 mod admission;
-pub mod connections;
 mod cluster;
+pub mod connections;
 mod detect;
 mod driver;
 /// For the cargo-fuzz targets in `fuzz/` only.

@@ -37,9 +37,9 @@ pub use broker::*;
 pub use budget::{DeliveryBudget, DeliveryCharge};
 pub use login::{Credentials, LoginStart, PasswordCheck};
 pub use message::{Body, BodyKind, Guarantee, Message, MessageId};
+pub use placement::{Placement, PlacementRequest, RedirectTarget};
 pub use stream::{
     StreamOffset, StreamOffsetError, StreamPosition, StreamRead, STREAM_GROUP_BYTES_MAX,
     STREAM_OFFSET_SPEC_BYTES_MAX,
 };
-pub use placement::{Placement, PlacementRequest, RedirectTarget};
 pub use value::{Properties, Value};
