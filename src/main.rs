@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+
+mod admin_cli;
 
 /// See Cargo.toml: glibc malloc fragments under the broker's cross-thread
 /// allocation pattern. The `mimalloc` feature is on by default.
@@ -41,10 +43,79 @@ enum Command {
         #[command(subcommand)]
         action: UserAction,
     },
+    /// Queues of a running broker, through its admin API.
+    Queue {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        action: QueueAction,
+    },
+    /// Connections of a running broker, through its admin API.
+    Connection {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        action: ConnectionAction,
+    },
     /// Works on the journal of a stopped broker.
     Store {
         #[command(subcommand)]
         action: StoreAction,
+    },
+}
+
+/// Where the admin API is and who asks it.
+#[derive(Args, Debug)]
+struct ApiArgs {
+    /// The admin API ([admin] listen).
+    #[arg(long, default_value = admin_cli::URL_DEFAULT, global = true)]
+    url: String,
+    /// A user of the users file with an admin role.
+    #[arg(long, global = true)]
+    user: Option<String>,
+    /// Its password (for scripts: it shows in the process list); default:
+    /// the ROSETTA_PASSWORD environment variable.
+    #[arg(long, global = true)]
+    password: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum QueueAction {
+    /// Prints the queues' names, one a line.
+    List {
+        /// Only queues whose name contains this.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Prints a table of the queues' depth, in flight, scheduled, consumers...
+    Stat {
+        /// Only queues whose name contains this.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Removes every waiting message of a queue (in-flight ones stay).
+    Purge {
+        /// The queue.
+        name: String,
+    },
+    /// Deletes a queue and its messages.
+    Delete {
+        /// The queue.
+        name: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ConnectionAction {
+    /// Prints the live connections.
+    List,
+    /// Closes a connection, telling the client why where its protocol can.
+    Close {
+        /// The connection id (from `connection list`).
+        id: u64,
+        /// What the client is shown.
+        #[arg(long)]
+        reason: Option<String>,
     },
 }
 
@@ -138,10 +209,32 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("user '{name}' saved in {}", path.display());
             Ok(())
         }
+        Command::Queue { api, action } => {
+            let command = match action {
+                QueueAction::List { name } => admin_cli::AdminCommand::QueueList { name },
+                QueueAction::Stat { name } => admin_cli::AdminCommand::QueueStat { name },
+                QueueAction::Purge { name } => admin_cli::AdminCommand::QueuePurge { name },
+                QueueAction::Delete { name } => admin_cli::AdminCommand::QueueDelete { name },
+            };
+            admin_cli::run(&api_of(api)?, command)
+        }
+        Command::Connection { api, action } => {
+            let command = match action {
+                ConnectionAction::List => admin_cli::AdminCommand::ConnectionList,
+                ConnectionAction::Close { id, reason } => {
+                    admin_cli::AdminCommand::ConnectionClose { id, reason }
+                }
+            };
+            admin_cli::run(&api_of(api)?, command)
+        }
         Command::Store {
             action: StoreAction::Check { data_dir },
         } => store_check(data_dir.unwrap_or_else(|| config.data_dir.clone())),
     }
+}
+
+fn api_of(args: ApiArgs) -> anyhow::Result<admin_cli::Api> {
+    admin_cli::Api::new(&args.url, args.user.as_deref(), args.password)
 }
 
 /// The broker and its admin API until SIGINT or SIGTERM. The admin API

@@ -40,9 +40,15 @@ fn write_config(dir: &Path, listeners: &str, rest: &str) -> PathBuf {
     .filter(|key| !given(key))
     .map(|key| format!("{key} = \"\"\n"))
     .collect();
+    // The admin API off unless `rest` sets it: its default port is one for
+    // the whole machine.
+    let admin_off = if rest.contains("[admin]") {
+        ""
+    } else {
+        "[admin]\nlisten = \"\"\n"
+    };
     let text = format!(
-        // The admin API off: its default port is one for the whole machine.
-        "data_dir = {:?}\n[listeners]\n{off}{listeners}\n{rest}\n[admin]\nlisten = \"\"\n",
+        "data_dir = {:?}\n[listeners]\n{off}{listeners}\n{rest}\n{admin_off}",
         dir.join("data")
     );
     std::fs::write(&path, text).expect("write config");
@@ -503,4 +509,80 @@ fn user_add_still_takes_the_password_from_scripts() {
     for (user, password) in [("a", "pa"), ("b", "pb"), ("c", "pc")] {
         assert!(saved.verify(user, password.as_bytes()), "{user}");
     }
+}
+
+/// `rosetta queue list|stat|purge|delete` and `rosetta connection
+/// list|close` against a running broker's admin API.
+#[test]
+fn queue_and_connection_commands_speak_to_the_admin_api() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    rosetta::users::save_user(
+        &dir.path().join("users.toml"),
+        "ops",
+        b"ops-pw",
+        None,
+        None,
+        Some(&[rosetta::users::AdminRole::Management]),
+    )
+    .expect("user");
+    let config = write_config(dir.path(), "stomp = 0", "[admin]\nlisten = \"127.0.0.1:0\"");
+    let broker = Broker::start(&config);
+    let stomp = broker.addr("stomp");
+    let line = broker.line_with("admin API listening");
+    let rest = &line[line.find("addr=").expect("addr=") + 5..];
+    let api: SocketAddr = rest[..rest.find(char::is_whitespace).unwrap_or(rest.len())]
+        .parse()
+        .expect("admin address");
+    let url = format!("http://{api}");
+    let ops = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--url", &url, "--user", "ops", "--password", "ops-pw"]);
+        let out = rosetta(&all);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let mut client = runtime.block_on(async {
+        let mut c = common::stomp::StompClient::connect(stomp, &[("client-id", "cli-probe")]).await;
+        c.send_persistent("/queue/orders", &[], b"one").await;
+        c.send_persistent("/queue/orders", &[], b"two").await;
+        c
+    });
+    assert_eq!(ops(&["queue", "list"]).trim(), "orders");
+    let table = ops(&["queue", "stat", "--name", "ord"]);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("|orders"))
+        .expect("a row");
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    assert_eq!(cells[1..3], ["orders", "2"], "{table}");
+    assert!(ops(&["queue", "purge", "orders"]).contains("2 messages removed"));
+
+    let listed = ops(&["connection", "list"]);
+    let id = listed
+        .lines()
+        .find(|l| l.ends_with("cli-probe"))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("the STOMP client is listed")
+        .to_owned();
+    ops(&["connection", "close", &id, "--reason", "bye now"]);
+    let error = runtime.block_on(client.expect_error_then_close());
+    assert_eq!(error.header("message"), Some("bye now"), "{error:?}");
+    assert!(ops(&["queue", "delete", "orders"]).contains("deleted"));
+
+    // A refusal is an error exit with the API's reason.
+    let out = rosetta(&[
+        "queue",
+        "list",
+        "--url",
+        &url,
+        "--user",
+        "ops",
+        "--password",
+        "wrong",
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("401"), "{}", stderr(&out));
+    broker.stop();
 }

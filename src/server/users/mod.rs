@@ -470,17 +470,13 @@ pub fn save_user(
     if !valid_name(name) {
         return Err(UsersError::InvalidName(name.to_owned()));
     }
-    if password.is_empty() || password.len() > PASSWORD_LEN_MAX_BYTES {
-        return Err(UsersError::InvalidPassword);
-    }
     let everything = ["#".to_owned()];
     let publish = publish.unwrap_or(&everything);
     let subscribe = subscribe.unwrap_or(&everything);
     for p in publish.iter().chain(subscribe) {
         Pattern::parse(p)?;
     }
-    let hash = password::hash(password)?;
-    let scram = scram::encode(&scram::derive_new(password));
+    let (hash, scram) = stored_credentials(password)?;
 
     let mut entry = toml_edit::Table::new();
     entry.insert("password_hash", toml_edit::value(hash));
@@ -516,15 +512,21 @@ pub fn save_user(
     .map(|_| ())
 }
 
-/// Changes the password (hash and SCRAM credentials) of an existing user,
-/// keeping its permissions and roles. Returns false if there is no such
-/// user (the file is then left as it was).
-pub fn set_password(path: &Path, name: &str, password: &[u8]) -> Result<bool, UsersError> {
+/// The argon2 hash and SCRAM-SHA-256 credentials a users file stores for
+/// `password`, once it is checked (1 to [`PASSWORD_LEN_MAX_BYTES`] bytes).
+fn stored_credentials(password: &[u8]) -> Result<(String, String), UsersError> {
     if password.is_empty() || password.len() > PASSWORD_LEN_MAX_BYTES {
         return Err(UsersError::InvalidPassword);
     }
     let hash = password::hash(password)?;
-    let scram = scram::encode(&scram::derive_new(password));
+    Ok((hash, scram::encode(&scram::derive_new(password))))
+}
+
+/// Changes the password (hash and SCRAM credentials) of an existing user,
+/// keeping its permissions and roles. Returns false if there is no such
+/// user (the file is then left as it was).
+pub fn set_password(path: &Path, name: &str, password: &[u8]) -> Result<bool, UsersError> {
+    let (hash, scram) = stored_credentials(password)?;
     let mut found = false;
     edit_file(path, |users| {
         if let Some(entry) = users.get_mut(name).and_then(|e| e.as_table_like_mut()) {

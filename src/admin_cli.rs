@@ -1,0 +1,263 @@
+//! `rosetta queue ...` and `rosetta connection ...`: the CLI side of the
+//! admin API. Each command is one or a few HTTP requests to a running
+//! broker's API (`--url`, `--user`, `--password`), so the CLI can do
+//! nothing the API cannot (issue 18).
+
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use base64ct::Encoding;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+
+/// Where the API listens by default: `[admin] listen`'s default.
+pub(crate) const URL_DEFAULT: &str = "http://127.0.0.1:8161";
+/// Longest wait for one answer.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Page size of the listings the CLI walks (the API's maximum).
+const PAGE_SIZE: usize = 1_000;
+
+/// The API and who asks it.
+pub(crate) struct Api {
+    /// `host:port`.
+    authority: String,
+    authorization: Option<String>,
+}
+
+impl Api {
+    /// `url` is `http://host:port`; with a user, the password is
+    /// `password`, else `ROSETTA_PASSWORD`.
+    pub(crate) fn new(
+        url: &str,
+        user: Option<&str>,
+        password: Option<String>,
+    ) -> anyhow::Result<Api> {
+        let Some(rest) = url.strip_prefix("http://") else {
+            bail!("--url must start with http:// (the admin API has no TLS yet): {url}");
+        };
+        let authority = rest.trim_end_matches('/').to_owned();
+        if authority.is_empty() || authority.contains('/') {
+            bail!("--url must be http://host:port: {url}");
+        }
+        let authorization = match user {
+            None => None,
+            Some(user) => {
+                let password = password
+                    .or_else(|| std::env::var("ROSETTA_PASSWORD").ok())
+                    .context("--user needs --password or ROSETTA_PASSWORD")?;
+                let pair = format!("{user}:{password}");
+                Some(format!(
+                    "Basic {}",
+                    base64ct::Base64::encode_string(pair.as_bytes())
+                ))
+            }
+        };
+        Ok(Api {
+            authority,
+            authorization,
+        })
+    }
+
+    /// One request; an error answer becomes an error naming its reason.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<Value> {
+        let stream = tokio::net::TcpStream::connect(&self.authority)
+            .await
+            .with_context(|| format!("connecting to the admin API at {}", self.authority))?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", &self.authority);
+        if let Some(auth) = &self.authorization {
+            req = req.header("authorization", auth);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let response = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            sender.send_request(req.body(Full::new(Bytes::new()))?),
+        )
+        .await
+        .context("the admin API did not answer in time")??;
+        let status = response.status();
+        let body = response.into_body().collect().await?.to_bytes();
+        let value: Value = if body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&body)
+                .context("the admin API answered something other than JSON")?
+        };
+        if !status.is_success() {
+            let reason = value["reason"].as_str().unwrap_or_default();
+            bail!("{status}: {reason}");
+        }
+        Ok(value)
+    }
+
+    /// Every item of a listing, page by page.
+    async fn all(&self, path: &str, name: Option<&str>) -> anyhow::Result<Vec<Value>> {
+        let mut items = Vec::new();
+        for page in 1.. {
+            let mut query = format!("{path}?page={page}&page_size={PAGE_SIZE}");
+            if let Some(name) = name {
+                query.push_str(&format!("&name={}", encode(name)));
+            }
+            let answer = self.call(Method::GET, &query, &[]).await?;
+            let got = answer["items"].as_array().cloned().unwrap_or_default();
+            let total = answer["total"].as_u64().unwrap_or(0) as usize;
+            let empty = got.is_empty();
+            items.extend(got);
+            if empty || items.len() >= total {
+                break;
+            }
+        }
+        Ok(items)
+    }
+}
+
+/// What the CLI asks.
+pub(crate) enum AdminCommand {
+    QueueList { name: Option<String> },
+    QueueStat { name: Option<String> },
+    QueuePurge { name: String },
+    QueueDelete { name: String },
+    ConnectionList,
+    ConnectionClose { id: u64, reason: Option<String> },
+}
+
+/// Runs one command and prints its answer on standard output.
+pub(crate) fn run(api: &Api, request: AdminCommand) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        match request {
+            AdminCommand::QueueList { name } => {
+                for q in api.all("/api/v1/queues", name.as_deref()).await? {
+                    println!("{}", q["name"].as_str().unwrap_or_default());
+                }
+            }
+            AdminCommand::QueueStat { name } => {
+                let queues = api.all("/api/v1/queues", name.as_deref()).await?;
+                print!("{}", stat_table(&queues));
+            }
+            AdminCommand::QueuePurge { name } => {
+                let path = format!("/api/v1/queues/{}/purge", encode(&name));
+                let answer = api.call(Method::POST, &path, &[]).await?;
+                println!("queue '{name}': {} messages removed", answer["removed"]);
+            }
+            AdminCommand::QueueDelete { name } => {
+                api.call(
+                    Method::DELETE,
+                    &format!("/api/v1/queues/{}", encode(&name)),
+                    &[],
+                )
+                .await?;
+                println!("queue '{name}' deleted");
+            }
+            AdminCommand::ConnectionList => {
+                println!(
+                    "{:<8} {:<6} {:<5} {:<22} {:<16} CLIENT ID",
+                    "ID", "PROTO", "TRANS", "PEER", "USER"
+                );
+                for c in api.all("/api/v1/connections", None).await? {
+                    println!(
+                        "{:<8} {:<6} {:<5} {:<22} {:<16} {}",
+                        c["id"],
+                        text(&c["protocol"]),
+                        text(&c["transport"]),
+                        text(&c["peer"]),
+                        text(&c["user"]),
+                        text(&c["client_id"]),
+                    );
+                }
+            }
+            AdminCommand::ConnectionClose { id, reason } => {
+                let headers: Vec<(&str, &str)> = reason
+                    .as_deref()
+                    .map(|r| ("x-reason", r))
+                    .into_iter()
+                    .collect();
+                api.call(
+                    Method::DELETE,
+                    &format!("/api/v1/connections/{id}"),
+                    &headers,
+                )
+                .await?;
+                println!("connection {id} closed");
+            }
+        }
+        Ok(())
+    })
+}
+
+fn text(v: &Value) -> &str {
+    v.as_str().unwrap_or("-")
+}
+
+/// `queue stat`: one row per queue, as Artemis' `queue stat` prints.
+fn stat_table(queues: &[Value]) -> String {
+    let width = queues
+        .iter()
+        .map(|q| text(&q["name"]).len())
+        .max()
+        .unwrap_or(0)
+        .max("NAME".len());
+    let columns = [
+        "depth",
+        "in_flight",
+        "scheduled",
+        "consumers",
+        "enqueued_total",
+        "acked_total",
+    ];
+    let mut out = format!(
+        "|{:<width$}|{:>10}|{:>10}|{:>10}|{:>10}|{:>10}|{:>10}|{:>12}|\n",
+        "NAME", "DEPTH", "IN_FLIGHT", "SCHEDULED", "CONSUMERS", "ENQUEUED", "ACKED", "OLDEST_MS"
+    );
+    for q in queues {
+        out.push_str(&format!("|{:<width$}", text(&q["name"])));
+        for c in columns {
+            out.push_str(&format!("|{:>10}", q[c].as_u64().unwrap_or(0)));
+        }
+        let oldest = q["oldest_message_age_ms"]
+            .as_u64()
+            .map_or("-".to_owned(), |a| a.to_string());
+        out.push_str(&format!("|{oldest:>12}|\n"));
+    }
+    out
+}
+
+/// Percent-encodes a path segment or query value: all but unreserved bytes.
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings() {
+        assert_eq!(encode("app/audit x"), "app%2Faudit%20x");
+    }
+}
