@@ -147,3 +147,23 @@ fn advertised(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use rosetta_config::Config;
+
+    #[test]
+    fn a_bad_balancer_regex_stops_the_start_naming_its_key() {
+        let dir = tempfile::tempdir().expect("dir");
+        let text = format!(
+            "data_dir = {:?}\n[cluster]\netcd = [\"http://127.0.0.1:2379\"]\nnode_name = \"a\"\n[cluster.balancer]\nkey_filter = \"(unclosed\"\n",
+            dir.path().join("data")
+        );
+        let config = Config::parse(&text, "x").expect("the file itself parses");
+        let err = crate::preflight(&config).err().expect("refused");
+        assert!(
+            format!("{err:#}").contains("cluster.balancer.key_filter"),
+            "{err:#}"
+        );
+    }
+}
