@@ -34,11 +34,21 @@ struct Node {
 
 impl Node {
     fn start(name: &'static str, etcd: &str, balancer: &str, security: &str) -> Node {
+        Self::start_with(name, etcd, balancer, security, &["mqtt", "amqp", "stomp"])
+    }
+
+    fn start_with(
+        name: &'static str,
+        etcd: &str,
+        balancer: &str,
+        security: &str,
+        listeners: &[&str],
+    ) -> Node {
         let dir = tempfile::tempdir().expect("dir");
         let extra = format!(
             "{security}\n[cluster]\netcd = [\"{etcd}\"]\nnode_name = \"{name}\"\nlease_ttl_s = {LEASE_TTL_S}\nhealth_check_interval_ms = 200\nhealth_check_timeout_ms = 300\n[cluster.balancer]\nvirtual_nodes = {VIRTUAL_NODES}\n{balancer}\n"
         );
-        let process = BrokerProcess::start(dir.path(), &["mqtt", "amqp", "stomp"], &extra);
+        let process = BrokerProcess::start(dir.path(), listeners, &extra);
         Node {
             name,
             process,
@@ -363,4 +373,118 @@ fn redirect_port(e: fe2o3_amqp::types::definitions::Error) -> u64 {
         Some(serde_amqp::Value::Uint(p)) => u64::from(p),
         other => panic!("port: {other:?}"),
     }
+}
+
+/// Host names the test certificate is issued for, one per tenant.
+fn tenant_names() -> Vec<String> {
+    (0..12).map(|i| format!("t{i}.cluster.test")).collect()
+}
+
+/// A self-signed certificate for every tenant name, written into `dir`;
+/// the `[tls]` section serving it, and a client configuration trusting it.
+fn tenant_tls(dir: &Path) -> (String, std::sync::Arc<rustls::ClientConfig>) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(tenant_names())
+        .expect("params")
+        .self_signed(&key)
+        .expect("self-signed");
+    let (cert_file, key_file) = (dir.join("tenants.pem"), dir.join("tenants.key"));
+    std::fs::write(&cert_file, cert.pem()).expect("cert");
+    std::fs::write(&key_file, key.serialize_pem()).expect("key");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der().clone()).expect("root");
+    let client = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let section = format!("[tls]\ncert_file = {cert_file:?}\nkey_file = {key_file:?}\n");
+    (section, std::sync::Arc::new(client))
+}
+
+/// The CONNACK a clean v5 CONNECT gets over TLS to `addr`, asking for
+/// `sni` in the handshake.
+async fn connack5_tls(
+    addr: SocketAddr,
+    sni: &str,
+    client: &std::sync::Arc<rustls::ClientConfig>,
+) -> p5::ConnAck {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("tcp");
+    let name = rustls::pki_types::ServerName::try_from(sni.to_owned()).expect("name");
+    let mut tls = tokio_rustls::TlsConnector::from(client.clone())
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake");
+    let mut out = bytes::BytesMut::new();
+    p5::Packet::Connect(
+        common::mqtt::connect5_packet("tls-client", true, None),
+        None,
+        None,
+    )
+    .write(&mut out, None)
+    .expect("encode");
+    tls.write_all(&out).await.expect("write");
+    let mut buf = bytes::BytesMut::new();
+    loop {
+        match p5::Packet::read(&mut buf, None) {
+            Ok(p5::Packet::ConnAck(ack)) => return ack,
+            Ok(other) => panic!("expected CONNACK, got {other:?}"),
+            Err(rumqttc::v5::mqttbytes::Error::InsufficientBytes(_)) => {
+                let mut chunk = [0u8; 4096];
+                let n = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut chunk))
+                    .await
+                    .expect("an answer")
+                    .expect("read");
+                assert!(n > 0, "closed before CONNACK");
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            Err(e) => panic!("undecodable: {e:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_clients_are_redirected_by_sni_host_to_the_same_listener_kind() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let shared = tempfile::tempdir().expect("dir");
+    let (tls, client) = tenant_tls(shared.path());
+    let by_sni = "key = \"sni_host\"";
+    let listeners = ["mqtt", "mqtts", "amqp", "stomp"];
+    let a = Node::start_with("a", &etcd.endpoint, by_sni, &tls, &listeners);
+    let b = Node::start_with("b", &etcd.endpoint, by_sni, &tls, &listeners);
+    let ring = Ring::new(["a", "b"], VIRTUAL_NODES);
+    let names = tenant_names();
+    let to_b = names
+        .iter()
+        .find(|n| ring.owner(n) == Some("b"))
+        .expect("a tenant on b");
+    let on_a = names
+        .iter()
+        .find(|n| ring.owner(n) == Some("a"))
+        .expect("a tenant on a");
+    let b_mqtts = b.process.addr("mqtts").to_string();
+    eventually(
+        "a sends b's tenant to b's mqtts listener",
+        SETTLE,
+        || async {
+            let ack = connack5_tls(a.process.addr("mqtts"), to_b, &client).await;
+            ack.code == p5::ConnectReturnCode::UseAnotherServer
+                && server_reference(&ack).as_deref() == Some(b_mqtts.as_str())
+        },
+    )
+    .await;
+    let there = connack5_tls(b.process.addr("mqtts"), to_b, &client).await;
+    assert_eq!(there.code, p5::ConnectReturnCode::Success);
+    let here = connack5_tls(a.process.addr("mqtts"), on_a, &client).await;
+    assert_eq!(here.code, p5::ConnectReturnCode::Success);
+    // Without TLS there is no SNI, hence no key: served where it connects.
+    assert_eq!(
+        connack5(a.mqtt(), "plain").await.code,
+        p5::ConnectReturnCode::Success
+    );
 }

@@ -40,11 +40,12 @@ use rosetta_neutral::{
 use rosetta_neutral::{Placement, PlacementRequest, SessionInfo};
 use tokio::time::Sleep;
 
-use rosetta_config::{BrokerConfig, ListenerKind};
+use rosetta_config::BrokerConfig;
 use rosetta_core::Core;
 
-use super::cluster::ClusterNode;
+use super::cluster::{ClusterNode, Transport};
 use super::log_throttle::LogThrottle;
+use super::protocols::Peer;
 
 /// Time past `connect_timeout_ms` before the server cuts a connection that
 /// is still unauthenticated: the adapters close such a connection
@@ -260,7 +261,7 @@ pub(crate) struct AdmittedBroker {
     core: Core,
     ticket: Ticket,
     /// `[cluster]`'s balancer, and what it needs to know of the transport.
-    placement: Option<(Arc<ClusterNode>, ListenerKind, IpAddr)>,
+    placement: Option<Placer>,
 }
 
 impl AdmittedBroker {
@@ -272,16 +273,25 @@ impl AdmittedBroker {
         }
     }
 
-    /// Asks `cluster` (when there is one) where the connection belongs.
-    pub(crate) fn with_placement(
-        mut self,
-        cluster: Option<Arc<ClusterNode>>,
-        listener: ListenerKind,
-        source: IpAddr,
-    ) -> Self {
-        self.placement = cluster.map(|c| (c, listener, source));
+    /// Asks `cluster` (when there is one) where the connection of `peer`
+    /// belongs.
+    pub(crate) fn with_placement(mut self, cluster: Option<Arc<ClusterNode>>, peer: &Peer) -> Self {
+        self.placement = cluster.map(|cluster| Placer {
+            cluster,
+            transport: Transport {
+                listener: peer.listener,
+                source: peer.addr.ip(),
+                sni_host: peer.sni_host.clone(),
+            },
+        });
         self
     }
+}
+
+/// The balancer of a connection, and what the transport knows of it.
+struct Placer {
+    cluster: Arc<ClusterNode>,
+    transport: Transport,
 }
 
 // Every method forwards to the core, the provided ones included, so that
@@ -328,7 +338,7 @@ impl Broker for AdmittedBroker {
 
     fn place_connection(&self, request: &PlacementRequest<'_>) -> Placement {
         match &self.placement {
-            Some((cluster, listener, source)) => cluster.place(request, *listener, *source),
+            Some(p) => p.cluster.place(request, &p.transport),
             None => self.core.place_connection(request),
         }
     }

@@ -17,6 +17,17 @@ use rosetta_cluster::{
 use rosetta_config::{BalancerPolicy, ClusterConfig, ListenerKind, MqttRedirect, TargetKey};
 use rosetta_neutral::{Placement, PlacementRequest, RedirectTarget};
 
+/// What the transport knows of a connection, for its target key and
+/// where to redirect it.
+pub(crate) struct Transport {
+    /// The listener it came in on: a redirect names the same kind.
+    pub(crate) listener: ListenerKind,
+    /// The peer's address (`source_ip`).
+    pub(crate) source: IpAddr,
+    /// TLS SNI (`sni_host`).
+    pub(crate) sni_host: Option<String>,
+}
+
 /// The balancer of this node, with what its answers need.
 pub(crate) struct ClusterNode {
     balancer: Arc<Balancer>,
@@ -81,20 +92,16 @@ impl ClusterNode {
             .context("[cluster] etcd")
     }
 
-    /// Where a connection that came in on `listener` from `source` belongs.
-    pub(crate) fn place(
-        &self,
-        request: &PlacementRequest<'_>,
-        listener: ListenerKind,
-        source: IpAddr,
-    ) -> Placement {
+    /// Where a connection that came in over `transport` belongs.
+    pub(crate) fn place(&self, request: &PlacementRequest<'_>, transport: &Transport) -> Placement {
         let facts = ConnectionFacts {
             client_id: request.client_id.map(str::to_owned),
             user_name: request.user.map(str::to_owned),
-            source_ip: Some(source),
-            sni_host: None,
+            source_ip: Some(transport.source),
+            sni_host: transport.sni_host.clone(),
         };
-        match self.balancer.decide(&facts, listener.key(), Instant::now()) {
+        let listener = transport.listener.key();
+        match self.balancer.decide(&facts, listener, Instant::now()) {
             Decision::Local => Placement::Local,
             Decision::Redirect { node, address } => {
                 match RedirectTarget::parse(&address, self.permanent) {
@@ -146,4 +153,24 @@ fn advertised(
         out.insert(key, authority);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use rosetta_config::Config;
+
+    #[test]
+    fn a_bad_balancer_regex_stops_the_start_naming_its_key() {
+        let dir = tempfile::tempdir().expect("dir");
+        let text = format!(
+            "data_dir = {:?}\n[cluster]\netcd = [\"http://127.0.0.1:2379\"]\nnode_name = \"a\"\n[cluster.balancer]\nkey_filter = \"(unclosed\"\n",
+            dir.path().join("data")
+        );
+        let config = Config::parse(&text, "x").expect("the file itself parses");
+        let err = crate::preflight(&config).err().expect("refused");
+        assert!(
+            format!("{err:#}").contains("cluster.balancer.key_filter"),
+            "{err:#}"
+        );
+    }
 }

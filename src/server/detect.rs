@@ -239,6 +239,7 @@ pub(crate) async fn serve_any(
             };
             plain.certificate_user = certificate_user;
             plain.tls = true;
+            plain.sni_host = super::tls::sni_host(&stream);
             let peer = plain;
             let (inner, stream) = match detect_read(stream, DETECT_TIMEOUT).await {
                 Ok(found) => found,

@@ -37,6 +37,11 @@ pub fn preflight(config: &Config) -> anyhow::Result<Preflight> {
     } else {
         None
     };
+    if let Some(cluster) = &config.cluster {
+        // The balancer's regexes are compiled only here: a bad one is a
+        // bad configuration, named by its key, before anything starts.
+        super::cluster::ClusterNode::new(cluster)?;
+    }
     let users_file = config.users_file();
     let users =
         Users::load(&users_file).with_context(|| format!("users file {}", users_file.display()))?;

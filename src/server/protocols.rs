@@ -33,6 +33,9 @@ pub(crate) struct Peer {
     /// The listener it came in on: a redirect sends the client to the
     /// same kind of listener on the target (`[cluster]`).
     pub(crate) listener: ListenerKind,
+    /// The host name the client asked for in TLS SNI (a `[cluster]`
+    /// balancer key).
+    pub(crate) sni_host: Option<String>,
 }
 
 impl Peer {
@@ -46,6 +49,7 @@ impl Peer {
             websocket: false,
             accepted_at_ms: rosetta_neutral::message::now_ms(),
             listener,
+            sni_host: None,
         }
     }
 
@@ -197,6 +201,7 @@ async fn serve_tls(
     };
     peer.certificate_user = certificate_user;
     peer.tls = true;
+    peer.sni_host = super::tls::sni_host(&stream);
     match kind {
         ListenerKind::Mqtts => run_wire(Wire::Mqtt, stream, peer, conn_id, shared).await,
         ListenerKind::Stomps => run_wire(Wire::Stomp, stream, peer, conn_id, shared).await,
@@ -231,11 +236,8 @@ where
     // The adapter's broker: the core, and the signal that the connection
     // has authenticated (see `admission`).
     let broker: Arc<dyn Broker> = Arc::new(
-        AdmittedBroker::new(shared.core.clone(), peer.admission.clone()).with_placement(
-            shared.cluster.clone(),
-            peer.listener,
-            peer.addr.ip(),
-        ),
+        AdmittedBroker::new(shared.core.clone(), peer.admission.clone())
+            .with_placement(shared.cluster.clone(), &peer),
     );
     let now = Instant::now();
     let user = peer.certificate_user;

@@ -269,6 +269,11 @@ where
     Ok((stream, identity))
 }
 
+/// The host name a TLS client asked for (SNI), if it sent one.
+pub(crate) fn sni_host<S>(stream: &TlsStream<S>) -> Option<String> {
+    stream.get_ref().1.server_name().map(str::to_owned)
+}
+
 /// The user a (verified) client certificate names: the subject's first
 /// common name, or the whole subject (RFC 4514 style) when it has no CN.
 /// `None` when the certificate cannot be parsed, which rustls' verification
