@@ -55,6 +55,12 @@ impl BrokerProcess {
             text.push_str(&format!("{l} = \"{addr}\"\n"));
         }
         text.push_str(extra);
+        if !extra.contains("[admin]") {
+            // The admin API's default port is one for the whole machine:
+            // brokers started side by side (cluster nodes, parallel tests)
+            // would fight over it.
+            text.push_str("\n[admin]\nlisten = \"\"\n");
+        }
         std::fs::write(&config, text).expect("write config");
         let mut child = Command::new(env!("CARGO_BIN_EXE_rosetta"))
             .arg("--config")
