@@ -336,12 +336,13 @@ fn the_defaults_file_mentions_every_key() {
         "stomp",
         "amqp",
         "queues",
+        "streams",
     ];
     for section in sections {
         let probe = if section.is_empty() {
             "no_such_key = 1\n".to_owned()
-        } else if section == "queues" {
-            "[[queues]]\nno_such_key = 1\n".to_owned()
+        } else if section == "queues" || section == "streams" {
+            format!("[[{section}]]\nno_such_key = 1\n")
         } else {
             format!("[{section}]\nno_such_key = 1\n")
         };
@@ -367,7 +368,7 @@ fn the_defaults_file_mentions_every_key() {
                 && section.is_empty();
             let mentioned = if is_table {
                 DEFAULTS_FILE.contains(&format!("[{key}]"))
-            } else if key == "bindings" || key == "queues" {
+            } else if key == "bindings" || key == "queues" || key == "streams" {
                 DEFAULTS_FILE.contains(&format!("[[{key}]]"))
             } else {
                 DEFAULTS_FILE.lines().any(|l| {
