@@ -339,12 +339,13 @@ fn the_defaults_file_mentions_every_key() {
         "queues",
         "cluster",
         "cluster.balancer",
+        "streams",
     ];
     for section in sections {
         let probe = if section.is_empty() {
             "no_such_key = 1\n".to_owned()
-        } else if section == "queues" {
-            "[[queues]]\nno_such_key = 1\n".to_owned()
+        } else if section == "queues" || section == "streams" {
+            format!("[[{section}]]\nno_such_key = 1\n")
         } else {
             format!("[{section}]\nno_such_key = 1\n")
         };
@@ -374,7 +375,7 @@ fn the_defaults_file_mentions_every_key() {
                 DEFAULTS_FILE.contains(&format!("[{key}]"))
             } else if section == "cluster" && key == "balancer" {
                 DEFAULTS_FILE.contains("[cluster.balancer]")
-            } else if key == "bindings" || key == "queues" {
+            } else if key == "bindings" || key == "queues" || key == "streams" {
                 DEFAULTS_FILE.contains(&format!("[[{key}]]"))
             } else {
                 DEFAULTS_FILE.lines().any(|l| {

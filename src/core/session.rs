@@ -204,9 +204,12 @@ impl CoreSession {
     fn publish_to_stream(
         &self,
         s: &Arc<stream::Stream>,
-        message: Message,
+        mut message: Message,
         options: PublishOptions,
     ) -> Result<PublishReceipt, BrokerError> {
+        // Where it was published, as routing records it for a queue: MQTT
+        // readers get it as their PUBLISH topic.
+        message.address = Some(Address::Queue(s.name.to_string()));
         if options.txn.is_some() {
             return Err(BrokerError::InvalidAddress(format!(
                 "transactional publishes to a stream ('{}') are not supported yet",

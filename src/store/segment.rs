@@ -256,13 +256,13 @@ fn le_u16(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes(x)
 }
 
-fn le_u32(b: &[u8], at: usize) -> u32 {
+pub(crate) fn le_u32(b: &[u8], at: usize) -> u32 {
     let mut x = [0u8; 4];
     x.copy_from_slice(&b[at..at + 4]);
     u32::from_le_bytes(x)
 }
 
-fn le_u64(b: &[u8], at: usize) -> u64 {
+pub(crate) fn le_u64(b: &[u8], at: usize) -> u64 {
     let mut x = [0u8; 8];
     x.copy_from_slice(&b[at..at + 8]);
     u64::from_le_bytes(x)

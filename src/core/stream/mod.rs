@@ -34,7 +34,7 @@ mod reader;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -142,6 +142,10 @@ pub(crate) struct Streams {
     /// The core's clock: record timestamps and retention by age.
     clock: Arc<dyn crate::Clock>,
     open: Mutex<HashMap<String, Arc<Stream>>>,
+    /// Streams whose log directory was there at start (declared before a
+    /// restart): listed once, so that telling a queue from a stream costs
+    /// a publish no file system call.
+    known: HashSet<String>,
     pump: Arc<PumpQueue>,
     pub(crate) groups: groups::Groups,
 }
@@ -181,15 +185,42 @@ fn dir_name(name: &str) -> String {
     out
 }
 
+/// The stream name a directory name holds (the inverse of [`dir_name`]).
+fn name_of_dir(dir: &str) -> Option<String> {
+    let b = dir.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 impl Streams {
     pub(crate) fn new(
         config: StreamsConfig,
         groups: groups::Groups,
         clock: Arc<dyn crate::Clock>,
     ) -> Arc<Streams> {
+        let known = config
+            .dir
+            .as_ref()
+            .and_then(|d| config.storage.list(d).ok())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|n| name_of_dir(n))
+            .collect();
         let s = Arc::new(Streams {
             config,
             clock,
+            known,
             open: Mutex::new(HashMap::new()),
             pump: Arc::new(PumpQueue::default()),
             groups,
@@ -237,7 +268,7 @@ impl Streams {
         }
         let log_dir = dir.join(dir_name(name));
         let configured = self.rule_for(name).is_some();
-        let exists = self.config.storage.list(&log_dir).is_ok();
+        let exists = self.known.contains(name);
         if !(configured || exists || declare) {
             return Ok(None);
         }

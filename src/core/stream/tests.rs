@@ -301,3 +301,17 @@ fn retention_under_a_live_reader_skips_it_ahead_and_says_how_many_it_missed() {
     assert!(p.offset > 1, "skipped ahead to {}", p.offset);
     assert_eq!(p.missed, p.offset - 1, "told how many it missed");
 }
+
+#[test]
+fn stream_names_round_trip_through_their_directory_names() {
+    for name in ["s1", "orders.eu", "a/b c", "ünï", "%41", ""] {
+        let dir = super::dir_name(name);
+        assert!(
+            dir.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-%".contains(&b)),
+            "{dir}"
+        );
+        assert_eq!(super::name_of_dir(&dir).as_deref(), Some(name));
+    }
+    assert_eq!(super::name_of_dir("bad%4"), None);
+}

@@ -15,6 +15,7 @@
 //! payload holding a well-formed record header cannot pose as a record when
 //! recovery searches damaged bytes for the next one.
 
+use crate::segment::{le_u32, le_u64};
 use crate::wire::{put_u16, put_u32, put_u64};
 
 /// File name suffix of a log segment.
@@ -45,18 +46,6 @@ pub(crate) fn parse_segment_name(name: &str) -> Option<u64> {
         return None;
     }
     digits.parse().ok()
-}
-
-fn le_u32(b: &[u8], at: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(a)
-}
-
-fn le_u64(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
 }
 
 /// The header at the start of every segment.

@@ -598,7 +598,10 @@ impl Open {
         let groups: Vec<String> = self
             .shared
             .keys()
-            .filter(|f| !f.starts_with(MQTT_QUEUE_TOPIC_PREFIX))
+            .filter(|f| {
+                !f.starts_with(MQTT_QUEUE_TOPIC_PREFIX)
+                    && !f.starts_with(super::subscribe::STREAM_TOPIC_PREFIX)
+            })
             .cloned()
             .collect();
         for queue in groups {

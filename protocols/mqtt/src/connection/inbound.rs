@@ -5,6 +5,7 @@
 //! publish itself (`confirm: true`) and, for QoS 2, the persisted set of
 //! packet ids awaiting PUBREL.
 
+use super::subscribe::STREAM_TOPIC_PREFIX;
 use rosetta_neutral::address::validate_topic_name;
 use rosetta_neutral::{Address, BrokerError, PublishOptions, Ticket};
 
@@ -51,8 +52,20 @@ impl Open {
         // `$queue/q` sends to the queue `q` (how an MQTT responder answers
         // a STOMP or AMQP requester whose reply-to is a queue); the core
         // checks the publish permission on `/queue/q`.
-        let Ok(address) = Address::from_mqtt_topic(target) else {
-            return Err(MqttError::TopicNameInvalid(topic));
+        let address = match target.strip_prefix(STREAM_TOPIC_PREFIX) {
+            // `$stream/s` appends to the stream `s`, declared at first use.
+            Some(name) if !name.is_empty() && !name.contains('/') => {
+                if let Err(e) = self.session.declare_stream(name) {
+                    tracing::debug!(stream = name, error = %e, "publish to a stream refused");
+                    return Err(MqttError::TopicNameInvalid(topic));
+                }
+                Address::Queue(name.to_owned())
+            }
+            Some(_) => return Err(MqttError::TopicNameInvalid(topic)),
+            None => match Address::from_mqtt_topic(target) {
+                Ok(a) => a,
+                Err(_) => return Err(MqttError::TopicNameInvalid(topic)),
+            },
         };
 
         if p.qos == 2 && self.awaiting_rel.contains(&p.pkid) {

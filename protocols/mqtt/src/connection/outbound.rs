@@ -17,6 +17,9 @@ use crate::convert::{delivery_topic, outbound_properties};
 use crate::error::MqttError;
 use crate::inflight::{decode_annotation, encode_annotation, OutFlight, Phase};
 
+/// MQTT 5 user property with a stream delivery's offset.
+pub(crate) const STREAM_OFFSET_PROPERTY: &str = "x-stream-offset";
+
 impl Open {
     fn settle(&mut self, conn_id: u64, consumer: ConsumerId, tag: DeliveryTag, outcome: Outcome) {
         if let Err(e) = self.session.settle(consumer, tag, outcome, None, false) {
@@ -158,6 +161,14 @@ impl Open {
         let props = match self.version {
             Version::V5 => {
                 let mut props = outbound_properties(&msg, &d.matched.subscription_ids, ctx.now_ms);
+                if let Some(p) = d.stream {
+                    // The stream offset, as STOMP's header and AMQP's
+                    // annotation of the same name carry it.
+                    props
+                        .get_or_insert_with(empty_props)
+                        .user_properties
+                        .push((STREAM_OFFSET_PROPERTY.to_owned(), p.offset.to_string()));
+                }
                 if let Some(a) = alias {
                     props.get_or_insert_with(empty_props).topic_alias = Some(a);
                 }

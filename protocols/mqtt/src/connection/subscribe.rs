@@ -10,6 +10,11 @@
 //! resume.
 
 use rosetta_neutral::address::MQTT_QUEUE_TOPIC_PREFIX;
+use rosetta_neutral::{StreamOffset, StreamRead};
+
+/// MQTT topic prefix of streams: PUBLISH to `$stream/s` appends to the
+/// stream `s`; SUBSCRIBE to `$stream/s` or `$stream/s/<spec>` reads it.
+pub(crate) const STREAM_TOPIC_PREFIX: &str = "$stream/";
 use rosetta_neutral::address::{is_wildcard, validate_topic_filter};
 use rosetta_neutral::{
     Address, BindingOptions, ConsumerSpec, CreditMode, Guarantee, QueueLifetime, QueueSpec,
@@ -117,6 +122,8 @@ impl Open {
             let filter = sub.filter.clone();
             let r = if filter.starts_with(MQTT_QUEUE_TOPIC_PREFIX) {
                 self.subscribe_queue(sub)
+            } else if filter.starts_with(STREAM_TOPIC_PREFIX) {
+                self.subscribe_stream(sub, true)
             } else {
                 match parse_shared(&filter) {
                     Some(Ok(shared)) => {
@@ -152,6 +159,47 @@ impl Open {
     /// `$queue/<name>`: consumes the queue itself, competing with its other
     /// consumers (STOMP, AMQP, other MQTT clients), the way a PUBLISH to
     /// `$queue/<name>` feeds it. Deliveries carry the topic `$queue/<name>`.
+    /// A stream subscription, `$stream/<name>` or `$stream/<name>/<spec>`
+    /// (`first`, `last`, `next`, `offset=N`, `timestamp=T`): a consumer of
+    /// ours reading the stream. A persistent session's subscription is a
+    /// consumer group (`mqtt/<client id>/<filter>`), so a reconnect goes on
+    /// from the last acknowledged offset; `resumed` (a restored
+    /// subscription) starts there rather than at the spec again. A bad
+    /// spec is SUBACK 0x8F.
+    fn subscribe_stream(&mut self, sub: OwnSub, resumed: bool) -> Result<u8, u8> {
+        let rest = sub
+            .filter
+            .strip_prefix(STREAM_TOPIC_PREFIX)
+            .unwrap_or_default();
+        let (name, spec) = match rest.split_once('/') {
+            Some((n, s)) => (n, Some(s)),
+            None => (rest, None),
+        };
+        if name.is_empty() {
+            return Err(0x8F);
+        }
+        let offset = match spec.map(StreamOffset::parse) {
+            None => None,
+            Some(Ok(o)) => Some(o),
+            Some(Err(_)) => return Err(0x8F),
+        };
+        let group =
+            (self.session_expiry_s > 0).then(|| format!("mqtt/{}/{}", self.client_id, sub.filter));
+        let read = StreamRead {
+            offset: if resumed && group.is_some() {
+                None
+            } else {
+                offset
+            },
+            group,
+            declare: true,
+        };
+        let granted = sub.qos;
+        self.consume_own_with(name.to_owned(), Some(granted), sub, Some(read))
+            .map(|()| granted)
+            .map_err(|e| broker_reason(&e, ReasonContext::Subscribe))
+    }
+
     fn subscribe_queue(&mut self, sub: OwnSub) -> Result<u8, u8> {
         let Ok(Address::Queue(queue)) = Address::from_mqtt_topic(&sub.filter) else {
             return Err(0x8F);
@@ -220,6 +268,17 @@ impl Open {
         queue_qos: Option<u8>,
         sub: OwnSub,
     ) -> Result<(), rosetta_neutral::BrokerError> {
+        self.consume_own_with(queue, queue_qos, sub, None)
+    }
+
+    /// [`Self::consume_own`], reading a stream when `stream` says so.
+    fn consume_own_with(
+        &mut self,
+        queue: String,
+        queue_qos: Option<u8>,
+        sub: OwnSub,
+        stream: Option<StreamRead>,
+    ) -> Result<(), rosetta_neutral::BrokerError> {
         if let Some(existing) = self.shared.get_mut(&sub.filter) {
             existing.queue_qos = queue_qos;
             existing.saved = sub;
@@ -229,7 +288,10 @@ impl Open {
             queue,
             credit: CreditMode::Window(self.window),
             auto_settle: false,
-            options: Default::default(),
+            options: rosetta_neutral::ConsumerOptions {
+                stream,
+                ..Default::default()
+            },
         })?;
         self.shared.insert(
             sub.filter.clone(),
@@ -264,6 +326,12 @@ impl Open {
                 return Ok(Err(0x97));
             }
             return Ok(self.subscribe_queue(own));
+        }
+        if req.filter.starts_with(STREAM_TOPIC_PREFIX) {
+            if own_quota_full {
+                return Ok(Err(0x97));
+            }
+            return Ok(self.subscribe_stream(own, false));
         }
         let shared = match parse_shared(&req.filter) {
             Some(Err(code)) => return Ok(Err(code)),
@@ -359,7 +427,11 @@ impl Open {
         let mut refused = Vec::new();
         for full in &u.filters {
             let code = match parse_shared(full) {
-                _ if full.starts_with(MQTT_QUEUE_TOPIC_PREFIX) => self.cancel_own_consumer(full),
+                _ if full.starts_with(MQTT_QUEUE_TOPIC_PREFIX)
+                    || full.starts_with(STREAM_TOPIC_PREFIX) =>
+                {
+                    self.cancel_own_consumer(full)
+                }
                 Some(Err(code)) => code,
                 // The binding stays: other members still use the queue,
                 // which goes away with its last consumer (or, durable,
