@@ -17,19 +17,23 @@
 //! Replay: `SIM_SEED=1234 cargo test --test core_sim -- --nocapture`;
 //! `scripts/simulate.sh` runs new seeds.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use rosetta::core::{AllowAll, Core, CoreConfig};
 use rosetta::store::sim::{SimDisk, SimOp, SimRng};
-use rosetta::store::{Store, StoreConfig, StoreError};
+use rosetta::store::{Store, StoreConfig};
 use rosetta_neutral::{
-    Address, Broker, ConsumerId, ConsumerSpec, CreditMode, DeliveryTag, EventSink, Message,
-    Outcome, Principal, Protocol, PublishOptions, QueueLifetime, QueueSpec, Session, SessionEvent,
+    Address, Broker, ConsumerId, ConsumerSpec, CreditMode, DeliveryTag, Message, Outcome,
+    Principal, Protocol, PublishOptions, QueueLifetime, QueueSpec, Session, SessionEvent,
     SessionInfo, Ticket,
 };
+
+#[path = "common/sim.rs"]
+mod sim;
+
+use sim::EventQueue;
 
 const CI_SEEDS: std::ops::Range<u64> = 0..25;
 /// Small enough that restored queues page (the budget is per broker).
@@ -40,21 +44,6 @@ const QUEUES: [&str; 2] = ["orders", "billing"];
 /// here, so that after a restart every queued message is delivered and
 /// can be checked.
 const WINDOW: u32 = 100_000;
-
-#[derive(Default)]
-struct Sink(Mutex<VecDeque<SessionEvent>>);
-
-impl EventSink for Sink {
-    fn send(&self, event: SessionEvent) {
-        self.0.lock().push_back(event);
-    }
-}
-
-impl Sink {
-    fn take(&self) -> Vec<SessionEvent> {
-        self.0.lock().drain(..).collect()
-    }
-}
 
 /// What is known of one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,8 +72,8 @@ struct Broker1 {
     core: Core,
     producer: Box<dyn Session>,
     consumer: Box<dyn Session>,
-    psink: Arc<Sink>,
-    csink: Arc<Sink>,
+    psink: Arc<EventQueue>,
+    csink: Arc<EventQueue>,
     consumers: BTreeMap<ConsumerId, usize>,
 }
 
@@ -115,14 +104,7 @@ fn body(id: u64) -> String {
 }
 
 fn id_of(m: &Message) -> Option<u64> {
-    let text = String::from_utf8_lossy(&m.body.bytes).into_owned();
-    let id: u64 = text
-        .strip_prefix("message-")?
-        .split('-')
-        .next()?
-        .parse()
-        .ok()?;
-    (text == body(id)).then_some(id)
+    sim::id_in(&String::from_utf8_lossy(&m.body.bytes), "message-", body)
 }
 
 impl Sim {
@@ -179,17 +161,9 @@ impl Sim {
     /// Starts a broker on what the journal recovered, consumes every queue
     /// and checks what comes out.
     fn start(&mut self) {
-        let mut attempts = 0;
-        let (store, recovered) = loop {
-            let before = self.disk.stats();
-            attempts += 1;
-            match Store::open(self.config()) {
-                Ok(x) => break x,
-                Err(_) if self.disk.stats().power_losses > before.power_losses => {}
-                Err(StoreError::Io { .. })
-                    if self.disk.stats().faults > before.faults && attempts < 5 => {}
-                Err(e) => self.fail(format!("open: {e}")),
-            }
+        let (store, recovered) = match sim::open_store(&self.disk, || self.config()) {
+            Ok(x) => x,
+            Err(e) => self.fail(format!("open: {e}")),
         };
         let store = Arc::new(store);
         let losses_at_open = self.disk.stats().power_losses;
@@ -218,8 +192,8 @@ impl Sim {
             client_id: None,
             take_over: false,
         };
-        let psink = Arc::new(Sink::default());
-        let csink = Arc::new(Sink::default());
+        let psink = Arc::new(EventQueue::default());
+        let csink = Arc::new(EventQueue::default());
         let mut producer = core.open_session(info(1), psink.clone());
         let mut consumer = core.open_session(info(2), csink.clone());
         for q in QUEUES {
@@ -487,29 +461,17 @@ fn run_seed(seed: u64) -> (u64, u64, u64) {
     (sim.restarts, sim.confirmed, sim.paged_at_restore)
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
-
 #[test]
 fn core_over_the_journal_survives_random_crashes_and_failures() {
-    if let Some(seed) = env_u64("SIM_SEED") {
+    if std::env::var_os("SIM_SEED").is_some() {
         let _ = tracing_subscriber::fmt().with_env_filter("warn").try_init();
-        let (restarts, confirmed, paged) = run_seed(seed);
+    }
+    let report = |seed, (restarts, confirmed, paged): (u64, u64, u64)| {
         println!(
             "seed {seed}: {restarts} restarts, {confirmed} confirmations, {paged} paged at restore"
         );
-        return;
-    }
-    if let Some(secs) = env_u64("SIM_SECONDS") {
-        let start = std::time::Instant::now();
-        let base = env_u64("SIM_SEED_BASE").unwrap_or(1);
-        let mut n = 0u64;
-        while start.elapsed().as_secs() < secs {
-            run_seed(base.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-            n += 1;
-        }
-        println!("{n} random seeds passed from base {base}");
+    };
+    if sim::run_seeds_from_env(run_seed, report) {
         return;
     }
     let mut restarts = 0;

@@ -23,22 +23,26 @@
 //! Replay: `SIM_SEED=1234 cargo test --test timers_sim -- --nocapture`;
 //! `SIM_SECONDS=600 cargo test --test timers_sim` runs new seeds.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use rosetta::core::{
     AllowAll, Clock, Core, CoreConfig, ManualClock, QueueMatch, QueueOverrides, QueueRule,
     QueueRules,
 };
 use rosetta::store::sim::{SimDisk, SimOp, SimRng};
-use rosetta::store::{Store, StoreConfig, StoreError};
+use rosetta::store::{Store, StoreConfig};
 use rosetta_neutral::{
-    Address, Broker, BrokerError, ConsumerId, ConsumerSpec, CreditMode, DeliveryTag, EventSink,
-    Message, Outcome, Principal, Protocol, PublishOptions, QueueLifetime, QueueSpec, Session,
-    SessionEvent, SessionInfo, Ticket,
+    Address, Broker, BrokerError, ConsumerId, ConsumerSpec, CreditMode, DeliveryTag, Message,
+    Outcome, Principal, Protocol, PublishOptions, QueueLifetime, QueueSpec, Session, SessionEvent,
+    SessionInfo, Ticket,
 };
+
+#[path = "common/sim.rs"]
+mod sim;
+
+use sim::EventQueue;
 
 const CI_SEEDS: std::ops::Range<u64> = 0..12;
 const STEPS_PER_SEED: usize = 400;
@@ -51,21 +55,6 @@ const SCHEDULE_AHEAD_MS_MAX: u64 = 4_000;
 /// Longest step of the clock.
 const CLOCK_STEP_MS_MAX: u64 = 400;
 const WINDOW: u32 = 100_000;
-
-#[derive(Default)]
-struct Sink(Mutex<VecDeque<SessionEvent>>);
-
-impl EventSink for Sink {
-    fn send(&self, event: SessionEvent) {
-        self.0.lock().push_back(event);
-    }
-}
-
-impl Sink {
-    fn take(&self) -> Vec<SessionEvent> {
-        self.0.lock().drain(..).collect()
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Known {
@@ -109,8 +98,8 @@ struct Broker1 {
     core: Core,
     producer: Box<dyn Session>,
     consumer: Box<dyn Session>,
-    psink: Arc<Sink>,
-    csink: Arc<Sink>,
+    psink: Arc<EventQueue>,
+    csink: Arc<EventQueue>,
 }
 
 struct Sim {
@@ -138,14 +127,7 @@ fn body(id: u64) -> String {
 }
 
 fn id_of(m: &Message) -> Option<u64> {
-    let text = String::from_utf8_lossy(&m.body.bytes).into_owned();
-    let id: u64 = text
-        .strip_prefix("message-")?
-        .split('-')
-        .next()?
-        .parse()
-        .ok()?;
-    (text == body(id)).then_some(id)
+    sim::id_in(&String::from_utf8_lossy(&m.body.bytes), "message-", body)
 }
 
 impl Sim {
@@ -221,17 +203,9 @@ impl Sim {
     }
 
     fn start(&mut self) {
-        let mut attempts = 0;
-        let (store, recovered) = loop {
-            let before = self.disk.stats();
-            attempts += 1;
-            match Store::open(self.store_config()) {
-                Ok(x) => break x,
-                Err(_) if self.disk.stats().power_losses > before.power_losses => {}
-                Err(StoreError::Io { .. })
-                    if self.disk.stats().faults > before.faults && attempts < 5 => {}
-                Err(e) => self.fail(format!("open: {e}")),
-            }
+        let (store, recovered) = match sim::open_store(&self.disk, || self.store_config()) {
+            Ok(x) => x,
+            Err(e) => self.fail(format!("open: {e}")),
         };
         let store = Arc::new(store);
         let core = Core::with_clock(
@@ -248,8 +222,8 @@ impl Sim {
             client_id: None,
             take_over: false,
         };
-        let psink = Arc::new(Sink::default());
-        let csink = Arc::new(Sink::default());
+        let psink = Arc::new(EventQueue::default());
+        let csink = Arc::new(EventQueue::default());
         let mut producer = core.open_session(info(1), psink.clone());
         let mut consumer = core.open_session(info(2), csink.clone());
         let spec = QueueSpec {
@@ -642,29 +616,15 @@ fn run_seed(seed: u64) -> Totals {
     }
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
-
 #[test]
 fn timers_hold_over_random_crashes_on_a_manual_clock() {
-    if let Some(seed) = env_u64("SIM_SEED") {
-        let t = run_seed(seed);
+    let report = |seed, t: Totals| {
         println!(
             "seed {seed}: {} restarts, {} lease expiries, {} late settles refused, {} scheduled deliveries",
             t.restarts, t.lease_expiries, t.late_settles_refused, t.scheduled_delivered
         );
-        return;
-    }
-    if let Some(secs) = env_u64("SIM_SECONDS") {
-        let start = std::time::Instant::now();
-        let base = env_u64("SIM_SEED_BASE").unwrap_or(1);
-        let mut n = 0u64;
-        while start.elapsed().as_secs() < secs {
-            run_seed(base.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-            n += 1;
-        }
-        println!("{n} random seeds passed from base {base}");
+    };
+    if sim::run_seeds_from_env(run_seed, report) {
         return;
     }
     let mut totals = Totals {
