@@ -27,8 +27,21 @@ struct Cli {
     #[arg(short, long, value_name = "FILE", global = true)]
     config: Option<PathBuf>,
 
+    /// How log lines are written to standard error: `text` for people, or
+    /// `json` (one object per line, with the span fields such as the
+    /// connection id) for log collectors.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+/// `--log-format`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -156,7 +169,7 @@ enum UserAction {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    init_tracing(cli.log_format);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -297,14 +310,20 @@ fn read_password() -> anyhow::Result<String> {
     Ok(password)
 }
 
-fn init_tracing() {
+fn init_tracing(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("ROSETTA_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => {
+            let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            builder.with_ansi(ansi).init();
+        }
+        // The current span's fields (conn_id, protocol, ...) are on every
+        // line, so a collector can group a connection's lines.
+        LogFormat::Json => builder.json().with_current_span(true).init(),
+    }
 }

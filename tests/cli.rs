@@ -586,3 +586,55 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
     assert!(stderr(&out).contains("401"), "{}", stderr(&out));
     broker.stop();
 }
+
+// ---- --log-format json -----------------------------------------------------
+
+#[test]
+fn log_format_json_writes_one_json_object_per_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), "mqtt = 0", "");
+    let mut child = Command::new(BIN)
+        .args(["--log-format", "json", "--config"])
+        .arg(&config)
+        .env("ROSETTA_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rosetta");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let listening = loop {
+        let line = rx.recv_timeout(WAIT).expect("a log line");
+        let object: serde_json::Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("not one JSON object ({e}): {line}"));
+        assert!(object["timestamp"].is_string(), "{line}");
+        assert!(object["level"].is_string(), "{line}");
+        let message = object["fields"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        seen.push(message.clone());
+        if message.contains("listening") {
+            break object;
+        }
+        assert!(seen.len() < 100, "no listening line in {seen:?}");
+    };
+    // Structured fields stay fields, not text.
+    assert_eq!(
+        listening["fields"]["listener"].as_str(),
+        Some("mqtt"),
+        "{listening}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
