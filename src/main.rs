@@ -161,10 +161,25 @@ enum UserAction {
         /// Address patterns the user may subscribe to or consume from (repeatable; default: everything).
         #[arg(long = "subscribe", value_name = "PATTERN")]
         subscribe: Vec<String>,
+        /// An admin API role (`monitoring`, `management` or `administrator`;
+        /// repeatable). Without it a new user has none and an existing one
+        /// keeps its own.
+        #[arg(long = "role", value_name = "ROLE", value_parser = parse_role)]
+        roles: Vec<rosetta::users::AdminRole>,
         /// The users file; default: the one the configuration names.
         #[arg(long, value_name = "FILE")]
         users_file: Option<PathBuf>,
     },
+}
+
+fn parse_role(name: &str) -> Result<rosetta::users::AdminRole, String> {
+    rosetta::users::AdminRole::parse(name).ok_or_else(|| {
+        let known: Vec<&str> = rosetta::users::ADMIN_ROLES
+            .iter()
+            .map(|r| r.as_str())
+            .collect();
+        format!("unknown role '{name}' (known: {})", known.join(", "))
+    })
 }
 
 fn main() -> ExitCode {
@@ -208,6 +223,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     password,
                     publish,
                     subscribe,
+                    roles,
                     users_file,
                 },
         } => {
@@ -218,7 +234,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let publish = (!publish.is_empty()).then_some(publish.as_slice());
             let subscribe = (!subscribe.is_empty()).then_some(subscribe.as_slice());
-            rosetta::users::add_user(&path, &name, password.as_bytes(), publish, subscribe)?;
+            let roles = (!roles.is_empty()).then_some(roles.as_slice());
+            let secret = password.as_bytes();
+            rosetta::users::save_user(&path, &name, secret, publish, subscribe, roles)?;
             println!("user '{name}' saved in {}", path.display());
             Ok(())
         }

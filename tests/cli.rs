@@ -638,3 +638,39 @@ fn log_format_json_writes_one_json_object_per_line() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn user_add_sets_admin_roles_and_refuses_an_unknown_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let users = dir.path().join("users.toml");
+    let users_arg = users.to_str().expect("utf-8");
+    let add = |extra: &[&str]| {
+        let mut args = vec![
+            "user",
+            "add",
+            "ops",
+            "--password",
+            "pw",
+            "--users-file",
+            users_arg,
+        ];
+        args.extend_from_slice(extra);
+        rosetta(&args)
+    };
+    let out = add(&["--role", "management"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let saved = rosetta::users::Users::load(&users).expect("users file");
+    assert_eq!(saved.roles("ops"), [rosetta::users::AdminRole::Management]);
+    // Without --role an existing user keeps its roles.
+    let out = add(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let saved = rosetta::users::Users::load(&users).expect("users file");
+    assert_eq!(saved.roles("ops"), [rosetta::users::AdminRole::Management]);
+    let out = add(&["--role", "root"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("unknown role 'root'"),
+        "{}",
+        stderr(&out)
+    );
+}
