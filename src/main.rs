@@ -275,7 +275,7 @@ async fn serve(
     access: std::sync::Arc<rosetta::access::UsersAccess>,
 ) -> anyhow::Result<()> {
     let broker = rosetta::server::start(config, access.clone()).await?;
-    let admin = match rosetta::admin::start(broker.view(), access).await {
+    let admin = match rosetta::admin::start(broker.view(), access.clone()).await {
         Ok(admin) => admin,
         Err(e) => {
             // Not half-started: the journal is flushed before the error.
@@ -283,12 +283,43 @@ async fn serve(
             return Err(e);
         }
     };
-    rosetta::server::wait_for_signal().await?;
+    let users_file = broker.view().config().users_file();
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let stop = rosetta::server::wait_for_signal();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            r = &mut stop => {
+                r?;
+                break;
+            }
+            _ = hangup.recv() => reload_users(&users_file, &access),
+        }
+    }
     let stopped = broker.shutdown().await;
     if let Some(admin) = admin {
         admin.shutdown().await;
     }
     stopped
+}
+
+/// SIGHUP: reads the users file again and puts it in force for every login
+/// and permission check from now on (sessions already open keep who they
+/// are). A file that does not load is refused, with the error, and the
+/// users in force stay.
+fn reload_users(path: &std::path::Path, access: &rosetta::access::UsersAccess) {
+    match rosetta::users::Users::load(path) {
+        Ok(users) => {
+            let count = users.len();
+            access.replace_users(users);
+            tracing::info!(file = %path.display(), users = count, "SIGHUP: users file reloaded");
+        }
+        Err(e) => tracing::error!(
+            file = %path.display(),
+            error = %e,
+            "SIGHUP: the users file does not load; the users in force stay"
+        ),
+    }
 }
 
 /// `rosetta store check`: the report recovery would log, without starting.

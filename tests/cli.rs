@@ -674,3 +674,68 @@ fn user_add_sets_admin_roles_and_refuses_an_unknown_one() {
         stderr(&out)
     );
 }
+
+// ---- SIGHUP reloads the users file ------------------------------------------
+
+/// What a STOMP 1.2 CONNECT as `user` gets back: `CONNECTED` or `ERROR`.
+fn stomp_login(addr: SocketAddr, user: &str, password: &str) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    let frame =
+        format!("CONNECT\naccept-version:1.2\nhost:/\nlogin:{user}\npasscode:{password}\n\n\0");
+    s.write_all(frame.as_bytes()).expect("send CONNECT");
+    let mut reply = [0u8; 16];
+    let n = s.read(&mut reply).expect("a reply");
+    let text = String::from_utf8_lossy(&reply[..n]).into_owned();
+    text.lines().next().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn sighup_reloads_the_users_file_and_keeps_the_old_one_when_the_new_is_broken() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let users = dir.path().join("users.toml");
+    let users_arg = users.to_str().expect("utf-8");
+    let add = |name: &str, password: &str| {
+        let out = rosetta(&[
+            "user",
+            "add",
+            name,
+            "--password",
+            password,
+            "--users-file",
+            users_arg,
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    };
+    add("first", "p1");
+    let config = write_config(
+        dir.path(),
+        "stomp = 0",
+        &format!("[security]\nanonymous = false\nusers_file = {users:?}"),
+    );
+    let broker = Broker::start(&config);
+    let stomp = broker.addr("stomp");
+    let pid = broker.child.id().to_string();
+    let hangup = || {
+        let sent = Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+    };
+    assert_eq!(stomp_login(stomp, "first", "p1"), "CONNECTED");
+    // Added to the file while the broker runs: not known until SIGHUP.
+    add("second", "p2");
+    assert_eq!(stomp_login(stomp, "second", "p2"), "ERROR");
+    hangup();
+    broker.line_with("users file reloaded");
+    assert_eq!(stomp_login(stomp, "second", "p2"), "CONNECTED");
+    // A broken file is refused, and the users in force stay.
+    std::fs::write(&users, "this is [not toml").expect("break the file");
+    hangup();
+    let refused = broker.line_with("does not load");
+    assert!(refused.contains("ERROR"), "{refused}");
+    assert_eq!(stomp_login(stomp, "first", "p1"), "CONNECTED");
+    assert_eq!(stomp_login(stomp, "second", "p2"), "CONNECTED");
+    broker.stop();
+}

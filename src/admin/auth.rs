@@ -7,8 +7,10 @@
 //! SHA-256 of the user name and password (the password itself is never
 //! kept): the same credentials within that time skip argon2. Roles are
 //! read from the users in force on every request, so a role change counts
-//! at once; a change of the users through the API empties the cache, so a
-//! changed password or a deleted user stops working at once too. Failed
+//! at once; a change of the users through the API empties the cache, and a
+//! remembered check counts only against the users it was made with (not
+//! after a SIGHUP reload of the file), so a changed password or a deleted
+//! user stops working at once too. Failed
 //! checks are not remembered (a guesser pays argon2 every time), and at
 //! most [`AUTH_CHECKS_CONCURRENT_MAX`] checks run at once, off the async
 //! workers.
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 use base64ct::Encoding;
 use parking_lot::Mutex;
 use rosetta_server::access::UsersAccess;
-use rosetta_server::users::AdminRole;
+use rosetta_server::users::{AdminRole, Users};
 use sha2::Digest;
 use tokio::sync::Semaphore;
 
@@ -47,10 +49,14 @@ pub const REALM: &str = "rosetta";
 
 type CacheKey = [u8; 32];
 
+/// A successful check: the user, when, and the users it was checked
+/// against (a reload of the file makes it void).
+type Remembered = (String, Instant, Arc<Users>);
+
 /// Checks credentials and roles.
 pub struct Authenticator {
     users: Arc<UsersAccess>,
-    cache: Mutex<HashMap<CacheKey, (String, Instant)>>,
+    cache: Mutex<HashMap<CacheKey, Remembered>>,
     checks: Semaphore,
 }
 
@@ -84,15 +90,16 @@ impl Authenticator {
     ) -> Result<String, ApiError> {
         let (user, password) = parse_basic(authorization)?;
         let key = cache_key(&user, &password);
-        if !self.remembered(&key, &user) {
-            let users = self.users.users();
+        let users = self.users.users();
+        if !self.remembered(&key, &user, &users) {
+            let snapshot = Arc::clone(&users);
             let permit = self
                 .checks
                 .acquire()
                 .await
                 .map_err(|_| ApiError::unavailable("shutting down"))?;
             let name = user.clone();
-            let ok = tokio::task::spawn_blocking(move || users.verify(&name, &password))
+            let ok = tokio::task::spawn_blocking(move || snapshot.verify(&name, &password))
                 .await
                 .map_err(|_| ApiError::internal("the password check failed"))?;
             drop(permit);
@@ -100,7 +107,7 @@ impl Authenticator {
                 tracing::info!(user = %user, "admin API: wrong user name or password");
                 return Err(ApiError::unauthorized("wrong user name or password"));
             }
-            self.remember(key, &user);
+            self.remember(key, &user, users);
         }
         match self.users.users().highest_role(&user) {
             Some(role) if role.grants(needed) => Ok(user),
@@ -111,10 +118,14 @@ impl Authenticator {
         }
     }
 
-    fn remembered(&self, key: &CacheKey, user: &str) -> bool {
+    fn remembered(&self, key: &CacheKey, user: &str, users: &Arc<Users>) -> bool {
         let mut cache = self.cache.lock();
         match cache.get(key) {
-            Some((name, at)) if name == user && at.elapsed() < ttl() => true,
+            Some((name, at, checked_against))
+                if name == user && at.elapsed() < ttl() && Arc::ptr_eq(checked_against, users) =>
+            {
+                true
+            }
             Some(_) => {
                 cache.remove(key);
                 false
@@ -123,12 +134,12 @@ impl Authenticator {
         }
     }
 
-    fn remember(&self, key: CacheKey, user: &str) {
+    fn remember(&self, key: CacheKey, user: &str, users: Arc<Users>) {
         let mut cache = self.cache.lock();
         if cache.len() >= AUTH_CACHE_ENTRIES_MAX {
             cache.clear();
         }
-        cache.insert(key, (user.to_owned(), Instant::now()));
+        cache.insert(key, (user.to_owned(), Instant::now(), users));
     }
 }
 
