@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use rosetta::core::{AllowAll, Core, CoreConfig};
-use rosetta::store::sim::{SimDisk, SimOp, SimRng};
+use rosetta::store::sim::{SimDisk, SimRng};
 use rosetta::store::{Store, StoreConfig};
 use rosetta_neutral::{
     Address, Broker, ConsumerId, ConsumerSpec, CreditMode, DeliveryTag, Message, Outcome,
@@ -420,19 +420,11 @@ impl Sim {
                 }
                 70..=89 => self.accept(),
                 90..=92 if !planned => {
-                    let at = self.disk.stats().mutating_ops + 1 + self.rng.below(30);
-                    self.disk.power_fails_at_op(at);
+                    sim::plan_power_loss(&self.disk, &mut self.rng);
                     planned = true;
                 }
                 93 => self.disk.power_loss(),
-                94 => {
-                    let op = if self.rng.coin() {
-                        SimOp::Sync
-                    } else {
-                        SimOp::Write
-                    };
-                    self.disk.fail_next(op, None);
-                }
+                94 => sim::fail_next_write_or_sync(&self.disk, &mut self.rng),
                 95..=96 => {
                     self.stop();
                     self.start();

@@ -31,7 +31,7 @@ use rosetta::core::{
     AllowAll, Clock, Core, CoreConfig, ManualClock, QueueMatch, QueueOverrides, QueueRule,
     QueueRules,
 };
-use rosetta::store::sim::{SimDisk, SimOp, SimRng};
+use rosetta::store::sim::{SimDisk, SimRng};
 use rosetta::store::{Store, StoreConfig};
 use rosetta_neutral::{
     Address, Broker, BrokerError, ConsumerId, ConsumerSpec, CreditMode, DeliveryTag, Message,
@@ -559,19 +559,11 @@ impl Sim {
                 72..=79 => self.give_back(),
                 80..=83 => self.settle_late(),
                 84..=85 if !planned => {
-                    let at = self.disk.stats().mutating_ops + 1 + self.rng.below(30);
-                    self.disk.power_fails_at_op(at);
+                    sim::plan_power_loss(&self.disk, &mut self.rng);
                     planned = true;
                 }
                 86 => self.disk.power_loss(),
-                87 => {
-                    let op = if self.rng.coin() {
-                        SimOp::Sync
-                    } else {
-                        SimOp::Write
-                    };
-                    self.disk.fail_next(op, None);
-                }
+                87 => sim::fail_next_write_or_sync(&self.disk, &mut self.rng),
                 88..=89 => {
                     self.stop(true);
                     self.start();

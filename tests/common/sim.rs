@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 
 use parking_lot::Mutex;
-use rosetta::store::sim::SimDisk;
+use rosetta::store::sim::{SimDisk, SimOp, SimRng};
 use rosetta::store::{Recovered, Store, StoreConfig, StoreError};
 use rosetta_neutral::{EventSink, SessionEvent};
 
@@ -79,4 +79,20 @@ pub(crate) fn run_seeds_from_env<T>(run_seed: impl Fn(u64) -> T, report: impl Fn
     }
     println!("{n} random seeds passed from base {base}");
     true
+}
+
+/// Plans a power loss within the next 30 mutating operations of `disk`.
+pub(crate) fn plan_power_loss(disk: &SimDisk, rng: &mut SimRng) {
+    let at = disk.stats().mutating_ops + 1 + rng.below(30);
+    disk.power_fails_at_op(at);
+}
+
+/// Makes the next write or sync of `disk` (a coin decides) fail with `EIO`.
+pub(crate) fn fail_next_write_or_sync(disk: &SimDisk, rng: &mut SimRng) {
+    let op = if rng.coin() {
+        SimOp::Sync
+    } else {
+        SimOp::Write
+    };
+    disk.fail_next(op, None);
 }
