@@ -148,17 +148,10 @@ fn last_value_queue_drops_a_released_message_when_a_newer_one_of_its_value_waits
 
 #[test]
 fn last_value_queue_compares_a_scheduled_message_when_it_becomes_due() {
-    let clock = Arc::new(crate::ManualClock::new(1_700_000_000_000));
-    let core = Core::with_clock(
-        CoreConfig {
-            queue_rules: lvq_rules("prices"),
-            ..CoreConfig::default()
-        },
-        Arc::new(NoJournal),
-        Arc::new(AllowAll),
-        None,
-        clock.clone(),
-    );
+    let (core, clock) = crate::tests::manual_core(CoreConfig {
+        queue_rules: lvq_rules("prices"),
+        ..CoreConfig::default()
+    });
     let (mut p, _) = open(&core, "p");
     send(&mut p, "prices", priced(Some("ACME"), "acme now"));
     let mut later = priced(Some("ACME"), "acme later");

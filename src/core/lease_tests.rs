@@ -6,27 +6,16 @@
 use super::*;
 use crate::{ManualClock, QueueOverrides};
 
-const T0_MS: u64 = 1_700_000_000_000;
-
 /// A core whose queue `q` leases deliveries for `lease_ms`, with
 /// `overrides` on top.
 fn leasing_core(lease_ms: u32, overrides: QueueOverrides) -> (Core, Arc<ManualClock>) {
-    let clock = Arc::new(ManualClock::new(T0_MS));
-    let config = config_for_queue(
+    manual_core(config_for_queue(
         "q",
         QueueOverrides {
             visibility_timeout_ms: Some(lease_ms),
             ..overrides
         },
-    );
-    let core = Core::with_clock(
-        config,
-        Arc::new(NoJournal),
-        Arc::new(super::super::AllowAll),
-        None,
-        clock.clone(),
-    );
-    (core, clock)
+    ))
 }
 
 fn consume_with(
@@ -417,14 +406,7 @@ fn a_released_group_message_with_a_delay_comes_back_before_the_groups_later_ones
         redelivery_delay_ms: Some(500),
         ..QueueOverrides::default()
     };
-    let clock = Arc::new(ManualClock::new(T0_MS));
-    let core = Core::with_clock(
-        config_for_queue("q", overrides),
-        Arc::new(NoJournal),
-        Arc::new(super::super::AllowAll),
-        None,
-        clock.clone(),
-    );
+    let (core, clock) = manual_core(config_for_queue("q", overrides));
     let (mut s, e) = open(&core, "c");
     // One at a time, so that the group's next message is not in flight.
     let c = consume_with(&mut s, "q", 1, None);
@@ -544,7 +526,6 @@ fn after_a_crash_a_leased_message_waits_out_its_journaled_lease() {
 #[test]
 fn a_message_whose_time_to_live_ends_on_its_lease_goes_to_the_expiry_address_at_the_expiry_of_the_lease(
 ) {
-    let clock = Arc::new(ManualClock::new(T0_MS));
     let config = CoreConfig {
         expiry_address: Some("EXP".into()),
         ..config_for_queue(
@@ -555,13 +536,7 @@ fn a_message_whose_time_to_live_ends_on_its_lease_goes_to_the_expiry_address_at_
             },
         )
     };
-    let core = Core::with_clock(
-        config,
-        Arc::new(NoJournal),
-        Arc::new(super::super::AllowAll),
-        None,
-        clock.clone(),
-    );
+    let (core, clock) = manual_core(config);
     let (mut s, e) = open(&core, "c");
     let c = consume_with(&mut s, "q", 10, None);
     let x = consume_with(&mut s, "EXP", 10, None);

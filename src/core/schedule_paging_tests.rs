@@ -7,7 +7,6 @@
 use super::*;
 use crate::{Clock, ManualClock};
 
-const T0_MS: u64 = 1_700_000_000_000;
 const BODY_BYTES: usize = 1_000;
 const BUDGET_BYTES: u64 = 64 * 1024;
 /// The read-back batch (`SCHEDULE_READ_BACK_BYTES_MAX`) and one message
@@ -24,15 +23,7 @@ fn paging_config(dir: &std::path::Path) -> CoreConfig {
 }
 
 fn paging_core(dir: &std::path::Path) -> (Core, Arc<ManualClock>) {
-    let clock = Arc::new(ManualClock::new(T0_MS));
-    let core = Core::with_clock(
-        paging_config(dir),
-        Arc::new(NoJournal),
-        Arc::new(super::super::AllowAll),
-        None,
-        clock.clone(),
-    );
-    (core, clock)
+    manual_core(paging_config(dir))
 }
 
 fn body(i: usize) -> String {

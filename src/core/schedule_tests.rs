@@ -6,22 +6,6 @@
 use super::*;
 use crate::{Clock, ManualClock, QueueOverrides, RedeliveryMultiplier};
 
-/// An arbitrary wall-clock start (2023-11-14), far from zero so that
-/// "now minus something" never underflows.
-const T0_MS: u64 = 1_700_000_000_000;
-
-fn manual_core(config: CoreConfig) -> (Core, Arc<ManualClock>) {
-    let clock = Arc::new(ManualClock::new(T0_MS));
-    let core = Core::with_clock(
-        config,
-        Arc::new(NoJournal),
-        Arc::new(super::super::AllowAll),
-        None,
-        clock.clone(),
-    );
-    (core, clock)
-}
-
 /// A core whose queue `q` redelivers after `delay_ms`, growing by
 /// `multiplier` up to `max_ms`.
 fn delaying_core(delay_ms: u64, multiplier: f64, max_ms: Option<u64>) -> (Core, Arc<ManualClock>) {

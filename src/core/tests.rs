@@ -93,6 +93,26 @@ pub(crate) fn core_on_store(
     (core, store)
 }
 
+/// Where every manual clock in these tests starts: an arbitrary wall-clock
+/// time (2023-11-14), far from zero so that "now minus something" never
+/// underflows.
+pub(crate) const T0_MS: u64 = 1_700_000_000_000;
+
+/// A core with no journal on a manual clock that starts at [`T0_MS`]:
+/// its timers run only when a test advances the clock and calls
+/// [`Core::run_timers`].
+pub(crate) fn manual_core(config: CoreConfig) -> (Core, Arc<crate::ManualClock>) {
+    let clock = Arc::new(crate::ManualClock::new(T0_MS));
+    let core = Core::with_clock(
+        config,
+        Arc::new(NoJournal),
+        Arc::new(super::AllowAll),
+        None,
+        clock.clone(),
+    );
+    (core, clock)
+}
+
 pub(crate) fn text(d: &Delivery) -> String {
     String::from_utf8_lossy(&d.message.body.bytes).into_owned()
 }
