@@ -3,7 +3,9 @@
 //! a success, for STOMP (`dedup-id` header, RECEIPT), MQTT 5 (`dedup-id`
 //! user property, PUBACK/PUBREC success) and AMQP 1.0 (`message-id`,
 //! `accepted`); the window holds across a graceful restart and across a
-//! SIGKILL of the broker binary; `/metrics` counts the duplicates.
+//! SIGKILL of the broker binary; `/metrics` counts the duplicates. A
+//! `[[topics]]` window drops a retry before it fans out, across a SIGKILL
+//! too.
 
 mod common;
 
@@ -17,7 +19,7 @@ use common::stomp::StompClient;
 use common::TestBroker;
 use fe2o3_amqp::types::messaging::{Header, Message, MessageId, Properties};
 use fe2o3_amqp::types::primitives::Uuid;
-use rosetta::config::{Config, QueueEntry};
+use rosetta::config::{Config, QueueEntry, TopicEntry};
 
 const DEDUP_QUEUES: &str = "[[queues]]\nname = \"orders\"\ndedup_window_s = 300\n\n[[queues]]\nname = \"bodies\"\ndedup_window_s = 300\ndedup = \"content\"\n";
 
@@ -79,6 +81,7 @@ async fn stomp_a_resent_dedup_id_gets_its_receipt_and_is_delivered_once() {
 async fn publish_mqtt(
     c: &v5::AsyncClient,
     ev: &mut v5::EventLoop,
+    topic: &str,
     qos: v5::QoS,
     id: &str,
     body: &str,
@@ -87,7 +90,7 @@ async fn publish_mqtt(
         user_properties: vec![("dedup-id".to_owned(), id.to_owned())],
         ..Default::default()
     };
-    c.publish_with_properties("$queue/orders", qos, false, body.to_owned(), props)
+    c.publish_with_properties(topic, qos, false, body.to_owned(), props)
         .await
         .expect("publish");
     wait5(ev, |p| match p {
@@ -105,20 +108,20 @@ async fn mqtt5_a_resent_dedup_id_user_property_is_acknowledged_with_success() {
     let q1 = v5::QoS::AtLeastOnce;
     let q2 = v5::QoS::ExactlyOnce;
     assert_eq!(
-        publish_mqtt(&p, &mut pev, q1, "m-1", "first").await,
+        publish_mqtt(&p, &mut pev, "$queue/orders", q1, "m-1", "first").await,
         "Success"
     );
     // Success, not 0x10 "no matching subscribers": the queue holds it.
     assert_eq!(
-        publish_mqtt(&p, &mut pev, q1, "m-1", "retry").await,
+        publish_mqtt(&p, &mut pev, "$queue/orders", q1, "m-1", "retry").await,
         "Success"
     );
     assert_eq!(
-        publish_mqtt(&p, &mut pev, q2, "m-1", "qos2").await,
+        publish_mqtt(&p, &mut pev, "$queue/orders", q2, "m-1", "qos2").await,
         "Success"
     );
     assert_eq!(
-        publish_mqtt(&p, &mut pev, q1, "m-2", "second").await,
+        publish_mqtt(&p, &mut pev, "$queue/orders", q1, "m-2", "second").await,
         "Success"
     );
     let (s, mut sev, _) = connected5(opts5(&broker, "dedup-sub")).await;
@@ -256,5 +259,111 @@ fn the_window_holds_across_kill_9() {
         got.push(String::from_utf8_lossy(&f.body).into_owned());
     }
     assert_eq!(got, vec!["q-first", "fresh"]);
+    drop(broker);
+}
+
+const DEDUP_TOPICS: &str = "[[topics]]\nfilter = \"orders/#\"\ndedup_window_s = 300\n";
+
+fn topics(text: &str) -> Vec<TopicEntry> {
+    Config::parse(text, "test.toml")
+        .unwrap_or_else(|e| panic!("{e}"))
+        .topics
+}
+
+#[tokio::test]
+async fn mqtt5_a_topic_window_drops_a_retry_for_every_subscriber() {
+    let broker = TestBroker::start_with(
+        |c| c.topics = topics(DEDUP_TOPICS),
+        Arc::new(rosetta::core::AllowAll),
+    )
+    .await;
+    let q1 = v5::QoS::AtLeastOnce;
+    let (all, mut all_ev, _) = connected5(opts5(&broker, "dedup-all")).await;
+    subscribe5(&all, &mut all_ev, v5::Filter::new("orders/#", q1), None).await;
+    let (eu, mut eu_ev, _) = connected5(opts5(&broker, "dedup-eu")).await;
+    subscribe5(&eu, &mut eu_ev, v5::Filter::new("orders/eu", q1), None).await;
+    let (p, mut pev, _) = connected5(opts5(&broker, "dedup-topic-pub")).await;
+    for body in ["first", "retry"] {
+        assert_eq!(
+            publish_mqtt(&p, &mut pev, "orders/eu", q1, "t-1", body).await,
+            "Success"
+        );
+    }
+    // The same id on another topic of the entry is another send.
+    assert_eq!(
+        publish_mqtt(&p, &mut pev, "orders/us", q1, "t-1", "us").await,
+        "Success"
+    );
+    assert_eq!(&publish5(&mut all_ev).await.payload[..], b"first");
+    assert_eq!(&publish5(&mut all_ev).await.payload[..], b"us");
+    assert_eq!(&publish5(&mut eu_ev).await.payload[..], b"first");
+    quiet5(&mut all_ev).await;
+    quiet5(&mut eu_ev).await;
+    let metrics = broker.metrics();
+    assert!(
+        metrics.contains("rosetta_topic_duplicates_total{filter=\"orders/#\"} 1\n"),
+        "{metrics}"
+    );
+}
+
+fn send_topic_receipted(s: &mut Stomp, id: &str, body: &str) {
+    s.write(&frame(
+        "SEND",
+        &[
+            ("destination", "/topic/orders/eu"),
+            ("persistent", "true"),
+            ("dedup-id", id),
+            ("receipt", body),
+        ],
+        body.as_bytes(),
+    ))
+    .expect("send");
+    let f = s.read().expect("read").expect("a frame");
+    assert_eq!(
+        (f.command.as_str(), f.header("receipt-id")),
+        ("RECEIPT", Some(body)),
+        "{f:?}"
+    );
+}
+
+/// A topic's window across SIGKILL: the first send reached no subscriber
+/// (there was none), yet its retry after the restart reaches none either,
+/// not even one that subscribed since.
+#[test]
+fn a_topic_window_holds_across_kill_9() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let extra = format!("[store]\nsync = \"every-commit\"\n\n{DEDUP_TOPICS}");
+    let mut broker = BrokerProcess::start(dir.path(), &["stomp"], &extra);
+    let mut p = Stomp::connect(broker.addr("stomp"), IO_TIMEOUT).expect("connect");
+    send_topic_receipted(&mut p, "t-1", "first");
+    broker.kill();
+
+    let broker = BrokerProcess::start(dir.path(), &["stomp"], &extra);
+    let addr = broker.addr("stomp");
+    let mut c = Stomp::connect(addr, IO_TIMEOUT).expect("connect");
+    c.write(&frame(
+        "SUBSCRIBE",
+        &[
+            ("id", "s"),
+            ("destination", "/topic/orders/eu"),
+            ("ack", "auto"),
+            ("receipt", "subscribed"),
+        ],
+        b"",
+    ))
+    .expect("subscribe");
+    let f = c.read().expect("read").expect("RECEIPT");
+    assert_eq!(f.header("receipt-id"), Some("subscribed"), "{f:?}");
+    let mut p = Stomp::connect(addr, IO_TIMEOUT).expect("connect");
+    send_topic_receipted(&mut p, "t-1", "retry");
+    send_topic_receipted(&mut p, "t-2", "fresh");
+    c.stream
+        .set_read_timeout(Some(Duration::from_millis(1500)))
+        .expect("timeout");
+    let mut got = Vec::new();
+    while let Ok(Some(f)) = c.read() {
+        got.push(String::from_utf8_lossy(&f.body).into_owned());
+    }
+    assert_eq!(got, vec!["fresh"]);
     drop(broker);
 }

@@ -118,7 +118,7 @@ where
 }
 
 /// Reads an MQTT topic filter in core terms (`sensors/+/temp`).
-fn deserialize_filter<'de, D>(de: D) -> Result<String, D::Error>
+pub(crate) fn deserialize_filter<'de, D>(de: D) -> Result<String, D::Error>
 where
     D: Deserializer<'de>,
 {

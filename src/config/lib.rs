@@ -40,6 +40,7 @@ mod protocols;
 mod queues;
 mod store;
 mod streams;
+mod topics;
 mod transport;
 
 #[cfg(test)]
@@ -60,6 +61,7 @@ pub use protocols::*;
 pub use queues::*;
 pub use store::*;
 pub use streams::*;
+pub use topics::*;
 pub use transport::*;
 
 /// Where data lives by default: next to where the broker was started, so a
@@ -96,6 +98,9 @@ pub struct Config {
     pub queues: Vec<QueueEntry>,
     /// `[[streams]]`: queues kept as logs, by name or prefix pattern.
     pub streams: Vec<StreamEntry>,
+    /// `[[topics]]`: settings of topic addresses (duplicate detection), by
+    /// topic filter.
+    pub topics: Vec<TopicEntry>,
     /// `[admin]`: the admin HTTP API.
     pub admin: AdminConfig,
     /// `[cluster]`: membership on etcd and the balancer; `None`: one node.
@@ -122,6 +127,7 @@ impl Default for Config {
             bindings: Vec::new(),
             queues: Vec::new(),
             streams: Vec::new(),
+            topics: Vec::new(),
             admin: AdminConfig::default(),
             cluster: None,
             config_dir: None,
@@ -336,6 +342,7 @@ impl Config {
         self.check_bindings()?;
         self.check_queues()?;
         self.check_streams()?;
+        self.check_topics()?;
         self.check_cluster()
     }
 

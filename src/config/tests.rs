@@ -604,3 +604,48 @@ fn admin_listener_defaults_to_loopback_and_can_be_turned_off() {
     let err = Config::parse("[admin]\nlisten = \"nope\"\n", "t").expect_err("bad");
     assert_eq!(err.key(), Some("admin.listen"), "{err}");
 }
+
+#[test]
+fn topic_entries_become_dedup_windows_in_file_order_and_are_checked() {
+    let text = "[[topics]]\nfilter = \"orders/eu\"\ndedup_window_s = 60\ndedup = \"content\"\ndedup_ids_max = 10\n\n[[topics]]\nfilter = \"orders/#\"\ndedup_window_s = 300\n";
+    let rules = Config::parse(text, "x")
+        .expect("parses")
+        .topic_dedup_rules();
+    assert_eq!(
+        rules,
+        vec![
+            rosetta_core::TopicDedupRule {
+                filter: "orders/eu".into(),
+                window_s: 60,
+                mode: rosetta_core::DedupMode::Content,
+                ids_max: 10,
+            },
+            rosetta_core::TopicDedupRule {
+                filter: "orders/#".into(),
+                window_s: 300,
+                mode: rosetta_core::DedupMode::Id,
+                ids_max: rosetta_core::DEDUP_IDS_MAX_DEFAULT,
+            },
+        ]
+    );
+    for (doc, key) in [
+        ("[[topics]]\nfilter = \"a\"\n", "topics[0].dedup_window_s"),
+        (
+            "[[topics]]\nfilter = \"a\"\ndedup_window_s = 0\n",
+            "topics[0].dedup_window_s",
+        ),
+        (
+            "[[topics]]\nfilter = \"a\"\ndedup_window_s = 1\ndedup_ids_max = 0\n",
+            "topics[0].dedup_ids_max",
+        ),
+        (
+            "[[topics]]\nfilter = \"a\"\ndedup_window_s = 1\n[[topics]]\nfilter = \"a\"\ndedup_window_s = 2\n",
+            "topics[1].filter",
+        ),
+    ] {
+        let err = Config::parse(doc, "rosetta.toml").expect_err(doc);
+        assert!(err.to_string().contains(key), "{doc}: {err}");
+    }
+    // A malformed filter is refused as it is read.
+    assert!(Config::parse("[[topics]]\nfilter = \"a/#/b\"\ndedup_window_s = 1\n", "x").is_err());
+}

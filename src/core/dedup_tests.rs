@@ -429,17 +429,10 @@ fn a_duplicate_is_acknowledged_only_once_its_first_copy_is_durable() {
 
 #[test]
 fn the_window_runs_on_the_cores_clock() {
-    let clock = Arc::new(crate::ManualClock::new(1_700_000_000_000));
-    let core = Core::with_clock(
-        CoreConfig {
-            queue_rules: dedup_rules(crate::DedupMode::Id, None),
-            ..CoreConfig::default()
-        },
-        Arc::new(NoJournal),
-        Arc::new(AllowAll),
-        None,
-        clock.clone(),
-    );
+    let (core, clock) = manual_core(CoreConfig {
+        queue_rules: dedup_rules(crate::DedupMode::Id, None),
+        ..CoreConfig::default()
+    });
     let (mut s, e) = open(&core, "p");
     let orders = queue("orders");
     send(&mut s, &orders, with_id("first", MessageId::Ulong(7)));
@@ -450,4 +443,123 @@ fn the_window_runs_on_the_cores_clock() {
     send(&mut s, &orders, with_id("after", MessageId::Ulong(7)));
     assert_eq!(duplicates(&core, "orders"), 1, "the window has passed");
     assert_eq!(drain(&mut s, &e, "orders"), vec!["first", "after"]);
+}
+
+fn topic_dedup_config(filter: &str) -> CoreConfig {
+    CoreConfig {
+        topic_dedup: vec![crate::TopicDedupRule {
+            filter: filter.into(),
+            window_s: 300,
+            mode: crate::DedupMode::Id,
+            ids_max: 1_000,
+        }],
+        ..CoreConfig::default()
+    }
+}
+
+fn topic_duplicates(core: &Core) -> u64 {
+    core.topic_dedup_stats()
+        .iter()
+        .map(|w| w.duplicates_total)
+        .sum()
+}
+
+#[test]
+fn a_topic_window_drops_a_retry_before_it_fans_out() {
+    let core = Core::new(
+        topic_dedup_config("orders/#"),
+        Arc::new(NoJournal),
+        Arc::new(AllowAll),
+        None,
+    );
+    let (mut sub_a, events_a) = open(&core, "a");
+    let (mut sub_b, events_b) = open(&core, "b");
+    subscribe(&mut sub_a, "orders/#", 100);
+    subscribe(&mut sub_b, "orders/eu", 100);
+    let (mut p, _) = open(&core, "p");
+    let eu = topic("orders/eu");
+    let first = send(&mut p, &eu, with_dedup_property("one", "1"));
+    let again = send(&mut p, &eu, with_dedup_property("one again", "1"));
+    // The retry counts as routed to both subscribers, who hold the first.
+    assert_eq!((first.routed, again.routed), (2, 2));
+    // The same id on another topic of the entry is another send.
+    send(&mut p, &topic("orders/us"), with_dedup_property("us", "1"));
+    assert_eq!(
+        events_a.deliveries().iter().map(text).collect::<Vec<_>>(),
+        vec!["one", "us"]
+    );
+    assert_eq!(
+        events_b.deliveries().iter().map(text).collect::<Vec<_>>(),
+        vec!["one"]
+    );
+    // A subscriber that joins later does not get the retry either.
+    let (mut late, events_late) = open(&core, "late");
+    subscribe(&mut late, "orders/eu", 100);
+    send(&mut p, &eu, with_dedup_property("one, later", "1"));
+    assert!(events_late.deliveries().is_empty());
+    assert_eq!(topic_duplicates(&core), 2);
+    // Topics no entry matches take every copy.
+    subscribe(&mut late, "prices", 100);
+    send(&mut p, &topic("prices"), with_dedup_property("p", "1"));
+    send(&mut p, &topic("prices"), with_dedup_property("p", "1"));
+    assert_eq!(events_late.deliveries().len(), 2);
+}
+
+fn topic_store_core(dir: &std::path::Path) -> (Core, Arc<rosetta_store::Store>) {
+    let (store, recovered) =
+        rosetta_store::Store::open(rosetta_store::StoreConfig::new(dir)).expect("open");
+    let store = Arc::new(store);
+    let core = Core::new(
+        topic_dedup_config("orders/#"),
+        store.clone(),
+        Arc::new(AllowAll),
+        Some(recovered),
+    );
+    (core, store)
+}
+
+#[test]
+fn a_topic_window_survives_a_restart_though_no_durable_queue_took_the_send() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let (core, store) = topic_store_core(dir.path());
+        let (mut p, _) = open(&core, "p");
+        // No subscriber at all: the key alone is journaled.
+        send(&mut p, &topic("orders/eu"), with_dedup_property("a", "a"));
+        let mut transient = with_dedup_property("b", "b");
+        transient.durable = false;
+        send(&mut p, &topic("orders/eu"), transient);
+        p.close(CloseKind::Clean);
+        stop(core, store);
+    }
+    let (core, store) = topic_store_core(dir.path());
+    let (mut sub, events) = open(&core, "s");
+    subscribe(&mut sub, "orders/#", 100);
+    let (mut p, _) = open(&core, "p");
+    send(
+        &mut p,
+        &topic("orders/eu"),
+        with_dedup_property("a again", "a"),
+    );
+    // A non-durable send's id is not journaled, so its retry passes.
+    send(
+        &mut p,
+        &topic("orders/eu"),
+        with_dedup_property("b again", "b"),
+    );
+    assert_eq!(
+        events.deliveries().iter().map(text).collect::<Vec<_>>(),
+        vec!["b again"]
+    );
+    assert_eq!(topic_duplicates(&core), 1);
+    // Recovered keys stay out of the client state the adapters read.
+    assert!(core
+        .inner
+        .client_state
+        .lock()
+        .keys()
+        .all(|k| !k.starts_with(crate::dedup::TOPIC_DEDUP_STATE_PREFIX)));
+    p.close(CloseKind::Clean);
+    sub.close(CloseKind::Clean);
+    stop(core, store);
 }

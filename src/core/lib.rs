@@ -61,7 +61,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use dead_letter::{
     DeadLetterReason, DEAD_LETTER_REASON_PROPERTY, DELIVERY_COUNT_PROPERTY, ORIGINAL_QUEUE_PROPERTY,
 };
-pub use dedup::{DedupMode, DEDUP_ID_BYTES_MAX};
+pub use dedup::{DedupMode, TopicDedupRule, TopicDedupStats, DEDUP_ID_BYTES_MAX};
 pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
 pub use queue_settings::VISIBILITY_TIMEOUT_MS_MAX;
@@ -166,6 +166,10 @@ pub struct CoreConfig {
     pub queue_rules: QueueRules,
     /// Streams (`[[streams]]` and the streams' directory): see [`stream`].
     pub streams: stream::StreamsConfig,
+    /// Duplicate detection on topic addresses (`[[topics]]` entries with a
+    /// dedup window), tried in order: the first whose filter matches a
+    /// topic holds its window.
+    pub topic_dedup: Vec<TopicDedupRule>,
 }
 
 impl Default for CoreConfig {
@@ -183,6 +187,7 @@ impl Default for CoreConfig {
             bindings_max: BINDINGS_MAX_DEFAULT,
             queue_rules: QueueRules::default(),
             streams: stream::StreamsConfig::default(),
+            topic_dedup: Vec::new(),
         }
     }
 }
@@ -363,6 +368,8 @@ pub(crate) struct Inner {
     stopping: AtomicBool,
     /// Streams: logs read without consuming (see [`stream`]).
     streams: Arc<stream::Streams>,
+    /// The dedup windows of topic addresses.
+    topic_dedup: dedup::TopicWindows,
 }
 
 /// The broker core. Cheap to clone; all clones share one broker.
@@ -413,8 +420,10 @@ impl Core {
             stream::Groups::new(Arc::clone(&journal)),
             Arc::clone(&clock),
         );
+        let topic_dedup = dedup::TopicWindows::new(&config.topic_dedup);
         let inner = Arc::new(Inner {
             config,
+            topic_dedup,
             streams,
             journal,
             access,
@@ -491,6 +500,11 @@ impl Core {
     pub fn queue_settings(&self, name: &str) -> Option<QueueSettings> {
         let q = self.inner.routing.read().queue(name).cloned()?;
         Some(self.inner.settings_in_force(&q))
+    }
+
+    /// Figures of each topic dedup window, in configuration order.
+    pub fn topic_dedup_stats(&self) -> Vec<TopicDedupStats> {
+        self.inner.topic_dedup.stats()
     }
 
     /// Statistics of one queue.
@@ -874,7 +888,11 @@ impl Inner {
         let (dedup_state, state): (Vec<_>, Vec<_>) = state
             .into_iter()
             .partition(|(key, _)| key.starts_with(dedup::DEDUP_STATE_PREFIX));
-        let forget = dedup::restore(dedup_state, &by_id, self.now_ms());
+        let (topic_dedup_state, state): (Vec<_>, Vec<_>) = state
+            .into_iter()
+            .partition(|(key, _)| key.starts_with(dedup::TOPIC_DEDUP_STATE_PREFIX));
+        let mut forget = dedup::restore(dedup_state, &by_id, self.now_ms());
+        forget.extend(self.topic_dedup.restore(topic_dedup_state, self.now_ms()));
         if !forget.is_empty() {
             self.journal.append(forget, None);
         }
@@ -893,8 +911,8 @@ impl Inner {
         self.streams.groups.restore(self.client_state.lock().iter());
     }
 
-    /// Forgets dedup ids whose window has passed, in every queue with a
-    /// window, and journals their tombstones in one append.
+    /// Forgets dedup ids whose window has passed, in every queue and topic
+    /// entry with a window, and journals their tombstones in one append.
     fn expire_dedup_ids(&self) {
         let queues: Vec<Arc<Queue>> = self
             .routing
@@ -908,6 +926,7 @@ impl Inner {
         for q in &queues {
             dedup::expire(q, now_ms, &mut records);
         }
+        self.topic_dedup.expire(now_ms, &mut records);
         if !records.is_empty() {
             self.journal.append(records, None);
         }

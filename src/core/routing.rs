@@ -18,7 +18,7 @@ use rosetta_store::Record;
 
 use super::batch::Batch;
 use super::codec;
-use super::dedup::{self, DedupKey, Screen};
+use super::dedup::{self, DedupKey, Screen, TopicScreen};
 use super::queue::{Entry, Queue, QueueBinding};
 use super::trie::TopicTrie;
 use super::Inner;
@@ -277,9 +277,20 @@ impl Inner {
             }
             Address::Queue(name) => vec![(self.queue_for_send(name, batch)?, MatchInfo::default())],
         };
+        let now_ms = self.now_ms();
+        // The topic's own window first: a duplicate reaches no subscriber,
+        // present or joining later, and counts as routed where its first
+        // copy would go.
+        if let (Address::Topic(topic), Duplicates::Detect) = (address, duplicates) {
+            if let TopicScreen::Duplicate { wait } =
+                self.topic_dedup.screen(topic, &message, now_ms, batch)?
+            {
+                batch.waits.extend(wait);
+                return Ok(targets.len());
+            }
+        }
         // Duplicates first: a queue that holds the first copy takes a
         // retry even when full.
-        let now_ms = self.now_ms();
         let mut dropped = 0usize;
         let detect = duplicates == Duplicates::Detect;
         let mut targets: Vec<(Arc<Queue>, MatchInfo, Option<DedupKey>)> = if detect {

@@ -359,6 +359,7 @@ fn core_config(config: &Config) -> CoreConfig {
         queues_max: usize::try_from(config.broker.queues_max).unwrap_or(usize::MAX),
         bindings_max: usize::try_from(config.broker.bindings_max).unwrap_or(usize::MAX),
         queue_rules: config.queue_rules(),
+        topic_dedup: config.topic_dedup_rules(),
         streams: rosetta_core::stream::StreamsConfig {
             dir: Some(config.data_dir.join("streams")),
             sync: store_config(config).sync,

@@ -6,16 +6,19 @@
 
 use std::fmt::Write as _;
 
-use rosetta_core::{Core, QueueStats};
+use rosetta_core::{Core, QueueStats, TopicDedupStats};
 use rosetta_store::StoreStats;
 
-/// One per-queue series: name, type, help, and how to read it.
-struct QueueMetric {
+/// One labelled series: name, type, help, and how to read it from the
+/// figures of one queue (or one topic entry).
+struct Series<S> {
     name: &'static str,
     kind: &'static str,
     help: &'static str,
-    value: fn(&QueueStats) -> f64,
+    value: fn(&S) -> f64,
 }
+
+type QueueMetric = Series<QueueStats>;
 
 const QUEUE_METRICS: &[QueueMetric] = &[
     QueueMetric {
@@ -177,6 +180,7 @@ pub(crate) fn render(core: &Core, broker: &BrokerFigures) -> String {
         }
     }
     render_queue_settings(&mut out, core);
+    render_topic_dedup(&mut out, core);
     let s = &broker.store;
     let plain: [(&str, &str, &str, f64); 14] = [
         (
@@ -315,6 +319,47 @@ fn render_queue_settings(out: &mut String, core: &Core) {
             settings.dedup_ids_max,
             escape_label(settings.last_value_key.as_deref().unwrap_or_default()),
         );
+    }
+}
+
+const TOPIC_DEDUP_METRICS: &[Series<TopicDedupStats>] = &[
+    Series {
+        name: "rosetta_topic_duplicates_total",
+        kind: "counter",
+        help: "Sends to a topic dropped (and acknowledged) as duplicates within its [[topics]] dedup window.",
+        value: |w| w.duplicates_total as f64,
+    },
+    Series {
+        name: "rosetta_topic_dedup_ids",
+        kind: "gauge",
+        help: "Dedup ids the [[topics]] entry remembers now.",
+        value: |w| w.ids as f64,
+    },
+    Series {
+        name: "rosetta_topic_dedup_evicted_total",
+        kind: "counter",
+        help: "Topic dedup ids forgotten before their window passed, to stay within dedup_ids_max.",
+        value: |w| w.evicted_total as f64,
+    },
+];
+
+/// The dedup windows of `[[topics]]` entries, labelled by filter.
+fn render_topic_dedup(out: &mut String, core: &Core) {
+    let windows = core.topic_dedup_stats();
+    if windows.is_empty() {
+        return;
+    }
+    for m in TOPIC_DEDUP_METRICS {
+        header(out, m.name, m.kind, m.help);
+        for w in &windows {
+            let _ = writeln!(
+                out,
+                "{}{{filter=\"{}\"}} {}",
+                m.name,
+                escape_label(&w.filter),
+                (m.value)(w)
+            );
+        }
     }
 }
 

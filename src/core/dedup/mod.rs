@@ -44,6 +44,7 @@
 //! append's result: a retry racing its original is never acknowledged
 //! before the original is durable.
 
+mod topics;
 mod window;
 
 use bytes::Bytes;
@@ -61,6 +62,8 @@ use rosetta_store::{Completion, StoreError};
 use super::batch::Batch;
 use super::queue::Queue;
 
+pub use topics::{TopicDedupRule, TopicDedupStats};
+pub(crate) use topics::{TopicScreen, TopicWindows, TOPIC_DEDUP_STATE_PREFIX};
 pub(crate) use window::{Admission, DedupKey, DedupWindow, DEDUP_KEY_BYTES};
 
 /// Longest dedup id accepted, in bytes: ids are hashed, so this is not
