@@ -11,7 +11,11 @@ window:
   ``dedup-id``: both PUBACKs are reason 0 (Success), one copy is delivered;
 - the window holds across a ``kill -9`` of the broker: every id sent
   again after the crash is acknowledged and not delivered;
-- ``/metrics`` counts the duplicates in ``rosetta_queue_duplicates_total``.
+- ``/metrics`` counts the duplicates in ``rosetta_queue_duplicates_total``;
+- a ``[[topics]]`` window drops a retried paho publish to a topic before it
+  fans out: the retry's PUBACK is a success, each subscriber gets one copy,
+  and the window holds across a ``kill -9`` for a subscriber that joined
+  after it.
 """
 
 import queue
@@ -24,12 +28,17 @@ from clients import Amqp, Mqtt, Stomp
 from conftest import Broker
 
 QUEUE = "dd"
+TOPIC_FILTER = "dd-topic/#"
 WINDOW_CONFIG = f"""
 [store]
 sync = "every-commit"
 
 [[queues]]
 name = "{QUEUE}"
+dedup_window_s = 300
+
+[[topics]]
+filter = "{TOPIC_FILTER}"
 dedup_window_s = 300
 """
 QUIET_S = 0.7
@@ -121,3 +130,48 @@ def test_retried_sends_are_acknowledged_and_delivered_once_across_kill_9(dedup_b
     stomp_send_twice(dedup_broker, ["fresh"])
     assert drain(dedup_broker) == ["stomp-0-first"]
     assert duplicates(dedup_broker) == 2 * len(firsts) + 1
+
+
+def mqtt_publish_reason(m, reasons, topic, body, dedup_id):
+    m.publish(topic, body.encode(), qos=1, props=[("dedup-id", dedup_id)])
+    rc = reasons.get(timeout=10)
+    return rc.value
+
+
+def test_a_topic_window_drops_a_retry_for_every_subscriber_across_kill_9(dedup_broker):
+    subscribers = [Mqtt(dedup_broker, version=5) for _ in range(2)]
+    subscribers[0].subscribe("dd-topic/#")
+    subscribers[1].subscribe("dd-topic/a")
+    p = Mqtt(dedup_broker, version=5)
+    reasons = queue.Queue()
+    p.c.on_publish = lambda c, u, mid, rc, props: reasons.put(rc)
+    try:
+        # Both PUBACKs are reason 0 (Success): the retry is not an error.
+        assert mqtt_publish_reason(p, reasons, "dd-topic/a", "first", "t-1") == 0
+        assert mqtt_publish_reason(p, reasons, "dd-topic/a", "retry", "t-1") == 0
+        for s in subscribers:
+            assert s.get().body == b"first"
+            with pytest.raises(queue.Empty):
+                s.get(timeout=QUIET_S)
+    finally:
+        p.close()
+        for s in subscribers:
+            s.close()
+    assert dedup_broker.metrics().get(
+        f'rosetta_topic_duplicates_total{{filter="{TOPIC_FILTER}"}}', 0) == 1
+
+    dedup_broker.restart(hard=True)
+    late = Mqtt(dedup_broker, version=5)
+    late.subscribe("dd-topic/a")
+    p = Mqtt(dedup_broker, version=5)
+    reasons = queue.Queue()
+    p.c.on_publish = lambda c, u, mid, rc, props: reasons.put(rc)
+    try:
+        assert mqtt_publish_reason(p, reasons, "dd-topic/a", "retry after crash", "t-1") == 0
+        assert mqtt_publish_reason(p, reasons, "dd-topic/a", "fresh", "t-2") == 0
+        assert late.get().body == b"fresh"
+        with pytest.raises(queue.Empty):
+            late.get(timeout=QUIET_S)
+    finally:
+        p.close()
+        late.close()
