@@ -37,6 +37,7 @@ fn basic(user: &str, password: &str) -> String {
 struct Admin {
     broker: TestBroker,
     api: Option<AdminServer>,
+    access: Arc<rosetta::access::UsersAccess>,
     users_file: PathBuf,
     _users_dir: tempfile::TempDir,
 }
@@ -48,6 +49,11 @@ const PLAIN: (&str, &str) = ("plain", "plain-pw");
 
 impl Admin {
     async fn start() -> Admin {
+        Self::start_tweaked(|_| {}).await
+    }
+
+    /// As [`Admin::start`], after `tweak` adjusted the configuration.
+    async fn start_tweaked(tweak: impl FnOnce(&mut rosetta::config::Config)) -> Admin {
         let users_dir = tempfile::tempdir().expect("tempdir");
         let users_file = users_dir.path().join("users.toml");
         for ((user, password), roles) in [
@@ -73,18 +79,20 @@ impl Admin {
             move |c| {
                 c.security.users_file = Some(file);
                 c.admin.listen = Some(ListenAddr::new("127.0.0.1", 0));
+                tweak(c);
             },
             access.clone(),
         )
         .await;
         let view = broker.broker.as_ref().expect("running").view();
-        let api = rosetta::admin::start(view, access)
+        let api = rosetta::admin::start(view, access.clone())
             .await
             .expect("admin API starts")
             .expect("admin API on");
         Admin {
             broker,
             api: Some(api),
+            access,
             users_file,
             _users_dir: users_dir,
         }
@@ -162,6 +170,18 @@ impl Admin {
     async fn get(&self, path: &str, who: (&str, &str)) -> (StatusCode, Value) {
         let (status, _, body) = self.call(Method::GET, path, Some(who), &[], None).await;
         (status, body)
+    }
+
+    /// Stops the API and the broker, starts both again on the same data.
+    async fn restart(&mut self) {
+        if let Some(api) = self.api.take() {
+            api.shutdown().await;
+        }
+        self.broker.restart().await;
+        let view = self.broker.broker.as_ref().expect("running").view();
+        self.api = rosetta::admin::start(view, self.access.clone())
+            .await
+            .expect("admin API starts");
     }
 
     async fn stop(mut self) {
@@ -725,5 +745,337 @@ async fn a_hundred_thousand_queues_list_within_the_bounds() {
     assert!(page < Duration::from_millis(100), "page {page:?}");
     // A filtered page walks every name (for its total): printed, not
     // bounded, since the issue bounds the plain page.
+    admin.stop().await;
+}
+
+/// The payloads of a peek, as text.
+fn peeked_payloads(body: &Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .map(|ms| {
+            ms.iter()
+                .map(|m| m["payload"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Peek shows the first messages (headers, UTF-8 or base64 payload) and
+/// takes none; a move takes them to another queue durably: after a
+/// restart each is on the target once and gone from the source.
+#[tokio::test]
+async fn queue_messages_are_peeked_and_moved_durably() {
+    let mut admin = Admin::start().await;
+    let mut producer = StompClient::connect(admin.broker.stomp(), &[]).await;
+    producer
+        .send_persistent("/queue/src", &[("colour", "blue")], b"m0")
+        .await;
+    producer.send_persistent("/queue/src", &[], b"m1").await;
+    producer
+        .send_persistent("/queue/src", &[], &[0xff, 0xfe, 0x00])
+        .await;
+    producer.disconnect().await;
+
+    let (status, body) = admin
+        .get("/api/v1/queues/src/messages?count=2", MANAGER)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(peeked_payloads(&body), ["m0", "m1"], "{body}");
+    let first = &body["messages"][0];
+    assert_eq!(
+        (
+            &first["size"],
+            &first["payload_encoding"],
+            &first["properties"]["colour"]
+        ),
+        (&json!(2), &json!("utf-8"), &json!("blue")),
+        "{body}"
+    );
+    let (_, body) = admin
+        .get("/api/v1/queues/src/messages?count=100", MANAGER)
+        .await;
+    let binary = &body["messages"][2];
+    assert_eq!(
+        (&binary["payload_encoding"], &binary["payload"]),
+        (&json!("base64"), &json!("//4A")),
+        "{body}"
+    );
+    assert_eq!(
+        admin.broker.queue("src"),
+        Some((3, 0)),
+        "peek takes nothing"
+    );
+    let (status, body) = admin.get("/api/v1/queues/src/messages", WATCHER).await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    for bad in ["count=0", "count=101", "count=x"] {
+        let (status, body) = admin
+            .get(&format!("/api/v1/queues/src/messages?{bad}"), MANAGER)
+            .await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST);
+    }
+    let (status, body) = admin.get("/api/v1/queues/nosuch/messages", MANAGER).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+
+    // Move: to a queue that exists, not to itself, not to nowhere.
+    let (status, _, _) = admin.act(Method::PUT, "/api/v1/queues/dst", MANAGER).await;
+    assert_eq!(status, StatusCode::CREATED);
+    for (bad, want) in [
+        ("{\"to\": \"nosuch\"}", StatusCode::NOT_FOUND),
+        ("{\"to\": \"src\"}", StatusCode::BAD_REQUEST),
+        ("{}", StatusCode::BAD_REQUEST),
+        ("{\"to\": \"dst\", \"count\": 0}", StatusCode::BAD_REQUEST),
+    ] {
+        let (status, _, body) = admin
+            .act_on(Method::POST, "/api/v1/queues/src/move", MANAGER, bad)
+            .await;
+        assert_error(status, &body, want);
+    }
+    let (status, _, body) = admin
+        .act_on(
+            Method::POST,
+            "/api/v1/queues/src/move",
+            WATCHER,
+            "{\"to\": \"dst\"}",
+        )
+        .await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    assert_eq!(
+        admin.broker.queue("src"),
+        Some((3, 0)),
+        "refusals move nothing"
+    );
+    let (status, _, body) = admin
+        .act_on(
+            Method::POST,
+            "/api/v1/queues/src/move",
+            MANAGER,
+            "{\"to\": \"dst\", \"count\": 2}",
+        )
+        .await;
+    assert_eq!(
+        (status, &body["moved"], &body["left"]),
+        (StatusCode::OK, &json!(2), &json!(0)),
+        "{body}"
+    );
+
+    admin.restart().await;
+    assert_eq!(admin.broker.queue("src"), Some((1, 0)), "{body}");
+    assert_eq!(admin.broker.queue("dst"), Some((2, 0)), "{body}");
+    let mut consumer = StompClient::connect(admin.broker.stomp(), &[]).await;
+    consumer.subscribe("d", "/queue/dst", "auto", &[]).await;
+    let got: Vec<String> = consumer
+        .messages(2)
+        .await
+        .iter()
+        .map(|m| m.text())
+        .collect();
+    assert_eq!(got, ["m0", "m1"], "in order");
+    consumer.expect_nothing().await;
+    admin.stop().await;
+}
+
+/// A message NACKed past its attempts lands in the dead-letter queue with
+/// `x-original-queue`; replay sends it back there, where the consumer
+/// gets it again, and keeps a message that names no original queue.
+#[tokio::test]
+async fn a_replay_sends_dead_letters_back_to_their_queue() {
+    let admin = Admin::start_tweaked(|c| c.broker.delivery_attempts_max = 1).await;
+    let mut producer = StompClient::connect(admin.broker.stomp(), &[]).await;
+    producer
+        .send_persistent("/queue/orders", &[], b"poison")
+        .await;
+    producer.send_persistent("/queue/DLQ", &[], b"stray").await;
+    let mut consumer = StompClient::connect(admin.broker.stomp(), &[]).await;
+    consumer
+        .subscribe("o", "/queue/orders", "client-individual", &[])
+        .await;
+    let m = consumer.message().await;
+    consumer.request("NACK", &[("id", &m.ack_id())], b"").await;
+    let (_, body) = admin.get("/api/v1/queues/DLQ/messages", MANAGER).await;
+    assert_eq!(peeked_payloads(&body), ["stray", "poison"], "{body}");
+    assert_eq!(
+        body["messages"][1]["properties"]["x-original-queue"],
+        json!("orders"),
+        "{body}"
+    );
+
+    let (status, _, body) = admin
+        .act_on(Method::POST, "/api/v1/queues/DLQ/replay", WATCHER, "")
+        .await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    let (status, _, body) = admin
+        .act_on(
+            Method::POST,
+            "/api/v1/queues/DLQ/replay",
+            MANAGER,
+            "{\"colour\": 1}",
+        )
+        .await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST);
+    let (status, _, body) = admin
+        .act(Method::POST, "/api/v1/queues/DLQ/replay", MANAGER)
+        .await;
+    assert_eq!(
+        (status, &body["moved"], &body["left"]),
+        (StatusCode::OK, &json!(1), &json!(1)),
+        "{body}"
+    );
+    let again = consumer.message().await;
+    assert_eq!(again.text(), "poison");
+    consumer.ack(&again).await;
+    let (_, body) = admin.get("/api/v1/queues/DLQ/messages", MANAGER).await;
+    assert_eq!(peeked_payloads(&body), ["stray"], "{body}");
+    admin.stop().await;
+}
+
+/// An MQTT 5 persistent session is listed with its subscription, the
+/// retained message it published under topics; a connected session is
+/// not deleted (409), a disconnected one is, and the client's next
+/// CONNECT finds no session; a cleared retained message is not sent to a
+/// new subscriber.
+#[tokio::test]
+async fn mqtt_sessions_subscriptions_and_retained_messages_are_listed_and_deleted() {
+    let admin = Admin::start().await;
+    let persistent = |id: &str| {
+        let mut opts = opts5(&admin.broker, id);
+        opts.set_clean_start(false);
+        opts.set_session_expiry_interval(Some(600));
+        opts
+    };
+    let (client, mut ev, ack) = connected5(persistent("sess-1")).await;
+    assert!(!ack.session_present);
+    common::mqtt::subscribe5(
+        &client,
+        &mut ev,
+        v5::Filter::new("sensors/+/t", v5::QoS::AtLeastOnce),
+        None,
+    )
+    .await;
+    client
+        .publish("sensors/a/t", v5::QoS::AtLeastOnce, true, "21")
+        .await
+        .expect("publish");
+    common::mqtt::publish5(&mut ev).await;
+
+    let (status, body) = admin.get("/api/v1/sessions?name=sess", WATCHER).await;
+    assert_eq!(
+        (status, &body["total"]),
+        (StatusCode::OK, &json!(1)),
+        "{body}"
+    );
+    let session = &body["items"][0];
+    assert_eq!(
+        (
+            &session["client_id"],
+            &session["persistent"],
+            &session["connected"],
+            &session["subscriptions"][0]["filter"],
+            &session["subscriptions"][0]["qos"],
+        ),
+        (
+            &json!("sess-1"),
+            &json!(true),
+            &json!(true),
+            &json!("sensors/+/t"),
+            &json!(1)
+        ),
+        "{body}"
+    );
+    let (status, body) = admin
+        .get("/api/v1/subscriptions?name=sensors", WATCHER)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (&body["total"], &body["items"][0]["queue"]),
+        (&json!(1), &json!("$mqtt/sess-1")),
+        "{body}"
+    );
+    let (status, body) = admin.get("/api/v1/topics", WATCHER).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (
+            &body["total"],
+            &body["items"][0]["topic"],
+            &body["items"][0]["size"]
+        ),
+        (&json!(1), &json!("sensors/a/t"), &json!(2)),
+        "{body}"
+    );
+
+    let (status, _, body) = admin
+        .act(Method::DELETE, "/api/v1/sessions/sess-1", MANAGER)
+        .await;
+    assert_error(status, &body, StatusCode::CONFLICT);
+    common::mqtt::disconnect5(&client, &mut ev).await;
+    let (_, body) = admin.get("/api/v1/sessions/sess-1", WATCHER).await;
+    assert_eq!(body["connected"], json!(false), "{body}");
+    let (status, _, body) = admin
+        .act(Method::DELETE, "/api/v1/sessions/sess-1", WATCHER)
+        .await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    let (status, _, _) = admin
+        .act(Method::DELETE, "/api/v1/sessions/sess-1", MANAGER)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, body) = admin.get("/api/v1/sessions/sess-1", WATCHER).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    let (client, mut ev, ack) = connected5(persistent("sess-1")).await;
+    assert!(!ack.session_present, "the session was deleted");
+
+    let (status, _, body) = admin
+        .act(Method::DELETE, "/api/v1/topics/sensors%2Fa%2Ft", WATCHER)
+        .await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    let (status, _, _) = admin
+        .act(Method::DELETE, "/api/v1/topics/sensors%2Fa%2Ft", MANAGER)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _, body) = admin
+        .act(Method::DELETE, "/api/v1/topics/sensors%2Fa%2Ft", MANAGER)
+        .await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    common::mqtt::subscribe5(
+        &client,
+        &mut ev,
+        v5::Filter::new("sensors/#", v5::QoS::AtLeastOnce),
+        None,
+    )
+    .await;
+    common::mqtt::quiet5(&mut ev).await;
+    admin.stop().await;
+}
+
+/// The roles listing says what each role allows, from the route table.
+#[tokio::test]
+async fn roles_are_listed_with_what_each_allows() {
+    let admin = Admin::start().await;
+    let (status, body) = admin.get("/api/v1/roles", WATCHER).await;
+    assert_eq!(
+        (status, &body["total"]),
+        (StatusCode::OK, &json!(3)),
+        "{body}"
+    );
+    let role = |name: &str| {
+        body["items"]
+            .as_array()
+            .and_then(|items| items.iter().find(|r| r["name"] == name).cloned())
+            .unwrap_or_else(|| panic!("role {name}: {body}"))
+    };
+    let allows = |name: &str, route: &str| {
+        role(name)["allows"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|r| r == route))
+    };
+    assert!(allows("monitoring", "GET /api/v1/queues"));
+    assert!(!allows("monitoring", "POST /api/v1/queues/{name}/purge"));
+    assert!(allows("management", "POST /api/v1/queues/{name}/purge"));
+    assert!(!allows("management", "POST /api/v1/users"));
+    assert!(allows("administrator", "POST /api/v1/users"));
+    assert_eq!(
+        role("administrator")["includes"],
+        json!(["monitoring", "management"])
+    );
+    let (status, body) = admin.get("/api/v1/roles", PLAIN).await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
     admin.stop().await;
 }

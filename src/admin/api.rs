@@ -13,7 +13,7 @@ use crate::auth::Authenticator;
 use crate::error::ApiError;
 use crate::http::RequestParts;
 use crate::router::{self, Action, Matched, Query};
-use crate::{connections, overview, queues, users};
+use crate::{connections, messages, overview, queues, roles, sessions, topics, users};
 
 /// A successful answer.
 #[derive(Debug)]
@@ -118,6 +118,16 @@ impl Api {
             Action::PutQueue => queues::put(self, &call).await,
             Action::DeleteQueue => queues::delete(self, &call),
             Action::PurgeQueue => queues::purge(self, &call).await,
+            Action::PeekQueue => messages::peek(self, &call),
+            Action::MoveMessages => messages::move_to(self, &call).await,
+            Action::ReplayDeadLetters => messages::replay(self, &call).await,
+            Action::ListSessions => sessions::list(self, &call),
+            Action::GetSession => sessions::get(self, &call),
+            Action::DeleteSession => sessions::delete(self, &call),
+            Action::ListRetained => topics::list_retained(self, &call),
+            Action::DeleteRetained => topics::delete_retained(self, &call).await,
+            Action::ListSubscriptions => topics::list_subscriptions(self, &call),
+            Action::ListRoles => Ok(roles::list()),
             Action::ListConnections => connections::list(self, &call),
             Action::CloseConnection => connections::close(self, &call),
             Action::ListUsers => users::list(self, &call),

@@ -18,7 +18,9 @@
 //!
 //! ## Layout
 //! `http` (listener, limits) → `api` (route, authenticate, dispatch) →
-//! `overview`, `queues`, `connections`, `users` (one resource each).
+//! `overview`, `queues`, `messages` (peek, move, replay), `connections`,
+//! `sessions`, `topics` (retained messages, subscriptions), `users`,
+//! `roles` (one resource each).
 //!
 //! It depends on the server (the server does not know it): the binary
 //! starts the broker, then this over the broker's [`BrokerView`].
@@ -29,9 +31,13 @@ mod connections;
 pub mod error;
 mod http;
 pub mod listing;
+pub mod messages;
 mod overview;
 mod queues;
+mod roles;
 pub mod router;
+mod sessions;
+mod topics;
 mod users;
 
 use std::net::SocketAddr;
@@ -47,6 +53,7 @@ pub use http::{
     ADMIN_CONNECTIONS_MAX, REQUEST_BODY_MAX_BYTES, REQUEST_HEAD_MAX_BYTES, REQUEST_HEAD_TIMEOUT_MS,
     SHUTDOWN_GRACE_MS,
 };
+pub use sessions::MQTT_SESSION_QUEUE_PREFIX;
 
 /// A running admin API.
 pub struct AdminServer {
