@@ -1079,3 +1079,92 @@ async fn roles_are_listed_with_what_each_allows() {
     assert_error(status, &body, StatusCode::FORBIDDEN);
     admin.stop().await;
 }
+
+/// A request with a bearer token.
+async fn with_token(admin: &Admin, method: Method, path: &str, token: &str) -> (StatusCode, Value) {
+    let bearer = format!("Bearer {token}");
+    let (status, _, body) = admin
+        .call(method, path, None, &[("authorization", &bearer)], None)
+        .await;
+    (status, body)
+}
+
+/// A token made with the password stands for its user (with the user's
+/// role, no more), survives a restart, is never shown again nor kept in
+/// the clear, stops at its expiry and when revoked, and cannot make
+/// tokens itself.
+#[tokio::test]
+async fn bearer_tokens_stand_for_their_user_until_revoked_or_expired() {
+    let mut admin = Admin::start().await;
+    let (status, _, body) = admin.act(Method::POST, "/api/v1/tokens", WATCHER).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let token = body["token"].as_str().expect("token").to_owned();
+    let id = body["id"].as_str().expect("id").to_owned();
+    assert_eq!(body["user"], json!("watcher"));
+
+    let (status, body) = with_token(&admin, Method::GET, "/api/v1/overview", &token).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = with_token(&admin, Method::POST, "/api/v1/queues/x/purge", &token).await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    let (status, body) = with_token(&admin, Method::POST, "/api/v1/tokens", &token).await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    let (status, body) = with_token(&admin, Method::GET, "/api/v1/overview", "rosetta_wrong").await;
+    assert_error(status, &body, StatusCode::UNAUTHORIZED);
+
+    // Only an administrator makes tokens for someone else.
+    let (status, _, body) = admin
+        .act_on(
+            Method::POST,
+            "/api/v1/tokens",
+            MANAGER,
+            "{\"user\": \"watcher\"}",
+        )
+        .await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    for bad in ["{\"expires_in_s\": 0}", "{\"colour\": 1}"] {
+        let (status, _, body) = admin
+            .act_on(Method::POST, "/api/v1/tokens", ADMIN, bad)
+            .await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST);
+    }
+    let (status, _, body) = admin
+        .act_on(
+            Method::POST,
+            "/api/v1/tokens",
+            ADMIN,
+            "{\"user\": \"manager\", \"expires_in_s\": 1}",
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let short = body["token"].as_str().expect("token").to_owned();
+
+    // Listed without the token; the file holds no token either.
+    let (_, body) = admin.get("/api/v1/tokens", WATCHER).await;
+    assert_eq!(body["total"], json!(1), "a user sees its own: {body}");
+    assert!(body["items"][0].get("token").is_none(), "{body}");
+    let (_, body) = admin.get("/api/v1/tokens", ADMIN).await;
+    assert_eq!(body["total"], json!(2), "{body}");
+    let file = std::fs::read_to_string(admin.broker.data_dir().join("admin-tokens.json"))
+        .expect("tokens file");
+    assert!(!file.contains(&token["rosetta_".len()..]), "{file}");
+
+    admin.restart().await;
+    let (status, body) = with_token(&admin, Method::GET, "/api/v1/queues", &token).await;
+    assert_eq!(status, StatusCode::OK, "after a restart: {body}");
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let (status, body) = with_token(&admin, Method::GET, "/api/v1/queues", &short).await;
+    assert_error(status, &body, StatusCode::UNAUTHORIZED);
+
+    // Another user's token is not found to a non-administrator.
+    let (status, _, body) = admin
+        .act(Method::DELETE, &format!("/api/v1/tokens/{id}"), MANAGER)
+        .await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    let (status, _, _) = admin
+        .act(Method::DELETE, &format!("/api/v1/tokens/{id}"), WATCHER)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, body) = with_token(&admin, Method::GET, "/api/v1/queues", &token).await;
+    assert_error(status, &body, StatusCode::UNAUTHORIZED);
+    admin.stop().await;
+}

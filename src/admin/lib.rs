@@ -6,7 +6,8 @@
 //! - `GET /healthz` (live) and `GET /readyz` (recovered and listening; 503
 //!   once the shutdown begins) need no credentials, for orchestrators.
 //! - Every `/api/v1/` request needs HTTP basic credentials of a user in the
-//!   users file ([`auth`]) holding the route's role ([`router::ROUTES`]):
+//!   users file, or a bearer token made for one ([`tokens`]), ([`auth`])
+//!   holding the route's role ([`router::ROUTES`]):
 //!   `monitoring` reads, `management` also acts on queues and connections,
 //!   `administrator` also manages users.
 //! - Errors are `{"error": ..., "reason": ...}` with 400, 401 (with
@@ -37,6 +38,7 @@ mod queues;
 mod roles;
 pub mod router;
 mod sessions;
+pub mod tokens;
 mod topics;
 mod users;
 
@@ -92,9 +94,12 @@ pub async fn start(
         .with_context(|| format!("admin API ([admin] listen) on {addr}"))?;
     let bound = listener.local_addr()?;
     let users_file = broker.config().users_file();
+    let tokens =
+        Arc::new(tokens::Tokens::load(&broker.config().data_dir).context("admin API tokens")?);
     let api = Arc::new(api::Api {
         broker,
-        auth: auth::Authenticator::new(users),
+        auth: auth::Authenticator::new(users, Arc::clone(&tokens)),
+        tokens,
         users_file,
         users_write: tokio::sync::Mutex::new(()),
     });

@@ -52,6 +52,12 @@ pub enum Action {
     ListSubscriptions,
     /// `GET /api/v1/roles`.
     ListRoles,
+    /// `POST /api/v1/tokens`.
+    CreateToken,
+    /// `GET /api/v1/tokens`.
+    ListTokens,
+    /// `DELETE /api/v1/tokens/{id}`.
+    RevokeToken,
     /// `GET /api/v1/connections`.
     ListConnections,
     /// `DELETE /api/v1/connections/{id}`.
@@ -165,6 +171,15 @@ pub const ROUTES: &[Route] = &[
         Action::ListSubscriptions,
     ),
     route(Method::GET, "/api/v1/roles", READ, Action::ListRoles),
+    // Bearer tokens: every user with a role has its own.
+    route(Method::POST, "/api/v1/tokens", READ, Action::CreateToken),
+    route(Method::GET, "/api/v1/tokens", READ, Action::ListTokens),
+    route(
+        Method::DELETE,
+        "/api/v1/tokens/{id}",
+        READ,
+        Action::RevokeToken,
+    ),
     route(
         Method::GET,
         "/api/v1/connections",
