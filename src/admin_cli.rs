@@ -29,11 +29,13 @@ pub(crate) struct Api {
 
 impl Api {
     /// `url` is `http://host:port`; with a user, the password is
-    /// `password`, else `ROSETTA_PASSWORD`.
+    /// `password`, else `ROSETTA_PASSWORD`; without one, the bearer token
+    /// is `token`, else `ROSETTA_TOKEN`.
     pub(crate) fn new(
         url: &str,
         user: Option<&str>,
         password: Option<String>,
+        token: Option<String>,
     ) -> anyhow::Result<Api> {
         let Some(rest) = url.strip_prefix("http://") else {
             bail!("--url must start with http:// (the admin API has no TLS yet): {url}");
@@ -43,7 +45,9 @@ impl Api {
             bail!("--url must be http://host:port: {url}");
         }
         let authorization = match user {
-            None => None,
+            None => token
+                .or_else(|| std::env::var("ROSETTA_TOKEN").ok())
+                .map(|t| format!("Bearer {}", t.trim())),
             Some(user) => {
                 let password = password
                     .or_else(|| std::env::var("ROSETTA_PASSWORD").ok())
@@ -61,13 +65,25 @@ impl Api {
         })
     }
 
-    /// One request; an error answer becomes an error naming its reason.
+    /// One request without a body.
     async fn call(
         &self,
         method: Method,
         path: &str,
         headers: &[(&str, &str)],
     ) -> anyhow::Result<Value> {
+        self.send(method, path, headers, None).await
+    }
+
+    /// One request; an error answer becomes an error naming its reason.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        let body = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
         let stream = tokio::net::TcpStream::connect(&self.authority)
             .await
             .with_context(|| format!("connecting to the admin API at {}", self.authority))?;
@@ -86,7 +102,7 @@ impl Api {
         }
         let response = tokio::time::timeout(
             REQUEST_TIMEOUT,
-            sender.send_request(req.body(Full::new(Bytes::new()))?),
+            sender.send_request(req.body(Full::new(body))?),
         )
         .await
         .context("the admin API did not answer in time")??;
@@ -128,12 +144,31 @@ impl Api {
 
 /// What the CLI asks.
 pub(crate) enum AdminCommand {
-    QueueList { name: Option<String> },
-    QueueStat { name: Option<String> },
-    QueuePurge { name: String },
-    QueueDelete { name: String },
+    QueueList {
+        name: Option<String>,
+    },
+    QueueStat {
+        name: Option<String>,
+    },
+    QueuePurge {
+        name: String,
+    },
+    QueueDelete {
+        name: String,
+    },
     ConnectionList,
-    ConnectionClose { id: u64, reason: Option<String> },
+    ConnectionClose {
+        id: u64,
+        reason: Option<String>,
+    },
+    TokenCreate {
+        user: Option<String>,
+        expires_in_s: Option<u64>,
+    },
+    TokenList,
+    TokenRevoke {
+        id: String,
+    },
 }
 
 /// Runs one command and prints its answer on standard output.
@@ -196,6 +231,43 @@ pub(crate) fn run(api: &Api, request: AdminCommand) -> anyhow::Result<()> {
                 )
                 .await?;
                 println!("connection {id} closed");
+            }
+            AdminCommand::TokenCreate { user, expires_in_s } => {
+                let mut body = serde_json::json!({});
+                if let Some(user) = user {
+                    body["user"] = user.into();
+                }
+                if let Some(s) = expires_in_s {
+                    body["expires_in_s"] = s.into();
+                }
+                let answer = api
+                    .send(Method::POST, "/api/v1/tokens", &[], Some(&body))
+                    .await?;
+                // The token alone on standard output, for `$(...)`; what
+                // it is on standard error.
+                eprintln!(
+                    "token {} for '{}', expires at {} ms (Unix); it is not shown again",
+                    text(&answer["id"]),
+                    text(&answer["user"]),
+                    answer["expires_at_ms"]
+                );
+                println!("{}", text(&answer["token"]));
+            }
+            AdminCommand::TokenList => {
+                println!("{:<18} {:<16} EXPIRES_AT_MS", "ID", "USER");
+                for t in api.all("/api/v1/tokens", None).await? {
+                    println!(
+                        "{:<18} {:<16} {}",
+                        text(&t["id"]),
+                        text(&t["user"]),
+                        t["expires_at_ms"]
+                    );
+                }
+            }
+            AdminCommand::TokenRevoke { id } => {
+                let path = format!("/api/v1/tokens/{}", encode(&id));
+                api.call(Method::DELETE, &path, &[]).await?;
+                println!("token {id} revoked");
             }
         }
         Ok(())

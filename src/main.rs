@@ -70,6 +70,14 @@ enum Command {
         #[command(subcommand)]
         action: ConnectionAction,
     },
+    /// Bearer tokens of the admin API, made with a password: pass one as
+    /// --token (or ROSETTA_TOKEN) instead of --user and --password.
+    Token {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        action: TokenAction,
+    },
     /// Works on the journal of a stopped broker.
     Store {
         #[command(subcommand)]
@@ -90,6 +98,30 @@ struct ApiArgs {
     /// the ROSETTA_PASSWORD environment variable.
     #[arg(long, global = true)]
     password: Option<String>,
+    /// A bearer token (`rosetta token create`) instead of --user and
+    /// --password; default: the ROSETTA_TOKEN environment variable.
+    #[arg(long, global = true)]
+    token: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenAction {
+    /// Makes a token and prints it (once) on standard output.
+    Create {
+        /// For another user than --user (administrators only).
+        #[arg(long = "for", value_name = "USER")]
+        for_user: Option<String>,
+        /// Lifetime in seconds (default: a day).
+        #[arg(long, value_name = "SECONDS")]
+        expires_in: Option<u64>,
+    },
+    /// Prints the tokens (never the tokens themselves).
+    List,
+    /// Revokes a token.
+    Revoke {
+        /// The token's id (from `token list` or `token create`).
+        id: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -258,6 +290,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             admin_cli::run(&api_of(api)?, command)
         }
+        Command::Token { api, action } => {
+            let command = match action {
+                TokenAction::Create {
+                    for_user,
+                    expires_in,
+                } => admin_cli::AdminCommand::TokenCreate {
+                    user: for_user,
+                    expires_in_s: expires_in,
+                },
+                TokenAction::List => admin_cli::AdminCommand::TokenList,
+                TokenAction::Revoke { id } => admin_cli::AdminCommand::TokenRevoke { id },
+            };
+            admin_cli::run(&api_of(api)?, command)
+        }
         Command::Store {
             action: StoreAction::Check { data_dir },
         } => store_check(data_dir.unwrap_or_else(|| config.data_dir.clone())),
@@ -265,7 +311,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn api_of(args: ApiArgs) -> anyhow::Result<admin_cli::Api> {
-    admin_cli::Api::new(&args.url, args.user.as_deref(), args.password)
+    admin_cli::Api::new(&args.url, args.user.as_deref(), args.password, args.token)
 }
 
 /// The broker and its admin API until SIGINT or SIGTERM. The admin API

@@ -584,6 +584,31 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
     ]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("401"), "{}", stderr(&out));
+
+    // A token made with the password stands in for it, by flag or by
+    // ROSETTA_TOKEN, until revoked.
+    let token = ops(&["token", "create"]).trim().to_owned();
+    assert!(token.starts_with("rosetta_"), "{token}");
+    let by_flag = rosetta(&["queue", "list", "--url", &url, "--token", &token]);
+    assert!(by_flag.status.success(), "{}", stderr(&by_flag));
+    let by_env = Command::new(BIN)
+        .args(["connection", "list", "--url", &url])
+        .env("ROSETTA_TOKEN", &token)
+        .output()
+        .expect("run rosetta");
+    assert!(by_env.status.success(), "{}", stderr(&by_env));
+    let listed = ops(&["token", "list"]);
+    let id = listed
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().next())
+        .expect("the token is listed")
+        .to_owned();
+    assert!(!listed.contains(&token), "{listed}");
+    ops(&["token", "revoke", &id]);
+    let revoked = rosetta(&["queue", "list", "--url", &url, "--token", &token]);
+    assert!(!revoked.status.success());
+    assert!(stderr(&revoked).contains("401"), "{}", stderr(&revoked));
     broker.stop();
 }
 
