@@ -1168,3 +1168,68 @@ async fn bearer_tokens_stand_for_their_user_until_revoked_or_expired() {
     assert_error(status, &body, StatusCode::UNAUTHORIZED);
     admin.stop().await;
 }
+
+/// One raw HTTP/1.1 GET that asks the server to close; the whole answer
+/// (status line and headers as sent, lowercase header names from hyper).
+async fn raw_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await.expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut answer))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// The console's files come from the admin listener itself, without
+/// credentials, with a policy that allows only its own files; a request
+/// from its script is refused without a challenge (no browser dialog).
+#[tokio::test]
+async fn the_console_is_served_by_the_admin_listener() {
+    let admin = Admin::start().await;
+    let addr = admin.api.as_ref().expect("api").local_addr();
+    let page = raw_get(addr, "/console/").await;
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(
+        page.contains("content-security-policy: default-src 'self'"),
+        "{page}"
+    );
+    assert!(page.contains("<script src=\"app.js\""), "{page}");
+    for (path, kind) in [
+        ("/console/app.js", "text/javascript"),
+        ("/console/app.css", "text/css"),
+    ] {
+        let file = raw_get(addr, path).await;
+        assert!(file.starts_with("HTTP/1.1 200"), "{path}: {file}");
+        assert!(
+            file.contains(&format!("content-type: {kind}")),
+            "{path}: {file}"
+        );
+    }
+    let root = raw_get(addr, "/").await;
+    assert!(root.starts_with("HTTP/1.1 302"), "{root}");
+    assert!(root.contains("location: /console/"), "{root}");
+    let missing = raw_get(addr, "/console/nothing.js").await;
+    assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+
+    let (status, headers, _) = admin
+        .call(Method::GET, "/api/v1/overview", None, &[], None)
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(headers.contains_key("www-authenticate"));
+    let (status, headers, _) = admin
+        .call(
+            Method::GET,
+            "/api/v1/overview",
+            None,
+            &[("x-requested-with", "XMLHttpRequest")],
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(!headers.contains_key("www-authenticate"));
+    admin.stop().await;
+}

@@ -17,6 +17,9 @@
 //!   (from 1), `&page_size=` (at most [`listing::PAGE_SIZE_MAX`]),
 //!   `&name=` (substring) ([`listing`]).
 //!
+//! - The web console (`console`): static files at `/console/`, built
+//!   into the binary, using only this API.
+//!
 //! ## Layout
 //! `http` (listener, limits) → `api` (route, authenticate, dispatch) →
 //! `overview`, `queues`, `messages` (peek, move, replay), `connections`,
@@ -29,6 +32,7 @@
 mod api;
 pub mod auth;
 mod connections;
+mod console;
 pub mod error;
 mod http;
 pub mod listing;
