@@ -169,6 +169,22 @@ pub(crate) enum AdminCommand {
     TokenRevoke {
         id: String,
     },
+    UserList,
+    UserAdd {
+        name: String,
+        password: String,
+        roles: Vec<String>,
+        publish: Option<Vec<String>>,
+        subscribe: Option<Vec<String>>,
+    },
+    UserDelete {
+        name: String,
+    },
+    UserPasswd {
+        name: String,
+        password: String,
+    },
+    Status,
 }
 
 /// Runs one command and prints its answer on standard output.
@@ -264,6 +280,60 @@ pub(crate) fn run(api: &Api, request: AdminCommand) -> anyhow::Result<()> {
                     );
                 }
             }
+            AdminCommand::UserList => {
+                println!("{:<24} {:<28} PUBLISH / SUBSCRIBE", "NAME", "ROLES");
+                for u in api.all("/api/v1/users", None).await? {
+                    let roles: Vec<&str> = u["roles"]
+                        .as_array()
+                        .map(|r| r.iter().filter_map(Value::as_str).collect())
+                        .unwrap_or_default();
+                    println!(
+                        "{:<24} {:<28} {} / {}",
+                        text(&u["name"]),
+                        if roles.is_empty() {
+                            "-".to_owned()
+                        } else {
+                            roles.join(",")
+                        },
+                        u["publish"],
+                        u["subscribe"]
+                    );
+                }
+            }
+            AdminCommand::UserAdd {
+                name,
+                password,
+                roles,
+                publish,
+                subscribe,
+            } => {
+                let mut body =
+                    serde_json::json!({"name": name, "password": password, "roles": roles});
+                if let Some(p) = publish {
+                    body["publish"] = p.into();
+                }
+                if let Some(s) = subscribe {
+                    body["subscribe"] = s.into();
+                }
+                api.send(Method::POST, "/api/v1/users", &[], Some(&body))
+                    .await?;
+                println!("user '{name}' added");
+            }
+            AdminCommand::UserDelete { name } => {
+                let path = format!("/api/v1/users/{}", encode(&name));
+                api.call(Method::DELETE, &path, &[]).await?;
+                println!("user '{name}' deleted");
+            }
+            AdminCommand::UserPasswd { name, password } => {
+                let path = format!("/api/v1/users/{}/password", encode(&name));
+                let body = serde_json::json!({"password": password});
+                api.send(Method::PUT, &path, &[], Some(&body)).await?;
+                println!("password of '{name}' changed");
+            }
+            AdminCommand::Status => print!(
+                "{}",
+                status_text(&api.call(Method::GET, "/api/v1/overview", &[]).await?)
+            ),
             AdminCommand::TokenRevoke { id } => {
                 let path = format!("/api/v1/tokens/{}", encode(&id));
                 api.call(Method::DELETE, &path, &[]).await?;
@@ -276,6 +346,31 @@ pub(crate) fn run(api: &Api, request: AdminCommand) -> anyhow::Result<()> {
 
 fn text(v: &Value) -> &str {
     v.as_str().unwrap_or("-")
+}
+
+/// `status`: the overview, one figure a line.
+fn status_text(o: &Value) -> String {
+    let c = &o["connections"];
+    let m = &o["memory"];
+    [
+        format!("version      {}", text(&o["version"])),
+        format!("node         {}", text(&o["node"])),
+        format!("uptime_s     {}", o["uptime_s"]),
+        format!("ready        {}", o["ready"]),
+        format!(
+            "connections  {} open, {} authenticated; by protocol {}; by transport {}",
+            c["open"], c["authenticated"], c["by_protocol"], c["by_transport"]
+        ),
+        format!("queues       {}", o["queues"]["count"]),
+        format!(
+            "memory       {} of {} bytes; {} messages paged; producers blocked: {}",
+            m["used_bytes"], m["budget_bytes"], m["paged_messages"], m["producers_blocked"]
+        ),
+        format!("journal      {} bytes", o["journal"]["bytes"]),
+    ]
+    .iter()
+    .map(|line| format!("{line}\n"))
+    .collect()
 }
 
 /// `queue stat`: one row per queue, as Artemis' `queue stat` prints.

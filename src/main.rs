@@ -78,6 +78,11 @@ enum Command {
         #[command(subcommand)]
         action: TokenAction,
     },
+    /// A running broker at a glance (the API's overview).
+    Status {
+        #[command(flatten)]
+        api: ApiArgs,
+    },
     /// Works on the journal of a stopped broker.
     Store {
         #[command(subcommand)]
@@ -199,8 +204,41 @@ enum UserAction {
         #[arg(long = "role", value_name = "ROLE", value_parser = parse_role)]
         roles: Vec<rosetta::users::AdminRole>,
         /// The users file; default: the one the configuration names.
-        #[arg(long, value_name = "FILE")]
+        #[arg(long, value_name = "FILE", conflicts_with = "url")]
         users_file: Option<PathBuf>,
+        /// Adds the user through a running broker's admin API at this URL
+        /// instead of editing the file, with the bearer token --token (or
+        /// ROSETTA_TOKEN) of an administrator (--password is the new
+        /// user's).
+        #[arg(long)]
+        url: Option<String>,
+        /// The administrator's bearer token, with --url.
+        #[arg(long, requires = "url")]
+        token: Option<String>,
+    },
+    /// Prints the users of a running broker, through its admin API.
+    List {
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Deletes a user, through the admin API.
+    Delete {
+        /// The user name.
+        name: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Sets a user's password, through the admin API.
+    Passwd {
+        /// The user name.
+        name: String,
+        /// The new password (for scripts). Without it: the
+        /// ROSETTA_NEW_PASSWORD environment variable, else asked twice on the
+        /// terminal without echo, else one line of standard input.
+        #[arg(long)]
+        new_password: Option<String>,
+        #[command(flatten)]
+        api: ApiArgs,
     },
 }
 
@@ -256,7 +294,62 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     publish,
                     subscribe,
                     roles,
+                    users_file: _,
+                    url: Some(url),
+                    token,
+                },
+        } => {
+            let password = match password.or_else(|| std::env::var("ROSETTA_PASSWORD").ok()) {
+                Some(p) => p,
+                None => read_password()?,
+            };
+            let command = admin_cli::AdminCommand::UserAdd {
+                name,
+                password,
+                roles: roles.iter().map(|r| r.as_str().to_owned()).collect(),
+                publish: (!publish.is_empty()).then_some(publish),
+                subscribe: (!subscribe.is_empty()).then_some(subscribe),
+            };
+            // ROSETTA_PASSWORD is the new user's here: the token alone
+            // authenticates.
+            admin_cli::run(&admin_cli::Api::new(&url, None, None, token)?, command)
+        }
+        Command::User {
+            action: UserAction::List { api },
+        } => admin_cli::run(&api_of(api)?, admin_cli::AdminCommand::UserList),
+        Command::User {
+            action: UserAction::Delete { name, api },
+        } => admin_cli::run(&api_of(api)?, admin_cli::AdminCommand::UserDelete { name }),
+        Command::User {
+            action:
+                UserAction::Passwd {
+                    name,
+                    new_password,
+                    api,
+                },
+        } => {
+            let password = match new_password.or_else(|| std::env::var("ROSETTA_NEW_PASSWORD").ok())
+            {
+                Some(p) => p,
+                None => read_password()?,
+            };
+            admin_cli::run(
+                &api_of(api)?,
+                admin_cli::AdminCommand::UserPasswd { name, password },
+            )
+        }
+        Command::Status { api } => admin_cli::run(&api_of(api)?, admin_cli::AdminCommand::Status),
+        Command::User {
+            action:
+                UserAction::Add {
+                    name,
+                    password,
+                    publish,
+                    subscribe,
+                    roles,
                     users_file,
+                    url: None,
+                    token: _,
                 },
         } => {
             let path = users_file.unwrap_or_else(|| config.users_file());

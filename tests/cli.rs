@@ -612,6 +612,94 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
     broker.stop();
 }
 
+/// `user list|add|passwd|delete` and `status` over the admin API: an
+/// added user logs in over STOMP with its password, then with the new
+/// one, and not at all once deleted; a user without the role is refused.
+#[test]
+fn user_and_status_commands_speak_to_the_admin_api() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    rosetta::users::save_user(
+        &dir.path().join("users.toml"),
+        "root",
+        b"root-pw",
+        None,
+        None,
+        Some(&[rosetta::users::AdminRole::Administrator]),
+    )
+    .expect("user");
+    let users = dir.path().join("users.toml");
+    let config = write_config(
+        dir.path(),
+        "stomp = 0",
+        &format!(
+            "[admin]\nlisten = \"127.0.0.1:0\"\n[security]\nanonymous = false\nusers_file = {users:?}"
+        ),
+    );
+    let broker = Broker::start(&config);
+    let stomp = broker.addr("stomp");
+    let line = broker.line_with("admin API listening");
+    let rest = &line[line.find("addr=").expect("addr=") + 5..];
+    let api: SocketAddr = rest[..rest.find(char::is_whitespace).unwrap_or(rest.len())]
+        .parse()
+        .expect("admin address");
+    let url = format!("http://{api}");
+    let root = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--url", &url, "--user", "root", "--password", "root-pw"]);
+        let out = rosetta(&all);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let status = root(&["status"]);
+    assert!(status.contains("version"), "{status}");
+    assert!(status.contains("queues       0"), "{status}");
+
+    let token = root(&["token", "create"]).trim().to_owned();
+    let out = rosetta(&[
+        "user",
+        "add",
+        "app",
+        "--password",
+        "app-pw",
+        "--role",
+        "monitoring",
+        "--url",
+        &url,
+        "--token",
+        &token,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stomp_login(stomp, "app", "app-pw").starts_with("CONNECTED"));
+    let listed = root(&["user", "list"]);
+    let row = listed
+        .lines()
+        .find(|l| l.starts_with("app "))
+        .expect("app listed");
+    assert!(row.contains("monitoring"), "{listed}");
+    assert!(!listed.contains("argon2"), "never a hash: {listed}");
+
+    root(&["user", "passwd", "app", "--new-password", "app-pw-2"]);
+    assert!(stomp_login(stomp, "app", "app-pw-2").starts_with("CONNECTED"));
+    assert!(stomp_login(stomp, "app", "app-pw").starts_with("ERROR"));
+    // A monitoring user may not manage users.
+    let out = rosetta(&[
+        "user",
+        "delete",
+        "root",
+        "--url",
+        &url,
+        "--user",
+        "app",
+        "--password",
+        "app-pw-2",
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("403"), "{}", stderr(&out));
+    root(&["user", "delete", "app"]);
+    assert!(stomp_login(stomp, "app", "app-pw-2").starts_with("ERROR"));
+    broker.stop();
+}
+
 // ---- --log-format json -----------------------------------------------------
 
 #[test]
