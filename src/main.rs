@@ -423,6 +423,7 @@ async fn serve(
         }
     };
     let users_file = broker.view().config().users_file();
+    let view = broker.view();
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let stop = rosetta::server::wait_for_signal();
     tokio::pin!(stop);
@@ -432,7 +433,9 @@ async fn serve(
                 r?;
                 break;
             }
-            _ = hangup.recv() => reload_users(&users_file, &access),
+            _ = hangup.recv() => {
+                rosetta::admin::reload_all(&users_file, &access, &view, "SIGHUP");
+            }
         }
     }
     let stopped = broker.shutdown().await;
@@ -440,25 +443,6 @@ async fn serve(
         admin.shutdown().await;
     }
     stopped
-}
-
-/// SIGHUP: reads the users file again and puts it in force for every login
-/// and permission check from now on (sessions already open keep who they
-/// are). A file that does not load is refused, with the error, and the
-/// users in force stay.
-fn reload_users(path: &std::path::Path, access: &rosetta::access::UsersAccess) {
-    match rosetta::users::Users::load(path) {
-        Ok(users) => {
-            let count = users.len();
-            access.replace_users(users);
-            tracing::info!(file = %path.display(), users = count, "SIGHUP: users file reloaded");
-        }
-        Err(e) => tracing::error!(
-            file = %path.display(),
-            error = %e,
-            "SIGHUP: the users file does not load; the users in force stay"
-        ),
-    }
 }
 
 /// `rosetta store check`: the report recovery would log, without starting.

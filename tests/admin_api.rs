@@ -1233,3 +1233,88 @@ async fn the_console_is_served_by_the_admin_listener() {
     assert!(!headers.contains_key("www-authenticate"));
     admin.stop().await;
 }
+
+/// The certificate a fresh TLS handshake on `addr` gets with `pki`'s
+/// trust, or the handshake's error.
+async fn served_certificate(
+    addr: std::net::SocketAddr,
+    pki: &common::pki::Pki,
+) -> Result<Vec<u8>, std::io::Error> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let tls = tokio::time::timeout(WAIT, pki.connector().connect(common::pki::localhost(), tcp))
+        .await
+        .expect("handshake in time")?;
+    let (_, session) = tls.get_ref();
+    Ok(session
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .map(|c| c.as_ref().to_vec())
+        .unwrap_or_default())
+}
+
+fn certificate_der(file: &std::path::Path) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::from_pem_file(file)
+        .expect("certificate")
+        .as_ref()
+        .to_vec()
+}
+
+/// `POST /api/v1/reload` swaps the TLS certificate for new handshakes
+/// (the files replaced under the broker), and refuses a broken one,
+/// keeping the certificate in force.
+#[tokio::test]
+async fn reload_puts_a_new_tls_certificate_in_force_for_new_handshakes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = common::pki::Pki::generate(&subdir(dir.path(), "old"));
+    let new = common::pki::Pki::generate(&subdir(dir.path(), "new"));
+    let tls = old.tls_config(false);
+    let admin = Admin::start_tweaked(move |c| {
+        c.tls = tls;
+        c.listeners.mqtts = Some(ListenAddr::new("127.0.0.1", 0));
+    })
+    .await;
+    let mqtts = admin.broker.addr(rosetta::config::ListenerKind::Mqtts);
+    let before = served_certificate(mqtts, &old)
+        .await
+        .expect("old handshake");
+    assert_eq!(before, certificate_der(&old.cert_file));
+
+    let (status, _, body) = admin.act(Method::POST, "/api/v1/reload", MANAGER).await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    std::fs::copy(&new.cert_file, &old.cert_file).expect("swap cert");
+    std::fs::copy(&new.key_file, &old.key_file).expect("swap key");
+    let (status, _, body) = admin.act(Method::POST, "/api/v1/reload", ADMIN).await;
+    assert_eq!(
+        (status, &body["tls_reloaded"]),
+        (StatusCode::OK, &json!(true)),
+        "{body}"
+    );
+    let after = served_certificate(mqtts, &new)
+        .await
+        .expect("new handshake");
+    assert_eq!(after, certificate_der(&new.cert_file));
+    assert!(
+        served_certificate(mqtts, &old).await.is_err(),
+        "the old CA does not sign the new certificate"
+    );
+
+    // A broken certificate file: refused, the new one stays in force.
+    std::fs::write(&old.cert_file, "not a certificate").expect("break");
+    let (status, _, body) = admin.act(Method::POST, "/api/v1/reload", ADMIN).await;
+    assert_error(status, &body, StatusCode::CONFLICT);
+    assert!(
+        body["reason"].as_str().is_some_and(|r| r.contains("TLS")),
+        "{body}"
+    );
+    let still = served_certificate(mqtts, &new).await.expect("still served");
+    assert_eq!(still, after);
+    admin.stop().await;
+}
+
+/// `dir/name`, created.
+fn subdir(dir: &std::path::Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::create_dir_all(&path).expect("mkdir");
+    path
+}

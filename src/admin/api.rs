@@ -15,7 +15,7 @@ use crate::error::ApiError;
 use crate::http::RequestParts;
 use crate::router::{self, Action, Matched, Query};
 use crate::tokens::{self, Tokens};
-use crate::{connections, messages, overview, queues, roles, sessions, topics, users};
+use crate::{connections, messages, overview, queues, reload, roles, sessions, topics, users};
 
 /// A successful answer.
 #[derive(Debug)]
@@ -136,6 +136,7 @@ impl Api {
             Action::DeleteRetained => topics::delete_retained(self, &call).await,
             Action::ListSubscriptions => topics::list_subscriptions(self, &call),
             Action::ListRoles => Ok(roles::list()),
+            Action::Reload => reload::reload(self, &call),
             Action::CreateToken => tokens::create(self, &call),
             Action::ListTokens => tokens::list(self, &call),
             Action::RevokeToken => tokens::revoke(self, &call),

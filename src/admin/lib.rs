@@ -39,6 +39,7 @@ pub mod listing;
 pub mod messages;
 mod overview;
 mod queues;
+mod reload;
 mod roles;
 pub mod router;
 mod sessions;
@@ -59,6 +60,7 @@ pub use http::{
     ADMIN_CONNECTIONS_MAX, REQUEST_BODY_MAX_BYTES, REQUEST_HEAD_MAX_BYTES, REQUEST_HEAD_TIMEOUT_MS,
     SHUTDOWN_GRACE_MS,
 };
+pub use reload::{reload_all, Reloaded};
 pub use sessions::MQTT_SESSION_QUEUE_PREFIX;
 
 /// A running admin API.

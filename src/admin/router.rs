@@ -52,6 +52,8 @@ pub enum Action {
     ListSubscriptions,
     /// `GET /api/v1/roles`.
     ListRoles,
+    /// `POST /api/v1/reload`.
+    Reload,
     /// `POST /api/v1/tokens`.
     CreateToken,
     /// `GET /api/v1/tokens`.
@@ -171,6 +173,7 @@ pub const ROUTES: &[Route] = &[
         Action::ListSubscriptions,
     ),
     route(Method::GET, "/api/v1/roles", READ, Action::ListRoles),
+    route(Method::POST, "/api/v1/reload", ADMIN, Action::Reload),
     // Bearer tokens: every user with a role has its own.
     route(Method::POST, "/api/v1/tokens", READ, Action::CreateToken),
     route(Method::GET, "/api/v1/tokens", READ, Action::ListTokens),
