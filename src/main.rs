@@ -294,8 +294,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     publish,
                     subscribe,
                     roles,
-                    users_file: _,
-                    url: Some(url),
+                    users_file,
+                    url,
                     token,
                 },
         } => {
@@ -303,16 +303,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Some(p) => p,
                 None => read_password()?,
             };
-            let command = admin_cli::AdminCommand::UserAdd {
-                name,
-                password,
-                roles: roles.iter().map(|r| r.as_str().to_owned()).collect(),
-                publish: (!publish.is_empty()).then_some(publish),
-                subscribe: (!subscribe.is_empty()).then_some(subscribe),
-            };
-            // ROSETTA_PASSWORD is the new user's here: the token alone
-            // authenticates.
-            admin_cli::run(&admin_cli::Api::new(&url, None, None, token)?, command)
+            if let Some(url) = url {
+                let command = admin_cli::AdminCommand::UserAdd {
+                    name,
+                    password,
+                    roles: roles.iter().map(|r| r.as_str().to_owned()).collect(),
+                    publish: (!publish.is_empty()).then_some(publish),
+                    subscribe: (!subscribe.is_empty()).then_some(subscribe),
+                };
+                // ROSETTA_PASSWORD is the new user's here: the token alone
+                // authenticates.
+                return admin_cli::run(&admin_cli::Api::new(&url, None, None, token)?, command);
+            }
+            let path = users_file.unwrap_or_else(|| config.users_file());
+            let publish = (!publish.is_empty()).then_some(publish.as_slice());
+            let subscribe = (!subscribe.is_empty()).then_some(subscribe.as_slice());
+            let roles = (!roles.is_empty()).then_some(roles.as_slice());
+            let secret = password.as_bytes();
+            rosetta::users::save_user(&path, &name, secret, publish, subscribe, roles)?;
+            println!("user '{name}' saved in {}", path.display());
+            Ok(())
         }
         Command::User {
             action: UserAction::List { api },
@@ -339,32 +349,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             )
         }
         Command::Status { api } => admin_cli::run(&api_of(api)?, admin_cli::AdminCommand::Status),
-        Command::User {
-            action:
-                UserAction::Add {
-                    name,
-                    password,
-                    publish,
-                    subscribe,
-                    roles,
-                    users_file,
-                    url: None,
-                    token: _,
-                },
-        } => {
-            let path = users_file.unwrap_or_else(|| config.users_file());
-            let password = match password.or_else(|| std::env::var("ROSETTA_PASSWORD").ok()) {
-                Some(p) => p,
-                None => read_password()?,
-            };
-            let publish = (!publish.is_empty()).then_some(publish.as_slice());
-            let subscribe = (!subscribe.is_empty()).then_some(subscribe.as_slice());
-            let roles = (!roles.is_empty()).then_some(roles.as_slice());
-            let secret = password.as_bytes();
-            rosetta::users::save_user(&path, &name, secret, publish, subscribe, roles)?;
-            println!("user '{name}' saved in {}", path.display());
-            Ok(())
-        }
         Command::Queue { api, action } => {
             let command = match action {
                 QueueAction::List { name } => admin_cli::AdminCommand::QueueList { name },

@@ -210,6 +210,16 @@ impl Broker {
         rest[..end].parse().expect("address")
     }
 
+    /// `http://` and the admin API's address, from its "listening" line.
+    fn admin_url(&self) -> String {
+        let line = self.line_with("admin API listening");
+        let rest = &line[line.find("addr=").expect("addr=") + 5..];
+        let api: SocketAddr = rest[..rest.find(char::is_whitespace).unwrap_or(rest.len())]
+            .parse()
+            .expect("admin address");
+        format!("http://{api}")
+    }
+
     fn log(&self) -> String {
         self.seen.lock().expect("lines").join("\n")
     }
@@ -528,12 +538,7 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
     let config = write_config(dir.path(), "stomp = 0", "[admin]\nlisten = \"127.0.0.1:0\"");
     let broker = Broker::start(&config);
     let stomp = broker.addr("stomp");
-    let line = broker.line_with("admin API listening");
-    let rest = &line[line.find("addr=").expect("addr=") + 5..];
-    let api: SocketAddr = rest[..rest.find(char::is_whitespace).unwrap_or(rest.len())]
-        .parse()
-        .expect("admin address");
-    let url = format!("http://{api}");
+    let url = broker.admin_url();
     let ops = |args: &[&str]| {
         let mut all = args.to_vec();
         all.extend(["--url", &url, "--user", "ops", "--password", "ops-pw"]);
@@ -637,12 +642,7 @@ fn user_and_status_commands_speak_to_the_admin_api() {
     );
     let broker = Broker::start(&config);
     let stomp = broker.addr("stomp");
-    let line = broker.line_with("admin API listening");
-    let rest = &line[line.find("addr=").expect("addr=") + 5..];
-    let api: SocketAddr = rest[..rest.find(char::is_whitespace).unwrap_or(rest.len())]
-        .parse()
-        .expect("admin address");
-    let url = format!("http://{api}");
+    let url = broker.admin_url();
     let root = |args: &[&str]| {
         let mut all = args.to_vec();
         all.extend(["--url", &url, "--user", "root", "--password", "root-pw"]);
