@@ -29,11 +29,13 @@ pub(crate) struct Api {
 
 impl Api {
     /// `url` is `http://host:port`; with a user, the password is
-    /// `password`, else `ROSETTA_PASSWORD`.
+    /// `password`, else `ROSETTA_PASSWORD`; without one, the bearer token
+    /// is `token`, else `ROSETTA_TOKEN`.
     pub(crate) fn new(
         url: &str,
         user: Option<&str>,
         password: Option<String>,
+        token: Option<String>,
     ) -> anyhow::Result<Api> {
         let Some(rest) = url.strip_prefix("http://") else {
             bail!("--url must start with http:// (the admin API has no TLS yet): {url}");
@@ -43,7 +45,9 @@ impl Api {
             bail!("--url must be http://host:port: {url}");
         }
         let authorization = match user {
-            None => None,
+            None => token
+                .or_else(|| std::env::var("ROSETTA_TOKEN").ok())
+                .map(|t| format!("Bearer {}", t.trim())),
             Some(user) => {
                 let password = password
                     .or_else(|| std::env::var("ROSETTA_PASSWORD").ok())
@@ -61,13 +65,25 @@ impl Api {
         })
     }
 
-    /// One request; an error answer becomes an error naming its reason.
+    /// One request without a body.
     async fn call(
         &self,
         method: Method,
         path: &str,
         headers: &[(&str, &str)],
     ) -> anyhow::Result<Value> {
+        self.send(method, path, headers, None).await
+    }
+
+    /// One request; an error answer becomes an error naming its reason.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        let body = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
         let stream = tokio::net::TcpStream::connect(&self.authority)
             .await
             .with_context(|| format!("connecting to the admin API at {}", self.authority))?;
@@ -86,7 +102,7 @@ impl Api {
         }
         let response = tokio::time::timeout(
             REQUEST_TIMEOUT,
-            sender.send_request(req.body(Full::new(Bytes::new()))?),
+            sender.send_request(req.body(Full::new(body))?),
         )
         .await
         .context("the admin API did not answer in time")??;
@@ -128,12 +144,47 @@ impl Api {
 
 /// What the CLI asks.
 pub(crate) enum AdminCommand {
-    QueueList { name: Option<String> },
-    QueueStat { name: Option<String> },
-    QueuePurge { name: String },
-    QueueDelete { name: String },
+    QueueList {
+        name: Option<String>,
+    },
+    QueueStat {
+        name: Option<String>,
+    },
+    QueuePurge {
+        name: String,
+    },
+    QueueDelete {
+        name: String,
+    },
     ConnectionList,
-    ConnectionClose { id: u64, reason: Option<String> },
+    ConnectionClose {
+        id: u64,
+        reason: Option<String>,
+    },
+    TokenCreate {
+        user: Option<String>,
+        expires_in_s: Option<u64>,
+    },
+    TokenList,
+    TokenRevoke {
+        id: String,
+    },
+    UserList,
+    UserAdd {
+        name: String,
+        password: String,
+        roles: Vec<String>,
+        publish: Option<Vec<String>>,
+        subscribe: Option<Vec<String>>,
+    },
+    UserDelete {
+        name: String,
+    },
+    UserPasswd {
+        name: String,
+        password: String,
+    },
+    Status,
 }
 
 /// Runs one command and prints its answer on standard output.
@@ -197,6 +248,97 @@ pub(crate) fn run(api: &Api, request: AdminCommand) -> anyhow::Result<()> {
                 .await?;
                 println!("connection {id} closed");
             }
+            AdminCommand::TokenCreate { user, expires_in_s } => {
+                let mut body = serde_json::json!({});
+                if let Some(user) = user {
+                    body["user"] = user.into();
+                }
+                if let Some(s) = expires_in_s {
+                    body["expires_in_s"] = s.into();
+                }
+                let answer = api
+                    .send(Method::POST, "/api/v1/tokens", &[], Some(&body))
+                    .await?;
+                // The token alone on standard output, for `$(...)`; what
+                // it is on standard error.
+                eprintln!(
+                    "token {} for '{}', expires at {} ms (Unix); it is not shown again",
+                    text(&answer["id"]),
+                    text(&answer["user"]),
+                    answer["expires_at_ms"]
+                );
+                println!("{}", text(&answer["token"]));
+            }
+            AdminCommand::TokenList => {
+                println!("{:<18} {:<16} EXPIRES_AT_MS", "ID", "USER");
+                for t in api.all("/api/v1/tokens", None).await? {
+                    println!(
+                        "{:<18} {:<16} {}",
+                        text(&t["id"]),
+                        text(&t["user"]),
+                        t["expires_at_ms"]
+                    );
+                }
+            }
+            AdminCommand::UserList => {
+                println!("{:<24} {:<28} PUBLISH / SUBSCRIBE", "NAME", "ROLES");
+                for u in api.all("/api/v1/users", None).await? {
+                    let roles: Vec<&str> = u["roles"]
+                        .as_array()
+                        .map(|r| r.iter().filter_map(Value::as_str).collect())
+                        .unwrap_or_default();
+                    println!(
+                        "{:<24} {:<28} {} / {}",
+                        text(&u["name"]),
+                        if roles.is_empty() {
+                            "-".to_owned()
+                        } else {
+                            roles.join(",")
+                        },
+                        u["publish"],
+                        u["subscribe"]
+                    );
+                }
+            }
+            AdminCommand::UserAdd {
+                name,
+                password,
+                roles,
+                publish,
+                subscribe,
+            } => {
+                let mut body =
+                    serde_json::json!({"name": name, "password": password, "roles": roles});
+                if let Some(p) = publish {
+                    body["publish"] = p.into();
+                }
+                if let Some(s) = subscribe {
+                    body["subscribe"] = s.into();
+                }
+                api.send(Method::POST, "/api/v1/users", &[], Some(&body))
+                    .await?;
+                println!("user '{name}' added");
+            }
+            AdminCommand::UserDelete { name } => {
+                let path = format!("/api/v1/users/{}", encode(&name));
+                api.call(Method::DELETE, &path, &[]).await?;
+                println!("user '{name}' deleted");
+            }
+            AdminCommand::UserPasswd { name, password } => {
+                let path = format!("/api/v1/users/{}/password", encode(&name));
+                let body = serde_json::json!({"password": password});
+                api.send(Method::PUT, &path, &[], Some(&body)).await?;
+                println!("password of '{name}' changed");
+            }
+            AdminCommand::Status => print!(
+                "{}",
+                status_text(&api.call(Method::GET, "/api/v1/overview", &[]).await?)
+            ),
+            AdminCommand::TokenRevoke { id } => {
+                let path = format!("/api/v1/tokens/{}", encode(&id));
+                api.call(Method::DELETE, &path, &[]).await?;
+                println!("token {id} revoked");
+            }
         }
         Ok(())
     })
@@ -204,6 +346,31 @@ pub(crate) fn run(api: &Api, request: AdminCommand) -> anyhow::Result<()> {
 
 fn text(v: &Value) -> &str {
     v.as_str().unwrap_or("-")
+}
+
+/// `status`: the overview, one figure a line.
+fn status_text(o: &Value) -> String {
+    let c = &o["connections"];
+    let m = &o["memory"];
+    [
+        format!("version      {}", text(&o["version"])),
+        format!("node         {}", text(&o["node"])),
+        format!("uptime_s     {}", o["uptime_s"]),
+        format!("ready        {}", o["ready"]),
+        format!(
+            "connections  {} open, {} authenticated; by protocol {}; by transport {}",
+            c["open"], c["authenticated"], c["by_protocol"], c["by_transport"]
+        ),
+        format!("queues       {}", o["queues"]["count"]),
+        format!(
+            "memory       {} of {} bytes; {} messages paged; producers blocked: {}",
+            m["used_bytes"], m["budget_bytes"], m["paged_messages"], m["producers_blocked"]
+        ),
+        format!("journal      {} bytes", o["journal"]["bytes"]),
+    ]
+    .iter()
+    .map(|line| format!("{line}\n"))
+    .collect()
 }
 
 /// `queue stat`: one row per queue, as Artemis' `queue stat` prints.

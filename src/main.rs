@@ -70,6 +70,19 @@ enum Command {
         #[command(subcommand)]
         action: ConnectionAction,
     },
+    /// Bearer tokens of the admin API, made with a password: pass one as
+    /// --token (or ROSETTA_TOKEN) instead of --user and --password.
+    Token {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        action: TokenAction,
+    },
+    /// A running broker at a glance (the API's overview).
+    Status {
+        #[command(flatten)]
+        api: ApiArgs,
+    },
     /// Works on the journal of a stopped broker.
     Store {
         #[command(subcommand)]
@@ -90,6 +103,30 @@ struct ApiArgs {
     /// the ROSETTA_PASSWORD environment variable.
     #[arg(long, global = true)]
     password: Option<String>,
+    /// A bearer token (`rosetta token create`) instead of --user and
+    /// --password; default: the ROSETTA_TOKEN environment variable.
+    #[arg(long, global = true)]
+    token: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenAction {
+    /// Makes a token and prints it (once) on standard output.
+    Create {
+        /// For another user than --user (administrators only).
+        #[arg(long = "for", value_name = "USER")]
+        for_user: Option<String>,
+        /// Lifetime in seconds (default: a day).
+        #[arg(long, value_name = "SECONDS")]
+        expires_in: Option<u64>,
+    },
+    /// Prints the tokens (never the tokens themselves).
+    List,
+    /// Revokes a token.
+    Revoke {
+        /// The token's id (from `token list` or `token create`).
+        id: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -167,8 +204,41 @@ enum UserAction {
         #[arg(long = "role", value_name = "ROLE", value_parser = parse_role)]
         roles: Vec<rosetta::users::AdminRole>,
         /// The users file; default: the one the configuration names.
-        #[arg(long, value_name = "FILE")]
+        #[arg(long, value_name = "FILE", conflicts_with = "url")]
         users_file: Option<PathBuf>,
+        /// Adds the user through a running broker's admin API at this URL
+        /// instead of editing the file, with the bearer token --token (or
+        /// ROSETTA_TOKEN) of an administrator (--password is the new
+        /// user's).
+        #[arg(long)]
+        url: Option<String>,
+        /// The administrator's bearer token, with --url.
+        #[arg(long, requires = "url")]
+        token: Option<String>,
+    },
+    /// Prints the users of a running broker, through its admin API.
+    List {
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Deletes a user, through the admin API.
+    Delete {
+        /// The user name.
+        name: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Sets a user's password, through the admin API.
+    Passwd {
+        /// The user name.
+        name: String,
+        /// The new password (for scripts). Without it: the
+        /// ROSETTA_NEW_PASSWORD environment variable, else asked twice on the
+        /// terminal without echo, else one line of standard input.
+        #[arg(long)]
+        new_password: Option<String>,
+        #[command(flatten)]
+        api: ApiArgs,
     },
 }
 
@@ -225,13 +295,27 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     subscribe,
                     roles,
                     users_file,
+                    url,
+                    token,
                 },
         } => {
-            let path = users_file.unwrap_or_else(|| config.users_file());
             let password = match password.or_else(|| std::env::var("ROSETTA_PASSWORD").ok()) {
                 Some(p) => p,
                 None => read_password()?,
             };
+            if let Some(url) = url {
+                let command = admin_cli::AdminCommand::UserAdd {
+                    name,
+                    password,
+                    roles: roles.iter().map(|r| r.as_str().to_owned()).collect(),
+                    publish: (!publish.is_empty()).then_some(publish),
+                    subscribe: (!subscribe.is_empty()).then_some(subscribe),
+                };
+                // ROSETTA_PASSWORD is the new user's here: the token alone
+                // authenticates.
+                return admin_cli::run(&admin_cli::Api::new(&url, None, None, token)?, command);
+            }
+            let path = users_file.unwrap_or_else(|| config.users_file());
             let publish = (!publish.is_empty()).then_some(publish.as_slice());
             let subscribe = (!subscribe.is_empty()).then_some(subscribe.as_slice());
             let roles = (!roles.is_empty()).then_some(roles.as_slice());
@@ -240,6 +324,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("user '{name}' saved in {}", path.display());
             Ok(())
         }
+        Command::User {
+            action: UserAction::List { api },
+        } => admin_cli::run(&api_of(api)?, admin_cli::AdminCommand::UserList),
+        Command::User {
+            action: UserAction::Delete { name, api },
+        } => admin_cli::run(&api_of(api)?, admin_cli::AdminCommand::UserDelete { name }),
+        Command::User {
+            action:
+                UserAction::Passwd {
+                    name,
+                    new_password,
+                    api,
+                },
+        } => {
+            let password = match new_password.or_else(|| std::env::var("ROSETTA_NEW_PASSWORD").ok())
+            {
+                Some(p) => p,
+                None => read_password()?,
+            };
+            admin_cli::run(
+                &api_of(api)?,
+                admin_cli::AdminCommand::UserPasswd { name, password },
+            )
+        }
+        Command::Status { api } => admin_cli::run(&api_of(api)?, admin_cli::AdminCommand::Status),
         Command::Queue { api, action } => {
             let command = match action {
                 QueueAction::List { name } => admin_cli::AdminCommand::QueueList { name },
@@ -258,6 +367,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             admin_cli::run(&api_of(api)?, command)
         }
+        Command::Token { api, action } => {
+            let command = match action {
+                TokenAction::Create {
+                    for_user,
+                    expires_in,
+                } => admin_cli::AdminCommand::TokenCreate {
+                    user: for_user,
+                    expires_in_s: expires_in,
+                },
+                TokenAction::List => admin_cli::AdminCommand::TokenList,
+                TokenAction::Revoke { id } => admin_cli::AdminCommand::TokenRevoke { id },
+            };
+            admin_cli::run(&api_of(api)?, command)
+        }
         Command::Store {
             action: StoreAction::Check { data_dir },
         } => store_check(data_dir.unwrap_or_else(|| config.data_dir.clone())),
@@ -265,7 +388,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn api_of(args: ApiArgs) -> anyhow::Result<admin_cli::Api> {
-    admin_cli::Api::new(&args.url, args.user.as_deref(), args.password)
+    admin_cli::Api::new(&args.url, args.user.as_deref(), args.password, args.token)
 }
 
 /// The broker and its admin API until SIGINT or SIGTERM. The admin API
@@ -284,6 +407,7 @@ async fn serve(
         }
     };
     let users_file = broker.view().config().users_file();
+    let view = broker.view();
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let stop = rosetta::server::wait_for_signal();
     tokio::pin!(stop);
@@ -293,7 +417,9 @@ async fn serve(
                 r?;
                 break;
             }
-            _ = hangup.recv() => reload_users(&users_file, &access),
+            _ = hangup.recv() => {
+                rosetta::admin::reload_all(&users_file, &access, &view, "SIGHUP");
+            }
         }
     }
     let stopped = broker.shutdown().await;
@@ -301,25 +427,6 @@ async fn serve(
         admin.shutdown().await;
     }
     stopped
-}
-
-/// SIGHUP: reads the users file again and puts it in force for every login
-/// and permission check from now on (sessions already open keep who they
-/// are). A file that does not load is refused, with the error, and the
-/// users in force stay.
-fn reload_users(path: &std::path::Path, access: &rosetta::access::UsersAccess) {
-    match rosetta::users::Users::load(path) {
-        Ok(users) => {
-            let count = users.len();
-            access.replace_users(users);
-            tracing::info!(file = %path.display(), users = count, "SIGHUP: users file reloaded");
-        }
-        Err(e) => tracing::error!(
-            file = %path.display(),
-            error = %e,
-            "SIGHUP: the users file does not load; the users in force stay"
-        ),
-    }
 }
 
 /// `rosetta store check`: the report recovery would log, without starting.

@@ -37,6 +37,7 @@ fn basic(user: &str, password: &str) -> String {
 struct Admin {
     broker: TestBroker,
     api: Option<AdminServer>,
+    access: Arc<rosetta::access::UsersAccess>,
     users_file: PathBuf,
     _users_dir: tempfile::TempDir,
 }
@@ -48,6 +49,11 @@ const PLAIN: (&str, &str) = ("plain", "plain-pw");
 
 impl Admin {
     async fn start() -> Admin {
+        Self::start_tweaked(|_| {}).await
+    }
+
+    /// As [`Admin::start`], after `tweak` adjusted the configuration.
+    async fn start_tweaked(tweak: impl FnOnce(&mut rosetta::config::Config)) -> Admin {
         let users_dir = tempfile::tempdir().expect("tempdir");
         let users_file = users_dir.path().join("users.toml");
         for ((user, password), roles) in [
@@ -73,18 +79,20 @@ impl Admin {
             move |c| {
                 c.security.users_file = Some(file);
                 c.admin.listen = Some(ListenAddr::new("127.0.0.1", 0));
+                tweak(c);
             },
             access.clone(),
         )
         .await;
         let view = broker.broker.as_ref().expect("running").view();
-        let api = rosetta::admin::start(view, access)
+        let api = rosetta::admin::start(view, access.clone())
             .await
             .expect("admin API starts")
             .expect("admin API on");
         Admin {
             broker,
             api: Some(api),
+            access,
             users_file,
             _users_dir: users_dir,
         }
@@ -162,6 +170,18 @@ impl Admin {
     async fn get(&self, path: &str, who: (&str, &str)) -> (StatusCode, Value) {
         let (status, _, body) = self.call(Method::GET, path, Some(who), &[], None).await;
         (status, body)
+    }
+
+    /// Stops the API and the broker, starts both again on the same data.
+    async fn restart(&mut self) {
+        if let Some(api) = self.api.take() {
+            api.shutdown().await;
+        }
+        self.broker.restart().await;
+        let view = self.broker.broker.as_ref().expect("running").view();
+        self.api = rosetta::admin::start(view, self.access.clone())
+            .await
+            .expect("admin API starts");
     }
 
     async fn stop(mut self) {
@@ -726,4 +746,575 @@ async fn a_hundred_thousand_queues_list_within_the_bounds() {
     // A filtered page walks every name (for its total): printed, not
     // bounded, since the issue bounds the plain page.
     admin.stop().await;
+}
+
+/// The payloads of a peek, as text.
+fn peeked_payloads(body: &Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .map(|ms| {
+            ms.iter()
+                .map(|m| m["payload"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Peek shows the first messages (headers, UTF-8 or base64 payload) and
+/// takes none; a move takes them to another queue durably: after a
+/// restart each is on the target once and gone from the source.
+#[tokio::test]
+async fn queue_messages_are_peeked_and_moved_durably() {
+    let mut admin = Admin::start().await;
+    let mut producer = StompClient::connect(admin.broker.stomp(), &[]).await;
+    producer
+        .send_persistent("/queue/src", &[("colour", "blue")], b"m0")
+        .await;
+    producer.send_persistent("/queue/src", &[], b"m1").await;
+    producer
+        .send_persistent("/queue/src", &[], &[0xff, 0xfe, 0x00])
+        .await;
+    producer.disconnect().await;
+
+    let (status, body) = admin
+        .get("/api/v1/queues/src/messages?count=2", MANAGER)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(peeked_payloads(&body), ["m0", "m1"], "{body}");
+    let first = &body["messages"][0];
+    assert_eq!(
+        (
+            &first["size"],
+            &first["payload_encoding"],
+            &first["properties"]["colour"]
+        ),
+        (&json!(2), &json!("utf-8"), &json!("blue")),
+        "{body}"
+    );
+    let (_, body) = admin
+        .get("/api/v1/queues/src/messages?count=100", MANAGER)
+        .await;
+    let binary = &body["messages"][2];
+    assert_eq!(
+        (&binary["payload_encoding"], &binary["payload"]),
+        (&json!("base64"), &json!("//4A")),
+        "{body}"
+    );
+    assert_eq!(
+        admin.broker.queue("src"),
+        Some((3, 0)),
+        "peek takes nothing"
+    );
+    let (status, body) = admin.get("/api/v1/queues/src/messages", WATCHER).await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    for bad in ["count=0", "count=101", "count=x"] {
+        let (status, body) = admin
+            .get(&format!("/api/v1/queues/src/messages?{bad}"), MANAGER)
+            .await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST);
+    }
+    let (status, body) = admin.get("/api/v1/queues/nosuch/messages", MANAGER).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+
+    // Move: to a queue that exists, not to itself, not to nowhere.
+    let (status, _, _) = admin.act(Method::PUT, "/api/v1/queues/dst", MANAGER).await;
+    assert_eq!(status, StatusCode::CREATED);
+    for (bad, want) in [
+        ("{\"to\": \"nosuch\"}", StatusCode::NOT_FOUND),
+        ("{\"to\": \"src\"}", StatusCode::BAD_REQUEST),
+        ("{}", StatusCode::BAD_REQUEST),
+        ("{\"to\": \"dst\", \"count\": 0}", StatusCode::BAD_REQUEST),
+    ] {
+        let (status, _, body) = admin
+            .act_on(Method::POST, "/api/v1/queues/src/move", MANAGER, bad)
+            .await;
+        assert_error(status, &body, want);
+    }
+    let (status, _, body) = admin
+        .act_on(
+            Method::POST,
+            "/api/v1/queues/src/move",
+            WATCHER,
+            "{\"to\": \"dst\"}",
+        )
+        .await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    assert_eq!(
+        admin.broker.queue("src"),
+        Some((3, 0)),
+        "refusals move nothing"
+    );
+    let (status, _, body) = admin
+        .act_on(
+            Method::POST,
+            "/api/v1/queues/src/move",
+            MANAGER,
+            "{\"to\": \"dst\", \"count\": 2}",
+        )
+        .await;
+    assert_eq!(
+        (status, &body["moved"], &body["left"]),
+        (StatusCode::OK, &json!(2), &json!(0)),
+        "{body}"
+    );
+
+    admin.restart().await;
+    assert_eq!(admin.broker.queue("src"), Some((1, 0)), "{body}");
+    assert_eq!(admin.broker.queue("dst"), Some((2, 0)), "{body}");
+    let mut consumer = StompClient::connect(admin.broker.stomp(), &[]).await;
+    consumer.subscribe("d", "/queue/dst", "auto", &[]).await;
+    let got: Vec<String> = consumer
+        .messages(2)
+        .await
+        .iter()
+        .map(|m| m.text())
+        .collect();
+    assert_eq!(got, ["m0", "m1"], "in order");
+    consumer.expect_nothing().await;
+    admin.stop().await;
+}
+
+/// A message NACKed past its attempts lands in the dead-letter queue with
+/// `x-original-queue`; replay sends it back there, where the consumer
+/// gets it again, and keeps a message that names no original queue.
+#[tokio::test]
+async fn a_replay_sends_dead_letters_back_to_their_queue() {
+    let admin = Admin::start_tweaked(|c| c.broker.delivery_attempts_max = 1).await;
+    let mut producer = StompClient::connect(admin.broker.stomp(), &[]).await;
+    producer
+        .send_persistent("/queue/orders", &[], b"poison")
+        .await;
+    producer.send_persistent("/queue/DLQ", &[], b"stray").await;
+    let mut consumer = StompClient::connect(admin.broker.stomp(), &[]).await;
+    consumer
+        .subscribe("o", "/queue/orders", "client-individual", &[])
+        .await;
+    let m = consumer.message().await;
+    consumer.request("NACK", &[("id", &m.ack_id())], b"").await;
+    let (_, body) = admin.get("/api/v1/queues/DLQ/messages", MANAGER).await;
+    assert_eq!(peeked_payloads(&body), ["stray", "poison"], "{body}");
+    assert_eq!(
+        body["messages"][1]["properties"]["x-original-queue"],
+        json!("orders"),
+        "{body}"
+    );
+
+    let (status, _, body) = admin
+        .act_on(Method::POST, "/api/v1/queues/DLQ/replay", WATCHER, "")
+        .await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    let (status, _, body) = admin
+        .act_on(
+            Method::POST,
+            "/api/v1/queues/DLQ/replay",
+            MANAGER,
+            "{\"colour\": 1}",
+        )
+        .await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST);
+    let (status, _, body) = admin
+        .act(Method::POST, "/api/v1/queues/DLQ/replay", MANAGER)
+        .await;
+    assert_eq!(
+        (status, &body["moved"], &body["left"]),
+        (StatusCode::OK, &json!(1), &json!(1)),
+        "{body}"
+    );
+    let again = consumer.message().await;
+    assert_eq!(again.text(), "poison");
+    consumer.ack(&again).await;
+    let (_, body) = admin.get("/api/v1/queues/DLQ/messages", MANAGER).await;
+    assert_eq!(peeked_payloads(&body), ["stray"], "{body}");
+    admin.stop().await;
+}
+
+/// An MQTT 5 persistent session is listed with its subscription, the
+/// retained message it published under topics; a connected session is
+/// not deleted (409), a disconnected one is, and the client's next
+/// CONNECT finds no session; a cleared retained message is not sent to a
+/// new subscriber.
+#[tokio::test]
+async fn mqtt_sessions_subscriptions_and_retained_messages_are_listed_and_deleted() {
+    let admin = Admin::start().await;
+    let persistent = |id: &str| {
+        let mut opts = opts5(&admin.broker, id);
+        opts.set_clean_start(false);
+        opts.set_session_expiry_interval(Some(600));
+        opts
+    };
+    let (client, mut ev, ack) = connected5(persistent("sess-1")).await;
+    assert!(!ack.session_present);
+    common::mqtt::subscribe5(
+        &client,
+        &mut ev,
+        v5::Filter::new("sensors/+/t", v5::QoS::AtLeastOnce),
+        None,
+    )
+    .await;
+    client
+        .publish("sensors/a/t", v5::QoS::AtLeastOnce, true, "21")
+        .await
+        .expect("publish");
+    common::mqtt::publish5(&mut ev).await;
+
+    let (status, body) = admin.get("/api/v1/sessions?name=sess", WATCHER).await;
+    assert_eq!(
+        (status, &body["total"]),
+        (StatusCode::OK, &json!(1)),
+        "{body}"
+    );
+    let session = &body["items"][0];
+    assert_eq!(
+        (
+            &session["client_id"],
+            &session["persistent"],
+            &session["connected"],
+            &session["subscriptions"][0]["filter"],
+            &session["subscriptions"][0]["qos"],
+        ),
+        (
+            &json!("sess-1"),
+            &json!(true),
+            &json!(true),
+            &json!("sensors/+/t"),
+            &json!(1)
+        ),
+        "{body}"
+    );
+    let (status, body) = admin
+        .get("/api/v1/subscriptions?name=sensors", WATCHER)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (&body["total"], &body["items"][0]["queue"]),
+        (&json!(1), &json!("$mqtt/sess-1")),
+        "{body}"
+    );
+    let (status, body) = admin.get("/api/v1/topics", WATCHER).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (
+            &body["total"],
+            &body["items"][0]["topic"],
+            &body["items"][0]["size"]
+        ),
+        (&json!(1), &json!("sensors/a/t"), &json!(2)),
+        "{body}"
+    );
+
+    let (status, _, body) = admin
+        .act(Method::DELETE, "/api/v1/sessions/sess-1", MANAGER)
+        .await;
+    assert_error(status, &body, StatusCode::CONFLICT);
+    common::mqtt::disconnect5(&client, &mut ev).await;
+    let (_, body) = admin.get("/api/v1/sessions/sess-1", WATCHER).await;
+    assert_eq!(body["connected"], json!(false), "{body}");
+    let (status, _, body) = admin
+        .act(Method::DELETE, "/api/v1/sessions/sess-1", WATCHER)
+        .await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    let (status, _, _) = admin
+        .act(Method::DELETE, "/api/v1/sessions/sess-1", MANAGER)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, body) = admin.get("/api/v1/sessions/sess-1", WATCHER).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    let (client, mut ev, ack) = connected5(persistent("sess-1")).await;
+    assert!(!ack.session_present, "the session was deleted");
+
+    let (status, _, body) = admin
+        .act(Method::DELETE, "/api/v1/topics/sensors%2Fa%2Ft", WATCHER)
+        .await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    let (status, _, _) = admin
+        .act(Method::DELETE, "/api/v1/topics/sensors%2Fa%2Ft", MANAGER)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _, body) = admin
+        .act(Method::DELETE, "/api/v1/topics/sensors%2Fa%2Ft", MANAGER)
+        .await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    common::mqtt::subscribe5(
+        &client,
+        &mut ev,
+        v5::Filter::new("sensors/#", v5::QoS::AtLeastOnce),
+        None,
+    )
+    .await;
+    common::mqtt::quiet5(&mut ev).await;
+    admin.stop().await;
+}
+
+/// The roles listing says what each role allows, from the route table.
+#[tokio::test]
+async fn roles_are_listed_with_what_each_allows() {
+    let admin = Admin::start().await;
+    let (status, body) = admin.get("/api/v1/roles", WATCHER).await;
+    assert_eq!(
+        (status, &body["total"]),
+        (StatusCode::OK, &json!(3)),
+        "{body}"
+    );
+    let role = |name: &str| {
+        body["items"]
+            .as_array()
+            .and_then(|items| items.iter().find(|r| r["name"] == name).cloned())
+            .unwrap_or_else(|| panic!("role {name}: {body}"))
+    };
+    let allows = |name: &str, route: &str| {
+        role(name)["allows"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|r| r == route))
+    };
+    assert!(allows("monitoring", "GET /api/v1/queues"));
+    assert!(!allows("monitoring", "POST /api/v1/queues/{name}/purge"));
+    assert!(allows("management", "POST /api/v1/queues/{name}/purge"));
+    assert!(!allows("management", "POST /api/v1/users"));
+    assert!(allows("administrator", "POST /api/v1/users"));
+    assert_eq!(
+        role("administrator")["includes"],
+        json!(["monitoring", "management"])
+    );
+    let (status, body) = admin.get("/api/v1/roles", PLAIN).await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    admin.stop().await;
+}
+
+/// A request with a bearer token.
+async fn with_token(admin: &Admin, method: Method, path: &str, token: &str) -> (StatusCode, Value) {
+    let bearer = format!("Bearer {token}");
+    let (status, _, body) = admin
+        .call(method, path, None, &[("authorization", &bearer)], None)
+        .await;
+    (status, body)
+}
+
+/// A token made with the password stands for its user (with the user's
+/// role, no more), survives a restart, is never shown again nor kept in
+/// the clear, stops at its expiry and when revoked, and cannot make
+/// tokens itself.
+#[tokio::test]
+async fn bearer_tokens_stand_for_their_user_until_revoked_or_expired() {
+    let mut admin = Admin::start().await;
+    let (status, _, body) = admin.act(Method::POST, "/api/v1/tokens", WATCHER).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let token = body["token"].as_str().expect("token").to_owned();
+    let id = body["id"].as_str().expect("id").to_owned();
+    assert_eq!(body["user"], json!("watcher"));
+
+    let (status, body) = with_token(&admin, Method::GET, "/api/v1/overview", &token).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = with_token(&admin, Method::POST, "/api/v1/queues/x/purge", &token).await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    let (status, body) = with_token(&admin, Method::POST, "/api/v1/tokens", &token).await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    let (status, body) = with_token(&admin, Method::GET, "/api/v1/overview", "rosetta_wrong").await;
+    assert_error(status, &body, StatusCode::UNAUTHORIZED);
+
+    // Only an administrator makes tokens for someone else.
+    let (status, _, body) = admin
+        .act_on(
+            Method::POST,
+            "/api/v1/tokens",
+            MANAGER,
+            "{\"user\": \"watcher\"}",
+        )
+        .await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    for bad in ["{\"expires_in_s\": 0}", "{\"colour\": 1}"] {
+        let (status, _, body) = admin
+            .act_on(Method::POST, "/api/v1/tokens", ADMIN, bad)
+            .await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST);
+    }
+    let (status, _, body) = admin
+        .act_on(
+            Method::POST,
+            "/api/v1/tokens",
+            ADMIN,
+            "{\"user\": \"manager\", \"expires_in_s\": 1}",
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let short = body["token"].as_str().expect("token").to_owned();
+
+    // Listed without the token; the file holds no token either.
+    let (_, body) = admin.get("/api/v1/tokens", WATCHER).await;
+    assert_eq!(body["total"], json!(1), "a user sees its own: {body}");
+    assert!(body["items"][0].get("token").is_none(), "{body}");
+    let (_, body) = admin.get("/api/v1/tokens", ADMIN).await;
+    assert_eq!(body["total"], json!(2), "{body}");
+    let file = std::fs::read_to_string(admin.broker.data_dir().join("admin-tokens.json"))
+        .expect("tokens file");
+    assert!(!file.contains(&token["rosetta_".len()..]), "{file}");
+
+    admin.restart().await;
+    let (status, body) = with_token(&admin, Method::GET, "/api/v1/queues", &token).await;
+    assert_eq!(status, StatusCode::OK, "after a restart: {body}");
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let (status, body) = with_token(&admin, Method::GET, "/api/v1/queues", &short).await;
+    assert_error(status, &body, StatusCode::UNAUTHORIZED);
+
+    // Another user's token is not found to a non-administrator.
+    let (status, _, body) = admin
+        .act(Method::DELETE, &format!("/api/v1/tokens/{id}"), MANAGER)
+        .await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    let (status, _, _) = admin
+        .act(Method::DELETE, &format!("/api/v1/tokens/{id}"), WATCHER)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, body) = with_token(&admin, Method::GET, "/api/v1/queues", &token).await;
+    assert_error(status, &body, StatusCode::UNAUTHORIZED);
+    admin.stop().await;
+}
+
+/// One raw HTTP/1.1 GET that asks the server to close; the whole answer
+/// (status line and headers as sent, lowercase header names from hyper).
+async fn raw_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await.expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut answer))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// The console's files come from the admin listener itself, without
+/// credentials, with a policy that allows only its own files; a request
+/// from its script is refused without a challenge (no browser dialog).
+#[tokio::test]
+async fn the_console_is_served_by_the_admin_listener() {
+    let admin = Admin::start().await;
+    let addr = admin.api.as_ref().expect("api").local_addr();
+    let page = raw_get(addr, "/console/").await;
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(
+        page.contains("content-security-policy: default-src 'self'"),
+        "{page}"
+    );
+    assert!(page.contains("<script src=\"app.js\""), "{page}");
+    for (path, kind) in [
+        ("/console/app.js", "text/javascript"),
+        ("/console/app.css", "text/css"),
+    ] {
+        let file = raw_get(addr, path).await;
+        assert!(file.starts_with("HTTP/1.1 200"), "{path}: {file}");
+        assert!(
+            file.contains(&format!("content-type: {kind}")),
+            "{path}: {file}"
+        );
+    }
+    let root = raw_get(addr, "/").await;
+    assert!(root.starts_with("HTTP/1.1 302"), "{root}");
+    assert!(root.contains("location: /console/"), "{root}");
+    let missing = raw_get(addr, "/console/nothing.js").await;
+    assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+
+    let (status, headers, _) = admin
+        .call(Method::GET, "/api/v1/overview", None, &[], None)
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(headers.contains_key("www-authenticate"));
+    let (status, headers, _) = admin
+        .call(
+            Method::GET,
+            "/api/v1/overview",
+            None,
+            &[("x-requested-with", "XMLHttpRequest")],
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(!headers.contains_key("www-authenticate"));
+    admin.stop().await;
+}
+
+/// The certificate a fresh TLS handshake on `addr` gets with `pki`'s
+/// trust, or the handshake's error.
+async fn served_certificate(
+    addr: std::net::SocketAddr,
+    pki: &common::pki::Pki,
+) -> Result<Vec<u8>, std::io::Error> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let tls = tokio::time::timeout(WAIT, pki.connector().connect(common::pki::localhost(), tcp))
+        .await
+        .expect("handshake in time")?;
+    let (_, session) = tls.get_ref();
+    Ok(session
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .map(|c| c.as_ref().to_vec())
+        .unwrap_or_default())
+}
+
+fn certificate_der(file: &std::path::Path) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::from_pem_file(file)
+        .expect("certificate")
+        .as_ref()
+        .to_vec()
+}
+
+/// `POST /api/v1/reload` swaps the TLS certificate for new handshakes
+/// (the files replaced under the broker), and refuses a broken one,
+/// keeping the certificate in force.
+#[tokio::test]
+async fn reload_puts_a_new_tls_certificate_in_force_for_new_handshakes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = common::pki::Pki::generate(&subdir(dir.path(), "old"));
+    let new = common::pki::Pki::generate(&subdir(dir.path(), "new"));
+    let tls = old.tls_config(false);
+    let admin = Admin::start_tweaked(move |c| {
+        c.tls = tls;
+        c.listeners.mqtts = Some(ListenAddr::new("127.0.0.1", 0));
+    })
+    .await;
+    let mqtts = admin.broker.addr(rosetta::config::ListenerKind::Mqtts);
+    let before = served_certificate(mqtts, &old)
+        .await
+        .expect("old handshake");
+    assert_eq!(before, certificate_der(&old.cert_file));
+
+    let (status, _, body) = admin.act(Method::POST, "/api/v1/reload", MANAGER).await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    std::fs::copy(&new.cert_file, &old.cert_file).expect("swap cert");
+    std::fs::copy(&new.key_file, &old.key_file).expect("swap key");
+    let (status, _, body) = admin.act(Method::POST, "/api/v1/reload", ADMIN).await;
+    assert_eq!(
+        (status, &body["tls_reloaded"]),
+        (StatusCode::OK, &json!(true)),
+        "{body}"
+    );
+    let after = served_certificate(mqtts, &new)
+        .await
+        .expect("new handshake");
+    assert_eq!(after, certificate_der(&new.cert_file));
+    assert!(
+        served_certificate(mqtts, &old).await.is_err(),
+        "the old CA does not sign the new certificate"
+    );
+
+    // A broken certificate file: refused, the new one stays in force.
+    std::fs::write(&old.cert_file, "not a certificate").expect("break");
+    let (status, _, body) = admin.act(Method::POST, "/api/v1/reload", ADMIN).await;
+    assert_error(status, &body, StatusCode::CONFLICT);
+    assert!(
+        body["reason"].as_str().is_some_and(|r| r.contains("TLS")),
+        "{body}"
+    );
+    let still = served_certificate(mqtts, &new).await.expect("still served");
+    assert_eq!(still, after);
+    admin.stop().await;
+}
+
+/// `dir/name`, created.
+fn subdir(dir: &std::path::Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::create_dir_all(&path).expect("mkdir");
+    path
 }

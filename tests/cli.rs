@@ -210,6 +210,16 @@ impl Broker {
         rest[..end].parse().expect("address")
     }
 
+    /// `http://` and the admin API's address, from its "listening" line.
+    fn admin_url(&self) -> String {
+        let line = self.line_with("admin API listening");
+        let rest = &line[line.find("addr=").expect("addr=") + 5..];
+        let api: SocketAddr = rest[..rest.find(char::is_whitespace).unwrap_or(rest.len())]
+            .parse()
+            .expect("admin address");
+        format!("http://{api}")
+    }
+
     fn log(&self) -> String {
         self.seen.lock().expect("lines").join("\n")
     }
@@ -528,12 +538,7 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
     let config = write_config(dir.path(), "stomp = 0", "[admin]\nlisten = \"127.0.0.1:0\"");
     let broker = Broker::start(&config);
     let stomp = broker.addr("stomp");
-    let line = broker.line_with("admin API listening");
-    let rest = &line[line.find("addr=").expect("addr=") + 5..];
-    let api: SocketAddr = rest[..rest.find(char::is_whitespace).unwrap_or(rest.len())]
-        .parse()
-        .expect("admin address");
-    let url = format!("http://{api}");
+    let url = broker.admin_url();
     let ops = |args: &[&str]| {
         let mut all = args.to_vec();
         all.extend(["--url", &url, "--user", "ops", "--password", "ops-pw"]);
@@ -584,6 +589,114 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
     ]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("401"), "{}", stderr(&out));
+
+    // A token made with the password stands in for it, by flag or by
+    // ROSETTA_TOKEN, until revoked.
+    let token = ops(&["token", "create"]).trim().to_owned();
+    assert!(token.starts_with("rosetta_"), "{token}");
+    let by_flag = rosetta(&["queue", "list", "--url", &url, "--token", &token]);
+    assert!(by_flag.status.success(), "{}", stderr(&by_flag));
+    let by_env = Command::new(BIN)
+        .args(["connection", "list", "--url", &url])
+        .env("ROSETTA_TOKEN", &token)
+        .output()
+        .expect("run rosetta");
+    assert!(by_env.status.success(), "{}", stderr(&by_env));
+    let listed = ops(&["token", "list"]);
+    let id = listed
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().next())
+        .expect("the token is listed")
+        .to_owned();
+    assert!(!listed.contains(&token), "{listed}");
+    ops(&["token", "revoke", &id]);
+    let revoked = rosetta(&["queue", "list", "--url", &url, "--token", &token]);
+    assert!(!revoked.status.success());
+    assert!(stderr(&revoked).contains("401"), "{}", stderr(&revoked));
+    broker.stop();
+}
+
+/// `user list|add|passwd|delete` and `status` over the admin API: an
+/// added user logs in over STOMP with its password, then with the new
+/// one, and not at all once deleted; a user without the role is refused.
+#[test]
+fn user_and_status_commands_speak_to_the_admin_api() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    rosetta::users::save_user(
+        &dir.path().join("users.toml"),
+        "root",
+        b"root-pw",
+        None,
+        None,
+        Some(&[rosetta::users::AdminRole::Administrator]),
+    )
+    .expect("user");
+    let users = dir.path().join("users.toml");
+    let config = write_config(
+        dir.path(),
+        "stomp = 0",
+        &format!(
+            "[admin]\nlisten = \"127.0.0.1:0\"\n[security]\nanonymous = false\nusers_file = {users:?}"
+        ),
+    );
+    let broker = Broker::start(&config);
+    let stomp = broker.addr("stomp");
+    let url = broker.admin_url();
+    let root = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--url", &url, "--user", "root", "--password", "root-pw"]);
+        let out = rosetta(&all);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let status = root(&["status"]);
+    assert!(status.contains("version"), "{status}");
+    assert!(status.contains("queues       0"), "{status}");
+
+    let token = root(&["token", "create"]).trim().to_owned();
+    let out = rosetta(&[
+        "user",
+        "add",
+        "app",
+        "--password",
+        "app-pw",
+        "--role",
+        "monitoring",
+        "--url",
+        &url,
+        "--token",
+        &token,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stomp_login(stomp, "app", "app-pw").starts_with("CONNECTED"));
+    let listed = root(&["user", "list"]);
+    let row = listed
+        .lines()
+        .find(|l| l.starts_with("app "))
+        .expect("app listed");
+    assert!(row.contains("monitoring"), "{listed}");
+    assert!(!listed.contains("argon2"), "never a hash: {listed}");
+
+    root(&["user", "passwd", "app", "--new-password", "app-pw-2"]);
+    assert!(stomp_login(stomp, "app", "app-pw-2").starts_with("CONNECTED"));
+    assert!(stomp_login(stomp, "app", "app-pw").starts_with("ERROR"));
+    // A monitoring user may not manage users.
+    let out = rosetta(&[
+        "user",
+        "delete",
+        "root",
+        "--url",
+        &url,
+        "--user",
+        "app",
+        "--password",
+        "app-pw-2",
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("403"), "{}", stderr(&out));
+    root(&["user", "delete", "app"]);
+    assert!(stomp_login(stomp, "app", "app-pw-2").starts_with("ERROR"));
     broker.stop();
 }
 

@@ -1,5 +1,5 @@
 // Drives the test page in Debian's headless Chromium with playwright-core
-// for test_browser.py: argv[2] is the page URL; each stdin line is a JSON
+// for test_browser.py and test_console.py: argv[2] is the page URL; each stdin line is a JSON
 // {"id", "expr"} whose expression (it may return a promise) is evaluated in
 // the page; each answer is one stdout line {"id", "ok", "value"|"error"}.
 // Page console output goes to stderr.
@@ -10,6 +10,9 @@ import { join } from "node:path";
 import { createInterface } from "node:readline";
 
 const url = process.argv[2];
+// argv[3]: the expression that says the page is ready (test_console.py's
+// page is not page.html); default: page.html's.
+const ready = process.argv[3] || "document.title === 'ready' && window.mqtt && window.StompJs";
 const profile = mkdtempSync(join(tmpdir(), "rosetta-chromium-"));
 const send = (o) => process.stdout.write(JSON.stringify(o) + "\n");
 
@@ -27,7 +30,7 @@ try {
   page.on("console", (m) => process.stderr.write(`[page ${m.type()}] ${m.text()}\n`));
   page.on("pageerror", (e) => process.stderr.write(`[page error] ${e.message}\n`));
   await page.goto(url);
-  await page.waitForFunction(() => document.title === "ready" && window.mqtt && window.StompJs);
+  await page.waitForFunction(ready);
   send({ id: 0, ok: true, value: await page.evaluate(() => navigator.userAgent) });
 
   for await (const line of createInterface({ input: process.stdin })) {

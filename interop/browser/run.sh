@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The browser test of issue 6: installs what it needs (setup.sh), builds the
+# The browser tests (issue 6: test_browser.py; issue 18: test_console.py): installs what it needs (setup.sh), builds the
 # release broker (or uses $ROSETTA_BIN), runs test_browser.py with the
 # interop venv's pytest and ends with the line "N passed, N failed".
 # Extra arguments go to pytest.
@@ -23,7 +23,7 @@ fi
 report="$(mktemp)"
 trap 'rm -f "$report"' EXIT
 cd "$here"
-"$here/../.venv/bin/python" -m pytest test_browser.py -p no:cacheprovider -rs --junitxml="$report" "$@"
+"$here/../.venv/bin/python" -m pytest test_browser.py test_console.py -p no:cacheprovider -rs --junitxml="$report" "$@"
 rc=$?
 
 counts="$("$here/../.venv/bin/python" - "$report" <<'PY'

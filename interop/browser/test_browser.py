@@ -41,17 +41,22 @@ def uniq():
 
 
 class Broker:
-    def __init__(self):
+    def __init__(self, extra_ports=(), extra_config="", prepare=None):
         self.dir = Path(tempfile.mkdtemp(prefix="rosetta-browser-"))
         self.ports = {k: free_port() for k in ("mqtt", "stomp", "amqp", "websocket")}
+        listeners = dict(self.ports)
+        self.ports.update({k: free_port() for k in extra_ports})
         config = self.dir / "rosetta.toml"
         config.write_text(
             f'data_dir = "{self.dir / "data"}"\n\n[listeners]\n'
-            + "".join(f'{k} = "127.0.0.1:{p}"\n' for k, p in self.ports.items())
+            + "".join(f'{k} = "127.0.0.1:{p}"\n' for k, p in listeners.items())
             + 'mqtts = ""\nstomps = ""\namqps = ""\nwss = ""\nany = ""\n\n'
             + "[security]\nanonymous = true\n"
+            + extra_config.format(dir=self.dir, **self.ports)
         )
         binary = os.environ.get("ROSETTA_BIN") or str(ROOT / "target" / "release" / "rosetta")
+        if prepare:
+            prepare(binary, config)
         self.log = open(self.dir / "broker.log", "wb")
         self.proc = subprocess.Popen([binary, "--config", str(config)], stdout=self.log,
                                      stderr=subprocess.STDOUT,
@@ -85,8 +90,9 @@ class Broker:
 class Browser:
     """driver.mjs in a subprocess; eval() runs an expression in the page."""
 
-    def __init__(self, url):
-        self.proc = subprocess.Popen(["node", str(HERE / "driver.mjs"), url], cwd=HERE,
+    def __init__(self, url, ready=None):
+        args = ["node", str(HERE / "driver.mjs"), url] + ([ready] if ready else [])
+        self.proc = subprocess.Popen(args, cwd=HERE,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.answers = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

@@ -2,6 +2,7 @@
 //! resource's handler.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use hyper::header::AUTHORIZATION;
 use hyper::StatusCode;
@@ -13,7 +14,8 @@ use crate::auth::Authenticator;
 use crate::error::ApiError;
 use crate::http::RequestParts;
 use crate::router::{self, Action, Matched, Query};
-use crate::{connections, overview, queues, users};
+use crate::tokens::{self, Tokens};
+use crate::{connections, messages, overview, queues, reload, roles, sessions, topics, users};
 
 /// A successful answer.
 #[derive(Debug)]
@@ -49,6 +51,7 @@ impl Reply {
 pub(crate) struct Api {
     pub(crate) broker: BrokerView,
     pub(crate) auth: Authenticator,
+    pub(crate) tokens: Arc<Tokens>,
     pub(crate) users_file: PathBuf,
     /// One users-file change at a time: each reads, edits and renames the
     /// whole file.
@@ -62,6 +65,8 @@ pub(crate) struct Call<'a> {
     pub(crate) query: Query,
     /// The authenticated user (`None` on the health routes).
     pub(crate) user: Option<String>,
+    /// The user came with a bearer token, not a password.
+    pub(crate) via_token: bool,
 }
 
 impl Call<'_> {
@@ -89,19 +94,22 @@ impl Call<'_> {
 impl Api {
     pub(crate) async fn handle(&self, parts: RequestParts) -> Result<Reply, ApiError> {
         let matched = router::find(&parts.head.method, parts.head.uri.path())?;
-        let user = match matched.route.role {
+        let who = match matched.route.role {
             None => None,
             Some(needed) => {
                 let authorization = parts.head.headers.get(AUTHORIZATION).map(|v| v.as_bytes());
                 Some(self.auth.authorise(authorization, needed).await?)
             }
         };
+        let via_token = who.as_ref().is_some_and(|w| w.via_token);
+        let user = who.map(|w| w.user);
         let query = Query::parse(parts.head.uri.query())?;
         let call = Call {
             matched,
             parts: &parts,
             query,
             user,
+            via_token,
         };
         match call.matched.route.action {
             Action::Healthz => Ok(Reply::ok(json!({"status": "ok"}))),
@@ -118,6 +126,20 @@ impl Api {
             Action::PutQueue => queues::put(self, &call).await,
             Action::DeleteQueue => queues::delete(self, &call),
             Action::PurgeQueue => queues::purge(self, &call).await,
+            Action::PeekQueue => messages::peek(self, &call),
+            Action::MoveMessages => messages::move_to(self, &call).await,
+            Action::ReplayDeadLetters => messages::replay(self, &call).await,
+            Action::ListSessions => sessions::list(self, &call),
+            Action::GetSession => sessions::get(self, &call),
+            Action::DeleteSession => sessions::delete(self, &call),
+            Action::ListRetained => topics::list_retained(self, &call),
+            Action::DeleteRetained => topics::delete_retained(self, &call).await,
+            Action::ListSubscriptions => topics::list_subscriptions(self, &call),
+            Action::ListRoles => Ok(roles::list()),
+            Action::Reload => reload::reload(self, &call),
+            Action::CreateToken => tokens::create(self, &call),
+            Action::ListTokens => tokens::list(self, &call),
+            Action::RevokeToken => tokens::revoke(self, &call),
             Action::ListConnections => connections::list(self, &call),
             Action::CloseConnection => connections::close(self, &call),
             Action::ListUsers => users::list(self, &call),

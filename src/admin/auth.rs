@@ -27,6 +27,7 @@ use sha2::Digest;
 use tokio::sync::Semaphore;
 
 use crate::error::ApiError;
+use crate::tokens::Tokens;
 
 /// How long a successful password check is remembered: long enough that a
 /// console refreshing every few seconds pays argon2 about once a minute,
@@ -53,18 +54,30 @@ type CacheKey = [u8; 32];
 /// against (a reload of the file makes it void).
 type Remembered = (String, Instant, Arc<Users>);
 
+/// Who a request is from, once authenticated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Who {
+    /// The user.
+    pub user: String,
+    /// It came with a bearer token, not a password.
+    pub via_token: bool,
+}
+
 /// Checks credentials and roles.
 pub struct Authenticator {
     users: Arc<UsersAccess>,
+    tokens: Arc<Tokens>,
     cache: Mutex<HashMap<CacheKey, Remembered>>,
     checks: Semaphore,
 }
 
 impl Authenticator {
-    /// Checks against the users `users` has in force.
-    pub fn new(users: Arc<UsersAccess>) -> Self {
+    /// Checks against the users `users` has in force, and the bearer
+    /// tokens of `tokens`.
+    pub fn new(users: Arc<UsersAccess>, tokens: Arc<Tokens>) -> Self {
         Self {
             users,
+            tokens,
             cache: Mutex::new(HashMap::new()),
             checks: Semaphore::new(AUTH_CHECKS_CONCURRENT_MAX),
         }
@@ -80,14 +93,29 @@ impl Authenticator {
         self.cache.lock().clear();
     }
 
-    /// The user named by `authorization` (the header's value), if the
-    /// credentials are right and the user holds `needed` (or a stronger
-    /// role): 401 without or with wrong credentials, 403 without the role.
+    /// The user named by `authorization` (the header's value: basic
+    /// credentials or a bearer token), if the credentials are right and
+    /// the user holds `needed` (or a stronger role): 401 without or with
+    /// wrong credentials, 403 without the role.
     pub async fn authorise(
         &self,
         authorization: Option<&[u8]>,
         needed: AdminRole,
-    ) -> Result<String, ApiError> {
+    ) -> Result<Who, ApiError> {
+        if let Some(token) = authorization.and_then(crate::tokens::bearer) {
+            let user = self
+                .tokens
+                .user_of(token)
+                .filter(|user| self.users.users().summary(user).is_some())
+                .ok_or_else(|| {
+                    tracing::info!("admin API: unknown, expired or revoked bearer token");
+                    ApiError::unauthorized("unknown, expired or revoked token")
+                })?;
+            return self.role_check(user, needed).map(|user| Who {
+                user,
+                via_token: true,
+            });
+        }
         let (user, password) = parse_basic(authorization)?;
         let key = cache_key(&user, &password);
         let users = self.users.users();
@@ -109,6 +137,14 @@ impl Authenticator {
             }
             self.remember(key, &user, users);
         }
+        self.role_check(user, needed).map(|user| Who {
+            user,
+            via_token: false,
+        })
+    }
+
+    /// `user` if it holds `needed` (or a stronger role), else 403.
+    fn role_check(&self, user: String, needed: AdminRole) -> Result<String, ApiError> {
         match self.users.users().highest_role(&user) {
             Some(role) if role.grants(needed) => Ok(user),
             held => Err(ApiError::forbidden(format!(
@@ -169,7 +205,7 @@ fn parse_basic(value: Option<&[u8]>) -> Result<(String, Vec<u8>), ApiError> {
     let (scheme, encoded) = value.trim().split_once(' ').ok_or_else(missing)?;
     if !scheme.eq_ignore_ascii_case("basic") {
         return Err(ApiError::unauthorized(format!(
-            "unsupported authorization scheme {scheme:?}: use Basic"
+            "unsupported authorization scheme {scheme:?}: use Basic or Bearer"
         )));
     }
     let decoded = base64ct::Base64::decode_vec(encoded.trim())

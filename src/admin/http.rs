@@ -17,6 +17,7 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::api::Api;
 use crate::auth::REALM;
+use crate::console::{self, ConsoleAnswer};
 use crate::error::ApiError;
 use crate::router;
 
@@ -96,6 +97,17 @@ async fn serve_connection(
 async fn respond(api: &Api, req: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    if method == hyper::Method::GET || method == hyper::Method::HEAD {
+        if let Some(answer) = console::answer(&path) {
+            return console_response(answer);
+        }
+    }
+    // A page's script (the console) asks not to be challenged: a browser
+    // would answer the challenge with its own login dialog.
+    let challenge = req
+        .headers()
+        .get("x-requested-with")
+        .is_none_or(|v| v.as_bytes() != b"XMLHttpRequest");
     let answer = match read(req).await {
         Ok(parts) => api.handle(parts).await,
         Err(e) => Err(e),
@@ -109,7 +121,7 @@ async fn respond(api: &Api, req: Request<Incoming>, peer: SocketAddr) -> Respons
             tracing::debug!(%peer, %method, path, status = e.status.as_u16(), reason = %e.reason, "admin API refused");
             let mut response = json_response(e.status, Some(&e.body()));
             let headers = response.headers_mut();
-            if e.status == StatusCode::UNAUTHORIZED {
+            if e.status == StatusCode::UNAUTHORIZED && challenge {
                 if let Ok(v) = HeaderValue::from_str(&format!("Basic realm=\"{REALM}\"")) {
                     headers.insert(WWW_AUTHENTICATE, v);
                 }
@@ -144,6 +156,30 @@ async fn read(req: Request<Incoming>) -> Result<RequestParts, ApiError> {
         })?
         .to_bytes();
     Ok(RequestParts { head, body })
+}
+
+fn console_response(answer: ConsoleAnswer) -> Response<Full<Bytes>> {
+    let mut response = match answer {
+        ConsoleAnswer::File(asset) => {
+            let mut r = Response::new(Full::new(Bytes::from_static(asset.bytes)));
+            r.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static(asset.content_type));
+            r
+        }
+        ConsoleAnswer::Redirect(to) => {
+            let mut r = Response::new(Full::new(Bytes::new()));
+            *r.status_mut() = StatusCode::FOUND;
+            r.headers_mut()
+                .insert(hyper::header::LOCATION, HeaderValue::from_static(to));
+            r
+        }
+    };
+    for (name, value) in console::SECURITY_HEADERS {
+        response
+            .headers_mut()
+            .insert(name, HeaderValue::from_static(value));
+    }
+    response
 }
 
 fn json_response(status: StatusCode, body: Option<&serde_json::Value>) -> Response<Full<Bytes>> {

@@ -6,7 +6,8 @@
 //! - `GET /healthz` (live) and `GET /readyz` (recovered and listening; 503
 //!   once the shutdown begins) need no credentials, for orchestrators.
 //! - Every `/api/v1/` request needs HTTP basic credentials of a user in the
-//!   users file ([`auth`]) holding the route's role ([`router::ROUTES`]):
+//!   users file, or a bearer token made for one ([`tokens`]), ([`auth`])
+//!   holding the route's role ([`router::ROUTES`]):
 //!   `monitoring` reads, `management` also acts on queues and connections,
 //!   `administrator` also manages users.
 //! - Errors are `{"error": ..., "reason": ...}` with 400, 401 (with
@@ -16,9 +17,14 @@
 //!   (from 1), `&page_size=` (at most [`listing::PAGE_SIZE_MAX`]),
 //!   `&name=` (substring) ([`listing`]).
 //!
+//! - The web console (`console`): static files at `/console/`, built
+//!   into the binary, using only this API.
+//!
 //! ## Layout
 //! `http` (listener, limits) → `api` (route, authenticate, dispatch) →
-//! `overview`, `queues`, `connections`, `users` (one resource each).
+//! `overview`, `queues`, `messages` (peek, move, replay), `connections`,
+//! `sessions`, `topics` (retained messages, subscriptions), `users`,
+//! `roles` (one resource each).
 //!
 //! It depends on the server (the server does not know it): the binary
 //! starts the broker, then this over the broker's [`BrokerView`].
@@ -26,12 +32,19 @@
 mod api;
 pub mod auth;
 mod connections;
+mod console;
 pub mod error;
 mod http;
 pub mod listing;
+pub mod messages;
 mod overview;
 mod queues;
+mod reload;
+mod roles;
 pub mod router;
+mod sessions;
+pub mod tokens;
+mod topics;
 mod users;
 
 use std::net::SocketAddr;
@@ -47,6 +60,8 @@ pub use http::{
     ADMIN_CONNECTIONS_MAX, REQUEST_BODY_MAX_BYTES, REQUEST_HEAD_MAX_BYTES, REQUEST_HEAD_TIMEOUT_MS,
     SHUTDOWN_GRACE_MS,
 };
+pub use reload::{reload_all, Reloaded};
+pub use sessions::MQTT_SESSION_QUEUE_PREFIX;
 
 /// A running admin API.
 pub struct AdminServer {
@@ -85,9 +100,12 @@ pub async fn start(
         .with_context(|| format!("admin API ([admin] listen) on {addr}"))?;
     let bound = listener.local_addr()?;
     let users_file = broker.config().users_file();
+    let tokens =
+        Arc::new(tokens::Tokens::load(&broker.config().data_dir).context("admin API tokens")?);
     let api = Arc::new(api::Api {
         broker,
-        auth: auth::Authenticator::new(users),
+        auth: auth::Authenticator::new(users, Arc::clone(&tokens)),
+        tokens,
         users_file,
         users_write: tokio::sync::Mutex::new(()),
     });

@@ -32,6 +32,34 @@ pub enum Action {
     DeleteQueue,
     /// `POST /api/v1/queues/{name}/purge`.
     PurgeQueue,
+    /// `GET /api/v1/queues/{name}/messages`.
+    PeekQueue,
+    /// `POST /api/v1/queues/{name}/move`.
+    MoveMessages,
+    /// `POST /api/v1/queues/{name}/replay`.
+    ReplayDeadLetters,
+    /// `GET /api/v1/sessions`.
+    ListSessions,
+    /// `GET /api/v1/sessions/{client_id}`.
+    GetSession,
+    /// `DELETE /api/v1/sessions/{client_id}`.
+    DeleteSession,
+    /// `GET /api/v1/topics`.
+    ListRetained,
+    /// `DELETE /api/v1/topics/{topic}`.
+    DeleteRetained,
+    /// `GET /api/v1/subscriptions`.
+    ListSubscriptions,
+    /// `GET /api/v1/roles`.
+    ListRoles,
+    /// `POST /api/v1/reload`.
+    Reload,
+    /// `POST /api/v1/tokens`.
+    CreateToken,
+    /// `GET /api/v1/tokens`.
+    ListTokens,
+    /// `DELETE /api/v1/tokens/{id}`.
+    RevokeToken,
     /// `GET /api/v1/connections`.
     ListConnections,
     /// `DELETE /api/v1/connections/{id}`.
@@ -98,6 +126,62 @@ pub const ROUTES: &[Route] = &[
         "/api/v1/queues/{name}/purge",
         ACT,
         Action::PurgeQueue,
+    ),
+    // Messages, sessions, retained messages, subscriptions, roles.
+    route(
+        Method::GET,
+        "/api/v1/queues/{name}/messages",
+        ACT,
+        Action::PeekQueue,
+    ),
+    route(
+        Method::POST,
+        "/api/v1/queues/{name}/move",
+        ACT,
+        Action::MoveMessages,
+    ),
+    route(
+        Method::POST,
+        "/api/v1/queues/{name}/replay",
+        ACT,
+        Action::ReplayDeadLetters,
+    ),
+    route(Method::GET, "/api/v1/sessions", READ, Action::ListSessions),
+    route(
+        Method::GET,
+        "/api/v1/sessions/{client_id}",
+        READ,
+        Action::GetSession,
+    ),
+    route(
+        Method::DELETE,
+        "/api/v1/sessions/{client_id}",
+        ACT,
+        Action::DeleteSession,
+    ),
+    route(Method::GET, "/api/v1/topics", READ, Action::ListRetained),
+    route(
+        Method::DELETE,
+        "/api/v1/topics/{topic}",
+        ACT,
+        Action::DeleteRetained,
+    ),
+    route(
+        Method::GET,
+        "/api/v1/subscriptions",
+        READ,
+        Action::ListSubscriptions,
+    ),
+    route(Method::GET, "/api/v1/roles", READ, Action::ListRoles),
+    route(Method::POST, "/api/v1/reload", ADMIN, Action::Reload),
+    // Bearer tokens: every user with a role has its own.
+    route(Method::POST, "/api/v1/tokens", READ, Action::CreateToken),
+    route(Method::GET, "/api/v1/tokens", READ, Action::ListTokens),
+    route(
+        Method::DELETE,
+        "/api/v1/tokens/{id}",
+        READ,
+        Action::RevokeToken,
     ),
     route(
         Method::GET,

@@ -284,7 +284,7 @@ impl QueueState {
     }
 
     /// A message left `place`: no selecting consumer may take it there.
-    fn forget_place(&mut self, place: Place) {
+    pub(crate) fn forget_place(&mut self, place: Place) {
         if self.selecting == 0 {
             return;
         }

@@ -19,6 +19,8 @@
 //! expiry) collects entries under the queue lock and routes them after.
 
 mod admin;
+mod admin_messages;
+mod admin_topics;
 mod backlog;
 mod batch;
 mod clock;
@@ -57,6 +59,8 @@ use rosetta_store::{
 };
 
 pub use admin::{Purged, QueuePage, SessionIdentity};
+pub use admin_messages::{MoveTarget, Moved, Peeked, PeekedMessage};
+pub use admin_topics::{Page, Subscription};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use dead_letter::{
     DeadLetterReason, DEAD_LETTER_REASON_PROPERTY, DELIVERY_COUNT_PROPERTY, ORIGINAL_QUEUE_PROPERTY,

@@ -31,6 +31,7 @@ mod preflight;
 mod protocols;
 mod refuse;
 mod tls;
+pub use tls::{ServerCertificate, TlsSetupError};
 pub mod users;
 mod view;
 mod ws;
@@ -61,6 +62,8 @@ pub(crate) struct Shared {
     pub(crate) hard_stop: watch::Receiver<bool>,
     /// The TLS acceptor, when `[tls]` names a certificate and key.
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The certificate `tls` presents, reloadable.
+    pub(crate) certificate: Option<Arc<tls::ServerCertificate>>,
     /// The journal, for its counters.
     pub(crate) store: Arc<Store>,
     /// Who may connect: the authenticated and unauthenticated counts.
@@ -228,6 +231,7 @@ pub async fn start(
     let core = Core::new(core_config(&config), store.clone(), access, Some(recovered));
     apply_bindings(&core, &config)?;
     let tls = checked.tls.map(tokio_rustls::TlsAcceptor::from);
+    let certificate = checked.certificate;
     let (stop_accepting, stop_rx) = watch::channel(false);
     let (hard_stop, hard_rx) = watch::channel(false);
     let cluster = config
@@ -241,6 +245,7 @@ pub async fn start(
         next_conn_id: AtomicU64::new(1),
         hard_stop: hard_rx,
         tls,
+        certificate,
         store: Arc::clone(&store),
         admission: admission::Admission::new(&config.broker),
         refusals: Arc::default(),

@@ -21,6 +21,8 @@ use rosetta_config::Config;
 /// warnings for the operator.
 pub struct Preflight {
     pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
+    /// The certificate `tls` presents, for reloads.
+    pub(crate) certificate: Option<Arc<super::tls::ServerCertificate>>,
     /// Problems that do not stop the start, one sentence each.
     pub warnings: Vec<String>,
 }
@@ -30,12 +32,12 @@ pub fn preflight(config: &Config) -> anyhow::Result<Preflight> {
     config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     check_data_dir(&config.data_dir)
         .with_context(|| format!("`data_dir` = {}", config.data_dir.display()))?;
-    let tls = if config.tls.enabled() {
-        let server_config =
-            super::tls::server_config(&config.tls).map_err(|e| anyhow::anyhow!("[tls]: {e}"))?;
-        Some(server_config)
+    let (tls, certificate) = if config.tls.enabled() {
+        let (server_config, certificate) =
+            super::tls::server_setup(&config.tls).map_err(|e| anyhow::anyhow!("[tls]: {e}"))?;
+        (Some(server_config), Some(certificate))
     } else {
-        None
+        (None, None)
     };
     if let Some(cluster) = &config.cluster {
         // The balancer's regexes are compiled only here: a bad one is a
@@ -64,7 +66,11 @@ pub fn preflight(config: &Config) -> anyhow::Result<Preflight> {
             config.payload_size_max()
         ));
     }
-    Ok(Preflight { tls, warnings })
+    Ok(Preflight {
+        tls,
+        certificate,
+        warnings,
+    })
 }
 
 /// The data directory must be a directory we can create files in; when it

@@ -29,6 +29,7 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
+use rustls::sign::CertifiedKey;
 use rustls::{RootCertStore, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
@@ -45,7 +46,7 @@ const PEM_CERTIFICATES_MAX: usize = 1000;
 /// Why the TLS configuration cannot be built. Each variant names the file
 /// (and the `[tls]` key) so the operator knows what to fix.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum TlsSetupError {
+pub enum TlsSetupError {
     /// `tls.cert_file` or `tls.key_file` is not set.
     #[error("`tls.{key}` is not set")]
     NotConfigured {
@@ -115,8 +116,17 @@ pub(crate) enum TlsSetupError {
 
 /// Builds the server configuration from `[tls]`: certificate chain and key,
 /// TLS 1.2 and 1.3, and client-certificate verification when
-/// `tls.client_ca_file` is set.
+/// `tls.client_ca_file` is set (the tests' entry; the broker uses
+/// [`server_setup`]).
+#[cfg(test)]
 pub(crate) fn server_config(tls: &TlsConfig) -> Result<Arc<ServerConfig>, TlsSetupError> {
+    server_setup(tls).map(|(config, _)| config)
+}
+
+/// [`server_config`], with the handle that reloads its certificate.
+pub(crate) fn server_setup(
+    tls: &TlsConfig,
+) -> Result<(Arc<ServerConfig>, Arc<ServerCertificate>), TlsSetupError> {
     let cert_file = tls
         .cert_file
         .as_deref()
@@ -125,6 +135,34 @@ pub(crate) fn server_config(tls: &TlsConfig) -> Result<Arc<ServerConfig>, TlsSet
         .key_file
         .as_deref()
         .ok_or(TlsSetupError::NotConfigured { key: "key_file" })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let certificate = Arc::new(ServerCertificate {
+        cert_file: cert_file.to_owned(),
+        key_file: key_file.to_owned(),
+        current: parking_lot::RwLock::new(Arc::new(certified_key(cert_file, key_file, &provider)?)),
+        provider: Arc::clone(&provider),
+    });
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(TlsSetupError::Versions)?;
+    let builder = match &tls.client_ca_file {
+        Some(ca_file) => builder.with_client_cert_verifier(client_verifier(
+            ca_file,
+            tls.require_client_cert,
+            provider,
+        )?),
+        None => builder.with_no_client_auth(),
+    };
+    let config = builder.with_cert_resolver(Arc::clone(&certificate) as _);
+    Ok((Arc::new(config), certificate))
+}
+
+/// The certificate chain and key of `[tls]`, checked to belong together.
+fn certified_key(
+    cert_file: &Path,
+    key_file: &Path,
+    provider: &CryptoProvider,
+) -> Result<CertifiedKey, TlsSetupError> {
     let chain = load_certificates("cert_file", cert_file)?;
     let key = PrivateKeyDer::from_pem_file(key_file).map_err(|source| match source {
         rustls::pki_types::pem::Error::NoItemsFound => TlsSetupError::Empty {
@@ -138,28 +176,41 @@ pub(crate) fn server_config(tls: &TlsConfig) -> Result<Arc<ServerConfig>, TlsSet
             source,
         },
     })?;
+    CertifiedKey::from_der(chain, key, provider).map_err(|source| TlsSetupError::CertifiedKey {
+        cert: cert_file.to_owned(),
+        key: key_file.to_owned(),
+        source,
+    })
+}
 
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(TlsSetupError::Versions)?;
-    let builder = match &tls.client_ca_file {
-        Some(ca_file) => builder.with_client_cert_verifier(client_verifier(
-            ca_file,
-            tls.require_client_cert,
-            provider,
-        )?),
-        None => builder.with_no_client_auth(),
-    };
-    let config =
-        builder
-            .with_single_cert(chain, key)
-            .map_err(|source| TlsSetupError::CertifiedKey {
-                cert: cert_file.to_owned(),
-                key: key_file.to_owned(),
-                source,
-            })?;
-    Ok(Arc::new(config))
+/// The certificate the TLS listeners present: every handshake asks it,
+/// so a [`ServerCertificate::reload`] counts for every new connection
+/// from then on (open ones keep the one they were made with), on every
+/// TLS listener at once, without a restart.
+#[derive(Debug)]
+pub struct ServerCertificate {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    provider: Arc<CryptoProvider>,
+    current: parking_lot::RwLock<Arc<CertifiedKey>>,
+}
+
+impl ServerCertificate {
+    /// Reads `tls.cert_file` and `tls.key_file` again and puts them in
+    /// force; files that do not load, or do not belong together, are
+    /// refused with the error and the certificate in force stays.
+    pub fn reload(&self) -> Result<(), TlsSetupError> {
+        let fresh = certified_key(&self.cert_file, &self.key_file, &self.provider)?;
+        *self.current.write() = Arc::new(fresh);
+        tracing::info!(cert_file = %self.cert_file.display(), "TLS certificate reloaded");
+        Ok(())
+    }
+}
+
+impl rustls::server::ResolvesServerCert for ServerCertificate {
+    fn resolve(&self, _hello: rustls::server::ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(Arc::clone(&self.current.read()))
+    }
 }
 
 fn client_verifier(

@@ -50,6 +50,17 @@ impl BrokerView {
         self.shared.started.elapsed()
     }
 
+    /// Reads the TLS certificate and key files again for every new TLS
+    /// handshake from now on; `Ok(false)` when no TLS is configured. A
+    /// file that does not load is refused and the certificate in force
+    /// stays.
+    pub fn reload_tls(&self) -> Result<bool, super::tls::TlsSetupError> {
+        match &self.shared.certificate {
+            None => Ok(false),
+            Some(certificate) => certificate.reload().map(|()| true),
+        }
+    }
+
     /// Recovered and listening, and not shutting down: a view exists only
     /// once [`crate::start`] has recovered the journal and bound every
     /// listener, so this is false only once the shutdown has begun.

@@ -602,7 +602,7 @@ fn edit_file(path: &Path, change: impl FnOnce(&mut toml_edit::Table)) -> Result<
 /// Writes `data` to a temporary file next to `path` with mode 0600, syncs
 /// it, renames it over `path` and syncs the directory, so a crash leaves
 /// either the old or the new file, never a torn one.
-fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
 
     let dir = match path.parent() {
