@@ -603,7 +603,13 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         let deadline = match (self.conn.poll_timeout(), self.input_recheck) {
             (Some(a), Some(b)) => a.min(b),
             (Some(a), None) | (None, Some(a)) => a,
-            (None, None) => return Step::Idle,
+            (None, None) => {
+                // No deadline (a connection without keep-alive, once its
+                // connect deadline is over): an idle connection should not
+                // keep a timer allocation it no longer needs.
+                self.timer = None;
+                return Step::Idle;
+            }
         };
         let deadline = tokio::time::Instant::from_std(deadline);
         let timer = match &mut self.timer {

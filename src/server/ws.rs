@@ -656,7 +656,7 @@ pub(crate) async fn serve<S>(
     conn_id: u64,
     shared: Arc<Shared>,
 ) where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let metrics = || shared.metrics();
     let message_max = shared.config.websocket_message_size_max();
