@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::mqtt::{p4, Raw, WAIT};
+use common::process::{BrokerProcess, MqttWire};
 use common::stomp::StompClient;
 use common::{http_get, TestBroker};
 use fe2o3_amqp::sasl_profile::SaslProfile;
@@ -337,4 +338,52 @@ async fn an_http_client_over_a_cap_gets_503() {
         "{answer}"
     );
     assert!(answer.contains("Retry-After: 1\r\n"), "{answer}");
+}
+
+/// The soft file-descriptor limit the broker is started with in
+/// [`the_broker_raises_its_soft_fd_limit_to_the_hard_one`]: a service
+/// manager's or shell's usual default is 1,024; lower keeps the test short.
+const LOW_SOFT_NOFILE: u64 = 512;
+/// More connections than [`LOW_SOFT_NOFILE`] descriptors allow.
+const CONNECTIONS_PAST_LOW_LIMIT: usize = 600;
+
+/// `Max open files` of `/proc/<pid>/limits`: (soft, hard).
+fn open_files_limits(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files line");
+    let mut fields = line["Max open files".len()..].split_whitespace();
+    let soft = fields.next().expect("soft").to_owned();
+    let hard = fields.next().expect("hard").to_owned();
+    (soft, hard)
+}
+
+/// Started with a soft `RLIMIT_NOFILE` of 512, the broker raises it to the
+/// hard limit, says so in its log, and takes more than 512 connections.
+#[test]
+fn the_broker_raises_its_soft_fd_limit_to_the_hard_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker =
+        BrokerProcess::start_with_fd_limit(dir.path(), &["mqtt"], "", Some(LOW_SOFT_NOFILE));
+    let (soft, hard) = open_files_limits(broker.child.id());
+    assert_eq!(soft, hard, "soft limit raised to the hard one");
+    let logged = broker.log_lines_with("file descriptor limit");
+    assert!(
+        logged.iter().any(
+            |l| l.contains(&format!("soft_before=Some({LOW_SOFT_NOFILE})"))
+                && l.contains(&format!("hard=Some({hard})"))
+        ),
+        "log line with both limits: {logged:?}"
+    );
+    let addr = broker.addr("mqtt");
+    let mut open = Vec::with_capacity(CONNECTIONS_PAST_LOW_LIMIT);
+    for i in 0..CONNECTIONS_PAST_LOW_LIMIT {
+        match MqttWire::connect(addr, &format!("fd-{i}")) {
+            Ok(c) => open.push(c),
+            Err(e) => panic!("connection {i} of {CONNECTIONS_PAST_LOW_LIMIT} failed: {e}"),
+        }
+    }
+    assert_eq!(open.len(), CONNECTIONS_PAST_LOW_LIMIT);
 }

@@ -49,19 +49,20 @@ peers_stop_all() {
 }
 
 # rosetta_config DIR: picks free ports (ROSETTA_MQTT_PORT, _STOMP_PORT,
-# _AMQP_PORT) and writes DIR/rosetta.toml: a journal in DIR/data synced on
+# _AMQP_PORT, _WS_PORT) and writes DIR/rosetta.toml: a journal in DIR/data synced on
 # every commit, plain listeners on those ports, nothing else.
 rosetta_config() {
   local dir=$1
   mkdir -p "$dir/data"
   ROSETTA_MQTT_PORT=$(free_port); ROSETTA_STOMP_PORT=$(free_port); ROSETTA_AMQP_PORT=$(free_port)
+  ROSETTA_WS_PORT=$(free_port)
   cat > "$dir/rosetta.toml" <<CONF
 data_dir = "$dir/data"
 [listeners]
 mqtt = "127.0.0.1:$ROSETTA_MQTT_PORT"
 stomp = "127.0.0.1:$ROSETTA_STOMP_PORT"
 amqp = "127.0.0.1:$ROSETTA_AMQP_PORT"
-websocket = ""
+websocket = "127.0.0.1:$ROSETTA_WS_PORT"
 mqtts = ""
 stomps = ""
 amqps = ""

@@ -15,6 +15,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rosetta_neutral::{EventSink, KickReason, SessionEvent};
 
+use crate::driver::ChannelSink;
+
 /// What the registry knows of one connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionInfo {
@@ -36,8 +38,9 @@ struct Entry {
     info: ConnectionInfo,
     /// The connection's event sink: a kick travels the way the core's
     /// take-over and shutdown kicks do, so each adapter says goodbye in its
-    /// own protocol.
-    sink: Arc<dyn EventSink>,
+    /// own protocol; the end of the shutdown grace period wakes the task
+    /// through it.
+    sink: Arc<ChannelSink>,
 }
 
 /// Live connections by id.
@@ -51,7 +54,7 @@ impl Registry {
     pub(crate) fn enter(
         self: &Arc<Self>,
         info: ConnectionInfo,
-        sink: Arc<dyn EventSink>,
+        sink: Arc<ChannelSink>,
     ) -> RegistryGuard {
         let id = info.id;
         self.entries.lock().insert(id, Entry { info, sink });
@@ -93,6 +96,14 @@ impl Registry {
         self.len() == 0
     }
 
+    /// Wakes every live connection's task (the shutdown's hard stop: each
+    /// then sees the flag and closes).
+    pub(crate) fn wake_all(&self) {
+        for entry in self.entries.lock().values() {
+            entry.sink.wake();
+        }
+    }
+
     /// Asks connection `id` to close with `reason` (shown to the client
     /// where its protocol allows). False if there is no such connection.
     /// A connection still logging in has no session to kick: its adapter
@@ -126,14 +137,7 @@ impl Drop for RegistryGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[derive(Default)]
-    struct Recorder(Mutex<Vec<SessionEvent>>);
-    impl EventSink for Recorder {
-        fn send(&self, event: SessionEvent) {
-            self.0.lock().push(event);
-        }
-    }
+    use crate::driver::event_channel;
 
     fn info(id: u64) -> ConnectionInfo {
         ConnectionInfo {
@@ -149,9 +153,9 @@ mod tests {
     #[test]
     fn entries_leave_with_their_guard_and_a_close_reaches_the_sink() {
         let registry = Arc::new(Registry::default());
-        let sink = Arc::new(Recorder::default());
-        let first = registry.enter(info(7), sink.clone());
-        let second = registry.enter(info(3), Arc::new(Recorder::default()));
+        let (sink, _queue) = event_channel(None);
+        let first = registry.enter(info(7), Arc::clone(&sink));
+        let second = registry.enter(info(3), event_channel(None).0);
         assert_eq!(
             registry.list().iter().map(|c| c.id).collect::<Vec<_>>(),
             [3, 7]
@@ -159,7 +163,7 @@ mod tests {
         assert!(registry.close(7, "maintenance".into()));
         assert!(!registry.close(99, "nobody".into()));
         assert!(matches!(
-            sink.0.lock().as_slice(),
+            sink.queued().as_slice(),
             [SessionEvent::Kicked { reason: KickReason::Administrative(t) }] if t == "maintenance"
         ));
         drop(first);

@@ -19,6 +19,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -27,7 +28,6 @@ use bytes::BytesMut;
 use futures_util::task::AtomicWaker;
 use rosetta_neutral::{DeliveryBudget, EventSink, SessionEvent};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::watch;
 use tokio::time::Sleep;
 use tracing::Instrument;
 
@@ -215,6 +215,18 @@ impl SlowConsumerPolicy {
 }
 
 impl ChannelSink {
+    /// Wakes the connection's task without an event (it then sees the
+    /// [`HardStop`]).
+    pub(crate) fn wake(&self) {
+        self.queue.waker.wake();
+    }
+
+    /// The events queued and not yet taken, for tests.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> Vec<SessionEvent> {
+        self.queue.events.lock().drain(..).collect()
+    }
+
     /// The policy for this sink's connection.
     pub(crate) fn slow_consumer_policy(&self, timeout: Option<Duration>) -> SlowConsumerPolicy {
         SlowConsumerPolicy {
@@ -224,14 +236,24 @@ impl ChannelSink {
     }
 }
 
-/// Completes when the server's shutdown grace period is over.
-type HardStop = Pin<Box<dyn Future<Output = ()> + Send>>;
+/// Set when the server's shutdown grace period is over: every connection
+/// still open is cut. One flag for all connections, read on each poll;
+/// the server wakes every registered connection when it sets it
+/// ([`crate::connections::Registry::wake_all`]). A waiting future per
+/// connection (a `watch` receiver's) cost each idle connection a boxed
+/// allocation of about 150 B for an event that happens once.
+#[derive(Debug, Default)]
+pub(crate) struct HardStop(AtomicBool);
 
-fn hard_stop_future(mut rx: watch::Receiver<bool>) -> HardStop {
-    Box::pin(async move {
-        // A dropped sender means the server is gone: stop too.
-        let _ = rx.wait_for(|stopped| *stopped).await;
-    })
+impl HardStop {
+    /// Sets the flag; the caller then wakes the connections.
+    pub(crate) fn stop(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
 }
 
 /// The future that runs `conn` over `io` until either side closes.
@@ -239,12 +261,13 @@ fn hard_stop_future(mut rx: watch::Receiver<bool>) -> HardStop {
 /// A plain function returning the driver, not an `async fn`: the latter
 /// would keep its arguments and the driver side by side in its state.
 pub(crate) fn drive<C, T>(
+    conn_id: u64,
     conn: C,
     io: T,
     events: Arc<EventQueue>,
     slow: SlowConsumerPolicy,
     span: tracing::Span,
-    hard_stop: watch::Receiver<bool>,
+    hard_stop: Arc<HardStop>,
 ) -> impl Future<Output = ()> + Send
 where
     C: ProtocolConnection,
@@ -254,10 +277,11 @@ where
     // in the driver would have to be cloned per poll to be entered while
     // the driver is borrowed mutably.
     Driver {
+        conn_id,
         conn,
         io,
         events,
-        hard_stop: hard_stop_future(hard_stop),
+        hard_stop,
         rbuf: Vec::new(),
         read_size: READ_BUFFER_MIN_BYTES,
         out: Vec::new(),
@@ -296,10 +320,13 @@ enum Step {
 }
 
 struct Driver<C, T> {
+    /// For the info lines the driver logs (the connection's span is a
+    /// debug one, see `run_wire`).
+    conn_id: u64,
     conn: C,
     io: T,
     events: Arc<EventQueue>,
-    hard_stop: HardStop,
+    hard_stop: Arc<HardStop>,
     /// Empty (unallocated) between reads when the transport reports
     /// readiness and the connection is quiet.
     rbuf: Vec<u8>,
@@ -329,8 +356,8 @@ struct Driver<C, T> {
     phase: Phase,
 }
 
-// No field is pinned structurally (the timer and the stop future are boxed,
-// the rest is only ever used through `&mut`), so moving a driver is fine.
+// No field is pinned structurally (the timers are boxed, the rest is only
+// ever used through `&mut`), so moving a driver is fine.
 impl<C, T> Unpin for Driver<C, T> {}
 
 impl<C: ProtocolConnection, T: Transport> Future for Driver<C, T> {
@@ -349,7 +376,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
             }
             // Checked in every phase: a peer that stops reading must not
             // hold a closing or shutting-down server.
-            if self.hard_stop.as_mut().poll(cx).is_ready() {
+            if self.hard_stop.is_stopped() {
                 tracing::debug!("shutdown grace period over; cutting the connection");
                 if self.phase == Phase::Running {
                     self.conn.handle_transport_closed(Instant::now());
@@ -485,6 +512,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
             .as_ref()
             .map(|b| (b.used_bytes(), b.max_bytes()));
         tracing::info!(
+            conn_id = self.conn_id,
             ?budget,
             timeout_ms = self.slow.timeout.map(|t| t.as_millis()),
             "slow consumer: the peer stopped reading; closing"
@@ -575,7 +603,13 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         let deadline = match (self.conn.poll_timeout(), self.input_recheck) {
             (Some(a), Some(b)) => a.min(b),
             (Some(a), None) | (None, Some(a)) => a,
-            (None, None) => return Step::Idle,
+            (None, None) => {
+                // No deadline (a connection without keep-alive, once its
+                // connect deadline is over): an idle connection should not
+                // keep a timer allocation it no longer needs.
+                self.timer = None;
+                return Step::Idle;
+            }
         };
         let deadline = tokio::time::Instant::from_std(deadline);
         let timer = match &mut self.timer {
@@ -733,8 +767,9 @@ mod tests {
             echoed: Vec::new(),
         };
         let (_sink, events) = event_channel(None);
-        let (_stop_tx, stop) = watch::channel(false);
+        let stop = Arc::new(HardStop::default());
         let task = tokio::spawn(drive(
+            1,
             conn,
             server,
             events,

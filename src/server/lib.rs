@@ -20,6 +20,7 @@ mod cluster;
 pub mod connections;
 mod detect;
 mod driver;
+mod fd_limit;
 /// For the cargo-fuzz targets in `fuzz/` only.
 #[doc(hidden)]
 pub mod fuzzing;
@@ -58,8 +59,8 @@ pub(crate) struct Shared {
     pub(crate) core: Core,
     pub(crate) config: Config,
     next_conn_id: AtomicU64,
-    /// Becomes true when connections must stop now (end of the grace period).
-    pub(crate) hard_stop: watch::Receiver<bool>,
+    /// Set when connections must stop now (end of the grace period).
+    pub(crate) hard_stop: Arc<driver::HardStop>,
     /// The TLS acceptor, when `[tls]` names a certificate and key.
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
     /// The certificate `tls` presents, reloadable.
@@ -142,7 +143,6 @@ pub struct RunningBroker {
     shared: Arc<Shared>,
     store: Arc<Store>,
     stop_accepting: watch::Sender<bool>,
-    hard_stop: watch::Sender<bool>,
     accept_tasks: Vec<tokio::task::JoinHandle<()>>,
     /// This node in etcd (`[cluster]`), left first on shutdown.
     membership: Option<rosetta_cluster::Membership>,
@@ -202,7 +202,8 @@ impl RunningBroker {
                 "grace period over ([broker] shutdown_grace_ms); cutting remaining connections"
             );
         }
-        let _ = self.hard_stop.send(true);
+        self.shared.hard_stop.stop();
+        self.shared.connections.wake_all();
         self.shared.report_suppressed_logs();
         let store = Arc::clone(&self.store);
         tokio::task::spawn_blocking(move || store.flush())
@@ -222,6 +223,8 @@ pub async fn start(
     for warning in &checked.warnings {
         tracing::warn!("{warning}");
     }
+    // Every connection is a file descriptor.
+    fd_limit::raise_to_hard();
     let store_config = store_config(&config);
     let dir = config.data_dir.clone();
     let (store, recovered) = tokio::task::spawn_blocking(move || Store::open(store_config))
@@ -233,7 +236,6 @@ pub async fn start(
     let tls = checked.tls.map(tokio_rustls::TlsAcceptor::from);
     let certificate = checked.certificate;
     let (stop_accepting, stop_rx) = watch::channel(false);
-    let (hard_stop, hard_rx) = watch::channel(false);
     let cluster = config
         .cluster
         .as_ref()
@@ -243,7 +245,7 @@ pub async fn start(
         core,
         config: config.clone(),
         next_conn_id: AtomicU64::new(1),
-        hard_stop: hard_rx,
+        hard_stop: Arc::default(),
         tls,
         certificate,
         store: Arc::clone(&store),
@@ -285,7 +287,6 @@ pub async fn start(
         shared,
         store,
         stop_accepting,
-        hard_stop,
         accept_tasks,
         membership,
     })

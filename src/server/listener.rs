@@ -73,12 +73,14 @@ fn accept(kind: ListenerKind, stream: TcpStream, peer: SocketAddr, shared: &Arc<
     let shared = Arc::clone(shared);
     let connect_timeout = Duration::from_millis(shared.config.broker.connect_timeout_ms);
     let deadline = HandshakeDeadline::new(ticket.clone(), connect_timeout);
+    let admission = Arc::clone(&shared.admission);
+    // Built here, not in the task: what the task captures it keeps for its
+    // whole life (see `protocols::serve`).
+    let connection = protocols::serve(kind, stream, Peer::new(peer, ticket, kind), conn_id, shared);
     tokio::spawn(async move {
         let _guard = guard;
-        let admission = Arc::clone(&shared.admission);
-        let peer_info = Peer::new(peer, ticket, kind);
         tokio::select! {
-            () = protocols::serve(kind, stream, peer_info, conn_id, shared) => {}
+            () = connection => {}
             () = deadline => {
                 if let Some(suppressed) = admission.log.admit(Instant::now()) {
                     tracing::warn!(

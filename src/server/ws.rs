@@ -51,9 +51,13 @@ pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_HEAD_MAX_BYTES: usize = 16 * 1024;
 /// Most request headers parsed: browsers send about 15.
 const REQUEST_HEADERS_MAX: usize = 64;
-/// Read buffer of each WebSocket (tungstenite allocates it up front):
-/// large enough for throughput, small enough for many idle browsers.
-const WS_READ_BUFFER_BYTES: usize = 32 * 1024;
+/// Read buffer of each WebSocket, and the most one socket read takes.
+/// tungstenite allocates it up front and keeps it for the connection's
+/// life, so it is what an idle WebSocket costs: at 32 KiB, 10,000 idle
+/// MQTT-over-WebSocket connections took 42 KB of broker memory each
+/// (`bench/scale.sh`, issue 20). A larger message costs more reads of this
+/// size, not a larger buffer per connection.
+const WS_READ_BUFFER_BYTES: usize = 4 * 1024;
 /// Largest outgoing WebSocket message: output beyond this within one flush
 /// goes out as several messages, so one burst of deliveries never needs a
 /// client to buffer an unbounded message. The adapters' protocols are byte
@@ -652,7 +656,7 @@ pub(crate) async fn serve<S>(
     conn_id: u64,
     shared: Arc<Shared>,
 ) where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let metrics = || shared.metrics();
     let message_max = shared.config.websocket_message_size_max();

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 // The blocking client speaks the same frames as the async one: one frame
@@ -29,11 +29,17 @@ const LISTENERS: [&str; 9] = [
     "any",
 ];
 
+/// Log lines a [`BrokerProcess`] keeps for the test to look at; later ones
+/// are only drained (a chatty broker must not grow the test's memory).
+const LOG_LINES_KEPT_MAX: usize = 10_000;
+
 /// The broker binary on a data directory, with the asked-for listeners on
 /// free loopback ports.
 pub struct BrokerProcess {
     pub child: Child,
     addrs: HashMap<String, SocketAddr>,
+    /// The first [`LOG_LINES_KEPT_MAX`] lines of the broker's log.
+    log_lines: Arc<Mutex<Vec<String>>>,
     /// Keeps draining the broker's log so it never blocks on a full pipe.
     _log: std::thread::JoinHandle<()>,
 }
@@ -43,6 +49,18 @@ impl BrokerProcess {
     /// `listeners` on free ports and `extra` appended to the configuration
     /// (whole sections, e.g. `[store]`; not `[listeners]`).
     pub fn start(dir: &Path, listeners: &[&str], extra: &str) -> BrokerProcess {
+        Self::start_with_fd_limit(dir, listeners, extra, None)
+    }
+
+    /// [`Self::start`], with the soft file-descriptor limit lowered to
+    /// `soft_nofile` before the broker runs (`ulimit -S -n` in a shell that
+    /// then execs it), as a service manager's default would.
+    pub fn start_with_fd_limit(
+        dir: &Path,
+        listeners: &[&str],
+        extra: &str,
+        soft_nofile: Option<u64>,
+    ) -> BrokerProcess {
         let config = dir.join("rosetta.toml");
         let data = dir.join("data");
         let mut text = format!("data_dir = {data:?}\n[listeners]\n");
@@ -62,7 +80,17 @@ impl BrokerProcess {
             text.push_str("\n[admin]\nlisten = \"\"\n");
         }
         std::fs::write(&config, text).expect("write config");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rosetta"))
+        let mut command = match soft_nofile {
+            None => Command::new(env!("CARGO_BIN_EXE_rosetta")),
+            Some(soft) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(format!("ulimit -S -n {soft} && exec \"$0\" \"$@\""))
+                    .arg(env!("CARGO_BIN_EXE_rosetta"));
+                sh
+            }
+        };
+        let mut child = command
             .arg("--config")
             .arg(&config)
             .env("RUST_LOG", "info")
@@ -73,6 +101,8 @@ impl BrokerProcess {
             .expect("spawn rosetta");
         let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = mpsc::channel();
+        let log_lines = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&log_lines);
         let log = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
@@ -81,6 +111,11 @@ impl BrokerProcess {
                 }
                 if line.contains("ERROR") || line.contains("WARN") || line.contains("panick") {
                     eprintln!("broker: {line}");
+                }
+                if let Ok(mut kept) = kept.lock() {
+                    if kept.len() < LOG_LINES_KEPT_MAX {
+                        kept.push(line);
+                    }
                 }
             }
         });
@@ -99,8 +134,23 @@ impl BrokerProcess {
         BrokerProcess {
             child,
             addrs,
+            log_lines,
             _log: log,
         }
+    }
+
+    /// The broker's log lines so far that contain `needle`.
+    pub fn log_lines_with(&self, needle: &str) -> Vec<String> {
+        self.log_lines
+            .lock()
+            .map(|lines| {
+                lines
+                    .iter()
+                    .filter(|l| l.contains(needle))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// The address of a listener asked for at start.

@@ -13,6 +13,7 @@
 
 mod amqp;
 mod amqp_client;
+mod idle;
 mod mqtt;
 mod mqtt_client;
 mod procfs;
@@ -88,15 +89,20 @@ enum Scenario {
         #[arg(long, default_value_t = 100)]
         inflight: u16,
     },
-    /// N idle MQTT connections; reports broker RSS growth per connection
-    /// (needs --broker-pid).
+    /// N idle MQTT 3.1.1 connections; reports broker RSS growth per
+    /// connection (needs --broker-pid). `idle --protocol mqtt`.
     MqttIdle {
-        #[arg(long, default_value_t = 10_000)]
-        connections: usize,
-        /// Each connection also subscribes (QoS 1) to a topic of its own,
-        /// as a device waiting for commands does.
-        #[arg(long)]
-        subscribe: bool,
+        #[command(flatten)]
+        idle: IdleArgs,
+    },
+    /// N idle connections of any protocol (MQTT, MQTT over WebSocket,
+    /// STOMP, AMQP); reports broker RSS growth per connection (needs
+    /// --broker-pid).
+    Idle {
+        #[arg(long, value_enum, default_value_t = idle::Protocol::Mqtt)]
+        protocol: idle::Protocol,
+        #[command(flatten)]
+        idle: IdleArgs,
     },
     /// A QoS 1 stream between two clients while `logins` connections log
     /// in at once with a password; reports the stream's latency during
@@ -185,6 +191,32 @@ enum Scenario {
     },
 }
 
+/// The options of the idle scenarios.
+#[derive(Debug, Clone, clap::Args)]
+struct IdleArgs {
+    #[arg(long, default_value_t = 10_000)]
+    connections: usize,
+    /// Each connection also subscribes to a topic of its own (MQTT at
+    /// QoS 1, STOMP ack=client-individual, AMQP a receiving link), as a
+    /// device waiting for commands does.
+    #[arg(long)]
+    subscribe: bool,
+    /// MQTT keep-alive, STOMP heart-beat and so on, in seconds (0: none).
+    #[arg(long, default_value_t = 0)]
+    keep_alive_s: u16,
+}
+
+impl IdleArgs {
+    fn of(self, protocol: idle::Protocol) -> idle::Idle {
+        idle::Idle {
+            protocol,
+            connections: self.connections,
+            subscribe: self.subscribe,
+            keep_alive_s: self.keep_alive_s,
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -237,10 +269,8 @@ async fn main() -> anyhow::Result<()> {
             let p = pubsub(&name, client, 1, subscribers, count, size, inflight);
             mqtt::pubsub(&target, &p).await?
         }
-        Scenario::MqttIdle {
-            connections,
-            subscribe,
-        } => mqtt::idle(&target, connections, subscribe).await?,
+        Scenario::MqttIdle { idle } => idle::run(&target, idle.of(idle::Protocol::Mqtt)).await?,
+        Scenario::Idle { protocol, idle } => idle::run(&target, idle.of(protocol)).await?,
         Scenario::MqttLoginStorm {
             client,
             logins,

@@ -129,6 +129,14 @@ pub(crate) struct Connection {
     next_incoming_id: u32,
 }
 
+/// An open connection kept only to be held (the idle scenarios): its
+/// socket halves, without the read and write buffers a busy one keeps.
+#[derive(Debug)]
+pub(crate) struct Idle {
+    _rd: OwnedReadHalf,
+    _wr: OwnedWriteHalf,
+}
+
 fn err_text(e: Option<&fe2o3_amqp_types::definitions::Error>) -> String {
     e.map_or_else(|| "no error given".to_owned(), ToString::to_string)
 }
@@ -204,6 +212,14 @@ impl Connection {
         c.window = flow::SessionWindow::new(0, begin.incoming_window);
         c.next_incoming_id = begin.next_outgoing_id;
         Ok(c)
+    }
+
+    /// Keeps the socket, gives the buffers back.
+    pub(crate) fn into_idle(self) -> Idle {
+        Idle {
+            _rd: self.rd,
+            _wr: self.wr,
+        }
     }
 
     async fn authenticate(&mut self, sasl: &Sasl, host: &str) -> Result<(), ClientError> {

@@ -1,6 +1,6 @@
 //! MQTT 3.1.1 scenarios: 1 → 1 at QoS 0 and QoS 1, QoS 1 fan-out 1 → N,
-//! N idle connections for memory per connection, and a login storm next
-//! to a QoS 1 stream ([`login_storm`]).
+//! and a login storm next to a QoS 1 stream ([`login_storm`]); the
+//! packets of the idle scenarios ([`crate::idle`]).
 //!
 //! Two clients run the publish/subscribe scenarios: `wire` (our own,
 //! [`crate::mqtt_client`]; the default, cheap enough that the broker, not
@@ -11,21 +11,13 @@ pub(crate) mod login_storm;
 mod rumqtt;
 mod wire;
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
 
 use crate::run::{unique, Tally, Target};
 use crate::stats::Report;
 
-/// Connections opened at once in the idle scenario.
-const IDLE_CONNECT_CONCURRENCY: usize = 100;
-/// Settling time before reading RSS, so the broker has finished allocating.
-const IDLE_SETTLE: Duration = Duration::from_secs(3);
 /// Keep-alive of publish/subscribe connections: long enough that a run
 /// rarely pings, short enough that a broker notices a dead tool.
 const KEEP_ALIVE_S: u16 = 60;
@@ -102,15 +94,16 @@ pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report
     ))
 }
 
-/// An MQTT 3.1.1 CONNECT, clean session, keep-alive 0 (the broker never
-/// expects a ping, so idle means idle).
-fn connect_packet(client_id: &str) -> anyhow::Result<Vec<u8>> {
+/// An MQTT 3.1.1 CONNECT, clean session, with `keep_alive_s` (0: the
+/// broker never expects a ping, so idle means idle).
+pub(crate) fn connect_packet(client_id: &str, keep_alive_s: u16) -> anyhow::Result<Vec<u8>> {
     let id = client_id.as_bytes();
     let id_len = u16::try_from(id.len()).context("client id length")?;
     let remaining = 10 + 2 + id.len();
     if remaining > 127 {
         bail!("client id too long for a one-byte remaining length");
     }
+    let [ka_hi, ka_lo] = keep_alive_s.to_be_bytes();
     let mut p = vec![
         0x10,
         remaining as u8,
@@ -122,8 +115,8 @@ fn connect_packet(client_id: &str) -> anyhow::Result<Vec<u8>> {
         b'T',
         4,
         0x02,
-        0,
-        0,
+        ka_hi,
+        ka_lo,
     ];
     p.extend_from_slice(&id_len.to_be_bytes());
     p.extend_from_slice(id);
@@ -131,7 +124,7 @@ fn connect_packet(client_id: &str) -> anyhow::Result<Vec<u8>> {
 }
 
 /// An MQTT 3.1.1 SUBSCRIBE of `topic` at QoS 1, packet id 1.
-fn subscribe_packet(topic: &str) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn subscribe_packet(topic: &str) -> anyhow::Result<Vec<u8>> {
     let t = topic.as_bytes();
     let t_len = u16::try_from(t.len()).context("topic length")?;
     let remaining = 2 + 2 + t.len() + 1;
@@ -145,100 +138,20 @@ fn subscribe_packet(topic: &str) -> anyhow::Result<Vec<u8>> {
     Ok(p)
 }
 
-async fn idle_connection(
-    target: &Target,
-    id: &str,
-    subscribe: bool,
-) -> anyhow::Result<tokio::net::TcpStream> {
-    let mut s = target.connect().await?;
-    s.write_all(&connect_packet(id)?).await?;
-    let mut connack = [0u8; 4];
-    s.read_exact(&mut connack).await.context("CONNACK")?;
-    if connack[0] != 0x20 || connack[3] != 0 {
-        bail!("CONNACK refused: {connack:02x?}");
+/// A CONNACK that accepted the connection (its first 4 bytes).
+pub(crate) fn check_connack(connack: &[u8]) -> anyhow::Result<()> {
+    match connack {
+        [0x20, _, _, 0, ..] => Ok(()),
+        _ => bail!("CONNACK refused: {connack:02x?}"),
     }
-    if subscribe {
-        s.write_all(&subscribe_packet(&format!("{id}/cmd"))?)
-            .await?;
-        let mut suback = [0u8; 5];
-        s.read_exact(&mut suback).await.context("SUBACK")?;
-        if suback[0] != 0x90 || suback[4] > 2 {
-            bail!("SUBACK refused: {suback:02x?}");
-        }
-    }
-    Ok(s)
 }
 
-/// Opens `n` MQTT connections (each with a subscription of its own when
-/// `subscribe`) that then stay silent, and reports the broker's RSS growth
-/// per connection.
-pub(crate) async fn idle(target: &Target, n: usize, subscribe: bool) -> anyhow::Result<Report> {
-    let proc = target
-        .proc
-        .clone()
-        .context("the idle scenario needs --broker-pid to read RSS")?;
-    let prefix = unique("idle");
-    let scenario = if subscribe {
-        "mqtt-idle-sub"
-    } else {
-        "mqtt-idle"
-    };
-    let rss0 = proc.rss_bytes()?;
-    let load0 = crate::procfs::self_cpu_us();
-    let cpu0 = target.cpu_us()?;
-    let started = Instant::now();
-    let gate = Arc::new(Semaphore::new(IDLE_CONNECT_CONCURRENCY));
-    let mut set = JoinSet::new();
-    for i in 0..n {
-        let (t, id, gate) = (target.clone(), format!("{prefix}-{i}"), gate.clone());
-        set.spawn(async move {
-            let _permit = gate.acquire_owned().await?;
-            idle_connection(&t, &id, subscribe).await
-        });
+/// A SUBACK that granted a QoS (its first 5 bytes).
+pub(crate) fn check_suback(suback: &[u8]) -> anyhow::Result<()> {
+    match suback {
+        [0x90, _, _, _, granted, ..] if *granted <= 2 => Ok(()),
+        _ => bail!("SUBACK refused: {suback:02x?}"),
     }
-    let mut conns = Vec::with_capacity(n);
-    let mut error = None;
-    while let Some(r) = set.join_next().await {
-        match r? {
-            Ok(s) => conns.push(s),
-            Err(e) => error = error.or(Some(format!("{e:#}"))),
-        }
-    }
-    let elapsed = started.elapsed();
-    tokio::time::sleep(IDLE_SETTLE).await;
-    let rss1 = proc.rss_bytes()?;
-    let cpu1 = target.cpu_us()?;
-    let load1 = crate::procfs::self_cpu_us();
-    let open = conns.len() as u64;
-    let per_conn = if open > 0 {
-        rss1.saturating_sub(rss0) as f64 / open as f64
-    } else {
-        0.0
-    };
-    println!(
-        "{scenario} on {}: {open}/{n} connections, RSS {} -> {} KiB, {:.0} B per connection",
-        target.name,
-        rss0 / 1024,
-        rss1 / 1024,
-        per_conn
-    );
-    drop(conns);
-    Ok(Report {
-        scenario: scenario.into(),
-        broker: target.name.clone(),
-        expected: n as u64,
-        received: open,
-        elapsed,
-        latencies_ns: Vec::new(),
-        broker_cpu_us: cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
-        load_cpu_us: load0.zip(load1).map(|(a, b)| b.saturating_sub(a)),
-        extra: vec![
-            ("rss_before_bytes", rss0.into()),
-            ("rss_after_bytes", rss1.into()),
-            ("rss_per_conn_bytes", per_conn.into()),
-        ],
-        error,
-    })
 }
 
 #[cfg(test)]
@@ -247,11 +160,12 @@ mod tests {
 
     #[test]
     fn connect_packet_layout() {
-        let p = connect_packet("ab").expect("packet");
+        let p = connect_packet("ab", 0).expect("packet");
         assert_eq!(
             p,
             [0x10, 14, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 0, 0, 2, b'a', b'b']
         );
-        assert!(connect_packet(&"x".repeat(200)).is_err());
+        assert!(connect_packet(&"x".repeat(200), 0).is_err());
+        assert_eq!(connect_packet("ab", 60).expect("packet")[10..12], [0, 60]);
     }
 }

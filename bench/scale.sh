@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Issue 20: broker RSS per idle connection, per protocol and connection
+# count, each run on a freshly started broker (memory freed by an earlier
+# run would be reused and hide what connections cost).
+#
+#   bench/scale.sh BROKER_BIN LOAD_BIN [COUNTS] [PROTOCOLS]
+#
+# COUNTS defaults to "5000 10000 19000" (the hard descriptor limit here is
+# 20,000 per process; the broker and the load tool are two processes, each
+# holding one end of every connection), PROTOCOLS to "mqtt mqtt-ws stomp
+# amqp". Each count runs without and with one subscription per connection.
+# KEEP_ALIVE_S (default 60) is the MQTT keep-alive and the STOMP heart-beat
+# asked for; a run is far shorter than 1.5 times it, so nobody pings.
+# Output: one line per run, and RESULT lines in $OUT (default
+# bench/results/<date>-issue20/idle.jsonl).
+set -euo pipefail
+
+ROSETTA_BIN=${1:?broker binary}
+LOAD=${2:?rosetta-load binary}
+COUNTS=${3:-5000 10000 19000}
+PROTOCOLS=${4:-mqtt mqtt-ws stomp amqp}
+KEEP_ALIVE_S=${KEEP_ALIVE_S:-60}
+OUT=${OUT:-$(dirname "$0")/results/$(date -u +%F)-issue20/idle.jsonl}
+mkdir -p "$(dirname "$OUT")"
+
+# shellcheck source=bench/peers/peers.sh
+source "$(dirname "$0")/peers/peers.sh"
+trap 'peers_stop_all; rm -rf "$BENCH_TMP"' EXIT
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+for proto in $PROTOCOLS; do
+  for n in $COUNTS; do
+    for sub in "" --subscribe; do
+      start_rosetta
+      case $proto in
+        mqtt | mqtt-ws) port=$ROSETTA_MQTT_PORT ;;
+        stomp) port=$ROSETTA_STOMP_PORT ;;
+        amqp) port=$ROSETTA_AMQP_PORT ;;
+        *) echo "unknown protocol $proto" >&2; exit 2 ;;
+      esac
+      [ "$proto" = mqtt-ws ] && port=$ROSETTA_WS_PORT
+      out=$("$LOAD" --port "$port" --broker-pid "$ROSETTA_PID" --broker-name rosetta \
+        idle --protocol "$proto" --connections "$n" --keep-alive-s "$KEEP_ALIVE_S" $sub 2>&1) || true
+      echo "$out" | grep -v '^RESULT '
+      echo "$out" | grep '^RESULT ' | sed 's/^RESULT //' >> "$OUT"
+      peers_stop_all
+      rm -rf "$BENCH_TMP/rosetta"
+    done
+  done
+done
