@@ -29,6 +29,7 @@ mod log_throttle;
 mod metrics;
 mod preflight;
 mod protocols;
+mod proxy;
 mod refuse;
 mod tls;
 pub mod users;

@@ -36,6 +36,9 @@ pub(crate) struct Peer {
     /// The host name the client asked for in TLS SNI (a `[cluster]`
     /// balancer key).
     pub(crate) sni_host: Option<String>,
+    /// Another node proxied this client here, already placed: it is not
+    /// balanced again (`addr` is the client's, from the PROXY header).
+    pub(crate) proxied: bool,
 }
 
 impl Peer {
@@ -50,6 +53,7 @@ impl Peer {
             accepted_at_ms: rosetta_neutral::message::now_ms(),
             listener,
             sni_host: None,
+            proxied: false,
         }
     }
 
@@ -210,8 +214,28 @@ async fn serve_tls(
     }
 }
 
-/// Runs the state machine of `wire` over any byte transport.
+/// Runs the state machine of `wire` over any byte transport; with the
+/// cluster's proxy on, a client that belongs on another node is relayed
+/// there instead (`proxy`).
 pub(crate) async fn run_wire<T>(wire: Wire, io: T, peer: Peer, conn_id: u64, shared: Arc<Shared>)
+where
+    T: driver::Transport,
+{
+    if let Some((node, limits)) = super::proxy::applies(&shared, wire) {
+        let verdict = Box::pin(super::proxy::intercept(
+            wire, io, peer, conn_id, &shared, &node, limits,
+        ))
+        .await;
+        if let super::proxy::Verdict::ServeHere(io, peer) = verdict {
+            serve_wire(wire, io, peer, conn_id, shared).await;
+        }
+        return;
+    }
+    serve_wire(wire, io, peer, conn_id, shared).await;
+}
+
+/// Runs the state machine of `wire` over any byte transport, here.
+async fn serve_wire<T>(wire: Wire, io: T, peer: Peer, conn_id: u64, shared: Arc<Shared>)
 where
     T: driver::Transport,
 {
