@@ -676,3 +676,117 @@ async fn an_mqtt_311_client_that_belongs_elsewhere_is_proxied_to_its_node() {
         "the proxied client was not closed: {closed:?}"
     );
 }
+
+/// `GET path` on an admin API as `user` (password `pw`): the status and
+/// the JSON body.
+fn admin_get(addr: SocketAddr, path: &str, user: &str) -> (u16, serde_json::Value) {
+    use base64ct::Encoding;
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let credentials = base64ct::Base64::encode_string(format!("{user}:pw").as_bytes());
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Basic {credentials}\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(request.as_bytes()).expect("write");
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {text}"));
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let json = serde_json::from_str(body).unwrap_or_else(|e| panic!("JSON ({e}): {text}"));
+    (status, json)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_discovery_route_answers_the_node_a_key_belongs_to() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let shared = tempfile::tempdir().expect("dir");
+    let users_file = shared.path().join("users.toml");
+    rosetta::server::users::save_user(
+        &users_file,
+        "watcher",
+        b"pw",
+        None,
+        None,
+        Some(&[rosetta::server::users::AdminRole::Monitoring]),
+    )
+    .expect("user");
+    let security =
+        format!("[security]\nusers_file = {users_file:?}\n[admin]\nlisten = \"127.0.0.1:0\"\n");
+    let listeners = ["mqtt", "stomp", "websocket", "admin"];
+    let quorum = "quorum_size = 3";
+    let a = Node::start_with("a", &etcd.endpoint, quorum, &security, &listeners);
+    let b = Node::start_with("b", &etcd.endpoint, quorum, &security, &listeners);
+    let mut c = Node::start_with("c", &etcd.endpoint, quorum, &security, &listeners);
+    let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
+    let nodes = [&a, &b, &c];
+    let api = a.process.addr("admin");
+    let sample = ids(20);
+    let path = |key: &str, query: &str| format!("/api/v1/balancer/target?key={key}{query}");
+    // Every key is answered with its node's address, for the listener
+    // the protocol and transport name.
+    eventually("a answers every key as the ring says", SETTLE, || async {
+        sample.iter().all(|id| {
+            let (status, body) = admin_get(api, &path(id, ""), "watcher");
+            status == 200 && body["node"] == ring.owner(id).expect("ring")
+        })
+    })
+    .await;
+    for id in &sample {
+        let owner = nodes
+            .iter()
+            .find(|n| Some(n.name) == ring.owner(id))
+            .expect("owner");
+        let (status, body) = admin_get(api, &path(id, "&protocol=mqtt&transport=ws"), "watcher");
+        assert_eq!(status, 200, "{body}");
+        let ws = owner.process.addr("websocket");
+        assert_eq!(
+            (
+                body["host"].as_str(),
+                body["port"].as_u64(),
+                body["protocol"].as_str(),
+                body["transport"].as_str()
+            ),
+            (
+                Some("127.0.0.1"),
+                Some(u64::from(ws.port())),
+                Some("mqtt"),
+                Some("ws")
+            ),
+            "{id}: {body}"
+        );
+        let (_, body) = admin_get(api, &path(id, "&protocol=stomp"), "watcher");
+        assert_eq!(
+            body["port"].as_u64(),
+            Some(u64::from(owner.process.addr("stomp").port())),
+            "{body}"
+        );
+    }
+    // A transport no listener serves: 400; no key: 400.
+    let (status, body) = admin_get(api, &path("x", "&transport=udp"), "watcher");
+    assert_eq!(status, 400, "{body}");
+    let (status, _) = admin_get(api, "/api/v1/balancer/target", "watcher");
+    assert_eq!(status, 400);
+    // Below the quorum: 503 with the JSON error.
+    c.process.kill();
+    eventually("a drops below its quorum", SETTLE, || async {
+        admin_get(api, &path("device-1", ""), "watcher").0 == 503
+    })
+    .await;
+    let (_, body) = admin_get(api, &path("device-1", ""), "watcher");
+    assert_eq!(body["error"], "unavailable", "{body}");
+
+    // Without [cluster] there is no balancer: 404.
+    let single_dir = tempfile::tempdir().expect("dir");
+    let single = BrokerProcess::start(single_dir.path(), &["mqtt", "admin"], &security);
+    let (status, body) = admin_get(single.addr("admin"), &path("x", ""), "watcher");
+    assert_eq!(status, 404, "{body}");
+}

@@ -13,7 +13,7 @@ use crate::auth::Authenticator;
 use crate::error::ApiError;
 use crate::http::RequestParts;
 use crate::router::{self, Action, Matched, Query};
-use crate::{connections, overview, queues, users};
+use crate::{balancer, connections, overview, queues, users};
 
 /// A successful answer.
 #[derive(Debug)]
@@ -125,6 +125,7 @@ impl Api {
             Action::GetUser => users::get(self, &call),
             Action::DeleteUser => users::delete(self, &call).await,
             Action::SetPassword => users::set_password(self, &call).await,
+            Action::BalancerTarget => balancer::target(self, &call),
         }
     }
 }

@@ -36,6 +36,9 @@ pub(crate) struct ClusterNode {
     /// MQTT 3.1.1 and STOMP clients that belong elsewhere are proxied
     /// there (`proxy`), with these limits.
     pub(crate) proxy: Option<ProxyLimits>,
+    /// This node's published addresses by listener key, once it joined
+    /// (the discovery route answers them for keys that belong here).
+    published: std::sync::OnceLock<BTreeMap<String, String>>,
 }
 
 /// `[cluster.balancer]`'s proxy limits.
@@ -81,6 +84,7 @@ impl ClusterNode {
                 connect_timeout: std::time::Duration::from_millis(b.proxy_connect_timeout_ms),
                 idle_timeout: std::time::Duration::from_millis(b.proxy_idle_timeout_ms),
             }),
+            published: std::sync::OnceLock::new(),
         }))
     }
 
@@ -102,6 +106,7 @@ impl ClusterNode {
             health_check_timeout_ms: config.health_check_timeout_ms,
         };
         tracing::info!(node = %settings.node_name, addresses = ?settings.addresses, "cluster: joining");
+        let _ = self.published.set(settings.addresses.clone());
         Membership::spawn(settings, Arc::clone(&self.balancer), connections)
             .context("[cluster] etcd")
     }
@@ -145,6 +150,27 @@ impl ClusterNode {
 }
 
 impl ClusterNode {
+    /// Where a client with target key `key` belongs, as the node name and
+    /// the `host:port` of its `listener`; `None` when no node is ready (or
+    /// the one chosen has no such listener). The key stands for whichever
+    /// fact the balancer is keyed by; `key_filter` applies as at connect.
+    pub(crate) fn discover(&self, key: &str, listener: &str) -> Option<(String, String)> {
+        let facts = ConnectionFacts {
+            client_id: Some(key.to_owned()),
+            user_name: Some(key.to_owned()),
+            source_ip: key.parse().ok(),
+            sni_host: Some(key.to_owned()),
+        };
+        match self.balancer.decide(&facts, listener, Instant::now()) {
+            Decision::Local => {
+                let address = self.published.get()?.get(listener)?.clone();
+                Some((self.balancer.local_name(), address))
+            }
+            Decision::Redirect { node, address } => Some((node, address)),
+            Decision::Unavailable => None,
+        }
+    }
+
     /// Whether `ip` is the address of another node of the cluster, as it
     /// publishes its listeners: only such a peer may send a PROXY header.
     /// Host names are not resolved; a node known by name is not trusted.

@@ -19,6 +19,7 @@ mod admission;
 mod cluster;
 pub mod connections;
 mod detect;
+pub mod discovery;
 mod driver;
 /// For the cargo-fuzz targets in `fuzz/` only.
 #[doc(hidden)]
