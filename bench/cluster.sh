@@ -99,7 +99,8 @@ for n in a b c; do
   wait_port "${MQTT[$n]}" "${PID[$n]}" 30 || { echo "node $n did not start"; tail -20 "$BENCH_TMP/$n.log"; exit 1; }
 done
 
-# owner NODE KEY: the node NODE's balancer places KEY on.
+# owner NODE KEY: the node NODE's balancer places KEY on (KEY with a
+# "-": without one key_filter does not match and every node answers itself).
 owner() {
   curl -sf -u watcher:bench-pw "http://127.0.0.1:${ADMIN[$1]}/api/v1/balancer/target?key=$2" \
     | python3 -c 'import json,sys; print(json.load(sys.stdin)["node"])'
@@ -123,7 +124,7 @@ echo "rosetta $("$ROSETTA_BIN" --version), $(nproc) cores, 3 nodes + etcd $(etcd
 echo "connects per run $CONNECTS, concurrency 1 and $CONCURRENCY; messages per throughput run $MSGS"
 
 # -- 1. connection rate and connect latency --
-conn_owner=$(owner a conn)
+conn_owner=$(owner a conn-x)
 conn_entry=$(other "$conn_owner")
 echo
 echo "== connect: ids conn-<n> belong to $conn_owner; the indirect runs enter at $conn_entry"
@@ -155,9 +156,9 @@ through() { # LABEL ENTRY OWNER PORT_ARRAY SCENARIO ARGS...
     echo "   proxying node $entry CPU: $(( (proxy_after - proxy_before) * 1000 / tick_hz )) ms"
   fi
 }
-mqtt_owner=$(owner a bench/mqtt)
+mqtt_owner=$(owner a bench/mqtt-x)
 mqtt_entry=$(other "$mqtt_owner")
-stomp_owner=$(owner a bench/stomp)
+stomp_owner=$(owner a bench/stomp-x)
 stomp_entry=$(other "$stomp_owner")
 echo
 echo "== throughput: MQTT ids bench/mqtt-... belong to $mqtt_owner, STOMP client-ids bench/stomp-... to $stomp_owner"
