@@ -51,12 +51,8 @@ pub(crate) async fn run(target: &Target, r: ConnectRun) -> anyhow::Result<Report
     let started = Instant::now();
     let mut workers = JoinSet::new();
     for _ in 0..r.concurrency.max(1) {
-        let (target, r, next, redirected) = (
-            target.clone(),
-            r.clone(),
-            next.clone(),
-            redirected.clone(),
-        );
+        let (target, r, next, redirected) =
+            (target.clone(), r.clone(), next.clone(), redirected.clone());
         workers.spawn(async move {
             let mut samples = Vec::new();
             loop {
@@ -93,7 +89,10 @@ pub(crate) async fn run(target: &Target, r: ConnectRun) -> anyhow::Result<Report
         latencies_ns: latencies,
         extra: vec![
             ("connections", made.into()),
-            ("conn_per_s", (made as f64 / elapsed.as_secs_f64().max(1e-9)).into()),
+            (
+                "conn_per_s",
+                (made as f64 / elapsed.as_secs_f64().max(1e-9)).into(),
+            ),
             ("redirected", redirected.load(Ordering::Relaxed).into()),
             ("concurrency", r.concurrency.into()),
         ],
@@ -144,7 +143,20 @@ fn connect_packet(id: &str, version: u8) -> anyhow::Result<Vec<u8>> {
     if remaining > 127 {
         bail!("client id too long for a one-byte remaining length");
     }
-    let mut p = vec![0x10, remaining as u8, 0, 4, b'M', b'Q', b'T', b'T', version, 0x02, 0, 0];
+    let mut p = vec![
+        0x10,
+        remaining as u8,
+        0,
+        4,
+        b'M',
+        b'Q',
+        b'T',
+        b'T',
+        version,
+        0x02,
+        0,
+        0,
+    ];
     if version == 5 {
         p.push(0);
     }
@@ -174,7 +186,12 @@ async fn read_packet(s: &mut TcpStream) -> anyhow::Result<(u8, Vec<u8>)> {
 fn server_reference(props: &[u8]) -> Option<String> {
     let (len, mut at) = varint(props)?;
     let end = at.checked_add(len)?.min(props.len());
-    let u16_at = |i: usize| Some(usize::from(u16::from_be_bytes([*props.get(i)?, *props.get(i + 1)?])));
+    let u16_at = |i: usize| {
+        Some(usize::from(u16::from_be_bytes([
+            *props.get(i)?,
+            *props.get(i + 1)?,
+        ])))
+    };
     while at < end {
         let id = *props.get(at)?;
         at += 1;
