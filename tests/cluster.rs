@@ -488,3 +488,305 @@ async fn tls_clients_are_redirected_by_sni_host_to_the_same_listener_kind() {
         p5::ConnectReturnCode::Success
     );
 }
+
+/// Ids of `ids(40)` that the ring of a, b and c puts on `node`.
+fn ids_on(ring: &Ring, node: &str, n: usize) -> Vec<String> {
+    let on: Vec<String> = ids(40)
+        .into_iter()
+        .filter(|id| ring.owner(id) == Some(node))
+        .take(n)
+        .collect();
+    assert_eq!(on.len(), n, "enough ids on {node}");
+    on
+}
+
+/// Three nodes with the proxy on, settled: every node places by the ring.
+async fn proxy_cluster(etcd: &EtcdServer, balancer: &str) -> (Node, Node, Node, Ring) {
+    let balancer = format!("proxy = true\n{balancer}");
+    let a = Node::start("a", &etcd.endpoint, &balancer, "");
+    let b = Node::start("b", &etcd.endpoint, &balancer, "");
+    let c = Node::start("c", &etcd.endpoint, &balancer, "");
+    let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
+    let sample = ids(40);
+    {
+        let nodes = [&a, &b, &c];
+        for node in nodes {
+            eventually("the three nodes see each other", SETTLE, || {
+                all_placed_by_ring(node, &nodes, &ring, &sample)
+            })
+            .await;
+        }
+    }
+    (a, b, c, ring)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stomp_client_that_belongs_elsewhere_is_proxied_to_its_node() {
+    use common::stomp::StompClient;
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let (a, b, _c, ring) = proxy_cluster(&etcd, "").await;
+    let to_b = ids_on(&ring, "b", 2);
+    // Only b's queue holds this message (no client-id: no key, served
+    // where it connects).
+    let mut on_b = StompClient::connect(b.process.addr("stomp"), &[]).await;
+    on_b.send_persistent("/queue/only-on-b", &[], b"held by b")
+        .await;
+
+    // A client whose id belongs on b, connecting to a, is served by b.
+    let mut proxied =
+        StompClient::connect(a.process.addr("stomp"), &[("client-id", &to_b[0])]).await;
+    proxied
+        .subscribe("s1", "/queue/only-on-b", "client-individual", &[])
+        .await;
+    let m = proxied.message().await;
+    assert_eq!(m.text(), "held by b");
+    // Publishing through the proxy reaches b.
+    on_b.subscribe("s2", "/queue/from-proxied", "auto", &[])
+        .await;
+    proxied
+        .send_persistent("/queue/from-proxied", &[], b"via a")
+        .await;
+    assert_eq!(on_b.message().await.text(), "via a");
+
+    // The client's close closes its connection on b: the message it holds
+    // unacknowledged goes back to b's queue, to b's own consumer.
+    drop(proxied);
+    on_b.subscribe("s3", "/queue/only-on-b", "auto", &[]).await;
+    assert_eq!(on_b.message().await.text(), "held by b");
+
+    // b's close reaches the client: a bad frame gets b's ERROR, then the
+    // connection closes end to end.
+    let mut proxied =
+        StompClient::connect(a.process.addr("stomp"), &[("client-id", &to_b[1])]).await;
+    proxied.send_raw(b"NOT-A-COMMAND\n\n\0").await;
+    proxied.expect_error_then_close().await;
+
+    // Only a member of the cluster may speak for a client: a PROXY header
+    // from another address (127.0.0.2; the nodes publish 127.0.0.1) gets
+    // the connection closed, CONNECT unanswered.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.2:0".parse().expect("addr"))
+        .expect("bind 127.0.0.2");
+    let stream = socket.connect(b.process.addr("stomp")).await.expect("tcp");
+    let mut forged = StompClient::from_stream(stream);
+    let header = rosetta_cluster::proxy_header::encode(
+        "10.9.8.7:1234".parse().expect("addr"),
+        b.process.addr("stomp"),
+    );
+    forged.send_raw(&header).await;
+    let _ = forged
+        .try_send_raw(&common::stomp::encode(
+            "CONNECT",
+            &[("accept-version", "1.2")],
+            b"",
+        ))
+        .await;
+    forged.expect_closed().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mqtt_311_client_that_belongs_elsewhere_is_proxied_to_its_node() {
+    use common::mqtt::{next4, wait4};
+    use rumqttc::{AsyncClient, MqttOptions, Packet, QoS};
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let (a, b, _c, ring) = proxy_cluster(&etcd, "").await;
+    let to_b = ids_on(&ring, "b", 4);
+    let opts = |node: &Node, id: &str| {
+        let mut o = MqttOptions::new(id, "127.0.0.1", node.mqtt().port());
+        o.set_keep_alive(Duration::from_secs(10));
+        o
+    };
+    // b's own client: a retained message only b holds, and a watcher of
+    // what proxied clients publish and leave behind.
+    let (watcher, mut watch) = AsyncClient::new(opts(&b, &to_b[0]), 16);
+    watcher
+        .publish("t/only-on-b", QoS::AtLeastOnce, true, "held by b")
+        .await
+        .expect("publish");
+    for filter in ["t/back", "will/#"] {
+        watcher
+            .subscribe(filter, QoS::AtLeastOnce)
+            .await
+            .expect("subscribe");
+        wait4(&mut watch, |p| matches!(p, Packet::SubAck(_)).then_some(())).await;
+    }
+
+    // A client whose id belongs on b, connecting to a, is served by b: it
+    // gets b's retained message, and what it publishes reaches b.
+    let (p1, mut p1_events) = AsyncClient::new(opts(&a, &to_b[1]), 16);
+    p1.subscribe("t/only-on-b", QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    let retained = wait4(&mut p1_events, |p| match p {
+        Packet::Publish(p) => Some(p.payload.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(&retained[..], b"held by b");
+    p1.publish("t/back", QoS::AtLeastOnce, false, "via a")
+        .await
+        .expect("publish");
+    wait4(&mut p1_events, |p| {
+        matches!(p, Packet::PubAck(_)).then_some(())
+    })
+    .await;
+    let got = wait4(&mut watch, |p| match p {
+        Packet::Publish(p) if p.topic == "t/back" => Some(p.payload.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(&got[..], b"via a");
+
+    // A client's socket closes without DISCONNECT: b sees its connection
+    // end and publishes the will.
+    let mut with_will = rumqttc::mqttbytes::v4::Connect::new(to_b[2].as_str());
+    with_will.keep_alive = 10;
+    with_will.last_will = Some(rumqttc::mqttbytes::v4::LastWill::new(
+        "will/p1",
+        b"p1 gone".to_vec(),
+        QoS::AtLeastOnce,
+        false,
+    ));
+    let (raw, ack) = Raw::connect4_with(a.mqtt(), with_will).await;
+    assert_eq!(ack.code, rumqttc::ConnectReturnCode::Success);
+    drop(raw);
+    let will = wait4(&mut watch, |p| match p {
+        Packet::Publish(p) if p.topic == "will/p1" => Some(p.payload.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(&will[..], b"p1 gone");
+
+    // b closes a proxied client (taken over by the same id on b): the
+    // client's connection through a ends too.
+    let (_p2, mut p2_events) = AsyncClient::new(opts(&a, &to_b[3]), 16);
+    let ack = common::mqtt::connack4(&mut p2_events).await;
+    assert_eq!(ack.code, rumqttc::ConnectReturnCode::Success);
+    let (_taker, mut taker_events) = AsyncClient::new(opts(&b, &to_b[3]), 16);
+    common::mqtt::connack4(&mut taker_events).await;
+    // Any packet but a close would be a PINGRESP 10 s on; next4 gives 5.
+    let closed = next4(&mut p2_events).await;
+    assert!(
+        closed.is_err(),
+        "the proxied client was not closed: {closed:?}"
+    );
+}
+
+/// `GET path` on an admin API as `user` (password `pw`): the status and
+/// the JSON body.
+fn admin_get(addr: SocketAddr, path: &str, user: &str) -> (u16, serde_json::Value) {
+    use base64ct::Encoding;
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let credentials = base64ct::Base64::encode_string(format!("{user}:pw").as_bytes());
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Basic {credentials}\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(request.as_bytes()).expect("write");
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {text}"));
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let json = serde_json::from_str(body).unwrap_or_else(|e| panic!("JSON ({e}): {text}"));
+    (status, json)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_discovery_route_answers_the_node_a_key_belongs_to() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let shared = tempfile::tempdir().expect("dir");
+    let users_file = shared.path().join("users.toml");
+    rosetta::server::users::save_user(
+        &users_file,
+        "watcher",
+        b"pw",
+        None,
+        None,
+        Some(&[rosetta::server::users::AdminRole::Monitoring]),
+    )
+    .expect("user");
+    let security =
+        format!("[security]\nusers_file = {users_file:?}\n[admin]\nlisten = \"127.0.0.1:0\"\n");
+    let listeners = ["mqtt", "stomp", "websocket", "admin"];
+    let quorum = "quorum_size = 3";
+    let a = Node::start_with("a", &etcd.endpoint, quorum, &security, &listeners);
+    let b = Node::start_with("b", &etcd.endpoint, quorum, &security, &listeners);
+    let mut c = Node::start_with("c", &etcd.endpoint, quorum, &security, &listeners);
+    let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
+    let nodes = [&a, &b, &c];
+    let api = a.process.addr("admin");
+    let sample = ids(20);
+    let path = |key: &str, query: &str| format!("/api/v1/balancer/target?key={key}{query}");
+    // Every key is answered with its node's address, for the listener
+    // the protocol and transport name.
+    eventually("a answers every key as the ring says", SETTLE, || async {
+        sample.iter().all(|id| {
+            let (status, body) = admin_get(api, &path(id, ""), "watcher");
+            status == 200 && body["node"] == ring.owner(id).expect("ring")
+        })
+    })
+    .await;
+    for id in &sample {
+        let owner = nodes
+            .iter()
+            .find(|n| Some(n.name) == ring.owner(id))
+            .expect("owner");
+        let (status, body) = admin_get(api, &path(id, "&protocol=mqtt&transport=ws"), "watcher");
+        assert_eq!(status, 200, "{body}");
+        let ws = owner.process.addr("websocket");
+        assert_eq!(
+            (
+                body["host"].as_str(),
+                body["port"].as_u64(),
+                body["protocol"].as_str(),
+                body["transport"].as_str()
+            ),
+            (
+                Some("127.0.0.1"),
+                Some(u64::from(ws.port())),
+                Some("mqtt"),
+                Some("ws")
+            ),
+            "{id}: {body}"
+        );
+        let (_, body) = admin_get(api, &path(id, "&protocol=stomp"), "watcher");
+        assert_eq!(
+            body["port"].as_u64(),
+            Some(u64::from(owner.process.addr("stomp").port())),
+            "{body}"
+        );
+    }
+    // A transport no listener serves: 400; no key: 400.
+    let (status, body) = admin_get(api, &path("x", "&transport=udp"), "watcher");
+    assert_eq!(status, 400, "{body}");
+    let (status, _) = admin_get(api, "/api/v1/balancer/target", "watcher");
+    assert_eq!(status, 400);
+    // Below the quorum: 503 with the JSON error.
+    c.process.kill();
+    eventually("a drops below its quorum", SETTLE, || async {
+        admin_get(api, &path("device-1", ""), "watcher").0 == 503
+    })
+    .await;
+    let (_, body) = admin_get(api, &path("device-1", ""), "watcher");
+    assert_eq!(body["error"], "unavailable", "{body}");
+
+    // Without [cluster] there is no balancer: 404.
+    let single_dir = tempfile::tempdir().expect("dir");
+    let single = BrokerProcess::start(single_dir.path(), &["mqtt", "admin"], &security);
+    let (status, body) = admin_get(single.addr("admin"), &path("x", ""), "watcher");
+    assert_eq!(status, 404, "{body}");
+}

@@ -9,6 +9,10 @@ every user it sees is sent to ``b``; ``b`` keeps everyone
 to a redirect by itself (only its older Messenger did), so the test
 follows it, as an application's reconnect handler would.
 
+Both nodes run the proxy (``proxy = true``): a stomp.py client logging in
+to ``a`` is relayed to ``b`` byte for byte and gets a message only ``b``'s
+queue holds.
+
 Skipped without etcd (Debian's etcd-server) unless ROSETTA_REQUIRE_ETCD
 is set, as scripts/test.sh does.
 """
@@ -24,6 +28,7 @@ import pytest
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
+from clients import ClientError, Stomp
 from conftest import PASSWORD, USER, Broker, free_port
 
 DEADLINE_S = 20
@@ -84,6 +89,7 @@ health_check_interval_ms = 200
 [cluster.balancer]
 key = "user_name"
 policy = "first_element"
+proxy = true
 {balancer}
 """
 
@@ -165,3 +171,26 @@ def test_proton_sees_the_redirect_and_the_named_node_serves_it(nodes):
     # Following it: b takes the user and keeps the connection open.
     there = open_as_user(info["network-host"], int(info["port"]))
     assert there.condition is None, there.condition
+
+
+def test_stomp_py_through_the_proxy_is_served_by_the_node_its_login_belongs_to(nodes):
+    a, b = nodes
+    queue_name = f"/queue/only-on-b-{int(time.monotonic() * 1000)}"
+    on_b = Stomp(b, login=USER, passcode=PASSWORD)
+    on_b.send(queue_name, b"held by b")
+    on_b.conn.disconnect()
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            via_a = Stomp(a, login=USER, passcode=PASSWORD)
+            break
+        except ClientError:
+            # Before the nodes see each other, a has nobody to relay to
+            # (it takes no clients itself) and refuses with an ERROR.
+            assert time.monotonic() < deadline, "a never relayed the client"
+            time.sleep(0.3)
+    via_a.subscribe(queue_name)
+    got = via_a.get()
+    assert got.body == b"held by b"
+    via_a.ack(got)
+    via_a.conn.disconnect()

@@ -15,7 +15,9 @@ use crate::error::ApiError;
 use crate::http::RequestParts;
 use crate::router::{self, Action, Matched, Query};
 use crate::tokens::{self, Tokens};
-use crate::{connections, messages, overview, queues, reload, roles, sessions, topics, users};
+use crate::{
+    balancer, connections, messages, overview, queues, reload, roles, sessions, topics, users,
+};
 
 /// A successful answer.
 #[derive(Debug)]
@@ -147,6 +149,7 @@ impl Api {
             Action::GetUser => users::get(self, &call),
             Action::DeleteUser => users::delete(self, &call).await,
             Action::SetPassword => users::set_password(self, &call).await,
+            Action::BalancerTarget => balancer::target(self, &call),
         }
     }
 }

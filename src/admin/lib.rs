@@ -31,6 +31,7 @@
 
 mod api;
 pub mod auth;
+mod balancer;
 mod connections;
 mod console;
 pub mod error;
@@ -55,6 +56,7 @@ use rosetta_server::access::UsersAccess;
 use rosetta_server::BrokerView;
 use tokio::sync::watch;
 
+pub use balancer::TARGET_KEY_MAX_BYTES;
 pub use connections::{REASON_DEFAULT, REASON_HEADER, REASON_MAX_BYTES};
 pub use http::{
     ADMIN_CONNECTIONS_MAX, REQUEST_BODY_MAX_BYTES, REQUEST_HEAD_MAX_BYTES, REQUEST_HEAD_TIMEOUT_MS,

@@ -74,6 +74,8 @@ pub enum Action {
     DeleteUser,
     /// `PUT /api/v1/users/{name}/password`.
     SetPassword,
+    /// `GET /api/v1/balancer/target`.
+    BalancerTarget,
 }
 
 /// One route.
@@ -209,6 +211,12 @@ pub const ROUTES: &[Route] = &[
         "/api/v1/users/{name}/password",
         ADMIN,
         Action::SetPassword,
+    ),
+    route(
+        Method::GET,
+        "/api/v1/balancer/target",
+        READ,
+        Action::BalancerTarget,
     ),
 ];
 

@@ -21,6 +21,7 @@ pub mod balancer;
 pub mod etcd;
 pub mod health;
 pub mod membership;
+pub mod proxy_header;
 /// For tests (this crate's and the broker's): a throwaway etcd.
 #[doc(hidden)]
 pub mod testing;

@@ -39,6 +39,13 @@ pub const NODE_NAME_LEN_MAX_BYTES: usize = 128;
 /// Points per target on the consistent-hash ring (see
 /// `rosetta_cluster::balancer::ring`).
 pub const VIRTUAL_NODES_DEFAULT: u32 = 160;
+/// The proxy's time limit to reach a target: a node on the same LAN
+/// accepts in milliseconds; past it the client is served here instead.
+pub const PROXY_CONNECT_TIMEOUT_MS_DEFAULT: u64 = 1000;
+/// A proxied connection with no byte either way for this long is closed:
+/// above any keep-alive or heart-beat a client is allowed (MQTT
+/// `keep_alive_max_s`), so only a peer that vanished is cut.
+pub const PROXY_IDLE_TIMEOUT_MS_DEFAULT: u64 = 3_600_000;
 
 /// `[cluster]`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -140,6 +147,13 @@ pub struct BalancerConfig {
     pub virtual_nodes: u32,
     /// The CONNACK reason MQTT 5 clients get with the Server Reference.
     pub mqtt_redirect: MqttRedirect,
+    /// MQTT 3.1.1 and STOMP clients that belong on another node are
+    /// proxied to it byte for byte (false: served here).
+    pub proxy: bool,
+    /// The proxy's time limit to reach the target.
+    pub proxy_connect_timeout_ms: u64,
+    /// A proxied connection silent both ways for this long is closed.
+    pub proxy_idle_timeout_ms: u64,
 }
 
 impl Default for BalancerConfig {
@@ -154,6 +168,9 @@ impl Default for BalancerConfig {
             cache_timeout_ms: 0,
             virtual_nodes: VIRTUAL_NODES_DEFAULT,
             mqtt_redirect: MqttRedirect::UseAnotherServer,
+            proxy: false,
+            proxy_connect_timeout_ms: PROXY_CONNECT_TIMEOUT_MS_DEFAULT,
+            proxy_idle_timeout_ms: PROXY_IDLE_TIMEOUT_MS_DEFAULT,
         }
     }
 }
@@ -250,6 +267,20 @@ impl Config {
         let b = &c.balancer;
         if b.virtual_nodes == 0 || b.virtual_nodes > 4096 {
             return Err(invalid("cluster.balancer.virtual_nodes", "must be 1-4096"));
+        }
+        for (key, value) in [
+            (
+                "cluster.balancer.proxy_connect_timeout_ms",
+                b.proxy_connect_timeout_ms,
+            ),
+            (
+                "cluster.balancer.proxy_idle_timeout_ms",
+                b.proxy_idle_timeout_ms,
+            ),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be above 0"));
+            }
         }
         Ok(())
     }

@@ -276,6 +276,8 @@ impl AdmittedBroker {
     /// Asks `cluster` (when there is one) where the connection of `peer`
     /// belongs.
     pub(crate) fn with_placement(mut self, cluster: Option<Arc<ClusterNode>>, peer: &Peer) -> Self {
+        // A client another node proxied here was placed there.
+        let cluster = cluster.filter(|_| !peer.proxied);
         self.placement = cluster.map(|cluster| Placer {
             cluster,
             transport: Transport {

@@ -33,6 +33,19 @@ pub(crate) struct ClusterNode {
     balancer: Arc<Balancer>,
     /// MQTT 5 clients sent elsewhere get 0x9D rather than 0x9C.
     permanent: bool,
+    /// MQTT 3.1.1 and STOMP clients that belong elsewhere are proxied
+    /// there (`proxy`), with these limits.
+    pub(crate) proxy: Option<ProxyLimits>,
+    /// This node's published addresses by listener key, once it joined
+    /// (the discovery route answers them for keys that belong here).
+    published: std::sync::OnceLock<BTreeMap<String, String>>,
+}
+
+/// `[cluster.balancer]`'s proxy limits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ProxyLimits {
+    pub(crate) connect_timeout: std::time::Duration,
+    pub(crate) idle_timeout: std::time::Duration,
 }
 
 impl ClusterNode {
@@ -67,6 +80,11 @@ impl ClusterNode {
         Ok(Arc::new(Self {
             balancer: Arc::new(balancer),
             permanent: b.mqtt_redirect == MqttRedirect::ServerMoved,
+            proxy: b.proxy.then(|| ProxyLimits {
+                connect_timeout: std::time::Duration::from_millis(b.proxy_connect_timeout_ms),
+                idle_timeout: std::time::Duration::from_millis(b.proxy_idle_timeout_ms),
+            }),
+            published: std::sync::OnceLock::new(),
         }))
     }
 
@@ -88,19 +106,30 @@ impl ClusterNode {
             health_check_timeout_ms: config.health_check_timeout_ms,
         };
         tracing::info!(node = %settings.node_name, addresses = ?settings.addresses, "cluster: joining");
+        let _ = self.published.set(settings.addresses.clone());
         Membership::spawn(settings, Arc::clone(&self.balancer), connections)
             .context("[cluster] etcd")
     }
 
     /// Where a connection that came in over `transport` belongs.
     pub(crate) fn place(&self, request: &PlacementRequest<'_>, transport: &Transport) -> Placement {
+        self.place_on(request, transport, transport.listener.key())
+    }
+
+    /// Where a connection belongs, sent to the target's `listener` (the
+    /// proxy asks for the plain listener of the client's protocol).
+    pub(crate) fn place_on(
+        &self,
+        request: &PlacementRequest<'_>,
+        transport: &Transport,
+        listener: &str,
+    ) -> Placement {
         let facts = ConnectionFacts {
             client_id: request.client_id.map(str::to_owned),
             user_name: request.user.map(str::to_owned),
             source_ip: Some(transport.source),
             sni_host: transport.sni_host.clone(),
         };
-        let listener = transport.listener.key();
         match self.balancer.decide(&facts, listener, Instant::now()) {
             Decision::Local => Placement::Local,
             Decision::Redirect { node, address } => {
@@ -117,6 +146,51 @@ impl ClusterNode {
             }
             Decision::Unavailable => Placement::Unavailable,
         }
+    }
+}
+
+impl ClusterNode {
+    /// Where a client with target key `key` belongs, as the node name and
+    /// the `host:port` of its `listener`; `None` when no node is ready (or
+    /// the one chosen has no such listener). The key stands for whichever
+    /// fact the balancer is keyed by; `key_filter` applies as at connect.
+    pub(crate) fn discover(&self, key: &str, listener: &str) -> Option<(String, String)> {
+        let facts = ConnectionFacts {
+            client_id: Some(key.to_owned()),
+            user_name: Some(key.to_owned()),
+            source_ip: key.parse().ok(),
+            sni_host: Some(key.to_owned()),
+        };
+        match self.balancer.decide(&facts, listener, Instant::now()) {
+            Decision::Local => {
+                let address = self.published.get()?.get(listener)?.clone();
+                Some((self.balancer.local_name(), address))
+            }
+            Decision::Redirect { node, address } => Some((node, address)),
+            Decision::Unavailable => None,
+        }
+    }
+
+    /// Whether `ip` is the address of another node of the cluster, as it
+    /// publishes its listeners: only such a peer may send a PROXY header.
+    /// Host names are not resolved; a node known by name is not trusted.
+    pub(crate) fn is_member_address(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.balancer.remote_targets().iter().any(|t| {
+            t.addresses.values().any(|authority| {
+                RedirectTarget::parse(authority, false)
+                    .and_then(|a| a.host.parse::<IpAddr>().ok())
+                    .is_some_and(|host| canonical(host) == ip)
+            })
+        })
+    }
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it is.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
     }
 }
 

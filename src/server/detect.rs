@@ -270,6 +270,17 @@ pub(crate) struct Rewind<S> {
     inner: S,
 }
 
+impl<S> Rewind<S> {
+    /// `inner`, whose first bytes `prefix` were already read from it.
+    pub(crate) fn new(prefix: Vec<u8>, inner: S) -> Self {
+        Self {
+            prefix,
+            pos: 0,
+            inner,
+        }
+    }
+}
+
 /// Cannot report readiness: the rewound prefix is readable without it.
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> super::driver::Transport for Rewind<S> {}
 

@@ -241,18 +241,37 @@ impl ChannelSink {
 /// the server wakes every registered connection when it sets it
 /// ([`crate::connections::Registry::wake_all`]). A waiting future per
 /// connection (a `watch` receiver's) cost each idle connection a boxed
-/// allocation of about 150 B for an event that happens once.
+/// allocation of about 150 B for an event that happens once. What is not
+/// a registered connection (a proxied client's relay) waits with
+/// [`HardStop::stopped`] instead.
 #[derive(Debug, Default)]
-pub(crate) struct HardStop(AtomicBool);
+pub(crate) struct HardStop {
+    stopped: AtomicBool,
+    waiters: tokio::sync::Notify,
+}
 
 impl HardStop {
-    /// Sets the flag; the caller then wakes the connections.
+    /// Sets the flag and wakes [`HardStop::stopped`]'s waiters; the caller
+    /// then wakes the registered connections.
     pub(crate) fn stop(&self) {
-        self.0.store(true, Ordering::SeqCst);
+        self.stopped.store(true, Ordering::SeqCst);
+        self.waiters.notify_waiters();
     }
 
     fn is_stopped(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Completes once the hard stop is set (at once if it is).
+    pub(crate) async fn stopped(&self) {
+        let notified = self.waiters.notified();
+        tokio::pin!(notified);
+        // Registered before the flag is read, so a stop between the two
+        // still wakes this waiter.
+        notified.as_mut().enable();
+        if !self.is_stopped() {
+            notified.await;
+        }
     }
 }
 

@@ -19,6 +19,7 @@ mod admission;
 mod cluster;
 pub mod connections;
 mod detect;
+pub mod discovery;
 mod driver;
 mod fd_limit;
 /// For the cargo-fuzz targets in `fuzz/` only.
@@ -30,6 +31,7 @@ mod log_throttle;
 mod metrics;
 mod preflight;
 mod protocols;
+mod proxy;
 mod refuse;
 mod tls;
 pub use tls::{ServerCertificate, TlsSetupError};

@@ -38,6 +38,9 @@ pub(crate) struct Peer {
     /// The host name the client asked for in TLS SNI (a `[cluster]`
     /// balancer key).
     pub(crate) sni_host: Option<String>,
+    /// Another node proxied this client here, already placed: it is not
+    /// balanced again (`addr` is the client's, from the PROXY header).
+    pub(crate) proxied: bool,
 }
 
 impl Peer {
@@ -52,6 +55,7 @@ impl Peer {
             accepted_at_ms: rosetta_neutral::message::now_ms(),
             listener,
             sni_host: None,
+            proxied: false,
         }
     }
 
@@ -166,9 +170,9 @@ pub(crate) fn serve(
     shared: Arc<Shared>,
 ) -> ConnectionFuture {
     match kind {
-        ListenerKind::Mqtt => Box::pin(run_wire(Wire::Mqtt, stream, peer, conn_id, shared)),
-        ListenerKind::Stomp => Box::pin(run_wire(Wire::Stomp, stream, peer, conn_id, shared)),
-        ListenerKind::Amqp => Box::pin(run_wire(Wire::Amqp, stream, peer, conn_id, shared)),
+        ListenerKind::Mqtt => run_wire(Wire::Mqtt, stream, peer, conn_id, shared),
+        ListenerKind::Stomp => run_wire(Wire::Stomp, stream, peer, conn_id, shared),
+        ListenerKind::Amqp => run_wire(Wire::Amqp, stream, peer, conn_id, shared),
         ListenerKind::WebSocket => Box::pin(super::ws::serve(stream, peer, conn_id, shared)),
         ListenerKind::Metrics => Box::pin(super::ws::serve_metrics(stream, peer, conn_id, shared)),
         ListenerKind::Any => {
@@ -209,12 +213,41 @@ async fn serve_tls(
     }
 }
 
-/// Runs the state machine of `wire` over any byte transport.
+/// Runs the state machine of `wire` over any byte transport; with the
+/// cluster's proxy on, a client that belongs on another node is relayed
+/// there instead (`proxy`).
+///
+/// A plain function returning the boxed future (see [`serve`]): the
+/// proxy's path and the local one are each boxed on their own, so a
+/// connection served here holds no proxy state.
+pub(crate) fn run_wire<T>(
+    wire: Wire,
+    io: T,
+    peer: Peer,
+    conn_id: u64,
+    shared: Arc<Shared>,
+) -> ConnectionFuture
+where
+    T: driver::Transport + 'static,
+{
+    if let Some((node, limits)) = super::proxy::applies(&shared, wire) {
+        return Box::pin(async move {
+            let verdict =
+                super::proxy::intercept(wire, io, peer, conn_id, &shared, &node, limits).await;
+            if let super::proxy::Verdict::ServeHere(io, peer) = verdict {
+                serve_wire(wire, io, peer, conn_id, shared).await;
+            }
+        });
+    }
+    Box::pin(serve_wire(wire, io, peer, conn_id, shared))
+}
+
+/// Runs the state machine of `wire` over any byte transport, here.
 ///
 /// The setup happens when this is called; the future returned owns only
 /// what the connection needs while it runs (its registry entry and its
 /// boxed driver), not the arguments (see [`serve`]).
-pub(crate) fn run_wire<T>(
+fn serve_wire<T>(
     wire: Wire,
     io: T,
     peer: Peer,

@@ -25,6 +25,10 @@ impl BrokerView {
         Self { shared, stopping }
     }
 
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
     /// The core: queues, sessions.
     pub fn core(&self) -> &Core {
         &self.shared.core

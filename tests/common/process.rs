@@ -188,9 +188,15 @@ fn listening(line: &str) -> Option<(String, SocketAddr)> {
     if !line.contains("listening") {
         return None;
     }
-    let name = LISTENERS.into_iter().find(|l| {
-        line.contains(&format!("listener=\"{l}\"")) || line.contains(&format!("listener={l} "))
-    })?;
+    // The admin API is not a `[listeners]` entry: ask for "admin" with
+    // `[admin] listen = "127.0.0.1:0"` in `extra`.
+    let name = if line.contains("admin API listening") {
+        "admin"
+    } else {
+        LISTENERS.into_iter().find(|l| {
+            line.contains(&format!("listener=\"{l}\"")) || line.contains(&format!("listener={l} "))
+        })?
+    };
     let rest = &line[line.find("addr=")? + 5..];
     let end = rest.find(|c: char| c.is_whitespace()).unwrap_or(rest.len());
     let addr = rest[..end].trim_matches('"').parse().ok()?;

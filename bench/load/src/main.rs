@@ -158,6 +158,27 @@ enum Scenario {
         /// CONNECT `host` header (RabbitMQ: the virtual host).
         #[arg(long, default_value = "/")]
         vhost: String,
+        /// Each connection sends `client-id: {prefix}-{n}`.
+        #[arg(long)]
+        client_id_prefix: Option<String>,
+    },
+    /// MQTT connection rate and connect latency: `count` connections,
+    /// `concurrency` at a time, each from TCP connect to CONNACK 0 (after
+    /// following a redirect with --follow-redirect), then DISCONNECT.
+    MqttConnect {
+        #[arg(long, default_value_t = 2_000)]
+        count: u64,
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        /// 4 (MQTT 3.1.1) or 5.
+        #[arg(long, default_value_t = 4)]
+        version: u8,
+        /// Follow CONNACK 0x9C/0x9D to the Server Reference (MQTT 5).
+        #[arg(long)]
+        follow_redirect: bool,
+        /// Client ids are `{id_prefix}-{n}`.
+        #[arg(long, default_value = "conn")]
+        id_prefix: String,
     },
     /// AMQP 1.0 queue, 1 sender → 1 receiver, unsettled with a window.
     Amqp {
@@ -304,6 +325,7 @@ async fn main() -> anyhow::Result<()> {
             login,
             passcode,
             vhost,
+            client_id_prefix,
         } => {
             let p = stomp::Params {
                 producers,
@@ -317,9 +339,26 @@ async fn main() -> anyhow::Result<()> {
                     login,
                     passcode,
                     host: vhost,
+                    client_id_prefix,
                 },
             };
             stomp::run(&target, &p).await?
+        }
+        Scenario::MqttConnect {
+            count,
+            concurrency,
+            version,
+            follow_redirect,
+            id_prefix,
+        } => {
+            let r = mqtt::connect::ConnectRun {
+                count,
+                concurrency,
+                version,
+                follow_redirect,
+                id_prefix,
+            };
+            mqtt::connect::run(&target, r).await?
         }
         Scenario::Amqp {
             client,

@@ -255,7 +255,12 @@ pub(crate) struct Login {
     pub(crate) login: Option<String>,
     pub(crate) passcode: Option<String>,
     pub(crate) host: String,
+    /// Each connection sends `client-id: {prefix}-{n}` (a balancer key).
+    pub(crate) client_id_prefix: Option<String>,
 }
+
+/// The `n` of the next connection's `client-id`.
+static NEXT_CLIENT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Opens a STOMP 1.2 connection; returns the halves and the negotiated
 /// version.
@@ -282,6 +287,13 @@ pub(crate) async fn connect(
     }
     if let Some(p) = &login.passcode {
         headers.push(("passcode", p));
+    }
+    let client_id = login.client_id_prefix.as_ref().map(|prefix| {
+        let n = NEXT_CLIENT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{prefix}-{n}")
+    });
+    if let Some(id) = &client_id {
+        headers.push(("client-id", id));
     }
     w.send("CONNECT", &headers, b"").await?;
     w.flush().await?;

@@ -7,6 +7,7 @@
 //! the tool, bounds the run) and `rumqttc`, kept to compare against. The
 //! idle scenario writes its few packets by hand.
 
+pub(crate) mod connect;
 pub(crate) mod login_storm;
 mod rumqtt;
 mod wire;
