@@ -454,3 +454,165 @@ mod mqtt_clients {
         );
     }
 }
+
+mod kill_9 {
+    //! A consumer group across `kill -9`s of the broker process: a reader
+    //! acknowledges every message with a receipt while the broker is
+    //! killed under it, then the group resumes on the same data directory.
+    //! It must resume past every acknowledgement whose RECEIPT came back
+    //! (a receipt promises durability, as for a queue) and at or before
+    //! the first offset never acknowledged (nothing skipped).
+
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use super::common::process::{frame, BrokerProcess, Stomp};
+
+    const STREAM: &str = "/queue/kill9";
+    /// Messages written before the first round: more than a debug broker's
+    /// reader gets through in all rounds, so each kill lands mid-read.
+    const MESSAGES: u64 = 30_000;
+    const ROUNDS: usize = 5;
+    /// How long the reader acknowledges before the broker is killed.
+    const RUN_BEFORE_KILL: Duration = Duration::from_millis(400);
+    const IO_TIMEOUT: Duration = Duration::from_secs(20);
+    const PIPELINE: u64 = 500;
+
+    fn start(dir: &std::path::Path) -> BrokerProcess {
+        BrokerProcess::start(dir, &["stomp"], "[store]\nsync = \"every-commit\"\n")
+    }
+
+    fn write_stream(addr: SocketAddr) {
+        let mut s = Stomp::connect(addr, IO_TIMEOUT).expect("connect");
+        let mut i = 0;
+        while i < MESSAGES {
+            let end = (i + PIPELINE).min(MESSAGES);
+            let mut batch = Vec::new();
+            for j in i..end {
+                let receipt = format!("w{j}");
+                let mut headers = vec![("destination", STREAM), ("persistent", "true")];
+                headers.push(("x-queue-type", "stream"));
+                if j + 1 == end {
+                    headers.push(("receipt", &receipt));
+                }
+                batch.extend(frame("SEND", &headers, format!("m{j}").as_bytes()));
+            }
+            s.write(&batch).expect("send");
+            match s.read().expect("read") {
+                Some(f) if f.command == "RECEIPT" => {}
+                other => panic!("expected the batch's RECEIPT, got {other:?}"),
+            }
+            i = end;
+        }
+    }
+
+    /// What one round's reader saw.
+    #[derive(Debug, Default)]
+    struct Round {
+        first: Option<u64>,
+        /// Highest offset an ACK was written for.
+        acked: Option<u64>,
+        /// Highest offset whose ACK's RECEIPT came back.
+        receipted: Option<u64>,
+        /// Offsets arrived in order, one after another.
+        dense: bool,
+    }
+
+    /// Reads the group, acknowledging each message (cumulative `ack:client`,
+    /// receipt named by its offset) until the connection dies.
+    fn ack_until_killed(addr: SocketAddr, group: &str, from_first: bool) -> Round {
+        let mut s = Stomp::connect(addr, IO_TIMEOUT).expect("connect");
+        let mut headers = vec![
+            ("id", "g"),
+            ("destination", STREAM),
+            ("ack", "client"),
+            ("x-queue-type", "stream"),
+            ("prefetch-count", "64"),
+            ("x-stream-group", group),
+        ];
+        if from_first {
+            headers.push(("x-stream-offset", "first"));
+        }
+        s.write(&frame("SUBSCRIBE", &headers, b""))
+            .expect("subscribe");
+        let mut r = Round {
+            dense: true,
+            ..Round::default()
+        };
+        let mut last: Option<u64> = None;
+        loop {
+            let f = match s.read() {
+                Ok(Some(f)) => f,
+                Ok(None) | Err(_) => return r,
+            };
+            match f.command.as_str() {
+                "MESSAGE" => {
+                    let offset: u64 = f
+                        .header("x-stream-offset")
+                        .and_then(|o| o.parse().ok())
+                        .expect("an offset on every stream message");
+                    r.first.get_or_insert(offset);
+                    if last.is_some_and(|l| l + 1 != offset) {
+                        r.dense = false;
+                    }
+                    last = Some(offset);
+                    let receipt = offset.to_string();
+                    let ack = frame("ACK", &[("id", &f.ack_id()), ("receipt", &receipt)], b"");
+                    if s.write(&ack).is_err() {
+                        return r;
+                    }
+                    r.acked = Some(offset);
+                }
+                "RECEIPT" => {
+                    let n: u64 = f
+                        .header("receipt-id")
+                        .and_then(|o| o.parse().ok())
+                        .expect("our receipt ids are offsets");
+                    r.receipted = r.receipted.max(Some(n));
+                }
+                other => panic!("unexpected {other}: {f:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_group_resumes_after_kill_9_past_every_receipted_ack_and_skips_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut broker = start(dir.path());
+        write_stream(broker.addr("stomp"));
+        let mut before: Option<Round> = None;
+        for round in 0..ROUNDS {
+            let addr = broker.addr("stomp");
+            let reader = std::thread::spawn(move || ack_until_killed(addr, "billing", round == 0));
+            std::thread::sleep(RUN_BEFORE_KILL);
+            broker.kill();
+            let r = reader.join().expect("reader thread");
+            let first = r.first.expect("the group was sent something");
+            assert!(r.dense, "round {round}: offsets out of order or skipped");
+            match &before {
+                None => assert_eq!(first, 0, "round 0 starts at first"),
+                Some(b) => {
+                    // A slow disk may not have answered any ACK of a round.
+                    if let Some(receipted) = b.receipted {
+                        assert!(
+                            first > receipted,
+                            "round {round}: resumed at {first}, re-reading acknowledgements receipted up to {receipted}"
+                        );
+                    }
+                    let acked = b.acked.expect("acks were sent");
+                    assert!(
+                        first <= acked + 1,
+                        "round {round}: resumed at {first}, skipping past the last acknowledged {acked}"
+                    );
+                }
+            }
+            assert!(
+                r.acked.is_some_and(|a| a + 1 < MESSAGES),
+                "round {round}: the reader reached the end before the kill: {r:?}"
+            );
+            eprintln!("round {round}: {r:?}");
+            before = Some(r);
+            broker = start(dir.path());
+        }
+    }
+}
