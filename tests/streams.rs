@@ -455,6 +455,173 @@ mod mqtt_clients {
     }
 }
 
+mod mqtt_5 {
+    //! MQTT 5 stream spellings with rumqttc: the SUBSCRIBE user property
+    //! `x-stream-offset` on `$stream/<name>` (the same values as STOMP's
+    //! header), and a refused `$stream/` PUBLISH answered with a PUBACK or
+    //! PUBREC reason code, the connection going on.
+
+    use super::common::mqtt::{self, v5};
+    use super::common::stomp::StompClient;
+    use super::common::TestBroker;
+    use rumqttc::v5::mqttbytes::v5 as p5;
+    use rumqttc::QoS;
+
+    fn offset_property(spec: &str) -> v5::SubscribeProperties {
+        v5::SubscribeProperties {
+            id: None,
+            user_properties: vec![("x-stream-offset".into(), spec.into())],
+        }
+    }
+
+    fn offset_of(p: &v5::Publish) -> Option<String> {
+        let props = p.properties.as_ref()?;
+        props
+            .user_properties
+            .iter()
+            .find(|(k, _)| k == "x-stream-offset")
+            .map(|(_, v)| v.clone())
+    }
+
+    /// Sends SUBSCRIBE and collects the SUBACK and `n` PUBLISHes in
+    /// whatever order they come (the history may come first).
+    async fn subscribe_and_read(
+        c: &v5::AsyncClient,
+        ev: &mut v5::EventLoop,
+        filter: &str,
+        props: v5::SubscribeProperties,
+        n: usize,
+    ) -> (v5::SubAck, Vec<v5::Publish>) {
+        c.subscribe_with_properties(filter, v5::QoS::AtLeastOnce, props)
+            .await
+            .expect("subscribe");
+        let (mut suback, mut got) = (None, Vec::new());
+        while suback.is_none() || got.len() < n {
+            match mqtt::next5(ev).await.expect("connection stays up") {
+                v5::Packet::SubAck(a) => suback = Some(a),
+                v5::Packet::Publish(p) => got.push(p),
+                _ => {}
+            }
+        }
+        (suback.expect("suback"), got)
+    }
+
+    #[tokio::test]
+    async fn the_subscribe_user_property_says_where_a_reader_starts() {
+        let broker = TestBroker::start().await;
+        for i in 0..4 {
+            let body = format!("u{i}");
+            mqtt::publish_once4(
+                &broker,
+                "$stream/up",
+                QoS::AtLeastOnce,
+                false,
+                body.as_bytes(),
+            )
+            .await;
+        }
+        let (c, mut ev, _) = mqtt::connected5(mqtt::opts5(&broker, "up-reader")).await;
+        let (ack, got) =
+            subscribe_and_read(&c, &mut ev, "$stream/up", offset_property("offset=2"), 2).await;
+        assert_eq!(
+            ack.return_codes,
+            [v5::SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)]
+        );
+        let seen: Vec<_> = got
+            .iter()
+            .map(|p| (offset_of(p), p.payload.to_vec()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (Some("2".into()), b"u2".to_vec()),
+                (Some("3".into()), b"u3".to_vec())
+            ]
+        );
+        mqtt::quiet5(&mut ev).await;
+        // `first` by property on a second connection reads it all again.
+        let (c2, mut ev2, _) = mqtt::connected5(mqtt::opts5(&broker, "up-first")).await;
+        let (_, all) =
+            subscribe_and_read(&c2, &mut ev2, "$stream/up", offset_property("first"), 4).await;
+        assert_eq!(
+            all.iter().map(offset_of).collect::<Vec<_>>(),
+            ["0", "1", "2", "3"].map(|o| Some(o.to_owned()))
+        );
+        // A bad value is refused for that filter only; the connection goes on.
+        let bad = mqtt::subscribe5(
+            &c2,
+            &mut ev2,
+            v5::Filter::new("$stream/up", v5::QoS::AtLeastOnce),
+            Some(offset_property("yesterday")),
+        )
+        .await;
+        assert_eq!(
+            bad.return_codes,
+            [v5::SubscribeReasonCode::TopicFilterInvalid]
+        );
+        let ok = mqtt::subscribe5(
+            &c2,
+            &mut ev2,
+            v5::Filter::new("other/topic", v5::QoS::AtLeastOnce),
+            Some(offset_property("yesterday")),
+        )
+        .await;
+        assert_eq!(
+            ok.return_codes,
+            [v5::SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)],
+            "the property means nothing to a filter that is no stream"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_stream_publish_gets_a_reason_code_and_the_connection_goes_on() {
+        let broker = TestBroker::start().await;
+        // `plain` is a queue: it cannot be a stream too.
+        let mut s = StompClient::connect(broker.stomp(), &[]).await;
+        s.send_persistent("/queue/plain", &[], b"q").await;
+        let (c, mut ev, _) = mqtt::connected5(mqtt::opts5(&broker, "refused")).await;
+        let puback = |p: &v5::Packet| match p {
+            v5::Packet::PubAck(a) => Some(a.reason),
+            _ => None,
+        };
+        let pubrec = |p: &v5::Packet| match p {
+            v5::Packet::PubRec(a) => Some(a.reason),
+            _ => None,
+        };
+        c.publish("$stream/plain", v5::QoS::AtLeastOnce, false, "x")
+            .await
+            .expect("publish");
+        assert_eq!(
+            mqtt::wait5(&mut ev, puback).await,
+            p5::PubAckReason::ImplementationSpecificError
+        );
+        c.publish("$stream/a/b", v5::QoS::AtLeastOnce, false, "x")
+            .await
+            .expect("publish");
+        assert_eq!(
+            mqtt::wait5(&mut ev, puback).await,
+            p5::PubAckReason::TopicNameInvalid,
+            "a stream name has no `/`"
+        );
+        c.publish("$stream/plain", v5::QoS::ExactlyOnce, false, "x")
+            .await
+            .expect("publish");
+        assert_eq!(
+            mqtt::wait5(&mut ev, pubrec).await,
+            p5::PubRecReason::ImplementationSpecificError
+        );
+        // Still connected: a good publish goes through.
+        c.publish("$stream/fine", v5::QoS::AtLeastOnce, false, "ok")
+            .await
+            .expect("publish");
+        assert_eq!(
+            mqtt::wait5(&mut ev, puback).await,
+            p5::PubAckReason::Success
+        );
+        assert_eq!(broker.depth("plain"), (1, 0), "the queue is untouched");
+    }
+}
+
 mod kill_9 {
     //! A consumer group across `kill -9`s of the broker process: a reader
     //! acknowledges every message with a receipt while the broker is
