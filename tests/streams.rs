@@ -201,7 +201,7 @@ mod amqp_readers {
 
     const FILTER: &str = "rabbitmq:stream-offset-spec";
 
-    fn offset_source(address: &str, spec: Value) -> Source {
+    pub(super) fn offset_source(address: &str, spec: Value) -> Source {
         Source::builder()
             .address(address)
             .add_to_filter(
@@ -619,6 +619,171 @@ mod mqtt_5 {
             p5::PubAckReason::Success
         );
         assert_eq!(broker.depth("plain"), (1, 0), "the queue is untouched");
+    }
+}
+
+mod retention {
+    //! Retention cutting under live readers of every protocol, over real
+    //! sockets: each reader holds one delivery and no credit while the
+    //! stream grows past `max_bytes`; retention deletes the segments at its
+    //! position; given credit again, it skips to the first kept offset and
+    //! its first delivery says how many it missed (STOMP header, AMQP
+    //! message annotation, MQTT 5 user property, all `x-stream-missed`).
+
+    use std::time::{Duration, Instant};
+
+    use super::common::mqtt::{self, v5};
+    use super::common::stomp::StompClient;
+    use super::common::{amqp, TestBroker};
+    use fe2o3_amqp::types::messaging::annotations::OwnedKey;
+    use fe2o3_amqp::types::primitives::{Symbol, Value};
+    use rosetta::config::StreamEntry;
+    use rosetta::core::AllowAll;
+
+    const STREAM: &str = "cut";
+    /// Records of about 300 bytes in 1 KiB segments (the least allowed):
+    /// 200 of them are some 60 segments, of which `max_bytes` keeps ~5.
+    const MESSAGES: usize = 200;
+    const SEGMENT_BYTES: u64 = 1024;
+    const MAX_BYTES: u64 = 4096;
+    /// Retention runs every 10 s.
+    const RETENTION_WAIT: Duration = Duration::from_secs(30);
+
+    fn annotation(d: &amqp::AnyDelivery, key: &str) -> Option<i64> {
+        let ann = d.message().message_annotations.as_ref()?;
+        match ann.0.get(&OwnedKey::from(Symbol::from(key)))? {
+            Value::Long(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    fn user_property(p: &v5::Publish, key: &str) -> Option<u64> {
+        let props = p.properties.as_ref()?;
+        let (_, v) = props.user_properties.iter().find(|(k, _)| k == key)?;
+        v.parse().ok()
+    }
+
+    /// The stream's first kept offset, as a new `first` reader sees it.
+    async fn first_kept(broker: &TestBroker) -> u64 {
+        let mut c = StompClient::connect(broker.stomp(), &[]).await;
+        c.subscribe(
+            "probe",
+            "/queue/cut",
+            "client",
+            &[("x-stream-offset", "first"), ("prefetch-count", "1")],
+        )
+        .await;
+        let f = c.message().await;
+        c.disconnect().await;
+        f.header("x-stream-offset")
+            .and_then(|o| o.parse().ok())
+            .expect("an offset")
+    }
+
+    #[tokio::test]
+    async fn readers_paused_by_credit_skip_what_retention_cut_and_are_told_how_many() {
+        let broker = TestBroker::start_with(
+            |c| {
+                c.streams.push(StreamEntry {
+                    name: Some(STREAM.into()),
+                    segment_bytes: Some(SEGMENT_BYTES),
+                    max_bytes: Some(MAX_BYTES),
+                    ..StreamEntry::default()
+                })
+            },
+            std::sync::Arc::new(AllowAll),
+        )
+        .await;
+        let mut w = StompClient::connect(broker.stomp(), &[]).await;
+        w.send_persistent("/queue/cut", &[], b"m0").await;
+
+        // Three readers, each holding offset 0 with no credit left.
+        let mut st = StompClient::connect(broker.stomp(), &[]).await;
+        st.subscribe(
+            "held",
+            "/queue/cut",
+            "client",
+            &[("x-stream-offset", "first"), ("prefetch-count", "1")],
+        )
+        .await;
+        let held = st.message().await;
+        assert_eq!(held.header("x-stream-offset"), Some("0"));
+
+        let (_conn, mut session) = amqp::connect_session(&broker, "cut-reader").await;
+        let source =
+            super::amqp_readers::offset_source("/amq/queue/cut", Value::String("first".into()));
+        let mut ar = amqp::manual_receiver(&mut session, "held", source).await;
+        ar.set_credit(1).await.expect("credit");
+        let d = amqp::recv_any(&mut ar).await;
+        assert_eq!(annotation(&d, "x-stream-offset"), Some(0));
+        ar.accept(&d).await.expect("accept");
+
+        let mut opts = mqtt::opts5(&broker, "cut-mqtt");
+        opts.set_receive_maximum(Some(1)).set_manual_acks(true);
+        let (mc, mut mev, _) = mqtt::connected5(opts).await;
+        mc.subscribe("$stream/cut/first", v5::QoS::AtLeastOnce)
+            .await
+            .expect("subscribe");
+        let mp = mqtt::publish5(&mut mev).await;
+        assert_eq!(user_property(&mp, "x-stream-offset"), Some(0));
+
+        // The stream grows far past max_bytes; retention cuts under them.
+        let body = vec![b'x'; 256];
+        for _ in 1..MESSAGES {
+            w.send_persistent("/queue/cut", &[], &body).await;
+        }
+        let deadline = Instant::now() + RETENTION_WAIT;
+        let first = loop {
+            let f = first_kept(&broker).await;
+            if f > 1 {
+                break f;
+            }
+            assert!(Instant::now() < deadline, "retention never cut the stream");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        let missed = first - 1;
+
+        st.ack(&held).await;
+        let next = st.message().await;
+        assert_eq!(
+            (
+                next.header("x-stream-offset"),
+                next.header("x-stream-missed")
+            ),
+            (
+                Some(first.to_string().as_str()),
+                Some(missed.to_string().as_str())
+            ),
+            "STOMP: {next:?}"
+        );
+
+        ar.set_credit(1).await.expect("credit");
+        let d = amqp::recv_any(&mut ar).await;
+        assert_eq!(
+            (
+                annotation(&d, "x-stream-offset"),
+                annotation(&d, "x-stream-missed")
+            ),
+            (Some(first as i64), Some(missed as i64)),
+            "AMQP"
+        );
+        ar.accept(&d).await.expect("accept");
+
+        mc.ack(&mp).await.expect("ack");
+        let p = mqtt::publish5(&mut mev).await;
+        assert_eq!(
+            (
+                user_property(&p, "x-stream-offset"),
+                user_property(&p, "x-stream-missed")
+            ),
+            (Some(first), Some(missed)),
+            "MQTT 5"
+        );
+        // Only the first delivery after the cut says so.
+        mc.ack(&p).await.expect("ack");
+        let after = mqtt::publish5(&mut mev).await;
+        assert_eq!(user_property(&after, "x-stream-offset"), Some(first + 1));
+        assert_eq!(user_property(&after, "x-stream-missed"), None);
     }
 }
 
