@@ -165,3 +165,24 @@ def test_a_stomp_consumer_group_resumes_after_a_reconnect_and_a_kill_9(fresh_bro
         nothing_more(s)
     finally:
         s.close()
+
+
+def test_paho_mqtt5_reads_from_the_subscription_user_property_and_sees_the_offset(broker, uniq):
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    bodies = [f"p{i}".encode() for i in range(4)]
+    mqtt_append(broker, uniq, bodies)
+    m = Mqtt(broker, version=5)
+    try:
+        props = Properties(PacketTypes.SUBSCRIBE)
+        props.UserProperty = ("x-stream-offset", "offset=1")
+        rc, mid = m.c.subscribe(f"$stream/{uniq}", qos=1, properties=props)
+        assert rc == 0
+        _, rcs = m.subacks.get(timeout=10)
+        assert not rcs[0].is_failure, rcs
+        got = m.get_n(3)
+        nothing_more(m)
+        assert [(int(g.props["x-stream-offset"]), g.body) for g in got] == list(enumerate(bodies))[1:]
+    finally:
+        m.close()
