@@ -796,7 +796,9 @@ mod kill_9 {
     //! the first offset never acknowledged (nothing skipped).
 
     use std::net::SocketAddr;
-    use std::time::Duration;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
 
     use super::common::process::{frame, BrokerProcess, Stomp};
 
@@ -805,8 +807,11 @@ mod kill_9 {
     /// reader gets through in all rounds, so each kill lands mid-read.
     const MESSAGES: u64 = 30_000;
     const ROUNDS: usize = 5;
-    /// How long the reader acknowledges before the broker is killed.
-    const RUN_BEFORE_KILL: Duration = Duration::from_millis(400);
+    /// Acknowledgements a round's reader writes before the kill is timed,
+    /// so a slow start on a loaded machine still kills mid-read.
+    const ACKED_BEFORE_KILL_MIN: u64 = 50;
+    /// How long the reader goes on acknowledging after that.
+    const RUN_BEFORE_KILL: Duration = Duration::from_millis(300);
     const IO_TIMEOUT: Duration = Duration::from_secs(20);
     const PIPELINE: u64 = 500;
 
@@ -852,7 +857,12 @@ mod kill_9 {
 
     /// Reads the group, acknowledging each message (cumulative `ack:client`,
     /// receipt named by its offset) until the connection dies.
-    fn ack_until_killed(addr: SocketAddr, group: &str, from_first: bool) -> Round {
+    fn ack_until_killed(
+        addr: SocketAddr,
+        group: &str,
+        from_first: bool,
+        acks: &AtomicU64,
+    ) -> Round {
         let mut s = Stomp::connect(addr, IO_TIMEOUT).expect("connect");
         let mut headers = vec![
             ("id", "g"),
@@ -894,6 +904,7 @@ mod kill_9 {
                         return r;
                     }
                     r.acked = Some(offset);
+                    acks.fetch_add(1, Ordering::Relaxed);
                 }
                 "RECEIPT" => {
                     let n: u64 = f
@@ -915,7 +926,18 @@ mod kill_9 {
         let mut before: Option<Round> = None;
         for round in 0..ROUNDS {
             let addr = broker.addr("stomp");
-            let reader = std::thread::spawn(move || ack_until_killed(addr, "billing", round == 0));
+            let acks = Arc::new(AtomicU64::new(0));
+            let counted = Arc::clone(&acks);
+            let reader =
+                std::thread::spawn(move || ack_until_killed(addr, "billing", round == 0, &counted));
+            let deadline = Instant::now() + IO_TIMEOUT;
+            while acks.load(Ordering::Relaxed) < ACKED_BEFORE_KILL_MIN {
+                assert!(
+                    Instant::now() < deadline,
+                    "round {round}: the reader got nothing"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
             std::thread::sleep(RUN_BEFORE_KILL);
             broker.kill();
             let r = reader.join().expect("reader thread");
@@ -946,5 +968,78 @@ mod kill_9 {
             before = Some(r);
             broker = start(dir.path());
         }
+    }
+}
+
+mod history_memory {
+    //! A reader of a stream's history costs the broker about its credit:
+    //! a STOMP reader with `prefetch-count` 1,000 that ACKs cumulatively
+    //! every 500 messages (each ACK settles 500 deliveries one by one, and
+    //! each settlement lets the reader be sent one more) reads 6,000 1 KiB
+    //! messages while the broker process's RSS is sampled.
+
+    use std::time::Duration;
+
+    use super::common::process::{frame, BrokerProcess, Stomp};
+
+    const STREAM: &str = "/queue/history";
+    const MESSAGES: usize = 6_000;
+    const PREFETCH: usize = 1_000;
+    /// The reader's credit is about 1 MiB of bodies; allow for the
+    /// allocator, the connection buffers and the page of index entries.
+    const RSS_GROWTH_MAX_BYTES: u64 = 48 * 1024 * 1024;
+    const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn reading_history_costs_the_broker_about_the_readers_credit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let broker = BrokerProcess::start(dir.path(), &["stomp"], "");
+        let mut w = Stomp::connect(broker.addr("stomp"), IO_TIMEOUT).expect("connect");
+        let body = vec![b'h'; 1024];
+        let mut batch = Vec::new();
+        for i in 0..MESSAGES {
+            let mut headers = vec![("destination", STREAM), ("x-queue-type", "stream")];
+            if i + 1 == MESSAGES {
+                headers.push(("receipt", "all"));
+            }
+            batch.extend(frame("SEND", &headers, &body));
+        }
+        w.write(&batch).expect("send");
+        match w.read().expect("read") {
+            Some(f) if f.command == "RECEIPT" => {}
+            other => panic!("expected the RECEIPT, got {other:?}"),
+        }
+        let before = broker.status_bytes("VmRSS");
+        let mut r = Stomp::connect(broker.addr("stomp"), IO_TIMEOUT).expect("connect");
+        let prefetch = PREFETCH.to_string();
+        r.write(&frame(
+            "SUBSCRIBE",
+            &[
+                ("id", "h"),
+                ("destination", STREAM),
+                ("ack", "client"),
+                ("x-stream-offset", "first"),
+                ("prefetch-count", &prefetch),
+            ],
+            b"",
+        ))
+        .expect("subscribe");
+        let mut peak = before;
+        for i in 0..MESSAGES {
+            let f = r.read().expect("read").expect("a MESSAGE");
+            assert_eq!(f.command, "MESSAGE", "{f:?}");
+            if i % (PREFETCH / 2) == PREFETCH / 2 - 1 {
+                peak = peak.max(broker.status_bytes("VmRSS"));
+                r.write(&frame("ACK", &[("id", &f.ack_id())], b""))
+                    .expect("ack");
+            }
+        }
+        peak = peak.max(broker.status_bytes("VmRSS"));
+        let growth = peak.saturating_sub(before);
+        assert!(
+            growth < RSS_GROWTH_MAX_BYTES,
+            "the broker's RSS grew {} KiB reading history with a credit of {PREFETCH} x 1 KiB",
+            growth / 1024
+        );
     }
 }
