@@ -48,7 +48,7 @@ RESULTS=$BENCH_TMP/results.jsonl
 
 # dd_rate DD-ARGS...: bytes/s dd reports (its last stderr line).
 dd_rate() {
-  dd "$@" 2>&1 | tail -1 | awk '{ for (i = 1; i <= NF; i++) if ($i == "copied,") { print int($1 / $(i + 1)); exit } }'
+  dd "$@" 2>&1 | tail -1 | awk '{ for (i = 1; i <= NF; i++) if ($i == "copied,") { printf "%.0f\n", $1 / $(i + 1); exit } }'
 }
 
 disk() {
@@ -109,7 +109,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
   payload=$(field payload_bytes_per_s)
   elapsed=$(field elapsed_s)
   on_disk=$(du -sb "$BENCH_TMP/rosetta/data/streams" | cut -f1)
-  disk_rate=$(awk -v b="$on_disk" -v s="$elapsed" 'BEGIN { print int(b / s) }')
+  disk_rate=$(awk -v b="$on_disk" -v s="$elapsed" 'BEGIN { printf "%.0f\n", b / s }')
   echo "append: payload $((payload / 1000000)) MB/s = $(ratio "$payload" "$DISK_WRITE") of the disk's sequential write;" \
     "log on disk $((on_disk / 1048576)) MiB, $((disk_rate / 1000000)) MB/s = $(ratio "$disk_rate" "$DISK_WRITE")"
 
