@@ -201,7 +201,7 @@ mod amqp_readers {
 
     const FILTER: &str = "rabbitmq:stream-offset-spec";
 
-    fn offset_source(address: &str, spec: Value) -> Source {
+    pub(super) fn offset_source(address: &str, spec: Value) -> Source {
         Source::builder()
             .address(address)
             .add_to_filter(
@@ -451,6 +451,595 @@ mod mqtt_clients {
         assert_eq!(
             bad.return_codes,
             [v5::SubscribeReasonCode::TopicFilterInvalid]
+        );
+    }
+}
+
+mod mqtt_5 {
+    //! MQTT 5 stream spellings with rumqttc: the SUBSCRIBE user property
+    //! `x-stream-offset` on `$stream/<name>` (the same values as STOMP's
+    //! header), and a refused `$stream/` PUBLISH answered with a PUBACK or
+    //! PUBREC reason code, the connection going on.
+
+    use super::common::mqtt::{self, v5};
+    use super::common::stomp::StompClient;
+    use super::common::TestBroker;
+    use rumqttc::v5::mqttbytes::v5 as p5;
+    use rumqttc::QoS;
+
+    fn offset_property(spec: &str) -> v5::SubscribeProperties {
+        v5::SubscribeProperties {
+            id: None,
+            user_properties: vec![("x-stream-offset".into(), spec.into())],
+        }
+    }
+
+    fn offset_of(p: &v5::Publish) -> Option<String> {
+        let props = p.properties.as_ref()?;
+        props
+            .user_properties
+            .iter()
+            .find(|(k, _)| k == "x-stream-offset")
+            .map(|(_, v)| v.clone())
+    }
+
+    /// Sends SUBSCRIBE and collects the SUBACK and `n` PUBLISHes in
+    /// whatever order they come (the history may come first).
+    async fn subscribe_and_read(
+        c: &v5::AsyncClient,
+        ev: &mut v5::EventLoop,
+        filter: &str,
+        props: v5::SubscribeProperties,
+        n: usize,
+    ) -> (v5::SubAck, Vec<v5::Publish>) {
+        c.subscribe_with_properties(filter, v5::QoS::AtLeastOnce, props)
+            .await
+            .expect("subscribe");
+        let (mut suback, mut got) = (None, Vec::new());
+        while suback.is_none() || got.len() < n {
+            match mqtt::next5(ev).await.expect("connection stays up") {
+                v5::Packet::SubAck(a) => suback = Some(a),
+                v5::Packet::Publish(p) => got.push(p),
+                _ => {}
+            }
+        }
+        (suback.expect("suback"), got)
+    }
+
+    #[tokio::test]
+    async fn the_subscribe_user_property_says_where_a_reader_starts() {
+        let broker = TestBroker::start().await;
+        for i in 0..4 {
+            let body = format!("u{i}");
+            mqtt::publish_once4(
+                &broker,
+                "$stream/up",
+                QoS::AtLeastOnce,
+                false,
+                body.as_bytes(),
+            )
+            .await;
+        }
+        let (c, mut ev, _) = mqtt::connected5(mqtt::opts5(&broker, "up-reader")).await;
+        let (ack, got) =
+            subscribe_and_read(&c, &mut ev, "$stream/up", offset_property("offset=2"), 2).await;
+        assert_eq!(
+            ack.return_codes,
+            [v5::SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)]
+        );
+        let seen: Vec<_> = got
+            .iter()
+            .map(|p| (offset_of(p), p.payload.to_vec()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (Some("2".into()), b"u2".to_vec()),
+                (Some("3".into()), b"u3".to_vec())
+            ]
+        );
+        mqtt::quiet5(&mut ev).await;
+        // `first` by property on a second connection reads it all again.
+        let (c2, mut ev2, _) = mqtt::connected5(mqtt::opts5(&broker, "up-first")).await;
+        let (_, all) =
+            subscribe_and_read(&c2, &mut ev2, "$stream/up", offset_property("first"), 4).await;
+        assert_eq!(
+            all.iter().map(offset_of).collect::<Vec<_>>(),
+            ["0", "1", "2", "3"].map(|o| Some(o.to_owned()))
+        );
+        // A bad value is refused for that filter only; the connection goes on.
+        let bad = mqtt::subscribe5(
+            &c2,
+            &mut ev2,
+            v5::Filter::new("$stream/up", v5::QoS::AtLeastOnce),
+            Some(offset_property("yesterday")),
+        )
+        .await;
+        assert_eq!(
+            bad.return_codes,
+            [v5::SubscribeReasonCode::TopicFilterInvalid]
+        );
+        let ok = mqtt::subscribe5(
+            &c2,
+            &mut ev2,
+            v5::Filter::new("other/topic", v5::QoS::AtLeastOnce),
+            Some(offset_property("yesterday")),
+        )
+        .await;
+        assert_eq!(
+            ok.return_codes,
+            [v5::SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)],
+            "the property means nothing to a filter that is no stream"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_stream_publish_gets_a_reason_code_and_the_connection_goes_on() {
+        let broker = TestBroker::start().await;
+        // `plain` is a queue: it cannot be a stream too.
+        let mut s = StompClient::connect(broker.stomp(), &[]).await;
+        s.send_persistent("/queue/plain", &[], b"q").await;
+        let (c, mut ev, _) = mqtt::connected5(mqtt::opts5(&broker, "refused")).await;
+        let puback = |p: &v5::Packet| match p {
+            v5::Packet::PubAck(a) => Some(a.reason),
+            _ => None,
+        };
+        let pubrec = |p: &v5::Packet| match p {
+            v5::Packet::PubRec(a) => Some(a.reason),
+            _ => None,
+        };
+        c.publish("$stream/plain", v5::QoS::AtLeastOnce, false, "x")
+            .await
+            .expect("publish");
+        assert_eq!(
+            mqtt::wait5(&mut ev, puback).await,
+            p5::PubAckReason::ImplementationSpecificError
+        );
+        c.publish("$stream/a/b", v5::QoS::AtLeastOnce, false, "x")
+            .await
+            .expect("publish");
+        assert_eq!(
+            mqtt::wait5(&mut ev, puback).await,
+            p5::PubAckReason::TopicNameInvalid,
+            "a stream name has no `/`"
+        );
+        c.publish("$stream/plain", v5::QoS::ExactlyOnce, false, "x")
+            .await
+            .expect("publish");
+        assert_eq!(
+            mqtt::wait5(&mut ev, pubrec).await,
+            p5::PubRecReason::ImplementationSpecificError
+        );
+        // Still connected: a good publish goes through.
+        c.publish("$stream/fine", v5::QoS::AtLeastOnce, false, "ok")
+            .await
+            .expect("publish");
+        assert_eq!(
+            mqtt::wait5(&mut ev, puback).await,
+            p5::PubAckReason::Success
+        );
+        assert_eq!(broker.depth("plain"), (1, 0), "the queue is untouched");
+    }
+}
+
+mod retention {
+    //! Retention cutting under live readers of every protocol, over real
+    //! sockets: each reader holds one delivery and no credit while the
+    //! stream grows past `max_bytes`; retention deletes the segments at its
+    //! position; given credit again, it skips to the first kept offset and
+    //! its first delivery says how many it missed (STOMP header, AMQP
+    //! message annotation, MQTT 5 user property, all `x-stream-missed`).
+
+    use std::time::{Duration, Instant};
+
+    use super::common::mqtt::{self, v5};
+    use super::common::stomp::StompClient;
+    use super::common::{amqp, TestBroker};
+    use fe2o3_amqp::types::messaging::annotations::OwnedKey;
+    use fe2o3_amqp::types::primitives::{Symbol, Value};
+    use rosetta::config::StreamEntry;
+    use rosetta::core::AllowAll;
+
+    const STREAM: &str = "cut";
+    /// Records of about 300 bytes in 1 KiB segments (the least allowed):
+    /// 200 of them are some 60 segments, of which `max_bytes` keeps ~5.
+    const MESSAGES: usize = 200;
+    const SEGMENT_BYTES: u64 = 1024;
+    const MAX_BYTES: u64 = 4096;
+    /// Retention runs every 10 s.
+    const RETENTION_WAIT: Duration = Duration::from_secs(30);
+
+    fn annotation(d: &amqp::AnyDelivery, key: &str) -> Option<i64> {
+        let ann = d.message().message_annotations.as_ref()?;
+        match ann.0.get(&OwnedKey::from(Symbol::from(key)))? {
+            Value::Long(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    fn user_property(p: &v5::Publish, key: &str) -> Option<u64> {
+        let props = p.properties.as_ref()?;
+        let (_, v) = props.user_properties.iter().find(|(k, _)| k == key)?;
+        v.parse().ok()
+    }
+
+    /// The stream's first kept offset, as a new `first` reader sees it.
+    async fn first_kept(broker: &TestBroker) -> u64 {
+        let mut c = StompClient::connect(broker.stomp(), &[]).await;
+        c.subscribe(
+            "probe",
+            "/queue/cut",
+            "client",
+            &[("x-stream-offset", "first"), ("prefetch-count", "1")],
+        )
+        .await;
+        let f = c.message().await;
+        c.disconnect().await;
+        f.header("x-stream-offset")
+            .and_then(|o| o.parse().ok())
+            .expect("an offset")
+    }
+
+    #[tokio::test]
+    async fn readers_paused_by_credit_skip_what_retention_cut_and_are_told_how_many() {
+        let broker = TestBroker::start_with(
+            |c| {
+                c.streams.push(StreamEntry {
+                    name: Some(STREAM.into()),
+                    segment_bytes: Some(SEGMENT_BYTES),
+                    max_bytes: Some(MAX_BYTES),
+                    ..StreamEntry::default()
+                })
+            },
+            std::sync::Arc::new(AllowAll),
+        )
+        .await;
+        let mut w = StompClient::connect(broker.stomp(), &[]).await;
+        w.send_persistent("/queue/cut", &[], b"m0").await;
+
+        // Three readers, each holding offset 0 with no credit left.
+        let mut st = StompClient::connect(broker.stomp(), &[]).await;
+        st.subscribe(
+            "held",
+            "/queue/cut",
+            "client",
+            &[("x-stream-offset", "first"), ("prefetch-count", "1")],
+        )
+        .await;
+        let held = st.message().await;
+        assert_eq!(held.header("x-stream-offset"), Some("0"));
+
+        let (_conn, mut session) = amqp::connect_session(&broker, "cut-reader").await;
+        let source =
+            super::amqp_readers::offset_source("/amq/queue/cut", Value::String("first".into()));
+        let mut ar = amqp::manual_receiver(&mut session, "held", source).await;
+        ar.set_credit(1).await.expect("credit");
+        let d = amqp::recv_any(&mut ar).await;
+        assert_eq!(annotation(&d, "x-stream-offset"), Some(0));
+        ar.accept(&d).await.expect("accept");
+
+        let mut opts = mqtt::opts5(&broker, "cut-mqtt");
+        opts.set_receive_maximum(Some(1)).set_manual_acks(true);
+        let (mc, mut mev, _) = mqtt::connected5(opts).await;
+        mc.subscribe("$stream/cut/first", v5::QoS::AtLeastOnce)
+            .await
+            .expect("subscribe");
+        let mp = mqtt::publish5(&mut mev).await;
+        assert_eq!(user_property(&mp, "x-stream-offset"), Some(0));
+
+        // The stream grows far past max_bytes; retention cuts under them.
+        let body = vec![b'x'; 256];
+        for _ in 1..MESSAGES {
+            w.send_persistent("/queue/cut", &[], &body).await;
+        }
+        let deadline = Instant::now() + RETENTION_WAIT;
+        let first = loop {
+            let f = first_kept(&broker).await;
+            if f > 1 {
+                break f;
+            }
+            assert!(Instant::now() < deadline, "retention never cut the stream");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        let missed = first - 1;
+
+        st.ack(&held).await;
+        let next = st.message().await;
+        assert_eq!(
+            (
+                next.header("x-stream-offset"),
+                next.header("x-stream-missed")
+            ),
+            (
+                Some(first.to_string().as_str()),
+                Some(missed.to_string().as_str())
+            ),
+            "STOMP: {next:?}"
+        );
+
+        ar.set_credit(1).await.expect("credit");
+        let d = amqp::recv_any(&mut ar).await;
+        assert_eq!(
+            (
+                annotation(&d, "x-stream-offset"),
+                annotation(&d, "x-stream-missed")
+            ),
+            (Some(first as i64), Some(missed as i64)),
+            "AMQP"
+        );
+        ar.accept(&d).await.expect("accept");
+
+        mc.ack(&mp).await.expect("ack");
+        let p = mqtt::publish5(&mut mev).await;
+        assert_eq!(
+            (
+                user_property(&p, "x-stream-offset"),
+                user_property(&p, "x-stream-missed")
+            ),
+            (Some(first), Some(missed)),
+            "MQTT 5"
+        );
+        // Only the first delivery after the cut says so.
+        mc.ack(&p).await.expect("ack");
+        let after = mqtt::publish5(&mut mev).await;
+        assert_eq!(user_property(&after, "x-stream-offset"), Some(first + 1));
+        assert_eq!(user_property(&after, "x-stream-missed"), None);
+    }
+}
+
+mod kill_9 {
+    //! A consumer group across `kill -9`s of the broker process: a reader
+    //! acknowledges every message with a receipt while the broker is
+    //! killed under it, then the group resumes on the same data directory.
+    //! It must resume past every acknowledgement whose RECEIPT came back
+    //! (a receipt promises durability, as for a queue) and at or before
+    //! the first offset never acknowledged (nothing skipped).
+
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::common::process::{frame, BrokerProcess, Stomp};
+
+    const STREAM: &str = "/queue/kill9";
+    /// Messages written before the first round: more than a debug broker's
+    /// reader gets through in all rounds, so each kill lands mid-read.
+    const MESSAGES: u64 = 30_000;
+    const ROUNDS: usize = 5;
+    /// Acknowledgements a round's reader writes before the kill is timed,
+    /// so a slow start on a loaded machine still kills mid-read.
+    const ACKED_BEFORE_KILL_MIN: u64 = 50;
+    /// How long the reader goes on acknowledging after that.
+    const RUN_BEFORE_KILL: Duration = Duration::from_millis(300);
+    const IO_TIMEOUT: Duration = Duration::from_secs(20);
+    const PIPELINE: u64 = 500;
+
+    fn start(dir: &std::path::Path) -> BrokerProcess {
+        BrokerProcess::start(dir, &["stomp"], "[store]\nsync = \"every-commit\"\n")
+    }
+
+    fn write_stream(addr: SocketAddr) {
+        let mut s = Stomp::connect(addr, IO_TIMEOUT).expect("connect");
+        let mut i = 0;
+        while i < MESSAGES {
+            let end = (i + PIPELINE).min(MESSAGES);
+            let mut batch = Vec::new();
+            for j in i..end {
+                let receipt = format!("w{j}");
+                let mut headers = vec![("destination", STREAM), ("persistent", "true")];
+                headers.push(("x-queue-type", "stream"));
+                if j + 1 == end {
+                    headers.push(("receipt", &receipt));
+                }
+                batch.extend(frame("SEND", &headers, format!("m{j}").as_bytes()));
+            }
+            s.write(&batch).expect("send");
+            match s.read().expect("read") {
+                Some(f) if f.command == "RECEIPT" => {}
+                other => panic!("expected the batch's RECEIPT, got {other:?}"),
+            }
+            i = end;
+        }
+    }
+
+    /// What one round's reader saw.
+    #[derive(Debug, Default)]
+    struct Round {
+        first: Option<u64>,
+        /// Highest offset an ACK was written for.
+        acked: Option<u64>,
+        /// Highest offset whose ACK's RECEIPT came back.
+        receipted: Option<u64>,
+        /// Offsets arrived in order, one after another.
+        dense: bool,
+    }
+
+    /// Reads the group, acknowledging each message (cumulative `ack:client`,
+    /// receipt named by its offset) until the connection dies.
+    fn ack_until_killed(
+        addr: SocketAddr,
+        group: &str,
+        from_first: bool,
+        acks: &AtomicU64,
+    ) -> Round {
+        let mut s = Stomp::connect(addr, IO_TIMEOUT).expect("connect");
+        let mut headers = vec![
+            ("id", "g"),
+            ("destination", STREAM),
+            ("ack", "client"),
+            ("x-queue-type", "stream"),
+            ("prefetch-count", "64"),
+            ("x-stream-group", group),
+        ];
+        if from_first {
+            headers.push(("x-stream-offset", "first"));
+        }
+        s.write(&frame("SUBSCRIBE", &headers, b""))
+            .expect("subscribe");
+        let mut r = Round {
+            dense: true,
+            ..Round::default()
+        };
+        let mut last: Option<u64> = None;
+        loop {
+            let f = match s.read() {
+                Ok(Some(f)) => f,
+                Ok(None) | Err(_) => return r,
+            };
+            match f.command.as_str() {
+                "MESSAGE" => {
+                    let offset: u64 = f
+                        .header("x-stream-offset")
+                        .and_then(|o| o.parse().ok())
+                        .expect("an offset on every stream message");
+                    r.first.get_or_insert(offset);
+                    if last.is_some_and(|l| l + 1 != offset) {
+                        r.dense = false;
+                    }
+                    last = Some(offset);
+                    let receipt = offset.to_string();
+                    let ack = frame("ACK", &[("id", &f.ack_id()), ("receipt", &receipt)], b"");
+                    if s.write(&ack).is_err() {
+                        return r;
+                    }
+                    r.acked = Some(offset);
+                    acks.fetch_add(1, Ordering::Relaxed);
+                }
+                "RECEIPT" => {
+                    let n: u64 = f
+                        .header("receipt-id")
+                        .and_then(|o| o.parse().ok())
+                        .expect("our receipt ids are offsets");
+                    r.receipted = r.receipted.max(Some(n));
+                }
+                other => panic!("unexpected {other}: {f:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_group_resumes_after_kill_9_past_every_receipted_ack_and_skips_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut broker = start(dir.path());
+        write_stream(broker.addr("stomp"));
+        let mut before: Option<Round> = None;
+        for round in 0..ROUNDS {
+            let addr = broker.addr("stomp");
+            let acks = Arc::new(AtomicU64::new(0));
+            let counted = Arc::clone(&acks);
+            let reader =
+                std::thread::spawn(move || ack_until_killed(addr, "billing", round == 0, &counted));
+            let deadline = Instant::now() + IO_TIMEOUT;
+            while acks.load(Ordering::Relaxed) < ACKED_BEFORE_KILL_MIN {
+                assert!(
+                    Instant::now() < deadline,
+                    "round {round}: the reader got nothing"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(RUN_BEFORE_KILL);
+            broker.kill();
+            let r = reader.join().expect("reader thread");
+            let first = r.first.expect("the group was sent something");
+            assert!(r.dense, "round {round}: offsets out of order or skipped");
+            match &before {
+                None => assert_eq!(first, 0, "round 0 starts at first"),
+                Some(b) => {
+                    // A slow disk may not have answered any ACK of a round.
+                    if let Some(receipted) = b.receipted {
+                        assert!(
+                            first > receipted,
+                            "round {round}: resumed at {first}, re-reading acknowledgements receipted up to {receipted}"
+                        );
+                    }
+                    let acked = b.acked.expect("acks were sent");
+                    assert!(
+                        first <= acked + 1,
+                        "round {round}: resumed at {first}, skipping past the last acknowledged {acked}"
+                    );
+                }
+            }
+            assert!(
+                r.acked.is_some_and(|a| a + 1 < MESSAGES),
+                "round {round}: the reader reached the end before the kill: {r:?}"
+            );
+            eprintln!("round {round}: {r:?}");
+            before = Some(r);
+            broker = start(dir.path());
+        }
+    }
+}
+
+mod history_memory {
+    //! A reader of a stream's history costs the broker about its credit:
+    //! a STOMP reader with `prefetch-count` 1,000 that ACKs cumulatively
+    //! every 500 messages (each ACK settles 500 deliveries one by one, and
+    //! each settlement lets the reader be sent one more) reads 6,000 1 KiB
+    //! messages while the broker process's RSS is sampled.
+
+    use std::time::Duration;
+
+    use super::common::process::{frame, BrokerProcess, Stomp};
+
+    const STREAM: &str = "/queue/history";
+    const MESSAGES: usize = 6_000;
+    const PREFETCH: usize = 1_000;
+    /// The reader's credit is about 1 MiB of bodies; allow for the
+    /// allocator, the connection buffers and the page of index entries.
+    const RSS_GROWTH_MAX_BYTES: u64 = 48 * 1024 * 1024;
+    const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn reading_history_costs_the_broker_about_the_readers_credit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let broker = BrokerProcess::start(dir.path(), &["stomp"], "");
+        let mut w = Stomp::connect(broker.addr("stomp"), IO_TIMEOUT).expect("connect");
+        let body = vec![b'h'; 1024];
+        let mut batch = Vec::new();
+        for i in 0..MESSAGES {
+            let mut headers = vec![("destination", STREAM), ("x-queue-type", "stream")];
+            if i + 1 == MESSAGES {
+                headers.push(("receipt", "all"));
+            }
+            batch.extend(frame("SEND", &headers, &body));
+        }
+        w.write(&batch).expect("send");
+        match w.read().expect("read") {
+            Some(f) if f.command == "RECEIPT" => {}
+            other => panic!("expected the RECEIPT, got {other:?}"),
+        }
+        let before = broker.status_bytes("VmRSS");
+        let mut r = Stomp::connect(broker.addr("stomp"), IO_TIMEOUT).expect("connect");
+        let prefetch = PREFETCH.to_string();
+        r.write(&frame(
+            "SUBSCRIBE",
+            &[
+                ("id", "h"),
+                ("destination", STREAM),
+                ("ack", "client"),
+                ("x-stream-offset", "first"),
+                ("prefetch-count", &prefetch),
+            ],
+            b"",
+        ))
+        .expect("subscribe");
+        let mut peak = before;
+        for i in 0..MESSAGES {
+            let f = r.read().expect("read").expect("a MESSAGE");
+            assert_eq!(f.command, "MESSAGE", "{f:?}");
+            if i % (PREFETCH / 2) == PREFETCH / 2 - 1 {
+                peak = peak.max(broker.status_bytes("VmRSS"));
+                r.write(&frame("ACK", &[("id", &f.ack_id())], b""))
+                    .expect("ack");
+            }
+        }
+        peak = peak.max(broker.status_bytes("VmRSS"));
+        let growth = peak.saturating_sub(before);
+        assert!(
+            growth < RSS_GROWTH_MAX_BYTES,
+            "the broker's RSS grew {} KiB reading history with a credit of {PREFETCH} x 1 KiB",
+            growth / 1024
         );
     }
 }

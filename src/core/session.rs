@@ -835,13 +835,17 @@ impl Session for CoreSession {
         let _ = outcome; // a log has no redelivery: every outcome settles
         if let Some(r) = self.stream_reader(consumer)? {
             // Not staged in a transaction: a stream settlement only moves
-            // the group's offset (see `stream::reader`).
-            let _ = (txn, confirm);
-            if !r.settle(tag, &self.inner.streams.groups) {
+            // the group's offset (see `stream::reader`). Confirmed, it
+            // waits for that offset to be durable, as a queue's does.
+            let _ = txn;
+            let ticket = confirm.then(|| self.inner.next_ticket());
+            let done = ticket.map(|t| self.completion(t));
+            let settled = r.settle(tag, &self.inner.streams.groups, done);
+            if settled == stream::Settlement::Unknown {
                 return Err(BrokerError::Unknown("delivery"));
             }
             r.pump(&r.stream, &self.inner.streams.groups);
-            return Ok(None);
+            return Ok(ticket.filter(|_| settled == stream::Settlement::Committed));
         }
         let mut st = self.state()?;
         let q = Arc::clone(
@@ -908,7 +912,8 @@ impl Session for CoreSession {
             rest = next;
             if let Some(r) = self.stream_reader(consumer)? {
                 for &(_, tag) in this {
-                    settled += usize::from(r.settle(tag, &self.inner.streams.groups));
+                    let done = r.settle(tag, &self.inner.streams.groups, None);
+                    settled += usize::from(done != stream::Settlement::Unknown);
                 }
                 r.pump(&r.stream, &self.inner.streams.groups);
                 continue;

@@ -21,6 +21,7 @@ mod run;
 mod stats;
 mod stomp;
 mod stomp_client;
+mod stream;
 
 use std::time::Duration;
 
@@ -179,6 +180,32 @@ enum Scenario {
         /// Client ids are `{id_prefix}-{n}`.
         #[arg(long, default_value = "conn")]
         id_prefix: String,
+    },
+    /// A stream over STOMP (issue 17): append with a batching producer
+    /// (no readers), read history (`--no-append --from first`), or
+    /// `readers` at the tail (`--from next`); see `stream.rs`.
+    StompStream {
+        /// The stream's name; the broker's `[[streams]]` must match it.
+        #[arg(long)]
+        stream: String,
+        #[arg(long, default_value_t = 100_000)]
+        count: u64,
+        #[arg(long, default_value_t = 1024)]
+        size: usize,
+        /// Outstanding receipts of the producer.
+        #[arg(long, default_value_t = 1000)]
+        window: usize,
+        #[arg(long, default_value_t = 0)]
+        readers: usize,
+        /// Each reader's credit (prefetch-count).
+        #[arg(long, default_value_t = 1000)]
+        prefetch: u32,
+        /// Where readers start (x-stream-offset).
+        #[arg(long, default_value = "next")]
+        from: String,
+        /// Read only (history): no producer.
+        #[arg(long)]
+        no_append: bool,
     },
     /// AMQP 1.0 queue, 1 sender → 1 receiver, unsettled with a window.
     Amqp {
@@ -359,6 +386,32 @@ async fn main() -> anyhow::Result<()> {
                 id_prefix,
             };
             mqtt::connect::run(&target, r).await?
+        }
+        Scenario::StompStream {
+            stream,
+            count,
+            size,
+            window,
+            readers,
+            prefetch,
+            from,
+            no_append,
+        } => {
+            let p = stream::Params {
+                stream,
+                count,
+                size,
+                window,
+                readers,
+                prefetch,
+                from,
+                append: !no_append,
+                login: stomp_client::Login {
+                    host: "/".into(),
+                    ..stomp_client::Login::default()
+                },
+            };
+            stream::run(&target, &p).await?
         }
         Scenario::Amqp {
             client,

@@ -37,7 +37,7 @@ pub(crate) struct Params {
 
 /// Sends up to `count` messages (fewer if the run's duration ends first) and
 /// returns (sent, confirmed by RECEIPT).
-async fn producer(
+pub(crate) async fn producer(
     target: Target,
     p: Params,
     dest: String,

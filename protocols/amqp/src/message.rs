@@ -83,6 +83,10 @@ const SECTION_FOOTER: u64 = 0x78;
 pub(crate) const RETAIN_ANNOTATION: &str = "x-opt-retain";
 /// Message annotation with a stream message's offset (RabbitMQ's name).
 pub(crate) const STREAM_OFFSET_ANNOTATION: &str = "x-stream-offset";
+/// Message annotation on a stream reader's first delivery after retention
+/// deleted records it was owed: how many it missed (a long; Rosetta's,
+/// the name STOMP's header has).
+pub(crate) const STREAM_MISSED_ANNOTATION: &str = "x-stream-missed";
 /// Message annotation: not to be delivered before this time (epoch ms, a
 /// long or a timestamp), as Artemis and Azure Service Bus read it.
 pub(crate) const DELIVERY_TIME_ANNOTATION: &str = "x-opt-delivery-time";
@@ -457,6 +461,12 @@ fn write_merged_annotations(
             OwnedKey::from(Symbol::from(STREAM_OFFSET_ANNOTATION)),
             AmqpAny::Long(i64::try_from(p.offset).unwrap_or(i64::MAX)),
         );
+        if p.missed > 0 {
+            ann.0.insert(
+                OwnedKey::from(Symbol::from(STREAM_MISSED_ANNOTATION)),
+                AmqpAny::Long(i64::try_from(p.missed).unwrap_or(i64::MAX)),
+            );
+        }
     }
     let mut added: Vec<&str> = Vec::new();
     for (k, v) in m.properties.iter().filter(|(k, _)| is_annotation(k)) {

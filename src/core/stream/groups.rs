@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use rosetta_store::Record;
+use rosetta_store::{Completion, Record};
 
 use crate::Journal;
 
@@ -59,14 +59,23 @@ impl Groups {
     }
 
     /// Commits `offset` for the group (creating it), durably in the
-    /// journal's next batch. Never moves it back unless `reset`.
-    pub(crate) fn commit(&self, stream: &str, group: &str, offset: u64, reset: bool) {
+    /// journal's next batch; `done` runs once it is durable. Never moves it
+    /// back unless `reset`. `false` (and `done` dropped, never run): the
+    /// offset did not move, so nothing was journaled.
+    pub(crate) fn commit(
+        &self,
+        stream: &str,
+        group: &str,
+        offset: u64,
+        reset: bool,
+        done: Option<Completion>,
+    ) -> bool {
         let k = key(stream, group);
         {
             let mut c = self.committed.lock();
             let old = c.get(&k).copied();
             if old == Some(offset) || (!reset && old.is_some_and(|o| o > offset)) {
-                return;
+                return false;
             }
             c.insert(k.clone(), offset);
         }
@@ -75,7 +84,8 @@ impl Groups {
                 key: k,
                 value: Some(Bytes::copy_from_slice(&offset.to_le_bytes())),
             }],
-            None,
+            done,
         );
+        true
     }
 }

@@ -46,7 +46,7 @@ use rosetta_store::log::{LogCompletion, LogConfig, StreamLog};
 use rosetta_store::{OsStorage, Storage, SyncPolicy};
 
 pub(crate) use groups::Groups;
-pub(crate) use reader::Reader;
+pub(crate) use reader::{Reader, Settlement};
 
 /// Most streams open at once: each holds open files and an index in
 /// memory, and a client must not be able to create them without end.
@@ -433,7 +433,7 @@ pub(crate) fn start_offset(
             .map_err(|e| BrokerError::Storage(e.to_string()))?,
     };
     if let Some(g) = &read.group {
-        groups.commit(&stream.name, g, at, true);
+        groups.commit(&stream.name, g, at, true, None);
     }
     Ok(at)
 }

@@ -25,6 +25,8 @@ use rosetta_neutral::{
     StreamPosition,
 };
 
+use rosetta_store::Completion;
+
 use super::groups::Groups;
 use super::Stream;
 
@@ -47,6 +49,19 @@ struct ReaderState {
     unsettled: BTreeMap<u64, u64>,
     next_tag: u64,
     closed: bool,
+}
+
+/// What [`Reader::settle`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settlement {
+    /// Not an unsettled delivery of this reader.
+    Unknown,
+    /// Settled; the group's offset did not move (no group, or an
+    /// out-of-order settlement), so there is nothing to wait for.
+    NoCommit,
+    /// Settled, and the group's new offset is being journaled: the
+    /// completion runs once it is durable.
+    Committed,
 }
 
 /// A stream consumer; see the module docs.
@@ -198,24 +213,33 @@ impl Reader {
             }
             if self.auto_settle {
                 if let Some(g) = &self.group {
-                    groups.commit(&stream.name, g, st.next, false);
+                    groups.commit(&stream.name, g, st.next, false, None);
                 }
             }
         }
     }
 
-    /// Settles `tag`; commits the group's offset as far as settled.
-    /// `false`: not an unsettled delivery of this reader.
-    pub(crate) fn settle(&self, tag: DeliveryTag, groups: &Groups) -> bool {
+    /// Settles `tag`; commits the group's offset as far as settled, with
+    /// `done` run once that commit is durable (see [`Settlement`]).
+    pub(crate) fn settle(
+        &self,
+        tag: DeliveryTag,
+        groups: &Groups,
+        done: Option<Completion>,
+    ) -> Settlement {
         let mut st = self.state.lock();
         if st.unsettled.remove(&tag.0).is_none() {
-            return false;
+            return Settlement::Unknown;
         }
-        if let Some(g) = &self.group {
-            let upto = st.unsettled.values().min().copied().unwrap_or(st.next);
-            groups.commit(&self.stream.name, g, upto, false);
+        let Some(g) = &self.group else {
+            return Settlement::NoCommit;
+        };
+        let upto = st.unsettled.values().min().copied().unwrap_or(st.next);
+        if groups.commit(&self.stream.name, g, upto, false, done) {
+            Settlement::Committed
+        } else {
+            Settlement::NoCommit
         }
-        true
     }
 
     /// Sets explicit credit from a limit counted like the queue

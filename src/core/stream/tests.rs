@@ -256,6 +256,60 @@ fn a_group_resumes_from_its_cumulative_commit_after_a_restart_and_an_explicit_sp
     assert!(quiet(&nev).is_empty(), "a new group starts at next");
 }
 
+/// Waits for the `Committed` event of `ticket`.
+fn committed(events: &Events, ticket: Ticket) -> Result<(), BrokerError> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline, "{ticket:?} never committed");
+        if let Some((_, r)) = events
+            .take_committed()
+            .into_iter()
+            .find(|(t, _)| *t == ticket)
+        {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn a_confirmed_settlement_that_moves_a_group_waits_for_its_commit_to_be_durable() {
+    // A STOMP ACK with a receipt (an AMQP disposition a peer waits on)
+    // promises what it acknowledged is durable, as for a queue: so the
+    // group's new offset must be in the journal before the ticket ends.
+    let d = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(1_000));
+    {
+        let core = start(d.path(), vec![], &clock);
+        let (mut s, ev) = open(&core, "a");
+        s.declare_stream("s1").expect("declare");
+        publish(&mut s, &ev, "s1", &["0", "1", "2", "3"]);
+        let c =
+            consume(&mut s, "s1", 10, read(Some(StreamOffset::First), Some("g"))).expect("consume");
+        let got = deliveries(&ev, 4);
+        // Out of order: settling 1 before 0 moves nothing, so nothing waits.
+        let none = s
+            .settle(c, got[1].tag, Outcome::Accept, None, true)
+            .expect("settle 1");
+        assert_eq!(none, None, "nothing journaled, nothing to wait for");
+        let ticket = s
+            .settle(c, got[0].tag, Outcome::Accept, None, true)
+            .expect("settle 0")
+            .expect("a commit that moved the group has a ticket");
+        assert_eq!(committed(&ev, ticket), Ok(()));
+        // Not confirmed: no ticket, as for a queue.
+        let unconfirmed = s
+            .settle(c, got[2].tag, Outcome::Accept, None, false)
+            .expect("settle 2");
+        assert_eq!(unconfirmed, None);
+        s.close(CloseKind::Clean);
+    }
+    let core = start(d.path(), vec![], &clock);
+    let (mut s, ev) = open(&core, "b");
+    consume(&mut s, "s1", 10, read(None, Some("g"))).expect("resume");
+    assert_eq!(offsets(&deliveries(&ev, 1)), vec![3]);
+}
+
 #[test]
 fn retention_under_a_live_reader_skips_it_ahead_and_says_how_many_it_missed() {
     let d = tempfile::tempdir().expect("tempdir");

@@ -261,6 +261,14 @@ impl Segment {
         (!seg.holes.is_empty()).then(|| Holes(seg.holes.clone()))
     }
 
+    /// About the bytes `records` frames take here, from the segment's
+    /// average frame: how much a read of that many needs to fetch.
+    fn frames_bytes(&self, records: usize) -> u64 {
+        let count = self.next.saturating_sub(self.base).max(1);
+        let framed = self.len.saturating_sub(format::SEGMENT_HEADER_BYTES as u64);
+        (framed / count + 1).saturating_mul(records as u64)
+    }
+
     /// The index entry to start a read of `offset` from.
     fn seek_offset(&self, offset: u64) -> u64 {
         let i = self.index.partition_point(|e| e.offset <= offset);
@@ -390,7 +398,7 @@ impl StreamLog {
         };
         let mut bytes = 0usize;
         loop {
-            let (file, path, salt, mut pos, end, seg_next, holes) = {
+            let (file, path, salt, mut pos, end, seg_next, holes, chunk_bytes) = {
                 let view = self.inner.view.lock();
                 let bounds = view.bounds();
                 if out.next < bounds.first {
@@ -411,6 +419,15 @@ impl StreamLog {
                         _ => return Ok(out),
                     }
                 }
+                // Fetch about what this read can return (plus the seek's
+                // slack before `from`), not a whole chunk: the bodies are
+                // slices of the chunk, so a reader sent one record at a
+                // time (its credit freed one by one) would otherwise pin a
+                // chunk per delivery, and read one per record.
+                let wanted = seg.frames_bytes(max_records.saturating_sub(out.records.len()));
+                let chunk_bytes = usize::try_from(wanted.saturating_add(LOG_INDEX_INTERVAL_BYTES))
+                    .unwrap_or(usize::MAX)
+                    .min(LOG_READ_CHUNK_BYTES);
                 (
                     Arc::clone(&seg.file),
                     seg.path.clone(),
@@ -419,12 +436,13 @@ impl StreamLog {
                     seg.len,
                     seg.next,
                     Segment::holes_of(seg),
+                    chunk_bytes,
                 )
             };
             while pos < end {
                 let want = usize::try_from(end - pos)
                     .unwrap_or(usize::MAX)
-                    .min(LOG_READ_CHUNK_BYTES);
+                    .min(chunk_bytes);
                 let chunk = Bytes::from(
                     read_up_to(&*file, pos, want).map_err(|e| io_error("read", &path, e))?,
                 );

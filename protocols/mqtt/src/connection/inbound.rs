@@ -52,18 +52,12 @@ impl Open {
         // `$queue/q` sends to the queue `q` (how an MQTT responder answers
         // a STOMP or AMQP requester whose reply-to is a queue); the core
         // checks the publish permission on `/queue/q`.
+        // `$stream/s` appends to the stream `s`, declared at first use; a
+        // refusal is the publish's, answered like a refused publish below.
         let address = match target.strip_prefix(STREAM_TOPIC_PREFIX) {
-            // `$stream/s` appends to the stream `s`, declared at first use.
-            Some(name) if !name.is_empty() && !name.contains('/') => {
-                if let Err(e) = self.session.declare_stream(name) {
-                    tracing::debug!(stream = name, error = %e, "publish to a stream refused");
-                    return Err(MqttError::TopicNameInvalid(topic));
-                }
-                Address::Queue(name.to_owned())
-            }
-            Some(_) => return Err(MqttError::TopicNameInvalid(topic)),
+            Some(name) => self.stream_address(name),
             None => match Address::from_mqtt_topic(target) {
-                Ok(a) => a,
+                Ok(a) => Ok(a),
                 Err(_) => return Err(MqttError::TopicNameInvalid(topic)),
             },
         };
@@ -90,7 +84,7 @@ impl Open {
             txn: None,
             confirm: p.qos > 0,
         };
-        let result = self.session.publish(&address, message, options);
+        let result = address.and_then(|address| self.session.publish(&address, message, options));
         let receipt = match (result, p.qos, self.version) {
             (Ok(receipt), _, _) => receipt,
             (Err(e), 0, _) => {
@@ -138,6 +132,22 @@ impl Open {
         }
         self.flush_acks(ctx.out);
         Ok(())
+    }
+
+    /// The stream `name` of a `$stream/<name>` PUBLISH, declared at first
+    /// use. A name with a `/` (or none) is no stream name; a name that is
+    /// a plain queue, or past the streams limit, is refused by the core.
+    fn stream_address(&mut self, name: &str) -> Result<Address, BrokerError> {
+        if name.is_empty() || name.contains('/') {
+            return Err(BrokerError::InvalidAddress(format!(
+                "'{STREAM_TOPIC_PREFIX}{name}': a stream name is one topic level"
+            )));
+        }
+        if let Err(e) = self.session.declare_stream(name) {
+            tracing::debug!(stream = name, error = %e, "publish to a stream refused");
+            return Err(e);
+        }
+        Ok(Address::Queue(name.to_owned()))
     }
 
     /// Applies a v5 topic alias: an alias with a topic defines it, an alias

@@ -19,6 +19,9 @@ use crate::inflight::{decode_annotation, encode_annotation, OutFlight, Phase};
 
 /// MQTT 5 user property with a stream delivery's offset.
 pub(crate) const STREAM_OFFSET_PROPERTY: &str = "x-stream-offset";
+/// MQTT 5 user property on a stream reader's first delivery after
+/// retention deleted records it was owed: how many it missed.
+const STREAM_MISSED_PROPERTY: &str = "x-stream-missed";
 
 impl Open {
     fn settle(&mut self, conn_id: u64, consumer: ConsumerId, tag: DeliveryTag, outcome: Outcome) {
@@ -162,12 +165,14 @@ impl Open {
             Version::V5 => {
                 let mut props = outbound_properties(&msg, &d.matched.subscription_ids, ctx.now_ms);
                 if let Some(p) = d.stream {
-                    // The stream offset, as STOMP's header and AMQP's
-                    // annotation of the same name carry it.
-                    props
-                        .get_or_insert_with(empty_props)
-                        .user_properties
-                        .push((STREAM_OFFSET_PROPERTY.to_owned(), p.offset.to_string()));
+                    // The stream offset (and what retention cut), as
+                    // STOMP's headers and AMQP's annotations of the same
+                    // names carry them.
+                    let user = &mut props.get_or_insert_with(empty_props).user_properties;
+                    user.push((STREAM_OFFSET_PROPERTY.to_owned(), p.offset.to_string()));
+                    if p.missed > 0 {
+                        user.push((STREAM_MISSED_PROPERTY.to_owned(), p.missed.to_string()));
+                    }
                 }
                 if let Some(a) = alias {
                     props.get_or_insert_with(empty_props).topic_alias = Some(a);

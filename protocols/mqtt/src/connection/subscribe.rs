@@ -23,6 +23,7 @@ use rosetta_neutral::{
 
 use std::time::Duration;
 
+use super::outbound::STREAM_OFFSET_PROPERTY;
 use super::{Ctx, Open, SharedSub};
 use crate::codec::encode;
 use crate::codec::{SubscribePacket, SubscriptionRequest, UnsubscribePacket, Version};
@@ -59,8 +60,21 @@ impl Open {
         let before = self.own_subs_snapshot();
         let mut codes = Vec::with_capacity(s.filters.len());
         let mut refused = Vec::new();
+        // Where `$stream/` filters of this SUBSCRIBE start (MQTT 5): its
+        // first `x-stream-offset` user property, as STOMP's header.
+        let stream_offset = s
+            .props
+            .user_properties
+            .iter()
+            .find(|(k, _)| k == STREAM_OFFSET_PROPERTY)
+            .map(|(_, v)| v.as_str());
         for req in &s.filters {
-            let code = match self.subscribe_one(ctx.config, req, s.props.subscription_id)? {
+            let code = match self.subscribe_one(
+                ctx.config,
+                req,
+                s.props.subscription_id,
+                stream_offset,
+            )? {
                 Ok(granted) => granted,
                 Err(code) => {
                     tracing::debug!(conn_id = ctx.conn_id, filter = %req.filter, code, "subscription refused");
@@ -123,7 +137,7 @@ impl Open {
             let r = if filter.starts_with(MQTT_QUEUE_TOPIC_PREFIX) {
                 self.subscribe_queue(sub)
             } else if filter.starts_with(STREAM_TOPIC_PREFIX) {
-                self.subscribe_stream(sub, true)
+                self.subscribe_stream(sub, true, None)
             } else {
                 match parse_shared(&filter) {
                     Some(Ok(shared)) => {
@@ -164,16 +178,23 @@ impl Open {
     /// ours reading the stream. A persistent session's subscription is a
     /// consumer group (`mqtt/<client id>/<filter>`), so a reconnect goes on
     /// from the last acknowledged offset; `resumed` (a restored
-    /// subscription) starts there rather than at the spec again. A bad
+    /// subscription) starts there rather than at the spec again.
+    /// `property_spec` (the MQTT 5 user property `x-stream-offset`) is the
+    /// spec of a filter without one; the filter's own suffix wins. A bad
     /// spec is SUBACK 0x8F.
-    fn subscribe_stream(&mut self, sub: OwnSub, resumed: bool) -> Result<u8, u8> {
+    fn subscribe_stream(
+        &mut self,
+        sub: OwnSub,
+        resumed: bool,
+        property_spec: Option<&str>,
+    ) -> Result<u8, u8> {
         let rest = sub
             .filter
             .strip_prefix(STREAM_TOPIC_PREFIX)
             .unwrap_or_default();
         let (name, spec) = match rest.split_once('/') {
             Some((n, s)) => (n, Some(s)),
-            None => (rest, None),
+            None => (rest, property_spec),
         };
         if name.is_empty() {
             return Err(0x8F);
@@ -310,6 +331,7 @@ impl Open {
         cfg: &MqttConfig,
         req: &SubscriptionRequest,
         subscription_id: Option<u32>,
+        stream_offset: Option<&str>,
     ) -> Result<Result<u8, u8>, MqttError> {
         let v5 = self.version == Version::V5;
         let granted = req.qos.min(cfg.qos_max);
@@ -331,7 +353,7 @@ impl Open {
             if own_quota_full {
                 return Ok(Err(0x97));
             }
-            return Ok(self.subscribe_stream(own, false));
+            return Ok(self.subscribe_stream(own, false, stream_offset));
         }
         let shared = match parse_shared(&req.filter) {
             Some(Err(code)) => return Ok(Err(code)),

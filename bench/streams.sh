@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Streams benchmark (issue 17), every figure set against the disk measured
+# in the same run, in the same directory:
+#
+#   1. the disk: sequential write (dd, 1 MiB blocks, fdatasync at the end),
+#      sequential read once cached (dd twice, the second counted), and
+#      fdatasync/s of 4 KiB appends;
+#   2. append: one STOMP producer of 1 KiB persistent messages with up to
+#      WINDOW receipts outstanding (group commit syncs them together) into
+#      one stream, under [store] sync = "every-commit"; payload and on-disk
+#      bytes/s as a ratio of the disk's sequential write rate;
+#   3. history: one reader (prefetch-count PREFETCH) reads the whole stream
+#      from `first`; bytes/s as a ratio of the cached sequential read rate,
+#      and the broker's RSS growth against the reader's credit;
+#   4. tail: 1, 10 and 100 readers at `next` of a new stream while the
+#      producer appends TAIL_COUNT messages; deliveries/s and broker RSS as
+#      readers are added.
+#
+#   bench/streams.sh            (results in bench/results/<date>-issue17/)
+#
+# Environment: STREAM_MIB (stream size for append and history, default
+# 1024; the issue's 10 GB is STREAM_MIB=10240), TAIL_COUNT (default 20000),
+# WINDOW (default 1000), PREFETCH (default 1000), ROSETTA_BIN and LOAD_BIN
+# (both set: no build).
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+if [ -z "${ROSETTA_BIN:-}" ] || [ -z "${LOAD_BIN:-}" ]; then
+  cargo build --release --locked -p rosetta -p rosetta-load || exit 1
+  ROSETTA_BIN=$CARGO_TARGET_DIR/release/rosetta
+  LOAD_BIN=$CARGO_TARGET_DIR/release/rosetta-load
+fi
+STREAM_MIB=${STREAM_MIB:-1024}
+TAIL_COUNT=${TAIL_COUNT:-20000}
+WINDOW=${WINDOW:-1000}
+PREFETCH=${PREFETCH:-1000}
+SIZE=1024
+COUNT=$((STREAM_MIB * 1024 * 1024 / SIZE))
+
+source "$ROOT/bench/peers/peers.sh"
+trap 'peers_stop_all; rm -rf "$BENCH_TMP"' EXIT
+OUT_DIR=$ROOT/bench/results/$(date -u +%F)-issue17
+mkdir -p "$OUT_DIR"
+OUT=$OUT_DIR/streams.txt
+RESULTS=$BENCH_TMP/results.jsonl
+
+# dd_rate DD-ARGS...: bytes/s dd reports (its last stderr line).
+dd_rate() {
+  dd "$@" 2>&1 | tail -1 | awk '{ for (i = 1; i <= NF; i++) if ($i == "copied,") { printf "%.0f\n", $1 / $(i + 1); exit } }'
+}
+
+disk() {
+  local probe=$BENCH_TMP/dd-probe
+  DISK_WRITE=$(dd_rate if=/dev/zero of="$probe" bs=1M count="$STREAM_MIB" conv=fdatasync)
+  dd_rate if="$probe" of=/dev/null bs=1M > /dev/null
+  DISK_READ=$(dd_rate if="$probe" of=/dev/null bs=1M)
+  rm -f "$probe"
+  echo "disk: sequential write $((DISK_WRITE / 1000000)) MB/s (dd ${STREAM_MIB} MiB, fdatasync), cached sequential read $((DISK_READ / 1000000)) MB/s"
+  python3 - "$BENCH_TMP" <<'PY'
+import os, sys, time
+path = os.path.join(sys.argv[1], "fsync-probe")
+fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+buf, n, t0 = b"x" * 4096, 0, time.monotonic()
+while time.monotonic() - t0 < 2:
+    os.write(fd, buf); os.fdatasync(fd); n += 1
+os.close(fd); os.unlink(path)
+print(f"disk: {n / (time.monotonic() - t0):.0f} fdatasync/s (4 KiB appends)")
+PY
+}
+
+start_broker() {
+  local dir=$BENCH_TMP/rosetta
+  rosetta_config "$dir"
+  cat >> "$dir/rosetta.toml" <<CONF
+[[streams]]
+pattern = "bench-stream*"
+CONF
+  "$ROSETTA_BIN" --config "$dir/rosetta.toml" > "$dir/rosetta.log" 2>&1 &
+  ROSETTA_PID=$!
+  PEER_PIDS+=("$ROSETTA_PID")
+  wait_port "$ROSETTA_STOMP_PORT" "$ROSETTA_PID" 30 || { echo "rosetta did not start"; tail -20 "$dir/rosetta.log"; exit 1; }
+}
+
+# load ARGS...: one rosetta-load stomp-stream run; its RESULT line is kept.
+load() {
+  echo "-- rosetta-load stomp-stream $*"
+  local out
+  out=$("$LOAD_BIN" --port "$ROSETTA_STOMP_PORT" --broker-pid "$ROSETTA_PID" --broker-name rosetta \
+    --timeout-s 1800 stomp-stream "$@" 2>&1)
+  echo "$out" | grep -v '^RESULT '
+  echo "$out" | grep '^RESULT ' | sed 's/^RESULT //' | tee -a "$RESULTS" > "$BENCH_TMP/last.json"
+}
+
+field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$BENCH_TMP/last.json" "$1"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+
+{
+  echo "# rosetta streams benchmark, issue 17 ($(date -u +%FT%TZ))"
+  echo "# $(git -C "$ROOT" describe --always --dirty) $(nproc) cores, $(uname -r), load average $(cut -d" " -f1-3 /proc/loadavg)"
+  echo "# broker binary: $ROSETTA_BIN; data in $BENCH_TMP"
+  echo "# STREAM_MIB=$STREAM_MIB ($COUNT messages of $SIZE B) TAIL_COUNT=$TAIL_COUNT WINDOW=$WINDOW PREFETCH=$PREFETCH"
+  disk
+  start_broker
+
+  echo; echo "## append"
+  load --stream bench-stream-history --count "$COUNT" --size "$SIZE" --window "$WINDOW"
+  payload=$(field payload_bytes_per_s)
+  elapsed=$(field elapsed_s)
+  on_disk=$(du -sb "$BENCH_TMP/rosetta/data/streams" | cut -f1)
+  disk_rate=$(awk -v b="$on_disk" -v s="$elapsed" 'BEGIN { printf "%.0f\n", b / s }')
+  echo "append: payload $((payload / 1000000)) MB/s = $(ratio "$payload" "$DISK_WRITE") of the disk's sequential write;" \
+    "log on disk $((on_disk / 1048576)) MiB, $((disk_rate / 1000000)) MB/s = $(ratio "$disk_rate" "$DISK_WRITE")"
+
+  echo; echo "## history (one reader from first)"
+  load --stream bench-stream-history --count "$COUNT" --size "$SIZE" --readers 1 --prefetch "$PREFETCH" --from first --no-append
+  payload=$(field payload_bytes_per_s)
+  grow=$(( $(field rss_peak_bytes) - $(field rss_start_bytes) ))
+  credit=$((PREFETCH * SIZE))
+  echo "history: $((payload / 1000000)) MB/s = $(ratio "$payload" "$DISK_READ") of the disk's cached sequential read;" \
+    "broker RSS grew $((grow / 1024)) KiB at its peak against a credit of $PREFETCH x $SIZE B = $((credit / 1024)) KiB"
+
+  echo; echo "## tail readers"
+  for r in 1 10 100; do
+    load --stream "bench-stream-tail-$r" --count "$TAIL_COUNT" --size "$SIZE" --window "$WINDOW" \
+      --readers "$r" --prefetch "$PREFETCH" --from next
+    echo "tail $r readers: $(field msg_per_s) deliveries/s, broker RSS start $(( $(field rss_start_bytes) / 1048576 )) MiB," \
+      "peak $(( $(field rss_peak_bytes) / 1048576 )) MiB"
+  done
+  if grep -qiE 'panic|error' "$BENCH_TMP/rosetta/rosetta.log"; then
+    echo; echo "## rosetta log (errors)"; grep -iE 'panic|error' "$BENCH_TMP/rosetta/rosetta.log" | head -20
+  fi
+} > >(tee "$OUT") 2>&1
+# The block ran in this shell, so peers_stop_all sees the broker's PID.
+peers_stop_all
+sleep 1 # lets tee write the last lines
+echo "saved $OUT"
