@@ -199,4 +199,57 @@ mod tests {
         wire[14..16].copy_from_slice(&4u16.to_be_bytes());
         assert_eq!(parse(&wire), Err(HeaderError::Length(20)));
     }
+
+    use proptest::prelude::*;
+
+    fn socket() -> impl Strategy<Value = SocketAddr> {
+        prop_oneof![
+            (any::<[u8; 4]>(), any::<u16>())
+                .prop_map(|(ip, port)| SocketAddr::new(IpAddr::V4(Ipv4Addr::from(ip)), port)),
+            (any::<[u8; 16]>(), any::<u16>())
+                .prop_map(|(ip, port)| SocketAddr::new(IpAddr::V6(Ipv6Addr::from(ip)), port)),
+        ]
+    }
+
+    proptest! {
+        // A peer's bytes: never a panic, and a header found lies within
+        // the buffer and the bound.
+        #[test]
+        fn any_bytes_parse_without_panic_within_bounds(
+            tail in proptest::collection::vec(any::<u8>(), 0..700),
+            signed in any::<bool>(),
+        ) {
+            let mut buf = if signed { SIGNATURE.to_vec() } else { Vec::new() };
+            buf.extend_from_slice(&tail);
+            if let Ok(Parsed::Header { len, .. }) = parse(&buf) {
+                prop_assert!(len <= buf.len() && len <= HEADER_BYTES_MAX);
+            }
+        }
+
+        // What the proxy writes reads back whatever the client sends after
+        // it, and every strict prefix of it asks for more.
+        #[test]
+        fn an_encoded_header_reads_back_and_its_prefixes_need_more(
+            source in socket(),
+            destination in socket(),
+            after in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let header = encode(source, destination);
+            let mut buf = header.clone();
+            buf.extend_from_slice(&after);
+            let Ok(Parsed::Header { len, source: Some(read) }) = parse(&buf) else {
+                return Err(TestCaseError::fail(format!("{:?}", parse(&buf))));
+            };
+            prop_assert_eq!(len, header.len());
+            // An IPv4 address travels mapped when the other one is IPv6.
+            let expected = match source.ip() {
+                IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(source, |v4| SocketAddr::new(IpAddr::V4(v4), source.port())),
+                IpAddr::V4(_) => source,
+            };
+            prop_assert_eq!(read, expected);
+            for cut in 1..header.len() {
+                prop_assert_eq!(parse(&header[..cut]), Ok(Parsed::NeedMore));
+            }
+        }
+    }
 }

@@ -375,7 +375,7 @@ fn the_defaults_file_mentions_every_key() {
                 DEFAULTS_FILE.contains(&format!("[{key}]"))
             } else if section == "cluster" && key == "balancer" {
                 DEFAULTS_FILE.contains("[cluster.balancer]")
-            } else if key == "bindings" || key == "queues" || key == "streams" {
+            } else if ["bindings", "queues", "streams", "topics"].contains(&key) {
                 DEFAULTS_FILE.contains(&format!("[[{key}]]"))
             } else {
                 DEFAULTS_FILE.lines().any(|l| {
