@@ -156,6 +156,12 @@ impl EventQueue {
         std::mem::swap(&mut *events, batch);
         true
     }
+
+    /// Registers the task to be woken by the next push or budget notice
+    /// without taking events (a driver whose write is stalled).
+    fn register(&self, cx: &mut Context<'_>) {
+        self.waker.register(cx.waker());
+    }
 }
 
 /// The sink the core holds for one connection.
@@ -444,6 +450,14 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
             // more input or events (back-pressure onto the peer and the core).
             match self.poll_write_out(cx) {
                 Poll::Pending => {
+                    // A wake takes the registered waker, and this path does
+                    // not reach `poll_events`, which registers it again:
+                    // without this, the budget's notice that the core now
+                    // holds deliveries back (which arms the slow-consumer
+                    // deadline) would find no one to wake, and a stalled
+                    // peer would stay connected until some unrelated timer
+                    // fired.
+                    self.events.register(cx);
                     if self.written < self.out.len() && self.write_stalled_since.is_none() {
                         self.write_stalled_since = Some(Instant::now());
                         // Arms the deadline if the core is waiting already.
