@@ -181,10 +181,16 @@ async fn amqp_a_resent_message_id_is_accepted_and_delivered_once() {
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn send_receipted(s: &mut Stomp, id: &str, body: &str) {
+    send_receipted_to(s, "/queue/orders", id, body);
+}
+
+/// Sends `body` persistently to `destination` with `dedup-id: id` and
+/// asserts its RECEIPT: a retry is a success, never an ERROR.
+fn send_receipted_to(s: &mut Stomp, destination: &str, id: &str, body: &str) {
     s.write(&frame(
         "SEND",
         &[
-            ("destination", "/queue/orders"),
+            ("destination", destination),
             ("persistent", "true"),
             ("dedup-id", id),
             ("receipt", body),
@@ -306,26 +312,6 @@ async fn mqtt5_a_topic_window_drops_a_retry_for_every_subscriber() {
     );
 }
 
-fn send_topic_receipted(s: &mut Stomp, id: &str, body: &str) {
-    s.write(&frame(
-        "SEND",
-        &[
-            ("destination", "/topic/orders/eu"),
-            ("persistent", "true"),
-            ("dedup-id", id),
-            ("receipt", body),
-        ],
-        body.as_bytes(),
-    ))
-    .expect("send");
-    let f = s.read().expect("read").expect("a frame");
-    assert_eq!(
-        (f.command.as_str(), f.header("receipt-id")),
-        ("RECEIPT", Some(body)),
-        "{f:?}"
-    );
-}
-
 /// A topic's window across SIGKILL: the first send reached no subscriber
 /// (there was none), yet its retry after the restart reaches none either,
 /// not even one that subscribed since.
@@ -335,7 +321,7 @@ fn a_topic_window_holds_across_kill_9() {
     let extra = format!("[store]\nsync = \"every-commit\"\n\n{DEDUP_TOPICS}");
     let mut broker = BrokerProcess::start(dir.path(), &["stomp"], &extra);
     let mut p = Stomp::connect(broker.addr("stomp"), IO_TIMEOUT).expect("connect");
-    send_topic_receipted(&mut p, "t-1", "first");
+    send_receipted_to(&mut p, "/topic/orders/eu", "t-1", "first");
     broker.kill();
 
     let broker = BrokerProcess::start(dir.path(), &["stomp"], &extra);
@@ -355,8 +341,8 @@ fn a_topic_window_holds_across_kill_9() {
     let f = c.read().expect("read").expect("RECEIPT");
     assert_eq!(f.header("receipt-id"), Some("subscribed"), "{f:?}");
     let mut p = Stomp::connect(addr, IO_TIMEOUT).expect("connect");
-    send_topic_receipted(&mut p, "t-1", "retry");
-    send_topic_receipted(&mut p, "t-2", "fresh");
+    send_receipted_to(&mut p, "/topic/orders/eu", "t-1", "retry");
+    send_receipted_to(&mut p, "/topic/orders/eu", "t-2", "fresh");
     c.stream
         .set_read_timeout(Some(Duration::from_millis(1500)))
         .expect("timeout");

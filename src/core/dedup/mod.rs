@@ -144,15 +144,61 @@ pub(crate) fn key_of(message: &Message, mode: DedupMode) -> Result<Option<DedupK
     }
 }
 
+/// Appends `key` to `out` as the 32 hex digits that end a dedup `State` key.
+fn push_key_hex(out: &mut String, key: &DedupKey) {
+    use std::fmt::Write;
+    for b in key {
+        let _ = write!(out, "{b:02x}");
+    }
+}
+
+/// The key written by [`push_key_hex`]; `None` for anything else.
+fn key_from_hex(hex: &str) -> Option<DedupKey> {
+    if hex.len() != 2 * DEDUP_KEY_BYTES || !hex.is_ascii() {
+        return None;
+    }
+    let mut k = [0u8; DEDUP_KEY_BYTES];
+    for (i, byte) in k.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(k)
+}
+
+/// Decodes the recovered dedup records `stored` (key and value of each)
+/// with `decode`, sorted by `admitted_ms` so each window's order queue
+/// comes back sorted. A record that does not decode is logged (as a
+/// `what` record) and its tombstone pushed to `forget`.
+fn decode_recovered<K, E: std::fmt::Display>(
+    stored: Vec<(String, Bytes)>,
+    decode: impl Fn(&str, Bytes) -> Result<K, E>,
+    admitted_ms: impl Fn(&K) -> u64,
+    what: &str,
+    forget: &mut Vec<Record>,
+) -> Vec<K> {
+    let mut keys = Vec::with_capacity(stored.len());
+    for (text, value) in stored {
+        match decode(&text, value) {
+            Ok(k) => keys.push(k),
+            Err(e) => {
+                tracing::warn!(key = %text, error = %e, "a recovered {what} record does not decode; it is dropped");
+                forget.push(Record::State {
+                    key: text,
+                    value: None,
+                });
+            }
+        }
+    }
+    keys.sort_by_key(|k| admitted_ms(k));
+    keys
+}
+
 /// The `State` key of `key` in queue `queue`.
 fn state_key(queue: QueueId, key: &DedupKey) -> String {
     use std::fmt::Write;
     let mut s = String::with_capacity(DEDUP_STATE_PREFIX.len() + 21 + 2 * DEDUP_KEY_BYTES);
     s.push_str(DEDUP_STATE_PREFIX);
     let _ = write!(s, "{queue}/");
-    for b in key {
-        let _ = write!(s, "{b:02x}");
-    }
+    push_key_hex(&mut s, key);
     s
 }
 
@@ -201,13 +247,7 @@ pub(crate) fn decode_stored(key: &str, value: Bytes) -> Result<StoredKey, Stored
         .ok_or(StoredKeyError::Key)?;
     let (queue, hex) = rest.split_once('/').ok_or(StoredKeyError::Key)?;
     let queue: QueueId = queue.parse().map_err(|_| StoredKeyError::Key)?;
-    if hex.len() != 2 * DEDUP_KEY_BYTES || !hex.is_ascii() {
-        return Err(StoredKeyError::Key);
-    }
-    let mut k = [0u8; DEDUP_KEY_BYTES];
-    for (i, byte) in k.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| StoredKeyError::Key)?;
-    }
+    let k = key_from_hex(hex).ok_or(StoredKeyError::Key)?;
     let mut r = Reader::new(value);
     match r.u8("dedup version")? {
         DEDUP_STATE_VERSION => {}
@@ -427,21 +467,13 @@ pub(crate) fn restore(
     now_ms: u64,
 ) -> Vec<Record> {
     let mut forget = Vec::new();
-    let mut keys = Vec::with_capacity(stored.len());
-    for (text, value) in stored {
-        match decode_stored(&text, value) {
-            Ok(k) => keys.push(k),
-            Err(e) => {
-                tracing::warn!(key = %text, error = %e, "a recovered dedup record does not decode; it is dropped");
-                forget.push(Record::State {
-                    key: text,
-                    value: None,
-                });
-            }
-        }
-    }
-    // Admission order, so each window's order queue comes back sorted.
-    keys.sort_by_key(|k| k.admitted_ms);
+    let keys = decode_recovered(
+        stored,
+        decode_stored,
+        |k| k.admitted_ms,
+        "dedup",
+        &mut forget,
+    );
     let mut evicted = Vec::new();
     let mut kept = 0u64;
     for k in keys {

@@ -36,7 +36,7 @@ use rosetta_store::wire::{self, DecodeError, Reader};
 use rosetta_store::Record;
 
 use super::window::{Admission, DedupKey, DedupWindow, DEDUP_KEY_BYTES};
-use super::{hash, key_of, DedupMode, FirstSend};
+use super::{decode_recovered, hash, key_from_hex, key_of, push_key_hex, DedupMode, FirstSend};
 use crate::batch::Batch;
 
 /// Prefix of the journal's `State` keys of topic dedup windows. Not under
@@ -181,20 +181,13 @@ impl TopicWindows {
     /// the tombstones of those no window keeps.
     pub(crate) fn restore(&self, stored: Vec<(String, Bytes)>, now_ms: u64) -> Vec<Record> {
         let mut forget = Vec::new();
-        let mut keys = Vec::with_capacity(stored.len());
-        for (text, value) in stored {
-            match decode_stored(&text, value) {
-                Ok(k) => keys.push(k),
-                Err(e) => {
-                    tracing::warn!(key = %text, error = %e, "a recovered topic dedup record does not decode; it is dropped");
-                    forget.push(Record::State {
-                        key: text,
-                        value: None,
-                    });
-                }
-            }
-        }
-        keys.sort_by_key(|k| k.admitted_ms);
+        let keys = decode_recovered(
+            stored,
+            decode_stored,
+            |k| k.admitted_ms,
+            "topic dedup",
+            &mut forget,
+        );
         let mut evicted = Vec::new();
         let mut kept = 0u64;
         for k in keys {
@@ -248,12 +241,9 @@ fn topic_key(topic: &str, inner: &DedupKey) -> DedupKey {
 }
 
 fn state_key(key: &DedupKey) -> String {
-    use std::fmt::Write;
     let mut s = String::with_capacity(TOPIC_DEDUP_STATE_PREFIX.len() + 2 * DEDUP_KEY_BYTES);
     s.push_str(TOPIC_DEDUP_STATE_PREFIX);
-    for b in key {
-        let _ = write!(s, "{b:02x}");
-    }
+    push_key_hex(&mut s, key);
     s
 }
 
@@ -294,14 +284,7 @@ fn decode_stored(key: &str, value: Bytes) -> Result<StoredTopicKey, StoredTopicK
     let hex = key
         .strip_prefix(TOPIC_DEDUP_STATE_PREFIX)
         .ok_or(StoredTopicKeyError::Key)?;
-    if hex.len() != 2 * DEDUP_KEY_BYTES || !hex.is_ascii() {
-        return Err(StoredTopicKeyError::Key);
-    }
-    let mut k = [0u8; DEDUP_KEY_BYTES];
-    for (i, byte) in k.iter_mut().enumerate() {
-        *byte =
-            u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| StoredTopicKeyError::Key)?;
-    }
+    let k = key_from_hex(hex).ok_or(StoredTopicKeyError::Key)?;
     let mut r = Reader::new(value);
     match r.u8("topic dedup version")? {
         TOPIC_DEDUP_STATE_VERSION => {}
