@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the peer brokers the benchmarks compare Rosetta with (Debian
 # packages): mosquitto, ActiveMQ (+ libmqtt-client-java, which its MQTT
-# transport loads), RabbitMQ. Idempotent: installed packages are skipped.
+# transport loads), RabbitMQ, or those named as arguments. Idempotent: installed packages are skipped.
 #
 # The run scripts never use the system services: each peer is started in
 # the foreground under a temp dir so its PID (for /proc) is known. While
@@ -9,7 +9,10 @@
 # (policy-rc.d exit 101), so nothing else competes for the two cores.
 set -euo pipefail
 
+# Arguments, when given, name the packages to install (bench/churn.sh needs
+# only mosquitto).
 pkgs=(mosquitto activemq libmqtt-client-java rabbitmq-server)
+[ $# -eq 0 ] || pkgs=("$@")
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -102,7 +102,7 @@ async fn read_answer(
 
 async fn mqtt_tcp(t: &Target, id: &str, idle: &Idle) -> anyhow::Result<Held> {
     let mut s = t.connect().await?;
-    s.write_all(&mqtt::connect_packet(id, idle.keep_alive_s)?)
+    s.write_all(&mqtt::connect_packet(id, mqtt::V311, idle.keep_alive_s)?)
         .await?;
     let connack = read_answer(&mut s, "CONNACK", |b| b.len() >= 4).await?;
     mqtt::check_connack(&connack)?;
@@ -209,7 +209,7 @@ async fn mqtt_ws(t: &Target, id: &str, idle: &Idle) -> anyhow::Result<Held> {
         .map_or(head.len(), |p| p + 4);
     // Frames may follow the head in the same read.
     let mut pending = head[end..].to_vec();
-    let connect = mqtt::connect_packet(id, idle.keep_alive_s)?;
+    let connect = mqtt::connect_packet(id, mqtt::V311, idle.keep_alive_s)?;
     let connack = ws_exchange(&mut s, &mut pending, &connect, 4, "CONNACK").await?;
     mqtt::check_connack(&connack)?;
     if idle.subscribe {

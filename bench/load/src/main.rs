@@ -22,6 +22,7 @@ mod stats;
 mod stomp;
 mod stomp_client;
 mod stream;
+mod tls;
 
 use std::time::Duration;
 
@@ -163,9 +164,11 @@ enum Scenario {
         #[arg(long)]
         client_id_prefix: Option<String>,
     },
-    /// MQTT connection rate and connect latency: `count` connections,
-    /// `concurrency` at a time, each from TCP connect to CONNACK 0 (after
-    /// following a redirect with --follow-redirect), then DISCONNECT.
+    /// MQTT connection rate and connect latency: `count` connections
+    /// (0: until --duration-s, a churn run), `concurrency` at a time, each
+    /// from TCP connect to CONNACK 0 (after following a redirect with
+    /// --follow-redirect, after a full TLS handshake with --tls-ca), then
+    /// DISCONNECT.
     MqttConnect {
         #[arg(long, default_value_t = 2_000)]
         count: u64,
@@ -180,6 +183,17 @@ enum Scenario {
         /// Client ids are `{id_prefix}-{n}`.
         #[arg(long, default_value = "conn")]
         id_prefix: String,
+        /// Connect over TLS, trusting the CA certificates in this PEM file
+        /// (every connection a full handshake).
+        #[arg(long)]
+        tls_ca: Option<std::path::PathBuf>,
+        /// The name the broker's certificate must carry.
+        #[arg(long, default_value = "localhost")]
+        tls_server_name: String,
+        /// With --broker-pid: how long after the last connection the
+        /// broker's RSS is read again, in milliseconds.
+        #[arg(long, default_value_t = 3000)]
+        settle_ms: u64,
     },
     /// A stream over STOMP (issue 17): append with a batching producer
     /// (no readers), read history (`--no-append --from first`), or
@@ -377,13 +391,21 @@ async fn main() -> anyhow::Result<()> {
             version,
             follow_redirect,
             id_prefix,
+            tls_ca,
+            tls_server_name,
+            settle_ms,
         } => {
+            let tls = tls_ca
+                .map(|ca| tls::TlsClient::new(&ca, &tls_server_name).map(std::sync::Arc::new))
+                .transpose()?;
             let r = mqtt::connect::ConnectRun {
                 count,
                 concurrency,
                 version,
                 follow_redirect,
                 id_prefix,
+                tls,
+                settle: Duration::from_millis(settle_ms),
             };
             mqtt::connect::run(&target, r).await?
         }

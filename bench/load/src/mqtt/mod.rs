@@ -95,12 +95,23 @@ pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report
     ))
 }
 
-/// An MQTT 3.1.1 CONNECT, clean session, with `keep_alive_s` (0: the
-/// broker never expects a ping, so idle means idle).
-pub(crate) fn connect_packet(client_id: &str, keep_alive_s: u16) -> anyhow::Result<Vec<u8>> {
+/// MQTT 3.1.1's protocol level in CONNECT.
+pub(crate) const V311: u8 = 4;
+/// MQTT 5's.
+pub(crate) const V5: u8 = 5;
+
+/// A clean-session CONNECT of protocol level `version` ([`V311`] or [`V5`],
+/// with no properties) with `keep_alive_s` (0: the broker never expects a
+/// ping, so idle means idle).
+pub(crate) fn connect_packet(
+    client_id: &str,
+    version: u8,
+    keep_alive_s: u16,
+) -> anyhow::Result<Vec<u8>> {
     let id = client_id.as_bytes();
     let id_len = u16::try_from(id.len()).context("client id length")?;
-    let remaining = 10 + 2 + id.len();
+    let properties = usize::from(version == V5);
+    let remaining = 10 + properties + 2 + id.len();
     if remaining > 127 {
         bail!("client id too long for a one-byte remaining length");
     }
@@ -114,11 +125,15 @@ pub(crate) fn connect_packet(client_id: &str, keep_alive_s: u16) -> anyhow::Resu
         b'Q',
         b'T',
         b'T',
-        4,
+        version,
         0x02,
         ka_hi,
         ka_lo,
     ];
+    if version == V5 {
+        // Property length 0.
+        p.push(0);
+    }
     p.extend_from_slice(&id_len.to_be_bytes());
     p.extend_from_slice(id);
     Ok(p)
@@ -161,12 +176,21 @@ mod tests {
 
     #[test]
     fn connect_packet_layout() {
-        let p = connect_packet("ab", 0).expect("packet");
+        let p = connect_packet("ab", V311, 0).expect("packet");
         assert_eq!(
             p,
             [0x10, 14, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 0, 0, 2, b'a', b'b']
         );
-        assert!(connect_packet(&"x".repeat(200), 0).is_err());
-        assert_eq!(connect_packet("ab", 60).expect("packet")[10..12], [0, 60]);
+        assert!(connect_packet(&"x".repeat(200), V311, 0).is_err());
+        assert_eq!(
+            connect_packet("ab", V311, 60).expect("packet")[10..12],
+            [0, 60]
+        );
+        // MQTT 5: level 5 and an empty property list before the client id.
+        let p = connect_packet("ab", V5, 0).expect("packet");
+        assert_eq!(
+            p,
+            [0x10, 15, 0, 4, b'M', b'Q', b'T', b'T', 5, 0x02, 0, 0, 0, 0, 2, b'a', b'b']
+        );
     }
 }
