@@ -226,6 +226,14 @@ pub trait AccessControl: Send + Sync + 'static {
     /// May `principal` subscribe to (or consume from) `address`? For topics
     /// `address` may be a filter.
     fn may_subscribe(&self, principal: &Principal, address: &Address) -> bool;
+    /// Topic filters whose topics a subscription of `principal` to
+    /// `filter`, which [`Self::may_subscribe`] allowed, must not deliver:
+    /// its deny rules that overlap the filter without covering it. The
+    /// binding keeps them ([`rosetta_neutral::BindingOptions::excluded`]),
+    /// in the journal too. None by default.
+    fn excluded_topics(&self, _principal: &Principal, _filter: &str) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Anonymous access to everything.

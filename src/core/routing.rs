@@ -183,10 +183,9 @@ impl Routing {
 /// What the bindings of one queue say about a message on `topic`.
 pub(crate) fn match_info(bindings: &[QueueBinding], topic: &str) -> MatchInfo {
     let mut info = MatchInfo::default();
-    for b in bindings
-        .iter()
-        .filter(|b| rosetta_neutral::address::topic_matches(&b.filter, topic))
-    {
+    for b in bindings.iter().filter(|b| {
+        rosetta_neutral::address::topic_matches(&b.filter, topic) && !b.options.excludes(topic)
+    }) {
         add_match(&mut info, &b.options);
     }
     info
@@ -269,6 +268,9 @@ impl Inner {
                 let mut matches: Vec<(u64, &RouteBinding)> = Vec::new();
                 routing.trie.for_each_match(topic, |b| {
                     if b.options.no_local && origin.is_some() && b.owner.as_deref() == origin {
+                        return;
+                    }
+                    if b.options.excludes(topic) {
                         return;
                     }
                     matches.push((b.queue.id, b));
@@ -577,7 +579,10 @@ impl Inner {
                 let retained = self.retained.lock();
                 let mut v: Vec<_> = retained
                     .iter()
-                    .filter(|(topic, _)| rosetta_neutral::address::topic_matches(filter, topic))
+                    .filter(|(topic, _)| {
+                        rosetta_neutral::address::topic_matches(filter, topic)
+                            && !options.excludes(topic)
+                    })
                     .map(|(_, (seq, m))| (*seq, Arc::clone(m)))
                     .collect();
                 v.sort_by_key(|(seq, _)| *seq);

@@ -599,7 +599,7 @@ impl Session for CoreSession {
         &mut self,
         queue: &str,
         filter: &str,
-        options: BindingOptions,
+        mut options: BindingOptions,
     ) -> Result<BindInfo, BrokerError> {
         let _st = self.state()?;
         let principal = &self.shared.info.principal;
@@ -611,6 +611,13 @@ impl Session for CoreSession {
             return Err(BrokerError::Unauthorized(format!(
                 "subscribe to '{filter}'"
             )));
+        }
+        // Deny rules that reach part of what the filter matches: the
+        // binding is made, and skips those topics.
+        for excluded in self.inner.access.excluded_topics(principal, filter) {
+            if !options.excluded.contains(&excluded) {
+                options.excluded.push(excluded);
+            }
         }
         let mut batch = Batch::default();
         let info = self

@@ -1324,3 +1324,6 @@ mod schedule_paging;
 
 #[path = "lease_tests.rs"]
 mod lease;
+
+#[path = "excluded_tests.rs"]
+mod excluded;

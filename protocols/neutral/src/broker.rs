@@ -287,6 +287,13 @@ pub struct BindingOptions {
     pub retain_as_published: bool,
     /// Which retained messages to enqueue when the binding is made.
     pub retained: RetainedOnBind,
+    /// Topic filters whose topics this binding does not receive, retained
+    /// messages included: the subscriber's deny rules that overlap the
+    /// filter (a subscription to `test/#` by a user denied
+    /// `test/nosubscribe` is granted and never delivers that topic). The
+    /// core adds those its access control names when it binds; what an
+    /// adapter puts here is kept as well.
+    pub excluded: Vec<String>,
 }
 
 impl Default for BindingOptions {
@@ -297,7 +304,18 @@ impl Default for BindingOptions {
             no_local: false,
             retain_as_published: false,
             retained: RetainedOnBind::None,
+            excluded: Vec::new(),
         }
+    }
+}
+
+impl BindingOptions {
+    /// Whether `topic`, which the binding's filter matches, is one it
+    /// must not receive.
+    pub fn excludes(&self, topic: &str) -> bool {
+        self.excluded
+            .iter()
+            .any(|f| crate::address::topic_matches(f, topic))
     }
 }
 

@@ -4,7 +4,7 @@
 //! | record        | opaque tail                                                                   |
 //! |---------------|-------------------------------------------------------------------------------|
 //! | QueueDeclare  | lifetime `u8` (0 permanent, 1 idle-for, then its milliseconds `u64`)           |
-//! | Bind          | max qos `u8`, subscription id optional `u32`, no-local `u8` bool, retain-as-published `u8` bool, owner optional string |
+//! | Bind          | max qos `u8`, subscription id optional `u32`, no-local `u8` bool, retain-as-published `u8` bool, owner optional string, then (only when there are any) the excluded filters: count `u32`, each a string |
 //! | DeliveryState | delivery count `u32`, annotation optional bytes, then (only when set) the redelivery time `u64` ms |
 //!
 //! These are the layouts the store itself wrote and read in version 1 of
@@ -97,6 +97,12 @@ pub fn bind_record(
     wire::put_bool(&mut out, options.no_local);
     wire::put_bool(&mut out, options.retain_as_published);
     wire::put_opt_str(&mut out, owner);
+    if !options.excluded.is_empty() {
+        wire::put_len(&mut out, options.excluded.len());
+        for filter in &options.excluded {
+            wire::put_str(&mut out, filter);
+        }
+    }
     Record::Bind(BindingDef {
         queue,
         filter: filter.to_owned(),
@@ -112,14 +118,22 @@ pub fn decode_binding(options: Bytes) -> Result<StoredBinding, DecodeError> {
         what: "max qos",
         tag: qos,
     })?;
-    let options = BindingOptions {
+    let mut options = BindingOptions {
         max_guarantee,
         subscription_id: r.opt_u32("subscription id")?,
         no_local: r.bool("no local")?,
         retain_as_published: r.bool("retain as published")?,
         retained: RetainedOnBind::None,
+        excluded: Vec::new(),
     };
     let owner = r.opt_string("owner")?.map(Arc::from);
+    if r.remaining() > 0 {
+        // Each filter is at least its 4-byte length.
+        let n = r.count(4, "excluded filters")?;
+        options.excluded = (0..n)
+            .map(|_| r.string("excluded filter"))
+            .collect::<Result<_, _>>()?;
+    }
     Ok(StoredBinding { options, owner })
 }
 
@@ -182,6 +196,7 @@ mod tests {
             no_local: true,
             retain_as_published: true,
             retained: RetainedOnBind::Send,
+            excluded: vec!["a/secret".into(), "a/+/x".into()],
         };
         let r = bind_record(3, "a/+", &options, Some("client-1"));
         let back = decode_binding(tail(&r)).expect("decodes");
@@ -191,6 +206,20 @@ mod tests {
         // Not kept: it only applies at bind time.
         assert_eq!(back.options.retained, RetainedOnBind::None);
         assert_eq!(back.owner.as_deref(), Some("client-1"));
+        assert_eq!(back.options.excluded, ["a/secret", "a/+/x"]);
+    }
+
+    #[test]
+    fn a_corrupt_count_of_excluded_filters_is_an_error() {
+        let options = BindingOptions {
+            excluded: vec!["x".into()],
+            ..BindingOptions::default()
+        };
+        let mut bytes = tail(&bind_record(1, "#", &options, None)).to_vec();
+        // The count follows the owner's absent marker; claim a million.
+        let at = bytes.len() - (4 + 4 + 1);
+        bytes[at..at + 4].copy_from_slice(&1_000_000u32.to_le_bytes());
+        assert!(decode_binding(Bytes::from(bytes)).is_err());
     }
 
     #[test]

@@ -148,6 +148,7 @@ impl Open {
                             no_local: false,
                             retain_as_published: sub.retain_as_published,
                             retained: RetainedOnBind::None,
+                            excluded: Vec::new(),
                         };
                         let inner = shared.filter.to_owned();
                         self.subscribe_shared(cfg, sub, &inner, options)
@@ -386,6 +387,7 @@ impl Open {
                 (false, true, 1) => RetainedOnBind::SendIfNew,
                 _ => RetainedOnBind::None,
             },
+            excluded: Vec::new(),
         };
         if shared.is_none() {
             return Ok(self
