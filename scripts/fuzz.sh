@@ -8,6 +8,9 @@
 #   scripts/fuzz.sh --runs N [TARGET...]      # N executions each (libFuzzer -runs=N)
 #   scripts/fuzz.sh --depth [TARGET...]       # the recorded depth: 10M executions
 #                                             # for decoders, 3M for state machines
+#   scripts/fuzz.sh --sanitizer none ...      # cargo fuzz's -s (default address):
+#                                             # `none` for a safe-Rust parser whose
+#                                             # depth ASan would take hours to reach
 #
 # TARGET is crate:target (mqtt:decode, config:parse, root:websocket, ...);
 # `--list` prints them. With both --runs and --seconds a target stops at
@@ -18,8 +21,8 @@
 # libFuzzer's reproducer path in
 # <dir>/fuzz/artifacts/<target>/; replay it with
 #   cd <dir> && cargo +nightly fuzz run <target> <artifact>
-# where <dir> is protocols/<crate>, src/config for `config`, or the
-# repository root for `root`.
+# where <dir> is protocols/<crate>, src/config for `config`, src/cluster
+# for `cluster`, or the repository root for `root`.
 # Logs go to $FUZZ_LOG_DIR (default target/fuzz-logs). All targets build in
 # one directory, $CARGO_TARGET_DIR (default target/fuzz), to share crates.
 set -euo pipefail
@@ -33,6 +36,7 @@ targets=(
     stomp:decoder:10000000 stomp:connection:3000000
     amqp:frame_decoder:10000000 amqp:connection:3000000
     config:parse:10000000 root:websocket:3000000
+    cluster:proxy_header:10000000
 )
 # libFuzzer's memory limit: a single allocation over it is a finding too.
 rss_limit_mb=2048
@@ -47,12 +51,14 @@ is_count() { [[ "$1" =~ ^[0-9]+$ ]]; }
 seconds=""
 runs=""
 depth=""
+sanitizer=address
 selected=()
 while [ "$#" -gt 0 ]; do
     case "$1" in
         --seconds) is_count "${2:-}" || usage; seconds="$2"; shift 2 ;;
         --runs) is_count "${2:-}" || usage; runs="$2"; shift 2 ;;
         --depth) depth=1; shift ;;
+        --sanitizer) [[ "${2:-}" =~ ^(address|leak|memory|thread|none)$ ]] || usage; sanitizer="$2"; shift 2 ;;
         --list) printf '%s\n' "${targets[@]%:*}"; exit 0 ;;
         -h | --help) usage ;;
         *:*) selected+=("$1"); shift ;;
@@ -91,6 +97,7 @@ for entry in "${chosen[@]}"; do
     case "$crate" in
         root) crate_dir=. ;;
         config) crate_dir=src/config ;;
+        cluster) crate_dir=src/cluster ;;
         *) crate_dir="protocols/$crate" ;;
     esac
     limits=()
@@ -106,12 +113,12 @@ for entry in "${chosen[@]}"; do
     dict=()
     [ -f "$crate_dir/fuzz/$target.dict" ] && dict=("-dict=fuzz/$target.dict")
     log="$log_dir/$crate-$target.log"
-    echo "== $crate/$target: $budget (log: $log)"
+    echo "== $crate/$target: $budget, sanitizer $sanitizer (log: $log)"
     (
         cd "$crate_dir"
         # && because set -e does not apply inside a subshell tested by ||.
-        cargo +nightly fuzz build "$target" &&
-            cargo +nightly fuzz run "$target" -- \
+        cargo +nightly fuzz build -s "$sanitizer" "$target" &&
+            cargo +nightly fuzz run -s "$sanitizer" "$target" -- \
                 "${limits[@]}" "${dict[@]}" -rss_limit_mb="$rss_limit_mb" -print_final_stats=1
     ) >"$log" 2>&1 || {
         echo "!! $crate/$target failed; see $log" >&2
