@@ -1318,3 +1318,81 @@ fn subdir(dir: &std::path::Path, name: &str) -> PathBuf {
     std::fs::create_dir_all(&path).expect("mkdir");
     path
 }
+
+/// Deny rules through the API: created with a user, shown by GET, replaced
+/// by `PUT .../permissions`, and in force on a connection that is already
+/// open at its next SUBSCRIBE (rumqttc, MQTT 5).
+#[tokio::test]
+async fn deny_rules_are_set_through_the_api_and_bind_live_connections() {
+    let admin = Admin::start().await;
+    let new = r#"{"name": "dora", "password": "dora-pw",
+                  "deny_subscribe": ["/topic/test/nosubscribe"]}"#;
+    let (status, _, body) = admin
+        .act_on(Method::POST, "/api/v1/users", ADMIN, new)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["deny_subscribe"], json!(["/topic/test/nosubscribe"]));
+    assert_eq!(body["deny_publish"], json!([]));
+    assert_eq!(body["subscribe"], json!(["#"]));
+
+    let mut opts = opts5(&admin.broker, "dora-live");
+    opts.set_credentials("dora", "dora-pw");
+    let (c, mut ev, ack) = connected5(opts).await;
+    assert_eq!(ack.code, v5::ConnectReturnCode::Success);
+    let suback = |c: v5::AsyncClient, filter: &'static str| async move {
+        c.subscribe(filter, v5::QoS::AtMostOnce)
+            .await
+            .expect("subscribe");
+    };
+    let code = |p: &v5::Packet| match p {
+        v5::Packet::SubAck(a) => Some(a.return_codes[0]),
+        _ => None,
+    };
+    suback(c.clone(), "test/#").await;
+    let got = common::mqtt::wait5(&mut ev, code).await;
+    assert_eq!(got, v5::SubscribeReasonCode::NotAuthorized);
+    suback(c.clone(), "other/a").await;
+    let got = common::mqtt::wait5(&mut ev, code).await;
+    assert_eq!(got, v5::SubscribeReasonCode::Success(v5::QoS::AtMostOnce));
+
+    // The new lists replace the old: test/# is allowed now, other/# denied,
+    // for the connection already open.
+    let change = r#"{"deny_subscribe": ["/topic/other/#"], "deny_publish": ["/queue/audit"]}"#;
+    let (status, _, body) = admin
+        .act_on(Method::PUT, "/api/v1/users/dora/permissions", ADMIN, change)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["deny_subscribe"], json!(["/topic/other/#"]), "{body}");
+    assert_eq!(body["deny_publish"], json!(["/queue/audit"]), "{body}");
+    let (_, body) = admin.get("/api/v1/users/dora", ADMIN).await;
+    assert_eq!(body["deny_subscribe"], json!(["/topic/other/#"]), "{body}");
+    suback(c.clone(), "test/#").await;
+    let got = common::mqtt::wait5(&mut ev, code).await;
+    assert_eq!(got, v5::SubscribeReasonCode::Success(v5::QoS::AtMostOnce));
+    suback(c.clone(), "other/b").await;
+    let got = common::mqtt::wait5(&mut ev, code).await;
+    assert_eq!(got, v5::SubscribeReasonCode::NotAuthorized);
+    let file = std::fs::read_to_string(&admin.users_file).expect("users file");
+    assert!(
+        file.contains("deny_subscribe = [\"/topic/other/#\"]"),
+        "{file}"
+    );
+
+    // Refusals: a bad pattern, an unknown key, an unknown user, no role.
+    for (who, path, body, want) in [
+        (
+            ADMIN,
+            "dora",
+            r#"{"deny_publish": ["nope"]}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (ADMIN, "dora", r#"{"deny": []}"#, StatusCode::BAD_REQUEST),
+        (ADMIN, "nobody", "{}", StatusCode::NOT_FOUND),
+        (MANAGER, "dora", "{}", StatusCode::FORBIDDEN),
+    ] {
+        let path = format!("/api/v1/users/{path}/permissions");
+        let (status, _, answer) = admin.act_on(Method::PUT, &path, who, body).await;
+        assert_error(status, &answer, want);
+    }
+    admin.stop().await;
+}

@@ -149,6 +149,7 @@ impl Api {
             Action::GetUser => users::get(self, &call),
             Action::DeleteUser => users::delete(self, &call).await,
             Action::SetPassword => users::set_password(self, &call).await,
+            Action::SetPermissions => users::set_permissions(self, &call).await,
             Action::BalancerTarget => balancer::target(self, &call),
         }
     }

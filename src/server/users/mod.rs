@@ -146,20 +146,9 @@ impl UsersError {
 #[serde(deny_unknown_fields)]
 struct FileDoc {
     #[serde(default)]
-    anonymous: Option<PermissionsDoc>,
+    anonymous: Option<PermissionSpec>,
     #[serde(default)]
     users: BTreeMap<String, UserDoc>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PermissionsDoc {
-    publish: Option<Vec<String>>,
-    subscribe: Option<Vec<String>>,
-    #[serde(default)]
-    deny_publish: Vec<String>,
-    #[serde(default)]
-    deny_subscribe: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -188,8 +177,10 @@ struct User {
 }
 
 /// Permission patterns as written in the users file and the API, before
-/// they are checked: the four lists of a user or of `[anonymous]`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// they are checked: the four lists of a user or of `[anonymous]` (the
+/// `[anonymous]` table and the API's permissions body read into it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct PermissionSpec {
     /// What may be published to; `None`: everything.
     pub publish: Option<Vec<String>>,
@@ -387,13 +378,7 @@ impl Users {
     fn from_doc(doc: FileDoc) -> Result<Users, (String, String)> {
         let anonymous = match doc.anonymous {
             None => Permissions::everything(),
-            Some(p) => PermissionSpec {
-                publish: p.publish,
-                subscribe: p.subscribe,
-                deny_publish: p.deny_publish,
-                deny_subscribe: p.deny_subscribe,
-            }
-            .check("anonymous")?,
+            Some(p) => p.check("anonymous")?,
         };
         let mut users = HashMap::with_capacity(doc.users.len());
         for (name, u) in doc.users {

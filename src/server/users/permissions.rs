@@ -432,7 +432,13 @@ mod tests {
         for f in ["test/+", "test/#", "#", "+/nosubscribe", "+/+"] {
             assert!(!p.may_subscribe(&topic(f)), "{f}");
         }
-        for f in ["test/other", "test/nosubscribe/deeper", "other/#", "+/x", "$SYS/#"] {
+        for f in [
+            "test/other",
+            "test/nosubscribe/deeper",
+            "other/#",
+            "+/x",
+            "$SYS/#",
+        ] {
             assert!(p.may_subscribe(&topic(f)), "{f}");
         }
         assert!(p.may_subscribe(&Address::Queue("audit".into())));

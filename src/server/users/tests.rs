@@ -326,7 +326,10 @@ fn deny_rules_load_save_and_change_without_touching_the_rest() {
     save_user_with(&path, "dora", b"pw", &spec, Some(&[AdminRole::Monitoring])).expect("save");
     add_user(&path, "old", b"pw", None, None).expect("add");
     let text = std::fs::read_to_string(&path).expect("read");
-    assert!(text.contains("deny_subscribe = [\"/topic/test/nosubscribe\"]"), "{text}");
+    assert!(
+        text.contains("deny_subscribe = [\"/topic/test/nosubscribe\"]"),
+        "{text}"
+    );
     // An entry without deny rules is written as before deny rules existed.
     let old = text.split("[users.old]").nth(1).expect("old entry");
     assert!(!old.contains("deny_"), "{old}");
@@ -351,7 +354,9 @@ fn deny_rules_load_save_and_change_without_touching_the_rest() {
     let summary = users.summary("dora").expect("dora");
     assert_eq!(summary.publish, ["/topic/a/#"]);
     assert!(summary.deny_subscribe.is_empty() && summary.deny_publish.is_empty());
-    assert!(!std::fs::read_to_string(&path).expect("read").contains("deny_"));
+    assert!(!std::fs::read_to_string(&path)
+        .expect("read")
+        .contains("deny_"));
 
     // A malformed deny pattern is refused before anything is written.
     let before = std::fs::read_to_string(&path).expect("read");
