@@ -788,6 +788,39 @@ fn user_add_sets_admin_roles_and_refuses_an_unknown_one() {
     );
 }
 
+#[test]
+fn user_add_writes_deny_rules_and_refuses_a_malformed_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let users = dir.path().join("users.toml");
+    let users_arg = users.to_str().expect("utf-8");
+    let base = [
+        "user",
+        "add",
+        "dora",
+        "--password",
+        "pw",
+        "--users-file",
+        users_arg,
+    ];
+    let with = |extra: &[&str]| rosetta(&[&base[..], extra].concat());
+    let out = with(&[
+        "--deny-subscribe",
+        "/topic/test/nosubscribe",
+        "--deny-publish",
+        "/queue/audit",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let saved = rosetta::users::Users::load(&users).expect("users file");
+    let summary = saved.summary("dora").expect("dora");
+    assert_eq!(summary.deny_subscribe, ["/topic/test/nosubscribe"]);
+    assert_eq!(summary.deny_publish, ["/queue/audit"]);
+    let dora = saved.permissions(Some("dora"));
+    assert!(!dora.may_subscribe(&rosetta_neutral::Address::Topic("test/#".into())));
+    let out = with(&["--deny-subscribe", "test/nosubscribe"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("canonical"), "{}", stderr(&out));
+}
+
 // ---- SIGHUP reloads the users file ------------------------------------------
 
 /// What a STOMP 1.2 CONNECT as `user` gets back: `CONNECTED` or `ERROR`.

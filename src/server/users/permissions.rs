@@ -36,8 +36,8 @@
 //! (SUBACK 0x87, STOMP ERROR, AMQP `unauthorized-access`) instead of
 //! leaving it to wonder why some topics stay silent. The price: a user
 //! denied one topic cannot subscribe to a wildcard above it and must name
-//! the branches it wants. EMQX checks a subscription's filter against its
-//! rules once, at subscribe time, too.
+//! the branches it wants. EMQX also decides once, at subscribe time, by
+//! matching the subscription's filter against its rules.
 //!
 //! As in MQTT, a wildcard in the first level of a topic does not reach
 //! topics starting with `$`: `/topic/#` does not allow `$SYS/x`; write
