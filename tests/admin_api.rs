@@ -17,7 +17,7 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 
-use common::mqtt::{connected5, next5, opts5, v5};
+use common::mqtt::{connected5, next5, opts5, subscribe_many5, v5};
 use common::stomp::StompClient;
 use common::TestBroker;
 use rosetta::admin::AdminServer;
@@ -1339,21 +1339,10 @@ async fn deny_rules_are_set_through_the_api_and_bind_live_connections() {
     opts.set_credentials("dora", "dora-pw");
     let (c, mut ev, ack) = connected5(opts).await;
     assert_eq!(ack.code, v5::ConnectReturnCode::Success);
-    let suback = |c: v5::AsyncClient, filter: &'static str| async move {
-        c.subscribe(filter, v5::QoS::AtMostOnce)
-            .await
-            .expect("subscribe");
-    };
-    let code = |p: &v5::Packet| match p {
-        v5::Packet::SubAck(a) => Some(a.return_codes[0]),
-        _ => None,
-    };
-    suback(c.clone(), "test/#").await;
-    let got = common::mqtt::wait5(&mut ev, code).await;
-    assert_eq!(got, v5::SubscribeReasonCode::NotAuthorized);
-    suback(c.clone(), "other/a").await;
-    let got = common::mqtt::wait5(&mut ev, code).await;
-    assert_eq!(got, v5::SubscribeReasonCode::Success(v5::QoS::AtMostOnce));
+    let refused = [v5::SubscribeReasonCode::NotAuthorized];
+    let granted = [v5::SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)];
+    assert_eq!(subscribe_many5(&c, &mut ev, &["test/#"]).await, refused);
+    assert_eq!(subscribe_many5(&c, &mut ev, &["other/a"]).await, granted);
 
     // The new lists replace the old: test/# is allowed now, other/# denied,
     // for the connection already open.
@@ -1366,12 +1355,8 @@ async fn deny_rules_are_set_through_the_api_and_bind_live_connections() {
     assert_eq!(body["deny_publish"], json!(["/queue/audit"]), "{body}");
     let (_, body) = admin.get("/api/v1/users/dora", ADMIN).await;
     assert_eq!(body["deny_subscribe"], json!(["/topic/other/#"]), "{body}");
-    suback(c.clone(), "test/#").await;
-    let got = common::mqtt::wait5(&mut ev, code).await;
-    assert_eq!(got, v5::SubscribeReasonCode::Success(v5::QoS::AtMostOnce));
-    suback(c.clone(), "other/b").await;
-    let got = common::mqtt::wait5(&mut ev, code).await;
-    assert_eq!(got, v5::SubscribeReasonCode::NotAuthorized);
+    assert_eq!(subscribe_many5(&c, &mut ev, &["test/#"]).await, granted);
+    assert_eq!(subscribe_many5(&c, &mut ev, &["other/b"]).await, refused);
     let file = std::fs::read_to_string(&admin.users_file).expect("users file");
     assert!(
         file.contains("deny_subscribe = [\"/topic/other/#\"]"),

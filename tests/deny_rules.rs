@@ -51,25 +51,6 @@ async fn client5(
     (c, ev)
 }
 
-async fn suback_codes(
-    c: &v5::AsyncClient,
-    ev: &mut v5::EventLoop,
-    filters: &[&str],
-) -> Vec<v5::SubscribeReasonCode> {
-    c.subscribe_many(
-        filters
-            .iter()
-            .map(|f| v5::Filter::new(*f, v5::QoS::AtLeastOnce)),
-    )
-    .await
-    .expect("subscribe");
-    wait5(ev, |p| match p {
-        v5::Packet::SubAck(a) => Some(a.return_codes.clone()),
-        _ => None,
-    })
-    .await
-}
-
 #[tokio::test]
 async fn mqtt5_subscriptions_overlapping_a_deny_get_0x87_and_others_succeed() {
     let (broker, _dir) = broker().await;
@@ -78,7 +59,7 @@ async fn mqtt5_subscriptions_overlapping_a_deny_get_0x87_and_others_succeed() {
     let granted = v5::SubscribeReasonCode::Success(v5::QoS::AtLeastOnce);
     // One SUBSCRIBE, one reason code per filter: the denied topic and
     // every wildcard that could reach it are refused, the rest granted.
-    let codes = suback_codes(
+    let codes = subscribe_many5(
         &dora,
         &mut dora_ev,
         &[
@@ -130,7 +111,7 @@ async fn mqtt5_subscriptions_overlapping_a_deny_get_0x87_and_others_succeed() {
 async fn mqtt5_publish_to_a_denied_topic_gets_puback_0x87() {
     let (broker, _dir) = broker().await;
     let (alice, mut alice_ev) = client5(&broker, "alice", "alice", "secret").await;
-    let codes = suback_codes(&alice, &mut alice_ev, &["test/#"]).await;
+    let codes = subscribe_many5(&alice, &mut alice_ev, &["test/#"]).await;
     assert_eq!(
         codes,
         [v5::SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)]

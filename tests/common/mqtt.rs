@@ -344,6 +344,22 @@ pub async fn connected5(opts: v5::MqttOptions) -> (v5::AsyncClient, v5::EventLoo
     (c, ev, ack)
 }
 
+/// Subscribes to `filters` at QoS 1 in one SUBSCRIBE: the SUBACK's codes.
+pub async fn subscribe_many5(
+    c: &v5::AsyncClient,
+    ev: &mut v5::EventLoop,
+    filters: &[&str],
+) -> Vec<v5::SubscribeReasonCode> {
+    c.subscribe_many(
+        filters
+            .iter()
+            .map(|f| v5::Filter::new((*f).to_owned(), v5::QoS::AtLeastOnce)),
+    )
+    .await
+    .expect("subscribe");
+    suback5(ev).await.return_codes
+}
+
 /// Subscribes with `filter` (and its options) and checks the SUBACK.
 pub async fn subscribe5(
     c: &v5::AsyncClient,
