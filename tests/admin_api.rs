@@ -1381,3 +1381,63 @@ async fn deny_rules_are_set_through_the_api_and_bind_live_connections() {
     }
     admin.stop().await;
 }
+
+/// The overview's message rates and journal sync latency: zero-shaped on
+/// an idle broker, moving once a STOMP producer and consumer exchange
+/// persistent messages (the rates come from once-a-second samples, so the
+/// test keeps traffic flowing until two samples have seen it); `/metrics`
+/// carries the same counters and the sync-time histogram.
+#[tokio::test]
+async fn overview_rates_and_sync_latency_move_when_messages_flow() {
+    let admin = Admin::start().await;
+    let (status, body) = admin.get("/api/v1/overview", WATCHER).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let rates = &body["messages"]["rates"];
+    for key in ["published_per_s", "delivered_per_s", "acknowledged_per_s", "window_s"] {
+        assert!(rates[key].is_f64() || rates[key].is_u64(), "{key}: {body}");
+    }
+    assert_eq!(body["messages"]["published_total"], json!(0), "{body}");
+    let sync = &body["journal"]["sync_latency"];
+    assert!(sync["syncs"].is_u64(), "{body}");
+    assert!(sync.get("p50_us").is_some() && sync.get("p99_us").is_some(), "{body}");
+
+    let creds = [("login", ADMIN.0), ("passcode", ADMIN.1)];
+    let mut producer = StompClient::connect(admin.broker.stomp(), &creds).await;
+    let mut consumer = StompClient::connect(admin.broker.stomp(), &creds).await;
+    consumer.subscribe("s", "/queue/rates", "auto", &[]).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        producer.send_numbered("/queue/rates", 5).await;
+        consumer.messages(5).await;
+        let (_, body) = admin.get("/api/v1/overview", WATCHER).await;
+        let rate = |key: &str| body["messages"]["rates"][key].as_f64().unwrap_or(0.0);
+        let moving = ["published_per_s", "delivered_per_s", "acknowledged_per_s"]
+            .iter()
+            .all(|k| rate(k) > 0.0);
+        if moving && body["journal"]["sync_latency"]["p50_us"].is_u64() {
+            break body;
+        }
+        assert!(std::time::Instant::now() < deadline, "rates never moved: {body}");
+    };
+    let m = &body["messages"];
+    assert!(m["published_total"].as_u64().is_some_and(|n| n >= 5), "{body}");
+    assert!(m["delivered_total"].as_u64().is_some_and(|n| n >= 5), "{body}");
+    let sync = &body["journal"]["sync_latency"];
+    let (p50, p99) = (sync["p50_us"].as_u64(), sync["p99_us"].as_u64());
+    assert!(p50.is_some_and(|p50| p99.is_some_and(|p99| p50 <= p99)), "{body}");
+
+    let text = admin.broker.broker.as_ref().expect("running").metrics();
+    for series in [
+        "\nrosetta_messages_published_total ",
+        "\nrosetta_messages_delivered_total ",
+        "\nrosetta_messages_acknowledged_total ",
+        "\n# TYPE rosetta_journal_sync_seconds histogram\n",
+        "\nrosetta_journal_sync_seconds_bucket{le=\"+Inf\"} ",
+        "\nrosetta_journal_sync_seconds_count ",
+    ] {
+        assert!(text.contains(series), "{series}: {text}");
+    }
+    producer.disconnect().await;
+    consumer.disconnect().await;
+    admin.stop().await;
+}

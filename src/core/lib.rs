@@ -39,6 +39,7 @@ mod schedule;
 pub mod selector;
 mod session;
 pub mod stream;
+mod traffic;
 mod trie;
 
 use std::collections::HashMap;
@@ -68,6 +69,7 @@ pub use dead_letter::{
 pub use dedup::{DedupMode, TopicDedupRule, TopicDedupStats, DEDUP_ID_BYTES_MAX};
 pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
+pub use traffic::TrafficTotals;
 pub use queue_settings::VISIBILITY_TIMEOUT_MS_MAX;
 pub use queue_settings::{
     QueueMatch, QueueOverrides, QueuePattern, QueuePatternError, QueueRule, QueueRules,
@@ -360,6 +362,8 @@ pub(crate) struct Inner {
     wills: Mutex<Vec<PendingWill>>,
     /// Bytes held by all queues (producer flow control).
     memory: Arc<MemoryGauge>,
+    /// Messages published, delivered and acknowledged, broker-wide.
+    traffic: Arc<traffic::Traffic>,
     /// Free disk space (producer flow control).
     disk: DiskWatch,
     /// The time messages are scheduled, delayed and expired by.
@@ -442,6 +446,7 @@ impl Core {
             clients: Mutex::new(HashMap::new()),
             wills: Mutex::new(Vec::new()),
             memory,
+            traffic: Arc::default(),
             disk,
             clock,
             timers: Arc::new(Timers::default()),
@@ -514,6 +519,12 @@ impl Core {
     /// Statistics of one queue.
     pub fn queue_stats(&self, name: &str) -> Option<QueueStats> {
         self.inner.routing.read().queue(name).map(|q| q.stats())
+    }
+
+    /// Messages published, delivered and acknowledged since the core
+    /// started, broker-wide.
+    pub fn traffic(&self) -> TrafficTotals {
+        self.inner.traffic.totals()
     }
 
     /// Bytes of messages held by all queues (each queue's copy counted).
@@ -631,6 +642,7 @@ impl Inner {
         QueueLinks {
             memory: Arc::clone(&self.memory),
             timers: Arc::clone(&self.timers),
+            traffic: Arc::clone(&self.traffic),
         }
     }
 

@@ -421,6 +421,7 @@ fn settle_locked(
         Outcome::Accept => {
             queue.release(&entry);
             st.stats.acked_total += 1;
+            queue.traffic.acknowledged();
             st.stats.time_in_queue_ms_total += elapsed_ms(entry.enqueued_at);
             batch.records.extend(queue.ack_record(&entry));
         }

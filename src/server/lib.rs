@@ -32,6 +32,7 @@ mod metrics;
 mod preflight;
 mod protocols;
 mod proxy;
+mod rates;
 mod refuse;
 mod tls;
 pub use tls::{ServerCertificate, TlsSetupError};
@@ -54,6 +55,7 @@ use rosetta_store::{Store, StoreConfig};
 
 pub use metrics::BrokerFigures;
 pub use preflight::{preflight, Preflight};
+pub use rates::RecentActivity;
 pub use view::BrokerView;
 
 /// State every connection task shares.
@@ -81,6 +83,8 @@ pub(crate) struct Shared {
     pub(crate) started: std::time::Instant,
     /// `[cluster]`'s balancer; `None` for a single node.
     pub(crate) cluster: Option<Arc<cluster::ClusterNode>>,
+    /// Recent message rates and sync latencies, sampled by a timer.
+    rates: rates::RateWindow,
     active: AtomicUsize,
     idle: Notify,
 }
@@ -257,9 +261,11 @@ pub async fn start(
         connections: Arc::default(),
         started: std::time::Instant::now(),
         cluster,
+        rates: rates::RateWindow::default(),
         active: AtomicUsize::new(0),
         idle: Notify::new(),
     });
+    rates::spawn_sampler(&shared, stop_rx.clone());
     let mut addrs = Vec::new();
     let mut accept_tasks = Vec::new();
     for (kind, addr) in config.active_listeners() {
