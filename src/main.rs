@@ -411,20 +411,25 @@ fn api_of(args: ApiArgs) -> anyhow::Result<admin_cli::Api> {
 }
 
 /// The broker and its admin API until SIGINT or SIGTERM. The admin API
-/// stops last, so `/readyz` answers 503 while the broker drains.
+/// starts first, so `/readyz` answers 503 while the journal is recovered,
+/// and stops last, so it answers 503 while the broker drains.
 async fn serve(
     config: rosetta::config::Config,
     access: std::sync::Arc<rosetta::access::UsersAccess>,
 ) -> anyhow::Result<()> {
-    let broker = rosetta::server::start(config, access.clone()).await?;
-    let admin = match rosetta::admin::start(broker.view(), access.clone()).await {
-        Ok(admin) => admin,
+    let admin = rosetta::admin::start_early(&config, access.clone()).await?;
+    let broker = match rosetta::server::start(config, access.clone()).await {
+        Ok(broker) => broker,
         Err(e) => {
-            // Not half-started: the journal is flushed before the error.
-            broker.shutdown().await?;
+            if let Some(admin) = admin {
+                admin.shutdown().await;
+            }
             return Err(e);
         }
     };
+    if let Some(admin) = &admin {
+        admin.attach(broker.view());
+    }
     let users_file = broker.view().config().users_file();
     let view = broker.view();
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;

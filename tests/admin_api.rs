@@ -1393,13 +1393,21 @@ async fn overview_rates_and_sync_latency_move_when_messages_flow() {
     let (status, body) = admin.get("/api/v1/overview", WATCHER).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let rates = &body["messages"]["rates"];
-    for key in ["published_per_s", "delivered_per_s", "acknowledged_per_s", "window_s"] {
+    for key in [
+        "published_per_s",
+        "delivered_per_s",
+        "acknowledged_per_s",
+        "window_s",
+    ] {
         assert!(rates[key].is_f64() || rates[key].is_u64(), "{key}: {body}");
     }
     assert_eq!(body["messages"]["published_total"], json!(0), "{body}");
     let sync = &body["journal"]["sync_latency"];
     assert!(sync["syncs"].is_u64(), "{body}");
-    assert!(sync.get("p50_us").is_some() && sync.get("p99_us").is_some(), "{body}");
+    assert!(
+        sync.get("p50_us").is_some() && sync.get("p99_us").is_some(),
+        "{body}"
+    );
 
     let creds = [("login", ADMIN.0), ("passcode", ADMIN.1)];
     let mut producer = StompClient::connect(admin.broker.stomp(), &creds).await;
@@ -1417,14 +1425,26 @@ async fn overview_rates_and_sync_latency_move_when_messages_flow() {
         if moving && body["journal"]["sync_latency"]["p50_us"].is_u64() {
             break body;
         }
-        assert!(std::time::Instant::now() < deadline, "rates never moved: {body}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rates never moved: {body}"
+        );
     };
     let m = &body["messages"];
-    assert!(m["published_total"].as_u64().is_some_and(|n| n >= 5), "{body}");
-    assert!(m["delivered_total"].as_u64().is_some_and(|n| n >= 5), "{body}");
+    assert!(
+        m["published_total"].as_u64().is_some_and(|n| n >= 5),
+        "{body}"
+    );
+    assert!(
+        m["delivered_total"].as_u64().is_some_and(|n| n >= 5),
+        "{body}"
+    );
     let sync = &body["journal"]["sync_latency"];
     let (p50, p99) = (sync["p50_us"].as_u64(), sync["p99_us"].as_u64());
-    assert!(p50.is_some_and(|p50| p99.is_some_and(|p99| p50 <= p99)), "{body}");
+    assert!(
+        p50.is_some_and(|p50| p99.is_some_and(|p99| p50 <= p99)),
+        "{body}"
+    );
 
     let text = admin.broker.broker.as_ref().expect("running").metrics();
     for series in [
@@ -1440,4 +1460,93 @@ async fn overview_rates_and_sync_latency_move_when_messages_flow() {
     producer.disconnect().await;
     consumer.disconnect().await;
     admin.stop().await;
+}
+
+/// A plain GET without credentials: the status and the JSON body.
+async fn probe(
+    addr: std::net::SocketAddr,
+    path: &str,
+    who: Option<(&str, &str)>,
+) -> (StatusCode, Value) {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let mut req = Request::builder()
+        .uri(path)
+        .header("host", addr.to_string());
+    if let Some((user, password)) = who {
+        req = req.header("authorization", basic(user, password));
+    }
+    let req = req.body(Full::new(Bytes::new())).expect("request");
+    let response = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("answer in time")
+        .expect("response");
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// Started before the broker (as `rosetta serve` does, ahead of the
+/// journal's recovery), the admin listener answers: `/healthz` 200,
+/// `/readyz` and the API 503 with a JSON error, unknown paths 404; once the
+/// broker is attached, ready and served.
+#[tokio::test]
+async fn before_the_broker_is_up_health_answers_and_ready_is_503() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let users_file = dir.path().join("users.toml");
+    rosetta::users::save_user(
+        &users_file,
+        ADMIN.0,
+        ADMIN.1.as_bytes(),
+        None,
+        None,
+        Some(&[AdminRole::Administrator]),
+    )
+    .expect("save user");
+    let users = rosetta::users::Users::load(&users_file).expect("load users");
+    let access = Arc::new(rosetta::access::UsersAccess::new(users, false).expect("access"));
+    let mut config = common::test_config(dir.path());
+    config.security.users_file = Some(users_file);
+    config.admin.listen = Some(ListenAddr::new("127.0.0.1", 0));
+    let admin = rosetta::admin::start_early(&config, access.clone())
+        .await
+        .expect("admin API starts")
+        .expect("admin API on");
+    let addr = admin.local_addr();
+
+    let (status, body) = probe(addr, "/healthz", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = probe(addr, "/readyz", None).await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        body["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("recover")),
+        "{body}"
+    );
+    let (status, body) = probe(addr, "/api/v1/overview", Some(ADMIN)).await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, body) = probe(addr, "/api/v1/nothing", Some(ADMIN)).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+
+    let tweaked = config.clone();
+    let broker = TestBroker::start_with(move |c| *c = tweaked, access).await;
+    admin.attach(broker.broker.as_ref().expect("running").view());
+    let (status, body) = probe(addr, "/readyz", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = probe(addr, "/api/v1/overview", Some(ADMIN)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    admin.shutdown().await;
+    broker.stop().await;
 }

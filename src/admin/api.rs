@@ -114,6 +114,7 @@ impl Api {
             via_token,
         };
         match call.matched.route.action {
+            // Before the broker is up, `gate` answers these two.
             Action::Healthz => Ok(Reply::ok(json!({"status": "ok"}))),
             Action::Readyz => {
                 if self.broker.ready() {

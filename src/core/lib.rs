@@ -69,7 +69,6 @@ pub use dead_letter::{
 pub use dedup::{DedupMode, TopicDedupRule, TopicDedupStats, DEDUP_ID_BYTES_MAX};
 pub use disk::DiskFreeMin;
 pub use queue::QueueStats;
-pub use traffic::TrafficTotals;
 pub use queue_settings::VISIBILITY_TIMEOUT_MS_MAX;
 pub use queue_settings::{
     QueueMatch, QueueOverrides, QueuePattern, QueuePatternError, QueueRule, QueueRules,
@@ -77,6 +76,7 @@ pub use queue_settings::{
     QUEUE_PATTERN_WORDS_MAX, REDELIVERY_DELAY_MAX_FACTOR_DEFAULT, REDELIVERY_DELAY_MS_MAX,
     REDELIVERY_MULTIPLIER_MAX,
 };
+pub use traffic::TrafficTotals;
 
 use batch::Batch;
 use dead_letter::DeadLetter;

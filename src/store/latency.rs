@@ -42,7 +42,11 @@ impl SyncLatency {
     /// The counts now.
     pub(crate) fn snapshot(&self) -> LatencyHistogram {
         LatencyHistogram {
-            counts: self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect(),
+            counts: self
+                .counts
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .collect(),
             sum_us: self.sum_us.load(Ordering::Relaxed),
         }
     }
