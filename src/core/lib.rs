@@ -39,6 +39,7 @@ mod schedule;
 pub mod selector;
 mod session;
 pub mod stream;
+mod system_topics;
 mod traffic;
 mod trie;
 

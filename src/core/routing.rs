@@ -261,13 +261,10 @@ impl Inner {
                 )));
             }
         }
-        if let Address::Topic(topic) = address {
-            validate_topic_name(topic).map_err(|e| BrokerError::InvalidAddress(e.to_string()))?;
-        }
-        // Counted once valid, however many queues it reaches (none too).
-        self.traffic.published();
         let targets: Vec<(Arc<Queue>, MatchInfo)> = match address {
             Address::Topic(topic) => {
+                validate_topic_name(topic)
+                    .map_err(|e| BrokerError::InvalidAddress(e.to_string()))?;
                 let routing = self.routing.read();
                 let mut matches: Vec<(u64, &RouteBinding)> = Vec::new();
                 routing.trie.for_each_match(topic, |b| {

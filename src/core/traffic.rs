@@ -42,8 +42,9 @@ impl Traffic {
 /// The counters' values at one moment, since the core started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TrafficTotals {
-    /// Publishes and sends accepted (once per publish, however many
-    /// queues it reached).
+    /// Clients' publishes and sends accepted (once per publish, however
+    /// many queues it reached; a transaction's at its commit). The
+    /// broker's own (dead letters, wills, moves, `$SYS`) are not counted.
     pub published: u64,
     /// Messages handed to consumers, redeliveries included.
     pub delivered: u64,

@@ -29,11 +29,13 @@ pub mod hash_pool;
 mod listener;
 mod log_throttle;
 mod metrics;
+mod periodic;
 mod preflight;
 mod protocols;
 mod proxy;
 mod rates;
 mod refuse;
+mod sys_topics;
 mod tls;
 pub use tls::{ServerCertificate, TlsSetupError};
 pub mod users;
@@ -266,6 +268,7 @@ pub async fn start(
         idle: Notify::new(),
     });
     rates::spawn_sampler(&shared, stop_rx.clone());
+    sys_topics::spawn(&shared, stop_rx.clone());
     let mut addrs = Vec::new();
     let mut accept_tasks = Vec::new();
     for (kind, addr) in config.active_listeners() {

@@ -9,7 +9,7 @@
 //! second by the timer and once per overview request.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rosetta_core::TrafficTotals;
@@ -103,22 +103,8 @@ fn sample(shared: &Shared) {
 
 /// Samples every [`SAMPLE_EVERY`] until the broker stops accepting or is
 /// gone.
-pub(crate) fn spawn_sampler(shared: &Arc<Shared>, mut stopping: watch::Receiver<bool>) {
-    let weak: Weak<Shared> = Arc::downgrade(shared);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(SAMPLE_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stopping.changed() => return,
-            }
-            match weak.upgrade() {
-                Some(shared) => sample(&shared),
-                None => return,
-            }
-        }
-    });
+pub(crate) fn spawn_sampler(shared: &Arc<Shared>, stopping: watch::Receiver<bool>) {
+    crate::periodic::spawn(shared, SAMPLE_EVERY, stopping, sample);
 }
 
 #[cfg(test)]
