@@ -202,9 +202,24 @@ impl Broker {
         }
     }
 
+    /// A line logged once at start with `needle` in it, whether or not an
+    /// earlier [`Self::line_with`] read past it (the admin API logs that it
+    /// listens before the journal is recovered, the protocol listeners
+    /// after).
+    fn startup_line(&self, needle: &str) -> String {
+        let seen = self
+            .seen
+            .lock()
+            .expect("lines")
+            .iter()
+            .find(|l| l.contains(needle))
+            .cloned();
+        seen.unwrap_or_else(|| self.line_with(needle))
+    }
+
     /// Where the listener `key` is bound, from its "listening" line.
     fn addr(&self, key: &str) -> SocketAddr {
-        let line = self.line_with(&format!("listener=\"{key}\""));
+        let line = self.startup_line(&format!("listener=\"{key}\""));
         let rest = &line[line.find("addr=").expect("addr=") + 5..];
         let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
         rest[..end].parse().expect("address")
@@ -212,7 +227,7 @@ impl Broker {
 
     /// `http://` and the admin API's address, from its "listening" line.
     fn admin_url(&self) -> String {
-        let line = self.line_with("admin API listening");
+        let line = self.startup_line("admin API listening");
         let rest = &line[line.find("addr=").expect("addr=") + 5..];
         let api: SocketAddr = rest[..rest.find(char::is_whitespace).unwrap_or(rest.len())]
             .parse()
@@ -643,6 +658,15 @@ fn user_and_status_commands_speak_to_the_admin_api() {
     let broker = Broker::start(&config);
     let stomp = broker.addr("stomp");
     let url = broker.admin_url();
+    // `rosetta serve` binds the admin API before it recovers the journal,
+    // so /readyz answers (503) during a long recovery.
+    broker.startup_line("journal recovered");
+    let log = broker.log();
+    let at = |needle: &str| {
+        log.find(needle)
+            .unwrap_or_else(|| panic!("{needle}: {log}"))
+    };
+    assert!(at("admin API listening") < at("journal replayed"), "{log}");
     let root = |args: &[&str]| {
         let mut all = args.to_vec();
         all.extend(["--url", &url, "--user", "root", "--password", "root-pw"]);
