@@ -32,6 +32,55 @@ fn basic(user: &str, password: &str) -> String {
     format!("Basic {}", base64ct::Base64::encode_string(pair.as_bytes()))
 }
 
+/// One HTTP/1.1 request to the admin API at `addr`: status, headers and
+/// the JSON body (`null` when empty).
+async fn request(
+    addr: std::net::SocketAddr,
+    method: Method,
+    path: &str,
+    who: Option<(&str, &str)>,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (StatusCode, HeaderMap, Value) {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string());
+    if let Some((user, password)) = who {
+        req = req.header("authorization", basic(user, password));
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(Full::new(Bytes::from(body.unwrap_or_default().to_owned())))
+        .expect("request");
+    let response = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("answer in time")
+        .expect("response");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|e| panic!("JSON body ({e}): {}", String::from_utf8_lossy(&bytes)))
+    };
+    (status, headers, value)
+}
+
 /// A broker with a users file (`admin` administrator, `manager`
 /// management, `watcher` monitoring, `plain` no role) and its admin API.
 struct Admin {
@@ -107,43 +156,7 @@ impl Admin {
         body: Option<&str>,
     ) -> (StatusCode, HeaderMap, Value) {
         let addr = self.api.as_ref().expect("api").local_addr();
-        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .expect("handshake");
-        tokio::spawn(conn);
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", addr.to_string());
-        if let Some((user, password)) = who {
-            req = req.header("authorization", basic(user, password));
-        }
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let req = req
-            .body(Full::new(Bytes::from(body.unwrap_or_default().to_owned())))
-            .expect("request");
-        let response = tokio::time::timeout(WAIT, sender.send_request(req))
-            .await
-            .expect("answer in time")
-            .expect("response");
-        let status = response.status();
-        let headers = response.headers().clone();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .expect("body")
-            .to_bytes();
-        let value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|e| panic!("JSON body ({e}): {}", String::from_utf8_lossy(&bytes)))
-        };
-        (status, headers, value)
+        request(addr, method, path, who, headers, body).await
     }
 
     /// A request with credentials and no body.
@@ -1462,39 +1475,14 @@ async fn overview_rates_and_sync_latency_move_when_messages_flow() {
     admin.stop().await;
 }
 
-/// A plain GET without credentials: the status and the JSON body.
+/// A GET to the admin API at `addr`: the status and the JSON body.
 async fn probe(
     addr: std::net::SocketAddr,
     path: &str,
     who: Option<(&str, &str)>,
 ) -> (StatusCode, Value) {
-    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("handshake");
-    tokio::spawn(conn);
-    let mut req = Request::builder()
-        .uri(path)
-        .header("host", addr.to_string());
-    if let Some((user, password)) = who {
-        req = req.header("authorization", basic(user, password));
-    }
-    let req = req.body(Full::new(Bytes::new())).expect("request");
-    let response = tokio::time::timeout(WAIT, sender.send_request(req))
-        .await
-        .expect("answer in time")
-        .expect("response");
-    let status = response.status();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    let (status, _, body) = request(addr, Method::GET, path, who, &[], None).await;
+    (status, body)
 }
 
 /// Started before the broker (as `rosetta serve` does, ahead of the

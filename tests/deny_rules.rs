@@ -38,23 +38,10 @@ async fn broker() -> (TestBroker, tempfile::TempDir) {
     (TestBroker::start_with(|_| {}, access).await, dir)
 }
 
-async fn client5(
-    broker: &TestBroker,
-    id: &str,
-    user: &str,
-    pw: &str,
-) -> (v5::AsyncClient, v5::EventLoop) {
-    let mut opts = opts5(broker, id);
-    opts.set_credentials(user, pw);
-    let (c, ev, ack) = connected5(opts).await;
-    assert_eq!(ack.code, v5::ConnectReturnCode::Success);
-    (c, ev)
-}
-
 #[tokio::test]
 async fn mqtt5_subscriptions_overlapping_a_deny_get_0x87_and_others_succeed() {
     let (broker, _dir) = broker().await;
-    let (dora, mut dora_ev) = client5(&broker, "dora", "dora", "pw").await;
+    let (dora, mut dora_ev) = connected5_as(&broker, "dora", "dora", "pw").await;
     let refused = v5::SubscribeReasonCode::NotAuthorized;
     let granted = v5::SubscribeReasonCode::Success(v5::QoS::AtLeastOnce);
     // One SUBSCRIBE, one reason code per filter: the denied topic and
@@ -79,7 +66,7 @@ async fn mqtt5_subscriptions_overlapping_a_deny_get_0x87_and_others_succeed() {
 
     // alice publishes to both topics under test/: dora gets test/other
     // only (the refused wildcards were never bound).
-    let (alice, mut alice_ev) = client5(&broker, "alice", "alice", "secret").await;
+    let (alice, mut alice_ev) = connected5_as(&broker, "alice", "alice", "secret").await;
     for topic in ["test/nosubscribe", "test/other"] {
         alice
             .publish(topic, v5::QoS::AtLeastOnce, false, topic)
@@ -110,13 +97,13 @@ async fn mqtt5_subscriptions_overlapping_a_deny_get_0x87_and_others_succeed() {
 #[tokio::test]
 async fn mqtt5_publish_to_a_denied_topic_gets_puback_0x87() {
     let (broker, _dir) = broker().await;
-    let (alice, mut alice_ev) = client5(&broker, "alice", "alice", "secret").await;
+    let (alice, mut alice_ev) = connected5_as(&broker, "alice", "alice", "secret").await;
     let codes = subscribe_many5(&alice, &mut alice_ev, &["test/#"]).await;
     assert_eq!(
         codes,
         [v5::SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)]
     );
-    let (dora, mut dora_ev) = client5(&broker, "dora", "dora", "pw").await;
+    let (dora, mut dora_ev) = connected5_as(&broker, "dora", "dora", "pw").await;
     let mut reasons = Vec::new();
     for topic in ["test/nopublish", "test/ok"] {
         dora.publish(topic, v5::QoS::AtLeastOnce, false, topic)

@@ -43,19 +43,6 @@ async fn broker(interval_s: u64) -> (TestBroker, tempfile::TempDir) {
     (broker, dir)
 }
 
-async fn client(
-    broker: &TestBroker,
-    id: &str,
-    user: &str,
-    pw: &str,
-) -> (v5::AsyncClient, v5::EventLoop) {
-    let mut opts = opts5(broker, id);
-    opts.set_credentials(user, pw);
-    let (c, ev, ack) = connected5(opts).await;
-    assert_eq!(ack.code, v5::ConnectReturnCode::Success);
-    (c, ev)
-}
-
 /// Reads deliveries into `seen` (topic → latest payload) until `done`.
 async fn read_until(
     ev: &mut v5::EventLoop,
@@ -74,7 +61,7 @@ async fn read_until(
 #[tokio::test]
 async fn sys_topics_are_retained_refreshed_and_need_permission() {
     let (broker, _dir) = broker(1).await;
-    let (alice, mut alice_ev) = client(&broker, "alice-sys", "alice", "secret").await;
+    let (alice, mut alice_ev) = connected5_as(&broker, "alice-sys", "alice", "secret").await;
     let codes = subscribe_many5(&alice, &mut alice_ev, &["$SYS/broker/#"]).await;
     assert_eq!(
         codes,
@@ -98,7 +85,7 @@ async fn sys_topics_are_retained_refreshed_and_need_permission() {
 
     // A `#` subscriber gets ordinary topics but never `$SYS` ones, though
     // they are refreshed every second meanwhile.
-    let (all, mut all_ev) = client(&broker, "alice-all", "alice", "secret").await;
+    let (all, mut all_ev) = connected5_as(&broker, "alice-all", "alice", "secret").await;
     subscribe_many5(&all, &mut all_ev, &["#"]).await;
     // (Published by the subscriber itself: rumqttc sends while its event
     // loop is polled, and this one is polled below.)
@@ -130,7 +117,7 @@ async fn sys_topics_are_retained_refreshed_and_need_permission() {
     .await;
 
     // Without a permission reaching $SYS, subscribing is refused.
-    let (carol, mut carol_ev) = client(&broker, "carol-sys", "carol", "pw").await;
+    let (carol, mut carol_ev) = connected5_as(&broker, "carol-sys", "carol", "pw").await;
     let codes = subscribe_many5(&carol, &mut carol_ev, &["$SYS/broker/uptime", "plain/#"]).await;
     assert_eq!(
         codes,
@@ -146,7 +133,7 @@ async fn sys_topics_are_retained_refreshed_and_need_permission() {
 #[tokio::test]
 async fn an_interval_of_0_publishes_no_sys_topics() {
     let (broker, _dir) = broker(0).await;
-    let (alice, mut ev) = client(&broker, "alice-none", "alice", "secret").await;
+    let (alice, mut ev) = connected5_as(&broker, "alice-none", "alice", "secret").await;
     settle().await;
     let codes = subscribe_many5(&alice, &mut ev, &["$SYS/#"]).await;
     assert_eq!(
