@@ -198,6 +198,19 @@ enum UserAction {
         /// Address patterns the user may subscribe to or consume from (repeatable; default: everything).
         #[arg(long = "subscribe", value_name = "PATTERN")]
         subscribe: Vec<String>,
+        /// Address patterns the user may not publish to, whatever --publish
+        /// allows (repeatable; default: none).
+        #[arg(long = "deny-publish", value_name = "PATTERN", conflicts_with = "url")]
+        deny_publish: Vec<String>,
+        /// Address patterns the user may not subscribe to, whatever
+        /// --subscribe allows; a filter that could match one is refused
+        /// (repeatable; default: none).
+        #[arg(
+            long = "deny-subscribe",
+            value_name = "PATTERN",
+            conflicts_with = "url"
+        )]
+        deny_subscribe: Vec<String>,
         /// An admin API role (`monitoring`, `management` or `administrator`;
         /// repeatable). Without it a new user has none and an existing one
         /// keeps its own.
@@ -293,6 +306,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     password,
                     publish,
                     subscribe,
+                    deny_publish,
+                    deny_subscribe,
                     roles,
                     users_file,
                     url,
@@ -316,11 +331,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 return admin_cli::run(&admin_cli::Api::new(&url, None, None, token)?, command);
             }
             let path = users_file.unwrap_or_else(|| config.users_file());
-            let publish = (!publish.is_empty()).then_some(publish.as_slice());
-            let subscribe = (!subscribe.is_empty()).then_some(subscribe.as_slice());
+            let permissions = rosetta::users::PermissionSpec {
+                publish: (!publish.is_empty()).then_some(publish),
+                subscribe: (!subscribe.is_empty()).then_some(subscribe),
+                deny_publish,
+                deny_subscribe,
+            };
             let roles = (!roles.is_empty()).then_some(roles.as_slice());
             let secret = password.as_bytes();
-            rosetta::users::save_user(&path, &name, secret, publish, subscribe, roles)?;
+            rosetta::users::save_user_with(&path, &name, secret, &permissions, roles)?;
             println!("user '{name}' saved in {}", path.display());
             Ok(())
         }
@@ -392,20 +411,25 @@ fn api_of(args: ApiArgs) -> anyhow::Result<admin_cli::Api> {
 }
 
 /// The broker and its admin API until SIGINT or SIGTERM. The admin API
-/// stops last, so `/readyz` answers 503 while the broker drains.
+/// starts first, so `/readyz` answers 503 while the journal is recovered,
+/// and stops last, so it answers 503 while the broker drains.
 async fn serve(
     config: rosetta::config::Config,
     access: std::sync::Arc<rosetta::access::UsersAccess>,
 ) -> anyhow::Result<()> {
-    let broker = rosetta::server::start(config, access.clone()).await?;
-    let admin = match rosetta::admin::start(broker.view(), access.clone()).await {
-        Ok(admin) => admin,
+    let admin = rosetta::admin::start_early(&config, access.clone()).await?;
+    let broker = match rosetta::server::start(config, access.clone()).await {
+        Ok(broker) => broker,
         Err(e) => {
-            // Not half-started: the journal is flushed before the error.
-            broker.shutdown().await?;
+            if let Some(admin) = admin {
+                admin.shutdown().await;
+            }
             return Err(e);
         }
     };
+    if let Some(admin) = &admin {
+        admin.attach(broker.view());
+    }
     let users_file = broker.view().config().users_file();
     let view = broker.view();
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;

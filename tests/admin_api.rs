@@ -17,7 +17,7 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 
-use common::mqtt::{connected5, next5, opts5, v5};
+use common::mqtt::{connected5, next5, opts5, subscribe_many5, v5};
 use common::stomp::StompClient;
 use common::TestBroker;
 use rosetta::admin::AdminServer;
@@ -30,6 +30,55 @@ fn basic(user: &str, password: &str) -> String {
     use base64ct::Encoding;
     let pair = format!("{user}:{password}");
     format!("Basic {}", base64ct::Base64::encode_string(pair.as_bytes()))
+}
+
+/// One HTTP/1.1 request to the admin API at `addr`: status, headers and
+/// the JSON body (`null` when empty).
+async fn request(
+    addr: std::net::SocketAddr,
+    method: Method,
+    path: &str,
+    who: Option<(&str, &str)>,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (StatusCode, HeaderMap, Value) {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string());
+    if let Some((user, password)) = who {
+        req = req.header("authorization", basic(user, password));
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(Full::new(Bytes::from(body.unwrap_or_default().to_owned())))
+        .expect("request");
+    let response = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("answer in time")
+        .expect("response");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|e| panic!("JSON body ({e}): {}", String::from_utf8_lossy(&bytes)))
+    };
+    (status, headers, value)
 }
 
 /// A broker with a users file (`admin` administrator, `manager`
@@ -107,43 +156,7 @@ impl Admin {
         body: Option<&str>,
     ) -> (StatusCode, HeaderMap, Value) {
         let addr = self.api.as_ref().expect("api").local_addr();
-        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .expect("handshake");
-        tokio::spawn(conn);
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", addr.to_string());
-        if let Some((user, password)) = who {
-            req = req.header("authorization", basic(user, password));
-        }
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let req = req
-            .body(Full::new(Bytes::from(body.unwrap_or_default().to_owned())))
-            .expect("request");
-        let response = tokio::time::timeout(WAIT, sender.send_request(req))
-            .await
-            .expect("answer in time")
-            .expect("response");
-        let status = response.status();
-        let headers = response.headers().clone();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .expect("body")
-            .to_bytes();
-        let value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|e| panic!("JSON body ({e}): {}", String::from_utf8_lossy(&bytes)))
-        };
-        (status, headers, value)
+        request(addr, method, path, who, headers, body).await
     }
 
     /// A request with credentials and no body.
@@ -1317,4 +1330,211 @@ fn subdir(dir: &std::path::Path, name: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::create_dir_all(&path).expect("mkdir");
     path
+}
+
+/// Deny rules through the API: created with a user, shown by GET, replaced
+/// by `PUT .../permissions`, and in force on a connection that is already
+/// open at its next SUBSCRIBE (rumqttc, MQTT 5).
+#[tokio::test]
+async fn deny_rules_are_set_through_the_api_and_bind_live_connections() {
+    let admin = Admin::start().await;
+    let new = r#"{"name": "dora", "password": "dora-pw",
+                  "deny_subscribe": ["/topic/test/nosubscribe"]}"#;
+    let (status, _, body) = admin
+        .act_on(Method::POST, "/api/v1/users", ADMIN, new)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["deny_subscribe"], json!(["/topic/test/nosubscribe"]));
+    assert_eq!(body["deny_publish"], json!([]));
+    assert_eq!(body["subscribe"], json!(["#"]));
+
+    let mut opts = opts5(&admin.broker, "dora-live");
+    opts.set_credentials("dora", "dora-pw");
+    let (c, mut ev, ack) = connected5(opts).await;
+    assert_eq!(ack.code, v5::ConnectReturnCode::Success);
+    let refused = [v5::SubscribeReasonCode::NotAuthorized];
+    let granted = [v5::SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)];
+    assert_eq!(subscribe_many5(&c, &mut ev, &["test/#"]).await, refused);
+    assert_eq!(subscribe_many5(&c, &mut ev, &["other/a"]).await, granted);
+
+    // The new lists replace the old: test/# is allowed now, other/# denied,
+    // for the connection already open.
+    let change = r#"{"deny_subscribe": ["/topic/other/#"], "deny_publish": ["/queue/audit"]}"#;
+    let (status, _, body) = admin
+        .act_on(Method::PUT, "/api/v1/users/dora/permissions", ADMIN, change)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["deny_subscribe"], json!(["/topic/other/#"]), "{body}");
+    assert_eq!(body["deny_publish"], json!(["/queue/audit"]), "{body}");
+    let (_, body) = admin.get("/api/v1/users/dora", ADMIN).await;
+    assert_eq!(body["deny_subscribe"], json!(["/topic/other/#"]), "{body}");
+    assert_eq!(subscribe_many5(&c, &mut ev, &["test/#"]).await, granted);
+    assert_eq!(subscribe_many5(&c, &mut ev, &["other/b"]).await, refused);
+    let file = std::fs::read_to_string(&admin.users_file).expect("users file");
+    assert!(
+        file.contains("deny_subscribe = [\"/topic/other/#\"]"),
+        "{file}"
+    );
+
+    // Refusals: a bad pattern, an unknown key, an unknown user, no role.
+    for (who, path, body, want) in [
+        (
+            ADMIN,
+            "dora",
+            r#"{"deny_publish": ["nope"]}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (ADMIN, "dora", r#"{"deny": []}"#, StatusCode::BAD_REQUEST),
+        (ADMIN, "nobody", "{}", StatusCode::NOT_FOUND),
+        (MANAGER, "dora", "{}", StatusCode::FORBIDDEN),
+    ] {
+        let path = format!("/api/v1/users/{path}/permissions");
+        let (status, _, answer) = admin.act_on(Method::PUT, &path, who, body).await;
+        assert_error(status, &answer, want);
+    }
+    admin.stop().await;
+}
+
+/// The overview's message rates and journal sync latency: zero-shaped on
+/// an idle broker, moving once a STOMP producer and consumer exchange
+/// persistent messages (the rates come from once-a-second samples, so the
+/// test keeps traffic flowing until two samples have seen it); `/metrics`
+/// carries the same counters and the sync-time histogram.
+#[tokio::test]
+async fn overview_rates_and_sync_latency_move_when_messages_flow() {
+    let admin = Admin::start().await;
+    let (status, body) = admin.get("/api/v1/overview", WATCHER).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let rates = &body["messages"]["rates"];
+    for key in [
+        "published_per_s",
+        "delivered_per_s",
+        "acknowledged_per_s",
+        "window_s",
+    ] {
+        assert!(rates[key].is_f64() || rates[key].is_u64(), "{key}: {body}");
+    }
+    assert_eq!(body["messages"]["published_total"], json!(0), "{body}");
+    let sync = &body["journal"]["sync_latency"];
+    assert!(sync["syncs"].is_u64(), "{body}");
+    assert!(
+        sync.get("p50_us").is_some() && sync.get("p99_us").is_some(),
+        "{body}"
+    );
+
+    let creds = [("login", ADMIN.0), ("passcode", ADMIN.1)];
+    let mut producer = StompClient::connect(admin.broker.stomp(), &creds).await;
+    let mut consumer = StompClient::connect(admin.broker.stomp(), &creds).await;
+    consumer.subscribe("s", "/queue/rates", "auto", &[]).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        producer.send_numbered("/queue/rates", 5).await;
+        consumer.messages(5).await;
+        let (_, body) = admin.get("/api/v1/overview", WATCHER).await;
+        let rate = |key: &str| body["messages"]["rates"][key].as_f64().unwrap_or(0.0);
+        let moving = ["published_per_s", "delivered_per_s", "acknowledged_per_s"]
+            .iter()
+            .all(|k| rate(k) > 0.0);
+        if moving && body["journal"]["sync_latency"]["p50_us"].is_u64() {
+            break body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rates never moved: {body}"
+        );
+    };
+    let m = &body["messages"];
+    assert!(
+        m["published_total"].as_u64().is_some_and(|n| n >= 5),
+        "{body}"
+    );
+    assert!(
+        m["delivered_total"].as_u64().is_some_and(|n| n >= 5),
+        "{body}"
+    );
+    let sync = &body["journal"]["sync_latency"];
+    let (p50, p99) = (sync["p50_us"].as_u64(), sync["p99_us"].as_u64());
+    assert!(
+        p50.is_some_and(|p50| p99.is_some_and(|p99| p50 <= p99)),
+        "{body}"
+    );
+
+    let text = admin.broker.broker.as_ref().expect("running").metrics();
+    for series in [
+        "\nrosetta_messages_published_total ",
+        "\nrosetta_messages_delivered_total ",
+        "\nrosetta_messages_acknowledged_total ",
+        "\n# TYPE rosetta_journal_sync_seconds histogram\n",
+        "\nrosetta_journal_sync_seconds_bucket{le=\"+Inf\"} ",
+        "\nrosetta_journal_sync_seconds_count ",
+    ] {
+        assert!(text.contains(series), "{series}: {text}");
+    }
+    producer.disconnect().await;
+    consumer.disconnect().await;
+    admin.stop().await;
+}
+
+/// A GET to the admin API at `addr`: the status and the JSON body.
+async fn probe(
+    addr: std::net::SocketAddr,
+    path: &str,
+    who: Option<(&str, &str)>,
+) -> (StatusCode, Value) {
+    let (status, _, body) = request(addr, Method::GET, path, who, &[], None).await;
+    (status, body)
+}
+
+/// Started before the broker (as `rosetta serve` does, ahead of the
+/// journal's recovery), the admin listener answers: `/healthz` 200,
+/// `/readyz` and the API 503 with a JSON error, unknown paths 404; once the
+/// broker is attached, ready and served.
+#[tokio::test]
+async fn before_the_broker_is_up_health_answers_and_ready_is_503() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let users_file = dir.path().join("users.toml");
+    rosetta::users::save_user(
+        &users_file,
+        ADMIN.0,
+        ADMIN.1.as_bytes(),
+        None,
+        None,
+        Some(&[AdminRole::Administrator]),
+    )
+    .expect("save user");
+    let users = rosetta::users::Users::load(&users_file).expect("load users");
+    let access = Arc::new(rosetta::access::UsersAccess::new(users, false).expect("access"));
+    let mut config = common::test_config(dir.path());
+    config.security.users_file = Some(users_file);
+    config.admin.listen = Some(ListenAddr::new("127.0.0.1", 0));
+    let admin = rosetta::admin::start_early(&config, access.clone())
+        .await
+        .expect("admin API starts")
+        .expect("admin API on");
+    let addr = admin.local_addr();
+
+    let (status, body) = probe(addr, "/healthz", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = probe(addr, "/readyz", None).await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        body["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("recover")),
+        "{body}"
+    );
+    let (status, body) = probe(addr, "/api/v1/overview", Some(ADMIN)).await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, body) = probe(addr, "/api/v1/nothing", Some(ADMIN)).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+
+    let tweaked = config.clone();
+    let broker = TestBroker::start_with(move |c| *c = tweaked, access).await;
+    admin.attach(broker.broker.as_ref().expect("running").view());
+    let (status, body) = probe(addr, "/readyz", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = probe(addr, "/api/v1/overview", Some(ADMIN)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    admin.shutdown().await;
+    broker.stop().await;
 }

@@ -202,9 +202,24 @@ impl Broker {
         }
     }
 
+    /// A line logged once at start with `needle` in it, whether or not an
+    /// earlier [`Self::line_with`] read past it (the admin API logs that it
+    /// listens before the journal is recovered, the protocol listeners
+    /// after).
+    fn startup_line(&self, needle: &str) -> String {
+        let seen = self
+            .seen
+            .lock()
+            .expect("lines")
+            .iter()
+            .find(|l| l.contains(needle))
+            .cloned();
+        seen.unwrap_or_else(|| self.line_with(needle))
+    }
+
     /// Where the listener `key` is bound, from its "listening" line.
     fn addr(&self, key: &str) -> SocketAddr {
-        let line = self.line_with(&format!("listener=\"{key}\""));
+        let line = self.startup_line(&format!("listener=\"{key}\""));
         let rest = &line[line.find("addr=").expect("addr=") + 5..];
         let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
         rest[..end].parse().expect("address")
@@ -212,7 +227,7 @@ impl Broker {
 
     /// `http://` and the admin API's address, from its "listening" line.
     fn admin_url(&self) -> String {
-        let line = self.line_with("admin API listening");
+        let line = self.startup_line("admin API listening");
         let rest = &line[line.find("addr=").expect("addr=") + 5..];
         let api: SocketAddr = rest[..rest.find(char::is_whitespace).unwrap_or(rest.len())]
             .parse()
@@ -643,6 +658,15 @@ fn user_and_status_commands_speak_to_the_admin_api() {
     let broker = Broker::start(&config);
     let stomp = broker.addr("stomp");
     let url = broker.admin_url();
+    // `rosetta serve` binds the admin API before it recovers the journal,
+    // so /readyz answers (503) during a long recovery.
+    broker.startup_line("journal recovered");
+    let log = broker.log();
+    let at = |needle: &str| {
+        log.find(needle)
+            .unwrap_or_else(|| panic!("{needle}: {log}"))
+    };
+    assert!(at("admin API listening") < at("journal replayed"), "{log}");
     let root = |args: &[&str]| {
         let mut all = args.to_vec();
         all.extend(["--url", &url, "--user", "root", "--password", "root-pw"]);
@@ -786,6 +810,39 @@ fn user_add_sets_admin_roles_and_refuses_an_unknown_one() {
         "{}",
         stderr(&out)
     );
+}
+
+#[test]
+fn user_add_writes_deny_rules_and_refuses_a_malformed_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let users = dir.path().join("users.toml");
+    let users_arg = users.to_str().expect("utf-8");
+    let base = [
+        "user",
+        "add",
+        "dora",
+        "--password",
+        "pw",
+        "--users-file",
+        users_arg,
+    ];
+    let with = |extra: &[&str]| rosetta(&[&base[..], extra].concat());
+    let out = with(&[
+        "--deny-subscribe",
+        "/topic/test/nosubscribe",
+        "--deny-publish",
+        "/queue/audit",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let saved = rosetta::users::Users::load(&users).expect("users file");
+    let summary = saved.summary("dora").expect("dora");
+    assert_eq!(summary.deny_subscribe, ["/topic/test/nosubscribe"]);
+    assert_eq!(summary.deny_publish, ["/queue/audit"]);
+    let dora = saved.permissions(Some("dora"));
+    assert!(!dora.may_subscribe(&rosetta_neutral::Address::Topic("test/#".into())));
+    let out = with(&["--deny-subscribe", "test/nosubscribe"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("canonical"), "{}", stderr(&out));
 }
 
 // ---- SIGHUP reloads the users file ------------------------------------------

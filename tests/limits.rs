@@ -48,21 +48,6 @@ async fn subscribe_many4(
     suback4(ev).await
 }
 
-async fn subscribe_many5(
-    c: &v5::AsyncClient,
-    ev: &mut v5::EventLoop,
-    filters: &[&str],
-) -> Vec<v5::SubscribeReasonCode> {
-    c.subscribe_many(
-        filters
-            .iter()
-            .map(|f| v5::Filter::new((*f).to_owned(), v5::QoS::AtLeastOnce)),
-    )
-    .await
-    .expect("subscribe");
-    suback5(ev).await.return_codes
-}
-
 fn ok5() -> v5::SubscribeReasonCode {
     v5::SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)
 }

@@ -114,6 +114,7 @@ impl Api {
             via_token,
         };
         match call.matched.route.action {
+            // Before the broker is up, `gate` answers these two.
             Action::Healthz => Ok(Reply::ok(json!({"status": "ok"}))),
             Action::Readyz => {
                 if self.broker.ready() {
@@ -149,6 +150,7 @@ impl Api {
             Action::GetUser => users::get(self, &call),
             Action::DeleteUser => users::delete(self, &call).await,
             Action::SetPassword => users::set_password(self, &call).await,
+            Action::SetPermissions => users::set_permissions(self, &call).await,
             Action::BalancerTarget => balancer::target(self, &call),
         }
     }

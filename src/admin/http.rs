@@ -15,10 +15,10 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-use crate::api::Api;
 use crate::auth::REALM;
 use crate::console::{self, ConsoleAnswer};
 use crate::error::ApiError;
+use crate::gate::Gate;
 use crate::router;
 
 /// Admin connections open at once: an operator, a console and a few
@@ -34,7 +34,7 @@ pub const REQUEST_HEAD_TIMEOUT_MS: u64 = 10_000;
 pub const SHUTDOWN_GRACE_MS: u64 = 2_000;
 
 /// Accepts on `listener` until `stop` turns true.
-pub(crate) async fn serve(listener: TcpListener, api: Arc<Api>, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn serve(listener: TcpListener, api: Arc<Gate>, mut stop: watch::Receiver<bool>) {
     let slots = Arc::new(Semaphore::new(ADMIN_CONNECTIONS_MAX));
     loop {
         let accepted = tokio::select! {
@@ -64,7 +64,7 @@ pub(crate) async fn serve(listener: TcpListener, api: Arc<Api>, mut stop: watch:
 async fn serve_connection(
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
-    api: Arc<Api>,
+    api: Arc<Gate>,
     mut stop: watch::Receiver<bool>,
 ) {
     let service = hyper::service::service_fn(move |req| {
@@ -94,7 +94,7 @@ async fn serve_connection(
 }
 
 /// One request's answer: every error is a JSON body with its status.
-async fn respond(api: &Api, req: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
+async fn respond(api: &Gate, req: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     if method == hyper::Method::GET || method == hyper::Method::HEAD {

@@ -4,7 +4,9 @@
 //!
 //! ## Shape
 //! - `GET /healthz` (live) and `GET /readyz` (recovered and listening; 503
-//!   once the shutdown begins) need no credentials, for orchestrators.
+//!   while the journal is recovered and once the shutdown begins) need no
+//!   credentials, for orchestrators. The listener is up before recovery
+//!   ([`start_early`], then [`AdminServer::attach`]; `gate`).
 //! - Every `/api/v1/` request needs HTTP basic credentials of a user in the
 //!   users file, or a bearer token made for one ([`tokens`]), ([`auth`])
 //!   holding the route's role ([`router::ROUTES`]):
@@ -27,7 +29,8 @@
 //! `roles` (one resource each).
 //!
 //! It depends on the server (the server does not know it): the binary
-//! starts the broker, then this over the broker's [`BrokerView`].
+//! starts this, then the broker, and hands this the broker's
+//! [`BrokerView`].
 
 mod api;
 pub mod auth;
@@ -35,6 +38,7 @@ mod balancer;
 mod connections;
 mod console;
 pub mod error;
+mod gate;
 mod http;
 pub mod listing;
 pub mod messages;
@@ -52,6 +56,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
+use rosetta_config::Config;
 use rosetta_server::access::UsersAccess;
 use rosetta_server::BrokerView;
 use tokio::sync::watch;
@@ -68,6 +73,7 @@ pub use sessions::MQTT_SESSION_QUEUE_PREFIX;
 /// A running admin API.
 pub struct AdminServer {
     addr: SocketAddr,
+    gate: Arc<gate::Gate>,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -78,6 +84,12 @@ impl AdminServer {
         self.addr
     }
 
+    /// Puts the broker, recovered and listening, behind the API: from now
+    /// on `/readyz` says ready and the API answers.
+    pub fn attach(&self, broker: BrokerView) {
+        self.gate.attach(broker);
+    }
+
     /// Stops accepting and lets open requests finish (bounded).
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
@@ -86,14 +98,29 @@ impl AdminServer {
 }
 
 /// Binds `[admin] listen` of the broker's configuration and serves the
-/// API; `Ok(None)` when the API is off. `users` is the access control the
-/// broker runs with: the API checks its credentials against it and puts
-/// the users file back in force through it after each change.
+/// API over `broker`; `Ok(None)` when the API is off. `users` is the
+/// access control the broker runs with: the API checks its credentials
+/// against it and puts the users file back in force through it after each
+/// change.
 pub async fn start(
     broker: BrokerView,
     users: Arc<UsersAccess>,
 ) -> anyhow::Result<Option<AdminServer>> {
-    let Some(addr) = broker.config().admin.listen_addr() else {
+    let admin = start_early(broker.config(), users).await?;
+    if let Some(admin) = &admin {
+        admin.attach(broker);
+    }
+    Ok(admin)
+}
+
+/// [`start`] before there is a broker, so that health checks are answered
+/// while the journal is recovered: `/healthz` 200, `/readyz` and the API
+/// 503 until [`AdminServer::attach`].
+pub async fn start_early(
+    config: &Config,
+    users: Arc<UsersAccess>,
+) -> anyhow::Result<Option<AdminServer>> {
+    let Some(addr) = config.admin.listen_addr() else {
         tracing::info!("admin API off ([admin] listen = \"\" or enabled = false)");
         return Ok(None);
     };
@@ -101,24 +128,17 @@ pub async fn start(
         .await
         .with_context(|| format!("admin API ([admin] listen) on {addr}"))?;
     let bound = listener.local_addr()?;
-    let users_file = broker.config().users_file();
-    let tokens =
-        Arc::new(tokens::Tokens::load(&broker.config().data_dir).context("admin API tokens")?);
-    let api = Arc::new(api::Api {
-        broker,
-        auth: auth::Authenticator::new(users, Arc::clone(&tokens)),
-        tokens,
-        users_file,
-        users_write: tokio::sync::Mutex::new(()),
-    });
+    let tokens = Arc::new(tokens::Tokens::load(&config.data_dir).context("admin API tokens")?);
+    let gate = Arc::new(gate::Gate::new(users, tokens, config.users_file()));
     let (stop, stop_rx) = watch::channel(false);
-    let task = tokio::spawn(http::serve(listener, api, stop_rx));
+    let task = tokio::spawn(http::serve(listener, Arc::clone(&gate), stop_rx));
     tracing::info!(addr = %bound, "admin API listening");
     if !bound.ip().is_loopback() {
         tracing::warn!(addr = %bound, "the admin API is reachable from the network: it is HTTP without TLS, so basic credentials cross the network in the clear");
     }
     Ok(Some(AdminServer {
         addr: bound,
+        gate,
         stop,
         task,
     }))

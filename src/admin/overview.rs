@@ -1,5 +1,7 @@
 //! `GET /api/v1/overview`: the broker at a glance, from counters that
 //! exist anyway (no per-queue work: 100,000 queues cost their count).
+//! Rates and sync latencies are over the last seconds, from the server's
+//! once-a-second samples (`BrokerView::recent_activity`).
 
 use std::collections::BTreeMap;
 
@@ -29,6 +31,8 @@ pub(crate) fn overview(broker: &BrokerView) -> Value {
         *by_transport.entry(transport).or_default() += 1;
     }
     let s = &figures.store;
+    let traffic = core.traffic();
+    let recent = broker.recent_activity();
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "node": node_name(),
@@ -49,6 +53,17 @@ pub(crate) fn overview(broker: &BrokerView) -> Value {
             "paged_messages": core.messages_paged(),
             "producers_blocked": core.producers_blocked(),
         },
+        "messages": {
+            "published_total": traffic.published,
+            "delivered_total": traffic.delivered,
+            "acknowledged_total": traffic.acknowledged,
+            "rates": {
+                "window_s": recent.window_s,
+                "published_per_s": recent.published_per_s,
+                "delivered_per_s": recent.delivered_per_s,
+                "acknowledged_per_s": recent.acknowledged_per_s,
+            },
+        },
         "disk_free_bytes": core.disk_free_bytes(),
         "journal": {
             "bytes": s.bytes,
@@ -57,6 +72,12 @@ pub(crate) fn overview(broker: &BrokerView) -> Value {
             "batches_total": s.batches,
             "syncs_total": s.syncs,
             "pending_bytes": s.pending_bytes,
+            "sync_latency": {
+                "window_s": recent.window_s,
+                "syncs": recent.syncs,
+                "p50_us": recent.sync_p50_us,
+                "p99_us": recent.sync_p99_us,
+            },
         },
     })
 }

@@ -74,6 +74,8 @@ pub enum Action {
     DeleteUser,
     /// `PUT /api/v1/users/{name}/password`.
     SetPassword,
+    /// `PUT /api/v1/users/{name}/permissions`.
+    SetPermissions,
     /// `GET /api/v1/balancer/target`.
     BalancerTarget,
 }
@@ -211,6 +213,12 @@ pub const ROUTES: &[Route] = &[
         "/api/v1/users/{name}/password",
         ADMIN,
         Action::SetPassword,
+    ),
+    route(
+        Method::PUT,
+        "/api/v1/users/{name}/permissions",
+        ADMIN,
+        Action::SetPermissions,
     ),
     route(
         Method::GET,

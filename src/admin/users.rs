@@ -1,10 +1,11 @@
-//! `/api/v1/users`: list, create, get, delete, change password. The users
+//! `/api/v1/users`: list, create, get, delete, change password or
+//! permissions (allow and deny lists). The users
 //! file stays the one source: every change is written to it atomically
 //! (temporary file, sync, rename: `rosetta_server::users`), then read
 //! back and put in force, so the next login sees it. A hash is never
 //! returned.
 
-use rosetta_server::users::{self, AdminRole, UserSummary, Users, UsersError};
+use rosetta_server::users::{self, AdminRole, PermissionSpec, UserSummary, Users, UsersError};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -18,6 +19,8 @@ fn item(u: &UserSummary) -> Value {
         "roles": u.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>(),
         "publish": u.publish,
         "subscribe": u.subscribe,
+        "deny_publish": u.deny_publish,
+        "deny_subscribe": u.deny_subscribe,
     })
 }
 
@@ -50,6 +53,12 @@ struct NewUser {
     publish: Option<Vec<String>>,
     /// Absent: everything.
     subscribe: Option<Vec<String>>,
+    /// Absent: none. A deny wins over an allow.
+    #[serde(default)]
+    deny_publish: Vec<String>,
+    /// Absent: none.
+    #[serde(default)]
+    deny_subscribe: Vec<String>,
 }
 
 pub(crate) async fn create(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError> {
@@ -72,12 +81,17 @@ pub(crate) async fn create(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError
     let path = api.users_file.clone();
     let name = new.name.clone();
     write(api, move || {
-        users::save_user(
+        let permissions = PermissionSpec {
+            publish: new.publish,
+            subscribe: new.subscribe,
+            deny_publish: new.deny_publish,
+            deny_subscribe: new.deny_subscribe,
+        };
+        users::save_user_with(
             &path,
             &new.name,
             new.password.as_bytes(),
-            new.publish.as_deref(),
-            new.subscribe.as_deref(),
+            &permissions,
             Some(&roles),
         )
     })
@@ -124,6 +138,27 @@ pub(crate) async fn set_password(api: &Api, call: &Call<'_>) -> Result<Reply, Ap
     }
     tracing::info!(user = %name, by = ?call.user, "admin API: password changed");
     Ok(Reply::no_content())
+}
+
+/// `PUT /api/v1/users/{name}/permissions`: the body (a
+/// [`PermissionSpec`]) replaces all four lists (an absent allow list is
+/// everything, an absent deny list none). Connections already open see
+/// them at their next publish or subscribe.
+pub(crate) async fn set_permissions(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError> {
+    let name = call.matched.param().to_owned();
+    let spec: PermissionSpec = call.json(None)?;
+    let _writing = api.users_write.lock().await;
+    let path = api.users_file.clone();
+    let target = name.clone();
+    let found = write(api, move || users::set_permissions(&path, &target, &spec)).await?;
+    if !found {
+        return Err(ApiError::not_found(format!("no user '{name}'")));
+    }
+    tracing::info!(user = %name, by = ?call.user, "admin API: permissions changed");
+    let summary = api.auth.users().users().summary(&name);
+    Ok(Reply::ok(
+        summary.map_or(json!({"name": name}), |u| item(&u)),
+    ))
 }
 
 /// Runs a users-file change off the async workers (it hashes passwords

@@ -40,6 +40,7 @@ mod protocols;
 mod queues;
 mod store;
 mod streams;
+mod sys;
 mod topics;
 mod transport;
 
@@ -61,6 +62,7 @@ pub use protocols::*;
 pub use queues::*;
 pub use store::*;
 pub use streams::*;
+pub use sys::*;
 pub use topics::*;
 pub use transport::*;
 
@@ -103,6 +105,8 @@ pub struct Config {
     pub topics: Vec<TopicEntry>,
     /// `[admin]`: the admin HTTP API.
     pub admin: AdminConfig,
+    /// `[sys]`: the `$SYS/broker/...` topics.
+    pub sys: SysConfig,
     /// `[cluster]`: membership on etcd and the balancer; `None`: one node.
     pub cluster: Option<ClusterConfig>,
     /// Directory of the file this was loaded from (`None` for the embedded
@@ -129,6 +133,7 @@ impl Default for Config {
             streams: Vec::new(),
             topics: Vec::new(),
             admin: AdminConfig::default(),
+            sys: SysConfig::default(),
             cluster: None,
             config_dir: None,
         }
@@ -343,6 +348,7 @@ impl Config {
         self.check_queues()?;
         self.check_streams()?;
         self.check_topics()?;
+        within("sys.interval_s", self.sys.interval_s, 0, SYS_INTERVAL_S_MAX)?;
         self.check_cluster()
     }
 

@@ -336,6 +336,7 @@ fn the_defaults_file_mentions_every_key() {
         "stomp",
         "amqp",
         "admin",
+        "sys",
         "queues",
         "cluster",
         "cluster.balancer",
@@ -367,6 +368,7 @@ fn the_defaults_file_mentions_every_key() {
                 "stomp",
                 "amqp",
                 "admin",
+                "sys",
                 "cluster",
             ]
             .contains(&key)
@@ -648,4 +650,14 @@ fn topic_entries_become_dedup_windows_in_file_order_and_are_checked() {
     }
     // A malformed filter is refused as it is read.
     assert!(Config::parse("[[topics]]\nfilter = \"a/#/b\"\ndedup_window_s = 1\n", "x").is_err());
+}
+
+#[test]
+fn sys_interval_defaults_to_10_and_0_turns_it_off() {
+    let c = Config::parse("", "x").expect("parses");
+    assert_eq!(c.sys.interval(), Some(std::time::Duration::from_secs(10)));
+    let c = Config::parse("[sys]\ninterval_s = 0\n", "x").expect("parses");
+    assert_eq!(c.sys.interval(), None);
+    let err = Config::parse("[sys]\ninterval_s = 86401\n", "x").expect_err("too long");
+    assert!(err.to_string().contains("sys.interval_s"), "{err}");
 }

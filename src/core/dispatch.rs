@@ -620,6 +620,7 @@ impl Queue {
         let auto_settle = slot.auto_settle;
         slot.sink.send(SessionEvent::Delivery(delivery));
         st.stats.deliveries_total += 1;
+        self.traffic.delivered();
         if entry.redelivered {
             st.stats.redeliveries_total += 1;
         }
@@ -634,6 +635,7 @@ impl Queue {
                 }
             }
             st.stats.acked_total += 1;
+            self.traffic.acknowledged();
             st.stats.time_in_queue_ms_total += elapsed_ms(entry.enqueued_at);
             out.records.extend(self.ack_record(&entry));
             self.release(&entry);

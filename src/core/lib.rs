@@ -39,6 +39,8 @@ mod schedule;
 pub mod selector;
 mod session;
 pub mod stream;
+mod system_topics;
+mod traffic;
 mod trie;
 
 use std::collections::HashMap;
@@ -75,6 +77,7 @@ pub use queue_settings::{
     QUEUE_PATTERN_WORDS_MAX, REDELIVERY_DELAY_MAX_FACTOR_DEFAULT, REDELIVERY_DELAY_MS_MAX,
     REDELIVERY_MULTIPLIER_MAX,
 };
+pub use traffic::TrafficTotals;
 
 use batch::Batch;
 use dead_letter::DeadLetter;
@@ -368,6 +371,8 @@ pub(crate) struct Inner {
     wills: Mutex<Vec<PendingWill>>,
     /// Bytes held by all queues (producer flow control).
     memory: Arc<MemoryGauge>,
+    /// Messages published, delivered and acknowledged, broker-wide.
+    traffic: Arc<traffic::Traffic>,
     /// Free disk space (producer flow control).
     disk: DiskWatch,
     /// The time messages are scheduled, delayed and expired by.
@@ -450,6 +455,7 @@ impl Core {
             clients: Mutex::new(HashMap::new()),
             wills: Mutex::new(Vec::new()),
             memory,
+            traffic: Arc::default(),
             disk,
             clock,
             timers: Arc::new(Timers::default()),
@@ -522,6 +528,12 @@ impl Core {
     /// Statistics of one queue.
     pub fn queue_stats(&self, name: &str) -> Option<QueueStats> {
         self.inner.routing.read().queue(name).map(|q| q.stats())
+    }
+
+    /// Messages published, delivered and acknowledged since the core
+    /// started, broker-wide.
+    pub fn traffic(&self) -> TrafficTotals {
+        self.inner.traffic.totals()
     }
 
     /// Bytes of messages held by all queues (each queue's copy counted).
@@ -639,6 +651,7 @@ impl Inner {
         QueueLinks {
             memory: Arc::clone(&self.memory),
             timers: Arc::clone(&self.timers),
+            traffic: Arc::clone(&self.traffic),
         }
     }
 

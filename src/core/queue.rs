@@ -260,6 +260,8 @@ pub(crate) struct Queue {
     pub(crate) settings: QueueSettings,
     pub(crate) state: Mutex<QueueState>,
     memory: Arc<MemoryGauge>,
+    /// The broker-wide message counters.
+    pub(crate) traffic: Arc<crate::traffic::Traffic>,
     /// The core-wide timer this queue arms with its earliest due time.
     timers: Arc<Timers>,
     /// This queue, for the timer to come back to.
@@ -274,6 +276,7 @@ pub(crate) struct Queue {
 pub(crate) struct QueueLinks {
     pub(crate) memory: Arc<MemoryGauge>,
     pub(crate) timers: Arc<Timers>,
+    pub(crate) traffic: Arc<crate::traffic::Traffic>,
 }
 
 /// A queue's duplicate detection.
@@ -317,6 +320,7 @@ impl Queue {
             lifetime: Mutex::new(lifetime),
             owner_session,
             memory: links.memory,
+            traffic: links.traffic,
             timers: links.timers,
             me: me.clone(),
             dedup,

@@ -421,6 +421,7 @@ fn settle_locked(
         Outcome::Accept => {
             queue.release(&entry);
             st.stats.acked_total += 1;
+            queue.traffic.acknowledged();
             st.stats.time_in_queue_ms_total += elapsed_ms(entry.enqueued_at);
             batch.records.extend(queue.ack_record(&entry));
         }
@@ -649,7 +650,9 @@ impl Session for CoreSession {
         if let Address::Queue(name) = address {
             if let Some(s) = self.inner.streams.get(name, false)? {
                 drop(st);
-                return self.publish_to_stream(&s, message, options);
+                let receipt = self.publish_to_stream(&s, message, options)?;
+                self.inner.traffic.published();
+                return Ok(receipt);
             }
         }
         if let Some(txn) = options.txn {
@@ -681,6 +684,9 @@ impl Session for CoreSession {
             Duplicates::Detect,
         )?;
         let pending = self.commit_batch(batch, options.confirm);
+        // A client's publish, once however many queues it reached; the
+        // broker's own copies (dead letters, wills, moves) are not counted.
+        self.inner.traffic.published();
         Ok(PublishReceipt { routed, pending })
     }
 
@@ -1059,7 +1065,7 @@ impl Session for CoreSession {
                         &mut batch,
                         Duplicates::Detect,
                     )
-                    .map(|_| ()),
+                    .map(|_| self.inner.traffic.published()),
                 Staged::Settle {
                     consumer,
                     tag,

@@ -29,10 +29,13 @@ pub mod hash_pool;
 mod listener;
 mod log_throttle;
 mod metrics;
+mod periodic;
 mod preflight;
 mod protocols;
 mod proxy;
+mod rates;
 mod refuse;
+mod sys_topics;
 mod tls;
 pub use tls::{ServerCertificate, TlsSetupError};
 pub mod users;
@@ -54,6 +57,7 @@ use rosetta_store::{Store, StoreConfig};
 
 pub use metrics::BrokerFigures;
 pub use preflight::{preflight, Preflight};
+pub use rates::RecentActivity;
 pub use view::BrokerView;
 
 /// State every connection task shares.
@@ -81,6 +85,8 @@ pub(crate) struct Shared {
     pub(crate) started: std::time::Instant,
     /// `[cluster]`'s balancer; `None` for a single node.
     pub(crate) cluster: Option<Arc<cluster::ClusterNode>>,
+    /// Recent message rates and sync latencies, sampled by a timer.
+    rates: rates::RateWindow,
     active: AtomicUsize,
     idle: Notify,
 }
@@ -257,9 +263,12 @@ pub async fn start(
         connections: Arc::default(),
         started: std::time::Instant::now(),
         cluster,
+        rates: rates::RateWindow::default(),
         active: AtomicUsize::new(0),
         idle: Notify::new(),
     });
+    rates::spawn_sampler(&shared, stop_rx.clone());
+    sys_topics::spawn(&shared, stop_rx.clone());
     let mut addrs = Vec::new();
     let mut accept_tasks = Vec::new();
     for (kind, addr) in config.active_listeners() {

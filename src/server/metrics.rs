@@ -272,6 +272,28 @@ pub(crate) fn render(core: &Core, broker: &BrokerFigures) -> String {
         header(&mut out, name, kind, help);
         let _ = writeln!(out, "{name} {value}");
     }
+    let traffic = core.traffic();
+    for (name, help, value) in [
+        (
+            "rosetta_messages_published_total",
+            "Publishes and sends accepted, once each however many queues they reached.",
+            traffic.published,
+        ),
+        (
+            "rosetta_messages_delivered_total",
+            "Messages handed to consumers, redeliveries included.",
+            traffic.delivered,
+        ),
+        (
+            "rosetta_messages_acknowledged_total",
+            "Deliveries settled as consumed.",
+            traffic.acknowledged,
+        ),
+    ] {
+        header(&mut out, name, "counter", help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+    render_sync_latency(&mut out, &s.sync_latency);
     if let Some(free) = core.disk_free_bytes() {
         let name = "rosetta_disk_free_bytes";
         header(
@@ -283,6 +305,24 @@ pub(crate) fn render(core: &Core, broker: &BrokerFigures) -> String {
         let _ = writeln!(out, "{name} {free}");
     }
     out
+}
+
+/// `rosetta_journal_sync_seconds`: the writer's `fdatasync` times as a
+/// Prometheus histogram (cumulative buckets, sum, count).
+fn render_sync_latency(out: &mut String, h: &rosetta_store::LatencyHistogram) {
+    let name = "rosetta_journal_sync_seconds";
+    header(out, name, "histogram", "Time each journal fdatasync took.");
+    let mut cumulative = 0;
+    for (i, count) in h.counts.iter().enumerate() {
+        cumulative += count;
+        if i < rosetta_store::SYNC_LATENCY_BOUNDS {
+            let le = rosetta_store::bucket_bound_us(i) as f64 / 1e6;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+        }
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+    let _ = writeln!(out, "{name}_sum {}", h.sum_us as f64 / 1e6);
+    let _ = writeln!(out, "{name}_count {cumulative}");
 }
 
 /// One info-style series per queue: the settings in force (its own from

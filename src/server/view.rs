@@ -49,6 +49,11 @@ impl BrokerView {
         self.shared.figures()
     }
 
+    /// Message rates and journal sync latency over the last seconds.
+    pub fn recent_activity(&self) -> super::RecentActivity {
+        self.shared.rates.recent()
+    }
+
     /// Time since the broker started.
     pub fn uptime(&self) -> Duration {
         self.shared.started.elapsed()

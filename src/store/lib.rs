@@ -150,6 +150,7 @@
 
 mod compaction;
 mod index;
+mod latency;
 pub mod log;
 mod manifest;
 mod opaque;
@@ -172,6 +173,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::Mutex;
 
+pub use latency::{bucket_bound_us, LatencyHistogram, SYNC_LATENCY_BOUNDS};
 pub use manifest::ManifestState;
 pub use opaque::{EncodeOpaque, Opaque};
 pub use page_file::{PageError, PageFile, PageRef};
@@ -402,6 +404,8 @@ pub struct StoreStats {
     pub records_rewritten: u64,
     /// Id of the segment being written.
     pub active_segment: u64,
+    /// How long each `fdatasync` took, since the store opened.
+    pub sync_latency: LatencyHistogram,
 }
 
 /// One queue holding a recovered message.
@@ -702,6 +706,7 @@ impl Store {
             segments_rewritten: c.segments_rewritten.load(Ordering::Relaxed),
             records_rewritten: c.records_rewritten.load(Ordering::Relaxed),
             active_segment: c.active_segment.load(Ordering::Relaxed),
+            sync_latency: c.sync_latency.snapshot(),
         }
     }
 

@@ -118,6 +118,7 @@ pub(crate) struct Counters {
     pub(crate) segments_rewritten: AtomicU64,
     pub(crate) records_rewritten: AtomicU64,
     pub(crate) active_segment: AtomicU64,
+    pub(crate) sync_latency: super::latency::SyncLatency,
 }
 
 /// State shared between the [`super::Store`] handle and the writer thread.
@@ -742,10 +743,12 @@ impl Writer {
         if self.unsynced_since.is_none() {
             return Ok(());
         }
+        let started = Instant::now();
         self.active
             .file
             .sync_data()
             .map_err(|e| io_error("fdatasync", &self.active.path, e))?;
+        self.shared.stats.sync_latency.record(started.elapsed());
         self.unsynced_since = None;
         self.shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
         Ok(())

@@ -41,6 +41,9 @@ pub fn test_config(dir: &Path) -> Config {
     config.listeners.amqps = None;
     config.listeners.wss = None;
     config.listeners.any = None;
+    // No $SYS retained messages unless a test asks (tests/sys_topics.rs):
+    // tests that list or count retained messages count their own.
+    config.sys.interval_s = 0;
     config
 }
 

@@ -344,6 +344,36 @@ pub async fn connected5(opts: v5::MqttOptions) -> (v5::AsyncClient, v5::EventLoo
     (c, ev, ack)
 }
 
+/// A connected MQTT 5 client logged in as `user` (CONNACK success checked).
+pub async fn connected5_as(
+    broker: &TestBroker,
+    id: &str,
+    user: &str,
+    pw: &str,
+) -> (v5::AsyncClient, v5::EventLoop) {
+    let mut opts = opts5(broker, id);
+    opts.set_credentials(user, pw);
+    let (c, ev, ack) = connected5(opts).await;
+    assert_eq!(ack.code, v5::ConnectReturnCode::Success);
+    (c, ev)
+}
+
+/// Subscribes to `filters` at QoS 1 in one SUBSCRIBE: the SUBACK's codes.
+pub async fn subscribe_many5(
+    c: &v5::AsyncClient,
+    ev: &mut v5::EventLoop,
+    filters: &[&str],
+) -> Vec<v5::SubscribeReasonCode> {
+    c.subscribe_many(
+        filters
+            .iter()
+            .map(|f| v5::Filter::new((*f).to_owned(), v5::QoS::AtLeastOnce)),
+    )
+    .await
+    .expect("subscribe");
+    suback5(ev).await.return_codes
+}
+
 /// Subscribes with `filter` (and its options) and checks the SUBACK.
 pub async fn subscribe5(
     c: &v5::AsyncClient,

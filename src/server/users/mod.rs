@@ -16,10 +16,13 @@
 //! scram_sha_256 = "SCRAM-SHA-256$4096:<salt>$<StoredKey>:<ServerKey>"
 //! publish = ["/topic/sensors/#", "/queue/orders"]         # see `permissions`
 //! subscribe = ["#"]
+//! deny_subscribe = ["/topic/test/nosubscribe"]            # a deny wins
 //! roles = ["monitoring"]           # admin API rights, see `roles`; absent: none
 //! ```
 //!
-//! Absent `publish`/`subscribe` lists mean everything. [`add_user`] writes
+//! Absent `publish`/`subscribe` lists mean everything; absent
+//! `deny_publish`/`deny_subscribe` lists mean no deny rules (files written
+//! before deny rules existed load unchanged). [`add_user`] writes
 //! entries (keeping the rest of the file, comments included), atomically
 //! and with mode 0600, since the hashes must not be world-readable.
 //!
@@ -143,16 +146,9 @@ impl UsersError {
 #[serde(deny_unknown_fields)]
 struct FileDoc {
     #[serde(default)]
-    anonymous: Option<PermissionsDoc>,
+    anonymous: Option<PermissionSpec>,
     #[serde(default)]
     users: BTreeMap<String, UserDoc>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PermissionsDoc {
-    publish: Option<Vec<String>>,
-    subscribe: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -162,6 +158,10 @@ struct UserDoc {
     scram_sha_256: Option<String>,
     publish: Option<Vec<String>>,
     subscribe: Option<Vec<String>>,
+    #[serde(default)]
+    deny_publish: Vec<String>,
+    #[serde(default)]
+    deny_subscribe: Vec<String>,
     /// Admin roles; files written before roles existed have none.
     #[serde(default)]
     roles: Vec<String>,
@@ -176,6 +176,91 @@ struct User {
     roles: Vec<AdminRole>,
 }
 
+/// Permission patterns as written in the users file and the API, before
+/// they are checked: the four lists of a user or of `[anonymous]` (the
+/// `[anonymous]` table and the API's permissions body read into it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PermissionSpec {
+    /// What may be published to; `None`: everything.
+    pub publish: Option<Vec<String>>,
+    /// What may be subscribed to or consumed from; `None`: everything.
+    pub subscribe: Option<Vec<String>>,
+    /// What may not be published to, whatever `publish` allows.
+    pub deny_publish: Vec<String>,
+    /// What may not be subscribed to, whatever `subscribe` allows.
+    pub deny_subscribe: Vec<String>,
+}
+
+impl PermissionSpec {
+    /// The allow lists only, no deny rules (`None`: everything).
+    pub fn allowing(publish: Option<&[String]>, subscribe: Option<&[String]>) -> Self {
+        Self {
+            publish: publish.map(<[String]>::to_vec),
+            subscribe: subscribe.map(<[String]>::to_vec),
+            ..Self::default()
+        }
+    }
+
+    /// Checks every pattern; errors name the key at fault under `key`
+    /// (`users.alice` gives `users.alice.deny_publish[0]`).
+    fn check(&self, key: &str) -> Result<Permissions, (String, String)> {
+        let list = |list: &[String], name: &str| {
+            list.iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    Pattern::parse(s).map_err(|e| (format!("{key}.{name}[{i}]"), e.to_string()))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let or_everything = |l: &Option<Vec<String>>, name: &str| match l {
+            None => Ok(vec![Pattern::everything()]),
+            Some(l) => list(l, name),
+        };
+        Ok(Permissions {
+            publish: or_everything(&self.publish, "publish")?,
+            subscribe: or_everything(&self.subscribe, "subscribe")?,
+            deny_publish: list(&self.deny_publish, "deny_publish")?,
+            deny_subscribe: list(&self.deny_subscribe, "deny_subscribe")?,
+        })
+    }
+
+    /// Checks every pattern, for a change about to be written.
+    pub fn validate(&self) -> Result<(), PatternError> {
+        let lists = [
+            self.publish.as_deref().unwrap_or_default(),
+            self.subscribe.as_deref().unwrap_or_default(),
+            &self.deny_publish,
+            &self.deny_subscribe,
+        ];
+        for p in lists.into_iter().flatten() {
+            Pattern::parse(p)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the lists into a user's entry: allow lists always (`#` for
+    /// everything, so the file says what is allowed), deny lists only when
+    /// there are some, so entries without deny rules look as they always
+    /// did.
+    fn write_to(&self, entry: &mut dyn toml_edit::TableLike) {
+        let everything = ["#".to_owned()];
+        let allow = |l: &Option<Vec<String>>| string_array(l.as_deref().unwrap_or(&everything));
+        entry.insert("publish", allow(&self.publish));
+        entry.insert("subscribe", allow(&self.subscribe));
+        for (key, list) in [
+            ("deny_publish", &self.deny_publish),
+            ("deny_subscribe", &self.deny_subscribe),
+        ] {
+            if list.is_empty() {
+                entry.remove(key);
+            } else {
+                entry.insert(key, string_array(list));
+            }
+        }
+    }
+}
+
 /// What may be shown of a user: never its hash or SCRAM credentials.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UserSummary {
@@ -187,6 +272,10 @@ pub struct UserSummary {
     pub publish: Vec<String>,
     /// What it may subscribe to.
     pub subscribe: Vec<String>,
+    /// What it may not publish to.
+    pub deny_publish: Vec<String>,
+    /// What it may not subscribe to.
+    pub deny_subscribe: Vec<String>,
 }
 
 /// The users of the broker, loaded from the users file.
@@ -232,17 +321,6 @@ impl Default for Users {
 
 fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= USER_NAME_LEN_MAX_BYTES && !name.chars().any(char::is_control)
-}
-
-fn patterns(list: Option<&[String]>, key: &str) -> Result<Vec<Pattern>, (String, String)> {
-    match list {
-        None => Ok(vec![Pattern::everything()]),
-        Some(list) => list
-            .iter()
-            .enumerate()
-            .map(|(i, s)| Pattern::parse(s).map_err(|e| (format!("{key}[{i}]"), e.to_string())))
-            .collect(),
-    }
 }
 
 impl Users {
@@ -300,10 +378,7 @@ impl Users {
     fn from_doc(doc: FileDoc) -> Result<Users, (String, String)> {
         let anonymous = match doc.anonymous {
             None => Permissions::everything(),
-            Some(p) => Permissions {
-                publish: patterns(p.publish.as_deref(), "anonymous.publish")?,
-                subscribe: patterns(p.subscribe.as_deref(), "anonymous.subscribe")?,
-            },
+            Some(p) => p.check("anonymous")?,
         };
         let mut users = HashMap::with_capacity(doc.users.len());
         for (name, u) in doc.users {
@@ -319,10 +394,13 @@ impl Users {
                 .map(scram::decode)
                 .transpose()
                 .map_err(|e| (format!("{key}.scram_sha_256"), e.to_string()))?;
-            let permissions = Permissions {
-                publish: patterns(u.publish.as_deref(), &format!("{key}.publish"))?,
-                subscribe: patterns(u.subscribe.as_deref(), &format!("{key}.subscribe"))?,
-            };
+            let permissions = PermissionSpec {
+                publish: u.publish,
+                subscribe: u.subscribe,
+                deny_publish: u.deny_publish,
+                deny_subscribe: u.deny_subscribe,
+            }
+            .check(&key)?;
             let mut roles = Vec::with_capacity(u.roles.len());
             for (i, role) in u.roles.iter().enumerate() {
                 let role = AdminRole::parse(role).ok_or_else(|| {
@@ -398,6 +476,8 @@ impl Users {
             roles: u.roles.clone(),
             publish: strings(&u.permissions.publish),
             subscribe: strings(&u.permissions.subscribe),
+            deny_publish: strings(&u.permissions.deny_publish),
+            deny_subscribe: strings(&u.permissions.deny_subscribe),
         })
     }
 
@@ -433,10 +513,10 @@ const NEW_FILE_HEADER: &str = "\
 # comments and other entries are kept. See config/users.toml.example.
 ";
 
-fn string_array(list: &[&str]) -> toml_edit::Item {
+fn string_array<S: AsRef<str>>(list: &[S]) -> toml_edit::Item {
     let mut array = toml_edit::Array::new();
     for s in list {
-        array.push(*s);
+        array.push(s.as_ref());
     }
     toml_edit::value(array)
 }
@@ -467,24 +547,28 @@ pub fn save_user(
     subscribe: Option<&[String]>,
     roles: Option<&[AdminRole]>,
 ) -> Result<(), UsersError> {
+    let spec = PermissionSpec::allowing(publish, subscribe);
+    save_user_with(path, name, password, &spec, roles)
+}
+
+/// [`save_user`] with every permission list, deny rules included.
+pub fn save_user_with(
+    path: &Path,
+    name: &str,
+    password: &[u8],
+    permissions: &PermissionSpec,
+    roles: Option<&[AdminRole]>,
+) -> Result<(), UsersError> {
     if !valid_name(name) {
         return Err(UsersError::InvalidName(name.to_owned()));
     }
-    let everything = ["#".to_owned()];
-    let publish = publish.unwrap_or(&everything);
-    let subscribe = subscribe.unwrap_or(&everything);
-    for p in publish.iter().chain(subscribe) {
-        Pattern::parse(p)?;
-    }
+    permissions.validate()?;
     let (hash, scram) = stored_credentials(password)?;
 
     let mut entry = toml_edit::Table::new();
     entry.insert("password_hash", toml_edit::value(hash));
     entry.insert("scram_sha_256", toml_edit::value(scram));
-    let publish: Vec<&str> = publish.iter().map(String::as_str).collect();
-    let subscribe: Vec<&str> = subscribe.iter().map(String::as_str).collect();
-    entry.insert("publish", string_array(&publish));
-    entry.insert("subscribe", string_array(&subscribe));
+    permissions.write_to(&mut entry);
     let new_roles = roles.map(|roles| {
         let mut roles = roles.to_vec();
         roles.sort_unstable();
@@ -532,6 +616,25 @@ pub fn set_password(path: &Path, name: &str, password: &[u8]) -> Result<bool, Us
         if let Some(entry) = users.get_mut(name).and_then(|e| e.as_table_like_mut()) {
             entry.insert("password_hash", toml_edit::value(hash));
             entry.insert("scram_sha_256", toml_edit::value(scram));
+            found = true;
+        }
+    })?;
+    Ok(found)
+}
+
+/// Replaces the permission lists of an existing user, keeping its
+/// password and roles. Returns false if there is no such user (the file is
+/// then left as it was).
+pub fn set_permissions(
+    path: &Path,
+    name: &str,
+    permissions: &PermissionSpec,
+) -> Result<bool, UsersError> {
+    permissions.validate()?;
+    let mut found = false;
+    edit_file(path, |users| {
+        if let Some(entry) = users.get_mut(name).and_then(|e| e.as_table_like_mut()) {
+            permissions.write_to(entry);
             found = true;
         }
     })?;

@@ -181,6 +181,13 @@ fn errors_in_the_file_name_the_key_and_the_line() {
         (format!("[users.a]\npassword_hash = \"{hash}\"\nrole = \"x\"\n"), "users.a.role", 3, "unknown key"),
         ("[users.a]\npublish = []\n".into(), "users.a", 1, "password_hash"),
         ("[users.a]\npassword_hash = 5\n".into(), "users.a.password_hash", 2, "invalid type"),
+        (
+            format!("[users.a]\npassword_hash = \"{hash}\"\ndeny_subscribe = [\"test/x\"]\n"),
+            "users.a.deny_subscribe[0]",
+            3,
+            "canonical",
+        ),
+        ("[anonymous]\ndeny_publish = [\"/topic/#/a\"]\n".into(), "anonymous.deny_publish[0]", 2, "whole level"),
     ];
     for (doc, key, line, words) in cases {
         let err = Users::parse(&doc, "users.toml").expect_err(&doc);
@@ -304,4 +311,62 @@ fn users_hash_line(file: &str) -> &str {
     file.lines()
         .find(|l| l.starts_with("password_hash"))
         .expect("a hash line")
+}
+
+#[test]
+fn deny_rules_load_save_and_change_without_touching_the_rest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("users.toml");
+    let spec = PermissionSpec {
+        publish: None,
+        subscribe: None,
+        deny_publish: strings(&["/queue/audit"]),
+        deny_subscribe: strings(&["/topic/test/nosubscribe"]),
+    };
+    save_user_with(&path, "dora", b"pw", &spec, Some(&[AdminRole::Monitoring])).expect("save");
+    add_user(&path, "old", b"pw", None, None).expect("add");
+    let text = std::fs::read_to_string(&path).expect("read");
+    assert!(
+        text.contains("deny_subscribe = [\"/topic/test/nosubscribe\"]"),
+        "{text}"
+    );
+    // An entry without deny rules is written as before deny rules existed.
+    let old = text.split("[users.old]").nth(1).expect("old entry");
+    assert!(!old.contains("deny_"), "{old}");
+
+    let users = Users::load(&path).expect("load");
+    let dora = users.permissions(Some("dora"));
+    assert!(!dora.may_subscribe(&Address::Topic("test/#".into())));
+    assert!(dora.may_subscribe(&Address::Topic("test/other".into())));
+    assert!(!dora.may_publish(&Address::Queue("audit".into())));
+    let summary = users.summary("dora").expect("dora");
+    assert_eq!(summary.deny_subscribe, ["/topic/test/nosubscribe"]);
+    assert_eq!(summary.subscribe, ["#"]);
+
+    // Changing the permissions keeps the password and the roles; dropping
+    // the deny rules removes their keys.
+    let open = PermissionSpec::allowing(Some(&strings(&["/topic/a/#"])), None);
+    assert!(set_permissions(&path, "dora", &open).expect("set"));
+    assert!(!set_permissions(&path, "nobody", &open).expect("set"));
+    let users = Users::load(&path).expect("load");
+    assert!(users.verify("dora", b"pw"));
+    assert_eq!(users.roles("dora"), [AdminRole::Monitoring]);
+    let summary = users.summary("dora").expect("dora");
+    assert_eq!(summary.publish, ["/topic/a/#"]);
+    assert!(summary.deny_subscribe.is_empty() && summary.deny_publish.is_empty());
+    assert!(!std::fs::read_to_string(&path)
+        .expect("read")
+        .contains("deny_"));
+
+    // A malformed deny pattern is refused before anything is written.
+    let before = std::fs::read_to_string(&path).expect("read");
+    let bad = PermissionSpec {
+        deny_publish: strings(&["nope"]),
+        ..PermissionSpec::default()
+    };
+    assert!(matches!(
+        set_permissions(&path, "dora", &bad),
+        Err(UsersError::InvalidPattern(_))
+    ));
+    assert_eq!(std::fs::read_to_string(&path).expect("read"), before);
 }
