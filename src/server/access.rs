@@ -193,6 +193,13 @@ impl AccessControl for UsersAccess {
             .permissions(principal.user.as_deref())
             .may_subscribe(address)
     }
+
+    fn excluded_topics(&self, principal: &Principal, filter: &str) -> Vec<String> {
+        self.users
+            .read()
+            .permissions(principal.user.as_deref())
+            .excluded_topics(filter)
+    }
 }
 
 #[cfg(test)]

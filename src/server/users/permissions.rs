@@ -24,20 +24,19 @@
 //! `subscribe = ["#"]` and `deny_subscribe = ["/topic/test/nosubscribe"]`
 //! everything but that topic may be subscribed to.
 //!
-//! A deny pattern refuses every filter that *overlaps* it, i.e. that can
-//! match at least one destination the deny pattern matches: the deny
-//! above refuses `/topic/test/nosubscribe`, `/topic/test/+` and
-//! `/topic/test/#` (and `#`), and allows `/topic/test/other` and
-//! `/topic/other/#`. Refusing at subscribe time, rather than filtering each
-//! delivery of an accepted wildcard subscription as mosquitto does, keeps
-//! the check off the delivery path (bindings are matched in the core,
-//! which knows no principals), holds for retained messages and for
-//! subscriptions restored from the journal, and tells the client at once
-//! (SUBACK 0x87, STOMP ERROR, AMQP `unauthorized-access`) instead of
-//! leaving it to wonder why some topics stay silent. The price: a user
-//! denied one topic cannot subscribe to a wildcard above it and must name
-//! the branches it wants. EMQX also decides once, at subscribe time, by
-//! matching the subscription's filter against its rules.
+//! A deny pattern refuses a subscription whose filter it *covers* (every
+//! topic the filter can match is denied): with the deny above,
+//! `/topic/test/nosubscribe` is refused. A filter it only *overlaps*
+//! (some topics denied, some not: `test/#`, `test/+`, `+/+`, `#`) is
+//! granted, and the binding excludes the denied topics
+//! ([`Permissions::excluded_topics`], kept by the core with the binding
+//! and in the journal): it never delivers them, as published or as
+//! retained messages. That is mosquitto's behaviour (a wildcard
+//! subscription is granted and each message is checked against the
+//! reader's ACL), which clients and test suites written against it
+//! expect: the Paho interoperability suite denies `test/nosubscribe`
+//! and then subscribes to `+/+` and `#`. The check runs once, at bind, not
+//! per delivery.
 //!
 //! As in MQTT, a wildcard in the first level of a topic does not reach
 //! topics starting with `$`: `/topic/#` does not allow `$SYS/x`; write
@@ -207,7 +206,8 @@ pub struct Permissions {
     /// Destinations the user may not publish to, whatever `publish` allows.
     pub deny_publish: Vec<Pattern>,
     /// Destinations the user may not subscribe to or consume from,
-    /// whatever `subscribe` allows; a filter overlapping one is refused.
+    /// whatever `subscribe` allows: a filter one covers is refused, a
+    /// filter one overlaps is granted without the denied topics.
     pub deny_subscribe: Vec<Pattern>,
 }
 
@@ -235,27 +235,63 @@ impl Permissions {
     /// May a message be published to `address` (a concrete topic or a
     /// queue)?
     pub fn may_publish(&self, address: &Address) -> bool {
-        allowed(&self.publish, &self.deny_publish, address)
+        // A published address is concrete: to overlap it is to match it.
+        allowed(
+            &self.publish,
+            &self.deny_publish,
+            address,
+            Pattern::overlaps,
+        )
     }
 
     /// May the user subscribe to `address` (a topic filter, wildcards
-    /// allowed) or consume from it (a queue)?
+    /// allowed) or consume from it (a queue)? A deny refuses only a filter
+    /// it covers; see [`Self::excluded_topics`] for the rest.
     pub fn may_subscribe(&self, address: &Address) -> bool {
-        allowed(&self.subscribe, &self.deny_subscribe, address)
+        allowed(
+            &self.subscribe,
+            &self.deny_subscribe,
+            address,
+            Pattern::covers,
+        )
+    }
+
+    /// The topic filters a granted subscription to `filter` must not
+    /// deliver: the deny patterns that overlap it without covering it, in
+    /// topic filter form (`/topic/test/x` as `test/x`).
+    pub fn excluded_topics(&self, filter: &str) -> Vec<String> {
+        if self.deny_subscribe.is_empty() {
+            return Vec::new();
+        }
+        let dest = Address::Topic(filter.to_owned()).to_destination();
+        self.deny_subscribe
+            .iter()
+            .filter(|p| p.overlaps(&dest) && !p.covers(&dest))
+            .filter_map(|p| {
+                p.as_str()
+                    .strip_prefix(rosetta_neutral::address::TOPIC_PREFIX)
+            })
+            .map(str::to_owned)
+            .collect()
     }
 }
 
-/// Whether one of `allow` covers `address` and none of `deny` overlaps
-/// it. This runs for every publish, so the common grant of everything
+/// Whether one of `allow` covers `address` and no pattern of `deny`
+/// refuses it (`refuses`: [`Pattern::covers`] or [`Pattern::overlaps`]). This runs for every publish, so the common grant of everything
 /// (`#`, the default, with no deny rules) is answered without building the
 /// destination string.
-fn allowed(allow: &[Pattern], deny: &[Pattern], address: &Address) -> bool {
+fn allowed(
+    allow: &[Pattern],
+    deny: &[Pattern],
+    address: &Address,
+    refuses: fn(&Pattern, &str) -> bool,
+) -> bool {
     let everything = allow.iter().any(|p| p.0 == "#");
     if everything && deny.is_empty() {
         return true;
     }
     let dest = address.to_destination();
-    (everything || allow.iter().any(|p| p.covers(&dest))) && !deny.iter().any(|p| p.overlaps(&dest))
+    (everything || allow.iter().any(|p| p.covers(&dest))) && !deny.iter().any(|p| refuses(p, &dest))
 }
 
 impl Default for Permissions {
@@ -428,10 +464,22 @@ mod tests {
         };
         let topic = |t: &str| Address::Topic(t.into());
         assert!(!p.may_subscribe(&topic("test/nosubscribe")));
-        // Filters that could match the denied topic are refused too.
+        assert!(p.excluded_topics("test/nosubscribe").is_empty());
+        // Filters that could match the denied topic are granted without it.
         for f in ["test/+", "test/#", "#", "+/nosubscribe", "+/+"] {
-            assert!(!p.may_subscribe(&topic(f)), "{f}");
+            assert!(p.may_subscribe(&topic(f)), "{f}");
+            assert_eq!(p.excluded_topics(f), ["test/nosubscribe"], "{f}");
         }
+        // A deny that covers a wildcard filter refuses it.
+        let branch = Permissions {
+            deny_subscribe: vec![Pattern::parse("/topic/test/#").expect("p")],
+            ..Permissions::everything()
+        };
+        for f in ["test/+", "test/#", "test/a/b"] {
+            assert!(!branch.may_subscribe(&topic(f)), "{f}");
+        }
+        assert!(branch.may_subscribe(&topic("#")));
+        assert_eq!(branch.excluded_topics("#"), ["test/#"]);
         for f in [
             "test/other",
             "test/nosubscribe/deeper",
@@ -440,6 +488,7 @@ mod tests {
             "$SYS/#",
         ] {
             assert!(p.may_subscribe(&topic(f)), "{f}");
+            assert!(p.excluded_topics(f).is_empty(), "{f}");
         }
         assert!(p.may_subscribe(&Address::Queue("audit".into())));
         assert!(!p.may_publish(&Address::Queue("audit".into())));
