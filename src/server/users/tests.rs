@@ -336,7 +336,9 @@ fn deny_rules_load_save_and_change_without_touching_the_rest() {
 
     let users = Users::load(&path).expect("load");
     let dora = users.permissions(Some("dora"));
-    assert!(!dora.may_subscribe(&Address::Topic("test/#".into())));
+    assert!(!dora.may_subscribe(&Address::Topic("test/nosubscribe".into())));
+    assert!(dora.may_subscribe(&Address::Topic("test/#".into())));
+    assert_eq!(dora.excluded_topics("test/#"), ["test/nosubscribe"]);
     assert!(dora.may_subscribe(&Address::Topic("test/other".into())));
     assert!(!dora.may_publish(&Address::Queue("audit".into())));
     let summary = users.summary("dora").expect("dora");
