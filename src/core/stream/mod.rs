@@ -39,6 +39,8 @@ mod members;
 mod partition;
 mod reader;
 #[cfg(test)]
+mod partition_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::{HashMap, HashSet, VecDeque};

@@ -171,14 +171,6 @@ impl Reader {
         }
     }
 
-    /// The parts it reads now.
-    pub(crate) fn assigned(&self) -> Vec<usize> {
-        let st = self.state.lock();
-        (0..st.parts.len())
-            .filter(|&i| st.parts[i].assigned)
-            .collect()
-    }
-
     /// Sends what its credit allows from its logs, a part at a time
     /// starting after the last one served.
     pub(crate) fn pump(&self, groups: &Groups) {
