@@ -83,8 +83,10 @@ async fn publish_all(broker: &TestBroker, from: usize) {
     let (mc, mut mev, _) = mqtt::connected5(mqtt::opts5(broker, "orders-writer")).await;
     let (_conn, mut session) = amqp::connect_session(broker, "orders-writer").await;
     let mut sender = amqp::sender(&mut session, "w", DEST).await;
-    for i in from..from + PER_KEY {
-        for (k, key) in KEYS.iter().enumerate() {
+    // Key after key (not interleaved), so that round-robin would split a
+    // key's messages over the partitions.
+    for (k, key) in KEYS.iter().enumerate() {
+        for i in from..from + PER_KEY {
             let text = body(key, i);
             match k % 3 {
                 0 => {
@@ -190,6 +192,13 @@ async fn a_groups_stomp_and_amqp_members_read_disjoint_partitions_in_order_per_k
     assert_eq!((pa.len(), pb.len()), (2, 1), "balanced; the first member keeps two");
     assert_in_order(got_a.iter().map(Frame::text), 0);
     assert_in_order(got_b.iter().map(amqp_text), 0);
+    // A key is in one partition, so one member gets all of it.
+    let keys_a = by_key(got_a.iter().map(Frame::text));
+    let keys_b = by_key(got_b.iter().map(amqp_text));
+    assert!(
+        keys_a.values().chain(keys_b.values()).all(|v| v.len() == PER_KEY),
+        "{keys_a:?} {keys_b:?}"
+    );
 
     // A reader without a group reads every partition (MQTT 5, `first`),
     // each delivery with its partition's offset and its partition.
@@ -213,13 +222,23 @@ async fn a_groups_stomp_and_amqp_members_read_disjoint_partitions_in_order_per_k
         })
     };
     let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut partitions_of_key: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for p in &all {
         let (part, offset) = (user(p, PARTITION), user(p, "x-stream-offset"));
+        let part = part.unwrap_or_default();
         assert!(
-            seen.insert((part.clone().unwrap_or_default(), offset.unwrap_or_default())),
+            seen.insert((part.clone(), offset.unwrap_or_default())),
             "offsets are per partition: {part:?}"
         );
+        let text = String::from_utf8_lossy(&p.payload).into_owned();
+        let key = text.split(':').next().unwrap_or_default().to_owned();
+        partitions_of_key.entry(key).or_default().insert(part);
     }
+    assert_eq!(partitions_of_key.len(), KEYS.len());
+    assert!(
+        partitions_of_key.values().all(|ps| ps.len() == 1),
+        "each key in one partition: {partitions_of_key:?}"
+    );
     assert_in_order(
         all.iter()
             .map(|p| String::from_utf8_lossy(&p.payload).into_owned()),
