@@ -39,7 +39,7 @@ pub use login::{Credentials, LoginStart, PasswordCheck};
 pub use message::{Body, BodyKind, Guarantee, Message, MessageId};
 pub use placement::{Placement, PlacementRequest, RedirectTarget};
 pub use stream::{
-    StreamOffset, StreamOffsetError, StreamPosition, StreamRead, STREAM_GROUP_BYTES_MAX, STREAM_PARTITION,
-    STREAM_OFFSET_SPEC_BYTES_MAX,
+    StreamOffset, StreamOffsetError, StreamPosition, StreamRead, STREAM_GROUP_BYTES_MAX,
+    STREAM_OFFSET_SPEC_BYTES_MAX, STREAM_PARTITION,
 };
 pub use value::{Properties, Value};

@@ -37,9 +37,9 @@ mod assign;
 mod groups;
 mod members;
 mod partition;
-mod reader;
 #[cfg(test)]
 mod partition_tests;
+mod reader;
 #[cfg(test)]
 mod tests;
 
@@ -328,29 +328,19 @@ impl Streams {
         Ok(self.get(name, declare)?.map(Target::One))
     }
 
-    fn open_partitioned(
-        &self,
-        name: &str,
-        rule: &StreamRule,
-    ) -> Result<Target, BrokerError> {
+    fn open_partitioned(&self, name: &str, rule: &StreamRule) -> Result<Target, BrokerError> {
         if let Some(p) = self.partitioned.lock().get(name) {
             return Ok(Target::Parts(Arc::clone(p)));
         }
         let parts = (0..rule.partitions)
             .map(|n| {
                 let part = partition::partition_name(name, n);
-                self.get(&part, true)?.ok_or_else(|| {
-                    BrokerError::NotFound(format!("stream partition '{part}'"))
-                })
+                self.get(&part, true)?
+                    .ok_or_else(|| BrokerError::NotFound(format!("stream partition '{part}'")))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let p = Arc::new(Partitioned::new(name, parts, rule.partition_key.clone()));
-        let p = Arc::clone(
-            self.partitioned
-                .lock()
-                .entry(name.to_owned())
-                .or_insert(p),
-        );
+        let p = Arc::clone(self.partitioned.lock().entry(name.to_owned()).or_insert(p));
         Ok(Target::Parts(p))
     }
 

@@ -92,7 +92,11 @@ fn a_publish_goes_to_its_keys_partition_and_a_reader_without_a_group_reads_all_i
     }
     for d in got.iter().filter(|d| !text(d).starts_with("none")) {
         let key = text(d).split(':').next().unwrap_or_default().to_owned();
-        assert_eq!(partition(d), partition_of(&key), "{key} in its hash's partition");
+        assert_eq!(
+            partition(d),
+            partition_of(&key),
+            "{key} in its hash's partition"
+        );
     }
     let keyless: BTreeSet<u32> = got
         .iter()
@@ -102,12 +106,27 @@ fn a_publish_goes_to_its_keys_partition_and_a_reader_without_a_group_reads_all_i
     assert_eq!(keyless.len(), 3, "round-robin: one in each partition");
     // A partition is a stream of its own, read directly.
     let (mut r, rev) = open(&core, "b");
-    consume(&mut r, "orders-1", 100, read(Some(StreamOffset::First), None)).expect("one");
+    consume(
+        &mut r,
+        "orders-1",
+        100,
+        read(Some(StreamOffset::First), None),
+    )
+    .expect("one");
     let n = got.iter().filter(|d| partition(d) == 1).count();
     let one = deliveries(&rev, n);
-    assert!(one.iter().all(|d| d.stream.is_some_and(|p| p.partition.is_none())));
-    let offsets: Vec<u64> = one.iter().filter_map(|d| d.stream.map(|p| p.offset)).collect();
-    assert_eq!(offsets, (0..n as u64).collect::<Vec<_>>(), "its own dense offsets");
+    assert!(one
+        .iter()
+        .all(|d| d.stream.is_some_and(|p| p.partition.is_none())));
+    let offsets: Vec<u64> = one
+        .iter()
+        .filter_map(|d| d.stream.map(|p| p.offset))
+        .collect();
+    assert_eq!(
+        offsets,
+        (0..n as u64).collect::<Vec<_>>(),
+        "its own dense offsets"
+    );
     assert!(quiet(&rev).is_empty());
 }
 
@@ -125,7 +144,13 @@ fn a_groups_members_share_the_partitions_and_a_leaving_members_partitions_resume
     let (mut p, pev) = open(&core, "producer");
     let (mut a, aev) = open(&core, "a");
     let (mut b, bev) = open(&core, "b");
-    let ca = consume(&mut a, "orders", 100, read(Some(StreamOffset::First), Some("g"))).expect("a");
+    let ca = consume(
+        &mut a,
+        "orders",
+        100,
+        read(Some(StreamOffset::First), Some("g")),
+    )
+    .expect("a");
     consume(&mut b, "orders", 100, read(None, Some("g"))).expect("b");
     publish_messages(&mut p, &pev, "orders", keyed(&KEYS, 3));
     let (pa, pb) = {
@@ -135,7 +160,12 @@ fn a_groups_members_share_the_partitions_and_a_leaving_members_partitions_resume
         // 18 deliveries in all, split between the two.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while got_a.len() + got_b.len() < 18 {
-            assert!(std::time::Instant::now() < deadline, "{} + {}", got_a.len(), got_b.len());
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} + {}",
+                got_a.len(),
+                got_b.len()
+            );
             got_a.extend(aev.deliveries());
             got_b.extend(bev.deliveries());
             std::thread::sleep(std::time::Duration::from_millis(2));
@@ -144,10 +174,17 @@ fn a_groups_members_share_the_partitions_and_a_leaving_members_partitions_resume
     };
     let (sa, sb) = (partitions_of(&pa), partitions_of(&pb));
     assert!(sa.is_disjoint(&sb), "{sa:?} and {sb:?}");
-    assert_eq!(sa.len() + sb.len(), 3, "every partition read: {sa:?} {sb:?}");
+    assert_eq!(
+        sa.len() + sb.len(),
+        3,
+        "every partition read: {sa:?} {sb:?}"
+    );
     assert!(sa.len().abs_diff(sb.len()) <= 1, "balanced: {sa:?} {sb:?}");
     for (key, bodies) in by_key(&pa).into_iter().chain(by_key(&pb)) {
-        assert_eq!(bodies, (0..3).map(|i| format!("{key}:{i}")).collect::<Vec<_>>());
+        assert_eq!(
+            bodies,
+            (0..3).map(|i| format!("{key}:{i}")).collect::<Vec<_>>()
+        );
     }
     assert!(quiet(&aev).is_empty() && quiet(&bev).is_empty());
     // `a` acknowledges all but its last delivery of each partition, then
@@ -159,7 +196,8 @@ fn a_groups_members_share_the_partitions_and_a_leaving_members_partitions_resume
     }
     for d in &pa {
         if !last.values().any(|l| l.tag == d.tag) {
-            a.settle(ca, d.tag, Outcome::Accept, None, false).expect("ack");
+            a.settle(ca, d.tag, Outcome::Accept, None, false)
+                .expect("ack");
         }
     }
     a.close(CloseKind::Clean);
@@ -185,15 +223,25 @@ fn a_partitioned_stream_and_its_groups_offsets_survive_a_restart() {
         let core = start(d.path(), vec![rule()], &clock);
         let (mut s, ev) = open(&core, "a");
         publish_messages(&mut s, &ev, "orders", keyed(&KEYS, 2));
-        let c = consume(&mut s, "orders", 100, read(Some(StreamOffset::First), Some("g")))
-            .expect("member");
+        let c = consume(
+            &mut s,
+            "orders",
+            100,
+            read(Some(StreamOffset::First), Some("g")),
+        )
+        .expect("member");
         let got = deliveries(&ev, 12);
         let mut tickets = 0;
         for d in &got {
-            let t = s.settle(c, d.tag, Outcome::Accept, None, true).expect("ack");
+            let t = s
+                .settle(c, d.tag, Outcome::Accept, None, true)
+                .expect("ack");
             tickets += usize::from(t.is_some());
         }
-        assert_eq!(tickets, 12, "each in-order ack moves its partition's offset");
+        assert_eq!(
+            tickets, 12,
+            "each in-order ack moves its partition's offset"
+        );
         // Wait for the journaled commits.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let mut done = 0;
@@ -213,6 +261,9 @@ fn a_partitioned_stream_and_its_groups_offsets_survive_a_restart() {
     texts.sort();
     let mut want: Vec<String> = KEYS.iter().map(|k| format!("{k}:2")).collect();
     want.sort();
-    assert_eq!(texts, want, "resumed past everything acknowledged, in every partition");
+    assert_eq!(
+        texts, want,
+        "resumed past everything acknowledged, in every partition"
+    );
     assert!(quiet(&ev).is_empty());
 }

@@ -34,7 +34,6 @@ use rosetta_store::Completion;
 use super::groups::Groups;
 use super::Stream;
 
-
 /// Most records one pump pass reads for a reader: a reader with a large
 /// credit still lets the others be served in between.
 const PUMP_RECORDS_MAX: usize = 256;

@@ -23,7 +23,11 @@ pub(super) fn config(dir: &std::path::Path, rules: Vec<StreamRule>) -> CoreConfi
     }
 }
 
-pub(super) fn start(dir: &std::path::Path, rules: Vec<StreamRule>, clock: &Arc<ManualClock>) -> Core {
+pub(super) fn start(
+    dir: &std::path::Path,
+    rules: Vec<StreamRule>,
+    clock: &Arc<ManualClock>,
+) -> Core {
     core_on_store(&dir.join("journal"), config(dir, rules), clock).0
 }
 
