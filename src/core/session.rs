@@ -516,22 +516,30 @@ fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
 
 /// Closes a session from its own connection or from a take-over.
 fn close_shared(inner: &Arc<Inner>, shared: &Arc<SessionShared>, kind: CloseKind) {
-    let (consumers, owned, will) = {
+    let (consumers, owned, will, readers) = {
         let mut st = shared.state.lock();
         if st.closed {
             return;
         }
         st.closed = true;
         st.txns.clear();
-        for (_, r) in st.stream_readers.drain() {
-            inner.streams.detach(&r);
+        // All closed before any leaves its group, so that a rebalance
+        // gives no partition to another reader of this closing session.
+        let readers: Vec<Arc<Reader>> = st.stream_readers.drain().map(|(_, r)| r).collect();
+        for r in &readers {
+            r.close();
         }
         (
             std::mem::take(&mut st.consumers),
             std::mem::take(&mut st.owned_queues),
             st.will.take().map(|w| *w),
+            readers,
         )
     };
+    // Outside the session's lock: a rebalance serves the other members.
+    for r in &readers {
+        inner.streams.detach(r);
+    }
     for (id, c) in consumers {
         detach_consumer(
             inner,
