@@ -13,7 +13,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::mqtt::{self, v5};
 use common::stomp::{Frame, StompClient};
@@ -126,13 +126,28 @@ async fn publish_all(broker: &TestBroker, from: usize) {
     stomp.disconnect().await;
 }
 
-/// STOMP MESSAGEs until none comes for a while.
-async fn drain(c: &mut StompClient) -> Vec<Frame> {
-    let mut out = Vec::new();
-    while let Some(f) = c.message_or_none().await {
-        out.push(f);
+/// How long a test waits for what it expects, and polls each client.
+const WAIT: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(50);
+
+/// The MESSAGEs of two clients until there are `n` in all, then nothing
+/// more on either.
+async fn both(a: &mut StompClient, b: &mut StompClient, n: usize) -> (Vec<Frame>, Vec<Frame>) {
+    let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+    let deadline = Instant::now() + WAIT;
+    while got_a.len() + got_b.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "{} + {}",
+            got_a.len(),
+            got_b.len()
+        );
+        got_a.extend(a.recv_within(POLL).await);
+        got_b.extend(b.recv_within(POLL).await);
     }
-    out
+    a.expect_nothing().await;
+    b.expect_nothing().await;
+    (got_a, got_b)
 }
 
 /// The text of an AMQP delivery of any of the three publishers (STOMP and
@@ -174,13 +189,23 @@ async fn a_groups_stomp_and_amqp_members_read_disjoint_partitions_in_order_per_k
     let mut b = amqp::receiver(&mut bsession, "orders-reader", DEST).await;
     publish_all(&broker, 0).await;
 
-    let got_a = drain(&mut a).await;
-    let mut got_b = Vec::new();
-    while let Ok(d) = tokio::time::timeout(Duration::from_secs(2), amqp::recv_any(&mut b)).await {
-        b.accept(&d).await.expect("accept");
-        got_b.push(d);
+    let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+    let deadline = Instant::now() + WAIT;
+    while got_a.len() + got_b.len() < KEYS.len() * PER_KEY {
+        assert!(
+            Instant::now() < deadline,
+            "{} + {}",
+            got_a.len(),
+            got_b.len()
+        );
+        got_a.extend(a.recv_within(POLL).await);
+        if let Ok(d) = tokio::time::timeout(POLL, amqp::recv_any(&mut b)).await {
+            b.accept(&d).await.expect("accept");
+            got_b.push(d);
+        }
     }
-    assert_eq!(got_a.len() + got_b.len(), KEYS.len() * PER_KEY, "each once");
+    a.expect_nothing().await;
+    amqp::recv_nothing(&mut b).await;
     let pa: BTreeSet<u32> = got_a.iter().map(partition_of).collect();
     let pb: BTreeSet<u32> = got_b.iter().map(amqp_partition).collect();
     assert!(pa.is_disjoint(&pb), "{pa:?} and {pb:?}");
@@ -262,8 +287,7 @@ async fn a_leaving_members_partitions_go_to_the_other_member_at_the_committed_of
     let mut b = StompClient::connect(broker.stomp(), &[]).await;
     b.subscribe("b", DEST, "client-individual", &group).await;
     publish_all(&broker, 0).await;
-    let got_a = drain(&mut a).await;
-    let got_b = drain(&mut b).await;
+    let (got_a, got_b) = both(&mut a, &mut b, KEYS.len() * PER_KEY).await;
     let pa: BTreeSet<u32> = got_a.iter().map(partition_of).collect();
     let pb: BTreeSet<u32> = got_b.iter().map(partition_of).collect();
     assert!(
@@ -284,7 +308,8 @@ async fn a_leaving_members_partitions_go_to_the_other_member_at_the_committed_of
     drop(a);
     // `b` now reads `a`'s partitions from the committed offsets: exactly
     // what `a` never acknowledged, then whatever comes.
-    let again = drain(&mut b).await;
+    let again = b.messages(unacked.len()).await;
+    b.expect_nothing().await;
     assert_eq!(
         again.iter().map(Frame::text).collect::<BTreeSet<_>>(),
         unacked,
@@ -292,8 +317,8 @@ async fn a_leaving_members_partitions_go_to_the_other_member_at_the_committed_of
     );
     assert_eq!(again.iter().map(partition_of).collect::<BTreeSet<_>>(), pa);
     publish_all(&broker, PER_KEY).await;
-    let rest = drain(&mut b).await;
-    assert_eq!(rest.len(), KEYS.len() * PER_KEY);
+    let rest = b.messages(KEYS.len() * PER_KEY).await;
+    b.expect_nothing().await;
     assert_eq!(
         rest.iter().map(partition_of).collect::<BTreeSet<_>>().len(),
         3
