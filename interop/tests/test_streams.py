@@ -11,7 +11,12 @@ over real sockets, in the spellings RabbitMQ's stream clients use:
   ``rabbitmq:stream-offset-spec`` (an offset, ``"first"``, an AMQP
   timestamp in ms) and sees the message annotation ``x-stream-offset``;
 - a stomp.py consumer group (``x-stream-group``) resumes at its first
-  unacknowledged offset after a reconnect and after a ``kill -9``.
+  unacknowledged offset after a reconnect and after a ``kill -9``;
+- a partitioned stream (``partitions = 3``) written by paho (user
+  property ``customer``) and proton (``group-id``), read by a group of
+  two stomp.py members on disjoint partitions (``x-stream-partition``);
+  when one disconnects, the other takes its partitions at the committed
+  offsets.
 
 Reading never consumes: every test reads the same stream more than once.
 """
@@ -23,7 +28,10 @@ import pytest
 from proton import Described, Timeout, symbol, timestamp
 from proton.reactor import Filter
 
+from proton import Message as AmqpMessage
+
 from clients import AmqpReceiver, Amqp, Mqtt, Stomp, new_id
+from conftest import Broker, rosetta_bin  # noqa: F401  (rosetta_bin checks the binary)
 
 OFFSET_FILTER = "rabbitmq:stream-offset-spec"
 QUIET_S = 0.7
@@ -186,3 +194,98 @@ def test_paho_mqtt5_reads_from_the_subscription_user_property_and_sees_the_offse
         assert [(int(g.props["x-stream-offset"]), g.body) for g in got] == list(enumerate(bodies))[1:]
     finally:
         m.close()
+
+
+PARTITIONED = "orders"
+# Two keys in each of the 3 partitions (murmur3, RabbitMQ's seed, mod 3).
+KEYS = ["alice", "bob", "mallory", "niaj", "olivia", "carol"]
+
+
+@pytest.fixture(scope="module")
+def partitioned_broker():
+    b = Broker(
+        "partitions",
+        extra_config=f"""
+[[streams]]
+name = "{PARTITIONED}"
+partitions = 3
+partition_key = "customer"
+""",
+    )
+    b.start()
+    yield b
+    b.cleanup()
+
+
+def write_keyed(broker, per_key, start=0):
+    """``per_key`` messages ``<key>:<i>`` of each key, key after key: paho
+    keys by the configured user property, proton by ``group-id``."""
+    m, a = Mqtt(broker, version=5), Amqp(broker)
+    try:
+        for k, key in enumerate(KEYS):
+            for i in range(start, start + per_key):
+                body = f"{key}:{i}".encode()
+                if k % 2 == 0:
+                    m.publish(f"$stream/{PARTITIONED}", body, qos=1, props={"customer": key})
+                else:
+                    a.send(f"/queue/{PARTITIONED}", AmqpMessage(body=body, group_id=key))
+    finally:
+        m.close()
+        a.close()
+
+
+def drain(recv):
+    out = []
+    while True:
+        try:
+            out.append(recv.get(QUIET_S * 2))
+        except (queue.Empty, Timeout):
+            return out
+
+
+def by_key(got):
+    keys = {}
+    for g in got:
+        body = g.body.decode()
+        keys.setdefault(body.split(":")[0], []).append(body)
+    return keys
+
+
+def partitions(got):
+    return {int(g.props["x-stream-partition"]) for g in got}
+
+
+def test_a_partitioned_streams_group_rebalances_when_a_stomp_member_leaves(partitioned_broker):
+    b = partitioned_broker
+    group = {"x-stream-group": new_id("g"), "prefetch-count": "100"}
+    first, second = Stomp(b), Stomp(b)
+    first.subscribe(f"/queue/{PARTITIONED}", ack="client-individual", headers=group)
+    second.subscribe(f"/queue/{PARTITIONED}", ack="client-individual", headers=group)
+    write_keyed(b, 3)
+    got1, got2 = drain(first), drain(second)
+    assert len(got1) + len(got2) == 18
+    p1, p2 = partitions(got1), partitions(got2)
+    assert not (p1 & p2) and p1 | p2 == {0, 1, 2}, (p1, p2)
+    # Each key wholly at one member, in order.
+    for keys in (by_key(got1), by_key(got2)):
+        for key, bodies in keys.items():
+            assert bodies == [f"{key}:{i}" for i in range(3)]
+    # The first member acknowledges all but its last of each partition
+    # (receipted: durable), then disconnects.
+    last = {}
+    for g in got1:
+        last[int(g.props["x-stream-partition"])] = g
+    unacked = {g.body for g in last.values()}
+    for g in got1:
+        if g.body not in unacked:
+            ack_durably(first, g)
+    first.close()
+    again = drain(second)
+    try:
+        assert {g.body for g in again} == unacked, "exactly what was never acknowledged"
+        assert partitions(again) == p1
+        write_keyed(b, 1, start=3)
+        rest = drain(second)
+        assert len(rest) == 6 and partitions(rest) == {0, 1, 2}
+    finally:
+        second.close()

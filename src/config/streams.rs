@@ -7,14 +7,19 @@
 //! max_age_s = 604800          # keep a week
 //! max_bytes = 10737418240     # and at most 10 GiB
 //! segment_bytes = 134217728   # in 128 MiB segments
+//!
+//! [[streams]]
+//! name = "orders"
+//! partitions = 4              # logs orders-0 … orders-3
+//! partition_key = "customer"  # else JMSXGroupID / AMQP group-id
 //! ```
 //!
 //! The first matching entry applies. A stream no entry names (declared at
-//! first use by a client) has no retention limit and default segments.
-//! `partitions` is read and must be 1 for now: partitioned streams are
-//! not built yet.
+//! first use by a client) has no retention limit and default segments,
+//! and one partition: a partitioned stream is declared here only. Each
+//! partition `<name>-<n>` has the entry's retention.
 
-use rosetta_core::stream::StreamRule;
+use rosetta_core::stream::{StreamRule, STREAM_PARTITIONS_MAX};
 use rosetta_store::log::LOG_SEGMENT_MIN_BYTES;
 use serde::Deserialize;
 
@@ -41,9 +46,14 @@ pub struct StreamEntry {
     pub max_bytes: Option<u64>,
     /// Segment size, in bytes.
     pub segment_bytes: Option<u64>,
-    /// Partitions: parsed, only 1 is accepted yet.
+    /// Partitions (default 1): more makes `<name>-0` … `<name>-<N-1>`.
     pub partitions: Option<u32>,
+    /// The property holding a publish's partition key.
+    pub partition_key: Option<String>,
 }
+
+/// Longest `partition_key` (a property name).
+pub const PARTITION_KEY_BYTES_MAX: usize = 255;
 
 impl Config {
     pub(crate) fn check_streams(&self) -> Result<(), Invalid> {
@@ -94,10 +104,18 @@ impl Config {
                 )?;
             }
             if let Some(p) = s.partitions {
-                if p != 1 {
+                within(
+                    &at("partitions"),
+                    u64::from(p),
+                    1,
+                    u64::from(STREAM_PARTITIONS_MAX),
+                )?;
+            }
+            if let Some(k) = &s.partition_key {
+                if k.is_empty() || k.len() > PARTITION_KEY_BYTES_MAX {
                     return Err(invalid(
-                        at("partitions"),
-                        "partitioned streams are not supported yet: only 1",
+                        at("partition_key"),
+                        format!("a property name of 1 to {PARTITION_KEY_BYTES_MAX} bytes"),
                     ));
                 }
             }
@@ -120,6 +138,8 @@ impl Config {
                 segment_bytes: s
                     .segment_bytes
                     .unwrap_or(rosetta_store::log::LOG_SEGMENT_DEFAULT_BYTES),
+                partitions: s.partitions.unwrap_or(1),
+                partition_key: s.partition_key.clone(),
             })
             .collect()
     }
@@ -138,7 +158,7 @@ mod tests {
     #[test]
     fn entries_parse_into_rules_and_bad_ones_name_their_key() {
         let c = parse(
-            "[[streams]]\npattern = \"events.*\"\nmax_age_s = 60\nmax_bytes = 4096\nsegment_bytes = 2048\npartitions = 1\n[[streams]]\nname = \"audit\"\n",
+            "[[streams]]\npattern = \"events.*\"\nmax_age_s = 60\nmax_bytes = 4096\nsegment_bytes = 2048\npartitions = 1\n[[streams]]\nname = \"audit\"\npartitions = 4\npartition_key = \"customer\"\n",
         );
         let c = match c {
             Ok(c) => c,
@@ -155,6 +175,12 @@ mod tests {
             (Some(60), Some(4096), 2048)
         );
         assert_eq!(rules[1].pattern, "audit");
+        assert_eq!(
+            (rules[0].partitions, rules[1].partitions),
+            (1, 4),
+            "partitions default to 1"
+        );
+        assert_eq!(rules[1].partition_key.as_deref(), Some("customer"));
         for (bad, key) in [
             ("[[streams]]\nmax_age_s = 1\n", "streams[0]"),
             ("[[streams]]\npattern = \"ev*ents\"\n", "streams[0].pattern"),
@@ -163,8 +189,16 @@ mod tests {
                 "streams[0].segment_bytes",
             ),
             (
-                "[[streams]]\nname = \"a\"\npartitions = 3\n",
+                "[[streams]]\nname = \"a\"\npartitions = 0\n",
                 "streams[0].partitions",
+            ),
+            (
+                "[[streams]]\nname = \"a\"\npartitions = 257\n",
+                "streams[0].partitions",
+            ),
+            (
+                "[[streams]]\nname = \"a\"\npartition_key = \"\"\n",
+                "streams[0].partition_key",
             ),
             (
                 "[[streams]]\nname = \"a\"\nmax_age_s = 0\n",

@@ -153,7 +153,7 @@ impl CoreSession {
     fn stream_to_consume(
         &self,
         spec: &ConsumerSpec,
-    ) -> Result<Option<Arc<stream::Stream>>, BrokerError> {
+    ) -> Result<Option<stream::Target>, BrokerError> {
         let asked = spec.options.stream.as_ref().is_some_and(|r| r.declare);
         if asked && self.inner.routing.read().queue(&spec.queue).is_some() {
             return Err(BrokerError::InvalidStreamOffset(format!(
@@ -161,13 +161,13 @@ impl CoreSession {
                 spec.queue
             )));
         }
-        self.inner.streams.get(&spec.queue, asked)
+        self.inner.streams.target(&spec.queue, asked)
     }
 
     fn consume_stream(
         &self,
         mut st: parking_lot::MutexGuard<'_, SessionState>,
-        s: Arc<stream::Stream>,
+        target: stream::Target,
         spec: ConsumerSpec,
     ) -> Result<ConsumerId, BrokerError> {
         let principal = &self.shared.info.principal;
@@ -183,39 +183,48 @@ impl CoreSession {
         }
         let read = spec.options.stream.clone().unwrap_or_default();
         let groups = &self.inner.streams.groups;
-        let start = stream::start_offset(&s, &read, groups)?;
+        let source = target.source();
+        // Every partition's start (and the group's offset there); a
+        // partitioned group's member is given its partitions on joining.
+        let mut starts = Vec::with_capacity(source.streams.len());
+        for s in &source.streams {
+            starts.push(stream::start_offset(s, &read, groups)?);
+        }
+        let member = source.partitioned && read.group.is_some();
+        let starts: Vec<Option<u64>> = starts.into_iter().map(|s| (!member).then_some(s)).collect();
         st.next_consumer += 1;
         let id = ConsumerId(st.next_consumer);
         let reader = Arc::new(Reader::new(
             id,
-            Arc::clone(&s),
+            source,
             Arc::clone(&self.shared.sink),
             spec.credit,
             spec.auto_settle,
             read.group,
-            start,
+            &starts,
         ));
         st.stream_readers.insert(id, Arc::clone(&reader));
         drop(st);
-        self.inner.streams.attach(&s, &reader);
+        self.inner.streams.attach(&target, &reader);
         Ok(id)
     }
 
     fn publish_to_stream(
         &self,
-        s: &Arc<stream::Stream>,
+        name: &str,
+        target: &stream::Target,
         mut message: Message,
         options: PublishOptions,
     ) -> Result<PublishReceipt, BrokerError> {
         // Where it was published, as routing records it for a queue: MQTT
         // readers get it as their PUBLISH topic.
-        message.address = Some(Address::Queue(s.name.to_string()));
+        message.address = Some(Address::Queue(name.to_owned()));
         if options.txn.is_some() {
             return Err(BrokerError::InvalidAddress(format!(
-                "transactional publishes to a stream ('{}') are not supported yet",
-                s.name
+                "transactional publishes to a stream ('{name}') are not supported yet"
             )));
         }
+        let s = target.for_publish(&message);
         let now = self.inner.streams.now_ms();
         let (pending, done) = if options.confirm {
             let ticket = self.inner.next_ticket();
@@ -301,7 +310,7 @@ fn dispatch_to_session(inner: &Inner, shared: &SessionShared) {
         .cloned()
         .collect();
     for r in readers {
-        r.pump(&r.stream, &inner.streams.groups);
+        r.pump(&inner.streams.groups);
     }
     let queues: Vec<Arc<Queue>> = {
         let st = shared.state.lock();
@@ -508,22 +517,30 @@ fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
 
 /// Closes a session from its own connection or from a take-over.
 fn close_shared(inner: &Arc<Inner>, shared: &Arc<SessionShared>, kind: CloseKind) {
-    let (consumers, owned, will) = {
+    let (consumers, owned, will, readers) = {
         let mut st = shared.state.lock();
         if st.closed {
             return;
         }
         st.closed = true;
         st.txns.clear();
-        for (_, r) in st.stream_readers.drain() {
+        // All closed before any leaves its group, so that a rebalance
+        // gives no partition to another reader of this closing session.
+        let readers: Vec<Arc<Reader>> = st.stream_readers.drain().map(|(_, r)| r).collect();
+        for r in &readers {
             r.close();
         }
         (
             std::mem::take(&mut st.consumers),
             std::mem::take(&mut st.owned_queues),
             st.will.take().map(|w| *w),
+            readers,
         )
     };
+    // Outside the session's lock: a rebalance serves the other members.
+    for r in &readers {
+        inner.streams.detach(r);
+    }
     for (id, c) in consumers {
         detach_consumer(
             inner,
@@ -585,8 +602,8 @@ impl Session for CoreSession {
                 "'{name}' is a queue, not a stream"
             )));
         }
-        let existed = self.inner.streams.get(name, false)?.is_some();
-        self.inner.streams.get(name, true)?;
+        let existed = self.inner.streams.target(name, false)?.is_some();
+        self.inner.streams.target(name, true)?;
         Ok(existed)
     }
 
@@ -648,9 +665,9 @@ impl Session for CoreSession {
             return Err(BrokerError::Unauthorized(format!("publish to '{address}'")));
         }
         if let Address::Queue(name) = address {
-            if let Some(s) = self.inner.streams.get(name, false)? {
+            if let Some(t) = self.inner.streams.target(name, false)? {
                 drop(st);
-                let receipt = self.publish_to_stream(&s, message, options)?;
+                let receipt = self.publish_to_stream(name, &t, message, options)?;
                 self.inner.traffic.published();
                 return Ok(receipt);
             }
@@ -789,7 +806,8 @@ impl Session for CoreSession {
     fn cancel(&mut self, consumer: ConsumerId) -> Result<(), BrokerError> {
         let mut st = self.state()?;
         if let Some(r) = st.stream_readers.remove(&consumer) {
-            r.close();
+            drop(st);
+            self.inner.streams.detach(&r);
             return Ok(());
         }
         let c = st
@@ -816,7 +834,7 @@ impl Session for CoreSession {
     ) -> Result<(), BrokerError> {
         if let Some(r) = self.stream_reader(consumer)? {
             r.set_credit(limit, drain);
-            r.pump(&r.stream, &self.inner.streams.groups);
+            r.pump(&self.inner.streams.groups);
             return Ok(());
         }
         let q = self.queue_of(consumer)?;
@@ -857,7 +875,7 @@ impl Session for CoreSession {
             if settled == stream::Settlement::Unknown {
                 return Err(BrokerError::Unknown("delivery"));
             }
-            r.pump(&r.stream, &self.inner.streams.groups);
+            r.pump(&self.inner.streams.groups);
             return Ok(ticket.filter(|_| settled == stream::Settlement::Committed));
         }
         let mut st = self.state()?;
@@ -928,7 +946,7 @@ impl Session for CoreSession {
                     let done = r.settle(tag, &self.inner.streams.groups, None);
                     settled += usize::from(done != stream::Settlement::Unknown);
                 }
-                r.pump(&r.stream, &self.inner.streams.groups);
+                r.pump(&self.inner.streams.groups);
                 continue;
             }
             let queue = match self.state()?.consumers.get(&consumer) {

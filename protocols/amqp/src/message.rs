@@ -467,6 +467,12 @@ fn write_merged_annotations(
                 AmqpAny::Long(i64::try_from(p.missed).unwrap_or(i64::MAX)),
             );
         }
+        if let Some(n) = p.partition {
+            ann.0.insert(
+                OwnedKey::from(Symbol::from(rosetta_neutral::STREAM_PARTITION)),
+                AmqpAny::Long(i64::from(n)),
+            );
+        }
     }
     let mut added: Vec<&str> = Vec::new();
     for (k, v) in m.properties.iter().filter(|(k, _)| is_annotation(k)) {

@@ -40,6 +40,6 @@ pub use message::{Body, BodyKind, Guarantee, Message, MessageId};
 pub use placement::{Placement, PlacementRequest, RedirectTarget};
 pub use stream::{
     StreamOffset, StreamOffsetError, StreamPosition, StreamRead, STREAM_GROUP_BYTES_MAX,
-    STREAM_OFFSET_SPEC_BYTES_MAX,
+    STREAM_OFFSET_SPEC_BYTES_MAX, STREAM_PARTITION,
 };
 pub use value::{Properties, Value};

@@ -7,6 +7,10 @@
 //! core declares the stream at first use, as RabbitMQ does for a consumer
 //! that asks for queue type `stream`.
 
+/// The name of the partition of a partitioned stream's delivery, in every
+/// protocol (STOMP header, AMQP message annotation, MQTT 5 user property).
+pub const STREAM_PARTITION: &str = "x-stream-partition";
+
 /// Where a stream reader starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamOffset {
@@ -101,6 +105,10 @@ pub struct StreamPosition {
     /// deleted first (0 almost always): a reader cut by retention skips to
     /// the first kept offset and learns here how many it missed.
     pub missed: u64,
+    /// Its partition, for a partitioned stream's reader (STOMP header, AMQP
+    /// annotation, MQTT 5 user property `x-stream-partition`); its offset
+    /// is the offset in that partition.
+    pub partition: Option<u32>,
 }
 
 #[cfg(test)]

@@ -249,6 +249,9 @@ pub(crate) fn write_message(
         if p.missed > 0 {
             w.header(STREAM_MISSED_HEADER, &p.missed.to_string());
         }
+        if let Some(n) = p.partition {
+            w.header(rosetta_neutral::STREAM_PARTITION, &n.to_string());
+        }
     }
     for (name, value) in m.properties.iter() {
         let written = MESSAGE_RESERVED.contains(&name)

@@ -11,7 +11,11 @@
 //! - `reader`: one stream consumer: its position, credit and unsettled
 //!   deliveries, and the pump that reads its next records from the log;
 //! - `groups`: committed offsets as journal `State` records under
-//!   `$stream/<stream>/<group>`.
+//!   `$stream/<stream>/<group>`;
+//! - `partition`: partitioned streams (`partitions = N`): `N` logs named
+//!   `<name>-<n>`, and the key hash that routes a publish to one;
+//! - `assign` and `members`: a group's partitions spread over its
+//!   members, and the rebalance when one comes or goes.
 //!
 //! # One copy, readers that cost only their credit
 //!
@@ -29,7 +33,12 @@
 //! [`rosetta_neutral::Session::declare_stream`] is called and no queue of
 //! that name exists: declaration at first use, as RabbitMQ does.
 
+mod assign;
 mod groups;
+mod members;
+mod partition;
+#[cfg(test)]
+mod partition_tests;
 mod reader;
 #[cfg(test)]
 mod tests;
@@ -46,7 +55,8 @@ use rosetta_store::log::{LogCompletion, LogConfig, StreamLog};
 use rosetta_store::{OsStorage, Storage, SyncPolicy};
 
 pub(crate) use groups::Groups;
-pub(crate) use reader::{Reader, Settlement};
+pub(crate) use partition::Partitioned;
+pub(crate) use reader::{ReadSource, Reader, Settlement};
 
 /// Most streams open at once: each holds open files and an index in
 /// memory, and a client must not be able to create them without end.
@@ -56,6 +66,8 @@ pub const STREAMS_MAX: usize = 10_000;
 const RETENTION_INTERVAL: Duration = Duration::from_secs(10);
 /// Longest stream name accepted, in bytes (it names a directory).
 pub const STREAM_NAME_BYTES_MAX: usize = 200;
+/// Most partitions of one stream: each is a log with open files.
+pub const STREAM_PARTITIONS_MAX: u32 = 256;
 
 /// Runs once a stream append is durable (or failed).
 pub(crate) type AppendDone = Box<dyn FnOnce(Result<(), BrokerError>) + Send>;
@@ -71,6 +83,12 @@ pub struct StreamRule {
     pub max_bytes: Option<u64>,
     /// Segment size in bytes.
     pub segment_bytes: u64,
+    /// Partitions: more than 1 makes it a partitioned stream of logs
+    /// `<name>-0` … (see `partition`).
+    pub partitions: u32,
+    /// The property whose value is a publish's partition key, looked at
+    /// before the message group (`JMSXGroupID`, AMQP `group-id`).
+    pub partition_key: Option<String>,
 }
 
 impl StreamRule {
@@ -109,6 +127,8 @@ impl Default for StreamsConfig {
                 max_age_s: None,
                 max_bytes: None,
                 segment_bytes: rosetta_store::log::LOG_SEGMENT_DEFAULT_BYTES,
+                partitions: 1,
+                partition_key: None,
             },
             storage: Arc::new(OsStorage),
         }
@@ -131,7 +151,42 @@ impl Stream {
             rs.iter().filter_map(Weak::upgrade).collect()
         };
         for r in readers {
-            r.pump(self, groups);
+            r.pump(groups);
+        }
+    }
+}
+
+/// What a stream name stands for.
+#[derive(Clone)]
+pub(crate) enum Target {
+    /// One log.
+    One(Arc<Stream>),
+    /// The logs of a partitioned stream.
+    Parts(Arc<Partitioned>),
+}
+
+impl Target {
+    /// The log a publish of `message` is appended to.
+    pub(crate) fn for_publish(&self, message: &Message) -> &Arc<Stream> {
+        match self {
+            Target::One(s) => s,
+            Target::Parts(p) => p.route(message),
+        }
+    }
+
+    /// What a reader of it reads.
+    pub(crate) fn source(&self) -> ReadSource {
+        match self {
+            Target::One(s) => ReadSource {
+                name: Arc::clone(&s.name),
+                streams: vec![Arc::clone(s)],
+                partitioned: false,
+            },
+            Target::Parts(p) => ReadSource {
+                name: Arc::clone(&p.name),
+                streams: p.parts.clone(),
+                partitioned: true,
+            },
         }
     }
 }
@@ -142,6 +197,10 @@ pub(crate) struct Streams {
     /// The core's clock: record timestamps and retention by age.
     clock: Arc<dyn crate::Clock>,
     open: Mutex<HashMap<String, Arc<Stream>>>,
+    /// Partitioned streams opened, by name (their logs are in `open`).
+    partitioned: Mutex<HashMap<String, Arc<Partitioned>>>,
+    /// The members of partitioned streams' groups.
+    members: members::Members,
     /// Streams whose log directory was there at start (declared before a
     /// restart): listed once, so that telling a queue from a stream costs
     /// a publish no file system call.
@@ -222,6 +281,8 @@ impl Streams {
             clock,
             known,
             open: Mutex::new(HashMap::new()),
+            partitioned: Mutex::new(HashMap::new()),
+            members: members::Members::default(),
             pump: Arc::new(PumpQueue::default()),
             groups,
         });
@@ -246,13 +307,46 @@ impl Streams {
         self.config.rules.iter().find(|r| r.matches(name))
     }
 
-    /// The open stream `name`, opening it when it is one (configured, or
+    /// The rule of a log that is partition `<n>` of a partitioned stream
+    /// `<p>` (its name is `<p>-<n>`): the partitioned stream's.
+    fn partition_rule(&self, name: &str) -> Option<&StreamRule> {
+        let (parent, n) = name.rsplit_once('-')?;
+        let n: u32 = n.parse().ok()?;
+        self.rule_for(parent).filter(|r| r.partitions > n)
+    }
+
+    /// What `name` stands for, opening it when it is a stream (configured,
+    /// or its log exists), or declaring it when `declare`: a partitioned
+    /// stream when its rule says `partitions > 1` (and it is not itself
+    /// one's partition), else one log.
+    pub(crate) fn target(&self, name: &str, declare: bool) -> Result<Option<Target>, BrokerError> {
+        if self.partition_rule(name).is_none() {
+            if let Some(rule) = self.rule_for(name).filter(|r| r.partitions > 1) {
+                return self.open_partitioned(name, rule).map(Some);
+            }
+        }
+        Ok(self.get(name, declare)?.map(Target::One))
+    }
+
+    fn open_partitioned(&self, name: &str, rule: &StreamRule) -> Result<Target, BrokerError> {
+        if let Some(p) = self.partitioned.lock().get(name) {
+            return Ok(Target::Parts(Arc::clone(p)));
+        }
+        let parts = (0..rule.partitions)
+            .map(|n| {
+                let part = partition::partition_name(name, n);
+                self.get(&part, true)?
+                    .ok_or_else(|| BrokerError::NotFound(format!("stream partition '{part}'")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let p = Arc::new(Partitioned::new(name, parts, rule.partition_key.clone()));
+        let p = Arc::clone(self.partitioned.lock().entry(name.to_owned()).or_insert(p));
+        Ok(Target::Parts(p))
+    }
+
+    /// The open log `name`, opening it when it is one (configured, or
     /// its log exists), or declaring it when `declare`.
-    pub(crate) fn get(
-        &self,
-        name: &str,
-        declare: bool,
-    ) -> Result<Option<Arc<Stream>>, BrokerError> {
+    fn get(&self, name: &str, declare: bool) -> Result<Option<Arc<Stream>>, BrokerError> {
         let Some(dir) = &self.config.dir else {
             return if declare {
                 Err(BrokerError::NotFound(format!(
@@ -267,7 +361,8 @@ impl Streams {
             return Ok(Some(Arc::clone(s)));
         }
         let log_dir = dir.join(dir_name(name));
-        let configured = self.rule_for(name).is_some();
+        let rule = self.partition_rule(name).or_else(|| self.rule_for(name));
+        let configured = rule.is_some();
         let exists = self.known.contains(name);
         if !(configured || exists || declare) {
             return Ok(None);
@@ -282,7 +377,7 @@ impl Streams {
                 "more than {STREAMS_MAX} streams"
             )));
         }
-        let rule = self.rule_for(name).unwrap_or(&self.config.defaults);
+        let rule = rule.unwrap_or(&self.config.defaults);
         let mut lc = LogConfig::new(log_dir);
         lc.sync = self.config.sync;
         lc.segment_bytes = rule.segment_bytes;
@@ -337,10 +432,33 @@ impl Streams {
             .map_err(|e| BrokerError::Storage(e.to_string()))
     }
 
-    /// Registers `reader` with `stream` and serves it.
-    pub(crate) fn attach(&self, stream: &Arc<Stream>, reader: &Arc<Reader>) {
-        stream.readers.lock().push(Arc::downgrade(reader));
-        reader.pump(stream, &self.groups);
+    /// Registers `reader` with the logs it reads and serves it; a member
+    /// of a partitioned stream's group joins it (and is given its share of
+    /// the partitions).
+    pub(crate) fn attach(&self, target: &Target, reader: &Arc<Reader>) {
+        for s in &reader.source.streams {
+            s.readers.lock().push(Arc::downgrade(reader));
+        }
+        match (target, &reader.group) {
+            (Target::Parts(p), Some(g)) => self.members.join(p, g, reader, &self.groups),
+            _ => reader.pump(&self.groups),
+        }
+    }
+
+    /// Stops `reader`; a member of a partitioned stream's group leaves it,
+    /// and its partitions go to the others.
+    pub(crate) fn detach(&self, reader: &Arc<Reader>) {
+        reader.close();
+        let Some(g) = &reader.group else {
+            return;
+        };
+        if !reader.source.partitioned {
+            return;
+        }
+        let p = self.partitioned.lock().get(&*reader.source.name).cloned();
+        if let Some(p) = p {
+            self.members.leave(&p, g, reader, &self.groups);
+        }
     }
 
     /// Applies every open stream's retention at the clock's now, then

@@ -1,6 +1,9 @@
 //! One stream consumer.
 //!
-//! A reader has a position (the next offset it will be sent), credit as a
+//! A reader reads one log, or several: the partitions of a partitioned
+//! stream, all of them without a group, those the group gives it with
+//! one (see `members`). In each log it has a position (the next offset
+//! it will be sent); it has credit as a
 //! queue consumer has ([`CreditMode`]), and the deliveries it has not yet
 //! settled, by tag. Reading does not delete: a settlement only tells a
 //! group how far its reader got.
@@ -8,8 +11,9 @@
 //! # Acknowledgements and the group's offset
 //!
 //! Any settlement (accept, release, modify, reject: a log has no
-//! redelivery) settles a delivery. The group's committed offset moves to
-//! the lowest offset still unsettled, or past everything sent when nothing
+//! redelivery) settles a delivery. The group's committed offset (of the
+//! delivery's partition, for a partitioned stream) moves to the lowest
+//! offset still unsettled there, or past everything sent when nothing
 //! is: acknowledgements commit cumulatively, and an out-of-order
 //! acknowledgement is remembered but moves nothing until the ones before
 //! it are settled too. So a restarted reader of the group is sent again
@@ -36,17 +40,29 @@ const PUMP_RECORDS_MAX: usize = 256;
 /// About the most bytes of bodies one pump pass reads for a reader.
 const PUMP_BYTES_MAX: usize = 1024 * 1024;
 
-struct ReaderState {
+/// Where a reader is in one of the logs it reads.
+struct PartState {
     /// The next offset to send.
     next: u64,
+    /// This reader reads it now (a group member's partitions move on a
+    /// rebalance; a reader without a group reads all of them).
+    assigned: bool,
+}
+
+struct ReaderState {
+    /// One per log read, in partition order.
+    parts: Vec<PartState>,
+    /// The part the next pump pass starts at, so that one partition's
+    /// backlog does not starve the others of credit.
+    cursor: usize,
     mode: CreditMode,
     /// Explicit credit left; for a window, the window.
     credit: u32,
     /// Deliveries sent in explicit mode (a credit limit counts from it).
     sent: u32,
     drain: bool,
-    /// Tag → offset of what is sent and not yet settled.
-    unsettled: BTreeMap<u64, u64>,
+    /// Tag → (part, offset) of what is sent and not yet settled.
+    unsettled: BTreeMap<u64, (usize, u64)>,
     next_tag: u64,
     closed: bool,
 }
@@ -56,21 +72,32 @@ struct ReaderState {
 pub(crate) enum Settlement {
     /// Not an unsettled delivery of this reader.
     Unknown,
-    /// Settled; the group's offset did not move (no group, or an
-    /// out-of-order settlement), so there is nothing to wait for.
+    /// Settled; the group's offset did not move (no group, an
+    /// out-of-order settlement, or a partition moved to another member),
+    /// so there is nothing to wait for.
     NoCommit,
     /// Settled, and the group's new offset is being journaled: the
     /// completion runs once it is durable.
     Committed,
 }
 
+/// What a reader reads: one stream, or the partitions of one.
+pub(crate) struct ReadSource {
+    /// The name it was asked for.
+    pub(crate) name: Arc<str>,
+    /// The logs: one, or a partitioned stream's, in partition order.
+    pub(crate) streams: Vec<Arc<Stream>>,
+    /// Deliveries carry their partition (a partitioned stream's reader).
+    pub(crate) partitioned: bool,
+}
+
 /// A stream consumer; see the module docs.
 pub(crate) struct Reader {
     pub(crate) consumer: ConsumerId,
-    pub(crate) stream: Arc<Stream>,
+    pub(crate) source: ReadSource,
     sink: Arc<dyn EventSink>,
     auto_settle: bool,
-    group: Option<String>,
+    pub(crate) group: Option<String>,
     state: Mutex<ReaderState>,
     /// One pump at a time per reader (the pump thread, or a caller that
     /// granted credit), so positions never race.
@@ -78,26 +105,36 @@ pub(crate) struct Reader {
 }
 
 impl Reader {
+    /// A reader of `source` starting part `i` at `starts[i]` (`None`: not
+    /// assigned to it yet).
     pub(crate) fn new(
         consumer: ConsumerId,
-        stream: Arc<Stream>,
+        source: ReadSource,
         sink: Arc<dyn EventSink>,
         mode: CreditMode,
         auto_settle: bool,
         group: Option<String>,
-        start: u64,
+        starts: &[Option<u64>],
     ) -> Reader {
         let credit = match mode {
             CreditMode::Window(n) | CreditMode::Explicit(n) => n,
         };
+        let parts = starts
+            .iter()
+            .map(|s| PartState {
+                next: s.unwrap_or(0),
+                assigned: s.is_some(),
+            })
+            .collect();
         Reader {
             consumer,
-            stream,
+            source,
             sink,
             auto_settle,
             group,
             state: Mutex::new(ReaderState {
-                next: start,
+                parts,
+                cursor: 0,
                 mode,
                 credit,
                 sent: 0,
@@ -119,43 +156,54 @@ impl Reader {
         n.min(PUMP_RECORDS_MAX)
     }
 
-    /// Sends what its credit allows from the log.
-    pub(crate) fn pump(&self, stream: &Stream, groups: &Groups) {
+    /// Gives it part `part` from offset `at`, or (`None`) takes it away:
+    /// nothing more of that part is sent, and settling what was sent of
+    /// it no longer commits (its new reader resumes from the group's
+    /// committed offset).
+    pub(crate) fn assign(&self, part: usize, at: Option<u64>) {
+        let mut st = self.state.lock();
+        if let Some(p) = st.parts.get_mut(part) {
+            p.assigned = at.is_some();
+            if let Some(at) = at {
+                p.next = at;
+            }
+        }
+    }
+
+    /// Sends what its credit allows from its logs, a part at a time
+    /// starting after the last one served.
+    pub(crate) fn pump(&self, groups: &Groups) {
         let _one = self.pumping.lock();
         loop {
-            let (from, room) = {
+            let order = {
                 let mut st = self.state.lock();
                 if st.closed {
                     return;
                 }
-                let room = Self::room(&st);
-                if room == 0 && st.drain {
+                if Self::room(&st) == 0 && st.drain {
                     st.drain = false;
                     self.sink.send(SessionEvent::Drained {
                         consumer: self.consumer,
                     });
                 }
-                (st.next, room)
+                let n = st.parts.len();
+                let cursor = st.cursor;
+                (0..n)
+                    .map(|i| (cursor + i) % n)
+                    .filter(|&i| st.parts[i].assigned)
+                    .collect::<Vec<_>>()
             };
-            let has_room = self.sink.budget().is_none_or(|b| b.try_room());
-            if room == 0 || !has_room {
-                return;
-            }
-            let read = match stream.log.read(from, room, PUMP_BYTES_MAX) {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::error!(stream = %stream.name, offset = from, error = %e,
-                        "stream read failed; the reader waits");
-                    return;
+            let mut sent_any = false;
+            for part in order {
+                match self.pump_part(part, groups) {
+                    PartPump::Sent => sent_any = true,
+                    PartPump::Empty => {}
+                    PartPump::Stop => return,
                 }
-            };
-            let mut st = self.state.lock();
-            if st.closed {
-                return;
             }
-            if read.records.is_empty() {
-                st.next = read.next.max(st.next);
-                if st.drain {
+            if !sent_any {
+                let mut st = self.state.lock();
+                if st.drain && !st.closed {
                     st.drain = false;
                     st.credit = 0;
                     self.sink.send(SessionEvent::Drained {
@@ -164,63 +212,104 @@ impl Reader {
                 }
                 return;
             }
-            let mut missed = read.missed;
-            if missed > 0 {
-                tracing::warn!(stream = %stream.name, missed, first = read.next,
-                    "stream reader cut by retention skips ahead");
-            }
-            for rec in read.records {
-                let message = match crate::codec::decode_message_exact(rec.body) {
-                    Ok(m) => Arc::new(m),
-                    Err(e) => {
-                        tracing::error!(stream = %stream.name, offset = rec.offset, error = %e,
-                            "stream record does not decode; skipped");
-                        st.next = rec.offset + 1;
-                        continue;
-                    }
-                };
-                let tag = st.next_tag;
-                st.next_tag += 1;
-                st.next = rec.offset + 1;
-                if !self.auto_settle {
-                    st.unsettled.insert(tag, rec.offset);
-                }
-                if let CreditMode::Explicit(_) = st.mode {
-                    st.credit = st.credit.saturating_sub(1);
-                    st.sent = st.sent.wrapping_add(1);
-                }
-                let charge = match self.sink.budget() {
-                    Some(b) => b.charge(message.memory_size() as u64),
-                    None => rosetta_neutral::DeliveryCharge::none(),
-                };
-                self.sink.send(SessionEvent::Delivery(Delivery {
-                    consumer: self.consumer,
-                    tag: DeliveryTag(tag),
-                    message,
-                    delivery_count: 0,
-                    redelivered: false,
-                    from_retained: false,
-                    matched: MatchInfo::default(),
-                    annotation: None,
-                    charge,
-                    stream: Some(StreamPosition {
-                        offset: rec.offset,
-                        timestamp_ms: rec.timestamp_ms,
-                        missed,
-                    }),
-                }));
-                missed = 0;
-            }
-            if self.auto_settle {
-                if let Some(g) = &self.group {
-                    groups.commit(&stream.name, g, st.next, false, None);
-                }
-            }
         }
     }
 
-    /// Settles `tag`; commits the group's offset as far as settled, with
-    /// `done` run once that commit is durable (see [`Settlement`]).
+    /// One read of part `part`, sent.
+    fn pump_part(&self, part: usize, groups: &Groups) -> PartPump {
+        let (from, room) = {
+            let st = self.state.lock();
+            if st.closed {
+                return PartPump::Stop;
+            }
+            (st.parts[part].next, Self::room(&st))
+        };
+        let has_room = self.sink.budget().is_none_or(|b| b.try_room());
+        if room == 0 || !has_room {
+            return PartPump::Stop;
+        }
+        let stream = &self.source.streams[part];
+        let read = match stream.log.read(from, room, PUMP_BYTES_MAX) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(stream = %stream.name, offset = from, error = %e,
+                    "stream read failed; the reader waits");
+                return PartPump::Empty;
+            }
+        };
+        let mut st = self.state.lock();
+        if st.closed {
+            return PartPump::Stop;
+        }
+        // Moved away (or moved back, at another offset) while it was read.
+        if !st.parts[part].assigned || st.parts[part].next != from {
+            return PartPump::Empty;
+        }
+        if read.records.is_empty() {
+            st.parts[part].next = read.next.max(from);
+            return PartPump::Empty;
+        }
+        let mut missed = read.missed;
+        if missed > 0 {
+            tracing::warn!(stream = %stream.name, missed, first = read.next,
+                "stream reader cut by retention skips ahead");
+        }
+        let partition = self.source.partitioned.then_some(part as u32);
+        for rec in read.records {
+            let message = match crate::codec::decode_message_exact(rec.body) {
+                Ok(m) => Arc::new(m),
+                Err(e) => {
+                    tracing::error!(stream = %stream.name, offset = rec.offset, error = %e,
+                        "stream record does not decode; skipped");
+                    st.parts[part].next = rec.offset + 1;
+                    continue;
+                }
+            };
+            let tag = st.next_tag;
+            st.next_tag += 1;
+            st.parts[part].next = rec.offset + 1;
+            if !self.auto_settle {
+                st.unsettled.insert(tag, (part, rec.offset));
+            }
+            if let CreditMode::Explicit(_) = st.mode {
+                st.credit = st.credit.saturating_sub(1);
+                st.sent = st.sent.wrapping_add(1);
+            }
+            let charge = match self.sink.budget() {
+                Some(b) => b.charge(message.memory_size() as u64),
+                None => rosetta_neutral::DeliveryCharge::none(),
+            };
+            self.sink.send(SessionEvent::Delivery(Delivery {
+                consumer: self.consumer,
+                tag: DeliveryTag(tag),
+                message,
+                delivery_count: 0,
+                redelivered: false,
+                from_retained: false,
+                matched: MatchInfo::default(),
+                annotation: None,
+                charge,
+                stream: Some(StreamPosition {
+                    offset: rec.offset,
+                    timestamp_ms: rec.timestamp_ms,
+                    missed,
+                    partition,
+                }),
+            }));
+            missed = 0;
+        }
+        st.cursor = (part + 1) % st.parts.len();
+        if self.auto_settle {
+            if let Some(g) = &self.group {
+                groups.commit(&stream.name, g, st.parts[part].next, false, None);
+            }
+        }
+        PartPump::Sent
+    }
+
+    /// Settles `tag`; commits the group's offset of its part as far as
+    /// settled, with `done` run once that commit is durable (see
+    /// [`Settlement`]).
     pub(crate) fn settle(
         &self,
         tag: DeliveryTag,
@@ -228,14 +317,24 @@ impl Reader {
         done: Option<Completion>,
     ) -> Settlement {
         let mut st = self.state.lock();
-        if st.unsettled.remove(&tag.0).is_none() {
+        let Some((part, _)) = st.unsettled.remove(&tag.0) else {
             return Settlement::Unknown;
-        }
+        };
         let Some(g) = &self.group else {
             return Settlement::NoCommit;
         };
-        let upto = st.unsettled.values().min().copied().unwrap_or(st.next);
-        if groups.commit(&self.stream.name, g, upto, false, done) {
+        if !st.parts[part].assigned {
+            return Settlement::NoCommit;
+        }
+        let upto = st
+            .unsettled
+            .values()
+            .filter(|(p, _)| *p == part)
+            .map(|(_, o)| *o)
+            .min()
+            .unwrap_or(st.parts[part].next);
+        let name = &self.source.streams[part].name;
+        if groups.commit(name, g, upto, false, done) {
             Settlement::Committed
         } else {
             Settlement::NoCommit
@@ -260,4 +359,17 @@ impl Reader {
     pub(crate) fn close(&self) {
         self.state.lock().closed = true;
     }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.state.lock().closed
+    }
+}
+
+/// What one read of one part did.
+enum PartPump {
+    Sent,
+    /// Nothing to send from it now.
+    Empty,
+    /// No credit or room left, or closed: the pass ends.
+    Stop,
 }

@@ -12,7 +12,7 @@ use crate::{Core, CoreConfig, ManualClock};
 
 use super::{StreamRule, StreamsConfig};
 
-fn config(dir: &std::path::Path, rules: Vec<StreamRule>) -> CoreConfig {
+pub(super) fn config(dir: &std::path::Path, rules: Vec<StreamRule>) -> CoreConfig {
     CoreConfig {
         streams: StreamsConfig {
             dir: Some(dir.join("streams")),
@@ -23,11 +23,15 @@ fn config(dir: &std::path::Path, rules: Vec<StreamRule>) -> CoreConfig {
     }
 }
 
-fn start(dir: &std::path::Path, rules: Vec<StreamRule>, clock: &Arc<ManualClock>) -> Core {
+pub(super) fn start(
+    dir: &std::path::Path,
+    rules: Vec<StreamRule>,
+    clock: &Arc<ManualClock>,
+) -> Core {
     core_on_store(&dir.join("journal"), config(dir, rules), clock).0
 }
 
-fn read(offset: Option<StreamOffset>, group: Option<&str>) -> ConsumerOptions {
+pub(super) fn read(offset: Option<StreamOffset>, group: Option<&str>) -> ConsumerOptions {
     ConsumerOptions {
         stream: Some(StreamRead {
             offset,
@@ -38,7 +42,7 @@ fn read(offset: Option<StreamOffset>, group: Option<&str>) -> ConsumerOptions {
     }
 }
 
-fn consume(
+pub(super) fn consume(
     s: &mut Box<dyn Session>,
     name: &str,
     window: u32,
@@ -53,12 +57,23 @@ fn consume(
 }
 
 /// Publishes `bodies` to stream `name` and waits until each is durable.
-fn publish(s: &mut Box<dyn Session>, events: &Events, name: &str, bodies: &[&str]) {
+pub(super) fn publish(s: &mut Box<dyn Session>, events: &Events, name: &str, bodies: &[&str]) {
+    let messages = bodies.iter().map(|b| Message::text(*b)).collect();
+    publish_messages(s, events, name, messages);
+}
+
+/// Publishes `messages` to stream `name` and waits until each is durable.
+pub(super) fn publish_messages(
+    s: &mut Box<dyn Session>,
+    events: &Events,
+    name: &str,
+    messages: Vec<Message>,
+) {
     let mut tickets = Vec::new();
-    for b in bodies {
+    for m in messages {
         let r = s.publish(
             &Address::Queue(name.into()),
-            Message::text(*b),
+            m,
             PublishOptions {
                 confirm: true,
                 ..PublishOptions::default()
@@ -84,7 +99,7 @@ fn publish(s: &mut Box<dyn Session>, events: &Events, name: &str, bodies: &[&str
 }
 
 /// Waits for `n` deliveries.
-fn deliveries(events: &Events, n: usize) -> Vec<Delivery> {
+pub(super) fn deliveries(events: &Events, n: usize) -> Vec<Delivery> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut got = Vec::new();
     while got.len() < n {
@@ -99,12 +114,12 @@ fn deliveries(events: &Events, n: usize) -> Vec<Delivery> {
     got
 }
 
-fn quiet(events: &Events) -> Vec<Delivery> {
+pub(super) fn quiet(events: &Events) -> Vec<Delivery> {
     std::thread::sleep(Duration::from_millis(100));
     events.deliveries()
 }
 
-fn offsets(ds: &[Delivery]) -> Vec<u64> {
+pub(super) fn offsets(ds: &[Delivery]) -> Vec<u64> {
     ds.iter()
         .map(|d| d.stream.map_or(u64::MAX, |p| p.offset))
         .collect()
@@ -319,6 +334,8 @@ fn retention_under_a_live_reader_skips_it_ahead_and_says_how_many_it_missed() {
         max_age_s: Some(60),
         max_bytes: None,
         segment_bytes: rosetta_store::log::LOG_SEGMENT_MIN_BYTES,
+        partitions: 1,
+        partition_key: None,
     };
     let core = start(d.path(), vec![rule], &clock);
     let (mut s, ev) = open(&core, "a");

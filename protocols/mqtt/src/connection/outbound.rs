@@ -173,6 +173,9 @@ impl Open {
                     if p.missed > 0 {
                         user.push((STREAM_MISSED_PROPERTY.to_owned(), p.missed.to_string()));
                     }
+                    if let Some(n) = p.partition {
+                        user.push((rosetta_neutral::STREAM_PARTITION.to_owned(), n.to_string()));
+                    }
                 }
                 if let Some(a) = alias {
                     props.get_or_insert_with(empty_props).topic_alias = Some(a);
