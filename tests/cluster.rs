@@ -67,7 +67,19 @@ impl Node {
 
 /// The CONNACK a clean v5 CONNECT with `id` gets from `addr`.
 async fn connack5(addr: SocketAddr, id: &str) -> p5::ConnAck {
-    let (raw, ack) = Raw::connect5_clean(addr, id, None).await;
+    connack5_as(addr, id, None).await
+}
+
+/// [`connack5`], logged in as `user` (password `pw`) when given.
+async fn connack5_as(addr: SocketAddr, id: &str, user: Option<&str>) -> p5::ConnAck {
+    let mut raw = Raw::open(addr).await;
+    let login = user.map(|u| p5::Login::new(u, "pw"));
+    let connect = common::mqtt::connect5_packet(id, true, None);
+    raw.send5(p5::Packet::Connect(connect, None, login)).await;
+    let ack = match raw.recv5().await {
+        p5::Packet::ConnAck(ack) => ack,
+        other => panic!("expected CONNACK, got {other:?}"),
+    };
     raw.shutdown().await;
     ack
 }
@@ -79,7 +91,12 @@ fn server_reference(ack: &p5::ConnAck) -> Option<String> {
 /// Where `node` sends client `id`: its own name, or the node whose MQTT
 /// address the Server Reference names.
 async fn placed(node: &Node, nodes: &[&Node], id: &str) -> String {
-    let ack = connack5(node.mqtt(), id).await;
+    placed_as(node, nodes, id, None).await
+}
+
+/// [`placed`], logged in as `user` when given.
+async fn placed_as(node: &Node, nodes: &[&Node], id: &str, user: Option<&str>) -> String {
+    let ack = connack5_as(node.mqtt(), id, user).await;
     match ack.code {
         p5::ConnectReturnCode::Success => node.name.to_owned(),
         p5::ConnectReturnCode::UseAnotherServer => {
@@ -327,6 +344,51 @@ async fn amqp_clients_are_redirected_by_user_name() {
         .await
         .expect("a keeps its user");
     here.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt5_clients_are_redirected_by_the_role_of_their_user() {
+    use rosetta::server::users::{save_user, AdminRole};
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
+    let shared = tempfile::tempdir().expect("dir");
+    let users_file = shared.path().join("users.toml");
+    for (user, roles) in [
+        ("watcher", &[AdminRole::Monitoring][..]),
+        ("manager", &[AdminRole::Management][..]),
+        ("nobody", &[][..]),
+    ] {
+        save_user(&users_file, user, b"pw", None, None, Some(roles)).expect("user");
+    }
+    let security = format!("[security]\nanonymous = false\nusers_file = {users_file:?}\n");
+    let by_role = "key = \"role_name\"";
+    let a = Node::start("a", &etcd.endpoint, by_role, &security);
+    let b = Node::start("b", &etcd.endpoint, by_role, &security);
+    let c = Node::start("c", &etcd.endpoint, by_role, &security);
+    let nodes = [&a, &b, &c];
+    let owner = |role: &str| ring.owner(role).expect("ring").to_owned();
+    // Whatever the client id (each hashes elsewhere), a user is sent to
+    // the node its role hashes to, from every node.
+    for node in nodes {
+        eventually("each user is placed by its role", SETTLE, || async {
+            for (user, role) in [("watcher", "monitoring"), ("manager", "management")] {
+                for id in ["r-1", "r-2", "r-3", "r-4"] {
+                    if placed_as(node, &nodes, id, Some(user)).await != owner(role) {
+                        return false;
+                    }
+                }
+            }
+            true
+        })
+        .await;
+        // A user without roles has no key: served where it connected.
+        assert_eq!(
+            placed_as(node, &nodes, "r-1", Some("nobody")).await,
+            node.name
+        );
+    }
 }
 
 /// The error a connection to `url` is closed with at once, if it is: at

@@ -97,6 +97,9 @@ pub enum TargetKey {
     SourceIp,
     /// The TLS SNI host name.
     SniHost,
+    /// The authenticated user's role (users file `roles`): the first one
+    /// `key_filter` matches.
+    RoleName,
 }
 
 /// How a target is chosen.

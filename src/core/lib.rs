@@ -226,6 +226,11 @@ pub trait AccessControl: Send + Sync + 'static {
     /// May `principal` subscribe to (or consume from) `address`? For topics
     /// `address` may be a filter.
     fn may_subscribe(&self, principal: &Principal, address: &Address) -> bool;
+    /// The roles of `user` (the balancer's `role_name` key), least power
+    /// first; none unless the access control knows of roles.
+    fn roles(&self, _user: &str) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Anonymous access to everything.

@@ -193,6 +193,15 @@ impl AccessControl for UsersAccess {
             .permissions(principal.user.as_deref())
             .may_subscribe(address)
     }
+
+    fn roles(&self, user: &str) -> Vec<String> {
+        let users = self.users.read();
+        users
+            .roles(user)
+            .iter()
+            .map(|r| r.as_str().to_owned())
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use rosetta_cluster::{
     MembershipSettings, Policy,
 };
 use rosetta_config::{BalancerPolicy, ClusterConfig, ListenerKind, MqttRedirect, TargetKey};
+use rosetta_core::AccessControl;
 use rosetta_neutral::{Placement, PlacementRequest, RedirectTarget};
 
 /// What the transport knows of a connection, for its target key and
@@ -39,6 +40,9 @@ pub(crate) struct ClusterNode {
     /// This node's published addresses by listener key, once it joined
     /// (the discovery route answers them for keys that belong here).
     published: std::sync::OnceLock<BTreeMap<String, String>>,
+    /// The users' roles, for the `role_name` key; `None` when the key is
+    /// another (no lookup at every connect for nothing).
+    roles: Option<Arc<dyn AccessControl>>,
 }
 
 /// `[cluster.balancer]`'s proxy limits.
@@ -50,7 +54,10 @@ pub(crate) struct ProxyLimits {
 
 impl ClusterNode {
     /// The balancer of `[cluster.balancer]`; its errors name the key.
-    pub(crate) fn new(config: &ClusterConfig) -> anyhow::Result<Arc<Self>> {
+    pub(crate) fn new(
+        config: &ClusterConfig,
+        access: Arc<dyn AccessControl>,
+    ) -> anyhow::Result<Arc<Self>> {
         let b = &config.balancer;
         let settings = BalancerSettings {
             local_name: config.node_name.clone(),
@@ -62,6 +69,7 @@ impl ClusterNode {
                 TargetKey::UserName => KeySource::UserName,
                 TargetKey::SourceIp => KeySource::SourceIp,
                 TargetKey::SniHost => KeySource::SniHost,
+                TargetKey::RoleName => KeySource::RoleName,
             },
             key_filter: b.key_filter.clone(),
             local_target_filter: b.local_target_filter.clone(),
@@ -85,6 +93,7 @@ impl ClusterNode {
                 idle_timeout: std::time::Duration::from_millis(b.proxy_idle_timeout_ms),
             }),
             published: std::sync::OnceLock::new(),
+            roles: (b.key == TargetKey::RoleName).then_some(access),
         }))
     }
 
@@ -129,6 +138,10 @@ impl ClusterNode {
             user_name: request.user.map(str::to_owned),
             source_ip: Some(transport.source),
             sni_host: transport.sni_host.clone(),
+            roles: match (&self.roles, request.user) {
+                (Some(access), Some(user)) => access.roles(user),
+                _ => Vec::new(),
+            },
         };
         match self.balancer.decide(&facts, listener, Instant::now()) {
             Decision::Local => Placement::Local,
@@ -160,6 +173,7 @@ impl ClusterNode {
             user_name: Some(key.to_owned()),
             source_ip: key.parse().ok(),
             sni_host: Some(key.to_owned()),
+            roles: vec![key.to_owned()],
         };
         match self.balancer.decide(&facts, listener, Instant::now()) {
             Decision::Local => {

@@ -233,16 +233,16 @@ pub async fn start(
         .await?
         .with_context(|| format!("opening the journal in {}", dir.display()))?;
     let store = Arc::new(store);
+    let cluster = config
+        .cluster
+        .as_ref()
+        .map(|c| cluster::ClusterNode::new(c, Arc::clone(&access)))
+        .transpose()?;
     let core = Core::new(core_config(&config), store.clone(), access, Some(recovered));
     apply_bindings(&core, &config)?;
     let tls = checked.tls.map(tokio_rustls::TlsAcceptor::from);
     let certificate = checked.certificate;
     let (stop_accepting, stop_rx) = watch::channel(false);
-    let cluster = config
-        .cluster
-        .as_ref()
-        .map(cluster::ClusterNode::new)
-        .transpose()?;
     let shared = Arc::new(Shared {
         core,
         config: config.clone(),

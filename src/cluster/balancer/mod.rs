@@ -217,11 +217,7 @@ impl Balancer {
     /// Where a connection with `facts`, on the listener `listener` (its
     /// key: `mqtt`, `amqps`, ...), belongs.
     pub fn decide(&self, facts: &ConnectionFacts, listener: &str, now: Instant) -> Decision {
-        let Some(key) = self
-            .key
-            .raw_key(facts)
-            .and_then(|raw| key::filtered_key(&raw, self.key_filter.as_ref()))
-        else {
+        let Some(key) = self.key.key(facts, self.key_filter.as_ref()) else {
             return Decision::Local;
         };
         if self
