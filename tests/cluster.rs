@@ -564,10 +564,19 @@ fn ids_on(ring: &Ring, node: &str, n: usize) -> Vec<String> {
 
 /// Three nodes with the proxy on, settled: every node places by the ring.
 async fn proxy_cluster(etcd: &EtcdServer, balancer: &str) -> (Node, Node, Node, Ring) {
+    proxy_cluster_with(etcd, balancer, &["mqtt", "amqp", "stomp"]).await
+}
+
+/// [`proxy_cluster`] with these listeners (`mqtt` among them).
+async fn proxy_cluster_with(
+    etcd: &EtcdServer,
+    balancer: &str,
+    listeners: &[&str],
+) -> (Node, Node, Node, Ring) {
     let balancer = format!("proxy = true\n{balancer}");
-    let a = Node::start("a", &etcd.endpoint, &balancer, "");
-    let b = Node::start("b", &etcd.endpoint, &balancer, "");
-    let c = Node::start("c", &etcd.endpoint, &balancer, "");
+    let a = Node::start_with("a", &etcd.endpoint, &balancer, "", listeners);
+    let b = Node::start_with("b", &etcd.endpoint, &balancer, "", listeners);
+    let c = Node::start_with("c", &etcd.endpoint, &balancer, "", listeners);
     let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
     let sample = ids(40);
     {
@@ -851,4 +860,121 @@ async fn the_discovery_route_answers_the_node_a_key_belongs_to() {
     let single = BrokerProcess::start(single_dir.path(), &["mqtt", "admin"], &security);
     let (status, body) = admin_get(single.addr("admin"), &path("x", ""), "watcher");
     assert_eq!(status, 404, "{body}");
+}
+
+/// MQTT over WebSocket, as browsers and mqtt.js speak it.
+const MQTT_WS: common::ws::Wire = common::ws::Wire::Ws {
+    path: "/mqtt",
+    subprotocol: "mqtt",
+    text: false,
+};
+
+/// A client's stream over a WebSocket to `node`'s `websocket` listener.
+async fn websocket(node: &Node, wire: common::ws::Wire) -> tokio::io::DuplexStream {
+    let tcp = tokio::net::TcpStream::connect(node.process.addr("websocket"))
+        .await
+        .expect("connect");
+    common::ws::carry(tcp, wire).await
+}
+
+/// The CONNACK a clean v5 CONNECT with `id` gets over a WebSocket to `node`.
+async fn connack5_ws(node: &Node, id: &str) -> p5::ConnAck {
+    let mut raw = Raw::from_io(websocket(node, MQTT_WS).await);
+    let connect = common::mqtt::connect5_packet(id, true, None);
+    raw.send5(p5::Packet::Connect(connect, None, None)).await;
+    let ack = match raw.recv5().await {
+        p5::Packet::ConnAck(ack) => ack,
+        other => panic!("expected CONNACK, got {other:?}"),
+    };
+    raw.shutdown().await;
+    ack
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt5_over_websocket_is_redirected_to_the_target_websocket_listener() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let listeners = ["mqtt", "websocket"];
+    let a = Node::start_with("a", &etcd.endpoint, "", "", &listeners);
+    let b = Node::start_with("b", &etcd.endpoint, "", "", &listeners);
+    let c = Node::start_with("c", &etcd.endpoint, "", "", &listeners);
+    let _ = &c;
+    let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
+    let to_b = ids_on(&ring, "b", 1).remove(0);
+    let on_a = ids_on(&ring, "a", 1).remove(0);
+    let b_ws = b.process.addr("websocket").to_string();
+    eventually(
+        "a sends b's client to b's websocket listener",
+        SETTLE,
+        || async {
+            let ack = connack5_ws(&a, &to_b).await;
+            ack.code == p5::ConnectReturnCode::UseAnotherServer
+                && server_reference(&ack).as_deref() == Some(b_ws.as_str())
+        },
+    )
+    .await;
+    // The reference followed, over WebSocket: b takes it; a keeps its own.
+    assert_eq!(
+        connack5_ws(&b, &to_b).await.code,
+        p5::ConnectReturnCode::Success
+    );
+    assert_eq!(
+        connack5_ws(&a, &on_a).await.code,
+        p5::ConnectReturnCode::Success
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stomp_and_mqtt_311_over_websocket_are_proxied_to_their_node() {
+    use common::mqtt::{p4, raw_subscribe4};
+    use common::stomp::StompClient;
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let listeners = ["mqtt", "stomp", "websocket"];
+    let (a, b, _c, ring) = proxy_cluster_with(&etcd, "", &listeners).await;
+    let to_b = ids_on(&ring, "b", 2);
+    // Only b holds these: a queued message and a retained one (clients
+    // without a client id have no key and stay where they connect).
+    let mut on_b = StompClient::connect(b.process.addr("stomp"), &[]).await;
+    on_b.send_persistent("/queue/ws-only-on-b", &[], b"queued on b")
+        .await;
+    let (mut retain, _) = Raw::connect4(b.mqtt(), "", true, 10).await;
+    let mut publish = p4::Publish::new("t/ws-only-on-b", rumqttc::QoS::AtMostOnce, "retained on b");
+    publish.retain = true;
+    retain.send4(p4::Packet::Publish(publish)).await;
+    retain.shutdown().await;
+
+    // STOMP over WebSocket (text frames, as stomp.js), connecting to a
+    // with an id of b: served by b.
+    let stomp_ws = common::ws::Wire::Ws {
+        path: "/stomp",
+        subprotocol: "v12.stomp",
+        text: true,
+    };
+    let mut stomp = StompClient::from_io(websocket(&a, stomp_ws).await);
+    let connected = stomp
+        .handshake("1.2", &[("client-id", to_b[0].as_str())])
+        .await;
+    assert_eq!(connected.command, "CONNECTED", "{connected:?}");
+    stomp
+        .subscribe("s1", "/queue/ws-only-on-b", "auto", &[])
+        .await;
+    assert_eq!(stomp.message().await.text(), "queued on b");
+
+    // MQTT 3.1.1 over WebSocket, the same: b's retained message.
+    let mut mqtt = Raw::from_io(websocket(&a, MQTT_WS).await);
+    let mut connect = p4::Connect::new(to_b[1].as_str());
+    connect.keep_alive = 10;
+    mqtt.send4(p4::Packet::Connect(connect)).await;
+    match mqtt.recv4().await {
+        p4::Packet::ConnAck(ack) => assert_eq!(ack.code, rumqttc::ConnectReturnCode::Success),
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+    raw_subscribe4(&mut mqtt, 1, "t/ws-only-on-b", rumqttc::QoS::AtMostOnce).await;
+    match mqtt.recv4().await {
+        p4::Packet::Publish(p) => assert_eq!(&p.payload[..], b"retained on b"),
+        other => panic!("expected the retained PUBLISH, got {other:?}"),
+    }
 }

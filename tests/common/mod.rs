@@ -228,3 +228,4 @@ pub mod mqtt;
 pub mod pki;
 pub mod process;
 pub mod stomp;
+pub mod ws;
