@@ -18,15 +18,19 @@
 //! without `[cluster]` none of this runs. See `docs/cluster.md`.
 
 pub mod balancer;
+pub mod balancers;
 pub mod etcd;
 pub mod health;
 pub mod membership;
 pub mod proxy_header;
+pub mod shared_cache;
 /// For tests (this crate's and the broker's): a throwaway etcd.
 #[doc(hidden)]
 pub mod testing;
 
 pub use balancer::{
-    Balancer, BalancerSettings, ConnectionFacts, Decision, KeySource, Policy, SettingsError, Target,
+    Balancer, BalancerSettings, ConnectionFacts, Decision, KeySource, Placed, Policy,
+    SettingsError, Target,
 };
+pub use balancers::Balancers;
 pub use membership::{Membership, MembershipSettings, NodeRecord};

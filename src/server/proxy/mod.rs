@@ -29,6 +29,7 @@ mod splice;
 use std::sync::Arc;
 
 use rosetta_cluster::proxy_header::{self, Parsed};
+use rosetta_config::ListenerKind;
 use rosetta_neutral::{Placement, PlacementRequest, Protocol};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -55,9 +56,13 @@ pub(crate) enum Verdict<T> {
 
 /// Whether connections of `wire` on this node are sniffed at all: only
 /// with the proxy on, and for the protocols it relays.
-pub(crate) fn applies(shared: &Shared, wire: Wire) -> Option<(Arc<ClusterNode>, ProxyLimits)> {
+pub(crate) fn applies(
+    shared: &Shared,
+    wire: Wire,
+    listener: ListenerKind,
+) -> Option<(Arc<ClusterNode>, ProxyLimits)> {
     let node = shared.cluster.as_ref()?;
-    let limits = node.proxy?;
+    let limits = node.proxy(listener)?;
     matches!(wire, Wire::Mqtt | Wire::Stomp).then(|| (Arc::clone(node), limits))
 }
 
