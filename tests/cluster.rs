@@ -978,3 +978,85 @@ async fn stomp_and_mqtt_311_over_websocket_are_proxied_to_their_node() {
         other => panic!("expected the retained PUBLISH, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_with_a_balancer_of_its_own_places_by_its_policy() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    // MQTT over TCP: the default balancer (the ring by client id); over
+    // WebSocket: its own, every client to the first node.
+    let balancers =
+        "[[cluster.balancers]]\nlisteners = [\"websocket\"]\npolicy = \"first_element\"";
+    let listeners = ["mqtt", "websocket"];
+    let a = Node::start_with("a", &etcd.endpoint, balancers, "", &listeners);
+    let b = Node::start_with("b", &etcd.endpoint, balancers, "", &listeners);
+    let c = Node::start_with("c", &etcd.endpoint, balancers, "", &listeners);
+    let nodes = [&a, &b, &c];
+    let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
+    let sample = ids(12);
+    let a_ws = a.process.addr("websocket").to_string();
+    for node in [&b, &c] {
+        eventually("TCP clients are placed by the ring", SETTLE, || {
+            all_placed_by_ring(node, &nodes, &ring, &sample)
+        })
+        .await;
+        // The same ids over WebSocket all go to a.
+        for id in &sample {
+            let ack = connack5_ws(node, id).await;
+            assert_eq!(
+                (ack.code, server_reference(&ack)),
+                (p5::ConnectReturnCode::UseAnotherServer, Some(a_ws.clone())),
+                "{id} over WebSocket to {}",
+                node.name
+            );
+        }
+    }
+    for id in &sample {
+        assert_eq!(
+            connack5_ws(&a, id).await.code,
+            p5::ConnectReturnCode::Success
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_cache_in_etcd_every_node_answers_the_same_for_a_key_while_it_lives() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    // No node takes clients itself and each picks the first other node by
+    // name: left alone, a sends everyone to b, and c (and b) to a. The
+    // shared cache makes c answer what a answered first, for as long as
+    // the entry lives.
+    let balancer = "policy = \"first_element\"\nlocal_target_enabled = false\ncache_timeout_ms = 3000\ncache_in_etcd = true";
+    let a = Node::start_with("a", &etcd.endpoint, balancer, "", &["mqtt"]);
+    let b = Node::start_with("b", &etcd.endpoint, balancer, "", &["mqtt"]);
+    let c = Node::start_with("c", &etcd.endpoint, balancer, "", &["mqtt"]);
+    let nodes = [&a, &b, &c];
+    let mut fresh = 0;
+    eventually("a places on b and c on a", SETTLE, || {
+        fresh += 1;
+        let id = format!("settle-{fresh}");
+        let (a, c, nodes) = (&a, &c, &nodes);
+        async move { placed(a, nodes, &id).await == "b" && placed(c, nodes, &id).await == "a" }
+    })
+    .await;
+    assert_eq!(placed(&a, &nodes, "shared-key").await, "b");
+    eventually("c answers as a did", Duration::from_secs(5), || async {
+        placed(&c, &nodes, "shared-key").await == "b"
+    })
+    .await;
+    for _ in 0..3 {
+        assert_eq!(
+            placed(&c, &nodes, "shared-key").await,
+            "b",
+            "while it lives"
+        );
+    }
+    // Once the entry's lease expires, c chooses by itself again.
+    eventually("the entry expires", SETTLE, || async {
+        placed(&c, &nodes, "shared-key").await == "a"
+    })
+    .await;
+}
