@@ -1060,3 +1060,71 @@ async fn with_cache_in_etcd_every_node_answers_the_same_for_a_key_while_it_lives
     })
     .await;
 }
+
+/// The connection counts the nodes publish in etcd, by node name.
+async fn published_counts(etcd: &EtcdServer) -> std::collections::BTreeMap<String, u64> {
+    let client =
+        rosetta_cluster::etcd::Client::new(&[etcd.endpoint.clone()], Duration::from_secs(2))
+            .expect("client");
+    let (_, kvs) = client
+        .range_prefix(b"/rosetta/nodes/")
+        .await
+        .expect("etcd range");
+    rosetta_cluster::membership::targets_of(&kvs)
+        .into_iter()
+        .map(|t| (t.name, t.connections))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxied_client_is_counted_once_and_not_under_the_proxys_address() {
+    use common::stomp::StompClient;
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    // One unauthenticated connection per address at a time.
+    let capped = "[broker]\nunauthenticated_per_address_max = 1\n";
+    let start = |name| {
+        Node::start_with(
+            name,
+            &etcd.endpoint,
+            "proxy = true",
+            capped,
+            &["mqtt", "stomp"],
+        )
+    };
+    let (a, b, c) = (start("a"), start("b"), start("c"));
+    let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
+    let nodes = [&a, &b, &c];
+    let sample = ids(20);
+    for node in nodes {
+        eventually("the three nodes see each other", SETTLE, || {
+            all_placed_by_ring(node, &nodes, &ring, &sample)
+        })
+        .await;
+    }
+    let to_b = ids_on(&ring, "b", 1).remove(0);
+    let mut on_b = StompClient::connect(b.process.addr("stomp"), &[]).await;
+    on_b.send_persistent("/queue/capped", &[], b"held by b")
+        .await;
+    // b's cap for a's address is full: a socket from 127.0.0.1 (the
+    // address every node on loopback has) that never logs in.
+    let _idle = tokio::net::TcpStream::connect(b.process.addr("stomp"))
+        .await
+        .expect("idle socket");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A client whose id belongs on b, through a: b takes a's connection
+    // for it all the same.
+    let mut proxied = StompClient::connect_raw(a.process.addr("stomp")).await;
+    let answer = proxied.handshake("1.2", &[("client-id", &to_b)]).await;
+    assert_eq!(answer.command, "CONNECTED", "{answer:?}");
+    proxied.subscribe("s1", "/queue/capped", "auto", &[]).await;
+    assert_eq!(proxied.message().await.text(), "held by b");
+    // It counts on b, which serves it, and not on a, which relays it:
+    // least_connections sees it once.
+    eventually("a publishes no connection, b both", SETTLE, || async {
+        let counts = published_counts(&etcd).await;
+        counts.get("a") == Some(&0) && counts.get("b") == Some(&2)
+    })
+    .await;
+}

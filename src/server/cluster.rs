@@ -157,6 +157,12 @@ impl ClusterNode {
         &self.routes[i]
     }
 
+    /// Whether any balancer of this cluster proxies (then other nodes'
+    /// connections come in, carrying clients).
+    pub(crate) fn proxies(&self) -> bool {
+        self.routes.iter().any(|r| r.proxy.is_some())
+    }
+
     /// The proxy's limits on the listener `listener`, when its balancer
     /// proxies.
     pub(crate) fn proxy(&self, listener: ListenerKind) -> Option<ProxyLimits> {

@@ -81,6 +81,10 @@ pub(crate) struct Shared {
     pub(crate) started: std::time::Instant,
     /// `[cluster]`'s balancer; `None` for a single node.
     pub(crate) cluster: Option<Arc<cluster::ClusterNode>>,
+    /// Connections this node's proxy relays to other nodes now: counted
+    /// as authenticated here (they hold a socket), but left out of the
+    /// count this node publishes, since the node serving them counts them.
+    pub(crate) proxied_out: AtomicUsize,
     active: AtomicUsize,
     idle: Notify,
 }
@@ -257,6 +261,7 @@ pub async fn start(
         connections: Arc::default(),
         started: std::time::Instant::now(),
         cluster,
+        proxied_out: AtomicUsize::new(0),
         active: AtomicUsize::new(0),
         idle: Notify::new(),
     });
@@ -278,8 +283,13 @@ pub async fn start(
     say_who_can_connect(&config);
     let membership = match (&shared.cluster, &config.cluster) {
         (Some(node), Some(cluster_config)) => {
-            let admission = Arc::clone(&shared.admission);
-            let count = Arc::new(move || admission.authenticated() as u64);
+            // The clients this node serves: least_connections must not see
+            // a proxied client on both nodes.
+            let counted = Arc::clone(&shared);
+            let count = Arc::new(move || {
+                let relayed = counted.proxied_out.load(Ordering::Relaxed);
+                counted.admission.authenticated().saturating_sub(relayed) as u64
+            });
             Some(node.join(cluster_config, &addrs, count)?)
         }
         _ => None,
