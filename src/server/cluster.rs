@@ -1,4 +1,5 @@
-//! `[cluster]` in the server: the balancer every connection asks (through
+//! `[cluster]` in the server: the balancers connections ask (each
+//! listener its own, `[[cluster.balancers]]`, or the default one; through
 //! its [`AdmittedBroker`](super::admission::AdmittedBroker)), and the etcd
 //! membership that feeds it, started once the listeners are bound (their
 //! addresses are what the node publishes) and left first on shutdown.
