@@ -72,7 +72,12 @@ async fn connack5(addr: SocketAddr, id: &str) -> p5::ConnAck {
 
 /// [`connack5`], logged in as `user` (password `pw`) when given.
 async fn connack5_as(addr: SocketAddr, id: &str, user: Option<&str>) -> p5::ConnAck {
-    let mut raw = Raw::open(addr).await;
+    clean_connack5(Raw::open(addr).await, id, user).await
+}
+
+/// The CONNACK a clean v5 CONNECT with `id` (as `user`, password `pw`,
+/// when given) gets on `raw`, which is then closed.
+async fn clean_connack5(mut raw: Raw, id: &str, user: Option<&str>) -> p5::ConnAck {
     let login = user.map(|u| p5::Login::new(u, "pw"));
     let connect = common::mqtt::connect5_packet(id, true, None);
     raw.send5(p5::Packet::Connect(connect, None, login)).await;
@@ -879,15 +884,7 @@ async fn websocket(node: &Node, wire: common::ws::Wire) -> tokio::io::DuplexStre
 
 /// The CONNACK a clean v5 CONNECT with `id` gets over a WebSocket to `node`.
 async fn connack5_ws(node: &Node, id: &str) -> p5::ConnAck {
-    let mut raw = Raw::from_io(websocket(node, MQTT_WS).await);
-    let connect = common::mqtt::connect5_packet(id, true, None);
-    raw.send5(p5::Packet::Connect(connect, None, None)).await;
-    let ack = match raw.recv5().await {
-        p5::Packet::ConnAck(ack) => ack,
-        other => panic!("expected CONNACK, got {other:?}"),
-    };
-    raw.shutdown().await;
-    ack
+    clean_connack5(Raw::from_io(websocket(node, MQTT_WS).await), id, None).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1063,9 +1060,11 @@ async fn with_cache_in_etcd_every_node_answers_the_same_for_a_key_while_it_lives
 
 /// The connection counts the nodes publish in etcd, by node name.
 async fn published_counts(etcd: &EtcdServer) -> std::collections::BTreeMap<String, u64> {
-    let client =
-        rosetta_cluster::etcd::Client::new(&[etcd.endpoint.clone()], Duration::from_secs(2))
-            .expect("client");
+    let client = rosetta_cluster::etcd::Client::new(
+        std::slice::from_ref(&etcd.endpoint),
+        Duration::from_secs(2),
+    )
+    .expect("client");
     let (_, kvs) = client
         .range_prefix(b"/rosetta/nodes/")
         .await

@@ -122,26 +122,22 @@ async fn session(
 
 /// Completes when any balancer has a choice to write.
 async fn any_placed(balancers: &Balancers) {
-    let waits = balancers
+    // One wait per sharing balancer (a node has a handful); none: the
+    // future stays pending, as it should.
+    let mut waits: Vec<_> = balancers
         .iter()
         .filter(|b| b.caches_in_etcd())
-        .map(|b| Box::pin(b.placed_waiting()));
-    let waits: Vec<_> = waits.collect();
-    if waits.is_empty() {
-        std::future::pending::<()>().await;
-    }
-    futures_select_all(waits).await;
-}
-
-/// The first of `futures` to complete.
-async fn futures_select_all<F: std::future::Future<Output = ()> + Unpin>(mut futures: Vec<F>) {
+        .map(|b| Box::pin(b.placed_waiting()))
+        .collect();
     std::future::poll_fn(|cx| {
-        for f in &mut futures {
-            if std::pin::Pin::new(f).poll(cx).is_ready() {
-                return std::task::Poll::Ready(());
-            }
+        let ready = waits
+            .iter_mut()
+            .any(|w| std::future::Future::poll(w.as_mut(), cx).is_ready());
+        if ready {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
         }
-        std::task::Poll::Pending
     })
     .await;
 }
