@@ -1026,7 +1026,10 @@ async fn with_cache_in_etcd_every_node_answers_the_same_for_a_key_while_it_lives
     // name: left alone, a sends everyone to b, and c (and b) to a. The
     // shared cache makes c answer what a answered first, for as long as
     // the entry lives.
-    let balancer = "policy = \"first_element\"\nlocal_target_enabled = false\ncache_timeout_ms = 3000\ncache_in_etcd = true";
+    // A quorum of 2 (the two other nodes) makes a node answer only once
+    // it sees both: a settled c has b among its candidates, so the
+    // choice it learns is one it can follow.
+    let balancer = "policy = \"first_element\"\nlocal_target_enabled = false\nquorum_size = 2\ncache_timeout_ms = 6000\ncache_in_etcd = true";
     let a = Node::start_with("a", &etcd.endpoint, balancer, "", &["mqtt"]);
     let b = Node::start_with("b", &etcd.endpoint, balancer, "", &["mqtt"]);
     let c = Node::start_with("c", &etcd.endpoint, balancer, "", &["mqtt"]);
@@ -1040,6 +1043,12 @@ async fn with_cache_in_etcd_every_node_answers_the_same_for_a_key_while_it_lives
     })
     .await;
     assert_eq!(placed(&a, &nodes, "shared-key").await, "b");
+    // a writes its choice after it answered; c asked before that would
+    // choose by itself and race a for the entry (one of them wins).
+    eventually("a's choice is in etcd", Duration::from_secs(5), || async {
+        cache_entry(&etcd, "shared-key").await.as_deref() == Some("b")
+    })
+    .await;
     eventually("c answers as a did", Duration::from_secs(5), || async {
         placed(&c, &nodes, "shared-key").await == "b"
     })
@@ -1058,14 +1067,24 @@ async fn with_cache_in_etcd_every_node_answers_the_same_for_a_key_while_it_lives
     .await;
 }
 
+/// The default balancer's entry for `key` in etcd (`cache_in_etcd`).
+async fn cache_entry(etcd: &EtcdServer, key: &str) -> Option<String> {
+    let (_, kvs) = etcd_client(etcd)
+        .range_prefix(format!("/rosetta/cache/default/{key}").as_bytes())
+        .await
+        .expect("etcd range");
+    kvs.first()
+        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
+}
+
+fn etcd_client(etcd: &EtcdServer) -> rosetta_cluster::etcd::Client {
+    rosetta_cluster::etcd::Client::new(std::slice::from_ref(&etcd.endpoint), Duration::from_secs(2))
+        .expect("client")
+}
+
 /// The connection counts the nodes publish in etcd, by node name.
 async fn published_counts(etcd: &EtcdServer) -> std::collections::BTreeMap<String, u64> {
-    let client = rosetta_cluster::etcd::Client::new(
-        std::slice::from_ref(&etcd.endpoint),
-        Duration::from_secs(2),
-    )
-    .expect("client");
-    let (_, kvs) = client
+    let (_, kvs) = etcd_client(etcd)
         .range_prefix(b"/rosetta/nodes/")
         .await
         .expect("etcd range");
