@@ -67,7 +67,24 @@ impl Node {
 
 /// The CONNACK a clean v5 CONNECT with `id` gets from `addr`.
 async fn connack5(addr: SocketAddr, id: &str) -> p5::ConnAck {
-    let (raw, ack) = Raw::connect5_clean(addr, id, None).await;
+    connack5_as(addr, id, None).await
+}
+
+/// [`connack5`], logged in as `user` (password `pw`) when given.
+async fn connack5_as(addr: SocketAddr, id: &str, user: Option<&str>) -> p5::ConnAck {
+    clean_connack5(Raw::open(addr).await, id, user).await
+}
+
+/// The CONNACK a clean v5 CONNECT with `id` (as `user`, password `pw`,
+/// when given) gets on `raw`, which is then closed.
+async fn clean_connack5(mut raw: Raw, id: &str, user: Option<&str>) -> p5::ConnAck {
+    let login = user.map(|u| p5::Login::new(u, "pw"));
+    let connect = common::mqtt::connect5_packet(id, true, None);
+    raw.send5(p5::Packet::Connect(connect, None, login)).await;
+    let ack = match raw.recv5().await {
+        p5::Packet::ConnAck(ack) => ack,
+        other => panic!("expected CONNACK, got {other:?}"),
+    };
     raw.shutdown().await;
     ack
 }
@@ -79,7 +96,12 @@ fn server_reference(ack: &p5::ConnAck) -> Option<String> {
 /// Where `node` sends client `id`: its own name, or the node whose MQTT
 /// address the Server Reference names.
 async fn placed(node: &Node, nodes: &[&Node], id: &str) -> String {
-    let ack = connack5(node.mqtt(), id).await;
+    placed_as(node, nodes, id, None).await
+}
+
+/// [`placed`], logged in as `user` when given.
+async fn placed_as(node: &Node, nodes: &[&Node], id: &str, user: Option<&str>) -> String {
+    let ack = connack5_as(node.mqtt(), id, user).await;
     match ack.code {
         p5::ConnectReturnCode::Success => node.name.to_owned(),
         p5::ConnectReturnCode::UseAnotherServer => {
@@ -329,6 +351,51 @@ async fn amqp_clients_are_redirected_by_user_name() {
     here.close().await.expect("close");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt5_clients_are_redirected_by_the_role_of_their_user() {
+    use rosetta::server::users::{save_user, AdminRole};
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
+    let shared = tempfile::tempdir().expect("dir");
+    let users_file = shared.path().join("users.toml");
+    for (user, roles) in [
+        ("watcher", &[AdminRole::Monitoring][..]),
+        ("manager", &[AdminRole::Management][..]),
+        ("nobody", &[][..]),
+    ] {
+        save_user(&users_file, user, b"pw", None, None, Some(roles)).expect("user");
+    }
+    let security = format!("[security]\nanonymous = false\nusers_file = {users_file:?}\n");
+    let by_role = "key = \"role_name\"";
+    let a = Node::start("a", &etcd.endpoint, by_role, &security);
+    let b = Node::start("b", &etcd.endpoint, by_role, &security);
+    let c = Node::start("c", &etcd.endpoint, by_role, &security);
+    let nodes = [&a, &b, &c];
+    let owner = |role: &str| ring.owner(role).expect("ring").to_owned();
+    // Whatever the client id (each hashes elsewhere), a user is sent to
+    // the node its role hashes to, from every node.
+    for node in nodes {
+        eventually("each user is placed by its role", SETTLE, || async {
+            for (user, role) in [("watcher", "monitoring"), ("manager", "management")] {
+                for id in ["r-1", "r-2", "r-3", "r-4"] {
+                    if placed_as(node, &nodes, id, Some(user)).await != owner(role) {
+                        return false;
+                    }
+                }
+            }
+            true
+        })
+        .await;
+        // A user without roles has no key: served where it connected.
+        assert_eq!(
+            placed_as(node, &nodes, "r-1", Some("nobody")).await,
+            node.name
+        );
+    }
+}
+
 /// The error a connection to `url` is closed with at once, if it is: at
 /// open, or (fe2o3-amqp returns from open on the server's Open, before the
 /// Close behind it) right after.
@@ -502,10 +569,19 @@ fn ids_on(ring: &Ring, node: &str, n: usize) -> Vec<String> {
 
 /// Three nodes with the proxy on, settled: every node places by the ring.
 async fn proxy_cluster(etcd: &EtcdServer, balancer: &str) -> (Node, Node, Node, Ring) {
+    proxy_cluster_with(etcd, balancer, &["mqtt", "amqp", "stomp"]).await
+}
+
+/// [`proxy_cluster`] with these listeners (`mqtt` among them).
+async fn proxy_cluster_with(
+    etcd: &EtcdServer,
+    balancer: &str,
+    listeners: &[&str],
+) -> (Node, Node, Node, Ring) {
     let balancer = format!("proxy = true\n{balancer}");
-    let a = Node::start("a", &etcd.endpoint, &balancer, "");
-    let b = Node::start("b", &etcd.endpoint, &balancer, "");
-    let c = Node::start("c", &etcd.endpoint, &balancer, "");
+    let a = Node::start_with("a", &etcd.endpoint, &balancer, "", listeners);
+    let b = Node::start_with("b", &etcd.endpoint, &balancer, "", listeners);
+    let c = Node::start_with("c", &etcd.endpoint, &balancer, "", listeners);
     let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
     let sample = ids(40);
     {
@@ -789,4 +865,284 @@ async fn the_discovery_route_answers_the_node_a_key_belongs_to() {
     let single = BrokerProcess::start(single_dir.path(), &["mqtt", "admin"], &security);
     let (status, body) = admin_get(single.addr("admin"), &path("x", ""), "watcher");
     assert_eq!(status, 404, "{body}");
+}
+
+/// MQTT over WebSocket, as browsers and mqtt.js speak it.
+const MQTT_WS: common::ws::Wire = common::ws::Wire::Ws {
+    path: "/mqtt",
+    subprotocol: "mqtt",
+    text: false,
+};
+
+/// A client's stream over a WebSocket to `node`'s `websocket` listener.
+async fn websocket(node: &Node, wire: common::ws::Wire) -> tokio::io::DuplexStream {
+    let tcp = tokio::net::TcpStream::connect(node.process.addr("websocket"))
+        .await
+        .expect("connect");
+    common::ws::carry(tcp, wire).await
+}
+
+/// The CONNACK a clean v5 CONNECT with `id` gets over a WebSocket to `node`.
+async fn connack5_ws(node: &Node, id: &str) -> p5::ConnAck {
+    clean_connack5(Raw::from_io(websocket(node, MQTT_WS).await), id, None).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt5_over_websocket_is_redirected_to_the_target_websocket_listener() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let listeners = ["mqtt", "websocket"];
+    let a = Node::start_with("a", &etcd.endpoint, "", "", &listeners);
+    let b = Node::start_with("b", &etcd.endpoint, "", "", &listeners);
+    let c = Node::start_with("c", &etcd.endpoint, "", "", &listeners);
+    let _ = &c;
+    let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
+    let to_b = ids_on(&ring, "b", 1).remove(0);
+    let on_a = ids_on(&ring, "a", 1).remove(0);
+    let b_ws = b.process.addr("websocket").to_string();
+    eventually(
+        "a sends b's client to b's websocket listener",
+        SETTLE,
+        || async {
+            let ack = connack5_ws(&a, &to_b).await;
+            ack.code == p5::ConnectReturnCode::UseAnotherServer
+                && server_reference(&ack).as_deref() == Some(b_ws.as_str())
+        },
+    )
+    .await;
+    // The reference followed, over WebSocket: b takes it; a keeps its own.
+    assert_eq!(
+        connack5_ws(&b, &to_b).await.code,
+        p5::ConnectReturnCode::Success
+    );
+    assert_eq!(
+        connack5_ws(&a, &on_a).await.code,
+        p5::ConnectReturnCode::Success
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stomp_and_mqtt_311_over_websocket_are_proxied_to_their_node() {
+    use common::mqtt::{p4, raw_subscribe4};
+    use common::stomp::StompClient;
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let listeners = ["mqtt", "stomp", "websocket"];
+    let (a, b, _c, ring) = proxy_cluster_with(&etcd, "", &listeners).await;
+    let to_b = ids_on(&ring, "b", 2);
+    // Only b holds these: a queued message and a retained one (clients
+    // without a client id have no key and stay where they connect).
+    let mut on_b = StompClient::connect(b.process.addr("stomp"), &[]).await;
+    on_b.send_persistent("/queue/ws-only-on-b", &[], b"queued on b")
+        .await;
+    let (mut retain, _) = Raw::connect4(b.mqtt(), "", true, 10).await;
+    let mut publish = p4::Publish::new("t/ws-only-on-b", rumqttc::QoS::AtMostOnce, "retained on b");
+    publish.retain = true;
+    retain.send4(p4::Packet::Publish(publish)).await;
+    retain.shutdown().await;
+
+    // STOMP over WebSocket (text frames, as stomp.js), connecting to a
+    // with an id of b: served by b.
+    let stomp_ws = common::ws::Wire::Ws {
+        path: "/stomp",
+        subprotocol: "v12.stomp",
+        text: true,
+    };
+    let mut stomp = StompClient::from_io(websocket(&a, stomp_ws).await);
+    let connected = stomp
+        .handshake("1.2", &[("client-id", to_b[0].as_str())])
+        .await;
+    assert_eq!(connected.command, "CONNECTED", "{connected:?}");
+    stomp
+        .subscribe("s1", "/queue/ws-only-on-b", "auto", &[])
+        .await;
+    assert_eq!(stomp.message().await.text(), "queued on b");
+
+    // MQTT 3.1.1 over WebSocket, the same: b's retained message.
+    let mut mqtt = Raw::from_io(websocket(&a, MQTT_WS).await);
+    let mut connect = p4::Connect::new(to_b[1].as_str());
+    connect.keep_alive = 10;
+    mqtt.send4(p4::Packet::Connect(connect)).await;
+    match mqtt.recv4().await {
+        p4::Packet::ConnAck(ack) => assert_eq!(ack.code, rumqttc::ConnectReturnCode::Success),
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+    raw_subscribe4(&mut mqtt, 1, "t/ws-only-on-b", rumqttc::QoS::AtMostOnce).await;
+    match mqtt.recv4().await {
+        p4::Packet::Publish(p) => assert_eq!(&p.payload[..], b"retained on b"),
+        other => panic!("expected the retained PUBLISH, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_with_a_balancer_of_its_own_places_by_its_policy() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    // MQTT over TCP: the default balancer (the ring by client id); over
+    // WebSocket: its own, every client to the first node.
+    let balancers =
+        "[[cluster.balancers]]\nlisteners = [\"websocket\"]\npolicy = \"first_element\"";
+    let listeners = ["mqtt", "websocket"];
+    let a = Node::start_with("a", &etcd.endpoint, balancers, "", &listeners);
+    let b = Node::start_with("b", &etcd.endpoint, balancers, "", &listeners);
+    let c = Node::start_with("c", &etcd.endpoint, balancers, "", &listeners);
+    let nodes = [&a, &b, &c];
+    let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
+    let sample = ids(12);
+    let a_ws = a.process.addr("websocket").to_string();
+    for node in [&b, &c] {
+        eventually("TCP clients are placed by the ring", SETTLE, || {
+            all_placed_by_ring(node, &nodes, &ring, &sample)
+        })
+        .await;
+        // The same ids over WebSocket all go to a.
+        for id in &sample {
+            let ack = connack5_ws(node, id).await;
+            assert_eq!(
+                (ack.code, server_reference(&ack)),
+                (p5::ConnectReturnCode::UseAnotherServer, Some(a_ws.clone())),
+                "{id} over WebSocket to {}",
+                node.name
+            );
+        }
+    }
+    for id in &sample {
+        assert_eq!(
+            connack5_ws(&a, id).await.code,
+            p5::ConnectReturnCode::Success
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_cache_in_etcd_every_node_answers_the_same_for_a_key_while_it_lives() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    // No node takes clients itself and each picks the first other node by
+    // name: left alone, a sends everyone to b, and c (and b) to a. The
+    // shared cache makes c answer what a answered first, for as long as
+    // the entry lives.
+    // A quorum of 2 (the two other nodes) makes a node answer only once
+    // it sees both: a settled c has b among its candidates, so the
+    // choice it learns is one it can follow.
+    let balancer = "policy = \"first_element\"\nlocal_target_enabled = false\nquorum_size = 2\ncache_timeout_ms = 6000\ncache_in_etcd = true";
+    let a = Node::start_with("a", &etcd.endpoint, balancer, "", &["mqtt"]);
+    let b = Node::start_with("b", &etcd.endpoint, balancer, "", &["mqtt"]);
+    let c = Node::start_with("c", &etcd.endpoint, balancer, "", &["mqtt"]);
+    let nodes = [&a, &b, &c];
+    let mut fresh = 0;
+    eventually("a places on b and c on a", SETTLE, || {
+        fresh += 1;
+        let id = format!("settle-{fresh}");
+        let (a, c, nodes) = (&a, &c, &nodes);
+        async move { placed(a, nodes, &id).await == "b" && placed(c, nodes, &id).await == "a" }
+    })
+    .await;
+    assert_eq!(placed(&a, &nodes, "shared-key").await, "b");
+    // a writes its choice after it answered; c asked before that would
+    // choose by itself and race a for the entry (one of them wins).
+    eventually("a's choice is in etcd", Duration::from_secs(5), || async {
+        cache_entry(&etcd, "shared-key").await.as_deref() == Some("b")
+    })
+    .await;
+    eventually("c answers as a did", Duration::from_secs(5), || async {
+        placed(&c, &nodes, "shared-key").await == "b"
+    })
+    .await;
+    for _ in 0..3 {
+        assert_eq!(
+            placed(&c, &nodes, "shared-key").await,
+            "b",
+            "while it lives"
+        );
+    }
+    // Once the entry's lease expires, c chooses by itself again.
+    eventually("the entry expires", SETTLE, || async {
+        placed(&c, &nodes, "shared-key").await == "a"
+    })
+    .await;
+}
+
+/// The default balancer's entry for `key` in etcd (`cache_in_etcd`).
+async fn cache_entry(etcd: &EtcdServer, key: &str) -> Option<String> {
+    let (_, kvs) = etcd_client(etcd)
+        .range_prefix(format!("/rosetta/cache/default/{key}").as_bytes())
+        .await
+        .expect("etcd range");
+    kvs.first()
+        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
+}
+
+fn etcd_client(etcd: &EtcdServer) -> rosetta_cluster::etcd::Client {
+    rosetta_cluster::etcd::Client::new(std::slice::from_ref(&etcd.endpoint), Duration::from_secs(2))
+        .expect("client")
+}
+
+/// The connection counts the nodes publish in etcd, by node name.
+async fn published_counts(etcd: &EtcdServer) -> std::collections::BTreeMap<String, u64> {
+    let (_, kvs) = etcd_client(etcd)
+        .range_prefix(b"/rosetta/nodes/")
+        .await
+        .expect("etcd range");
+    rosetta_cluster::membership::targets_of(&kvs)
+        .into_iter()
+        .map(|t| (t.name, t.connections))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxied_client_is_counted_once_and_not_under_the_proxys_address() {
+    use common::stomp::StompClient;
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    // One unauthenticated connection per address at a time.
+    let capped = "[broker]\nunauthenticated_per_address_max = 1\n";
+    let start = |name| {
+        Node::start_with(
+            name,
+            &etcd.endpoint,
+            "proxy = true",
+            capped,
+            &["mqtt", "stomp"],
+        )
+    };
+    let (a, b, c) = (start("a"), start("b"), start("c"));
+    let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
+    let nodes = [&a, &b, &c];
+    let sample = ids(20);
+    for node in nodes {
+        eventually("the three nodes see each other", SETTLE, || {
+            all_placed_by_ring(node, &nodes, &ring, &sample)
+        })
+        .await;
+    }
+    let to_b = ids_on(&ring, "b", 1).remove(0);
+    let mut on_b = StompClient::connect(b.process.addr("stomp"), &[]).await;
+    on_b.send_persistent("/queue/capped", &[], b"held by b")
+        .await;
+    // b's cap for a's address is full: a socket from 127.0.0.1 (the
+    // address every node on loopback has) that never logs in.
+    let _idle = tokio::net::TcpStream::connect(b.process.addr("stomp"))
+        .await
+        .expect("idle socket");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A client whose id belongs on b, through a: b takes a's connection
+    // for it all the same.
+    let mut proxied = StompClient::connect_raw(a.process.addr("stomp")).await;
+    let answer = proxied.handshake("1.2", &[("client-id", &to_b)]).await;
+    assert_eq!(answer.command, "CONNECTED", "{answer:?}");
+    proxied.subscribe("s1", "/queue/capped", "auto", &[]).await;
+    assert_eq!(proxied.message().await.text(), "held by b");
+    // It counts on b, which serves it, and not on a, which relays it:
+    // least_connections sees it once.
+    eventually("a publishes no connection, b both", SETTLE, || async {
+        let counts = published_counts(&etcd).await;
+        counts.get("a") == Some(&0) && counts.get("b") == Some(&2)
+    })
+    .await;
 }

@@ -16,14 +16,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::pki::{localhost, Pki};
+use common::ws::{carry, Wire};
 use common::TestBroker;
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
-use futures_util::{SinkExt, StreamExt};
 use rosetta::config::{ListenAddr, ListenerKind};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::Message;
 
 /// Longest a test waits for something that should happen.
 const WAIT: Duration = Duration::from_secs(5);
@@ -38,19 +37,6 @@ const WS_MESSAGE_MAX_BYTES: usize = 64 * 1024;
 /// The payload every protocol must carry over every transport with the
 /// broker's default limits.
 const LARGE_PAYLOAD_BYTES: usize = 16 * 1024 * 1024;
-
-/// How the bytes of a protocol reach the broker.
-#[derive(Clone, Copy, Debug)]
-enum Wire {
-    /// The protocol's own bytes on the (TLS) connection.
-    Raw,
-    /// Inside WebSocket messages: binary, or text (STOMP only).
-    Ws {
-        path: &'static str,
-        subprotocol: &'static str,
-        text: bool,
-    },
-}
 
 fn any_port() -> Option<ListenAddr> {
     Some(ListenAddr::new("127.0.0.1", 0))
@@ -94,97 +80,6 @@ async fn open(
             carry(tls, wire).await
         }
     }
-}
-
-async fn carry<S>(io: S, wire: Wire) -> DuplexStream
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let (client, mut ours) = tokio::io::duplex(1 << 20);
-    match wire {
-        Wire::Raw => {
-            tokio::spawn(async move {
-                let mut io = io;
-                let _ = tokio::io::copy_bidirectional(&mut ours, &mut io).await;
-            });
-        }
-        Wire::Ws {
-            path,
-            subprotocol,
-            text,
-        } => {
-            let mut request = format!("ws://localhost{path}")
-                .into_client_request()
-                .expect("request");
-            request.headers_mut().insert(
-                "Sec-WebSocket-Protocol",
-                subprotocol.parse().expect("header value"),
-            );
-            let (ws, response) = tokio_tungstenite::client_async(request, io)
-                .await
-                .expect("WebSocket handshake");
-            // Browsers drop a connection whose subprotocol is not echoed.
-            assert_eq!(
-                response
-                    .headers()
-                    .get("sec-websocket-protocol")
-                    .and_then(|v| v.to_str().ok()),
-                Some(subprotocol)
-            );
-            tokio::spawn(pump(ws, ours, text));
-        }
-    }
-    client
-}
-
-/// Carries bytes between the client's duplex stream and WebSocket messages.
-/// A reply in the other frame type than the client's ends the stream, so
-/// the client's next read fails the test.
-async fn pump<S>(ws: tokio_tungstenite::WebSocketStream<S>, duplex: DuplexStream, text: bool)
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let (mut sink, mut stream) = ws.split();
-    let (mut rd, mut wr) = tokio::io::split(duplex);
-    let up = async move {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            let n = match rd.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            let chunk = buf.get(..n).unwrap_or_default().to_vec();
-            let message = if text {
-                // The tests send ASCII, so any split is valid UTF-8.
-                Message::text(String::from_utf8(chunk).expect("ASCII"))
-            } else {
-                Message::binary(chunk)
-            };
-            if sink.send(message).await.is_err() {
-                break;
-            }
-        }
-        let _ = sink.close().await;
-    };
-    let down = async move {
-        while let Some(Ok(message)) = stream.next().await {
-            let bytes = match message {
-                Message::Text(t) if text => t.as_bytes().to_vec(),
-                Message::Binary(b) if !text => b.to_vec(),
-                Message::Close(_) => break,
-                Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => continue,
-                other => {
-                    eprintln!("reply in the wrong frame type: {other:?}");
-                    break;
-                }
-            };
-            if wr.write_all(&bytes).await.is_err() {
-                break;
-            }
-        }
-        let _ = wr.shutdown().await;
-    };
-    tokio::join!(up, down);
 }
 
 // --- MQTT 3.1.1, hand-encoded so it runs over any byte stream ---------------

@@ -51,13 +51,19 @@ class Mqtt:
     """paho-mqtt 2.x client, loop in a background thread."""
 
     def __init__(self, broker, version=5, client_id=None, clean=True, username=None,
-                 password=None, session_expiry_s=None, connect=True):
+                 password=None, session_expiry_s=None, connect=True, websocket=False):
+        """``websocket``: over the broker's WebSocket port, path ``/mqtt``."""
         self.version = version
+        self.websocket = websocket
         self.client_id = client_id or new_id("paho")
         proto = paho.MQTTv5 if version == 5 else paho.MQTTv311
         kwargs = {"clean_session": clean} if version != 5 else {}
+        if websocket:
+            kwargs["transport"] = "websockets"
         self.c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=self.client_id,
                              protocol=proto, **kwargs)
+        if websocket:
+            self.c.ws_set_options(path="/mqtt")
         self.c.max_inflight_messages_set(1000)
         self.c.max_queued_messages_set(0)
         if username is not None:
@@ -84,7 +90,8 @@ class Mqtt:
             if self.session_expiry_s is not None:
                 props.SessionExpiryInterval = self.session_expiry_s
             kwargs = {"clean_start": self.clean, "properties": props}
-        self.c.connect(self.broker.host, self.broker.mqtt_port, keepalive=60, **kwargs)
+        port = self.broker.http_port if self.websocket else self.broker.mqtt_port
+        self.c.connect(self.broker.host, port, keepalive=60, **kwargs)
         self.c.loop_start()
         try:
             flags, rc, _ = self.connack.get(timeout=timeout)

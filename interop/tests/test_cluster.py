@@ -11,7 +11,9 @@ follows it, as an application's reconnect handler would.
 
 Both nodes run the proxy (``proxy = true``): a stomp.py client logging in
 to ``a`` is relayed to ``b`` byte for byte and gets a message only ``b``'s
-queue holds.
+queue holds; so is paho-mqtt speaking MQTT 3.1.1 over WebSocket to ``a``
+(the WebSocket ends on ``a``, the MQTT inside it is relayed), and it gets
+a retained message only ``b`` holds.
 
 Skipped without etcd (Debian's etcd-server) unless ROSETTA_REQUIRE_ETCD
 is set, as scripts/test.sh does.
@@ -28,7 +30,7 @@ import pytest
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
-from clients import ClientError, Stomp
+from clients import ClientError, Mqtt, Stomp
 from conftest import PASSWORD, USER, Broker, free_port
 
 DEADLINE_S = 20
@@ -96,8 +98,8 @@ proxy = true
 
 @pytest.fixture(scope="module")
 def nodes(etcd):
-    a = Broker("cluster-a", cluster_section(etcd, "a", "local_target_enabled = false"))
-    b = Broker("cluster-b", cluster_section(etcd, "b", 'local_target_filter = ".*"'))
+    a = Broker("cluster-a", cluster_section(etcd, "a", "local_target_enabled = false"), websocket=True)
+    b = Broker("cluster-b", cluster_section(etcd, "b", 'local_target_filter = ".*"'), websocket=True)
     a.start()
     b.start()
     yield a, b
@@ -194,3 +196,26 @@ def test_stomp_py_through_the_proxy_is_served_by_the_node_its_login_belongs_to(n
     assert got.body == b"held by b"
     via_a.ack(got)
     via_a.conn.disconnect()
+
+
+def test_paho_over_websocket_through_the_proxy_is_served_by_the_node_its_login_belongs_to(nodes):
+    a, b = nodes
+    topic = f"cluster/ws-only-on-b-{int(time.monotonic() * 1000)}"
+    on_b = Mqtt(b, version=3, username=USER, password=PASSWORD)
+    on_b.publish(topic, b"retained on b", qos=1, retain=True)
+    on_b.close()
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            via_a = Mqtt(a, version=3, username=USER, password=PASSWORD, websocket=True)
+            break
+        except ClientError:
+            # Before the nodes see each other a has nobody to relay to and
+            # refuses (return code 3, server unavailable).
+            assert time.monotonic() < deadline, "a never relayed the client"
+            time.sleep(0.3)
+    via_a.subscribe(topic)
+    got = via_a.get()
+    assert got.body == b"retained on b"
+    assert got.fields["retain"]
+    via_a.close()

@@ -9,10 +9,11 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 
-use crate::balancer::{Balancer, Target};
+use crate::balancer::Target;
+use crate::balancers::Balancers;
 
 pub(crate) async fn check_loop(
-    balancer: Arc<Balancer>,
+    balancer: Balancers,
     interval: Duration,
     timeout: Duration,
     recheck: Arc<Notify>,

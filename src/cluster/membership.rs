@@ -24,9 +24,11 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
 
-use crate::balancer::{Balancer, Target};
+use crate::balancer::Target;
+use crate::balancers::Balancers;
 use crate::etcd::{Client, EtcdError, KeyValue};
 use crate::health;
+use crate::shared_cache;
 
 /// Pause between a failed session and the next attempt: short, so a node
 /// rejoins quickly, long enough not to hammer an etcd that is down.
@@ -85,9 +87,10 @@ impl Membership {
     /// is retried.
     pub fn spawn(
         settings: MembershipSettings,
-        balancer: Arc<Balancer>,
+        balancer: impl Into<Balancers>,
         connections: ConnectionCount,
     ) -> Result<Self, EtcdError> {
+        let balancer = balancer.into();
         let client = Client::new(
             &settings.endpoints,
             Duration::from_millis(settings.request_timeout_ms),
@@ -95,24 +98,30 @@ impl Membership {
         let (stop, stop_rx) = watch::channel(false);
         let recheck = Arc::new(Notify::new());
         let registration = tokio::spawn(register_loop(
-            client,
+            client.clone(),
             settings.clone(),
-            Arc::clone(&balancer),
+            balancer.clone(),
             connections,
             Arc::clone(&recheck),
             stop_rx.clone(),
         ));
-        let checks = tokio::spawn(health::check_loop(
+        let mut tasks = vec![registration];
+        if balancer.iter().any(|b| b.caches_in_etcd()) {
+            tasks.push(tokio::spawn(shared_cache::sync_loop(
+                client,
+                settings.key_prefix.clone(),
+                balancer.clone(),
+                stop_rx.clone(),
+            )));
+        }
+        tasks.push(tokio::spawn(health::check_loop(
             balancer,
             Duration::from_millis(settings.health_check_interval_ms),
             Duration::from_millis(settings.health_check_timeout_ms),
             recheck,
             stop_rx,
-        ));
-        Ok(Self {
-            stop,
-            tasks: vec![registration, checks],
-        })
+        )));
+        Ok(Self { stop, tasks })
     }
 
     /// Stops without leaving, as a node that dies would: the lease is not
@@ -137,7 +146,7 @@ impl Membership {
 async fn register_loop(
     client: Client,
     settings: MembershipSettings,
-    balancer: Arc<Balancer>,
+    balancer: Balancers,
     connections: ConnectionCount,
     recheck: Arc<Notify>,
     mut stop: watch::Receiver<bool>,
@@ -190,7 +199,7 @@ async fn register_loop(
 async fn session(
     client: &Client,
     settings: &MembershipSettings,
-    balancer: &Balancer,
+    balancer: &Balancers,
     connections: &ConnectionCount,
     recheck: &Notify,
     stop: &mut watch::Receiver<bool>,
@@ -240,7 +249,7 @@ async fn publish(
     key: &str,
     lease: i64,
     connections: &ConnectionCount,
-    balancer: &Balancer,
+    balancer: &Balancers,
 ) -> Result<(), EtcdError> {
     let count = connections();
     balancer.set_local_connections(count);
@@ -257,7 +266,7 @@ async fn publish(
 async fn refresh(
     client: &Client,
     prefix: &str,
-    balancer: &Balancer,
+    balancer: &Balancers,
     recheck: &Notify,
 ) -> Result<i64, EtcdError> {
     let (revision, kvs) = client.range_prefix(prefix.as_bytes()).await?;

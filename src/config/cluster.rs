@@ -80,9 +80,26 @@ pub struct ClusterConfig {
     /// becomes 127.0.0.1, with a warning).
     #[serde(default)]
     pub advertise_host: Option<String>,
-    /// `[cluster.balancer]`.
+    /// `[cluster.balancer]`: the balancer of every listener no entry of
+    /// `balancers` names.
     #[serde(default)]
     pub balancer: BalancerConfig,
+    /// `[[cluster.balancers]]`: balancers of their own for the listeners
+    /// each names (`listeners = ["mqtts", "wss"]`).
+    #[serde(default)]
+    pub balancers: Vec<BalancerConfig>,
+}
+
+impl ClusterConfig {
+    /// The balancer configured for the listener `listener` (its key:
+    /// `mqtt`, `wss`, ...): the `[[cluster.balancers]]` entry naming it,
+    /// else `[cluster.balancer]`.
+    pub fn balancer_for(&self, listener: &str) -> &BalancerConfig {
+        self.balancers
+            .iter()
+            .find(|b| b.listeners.iter().any(|l| l == listener))
+            .unwrap_or(&self.balancer)
+    }
 }
 
 /// Which fact of a connection is its target key.
@@ -97,6 +114,9 @@ pub enum TargetKey {
     SourceIp,
     /// The TLS SNI host name.
     SniHost,
+    /// The authenticated user's role (users file `roles`): the first one
+    /// `key_filter` matches.
+    RoleName,
 }
 
 /// How a target is chosen.
@@ -123,10 +143,13 @@ pub enum MqttRedirect {
     ServerMoved,
 }
 
-/// `[cluster.balancer]`.
+/// `[cluster.balancer]`, and each `[[cluster.balancers]]` entry.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BalancerConfig {
+    /// The listeners (keys of `[listeners]`) this balancer serves; only in
+    /// `[[cluster.balancers]]` (the default balancer serves the rest).
+    pub listeners: Vec<String>,
     /// The target key's source.
     pub key: TargetKey,
     /// A regex narrowing the key (its first group, or the whole match).
@@ -143,6 +166,9 @@ pub struct BalancerConfig {
     pub local_target_enabled: bool,
     /// How long a key's target is remembered (0: not at all).
     pub cache_timeout_ms: u64,
+    /// A key's target is remembered in etcd too, under a lease of the
+    /// cache timeout, so that every node answers the same for it.
+    pub cache_in_etcd: bool,
     /// Points per target on the consistent-hash ring.
     pub virtual_nodes: u32,
     /// The CONNACK reason MQTT 5 clients get with the Server Reference.
@@ -159,6 +185,7 @@ pub struct BalancerConfig {
 impl Default for BalancerConfig {
     fn default() -> Self {
         Self {
+            listeners: Vec::new(),
             key: TargetKey::ClientId,
             key_filter: None,
             local_target_filter: None,
@@ -166,6 +193,7 @@ impl Default for BalancerConfig {
             quorum_size: 1,
             local_target_enabled: true,
             cache_timeout_ms: 0,
+            cache_in_etcd: false,
             virtual_nodes: VIRTUAL_NODES_DEFAULT,
             mqtt_redirect: MqttRedirect::UseAnotherServer,
             proxy: false,
@@ -264,26 +292,80 @@ impl Config {
                 ));
             }
         }
-        let b = &c.balancer;
-        if b.virtual_nodes == 0 || b.virtual_nodes > 4096 {
-            return Err(invalid("cluster.balancer.virtual_nodes", "must be 1-4096"));
+        if !c.balancer.listeners.is_empty() {
+            return Err(invalid(
+                "cluster.balancer.listeners",
+                "the default balancer serves every listener no [[cluster.balancers]] entry names; name listeners there",
+            ));
         }
-        for (key, value) in [
-            (
-                "cluster.balancer.proxy_connect_timeout_ms",
-                b.proxy_connect_timeout_ms,
-            ),
-            (
-                "cluster.balancer.proxy_idle_timeout_ms",
-                b.proxy_idle_timeout_ms,
-            ),
-        ] {
-            if value == 0 {
-                return Err(invalid(key, "must be above 0"));
+        check_balancer(&c.balancer, "cluster.balancer")?;
+        if c.balancers.len() > BALANCERS_MAX {
+            return Err(invalid(
+                "cluster.balancers",
+                format!("at most {BALANCERS_MAX} entries"),
+            ));
+        }
+        let mut named = Vec::new();
+        for (i, b) in c.balancers.iter().enumerate() {
+            let section = format!("cluster.balancers[{i}]");
+            check_balancer(b, &section)?;
+            if b.listeners.is_empty() {
+                return Err(invalid(
+                    format!("{section}.listeners"),
+                    "name the listeners this balancer serves",
+                ));
+            }
+            for l in &b.listeners {
+                if !ADVERTISED_LISTENERS.contains(&l.as_str()) {
+                    return Err(invalid(
+                        format!("{section}.listeners"),
+                        format!("{l:?} is not a listener name"),
+                    ));
+                }
+                if named.contains(&l) {
+                    return Err(invalid(
+                        format!("{section}.listeners"),
+                        format!("{l:?} has a balancer already"),
+                    ));
+                }
+                named.push(l);
             }
         }
         Ok(())
     }
+}
+
+/// Shortest cache timeout with `cache_in_etcd`: the entries live under
+/// etcd leases, whose TTL is whole seconds (and etcd raises short ones to
+/// its own minimum, about 1.5 election timeouts).
+pub const CACHE_IN_ETCD_TIMEOUT_MS_MIN: u64 = 1000;
+
+/// Most `[[cluster.balancers]]` entries: one per listener at most.
+pub const BALANCERS_MAX: usize = ADVERTISED_LISTENERS.len();
+
+/// The checks of one balancer's values; `section` names it in errors.
+fn check_balancer(b: &BalancerConfig, section: &str) -> Result<(), Invalid> {
+    if b.virtual_nodes == 0 || b.virtual_nodes > 4096 {
+        return Err(invalid(
+            format!("{section}.virtual_nodes"),
+            "must be 1-4096",
+        ));
+    }
+    if b.cache_in_etcd && b.cache_timeout_ms < CACHE_IN_ETCD_TIMEOUT_MS_MIN {
+        return Err(invalid(
+            format!("{section}.cache_in_etcd"),
+            format!("needs cache_timeout_ms of at least {CACHE_IN_ETCD_TIMEOUT_MS_MIN} (an etcd lease lives whole seconds)"),
+        ));
+    }
+    for (key, value) in [
+        ("proxy_connect_timeout_ms", b.proxy_connect_timeout_ms),
+        ("proxy_idle_timeout_ms", b.proxy_idle_timeout_ms),
+    ] {
+        if value == 0 {
+            return Err(invalid(format!("{section}.{key}"), "must be above 0"));
+        }
+    }
+    Ok(())
 }
 
 /// The listeners whose address a node publishes (`[listeners]` keys;
@@ -319,6 +401,22 @@ mod tests {
     }
 
     #[test]
+    fn a_listener_named_by_a_balancer_entry_gets_that_balancer() {
+        let c = Config::parse(
+            "[cluster]\netcd = [\"http://127.0.0.1:2379\"]\nnode_name = \"a\"\n[cluster.balancer]\nkey = \"user_name\"\n[[cluster.balancers]]\nlisteners = [\"mqtts\", \"wss\"]\nkey = \"sni_host\"\npolicy = \"first_element\"\n",
+            "x",
+        )
+        .expect("parses");
+        let cluster = c.cluster.expect("cluster");
+        assert_eq!(cluster.balancer_for("wss").key, TargetKey::SniHost);
+        assert_eq!(
+            cluster.balancer_for("mqtts").policy,
+            BalancerPolicy::FirstElement
+        );
+        assert_eq!(cluster.balancer_for("mqtt").key, TargetKey::UserName);
+    }
+
+    #[test]
     fn bad_cluster_values_name_their_key() {
         for (doc, key) in [
             ("etcd = []\nnode_name = \"a\"", "cluster.etcd"),
@@ -341,6 +439,30 @@ mod tests {
             (
                 "etcd = [\"http://e:2379\"]\nnode_name = \"a\"\nbalancer = { policy = \"random\" }",
                 "cluster.balancer.policy",
+            ),
+            (
+                "etcd = [\"http://e:2379\"]\nnode_name = \"a\"\nbalancer = { cache_in_etcd = true }",
+                "cluster.balancer.cache_in_etcd",
+            ),
+            (
+                "etcd = [\"http://e:2379\"]\nnode_name = \"a\"\nbalancer = { listeners = [\"mqtt\"] }",
+                "cluster.balancer.listeners",
+            ),
+            (
+                "etcd = [\"http://e:2379\"]\nnode_name = \"a\"\n[[cluster.balancers]]\nkey = \"user_name\"",
+                "cluster.balancers[0].listeners",
+            ),
+            (
+                "etcd = [\"http://e:2379\"]\nnode_name = \"a\"\n[[cluster.balancers]]\nlisteners = [\"mqtt\", \"udp\"]",
+                "cluster.balancers[0].listeners",
+            ),
+            (
+                "etcd = [\"http://e:2379\"]\nnode_name = \"a\"\n[[cluster.balancers]]\nlisteners = [\"mqtt\"]\n[[cluster.balancers]]\nlisteners = [\"wss\", \"mqtt\"]",
+                "cluster.balancers[1].listeners",
+            ),
+            (
+                "etcd = [\"http://e:2379\"]\nnode_name = \"a\"\n[[cluster.balancers]]\nlisteners = [\"mqtt\"]\nvirtual_nodes = 0",
+                "cluster.balancers[0].virtual_nodes",
             ),
         ] {
             let err = Config::parse(&format!("[cluster]\n{doc}\n"), "x").expect_err(doc);

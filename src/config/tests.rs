@@ -340,12 +340,13 @@ fn the_defaults_file_mentions_every_key() {
         "queues",
         "cluster",
         "cluster.balancer",
+        "cluster.balancers",
         "streams",
     ];
     for section in sections {
         let probe = if section.is_empty() {
             "no_such_key = 1\n".to_owned()
-        } else if section == "queues" || section == "streams" {
+        } else if ["queues", "streams", "cluster.balancers"].contains(&section) {
             format!("[[{section}]]\nno_such_key = 1\n")
         } else {
             format!("[{section}]\nno_such_key = 1\n")
@@ -377,6 +378,8 @@ fn the_defaults_file_mentions_every_key() {
                 DEFAULTS_FILE.contains(&format!("[{key}]"))
             } else if section == "cluster" && key == "balancer" {
                 DEFAULTS_FILE.contains("[cluster.balancer]")
+            } else if section == "cluster" && key == "balancers" {
+                DEFAULTS_FILE.contains("[[cluster.balancers]]")
             } else if ["bindings", "queues", "streams", "topics"].contains(&key) {
                 DEFAULTS_FILE.contains(&format!("[[{key}]]"))
             } else {

@@ -237,6 +237,11 @@ pub trait AccessControl: Send + Sync + 'static {
     fn excluded_topics(&self, _principal: &Principal, _filter: &str) -> Vec<String> {
         Vec::new()
     }
+    /// The roles of `user` (the balancer's `role_name` key), least power
+    /// first; none unless the access control knows of roles.
+    fn roles(&self, _user: &str) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Anonymous access to everything.

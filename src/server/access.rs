@@ -200,6 +200,15 @@ impl AccessControl for UsersAccess {
             .permissions(principal.user.as_deref())
             .excluded_topics(filter)
     }
+
+    fn roles(&self, user: &str) -> Vec<String> {
+        let users = self.users.read();
+        users
+            .roles(user)
+            .iter()
+            .map(|r| r.as_str().to_owned())
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -120,6 +120,19 @@ impl Admission {
     /// Takes a connection from `addr` in as unauthenticated, or says why
     /// not.
     pub(crate) fn admit(self: &Arc<Self>, addr: IpAddr) -> Result<Ticket, Refused> {
+        self.admit_from(addr, true)
+    }
+
+    /// [`Self::admit`] for a connection from another node of the cluster,
+    /// which counts against the totals only: the clients its proxy relays
+    /// here were held to `unauthenticated_per_address_max` there, under
+    /// their own addresses, and must not share one cap here under the
+    /// node's.
+    pub(crate) fn admit_member(self: &Arc<Self>, addr: IpAddr) -> Result<Ticket, Refused> {
+        self.admit_from(addr, false)
+    }
+
+    fn admit_from(self: &Arc<Self>, addr: IpAddr, per_address: bool) -> Result<Ticket, Refused> {
         let addr = addr.to_canonical();
         let refused = |why| {
             self.refused_total.fetch_add(1, Ordering::Relaxed);
@@ -133,16 +146,18 @@ impl Admission {
         if connecting.total >= limits.unauthenticated_max {
             return refused(Refused::TooManyConnecting(limits.unauthenticated_max));
         }
-        let from_address = connecting.by_address.entry(addr).or_insert(0);
-        if *from_address >= limits.per_address_max {
-            return refused(Refused::TooManyFromAddress(limits.per_address_max));
+        if per_address {
+            let from_address = connecting.by_address.entry(addr).or_insert(0);
+            if *from_address >= limits.per_address_max {
+                return refused(Refused::TooManyFromAddress(limits.per_address_max));
+            }
+            *from_address += 1;
         }
-        *from_address += 1;
         connecting.total += 1;
         drop(connecting);
         Ok(Ticket(Arc::new(TicketState {
             admission: Arc::clone(self),
-            addr,
+            addr: per_address.then_some(addr),
             authenticated: AtomicBool::new(false),
         })))
     }
@@ -162,9 +177,12 @@ impl Admission {
         self.refused_total.load(Ordering::Relaxed)
     }
 
-    fn release_connecting(&self, addr: IpAddr) {
+    fn release_connecting(&self, addr: Option<IpAddr>) {
         let mut connecting = self.connecting.lock();
         connecting.total = connecting.total.saturating_sub(1);
+        let Some(addr) = addr else {
+            return;
+        };
         if let Some(n) = connecting.by_address.get_mut(&addr) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -182,7 +200,8 @@ pub(crate) struct Ticket(Arc<TicketState>);
 #[derive(Debug)]
 struct TicketState {
     admission: Arc<Admission>,
-    addr: IpAddr,
+    /// The address it counts under; `None` for a cluster member's.
+    addr: Option<IpAddr>,
     authenticated: AtomicBool,
 }
 
@@ -379,6 +398,27 @@ mod tests {
         let _a3 = adm.admit(A).expect("a place was given back");
         assert_eq!(adm.unauthenticated(), 3);
         assert_eq!(adm.refused_total(), 2);
+    }
+
+    #[test]
+    fn a_members_connections_count_against_the_total_only() {
+        let adm = admission(100, 3, 1);
+        let _a = adm.admit(A).expect("first");
+        assert_eq!(adm.admit(A).err(), Some(Refused::TooManyFromAddress(1)));
+        let m1 = adm.admit_member(A).expect("a member past the address cap");
+        let _m2 = adm.admit_member(A).expect("and again");
+        assert_eq!(
+            adm.admit_member(A).err(),
+            Some(Refused::TooManyConnecting(3)),
+            "the total still holds"
+        );
+        drop(m1);
+        assert_eq!(adm.unauthenticated(), 2);
+        assert_eq!(
+            adm.admit(A).err(),
+            Some(Refused::TooManyFromAddress(1)),
+            "a member's place given back is no place of the address"
+        );
     }
 
     #[test]

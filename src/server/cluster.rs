@@ -1,4 +1,5 @@
-//! `[cluster]` in the server: the balancer every connection asks (through
+//! `[cluster]` in the server: the balancers connections ask (each
+//! listener its own, `[[cluster.balancers]]`, or the default one; through
 //! its [`AdmittedBroker`](super::admission::AdmittedBroker)), and the etcd
 //! membership that feeds it, started once the listeners are bound (their
 //! addresses are what the node publishes) and left first on shutdown.
@@ -11,10 +12,13 @@ use std::time::Instant;
 
 use anyhow::Context;
 use rosetta_cluster::{
-    Balancer, BalancerSettings, ConnectionFacts, Decision, KeySource, Membership,
+    Balancer, BalancerSettings, Balancers, ConnectionFacts, Decision, KeySource, Membership,
     MembershipSettings, Policy,
 };
-use rosetta_config::{BalancerPolicy, ClusterConfig, ListenerKind, MqttRedirect, TargetKey};
+use rosetta_config::{
+    BalancerConfig, BalancerPolicy, ClusterConfig, ListenerKind, MqttRedirect, TargetKey,
+};
+use rosetta_core::AccessControl;
 use rosetta_neutral::{Placement, PlacementRequest, RedirectTarget};
 
 /// What the transport knows of a connection, for its target key and
@@ -28,17 +32,33 @@ pub(crate) struct Transport {
     pub(crate) sni_host: Option<String>,
 }
 
-/// The balancer of this node, with what its answers need.
+/// The balancers of this node, with what their answers need: the
+/// default one (`[cluster.balancer]`) and one per `[[cluster.balancers]]`
+/// entry, each serving the listeners it names.
 pub(crate) struct ClusterNode {
+    /// All of them, the default first, fed alike by membership.
+    balancers: Balancers,
+    /// The same, with their protocol settings, in the same order.
+    routes: Vec<Route>,
+    /// The route of each listener an entry names (by listener key);
+    /// every other listener takes `routes[0]`.
+    by_listener: BTreeMap<String, usize>,
+    /// This node's published addresses by listener key, once it joined
+    /// (the discovery route answers them for keys that belong here).
+    published: std::sync::OnceLock<BTreeMap<String, String>>,
+}
+
+/// One balancer and how its answers are given.
+struct Route {
     balancer: Arc<Balancer>,
     /// MQTT 5 clients sent elsewhere get 0x9D rather than 0x9C.
     permanent: bool,
     /// MQTT 3.1.1 and STOMP clients that belong elsewhere are proxied
     /// there (`proxy`), with these limits.
-    pub(crate) proxy: Option<ProxyLimits>,
-    /// This node's published addresses by listener key, once it joined
-    /// (the discovery route answers them for keys that belong here).
-    published: std::sync::OnceLock<BTreeMap<String, String>>,
+    proxy: Option<ProxyLimits>,
+    /// The users' roles, for the `role_name` key; `None` when the key is
+    /// another (no lookup at every connect for nothing).
+    roles: Option<Arc<dyn AccessControl>>,
 }
 
 /// `[cluster.balancer]`'s proxy limits.
@@ -48,12 +68,21 @@ pub(crate) struct ProxyLimits {
     pub(crate) idle_timeout: std::time::Duration,
 }
 
-impl ClusterNode {
-    /// The balancer of `[cluster.balancer]`; its errors name the key.
-    pub(crate) fn new(config: &ClusterConfig) -> anyhow::Result<Arc<Self>> {
-        let b = &config.balancer;
+/// The name of the default balancer (its namespace in etcd).
+const DEFAULT_BALANCER: &str = "default";
+
+impl Route {
+    /// The balancer of `b`, named `name`; its errors name `section`'s keys.
+    fn new(
+        name: String,
+        local_name: &str,
+        b: &BalancerConfig,
+        section: &str,
+        access: &Arc<dyn AccessControl>,
+    ) -> anyhow::Result<Self> {
         let settings = BalancerSettings {
-            local_name: config.node_name.clone(),
+            name,
+            local_name: local_name.to_owned(),
             // This node's own addresses are published by membership; the
             // balancer answers Local for it.
             local_addresses: BTreeMap::new(),
@@ -62,6 +91,7 @@ impl ClusterNode {
                 TargetKey::UserName => KeySource::UserName,
                 TargetKey::SourceIp => KeySource::SourceIp,
                 TargetKey::SniHost => KeySource::SniHost,
+                TargetKey::RoleName => KeySource::RoleName,
             },
             key_filter: b.key_filter.clone(),
             local_target_filter: b.local_target_filter.clone(),
@@ -74,18 +104,70 @@ impl ClusterNode {
             quorum_size: b.quorum_size as usize,
             local_target_enabled: b.local_target_enabled,
             cache_timeout_ms: b.cache_timeout_ms,
+            cache_in_etcd: b.cache_in_etcd,
             virtual_nodes: b.virtual_nodes,
         };
-        let balancer = Balancer::new(settings).context("[cluster.balancer]")?;
-        Ok(Arc::new(Self {
+        let balancer = Balancer::new(settings).with_context(|| format!("[{section}]"))?;
+        Ok(Self {
             balancer: Arc::new(balancer),
             permanent: b.mqtt_redirect == MqttRedirect::ServerMoved,
             proxy: b.proxy.then(|| ProxyLimits {
                 connect_timeout: std::time::Duration::from_millis(b.proxy_connect_timeout_ms),
                 idle_timeout: std::time::Duration::from_millis(b.proxy_idle_timeout_ms),
             }),
+            roles: (b.key == TargetKey::RoleName).then(|| Arc::clone(access)),
+        })
+    }
+}
+
+impl ClusterNode {
+    /// The balancers of `[cluster.balancer]` and `[[cluster.balancers]]`;
+    /// their errors name the key.
+    pub(crate) fn new(
+        config: &ClusterConfig,
+        access: Arc<dyn AccessControl>,
+    ) -> anyhow::Result<Arc<Self>> {
+        let mut routes = vec![Route::new(
+            DEFAULT_BALANCER.to_owned(),
+            &config.node_name,
+            &config.balancer,
+            "cluster.balancer",
+            &access,
+        )?];
+        let mut by_listener = BTreeMap::new();
+        for (i, b) in config.balancers.iter().enumerate() {
+            let name = b.listeners.join("+");
+            let section = format!("cluster.balancers[{i}]");
+            routes.push(Route::new(name, &config.node_name, b, &section, &access)?);
+            for l in &b.listeners {
+                by_listener.insert(l.clone(), i + 1);
+            }
+        }
+        let balancers = Balancers::new(routes.iter().map(|r| Arc::clone(&r.balancer)).collect());
+        Ok(Arc::new(Self {
+            balancers,
+            routes,
+            by_listener,
             published: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// The route of the listener `listener` (its key).
+    fn route(&self, listener: &str) -> &Route {
+        let i = self.by_listener.get(listener).copied().unwrap_or(0);
+        &self.routes[i]
+    }
+
+    /// Whether any balancer of this cluster proxies (then other nodes'
+    /// connections come in, carrying clients).
+    pub(crate) fn proxies(&self) -> bool {
+        self.routes.iter().any(|r| r.proxy.is_some())
+    }
+
+    /// The proxy's limits on the listener `listener`, when its balancer
+    /// proxies.
+    pub(crate) fn proxy(&self, listener: ListenerKind) -> Option<ProxyLimits> {
+        self.route(listener.key()).proxy
     }
 
     /// Registers this node in etcd with the addresses of `bound`.
@@ -107,8 +189,7 @@ impl ClusterNode {
         };
         tracing::info!(node = %settings.node_name, addresses = ?settings.addresses, "cluster: joining");
         let _ = self.published.set(settings.addresses.clone());
-        Membership::spawn(settings, Arc::clone(&self.balancer), connections)
-            .context("[cluster] etcd")
+        Membership::spawn(settings, self.balancers.clone(), connections).context("[cluster] etcd")
     }
 
     /// Where a connection that came in over `transport` belongs.
@@ -116,24 +197,30 @@ impl ClusterNode {
         self.place_on(request, transport, transport.listener.key())
     }
 
-    /// Where a connection belongs, sent to the target's `listener` (the
-    /// proxy asks for the plain listener of the client's protocol).
+    /// Where a connection belongs, by the balancer of the listener it came
+    /// in on, sent to the target's `listener` (the proxy asks for the
+    /// plain listener of the client's protocol).
     pub(crate) fn place_on(
         &self,
         request: &PlacementRequest<'_>,
         transport: &Transport,
         listener: &str,
     ) -> Placement {
+        let route = self.route(transport.listener.key());
         let facts = ConnectionFacts {
             client_id: request.client_id.map(str::to_owned),
             user_name: request.user.map(str::to_owned),
             source_ip: Some(transport.source),
             sni_host: transport.sni_host.clone(),
+            roles: match (&route.roles, request.user) {
+                (Some(access), Some(user)) => access.roles(user),
+                _ => Vec::new(),
+            },
         };
-        match self.balancer.decide(&facts, listener, Instant::now()) {
+        match route.balancer.decide(&facts, listener, Instant::now()) {
             Decision::Local => Placement::Local,
             Decision::Redirect { node, address } => {
-                match RedirectTarget::parse(&address, self.permanent) {
+                match RedirectTarget::parse(&address, route.permanent) {
                     Some(target) => {
                         tracing::debug!(%node, %address, "cluster: redirecting");
                         Placement::Redirect(target)
@@ -154,17 +241,21 @@ impl ClusterNode {
     /// the `host:port` of its `listener`; `None` when no node is ready (or
     /// the one chosen has no such listener). The key stands for whichever
     /// fact the balancer is keyed by; `key_filter` applies as at connect.
+    /// The balancer asked is the one of `listener`, as for a client
+    /// connecting there.
     pub(crate) fn discover(&self, key: &str, listener: &str) -> Option<(String, String)> {
+        let balancer = &self.route(listener).balancer;
         let facts = ConnectionFacts {
             client_id: Some(key.to_owned()),
             user_name: Some(key.to_owned()),
             source_ip: key.parse().ok(),
             sni_host: Some(key.to_owned()),
+            roles: vec![key.to_owned()],
         };
-        match self.balancer.decide(&facts, listener, Instant::now()) {
+        match balancer.decide(&facts, listener, Instant::now()) {
             Decision::Local => {
                 let address = self.published.get()?.get(listener)?.clone();
-                Some((self.balancer.local_name(), address))
+                Some((balancer.local_name(), address))
             }
             Decision::Redirect { node, address } => Some((node, address)),
             Decision::Unavailable => None,
@@ -176,7 +267,7 @@ impl ClusterNode {
     /// Host names are not resolved; a node known by name is not trusted.
     pub(crate) fn is_member_address(&self, ip: IpAddr) -> bool {
         let ip = canonical(ip);
-        self.balancer.remote_targets().iter().any(|t| {
+        self.balancers.remote_targets().iter().any(|t| {
             t.addresses.values().any(|authority| {
                 RedirectTarget::parse(authority, false)
                     .and_then(|a| a.host.parse::<IpAddr>().ok())

@@ -87,6 +87,10 @@ pub(crate) struct Shared {
     pub(crate) cluster: Option<Arc<cluster::ClusterNode>>,
     /// Recent message rates and sync latencies, sampled by a timer.
     rates: rates::RateWindow,
+    /// Connections this node's proxy relays to other nodes now: counted
+    /// as authenticated here (they hold a socket), but left out of the
+    /// count this node publishes, since the node serving them counts them.
+    pub(crate) proxied_out: AtomicUsize,
     active: AtomicUsize,
     idle: Notify,
 }
@@ -239,16 +243,16 @@ pub async fn start(
         .await?
         .with_context(|| format!("opening the journal in {}", dir.display()))?;
     let store = Arc::new(store);
+    let cluster = config
+        .cluster
+        .as_ref()
+        .map(|c| cluster::ClusterNode::new(c, Arc::clone(&access)))
+        .transpose()?;
     let core = Core::new(core_config(&config), store.clone(), access, Some(recovered));
     apply_bindings(&core, &config)?;
     let tls = checked.tls.map(tokio_rustls::TlsAcceptor::from);
     let certificate = checked.certificate;
     let (stop_accepting, stop_rx) = watch::channel(false);
-    let cluster = config
-        .cluster
-        .as_ref()
-        .map(cluster::ClusterNode::new)
-        .transpose()?;
     let shared = Arc::new(Shared {
         core,
         config: config.clone(),
@@ -264,6 +268,7 @@ pub async fn start(
         started: std::time::Instant::now(),
         cluster,
         rates: rates::RateWindow::default(),
+        proxied_out: AtomicUsize::new(0),
         active: AtomicUsize::new(0),
         idle: Notify::new(),
     });
@@ -287,8 +292,13 @@ pub async fn start(
     say_who_can_connect(&config);
     let membership = match (&shared.cluster, &config.cluster) {
         (Some(node), Some(cluster_config)) => {
-            let admission = Arc::clone(&shared.admission);
-            let count = Arc::new(move || admission.authenticated() as u64);
+            // The clients this node serves: least_connections must not see
+            // a proxied client on both nodes.
+            let counted = Arc::clone(&shared);
+            let count = Arc::new(move || {
+                let relayed = counted.proxied_out.load(Ordering::Relaxed);
+                counted.admission.authenticated().saturating_sub(relayed) as u64
+            });
             Some(node.join(cluster_config, &addrs, count)?)
         }
         _ => None,

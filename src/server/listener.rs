@@ -53,7 +53,17 @@ fn accept(kind: ListenerKind, stream: TcpStream, peer: SocketAddr, shared: &Arc<
     // `connections_max`, those still connecting against their own caps, so
     // a flood of idle sockets cannot lock out clients that log in. A
     // refused socket is told why in its protocol's terms, then closed.
-    let ticket = match shared.admission.admit(peer.ip()) {
+    // Another node's proxy speaks for many clients from one address.
+    let member = shared
+        .cluster
+        .as_ref()
+        .is_some_and(|c| c.proxies() && c.is_member_address(peer.ip()));
+    let admitted = if member {
+        shared.admission.admit_member(peer.ip())
+    } else {
+        shared.admission.admit(peer.ip())
+    };
+    let ticket = match admitted {
         Ok(ticket) => ticket,
         Err(why) => {
             if let Some(suppressed) = shared.admission.log.admit(Instant::now()) {

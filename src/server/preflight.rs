@@ -42,7 +42,7 @@ pub fn preflight(config: &Config) -> anyhow::Result<Preflight> {
     if let Some(cluster) = &config.cluster {
         // The balancer's regexes are compiled only here: a bad one is a
         // bad configuration, named by its key, before anything starts.
-        super::cluster::ClusterNode::new(cluster)?;
+        super::cluster::ClusterNode::new(cluster, Arc::new(rosetta_core::AllowAll))?;
     }
     let users_file = config.users_file();
     let users =

@@ -230,7 +230,7 @@ pub(crate) fn run_wire<T>(
 where
     T: driver::Transport + 'static,
 {
-    if let Some((node, limits)) = super::proxy::applies(&shared, wire) {
+    if let Some((node, limits)) = super::proxy::applies(&shared, wire, peer.listener) {
         return Box::pin(async move {
             let verdict =
                 super::proxy::intercept(wire, io, peer, conn_id, &shared, &node, limits).await;

@@ -231,3 +231,4 @@ pub mod mqtt;
 pub mod pki;
 pub mod process;
 pub mod stomp;
+pub mod ws;

@@ -538,7 +538,7 @@ impl Incoming5 {
 
 /// An MQTT client on a bare socket: sends what the test says, when it says.
 pub struct Raw {
-    stream: TcpStream,
+    stream: super::ws::BoxedIo,
     buf: BytesMut,
 }
 
@@ -550,8 +550,14 @@ impl Raw {
     /// A client on a socket the test connected itself.
     pub fn from_stream(stream: TcpStream) -> Raw {
         stream.set_nodelay(true).expect("nodelay");
+        Self::from_io(stream)
+    }
+
+    /// A client on any byte stream (e.g. [`super::ws::carry`]'s, for MQTT
+    /// over WebSocket).
+    pub fn from_io(io: impl super::ws::ClientIo + 'static) -> Raw {
         Raw {
-            stream,
+            stream: Box::new(io),
             buf: BytesMut::new(),
         }
     }
@@ -808,7 +814,7 @@ impl Raw {
     /// the server closes the connection or every byte is written.
     pub async fn dribble(&mut self, bytes: &[u8], every: Duration) -> Dribbled {
         let start = tokio::time::Instant::now();
-        let (mut rd, mut wr) = self.stream.split();
+        let (mut rd, mut wr) = tokio::io::split(&mut self.stream);
         let mut chunk = [0u8; 4096];
         let mut written = 0;
         let mut next = start;

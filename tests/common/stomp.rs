@@ -76,7 +76,7 @@ pub fn unescape(raw: &str) -> String {
 }
 
 pub struct StompClient {
-    stream: TcpStream,
+    stream: super::ws::BoxedIo,
     buf: Vec<u8>,
     /// MESSAGEs that arrived while a RECEIPT was awaited (a redelivery may
     /// overtake the RECEIPT of the NACK that caused it).
@@ -116,8 +116,14 @@ impl StompClient {
     /// A client on a socket the test connected itself (nothing sent yet).
     pub fn from_stream(stream: TcpStream) -> StompClient {
         stream.set_nodelay(true).expect("nodelay");
+        Self::from_io(stream)
+    }
+
+    /// A client on any byte stream (e.g. [`super::ws::carry`]'s, for STOMP
+    /// over WebSocket); nothing sent yet.
+    pub fn from_io(io: impl super::ws::ClientIo + 'static) -> StompClient {
         StompClient {
-            stream,
+            stream: Box::new(io),
             buf: Vec::new(),
             held: VecDeque::new(),
             eols: 0,

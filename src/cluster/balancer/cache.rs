@@ -40,10 +40,15 @@ impl Cache {
     }
 
     pub(crate) fn put(&mut self, key: &str, target: &str, now: Instant) {
+        self.put_until(key, target, now + self.timeout);
+    }
+
+    /// Remembers `target` for `key` until `until` (an entry another node
+    /// made, learned from etcd).
+    pub(crate) fn put_until(&mut self, key: &str, target: &str, until: Instant) {
         if self.timeout.is_zero() {
             return;
         }
-        let until = now + self.timeout;
         while self.entries.len() >= CACHE_ENTRIES_MAX && !self.entries.contains_key(key) {
             let Some((old, at)) = self.order.pop_front() else {
                 break;

@@ -18,6 +18,9 @@ pub struct ConnectionFacts {
     pub source_ip: Option<IpAddr>,
     /// The host the client asked for in TLS SNI.
     pub sni_host: Option<String>,
+    /// The authenticated user's roles (the users file's `roles`), least
+    /// power first; empty for an anonymous user or one without roles.
+    pub roles: Vec<String>,
 }
 
 /// Which fact the target key is taken from (`key = "..."`).
@@ -31,6 +34,9 @@ pub enum KeySource {
     SourceIp,
     /// `sni_host`.
     SniHost,
+    /// `role_name`: the first of the user's roles the key filter matches
+    /// (the first role without a filter), as ActiveMQ Artemis does.
+    RoleName,
 }
 
 impl KeySource {
@@ -41,18 +47,26 @@ impl KeySource {
             "user_name" => Self::UserName,
             "source_ip" => Self::SourceIp,
             "sni_host" => Self::SniHost,
+            "role_name" => Self::RoleName,
             _ => return None,
         })
     }
 
-    /// The raw key of `facts`, if the connection has that fact.
-    pub fn raw_key(self, facts: &ConnectionFacts) -> Option<String> {
-        match self {
+    /// The target key of `facts`, narrowed by `filter` (see
+    /// [`filtered_key`]); `None` when the connection has no such fact or
+    /// the filter matches none. A user has several roles: the key is the
+    /// first one the filter keeps.
+    pub fn key(self, facts: &ConnectionFacts, filter: Option<&Regex>) -> Option<String> {
+        let raw = match self {
             Self::ClientId => facts.client_id.clone(),
             Self::UserName => facts.user_name.clone(),
             Self::SourceIp => facts.source_ip.map(|ip| ip.to_canonical().to_string()),
             Self::SniHost => facts.sni_host.clone(),
-        }
+            Self::RoleName => {
+                return facts.roles.iter().find_map(|r| filtered_key(r, filter));
+            }
+        };
+        filtered_key(&raw?, filter)
     }
 }
 
@@ -93,11 +107,34 @@ mod tests {
         let v4: IpAddr = "10.0.0.1".parse().expect("ip");
         let mapped: IpAddr = "::ffff:10.0.0.1".parse().expect("ip");
         let key = |ip| {
-            KeySource::SourceIp.raw_key(&ConnectionFacts {
-                source_ip: Some(ip),
-                ..Default::default()
-            })
+            KeySource::SourceIp.key(
+                &ConnectionFacts {
+                    source_ip: Some(ip),
+                    ..Default::default()
+                },
+                None,
+            )
         };
         assert_eq!(key(v4), key(mapped));
+    }
+
+    #[test]
+    fn the_role_key_is_the_first_role_the_filter_keeps() {
+        let facts = ConnectionFacts {
+            roles: vec!["monitoring".into(), "management".into()],
+            ..Default::default()
+        };
+        let role = |filter: Option<&str>| {
+            let filter = filter.map(|f| Regex::new(f).expect("regex"));
+            KeySource::RoleName.key(&facts, filter.as_ref())
+        };
+        assert_eq!(role(None).as_deref(), Some("monitoring"));
+        assert_eq!(role(Some("^man")).as_deref(), Some("man"));
+        assert_eq!(role(Some("^admin")), None, "no role matches: no key");
+        assert_eq!(
+            KeySource::RoleName.key(&ConnectionFacts::default(), None),
+            None,
+            "a user without roles has no key"
+        );
     }
 }

@@ -87,6 +87,9 @@ pub enum Decision {
 /// What a balancer is configured with.
 #[derive(Debug, Clone)]
 pub struct BalancerSettings {
+    /// Its name among this node's balancers (`default`, or the listeners
+    /// it serves): the namespace of its entries in etcd.
+    pub name: String,
     /// This node's name.
     pub local_name: String,
     /// This node's client-facing addresses by listener key.
@@ -105,6 +108,9 @@ pub struct BalancerSettings {
     pub local_target_enabled: bool,
     /// How long a key's target is remembered; 0: not at all.
     pub cache_timeout_ms: u64,
+    /// Each new choice is also offered to etcd ([`Balancer::take_placed`]),
+    /// and choices other nodes made are remembered ([`Balancer::remember`]).
+    pub cache_in_etcd: bool,
     /// Points per target on the consistent-hash ring.
     pub virtual_nodes: u32,
 }
@@ -126,9 +132,35 @@ pub enum SettingsError {
     VirtualNodes(u32),
 }
 
+/// Most choices waiting to be written to etcd: past it new ones are not
+/// shared (they stay in this node's cache); the writer drains them as
+/// fast as etcd answers, so only a login storm against a slow etcd
+/// reaches it.
+pub const PLACED_WAITING_MAX: usize = 4096;
+/// Longest key shared through etcd: a key is part of an etcd key, and a
+/// client id may be 64 KiB; longer keys are cached on this node only.
+pub const SHARED_KEY_LEN_MAX_BYTES: usize = 1024;
+
+/// A choice made here, to be shared through etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed {
+    /// The target key.
+    pub key: String,
+    /// The node chosen.
+    pub target: String,
+    /// It replaces an entry whose node is no longer a candidate (the
+    /// entry in etcd is overwritten rather than adopted).
+    pub replacing: bool,
+}
+
 /// A balancer: settings, pool, cache, shared by every connection.
 #[derive(Debug)]
 pub struct Balancer {
+    name: String,
+    cache_in_etcd: bool,
+    cache_timeout: Duration,
+    /// Signalled when [`State::placed`] gets an entry.
+    placed_waiting: tokio::sync::Notify,
     key: KeySource,
     key_filter: Option<Regex>,
     local_target_filter: Option<Regex>,
@@ -146,6 +178,8 @@ struct State {
     round_robin_next: usize,
     /// The ring and the pool generation it was built for.
     ring: Option<(u64, Ring)>,
+    /// Choices not yet written to etcd (with `cache_in_etcd`).
+    placed: std::collections::VecDeque<Placed>,
 }
 
 impl Balancer {
@@ -164,6 +198,10 @@ impl Balancer {
         let mut local = Target::new(settings.local_name, settings.local_addresses);
         local.ready = true;
         Ok(Self {
+            name: settings.name,
+            cache_in_etcd: settings.cache_in_etcd && settings.cache_timeout_ms > 0,
+            cache_timeout: Duration::from_millis(settings.cache_timeout_ms),
+            placed_waiting: tokio::sync::Notify::new(),
             key: settings.key,
             key_filter: compile("cluster.balancer.key_filter", &settings.key_filter)?,
             local_target_filter: compile(
@@ -179,6 +217,7 @@ impl Balancer {
                 cache: cache::Cache::new(Duration::from_millis(settings.cache_timeout_ms)),
                 round_robin_next: 0,
                 ring: None,
+                placed: std::collections::VecDeque::new(),
             }),
         })
     }
@@ -217,11 +256,7 @@ impl Balancer {
     /// Where a connection with `facts`, on the listener `listener` (its
     /// key: `mqtt`, `amqps`, ...), belongs.
     pub fn decide(&self, facts: &ConnectionFacts, listener: &str, now: Instant) -> Decision {
-        let Some(key) = self
-            .key
-            .raw_key(facts)
-            .and_then(|raw| key::filtered_key(&raw, self.key_filter.as_ref()))
-        else {
+        let Some(key) = self.key.key(facts, self.key_filter.as_ref()) else {
             return Decision::Local;
         };
         if self
@@ -236,17 +271,18 @@ impl Balancer {
         if candidates.is_empty() || candidates.len() < self.quorum_size {
             return Decision::Unavailable;
         }
-        let cached = state
-            .cache
-            .get(&key, now)
-            .filter(|t| candidates.iter().any(|c| c == t))
-            .map(str::to_owned);
+        let remembered = state.cache.get(&key, now).map(str::to_owned);
+        let cached = remembered
+            .as_ref()
+            .filter(|t| candidates.iter().any(|c| c == *t))
+            .cloned();
         let chosen = match cached {
             Some(t) => t,
             None => {
                 state.cache.forget(&key);
                 let t = self.pick(&mut state, &candidates, &key);
                 state.cache.put(&key, &t, now);
+                self.share(&mut state, &key, &t, remembered.is_some());
                 t
             }
         };
@@ -267,6 +303,61 @@ impl Balancer {
                 Decision::Unavailable
             }
         }
+    }
+
+    /// This balancer's name (its namespace in etcd).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether its choices are shared through etcd.
+    pub fn caches_in_etcd(&self) -> bool {
+        self.cache_in_etcd
+    }
+
+    /// How long a choice is remembered.
+    pub fn cache_timeout(&self) -> Duration {
+        self.cache_timeout
+    }
+
+    /// Remembers a choice another node made (or this one, read back):
+    /// `key` goes to `target` until `until`, if that node is a candidate
+    /// when asked.
+    pub fn remember(&self, key: &str, target: &str, until: Instant) {
+        self.state.lock().cache.put_until(key, target, until);
+    }
+
+    /// Forgets a choice (its entry in etcd expired or was deleted).
+    pub fn forget(&self, key: &str) {
+        self.state.lock().cache.forget(key);
+    }
+
+    /// The choices made since the last call, to write to etcd.
+    pub fn take_placed(&self) -> Vec<Placed> {
+        self.state.lock().placed.drain(..).collect()
+    }
+
+    /// Completes when a choice waits to be written.
+    pub async fn placed_waiting(&self) {
+        self.placed_waiting.notified().await;
+    }
+
+    /// Queues a new choice for etcd (with `cache_in_etcd`, within the
+    /// limits of [`PLACED_WAITING_MAX`] and [`SHARED_KEY_LEN_MAX_BYTES`]).
+    fn share(&self, state: &mut State, key: &str, target: &str, replacing: bool) {
+        if !self.cache_in_etcd || key.len() > SHARED_KEY_LEN_MAX_BYTES {
+            return;
+        }
+        if state.placed.len() >= PLACED_WAITING_MAX {
+            tracing::debug!(balancer = %self.name, "cluster: too many choices waiting for etcd; this one stays local");
+            return;
+        }
+        state.placed.push_back(Placed {
+            key: key.to_owned(),
+            target: target.to_owned(),
+            replacing,
+        });
+        self.placed_waiting.notify_one();
     }
 
     /// The policy's pick among `candidates` (non-empty, in name order).

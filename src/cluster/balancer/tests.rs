@@ -11,6 +11,7 @@ fn addresses(mqtt_port: u16) -> BTreeMap<String, String> {
 
 fn settings(policy: Policy) -> BalancerSettings {
     BalancerSettings {
+        name: "default".to_owned(),
         local_name: "a".to_owned(),
         local_addresses: addresses(1000),
         key: KeySource::ClientId,
@@ -20,6 +21,7 @@ fn settings(policy: Policy) -> BalancerSettings {
         quorum_size: 1,
         local_target_enabled: true,
         cache_timeout_ms: 0,
+        cache_in_etcd: false,
         virtual_nodes: ring::VIRTUAL_NODES_DEFAULT,
     }
 }
@@ -212,4 +214,56 @@ fn bad_settings_name_their_key() {
     let mut s = settings(Policy::ConsistentHash);
     s.virtual_nodes = 0;
     assert!(Balancer::new(s).is_err());
+}
+
+#[test]
+fn with_cache_in_etcd_new_choices_are_offered_and_other_nodes_choices_win() {
+    let mut s = settings(Policy::FirstElement);
+    s.cache_timeout_ms = 1000;
+    s.cache_in_etcd = true;
+    let b = Balancer::new(s).expect("settings");
+    b.set_remote_targets(vec![ready("b", 2000, 0), ready("c", 3000, 0)]);
+    let t0 = Instant::now();
+    // A new choice is offered once; a cached one is not offered again.
+    assert_eq!(target_of(&b.decide(&client("k"), "mqtt", t0)), "a");
+    assert_eq!(target_of(&b.decide(&client("k"), "mqtt", t0)), "a");
+    assert_eq!(
+        b.take_placed(),
+        vec![Placed {
+            key: "k".into(),
+            target: "a".into(),
+            replacing: false
+        }]
+    );
+    // Another node's choice is what this one answers while it lives.
+    b.remember("j", "c", t0 + Duration::from_millis(500));
+    assert_eq!(target_of(&b.decide(&client("j"), "mqtt", t0)), "c");
+    assert!(
+        b.take_placed().is_empty(),
+        "a remembered choice is not offered"
+    );
+    // Its node gone, the key is chosen again and the entry replaced.
+    b.set_ready("c", false);
+    assert_eq!(target_of(&b.decide(&client("j"), "mqtt", t0)), "a");
+    assert_eq!(
+        b.take_placed(),
+        vec![Placed {
+            key: "j".into(),
+            target: "a".into(),
+            replacing: true
+        }]
+    );
+    // Forgotten (its etcd entry expired): chosen again as new.
+    b.forget("k");
+    b.decide(&client("k"), "mqtt", t0);
+    assert_eq!(b.take_placed().len(), 1);
+}
+
+#[test]
+fn without_cache_in_etcd_nothing_is_offered() {
+    let mut s = settings(Policy::FirstElement);
+    s.cache_timeout_ms = 1000;
+    let b = Balancer::new(s).expect("settings");
+    b.decide(&client("k"), "mqtt", Instant::now());
+    assert!(b.take_placed().is_empty());
 }

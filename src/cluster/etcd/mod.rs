@@ -128,6 +128,43 @@ impl Client {
         self.call("/v3/kv/put", &body).await.map(drop)
     }
 
+    /// Puts `key` = `value` under `lease` unless the key exists: `None`
+    /// when it was put, else the value already there (one transaction, so
+    /// of several nodes putting the same key at once exactly one wins).
+    pub async fn put_if_absent(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: i64,
+    ) -> Result<Option<Vec<u8>>, EtcdError> {
+        let key64 = Base64::encode_string(key);
+        let mut put = json!({ "key": key64, "value": Base64::encode_string(value) });
+        if lease != 0 {
+            put["lease"] = Value::String(lease.to_string());
+        }
+        let body = json!({
+            "compare": [{ "key": key64, "target": "CREATE", "result": "EQUAL", "create_revision": "0" }],
+            "success": [{ "request_put": put }],
+            "failure": [{ "request_range": { "key": key64 } }],
+        });
+        let v = self.call("/v3/kv/txn", &body).await?;
+        // The gateway leaves out a false `succeeded`.
+        if v.get("succeeded").and_then(Value::as_bool) == Some(true) {
+            return Ok(None);
+        }
+        let kv = v
+            .get("responses")
+            .and_then(|r| r.get(0))
+            .and_then(|r| r.get("response_range"))
+            .and_then(|r| r.get("kvs"))
+            .and_then(|kvs| kvs.get(0));
+        match kv {
+            Some(kv) => Ok(Some(bytes_field(kv, "value").unwrap_or_default())),
+            // Gone between the compare and the range: nothing to adopt.
+            None => Ok(Some(Vec::new())),
+        }
+    }
+
     /// Every key under `prefix`, and the store revision they were read at.
     pub async fn range_prefix(&self, prefix: &[u8]) -> Result<(i64, Vec<KeyValue>), EtcdError> {
         let body = json!({
@@ -220,13 +257,36 @@ pub struct Watch {
     response: http::Response,
 }
 
+/// One change a watch reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// `key` was put with `value`.
+    Put {
+        /// The key.
+        key: Vec<u8>,
+        /// Its new value.
+        value: Vec<u8>,
+    },
+    /// `key` was deleted (or its lease expired).
+    Delete {
+        /// The key.
+        key: Vec<u8>,
+    },
+}
+
 impl Watch {
     /// Waits for the next change notification; `Ok(false)` when etcd ended
     /// the watch (the caller starts over with a range).
     pub async fn changed(&mut self) -> Result<bool, EtcdError> {
+        Ok(self.events().await?.is_some())
+    }
+
+    /// Waits for the next changes; `None` when etcd ended the watch (the
+    /// caller starts over with a range).
+    pub async fn events(&mut self) -> Result<Option<Vec<WatchEvent>>, EtcdError> {
         loop {
             let Some(line) = self.response.next_line().await? else {
-                return Ok(false);
+                return Ok(None);
             };
             let v: Value = serde_json::from_slice(&line)
                 .map_err(|e| EtcdError::Malformed(format!("watch: {e}")))?;
@@ -234,12 +294,26 @@ impl Watch {
             if result.get("canceled").and_then(Value::as_bool) == Some(true)
                 || v.get("error").is_some()
             {
-                return Ok(false);
+                return Ok(None);
             }
             // The first message only confirms the watch was created.
-            if result.get("events").is_some() {
-                return Ok(true);
+            let Some(events) = result.get("events").and_then(Value::as_array) else {
+                continue;
+            };
+            let mut out = Vec::with_capacity(events.len());
+            for e in events {
+                let Some(kv) = e.get("kv") else { continue };
+                let key = bytes_field(kv, "key")?;
+                // A put's type is left out (it is the enum's zero).
+                out.push(match e.get("type").and_then(Value::as_str) {
+                    Some("DELETE") => WatchEvent::Delete { key },
+                    _ => WatchEvent::Put {
+                        key,
+                        value: bytes_field(kv, "value").unwrap_or_default(),
+                    },
+                });
             }
+            return Ok(Some(out));
         }
     }
 }

@@ -17,6 +17,7 @@ fn addresses(port: u16) -> BTreeMap<String, String> {
 fn balancer(name: &str, port: u16) -> Arc<Balancer> {
     Arc::new(
         Balancer::new(BalancerSettings {
+            name: "default".to_owned(),
             local_name: name.to_owned(),
             local_addresses: addresses(port),
             key: KeySource::ClientId,
@@ -26,6 +27,7 @@ fn balancer(name: &str, port: u16) -> Arc<Balancer> {
             quorum_size: 1,
             local_target_enabled: true,
             cache_timeout_ms: 0,
+            cache_in_etcd: false,
             virtual_nodes: 64,
         })
         .expect("settings"),

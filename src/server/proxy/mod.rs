@@ -29,6 +29,7 @@ mod splice;
 use std::sync::Arc;
 
 use rosetta_cluster::proxy_header::{self, Parsed};
+use rosetta_config::ListenerKind;
 use rosetta_neutral::{Placement, PlacementRequest, Protocol};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -55,9 +56,13 @@ pub(crate) enum Verdict<T> {
 
 /// Whether connections of `wire` on this node are sniffed at all: only
 /// with the proxy on, and for the protocols it relays.
-pub(crate) fn applies(shared: &Shared, wire: Wire) -> Option<(Arc<ClusterNode>, ProxyLimits)> {
+pub(crate) fn applies(
+    shared: &Shared,
+    wire: Wire,
+    listener: ListenerKind,
+) -> Option<(Arc<ClusterNode>, ProxyLimits)> {
     let node = shared.cluster.as_ref()?;
-    let limits = node.proxy?;
+    let limits = node.proxy(listener)?;
     matches!(wire, Wire::Mqtt | Wire::Stomp).then(|| (Arc::clone(node), limits))
 }
 
@@ -141,11 +146,32 @@ where
     }
     // Proxied: this node's part of the handshake is over (its deadline
     // must not cut the client), and the target authenticates it.
+    let _relayed = Relayed::count(shared);
     peer.admission.authenticated();
     tracing::debug!(conn = conn_id, %peer, %target, "proxy: relaying");
     let ended = splice::splice(io, upstream, limits.idle_timeout, shared.hard_stop.clone()).await;
     tracing::debug!(conn = conn_id, %peer, %target, ?ended, "proxy: closed");
     Verdict::Done
+}
+
+/// One connection in [`Shared::proxied_out`] while it lives.
+struct Relayed<'a>(&'a Shared);
+
+impl<'a> Relayed<'a> {
+    fn count(shared: &'a Shared) -> Self {
+        shared
+            .proxied_out
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(shared)
+    }
+}
+
+impl Drop for Relayed<'_> {
+    fn drop(&mut self) {
+        self.0
+            .proxied_out
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Appends what the client sends next; false when it closed or failed.
