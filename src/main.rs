@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 mod admin_cli;
+mod client_cli;
 
 /// See Cargo.toml: glibc malloc fragments under the broker's cross-thread
 /// allocation pattern. The `mimalloc` feature is on by default.
@@ -83,6 +84,12 @@ enum Command {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Publishes messages over MQTT, STOMP or AMQP (the URL says which):
+    /// `rosetta pub --url mqtt://localhost:1883/queue/q --message hi`.
+    Pub(client_cli::PubArgs),
+    /// Receives messages over MQTT, STOMP or AMQP and prints each payload on
+    /// its own line: `rosetta sub --url stomp://localhost:61613/queue/q`.
+    Sub(client_cli::SubArgs),
     /// Works on the journal of a stopped broker.
     Store {
         #[command(subcommand)]
@@ -381,6 +388,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             admin_cli::run(&api_of(api)?, command)
         }
+        Command::Pub(args) => client_cli::publish(args),
+        Command::Sub(args) => client_cli::subscribe(args),
         Command::Store {
             action: StoreAction::Check { data_dir },
         } => store_check(data_dir.unwrap_or_else(|| config.data_dir.clone())),
