@@ -251,7 +251,10 @@ pub(crate) fn subscribe(args: SubArgs) -> anyhow::Result<()> {
             r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C"),
         }
     });
-    summary("received", receiving.got, receiving.started);
+    // A connection that failed before anything came gets only its error.
+    if result.is_ok() || receiving.got > 0 {
+        summary("received", receiving.got, receiving.started);
+    }
     result
 }
 

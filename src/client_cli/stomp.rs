@@ -84,11 +84,7 @@ impl Client {
         loop {
             if let Some(frame) = self.decoder.decode().context("a malformed frame")? {
                 if frame.command == Command::Error {
-                    bail!(
-                        "the broker sent ERROR: {} {}",
-                        frame.header("message").unwrap_or_default(),
-                        String::from_utf8_lossy(&frame.body).trim()
-                    );
+                    bail!("the broker sent ERROR: {}", error_text(&frame));
                 }
                 return Ok(frame);
             }
@@ -130,6 +126,21 @@ impl Client {
             .await?;
         // MESSAGEs still coming are not acknowledged: the broker keeps them.
         self.until_receipt(DISCONNECT_RECEIPT, drop).await
+    }
+}
+
+/// An ERROR frame's `message` header and body, once each: brokers often
+/// repeat the one in the other.
+fn error_text(frame: &Frame) -> String {
+    let message = frame.header("message").unwrap_or_default();
+    let body = String::from_utf8_lossy(&frame.body);
+    let body = body.trim();
+    if body.is_empty() || body == message {
+        message.to_owned()
+    } else if body.starts_with(message) {
+        body.to_owned()
+    } else {
+        format!("{message}: {body}")
     }
 }
 
