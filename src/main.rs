@@ -160,6 +160,17 @@ enum QueueAction {
         /// The queue.
         name: String,
     },
+    /// Moves waiting messages, oldest first, to another (existing) queue.
+    Move {
+        /// The queue they leave.
+        name: String,
+        /// The queue they go to.
+        #[arg(long)]
+        to: String,
+        /// At most this many (default: all the API moves in one request, 10000).
+        #[arg(long)]
+        count: Option<u64>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -229,9 +240,29 @@ enum UserAction {
         api: ApiArgs,
     },
     /// Deletes a user, through the admin API.
+    #[command(visible_alias = "remove")]
     Delete {
         /// The user name.
         name: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Sets a user's admin roles in the users file (the API changes no
+    /// roles yet); with --reload, then asks the running broker to read the
+    /// file again (`POST /api/v1/reload`, as SIGHUP does).
+    Role {
+        /// The user name.
+        name: String,
+        /// `monitoring`, `management` or `administrator` (repeatable); none:
+        /// the user keeps protocol access only.
+        #[arg(long = "role", value_name = "ROLE", value_parser = parse_role)]
+        roles: Vec<rosetta::users::AdminRole>,
+        /// The users file; default: the one the configuration names.
+        #[arg(long, value_name = "FILE")]
+        users_file: Option<PathBuf>,
+        /// Reloads the running broker's users through its admin API.
+        #[arg(long)]
+        reload: bool,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -339,6 +370,33 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => admin_cli::run(&api_of(api)?, admin_cli::AdminCommand::UserDelete { name }),
         Command::User {
             action:
+                UserAction::Role {
+                    name,
+                    roles,
+                    users_file,
+                    reload,
+                    api,
+                },
+        } => {
+            let path = users_file.unwrap_or_else(|| config.users_file());
+            anyhow::ensure!(
+                rosetta::users::set_roles(&path, &name, &roles)?,
+                "no user '{name}' in {}",
+                path.display()
+            );
+            let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
+            println!(
+                "roles of '{name}' set to [{}] in {}",
+                names.join(", "),
+                path.display()
+            );
+            if reload {
+                return admin_cli::run(&api_of(api)?, admin_cli::AdminCommand::Reload);
+            }
+            Ok(())
+        }
+        Command::User {
+            action:
                 UserAction::Passwd {
                     name,
                     new_password,
@@ -362,6 +420,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 QueueAction::Stat { name } => admin_cli::AdminCommand::QueueStat { name },
                 QueueAction::Purge { name } => admin_cli::AdminCommand::QueuePurge { name },
                 QueueAction::Delete { name } => admin_cli::AdminCommand::QueueDelete { name },
+                QueueAction::Move { name, to, count } => {
+                    admin_cli::AdminCommand::QueueMove { name, to, count }
+                }
             };
             admin_cli::run(&api_of(api)?, command)
         }

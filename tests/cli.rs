@@ -556,13 +556,61 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
     });
     assert_eq!(ops(&["queue", "list"]).trim(), "orders");
     let table = ops(&["queue", "stat", "--name", "ord"]);
-    let row = table
-        .lines()
-        .find(|l| l.starts_with("|orders"))
-        .expect("a row");
-    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
-    assert_eq!(cells[1..3], ["orders", "2"], "{table}");
-    assert!(ops(&["queue", "purge", "orders"]).contains("2 messages removed"));
+    assert_eq!(stat_cell(&table, "orders", "MESSAGE_COUNT"), "2", "{table}");
+    assert_eq!(
+        stat_cell(&table, "orders", "MESSAGES_ADDED"),
+        "2",
+        "{table}"
+    );
+    assert_eq!(
+        stat_cell(&table, "orders", "CONSUMER_COUNT"),
+        "0",
+        "{table}"
+    );
+
+    // move: to a queue that exists, all of them or --count of them.
+    runtime.block_on(client.send_persistent("/queue/orders-held", &[], b"three"));
+    let moved = ops(&[
+        "queue",
+        "move",
+        "orders",
+        "--to",
+        "orders-held",
+        "--count",
+        "1",
+    ]);
+    assert!(
+        moved.contains("1 messages moved to 'orders-held', 0 refused"),
+        "{moved}"
+    );
+    let table = ops(&["queue", "stat"]);
+    assert_eq!(stat_cell(&table, "orders", "MESSAGE_COUNT"), "1", "{table}");
+    assert_eq!(
+        stat_cell(&table, "orders-held", "MESSAGE_COUNT"),
+        "2",
+        "{table}"
+    );
+    let moved = ops(&["queue", "move", "orders-held", "--to", "orders"]);
+    assert!(
+        moved.contains("2 messages moved to 'orders', 0 refused"),
+        "{moved}"
+    );
+    let out = rosetta(&[
+        "queue",
+        "move",
+        "orders",
+        "--to",
+        "nowhere",
+        "--url",
+        &url,
+        "--user",
+        "ops",
+        "--password",
+        "ops-pw",
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("404"), "{}", stderr(&out));
+    assert!(ops(&["queue", "purge", "orders"]).contains("3 messages removed"));
 
     let listed = ops(&["connection", "list"]);
     let id = listed
@@ -615,6 +663,23 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
     assert!(!revoked.status.success());
     assert!(stderr(&revoked).contains("401"), "{}", stderr(&revoked));
     broker.stop();
+}
+
+/// The cell of `queue stat`'s `table` in the row of `queue`, under `column`.
+fn stat_cell(table: &str, queue: &str, column: &str) -> String {
+    let cells =
+        |line: &str| -> Vec<String> { line.split('|').map(|c| c.trim().to_owned()).collect() };
+    let mut lines = table.lines();
+    let header = cells(lines.next().expect("a header"));
+    let at = header
+        .iter()
+        .position(|h| h == column)
+        .unwrap_or_else(|| panic!("no column {column}: {table}"));
+    let row = lines
+        .map(cells)
+        .find(|r| r.get(1).map(String::as_str) == Some(queue))
+        .unwrap_or_else(|| panic!("no row {queue}: {table}"));
+    row[at].clone()
 }
 
 /// `user list|add|passwd|delete` and `status` over the admin API: an
@@ -695,8 +760,127 @@ fn user_and_status_commands_speak_to_the_admin_api() {
     ]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("403"), "{}", stderr(&out));
-    root(&["user", "delete", "app"]);
+    // user role: the file changes, --reload puts it in force at once.
+    let users_arg = users.to_str().expect("utf-8");
+    root(&[
+        "user",
+        "role",
+        "app",
+        "--role",
+        "management",
+        "--users-file",
+        users_arg,
+        "--reload",
+    ]);
+    let row = |listed: &str| {
+        listed
+            .lines()
+            .find(|l| l.starts_with("app "))
+            .map(str::to_owned)
+            .expect("app listed")
+    };
+    assert!(row(&root(&["user", "list"])).contains("management"));
+    let app = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--url", &url, "--user", "app", "--password", "app-pw-2"]);
+        rosetta(&all)
+    };
+    let purged = app(&["queue", "purge", "nothing-here"]);
+    assert!(
+        !stderr(&purged).contains("403"),
+        "management may act: {}",
+        stderr(&purged)
+    );
+    root(&["user", "role", "app", "--users-file", users_arg, "--reload"]);
+    assert!(
+        row(&root(&["user", "list"])).contains(" - "),
+        "no roles left"
+    );
+    let refused = app(&["status"]);
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("403"), "{}", stderr(&refused));
+    let out = rosetta(&[
+        "user",
+        "role",
+        "nobody",
+        "--role",
+        "monitoring",
+        "--users-file",
+        users_arg,
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no user 'nobody'"),
+        "{}",
+        stderr(&out)
+    );
+
+    // remove is delete's other name.
+    root(&["user", "remove", "app"]);
     assert!(stomp_login(stomp, "app", "app-pw-2").starts_with("ERROR"));
+    broker.stop();
+}
+
+/// `user passwd` without --new-password asks twice on the terminal without
+/// echo, as `user add` does, and a mismatch changes nothing.
+#[test]
+fn user_passwd_asks_twice_without_echo_on_a_terminal() {
+    const SECRET: &str = "n3w-Secret-Off-Screen";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let users = dir.path().join("users.toml");
+    rosetta::users::save_user(
+        &users,
+        "root",
+        b"root-pw",
+        None,
+        None,
+        Some(&[rosetta::users::AdminRole::Administrator]),
+    )
+    .expect("user");
+    rosetta::users::add_user(&users, "app", b"old-pw", None, None).expect("user");
+    let config = write_config(
+        dir.path(),
+        "stomp = 0",
+        &format!("[admin]\nlisten = \"127.0.0.1:0\"\n[security]\nanonymous = false\nusers_file = {users:?}"),
+    );
+    let broker = Broker::start(&config);
+    let stomp = broker.addr("stomp");
+    let url = broker.admin_url();
+    let passwd = [
+        "user",
+        "passwd",
+        "app",
+        "--url",
+        &url,
+        "--user",
+        "root",
+        "--password",
+        "root-pw",
+    ];
+
+    let mut terminal = Terminal::spawn(&passwd);
+    terminal.expect("password: ");
+    terminal.type_secret(SECRET);
+    terminal.expect("again");
+    terminal.type_secret("a typo");
+    let (ok, screen) = terminal.finish();
+    assert!(!ok, "{screen}");
+    assert!(screen.contains("do not match"), "{screen}");
+    assert_eq!(stomp_login(stomp, "app", "old-pw"), "CONNECTED");
+
+    let mut terminal = Terminal::spawn(&passwd);
+    terminal.expect("password: ");
+    terminal.type_secret(SECRET);
+    terminal.expect("again");
+    terminal.type_secret(SECRET);
+    let (ok, screen) = terminal.finish();
+    assert!(ok, "{screen}");
+    assert!(
+        !screen.contains(SECRET),
+        "the password was echoed: {screen}"
+    );
+    assert_eq!(stomp_login(stomp, "app", SECRET), "CONNECTED");
+    assert_eq!(stomp_login(stomp, "app", "old-pw"), "ERROR");
     broker.stop();
 }
 

@@ -52,7 +52,13 @@ async fn broker(pki: &Pki) -> TestBroker {
 
 /// The URL of `scheme` on the broker's listener `kind`, logged in as
 /// `password`, with `path` (for ws: `/mqtt` and the address).
-fn url(broker: &TestBroker, scheme: &str, kind: ListenerKind, password: &str, path: &str) -> String {
+fn url(
+    broker: &TestBroker,
+    scheme: &str,
+    kind: ListenerKind,
+    password: &str,
+    path: &str,
+) -> String {
     let port = broker.addr(kind).port();
     // TLS certificates of the test PKI name `localhost`.
     format!("{scheme}://{USER}:{password}@localhost:{port}{path}")
@@ -136,20 +142,46 @@ async fn mqtt_pub_to_a_queue_is_taken_by_stomp_and_amqp_subs_count_by_count() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = Pki::generate(dir.path());
     let broker = broker(&pki).await;
-    let mqtt = url(&broker, "mqtt", ListenerKind::Mqtt, PASSWORD, "/queue/cli-q");
+    let mqtt = url(
+        &broker,
+        "mqtt",
+        ListenerKind::Mqtt,
+        PASSWORD,
+        "/queue/cli-q",
+    );
     let out = run(&["pub", "--url", &mqtt, "--message", "m{seq}", "--count", "5"]).await;
     assert_success(&out, "mqtt pub");
-    assert!(stderr(&out).contains("published 5 messages in "), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("published 5 messages in "),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(broker.depth("cli-q"), (5, 0));
 
     // --count 2: two lines, then exit; the rest stays in the queue.
-    let stomp = url(&broker, "stomp", ListenerKind::Stomp, PASSWORD, "/queue/cli-q");
+    let stomp = url(
+        &broker,
+        "stomp",
+        ListenerKind::Stomp,
+        PASSWORD,
+        "/queue/cli-q",
+    );
     let out = run(&["sub", "--url", &stomp, "--count", "2"]).await;
     assert_success(&out, "stomp sub");
     assert_eq!(stdout_lines(&out), ["m1", "m2"]);
-    assert!(stderr(&out).contains("received 2 messages in "), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("received 2 messages in "),
+        "{}",
+        stderr(&out)
+    );
 
-    let amqp = url(&broker, "amqp", ListenerKind::Amqp, PASSWORD, "/queue/cli-q");
+    let amqp = url(
+        &broker,
+        "amqp",
+        ListenerKind::Amqp,
+        PASSWORD,
+        "/queue/cli-q",
+    );
     let out = run(&["sub", "--url", &amqp, "--count", "3"]).await;
     assert_success(&out, "amqp sub");
     assert_eq!(stdout_lines(&out), ["m3", "m4", "m5"]);
@@ -161,10 +193,31 @@ async fn stomp_pub_to_a_topic_reaches_an_mqtt_subscriber_over_websocket() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = Pki::generate(dir.path());
     let broker = broker(&pki).await;
-    let ws = url(&broker, "ws", ListenerKind::WebSocket, PASSWORD, "/mqtt/topic/cli/+");
+    let ws = url(
+        &broker,
+        "ws",
+        ListenerKind::WebSocket,
+        PASSWORD,
+        "/mqtt/topic/cli/+",
+    );
     let (sub, _) = subscribed(&["sub", "--url", &ws, "--count", "3"]).await;
-    let stomp = url(&broker, "stomp", ListenerKind::Stomp, PASSWORD, "/topic/cli/t");
-    let out = run(&["pub", "--url", &stomp, "--message", "t{seq}", "--count", "3"]).await;
+    let stomp = url(
+        &broker,
+        "stomp",
+        ListenerKind::Stomp,
+        PASSWORD,
+        "/topic/cli/t",
+    );
+    let out = run(&[
+        "pub",
+        "--url",
+        &stomp,
+        "--message",
+        "t{seq}",
+        "--count",
+        "3",
+    ])
+    .await;
     assert_success(&out, "stomp pub");
     let out = finish(sub).await;
     assert_success(&out, "ws sub");
@@ -177,9 +230,21 @@ async fn amqp_pub_reaches_an_mqtt_subscriber_and_tls_urls_work() {
     let pki = Pki::generate(dir.path());
     let broker = broker(&pki).await;
     let ca = pki.ca_file.to_str().expect("utf-8 path");
-    let mqtt = url(&broker, "mqtt", ListenerKind::Mqtt, PASSWORD, "/topic/cli/a");
+    let mqtt = url(
+        &broker,
+        "mqtt",
+        ListenerKind::Mqtt,
+        PASSWORD,
+        "/topic/cli/a",
+    );
     let (sub, _) = subscribed(&["sub", "--url", &mqtt, "--count", "2", "--qos", "0"]).await;
-    let amqp = url(&broker, "amqp", ListenerKind::Amqp, PASSWORD, "/topic/cli/a");
+    let amqp = url(
+        &broker,
+        "amqp",
+        ListenerKind::Amqp,
+        PASSWORD,
+        "/topic/cli/a",
+    );
     let out = run(&["pub", "--url", &amqp, "--message", "a{seq}", "--count", "2"]).await;
     assert_success(&out, "amqp pub");
     let out = finish(sub).await;
@@ -197,10 +262,19 @@ async fn amqp_pub_reaches_an_mqtt_subscriber_and_tls_urls_work() {
         let out = run(&["pub", "--url", &tls, "--ca", ca, "--message", &message]).await;
         assert_success(&out, scheme);
     }
-    let stomps = url(&broker, "stomps", ListenerKind::Stomps, PASSWORD, "/queue/cli-tls");
+    let stomps = url(
+        &broker,
+        "stomps",
+        ListenerKind::Stomps,
+        PASSWORD,
+        "/queue/cli-tls",
+    );
     let out = run(&["sub", "--url", &stomps, "--ca", ca, "--count", "3"]).await;
     assert_success(&out, "stomps sub");
-    assert_eq!(stdout_lines(&out), ["over mqtts", "over stomps", "over amqps"]);
+    assert_eq!(
+        stdout_lines(&out),
+        ["over mqtts", "over stomps", "over amqps"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,7 +292,10 @@ async fn a_wrong_password_is_refused_by_every_protocol() {
         for verb in ["pub", "sub"] {
             let out = run(&[verb, "--url", &wrong, "--count", "1"]).await;
             let err = stderr(&out);
-            assert!(!out.status.success(), "{verb} {scheme} with a wrong password succeeded");
+            assert!(
+                !out.status.success(),
+                "{verb} {scheme} with a wrong password succeeded"
+            );
             assert!(
                 err.contains("refused the connection")
                     || err.contains("refused the login")
@@ -226,11 +303,18 @@ async fn a_wrong_password_is_refused_by_every_protocol() {
                 "{verb} {scheme}: {err}"
             );
             // The message names where it tried, never the password.
-            assert!(err.contains(&format!("{scheme}://{USER}@localhost")), "{err}");
+            assert!(
+                err.contains(&format!("{scheme}://{USER}@localhost")),
+                "{err}"
+            );
             assert!(!err.contains("wrong"), "the password leaked: {err}");
         }
     }
-    assert_eq!(broker.queue("cli-refused"), None, "a refused pub created the queue");
+    assert_eq!(
+        broker.queue("cli-refused"),
+        None,
+        "a refused pub created the queue"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,11 +325,19 @@ async fn nothing_listening_and_bad_arguments_exit_non_zero() {
         .expect("a free port")
         .port();
     for scheme in ["mqtt", "stomp", "amqp", "ws"] {
-        let path = if scheme == "ws" { "/mqtt/queue/q" } else { "/queue/q" };
+        let path = if scheme == "ws" {
+            "/mqtt/queue/q"
+        } else {
+            "/queue/q"
+        };
         let url = format!("{scheme}://127.0.0.1:{port}{path}");
         let out = run(&["pub", "--url", &url]).await;
         assert!(!out.status.success(), "{scheme}: pub to nothing succeeded");
-        assert!(stderr(&out).contains("connecting to"), "{scheme}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("connecting to"),
+            "{scheme}: {}",
+            stderr(&out)
+        );
     }
     for bad in [
         vec!["pub", "--url", "http://localhost/queue/q"],
@@ -256,6 +348,10 @@ async fn nothing_listening_and_bad_arguments_exit_non_zero() {
     ] {
         let out = run(&bad).await;
         assert!(!out.status.success(), "{bad:?} succeeded");
-        assert!(stderr(&out).starts_with("rosetta: "), "{bad:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).starts_with("rosetta: "),
+            "{bad:?}: {}",
+            stderr(&out)
+        );
     }
 }

@@ -76,7 +76,11 @@ pub(super) async fn publish(target: &Target, plan: &PublishPlan) -> anyhow::Resu
             .data(plan.payload(n))
             .build();
         // Unsettled: the broker's outcome comes back before the next send.
-        match sender.send(message).await.with_context(|| format!("sending message {n}"))? {
+        match sender
+            .send(message)
+            .await
+            .with_context(|| format!("sending message {n}"))?
+        {
             Outcome::Accepted(_) => {}
             other => bail!("the broker did not accept message {n}: {other:?}"),
         }
@@ -100,10 +104,7 @@ pub(super) async fn subscribe(target: &Target, receiving: &mut Receiving) -> any
         .with_context(|| format!("attaching a receiver to {}", target.endpoint))?;
     receiving.subscribed(&target.endpoint);
     while receiving.wants_more() {
-        let delivery = receiver
-            .recv::<Body<Value>>()
-            .await
-            .context("receiving")?;
+        let delivery = receiver.recv::<Body<Value>>().await.context("receiving")?;
         receiving.take(&payload(delivery.body()))?;
         receiver.accept(&delivery).await.context("accepting")?;
     }

@@ -48,7 +48,10 @@ fn client(target: &Target) -> anyhow::Result<(AsyncClient, EventLoop)> {
         options.set_credentials(user.clone(), e.password.clone().unwrap_or_default());
     }
     let tls = || {
-        let config = target.tls.clone().context("a TLS URL without a TLS configuration")?;
+        let config = target
+            .tls
+            .clone()
+            .context("a TLS URL without a TLS configuration")?;
         anyhow::Ok(TlsConfiguration::Rustls(config))
     };
     match e.transport {

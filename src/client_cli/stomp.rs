@@ -100,7 +100,8 @@ impl Client {
             if n == 0 {
                 bail!("the broker closed the connection");
             }
-            self.unfed.extend_from_slice(chunk.get(..n).unwrap_or_default());
+            self.unfed
+                .extend_from_slice(chunk.get(..n).unwrap_or_default());
         }
     }
 
@@ -176,7 +177,11 @@ pub(super) async fn subscribe(target: &Target, receiving: &mut Receiving) -> any
     let destination = target.endpoint.address.canonical();
     // client-individual: each message printed is acknowledged, and one
     // received past --count goes back to the broker at DISCONNECT.
-    let ack_mode = if target.qos == 0 { "auto" } else { "client-individual" };
+    let ack_mode = if target.qos == 0 {
+        "auto"
+    } else {
+        "client-individual"
+    };
     client
         .send(
             Command::Subscribe,

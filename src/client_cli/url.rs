@@ -33,7 +33,9 @@ pub(crate) enum Transport {
     Tcp,
     Tls,
     /// WebSocket on the path `/<protocol>`; `secure`: over TLS.
-    WebSocket { secure: bool },
+    WebSocket {
+        secure: bool,
+    },
 }
 
 /// What the address names.
