@@ -408,7 +408,9 @@ fn stat_table(queues: &[Value]) -> String {
     fn n(q: &Value, key: &str) -> u64 {
         q[key].as_u64().unwrap_or(0)
     }
-    let columns: [(&str, fn(&Value) -> String); 8] = [
+    /// A column: its header and how a queue's cell is written.
+    type Column = (&'static str, fn(&Value) -> String);
+    let columns: [Column; 8] = [
         ("NAME", |q| text(&q["name"]).to_owned()),
         ("CONSUMER_COUNT", |q| n(q, "consumers").to_string()),
         ("MESSAGE_COUNT", |q| {

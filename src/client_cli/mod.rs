@@ -199,7 +199,8 @@ fn summary(verb: &str, count: u64, started: Instant) {
     } else {
         0.0
     };
-    eprintln!("{verb} {count} messages in {elapsed:.3} s ({rate:.1} msg/s)");
+    let plural = if count == 1 { "" } else { "s" };
+    eprintln!("{verb} {count} message{plural} in {elapsed:.3} s ({rate:.1} msg/s)");
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
