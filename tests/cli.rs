@@ -424,6 +424,18 @@ impl Terminal {
             .expect("type");
     }
 
+    /// Runs `args`, types `first` at the password prompt and `again` at the
+    /// second one (each once echo is off); whether it succeeded, and the
+    /// screen.
+    fn password_twice(args: &[&str], first: &str, again: &str) -> (bool, String) {
+        let mut terminal = Terminal::spawn(args);
+        terminal.expect("password: ");
+        terminal.type_secret(first);
+        terminal.expect("again");
+        terminal.type_secret(again);
+        terminal.finish()
+    }
+
     /// Everything shown until the child exits.
     fn finish(mut self) -> (bool, String) {
         let deadline = Instant::now() + WAIT;
@@ -450,12 +462,11 @@ fn user_add_asks_twice_without_echo_on_a_terminal() {
     let dir = tempfile::tempdir().expect("tempdir");
     let users = dir.path().join("users.toml");
     let users_arg = users.to_str().expect("utf-8");
-    let mut terminal = Terminal::spawn(&["user", "add", "alice", "--users-file", users_arg]);
-    terminal.expect("password: ");
-    terminal.type_secret(SECRET);
-    terminal.expect("again");
-    terminal.type_secret(SECRET);
-    let (ok, screen) = terminal.finish();
+    let (ok, screen) = Terminal::password_twice(
+        &["user", "add", "alice", "--users-file", users_arg],
+        SECRET,
+        SECRET,
+    );
     assert!(ok, "{screen}");
     assert!(screen.contains("saved"), "{screen}");
     assert!(
@@ -466,12 +477,11 @@ fn user_add_asks_twice_without_echo_on_a_terminal() {
     assert!(saved.verify("alice", SECRET.as_bytes()));
 
     // A typo in the confirmation saves nothing.
-    let mut terminal = Terminal::spawn(&["user", "add", "bob", "--users-file", users_arg]);
-    terminal.expect("password: ");
-    terminal.type_secret("one");
-    terminal.expect("again");
-    terminal.type_secret("another");
-    let (ok, screen) = terminal.finish();
+    let (ok, screen) = Terminal::password_twice(
+        &["user", "add", "bob", "--users-file", users_arg],
+        "one",
+        "another",
+    );
     assert!(!ok, "{screen}");
     assert!(screen.contains("do not match"), "{screen}");
     let saved = rosetta::users::Users::load(&users).expect("users file");
@@ -539,10 +549,13 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
     let broker = Broker::start(&config);
     let stomp = broker.addr("stomp");
     let url = broker.admin_url();
-    let ops = |args: &[&str]| {
+    let ops_with = |args: &[&str], password: &str| {
         let mut all = args.to_vec();
-        all.extend(["--url", &url, "--user", "ops", "--password", "ops-pw"]);
-        let out = rosetta(&all);
+        all.extend(["--url", &url, "--user", "ops", "--password", password]);
+        rosetta(&all)
+    };
+    let ops = |args: &[&str]| {
+        let out = ops_with(args, "ops-pw");
         assert!(out.status.success(), "{args:?}: {}", stderr(&out));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
@@ -595,19 +608,7 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
         moved.contains("2 messages moved to 'orders', 0 refused"),
         "{moved}"
     );
-    let out = rosetta(&[
-        "queue",
-        "move",
-        "orders",
-        "--to",
-        "nowhere",
-        "--url",
-        &url,
-        "--user",
-        "ops",
-        "--password",
-        "ops-pw",
-    ]);
+    let out = ops_with(&["queue", "move", "orders", "--to", "nowhere"], "ops-pw");
     assert!(!out.status.success());
     assert!(stderr(&out).contains("404"), "{}", stderr(&out));
     assert!(ops(&["queue", "purge", "orders"]).contains("3 messages removed"));
@@ -625,16 +626,7 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
     assert!(ops(&["queue", "delete", "orders"]).contains("deleted"));
 
     // A refusal is an error exit with the API's reason.
-    let out = rosetta(&[
-        "queue",
-        "list",
-        "--url",
-        &url,
-        "--user",
-        "ops",
-        "--password",
-        "wrong",
-    ]);
+    let out = ops_with(&["queue", "list"], "wrong");
     assert!(!out.status.success());
     assert!(stderr(&out).contains("401"), "{}", stderr(&out));
 
@@ -685,11 +677,13 @@ fn stat_cell(table: &str, queue: &str, column: &str) -> String {
 /// `user list|add|passwd|delete` and `status` over the admin API: an
 /// added user logs in over STOMP with its password, then with the new
 /// one, and not at all once deleted; a user without the role is refused.
-#[test]
-fn user_and_status_commands_speak_to_the_admin_api() {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// A broker in `dir` with STOMP, the admin API, logins required and the
+/// users file `users.toml` (returned) holding the administrator `root`
+/// (password `root-pw`) and `others` (name, password) without roles.
+fn broker_with_root(dir: &Path, others: &[(&str, &str)]) -> (Broker, PathBuf) {
+    let users = dir.join("users.toml");
     rosetta::users::save_user(
-        &dir.path().join("users.toml"),
+        &users,
         "root",
         b"root-pw",
         None,
@@ -697,15 +691,23 @@ fn user_and_status_commands_speak_to_the_admin_api() {
         Some(&[rosetta::users::AdminRole::Administrator]),
     )
     .expect("user");
-    let users = dir.path().join("users.toml");
+    for (name, password) in others {
+        rosetta::users::add_user(&users, name, password.as_bytes(), None, None).expect("user");
+    }
     let config = write_config(
-        dir.path(),
+        dir,
         "stomp = 0",
         &format!(
             "[admin]\nlisten = \"127.0.0.1:0\"\n[security]\nanonymous = false\nusers_file = {users:?}"
         ),
     );
-    let broker = Broker::start(&config);
+    (Broker::start(&config), users)
+}
+
+#[test]
+fn user_and_status_commands_speak_to_the_admin_api() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (broker, users) = broker_with_root(dir.path(), &[]);
     let stomp = broker.addr("stomp");
     let url = broker.admin_url();
     let root = |args: &[&str]| {
@@ -827,23 +829,7 @@ fn user_and_status_commands_speak_to_the_admin_api() {
 fn user_passwd_asks_twice_without_echo_on_a_terminal() {
     const SECRET: &str = "n3w-Secret-Off-Screen";
     let dir = tempfile::tempdir().expect("tempdir");
-    let users = dir.path().join("users.toml");
-    rosetta::users::save_user(
-        &users,
-        "root",
-        b"root-pw",
-        None,
-        None,
-        Some(&[rosetta::users::AdminRole::Administrator]),
-    )
-    .expect("user");
-    rosetta::users::add_user(&users, "app", b"old-pw", None, None).expect("user");
-    let config = write_config(
-        dir.path(),
-        "stomp = 0",
-        &format!("[admin]\nlisten = \"127.0.0.1:0\"\n[security]\nanonymous = false\nusers_file = {users:?}"),
-    );
-    let broker = Broker::start(&config);
+    let (broker, _) = broker_with_root(dir.path(), &[("app", "old-pw")]);
     let stomp = broker.addr("stomp");
     let url = broker.admin_url();
     let passwd = [
@@ -858,22 +844,12 @@ fn user_passwd_asks_twice_without_echo_on_a_terminal() {
         "root-pw",
     ];
 
-    let mut terminal = Terminal::spawn(&passwd);
-    terminal.expect("password: ");
-    terminal.type_secret(SECRET);
-    terminal.expect("again");
-    terminal.type_secret("a typo");
-    let (ok, screen) = terminal.finish();
+    let (ok, screen) = Terminal::password_twice(&passwd, SECRET, "a typo");
     assert!(!ok, "{screen}");
     assert!(screen.contains("do not match"), "{screen}");
     assert_eq!(stomp_login(stomp, "app", "old-pw"), "CONNECTED");
 
-    let mut terminal = Terminal::spawn(&passwd);
-    terminal.expect("password: ");
-    terminal.type_secret(SECRET);
-    terminal.expect("again");
-    terminal.type_secret(SECRET);
-    let (ok, screen) = terminal.finish();
+    let (ok, screen) = Terminal::password_twice(&passwd, SECRET, SECRET);
     assert!(ok, "{screen}");
     assert!(
         !screen.contains(SECRET),

@@ -26,12 +26,29 @@ fn any_port() -> Option<ListenAddr> {
     Some(ListenAddr::new("127.0.0.1", 0))
 }
 
+/// A broker and the test PKI its TLS listeners use (in `_dir`).
+struct Setup {
+    broker: TestBroker,
+    pki: Pki,
+    _dir: tempfile::TempDir,
+}
+
 /// Logins required (no anonymous access); every listener a URL scheme can
-/// name, TLS ones with certificates from `pki`.
-async fn broker(pki: &Pki) -> TestBroker {
+/// name, TLS ones with certificates from a fresh test PKI.
+async fn setup() -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::generate(dir.path());
+    let broker = broker(&pki, dir.path()).await;
+    Setup {
+        broker,
+        pki,
+        _dir: dir,
+    }
+}
+
+async fn broker(pki: &Pki, dir: &std::path::Path) -> TestBroker {
     let access = users_file_access(
-        dir.path(),
+        dir,
         false,
         &[Account::unrestricted(USER, PASSWORD.as_bytes())],
     );
@@ -139,9 +156,7 @@ fn stderr(out: &Output) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt_pub_to_a_queue_is_taken_by_stomp_and_amqp_subs_count_by_count() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let pki = Pki::generate(dir.path());
-    let broker = broker(&pki).await;
+    let Setup { broker, _dir, .. } = setup().await;
     let mqtt = url(
         &broker,
         "mqtt",
@@ -190,9 +205,7 @@ async fn mqtt_pub_to_a_queue_is_taken_by_stomp_and_amqp_subs_count_by_count() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stomp_pub_to_a_topic_reaches_an_mqtt_subscriber_over_websocket() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let pki = Pki::generate(dir.path());
-    let broker = broker(&pki).await;
+    let Setup { broker, _dir, .. } = setup().await;
     let ws = url(
         &broker,
         "ws",
@@ -226,9 +239,7 @@ async fn stomp_pub_to_a_topic_reaches_an_mqtt_subscriber_over_websocket() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqp_pub_reaches_an_mqtt_subscriber_and_tls_urls_work() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let pki = Pki::generate(dir.path());
-    let broker = broker(&pki).await;
+    let Setup { broker, pki, _dir } = setup().await;
     let ca = pki.ca_file.to_str().expect("utf-8 path");
     let mqtt = url(
         &broker,
@@ -279,9 +290,7 @@ async fn amqp_pub_reaches_an_mqtt_subscriber_and_tls_urls_work() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_is_refused_by_every_protocol() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let pki = Pki::generate(dir.path());
-    let broker = broker(&pki).await;
+    let Setup { broker, _dir, .. } = setup().await;
     for (scheme, kind, path) in [
         ("mqtt", ListenerKind::Mqtt, "/queue/cli-refused"),
         ("stomp", ListenerKind::Stomp, "/queue/cli-refused"),

@@ -206,6 +206,12 @@ async function showOverview() {
   }
 }
 
+// "N things", and how many of them a listing's first page shows.
+function showTotal(id, listing, noun) {
+  const shown = listing.total > listing.items.length ? `, first ${listing.items.length} shown` : "";
+  $(id).textContent = `${listing.total} ${noun}${shown}`;
+}
+
 async function peek(name) {
   const p = await api("GET", `/api/v1/queues/${enc(name)}/messages?count=${PEEK_COUNT}`);
   $("peek-title").hidden = false;
@@ -240,7 +246,7 @@ async function showQueues() {
     });
     body.appendChild(row);
   }
-  $("queue-total").textContent = `${q.total} queue(s)` + (q.total > q.items.length ? `, first ${q.items.length} shown` : "");
+  showTotal("queue-total", q, "queue(s)");
 }
 
 async function showConnections() {
@@ -281,7 +287,7 @@ async function showSessions() {
     });
     body.appendChild(row);
   }
-  $("session-total").textContent = `${s.total} session(s)` + (s.total > s.items.length ? `, first ${s.items.length} shown` : "");
+  showTotal("session-total", s, "session(s)");
 }
 
 async function showRoles() {
