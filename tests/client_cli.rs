@@ -18,6 +18,9 @@ use tokio::process::{Child, Command};
 
 const USER: &str = "alice";
 const PASSWORD: &str = "s3cret";
+/// May only subscribe to `/queue/bob` (and publish there).
+const LIMITED: &str = "bob";
+const ONLY_BOB: &[&str] = &["/queue/bob"];
 /// Longest a command may take: a hung one fails the test instead of
 /// hanging it.
 const COMMAND_WAIT: Duration = Duration::from_secs(30);
@@ -50,7 +53,10 @@ async fn broker(pki: &Pki, dir: &std::path::Path) -> TestBroker {
     let access = users_file_access(
         dir,
         false,
-        &[Account::unrestricted(USER, PASSWORD.as_bytes())],
+        &[
+            Account::unrestricted(USER, PASSWORD.as_bytes()),
+            Account::limited(LIMITED, PASSWORD.as_bytes(), ONLY_BOB, ONLY_BOB),
+        ],
     );
     let tls = pki.tls_config(false);
     TestBroker::start_with(
@@ -324,6 +330,34 @@ async fn a_wrong_password_is_refused_by_every_protocol() {
         None,
         "a refused pub created the queue"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_the_user_may_not_make_is_refused_by_every_protocol() {
+    let Setup { broker, _dir, .. } = setup().await;
+    for (scheme, kind, path) in [
+        ("mqtt", ListenerKind::Mqtt, "/topic/not-bobs"),
+        ("stomp", ListenerKind::Stomp, "/topic/not-bobs"),
+        ("amqp", ListenerKind::Amqp, "/topic/not-bobs"),
+    ] {
+        let port = broker.addr(kind).port();
+        let denied = format!("{scheme}://{LIMITED}:{PASSWORD}@localhost:{port}{path}");
+        let out = run(&["sub", "--url", &denied, "--count", "1"]).await;
+        let err = stderr(&out);
+        assert!(
+            !out.status.success(),
+            "{scheme}: a denied subscription succeeded: {err}"
+        );
+        assert!(!err.contains("subscribed to"), "{scheme}: {err}");
+        assert!(
+            err.starts_with(&format!("rosetta: subscribing to {scheme}://{LIMITED}@")),
+            "{scheme}: {err}"
+        );
+        assert!(
+            err.contains("not authorized") || err.contains("refused the subscription"),
+            "{scheme}: {err}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

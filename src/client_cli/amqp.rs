@@ -101,7 +101,7 @@ pub(super) async fn subscribe(target: &Target, receiving: &mut Receiving) -> any
         .credit_mode(CreditMode::Auto(credit))
         .attach(&mut session)
         .await
-        .with_context(|| format!("attaching a receiver to {}", target.endpoint))?;
+        .with_context(|| format!("subscribing to {}: attaching a receiver", target.endpoint))?;
     receiving.subscribed(&target.endpoint);
     while receiving.wants_more() {
         let delivery = receiver.recv::<Body<Value>>().await.context("receiving")?;

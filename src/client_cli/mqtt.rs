@@ -150,7 +150,11 @@ pub(super) async fn subscribe(target: &Target, receiving: &mut Receiving) -> any
         match events.poll().await.map_err(explain)? {
             Event::Incoming(Packet::SubAck(ack)) => {
                 if ack.return_codes.contains(&SubscribeReasonCode::Failure) {
-                    bail!("the broker refused the subscription to '{filter}' (SUBACK 0x80)");
+                    bail!(
+                        "subscribing to {}: the broker refused the subscription to '{filter}' \
+                         (SUBACK 0x80)",
+                        target.endpoint
+                    );
                 }
                 receiving.subscribed(&target.endpoint);
             }
