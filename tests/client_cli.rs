@@ -387,6 +387,14 @@ async fn nothing_listening_and_bad_arguments_exit_non_zero() {
         vec!["pub", "--url", "mqtt://localhost/no-prefix"],
         vec!["pub", "--url", "stomp://localhost/queue/q", "--qos", "2"],
         vec!["pub", "--url", "mqtt://localhost/queue/q", "--rate", "0"],
+        vec![
+            "pub",
+            "--url",
+            "mqtt://localhost/queue/q",
+            "--rate",
+            "1e300",
+        ],
+        vec!["pub", "--url", "mqtt://localhost/queue/q", "--count", "0"],
         vec!["sub", "--url", "ws://localhost/stomp/queue/q"],
     ] {
         let out = run(&bad).await;

@@ -37,7 +37,7 @@ pub(crate) struct PubArgs {
     #[arg(long, short, default_value = "hello from rosetta pub")]
     message: String,
     /// How many messages.
-    #[arg(long, short = 'n', default_value_t = 1)]
+    #[arg(long, short = 'n', default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     count: u64,
     /// Messages per second (default: as fast as the broker takes them).
     #[arg(long, value_name = "PER_SECOND")]
@@ -50,7 +50,7 @@ pub(crate) struct SubArgs {
     #[command(flatten)]
     common: CommonArgs,
     /// Exits after this many messages (default: runs until Ctrl-C).
-    #[arg(long, short = 'n')]
+    #[arg(long, short = 'n', value_parser = clap::value_parser!(u64).range(1..))]
     count: Option<u64>,
 }
 
@@ -81,6 +81,8 @@ struct CommonArgs {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Fastest `--rate`: beyond this the pacing is finer than the timer.
 const RATE_MAX_PER_S: f64 = 1_000_000.0;
+/// Slowest `--rate`: one message every quarter of an hour or so.
+const RATE_MIN_PER_S: f64 = 0.001;
 
 /// A parsed `pub` or `sub`: where, and with what TLS.
 struct Target {
@@ -130,20 +132,20 @@ impl PublishPlan {
 /// Spaces the messages out to `--rate`.
 #[derive(Clone)]
 struct Pacer {
-    interval: Option<Duration>,
+    per_s: Option<f64>,
     start: Option<tokio::time::Instant>,
-    sent: u32,
+    sent: u64,
 }
 
 impl Pacer {
     fn new(rate: Option<f64>) -> anyhow::Result<Pacer> {
-        let interval = match rate {
-            None => None,
-            Some(r) if r > 0.0 && r <= RATE_MAX_PER_S => Some(Duration::from_secs_f64(1.0 / r)),
-            Some(r) => bail!("--rate must be above 0 and at most {RATE_MAX_PER_S} (got {r})"),
-        };
+        if let Some(r) = rate {
+            if !(RATE_MIN_PER_S..=RATE_MAX_PER_S).contains(&r) {
+                bail!("--rate must be from {RATE_MIN_PER_S} to {RATE_MAX_PER_S} (got {r})");
+            }
+        }
         Ok(Pacer {
-            interval,
+            per_s: rate,
             start: None,
             sent: 0,
         })
@@ -152,12 +154,16 @@ impl Pacer {
     /// Waits until the next message is due: message k at start + k / rate,
     /// so a slow send is caught up rather than delaying all later ones.
     async fn wait(&mut self) {
-        let Some(interval) = self.interval else {
+        let Some(per_s) = self.per_s else {
             return;
         };
         let start = *self.start.get_or_insert_with(tokio::time::Instant::now);
-        tokio::time::sleep_until(start + interval * self.sent).await;
-        self.sent = self.sent.saturating_add(1);
+        let offset = Duration::try_from_secs_f64(self.sent as f64 / per_s).unwrap_or(Duration::MAX);
+        // Past what an Instant can hold (centuries away): no wait.
+        if let Some(due) = start.checked_add(offset) {
+            tokio::time::sleep_until(due).await;
+        }
+        self.sent += 1;
     }
 }
 

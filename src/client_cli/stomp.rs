@@ -163,12 +163,11 @@ pub(super) async fn publish(target: &Target, plan: &PublishPlan) -> anyhow::Resu
             .await
             .with_context(|| format!("sending message {n} to {}", target.endpoint))?;
     }
-    if plan.count > 0 {
-        client
-            .until_receipt(LAST_SEND_RECEIPT, drop)
-            .await
-            .with_context(|| format!("publishing to {}", target.endpoint))?;
-    }
+    // --count is at least 1: the last SEND asked for this receipt.
+    client
+        .until_receipt(LAST_SEND_RECEIPT, drop)
+        .await
+        .with_context(|| format!("publishing to {}", target.endpoint))?;
     client.disconnect().await
 }
 
