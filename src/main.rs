@@ -292,7 +292,10 @@ fn parse_role(name: &str) -> Result<rosetta::users::AdminRole, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    // pub and sub say what matters themselves; their client libraries'
+    // warnings (a refused SUBACK, ...) would only repeat it.
+    let client = matches!(cli.command, Some(Command::Pub(_) | Command::Sub(_)));
+    init_tracing(cli.log_format, if client { "error" } else { "info" });
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -536,9 +539,11 @@ fn read_password() -> anyhow::Result<String> {
     Ok(password)
 }
 
-fn init_tracing(format: LogFormat) {
+/// `default_level`: the filter when ROSETTA_LOG is not set.
+fn init_tracing(format: LogFormat, default_level: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("ROSETTA_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_env("ROSETTA_LOG").unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)

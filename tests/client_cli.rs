@@ -91,7 +91,7 @@ fn rosetta(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_rosetta"));
     command
         .args(args)
-        .env("ROSETTA_LOG", "warn")
+        .env_remove("ROSETTA_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -333,16 +333,16 @@ async fn a_wrong_password_is_refused_by_every_protocol() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_subscription_the_user_may_not_make_is_refused_by_every_protocol() {
+async fn a_publish_or_subscription_the_user_may_not_make_is_refused_by_every_protocol() {
     let Setup { broker, _dir, .. } = setup().await;
-    for (scheme, kind, path) in [
-        ("mqtt", ListenerKind::Mqtt, "/topic/not-bobs"),
-        ("stomp", ListenerKind::Stomp, "/topic/not-bobs"),
-        ("amqp", ListenerKind::Amqp, "/topic/not-bobs"),
+    for (scheme, kind) in [
+        ("mqtt", ListenerKind::Mqtt),
+        ("stomp", ListenerKind::Stomp),
+        ("amqp", ListenerKind::Amqp),
     ] {
         let port = broker.addr(kind).port();
-        let denied = format!("{scheme}://{LIMITED}:{PASSWORD}@localhost:{port}{path}");
-        let out = run(&["sub", "--url", &denied, "--count", "1"]).await;
+        let to = |path: &str| format!("{scheme}://{LIMITED}:{PASSWORD}@localhost:{port}{path}");
+        let out = run(&["sub", "--url", &to("/topic/not-bobs"), "--count", "1"]).await;
         let err = stderr(&out);
         assert!(
             !out.status.success(),
@@ -354,10 +354,31 @@ async fn a_subscription_the_user_may_not_make_is_refused_by_every_protocol() {
             "{scheme}: {err}"
         );
         assert!(
-            err.contains("not authorized") || err.contains("refused the subscription"),
+            err.contains("not authorized") || err.contains("NotAuthorized"),
             "{scheme}: {err}"
         );
+
+        // MQTT 5's PUBACK says what 3.1.1 would have dropped in silence.
+        let out = run(&["pub", "--url", &to("/queue/not-bobs"), "--message", "no"]).await;
+        let err = stderr(&out);
+        assert!(
+            !out.status.success(),
+            "{scheme}: a denied publish succeeded: {err}"
+        );
+        assert!(
+            err.contains("not authorized") || err.contains("NotAuthorized"),
+            "{scheme}: {err}"
+        );
+        // What bob may do, he can.
+        let out = run(&["pub", "--url", &to("/queue/bob"), "--message", scheme]).await;
+        assert_success(&out, scheme);
     }
+    assert_eq!(
+        broker.queue("not-bobs"),
+        None,
+        "a denied publish created the queue"
+    );
+    assert_eq!(broker.depth("bob"), (3, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

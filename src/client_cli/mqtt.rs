@@ -1,19 +1,24 @@
-//! MQTT 3.1.1 with rumqttc, over TCP, TLS or WebSocket.
+//! MQTT 5 with rumqttc, over TCP, TLS or WebSocket. Version 5 rather than
+//! 3.1.1 because its acknowledgements carry reason codes: a publish or a
+//! subscription the broker refuses (not authorized, quota) is an error
+//! here, where 3.1.1 would drop the message without a word.
 
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use rumqttc::{
-    AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, Outgoing, Packet, QoS,
-    SubscribeReasonCode, TlsConfiguration, Transport,
+use rumqttc::v5::mqttbytes::v5::{
+    Packet, PubAck, PubAckReason, PubRec, PubRecReason, SubscribeReasonCode,
 };
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions};
+use rumqttc::{Outgoing, TlsConfiguration, Transport};
 
 use super::url::Transport as UrlTransport;
 use super::{connecting, PublishPlan, Receiving, Target};
 
-/// Largest packet either way: the broker's default MQTT limit
-/// (`[mqtt] max_packet_size_bytes`); rumqttc's own default is 10 KiB.
-const PACKET_SIZE_MAX_BYTES: usize = 8 * 1024 * 1024;
+/// Largest packet accepted: the broker's default MQTT limit
+/// (`[mqtt] max_packet_size_bytes`); the broker's CONNACK bounds what we send.
+const PACKET_SIZE_MAX_BYTES: u32 = 8 * 1024 * 1024;
 /// Requests rumqttc buffers between the caller and its event loop.
 const REQUESTS_MAX: usize = 64;
 const KEEP_ALIVE: Duration = Duration::from_secs(30);
@@ -39,11 +44,11 @@ fn client(target: &Target) -> anyhow::Result<(AsyncClient, EventLoop)> {
     let mut options = MqttOptions::new(target.client_id.clone(), host, e.port);
     options
         .set_keep_alive(KEEP_ALIVE)
-        .set_clean_session(true)
+        .set_clean_start(true)
         // `sub` acknowledges only what it printed: a message past --count
         // stays with the broker.
         .set_manual_acks(true)
-        .set_max_packet_size(PACKET_SIZE_MAX_BYTES, PACKET_SIZE_MAX_BYTES);
+        .set_max_packet_size(Some(PACKET_SIZE_MAX_BYTES));
     if let Some(user) = &e.user {
         options.set_credentials(user.clone(), e.password.clone().unwrap_or_default());
     }
@@ -101,6 +106,34 @@ async fn disconnect(client: &AsyncClient, events: &mut EventLoop) -> anyhow::Res
     }
 }
 
+/// A PUBACK or PUBREC that refuses the message.
+fn refused_ack(packet: &Packet) -> Option<String> {
+    let reason_string = |r: &Option<String>| r.clone().unwrap_or_default();
+    match packet {
+        Packet::PubAck(PubAck {
+            reason, properties, ..
+        }) if !matches!(
+            reason,
+            PubAckReason::Success | PubAckReason::NoMatchingSubscribers
+        ) =>
+        {
+            let text = properties.as_ref().map(|p| reason_string(&p.reason_string));
+            Some(format!("PUBACK {reason:?} {}", text.unwrap_or_default()))
+        }
+        Packet::PubRec(PubRec {
+            reason, properties, ..
+        }) if !matches!(
+            reason,
+            PubRecReason::Success | PubRecReason::NoMatchingSubscribers
+        ) =>
+        {
+            let text = properties.as_ref().map(|p| reason_string(&p.reason_string));
+            Some(format!("PUBREC {reason:?} {}", text.unwrap_or_default()))
+        }
+        _ => None,
+    }
+}
+
 pub(super) async fn publish(target: &Target, plan: &PublishPlan) -> anyhow::Result<()> {
     let (client, mut events) = client(target)?;
     connected(target, &mut events).await?;
@@ -118,7 +151,7 @@ pub(super) async fn publish(target: &Target, plan: &PublishPlan) -> anyhow::Resu
                     .publish(topic.clone(), level, false, plan.payload(n))
                     .await?;
             }
-            Ok::<_, rumqttc::ClientError>(())
+            Ok::<_, rumqttc::v5::ClientError>(())
         })
     };
     // Done when the last message is acknowledged (QoS 1: PUBACK, 2:
@@ -126,11 +159,24 @@ pub(super) async fn publish(target: &Target, plan: &PublishPlan) -> anyhow::Resu
     let mut done = 0;
     let outcome = async {
         while done < plan.count {
-            let finished = match events.poll().await.map_err(explain)? {
-                Event::Incoming(Packet::PubAck(_)) => level == QoS::AtLeastOnce,
-                Event::Incoming(Packet::PubComp(_)) => level == QoS::ExactlyOnce,
+            let event = events.poll().await.map_err(explain)?;
+            let finished = match &event {
+                Event::Incoming(packet) => {
+                    if let Some(refusal) = refused_ack(packet) {
+                        bail!(
+                            "the broker refused message {}: {}",
+                            done + 1,
+                            refusal.trim()
+                        );
+                    }
+                    match packet {
+                        Packet::PubAck(_) => level == QoS::AtLeastOnce,
+                        Packet::PubComp(_) => level == QoS::ExactlyOnce,
+                        _ => false,
+                    }
+                }
                 Event::Outgoing(Outgoing::Publish(_)) => level == QoS::AtMostOnce,
-                _ => false,
+                Event::Outgoing(_) => false,
             };
             done += u64::from(finished);
         }
@@ -149,10 +195,14 @@ pub(super) async fn subscribe(target: &Target, receiving: &mut Receiving) -> any
     while receiving.wants_more() {
         match events.poll().await.map_err(explain)? {
             Event::Incoming(Packet::SubAck(ack)) => {
-                if ack.return_codes.contains(&SubscribeReasonCode::Failure) {
+                if let Some(code) = ack
+                    .return_codes
+                    .iter()
+                    .find(|c| !matches!(c, SubscribeReasonCode::Success(_)))
+                {
                     bail!(
                         "subscribing to {}: the broker refused the subscription to '{filter}' \
-                         (SUBACK 0x80)",
+                         (SUBACK {code:?})",
                         target.endpoint
                     );
                 }

@@ -5,7 +5,7 @@
 //!
 //! | URL | protocol, transport |
 //! | --- | --- |
-//! | `mqtt://user:pass@host:1883/topic/a/b` | MQTT 3.1.1 over TCP (`mqtts://`: TLS) |
+//! | `mqtt://user:pass@host:1883/topic/a/b` | MQTT 5 over TCP (`mqtts://`: TLS) |
 //! | `stomp://user:pass@host:61613/queue/q` | STOMP 1.2 over TCP (`stomps://`: TLS) |
 //! | `amqp://user:pass@host:5672/queue/q` | AMQP 1.0 over TCP (`amqps://`: TLS) |
 //! | `ws://user:pass@host:8080/mqtt/topic/a/b` | MQTT over WebSocket, on the path `/mqtt` (`wss://`: TLS) |
