@@ -156,6 +156,12 @@ pub(crate) enum AdminCommand {
     QueueDelete {
         name: String,
     },
+    QueueMove {
+        name: String,
+        to: String,
+        count: Option<u64>,
+    },
+    Reload,
     ConnectionList,
     ConnectionClose {
         id: u64,
@@ -216,6 +222,26 @@ pub(crate) fn run(api: &Api, request: AdminCommand) -> anyhow::Result<()> {
                 )
                 .await?;
                 println!("queue '{name}' deleted");
+            }
+            AdminCommand::QueueMove { name, to, count } => {
+                let path = format!("/api/v1/queues/{}/move", encode(&name));
+                let mut body = serde_json::json!({"to": to});
+                if let Some(count) = count {
+                    body["count"] = count.into();
+                }
+                let answer = api.send(Method::POST, &path, &[], Some(&body)).await?;
+                // `left`: looked at and kept (the target refused them).
+                println!(
+                    "queue '{name}': {} messages moved to '{to}', {} refused by it",
+                    answer["moved"], answer["left"]
+                );
+            }
+            AdminCommand::Reload => {
+                let answer = api.call(Method::POST, "/api/v1/reload", &[]).await?;
+                println!(
+                    "the broker reloaded its users ({} of them)",
+                    answer["users"]
+                );
             }
             AdminCommand::ConnectionList => {
                 println!(
@@ -373,35 +399,60 @@ fn status_text(o: &Value) -> String {
     .collect()
 }
 
-/// `queue stat`: one row per queue, as Artemis' `queue stat` prints.
+/// `queue stat`: one row per queue, with the columns of Artemis' `artemis
+/// queue stat` (its spellings, so scripts written for it find them) and
+/// Rosetta's oldest message age; each column as wide as its widest cell.
+/// MESSAGE_COUNT is, as in Artemis, every message the queue holds: ready,
+/// being delivered and scheduled.
 fn stat_table(queues: &[Value]) -> String {
-    let width = queues
-        .iter()
-        .map(|q| text(&q["name"]).len())
-        .max()
-        .unwrap_or(0)
-        .max("NAME".len());
-    let columns = [
-        "depth",
-        "in_flight",
-        "scheduled",
-        "consumers",
-        "enqueued_total",
-        "acked_total",
+    fn n(q: &Value, key: &str) -> u64 {
+        q[key].as_u64().unwrap_or(0)
+    }
+    /// A column: its header and how a queue's cell is written.
+    type Column = (&'static str, fn(&Value) -> String);
+    let columns: [Column; 8] = [
+        ("NAME", |q| text(&q["name"]).to_owned()),
+        ("CONSUMER_COUNT", |q| n(q, "consumers").to_string()),
+        ("MESSAGE_COUNT", |q| {
+            (n(q, "depth") + n(q, "in_flight") + n(q, "scheduled")).to_string()
+        }),
+        ("MESSAGES_ADDED", |q| n(q, "enqueued_total").to_string()),
+        ("DELIVERING_COUNT", |q| n(q, "in_flight").to_string()),
+        ("MESSAGES_ACKED", |q| n(q, "acked_total").to_string()),
+        ("SCHEDULED_COUNT", |q| n(q, "scheduled").to_string()),
+        ("OLDEST_MESSAGE_AGE_MS", |q| {
+            q["oldest_message_age_ms"]
+                .as_u64()
+                .map_or("-".to_owned(), |a| a.to_string())
+        }),
     ];
-    let mut out = format!(
-        "|{:<width$}|{:>10}|{:>10}|{:>10}|{:>10}|{:>10}|{:>10}|{:>12}|\n",
-        "NAME", "DEPTH", "IN_FLIGHT", "SCHEDULED", "CONSUMERS", "ENQUEUED", "ACKED", "OLDEST_MS"
-    );
-    for q in queues {
-        out.push_str(&format!("|{:<width$}", text(&q["name"])));
-        for c in columns {
-            out.push_str(&format!("|{:>10}", q[c].as_u64().unwrap_or(0)));
+    let rows: Vec<Vec<String>> = queues
+        .iter()
+        .map(|q| columns.iter().map(|(_, cell)| cell(q)).collect())
+        .collect();
+    let widths: Vec<usize> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, (header, _))| {
+            rows.iter()
+                .filter_map(|r| r.get(i))
+                .map(String::len)
+                .chain([header.len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut out = String::from("|");
+        for (cell, width) in cells.zip(&widths) {
+            out.push_str(&format!("{cell:<width$}|"));
         }
-        let oldest = q["oldest_message_age_ms"]
-            .as_u64()
-            .map_or("-".to_owned(), |a| a.to_string());
-        out.push_str(&format!("|{oldest:>12}|\n"));
+        out.push('\n');
+        out
+    };
+    let mut out = line(&mut columns.iter().map(|(h, _)| *h));
+    for row in &rows {
+        out.push_str(&line(&mut row.iter().map(String::as_str)));
     }
     out
 }
@@ -422,6 +473,28 @@ fn encode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stat_table_has_artemis_columns_as_wide_as_their_cells() {
+        let queues = [
+            serde_json::json!({"name": "orders", "depth": 2, "in_flight": 1, "scheduled": 3,
+                "consumers": 1, "enqueued_total": 9, "acked_total": 3, "oldest_message_age_ms": 42}),
+            serde_json::json!({"name": "a-much-longer-queue-name", "depth": 0}),
+        ];
+        let table = stat_table(&queues);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines[0],
+            "|NAME                    |CONSUMER_COUNT|MESSAGE_COUNT|MESSAGES_ADDED|DELIVERING_COUNT|MESSAGES_ACKED|SCHEDULED_COUNT|OLDEST_MESSAGE_AGE_MS|"
+        );
+        let cells: Vec<&str> = lines[1].split('|').map(str::trim).collect();
+        assert_eq!(
+            cells,
+            ["", "orders", "1", "6", "9", "1", "3", "3", "42", ""]
+        );
+        assert!(lines[2].ends_with("|-                    |"), "{table}");
+        assert!(lines.iter().all(|l| l.len() == lines[0].len()), "{table}");
+    }
 
     #[test]
     fn encodings() {

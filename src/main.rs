@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 mod admin_cli;
+mod client_cli;
 
 /// See Cargo.toml: glibc malloc fragments under the broker's cross-thread
 /// allocation pattern. The `mimalloc` feature is on by default.
@@ -83,6 +84,12 @@ enum Command {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Publishes messages over MQTT, STOMP or AMQP (the URL says which):
+    /// `rosetta pub --url mqtt://localhost:1883/queue/q --message hi`.
+    Pub(client_cli::PubArgs),
+    /// Receives messages over MQTT, STOMP or AMQP and prints each payload on
+    /// its own line: `rosetta sub --url stomp://localhost:61613/queue/q`.
+    Sub(client_cli::SubArgs),
     /// Works on the journal of a stopped broker.
     Store {
         #[command(subcommand)]
@@ -152,6 +159,17 @@ enum QueueAction {
     Delete {
         /// The queue.
         name: String,
+    },
+    /// Moves waiting messages, oldest first, to another (existing) queue.
+    Move {
+        /// The queue they leave.
+        name: String,
+        /// The queue they go to.
+        #[arg(long)]
+        to: String,
+        /// At most this many (default: all the API moves in one request, 10000).
+        #[arg(long)]
+        count: Option<u64>,
     },
 }
 
@@ -235,9 +253,29 @@ enum UserAction {
         api: ApiArgs,
     },
     /// Deletes a user, through the admin API.
+    #[command(visible_alias = "remove")]
     Delete {
         /// The user name.
         name: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Sets a user's admin roles in the users file (the API changes no
+    /// roles yet); with --reload, then asks the running broker to read the
+    /// file again (`POST /api/v1/reload`, as SIGHUP does).
+    Role {
+        /// The user name.
+        name: String,
+        /// `monitoring`, `management` or `administrator` (repeatable); none:
+        /// the user keeps protocol access only.
+        #[arg(long = "role", value_name = "ROLE", value_parser = parse_role)]
+        roles: Vec<rosetta::users::AdminRole>,
+        /// The users file; default: the one the configuration names.
+        #[arg(long, value_name = "FILE")]
+        users_file: Option<PathBuf>,
+        /// Reloads the running broker's users through its admin API.
+        #[arg(long)]
+        reload: bool,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -267,7 +305,10 @@ fn parse_role(name: &str) -> Result<rosetta::users::AdminRole, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    // pub and sub say what matters themselves; their client libraries'
+    // warnings (a refused SUBACK, ...) would only repeat it.
+    let client = matches!(cli.command, Some(Command::Pub(_) | Command::Sub(_)));
+    init_tracing(cli.log_format, if client { "error" } else { "info" });
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -351,6 +392,33 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => admin_cli::run(&api_of(api)?, admin_cli::AdminCommand::UserDelete { name }),
         Command::User {
             action:
+                UserAction::Role {
+                    name,
+                    roles,
+                    users_file,
+                    reload,
+                    api,
+                },
+        } => {
+            let path = users_file.unwrap_or_else(|| config.users_file());
+            anyhow::ensure!(
+                rosetta::users::set_roles(&path, &name, &roles)?,
+                "no user '{name}' in {}",
+                path.display()
+            );
+            let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
+            println!(
+                "roles of '{name}' set to [{}] in {}",
+                names.join(", "),
+                path.display()
+            );
+            if reload {
+                return admin_cli::run(&api_of(api)?, admin_cli::AdminCommand::Reload);
+            }
+            Ok(())
+        }
+        Command::User {
+            action:
                 UserAction::Passwd {
                     name,
                     new_password,
@@ -374,6 +442,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 QueueAction::Stat { name } => admin_cli::AdminCommand::QueueStat { name },
                 QueueAction::Purge { name } => admin_cli::AdminCommand::QueuePurge { name },
                 QueueAction::Delete { name } => admin_cli::AdminCommand::QueueDelete { name },
+                QueueAction::Move { name, to, count } => {
+                    admin_cli::AdminCommand::QueueMove { name, to, count }
+                }
             };
             admin_cli::run(&api_of(api)?, command)
         }
@@ -400,6 +471,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             admin_cli::run(&api_of(api)?, command)
         }
+        Command::Pub(args) => client_cli::publish(args),
+        Command::Sub(args) => client_cli::subscribe(args),
         Command::Store {
             action: StoreAction::Check { data_dir },
         } => store_check(data_dir.unwrap_or_else(|| config.data_dir.clone())),
@@ -490,9 +563,11 @@ fn read_password() -> anyhow::Result<String> {
     Ok(password)
 }
 
-fn init_tracing(format: LogFormat) {
+/// `default_level`: the filter when ROSETTA_LOG is not set.
+fn init_tracing(format: LogFormat, default_level: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("ROSETTA_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_env("ROSETTA_LOG").unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)

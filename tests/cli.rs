@@ -439,6 +439,18 @@ impl Terminal {
             .expect("type");
     }
 
+    /// Runs `args`, types `first` at the password prompt and `again` at the
+    /// second one (each once echo is off); whether it succeeded, and the
+    /// screen.
+    fn password_twice(args: &[&str], first: &str, again: &str) -> (bool, String) {
+        let mut terminal = Terminal::spawn(args);
+        terminal.expect("password: ");
+        terminal.type_secret(first);
+        terminal.expect("again");
+        terminal.type_secret(again);
+        terminal.finish()
+    }
+
     /// Everything shown until the child exits.
     fn finish(mut self) -> (bool, String) {
         let deadline = Instant::now() + WAIT;
@@ -465,12 +477,11 @@ fn user_add_asks_twice_without_echo_on_a_terminal() {
     let dir = tempfile::tempdir().expect("tempdir");
     let users = dir.path().join("users.toml");
     let users_arg = users.to_str().expect("utf-8");
-    let mut terminal = Terminal::spawn(&["user", "add", "alice", "--users-file", users_arg]);
-    terminal.expect("password: ");
-    terminal.type_secret(SECRET);
-    terminal.expect("again");
-    terminal.type_secret(SECRET);
-    let (ok, screen) = terminal.finish();
+    let (ok, screen) = Terminal::password_twice(
+        &["user", "add", "alice", "--users-file", users_arg],
+        SECRET,
+        SECRET,
+    );
     assert!(ok, "{screen}");
     assert!(screen.contains("saved"), "{screen}");
     assert!(
@@ -481,12 +492,11 @@ fn user_add_asks_twice_without_echo_on_a_terminal() {
     assert!(saved.verify("alice", SECRET.as_bytes()));
 
     // A typo in the confirmation saves nothing.
-    let mut terminal = Terminal::spawn(&["user", "add", "bob", "--users-file", users_arg]);
-    terminal.expect("password: ");
-    terminal.type_secret("one");
-    terminal.expect("again");
-    terminal.type_secret("another");
-    let (ok, screen) = terminal.finish();
+    let (ok, screen) = Terminal::password_twice(
+        &["user", "add", "bob", "--users-file", users_arg],
+        "one",
+        "another",
+    );
     assert!(!ok, "{screen}");
     assert!(screen.contains("do not match"), "{screen}");
     let saved = rosetta::users::Users::load(&users).expect("users file");
@@ -554,10 +564,13 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
     let broker = Broker::start(&config);
     let stomp = broker.addr("stomp");
     let url = broker.admin_url();
-    let ops = |args: &[&str]| {
+    let ops_with = |args: &[&str], password: &str| {
         let mut all = args.to_vec();
-        all.extend(["--url", &url, "--user", "ops", "--password", "ops-pw"]);
-        let out = rosetta(&all);
+        all.extend(["--url", &url, "--user", "ops", "--password", password]);
+        rosetta(&all)
+    };
+    let ops = |args: &[&str]| {
+        let out = ops_with(args, "ops-pw");
         assert!(out.status.success(), "{args:?}: {}", stderr(&out));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
@@ -571,13 +584,49 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
     });
     assert_eq!(ops(&["queue", "list"]).trim(), "orders");
     let table = ops(&["queue", "stat", "--name", "ord"]);
-    let row = table
-        .lines()
-        .find(|l| l.starts_with("|orders"))
-        .expect("a row");
-    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
-    assert_eq!(cells[1..3], ["orders", "2"], "{table}");
-    assert!(ops(&["queue", "purge", "orders"]).contains("2 messages removed"));
+    assert_eq!(stat_cell(&table, "orders", "MESSAGE_COUNT"), "2", "{table}");
+    assert_eq!(
+        stat_cell(&table, "orders", "MESSAGES_ADDED"),
+        "2",
+        "{table}"
+    );
+    assert_eq!(
+        stat_cell(&table, "orders", "CONSUMER_COUNT"),
+        "0",
+        "{table}"
+    );
+
+    // move: to a queue that exists, all of them or --count of them.
+    runtime.block_on(client.send_persistent("/queue/orders-held", &[], b"three"));
+    let moved = ops(&[
+        "queue",
+        "move",
+        "orders",
+        "--to",
+        "orders-held",
+        "--count",
+        "1",
+    ]);
+    assert!(
+        moved.contains("1 messages moved to 'orders-held', 0 refused"),
+        "{moved}"
+    );
+    let table = ops(&["queue", "stat"]);
+    assert_eq!(stat_cell(&table, "orders", "MESSAGE_COUNT"), "1", "{table}");
+    assert_eq!(
+        stat_cell(&table, "orders-held", "MESSAGE_COUNT"),
+        "2",
+        "{table}"
+    );
+    let moved = ops(&["queue", "move", "orders-held", "--to", "orders"]);
+    assert!(
+        moved.contains("2 messages moved to 'orders', 0 refused"),
+        "{moved}"
+    );
+    let out = ops_with(&["queue", "move", "orders", "--to", "nowhere"], "ops-pw");
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("404"), "{}", stderr(&out));
+    assert!(ops(&["queue", "purge", "orders"]).contains("3 messages removed"));
 
     let listed = ops(&["connection", "list"]);
     let id = listed
@@ -592,16 +641,7 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
     assert!(ops(&["queue", "delete", "orders"]).contains("deleted"));
 
     // A refusal is an error exit with the API's reason.
-    let out = rosetta(&[
-        "queue",
-        "list",
-        "--url",
-        &url,
-        "--user",
-        "ops",
-        "--password",
-        "wrong",
-    ]);
+    let out = ops_with(&["queue", "list"], "wrong");
     assert!(!out.status.success());
     assert!(stderr(&out).contains("401"), "{}", stderr(&out));
 
@@ -632,14 +672,33 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
     broker.stop();
 }
 
+/// The cell of `queue stat`'s `table` in the row of `queue`, under `column`.
+fn stat_cell(table: &str, queue: &str, column: &str) -> String {
+    let cells =
+        |line: &str| -> Vec<String> { line.split('|').map(|c| c.trim().to_owned()).collect() };
+    let mut lines = table.lines();
+    let header = cells(lines.next().expect("a header"));
+    let at = header
+        .iter()
+        .position(|h| h == column)
+        .unwrap_or_else(|| panic!("no column {column}: {table}"));
+    let row = lines
+        .map(cells)
+        .find(|r| r.get(1).map(String::as_str) == Some(queue))
+        .unwrap_or_else(|| panic!("no row {queue}: {table}"));
+    row[at].clone()
+}
+
 /// `user list|add|passwd|delete` and `status` over the admin API: an
 /// added user logs in over STOMP with its password, then with the new
 /// one, and not at all once deleted; a user without the role is refused.
-#[test]
-fn user_and_status_commands_speak_to_the_admin_api() {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// A broker in `dir` with STOMP, the admin API, logins required and the
+/// users file `users.toml` (returned) holding the administrator `root`
+/// (password `root-pw`) and `others` (name, password) without roles.
+fn broker_with_root(dir: &Path, others: &[(&str, &str)]) -> (Broker, PathBuf) {
+    let users = dir.join("users.toml");
     rosetta::users::save_user(
-        &dir.path().join("users.toml"),
+        &users,
         "root",
         b"root-pw",
         None,
@@ -647,15 +706,23 @@ fn user_and_status_commands_speak_to_the_admin_api() {
         Some(&[rosetta::users::AdminRole::Administrator]),
     )
     .expect("user");
-    let users = dir.path().join("users.toml");
+    for (name, password) in others {
+        rosetta::users::add_user(&users, name, password.as_bytes(), None, None).expect("user");
+    }
     let config = write_config(
-        dir.path(),
+        dir,
         "stomp = 0",
         &format!(
             "[admin]\nlisten = \"127.0.0.1:0\"\n[security]\nanonymous = false\nusers_file = {users:?}"
         ),
     );
-    let broker = Broker::start(&config);
+    (Broker::start(&config), users)
+}
+
+#[test]
+fn user_and_status_commands_speak_to_the_admin_api() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (broker, users) = broker_with_root(dir.path(), &[]);
     let stomp = broker.addr("stomp");
     let url = broker.admin_url();
     // `rosetta serve` binds the admin API before it recovers the journal,
@@ -719,8 +786,101 @@ fn user_and_status_commands_speak_to_the_admin_api() {
     ]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("403"), "{}", stderr(&out));
-    root(&["user", "delete", "app"]);
+    // user role: the file changes, --reload puts it in force at once.
+    let users_arg = users.to_str().expect("utf-8");
+    root(&[
+        "user",
+        "role",
+        "app",
+        "--role",
+        "management",
+        "--users-file",
+        users_arg,
+        "--reload",
+    ]);
+    let row = |listed: &str| {
+        listed
+            .lines()
+            .find(|l| l.starts_with("app "))
+            .map(str::to_owned)
+            .expect("app listed")
+    };
+    assert!(row(&root(&["user", "list"])).contains("management"));
+    let app = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--url", &url, "--user", "app", "--password", "app-pw-2"]);
+        rosetta(&all)
+    };
+    let purged = app(&["queue", "purge", "nothing-here"]);
+    assert!(
+        !stderr(&purged).contains("403"),
+        "management may act: {}",
+        stderr(&purged)
+    );
+    root(&["user", "role", "app", "--users-file", users_arg, "--reload"]);
+    assert!(
+        row(&root(&["user", "list"])).contains(" - "),
+        "no roles left"
+    );
+    let refused = app(&["status"]);
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("403"), "{}", stderr(&refused));
+    let out = rosetta(&[
+        "user",
+        "role",
+        "nobody",
+        "--role",
+        "monitoring",
+        "--users-file",
+        users_arg,
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no user 'nobody'"),
+        "{}",
+        stderr(&out)
+    );
+
+    // remove is delete's other name.
+    root(&["user", "remove", "app"]);
     assert!(stomp_login(stomp, "app", "app-pw-2").starts_with("ERROR"));
+    broker.stop();
+}
+
+/// `user passwd` without --new-password asks twice on the terminal without
+/// echo, as `user add` does, and a mismatch changes nothing.
+#[test]
+fn user_passwd_asks_twice_without_echo_on_a_terminal() {
+    const SECRET: &str = "n3w-Secret-Off-Screen";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (broker, _) = broker_with_root(dir.path(), &[("app", "old-pw")]);
+    let stomp = broker.addr("stomp");
+    let url = broker.admin_url();
+    let passwd = [
+        "user",
+        "passwd",
+        "app",
+        "--url",
+        &url,
+        "--user",
+        "root",
+        "--password",
+        "root-pw",
+    ];
+
+    let (ok, screen) = Terminal::password_twice(&passwd, SECRET, "a typo");
+    assert!(!ok, "{screen}");
+    assert!(screen.contains("do not match"), "{screen}");
+    assert_eq!(stomp_login(stomp, "app", "old-pw"), "CONNECTED");
+
+    let (ok, screen) = Terminal::password_twice(&passwd, SECRET, SECRET);
+    assert!(ok, "{screen}");
+    assert!(
+        !screen.contains(SECRET),
+        "the password was echoed: {screen}"
+    );
+    assert_eq!(stomp_login(stomp, "app", SECRET), "CONNECTED");
+    assert_eq!(stomp_login(stomp, "app", "old-pw"), "ERROR");
     broker.stop();
 }
 

@@ -68,7 +68,8 @@ const RULES: &[(&str, &[&str])] = &[
     ("rosetta-mqtt", &["rosetta-neutral"]),
     ("rosetta-stomp", &["rosetta-neutral"]),
     ("rosetta-amqp", &["rosetta-neutral"]),
-    // The binary and its re-exports.
+    // The binary and its re-exports; its `rosetta pub` and `rosetta sub`
+    // (src/client_cli/) speak STOMP with the broker's own frame codec.
     (
         "rosetta",
         &[
@@ -77,6 +78,7 @@ const RULES: &[(&str, &[&str])] = &[
             "rosetta-config",
             "rosetta-server",
             "rosetta-admin",
+            "rosetta-stomp",
         ],
     ),
     // The load generator talks to brokers over sockets like any client.

@@ -1,7 +1,8 @@
 // Drives the test page in Debian's headless Chromium with playwright-core
 // for test_browser.py and test_console.py: argv[2] is the page URL; each stdin line is a JSON
 // {"id", "expr"} whose expression (it may return a promise) is evaluated in
-// the page; each answer is one stdout line {"id", "ok", "value"|"error"}.
+// the page, or {"id", "screenshot": path} which saves a PNG of the whole
+// page there; each answer is one stdout line {"id", "ok", "value"|"error"}.
 // Page console output goes to stderr.
 import { chromium } from "playwright-core";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -35,8 +36,13 @@ try {
 
   for await (const line of createInterface({ input: process.stdin })) {
     if (!line.trim()) continue;
-    const { id, expr } = JSON.parse(line);
+    const { id, expr, screenshot } = JSON.parse(line);
     try {
+      if (screenshot) {
+        await page.screenshot({ path: screenshot, fullPage: true });
+        send({ id, ok: true, value: screenshot });
+        continue;
+      }
       send({ id, ok: true, value: await page.evaluate(expr) });
     } catch (e) {
       send({ id, ok: false, error: String(e && e.message ? e.message : e) });

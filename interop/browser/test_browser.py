@@ -110,9 +110,16 @@ class Browser:
                 pass
 
     def eval(self, expr, timeout=TIMEOUT_S + 5):
+        return self._ask({"expr": expr}, timeout)
+
+    def screenshot(self, path):
+        """Saves a PNG of the whole page at `path`."""
+        return self._ask({"screenshot": str(path)}, TIMEOUT_S + 5)
+
+    def _ask(self, request, timeout):
         i = self.next_id
         self.next_id += 1
-        self.proc.stdin.write(json.dumps({"id": i, "expr": expr}) + "\n")
+        self.proc.stdin.write(json.dumps(dict(request, id=i)) + "\n")
         self.proc.stdin.flush()
         answer = self.answers.get(timeout=timeout)
         assert answer["id"] == i, answer

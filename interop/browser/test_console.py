@@ -1,25 +1,34 @@
 """The web console (issue 18) in Debian's headless Chromium, driven by
 playwright-core (driver.mjs): the broker binary serves the console from its
-admin listener; the test logs in as an administrator, sees a queue that a
-real STOMP client (stomp.py) filled, purges it, and closes the STOMP
-client's connection with a reason, then checks what the admin API (and the
-closed client) report. The broker is started and stopped by the test.
+admin listener; the test logs in as an administrator and, with real clients
+beside it (stomp.py, paho-mqtt), watches a queue fill as it publishes,
+purges it, closes the STOMP client's connection with a reason, sees the
+rates chart move, deletes an MQTT session, reads the roles, adds a user
+with roles (who can then use the API) and deletes it. After each step
+the page is saved as a PNG in a results directory that the test prints
+(ROSETTA_RESULTS_DIR, default interop/results/console-<UTC time>). The
+broker is started and stopped by the test.
 
 Run through run.sh (or its pytest with ROSETTA_BIN pointing at a build).
 """
 
 import base64
 import json
+import os
 import queue
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
 
+import paho.mqtt.client as paho
 import pytest
 import stomp
 
-from test_browser import TIMEOUT_S, Broker, Browser, js, uniq
+from test_browser import HERE, TIMEOUT_S, Broker, Browser, js, uniq
 
 ADMIN_USER, ADMIN_PASSWORD = "admin", "console-pw"
 
@@ -40,14 +49,33 @@ def broker():
     b.stop()
 
 
-def api(broker, path, method="GET"):
+@pytest.fixture(scope="module")
+def results():
+    """Where the screenshots go; printed so that a reader of the run finds them."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    default = HERE.parent / "results" / f"console-{stamp}"
+    path = Path(os.environ.get("ROSETTA_RESULTS_DIR") or default)
+    path.mkdir(parents=True, exist_ok=True)
+    print(f"\nconsole screenshots: {path}")
+    return path
+
+
+def api(broker, path, method="GET", user=ADMIN_USER, password=ADMIN_PASSWORD):
     """The admin API, as the test's own witness of what the console did."""
     req = urllib.request.Request(f"http://127.0.0.1:{broker.ports['admin']}{path}", method=method)
-    pair = base64.b64encode(f"{ADMIN_USER}:{ADMIN_PASSWORD}".encode()).decode()
+    pair = base64.b64encode(f"{user}:{password}".encode()).decode()
     req.add_header("Authorization", f"Basic {pair}")
     with urllib.request.urlopen(req, timeout=TIMEOUT_S) as r:
         body = r.read()
         return json.loads(body) if body else None
+
+
+def api_status(broker, path, **kw):
+    try:
+        api(broker, path, **kw)
+        return 200
+    except urllib.error.HTTPError as e:
+        return e.code
 
 
 def until(condition):
@@ -67,29 +95,63 @@ class Listener(stomp.ConnectionListener):
         self.errors.put(frame)
 
 
-def test_console_logs_in_sees_a_filled_queue_purges_it_and_closes_a_connection(broker):
+class Steps:
+    """Numbered screenshots of the page, one per step."""
+
+    def __init__(self, browser, directory):
+        self.browser, self.directory, self.n = browser, directory, 0
+
+    def shot(self, name):
+        self.n += 1
+        path = self.directory / f"{self.n:02d}-{name}.png"
+        self.browser.screenshot(path)
+        assert path.stat().st_size > 0, path
+
+
+def view(browser, name):
+    browser.eval(f"document.querySelector('[data-view={name}]').click(); true")
+    browser.eval(until(f"!document.getElementById('view-{name}').hidden"))
+
+
+def keep_publishing(port, destination, stop):
+    """Persistent STOMP sends, a few a second, until `stop` is set: traffic
+    for the rates chart."""
+    conn = stomp.Connection12([("127.0.0.1", port)], heartbeats=(0, 0))
+    conn.connect(wait=True)
+    try:
+        while not stop.is_set():
+            conn.send(destination, "tick", headers={"persistent": "true"})
+            time.sleep(0.05)
+    finally:
+        conn.disconnect()
+
+
+def test_console_logs_in_watches_a_queue_fill_purges_it_closes_a_connection_and_manages_users(
+        broker, results):
     name = f"console-{uniq()}"
     client_id = f"stomp-{uniq()}"
+    session_id = f"mqtt-{uniq()}"
+    new_user = f"user-{uniq()}"
     conn = stomp.Connection12([("127.0.0.1", broker.ports["stomp"])], heartbeats=(0, 0), auto_decode=False)
     listener = Listener()
     conn.set_listener("l", listener)
     conn.connect(wait=True, headers={"client-id": client_id})
-    for i in range(3):
-        conn.send(f"/queue/{name}", f"m{i}", headers={"persistent": "true", "receipt": f"r{i}"})
-    # The depth the console must show, seen by the API first (the sends
-    # are asynchronous).
-    deadline = time.monotonic() + TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            if api(broker, f"/api/v1/queues/{name}")["depth"] == 3:
-                break
-        except urllib.error.HTTPError:
-            pass
-        time.sleep(0.1)
-    assert api(broker, f"/api/v1/queues/{name}")["depth"] == 3
+
+    # A persistent MQTT session with a subscription, its client gone.
+    mqtt = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=session_id, clean_session=False)
+    mqtt.connect("127.0.0.1", broker.ports["mqtt"])
+    mqtt.loop_start()
+    subscribed = threading.Event()
+    mqtt.on_subscribe = lambda *a: subscribed.set()
+    mqtt.subscribe("console/session/#", qos=1)
+    assert subscribed.wait(TIMEOUT_S)
+    mqtt.disconnect()
+    mqtt.loop_stop()
 
     url = f"http://127.0.0.1:{broker.ports['admin']}/"
     browser = Browser(url, ready="document.body && document.body.dataset.ready === '1'")
+    steps = Steps(browser, results)
+    stop = threading.Event()
     try:
         # Wrong password: refused, still on the login form, no browser dialog.
         browser.eval(f"document.getElementById('login-user').value = {js(ADMIN_USER)};"
@@ -97,27 +159,49 @@ def test_console_logs_in_sees_a_filled_queue_purges_it_and_closes_a_connection(b
                      "document.getElementById('login-submit').click(); true")
         status = browser.eval(until("document.getElementById('status').textContent"))
         assert "401" in status
+        steps.shot("login-refused")
         browser.eval(f"document.getElementById('login-password').value = {js(ADMIN_PASSWORD)};"
                      "document.getElementById('login-submit').click(); true")
         browser.eval(until("!document.getElementById('nav').hidden"))
 
-        # Queues: the row of the filled queue shows its depth.
-        browser.eval("document.querySelector('[data-view=queues]').click(); true")
+        # Overview: the rates chart moves while messages flow.
+        publisher = threading.Thread(target=keep_publishing,
+                                     args=(broker.ports["stomp"], f"/queue/rates-{name}", stop))
+        publisher.start()
+        chart = "document.getElementById('rates-chart')"
+        # Three readings at least, so that the chart shows a line, not a point.
+        browser.eval(until(f"Number({chart}.dataset.max) > 0 && Number({chart}.dataset.samples) >= 3"))
+        assert browser.eval(f"{chart}.querySelectorAll('polyline').length") >= 1
+        assert browser.eval(f"{chart}.dataset.source") in ("server", "client")
+        steps.shot("overview-rates")
+        stop.set()
+        publisher.join(TIMEOUT_S)
+
+        # Queues: the row fills as the test publishes.
+        view(browser, "queues")
         row = f"document.querySelector('tr[data-queue={js(name)}]')"
-        depth = browser.eval(until(f"{row} && {row}.querySelector('[data-field=depth]').textContent"))
-        assert depth == "3"
+        depth = f"{row} && {row}.querySelector('[data-field=depth]').textContent"
+        conn.send(f"/queue/{name}", "m0", headers={"persistent": "true"})
+        browser.eval(until(f"{depth} === '1'"))
+        steps.shot("queue-filling")
+        for i in (1, 2):
+            conn.send(f"/queue/{name}", f"m{i}", headers={"persistent": "true"})
+        browser.eval(until(f"{depth} === '3'"))
+        steps.shot("queue-filled")
         browser.eval(f"{row}.querySelector('[data-action=peek]').click(); true")
         peeked = browser.eval(until("document.getElementById('peek').textContent"))
         assert "m0" in peeked and "m2" in peeked
         browser.eval(f"{row}.querySelector('[data-action=purge]').click(); true")
-        browser.eval(until(f"{row} && {row}.querySelector('[data-field=depth]').textContent === '0'"))
+        browser.eval(until(f"{depth} === '0'"))
         assert api(broker, f"/api/v1/queues/{name}")["depth"] == 0
+        steps.shot("queue-purged")
 
         # Connections: close the STOMP client with a reason.
         reason = f"console test {uniq()}"
-        browser.eval("document.querySelector('[data-view=connections]').click(); true")
+        view(browser, "connections")
         conn_row = f"document.querySelector('tr[data-client-id={js(client_id)}]')"
         browser.eval(until(conn_row))
+        steps.shot("connections")
         browser.eval(f"document.getElementById('close-reason').value = {js(reason)};"
                      f"{conn_row}.querySelector('[data-action=close]').click(); true")
         browser.eval(until(f"!{conn_row}"))
@@ -125,9 +209,52 @@ def test_console_logs_in_sees_a_filled_queue_purges_it_and_closes_a_connection(b
         assert error.headers.get("message") == reason
         listed = api(broker, "/api/v1/connections")["items"]
         assert all(c["client_id"] != client_id for c in listed), listed
+        steps.shot("connection-closed")
+
+        # Sessions: the MQTT client's persistent session, deleted.
+        view(browser, "sessions")
+        session_row = f"document.querySelector('tr[data-session={js(session_id)}]')"
+        browser.eval(until(session_row))
+        assert browser.eval(f"{session_row}.querySelector('[data-field=connected]').textContent") == "no"
+        steps.shot("sessions")
+        browser.eval(f"{session_row}.querySelector('[data-action=delete]').click(); true")
+        browser.eval(until(f"!{session_row}"))
+        assert api_status(broker, f"/api/v1/sessions/{session_id}") == 404
+        steps.shot("session-deleted")
+
+        # Roles: the three, each with the routes it may call.
+        view(browser, "roles")
+        roles = browser.eval(until(
+            "document.querySelectorAll('tr[data-role]').length === 3 &&"
+            " [...document.querySelectorAll('tr[data-role]')].map(r => r.dataset.role)"))
+        assert sorted(roles) == ["administrator", "management", "monitoring"]
+        steps.shot("roles")
+
+        # Users: add one with two roles; it can then read the API.
+        view(browser, "users")
+        browser.eval(f"document.getElementById('user-name').value = {js(new_user)};"
+                     "document.getElementById('user-password').value = 'new-pw';"
+                     "document.querySelector('#user-roles input[value=monitoring]').checked = true;"
+                     "document.querySelector('#user-roles input[value=management]').checked = true;"
+                     "document.getElementById('user-subscribe').value = '/queue/console-only';"
+                     "document.querySelector('#user-add button[type=submit]').click(); true")
+        user_row = f"document.querySelector('tr[data-user={js(new_user)}]')"
+        shown = browser.eval(until(f"{user_row} && {user_row}.querySelector('[data-field=roles]').textContent"))
+        assert "monitoring" in shown and "management" in shown, shown
+        stored = api(broker, f"/api/v1/users/{new_user}")
+        assert sorted(stored["roles"]) == ["management", "monitoring"], stored
+        assert stored["subscribe"] == ["/queue/console-only"], stored
+        assert api_status(broker, "/api/v1/overview", user=new_user, password="new-pw") == 200
+        steps.shot("user-added")
+        browser.eval(f"{user_row}.querySelector('[data-action=delete]').click(); true")
+        browser.eval(until(f"!{user_row}"))
+        assert api_status(broker, f"/api/v1/users/{new_user}") == 404
+        steps.shot("user-deleted")
     finally:
+        stop.set()
         browser.close()
         try:
             conn.disconnect()
         except Exception:
             pass
+    assert len(list(results.glob("*.png"))) >= steps.n

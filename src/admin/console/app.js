@@ -4,10 +4,20 @@
 "use strict";
 
 const REFRESH_MS = 5000;
+// The overview refreshes faster: its chart is of rates.
+const OVERVIEW_REFRESH_MS = 2000;
+// Readings the rates chart keeps (two minutes at OVERVIEW_REFRESH_MS).
+const RATE_SAMPLES_MAX = 60;
+const CHART = { width: 640, height: 200, left: 48, bottom: 20, top: 10 };
+const SERIES_COLOURS = ["#2a6", "#36c", "#c63", "#939", "#c33", "#399"];
+const SVG_NS = "http://www.w3.org/2000/svg";
 const PAGE_SIZE = 100;
 const PEEK_COUNT = 10;
 
 const state = { auth: sessionStorage.getItem("rosetta.auth"), view: "overview", timer: null };
+// The rates chart: per series name, the last readings [{t, v}]; `previous`
+// is the last overview's counters, for rates computed here.
+const rates = { series: new Map(), previous: null, source: null };
 
 const $ = (id) => document.getElementById(id);
 
@@ -62,8 +72,116 @@ function button(td, label, action) {
   return b;
 }
 
+// The numbers of `obj`, nested keys joined with ".": {"a": {"b": 1}} is
+// {"a.b": 1}.
+function numbersOf(obj, prefix, out) {
+  for (const [k, v] of Object.entries(obj || {})) {
+    const name = prefix ? `${prefix}.${k}` : k;
+    if (typeof v === "number") out[name] = v;
+    else if (v && typeof v === "object" && !Array.isArray(v)) numbersOf(v, name, out);
+  }
+  return out;
+}
+
+// The rates of one overview reading: the broker's own (`rates`, per
+// second) when it reports them; otherwise computed here from the change of
+// its counters since the previous reading (the journal's records, and
+// message counters if the overview has them).
+function ratesOf(o, now) {
+  if (o.rates && typeof o.rates === "object") {
+    rates.source = "server";
+    return numbersOf(o.rates, "", {});
+  }
+  rates.source = "client";
+  const counters = numbersOf(o.messages, "messages", {});
+  if (o.journal) counters["journal records"] = o.journal.commits_total;
+  const previous = rates.previous;
+  rates.previous = { t: now, counters };
+  if (!previous || now <= previous.t) return null;
+  const seconds = (now - previous.t) / 1000;
+  const out = {};
+  for (const [k, v] of Object.entries(counters)) {
+    const before = previous.counters[k];
+    // A counter that went down (a restart) has no rate for this reading.
+    if (typeof v === "number" && typeof before === "number" && v >= before) out[k] = (v - before) / seconds;
+  }
+  return out;
+}
+
+function svg(tag, attributes, text) {
+  const e = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attributes)) e.setAttribute(k, String(v));
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+function recordRates(reading, now) {
+  if (!reading) return;
+  for (const [name, v] of Object.entries(reading)) {
+    if (!rates.series.has(name)) rates.series.set(name, []);
+  }
+  for (const [name, samples] of rates.series) {
+    samples.push({ t: now, v: reading[name] || 0 });
+    if (samples.length > RATE_SAMPLES_MAX) samples.shift();
+  }
+}
+
+// Hand-drawn: one polyline per series over the last RATE_SAMPLES_MAX
+// readings, scaled to the highest rate shown (no chart library, no CDN).
+function drawRates() {
+  const chart = $("rates-chart");
+  const legend = $("rates-legend");
+  chart.replaceChildren();
+  legend.replaceChildren();
+  const all = [...rates.series.values()].flat();
+  // A fifth of headroom above the highest rate, so its line is not on the frame.
+  const max = Math.max(1, ...all.map((s) => s.v)) * 1.2;
+  const first = Math.min(...all.map((s) => s.t));
+  const last = Math.max(...all.map((s) => s.t));
+  const span = Math.max(1, last - first);
+  const plotW = CHART.width - CHART.left;
+  const plotH = CHART.height - CHART.bottom - CHART.top;
+  const x = (t) => CHART.left + ((t - first) / span) * plotW;
+  const y = (v) => CHART.top + plotH - (v / max) * plotH;
+  chart.append(
+    svg("line", { x1: CHART.left, y1: CHART.top, x2: CHART.left, y2: CHART.top + plotH, stroke: "#999" }),
+    svg("line", { x1: CHART.left, y1: CHART.top + plotH, x2: CHART.width, y2: CHART.top + plotH, stroke: "#999" }),
+    svg("text", { x: CHART.left - 4, y: CHART.top + 10, "text-anchor": "end", "font-size": 11 }, max.toFixed(max < 10 ? 1 : 0)),
+    svg("text", { x: CHART.left - 4, y: CHART.top + plotH, "text-anchor": "end", "font-size": 11 }, "0"),
+    svg("text", { x: CHART.width, y: CHART.height - 4, "text-anchor": "end", "font-size": 11 }, `last ${Math.round(span / 1000)} s`),
+  );
+  let i = 0;
+  const latest = {};
+  for (const [name, samples] of rates.series) {
+    const colour = SERIES_COLOURS[i++ % SERIES_COLOURS.length];
+    const points = samples.map((s) => `${x(s.t).toFixed(1)},${y(s.v).toFixed(1)}`).join(" ");
+    chart.append(svg("polyline", { points, fill: "none", stroke: colour, "stroke-width": 2, "data-series": name }));
+    const now = samples.length ? samples[samples.length - 1].v : 0;
+    latest[name] = now;
+    const item = document.createElement("li");
+    const swatch = document.createElement("span");
+    swatch.className = "swatch";
+    swatch.textContent = "\u25A0 ";
+    swatch.dataset.colour = colour;
+    item.append(swatch, `${name}: ${now.toFixed(1)}/s`);
+    legend.append(item);
+  }
+  // Swatch colours through the CSSOM (the page's CSP allows no inline style).
+  for (const s of legend.querySelectorAll(".swatch")) s.style.color = s.dataset.colour;
+  chart.dataset.max = String(all.length ? Math.max(...all.map((s) => s.v)) : 0);
+  chart.dataset.samples = String(all.length);
+  chart.dataset.source = rates.source || "";
+  chart.dataset.latest = JSON.stringify(latest);
+  $("rates-caption").textContent = rates.source === "server"
+    ? "Message rates (per second, as the broker reports them)"
+    : "Rates (per second, from the change of the overview's counters)";
+}
+
 async function showOverview() {
   const o = await api("GET", "/api/v1/overview");
+  const now = Date.now();
+  recordRates(ratesOf(o, now), now);
+  drawRates();
   const rows = [
     ["Version", o.version],
     ["Node", o.node],
@@ -86,6 +204,12 @@ async function showOverview() {
     dd.dataset.key = k;
     dl.append(dt, dd);
   }
+}
+
+// "N things", and how many of them a listing's first page shows.
+function showTotal(id, listing, noun) {
+  const shown = listing.total > listing.items.length ? `, first ${listing.items.length} shown` : "";
+  $(id).textContent = `${listing.total} ${noun}${shown}`;
 }
 
 async function peek(name) {
@@ -122,7 +246,7 @@ async function showQueues() {
     });
     body.appendChild(row);
   }
-  $("queue-total").textContent = `${q.total} queue(s)` + (q.total > q.items.length ? `, first ${q.items.length} shown` : "");
+  showTotal("queue-total", q, "queue(s)");
 }
 
 async function showConnections() {
@@ -142,6 +266,57 @@ async function showConnections() {
   }
 }
 
+async function showSessions() {
+  const filter = $("session-filter").value;
+  const s = await api("GET", `/api/v1/sessions?page_size=${PAGE_SIZE}&name=${enc(filter)}`);
+  const body = $("sessions");
+  body.replaceChildren();
+  for (const item of s.items) {
+    const row = document.createElement("tr");
+    row.dataset.session = item.client_id;
+    cell(row, item.client_id);
+    cell(row, item.persistent ? "yes" : "no");
+    cell(row, item.connected ? "yes" : "no").dataset.field = "connected";
+    cell(row, item.depth, "number").dataset.field = "depth";
+    cell(row, item.in_flight, "number");
+    cell(row, Array.isArray(item.subscriptions) ? item.subscriptions.length : item.subscriptions, "number");
+    // The API refuses (409) to delete the session of a connected client.
+    button(cell(row, ""), "Delete", async () => {
+      await api("DELETE", `/api/v1/sessions/${enc(item.client_id)}`);
+      say(`session ${item.client_id} deleted`, true);
+    });
+    body.appendChild(row);
+  }
+  showTotal("session-total", s, "session(s)");
+}
+
+async function showRoles() {
+  const r = await api("GET", `/api/v1/roles?page_size=${PAGE_SIZE}`);
+  const body = $("roles");
+  body.replaceChildren();
+  for (const item of r.items) {
+    const row = document.createElement("tr");
+    row.dataset.role = item.name;
+    cell(row, item.name);
+    cell(row, (item.includes || []).join(", ") || "-");
+    const allows = cell(row, "");
+    const details = document.createElement("details");
+    const summary = document.createElement("summary");
+    summary.textContent = `${(item.allows || []).length} routes`;
+    const list = document.createElement("ul");
+    for (const route of item.allows || []) {
+      const li = document.createElement("li");
+      li.textContent = route;
+      list.append(li);
+    }
+    details.append(summary, list);
+    allows.replaceChildren(details);
+    body.appendChild(row);
+  }
+}
+
+const patterns = (list) => (Array.isArray(list) ? list.join(", ") : list);
+
 async function showUsers() {
   const u = await api("GET", `/api/v1/users?page_size=${PAGE_SIZE}`);
   const body = $("users");
@@ -150,7 +325,9 @@ async function showUsers() {
     const row = document.createElement("tr");
     row.dataset.user = item.name;
     cell(row, item.name);
-    cell(row, item.roles.join(", "));
+    cell(row, item.roles.join(", ") || "-").dataset.field = "roles";
+    cell(row, patterns(item.publish));
+    cell(row, patterns(item.subscribe));
     button(cell(row, ""), "Delete", async () => {
       await api("DELETE", `/api/v1/users/${enc(item.name)}`);
       say(`user ${item.name} deleted`, true);
@@ -159,7 +336,19 @@ async function showUsers() {
   }
 }
 
-const views = { overview: showOverview, queues: showQueues, connections: showConnections, users: showUsers };
+const views = {
+  overview: showOverview,
+  queues: showQueues,
+  connections: showConnections,
+  sessions: showSessions,
+  users: showUsers,
+  roles: showRoles,
+};
+
+function startTimer() {
+  clearInterval(state.timer);
+  state.timer = setInterval(refresh, state.view === "overview" ? OVERVIEW_REFRESH_MS : REFRESH_MS);
+}
 
 async function refresh() {
   try {
@@ -176,6 +365,7 @@ function show(view) {
   for (const s of document.querySelectorAll(".view")) s.hidden = s.id !== `view-${view}`;
   for (const b of document.querySelectorAll("#nav [data-view]")) b.classList.toggle("active", b.dataset.view === view);
   say("");
+  startTimer();
   refresh();
 }
 
@@ -183,8 +373,6 @@ function loggedIn(who) {
   $("login").hidden = true;
   $("nav").hidden = false;
   $("who").textContent = who;
-  clearInterval(state.timer);
-  state.timer = setInterval(refresh, REFRESH_MS);
   show(state.view);
 }
 
@@ -217,13 +405,24 @@ async function login(event) {
   }
 }
 
+// "a, b" as ["a", "b"]; empty: absent (the API's default, everything).
+function patternList(text) {
+  const list = text.split(",").map((p) => p.trim()).filter((p) => p);
+  return list.length ? list : undefined;
+}
+
 async function addUser(event) {
   event.preventDefault();
-  const role = $("user-role").value;
   const name = $("user-name").value;
+  const roles = [...document.querySelectorAll("#user-roles input[name=role]:checked")].map((c) => c.value);
+  const body = { name, password: $("user-password").value, roles };
+  const publish = patternList($("user-publish").value);
+  const subscribe = patternList($("user-subscribe").value);
+  if (publish) body.publish = publish;
+  if (subscribe) body.subscribe = subscribe;
   try {
-    await api("POST", "/api/v1/users", { name, password: $("user-password").value, roles: role ? [role] : [] });
-    $("user-password").value = "";
+    await api("POST", "/api/v1/users", body);
+    $("user-add").reset();
     say(`user ${name} added`, true);
     await refresh();
   } catch (e) {
@@ -236,6 +435,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("user-add").addEventListener("submit", addUser);
   $("logout").addEventListener("click", () => logout("logged out"));
   $("queue-filter").addEventListener("input", () => refresh());
+  $("session-filter").addEventListener("input", () => refresh());
   for (const b of document.querySelectorAll("#nav [data-view]")) b.addEventListener("click", () => show(b.dataset.view));
   if (state.auth) {
     api("GET", "/api/v1/overview").then(() => loggedIn("(remembered)"), () => logout(""));

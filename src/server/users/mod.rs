@@ -641,6 +641,28 @@ pub fn set_permissions(
     Ok(found)
 }
 
+/// Sets the admin roles of an existing user (none: an empty list), keeping
+/// its password and permissions. Returns false if there is no such user
+/// (the file is then left as it was).
+pub fn set_roles(path: &Path, name: &str, roles: &[AdminRole]) -> Result<bool, UsersError> {
+    let mut roles = roles.to_vec();
+    roles.sort_unstable();
+    roles.dedup();
+    let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
+    let mut found = false;
+    edit_file(path, |users| {
+        if let Some(entry) = users.get_mut(name).and_then(|e| e.as_table_like_mut()) {
+            if names.is_empty() {
+                entry.remove("roles");
+            } else {
+                entry.insert("roles", string_array(&names));
+            }
+            found = true;
+        }
+    })?;
+    Ok(found)
+}
+
 /// Removes `name` from the users file. Returns whether it was there.
 pub fn remove_user(path: &Path, name: &str) -> Result<bool, UsersError> {
     let mut removed = false;
