@@ -83,14 +83,17 @@ function numbersOf(obj, prefix, out) {
   return out;
 }
 
-// The rates of one overview reading: the broker's own (`rates`, per
-// second) when it reports them; otherwise computed here from the change of
-// its counters since the previous reading (the journal's records, and
-// message counters if the overview has them).
+// The rates of one overview reading: the broker's own (`messages.rates`,
+// per second over its recent window) when it reports them; otherwise
+// computed here from the change of its counters since the previous
+// reading (the journal's records, and message totals if it has them).
 function ratesOf(o, now) {
-  if (o.rates && typeof o.rates === "object") {
+  const server = o.messages && o.messages.rates;
+  if (server && typeof server === "object") {
     rates.source = "server";
-    return numbersOf(o.rates, "", {});
+    const out = numbersOf(server, "", {});
+    delete out.window_s;
+    return out;
   }
   rates.source = "client";
   const counters = numbersOf(o.messages, "messages", {});
