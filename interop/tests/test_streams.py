@@ -228,7 +228,8 @@ def write_keyed(broker, per_key, start=0):
                 if k % 2 == 0:
                     m.publish(f"$stream/{PARTITIONED}", body, qos=1, props={"customer": key})
                 else:
-                    a.send(f"/queue/{PARTITIONED}", AmqpMessage(body=body, group_id=key))
+                    # A string body: an amqp-value string reaches STOMP as its text.
+                    a.send(f"/queue/{PARTITIONED}", AmqpMessage(body=body.decode(), group_id=key))
     finally:
         m.close()
         a.close()
