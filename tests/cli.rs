@@ -999,7 +999,9 @@ fn user_add_writes_deny_rules_and_refuses_a_malformed_one() {
     assert_eq!(summary.deny_subscribe, ["/topic/test/nosubscribe"]);
     assert_eq!(summary.deny_publish, ["/queue/audit"]);
     let dora = saved.permissions(Some("dora"));
-    assert!(!dora.may_subscribe(&rosetta_neutral::Address::Topic("test/#".into())));
+    let topic = |t: &str| rosetta_neutral::Address::Topic(t.into());
+    assert!(!dora.may_subscribe(&topic("test/nosubscribe")));
+    assert_eq!(dora.excluded_topics("test/#"), ["test/nosubscribe"]);
     let out = with(&["--deny-subscribe", "test/nosubscribe"]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("canonical"), "{}", stderr(&out));
