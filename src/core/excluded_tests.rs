@@ -91,26 +91,12 @@ fn retained_messages_of_excluded_topics_are_not_sent_at_bind() {
             .expect("publish");
     }
     let (mut s, e) = open(&core, "s");
-    let q = s
-        .declare_queue(QueueSpec {
-            name: None,
-            durable: false,
-            lifetime: QueueLifetime::Session,
-            bindings_max: None,
-        })
-        .expect("declare");
-    s.consume(ConsumerSpec {
-        queue: q.name.clone(),
-        credit: CreditMode::Window(10),
-        auto_settle: true,
-        options: Default::default(),
-    })
-    .expect("consume");
+    let q = retained_consumer(&mut s);
     let opts = BindingOptions {
         retained: RetainedOnBind::Send,
         ..BindingOptions::default()
     };
-    let bound = s.bind(&q.name, "#", opts).expect("bind");
+    let bound = s.bind(&q, "#", opts).expect("bind");
     assert_eq!(bound.retained_sent, 1);
     assert_eq!(texts(&e), ["a"]);
 }
@@ -119,21 +105,9 @@ fn retained_messages_of_excluded_topics_are_not_sent_at_bind() {
 fn a_recovered_binding_keeps_its_exclusions_without_asking_again() {
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = Arc::new(crate::ManualClock::new(T0_MS));
-    let open_store = || {
-        let (store, recovered) =
-            rosetta_store::Store::open(rosetta_store::StoreConfig::new(dir.path()))
-                .expect("open store");
-        (Arc::new(store), recovered)
-    };
     {
-        let (store, recovered) = open_store();
-        let core = Core::with_clock(
-            CoreConfig::default(),
-            store.clone(),
-            Arc::new(DenyOne("test/nosubscribe")),
-            Some(recovered),
-            clock.clone(),
-        );
+        let denying = Arc::new(DenyOne("test/nosubscribe"));
+        let (core, store) = core_on_store_with(dir.path(), CoreConfig::default(), &clock, denying);
         let (mut s, _) = open(&core, "s");
         s.declare_queue(QueueSpec {
             name: Some("session-q".into()),
@@ -148,14 +122,7 @@ fn a_recovered_binding_keeps_its_exclusions_without_asking_again() {
     }
     // Started again with rules that exclude nothing: what the binding was
     // made under comes from the journal.
-    let (store, recovered) = open_store();
-    let core = Core::with_clock(
-        CoreConfig::default(),
-        store,
-        Arc::new(crate::AllowAll),
-        Some(recovered),
-        clock,
-    );
+    let (core, _store) = core_on_store(dir.path(), CoreConfig::default(), &clock);
     let (mut p, _) = open(&core, "p");
     assert_eq!(
         publish(&mut p, topic("test/nosubscribe"), "denied").routed,

@@ -80,13 +80,23 @@ pub(crate) fn core_on_store(
     config: CoreConfig,
     clock: &Arc<crate::ManualClock>,
 ) -> (Core, Arc<rosetta_store::Store>) {
+    core_on_store_with(dir, config, clock, Arc::new(super::AllowAll))
+}
+
+/// [`core_on_store`] with `access` in place of allowing everything.
+pub(crate) fn core_on_store_with(
+    dir: &std::path::Path,
+    config: CoreConfig,
+    clock: &Arc<crate::ManualClock>,
+    access: Arc<dyn crate::AccessControl>,
+) -> (Core, Arc<rosetta_store::Store>) {
     let (store, recovered) =
         rosetta_store::Store::open(rosetta_store::StoreConfig::new(dir)).expect("open store");
     let store = Arc::new(store);
     let core = Core::with_clock(
         config,
         store.clone(),
-        Arc::new(super::AllowAll),
+        access,
         Some(recovered),
         clock.clone(),
     );
@@ -576,15 +586,9 @@ fn transactions_apply_sends_and_acks_atomically_or_not_at_all() {
     assert_eq!(s.commit(tx), Err(BrokerError::Unknown("transaction")));
 }
 
-#[test]
-fn retained_messages_are_sent_on_bind_and_cleared_by_empty_payload() {
-    let core = Core::in_memory();
-    let (mut p, _) = open(&core, "p");
-    let mut m = Message::text("on");
-    m.retain = true;
-    p.publish(&topic("lamp/1"), m, PublishOptions::default())
-        .expect("publish");
-    let (mut s, e) = open(&core, "s");
+/// A session queue of `s` with an auto-settling consumer, not yet bound:
+/// what retained messages sent at bind arrive on. Returns its name.
+pub(crate) fn retained_consumer(s: &mut Box<dyn Session>) -> String {
     let q = s
         .declare_queue(QueueSpec {
             name: None,
@@ -600,12 +604,25 @@ fn retained_messages_are_sent_on_bind_and_cleared_by_empty_payload() {
         options: Default::default(),
     })
     .expect("consume");
+    q.name
+}
+
+#[test]
+fn retained_messages_are_sent_on_bind_and_cleared_by_empty_payload() {
+    let core = Core::in_memory();
+    let (mut p, _) = open(&core, "p");
+    let mut m = Message::text("on");
+    m.retain = true;
+    p.publish(&topic("lamp/1"), m, PublishOptions::default())
+        .expect("publish");
+    let (mut s, e) = open(&core, "s");
+    let q = retained_consumer(&mut s);
     let opts = BindingOptions {
         retained: RetainedOnBind::Send,
         ..BindingOptions::default()
     };
     assert_eq!(
-        s.bind(&q.name, "lamp/+", opts.clone())
+        s.bind(&q, "lamp/+", opts.clone())
             .expect("bind")
             .retained_sent,
         1
