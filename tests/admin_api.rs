@@ -1020,8 +1020,20 @@ async fn mqtt_sessions_subscriptions_and_retained_messages_are_listed_and_delete
         .await;
     assert_error(status, &body, StatusCode::CONFLICT);
     common::mqtt::disconnect5(&client, &mut ev).await;
-    let (_, body) = admin.get("/api/v1/sessions/sess-1", WATCHER).await;
-    assert_eq!(body["connected"], json!(false), "{body}");
+    // The DISCONNECT is on the wire; the broker detaches the session when
+    // it has read it, which the next request may overtake.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (_, body) = admin.get("/api/v1/sessions/sess-1", WATCHER).await;
+        if body["connected"] == json!(false) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the session stayed connected after DISCONNECT: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let (status, _, body) = admin
         .act(Method::DELETE, "/api/v1/sessions/sess-1", WATCHER)
         .await;

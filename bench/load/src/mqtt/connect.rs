@@ -62,11 +62,7 @@ pub(crate) struct ConnectRun {
 impl ConnectRun {
     /// Whether connection `n` is past the end of the run.
     fn done(&self, target: &Target, n: u64, started: Instant) -> bool {
-        if self.count == 0 {
-            target.send_time_over(started)
-        } else {
-            n >= self.count || target.send_time_over(started)
-        }
+        (self.count != 0 && n >= self.count) || target.send_time_over(started)
     }
 }
 
