@@ -32,6 +32,9 @@ const LISTENERS: [&str; 9] = [
 /// Log lines a [`BrokerProcess`] keeps for the test to look at; later ones
 /// are only drained (a chatty broker must not grow the test's memory).
 const LOG_LINES_KEPT_MAX: usize = 10_000;
+/// What the broker logs once it is recovered, listening and its admin API
+/// answers every route (`src/main.rs`).
+const READY_LINE: &str = "ready: journal recovered, listeners bound";
 
 /// The broker binary on a data directory, with the asked-for listeners on
 /// free loopback ports.
@@ -107,7 +110,9 @@ impl BrokerProcess {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
                 if let Some(found) = listening(&line) {
-                    let _ = tx.send(found);
+                    let _ = tx.send(Some(found));
+                } else if line.contains(READY_LINE) {
+                    let _ = tx.send(None);
                 }
                 if line.contains("ERROR") || line.contains("WARN") || line.contains("panick") {
                     eprintln!("broker: {line}");
@@ -119,15 +124,19 @@ impl BrokerProcess {
                 }
             }
         });
+        // Every listener's address, then the ready line: the listeners
+        // log as they bind, before the admin API is given the broker.
         let mut addrs = HashMap::new();
-        while addrs.len() < listeners.len() {
+        let mut ready = false;
+        while addrs.len() < listeners.len() || !ready {
             match rx.recv_timeout(Duration::from_secs(20)) {
-                Ok((name, addr)) => {
+                Ok(Some((name, addr))) => {
                     addrs.insert(name, addr);
                 }
+                Ok(None) => ready = true,
                 Err(_) => {
                     let _ = child.kill();
-                    panic!("the broker did not log its listeners {listeners:?}");
+                    panic!("the broker did not log its listeners {listeners:?} and {READY_LINE:?}");
                 }
             }
         }
