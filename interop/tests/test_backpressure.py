@@ -126,8 +126,12 @@ def test_proton_receiver_of_large_messages_gets_no_redeliveries(small_budget_bro
     # In flight at once: 200 x 64 KiB = 12.5 MiB, inside the 16 MiB budget.
     assert peak_memory[0] <= BUDGET_BYTES, f"queue memory peaked at {peak_memory[0] / MIB:.1f} MiB"
     # The process as a whole: the budget plus the journal's buffers and
-    # the allocator's slack, nowhere near the 450 MB this scenario reached.
-    assert peak_rss[0] - baseline < 4 * BUDGET_BYTES, (
+    # the allocator's slack (glibc's per-thread arenas keep freed 64 KiB
+    # bodies), nowhere near the 450 MB this scenario reached. Four runs of
+    # the release broker on 2026-12-04 grew by 34, 61, 68 and 74 MiB with
+    # the queue's own memory within its 16 MiB each time, so the bound is
+    # 8x the budget rather than the 4x that those runs straddled.
+    assert peak_rss[0] - baseline < 8 * BUDGET_BYTES, (
         f"RSS grew by {(peak_rss[0] - baseline) / MIB:.0f} MiB in {elapsed:.1f} s"
     )
 
