@@ -36,6 +36,12 @@ const LOG_LINES_KEPT_MAX: usize = 10_000;
 /// answers every route (`src/main.rs`).
 const READY_LINE: &str = "ready: journal recovered, listeners bound";
 
+/// A log line the start-up waits for.
+enum StartLine {
+    Listening(String, SocketAddr),
+    Ready,
+}
+
 /// The broker binary on a data directory, with the asked-for listeners on
 /// free loopback ports.
 pub struct BrokerProcess {
@@ -109,10 +115,10 @@ impl BrokerProcess {
         let log = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                if let Some(found) = listening(&line) {
-                    let _ = tx.send(Some(found));
+                if let Some((name, addr)) = listening(&line) {
+                    let _ = tx.send(StartLine::Listening(name, addr));
                 } else if line.contains(READY_LINE) {
-                    let _ = tx.send(None);
+                    let _ = tx.send(StartLine::Ready);
                 }
                 if line.contains("ERROR") || line.contains("WARN") || line.contains("panick") {
                     eprintln!("broker: {line}");
@@ -130,10 +136,10 @@ impl BrokerProcess {
         let mut ready = false;
         while addrs.len() < listeners.len() || !ready {
             match rx.recv_timeout(Duration::from_secs(20)) {
-                Ok(Some((name, addr))) => {
+                Ok(StartLine::Listening(name, addr)) => {
                     addrs.insert(name, addr);
                 }
-                Ok(None) => ready = true,
+                Ok(StartLine::Ready) => ready = true,
                 Err(_) => {
                     let _ = child.kill();
                     panic!("the broker did not log its listeners {listeners:?} and {READY_LINE:?}");
