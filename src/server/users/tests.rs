@@ -226,9 +226,9 @@ fn the_example_file_parses_and_its_sample_user_works() {
     let mut enabled = String::new();
     let mut inside = false;
     for line in EXAMPLE_FILE.lines() {
-        if line.contains("BEGIN sample user") {
+        if line.contains("BEGIN sample") {
             inside = true;
-        } else if line.contains("END sample user") {
+        } else if line.contains("END sample") {
             inside = false;
         } else if inside {
             enabled.push_str(line.strip_prefix("# ").unwrap_or(line));
@@ -236,6 +236,10 @@ fn the_example_file_parses_and_its_sample_user_works() {
         }
     }
     let sample = Users::parse(&enabled, "sample").expect("sample parses");
+    // The sample role is a working definition too.
+    let role = sample.role("sensors").expect("the sample role");
+    assert_eq!(role.admin, Some(AdminRole::Monitoring));
+    assert_eq!(role.permissions.deny_publish, ["/topic/sensors/admin"]);
     assert!(sample.verify("sensor-42", b"change-me"));
     assert_eq!(sample.admin_rights("sensor-42"), [AdminRole::Monitoring]);
     let creds = sample.scram("sensor-42").expect("scram");
