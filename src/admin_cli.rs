@@ -1,5 +1,5 @@
-//! `rosetta queue ...` and `rosetta connection ...`: the CLI side of the
-//! admin API. Each command is one or a few HTTP requests to a running
+//! `rosetta queue ...`, `connection ...`, `user ...`, `role ...`: the CLI
+//! side of the admin API. Each command is one or a few HTTP requests to a running
 //! broker's API (`--url`, `--user`, `--password`), so the CLI can do
 //! nothing the API cannot (issue 18).
 
@@ -180,8 +180,19 @@ pub(crate) enum AdminCommand {
         name: String,
         password: String,
         roles: Vec<String>,
-        publish: Option<Vec<String>>,
-        subscribe: Option<Vec<String>>,
+        permissions: rosetta::users::PermissionSpec,
+    },
+    UserRoles {
+        name: String,
+        roles: Vec<String>,
+    },
+    RoleList,
+    RoleAdd {
+        name: String,
+        role: rosetta::users::RoleSpec,
+    },
+    RoleRemove {
+        name: String,
     },
     UserDelete {
         name: String,
@@ -309,10 +320,7 @@ pub(crate) fn run(api: &Api, request: AdminCommand) -> anyhow::Result<()> {
             AdminCommand::UserList => {
                 println!("{:<24} {:<28} PUBLISH / SUBSCRIBE", "NAME", "ROLES");
                 for u in api.all("/api/v1/users", None).await? {
-                    let roles: Vec<&str> = u["roles"]
-                        .as_array()
-                        .map(|r| r.iter().filter_map(Value::as_str).collect())
-                        .unwrap_or_default();
+                    let roles = names(&u["roles"]);
                     println!(
                         "{:<24} {:<28} {} / {}",
                         text(&u["name"]),
@@ -330,20 +338,64 @@ pub(crate) fn run(api: &Api, request: AdminCommand) -> anyhow::Result<()> {
                 name,
                 password,
                 roles,
-                publish,
-                subscribe,
+                permissions,
             } => {
-                let mut body =
-                    serde_json::json!({"name": name, "password": password, "roles": roles});
-                if let Some(p) = publish {
-                    body["publish"] = p.into();
-                }
-                if let Some(s) = subscribe {
-                    body["subscribe"] = s.into();
-                }
+                let mut body = permissions_body(&permissions);
+                body["name"] = name.as_str().into();
+                body["password"] = password.into();
+                body["roles"] = roles.into();
                 api.send(Method::POST, "/api/v1/users", &[], Some(&body))
                     .await?;
                 println!("user '{name}' added");
+            }
+            AdminCommand::UserRoles { name, roles } => {
+                let path = format!("/api/v1/users/{}/roles", encode(&name));
+                let body = serde_json::json!({"roles": roles});
+                let answer = api.send(Method::PUT, &path, &[], Some(&body)).await?;
+                println!(
+                    "roles of '{name}' set to [{}]; admin right: {}",
+                    names(&answer["roles"]).join(", "),
+                    text(&answer["admin"])
+                );
+            }
+            AdminCommand::RoleList => {
+                println!(
+                    "{:<24} {:<14} {:<30} {:<30} DENY PUBLISH / DENY SUBSCRIBE",
+                    "NAME", "ADMIN", "PUBLISH", "SUBSCRIBE"
+                );
+                for r in api.all("/api/v1/roles", None).await? {
+                    let builtin = r["builtin"].as_bool().unwrap_or(false);
+                    let list = |key: &str| {
+                        if builtin {
+                            "(built-in)".to_owned()
+                        } else {
+                            list_text(&r[key])
+                        }
+                    };
+                    println!(
+                        "{:<24} {:<14} {:<30} {:<30} {} / {}",
+                        text(&r["name"]),
+                        text(&r["admin"]),
+                        list("publish"),
+                        list("subscribe"),
+                        list_text(&r["deny_publish"]),
+                        list_text(&r["deny_subscribe"]),
+                    );
+                }
+            }
+            AdminCommand::RoleAdd { name, role } => {
+                let path = format!("/api/v1/roles/{}", encode(&name));
+                let mut body = permissions_body(&role.permissions);
+                if let Some(admin) = role.admin {
+                    body["admin"] = admin.as_str().into();
+                }
+                api.send(Method::PUT, &path, &[], Some(&body)).await?;
+                println!("role '{name}' saved");
+            }
+            AdminCommand::RoleRemove { name } => {
+                let path = format!("/api/v1/roles/{}", encode(&name));
+                api.call(Method::DELETE, &path, &[]).await?;
+                println!("role '{name}' removed");
             }
             AdminCommand::UserDelete { name } => {
                 let path = format!("/api/v1/users/{}", encode(&name));
@@ -372,6 +424,37 @@ pub(crate) fn run(api: &Api, request: AdminCommand) -> anyhow::Result<()> {
 
 fn text(v: &Value) -> &str {
     v.as_str().unwrap_or("-")
+}
+
+/// The strings of a JSON array.
+fn names(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// A permission list for a table cell: `-` when absent, `[]` when empty.
+fn list_text(v: &Value) -> String {
+    match v.as_array() {
+        None => "-".to_owned(),
+        Some(_) => format!("[{}]", names(v).join(",")),
+    }
+}
+
+/// The API's body for permission lists: the allow lists only when given
+/// (absent: they say nothing), the deny lists always.
+fn permissions_body(p: &rosetta::users::PermissionSpec) -> Value {
+    let mut body = serde_json::json!({
+        "deny_publish": p.deny_publish,
+        "deny_subscribe": p.deny_subscribe,
+    });
+    if let Some(list) = &p.publish {
+        body["publish"] = list.clone().into();
+    }
+    if let Some(list) = &p.subscribe {
+        body["subscribe"] = list.clone().into();
+    }
+    body
 }
 
 /// `status`: the overview, one figure a line.

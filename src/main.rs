@@ -71,6 +71,14 @@ enum Command {
         #[command(subcommand)]
         action: ConnectionAction,
     },
+    /// Roles of the users file (permissions and an admin right that users
+    /// take by name), through a running broker's admin API.
+    Role {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        action: RoleAction,
+    },
     /// Bearer tokens of the admin API, made with a password: pass one as
     /// --token (or ROSETTA_TOKEN) instead of --user and --password.
     Token {
@@ -133,6 +141,44 @@ enum TokenAction {
     Revoke {
         /// The token's id (from `token list` or `token create`).
         id: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum RoleAction {
+    /// Prints the roles: the three built-in admin roles and the defined ones.
+    List,
+    /// Defines a role, or replaces the definition of an existing one (its
+    /// users keep it and see the new one at their next publish, subscribe
+    /// or API request).
+    Add {
+        /// The role name: letters, digits, '-', '_'.
+        name: String,
+        /// Address patterns its users may publish to (repeatable; default:
+        /// it says nothing, so its users' own lists and other roles decide).
+        #[arg(long = "publish", value_name = "PATTERN")]
+        publish: Vec<String>,
+        /// Address patterns its users may subscribe to (repeatable; default
+        /// as --publish).
+        #[arg(long = "subscribe", value_name = "PATTERN")]
+        subscribe: Vec<String>,
+        /// Address patterns its users may not publish to, whatever else
+        /// allows it (repeatable).
+        #[arg(long = "deny-publish", value_name = "PATTERN")]
+        deny_publish: Vec<String>,
+        /// Address patterns its users may not subscribe to (repeatable).
+        #[arg(long = "deny-subscribe", value_name = "PATTERN")]
+        deny_subscribe: Vec<String>,
+        /// The admin API right it gives: monitoring, management or
+        /// administrator (default: none).
+        #[arg(long, value_name = "RIGHT", value_parser = parse_admin_right)]
+        admin: Option<rosetta::users::AdminRole>,
+    },
+    /// Removes a role no user holds.
+    #[command(visible_alias = "delete")]
+    Remove {
+        /// The role name.
+        name: String,
     },
 }
 
@@ -217,23 +263,19 @@ enum UserAction {
         #[arg(long = "subscribe", value_name = "PATTERN")]
         subscribe: Vec<String>,
         /// Address patterns the user may not publish to, whatever --publish
-        /// allows (repeatable; default: none).
-        #[arg(long = "deny-publish", value_name = "PATTERN", conflicts_with = "url")]
+        /// or its roles allow (repeatable; default: none).
+        #[arg(long = "deny-publish", value_name = "PATTERN")]
         deny_publish: Vec<String>,
         /// Address patterns the user may not subscribe to, whatever
-        /// --subscribe allows; a filter that could match one is refused
-        /// (repeatable; default: none).
-        #[arg(
-            long = "deny-subscribe",
-            value_name = "PATTERN",
-            conflicts_with = "url"
-        )]
+        /// --subscribe or its roles allow (repeatable; default: none).
+        #[arg(long = "deny-subscribe", value_name = "PATTERN")]
         deny_subscribe: Vec<String>,
-        /// An admin API role (`monitoring`, `management` or `administrator`;
-        /// repeatable). Without it a new user has none and an existing one
-        /// keeps its own.
-        #[arg(long = "role", value_name = "ROLE", value_parser = parse_role)]
-        roles: Vec<rosetta::users::AdminRole>,
+        /// A role: one the users file defines (`rosetta role add`) or a
+        /// built-in admin role (`monitoring`, `management`, `administrator`);
+        /// repeatable, the first is the balancer's `role_name`. Without it
+        /// a new user has none and an existing one keeps its own.
+        #[arg(long = "role", value_name = "ROLE")]
+        roles: Vec<String>,
         /// The users file; default: the one the configuration names.
         #[arg(long, value_name = "FILE", conflicts_with = "url")]
         users_file: Option<PathBuf>,
@@ -260,21 +302,23 @@ enum UserAction {
         #[command(flatten)]
         api: ApiArgs,
     },
-    /// Sets a user's admin roles in the users file (the API changes no
-    /// roles yet); with --reload, then asks the running broker to read the
-    /// file again (`POST /api/v1/reload`, as SIGHUP does).
+    /// Sets a user's roles through a running broker's admin API (in force
+    /// at its connections' next publish or subscribe); with --users-file,
+    /// in that file instead, and with --reload the broker then reads it
+    /// again (`POST /api/v1/reload`, as SIGHUP does).
     Role {
         /// The user name.
         name: String,
-        /// `monitoring`, `management` or `administrator` (repeatable); none:
-        /// the user keeps protocol access only.
-        #[arg(long = "role", value_name = "ROLE", value_parser = parse_role)]
-        roles: Vec<rosetta::users::AdminRole>,
-        /// The users file; default: the one the configuration names.
+        /// A defined or built-in role (repeatable, in order: the first is
+        /// the balancer's `role_name`); none: the user holds no role.
+        #[arg(long = "role", value_name = "ROLE")]
+        roles: Vec<String>,
+        /// Edits this users file instead of asking the API.
         #[arg(long, value_name = "FILE")]
         users_file: Option<PathBuf>,
-        /// Reloads the running broker's users through its admin API.
-        #[arg(long)]
+        /// With --users-file: reloads the running broker's users through
+        /// its admin API.
+        #[arg(long, requires = "users_file")]
         reload: bool,
         #[command(flatten)]
         api: ApiArgs,
@@ -293,13 +337,13 @@ enum UserAction {
     },
 }
 
-fn parse_role(name: &str) -> Result<rosetta::users::AdminRole, String> {
+fn parse_admin_right(name: &str) -> Result<rosetta::users::AdminRole, String> {
     rosetta::users::AdminRole::parse(name).ok_or_else(|| {
         let known: Vec<&str> = rosetta::users::ADMIN_ROLES
             .iter()
             .map(|r| r.as_str())
             .collect();
-        format!("unknown role '{name}' (known: {})", known.join(", "))
+        format!("unknown admin right '{name}' (known: {})", known.join(", "))
     })
 }
 
@@ -363,9 +407,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 let command = admin_cli::AdminCommand::UserAdd {
                     name,
                     password,
-                    roles: roles.iter().map(|r| r.as_str().to_owned()).collect(),
-                    publish: (!publish.is_empty()).then_some(publish),
-                    subscribe: (!subscribe.is_empty()).then_some(subscribe),
+                    roles,
+                    permissions: rosetta::users::PermissionSpec {
+                        publish: (!publish.is_empty()).then_some(publish),
+                        subscribe: (!subscribe.is_empty()).then_some(subscribe),
+                        deny_publish,
+                        deny_subscribe,
+                    },
                 };
                 // ROSETTA_PASSWORD is the new user's here: the token alone
                 // authenticates.
@@ -400,16 +448,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     api,
                 },
         } => {
-            let path = users_file.unwrap_or_else(|| config.users_file());
+            let Some(path) = users_file else {
+                let command = admin_cli::AdminCommand::UserRoles { name, roles };
+                return admin_cli::run(&api_of(api)?, command);
+            };
             anyhow::ensure!(
                 rosetta::users::set_roles(&path, &name, &roles)?,
                 "no user '{name}' in {}",
                 path.display()
             );
-            let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
             println!(
                 "roles of '{name}' set to [{}] in {}",
-                names.join(", "),
+                roles.join(", "),
                 path.display()
             );
             if reload {
@@ -436,6 +486,32 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             )
         }
         Command::Status { api } => admin_cli::run(&api_of(api)?, admin_cli::AdminCommand::Status),
+        Command::Role { api, action } => {
+            let command = match action {
+                RoleAction::List => admin_cli::AdminCommand::RoleList,
+                RoleAction::Add {
+                    name,
+                    publish,
+                    subscribe,
+                    deny_publish,
+                    deny_subscribe,
+                    admin,
+                } => admin_cli::AdminCommand::RoleAdd {
+                    name,
+                    role: rosetta::users::RoleSpec {
+                        permissions: rosetta::users::PermissionSpec {
+                            publish: (!publish.is_empty()).then_some(publish),
+                            subscribe: (!subscribe.is_empty()).then_some(subscribe),
+                            deny_publish,
+                            deny_subscribe,
+                        },
+                        admin,
+                    },
+                },
+                RoleAction::Remove { name } => admin_cli::AdminCommand::RoleRemove { name },
+            };
+            admin_cli::run(&api_of(api)?, command)
+        }
         Command::Queue { api, action } => {
             let command = match action {
                 QueueAction::List { name } => admin_cli::AdminCommand::QueueList { name },

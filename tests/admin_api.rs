@@ -1556,3 +1556,290 @@ async fn before_the_broker_is_up_health_answers_and_ready_is_503() {
     admin.shutdown().await;
     broker.stop().await;
 }
+
+/// Whether one QoS 1 publish to `topic` is accepted (PUBACK success, or
+/// 0x10 no matching subscribers) or refused (0x87 not authorised), by
+/// rumqttc over MQTT 5.
+async fn publish_accepted(
+    c: &v5::AsyncClient,
+    ev: &mut rumqttc::v5::EventLoop,
+    topic: &str,
+) -> bool {
+    use rumqttc::v5::mqttbytes::v5::PubAckReason;
+    c.publish(
+        topic,
+        v5::QoS::AtLeastOnce,
+        false,
+        topic.as_bytes().to_vec(),
+    )
+    .await
+    .expect("publish");
+    loop {
+        if let Ok(v5::Packet::PubAck(a)) = next5(ev).await {
+            return match a.reason {
+                PubAckReason::Success | PubAckReason::NoMatchingSubscribers => true,
+                PubAckReason::NotAuthorized => false,
+                other => panic!("{topic}: PUBACK {other:?}"),
+            };
+        }
+    }
+}
+
+/// A defined role through the API: created, listed, given to a user, and
+/// changed while the user's MQTT 5 connection stays open; its next publish
+/// and subscribe see the change (allowed before, refused after), and so
+/// do the user's API requests (the role's admin right). A role users hold
+/// cannot be removed.
+#[tokio::test]
+async fn roles_are_defined_through_the_api_and_bind_live_connections() {
+    let admin = Admin::start().await;
+    let sensors = r#"{"publish": ["/topic/sensors/#"], "subscribe": ["/topic/sensors/#"],
+                      "admin": "monitoring"}"#;
+    let (status, _, body) = admin
+        .act_on(Method::PUT, "/api/v1/roles/sensors", ADMIN, sensors)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(
+        (&body["builtin"], &body["admin"], &body["publish"]),
+        (
+            &json!(false),
+            &json!("monitoring"),
+            &json!(["/topic/sensors/#"])
+        ),
+        "{body}"
+    );
+    let (status, _, _) = admin
+        .act_on(Method::PUT, "/api/v1/roles/sensors", ADMIN, sensors)
+        .await;
+    assert_eq!(status, StatusCode::OK, "the second PUT replaces");
+    let (status, body) = admin.get("/api/v1/roles?name=sens", WATCHER).await;
+    assert_eq!(
+        (status, &body["total"]),
+        (StatusCode::OK, &json!(1)),
+        "{body}"
+    );
+    assert_eq!(body["items"][0]["name"], "sensors", "{body}");
+    let (_, body) = admin.get("/api/v1/roles", WATCHER).await;
+    assert_eq!(body["total"], 4, "three built-in, one defined: {body}");
+
+    let new = r#"{"name": "sam", "password": "sam-pw", "roles": ["sensors"]}"#;
+    let (status, _, body) = admin
+        .act_on(Method::POST, "/api/v1/users", ADMIN, new)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["publish"], json!(["/topic/sensors/#"]), "{body}");
+    assert_eq!(body["own"]["publish"], Value::Null, "{body}");
+    assert_eq!(body["admin"], "monitoring", "{body}");
+    let (status, body) = admin.get("/api/v1/roles/sensors", ADMIN).await;
+    assert_eq!((status, &body["users"]), (StatusCode::OK, &json!(["sam"])));
+    // The role's admin right counts.
+    let sam = ("sam", "sam-pw");
+    assert_eq!(admin.get("/api/v1/overview", sam).await.0, StatusCode::OK);
+
+    let mut opts = opts5(&admin.broker, "sam-live");
+    opts.set_credentials("sam", "sam-pw");
+    let (c, mut ev, ack) = connected5(opts).await;
+    assert_eq!(ack.code, v5::ConnectReturnCode::Success);
+    let refused = [v5::SubscribeReasonCode::NotAuthorized];
+    let granted = [v5::SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)];
+    assert!(publish_accepted(&c, &mut ev, "sensors/1").await);
+    assert!(!publish_accepted(&c, &mut ev, "other/1").await);
+    assert_eq!(subscribe_many5(&c, &mut ev, &["sensors/a"]).await, granted);
+
+    // The role changes: on the same connection, sensors/# is refused now
+    // and other/# allowed; the admin right is gone.
+    let changed = r#"{"publish": ["/topic/other/#"], "deny_subscribe": ["/topic/sensors/#"]}"#;
+    let (status, _, body) = admin
+        .act_on(Method::PUT, "/api/v1/roles/sensors", ADMIN, changed)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(!publish_accepted(&c, &mut ev, "sensors/1").await);
+    assert!(publish_accepted(&c, &mut ev, "other/1").await);
+    assert_eq!(subscribe_many5(&c, &mut ev, &["sensors/b"]).await, refused);
+    let (status, body) = admin.get("/api/v1/overview", sam).await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    let file = std::fs::read_to_string(&admin.users_file).expect("users file");
+    assert!(file.contains("[roles.sensors]"), "{file}");
+    assert!(file.contains("publish = [\"/topic/other/#\"]"), "{file}");
+
+    // A role held cannot go; once taken from sam (who may then do
+    // everything: neither it nor a role says otherwise) it can.
+    let (status, _, body) = admin
+        .act(Method::DELETE, "/api/v1/roles/sensors", ADMIN)
+        .await;
+    assert_error(status, &body, StatusCode::CONFLICT);
+    assert!(
+        body["reason"].as_str().unwrap_or_default().contains("sam"),
+        "{body}"
+    );
+    let (status, _, body) = admin
+        .act_on(
+            Method::PUT,
+            "/api/v1/users/sam/roles",
+            ADMIN,
+            r#"{"roles": []}"#,
+        )
+        .await;
+    assert_eq!(
+        (status, &body["roles"]),
+        (StatusCode::OK, &json!([])),
+        "{body}"
+    );
+    assert!(publish_accepted(&c, &mut ev, "sensors/1").await);
+    let (status, _, _) = admin
+        .act(Method::DELETE, "/api/v1/roles/sensors", ADMIN)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, body) = admin.get("/api/v1/roles/sensors", ADMIN).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    let (status, _, body) = admin
+        .act(Method::DELETE, "/api/v1/roles/sensors", ADMIN)
+        .await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    admin.stop().await;
+}
+
+/// What the roles routes refuse: wrong password, a missing admin right,
+/// malformed bodies, built-in and unknown roles, unknown users.
+#[tokio::test]
+async fn the_roles_routes_refuse_what_they_must() {
+    let admin = Admin::start().await;
+    let ok = r#"{"publish": ["/topic/a/#"]}"#;
+    for (who, method, path, body, want) in [
+        (
+            ("admin", "wrong"),
+            Method::PUT,
+            "/api/v1/roles/a",
+            ok,
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            MANAGER,
+            Method::PUT,
+            "/api/v1/roles/a",
+            ok,
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            WATCHER,
+            Method::GET,
+            "/api/v1/roles/monitoring",
+            "",
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            MANAGER,
+            Method::DELETE,
+            "/api/v1/roles/a",
+            "",
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            MANAGER,
+            Method::PUT,
+            "/api/v1/users/plain/roles",
+            r#"{"roles": []}"#,
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            ADMIN,
+            Method::PUT,
+            "/api/v1/roles/a",
+            "{\"publish\": [",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            ADMIN,
+            Method::PUT,
+            "/api/v1/roles/a",
+            "",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            ADMIN,
+            Method::PUT,
+            "/api/v1/roles/a",
+            r#"{"allow": []}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            ADMIN,
+            Method::PUT,
+            "/api/v1/roles/a",
+            r#"{"publish": ["no-slash"]}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            ADMIN,
+            Method::PUT,
+            "/api/v1/roles/a",
+            r#"{"admin": "root"}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            ADMIN,
+            Method::PUT,
+            "/api/v1/roles/a%2Eb",
+            ok,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            ADMIN,
+            Method::PUT,
+            "/api/v1/roles/monitoring",
+            ok,
+            StatusCode::CONFLICT,
+        ),
+        (
+            ADMIN,
+            Method::DELETE,
+            "/api/v1/roles/administrator",
+            "",
+            StatusCode::CONFLICT,
+        ),
+        (
+            ADMIN,
+            Method::GET,
+            "/api/v1/roles/ghost",
+            "",
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            ADMIN,
+            Method::PUT,
+            "/api/v1/users/plain/roles",
+            r#"{"roles": ["ghost"]}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            ADMIN,
+            Method::PUT,
+            "/api/v1/users/plain/roles",
+            r#"{"role": []}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            ADMIN,
+            Method::PUT,
+            "/api/v1/users/nobody/roles",
+            r#"{"roles": []}"#,
+            StatusCode::NOT_FOUND,
+        ),
+    ] {
+        let body = (!body.is_empty()).then_some(body);
+        let (status, _, answer) = admin.call(method.clone(), path, Some(who), &[], body).await;
+        assert_error(status, &answer, want);
+        assert_eq!(status, want, "{method} {path}: {answer}");
+    }
+    // None of it reached the file.
+    let file = std::fs::read_to_string(&admin.users_file).expect("users file");
+    assert!(!file.contains("[roles"), "{file}");
+    // A built-in role is shown, and its holders with it.
+    let (status, body) = admin.get("/api/v1/roles/monitoring", ADMIN).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (&body["builtin"], &body["users"]),
+        (&json!(true), &json!(["watcher"]))
+    );
+    admin.stop().await;
+}

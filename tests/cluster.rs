@@ -367,18 +367,49 @@ async fn mqtt5_clients_are_redirected_by_the_role_of_their_user() {
     ] {
         save_user(&users_file, user, b"pw", None, None, Some(roles)).expect("user");
     }
+    // A user holding two roles is placed by the first its entry lists,
+    // not by the weakest (as before roles kept their order): a stronger
+    // built-in role listed before a weaker one whose owner differs, and a
+    // defined role listed before a built-in one.
+    let owner = |role: &str| ring.owner(role).expect("ring").to_owned();
+    let (first, second) = [
+        ("management", "monitoring"),
+        ("administrator", "monitoring"),
+        ("administrator", "management"),
+    ]
+    .into_iter()
+    .find(|(a, b)| owner(a) != owner(b))
+    .expect("three built-in names on three nodes: two differ");
+    let defined = (1..100)
+        .map(|i| format!("line-{i}"))
+        .find(|r| owner(r) != owner("monitoring"))
+        .expect("a name owned elsewhere");
+    let spec = rosetta::server::users::RoleSpec::default();
+    rosetta::server::users::save_role(&users_file, &defined, &spec).expect("role");
+    for (user, roles) in [
+        ("both", [first.to_owned(), second.to_owned()]),
+        ("plant", [defined.clone(), "monitoring".to_owned()]),
+    ] {
+        let spec = rosetta::server::users::PermissionSpec::default();
+        rosetta::server::users::save_user_with(&users_file, user, b"pw", &spec, Some(&roles[..]))
+            .expect("user");
+    }
     let security = format!("[security]\nanonymous = false\nusers_file = {users_file:?}\n");
     let by_role = "key = \"role_name\"";
     let a = Node::start("a", &etcd.endpoint, by_role, &security);
     let b = Node::start("b", &etcd.endpoint, by_role, &security);
     let c = Node::start("c", &etcd.endpoint, by_role, &security);
     let nodes = [&a, &b, &c];
-    let owner = |role: &str| ring.owner(role).expect("ring").to_owned();
     // Whatever the client id (each hashes elsewhere), a user is sent to
-    // the node its role hashes to, from every node.
+    // the node its (first) role hashes to, from every node.
     for node in nodes {
         eventually("each user is placed by its role", SETTLE, || async {
-            for (user, role) in [("watcher", "monitoring"), ("manager", "management")] {
+            for (user, role) in [
+                ("watcher", "monitoring"),
+                ("manager", "management"),
+                ("both", first),
+                ("plant", defined.as_str()),
+            ] {
                 for id in ["r-1", "r-2", "r-3", "r-4"] {
                     if placed_as(node, &nodes, id, Some(user)).await != owner(role) {
                         return false;

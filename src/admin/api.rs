@@ -138,7 +138,10 @@ impl Api {
             Action::ListRetained => topics::list_retained(self, &call),
             Action::DeleteRetained => topics::delete_retained(self, &call).await,
             Action::ListSubscriptions => topics::list_subscriptions(self, &call),
-            Action::ListRoles => Ok(roles::list()),
+            Action::ListRoles => roles::list(self, &call),
+            Action::GetRole => roles::get(self, &call),
+            Action::PutRole => roles::put(self, &call).await,
+            Action::DeleteRole => roles::delete(self, &call).await,
             Action::Reload => reload::reload(self, &call),
             Action::CreateToken => tokens::create(self, &call),
             Action::ListTokens => tokens::list(self, &call),
@@ -151,6 +154,7 @@ impl Api {
             Action::DeleteUser => users::delete(self, &call).await,
             Action::SetPassword => users::set_password(self, &call).await,
             Action::SetPermissions => users::set_permissions(self, &call).await,
+            Action::SetUserRoles => users::set_roles(self, &call).await,
             Action::BalancerTarget => balancer::target(self, &call),
         }
     }

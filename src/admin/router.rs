@@ -52,6 +52,12 @@ pub enum Action {
     ListSubscriptions,
     /// `GET /api/v1/roles`.
     ListRoles,
+    /// `GET /api/v1/roles/{name}`.
+    GetRole,
+    /// `PUT /api/v1/roles/{name}`.
+    PutRole,
+    /// `DELETE /api/v1/roles/{name}`.
+    DeleteRole,
     /// `POST /api/v1/reload`.
     Reload,
     /// `POST /api/v1/tokens`.
@@ -76,6 +82,8 @@ pub enum Action {
     SetPassword,
     /// `PUT /api/v1/users/{name}/permissions`.
     SetPermissions,
+    /// `PUT /api/v1/users/{name}/roles`.
+    SetUserRoles,
     /// `GET /api/v1/balancer/target`.
     BalancerTarget,
 }
@@ -176,7 +184,17 @@ pub const ROUTES: &[Route] = &[
         READ,
         Action::ListSubscriptions,
     ),
+    // The listing is a monitor's too (the console shows it); one role,
+    // with who holds it, and every change are the administrator's.
     route(Method::GET, "/api/v1/roles", READ, Action::ListRoles),
+    route(Method::GET, "/api/v1/roles/{name}", ADMIN, Action::GetRole),
+    route(Method::PUT, "/api/v1/roles/{name}", ADMIN, Action::PutRole),
+    route(
+        Method::DELETE,
+        "/api/v1/roles/{name}",
+        ADMIN,
+        Action::DeleteRole,
+    ),
     route(Method::POST, "/api/v1/reload", ADMIN, Action::Reload),
     // Bearer tokens: every user with a role has its own.
     route(Method::POST, "/api/v1/tokens", READ, Action::CreateToken),
@@ -219,6 +237,12 @@ pub const ROUTES: &[Route] = &[
         "/api/v1/users/{name}/permissions",
         ADMIN,
         Action::SetPermissions,
+    ),
+    route(
+        Method::PUT,
+        "/api/v1/users/{name}/roles",
+        ADMIN,
+        Action::SetUserRoles,
     ),
     route(
         Method::GET,

@@ -1,11 +1,11 @@
-//! `/api/v1/users`: list, create, get, delete, change password or
-//! permissions (allow and deny lists). The users
-//! file stays the one source: every change is written to it atomically
-//! (temporary file, sync, rename: `rosetta_server::users`), then read
-//! back and put in force, so the next login sees it. A hash is never
-//! returned.
+//! `/api/v1/users`: list, create, get, delete, change password,
+//! permissions (allow and deny lists) or roles. The users file stays the
+//! one source: every change is written to it atomically (temporary file,
+//! sync, rename: `rosetta_server::users`), then read back and put in
+//! force, so the next login, and the next publish or subscribe of a
+//! connection already open, sees it. A hash is never returned.
 
-use rosetta_server::users::{self, AdminRole, PermissionSpec, UserSummary, Users, UsersError};
+use rosetta_server::users::{self, PermissionSpec, UserSummary, Users, UsersError};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -13,14 +13,29 @@ use crate::api::{Api, Call, Reply};
 use crate::error::ApiError;
 use crate::listing::PageRequest;
 
+/// A user: its roles, its admin right, what it may do (its own lists
+/// and its roles' together) and its own lists as written (`own`; `null`
+/// for an absent allow list).
 fn item(u: &UserSummary) -> Value {
     json!({
         "name": u.name,
-        "roles": u.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>(),
+        "roles": u.roles,
+        "admin": u.admin.map(|a| a.as_str()),
         "publish": u.publish,
         "subscribe": u.subscribe,
         "deny_publish": u.deny_publish,
         "deny_subscribe": u.deny_subscribe,
+        "own": spec_json(&u.own),
+    })
+}
+
+/// Permission lists as the API shows them (`null`: an absent allow list).
+pub(crate) fn spec_json(p: &PermissionSpec) -> Value {
+    json!({
+        "publish": p.publish,
+        "subscribe": p.subscribe,
+        "deny_publish": p.deny_publish,
+        "deny_subscribe": p.deny_subscribe,
     })
 }
 
@@ -63,17 +78,6 @@ struct NewUser {
 
 pub(crate) async fn create(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError> {
     let new: NewUser = call.json(None)?;
-    let roles = new
-        .roles
-        .iter()
-        .map(|r| {
-            AdminRole::parse(r).ok_or_else(|| {
-                ApiError::bad_request(format!(
-                    "unknown role {r:?}: monitoring, management or administrator"
-                ))
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
     let _writing = api.users_write.lock().await;
     if api.auth.users().users().contains(&new.name) {
         return Err(ApiError::conflict(format!("user '{}' exists", new.name)));
@@ -92,7 +96,7 @@ pub(crate) async fn create(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError
             &new.name,
             new.password.as_bytes(),
             &permissions,
-            Some(&roles),
+            Some(&new.roles),
         )
     })
     .await?;
@@ -161,9 +165,38 @@ pub(crate) async fn set_permissions(api: &Api, call: &Call<'_>) -> Result<Reply,
     ))
 }
 
+/// The body of `PUT /api/v1/users/{name}/roles`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewRoles {
+    /// Defined or built-in, in order (the first is the balancer's
+    /// `role_name`); empty: none.
+    roles: Vec<String>,
+}
+
+/// `PUT /api/v1/users/{name}/roles`: replaces the user's roles. Its
+/// connections see the new roles' permissions at their next publish or
+/// subscribe, its API requests the new admin right at once.
+pub(crate) async fn set_roles(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError> {
+    let name = call.matched.param().to_owned();
+    let new: NewRoles = call.json(None)?;
+    let _writing = api.users_write.lock().await;
+    let path = api.users_file.clone();
+    let target = name.clone();
+    let found = write(api, move || users::set_roles(&path, &target, &new.roles)).await?;
+    if !found {
+        return Err(ApiError::not_found(format!("no user '{name}'")));
+    }
+    tracing::info!(user = %name, by = ?call.user, "admin API: roles changed");
+    let summary = api.auth.users().users().summary(&name);
+    Ok(Reply::ok(
+        summary.map_or(json!({"name": name}), |u| item(&u)),
+    ))
+}
+
 /// Runs a users-file change off the async workers (it hashes passwords
 /// and syncs files), then loads the file and puts it in force.
-async fn write<T: Send + 'static>(
+pub(crate) async fn write<T: Send + 'static>(
     api: &Api,
     change: impl FnOnce() -> Result<T, UsersError> + Send + 'static,
 ) -> Result<T, ApiError> {
@@ -191,11 +224,18 @@ async fn write<T: Send + 'static>(
     Ok(value)
 }
 
+/// THE mapping from a users-file error to an HTTP one.
 fn users_error(e: UsersError) -> ApiError {
     match e {
         UsersError::InvalidName(_)
         | UsersError::InvalidPassword
-        | UsersError::InvalidPattern(_) => ApiError::bad_request(e.to_string()),
+        | UsersError::InvalidPattern(_)
+        | UsersError::UnknownRole(_)
+        | UsersError::InvalidRoleName(_)
+        | UsersError::TooManyRoles => ApiError::bad_request(e.to_string()),
+        UsersError::BuiltinRole(_) | UsersError::RoleInUse { .. } => {
+            ApiError::conflict(e.to_string())
+        }
         other => ApiError::internal(other.to_string()),
     }
 }

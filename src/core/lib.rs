@@ -237,8 +237,9 @@ pub trait AccessControl: Send + Sync + 'static {
     fn excluded_topics(&self, _principal: &Principal, _filter: &str) -> Vec<String> {
         Vec::new()
     }
-    /// The roles of `user` (the balancer's `role_name` key), least power
-    /// first; none unless the access control knows of roles.
+    /// The roles of `user` in the order its definition lists them (the
+    /// balancer's `role_name` key takes the first); none unless the
+    /// access control knows of roles.
     fn roles(&self, _user: &str) -> Vec<String> {
         Vec::new()
     }

@@ -201,13 +201,11 @@ impl AccessControl for UsersAccess {
             .excluded_topics(filter)
     }
 
+    /// The user's roles as the users file lists them, defined and
+    /// built-in alike: the balancer's `role_name` takes the first (the
+    /// first its key filter keeps).
     fn roles(&self, user: &str) -> Vec<String> {
-        let users = self.users.read();
-        users
-            .roles(user)
-            .iter()
-            .map(|r| r.as_str().to_owned())
-            .collect()
+        self.users.read().roles(user).to_vec()
     }
 }
 

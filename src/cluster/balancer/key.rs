@@ -18,8 +18,9 @@ pub struct ConnectionFacts {
     pub source_ip: Option<IpAddr>,
     /// The host the client asked for in TLS SNI.
     pub sni_host: Option<String>,
-    /// The authenticated user's roles (the users file's `roles`), least
-    /// power first; empty for an anonymous user or one without roles.
+    /// The authenticated user's roles (the users file's `roles`, defined
+    /// and built-in alike), in the order the file lists them; empty for an
+    /// anonymous user or one without roles.
     pub roles: Vec<String>,
 }
 
@@ -34,8 +35,9 @@ pub enum KeySource {
     SourceIp,
     /// `sni_host`.
     SniHost,
-    /// `role_name`: the first of the user's roles the key filter matches
-    /// (the first role without a filter), as ActiveMQ Artemis does.
+    /// `role_name`: the user's first role, in the order of its `roles`
+    /// list in the users file; with a key filter, the first role the
+    /// filter matches, as ActiveMQ Artemis does.
     RoleName,
 }
 

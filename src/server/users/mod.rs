@@ -11,18 +11,29 @@
 //! publish = ["#"]                  # (only if [security] anonymous = true)
 //! subscribe = ["#"]
 //!
+//! [roles.sensors]                 # a role: permissions and an admin right
+//! publish = ["/topic/sensors/#"]
+//! deny_subscribe = ["/topic/sensors/secret"]
+//! admin = "monitoring"             # absent: none; see `roles`
+//!
 //! [users.alice]
 //! password_hash = "$argon2id$v=19$m=8192,t=2,p=1$…"      # see `password`
 //! scram_sha_256 = "SCRAM-SHA-256$4096:<salt>$<StoredKey>:<ServerKey>"
 //! publish = ["/topic/sensors/#", "/queue/orders"]         # see `permissions`
 //! subscribe = ["#"]
 //! deny_subscribe = ["/topic/test/nosubscribe"]            # a deny wins
-//! roles = ["monitoring"]           # admin API rights, see `roles`; absent: none
+//! roles = ["sensors", "monitoring"] # defined or built-in; absent: none
 //! ```
 //!
-//! Absent `publish`/`subscribe` lists mean everything; absent
-//! `deny_publish`/`deny_subscribe` lists mean no deny rules (files written
-//! before deny rules existed load unchanged). [`add_user`] writes
+//! A user's permissions are its own lists and its roles' together
+//! ([`roles::effective`]): the union of the allow lists present, the union
+//! of the deny lists, a deny winning. Absent `publish`/`subscribe` lists
+//! say nothing, and when neither the user nor any of its roles says
+//! anything, everything is allowed (what an absent list always meant);
+//! absent `deny_publish`/`deny_subscribe` lists mean no deny rules. Files
+//! written before roles and deny rules existed load unchanged and mean
+//! the same. A user naming a role that is neither defined nor built-in is
+//! an error naming its line. [`add_user`] and the other writers change
 //! entries (keeping the rest of the file, comments included), atomically
 //! and with mode 0600, since the hashes must not be world-readable.
 //!
@@ -34,6 +45,7 @@
 
 pub mod password;
 pub mod permissions;
+mod role_edits;
 pub mod roles;
 pub mod scram;
 
@@ -51,7 +63,11 @@ use serde::Deserialize;
 
 pub use password::HashError;
 pub use permissions::{Pattern, PatternError, Permissions};
-pub use roles::{AdminRole, ADMIN_ROLES};
+pub use role_edits::{remove_role, save_role};
+pub use roles::{
+    AdminRole, DefinedRole, Lists, ADMIN_ROLES, ROLES_MAX, ROLES_PER_USER_MAX,
+    ROLE_NAME_LEN_MAX_BYTES,
+};
 use rosetta_config::locate;
 use rosetta_config::Location;
 pub use scram::ScramFormatError;
@@ -106,6 +122,29 @@ pub enum UsersError {
     /// A permission pattern to set is malformed.
     #[error(transparent)]
     InvalidPattern(#[from] PatternError),
+    /// A role name to give a user is neither defined nor built-in.
+    #[error("unknown role '{0}': define it under [roles] or use monitoring, management or administrator")]
+    UnknownRole(String),
+    /// A role name to define is not 1 to 64 letters, digits, `-`, `_`.
+    #[error(
+        "invalid role name {0:?}: 1 to {ROLE_NAME_LEN_MAX_BYTES} ASCII letters, digits, '-' or '_'"
+    )]
+    InvalidRoleName(String),
+    /// A built-in role cannot be defined, changed or removed.
+    #[error("'{0}' is a built-in role: it cannot be defined, changed or removed")]
+    BuiltinRole(String),
+    /// A role to remove is still held by users.
+    #[error("role '{role}' is held by {}: take it from them first", users.join(", "))]
+    RoleInUse {
+        /// The role.
+        role: String,
+        /// Who holds it.
+        users: Vec<String>,
+    },
+    /// A user would hold more than [`ROLES_PER_USER_MAX`] roles, or the
+    /// file define more than [`ROLES_MAX`].
+    #[error("too many roles: at most {ROLES_PER_USER_MAX} per user and {ROLES_MAX} defined")]
+    TooManyRoles,
     /// Hashing the password failed.
     #[error(transparent)]
     Hash(#[from] HashError),
@@ -148,7 +187,22 @@ struct FileDoc {
     #[serde(default)]
     anonymous: Option<PermissionSpec>,
     #[serde(default)]
+    roles: BTreeMap<String, RoleDoc>,
+    #[serde(default)]
     users: BTreeMap<String, UserDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RoleDoc {
+    publish: Option<Vec<String>>,
+    subscribe: Option<Vec<String>>,
+    #[serde(default)]
+    deny_publish: Vec<String>,
+    #[serde(default)]
+    deny_subscribe: Vec<String>,
+    /// The admin right the role grants; absent: none.
+    admin: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -162,7 +216,8 @@ struct UserDoc {
     deny_publish: Vec<String>,
     #[serde(default)]
     deny_subscribe: Vec<String>,
-    /// Admin roles; files written before roles existed have none.
+    /// Roles, defined or built-in, in the order written; files written
+    /// before roles existed have none.
     #[serde(default)]
     roles: Vec<String>,
 }
@@ -172,19 +227,26 @@ struct UserDoc {
 struct User {
     password_hash: String,
     scram: Option<ScramCredentials>,
+    /// Its own lists, as written.
+    own: PermissionSpec,
+    /// Its roles as written, each once.
+    roles: Vec<String>,
+    /// Its own and its roles' permissions together.
     permissions: Permissions,
-    roles: Vec<AdminRole>,
+    /// The admin rights its roles give, least power first.
+    admin: Vec<AdminRole>,
 }
 
 /// Permission patterns as written in the users file and the API, before
-/// they are checked: the four lists of a user or of `[anonymous]` (the
-/// `[anonymous]` table and the API's permissions body read into it).
+/// they are checked: the four lists of a user, a role or `[anonymous]`
+/// (the `[anonymous]` table and the API's permissions body read into it).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PermissionSpec {
-    /// What may be published to; `None`: everything.
+    /// What may be published to; `None` says nothing (everything, unless
+    /// a role of the user says otherwise).
     pub publish: Option<Vec<String>>,
-    /// What may be subscribed to or consumed from; `None`: everything.
+    /// What may be subscribed to or consumed from; `None` as `publish`.
     pub subscribe: Option<Vec<String>>,
     /// What may not be published to, whatever `publish` allows.
     pub deny_publish: Vec<String>,
@@ -204,7 +266,7 @@ impl PermissionSpec {
 
     /// Checks every pattern; errors name the key at fault under `key`
     /// (`users.alice` gives `users.alice.deny_publish[0]`).
-    fn check(&self, key: &str) -> Result<Permissions, (String, String)> {
+    fn check(&self, key: &str) -> Result<Lists, (String, String)> {
         let list = |list: &[String], name: &str| {
             list.iter()
                 .enumerate()
@@ -213,13 +275,11 @@ impl PermissionSpec {
                 })
                 .collect::<Result<Vec<_>, _>>()
         };
-        let or_everything = |l: &Option<Vec<String>>, name: &str| match l {
-            None => Ok(vec![Pattern::everything()]),
-            Some(l) => list(l, name),
-        };
-        Ok(Permissions {
-            publish: or_everything(&self.publish, "publish")?,
-            subscribe: or_everything(&self.subscribe, "subscribe")?,
+        let present =
+            |l: &Option<Vec<String>>, name: &str| l.as_deref().map(|l| list(l, name)).transpose();
+        Ok(Lists {
+            publish: present(&self.publish, "publish")?,
+            subscribe: present(&self.subscribe, "subscribe")?,
             deny_publish: list(&self.deny_publish, "deny_publish")?,
             deny_subscribe: list(&self.deny_subscribe, "deny_subscribe")?,
         })
@@ -239,15 +299,18 @@ impl PermissionSpec {
         Ok(())
     }
 
-    /// Writes the lists into a user's entry: allow lists always (`#` for
-    /// everything, so the file says what is allowed), deny lists only when
-    /// there are some, so entries without deny rules look as they always
-    /// did.
+    /// Writes the lists into a user's or a role's entry: the allow lists
+    /// present (an absent one is left out: it says nothing, so that a role
+    /// given to the user later decides; `#` would allow everything
+    /// whatever the roles), deny lists only when there are some, so
+    /// entries without deny rules look as they always did.
     fn write_to(&self, entry: &mut dyn toml_edit::TableLike) {
-        let everything = ["#".to_owned()];
-        let allow = |l: &Option<Vec<String>>| string_array(l.as_deref().unwrap_or(&everything));
-        entry.insert("publish", allow(&self.publish));
-        entry.insert("subscribe", allow(&self.subscribe));
+        for (key, list) in [("publish", &self.publish), ("subscribe", &self.subscribe)] {
+            match list {
+                Some(list) => entry.insert(key, string_array(list)),
+                None => entry.remove(key),
+            };
+        }
         for (key, list) in [
             ("deny_publish", &self.deny_publish),
             ("deny_subscribe", &self.deny_subscribe),
@@ -261,14 +324,30 @@ impl PermissionSpec {
     }
 }
 
+impl From<&Lists> for PermissionSpec {
+    fn from(lists: &Lists) -> Self {
+        let strings = |l: &[Pattern]| l.iter().map(|p| p.as_str().to_owned()).collect();
+        PermissionSpec {
+            publish: lists.publish.as_deref().map(strings),
+            subscribe: lists.subscribe.as_deref().map(strings),
+            deny_publish: strings(&lists.deny_publish),
+            deny_subscribe: strings(&lists.deny_subscribe),
+        }
+    }
+}
+
 /// What may be shown of a user: never its hash or SCRAM credentials.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UserSummary {
     /// The user name.
     pub name: String,
-    /// Its admin roles, in order.
-    pub roles: Vec<AdminRole>,
-    /// What it may publish to.
+    /// Its roles, defined or built-in, as the file lists them.
+    pub roles: Vec<String>,
+    /// The strongest admin right its roles give.
+    pub admin: Option<AdminRole>,
+    /// Its own lists, as written (without its roles').
+    pub own: PermissionSpec,
+    /// What it may publish to, its roles' lists included.
     pub publish: Vec<String>,
     /// What it may subscribe to.
     pub subscribe: Vec<String>,
@@ -278,9 +357,31 @@ pub struct UserSummary {
     pub deny_subscribe: Vec<String>,
 }
 
+/// What may be shown of a defined role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleSummary {
+    /// The role name.
+    pub name: String,
+    /// Its lists, as written.
+    pub permissions: PermissionSpec,
+    /// The admin right it grants.
+    pub admin: Option<AdminRole>,
+}
+
+/// A role to define: its lists and admin right (the API's and the CLI's
+/// `role add`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoleSpec {
+    /// Its permission lists (`None`: says nothing).
+    pub permissions: PermissionSpec,
+    /// The admin right it grants.
+    pub admin: Option<AdminRole>,
+}
+
 /// The users of the broker, loaded from the users file.
 pub struct Users {
     users: HashMap<String, User>,
+    roles: BTreeMap<String, DefinedRole>,
     anonymous: Permissions,
 }
 
@@ -314,6 +415,7 @@ impl Default for Users {
     fn default() -> Self {
         Self {
             users: HashMap::new(),
+            roles: BTreeMap::new(),
             anonymous: Permissions::everything(),
         }
     }
@@ -378,8 +480,47 @@ impl Users {
     fn from_doc(doc: FileDoc) -> Result<Users, (String, String)> {
         let anonymous = match doc.anonymous {
             None => Permissions::everything(),
-            Some(p) => p.check("anonymous")?,
+            Some(p) => roles::effective(&p.check("anonymous")?, []),
         };
+        if doc.roles.len() > ROLES_MAX {
+            return Err(("roles".to_owned(), format!("more than {ROLES_MAX} roles")));
+        }
+        let mut defined = BTreeMap::new();
+        for (name, r) in doc.roles {
+            let key = format!("roles.{name}");
+            if AdminRole::parse(&name).is_some() {
+                return Err((
+                    key,
+                    format!("'{name}' is a built-in role: choose another name"),
+                ));
+            }
+            if !roles::valid_role_name(&name) {
+                return Err((
+                    key,
+                    format!("invalid role name {name:?}: 1 to {ROLE_NAME_LEN_MAX_BYTES} ASCII letters, digits, '-' or '_'"),
+                ));
+            }
+            let admin = r
+                .admin
+                .as_deref()
+                .map(|a| {
+                    AdminRole::parse(a).ok_or_else(|| {
+                        (
+                            format!("{key}.admin"),
+                            format!("unknown admin right {a:?}: monitoring, management or administrator"),
+                        )
+                    })
+                })
+                .transpose()?;
+            let lists = PermissionSpec {
+                publish: r.publish,
+                subscribe: r.subscribe,
+                deny_publish: r.deny_publish,
+                deny_subscribe: r.deny_subscribe,
+            }
+            .check(&key)?;
+            defined.insert(name, DefinedRole { lists, admin });
+        }
         let mut users = HashMap::with_capacity(doc.users.len());
         for (name, u) in doc.users {
             let key = format!("users.{name}");
@@ -394,36 +535,59 @@ impl Users {
                 .map(scram::decode)
                 .transpose()
                 .map_err(|e| (format!("{key}.scram_sha_256"), e.to_string()))?;
-            let permissions = PermissionSpec {
+            let own = PermissionSpec {
                 publish: u.publish,
                 subscribe: u.subscribe,
                 deny_publish: u.deny_publish,
                 deny_subscribe: u.deny_subscribe,
+            };
+            let own_lists = own.check(&key)?;
+            if u.roles.len() > ROLES_PER_USER_MAX {
+                return Err((
+                    format!("{key}.roles"),
+                    format!("more than {ROLES_PER_USER_MAX} roles"),
+                ));
             }
-            .check(&key)?;
-            let mut roles = Vec::with_capacity(u.roles.len());
-            for (i, role) in u.roles.iter().enumerate() {
-                let role = AdminRole::parse(role).ok_or_else(|| {
-                    (
+            let mut held: Vec<String> = Vec::with_capacity(u.roles.len());
+            let mut admin = Vec::new();
+            let mut role_lists = Vec::new();
+            for (i, role) in u.roles.into_iter().enumerate() {
+                if held.contains(&role) {
+                    continue;
+                }
+                if let Some(builtin) = AdminRole::parse(&role) {
+                    admin.push(builtin);
+                } else if let Some(d) = defined.get(&role) {
+                    admin.extend(d.admin);
+                    role_lists.push(&d.lists);
+                } else {
+                    return Err((
                         format!("{key}.roles[{i}]"),
-                        format!("unknown role {role:?}: monitoring, management or administrator"),
-                    )
-                })?;
-                roles.push(role);
+                        UsersError::UnknownRole(role).to_string(),
+                    ));
+                }
+                held.push(role);
             }
-            roles.sort_unstable();
-            roles.dedup();
+            admin.sort_unstable();
+            admin.dedup();
+            let permissions = roles::effective(&own_lists, role_lists);
             users.insert(
                 name,
                 User {
                     password_hash: u.password_hash,
                     scram,
+                    own,
+                    roles: held,
                     permissions,
-                    roles,
+                    admin,
                 },
             );
         }
-        Ok(Users { users, anonymous })
+        Ok(Users {
+            users,
+            roles: defined,
+            anonymous,
+        })
     }
 
     /// True if `user` has the password `password`. An unknown user is
@@ -458,14 +622,53 @@ impl Users {
         }
     }
 
-    /// The admin roles of `user` (none for an unknown user).
-    pub fn roles(&self, user: &str) -> &[AdminRole] {
+    /// The roles of `user`, defined or built-in, in the order the file
+    /// lists them (none for an unknown user). The first is what the
+    /// balancer's `role_name` key takes.
+    pub fn roles(&self, user: &str) -> &[String] {
         self.users.get(user).map_or(&[], |u| &u.roles)
     }
 
-    /// The strongest admin role of `user`, if it has any.
+    /// The admin rights of `user`: its built-in roles and those its
+    /// defined roles grant, least power first (none for an unknown user).
+    pub fn admin_rights(&self, user: &str) -> &[AdminRole] {
+        self.users.get(user).map_or(&[], |u| &u.admin)
+    }
+
+    /// The strongest admin right of `user`, if it has any.
     pub fn highest_role(&self, user: &str) -> Option<AdminRole> {
-        self.roles(user).iter().max().copied()
+        self.admin_rights(user).iter().max().copied()
+    }
+
+    /// Whether `role` is a role a user may hold: built-in or defined.
+    pub fn knows_role(&self, role: &str) -> bool {
+        AdminRole::parse(role).is_some() || self.roles.contains_key(role)
+    }
+
+    /// The defined role `name` (not a built-in one); `None` if undefined.
+    pub fn role(&self, name: &str) -> Option<RoleSummary> {
+        self.roles.get(name).map(|d| RoleSummary {
+            name: name.to_owned(),
+            permissions: PermissionSpec::from(&d.lists),
+            admin: d.admin,
+        })
+    }
+
+    /// Every defined role's name, sorted.
+    pub fn role_names(&self) -> Vec<&str> {
+        self.roles.keys().map(String::as_str).collect()
+    }
+
+    /// The users holding `role`, sorted.
+    pub fn holders(&self, role: &str) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .users
+            .iter()
+            .filter(|(_, u)| u.roles.iter().any(|r| r == role))
+            .map(|(n, _)| n.as_str())
+            .collect();
+        names.sort_unstable();
+        names
     }
 
     /// What may be shown of `user` (no hash); `None` if unknown.
@@ -474,6 +677,8 @@ impl Users {
         self.users.get(user).map(|u| UserSummary {
             name: user.to_owned(),
             roles: u.roles.clone(),
+            admin: u.admin.iter().max().copied(),
+            own: u.own.clone(),
             publish: strings(&u.permissions.publish),
             subscribe: strings(&u.permissions.subscribe),
             deny_publish: strings(&u.permissions.deny_publish),
@@ -548,16 +753,20 @@ pub fn save_user(
     roles: Option<&[AdminRole]>,
 ) -> Result<(), UsersError> {
     let spec = PermissionSpec::allowing(publish, subscribe);
-    save_user_with(path, name, password, &spec, roles)
+    let roles: Option<Vec<String>> =
+        roles.map(|r| r.iter().map(|r| r.as_str().to_owned()).collect());
+    save_user_with(path, name, password, &spec, roles.as_deref())
 }
 
-/// [`save_user`] with every permission list, deny rules included.
+/// [`save_user`] with every permission list, deny rules included, and
+/// roles by name (defined or built-in; an unknown one is
+/// [`UsersError::UnknownRole`]).
 pub fn save_user_with(
     path: &Path,
     name: &str,
     password: &[u8],
     permissions: &PermissionSpec,
-    roles: Option<&[AdminRole]>,
+    roles: Option<&[String]>,
 ) -> Result<(), UsersError> {
     if !valid_name(name) {
         return Err(UsersError::InvalidName(name.to_owned()));
@@ -569,20 +778,19 @@ pub fn save_user_with(
     entry.insert("password_hash", toml_edit::value(hash));
     entry.insert("scram_sha_256", toml_edit::value(scram));
     permissions.write_to(&mut entry);
-    let new_roles = roles.map(|roles| {
-        let mut roles = roles.to_vec();
-        roles.sort_unstable();
-        roles.dedup();
-        roles.iter().map(|r| r.as_str()).collect::<Vec<_>>()
-    });
 
-    edit_file(path, |users| {
+    edit_doc(path, |loaded, doc| {
+        let users = users_table(doc)?;
+        let roles = match roles {
+            Some(roles) => Some(checked_roles(loaded, roles)?),
+            None => None,
+        };
         let kept = users
             .get(name)
             .and_then(|old| old.get("roles"))
-            .filter(|_| new_roles.is_none())
+            .filter(|_| roles.is_none())
             .cloned();
-        match (&new_roles, kept) {
+        match (&roles, kept) {
             (Some(roles), _) if !roles.is_empty() => {
                 entry.insert("roles", string_array(roles));
             }
@@ -592,8 +800,26 @@ pub fn save_user_with(
             _ => {}
         }
         users.insert(name, toml_edit::Item::Table(entry));
+        Ok(())
     })
-    .map(|_| ())
+}
+
+/// `roles` each once, in order, if every one is known to `users` and
+/// there are at most [`ROLES_PER_USER_MAX`].
+fn checked_roles<'a>(users: &Users, roles: &'a [String]) -> Result<Vec<&'a str>, UsersError> {
+    let mut out: Vec<&str> = Vec::with_capacity(roles.len());
+    for role in roles {
+        if !users.knows_role(role) {
+            return Err(UsersError::UnknownRole(role.clone()));
+        }
+        if !out.contains(&role.as_str()) {
+            out.push(role);
+        }
+    }
+    if out.len() > ROLES_PER_USER_MAX {
+        return Err(UsersError::TooManyRoles);
+    }
+    Ok(out)
 }
 
 /// The argon2 hash and SCRAM-SHA-256 credentials a users file stores for
@@ -641,24 +867,25 @@ pub fn set_permissions(
     Ok(found)
 }
 
-/// Sets the admin roles of an existing user (none: an empty list), keeping
-/// its password and permissions. Returns false if there is no such user
-/// (the file is then left as it was).
-pub fn set_roles(path: &Path, name: &str, roles: &[AdminRole]) -> Result<bool, UsersError> {
-    let mut roles = roles.to_vec();
-    roles.sort_unstable();
-    roles.dedup();
-    let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
+/// Sets the roles of an existing user by name, defined or built-in, in
+/// this order (the first is the balancer's `role_name`; none: an empty
+/// list), keeping its password and permissions. Returns false if there is
+/// no such user (the file is then left as it was); an unknown role is
+/// [`UsersError::UnknownRole`].
+pub fn set_roles(path: &Path, name: &str, roles: &[String]) -> Result<bool, UsersError> {
     let mut found = false;
-    edit_file(path, |users| {
+    edit_doc(path, |loaded, doc| {
+        let roles = checked_roles(loaded, roles)?;
+        let users = users_table(doc)?;
         if let Some(entry) = users.get_mut(name).and_then(|e| e.as_table_like_mut()) {
-            if names.is_empty() {
+            if roles.is_empty() {
                 entry.remove("roles");
             } else {
-                entry.insert("roles", string_array(&names));
+                entry.insert("roles", string_array(&roles));
             }
             found = true;
         }
+        Ok(())
     })?;
     Ok(found)
 }
@@ -670,10 +897,50 @@ pub fn remove_user(path: &Path, name: &str) -> Result<bool, UsersError> {
     Ok(removed)
 }
 
-/// Loads the file (refusing one that does not load cleanly, so a broken
-/// file is never made worse), lets `change` edit its `[users]` table,
-/// checks that the result loads, and replaces the file atomically.
+/// [`edit_doc`] of the `[users]` table alone.
 fn edit_file(path: &Path, change: impl FnOnce(&mut toml_edit::Table)) -> Result<(), UsersError> {
+    edit_doc(path, |_, doc| {
+        change(users_table(doc)?);
+        Ok(())
+    })
+}
+
+/// A table of the document (`users`, `roles`), made (implicit: only its
+/// `[users.NAME]` headers are written) if absent.
+fn doc_table<'d>(
+    doc: &'d mut toml_edit::DocumentMut,
+    name: &str,
+) -> Result<&'d mut toml_edit::Table, UsersError> {
+    doc.entry(name)
+        .or_insert_with(|| {
+            let mut t = toml_edit::Table::new();
+            t.set_implicit(true);
+            toml_edit::Item::Table(t)
+        })
+        .as_table_mut()
+        .ok_or_else(|| UsersError::Invalid {
+            location: Location {
+                origin: "users file".to_owned(),
+                line: None,
+                column: None,
+            },
+            key: name.to_owned(),
+            message: "must be a table".to_owned(),
+        })
+}
+
+fn users_table(doc: &mut toml_edit::DocumentMut) -> Result<&mut toml_edit::Table, UsersError> {
+    doc_table(doc, "users")
+}
+
+/// Loads the file (refusing one that does not load cleanly, so a broken
+/// file is never made worse), lets `change` edit the document, knowing
+/// the users it held, checks that the result loads, and replaces the file
+/// atomically. An error of `change` leaves the file as it was.
+fn edit_doc(
+    path: &Path,
+    change: impl FnOnce(&Users, &mut toml_edit::DocumentMut) -> Result<(), UsersError>,
+) -> Result<(), UsersError> {
     let origin = path.display().to_string();
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
@@ -685,7 +952,7 @@ fn edit_file(path: &Path, change: impl FnOnce(&mut toml_edit::Table)) -> Result<
             })
         }
     };
-    Users::parse(&text, &origin)?;
+    let loaded = Users::parse(&text, &origin)?;
     let mut doc: toml_edit::DocumentMut =
         text.parse()
             .map_err(|e: toml_edit::TomlError| UsersError::Syntax {
@@ -696,25 +963,7 @@ fn edit_file(path: &Path, change: impl FnOnce(&mut toml_edit::Table)) -> Result<
                 },
                 message: e.message().to_owned(),
             })?;
-    let users = doc
-        .entry("users")
-        .or_insert_with(|| {
-            let mut t = toml_edit::Table::new();
-            // Only `[users.NAME]` headers, no empty `[users]`.
-            t.set_implicit(true);
-            toml_edit::Item::Table(t)
-        })
-        .as_table_mut()
-        .ok_or_else(|| UsersError::Invalid {
-            location: Location {
-                origin: origin.clone(),
-                line: None,
-                column: None,
-            },
-            key: "users".to_owned(),
-            message: "must be a table".to_owned(),
-        })?;
-    change(users);
+    change(&loaded, &mut doc)?;
     let new_text = doc.to_string();
     // Never write a file the broker would refuse.
     Users::parse(&new_text, &origin)?;

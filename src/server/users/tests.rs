@@ -226,9 +226,9 @@ fn the_example_file_parses_and_its_sample_user_works() {
     let mut enabled = String::new();
     let mut inside = false;
     for line in EXAMPLE_FILE.lines() {
-        if line.contains("BEGIN sample user") {
+        if line.contains("BEGIN sample") {
             inside = true;
-        } else if line.contains("END sample user") {
+        } else if line.contains("END sample") {
             inside = false;
         } else if inside {
             enabled.push_str(line.strip_prefix("# ").unwrap_or(line));
@@ -236,8 +236,12 @@ fn the_example_file_parses_and_its_sample_user_works() {
         }
     }
     let sample = Users::parse(&enabled, "sample").expect("sample parses");
+    // The sample role is a working definition too.
+    let role = sample.role("sensors").expect("the sample role");
+    assert_eq!(role.admin, Some(AdminRole::Monitoring));
+    assert_eq!(role.permissions.deny_publish, ["/topic/sensors/admin"]);
     assert!(sample.verify("sensor-42", b"change-me"));
-    assert_eq!(sample.roles("sensor-42"), [AdminRole::Monitoring]);
+    assert_eq!(sample.admin_rights("sensor-42"), [AdminRole::Monitoring]);
     let creds = sample.scram("sensor-42").expect("scram");
     assert_eq!(
         scram::derive(b"change-me", &creds.salt, creds.iterations),
@@ -281,9 +285,10 @@ fn roles_load_are_checked_and_survive_a_password_change_by_the_cli() {
     .expect("save");
     let users = Users::load(&path).expect("load");
     assert_eq!(
-        users.roles("ops"),
+        users.admin_rights("ops"),
         [AdminRole::Monitoring, AdminRole::Management]
     );
+    assert_eq!(users.roles("ops"), ["management", "monitoring"], "as given");
     assert_eq!(users.highest_role("ops"), Some(AdminRole::Management));
     // `rosetta user add` again (no roles given) keeps them.
     add_user(&path, "ops", b"pw2", None, None).expect("add again");
@@ -323,7 +328,8 @@ fn deny_rules_load_save_and_change_without_touching_the_rest() {
         deny_publish: strings(&["/queue/audit"]),
         deny_subscribe: strings(&["/topic/test/nosubscribe"]),
     };
-    save_user_with(&path, "dora", b"pw", &spec, Some(&[AdminRole::Monitoring])).expect("save");
+    let monitoring = strings(&["monitoring"]);
+    save_user_with(&path, "dora", b"pw", &spec, Some(&monitoring)).expect("save");
     add_user(&path, "old", b"pw", None, None).expect("add");
     let text = std::fs::read_to_string(&path).expect("read");
     assert!(
@@ -352,7 +358,7 @@ fn deny_rules_load_save_and_change_without_touching_the_rest() {
     assert!(!set_permissions(&path, "nobody", &open).expect("set"));
     let users = Users::load(&path).expect("load");
     assert!(users.verify("dora", b"pw"));
-    assert_eq!(users.roles("dora"), [AdminRole::Monitoring]);
+    assert_eq!(users.admin_rights("dora"), [AdminRole::Monitoring]);
     let summary = users.summary("dora").expect("dora");
     assert_eq!(summary.publish, ["/topic/a/#"]);
     assert!(summary.deny_subscribe.is_empty() && summary.deny_publish.is_empty());
@@ -371,4 +377,177 @@ fn deny_rules_load_save_and_change_without_touching_the_rest() {
         Err(UsersError::InvalidPattern(_))
     ));
     assert_eq!(std::fs::read_to_string(&path).expect("read"), before);
+}
+
+/// The file of `roles_are_defined_held_and_combined`: a role with lists
+/// and an admin right, one with a deny rule only, and users holding them.
+fn roles_file(hash: &str) -> String {
+    format!(
+        r#"[roles.sensors]
+publish = ["/topic/sensors/#"]
+subscribe = ["/topic/commands/#"]
+deny_publish = ["/topic/sensors/admin"]
+admin = "management"
+
+[roles.no-test]
+deny_subscribe = ["/topic/test/#"]
+
+[users.s1]
+{hash}
+roles = ["sensors", "no-test"]
+
+[users.s2]
+{hash}
+publish = ["/queue/orders"]
+roles = ["monitoring", "sensors"]
+
+[users.old]
+{hash}
+roles = ["monitoring"]
+"#
+    )
+}
+
+#[test]
+fn roles_are_defined_held_and_combined() {
+    let hash_line = format!(
+        "password_hash = \"{}\"",
+        password::hash(b"pw").expect("hash")
+    );
+    let users = Users::parse(&roles_file(&hash_line), "f").expect("parses");
+    let topic = |t: &str| Address::Topic(t.into());
+
+    // s1: only what its roles allow, every deny of theirs.
+    let s1 = users.permissions(Some("s1"));
+    assert!(s1.may_publish(&topic("sensors/1")));
+    assert!(
+        !s1.may_publish(&topic("sensors/admin")),
+        "a role's deny wins"
+    );
+    assert!(
+        !s1.may_publish(&topic("other")),
+        "a role's list replaces 'everything'"
+    );
+    assert!(s1.may_subscribe(&topic("commands/1")));
+    assert!(!s1.may_subscribe(&topic("test/x")));
+    assert_eq!(users.roles("s1"), ["sensors", "no-test"]);
+    assert_eq!(users.highest_role("s1"), Some(AdminRole::Management));
+
+    // s2: its own list and its role's together; built-in and defined
+    // admin rights both count.
+    let s2 = users.permissions(Some("s2"));
+    assert!(s2.may_publish(&Address::Queue("orders".into())));
+    assert!(s2.may_publish(&topic("sensors/2")));
+    assert!(!s2.may_publish(&topic("other")));
+    assert_eq!(
+        users.admin_rights("s2"),
+        [AdminRole::Monitoring, AdminRole::Management]
+    );
+    assert_eq!(users.roles("s2"), ["monitoring", "sensors"]);
+
+    // A user with built-in roles only means what it always meant.
+    assert_eq!(users.permissions(Some("old")), &Permissions::everything());
+
+    let summary = users.summary("s1").expect("s1");
+    assert_eq!(summary.publish, ["/topic/sensors/#"]);
+    assert_eq!(summary.own, PermissionSpec::default());
+    assert_eq!(summary.admin, Some(AdminRole::Management));
+    let role = users.role("sensors").expect("defined");
+    assert_eq!(role.admin, Some(AdminRole::Management));
+    assert_eq!(role.permissions.deny_publish, ["/topic/sensors/admin"]);
+    assert_eq!(users.role_names(), ["no-test", "sensors"]);
+    assert_eq!(users.holders("sensors"), ["s1", "s2"]);
+    assert!(users.knows_role("monitoring") && users.knows_role("sensors"));
+    assert!(!users.knows_role("ghost") && users.role("monitoring").is_none());
+}
+
+#[test]
+fn bad_roles_are_refused_with_their_line() {
+    let hash_line = format!(
+        "password_hash = \"{}\"",
+        password::hash(b"pw").expect("hash")
+    );
+    for (text, key, line) in [
+        // A user naming a role that no one defined.
+        (
+            format!("[roles.a]\n\n[users.x]\n{hash_line}\nroles = [\"a\", \"b\"]\n"),
+            "users.x.roles[1]",
+            5,
+        ),
+        // A role redefining a built-in one.
+        (
+            "[roles.monitoring]\npublish = []\n".to_owned(),
+            "roles.monitoring",
+            1,
+        ),
+        // A bad admin right, a bad pattern, an unknown key.
+        (
+            "[roles.a]\nadmin = \"root\"\n".to_owned(),
+            "roles.a.admin",
+            2,
+        ),
+        (
+            "[roles.a]\npublish = [\"x\"]\n".to_owned(),
+            "roles.a.publish[0]",
+            2,
+        ),
+        ("[roles.a]\nallow = []\n".to_owned(), "roles.a.allow", 2),
+    ] {
+        let err = Users::parse(&text, "f").expect_err(key);
+        assert_eq!((err.key(), err.line()), (Some(key), Some(line)), "{err}");
+    }
+}
+
+#[test]
+fn roles_are_saved_given_and_removed_through_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("users.toml");
+    add_user(&path, "alice", b"pw", None, None).expect("add");
+    let sensors = RoleSpec {
+        permissions: PermissionSpec::allowing(Some(&strings(&["/topic/sensors/#"])), None),
+        admin: Some(AdminRole::Monitoring),
+    };
+    assert!(save_role(&path, "sensors", &sensors).expect("new"));
+    assert!(!save_role(&path, "sensors", &sensors).expect("replaced"));
+    for (name, want) in [("monitoring", "built-in"), ("a.b", "invalid role name")] {
+        let err = save_role(&path, name, &sensors).expect_err(name);
+        assert!(err.to_string().contains(want), "{err}");
+    }
+    // An absent allow list is not written as "#": alice's roles decide.
+    let text = std::fs::read_to_string(&path).expect("read");
+    let alice = text
+        .split("[users.alice]")
+        .nth(1)
+        .and_then(|rest| rest.split("\n[").next())
+        .expect("alice");
+    assert!(!alice.contains("publish"), "{alice}");
+
+    let roles = strings(&["sensors", "monitoring"]);
+    assert!(set_roles(&path, "alice", &roles).expect("set"));
+    let users = Users::load(&path).expect("load");
+    assert!(!users
+        .permissions(Some("alice"))
+        .may_publish(&Address::Topic("other".into())));
+    assert!(matches!(
+        set_roles(&path, "alice", &strings(&["ghost"])),
+        Err(UsersError::UnknownRole(r)) if r == "ghost"
+    ));
+    let before = std::fs::read_to_string(&path).expect("read");
+    match remove_role(&path, "sensors") {
+        Err(UsersError::RoleInUse { role, users }) => {
+            assert_eq!((role.as_str(), users), ("sensors", strings(&["alice"])));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(std::fs::read_to_string(&path).expect("read"), before);
+    assert!(set_roles(&path, "alice", &[]).expect("set"));
+    assert!(remove_role(&path, "sensors").expect("removed"));
+    assert!(!remove_role(&path, "sensors").expect("gone"));
+    assert!(matches!(
+        remove_role(&path, "administrator"),
+        Err(UsersError::BuiltinRole(_))
+    ));
+    let users = Users::load(&path).expect("load");
+    assert!(users.role_names().is_empty());
+    assert_eq!(users.permissions(Some("alice")), &Permissions::everything());
 }
