@@ -3,8 +3,10 @@ playwright-core (driver.mjs): the broker binary serves the console from its
 admin listener; the test logs in as an administrator and, with real clients
 beside it (stomp.py, paho-mqtt), watches a queue fill as it publishes,
 purges it, closes the STOMP client's connection with a reason, sees the
-rates chart move, deletes an MQTT session, reads the roles, adds a user
-with roles (who can then use the API) and deletes it. After each step
+rates chart move, deletes an MQTT session, reads the built-in roles,
+defines a role, adds a user holding it (who can then use the API, with
+its role's permissions), is refused removing the role while it is held,
+and deletes both. After each step
 the page is saved as a PNG in a results directory that the test prints
 (ROSETTA_RESULTS_DIR, default interop/results/console-<UTC time>). The
 broker is started and stopped by the test.
@@ -132,6 +134,7 @@ def test_console_logs_in_watches_a_queue_fill_purges_it_closes_a_connection_and_
     client_id = f"stomp-{uniq()}"
     session_id = f"mqtt-{uniq()}"
     new_user = f"user-{uniq()}"
+    new_role = f"role-{uniq()}"
     conn = stomp.Connection12([("127.0.0.1", broker.ports["stomp"])], heartbeats=(0, 0), auto_decode=False)
     listener = Listener()
     conn.set_listener("l", listener)
@@ -223,34 +226,88 @@ def test_console_logs_in_watches_a_queue_fill_purges_it_closes_a_connection_and_
         assert api_status(broker, f"/api/v1/sessions/{session_id}") == 404
         steps.shot("session-deleted")
 
-        # Roles: the three, each with the routes it may call.
+        # Roles: the three built-in ones, each with the routes it may call.
         view(browser, "roles")
-        roles = browser.eval(until(
-            "document.querySelectorAll('tr[data-role]').length === 3 &&"
-            " [...document.querySelectorAll('tr[data-role]')].map(r => r.dataset.role)"))
-        assert sorted(roles) == ["administrator", "management", "monitoring"]
+        builtin = browser.eval(until(
+            "document.querySelectorAll('tr[data-builtin=true]').length === 3 &&"
+            " [...document.querySelectorAll('tr[data-builtin=true]')].map(r => r.dataset.role)"))
+        assert sorted(builtin) == ["administrator", "management", "monitoring"]
         steps.shot("roles")
 
-        # Users: add one with two roles; it can then read the API.
+        # Define a role with a deny rule and an admin right through the form.
+        role_row = f"document.querySelector('tr[data-role={js(new_role)}]')"
+        browser.eval(f"document.getElementById('role-name').value = {js(new_role)};"
+                     "document.getElementById('role-admin').value = 'monitoring';"
+                     "document.getElementById('role-publish').value = '/topic/console/#';"
+                     "document.getElementById('role-deny-subscribe').value = '/topic/console/secret';"
+                     "document.querySelector('#role-define button[type=submit]').click(); true")
+        admin_cell = browser.eval(until(f"{role_row} && {role_row}.querySelector('[data-field=admin]').textContent"))
+        assert admin_cell == "monitoring"
+        defined = api(broker, f"/api/v1/roles/{new_role}")
+        assert defined["builtin"] is False and defined["admin"] == "monitoring", defined
+        assert defined["publish"] == ["/topic/console/#"], defined
+        assert defined["subscribe"] is None, defined
+        assert defined["deny_subscribe"] == ["/topic/console/secret"], defined
+        steps.shot("role-defined")
+        # Edit fills the form with the definition; saving replaces it whole.
+        browser.eval(f"{role_row}.querySelector('[data-action=edit]').click(); true")
+        assert browser.eval("document.getElementById('role-publish').value") == "/topic/console/#"
+        browser.eval("document.getElementById('role-admin').value = '';"
+                     "document.querySelector('#role-define button[type=submit]').click(); true")
+        browser.eval(until(f"{role_row} && {role_row}.querySelector('[data-field=admin]').textContent === '-'"))
+        edited = api(broker, f"/api/v1/roles/{new_role}")
+        assert edited["admin"] is None and edited["deny_subscribe"] == ["/topic/console/secret"], edited
+
+        # Users: add one holding the defined role and a built-in one; its
+        # permissions are its own and its role's; it can then read the API.
         view(browser, "users")
+        option = f"document.querySelector('#user-roles input[value={js(new_role)}]')"
+        browser.eval(until(option))
         browser.eval(f"document.getElementById('user-name').value = {js(new_user)};"
                      "document.getElementById('user-password').value = 'new-pw';"
-                     "document.querySelector('#user-roles input[value=monitoring]').checked = true;"
+                     f"{option}.checked = true;"
                      "document.querySelector('#user-roles input[value=management]').checked = true;"
                      "document.getElementById('user-subscribe').value = '/queue/console-only';"
+                     "document.getElementById('user-deny-publish').value = '/topic/console/audit';"
                      "document.querySelector('#user-add button[type=submit]').click(); true")
         user_row = f"document.querySelector('tr[data-user={js(new_user)}]')"
         shown = browser.eval(until(f"{user_row} && {user_row}.querySelector('[data-field=roles]').textContent"))
-        assert "monitoring" in shown and "management" in shown, shown
+        assert new_role in shown and "management" in shown, shown
+        assert browser.eval(f"{user_row}.querySelector('[data-field=admin]').textContent") == "management"
         stored = api(broker, f"/api/v1/users/{new_user}")
-        assert sorted(stored["roles"]) == ["management", "monitoring"], stored
+        assert sorted(stored["roles"]) == sorted([new_role, "management"]), stored
         assert stored["subscribe"] == ["/queue/console-only"], stored
+        assert stored["publish"] == ["/topic/console/#"], stored
+        assert stored["deny_publish"] == ["/topic/console/audit"], stored
+        assert stored["deny_subscribe"] == ["/topic/console/secret"], stored
         assert api_status(broker, "/api/v1/overview", user=new_user, password="new-pw") == 200
         steps.shot("user-added")
+
+        # A role its users still hold is not removed: the API's 409 shows.
+        view(browser, "roles")
+        holders = browser.eval(until(f"{role_row} && {role_row}.querySelector('[data-field=users]').textContent"
+                                     f" !== '' && {role_row}.querySelector('[data-field=users]').textContent"))
+        assert holders == new_user, holders
+        browser.eval("document.getElementById('status').textContent = ''; true")
+        browser.eval(f"{role_row}.querySelector('[data-action=delete]').click(); true")
+        refused = browser.eval(until("document.getElementById('status').textContent"))
+        assert "409" in refused and new_user in refused, refused
+        assert api_status(broker, f"/api/v1/roles/{new_role}") == 200
+        steps.shot("role-in-use")
+
+        view(browser, "users")
+        browser.eval(until(user_row))
         browser.eval(f"{user_row}.querySelector('[data-action=delete]').click(); true")
         browser.eval(until(f"!{user_row}"))
         assert api_status(broker, f"/api/v1/users/{new_user}") == 404
         steps.shot("user-deleted")
+
+        view(browser, "roles")
+        browser.eval(until(role_row))
+        browser.eval(f"{role_row}.querySelector('[data-action=delete]').click(); true")
+        browser.eval(until(f"!{role_row}"))
+        assert api_status(broker, f"/api/v1/roles/{new_role}") == 404
+        steps.shot("role-removed")
     finally:
         stop.set()
         browser.close()

@@ -293,6 +293,8 @@ async function showSessions() {
   showTotal("session-total", s, "session(s)");
 }
 
+// The roles, built-in and defined: GET /api/v1/roles. Also what the
+// user form offers, so that it lists every role the broker knows.
 async function showRoles() {
   const r = await api("GET", `/api/v1/roles?page_size=${PAGE_SIZE}`);
   const body = $("roles");
@@ -300,8 +302,17 @@ async function showRoles() {
   for (const item of r.items) {
     const row = document.createElement("tr");
     row.dataset.role = item.name;
+    row.dataset.builtin = String(item.builtin);
     cell(row, item.name);
-    cell(row, (item.includes || []).join(", ") || "-");
+    cell(row, item.admin).dataset.field = "admin";
+    // A built-in role's allow lists are null: it says nothing of them.
+    cell(row, shown(item.publish)).dataset.field = "publish";
+    cell(row, shown(item.subscribe)).dataset.field = "subscribe";
+    cell(row, shown(item.deny_publish)).dataset.field = "deny_publish";
+    cell(row, shown(item.deny_subscribe)).dataset.field = "deny_subscribe";
+    // The listing does not say who holds a role; GET /api/v1/roles/{name} does.
+    const holders = cell(row, "");
+    holders.dataset.field = "users";
     const allows = cell(row, "");
     const details = document.createElement("details");
     const summary = document.createElement("summary");
@@ -314,14 +325,86 @@ async function showRoles() {
     }
     details.append(summary, list);
     allows.replaceChildren(details);
+    const actions = cell(row, "");
+    if (!item.builtin) {
+      button(actions, "Edit", async () => editRole(item));
+      // The API refuses (409) to remove a role that users still hold.
+      button(actions, "Delete", async () => {
+        await api("DELETE", `/api/v1/roles/${enc(item.name)}`);
+        say(`role ${item.name} removed`, true);
+      });
+    }
     body.appendChild(row);
+  }
+  await Promise.all(
+    r.items.map(async (item) => {
+      const one = await api("GET", `/api/v1/roles/${enc(item.name)}`);
+      const row = body.querySelector(`tr[data-role="${CSS.escape(item.name)}"]`);
+      if (row) row.querySelector("[data-field=users]").textContent = (one.users || []).join(", ") || "-";
+    }),
+  );
+  return r.items;
+}
+
+// Fills the role form with `item`'s definition, to change and save.
+function editRole(item) {
+  $("role-name").value = item.name;
+  $("role-admin").value = item.admin || "";
+  $("role-publish").value = patterns(item.publish) || "";
+  $("role-subscribe").value = patterns(item.subscribe) || "";
+  $("role-deny-publish").value = patterns(item.deny_publish) || "";
+  $("role-deny-subscribe").value = patterns(item.deny_subscribe) || "";
+  $("role-name").focus();
+}
+
+async function defineRole(event) {
+  event.preventDefault();
+  const name = $("role-name").value;
+  // PUT carries the whole definition: an absent allow list says nothing.
+  const body = {
+    deny_publish: patternList($("role-deny-publish").value) || [],
+    deny_subscribe: patternList($("role-deny-subscribe").value) || [],
+  };
+  const publish = patternList($("role-publish").value);
+  const subscribe = patternList($("role-subscribe").value);
+  if (publish) body.publish = publish;
+  if (subscribe) body.subscribe = subscribe;
+  if ($("role-admin").value) body.admin = $("role-admin").value;
+  try {
+    await api("PUT", `/api/v1/roles/${enc(name)}`, body);
+    $("role-define").reset();
+    say(`role ${name} saved`, true);
+    await refresh();
+  } catch (e) {
+    say(e.message);
   }
 }
 
 const patterns = (list) => (Array.isArray(list) ? list.join(", ") : list);
+// A list as a table shows it: "-" for an absent or empty one.
+const shown = (list) => patterns(list) || "-";
+
+// The user form's role choices: every role the broker knows, keeping what
+// is ticked across refreshes.
+async function offerRoles() {
+  const r = await api("GET", `/api/v1/roles?page_size=${PAGE_SIZE}`);
+  const box = $("user-roles");
+  const ticked = new Set([...box.querySelectorAll("input[name=role]:checked")].map((c) => c.value));
+  for (const old of box.querySelectorAll("label")) old.remove();
+  for (const item of r.items) {
+    const label = document.createElement("label");
+    const input = document.createElement("input");
+    input.type = "checkbox";
+    input.name = "role";
+    input.value = item.name;
+    input.checked = ticked.has(item.name);
+    label.append(input, ` ${item.name}`);
+    box.append(label);
+  }
+}
 
 async function showUsers() {
-  const u = await api("GET", `/api/v1/users?page_size=${PAGE_SIZE}`);
+  const [u] = await Promise.all([api("GET", `/api/v1/users?page_size=${PAGE_SIZE}`), offerRoles()]);
   const body = $("users");
   body.replaceChildren();
   for (const item of u.items) {
@@ -329,8 +412,12 @@ async function showUsers() {
     row.dataset.user = item.name;
     cell(row, item.name);
     cell(row, item.roles.join(", ") || "-").dataset.field = "roles";
-    cell(row, patterns(item.publish));
-    cell(row, patterns(item.subscribe));
+    cell(row, item.admin).dataset.field = "admin";
+    // Effective lists: the user's own and its roles' together.
+    cell(row, shown(item.publish)).dataset.field = "publish";
+    cell(row, shown(item.subscribe)).dataset.field = "subscribe";
+    cell(row, shown(item.deny_publish)).dataset.field = "deny_publish";
+    cell(row, shown(item.deny_subscribe)).dataset.field = "deny_subscribe";
     button(cell(row, ""), "Delete", async () => {
       await api("DELETE", `/api/v1/users/${enc(item.name)}`);
       say(`user ${item.name} deleted`, true);
@@ -408,7 +495,7 @@ async function login(event) {
   }
 }
 
-// "a, b" as ["a", "b"]; empty: absent (the API's default, everything).
+// "a, b" as ["a", "b"]; empty: absent (the API's default: says nothing).
 function patternList(text) {
   const list = text.split(",").map((p) => p.trim()).filter((p) => p);
   return list.length ? list : undefined;
@@ -423,6 +510,8 @@ async function addUser(event) {
   const subscribe = patternList($("user-subscribe").value);
   if (publish) body.publish = publish;
   if (subscribe) body.subscribe = subscribe;
+  body.deny_publish = patternList($("user-deny-publish").value) || [];
+  body.deny_subscribe = patternList($("user-deny-subscribe").value) || [];
   try {
     await api("POST", "/api/v1/users", body);
     $("user-add").reset();
@@ -436,6 +525,7 @@ async function addUser(event) {
 document.addEventListener("DOMContentLoaded", () => {
   $("login").addEventListener("submit", login);
   $("user-add").addEventListener("submit", addUser);
+  $("role-define").addEventListener("submit", defineRole);
   $("logout").addEventListener("click", () => logout("logged out"));
   $("queue-filter").addEventListener("input", () => refresh());
   $("session-filter").addEventListener("input", () => refresh());
