@@ -1445,9 +1445,14 @@ async fn overview_rates_and_sync_latency_move_when_messages_flow() {
     let mut consumer = StompClient::connect(admin.broker.stomp(), &creds).await;
     consumer.subscribe("s", "/queue/rates", "auto", &[]).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    // Every SEND is receipted before the overview is read and every
+    // MESSAGE taken, so the totals must match these counts exactly: a
+    // counter bumped twice, or not at all, on some path fails here.
+    let mut sent = 0u64;
     let body = loop {
         producer.send_numbered("/queue/rates", 5).await;
         consumer.messages(5).await;
+        sent += 5;
         let (_, body) = admin.get("/api/v1/overview", WATCHER).await;
         let rate = |key: &str| body["messages"]["rates"][key].as_f64().unwrap_or(0.0);
         let moving = ["published_per_s", "delivered_per_s", "acknowledged_per_s"]
@@ -1462,14 +1467,12 @@ async fn overview_rates_and_sync_latency_move_when_messages_flow() {
         );
     };
     let m = &body["messages"];
-    assert!(
-        m["published_total"].as_u64().is_some_and(|n| n >= 5),
-        "{body}"
-    );
-    assert!(
-        m["delivered_total"].as_u64().is_some_and(|n| n >= 5),
-        "{body}"
-    );
+    // This broker has had no other client: nothing else publishes, and the
+    // broker's own messages ($SYS, dead letters) are not counted.
+    assert_eq!(m["published_total"], json!(sent), "{body}");
+    assert_eq!(m["delivered_total"], json!(sent), "{body}");
+    // `ack:auto` settles each delivery as it is sent.
+    assert_eq!(m["acknowledged_total"], json!(sent), "{body}");
     let sync = &body["journal"]["sync_latency"];
     let (p50, p99) = (sync["p50_us"].as_u64(), sync["p99_us"].as_u64());
     assert!(
