@@ -31,7 +31,8 @@ ROSETTA_PID=$!
 PEER_PIDS+=("$ROSETTA_PID")
 wait_port "$ADMIN_PORT" "$ROSETTA_PID" 30 || { tail -20 "$dir/rosetta.log"; exit 1; }
 deadline=$((SECONDS + 30))
-until grep -q "ready: journal recovered" "$dir/rosetta.log"; do
+# `rosetta::READY_LOG_LINE`: the admin API answers every route.
+until grep -q "ready: journal recovered, listeners bound" "$dir/rosetta.log"; do
   [ $SECONDS -lt $deadline ] || { echo "broker never ready"; tail -20 "$dir/rosetta.log"; exit 1; }
   sleep 0.2
 done

@@ -14,3 +14,9 @@ pub use rosetta_core as core;
 pub use rosetta_server as server;
 pub use rosetta_server::{access, hash_pool, users};
 pub use rosetta_store as store;
+
+/// What the broker logs once its journal is recovered, its listeners are
+/// bound and its admin API answers every route: the line to wait for
+/// before using a broker just started (the integration tests' harness
+/// does; the Python harnesses and bench scripts match it as text).
+pub const READY_LOG_LINE: &str = "ready: journal recovered, listeners bound";

@@ -581,7 +581,7 @@ async fn serve(
     }
     // After the admin API has the broker, so that whoever waits for this
     // line (an operator, the test harness) finds every route answering.
-    tracing::info!("ready: journal recovered, listeners bound");
+    tracing::info!("{}", rosetta::READY_LOG_LINE);
     let users_file = broker.view().config().users_file();
     let view = broker.view();
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;

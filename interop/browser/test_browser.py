@@ -36,6 +36,11 @@ def free_port():
         return s.getsockname()[1]
 
 
+# What the broker logs once it is recovered, listening and its admin API
+# answers (`rosetta::READY_LOG_LINE` in src/lib.rs).
+READY_LOG_LINE = "ready: journal recovered, listeners bound"
+
+
 def uniq():
     return uuid.uuid4().hex[:10]
 
@@ -73,10 +78,21 @@ class Broker:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"broker not listening on {port}: {self.log_tail()}")
                     time.sleep(0.05)
+        # The admin listener answers 503 until the broker is ready: wait for
+        # the line that says so (`rosetta::READY_LOG_LINE` in src/lib.rs).
+        while READY_LOG_LINE not in self.log_text():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"broker not ready: {self.log_tail()}")
+            time.sleep(0.05)
+
+    def log_text(self):
+        self.log.flush()
+        return (self.dir / "broker.log").read_text(errors="replace")
 
     def log_tail(self):
-        self.log.flush()
-        return (self.dir / "broker.log").read_text(errors="replace")[-3000:]
+        return self.log_text()[-3000:]
 
     def stop(self):
         self.proc.terminate()

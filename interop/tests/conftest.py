@@ -21,6 +21,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# What the broker logs once it is recovered, listening and its admin API
+# answers (`rosetta::READY_LOG_LINE` in src/lib.rs).
+READY_LOG_LINE = "ready: journal recovered, listeners bound"
 INTEROP = ROOT / "interop"
 NODE_DIR = INTEROP / "node"
 
@@ -188,6 +191,21 @@ listen = "{f'127.0.0.1:{self.admin_port}' if self.admin_port else ''}"
                 except OSError:
                     pass
             time.sleep(0.05)
+        # The admin listener is bound before recovery and answers 503 until
+        # the broker is ready: wait for the line that says so.
+        while not self._ready_logged():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"broker not ready within {timeout}s:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    def _ready_logged(self) -> bool:
+        """Whether this start's log has the broker's ready line
+        (`rosetta::READY_LOG_LINE`)."""
+        self._log.flush()
+        text = self.log_path.read_text(errors="replace")
+        return READY_LOG_LINE in text.rsplit(f"===== start {self.starts - 1} =====", 1)[-1]
 
     def stop(self, timeout=15.0):
         """SIGTERM (phased shutdown); SIGKILL if it hangs. Returns the exit code."""

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 // The blocking client speaks the same frames as the async one: one frame
 // type, one encoder (`frame`, as these tests call it), one parser.
+use rosetta::READY_LOG_LINE as READY_LINE;
+
 use super::stomp::parse_frame;
 pub use super::stomp::{encode as frame, Frame};
 
@@ -32,10 +34,6 @@ const LISTENERS: [&str; 9] = [
 /// Log lines a [`BrokerProcess`] keeps for the test to look at; later ones
 /// are only drained (a chatty broker must not grow the test's memory).
 const LOG_LINES_KEPT_MAX: usize = 10_000;
-/// What the broker logs once it is recovered, listening and its admin API
-/// answers every route (`src/main.rs`).
-const READY_LINE: &str = "ready: journal recovered, listeners bound";
-
 /// A log line the start-up waits for.
 enum StartLine {
     Listening(String, SocketAddr),
