@@ -987,3 +987,64 @@ async fn bad_input_is_refused_and_harms_no_one_else() {
     assert_eq!(mqtt_read(&mut survivor).await, (0xd0, vec![]), "PINGRESP");
     broker.stop().await;
 }
+
+/// Reads the broker's frames until a data frame and returns its payload,
+/// skipping pongs; `None` when the broker closes instead (a close frame or
+/// the end of the stream).
+async fn next_data_payload(tcp: &mut TcpStream) -> Option<Vec<u8>> {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let mut head = [0u8; 2];
+            tcp.read_exact(&mut head).await.ok()?;
+            let len = match head[1] & 0x7f {
+                126 => usize::from(tcp.read_u16().await.ok()?),
+                127 => usize::try_from(tcp.read_u64().await.ok()?).ok()?,
+                n => usize::from(n),
+            };
+            let mut payload = vec![0u8; len];
+            tcp.read_exact(&mut payload).await.ok()?;
+            match head[0] & 0x0f {
+                0x8 => return None,
+                0x9 | 0xa => continue,
+                _ => return Some(payload),
+            }
+        }
+    })
+    .await
+    .expect("a frame or the close in time")
+}
+
+/// Control frames may come at any time, in any number (RFC 6455, 5.4/5.5):
+/// a burst of pings before the first packet is answered and the packet
+/// after it still arrives. (Finding 3 of protocols/FUZZING.md: a read that
+/// met 256 control frames and no data returned zero bytes, which the
+/// adapters took for the end of the stream, and the broker closed the
+/// connection.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_pings_before_a_packet_keeps_the_connection() {
+    /// Well past the 256 messages one read of the byte stream gathers.
+    const PINGS: usize = 1_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::generate(dir.path());
+    let broker = broker(&pki, false).await;
+    let mut tcp = raw_upgrade(broker.addr(ListenerKind::WebSocket)).await;
+    let mut connect = Vec::new();
+    mqtt_str(&mut connect, "MQTT");
+    connect.extend_from_slice(&[4, 0x02, 0, 60]);
+    mqtt_str(&mut connect, "after-pings");
+    let packet = mqtt_packet(0x10, &connect);
+    // One write, so the broker finds every ping already there.
+    let mut bytes = Vec::new();
+    for _ in 0..PINGS {
+        bytes.extend_from_slice(&frame_head(0x9, 0));
+    }
+    bytes.extend_from_slice(&frame_head(0x2, packet.len() as u64));
+    bytes.extend_from_slice(&packet);
+    tcp.write_all(&bytes).await.expect("pings and CONNECT");
+    assert_eq!(
+        next_data_payload(&mut tcp).await,
+        Some(vec![0x20, 2, 0, 0]),
+        "CONNACK after {PINGS} pings"
+    );
+    broker.stop().await;
+}

@@ -66,7 +66,9 @@ const OUTGOING_MESSAGE_MAX_BYTES: usize = 1024 * 1024;
 /// WebSocket messages gathered into one read at most. Browsers send one
 /// small message per protocol packet, so gathering the messages already
 /// received keeps the driver's turns (and flushes) as few as over TCP; the
-/// cap stops a flood of empty messages or pings from holding the task.
+/// cap stops a flood of empty messages or pings from holding the task: a
+/// read that met only those yields and goes on when polled again (never a
+/// read of zero bytes, which is the end of the stream).
 const MESSAGES_PER_READ_MAX: usize = 256;
 
 /// Which protocol a WebSocket connection speaks.
@@ -848,7 +850,7 @@ where
                 buf.put_slice(&this.incoming.split_to(n));
             }
             let got_some = buf.filled().len() > start;
-            if buf.remaining() == 0 || messages == MESSAGES_PER_READ_MAX {
+            if buf.remaining() == 0 {
                 return Poll::Ready(Ok(()));
             }
             if !got_some {
@@ -858,6 +860,16 @@ where
             }
             if this.read_done || this.read_error.is_some() {
                 return Poll::Ready(Ok(()));
+            }
+            if messages == MESSAGES_PER_READ_MAX {
+                if got_some {
+                    return Poll::Ready(Ok(()));
+                }
+                // Only control frames (or empty messages) so far: a read
+                // of zero bytes would be the end of the stream to the
+                // adapter, so yield the task and carry on when polled.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
             }
             let item = match Pin::new(&mut this.ws).poll_next(cx) {
                 Poll::Ready(item) => item,

@@ -12,6 +12,8 @@
 //! until one answers, so an etcd cluster member going away is survived
 //! like a single one coming back.
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod http;
 
 use std::time::Duration;
@@ -106,9 +108,7 @@ impl Client {
         let v = self
             .call("/v3/lease/keepalive", &json!({ "ID": lease.to_string() }))
             .await?;
-        // A stream of one: `{"result": {...}}`. An expired lease has no TTL.
-        let result = v.get("result").unwrap_or(&v);
-        Ok(number(result, "TTL").unwrap_or(0))
+        Ok(keep_alive_ttl(&v))
     }
 
     /// Revokes a lease, deleting its keys.
@@ -148,21 +148,7 @@ impl Client {
             "failure": [{ "request_range": { "key": key64 } }],
         });
         let v = self.call("/v3/kv/txn", &body).await?;
-        // The gateway leaves out a false `succeeded`.
-        if v.get("succeeded").and_then(Value::as_bool) == Some(true) {
-            return Ok(None);
-        }
-        let kv = v
-            .get("responses")
-            .and_then(|r| r.get(0))
-            .and_then(|r| r.get("response_range"))
-            .and_then(|r| r.get("kvs"))
-            .and_then(|kvs| kvs.get(0));
-        match kv {
-            Some(kv) => Ok(Some(bytes_field(kv, "value").unwrap_or_default())),
-            // Gone between the compare and the range: nothing to adopt.
-            None => Ok(Some(Vec::new())),
-        }
+        Ok(put_if_absent_answer(&v))
     }
 
     /// Every key under `prefix`, and the store revision they were read at.
@@ -172,21 +158,7 @@ impl Client {
             "range_end": Base64::encode_string(&prefix_end(prefix)),
         });
         let v = self.call("/v3/kv/range", &body).await?;
-        let revision = v
-            .get("header")
-            .map(|h| number(h, "revision"))
-            .transpose()?
-            .unwrap_or(0);
-        let mut out = Vec::new();
-        if let Some(kvs) = v.get("kvs").and_then(Value::as_array) {
-            for kv in kvs {
-                out.push(KeyValue {
-                    key: bytes_field(kv, "key")?,
-                    value: bytes_field(kv, "value").unwrap_or_default(),
-                });
-            }
-        }
-        Ok((revision, out))
+        range_answer(&v)
     }
 
     /// Watches every key under `prefix` from `start_revision`.
@@ -236,20 +208,70 @@ impl Client {
         let response = http::post(authority, path, body, self.timeout).await?;
         let status = response.status;
         let bytes = response.body(self.timeout).await?;
-        // A streamed answer (keep-alive) is one JSON message and a newline.
-        let v: Value = serde_json::from_slice(trim(&bytes))
-            .map_err(|e| EtcdError::Malformed(format!("{path}: {e}")))?;
-        if status != 200 {
-            let message = v
-                .get("message")
-                .or_else(|| v.get("error"))
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned();
-            return Err(EtcdError::Status { status, message });
-        }
-        Ok(v)
+        answer(path, status, &bytes)
     }
+}
+
+/// The JSON of a call's answer, or etcd's error when `status` is not 200.
+fn answer(path: &str, status: u16, bytes: &[u8]) -> Result<Value, EtcdError> {
+    // A streamed answer (keep-alive) is one JSON message and a newline.
+    let v: Value = serde_json::from_slice(trim(bytes))
+        .map_err(|e| EtcdError::Malformed(format!("{path}: {e}")))?;
+    if status != 200 {
+        let message = v
+            .get("message")
+            .or_else(|| v.get("error"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        return Err(EtcdError::Status { status, message });
+    }
+    Ok(v)
+}
+
+/// The TTL a keep-alive answer gives the lease, 0 when it expired.
+fn keep_alive_ttl(v: &Value) -> i64 {
+    // A stream of one: `{"result": {...}}`. An expired lease has no TTL.
+    let result = v.get("result").unwrap_or(v);
+    number(result, "TTL").unwrap_or(0)
+}
+
+/// What [`Client::put_if_absent`] answers for the transaction's answer.
+fn put_if_absent_answer(v: &Value) -> Option<Vec<u8>> {
+    // The gateway leaves out a false `succeeded`.
+    if v.get("succeeded").and_then(Value::as_bool) == Some(true) {
+        return None;
+    }
+    let kv = v
+        .get("responses")
+        .and_then(|r| r.get(0))
+        .and_then(|r| r.get("response_range"))
+        .and_then(|r| r.get("kvs"))
+        .and_then(|kvs| kvs.get(0));
+    match kv {
+        Some(kv) => Some(bytes_field(kv, "value").unwrap_or_default()),
+        // Gone between the compare and the range: nothing to adopt.
+        None => Some(Vec::new()),
+    }
+}
+
+/// The revision and the keys of a range's answer.
+fn range_answer(v: &Value) -> Result<(i64, Vec<KeyValue>), EtcdError> {
+    let revision = v
+        .get("header")
+        .map(|h| number(h, "revision"))
+        .transpose()?
+        .unwrap_or(0);
+    let mut out = Vec::new();
+    if let Some(kvs) = v.get("kvs").and_then(Value::as_array) {
+        for kv in kvs {
+            out.push(KeyValue {
+                key: bytes_field(kv, "key")?,
+                value: bytes_field(kv, "value").unwrap_or_default(),
+            });
+        }
+    }
+    Ok((revision, out))
 }
 
 /// An open watch: a stream of change notifications.
@@ -288,34 +310,50 @@ impl Watch {
             let Some(line) = self.response.next_line().await? else {
                 return Ok(None);
             };
-            let v: Value = serde_json::from_slice(&line)
-                .map_err(|e| EtcdError::Malformed(format!("watch: {e}")))?;
-            let result = v.get("result").unwrap_or(&v);
-            if result.get("canceled").and_then(Value::as_bool) == Some(true)
-                || v.get("error").is_some()
-            {
-                return Ok(None);
+            match watch_message(&line)? {
+                WatchMessage::Ended => return Ok(None),
+                WatchMessage::Confirmed => continue,
+                WatchMessage::Events(events) => return Ok(Some(events)),
             }
-            // The first message only confirms the watch was created.
-            let Some(events) = result.get("events").and_then(Value::as_array) else {
-                continue;
-            };
-            let mut out = Vec::with_capacity(events.len());
-            for e in events {
-                let Some(kv) = e.get("kv") else { continue };
-                let key = bytes_field(kv, "key")?;
-                // A put's type is left out (it is the enum's zero).
-                out.push(match e.get("type").and_then(Value::as_str) {
-                    Some("DELETE") => WatchEvent::Delete { key },
-                    _ => WatchEvent::Put {
-                        key,
-                        value: bytes_field(kv, "value").unwrap_or_default(),
-                    },
-                });
-            }
-            return Ok(Some(out));
         }
     }
+}
+
+/// What one message of a watch's stream says.
+#[derive(Debug, PartialEq, Eq)]
+enum WatchMessage {
+    /// etcd canceled the watch or failed it.
+    Ended,
+    /// No events (the first message only confirms the watch was created).
+    Confirmed,
+    /// Changes.
+    Events(Vec<WatchEvent>),
+}
+
+fn watch_message(line: &[u8]) -> Result<WatchMessage, EtcdError> {
+    let v: Value =
+        serde_json::from_slice(line).map_err(|e| EtcdError::Malformed(format!("watch: {e}")))?;
+    let result = v.get("result").unwrap_or(&v);
+    if result.get("canceled").and_then(Value::as_bool) == Some(true) || v.get("error").is_some() {
+        return Ok(WatchMessage::Ended);
+    }
+    let Some(events) = result.get("events").and_then(Value::as_array) else {
+        return Ok(WatchMessage::Confirmed);
+    };
+    let mut out = Vec::with_capacity(events.len());
+    for e in events {
+        let Some(kv) = e.get("kv") else { continue };
+        let key = bytes_field(kv, "key")?;
+        // A put's type is left out (it is the enum's zero).
+        out.push(match e.get("type").and_then(Value::as_str) {
+            Some("DELETE") => WatchEvent::Delete { key },
+            _ => WatchEvent::Put {
+                key,
+                value: bytes_field(kv, "value").unwrap_or_default(),
+            },
+        });
+    }
+    Ok(WatchMessage::Events(out))
 }
 
 /// The end of the range of keys starting with `prefix` (etcd's
