@@ -35,6 +35,11 @@ pub(crate) struct Response<S = TcpStream> {
     /// 4 MiB each).
     scanned: usize,
     finished: bool,
+    /// A framing fault met after body bytes before it were decoded: it is
+    /// returned once those bytes are handed out, so what came before the
+    /// fault reads the same however the peer's bytes were split across
+    /// reads (fuzzing finding 5).
+    deferred: Option<EtcdError>,
     pub(crate) status: u16,
 }
 
@@ -100,6 +105,7 @@ pub(crate) async fn read_head<S: AsyncRead + Unpin>(
                     body,
                     decoded: Vec::new(),
                     scanned: 0,
+                    deferred: None,
                     finished: false,
                     status,
                 });
@@ -194,6 +200,9 @@ impl<S: AsyncRead + Unpin> Response<S> {
 
     /// Decodes what has been read; reads more when that is not enough.
     async fn fill(&mut self) -> Result<(), EtcdError> {
+        if let Some(fault) = self.deferred.take() {
+            return Err(fault);
+        }
         let progressed = self.decode()?;
         if self.decoded.len() > BODY_BYTES_MAX {
             return Err(EtcdError::Http("response body too large".into()));
@@ -211,26 +220,39 @@ impl<S: AsyncRead + Unpin> Response<S> {
     }
 
     /// Moves body bytes from `raw` to `decoded`; whether anything moved
-    /// or finished.
+    /// or finished. A fault after some bytes moved is kept in `deferred`
+    /// for the next `fill`.
     fn decode(&mut self) -> Result<bool, EtcdError> {
         let mut progressed = false;
+        match self.decode_into(&mut progressed) {
+            Err(fault) if progressed => {
+                self.deferred = Some(fault);
+                Ok(true)
+            }
+            other => other.map(|()| progressed),
+        }
+    }
+
+    /// `decode`'s work; sets `progressed` when anything moved or finished.
+    fn decode_into(&mut self, progressed: &mut bool) -> Result<(), EtcdError> {
         loop {
             match &mut self.body {
                 Body::Length(left) => {
                     let n = (*left).min(self.raw.len());
                     self.decoded.extend(self.raw.drain(..n));
                     *left -= n;
-                    progressed |= n > 0;
+                    *progressed |= n > 0;
                     if *left == 0 {
                         self.finished = true;
-                        return Ok(true);
+                        *progressed = true;
+                        return Ok(());
                     }
-                    return Ok(progressed);
+                    return Ok(());
                 }
                 Body::UntilClose => {
-                    progressed |= !self.raw.is_empty();
+                    *progressed |= !self.raw.is_empty();
                     self.decoded.append(&mut self.raw);
-                    return Ok(progressed);
+                    return Ok(());
                 }
                 Body::Chunked(state) => match *state {
                     ChunkState::Size => {
@@ -238,7 +260,7 @@ impl<S: AsyncRead + Unpin> Response<S> {
                             if self.raw.len() > HEAD_BYTES_MAX {
                                 return Err(EtcdError::Http("chunk size line too long".into()));
                             }
-                            return Ok(progressed);
+                            return Ok(());
                         };
                         let line = String::from_utf8_lossy(&self.raw[..end]).into_owned();
                         self.raw.drain(..end + 2);
@@ -250,17 +272,18 @@ impl<S: AsyncRead + Unpin> Response<S> {
                         }
                         if size == 0 {
                             self.finished = true;
-                            return Ok(true);
+                            *progressed = true;
+                            return Ok(());
                         }
                         *state = ChunkState::Data(size);
                     }
                     ChunkState::Data(left) => {
                         let n = left.min(self.raw.len());
                         if n == 0 {
-                            return Ok(progressed);
+                            return Ok(());
                         }
                         self.decoded.extend(self.raw.drain(..n));
-                        progressed = true;
+                        *progressed = true;
                         *state = if n == left {
                             ChunkState::DataEnd
                         } else {
@@ -269,7 +292,7 @@ impl<S: AsyncRead + Unpin> Response<S> {
                     }
                     ChunkState::DataEnd => {
                         if self.raw.len() < 2 {
-                            return Ok(progressed);
+                            return Ok(());
                         }
                         if &self.raw[..2] != b"\r\n" {
                             return Err(EtcdError::Http("chunk not followed by CRLF".into()));
@@ -280,5 +303,60 @@ impl<S: AsyncRead + Unpin> Response<S> {
                 },
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use tokio::io::{AsyncRead, ReadBuf};
+
+    use super::super::fuzzing::{read_response, Reading};
+
+    /// A peer whose bytes arrive as the given reads, then the close.
+    struct Reads(VecDeque<Vec<u8>>);
+
+    impl AsyncRead for Reads {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            if let Some(mut read) = self.0.pop_front() {
+                let n = read.len().min(buf.remaining());
+                buf.put_slice(&read[..n]);
+                if n < read.len() {
+                    self.0.push_front(read.split_off(n));
+                }
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Fuzzing finding 5: a watch whose second chunk is not followed by
+    /// CRLF read its first message when the chunks came in two reads, and
+    /// nothing but the error when they came in one. Fails without
+    /// `Response::deferred`.
+    #[tokio::test]
+    async fn messages_before_a_framing_fault_read_the_same_however_split() {
+        let head: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let first: &[u8] = b"6\r\n{\"a\"}\n\r\n";
+        let second: &[u8] = b"6\r\n{\"b\"}\nXX";
+        let whole = [head, first, second].concat();
+        let at_once = read_response(Reads([whole].into()), Reading::Watch).await;
+        let split = read_response(
+            Reads([[head, first].concat(), second.to_vec()].into()),
+            Reading::Watch,
+        )
+        .await;
+        assert_eq!(at_once, split);
+        assert_eq!(at_once.messages, [b"{\"a\"}".to_vec(), b"{\"b\"}".to_vec()]);
+        assert_eq!(
+            at_once.end,
+            Err("etcd HTTP: chunk not followed by CRLF".to_owned())
+        );
     }
 }
