@@ -57,6 +57,9 @@ enum ChunkState {
     Data(usize),
     /// Expecting the CRLF after a chunk.
     DataEnd,
+    /// After the last (zero-size) chunk: trailer lines, this many bytes of
+    /// them so far, up to the empty line that ends the body.
+    Trailer(usize),
 }
 
 /// Sends `POST path` with a JSON body to `host:port`, and reads the head
@@ -270,12 +273,11 @@ impl<S: AsyncRead + Unpin> Response<S> {
                         if size > BODY_BYTES_MAX {
                             return Err(EtcdError::Http("chunk too large".into()));
                         }
-                        if size == 0 {
-                            self.finished = true;
-                            *progressed = true;
-                            return Ok(());
-                        }
-                        *state = ChunkState::Data(size);
+                        *state = if size == 0 {
+                            ChunkState::Trailer(0)
+                        } else {
+                            ChunkState::Data(size)
+                        };
                     }
                     ChunkState::Data(left) => {
                         let n = left.min(self.raw.len());
@@ -299,6 +301,29 @@ impl<S: AsyncRead + Unpin> Response<S> {
                         }
                         self.raw.drain(..2);
                         *state = ChunkState::Size;
+                    }
+                    ChunkState::Trailer(seen) => {
+                        // The body ends at the empty line after the last
+                        // chunk's trailer fields (RFC 9112 7.1), not at
+                        // the last chunk: a response cut before it is
+                        // not complete.
+                        let Some(end) = self.raw.windows(2).position(|w| w == b"\r\n") else {
+                            if seen + self.raw.len() > HEAD_BYTES_MAX {
+                                return Err(EtcdError::Http("chunked trailer too long".into()));
+                            }
+                            return Ok(());
+                        };
+                        self.raw.drain(..end + 2);
+                        if end == 0 {
+                            self.finished = true;
+                            *progressed = true;
+                            return Ok(());
+                        }
+                        let seen = seen + end + 2;
+                        if seen > HEAD_BYTES_MAX {
+                            return Err(EtcdError::Http("chunked trailer too long".into()));
+                        }
+                        *state = ChunkState::Trailer(seen);
                     }
                 },
             }
@@ -358,5 +383,24 @@ mod tests {
             at_once.end,
             Err("etcd HTTP: chunk not followed by CRLF".to_owned())
         );
+    }
+
+    /// Fuzzing finding 6: a chunked body cut after its last chunk but
+    /// before the empty line that ends it was read as complete. Fails
+    /// before `ChunkState::Trailer`.
+    #[tokio::test]
+    async fn a_chunked_body_ends_at_the_empty_line_after_its_trailer() {
+        let whole: &[u8] =
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-T: 1\r\n\r\n";
+        let read = read_response(Reads([whole.to_vec()].into()), Reading::Call).await;
+        assert_eq!((read.messages, read.end), (vec![b"{}".to_vec()], Ok(())));
+        for cut in [whole.len() - 1, whole.len() - 2, whole.len() - 8] {
+            let read = read_response(Reads([whole[..cut].to_vec()].into()), Reading::Call).await;
+            assert_eq!(
+                read.end,
+                Err("etcd HTTP: closed inside the response body".to_owned()),
+                "cut at {cut}"
+            );
+        }
     }
 }
