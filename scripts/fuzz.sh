@@ -35,7 +35,7 @@ targets=(
     mqtt:decode:10000000 mqtt:connection:3000000
     stomp:decoder:10000000 stomp:connection:3000000
     amqp:frame_decoder:10000000 amqp:connection:3000000
-    config:parse:10000000 root:websocket:3000000
+    config:parse:10000000 root:websocket:3000000 root:admin_api:3000000
     cluster:proxy_header:10000000 cluster:etcd_http:10000000
 )
 # libFuzzer's memory limit: a single allocation over it is a finding too.

@@ -212,6 +212,40 @@ fn assert_error(status: StatusCode, body: &Value, want: StatusCode) {
     assert!(body["reason"].is_string(), "{body}");
 }
 
+/// A client that shuts down its sending side once its request is out
+/// (`nc -N`, some scripts) still gets its answer (found by the admin_api
+/// fuzz target: hyper closed at the end of input, answered or not).
+#[tokio::test]
+async fn a_client_that_half_closes_after_its_request_is_answered() {
+    use base64ct::Encoding;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let admin = Admin::start().await;
+    let addr = admin.api.as_ref().expect("api").local_addr();
+    // A wrong password: its answer waits for a password check (argon2,
+    // milliseconds), while the end of input is already there.
+    let request = format!(
+        "GET /api/v1/overview HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {}\r\n\r\n",
+        base64ct::Base64::encode_string(b"admin:wrong")
+    );
+    for _ in 0..5 {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(request.as_bytes()).await.expect("write");
+        stream.shutdown().await.expect("half-close");
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+            .await
+            .expect("closed in time")
+            .expect("read");
+        let text = String::from_utf8_lossy(&answer);
+        assert!(
+            text.starts_with("HTTP/1.1 401 Unauthorized\r\n"),
+            "{text:?}"
+        );
+        assert!(text.contains("\"reason\""), "{text:?}");
+    }
+    admin.stop().await;
+}
+
 #[tokio::test]
 async fn health_needs_no_credentials_and_the_api_refuses_properly() {
     let admin = Admin::start().await;

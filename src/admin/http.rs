@@ -74,6 +74,12 @@ async fn serve_connection(
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
+        // A client may shut down its sending side once its request is out
+        // (`nc -N`, scripts that half-close): it still gets its answers.
+        // Without this hyper closes at the end of input, answered or not
+        // (found by the admin_api fuzz target). A half-closed connection
+        // that never completes a request still meets the head timeout.
+        .half_close(true)
         .header_read_timeout(Duration::from_millis(REQUEST_HEAD_TIMEOUT_MS))
         .max_buf_size(REQUEST_HEAD_MAX_BYTES);
     let conn = builder.serve_connection(TokioIo::new(stream), service);
