@@ -1669,6 +1669,16 @@ async fn roles_are_defined_through_the_api_and_bind_live_connections() {
     assert_eq!(body["admin"], "monitoring", "{body}");
     let (status, body) = admin.get("/api/v1/roles/sensors", ADMIN).await;
     assert_eq!((status, &body["users"]), (StatusCode::OK, &json!(["sam"])));
+    // The listing names every role's holders as well.
+    let (_, body) = admin.get("/api/v1/roles", WATCHER).await;
+    let held: Vec<(&Value, &Value)> = body["items"]
+        .as_array()
+        .map(|items| items.iter().map(|i| (&i["name"], &i["users"])).collect())
+        .unwrap_or_default();
+    assert!(
+        held.contains(&(&json!("sensors"), &json!(["sam"]))),
+        "{body}"
+    );
     // The role's admin right counts.
     let sam = ("sam", "sam-pw");
     assert_eq!(admin.get("/api/v1/overview", sam).await.0, StatusCode::OK);

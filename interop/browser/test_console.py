@@ -111,8 +111,13 @@ class Steps:
 
 
 def view(browser, name):
+    """Shows view `name` and waits until it has been drawn afresh, so that
+    nothing read from it afterwards is left from an earlier visit."""
+    before = browser.eval("document.body.dataset.refreshed || ''")
     browser.eval(f"document.querySelector('[data-view={name}]').click(); true")
     browser.eval(until(f"!document.getElementById('view-{name}').hidden"))
+    browser.eval(until(f"(document.body.dataset.refreshed || '').startsWith('{name}:')"
+                       f" && document.body.dataset.refreshed !== {js(before)}"))
 
 
 def keep_publishing(port, destination, stop):
@@ -285,8 +290,7 @@ def test_console_logs_in_watches_a_queue_fill_purges_it_closes_a_connection_and_
 
         # A role its users still hold is not removed: the API's 409 shows.
         view(browser, "roles")
-        holders = browser.eval(until(f"{role_row} && {role_row}.querySelector('[data-field=users]').textContent"
-                                     f" !== '' && {role_row}.querySelector('[data-field=users]').textContent"))
+        holders = browser.eval(f"{role_row}.querySelector('[data-field=users]').textContent")
         assert holders == new_user, holders
         browser.eval("document.getElementById('status').textContent = ''; true")
         browser.eval(f"{role_row}.querySelector('[data-action=delete]').click(); true")

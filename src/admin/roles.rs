@@ -89,14 +89,19 @@ fn find(users: &Users, name: &str) -> Result<Role, ApiError> {
 pub(crate) fn list(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError> {
     let page = PageRequest::from_query(&call.query)?;
     let users = api.auth.users().users();
+    let holders = users.holders_by_role();
     Ok(Reply::ok(page.answer_all(
         all(&users),
         Role::name,
-        Role::item,
+        |role| {
+            let mut item = role.item();
+            item["users"] = holders.get(role.name()).cloned().unwrap_or_default().into();
+            item
+        },
     )))
 }
 
-/// One role, with the users holding it (`users`).
+/// One role, with the users holding it (`users`), as the listing shows it.
 pub(crate) fn get(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError> {
     let name = call.matched.param();
     let users = api.auth.users().users();

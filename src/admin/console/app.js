@@ -310,9 +310,7 @@ async function showRoles() {
     cell(row, shown(item.subscribe)).dataset.field = "subscribe";
     cell(row, shown(item.deny_publish)).dataset.field = "deny_publish";
     cell(row, shown(item.deny_subscribe)).dataset.field = "deny_subscribe";
-    // The listing does not say who holds a role; GET /api/v1/roles/{name} does.
-    const holders = cell(row, "");
-    holders.dataset.field = "users";
+    cell(row, (item.users || []).join(", ") || "-").dataset.field = "users";
     const allows = cell(row, "");
     const details = document.createElement("details");
     const summary = document.createElement("summary");
@@ -336,13 +334,6 @@ async function showRoles() {
     }
     body.appendChild(row);
   }
-  await Promise.all(
-    r.items.map(async (item) => {
-      const one = await api("GET", `/api/v1/roles/${enc(item.name)}`);
-      const row = body.querySelector(`tr[data-role="${CSS.escape(item.name)}"]`);
-      if (row) row.querySelector("[data-field=users]").textContent = (one.users || []).join(", ") || "-";
-    }),
-  );
   return r.items;
 }
 
@@ -441,9 +432,11 @@ function startTimer() {
 }
 
 async function refresh() {
+  // The view this refresh drew: one for another view may still be in flight.
+  const view = state.view;
   try {
-    await views[state.view]();
-    document.body.dataset.refreshed = String(Date.now());
+    await views[view]();
+    document.body.dataset.refreshed = `${view}:${Date.now()}`;
   } catch (e) {
     if (e.status === 401) return logout("logged out: " + e.message);
     say(e.message);

@@ -659,6 +659,24 @@ impl Users {
         self.roles.keys().map(String::as_str).collect()
     }
 
+    /// Every role held by some user, with its holders sorted: one pass
+    /// over the users, for listings that show every role's holders.
+    pub fn holders_by_role(&self) -> HashMap<&str, Vec<&str>> {
+        let mut by_role: HashMap<&str, Vec<&str>> = HashMap::new();
+        for (name, user) in &self.users {
+            for role in &user.roles {
+                by_role
+                    .entry(role.as_str())
+                    .or_default()
+                    .push(name.as_str());
+            }
+        }
+        for names in by_role.values_mut() {
+            names.sort_unstable();
+        }
+        by_role
+    }
+
     /// The users holding `role`, sorted.
     pub fn holders(&self, role: &str) -> Vec<&str> {
         let mut names: Vec<&str> = self
