@@ -1177,3 +1177,72 @@ async fn a_proxied_client_is_counted_once_and_not_under_the_proxys_address() {
     })
     .await;
 }
+
+/// A node on a static pool (`[[cluster.targets]]`, no etcd), its own
+/// entry among them.
+fn start_static(name: &'static str, targets: &str, balancer: &str) -> Node {
+    let dir = tempfile::tempdir().expect("dir");
+    let extra = format!(
+        "[cluster]\nnode_name = \"{name}\"\nhealth_check_interval_ms = 200\nhealth_check_timeout_ms = 300\n[cluster.balancer]\nvirtual_nodes = {VIRTUAL_NODES}\n{balancer}\n{targets}"
+    );
+    let process = BrokerProcess::start(dir.path(), &["mqtt", "amqp"], &extra);
+    Node {
+        name,
+        process,
+        _dir: dir,
+    }
+}
+
+/// A static pool without etcd: `a` lists `b` with a live MQTT address
+/// and an AMQP address nothing listens on. MQTT 5 clients whose id hashes
+/// to `b` are redirected there; `b`'s silent AMQP address makes it no
+/// candidate for AMQP clients, who all stay on `a`; once `b` is killed its
+/// MQTT keys come to `a` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_pool_is_health_checked_per_address() {
+    // b's own list names only b (skipped): it serves everyone itself.
+    let b_only = "[[cluster.targets]]\nname = \"b\"\naddresses = { mqtt = \"127.0.0.1:1\" }\n";
+    let mut b = start_static("b", b_only, "");
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let silent_amqp = silent.local_addr().expect("addr");
+    drop(silent);
+    let targets = format!(
+        "[[cluster.targets]]\nname = \"a\"\naddresses = {{ mqtt = \"127.0.0.1:1\" }}\n[[cluster.targets]]\nname = \"b\"\naddresses = {{ mqtt = \"{}\", amqp = \"{silent_amqp}\" }}\n",
+        b.mqtt()
+    );
+    let a = start_static("a", &targets, "");
+    let ring = Ring::new(["a", "b"], VIRTUAL_NODES);
+    let on_b = ids_on(&ring, "b", 3);
+    let on_a = ids_on(&ring, "a", 3);
+    let nodes = [&a, &b];
+    eventually("a redirects b's MQTT keys to b", SETTLE, || async {
+        all_placed_by_ring(&a, &nodes, &ring, &on_b).await
+    })
+    .await;
+    for id in &on_a {
+        assert_eq!(placed(&a, &nodes, id).await, "a", "{id} stays on a");
+    }
+    // AMQP: b's address does not answer, so nobody is sent there.
+    for id in &on_b {
+        let url = format!("amqp://{}", a.amqp());
+        let opened = fe2o3_amqp::Connection::builder()
+            .container_id(id.as_str())
+            .open(url.as_str())
+            .await;
+        match opened {
+            Ok(mut c) => c.close().await.expect("close"),
+            Err(e) => panic!("{id}: a refused an AMQP client b cannot take: {e:?}"),
+        }
+    }
+    // b dies: its MQTT keys come to a.
+    b.process.kill();
+    eventually("b's MQTT keys come to a", SETTLE, || async {
+        for id in &on_b {
+            if connack5(a.mqtt(), id).await.code != p5::ConnectReturnCode::Success {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+}

@@ -3,6 +3,7 @@
 //! membership and the health checks feed them all alike, so they differ
 //! only in how they choose, never in whom they choose from.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::balancer::{Balancer, Target};
@@ -42,10 +43,10 @@ impl Balancers {
         }
     }
 
-    /// See [`Balancer::set_ready`].
-    pub fn set_ready(&self, name: &str, ready: bool) {
+    /// See [`Balancer::set_down`].
+    pub fn set_down(&self, name: &str, down: &BTreeSet<String>) {
         for b in self.0.iter() {
-            b.set_ready(name, ready);
+            b.set_down(name, down.clone());
         }
     }
 

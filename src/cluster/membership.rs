@@ -124,6 +124,32 @@ impl Membership {
         Ok(Self { stop, tasks })
     }
 
+    /// A pool of the fixed `targets` (`[[cluster.targets]]`) instead of
+    /// etcd: no registration, only the health checks. An entry named as
+    /// this node is skipped by the pool, so that one list serves every
+    /// node. Nothing publishes connection counts: every target counts 0.
+    pub fn spawn_static(
+        targets: Vec<Target>,
+        balancer: impl Into<Balancers>,
+        health_check_interval: Duration,
+        health_check_timeout: Duration,
+    ) -> Self {
+        let balancer = balancer.into();
+        balancer.set_remote_targets(targets);
+        let (stop, stop_rx) = watch::channel(false);
+        let checks = tokio::spawn(health::check_loop(
+            balancer,
+            health_check_interval,
+            health_check_timeout,
+            Arc::new(Notify::new()),
+            stop_rx,
+        ));
+        Self {
+            stop,
+            tasks: vec![checks],
+        }
+    }
+
     /// Stops without leaving, as a node that dies would: the lease is not
     /// revoked and expires after its TTL (crash tests).
     #[doc(hidden)]
@@ -134,7 +160,7 @@ impl Membership {
     }
 
     /// Leaves the cluster: revokes the lease (when etcd is reachable) and
-    /// stops the tasks.
+    /// stops the tasks (with a static pool: only the health checks).
     pub async fn leave(self) {
         let _ = self.stop.send(true);
         for t in self.tasks {

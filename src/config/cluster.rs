@@ -1,10 +1,11 @@
 //! `[cluster]`: membership on etcd and the broker balancer (issue 19).
 //!
 //! Absent (the default), the broker is one node: nothing here starts and
-//! no etcd is needed. Present, the node registers under `key_prefix` in
-//! the etcd cluster `etcd` names, and the balancer of `[cluster.balancer]`
-//! decides at each connect whether the client belongs here. See
-//! `docs/cluster.md`.
+//! no etcd is needed. Present, the pool of targets is either the nodes
+//! registered under `key_prefix` in the etcd cluster `etcd` names (this
+//! node among them), or the fixed list `[[cluster.targets]]`; the
+//! balancer of `[cluster.balancer]` decides at each connect whether the
+//! client belongs here. See `docs/cluster.md`.
 
 use std::collections::BTreeMap;
 
@@ -34,6 +35,9 @@ pub const HEALTH_CHECK_INTERVAL_MS_DEFAULT: u64 = 1000;
 pub const HEALTH_CHECK_TIMEOUT_MS_DEFAULT: u64 = 500;
 /// Most etcd endpoints: an etcd cluster has 3 to 7 members.
 pub const ETCD_ENDPOINTS_MAX: usize = 16;
+/// Most `[[cluster.targets]]`: a static pool is a handful of nodes; a
+/// fleet larger than this wants etcd.
+pub const STATIC_TARGETS_MAX: usize = 256;
 /// Longest node name: it is part of an etcd key and every log line.
 pub const NODE_NAME_LEN_MAX_BYTES: usize = 128;
 /// Points per target on the consistent-hash ring (see
@@ -51,8 +55,14 @@ pub const PROXY_IDLE_TIMEOUT_MS_DEFAULT: u64 = 3_600_000;
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// etcd endpoints, `http://host:port`.
+    /// etcd endpoints, `http://host:port`; empty: the pool is `targets`.
+    #[serde(default)]
     pub etcd: Vec<String>,
+    /// `[[cluster.targets]]`: a fixed pool, health-checked, instead of
+    /// etcd. An entry named as this node is skipped, so one list serves
+    /// every node.
+    #[serde(default)]
+    pub targets: Vec<StaticTarget>,
     /// This node's name, unique in the cluster.
     pub node_name: String,
     /// The registration lease's TTL.
@@ -88,6 +98,16 @@ pub struct ClusterConfig {
     /// each names (`listeners = ["mqtts", "wss"]`).
     #[serde(default)]
     pub balancers: Vec<BalancerConfig>,
+}
+
+/// One `[[cluster.targets]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaticTarget {
+    /// Its node name (`node_name` in its own `[cluster]`).
+    pub name: String,
+    /// Its client-facing addresses by listener key, `host:port`.
+    pub addresses: BTreeMap<String, String>,
 }
 
 impl ClusterConfig {
@@ -224,12 +244,28 @@ impl Config {
         let Some(c) = &self.cluster else {
             return Ok(());
         };
-        if c.etcd.is_empty() || c.etcd.len() > ETCD_ENDPOINTS_MAX {
+        match (c.etcd.is_empty(), c.targets.is_empty()) {
+            (true, true) => {
+                return Err(invalid(
+                    "cluster.etcd",
+                    format!("needs 1 to {ETCD_ENDPOINTS_MAX} endpoints, or a static pool in [[cluster.targets]]"),
+                ))
+            }
+            (false, false) => {
+                return Err(invalid(
+                    "cluster.targets",
+                    "the pool is either the nodes in etcd or a static list, not both",
+                ))
+            }
+            _ => {}
+        }
+        if c.etcd.len() > ETCD_ENDPOINTS_MAX {
             return Err(invalid(
                 "cluster.etcd",
-                format!("needs 1 to {ETCD_ENDPOINTS_MAX} endpoints"),
+                format!("at most {ETCD_ENDPOINTS_MAX} endpoints"),
             ));
         }
+        check_static_targets(&c.targets)?;
         for e in &c.etcd {
             let ok = e
                 .strip_prefix("http://")
@@ -241,13 +277,7 @@ impl Config {
                 ));
             }
         }
-        if c.node_name.is_empty()
-            || c.node_name.len() > NODE_NAME_LEN_MAX_BYTES
-            || !c
-                .node_name
-                .chars()
-                .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
-        {
+        if !is_node_name(&c.node_name) {
             return Err(invalid(
                 "cluster.node_name",
                 format!("1 to {NODE_NAME_LEN_MAX_BYTES} of A-Z a-z 0-9 - _ ."),
@@ -281,11 +311,7 @@ impl Config {
                     "not a listener name",
                 ));
             }
-            if address
-                .rsplit_once(':')
-                .and_then(|(_, p)| p.parse::<u16>().ok())
-                .is_none()
-            {
+            if !is_authority(address) {
                 return Err(invalid(
                     format!("cluster.advertise.{listener}"),
                     "write host:port",
@@ -298,7 +324,8 @@ impl Config {
                 "the default balancer serves every listener no [[cluster.balancers]] entry names; name listeners there",
             ));
         }
-        check_balancer(&c.balancer, "cluster.balancer")?;
+        let without_etcd = c.etcd.is_empty();
+        check_balancer(&c.balancer, "cluster.balancer", without_etcd)?;
         if c.balancers.len() > BALANCERS_MAX {
             return Err(invalid(
                 "cluster.balancers",
@@ -308,7 +335,7 @@ impl Config {
         let mut named = Vec::new();
         for (i, b) in c.balancers.iter().enumerate() {
             let section = format!("cluster.balancers[{i}]");
-            check_balancer(b, &section)?;
+            check_balancer(b, &section, without_etcd)?;
             if b.listeners.is_empty() {
                 return Err(invalid(
                     format!("{section}.listeners"),
@@ -343,8 +370,85 @@ pub const CACHE_IN_ETCD_TIMEOUT_MS_MIN: u64 = 1000;
 /// Most `[[cluster.balancers]]` entries: one per listener at most.
 pub const BALANCERS_MAX: usize = ADVERTISED_LISTENERS.len();
 
+/// Whether `name` may name a node: it is part of an etcd key and of
+/// every log line.
+fn is_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= NODE_NAME_LEN_MAX_BYTES
+        && name
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
+}
+
+/// Whether `address` is `host:port`.
+fn is_authority(address: &str) -> bool {
+    address
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+}
+
+/// The checks of `[[cluster.targets]]`: at most [`STATIC_TARGETS_MAX`],
+/// names unique and well formed, each with at least one listener address.
+fn check_static_targets(targets: &[StaticTarget]) -> Result<(), Invalid> {
+    if targets.len() > STATIC_TARGETS_MAX {
+        return Err(invalid(
+            "cluster.targets",
+            format!("at most {STATIC_TARGETS_MAX} entries"),
+        ));
+    }
+    for (i, t) in targets.iter().enumerate() {
+        let section = format!("cluster.targets[{i}]");
+        if !is_node_name(&t.name) {
+            return Err(invalid(
+                format!("{section}.name"),
+                format!("1 to {NODE_NAME_LEN_MAX_BYTES} of A-Z a-z 0-9 - _ ."),
+            ));
+        }
+        if targets[..i].iter().any(|o| o.name == t.name) {
+            return Err(invalid(
+                format!("{section}.name"),
+                format!("{:?} is named twice", t.name),
+            ));
+        }
+        if t.addresses.is_empty() {
+            return Err(invalid(
+                format!("{section}.addresses"),
+                "name at least one listener's address (mqtt = \"host:port\")",
+            ));
+        }
+        for (listener, address) in &t.addresses {
+            if !ADVERTISED_LISTENERS.contains(&listener.as_str()) {
+                return Err(invalid(
+                    format!("{section}.addresses.{listener}"),
+                    "not a listener name",
+                ));
+            }
+            if !is_authority(address) {
+                return Err(invalid(
+                    format!("{section}.addresses.{listener}"),
+                    "write host:port",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The checks of one balancer's values; `section` names it in errors.
-fn check_balancer(b: &BalancerConfig, section: &str) -> Result<(), Invalid> {
+/// Without etcd nothing shares choices or publishes connection counts.
+fn check_balancer(b: &BalancerConfig, section: &str, without_etcd: bool) -> Result<(), Invalid> {
+    if without_etcd && b.cache_in_etcd {
+        return Err(invalid(
+            format!("{section}.cache_in_etcd"),
+            "needs [cluster] etcd (a static pool has no etcd to share choices through)",
+        ));
+    }
+    if without_etcd && b.policy == BalancerPolicy::LeastConnections {
+        return Err(invalid(
+            format!("{section}.policy"),
+            "least_connections needs [cluster] etcd (the nodes publish their connection counts there)",
+        ));
+    }
     if b.virtual_nodes == 0 || b.virtual_nodes > 4096 {
         return Err(invalid(
             format!("{section}.virtual_nodes"),
@@ -417,6 +521,19 @@ mod tests {
     }
 
     #[test]
+    fn a_static_pool_parses_without_etcd() {
+        let c = Config::parse(
+            "[cluster]\nnode_name = \"a\"\n[[cluster.targets]]\nname = \"a\"\naddresses = { mqtt = \"10.0.0.1:1883\" }\n[[cluster.targets]]\nname = \"b\"\naddresses = { mqtt = \"10.0.0.2:1883\", amqp = \"10.0.0.2:5672\" }\n",
+            "x",
+        )
+        .expect("parses");
+        let cluster = c.cluster.expect("cluster");
+        assert!(cluster.etcd.is_empty());
+        assert_eq!(cluster.targets.len(), 2);
+        assert_eq!(cluster.targets[1].addresses["amqp"], "10.0.0.2:5672");
+    }
+
+    #[test]
     fn bad_cluster_values_name_their_key() {
         for (doc, key) in [
             ("etcd = []\nnode_name = \"a\"", "cluster.etcd"),
@@ -463,6 +580,42 @@ mod tests {
             (
                 "etcd = [\"http://e:2379\"]\nnode_name = \"a\"\n[[cluster.balancers]]\nlisteners = [\"mqtt\"]\nvirtual_nodes = 0",
                 "cluster.balancers[0].virtual_nodes",
+            ),
+            (
+                "node_name = \"a\"",
+                "cluster.etcd",
+            ),
+            (
+                "etcd = [\"http://e:2379\"]\nnode_name = \"a\"\n[[cluster.targets]]\nname = \"b\"\naddresses = { mqtt = \"h:1\" }",
+                "cluster.targets",
+            ),
+            (
+                "node_name = \"a\"\n[[cluster.targets]]\nname = \"b c\"\naddresses = { mqtt = \"h:1\" }",
+                "cluster.targets[0].name",
+            ),
+            (
+                "node_name = \"a\"\n[[cluster.targets]]\nname = \"b\"\naddresses = { mqtt = \"h:1\" }\n[[cluster.targets]]\nname = \"b\"\naddresses = { mqtt = \"h:2\" }",
+                "cluster.targets[1].name",
+            ),
+            (
+                "node_name = \"a\"\n[[cluster.targets]]\nname = \"b\"\naddresses = {}",
+                "cluster.targets[0].addresses",
+            ),
+            (
+                "node_name = \"a\"\n[[cluster.targets]]\nname = \"b\"\naddresses = { mqtt = \"h\" }",
+                "cluster.targets[0].addresses.mqtt",
+            ),
+            (
+                "node_name = \"a\"\n[[cluster.targets]]\nname = \"b\"\naddresses = { smtp = \"h:25\" }",
+                "cluster.targets[0].addresses.smtp",
+            ),
+            (
+                "node_name = \"a\"\nbalancer = { policy = \"least_connections\" }\n[[cluster.targets]]\nname = \"b\"\naddresses = { mqtt = \"h:1\" }",
+                "cluster.balancer.policy",
+            ),
+            (
+                "node_name = \"a\"\nbalancer = { cache_in_etcd = true, cache_timeout_ms = 5000 }\n[[cluster.targets]]\nname = \"b\"\naddresses = { mqtt = \"h:1\" }",
+                "cluster.balancer.cache_in_etcd",
             ),
         ] {
             let err = Config::parse(&format!("[cluster]\n{doc}\n"), "x").expect_err(doc);

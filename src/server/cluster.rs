@@ -8,12 +8,12 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use rosetta_cluster::{
     Balancer, BalancerSettings, Balancers, ConnectionFacts, Decision, KeySource, Membership,
-    MembershipSettings, Policy,
+    MembershipSettings, Policy, Target,
 };
 use rosetta_config::{
     BalancerConfig, BalancerPolicy, ClusterConfig, ListenerKind, MqttRedirect, TargetKey,
@@ -170,7 +170,8 @@ impl ClusterNode {
         self.route(listener.key()).proxy
     }
 
-    /// Registers this node in etcd with the addresses of `bound`.
+    /// Registers this node in etcd with the addresses of `bound`, or,
+    /// with a static pool (`[[cluster.targets]]`), starts checking it.
     pub(crate) fn join(
         &self,
         config: &ClusterConfig,
@@ -187,8 +188,22 @@ impl ClusterNode {
             health_check_interval_ms: config.health_check_interval_ms,
             health_check_timeout_ms: config.health_check_timeout_ms,
         };
-        tracing::info!(node = %settings.node_name, addresses = ?settings.addresses, "cluster: joining");
         let _ = self.published.set(settings.addresses.clone());
+        if config.etcd.is_empty() {
+            let targets: Vec<Target> = config
+                .targets
+                .iter()
+                .map(|t| Target::new(t.name.clone(), t.addresses.clone()))
+                .collect();
+            tracing::info!(node = %settings.node_name, addresses = ?settings.addresses, targets = targets.len(), "cluster: static pool");
+            return Ok(Membership::spawn_static(
+                targets,
+                self.balancers.clone(),
+                Duration::from_millis(config.health_check_interval_ms),
+                Duration::from_millis(config.health_check_timeout_ms),
+            ));
+        }
+        tracing::info!(node = %settings.node_name, addresses = ?settings.addresses, "cluster: joining");
         Membership::spawn(settings, self.balancers.clone(), connections).context("[cluster] etcd")
     }
 

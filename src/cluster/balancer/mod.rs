@@ -9,7 +9,8 @@
 //!    connection without that fact, or whose key the filter does not
 //!    match, has nothing to be steered by and stays here.
 //! 2. A key matching `local_target_filter` stays here.
-//! 3. The candidates are the ready targets (this node among them when
+//! 3. The candidates are the targets whose address for the client's
+//!    listener passed its last health check (this node among them when
 //!    `local_target_enabled`). Fewer than `quorum_size`: the pool is not
 //!    active and the answer is [`Decision::Unavailable`].
 //! 4. A key chosen within `cache_timeout_ms` goes where it went, if that
@@ -18,7 +19,8 @@
 //!    whose address for the same listener the client is sent to.
 //!
 //! The pool is fed from outside: [`Balancer::set_remote_targets`] by
-//! membership, [`Balancer::set_ready`] by the health checks and
+//! membership (or a static list), [`Balancer::set_down`] by the health
+//! checks and
 //! [`Balancer::set_local_connections`] by the server.
 
 mod cache;
@@ -26,7 +28,7 @@ mod key;
 mod pool;
 pub mod ring;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -79,8 +81,8 @@ pub enum Decision {
         /// Its client-facing address for the listener asked.
         address: String,
     },
-    /// Nowhere now: the pool has no quorum, or the target chosen has no
-    /// listener of the kind the client used.
+    /// Nowhere now: too few targets serve the client's listener for the
+    /// pool to be active (`quorum_size`).
     Unavailable,
 }
 
@@ -176,8 +178,9 @@ struct State {
     pool: Pool,
     cache: cache::Cache,
     round_robin_next: usize,
-    /// The ring and the pool generation it was built for.
-    ring: Option<(u64, Ring)>,
+    /// The ring and the candidates it was built from: rebuilt when they
+    /// change (a target comes, goes, or loses the client's listener).
+    ring: Option<(Vec<String>, Ring)>,
     /// Choices not yet written to etcd (with `cache_in_etcd`).
     placed: std::collections::VecDeque<Placed>,
 }
@@ -238,9 +241,10 @@ impl Balancer {
         self.state.lock().pool.set_remote(Vec::new());
     }
 
-    /// The result of a health check of a remote target.
-    pub fn set_ready(&self, name: &str, ready: bool) {
-        self.state.lock().pool.set_ready(name, ready);
+    /// The result of a health check of a remote target: the listener
+    /// keys whose address did not answer (empty: all did).
+    pub fn set_down(&self, name: &str, down: BTreeSet<String>) {
+        self.state.lock().pool.set_down(name, down);
     }
 
     /// The connections this node holds now.
@@ -267,7 +271,7 @@ impl Balancer {
             return Decision::Local;
         }
         let mut state = self.state.lock();
-        let candidates = state.pool.ready_names(self.local_target_enabled);
+        let candidates = state.pool.candidates(listener, self.local_target_enabled);
         if candidates.is_empty() || candidates.len() < self.quorum_size {
             return Decision::Unavailable;
         }
@@ -298,10 +302,9 @@ impl Balancer {
                 node: chosen,
                 address: address.clone(),
             },
-            None => {
-                tracing::debug!(node = %chosen, listener, "target has no such listener");
-                Decision::Unavailable
-            }
+            // Not reached: a candidate serves the listener, and the pool
+            // does not change while it is locked.
+            None => Decision::Unavailable,
         }
     }
 
@@ -370,11 +373,10 @@ impl Balancer {
                 candidates[i].clone()
             }
             Policy::ConsistentHash => {
-                let generation = state.pool.generation;
-                let stale = state.ring.as_ref().is_none_or(|(g, _)| *g != generation);
+                let stale = state.ring.as_ref().is_none_or(|(c, _)| c != candidates);
                 if stale {
                     let ring = Ring::new(candidates.iter().cloned(), self.virtual_nodes);
-                    state.ring = Some((generation, ring));
+                    state.ring = Some((candidates.to_vec(), ring));
                 }
                 state
                     .ring

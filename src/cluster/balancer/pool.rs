@@ -1,7 +1,7 @@
 //! The pool of targets a balancer chooses from: this node and the others
-//! it knows of, each with its addresses, readiness and connection count.
+//! it knows of, each with its addresses, health and connection count.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One broker a connection may be steered to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -11,8 +11,13 @@ pub struct Target {
     /// Client-facing addresses by listener key (`mqtt`, `amqps`, ...), as
     /// `host:port`.
     pub addresses: BTreeMap<String, String>,
-    /// Passed its last health check (this node is always ready to itself).
+    /// At least one of its addresses passed the last health check (this
+    /// node is always ready to itself).
     pub ready: bool,
+    /// The listener keys whose address failed the last health check: a
+    /// node whose MQTT port is wedged still takes AMQP clients, and is no
+    /// candidate for MQTT ones.
+    pub down: BTreeSet<String>,
     /// Connections it last said it holds (for `least_connections`).
     pub connections: u64,
 }
@@ -24,8 +29,15 @@ impl Target {
             name: name.into(),
             addresses,
             ready: false,
+            down: BTreeSet::new(),
             connections: 0,
         }
+    }
+
+    /// Whether a client of the listener `listener` may be sent here: it
+    /// has that listener and its address answered the last check.
+    fn serves(&self, listener: &str) -> bool {
+        self.ready && self.addresses.contains_key(listener) && !self.down.contains(listener)
     }
 }
 
@@ -35,8 +47,6 @@ pub(crate) struct Pool {
     pub(crate) local: Target,
     /// Remote targets by name (sorted: every node sees the same order).
     pub(crate) remote: BTreeMap<String, Target>,
-    /// Bumped on every change of who is ready, so the ring is rebuilt once.
-    pub(crate) generation: u64,
 }
 
 impl Pool {
@@ -44,49 +54,46 @@ impl Pool {
         Self {
             local,
             remote: BTreeMap::new(),
-            generation: 0,
         }
     }
 
     /// Replaces the remote targets with `seen` (from membership), keeping
-    /// the readiness of those already known: a health check decides it.
+    /// the health of those already known: a health check decides it.
     pub(crate) fn set_remote(&mut self, seen: Vec<Target>) {
         let mut next = BTreeMap::new();
         for mut t in seen {
             if t.name == self.local.name {
                 continue;
             }
-            if let Some(old) = self.remote.get(&t.name) {
+            if let Some(old) = self.remote.get_mut(&t.name) {
                 // Same addresses: the last check still speaks for it.
-                t.ready = old.ready && old.addresses == t.addresses;
+                if old.addresses == t.addresses {
+                    t.ready = old.ready;
+                    t.down = std::mem::take(&mut old.down);
+                }
             }
             next.insert(t.name.clone(), t);
         }
-        let ready_before = self.ready_names(true);
         self.remote = next;
-        if self.ready_names(true) != ready_before {
-            self.generation += 1;
-        }
     }
 
-    /// Marks a remote target ready or not; unknown names are ignored (it
-    /// left while being checked).
-    pub(crate) fn set_ready(&mut self, name: &str, ready: bool) {
+    /// The result of a health check of a remote target: the listener keys
+    /// whose address did not answer. Ready when any address did. Unknown
+    /// names are ignored (it left while being checked).
+    pub(crate) fn set_down(&mut self, name: &str, down: BTreeSet<String>) {
         if let Some(t) = self.remote.get_mut(name) {
-            if t.ready != ready {
-                t.ready = ready;
-                self.generation += 1;
-            }
+            t.ready = t.addresses.keys().any(|l| !down.contains(l));
+            t.down = down;
         }
     }
 
-    /// Names of the ready targets, this node included when `with_local`,
-    /// in name order.
-    pub(crate) fn ready_names(&self, with_local: bool) -> Vec<String> {
+    /// Names of the targets a client of `listener` may be sent to, this
+    /// node included when `with_local`, in name order.
+    pub(crate) fn candidates(&self, listener: &str, with_local: bool) -> Vec<String> {
         let mut names: Vec<String> = self
             .remote
             .values()
-            .filter(|t| t.ready)
+            .filter(|t| t.serves(listener))
             .map(|t| t.name.clone())
             .collect();
         if with_local {

@@ -34,6 +34,17 @@ fn ready(name: &str, port: u16, connections: u64) -> Target {
     }
 }
 
+/// Every address of `name` answered its check.
+fn up(b: &Balancer, name: &str) {
+    b.set_down(name, BTreeSet::new());
+}
+
+/// No address of `name` answered its check.
+fn down(b: &Balancer, name: &str) {
+    let all = BTreeSet::from(["mqtt".to_owned(), "amqp".to_owned()]);
+    b.set_down(name, all);
+}
+
 fn client(id: &str) -> ConnectionFacts {
     ConnectionFacts {
         client_id: Some(id.to_owned()),
@@ -74,7 +85,7 @@ fn below_quorum_the_pool_is_unavailable() {
     let now = Instant::now();
     b.set_remote_targets(vec![ready("b", 2000, 0), Target::new("c", addresses(3000))]);
     assert_eq!(b.decide(&client("x"), "mqtt", now), Decision::Unavailable);
-    b.set_ready("c", true);
+    up(&b, "c");
     assert_ne!(b.decide(&client("x"), "mqtt", now), Decision::Unavailable);
     b.drop_remote_targets();
     assert_eq!(b.decide(&client("x"), "mqtt", now), Decision::Unavailable);
@@ -128,7 +139,7 @@ fn round_robin_and_first_element_walk_the_ready_targets_in_name_order() {
     let first = Balancer::new(s).expect("settings");
     first.set_remote_targets(vec![ready("c", 3000, 0), ready("b", 2000, 0)]);
     assert_eq!(target_of(&first.decide(&client("k"), "mqtt", now)), "b");
-    first.set_ready("b", false);
+    down(&first, "b");
     assert_eq!(target_of(&first.decide(&client("k"), "mqtt", now)), "c");
 }
 
@@ -167,7 +178,7 @@ fn the_cache_keeps_a_key_on_its_target_until_it_expires_or_the_target_goes() {
     let now = t0 + Duration::from_millis(1001);
     let cached = target_of(&b.decide(&client("k"), "mqtt", now)).to_owned();
     if cached != "a" {
-        b.set_ready(&cached, false);
+        down(&b, &cached);
         assert_ne!(target_of(&b.decide(&client("k"), "mqtt", now)), cached);
     }
 }
@@ -194,7 +205,7 @@ fn consistent_hash_moves_only_the_keys_of_a_node_that_goes() {
         .iter()
         .map(|k| target_of(&b.decide(&client(k), "mqtt", now)).to_owned())
         .collect();
-    b.set_ready("c", false);
+    down(&b, "c");
     for (k, was) in keys.iter().zip(&before) {
         let now_on = target_of(&b.decide(&client(k), "mqtt", now)).to_owned();
         if was == "c" {
@@ -243,7 +254,7 @@ fn with_cache_in_etcd_new_choices_are_offered_and_other_nodes_choices_win() {
         "a remembered choice is not offered"
     );
     // Its node gone, the key is chosen again and the entry replaced.
-    b.set_ready("c", false);
+    down(&b, "c");
     assert_eq!(target_of(&b.decide(&client("j"), "mqtt", t0)), "a");
     assert_eq!(
         b.take_placed(),
@@ -266,4 +277,65 @@ fn without_cache_in_etcd_nothing_is_offered() {
     let b = Balancer::new(s).expect("settings");
     b.decide(&client("k"), "mqtt", Instant::now());
     assert!(b.take_placed().is_empty());
+}
+
+#[test]
+fn a_target_whose_listener_is_down_gets_none_of_its_clients_and_keeps_the_others() {
+    let b = Balancer::new(settings(Policy::ConsistentHash)).expect("settings");
+    b.set_remote_targets(vec![ready("b", 2000, 0), ready("c", 3000, 0)]);
+    let now = Instant::now();
+    let keys: Vec<String> = (0..500).map(|i| format!("dev-{i}")).collect();
+    let on = |listener: &str| -> Vec<String> {
+        keys.iter()
+            .map(|k| target_of(&b.decide(&client(k), listener, now)).to_owned())
+            .collect()
+    };
+    let mqtt_before = on("mqtt");
+    let amqp_before = on("amqp");
+    assert!(mqtt_before.iter().any(|t| t == "c"), "c takes a share");
+
+    b.set_down("c", BTreeSet::from(["mqtt".to_owned()]));
+    let mqtt_after = on("mqtt");
+    for ((k, was), now_on) in keys.iter().zip(&mqtt_before).zip(&mqtt_after) {
+        if was == "c" {
+            assert_ne!(now_on, "c", "{k}: sent to a listener that is down");
+        } else {
+            assert_eq!(now_on, was, "{k} moved though its node stayed");
+        }
+    }
+    assert_eq!(on("amqp"), amqp_before, "c's AMQP listener still answers");
+
+    // Back up: the keys return to where they were.
+    up(&b, "c");
+    assert_eq!(on("mqtt"), mqtt_before);
+}
+
+#[test]
+fn membership_updates_keep_a_targets_health_while_its_addresses_stay() {
+    let mut s = settings(Policy::FirstElement);
+    s.local_target_enabled = false;
+    let b = Balancer::new(s).expect("settings");
+    b.set_remote_targets(vec![Target::new("b", addresses(2000))]);
+    assert_eq!(
+        b.decide(&client("k"), "mqtt", Instant::now()),
+        Decision::Unavailable,
+        "not checked yet"
+    );
+    b.set_down("b", BTreeSet::from(["amqp".to_owned()]));
+    // The same record again (a connection count changed): still checked.
+    b.set_remote_targets(vec![Target::new("b", addresses(2000))]);
+    assert_eq!(
+        target_of(&b.decide(&client("k"), "mqtt", Instant::now())),
+        "b"
+    );
+    assert_eq!(
+        b.decide(&client("k"), "amqp", Instant::now()),
+        Decision::Unavailable
+    );
+    // New addresses: the old check says nothing of them.
+    b.set_remote_targets(vec![Target::new("b", addresses(4000))]);
+    assert_eq!(
+        b.decide(&client("k"), "mqtt", Instant::now()),
+        Decision::Unavailable
+    );
 }
