@@ -953,6 +953,70 @@ async fn mqtt5_over_websocket_is_redirected_to_the_target_websocket_listener() {
     );
 }
 
+const AMQP_WS: common::ws::Wire = common::ws::Wire::Ws {
+    path: "/amqp",
+    subprotocol: "amqp",
+    text: false,
+};
+
+/// The redirect an AMQP client with container id `id` gets over a
+/// WebSocket to `node`, if any (as [`amqp_refusal`]).
+async fn amqp_ws_refusal(node: &Node, id: &str) -> Option<fe2o3_amqp::types::definitions::Error> {
+    let io = websocket(node, AMQP_WS).await;
+    let opened = fe2o3_amqp::Connection::builder()
+        .container_id(id)
+        .open_with_stream(io)
+        .await;
+    match opened {
+        Err(fe2o3_amqp::connection::OpenError::RemoteClosedWithError(e)) => Some(e),
+        Err(e) => panic!("unexpected open error: {e:?}"),
+        Ok(mut conn) => {
+            match tokio::time::timeout(Duration::from_millis(500), conn.on_close()).await {
+                Ok(Err(fe2o3_amqp::connection::Error::RemoteClosedWithError(e))) => Some(e),
+                Ok(other) => panic!("closed without an error: {other:?}"),
+                Err(_) => {
+                    let _ = conn.close().await;
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// AMQP over WebSocket (fe2o3-amqp on the `amqp` subprotocol): a client
+/// whose container id hashes to b gets `amqp:connection:redirect` naming
+/// b's `websocket` port, and b serves it there; a's own client stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_over_websocket_is_redirected_to_the_target_websocket_listener() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let listeners = ["amqp", "websocket"];
+    let a = Node::start_with("a", &etcd.endpoint, "", "", &listeners);
+    let b = Node::start_with("b", &etcd.endpoint, "", "", &listeners);
+    let c = Node::start_with("c", &etcd.endpoint, "", "", &listeners);
+    let _ = &c;
+    let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
+    let to_b = ids_on(&ring, "b", 1).remove(0);
+    let on_a = ids_on(&ring, "a", 1).remove(0);
+    let b_ws = u64::from(b.process.addr("websocket").port());
+    eventually(
+        "a sends b's AMQP client to b's websocket listener",
+        SETTLE,
+        || async {
+            amqp_ws_refusal(&a, &to_b)
+                .await
+                .is_some_and(|e| redirect_port(e) == b_ws)
+        },
+    )
+    .await;
+    assert!(amqp_ws_refusal(&b, &to_b).await.is_none(), "b serves it");
+    assert!(
+        amqp_ws_refusal(&a, &on_a).await.is_none(),
+        "a keeps its own"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stomp_and_mqtt_311_over_websocket_are_proxied_to_their_node() {
     use common::mqtt::{p4, raw_subscribe4};
