@@ -246,6 +246,53 @@ async fn a_client_that_half_closes_after_its_request_is_answered() {
     admin.stop().await;
 }
 
+/// Fuzzing finding 8: a request declaring a body over the limit got its
+/// answer only once the client gave up sending (a 400 after the client's
+/// half-close; none while it waited). It is refused with 413 at once,
+/// with the connection still open and the body unsent; a chunked body
+/// that grows past the limit is refused with 413 as well.
+#[tokio::test]
+async fn a_body_over_the_limit_is_refused_with_413_without_waiting_for_it() {
+    use base64ct::Encoding;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let admin = Admin::start().await;
+    let addr = admin.api.as_ref().expect("api").local_addr();
+    let auth = base64ct::Base64::encode_string(b"admin:admin-pw");
+    let declared = format!(
+        "PUT /api/v1/queues/big HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {auth}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{",
+        10 * 1024 * 1024
+    );
+    let chunk = vec![b' '; 16 * 1024];
+    let mut chunked = format!(
+        "PUT /api/v1/queues/big HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {auth}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    .into_bytes();
+    for _ in 0..5 {
+        chunked.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        chunked.extend_from_slice(&chunk);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    for request in [declared.into_bytes(), chunked] {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(&request).await.expect("write");
+        // No half-close: the client waits, as one expecting 100 Continue.
+        let mut answer = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut answer))
+            .await
+            .expect("answered without the rest of the body")
+            .expect("read");
+        let text = String::from_utf8_lossy(&answer[..n]);
+        assert!(
+            text.starts_with("HTTP/1.1 413 Payload Too Large\r\n"),
+            "{text:?}"
+        );
+        assert!(text.contains("\"reason\""), "{text:?}");
+    }
+    let (status, _) = admin.get("/api/v1/queues/big", ADMIN).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing was created");
+    admin.stop().await;
+}
+
 #[tokio::test]
 async fn health_needs_no_credentials_and_the_api_refuses_properly() {
     let admin = Admin::start().await;
