@@ -76,6 +76,10 @@ enum Scenario {
         size: usize,
         #[arg(long, default_value_t = 100)]
         inflight: u16,
+        /// Publishes per second, paced, for latency at a steady rate
+        /// (0: as fast as the window allows; needs `--client rumqttc`).
+        #[arg(long, default_value_t = 0)]
+        rate: u32,
     },
     /// MQTT QoS 1 fan-out, 1 publisher → `subscribers`; msg/s counts
     /// deliveries.
@@ -301,6 +305,7 @@ async fn main() -> anyhow::Result<()> {
         count,
         size,
         inflight,
+        rate: 0,
     };
     let report = match cli.scenario {
         Scenario::MqttQos0 {
@@ -316,8 +321,12 @@ async fn main() -> anyhow::Result<()> {
             count,
             size,
             inflight,
+            rate,
         } => {
-            let p = pubsub("mqtt-qos1", client, 1, 1, count, size, inflight);
+            let p = mqtt::PubSub {
+                rate,
+                ..pubsub("mqtt-qos1", client, 1, 1, count, size, inflight)
+            };
             mqtt::pubsub(&target, &p).await?
         }
         Scenario::MqttFanout {

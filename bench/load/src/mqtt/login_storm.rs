@@ -210,6 +210,9 @@ fn ms(sorted: &[u64], p: f64) -> serde_json::Value {
 
 /// Runs the scenario.
 pub(crate) async fn run(target: &Target, s: Storm) -> anyhow::Result<Report> {
+    if s.client.transport != super::Transport::Tcp {
+        anyhow::bail!("the login storm's stream runs over plain TCP only");
+    }
     let s = Arc::new(s);
     let topic = unique("bench/storm");
     // The stream's clients, as the publish/subscribe scenarios make them.
@@ -224,6 +227,7 @@ pub(crate) async fn run(target: &Target, s: Storm) -> anyhow::Result<Report> {
         count: 0,
         size: s.size,
         inflight: STREAM_INFLIGHT,
+        rate: s.rate,
     };
     let tally = Tally::new(u64::MAX);
     let sub_id = format!("{topic}-s");

@@ -43,12 +43,33 @@ impl Client {
     }
 }
 
+/// How a client reaches the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Transport {
+    /// Plain TCP.
+    Tcp,
+    /// TLS over TCP (`--tls-ca`).
+    Tls,
+    /// WebSocket (subprotocol `mqtt`, path `--ws-path`).
+    Ws,
+}
+
 /// The client options every publish/subscribe scenario takes.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct ClientArgs {
     /// `wire`: our own batching client; `rumqttc`: rumqttc's.
     #[arg(long, value_enum, default_value_t = Client::Wire)]
     pub(crate) client: Client,
+    /// How the clients connect; `tls` and `ws` need `--client rumqttc`.
+    #[arg(long, value_enum, default_value_t = Transport::Tcp)]
+    pub(crate) transport: Transport,
+    /// With `--transport tls`: the CA certificates (PEM) to trust; the
+    /// broker's certificate must name the host connected to.
+    #[arg(long)]
+    pub(crate) tls_ca: Option<std::path::PathBuf>,
+    /// With `--transport ws`: the WebSocket path.
+    #[arg(long, default_value = "/mqtt")]
+    pub(crate) ws_path: String,
     /// CONNECT user name (none: anonymous).
     #[arg(long)]
     pub(crate) username: Option<String>,
@@ -70,6 +91,8 @@ pub(crate) struct PubSub {
     pub(crate) size: usize,
     /// Unacknowledged QoS 1 publishes the publisher keeps in flight.
     pub(crate) inflight: u16,
+    /// Publishes per second, paced (0: as fast as the window allows).
+    pub(crate) rate: u32,
 }
 
 /// Publish/subscribe: `subscribers` clients subscribe to one topic, one
@@ -77,6 +100,9 @@ pub(crate) struct PubSub {
 pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report> {
     let topic = unique("bench/mqtt");
     let tally = Tally::new(p.count * p.subscribers as u64);
+    if p.client.client == Client::Wire && (p.client.transport != Transport::Tcp || p.rate > 0) {
+        bail!("the wire client speaks plain TCP, unpaced: use --client rumqttc for --transport and --rate");
+    }
     let m = match p.client.client {
         Client::Wire => wire::run(target, p, &topic, tally.clone()).await?,
         Client::Rumqttc => rumqtt::run(target, p, &topic, tally.clone()).await?,
@@ -88,6 +114,11 @@ pub(crate) async fn pubsub(target: &Target, p: &PubSub) -> anyhow::Result<Report
         &tally,
         vec![
             ("client", p.client.client.name().into()),
+            (
+                "transport",
+                format!("{:?}", p.client.transport).to_lowercase().into(),
+            ),
+            ("rate", p.rate.into()),
             ("published", published.into()),
             ("subscribers", p.subscribers.into()),
             ("size", p.size.into()),

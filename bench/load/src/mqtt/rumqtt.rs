@@ -9,7 +9,7 @@ use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, NetworkOptions, Packet
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
-use super::{PubSub, KEEP_ALIVE_S, SUBACK_TIMEOUT};
+use super::{PubSub, Transport, KEEP_ALIVE_S, SUBACK_TIMEOUT};
 use crate::run::{supervise, Tally, Target};
 use crate::run::{Measured, Meter};
 use crate::stats::{latency_ns, stamped_payload};
@@ -18,8 +18,29 @@ use crate::stats::{latency_ns, stamped_payload};
 /// in-flight window (`set_inflight`) is what bounds QoS 1.
 const REQUEST_CHANNEL_CAP: usize = 64;
 
-fn client(target: &Target, p: &PubSub, id: &str) -> (AsyncClient, EventLoop) {
-    let mut o = MqttOptions::new(id, target.host.clone(), target.port);
+fn client(target: &Target, p: &PubSub, id: &str) -> anyhow::Result<(AsyncClient, EventLoop)> {
+    let mut o = match p.client.transport {
+        Transport::Tcp => MqttOptions::new(id, target.host.clone(), target.port),
+        Transport::Tls => {
+            let ca = p
+                .client
+                .tls_ca
+                .as_deref()
+                .context("--transport tls needs --tls-ca")?;
+            let mut o = MqttOptions::new(id, target.host.clone(), target.port);
+            o.set_transport(rumqttc::Transport::tls_with_config(
+                rumqttc::TlsConfiguration::Rustls(crate::tls::client_config(ca)?),
+            ));
+            o
+        }
+        Transport::Ws => {
+            // rumqttc takes the whole URL as the host for WebSocket.
+            let url = format!("ws://{}:{}{}", target.host, target.port, p.client.ws_path);
+            let mut o = MqttOptions::new(id, url, target.port);
+            o.set_transport(rumqttc::Transport::Ws);
+            o
+        }
+    };
     if let Some(user) = &p.client.username {
         o.set_credentials(user, p.client.password.as_deref().unwrap_or_default());
     }
@@ -32,7 +53,7 @@ fn client(target: &Target, p: &PubSub, id: &str) -> (AsyncClient, EventLoop) {
     let mut net = NetworkOptions::new();
     net.set_tcp_nodelay(true);
     el.set_network_options(net);
-    (c, el)
+    Ok((c, el))
 }
 
 /// Polls a subscriber's event loop: signals SUBACK, records the latency of
@@ -78,7 +99,7 @@ pub(super) async fn run(
     let mut subs = JoinSet::new();
     let mut subacks = Vec::new();
     for i in 0..p.subscribers {
-        let (c, el) = client(target, p, &format!("{topic}-s{i}"));
+        let (c, el) = client(target, p, &format!("{topic}-s{i}"))?;
         let (tx, rx) = oneshot::channel();
         subacks.push((c.clone(), rx));
         c.subscribe(topic, qos).await?;
@@ -91,7 +112,7 @@ pub(super) async fn run(
             .context("subscriber ended before SUBACK")?;
     }
 
-    let (pc, mut pel) = client(target, p, &format!("{topic}-p"));
+    let (pc, mut pel) = client(target, p, &format!("{topic}-p"))?;
     let done = tally.clone();
     let pub_loop = tokio::spawn(async move {
         loop {
@@ -104,7 +125,7 @@ pub(super) async fn run(
 
     let meter = Meter::start(target)?;
     let started = meter.started;
-    let (size, count, t) = (p.size, p.count, topic.to_owned());
+    let (size, count, rate, t) = (p.size, p.count, p.rate, topic.to_owned());
     let producer = {
         let (pc, tally, target, subscribers) = (
             pc.clone(),
@@ -114,7 +135,17 @@ pub(super) async fn run(
         );
         tokio::spawn(async move {
             let mut sent = 0;
+            // Paced: one publish per tick, a late tick not made up with a
+            // burst, so that latency is measured at a steady rate.
+            let mut tick = (rate > 0).then(|| {
+                let mut t = tokio::time::interval(Duration::from_secs(1) / rate);
+                t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                t
+            });
             while sent < count && !target.send_time_over(started) {
+                if let Some(t) = tick.as_mut() {
+                    t.tick().await;
+                }
                 pc.publish(t.as_str(), qos, false, stamped_payload(size))
                     .await?;
                 sent += 1;
