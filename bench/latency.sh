@@ -105,11 +105,11 @@ for mode in $MODES; do
 import json, sys
 r = json.load(sys.stdin)
 f = lambda v: "-" if v is None else "%.0f" % v
-print("%s %s %s %s %s %s" % (r["received"], f(r["msg_per_s"]), f(r["p50_us"]), f(r["p99_us"]),
-      f(r["p99_us"]) if r["p99_us"] is not None else "-", ("ERROR " + r["error"]) if r["error"] else ""))')
-    read -r received rate p50 p99 p99raw err <<<"$row"
+print("%s %s %s %s %s" % (r["received"], f(r["msg_per_s"]), f(r["p50_us"]), f(r["p99_us"]),
+      ("ERROR " + r["error"]) if r["error"] else ""))')
+    read -r received rate p50 p99 err <<<"$row"
     printf '%-10s %-4s %9s %9s %9s %9s %s\n' "$broker" "$mode" "$received" "$rate" "$p50" "$p99" "${err:-}"
-    P99[$broker-$mode]=$p99raw
+    P99[$broker-$mode]=$p99
   done
   r=${P99[rosetta-$mode]:-}; m=${P99[mosquitto-$mode]:-}
   if [ -n "$r" ] && [ -n "$m" ] && [ "$r" != - ] && [ "$m" != - ]; then
