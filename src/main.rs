@@ -144,6 +144,42 @@ enum TokenAction {
     },
 }
 
+/// The permission lists `user add` and `role add` take alike. A user's
+/// lists and its roles' lists combine (docs/admin.md, "Defined roles").
+#[derive(Args, Debug)]
+struct PermissionFlags {
+    /// Address patterns it may publish to (repeatable). None given: this
+    /// list says nothing; a user's roles decide, and a user without roles
+    /// may publish everywhere.
+    #[arg(long = "publish", value_name = "PATTERN")]
+    publish: Vec<String>,
+    /// Address patterns it may subscribe to or consume from (repeatable;
+    /// none given: as for --publish).
+    #[arg(long = "subscribe", value_name = "PATTERN")]
+    subscribe: Vec<String>,
+    /// Address patterns it may not publish to, whatever else allows it
+    /// (repeatable; default: none).
+    #[arg(long = "deny-publish", value_name = "PATTERN")]
+    deny_publish: Vec<String>,
+    /// Address patterns it may not subscribe to, whatever else allows it
+    /// (repeatable; default: none).
+    #[arg(long = "deny-subscribe", value_name = "PATTERN")]
+    deny_subscribe: Vec<String>,
+}
+
+impl PermissionFlags {
+    /// The lists as the users file and the API take them: an allow list
+    /// given no pattern is absent (says nothing), not empty (allows nothing).
+    fn spec(self) -> rosetta::users::PermissionSpec {
+        rosetta::users::PermissionSpec {
+            publish: (!self.publish.is_empty()).then_some(self.publish),
+            subscribe: (!self.subscribe.is_empty()).then_some(self.subscribe),
+            deny_publish: self.deny_publish,
+            deny_subscribe: self.deny_subscribe,
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum RoleAction {
     /// Prints the roles: the three built-in admin roles and the defined ones.
@@ -154,21 +190,8 @@ enum RoleAction {
     Add {
         /// The role name: letters, digits, '-', '_'.
         name: String,
-        /// Address patterns its users may publish to (repeatable; default:
-        /// it says nothing, so its users' own lists and other roles decide).
-        #[arg(long = "publish", value_name = "PATTERN")]
-        publish: Vec<String>,
-        /// Address patterns its users may subscribe to (repeatable; default
-        /// as --publish).
-        #[arg(long = "subscribe", value_name = "PATTERN")]
-        subscribe: Vec<String>,
-        /// Address patterns its users may not publish to, whatever else
-        /// allows it (repeatable).
-        #[arg(long = "deny-publish", value_name = "PATTERN")]
-        deny_publish: Vec<String>,
-        /// Address patterns its users may not subscribe to (repeatable).
-        #[arg(long = "deny-subscribe", value_name = "PATTERN")]
-        deny_subscribe: Vec<String>,
+        #[command(flatten)]
+        permissions: PermissionFlags,
         /// The admin API right it gives: monitoring, management or
         /// administrator (default: none).
         #[arg(long, value_name = "RIGHT", value_parser = parse_admin_right)]
@@ -256,20 +279,8 @@ enum UserAction {
         /// the terminal without echo, else one line of standard input.
         #[arg(long)]
         password: Option<String>,
-        /// Address patterns the user may publish to (repeatable; default: everything).
-        #[arg(long = "publish", value_name = "PATTERN")]
-        publish: Vec<String>,
-        /// Address patterns the user may subscribe to or consume from (repeatable; default: everything).
-        #[arg(long = "subscribe", value_name = "PATTERN")]
-        subscribe: Vec<String>,
-        /// Address patterns the user may not publish to, whatever --publish
-        /// or its roles allow (repeatable; default: none).
-        #[arg(long = "deny-publish", value_name = "PATTERN")]
-        deny_publish: Vec<String>,
-        /// Address patterns the user may not subscribe to, whatever
-        /// --subscribe or its roles allow (repeatable; default: none).
-        #[arg(long = "deny-subscribe", value_name = "PATTERN")]
-        deny_subscribe: Vec<String>,
+        #[command(flatten)]
+        permissions: PermissionFlags,
         /// A role: one the users file defines (`rosetta role add`) or a
         /// built-in admin role (`monitoring`, `management`, `administrator`);
         /// repeatable, the first is the balancer's `role_name`. Without it
@@ -389,10 +400,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 UserAction::Add {
                     name,
                     password,
-                    publish,
-                    subscribe,
-                    deny_publish,
-                    deny_subscribe,
+                    permissions,
                     roles,
                     users_file,
                     url,
@@ -408,24 +416,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     name,
                     password,
                     roles,
-                    permissions: rosetta::users::PermissionSpec {
-                        publish: (!publish.is_empty()).then_some(publish),
-                        subscribe: (!subscribe.is_empty()).then_some(subscribe),
-                        deny_publish,
-                        deny_subscribe,
-                    },
+                    permissions: permissions.spec(),
                 };
                 // ROSETTA_PASSWORD is the new user's here: the token alone
                 // authenticates.
                 return admin_cli::run(&admin_cli::Api::new(&url, None, None, token)?, command);
             }
             let path = users_file.unwrap_or_else(|| config.users_file());
-            let permissions = rosetta::users::PermissionSpec {
-                publish: (!publish.is_empty()).then_some(publish),
-                subscribe: (!subscribe.is_empty()).then_some(subscribe),
-                deny_publish,
-                deny_subscribe,
-            };
+            let permissions = permissions.spec();
             let roles = (!roles.is_empty()).then_some(roles.as_slice());
             let secret = password.as_bytes();
             rosetta::users::save_user_with(&path, &name, secret, &permissions, roles)?;
@@ -491,20 +489,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 RoleAction::List => admin_cli::AdminCommand::RoleList,
                 RoleAction::Add {
                     name,
-                    publish,
-                    subscribe,
-                    deny_publish,
-                    deny_subscribe,
+                    permissions,
                     admin,
                 } => admin_cli::AdminCommand::RoleAdd {
                     name,
                     role: rosetta::users::RoleSpec {
-                        permissions: rosetta::users::PermissionSpec {
-                            publish: (!publish.is_empty()).then_some(publish),
-                            subscribe: (!subscribe.is_empty()).then_some(subscribe),
-                            deny_publish,
-                            deny_subscribe,
-                        },
+                        permissions: permissions.spec(),
                         admin,
                     },
                 },

@@ -378,8 +378,8 @@ fn the_defaults_file_mentions_every_key() {
                 DEFAULTS_FILE.contains(&format!("[{key}]"))
             } else if section == "cluster" && key == "balancer" {
                 DEFAULTS_FILE.contains("[cluster.balancer]")
-            } else if section == "cluster" && key == "balancers" {
-                DEFAULTS_FILE.contains("[[cluster.balancers]]")
+            } else if section == "cluster" && ["balancers", "targets"].contains(&key) {
+                DEFAULTS_FILE.contains(&format!("[[cluster.{key}]]"))
             } else if ["bindings", "queues", "streams", "topics"].contains(&key) {
                 DEFAULTS_FILE.contains(&format!("[[{key}]]"))
             } else {
