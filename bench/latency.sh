@@ -32,17 +32,9 @@ source "$ROOT/bench/peers/peers.sh"
 trap 'peers_stop_all; rm -rf "$BENCH_TMP"' EXIT
 case " $BROKERS " in *" mosquitto "*) "$ROOT/bench/peers/setup.sh" mosquitto >/dev/null ;; esac
 
-# A throwaway CA and a certificate for 127.0.0.1 (the clients connect to
-# the address, and rumqttc checks the certificate against it).
+# A throwaway CA and a server certificate, both brokers' TLS listeners.
 tls_dir=$BENCH_TMP/tls
-mkdir -p "$tls_dir"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-  -subj /CN=bench-ca -keyout "$tls_dir/ca.key" -out "$tls_dir/ca.crt" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=localhost \
-  -keyout "$tls_dir/server.key" -out "$tls_dir/server.csr" 2>/dev/null
-printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$tls_dir/ext"
-openssl x509 -req -in "$tls_dir/server.csr" -CA "$tls_dir/ca.crt" -CAkey "$tls_dir/ca.key" \
-  -CAcreateserial -days 2 -extfile "$tls_dir/ext" -out "$tls_dir/server.crt" 2>/dev/null
+test_tls "$tls_dir"
 
 # start_broker NAME: sets PID and the TCP_PORT, TLS_PORT and WS_PORT it
 # listens on.

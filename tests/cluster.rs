@@ -431,7 +431,15 @@ async fn mqtt5_clients_are_redirected_by_the_role_of_their_user() {
 /// open, or (fe2o3-amqp returns from open on the server's Open, before the
 /// Close behind it) right after.
 async fn amqp_refusal(url: &str) -> Option<fe2o3_amqp::types::definitions::Error> {
-    match fe2o3_amqp::Connection::open("redirected", url).await {
+    refusal_of(fe2o3_amqp::Connection::open("redirected", url).await).await
+}
+
+/// The error an opening connection is closed with at once, if it is (see
+/// [`amqp_refusal`]).
+async fn refusal_of(
+    opened: Result<fe2o3_amqp::connection::ConnectionHandle<()>, fe2o3_amqp::connection::OpenError>,
+) -> Option<fe2o3_amqp::types::definitions::Error> {
+    match opened {
         Err(fe2o3_amqp::connection::OpenError::RemoteClosedWithError(e)) => Some(e),
         Err(e) => panic!("unexpected open error: {e:?}"),
         Ok(mut conn) => {
@@ -913,6 +921,12 @@ async fn websocket(node: &Node, wire: common::ws::Wire) -> tokio::io::DuplexStre
     common::ws::carry(tcp, wire).await
 }
 
+/// Nodes a, b and c on `etcd`, default balancer, each with `listeners`.
+fn three_nodes(etcd: &EtcdServer, listeners: &[&str]) -> (Node, Node, Node) {
+    let start = |name| Node::start_with(name, &etcd.endpoint, "", "", listeners);
+    (start("a"), start("b"), start("c"))
+}
+
 /// The CONNACK a clean v5 CONNECT with `id` gets over a WebSocket to `node`.
 async fn connack5_ws(node: &Node, id: &str) -> p5::ConnAck {
     clean_connack5(Raw::from_io(websocket(node, MQTT_WS).await), id, None).await
@@ -923,11 +937,7 @@ async fn mqtt5_over_websocket_is_redirected_to_the_target_websocket_listener() {
     let Some(etcd) = EtcdServer::start() else {
         return;
     };
-    let listeners = ["mqtt", "websocket"];
-    let a = Node::start_with("a", &etcd.endpoint, "", "", &listeners);
-    let b = Node::start_with("b", &etcd.endpoint, "", "", &listeners);
-    let c = Node::start_with("c", &etcd.endpoint, "", "", &listeners);
-    let _ = &c;
+    let (a, b, _c) = three_nodes(&etcd, &["mqtt", "websocket"]);
     let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
     let to_b = ids_on(&ring, "b", 1).remove(0);
     let on_a = ids_on(&ring, "a", 1).remove(0);
@@ -967,20 +977,7 @@ async fn amqp_ws_refusal(node: &Node, id: &str) -> Option<fe2o3_amqp::types::def
         .container_id(id)
         .open_with_stream(io)
         .await;
-    match opened {
-        Err(fe2o3_amqp::connection::OpenError::RemoteClosedWithError(e)) => Some(e),
-        Err(e) => panic!("unexpected open error: {e:?}"),
-        Ok(mut conn) => {
-            match tokio::time::timeout(Duration::from_millis(500), conn.on_close()).await {
-                Ok(Err(fe2o3_amqp::connection::Error::RemoteClosedWithError(e))) => Some(e),
-                Ok(other) => panic!("closed without an error: {other:?}"),
-                Err(_) => {
-                    let _ = conn.close().await;
-                    None
-                }
-            }
-        }
-    }
+    refusal_of(opened).await
 }
 
 /// AMQP over WebSocket (fe2o3-amqp on the `amqp` subprotocol): a client
@@ -991,11 +988,7 @@ async fn amqp_over_websocket_is_redirected_to_the_target_websocket_listener() {
     let Some(etcd) = EtcdServer::start() else {
         return;
     };
-    let listeners = ["amqp", "websocket"];
-    let a = Node::start_with("a", &etcd.endpoint, "", "", &listeners);
-    let b = Node::start_with("b", &etcd.endpoint, "", "", &listeners);
-    let c = Node::start_with("c", &etcd.endpoint, "", "", &listeners);
-    let _ = &c;
+    let (a, b, _c) = three_nodes(&etcd, &["amqp", "websocket"]);
     let ring = Ring::new(["a", "b", "c"], VIRTUAL_NODES);
     let to_b = ids_on(&ring, "b", 1).remove(0);
     let on_a = ids_on(&ring, "a", 1).remove(0);

@@ -48,6 +48,21 @@ peers_stop_all() {
   PEER_PIDS=()
 }
 
+# test_tls DIR: a throwaway CA (DIR/ca.crt) and a server certificate and
+# key for localhost and 127.0.0.1 signed by it (DIR/server.crt,
+# DIR/server.key), P-256, valid two days.
+test_tls() {
+  local dir=$1
+  mkdir -p "$dir"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+    -subj /CN=bench-ca -keyout "$dir/ca.key" -out "$dir/ca.crt" 2>/dev/null
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=localhost \
+    -keyout "$dir/server.key" -out "$dir/server.csr" 2>/dev/null
+  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$dir/ext"
+  openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
+    -CAcreateserial -days 2 -extfile "$dir/ext" -out "$dir/server.crt" 2>/dev/null
+}
+
 # rosetta_config DIR: picks free ports (ROSETTA_MQTT_PORT, _STOMP_PORT,
 # _AMQP_PORT, _WS_PORT) and writes DIR/rosetta.toml: a journal in DIR/data synced on
 # every commit, plain listeners on those ports, nothing else.

@@ -80,7 +80,7 @@ pub async fn down_listeners(target: &Target, timeout: Duration) -> BTreeSet<Stri
 /// Logs what changed since `before` was checked: a target that became
 /// ready or not, or listeners that went down or came back.
 fn log_change(before: &Target, down: &BTreeSet<String>) {
-    let ready = before.addresses.keys().any(|l| !down.contains(l));
+    let ready = before.ready_unless(down);
     if ready != before.ready {
         if ready {
             tracing::info!(node = %before.name, down = ?down, "cluster: target ready");

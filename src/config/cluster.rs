@@ -304,20 +304,7 @@ impl Config {
                 return Err(invalid(key, "must be above 0"));
             }
         }
-        for (listener, address) in &c.advertise {
-            if !ADVERTISED_LISTENERS.contains(&listener.as_str()) {
-                return Err(invalid(
-                    format!("cluster.advertise.{listener}"),
-                    "not a listener name",
-                ));
-            }
-            if !is_authority(address) {
-                return Err(invalid(
-                    format!("cluster.advertise.{listener}"),
-                    "write host:port",
-                ));
-            }
-        }
+        check_addresses("cluster.advertise", &c.advertise)?;
         if !c.balancer.listeners.is_empty() {
             return Err(invalid(
                 "cluster.balancer.listeners",
@@ -387,6 +374,24 @@ fn is_authority(address: &str) -> bool {
         .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
 }
 
+/// Client-facing addresses by listener key (`advertise`, a static
+/// target's `addresses`): each key a listener name, each value
+/// `host:port`; errors name `table.<listener>`.
+fn check_addresses(table: &str, addresses: &BTreeMap<String, String>) -> Result<(), Invalid> {
+    for (listener, address) in addresses {
+        if !ADVERTISED_LISTENERS.contains(&listener.as_str()) {
+            return Err(invalid(
+                format!("{table}.{listener}"),
+                "not a listener name",
+            ));
+        }
+        if !is_authority(address) {
+            return Err(invalid(format!("{table}.{listener}"), "write host:port"));
+        }
+    }
+    Ok(())
+}
+
 /// The checks of `[[cluster.targets]]`: at most [`STATIC_TARGETS_MAX`],
 /// names unique and well formed, each with at least one listener address.
 fn check_static_targets(targets: &[StaticTarget]) -> Result<(), Invalid> {
@@ -416,20 +421,7 @@ fn check_static_targets(targets: &[StaticTarget]) -> Result<(), Invalid> {
                 "name at least one listener's address (mqtt = \"host:port\")",
             ));
         }
-        for (listener, address) in &t.addresses {
-            if !ADVERTISED_LISTENERS.contains(&listener.as_str()) {
-                return Err(invalid(
-                    format!("{section}.addresses.{listener}"),
-                    "not a listener name",
-                ));
-            }
-            if !is_authority(address) {
-                return Err(invalid(
-                    format!("{section}.addresses.{listener}"),
-                    "write host:port",
-                ));
-            }
-        }
+        check_addresses(&format!("{section}.addresses"), &t.addresses)?;
     }
     Ok(())
 }

@@ -34,6 +34,12 @@ impl Target {
         }
     }
 
+    /// Whether it is ready when the listeners `down` do not answer: some
+    /// address of its answers.
+    pub fn ready_unless(&self, down: &BTreeSet<String>) -> bool {
+        self.addresses.keys().any(|l| !down.contains(l))
+    }
+
     /// Whether a client of the listener `listener` may be sent here: it
     /// has that listener and its address answered the last check.
     fn serves(&self, listener: &str) -> bool {
@@ -82,7 +88,7 @@ impl Pool {
     /// names are ignored (it left while being checked).
     pub(crate) fn set_down(&mut self, name: &str, down: BTreeSet<String>) {
         if let Some(t) = self.remote.get_mut(name) {
-            t.ready = t.addresses.keys().any(|l| !down.contains(l));
+            t.ready = t.ready_unless(&down);
             t.down = down;
         }
     }

@@ -52,6 +52,18 @@ fn client(id: &str) -> ConnectionFacts {
     }
 }
 
+/// `count` device keys.
+fn keys(count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("dev-{i}")).collect()
+}
+
+/// Where each of `keys` goes from `listener`, by node name.
+fn owners(b: &Balancer, keys: &[String], listener: &str, now: Instant) -> Vec<String> {
+    keys.iter()
+        .map(|k| target_of(&b.decide(&client(k), listener, now)).to_owned())
+        .collect()
+}
+
 fn target_of(d: &Decision) -> &str {
     match d {
         Decision::Local => "a",
@@ -200,18 +212,15 @@ fn consistent_hash_moves_only_the_keys_of_a_node_that_goes() {
     let b = Balancer::new(settings(Policy::ConsistentHash)).expect("settings");
     b.set_remote_targets(vec![ready("b", 2000, 0), ready("c", 3000, 0)]);
     let now = Instant::now();
-    let keys: Vec<String> = (0..500).map(|i| format!("dev-{i}")).collect();
-    let before: Vec<String> = keys
-        .iter()
-        .map(|k| target_of(&b.decide(&client(k), "mqtt", now)).to_owned())
-        .collect();
+    let keys = keys(500);
+    let before = owners(&b, &keys, "mqtt", now);
     down(&b, "c");
-    for (k, was) in keys.iter().zip(&before) {
-        let now_on = target_of(&b.decide(&client(k), "mqtt", now)).to_owned();
+    let after = owners(&b, &keys, "mqtt", now);
+    for ((k, was), now_on) in keys.iter().zip(&before).zip(&after) {
         if was == "c" {
             assert_ne!(now_on, "c");
         } else {
-            assert_eq!(&now_on, was, "{k} moved though its node stayed");
+            assert_eq!(now_on, was, "{k} moved though its node stayed");
         }
     }
 }
@@ -284,12 +293,8 @@ fn a_target_whose_listener_is_down_gets_none_of_its_clients_and_keeps_the_others
     let b = Balancer::new(settings(Policy::ConsistentHash)).expect("settings");
     b.set_remote_targets(vec![ready("b", 2000, 0), ready("c", 3000, 0)]);
     let now = Instant::now();
-    let keys: Vec<String> = (0..500).map(|i| format!("dev-{i}")).collect();
-    let on = |listener: &str| -> Vec<String> {
-        keys.iter()
-            .map(|k| target_of(&b.decide(&client(k), listener, now)).to_owned())
-            .collect()
-    };
+    let keys = keys(500);
+    let on = |listener: &str| owners(&b, &keys, listener, now);
     let mqtt_before = on("mqtt");
     let amqp_before = on("amqp");
     assert!(mqtt_before.iter().any(|t| t == "c"), "c takes a share");

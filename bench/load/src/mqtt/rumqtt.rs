@@ -19,28 +19,28 @@ use crate::stats::{latency_ns, stamped_payload};
 const REQUEST_CHANNEL_CAP: usize = 64;
 
 fn client(target: &Target, p: &PubSub, id: &str) -> anyhow::Result<(AsyncClient, EventLoop)> {
-    let mut o = match p.client.transport {
-        Transport::Tcp => MqttOptions::new(id, target.host.clone(), target.port),
+    let host = match p.client.transport {
+        // rumqttc takes the whole URL as the host for WebSocket.
+        Transport::Ws => format!("ws://{}:{}{}", target.host, target.port, p.client.ws_path),
+        Transport::Tcp | Transport::Tls => target.host.clone(),
+    };
+    let mut o = MqttOptions::new(id, host, target.port);
+    match p.client.transport {
+        Transport::Tcp => {}
         Transport::Tls => {
             let ca = p
                 .client
                 .tls_ca
                 .as_deref()
                 .context("--transport tls needs --tls-ca")?;
-            let mut o = MqttOptions::new(id, target.host.clone(), target.port);
             o.set_transport(rumqttc::Transport::tls_with_config(
                 rumqttc::TlsConfiguration::Rustls(crate::tls::client_config(ca)?),
             ));
-            o
         }
         Transport::Ws => {
-            // rumqttc takes the whole URL as the host for WebSocket.
-            let url = format!("ws://{}:{}{}", target.host, target.port, p.client.ws_path);
-            let mut o = MqttOptions::new(id, url, target.port);
             o.set_transport(rumqttc::Transport::Ws);
-            o
         }
-    };
+    }
     if let Some(user) = &p.client.username {
         o.set_credentials(user, p.client.password.as_deref().unwrap_or_default());
     }
