@@ -503,9 +503,10 @@ impl Core {
     /// Statistics of every queue, by name.
     pub fn all_queue_stats(&self) -> Vec<(String, QueueStats)> {
         let queues: Vec<_> = self.inner.routing.read().queues().cloned().collect();
+        let now_ms = self.inner.now_ms();
         queues
             .into_iter()
-            .map(|q| (q.name.to_string(), q.stats()))
+            .map(|q| (q.name.to_string(), q.stats(now_ms)))
             .collect()
     }
 
@@ -533,7 +534,12 @@ impl Core {
 
     /// Statistics of one queue.
     pub fn queue_stats(&self, name: &str) -> Option<QueueStats> {
-        self.inner.routing.read().queue(name).map(|q| q.stats())
+        let now_ms = self.inner.now_ms();
+        self.inner
+            .routing
+            .read()
+            .queue(name)
+            .map(|q| q.stats(now_ms))
     }
 
     /// Messages published, delivered and acknowledged since the core
@@ -717,6 +723,11 @@ impl Inner {
         let DispatchOutput {
             records, expired, ..
         } = out;
+        if records.is_empty() && expired.is_empty() {
+            // The usual pass (nothing auto-settled durably, nothing
+            // expired): no batch to build.
+            return;
+        }
         let mut batch = Batch {
             records,
             ..Batch::default()
@@ -883,7 +894,7 @@ impl Inner {
                 let Some(q) = by_id.get(&placement.queue) else {
                     continue;
                 };
-                let mut entry = Entry::new(m.seq, Arc::clone(&message), true);
+                let mut entry = Entry::new(m.seq, Arc::clone(&message), true, now_ms);
                 let mut redeliver_at_ms = None;
                 if let Some(state) = placement.state {
                     // Undecodable state: delivered before, count unknown.
