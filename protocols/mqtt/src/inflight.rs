@@ -7,9 +7,10 @@
 //! - Inbound QoS 2: packet ids routed but not yet released, persisted with
 //!   `Session::put_state` so a restart mid-flow still drops duplicates.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use rosetta_neutral::id_hash::IdHashMap;
 use rosetta_neutral::{ConsumerId, DeliveryTag};
 
 /// `put_state` key of the inbound QoS 2 packet ids awaiting PUBREL.
@@ -33,10 +34,11 @@ pub(crate) struct OutFlight {
     pub(crate) phase: Phase,
 }
 
-/// Outbound packet ids in use.
+/// Outbound packet ids in use. The ids are ours (see [`Outbound::allocate`]):
+/// the cheap id hash, not SipHash (`rosetta_neutral::id_hash`).
 #[derive(Debug, Default)]
 pub(crate) struct Outbound {
-    flights: HashMap<u16, OutFlight>,
+    flights: IdHashMap<u16, OutFlight>,
     next: u16,
 }
 
