@@ -39,7 +39,8 @@ impl Open {
         if p.retain && !cfg.retain_available {
             return Err(MqttError::RetainNotSupported);
         }
-        let topic = self.resolve_topic(cfg.topic_alias_max, p.topic, p.props.topic_alias)?;
+        let alias = p.topic_alias();
+        let topic = self.resolve_topic(cfg.topic_alias_max, p.topic, alias)?;
         if validate_topic_name(&topic).is_err() {
             return Err(MqttError::TopicNameInvalid(topic));
         }
@@ -76,7 +77,8 @@ impl Open {
             }
         }
 
-        let mut message = inbound_message(p.qos, p.retain, p.props, p.payload, ctx.now_ms)?;
+        let props = p.props.map(|props| *props).unwrap_or_default();
+        let mut message = inbound_message(p.qos, p.retain, props, p.payload, ctx.now_ms)?;
         message.delivery_time = delay_ms
             .filter(|&ms| ms > 0)
             .map(|ms| ctx.now_ms.saturating_add(ms));
