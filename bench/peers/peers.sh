@@ -64,13 +64,15 @@ test_tls() {
 }
 
 # rosetta_config DIR: picks free ports (ROSETTA_MQTT_PORT, _STOMP_PORT,
-# _AMQP_PORT, _WS_PORT) and writes DIR/rosetta.toml: a journal in DIR/data synced on
-# every commit, plain listeners on those ports, nothing else.
+# _AMQP_PORT, _WS_PORT, _ADMIN_PORT) and writes DIR/rosetta.toml: a journal in DIR/data synced on
+# every commit, plain listeners on those ports, the admin API on a free port
+# too (the default 8161 may be taken by another broker on the machine),
+# nothing else.
 rosetta_config() {
   local dir=$1
   mkdir -p "$dir/data"
   ROSETTA_MQTT_PORT=$(free_port); ROSETTA_STOMP_PORT=$(free_port); ROSETTA_AMQP_PORT=$(free_port)
-  ROSETTA_WS_PORT=$(free_port)
+  ROSETTA_WS_PORT=$(free_port); ROSETTA_ADMIN_PORT=$(free_port)
   cat > "$dir/rosetta.toml" <<CONF
 data_dir = "$dir/data"
 [listeners]
@@ -86,6 +88,8 @@ wss = ""
 sync = "every-commit"
 [broker]
 connections_max = 100000
+[admin]
+listen = "127.0.0.1:$ROSETTA_ADMIN_PORT"
 CONF
 }
 
