@@ -277,12 +277,24 @@ impl Inner {
     pub(crate) fn route(
         &self,
         address: &Address,
+        message: Message,
+        origin: Option<&str>,
+        batch: &mut Batch,
+        duplicates: Duplicates,
+    ) -> Result<usize, BrokerError> {
+        self.route_owned(address.clone(), message, origin, batch, duplicates)
+    }
+
+    /// [`Inner::route`] with the address handed over: it becomes the
+    /// message's own (`Message::address`) without a copy.
+    pub(crate) fn route_owned(
+        &self,
+        address: Address,
         mut message: Message,
         origin: Option<&str>,
         batch: &mut Batch,
         duplicates: Duplicates,
     ) -> Result<usize, BrokerError> {
-        message.address = Some(address.clone());
         let now_ms = batch.now_ms(self);
         if let Some(at) = message.delivery_time {
             let latest = now_ms.saturating_add(DELIVERY_DELAY_MAX_MS);
@@ -293,7 +305,7 @@ impl Inner {
                 )));
             }
         }
-        let mut targets: Vec<Target> = match address {
+        let mut targets: Vec<Target> = match &address {
             Address::Topic(topic) => {
                 validate_topic_name(topic)
                     .map_err(|e| BrokerError::InvalidAddress(e.to_string()))?;
@@ -322,7 +334,7 @@ impl Inner {
         // The topic's own window first: a duplicate reaches no subscriber,
         // present or joining later, and counts as routed where its first
         // copy would go.
-        if let (Address::Topic(topic), Duplicates::Detect) = (address, duplicates) {
+        if let (Address::Topic(topic), Duplicates::Detect) = (&address, duplicates) {
             if let TopicScreen::Duplicate { wait } =
                 self.topic_dedup.screen(topic, &message, now_ms, batch)?
             {
@@ -360,7 +372,7 @@ impl Inner {
                 return Err(e);
             }
         }
-        if let (Address::Queue(name), Some(t)) = (address, targets.first()) {
+        if let (Address::Queue(name), Some(t)) = (&address, targets.first()) {
             if t.queue.is_full(self.config.queue_depth_max) {
                 return Err(BrokerError::ResourceLimit(format!(
                     "queue '{name}' holds its maximum of {} messages",
@@ -387,12 +399,15 @@ impl Inner {
             }
             admitted
         });
+        message.address = Some(address);
         let message = Arc::new(message);
         // A scheduled message is routed now and waits in each subscriber
         // queue; it does not become the topic's retained message, which a
         // new subscriber would get before its time.
         let scheduled = message.is_scheduled(now_ms);
-        if let (Address::Topic(topic), true, false) = (address, message.retain, scheduled) {
+        if let (Some(Address::Topic(topic)), true, false) =
+            (&message.address, message.retain, scheduled)
+        {
             self.update_retained(topic, &message, batch);
         }
         let seq = self.next_seq();

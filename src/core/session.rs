@@ -1,6 +1,7 @@
 //! A connection's session on the core: its consumers, transactions, will
 //! and client-id registration.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -242,6 +243,65 @@ impl CoreSession {
 
     fn completion(&self, ticket: Ticket) -> Completion {
         Inner::complete_ticket(&self.shared.sink, ticket)
+    }
+
+    /// Publishes to `address` (borrowed from the adapter, or handed over
+    /// with the message: then routing keeps it rather than a copy).
+    fn publish_to(
+        &mut self,
+        address: Cow<'_, Address>,
+        message: Message,
+        options: PublishOptions,
+    ) -> Result<PublishReceipt, BrokerError> {
+        let mut st = self.state()?;
+        if !self
+            .inner
+            .access
+            .may_publish(&self.shared.info.principal, &address)
+        {
+            return Err(BrokerError::Unauthorized(format!("publish to '{address}'")));
+        }
+        if let Address::Queue(name) = &*address {
+            if let Some(t) = self.inner.streams.target(name, false)? {
+                drop(st);
+                let receipt = self.publish_to_stream(name, &t, message, options)?;
+                self.inner.traffic.published();
+                return Ok(receipt);
+            }
+        }
+        if let Some(txn) = options.txn {
+            let ops = st
+                .txns
+                .get_mut(&txn)
+                .ok_or(BrokerError::Unknown("transaction"))?;
+            if ops.len() >= TRANSACTION_OPS_MAX {
+                return Err(BrokerError::ResourceLimit(format!(
+                    "more than {TRANSACTION_OPS_MAX} operations in one transaction"
+                )));
+            }
+            ops.push(Staged::Publish {
+                address: address.into_owned(),
+                message: Box::new(message),
+            });
+            return Ok(PublishReceipt {
+                routed: 0,
+                pending: None,
+            });
+        }
+        drop(st);
+        let mut batch = Batch::default();
+        let routed = self.inner.route_owned(
+            address.into_owned(),
+            message,
+            self.origin.as_deref(),
+            &mut batch,
+            Duplicates::Detect,
+        )?;
+        let pending = self.commit_batch(batch, options.confirm);
+        // A client's publish, once however many queues it reached; the
+        // broker's own copies (dead letters, wills, moves) are not counted.
+        self.inner.traffic.published();
+        Ok(PublishReceipt { routed, pending })
     }
 
     /// Commits `batch`, with a ticket when `confirm` asks and there is
@@ -666,55 +726,20 @@ impl Session for CoreSession {
         message: Message,
         options: PublishOptions,
     ) -> Result<PublishReceipt, BrokerError> {
-        let mut st = self.state()?;
-        if !self
-            .inner
-            .access
-            .may_publish(&self.shared.info.principal, address)
-        {
-            return Err(BrokerError::Unauthorized(format!("publish to '{address}'")));
-        }
-        if let Address::Queue(name) = address {
-            if let Some(t) = self.inner.streams.target(name, false)? {
-                drop(st);
-                let receipt = self.publish_to_stream(name, &t, message, options)?;
-                self.inner.traffic.published();
-                return Ok(receipt);
-            }
-        }
-        if let Some(txn) = options.txn {
-            let ops = st
-                .txns
-                .get_mut(&txn)
-                .ok_or(BrokerError::Unknown("transaction"))?;
-            if ops.len() >= TRANSACTION_OPS_MAX {
-                return Err(BrokerError::ResourceLimit(format!(
-                    "more than {TRANSACTION_OPS_MAX} operations in one transaction"
-                )));
-            }
-            ops.push(Staged::Publish {
-                address: address.clone(),
-                message: Box::new(message),
-            });
-            return Ok(PublishReceipt {
-                routed: 0,
-                pending: None,
-            });
-        }
-        drop(st);
-        let mut batch = Batch::default();
-        let routed = self.inner.route(
-            address,
-            message,
-            self.origin.as_deref(),
-            &mut batch,
-            Duplicates::Detect,
-        )?;
-        let pending = self.commit_batch(batch, options.confirm);
-        // A client's publish, once however many queues it reached; the
-        // broker's own copies (dead letters, wills, moves) are not counted.
-        self.inner.traffic.published();
-        Ok(PublishReceipt { routed, pending })
+        self.publish_to(Cow::Borrowed(address), message, options)
+    }
+
+    fn publish_addressed(
+        &mut self,
+        mut message: Message,
+        options: PublishOptions,
+    ) -> Result<PublishReceipt, BrokerError> {
+        let Some(address) = message.address.take() else {
+            return Err(BrokerError::InvalidAddress(
+                "a message without an address".to_owned(),
+            ));
+        };
+        self.publish_to(Cow::Owned(address), message, options)
     }
 
     fn consume(&mut self, spec: ConsumerSpec) -> Result<ConsumerId, BrokerError> {
