@@ -1,6 +1,7 @@
 //! Addresses: the queue map, the binding trie, retained messages, and the
 //! publish path that routes a message to its queues.
 
+use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,7 +17,7 @@ use rosetta_neutral::{
 use rosetta_neutral::message::DELIVERY_DELAY_MAX_MS;
 use rosetta_store::Record;
 
-use super::batch::Batch;
+use super::batch::{recycle, Batch};
 use super::codec;
 use super::dedup::{self, DedupKey, Screen, TopicScreen};
 use super::queue::{Entry, Queue, QueueBinding};
@@ -191,6 +192,11 @@ pub(crate) fn match_info(bindings: &[QueueBinding], topic: &str) -> MatchInfo {
     info
 }
 
+thread_local! {
+    /// A spare target list per thread (see `batch::recycle`).
+    static TARGETS: Cell<Vec<Target>> = const { Cell::new(Vec::new()) };
+}
+
 /// One queue a message is routed to: what its bindings matched, and the
 /// dedup key to admit once the queue takes the message.
 struct Target {
@@ -310,7 +316,7 @@ impl Inner {
                 validate_topic_name(topic)
                     .map_err(|e| BrokerError::InvalidAddress(e.to_string()))?;
                 let routing = self.routing.read();
-                let mut targets = Vec::new();
+                let mut targets = TARGETS.take();
                 routing.trie.for_each_match(topic, |b| {
                     if b.options.no_local && origin.is_some() && b.owner.as_deref() == origin {
                         return;
@@ -326,10 +332,12 @@ impl Inner {
                 per_queue(&mut targets);
                 targets
             }
-            Address::Queue(name) => vec![Target::new(
-                self.queue_for_send(name, batch)?,
-                MatchInfo::default(),
-            )],
+            Address::Queue(name) => {
+                let queue = self.queue_for_send(name, batch)?;
+                let mut targets = TARGETS.take();
+                targets.push(Target::new(queue, MatchInfo::default()));
+                targets
+            }
         };
         // The topic's own window first: a duplicate reaches no subscriber,
         // present or joining later, and counts as routed where its first
@@ -424,13 +432,14 @@ impl Inner {
             });
         }
         let routed = targets.len() + dropped;
-        batch.enqueues.reserve(targets.len());
-        for Target { queue, matched, .. } in targets {
+        let enqueues = batch.enqueues_for(targets.len());
+        for Target { queue, matched, .. } in targets.drain(..) {
             let journaled = queue.durable && message.durable;
             let mut entry = Entry::new(seq, Arc::clone(&message), journaled, now_ms);
             entry.matched = matched;
-            batch.enqueues.push((queue, entry));
+            enqueues.push((queue, entry));
         }
+        recycle(&TARGETS, targets);
         Ok(routed)
     }
 
