@@ -717,17 +717,27 @@ impl Inner {
         self.memory.producers_blocked() || self.disk.is_low()
     }
 
+    #[inline]
     fn after_dispatch(&self, out: DispatchOutput) {
+        if out.records.is_empty() && out.expired.is_empty() {
+            // The usual pass (nothing auto-settled durably, nothing
+            // expired): no batch to build. Kept apart from the rest, whose
+            // stack frame (a batch, a route) cost a cache miss on every
+            // call when they were one function (issue 20: 3.6% of a fan-out
+            // in perf).
+            return;
+        }
+        self.journal_and_move(out);
+    }
+
+    /// [`Inner::after_dispatch`] when the pass produced something.
+    #[inline(never)]
+    fn journal_and_move(&self, out: DispatchOutput) {
         // Dead entries come only from `release_due`, whose caller routes
         // them (it knows their queue).
         let DispatchOutput {
             records, expired, ..
         } = out;
-        if records.is_empty() && expired.is_empty() {
-            // The usual pass (nothing auto-settled durably, nothing
-            // expired): no batch to build.
-            return;
-        }
         let mut batch = Batch {
             records,
             ..Batch::default()
