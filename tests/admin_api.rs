@@ -5,6 +5,8 @@
 //! duplicate, wrong method).
 
 mod common;
+#[path = "admin_api/contract.rs"]
+mod contract;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,7 +19,7 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 
-use common::mqtt::{connected5, next5, opts5, subscribe_many5, v5};
+use common::mqtt::{connected5, connected5_as, next5, opts5, publish5, subscribe_many5, v5};
 use common::stomp::StompClient;
 use common::TestBroker;
 use rosetta::admin::AdminServer;
@@ -48,7 +50,7 @@ async fn request(
         .expect("handshake");
     tokio::spawn(conn);
     let mut req = Request::builder()
-        .method(method)
+        .method(method.clone())
         .uri(path)
         .header("host", addr.to_string());
     if let Some((user, password)) = who {
@@ -78,6 +80,7 @@ async fn request(
         serde_json::from_slice(&bytes)
             .unwrap_or_else(|e| panic!("JSON body ({e}): {}", String::from_utf8_lossy(&bytes)))
     };
+    contract::check(&method, path, body, status, &value);
     (status, headers, value)
 }
 
@@ -155,7 +158,12 @@ impl Admin {
         headers: &[(&str, &str)],
         body: Option<&str>,
     ) -> (StatusCode, HeaderMap, Value) {
-        let addr = self.api.as_ref().expect("api").local_addr();
+        let addr = self
+            .api
+            .as_ref()
+            .expect("api")
+            .local_addr()
+            .expect("admin listener");
         request(addr, method, path, who, headers, body).await
     }
 
@@ -220,7 +228,12 @@ async fn a_client_that_half_closes_after_its_request_is_answered() {
     use base64ct::Encoding;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let admin = Admin::start().await;
-    let addr = admin.api.as_ref().expect("api").local_addr();
+    let addr = admin
+        .api
+        .as_ref()
+        .expect("api")
+        .local_addr()
+        .expect("admin listener");
     // A wrong password: its answer waits for a password check (argon2,
     // milliseconds), while the end of input is already there.
     let request = format!(
@@ -256,7 +269,12 @@ async fn a_body_over_the_limit_is_refused_with_413_without_waiting_for_it() {
     use base64ct::Encoding;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let admin = Admin::start().await;
-    let addr = admin.api.as_ref().expect("api").local_addr();
+    let addr = admin
+        .api
+        .as_ref()
+        .expect("api")
+        .local_addr()
+        .expect("admin listener");
     let auth = base64ct::Base64::encode_string(b"admin:admin-pw");
     let declared = format!(
         "PUT /api/v1/queues/big HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {auth}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{",
@@ -1292,11 +1310,17 @@ async fn raw_get(addr: std::net::SocketAddr, path: &str) -> String {
 
 /// The console's files come from the admin listener itself, without
 /// credentials, with a policy that allows only its own files; a request
-/// from its script is refused without a challenge (no browser dialog).
+/// from its script is refused with a Bearer challenge, which no browser
+/// answers with a login dialog, and every other 401 with a Basic one.
 #[tokio::test]
 async fn the_console_is_served_by_the_admin_listener() {
     let admin = Admin::start().await;
-    let addr = admin.api.as_ref().expect("api").local_addr();
+    let addr = admin
+        .api
+        .as_ref()
+        .expect("api")
+        .local_addr()
+        .expect("admin listener");
     let page = raw_get(addr, "/console/").await;
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
     assert!(
@@ -1325,18 +1349,20 @@ async fn the_console_is_served_by_the_admin_listener() {
         .call(Method::GET, "/api/v1/overview", None, &[], None)
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert!(headers.contains_key("www-authenticate"));
-    let (status, headers, _) = admin
-        .call(
-            Method::GET,
-            "/api/v1/overview",
-            None,
-            &[("x-requested-with", "XMLHttpRequest")],
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert!(!headers.contains_key("www-authenticate"));
+    assert_eq!(headers["www-authenticate"], "Basic realm=\"rosetta\"");
+    for who in [None, Some(("admin", "wrong"))] {
+        let (status, headers, _) = admin
+            .call(
+                Method::GET,
+                "/api/v1/overview",
+                who,
+                &[("x-requested-with", "XMLHttpRequest")],
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(headers["www-authenticate"], "Bearer realm=\"rosetta\"");
+    }
     admin.stop().await;
 }
 
@@ -1613,7 +1639,7 @@ async fn before_the_broker_is_up_health_answers_and_ready_is_503() {
         .await
         .expect("admin API starts")
         .expect("admin API on");
-    let addr = admin.local_addr();
+    let addr = admin.local_addr().expect("admin listener");
 
     let (status, body) = probe(addr, "/healthz", None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -1936,4 +1962,202 @@ async fn the_roles_routes_refuse_what_they_must() {
         (&json!(true), &json!(["watcher"]))
     );
     admin.stop().await;
+}
+
+/// `rate * window_s`: what flowed in the window, back from a rate (both
+/// are rounded to three decimals, so within a hundredth).
+fn flowed(rates: &Value, key: &str) -> f64 {
+    let window = rates["window_s"].as_f64().unwrap_or_default();
+    rates[key].as_f64().unwrap_or(f64::NAN) * window
+}
+
+/// Each queue shown carries rates from its own counters, sampled by the
+/// requests that show it: the first look has no window (`window_s` 0),
+/// and once messages flowed the rates times the window are exactly what
+/// flowed through that queue and no other.
+#[tokio::test]
+async fn queues_carry_their_own_rates() {
+    let admin = Admin::start().await;
+    let (status, _, _) = admin
+        .act(Method::PUT, "/api/v1/queues/flow-idle", MANAGER)
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let creds = [("login", ADMIN.0), ("passcode", ADMIN.1)];
+    let mut producer = StompClient::connect(admin.broker.stomp(), &creds).await;
+    let mut consumer = StompClient::connect(admin.broker.stomp(), &creds).await;
+    consumer.subscribe("s", "/queue/flow", "auto", &[]).await;
+    let (status, body) = admin.get("/api/v1/queues/flow", WATCHER).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["rates"],
+        json!({"window_s": 0.0, "published_per_s": 0.0, "delivered_per_s": 0.0, "acknowledged_per_s": 0.0}),
+        "the first look: {body}"
+    );
+    let (_, listing) = admin.get("/api/v1/queues?name=flow", WATCHER).await;
+    assert_eq!(listing["total"], json!(2), "{listing}");
+
+    producer.send_numbered("/queue/flow", 6).await;
+    consumer.messages(6).await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let (_, listing) = admin.get("/api/v1/queues?name=flow", WATCHER).await;
+    let items = listing["items"].as_array().expect("items");
+    let (flow, idle) = (&items[0]["rates"], &items[1]["rates"]);
+    assert_eq!(items[0]["name"], "flow", "{listing}");
+    assert!(
+        flow["window_s"].as_f64().is_some_and(|w| w >= 1.0),
+        "{listing}"
+    );
+    for key in ["published_per_s", "delivered_per_s", "acknowledged_per_s"] {
+        assert!((flowed(flow, key) - 6.0).abs() < 0.01, "{key}: {listing}");
+        assert_eq!(idle[key], json!(0.0), "{key}: {listing}");
+    }
+    assert!(
+        idle["window_s"].as_f64().is_some_and(|w| w >= 1.0),
+        "{listing}"
+    );
+    // `GET` of one queue samples the same ring.
+    let (_, body) = admin.get("/api/v1/queues/flow", WATCHER).await;
+    assert!(
+        (flowed(&body["rates"], "published_per_s") - 6.0).abs() < 0.01,
+        "{body}"
+    );
+    producer.disconnect().await;
+    consumer.disconnect().await;
+    admin.stop().await;
+}
+
+/// The connection listed by `name` (its user here).
+async fn connection_row(admin: &Admin, user: &str) -> Value {
+    let (status, body) = admin
+        .get(&format!("/api/v1/connections?name={user}"), WATCHER)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["total"], json!(1), "{body}");
+    body["items"][0].clone()
+}
+
+/// Each connection shown carries its messages in (publishes accepted) and
+/// out (deliveries) and their rates: a producer's are all in, a
+/// consumer's all out, over MQTT and STOMP alike.
+#[tokio::test]
+async fn connections_carry_their_message_counts_and_rates() {
+    let admin = Admin::start().await;
+    let mut producer = StompClient::connect(
+        admin.broker.stomp(),
+        &[("login", MANAGER.0), ("passcode", MANAGER.1)],
+    )
+    .await;
+    let (client, mut events) =
+        connected5_as(&admin.broker, "rates-consumer", WATCHER.0, WATCHER.1).await;
+    subscribe_many5(&client, &mut events, &["flow/t"]).await;
+    for user in [MANAGER.0, WATCHER.0] {
+        let row = connection_row(&admin, user).await;
+        assert_eq!(
+            (
+                &row["messages_in"],
+                &row["messages_out"],
+                &row["rates"]["window_s"]
+            ),
+            (&json!(0), &json!(0), &json!(0.0)),
+            "{row}"
+        );
+    }
+    for i in 0..5 {
+        producer
+            .send_persistent("/topic/flow/t", &[], format!("m{i}").as_bytes())
+            .await;
+    }
+    for _ in 0..5 {
+        publish5(&mut events).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let row = connection_row(&admin, MANAGER.0).await;
+    assert_eq!(
+        (&row["protocol"], &row["messages_in"], &row["messages_out"]),
+        (&json!("stomp"), &json!(5), &json!(0)),
+        "{row}"
+    );
+    assert!(
+        (flowed(&row["rates"], "messages_in_per_s") - 5.0).abs() < 0.01,
+        "{row}"
+    );
+    assert_eq!(row["rates"]["messages_out_per_s"], json!(0.0), "{row}");
+    let row = connection_row(&admin, WATCHER.0).await;
+    assert_eq!(
+        (&row["protocol"], &row["messages_in"], &row["messages_out"]),
+        (&json!("mqtt"), &json!(0), &json!(5)),
+        "{row}"
+    );
+    assert!(
+        (flowed(&row["rates"], "messages_out_per_s") - 5.0).abs() < 0.01,
+        "{row}"
+    );
+    producer.disconnect().await;
+    admin.stop().await;
+}
+
+/// With `[admin] on_http_port`, the WebSocket (HTTP) port serves the API,
+/// its health checks and the console too, through the same
+/// authentication and roles, request bodies included; the port's own
+/// paths (the demo page, WebSocket paths) stay its own. Without it, those
+/// paths are the port's 404.
+#[tokio::test]
+async fn the_api_is_served_on_the_http_port_when_configured() {
+    let admin = Admin::start_tweaked(|c| {
+        c.listeners.websocket = Some(ListenAddr::new("127.0.0.1", 0));
+        c.admin.on_http_port = true;
+    })
+    .await;
+    let http = admin.broker.addr(rosetta::config::ListenerKind::WebSocket);
+    for path in ["/healthz", "/readyz"] {
+        let (status, body) = probe(http, path, None).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {body}");
+    }
+    let (status, body) = probe(http, "/api/v1/overview", Some(WATCHER)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["queues"]["count"].is_u64(), "{body}");
+    let (status, headers, body) =
+        request(http, Method::GET, "/api/v1/overview", None, &[], None).await;
+    assert_error(status, &body, StatusCode::UNAUTHORIZED);
+    assert_eq!(headers["www-authenticate"], "Basic realm=\"rosetta\"");
+    let (status, body) = probe(http, "/api/v1/users", Some(WATCHER)).await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    let (status, _, body) = request(
+        http,
+        Method::PUT,
+        "/api/v1/queues/via-http-port",
+        Some(MANAGER),
+        &[],
+        Some("{\"durable\": false}"),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["durable"]),
+        (StatusCode::CREATED, &json!(false)),
+        "{body}"
+    );
+    let page = raw_get(http, "/console/").await;
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("content-security-policy"), "{page}");
+    assert!(page.contains("<script src=\"app.js\""), "{page}");
+    let demo = raw_get(http, "/").await;
+    assert!(
+        demo.starts_with("HTTP/1.1 200"),
+        "the demo page stays: {demo}"
+    );
+    assert!(demo.contains("mqtt.min.js"), "{demo}");
+    let ws_path = raw_get(http, "/mqtt").await;
+    assert!(ws_path.starts_with("HTTP/1.1 426"), "{ws_path}");
+    admin.stop().await;
+
+    let plain = Admin::start_tweaked(|c| {
+        c.listeners.websocket = Some(ListenAddr::new("127.0.0.1", 0));
+    })
+    .await;
+    let http = plain.broker.addr(rosetta::config::ListenerKind::WebSocket);
+    for path in ["/api/v1/overview", "/healthz", "/console/"] {
+        let answer = raw_get(http, path).await;
+        assert!(answer.starts_with("HTTP/1.1 404"), "{path}: {answer}");
+    }
+    plain.stop().await;
 }

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use crate::auth::Authenticator;
 use crate::error::ApiError;
 use crate::http::RequestParts;
+use crate::rates::Sampler;
 use crate::router::{self, Action, Matched, Query};
 use crate::tokens::{self, Tokens};
 use crate::{
@@ -58,6 +59,11 @@ pub(crate) struct Api {
     /// One users-file change at a time: each reads, edits and renames the
     /// whole file.
     pub(crate) users_write: tokio::sync::Mutex<()>,
+    /// Recent samples of the queues listings showed, for their rates:
+    /// messages added, delivered, acknowledged.
+    pub(crate) queue_rates: Sampler<String, 3>,
+    /// The same for connections, by id: messages in, messages out.
+    pub(crate) connection_rates: Sampler<u64, 2>,
 }
 
 /// One request, routed, with what the handlers read from it.

@@ -82,6 +82,13 @@ pub(crate) struct CoreSession {
 }
 
 impl CoreSession {
+    /// One client publish accepted: the broker-wide total and the
+    /// connection's own count (its sink's, for the admin API).
+    fn count_publish(&self) {
+        self.inner.traffic.published();
+        self.shared.sink.published();
+    }
+
     pub(crate) fn open(
         inner: Arc<Inner>,
         info: SessionInfo,
@@ -668,7 +675,7 @@ impl Session for CoreSession {
             if let Some(t) = self.inner.streams.target(name, false)? {
                 drop(st);
                 let receipt = self.publish_to_stream(name, &t, message, options)?;
-                self.inner.traffic.published();
+                self.count_publish();
                 return Ok(receipt);
             }
         }
@@ -703,7 +710,7 @@ impl Session for CoreSession {
         let pending = self.commit_batch(batch, options.confirm);
         // A client's publish, once however many queues it reached; the
         // broker's own copies (dead letters, wills, moves) are not counted.
-        self.inner.traffic.published();
+        self.count_publish();
         Ok(PublishReceipt { routed, pending })
     }
 
@@ -1083,7 +1090,7 @@ impl Session for CoreSession {
                         &mut batch,
                         Duplicates::Detect,
                     )
-                    .map(|_| self.inner.traffic.published()),
+                    .map(|_| self.count_publish()),
                 Staged::Settle {
                     consumer,
                     tag,

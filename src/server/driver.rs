@@ -168,16 +168,25 @@ impl EventQueue {
 pub(crate) struct ChannelSink {
     queue: Arc<EventQueue>,
     budget: Option<Arc<DeliveryBudget>>,
+    /// Messages in and out, for the admin API (two relaxed adds).
+    traffic: crate::connections::ConnectionTraffic,
 }
 
 impl EventSink for ChannelSink {
     fn send(&self, event: SessionEvent) {
+        if matches!(event, SessionEvent::Delivery(_)) {
+            self.traffic.sent();
+        }
         self.queue.events.lock().push_back(event);
         self.queue.waker.wake();
     }
 
     fn budget(&self) -> Option<&Arc<DeliveryBudget>> {
         self.budget.as_ref()
+    }
+
+    fn published(&self) {
+        self.traffic.received();
     }
 }
 
@@ -195,6 +204,7 @@ pub(crate) fn event_channel(budget_bytes: Option<u64>) -> (Arc<ChannelSink>, Arc
     let sink = Arc::new(ChannelSink {
         queue: Arc::clone(&queue),
         budget,
+        traffic: Default::default(),
     });
     (sink, queue)
 }
@@ -231,6 +241,11 @@ impl ChannelSink {
     #[cfg(test)]
     pub(crate) fn queued(&self) -> Vec<SessionEvent> {
         self.queue.events.lock().drain(..).collect()
+    }
+
+    /// The connection's message counts.
+    pub(crate) fn traffic(&self) -> &crate::connections::ConnectionTraffic {
+        &self.traffic
     }
 
     /// The policy for this sink's connection.

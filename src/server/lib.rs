@@ -59,6 +59,7 @@ pub use metrics::BrokerFigures;
 pub use preflight::{preflight, Preflight};
 pub use rates::RecentActivity;
 pub use view::BrokerView;
+pub use ws::{AdminOnHttpPort, HttpStream};
 
 /// State every connection task shares.
 pub(crate) struct Shared {
@@ -87,6 +88,9 @@ pub(crate) struct Shared {
     pub(crate) cluster: Option<Arc<cluster::ClusterNode>>,
     /// Recent message rates and sync latencies, sampled by a timer.
     rates: rates::RateWindow,
+    /// The admin API's server for its paths on the HTTP port, once the
+    /// admin API has the broker (`[admin] on_http_port`).
+    pub(crate) admin_on_http_port: std::sync::OnceLock<Arc<dyn ws::AdminOnHttpPort>>,
     /// Connections this node's proxy relays to other nodes now: counted
     /// as authenticated here (they hold a socket), but left out of the
     /// count this node publishes, since the node serving them counts them.
@@ -268,6 +272,7 @@ pub async fn start(
         started: std::time::Instant::now(),
         cluster,
         rates: rates::RateWindow::default(),
+        admin_on_http_port: std::sync::OnceLock::new(),
         proxied_out: AtomicUsize::new(0),
         active: AtomicUsize::new(0),
         idle: Notify::new(),

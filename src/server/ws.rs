@@ -20,11 +20,19 @@
 //! 13 (or a plain GET of a protocol path), 404 for an unknown plain path,
 //! 405 for other methods, 431 for an oversized head.
 //!
+//! With `[admin] on_http_port`, plain (not upgrade) requests for the admin
+//! API's paths (`/api/...`, `/healthz`, `/readyz`, `/console...`, see
+//! [`is_admin_path`]) are handed whole to the admin API's own HTTP server
+//! ([`AdminOnHttpPort`]), which authenticates and authorises them as on
+//! its own listener; every other path is answered here as before.
+//!
 //! The protocol adapters are byte oriented, so [`WsByteStream`] turns the
 //! message stream into a byte stream: see its docs for the framing rules.
 
 use std::fmt;
+use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -40,8 +48,40 @@ use tokio_tungstenite::WebSocketStream;
 
 use rosetta_config::WebSocketConfig as WsSettings;
 
+use super::detect::Rewind;
 use super::protocols::Wire;
 use super::Shared;
+
+/// A byte stream handed to another HTTP server.
+pub trait HttpStream: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> HttpStream for T {}
+
+/// Serves the admin API on the HTTP port (`[admin] on_http_port`). The
+/// admin crate implements it and hands it to the broker
+/// ([`crate::BrokerView::serve_admin_on_http_port`]): the server does not
+/// know that crate.
+pub trait AdminOnHttpPort: Send + Sync {
+    /// Serves HTTP on `io`, whose first request (already read here) it
+    /// reads again from the start, for the client at `peer`.
+    fn serve(
+        &self,
+        io: Box<dyn HttpStream>,
+        peer: SocketAddr,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// Whether a plain request for `path` is the admin API's when it is served
+/// on this port: its routes (`/api/...`, `/healthz`, `/readyz`) and the
+/// console (`/console`, `/console/...`). `/`, the demo page and
+/// `/metrics` stay this port's own.
+pub(crate) fn is_admin_path(path: &str) -> bool {
+    let under = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    };
+    path == "/healthz" || path == "/readyz" || under("/api") || under("/console")
+}
 
 /// Time for the client to send its request head and read our answer: a
 /// browser sends the head at once; this only bounds idle sockets.
@@ -451,9 +491,41 @@ pub(crate) async fn accept_serving<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    match accept_routed(io, settings, message_max, metrics, false).await? {
+        Accepted::WebSocket(wire, stream) => Ok((wire, stream)),
+        // Not asked for: no admin path is handed off.
+        Accepted::Admin(_) => Err(NotWebSocket::Closed),
+    }
+}
+
+/// What a connection of the HTTP port turned out to be.
+// Lives only from the accept to the `match` right after it: boxing the
+// WebSocket to make the variants alike would cost every WebSocket an
+// allocation for nothing.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Accepted<S> {
+    /// A WebSocket speaking a protocol.
+    WebSocket(WsWire, WsByteStream<S>),
+    /// A plain request for an admin path ([`is_admin_path`]): the stream,
+    /// with what was read of it put back in front.
+    Admin(Rewind<S>),
+}
+
+/// [`accept_serving`]; with `admin_paths`, a plain request for an admin
+/// path is not answered but handed back as [`Accepted::Admin`].
+pub(crate) async fn accept_routed<S>(
+    io: S,
+    settings: &WsSettings,
+    message_max: usize,
+    metrics: &(dyn Fn() -> String + Sync),
+    admin_paths: bool,
+) -> Result<Accepted<S>, NotWebSocket>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     tokio::time::timeout(
         HANDSHAKE_TIMEOUT,
-        accept_inner(io, settings, message_max, metrics),
+        accept_inner(io, settings, message_max, metrics, admin_paths),
     )
     .await
     .unwrap_or(Err(NotWebSocket::Timeout))
@@ -464,16 +536,21 @@ async fn accept_inner<S>(
     settings: &WsSettings,
     message_max: usize,
     metrics: &(dyn Fn() -> String + Sync),
-) -> Result<(WsWire, WsByteStream<S>), NotWebSocket>
+    admin_paths: bool,
+) -> Result<Accepted<S>, NotWebSocket>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let (head, tail) = match read_head(&mut io).await {
+    let (head, mut read, used) = match read_head(&mut io).await {
         Ok(read) => read,
         Err(HeadError::Refused(refusal)) => return refuse(io, refusal).await,
         Err(HeadError::Closed) => return Err(NotWebSocket::Closed),
         Err(HeadError::Io(e)) => return Err(NotWebSocket::Io(e)),
     };
+    if admin_paths && !head.has_token("upgrade", "websocket") && is_admin_path(&head.path) {
+        return Ok(Accepted::Admin(Rewind::new(read, io)));
+    }
+    let tail = read.split_off(used.min(read.len()));
     match route(&head, settings) {
         Err(refusal) => refuse(io, refusal).await,
         Ok(Route::Asset { asset, head_only }) => {
@@ -511,7 +588,7 @@ where
                 Some(ws_config(message_max)),
             )
             .await;
-            Ok((wire, WsByteStream::new(ws, wire)))
+            Ok(Accepted::WebSocket(wire, WsByteStream::new(ws, wire)))
         }
     }
 }
@@ -578,9 +655,10 @@ enum HeadError {
     Io(io::Error),
 }
 
-/// Reads until a whole request head is buffered; returns it and the bytes
-/// read past it (a client may send its first WebSocket frame right away).
-async fn read_head<S>(io: &mut S) -> Result<(RequestHead, Vec<u8>), HeadError>
+/// Reads until a whole request head is buffered; returns it, every byte
+/// read and the length of the head in them (a client may send its first
+/// WebSocket frame, or a request body, right away).
+async fn read_head<S>(io: &mut S) -> Result<(RequestHead, Vec<u8>, usize), HeadError>
 where
     S: AsyncRead + Unpin,
 {
@@ -603,8 +681,7 @@ where
         }
         buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
         if let Some((head, used)) = parse_head(&buf)? {
-            let tail = buf.get(used..).unwrap_or_default().to_vec();
-            return Ok((head, tail));
+            return Ok((head, buf, used));
         }
     }
 }
@@ -662,12 +739,23 @@ pub(crate) async fn serve<S>(
 {
     let metrics = || shared.metrics();
     let message_max = shared.config.websocket_message_size_max();
-    match accept_serving(io, &shared.config.websocket, message_max, &metrics).await {
-        Ok((wire, stream)) => {
+    let admin_paths = shared.config.admin.served_on_http_port();
+    let settings = &shared.config.websocket;
+    match accept_routed(io, settings, message_max, &metrics, admin_paths).await {
+        Ok(Accepted::WebSocket(wire, stream)) => {
             tracing::debug!(conn = conn_id, %peer, protocol = wire.name(), "WebSocket accepted");
             peer.websocket = true;
             super::protocols::run_wire(wire.into(), stream, peer, conn_id, shared).await;
         }
+        Ok(Accepted::Admin(io)) => match shared.admin_on_http_port.get() {
+            Some(admin) => admin.serve(Box::new(io), peer.addr).await,
+            // The listeners are bound before the admin API has the broker:
+            // a request in between is told to come back.
+            None => {
+                let refusal = Refusal::new(503, "starting: the admin API is not attached yet");
+                let _ = refuse::<_, ()>(io, refusal).await;
+            }
+        },
         Err(NotWebSocket::Served(path)) => {
             tracing::debug!(conn = conn_id, %peer, path, "served a file");
         }
@@ -689,7 +777,7 @@ pub(crate) async fn serve_metrics<S>(
 {
     let served = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let head = match read_head(&mut io).await {
-            Ok((head, _)) => head,
+            Ok((head, _, _)) => head,
             Err(HeadError::Refused(refusal)) => return refuse::<_, ()>(io, refusal).await,
             Err(HeadError::Closed) => return Err(NotWebSocket::Closed),
             Err(HeadError::Io(e)) => return Err(NotWebSocket::Io(e)),
@@ -1147,6 +1235,32 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn admin_paths_are_the_apis_and_the_consoles_only() {
+        for path in [
+            "/api",
+            "/api/v1/overview",
+            "/healthz",
+            "/readyz",
+            "/console",
+            "/console/",
+            "/console/app.js",
+        ] {
+            assert!(is_admin_path(path), "{path}");
+        }
+        for path in [
+            "/",
+            "/index.html",
+            "/mqtt",
+            "/metrics",
+            "/apix",
+            "/consoles",
+            "/healthz/x",
+        ] {
+            assert!(!is_admin_path(path), "{path}");
+        }
     }
 
     #[test]

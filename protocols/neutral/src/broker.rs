@@ -208,6 +208,12 @@ pub trait EventSink: Send + Sync {
     fn budget(&self) -> Option<&Arc<DeliveryBudget>> {
         None
     }
+
+    /// The core accepted one publish of the session's client (counted as
+    /// the broker-wide `published` total counts: once per publish, a
+    /// transaction's at its commit). For per-connection statistics; the
+    /// default ignores it.
+    fn published(&self) {}
 }
 
 /// Identifies one consumer within its session.
