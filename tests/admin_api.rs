@@ -2161,3 +2161,211 @@ async fn the_api_is_served_on_the_http_port_when_configured() {
     }
     plain.stop().await;
 }
+
+/// An MQTT 3.1.1 CONNECT of `client_id` with a user and password, clean
+/// session, keep-alive 60 s.
+fn mqtt311_connect(client_id: &str, user: &str, password: &str) -> Vec<u8> {
+    let field = |s: &str| {
+        let mut f = (s.len() as u16).to_be_bytes().to_vec();
+        f.extend_from_slice(s.as_bytes());
+        f
+    };
+    let mut rest = field("MQTT");
+    rest.extend_from_slice(&[4, 0xC2, 0, 60]);
+    for s in [client_id, user, password] {
+        rest.extend(field(s));
+    }
+    assert!(rest.len() < 128, "one length byte");
+    let mut packet = vec![0x10, rest.len() as u8];
+    packet.extend(rest);
+    packet
+}
+
+/// The overview counts open connections by protocol and by transport
+/// (MQTT over TCP and over WebSocket, STOMP over TCP), and memory in use
+/// once a queue holds a message.
+#[tokio::test]
+async fn the_overview_counts_connections_by_protocol_and_transport_and_memory_in_use() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let admin = Admin::start_tweaked(|c| {
+        c.listeners.websocket = Some(ListenAddr::new("127.0.0.1", 0));
+    })
+    .await;
+    let (_, body) = admin.get("/api/v1/overview", WATCHER).await;
+    assert_eq!(body["connections"]["by_protocol"], json!({}), "{body}");
+    assert_eq!(body["memory"]["used_bytes"], json!(0), "{body}");
+
+    let (_mqtt_tcp, _ev) = connected5_as(&admin.broker, "by-tcp", ADMIN.0, ADMIN.1).await;
+    let ws_port = admin.broker.addr(rosetta::config::ListenerKind::WebSocket);
+    let tcp = tokio::net::TcpStream::connect(ws_port)
+        .await
+        .expect("connect");
+    let wire = common::ws::Wire::Ws {
+        path: "/mqtt",
+        subprotocol: "mqtt",
+        text: false,
+    };
+    let mut mqtt_ws = common::ws::carry(tcp, wire).await;
+    mqtt_ws
+        .write_all(&mqtt311_connect("by-ws", ADMIN.0, ADMIN.1))
+        .await
+        .expect("CONNECT");
+    let mut connack = [0u8; 4];
+    tokio::time::timeout(WAIT, mqtt_ws.read_exact(&mut connack))
+        .await
+        .expect("CONNACK in time")
+        .expect("CONNACK");
+    assert_eq!(connack, [0x20, 2, 0, 0], "accepted");
+    let mut stomp = StompClient::connect(
+        admin.broker.stomp(),
+        &[("login", ADMIN.0), ("passcode", ADMIN.1)],
+    )
+    .await;
+    stomp
+        .send_persistent("/queue/held", &[], &[7u8; 4096])
+        .await;
+
+    let (status, body) = admin.get("/api/v1/overview", WATCHER).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let c = &body["connections"];
+    assert_eq!(c["by_protocol"], json!({"mqtt": 2, "stomp": 1}), "{body}");
+    assert_eq!(c["by_transport"], json!({"tcp": 2, "ws": 1}), "{body}");
+    assert_eq!(
+        (&c["open"], &c["authenticated"]),
+        (&json!(3), &json!(3)),
+        "{body}"
+    );
+    let used = body["memory"]["used_bytes"].as_u64().unwrap_or_default();
+    assert!(used >= 4096, "a 4 KiB message is held: {body}");
+    stomp.disconnect().await;
+    admin.stop().await;
+}
+
+/// A permission change through the API binds STOMP and AMQP connections
+/// already open at their next operation, as it binds MQTT 5's (above):
+/// what was allowed before the change is refused after it, on the same
+/// connections, each in its protocol's way.
+#[tokio::test]
+async fn permission_changes_bind_live_stomp_and_amqp_connections() {
+    use fe2o3_amqp::{Connection, Receiver, Sender, Session};
+    let admin = Admin::start().await;
+    let new = r#"{"name": "eve", "password": "eve-pw"}"#;
+    let (status, _, body) = admin
+        .act_on(Method::POST, "/api/v1/users", ADMIN, new)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    // Before: everything allowed, on two STOMP connections and one AMQP.
+    let creds = [("login", "eve"), ("passcode", "eve-pw")];
+    let (mut sender, _) = StompClient::connect_version(admin.broker.stomp(), "1.2", &creds).await;
+    let (mut reader, _) = StompClient::connect_version(admin.broker.stomp(), "1.2", &creds).await;
+    sender.send_persistent("/queue/audit", &[], b"before").await;
+    reader.subscribe("a", "/topic/other/a", "auto", &[]).await;
+    let mut conn = Connection::builder()
+        .container_id("eve-live")
+        .sasl_profile(fe2o3_amqp::sasl_profile::SaslProfile::Plain {
+            username: "eve".to_owned(),
+            password: "eve-pw".to_owned(),
+        })
+        .open(common::amqp::url(&admin.broker).as_str())
+        .await
+        .expect("eve logs in over AMQP");
+    let mut session = Session::begin(&mut conn).await.expect("begin");
+    let mut link = Sender::attach(&mut session, "s-audit", "/queue/audit")
+        .await
+        .expect("attach before the change");
+    link.send("before")
+        .await
+        .expect("accepted before the change");
+    link.close().await.expect("close");
+
+    let change = r#"{"deny_publish": ["/queue/audit"], "deny_subscribe": ["/topic/other/#"]}"#;
+    let (status, _, body) = admin
+        .act_on(Method::PUT, "/api/v1/users/eve/permissions", ADMIN, change)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    // STOMP: a SEND, and a SUBSCRIBE on the other connection, each an ERROR.
+    sender
+        .send_frame(
+            "SEND",
+            &[("destination", "/queue/audit"), ("receipt", "r-after")],
+            b"after",
+        )
+        .await;
+    let err = sender.expect_error_then_close().await;
+    assert_eq!(err.header("receipt-id"), Some("r-after"), "{err:?}");
+    reader
+        .send_frame(
+            "SUBSCRIBE",
+            &[
+                ("id", "b"),
+                ("destination", "/topic/other/b"),
+                ("receipt", "r-sub"),
+            ],
+            b"",
+        )
+        .await;
+    let err = reader.expect_error_then_close().await;
+    assert_eq!(err.header("message"), Some("not authorized"), "{err:?}");
+    // AMQP, the same session: attaches to what is now denied are refused.
+    let e = Sender::attach(&mut session, "s-audit-2", "/queue/audit")
+        .await
+        .expect_err("sender attach after the change");
+    assert!(format!("{e:?}").contains("UnauthorizedAccess"), "{e:?}");
+    // fe2o3 reuses the refused link's handle at once (tests/deny_rules.rs).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let e = Receiver::attach(&mut session, "r-other", "/topic/other/c")
+        .await
+        .expect_err("receiver attach after the change");
+    assert!(format!("{e:?}").contains("UnauthorizedAccess"), "{e:?}");
+    assert_eq!(
+        admin.broker.depth("audit").0,
+        2,
+        "the two messages sent before the change, none after"
+    );
+    let _ = session.end().await;
+    let _ = conn.close().await;
+    admin.stop().await;
+}
+
+/// `POST /api/v1/reload` with a users file that does not load: 409 naming
+/// the file's error, and the users in force stay: old logins still work,
+/// over the protocols and the API.
+#[tokio::test]
+async fn a_reload_of_a_broken_users_file_is_refused_and_the_old_users_stay() {
+    let admin = Admin::start().await;
+    let good = std::fs::read_to_string(&admin.users_file).expect("users file");
+    std::fs::write(&admin.users_file, format!("{good}\n[users.broken\n")).expect("break it");
+    let (status, _, body) = admin.act(Method::POST, "/api/v1/reload", ADMIN).await;
+    assert_error(status, &body, StatusCode::CONFLICT);
+    let reason = body["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("users file"), "{body}");
+    assert!(reason.contains("users.toml"), "names the file: {body}");
+    assert!(reason.contains("what was in force stays"), "{body}");
+
+    let mut stomp = StompClient::connect(
+        admin.broker.stomp(),
+        &[("login", MANAGER.0), ("passcode", MANAGER.1)],
+    )
+    .await;
+    stomp.send_persistent("/queue/still", &[], b"in").await;
+    stomp.disconnect().await;
+    let (_c, _ev) = connected5_as(&admin.broker, "still-mqtt", PLAIN.0, PLAIN.1).await;
+    let (status, body) = admin.get("/api/v1/queues/still", WATCHER).await;
+    assert_eq!(
+        (status, &body["depth"]),
+        (StatusCode::OK, &json!(1)),
+        "{body}"
+    );
+
+    // Mended, the next reload takes it.
+    std::fs::write(&admin.users_file, good).expect("mend it");
+    let (status, _, body) = admin.act(Method::POST, "/api/v1/reload", ADMIN).await;
+    assert_eq!(
+        (status, &body["users"]),
+        (StatusCode::OK, &json!(4)),
+        "{body}"
+    );
+    admin.stop().await;
+}
