@@ -20,6 +20,19 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Page size of the listings the CLI walks (the API's maximum).
 const PAGE_SIZE: usize = 1_000;
 
+/// `user`'s password for the API, asked once without echo when standard
+/// input is a terminal (a script without one gets an error naming the ways
+/// to give it).
+fn ask_password(user: &str) -> anyhow::Result<String> {
+    use std::io::IsTerminal;
+    if !std::io::stdin().is_terminal() {
+        bail!("--user needs --password or ROSETTA_PASSWORD (or a terminal to ask on)");
+    }
+    let password = rpassword::prompt_password(format!("{user}'s password (admin API): "))?;
+    anyhow::ensure!(!password.is_empty(), "empty password");
+    Ok(password)
+}
+
 /// The API and who asks it.
 pub(crate) struct Api {
     /// `host:port`.
@@ -29,8 +42,8 @@ pub(crate) struct Api {
 
 impl Api {
     /// `url` is `http://host:port`; with a user, the password is
-    /// `password`, else `ROSETTA_PASSWORD`; without one, the bearer token
-    /// is `token`, else `ROSETTA_TOKEN`.
+    /// `password`, else `ROSETTA_PASSWORD`, else asked on the terminal;
+    /// without one, the bearer token is `token`, else `ROSETTA_TOKEN`.
     pub(crate) fn new(
         url: &str,
         user: Option<&str>,
@@ -49,9 +62,10 @@ impl Api {
                 .or_else(|| std::env::var("ROSETTA_TOKEN").ok())
                 .map(|t| format!("Bearer {}", t.trim())),
             Some(user) => {
-                let password = password
-                    .or_else(|| std::env::var("ROSETTA_PASSWORD").ok())
-                    .context("--user needs --password or ROSETTA_PASSWORD")?;
+                let password = match password.or_else(|| std::env::var("ROSETTA_PASSWORD").ok()) {
+                    Some(p) => p,
+                    None => ask_password(user)?,
+                };
                 let pair = format!("{user}:{password}");
                 Some(format!(
                     "Basic {}",

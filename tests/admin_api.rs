@@ -2235,6 +2235,16 @@ async fn the_overview_counts_connections_by_protocol_and_transport_and_memory_in
         (&json!(3), &json!(3)),
         "{body}"
     );
+    assert_eq!(
+        body["listeners"]["websocket"],
+        json!(ws_port.to_string()),
+        "{body}"
+    );
+    assert_eq!(
+        body["listeners"]["stomp"],
+        json!(admin.broker.stomp().to_string()),
+        "{body}"
+    );
     let used = body["memory"]["used_bytes"].as_u64().unwrap_or_default();
     assert!(used >= 4096, "a 4 KiB message is held: {body}");
     stomp.disconnect().await;

@@ -88,6 +88,9 @@ pub(crate) struct Shared {
     pub(crate) cluster: Option<Arc<cluster::ClusterNode>>,
     /// Recent message rates and sync latencies, sampled by a timer.
     rates: rates::RateWindow,
+    /// Each listener's kind and bound address, once all are bound (the
+    /// overview lists them; the console links to the demo page with them).
+    pub(crate) listeners: std::sync::OnceLock<Vec<(ListenerKind, SocketAddr)>>,
     /// The admin API's server for its paths on the HTTP port, once the
     /// admin API has the broker (`[admin] on_http_port`).
     pub(crate) admin_on_http_port: std::sync::OnceLock<Arc<dyn ws::AdminOnHttpPort>>,
@@ -273,6 +276,7 @@ pub async fn start(
         cluster,
         rates: rates::RateWindow::default(),
         admin_on_http_port: std::sync::OnceLock::new(),
+        listeners: std::sync::OnceLock::new(),
         proxied_out: AtomicUsize::new(0),
         active: AtomicUsize::new(0),
         idle: Notify::new(),
@@ -294,6 +298,7 @@ pub async fn start(
         addrs.push((kind, bound));
         accept_tasks.push(task);
     }
+    let _ = shared.listeners.set(addrs.clone());
     say_who_can_connect(&config);
     let membership = match (&shared.cluster, &config.cluster) {
         (Some(node), Some(cluster_config)) => {

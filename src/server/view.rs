@@ -61,6 +61,11 @@ impl BrokerView {
         let _ = self.shared.admin_on_http_port.set(admin);
     }
 
+    /// Each protocol listener's kind and bound address.
+    pub fn listeners(&self) -> &[(rosetta_config::ListenerKind, std::net::SocketAddr)] {
+        self.shared.listeners.get().map_or(&[], Vec::as_slice)
+    }
+
     /// Time since the broker started.
     pub fn uptime(&self) -> Duration {
         self.shared.started.elapsed()
