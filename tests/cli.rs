@@ -595,6 +595,12 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
         "0",
         "{table}"
     );
+    assert_eq!(stat_cell(&table, "orders", "ADDRESS"), "orders", "{table}");
+    assert_eq!(
+        stat_cell(&table, "orders", "ROUTING_TYPE"),
+        "ANYCAST",
+        "{table}"
+    );
 
     // move: to a queue that exists, all of them or --count of them.
     runtime.block_on(client.send_persistent("/queue/orders-held", &[], b"three"));
