@@ -19,6 +19,7 @@ use crate::tokens::{self, Tokens};
 use crate::{
     balancer, connections, messages, overview, queues, reload, roles, sessions, topics, users,
 };
+use std::time::Instant;
 
 /// A successful answer.
 #[derive(Debug)]
@@ -64,6 +65,16 @@ pub(crate) struct Api {
     pub(crate) queue_rates: Sampler<String, 3>,
     /// The same for connections, by id: messages in, messages out.
     pub(crate) connection_rates: Sampler<u64, 2>,
+}
+
+impl Api {
+    /// When the core's counters started counting: a queue's totals count
+    /// from the broker's start (or from when it was made, and were zero
+    /// before), which is what a first look at its rates measures from.
+    pub(crate) fn counting_since(&self) -> Instant {
+        let now = Instant::now();
+        now.checked_sub(self.broker.uptime()).unwrap_or(now)
+    }
 }
 
 /// One request, routed, with what the handlers read from it.

@@ -5,7 +5,7 @@
 //! Each connection shown carries its message counts and `rates` (messages
 //! in and out per second), sampled by the request that shows it (`rates`).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -61,16 +61,26 @@ pub(crate) fn list(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError> {
         .map(|row| (*row).clone())
         .collect();
     // Rates only for the page's connections.
-    let sampled: Vec<(u64, [u64; 2])> = items
+    // A connection's counters were zero when it connected: a first look
+    // measures from then.
+    let now = Instant::now();
+    let now_ms = rosetta_neutral::message::now_ms();
+    let sampled: Vec<(u64, Instant, [u64; 2])> = items
         .iter()
         .map(|row| {
             let count = |key: &str| row[key].as_u64().unwrap_or_default();
-            (count("id"), [count("messages_in"), count("messages_out")])
+            let age = Duration::from_millis(now_ms.saturating_sub(count("connected_at_ms")));
+            let since = now.checked_sub(age).unwrap_or(now);
+            (
+                count("id"),
+                since,
+                [count("messages_in"), count("messages_out")],
+            )
         })
         .collect();
     let rates = api
         .connection_rates
-        .observe(Instant::now(), sampled.iter().map(|(id, c)| (id, *c)));
+        .observe(now, sampled.iter().map(|(id, since, c)| (id, *since, *c)));
     for (row, r) in items.iter_mut().zip(rates) {
         row["rates"] = json!({
             "window_s": round(r.window_s),

@@ -57,9 +57,13 @@ pub(crate) fn list(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError> {
         .broker
         .core()
         .queue_page(page.name.as_deref(), page.skip(), page.page_size);
+    let since = api.counting_since();
     let rates = api.queue_rates.observe(
         Instant::now(),
-        found.items.iter().map(|(n, s)| (n, rate_counters(s))),
+        found
+            .items
+            .iter()
+            .map(|(n, s)| (n, since, rate_counters(s))),
     );
     let items = found
         .items
@@ -76,9 +80,12 @@ pub(crate) fn get(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError> {
     let (Some(stats), Some(durable)) = (core.queue_stats(name), core.queue_durable(name)) else {
         return Err(ApiError::not_found(format!("no queue '{name}'")));
     };
-    let rates =
-        api.queue_rates
-            .observe_one(Instant::now(), &name.to_owned(), rate_counters(&stats));
+    let rates = api.queue_rates.observe_one(
+        Instant::now(),
+        api.counting_since(),
+        &name.to_owned(),
+        rate_counters(&stats),
+    );
     let mut body = item(name, &stats, &rates);
     body["durable"] = json!(durable);
     Ok(Reply::ok(body))

@@ -11,8 +11,12 @@
 //! while someone looks. The rate of an item is the change between its
 //! oldest kept sample and now, over the time between them (`window_s`):
 //! the console, polling every few seconds, sees rates over the last
-//! [`WINDOW`]; the first look at an item has no earlier sample, and says
-//! so with `window_s` 0 and rates of 0.
+//! [`WINDOW`]. The first look at an item has no earlier sample of its
+//! own, but every item's counters were zero when they started counting
+//! (a connection when it opened, a queue at the broker's start or when it
+//! was made): the caller says when that was, and the first look answers
+//! the mean rate since then, so a queue filled before anyone looked shows
+//! a rate at once.
 //!
 //! Bounded: at most [`KEYS_MAX`] items are remembered, each with at most
 //! [`SAMPLES_MAX`] samples; an item not looked at for [`IDLE`] is
@@ -40,8 +44,8 @@ const IDLE: Duration = Duration::from_secs(300);
 /// Rates of `N` counters over `window_s` seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Rates<const N: usize> {
-    /// Seconds between the sample the rates start from and now; 0 on the
-    /// first look at an item (then every rate is 0).
+    /// Seconds between the sample the rates start from and now; 0 when
+    /// there is none (then every rate is 0).
     pub(crate) window_s: f64,
     /// Each counter's change per second, in the counters' order.
     pub(crate) per_s: [f64; N],
@@ -50,6 +54,9 @@ pub(crate) struct Rates<const N: usize> {
 struct Ring<const N: usize> {
     samples: VecDeque<(Instant, [u64; N])>,
     seen: Instant,
+    /// The front sample is the zeros at `counting_since`, not a look: it
+    /// gives way as soon as a real sample can measure a rate.
+    seeded: bool,
 }
 
 /// Recent samples of `N` counters per item `K`.
@@ -67,30 +74,38 @@ impl<K: Hash + Eq + Clone, const N: usize> Default for Sampler<K, N> {
 
 impl<K: Hash + Eq + Clone, const N: usize> Sampler<K, N> {
     /// Records `counts` of each item at `now` and answers its rates, in
-    /// the order given (one lock for the whole page).
+    /// the order given (one lock for the whole page). Each item comes
+    /// with when its counters were all zero (see the module's docs).
     pub(crate) fn observe<'a>(
         &self,
         now: Instant,
-        page: impl IntoIterator<Item = (&'a K, [u64; N])>,
+        page: impl IntoIterator<Item = (&'a K, Instant, [u64; N])>,
     ) -> Vec<Rates<N>>
     where
         K: 'a,
     {
         let mut items = self.items.lock();
         page.into_iter()
-            .map(|(key, counts)| observe_one(&mut items, now, key, counts))
+            .map(|(key, since, counts)| observe_one(&mut items, now, since, key, counts))
             .collect()
     }
 
     /// [`Sampler::observe`] for one item.
-    pub(crate) fn observe_one(&self, now: Instant, key: &K, counts: [u64; N]) -> Rates<N> {
-        observe_one(&mut self.items.lock(), now, key, counts)
+    pub(crate) fn observe_one(
+        &self,
+        now: Instant,
+        counting_since: Instant,
+        key: &K,
+        counts: [u64; N],
+    ) -> Rates<N> {
+        observe_one(&mut self.items.lock(), now, counting_since, key, counts)
     }
 }
 
 fn observe_one<K: Hash + Eq + Clone, const N: usize>(
     items: &mut HashMap<K, Ring<N>>,
     now: Instant,
+    counting_since: Instant,
     key: &K,
     counts: [u64; N],
 ) -> Rates<N> {
@@ -108,6 +123,7 @@ fn observe_one<K: Hash + Eq + Clone, const N: usize>(
     let ring = items.entry(key.clone()).or_insert_with(|| Ring {
         samples: VecDeque::with_capacity(2),
         seen: now,
+        seeded: false,
     });
     ring.seen = now;
     // A counter that went down is another item under the same key (a
@@ -118,6 +134,21 @@ fn observe_one<K: Hash + Eq + Clone, const N: usize>(
         .is_some_and(|(_, last)| last.iter().zip(&counts).any(|(was, is)| is < was))
     {
         ring.samples.clear();
+        ring.seeded = false;
+    }
+    if ring.samples.is_empty() && counting_since < now {
+        // What the counters were before anyone looked.
+        ring.samples.push_back((counting_since, [0; N]));
+        ring.seeded = true;
+    } else if ring.seeded
+        && ring
+            .samples
+            .get(1)
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= SPACING_MIN)
+    {
+        // A look of our own is far enough back to measure from.
+        ring.samples.pop_front();
+        ring.seeded = false;
     }
     // Keep one sample at least WINDOW old, and none older than it.
     while ring
@@ -168,8 +199,10 @@ mod tests {
         base + Duration::from_millis(ms)
     }
 
+    /// A look whose counters started counting at the look itself (no
+    /// history before it).
     fn one(s: &Sampler<String, 2>, now: Instant, counts: [u64; 2]) -> Rates<2> {
-        s.observe_one(now, &"q".to_owned(), counts)
+        s.observe_one(now, now, &"q".to_owned(), counts)
     }
 
     #[test]
@@ -210,6 +243,23 @@ mod tests {
     }
 
     #[test]
+    fn the_first_look_measures_from_when_counting_started_until_a_look_can() {
+        let s = Sampler::<String, 2>::default();
+        let base = Instant::now();
+        let q = "q".to_owned();
+        // Filled at 50/s for 4 s before anyone looked.
+        let r = s.observe_one(at(base, 4_000), base, &q, [200, 0]);
+        assert_eq!((r.window_s, r.per_s), (4.0, [50.0, 0.0]));
+        // Half a second later there is no look of our own to measure from
+        // yet (too close): still since counting started.
+        let r = s.observe_one(at(base, 4_500), base, &q, [200, 5]);
+        assert_eq!((r.window_s, r.per_s), (4.5, [200.0 / 4.5, 5.0 / 4.5]));
+        // Two seconds after the first look, it is measured from that look.
+        let r = s.observe_one(at(base, 6_000), base, &q, [200, 25]);
+        assert_eq!((r.window_s, r.per_s), (2.0, [0.0, 12.5]));
+    }
+
+    #[test]
     fn a_counter_going_down_starts_the_item_again() {
         let s = Sampler::<String, 2>::default();
         let base = Instant::now();
@@ -225,16 +275,16 @@ mod tests {
         let s = Sampler::<u64, 1>::default();
         let base = Instant::now();
         let keys: Vec<u64> = (0..KEYS_MAX as u64).collect();
-        s.observe(base, keys.iter().map(|k| (k, [0])));
+        s.observe(base, keys.iter().map(|k| (k, base, [0])));
         let extra = KEYS_MAX as u64;
         // Full of items looked at just now: a new one gets no rate, twice.
-        s.observe(at(base, 1_000), [(&extra, [0])]);
-        let r = s.observe_one(at(base, 3_000), &extra, [10]);
+        s.observe(at(base, 1_000), [(&extra, base, [0])]);
+        let r = s.observe_one(at(base, 3_000), base, &extra, [10]);
         assert_eq!(r.window_s, 0.0);
         // Once the others are idle, they make room.
         let later = at(base, IDLE.as_millis() as u64 + 1_000);
-        s.observe(later, [(&extra, [10])]);
-        let r = s.observe_one(at(later, 2_000), &extra, [30]);
+        s.observe(later, [(&extra, later, [10])]);
+        let r = s.observe_one(at(later, 2_000), later, &extra, [30]);
         assert_eq!((r.window_s, r.per_s[0]), (2.0, 10.0));
         assert_eq!(s.items.lock().len(), 1);
     }
