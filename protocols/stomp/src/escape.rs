@@ -73,6 +73,12 @@ pub fn unescape(raw: &[u8], escaping: Escaping) -> Result<Cow<'_, str>, FrameErr
 /// Appends `text` to `out` escaped per `escaping`. `is_name` additionally
 /// keeps a 1.0 header name free of `:` (which would end the name early).
 pub fn escape_into(out: &mut Vec<u8>, text: &str, escaping: Escaping, is_name: bool) {
+    // Almost every header needs no escape: copy it whole then (this runs
+    // for every header of every MESSAGE).
+    if !may_need_escape(text.as_bytes()) {
+        out.extend_from_slice(text.as_bytes());
+        return;
+    }
     for &b in text.as_bytes() {
         match (escaping, b) {
             (Escaping::None, b'\n' | b'\r') => out.push(b' '),
@@ -85,6 +91,31 @@ pub fn escape_into(out: &mut Vec<u8>, text: &str, escaping: Escaping, is_name: b
             _ => out.push(b),
         }
     }
+}
+
+/// Whether `b` holds a byte some escaping rule changes (`\n`, `\r`, `:`,
+/// `\\`): eight bytes at a time.
+fn may_need_escape(b: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    // Whether any byte of `x` is `c`: the classic zero-byte test on x ^ c.
+    fn has(x: u64, c: u8) -> bool {
+        let y = x ^ (ONES * u64::from(c));
+        y.wrapping_sub(ONES) & !y & HIGHS != 0
+    }
+    let mut words = b.chunks_exact(8);
+    for w in &mut words {
+        let mut eight = [0u8; 8];
+        eight.copy_from_slice(w);
+        let x = u64::from_le_bytes(eight);
+        if has(x, b'\n') || has(x, b'\r') || has(x, b':') || has(x, b'\\') {
+            return true;
+        }
+    }
+    words
+        .remainder()
+        .iter()
+        .any(|c| matches!(c, b'\n' | b'\r' | b':' | b'\\'))
 }
 
 #[cfg(test)]
@@ -119,6 +150,27 @@ mod tests {
             unescape(b"plain", Escaping::V1_2),
             Ok(Cow::Borrowed(_))
         ));
+    }
+
+    #[test]
+    fn the_fast_check_finds_every_special_byte_at_every_position() {
+        for len in 0..20 {
+            let plain = vec![b'a'; len];
+            assert!(!may_need_escape(&plain));
+            for at in 0..len {
+                for c in [b'\n', b'\r', b':', b'\\'] {
+                    let mut t = plain.clone();
+                    t[at] = c;
+                    assert!(may_need_escape(&t), "{c} at {at} of {len}");
+                }
+                // Bytes next to the special ones, and high bytes, are not.
+                for c in [b'\x0b', b'\x0c', b';', b'[', b']', 0x8a, 0xba, 0xdc] {
+                    let mut t = plain.clone();
+                    t[at] = c;
+                    assert!(!may_need_escape(&t), "{c} at {at} of {len}");
+                }
+            }
+        }
     }
 
     #[test]

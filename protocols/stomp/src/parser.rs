@@ -104,6 +104,9 @@ pub enum FrameError {
     },
 }
 
+/// Headers most frames have at most: the first allocation's size.
+const HEADERS_EXPECTED: usize = 8;
+
 /// A command line longer than this is not a command, whatever it holds.
 const COMMAND_LINE_MAX_BYTES: usize = 32;
 
@@ -224,49 +227,74 @@ impl Decoder {
         }
         let limits = self.limits;
         let mut head_len = None;
-        while let Some(&b) = self.buf.get(*scanned) {
-            let i = *scanned;
-            *scanned += 1;
-            if b == b'\n' {
-                let line = strip_cr(self.buf.get(*line_start..i).unwrap_or_default());
-                if *lines == 0 {
+        while *scanned < self.buf.len() {
+            if *lines == 0 {
+                // The command line, byte by byte (it is short): garbage is
+                // refused at its first byte.
+                let Some(&b) = self.buf.get(*scanned) else {
+                    break;
+                };
+                let i = *scanned;
+                *scanned += 1;
+                if b == b'\n' {
+                    let line = strip_cr(self.buf.get(*line_start..i).unwrap_or_default());
                     if Command::parse(line).is_none() {
                         return Err(FrameError::UnknownCommand(
                             String::from_utf8_lossy(line).into_owned(),
                         ));
                     }
-                } else if line.is_empty() {
-                    head_len = Some(i + 1);
-                    break;
-                } else if *lines > limits.headers_max {
-                    return Err(FrameError::TooManyHeaders {
-                        max: limits.headers_max,
-                    });
+                    *lines += 1;
+                    *line_start = i + 1;
+                    continue;
                 }
-                *lines += 1;
-                *line_start = i + 1;
-                continue;
-            }
-            if b == 0 {
-                return Err(FrameError::NulInHead);
-            }
-            let line_len = i + 1 - *line_start;
-            if *lines == 0 {
-                // Reject garbage at the first wrong byte rather than wait.
+                if b == 0 {
+                    return Err(FrameError::NulInHead);
+                }
                 if !(b.is_ascii_alphanumeric() || b == b'\r') {
                     return Err(FrameError::Garbage);
                 }
-                if line_len > COMMAND_LINE_MAX_BYTES {
+                if i + 1 - *line_start > COMMAND_LINE_MAX_BYTES {
                     let line = self.buf.get(*line_start..=i).unwrap_or_default();
                     return Err(FrameError::UnknownCommand(
                         String::from_utf8_lossy(line).into_owned(),
                     ));
                 }
-            } else if line_len > limits.header_line_max_bytes {
+                continue;
+            }
+            // A header line: one search for its end (or a NUL), then the
+            // limits, in the order a byte-by-byte scan would meet them.
+            let rest = self.buf.get(*scanned..).unwrap_or_default();
+            let found = rest.iter().position(|&b| b == b'\n' || b == 0);
+            let end = found.map_or(self.buf.len(), |p| *scanned + p);
+            // The first byte that would make the line too long (the
+            // newline itself does not count).
+            let too_long_at = *line_start + limits.header_line_max_bytes;
+            if too_long_at < end {
                 return Err(FrameError::HeaderLineTooLong {
                     max: limits.header_line_max_bytes,
                 });
             }
+            let Some(p) = found else {
+                *scanned = end;
+                break;
+            };
+            let i = *scanned + p;
+            *scanned = i + 1;
+            if self.buf.get(i) == Some(&0) {
+                return Err(FrameError::NulInHead);
+            }
+            let line = strip_cr(self.buf.get(*line_start..i).unwrap_or_default());
+            if line.is_empty() {
+                head_len = Some(i + 1);
+                break;
+            }
+            if *lines > limits.headers_max {
+                return Err(FrameError::TooManyHeaders {
+                    max: limits.headers_max,
+                });
+            }
+            *lines += 1;
+            *line_start = i + 1;
         }
         let Some(head_len) = head_len else {
             if self.buf.len() >= limits.frame_size_max_bytes {
@@ -394,7 +422,7 @@ fn parse_head(head: &[u8], version: Version) -> Result<(Command, Headers), Frame
         FrameError::UnknownCommand(String::from_utf8_lossy(command_line).into_owned())
     })?;
     let escaping = Escaping::for_frame(version, command);
-    let mut headers = Headers::new();
+    let mut headers = Headers::with_capacity(HEADERS_EXPECTED, head.len());
     loop {
         let (next, text) = line(rest).map_err(|_| FrameError::Garbage)?;
         rest = next;

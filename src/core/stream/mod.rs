@@ -42,16 +42,17 @@ mod partition_tests;
 mod reader;
 #[cfg(test)]
 mod tests;
+mod unsettled;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 use rosetta_neutral::{BrokerError, Message, StreamOffset, StreamRead};
-use rosetta_store::log::{LogCompletion, LogConfig, StreamLog};
+use rosetta_store::log::{DurableHook, LogCompletion, LogConfig, StreamLog, TailCacheBudget};
 use rosetta_store::{OsStorage, Storage, SyncPolicy};
 
 pub(crate) use groups::Groups;
@@ -68,6 +69,12 @@ const RETENTION_INTERVAL: Duration = Duration::from_secs(10);
 pub const STREAM_NAME_BYTES_MAX: usize = 200;
 /// Most partitions of one stream: each is a log with open files.
 pub const STREAM_PARTITIONS_MAX: u32 = 256;
+/// Memory all streams' tail caches share (see `rosetta_store::log`'s
+/// `tail`): readers at the tail of busy streams read the newest batches
+/// from memory, one copy however many they are.
+const STREAMS_TAIL_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+/// One stream's share of it at most: a few write batches.
+const STREAM_TAIL_CACHE_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Runs once a stream append is durable (or failed).
 pub(crate) type AppendDone = Box<dyn FnOnce(Result<(), BrokerError>) + Send>;
@@ -206,6 +213,7 @@ pub(crate) struct Streams {
     /// a publish no file system call.
     known: HashSet<String>,
     pump: Arc<PumpQueue>,
+    tail_cache: Arc<TailCacheBudget>,
     pub(crate) groups: groups::Groups,
 }
 
@@ -284,6 +292,7 @@ impl Streams {
             partitioned: Mutex::new(HashMap::new()),
             members: members::Members::default(),
             pump: Arc::new(PumpQueue::default()),
+            tail_cache: TailCacheBudget::new(STREAMS_TAIL_CACHE_BYTES),
             groups,
         });
         if s.config.dir.is_some() {
@@ -384,6 +393,17 @@ impl Streams {
         lc.max_age_s = rule.max_age_s;
         lc.max_bytes = rule.max_bytes;
         lc.storage = Arc::clone(&self.config.storage);
+        lc.tail_cache_bytes = STREAM_TAIL_CACHE_BYTES;
+        lc.tail_cache_budget = Arc::clone(&self.tail_cache);
+        // The readers are served once per durable batch, not per record.
+        let hook_stream: Arc<OnceLock<Weak<Stream>>> = Arc::new(OnceLock::new());
+        let pump = Arc::clone(&self.pump);
+        let hooked = Arc::clone(&hook_stream);
+        lc.on_durable = Some(DurableHook(Arc::new(move |_next| {
+            if let Some(s) = hooked.get().and_then(Weak::upgrade) {
+                pump.mark(&s);
+            }
+        })));
         let (log, report) = StreamLog::open(lc).map_err(|e| BrokerError::Storage(e.to_string()))?;
         tracing::info!(
             stream = name,
@@ -398,12 +418,14 @@ impl Streams {
             log,
             readers: Mutex::new(Vec::new()),
         });
+        let _ = hook_stream.set(Arc::downgrade(&s));
         open.insert(name.to_owned(), Arc::clone(&s));
         Ok(Some(s))
     }
 
     /// Appends `message` to `stream` at `now_ms`; `done` runs once it is
-    /// durable, and then the stream's readers are served.
+    /// durable. The stream's readers are served once per durable batch
+    /// (the log's [`DurableHook`]).
     pub(crate) fn append(
         &self,
         stream: &Arc<Stream>,
@@ -411,24 +433,19 @@ impl Streams {
         now_ms: u64,
         done: Option<AppendDone>,
     ) -> Result<u64, BrokerError> {
-        let mut body = Vec::new();
+        let mut body = Vec::with_capacity(message.memory_size());
         crate::codec::encode_message(message, &mut body);
-        let pump = Arc::clone(&self.pump);
-        let weak = Arc::downgrade(stream);
-        let completion: LogCompletion = Box::new(move |r| {
-            if let Some(s) = weak.upgrade() {
-                pump.mark(&s);
-            }
-            if let Some(done) = done {
+        let completion = done.map(|done| -> LogCompletion {
+            Box::new(move |r| {
                 done(
                     r.map(|_| ())
                         .map_err(|e| BrokerError::Storage(e.to_string())),
                 );
-            }
+            })
         });
         stream
             .log
-            .append(now_ms, Bytes::from(body), Some(completion))
+            .append(now_ms, Bytes::from(body), completion)
             .map_err(|e| BrokerError::Storage(e.to_string()))
     }
 

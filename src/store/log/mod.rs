@@ -16,6 +16,8 @@
 //! - `recovery`: the scan at open, which verifies every record, cuts a
 //!   torn tail and rebuilds the indexes (cases table there);
 //! - `retention`: deleting whole segments by age and size;
+//! - `tail`: the newest batches kept in memory, as written, for readers
+//!   at the tail;
 //! - this module: the shared state, the indexes and the read path.
 //!
 //! # Files
@@ -53,6 +55,7 @@
 mod format;
 mod recovery;
 mod retention;
+mod tail;
 #[cfg(test)]
 mod tests;
 mod writer;
@@ -65,13 +68,15 @@ use std::thread::JoinHandle;
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 
-use crate::storage::{read_up_to, OsStorage, Storage, StorageFile};
+use crate::storage::{OsStorage, Storage, StorageFile};
 use crate::{io_error, StoreError, SyncPolicy};
 
 pub use format::LOG_RECORD_BODY_MAX_BYTES;
 use format::{RecordHeader, RECORD_HEADER_BYTES};
 pub use recovery::LogRecovery;
 pub use retention::RetentionReport;
+use tail::TailCache;
+pub use tail::TailCacheBudget;
 use writer::{Job, WriterState};
 
 /// Default segment size: RabbitMQ's stream default (500 MB) is for
@@ -94,6 +99,22 @@ pub const LOG_BATCH_BYTES_MAX: u64 = 8 * 1024 * 1024;
 /// Default bound on appended-but-unwritten bytes before `append` blocks
 /// its caller: a few batches' worth, so the writer never starves.
 pub const LOG_PENDING_BYTES_MAX_DEFAULT: u64 = 32 * 1024 * 1024;
+/// Default bound on one log's tail cache (see `tail`): a few batches of a
+/// busy producer, so readers a credit's worth behind the writer are served
+/// from memory.
+pub const LOG_TAIL_CACHE_BYTES_DEFAULT: u64 = 4 * 1024 * 1024;
+
+/// Runs after each batch became readable, with the log's new readable end
+/// (on the writer thread, before the batch's completions): one call per
+/// batch, for whoever serves readers.
+#[derive(Clone)]
+pub struct DurableHook(pub Arc<dyn Fn(u64) + Send + Sync>);
+
+impl std::fmt::Debug for DurableHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DurableHook")
+    }
+}
 
 /// Runs once an append is durable (or failed), with the record's offset;
 /// on the writer thread, in offset order: keep it short.
@@ -122,6 +143,14 @@ pub struct LogConfig {
     /// only inside [`StreamLog::step`] and the blocking calls, on the
     /// calling thread: for deterministic simulations.
     pub background_writer: bool,
+    /// Most bytes of this log's newest batches kept in memory for readers
+    /// at the tail (0: none).
+    pub tail_cache_bytes: u64,
+    /// The memory the tail cache shares with other logs' (by default its
+    /// own, of `tail_cache_bytes`).
+    pub tail_cache_budget: Arc<TailCacheBudget>,
+    /// Called once per batch made readable (see [`DurableHook`]).
+    pub on_durable: Option<DurableHook>,
 }
 
 impl LogConfig {
@@ -136,6 +165,9 @@ impl LogConfig {
             pending_bytes_max: LOG_PENDING_BYTES_MAX_DEFAULT,
             storage: Arc::new(OsStorage),
             background_writer: true,
+            tail_cache_bytes: LOG_TAIL_CACHE_BYTES_DEFAULT,
+            tail_cache_budget: TailCacheBudget::new(LOG_TAIL_CACHE_BYTES_DEFAULT),
+            on_durable: None,
         }
     }
 
@@ -295,6 +327,8 @@ struct View {
     /// By base offset; the last is the one being written.
     segments: BTreeMap<u64, Segment>,
     stats: LogStats,
+    /// The newest records, in memory.
+    tail: TailCache,
 }
 
 impl View {
@@ -405,6 +439,17 @@ impl StreamLog {
                     out.missed += bounds.first - out.next;
                     out.next = bounds.first;
                 }
+                // The newest records are in memory: no read call, no copy.
+                if let Some(next) = view.tail.read(
+                    out.next,
+                    max_records,
+                    max_bytes,
+                    &mut out.records,
+                    &mut bytes,
+                ) {
+                    out.next = next;
+                    return Ok(out);
+                }
                 let Some(seg) = view.segments.range(..=out.next).next_back().map(|(_, s)| s) else {
                     return Ok(out);
                 };
@@ -443,9 +488,7 @@ impl StreamLog {
                 let want = usize::try_from(end - pos)
                     .unwrap_or(usize::MAX)
                     .min(chunk_bytes);
-                let chunk = Bytes::from(
-                    read_up_to(&*file, pos, want).map_err(|e| io_error("read", &path, e))?,
-                );
+                let chunk = read_readable(&*file, &path, pos, want)?;
                 let mut at = 0usize;
                 while at < chunk.len() {
                     if let Some(to) = holes.as_ref().and_then(|h| h.skip_hole(pos + at as u64)) {
@@ -507,8 +550,7 @@ impl StreamLog {
             let want = usize::try_from(end - pos)
                 .unwrap_or(usize::MAX)
                 .min(LOG_READ_CHUNK_BYTES);
-            let chunk =
-                Bytes::from(read_up_to(&*file, pos, want).map_err(|e| io_error("read", &path, e))?);
+            let chunk = read_readable(&*file, &path, pos, want)?;
             let mut at = 0usize;
             loop {
                 if let Some(to) = holes.as_ref().and_then(|h| h.skip_hole(pos + at as u64)) {
@@ -597,6 +639,20 @@ impl Drop for StreamLog {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// `len` readable bytes at `pos`: the caller knows they are there (below
+/// the segment's readable length), so no call asks the file's size.
+fn read_readable(
+    file: &dyn StorageFile,
+    path: &Path,
+    pos: u64,
+    len: usize,
+) -> Result<Bytes, StoreError> {
+    let mut buf = vec![0u8; len];
+    file.read_at(&mut buf, pos)
+        .map_err(|e| io_error("read", path, e))?;
+    Ok(Bytes::from(buf))
 }
 
 /// One record decoded from a chunk.

@@ -24,6 +24,7 @@ use tracing::{info, warn};
 use super::format::{
     self, LogSegmentHeader, RecordHeader, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES,
 };
+use super::tail::TailCache;
 use super::writer::{self, Active, WriterState};
 use super::{
     IndexEntry, LogConfig, LogStats, Segment, View, LOG_INDEX_INTERVAL_BYTES, LOG_READ_CHUNK_BYTES,
@@ -214,6 +215,10 @@ pub(crate) fn recover(config: &LogConfig) -> Result<(View, WriterState, LogRecov
     let mut view = View {
         segments: std::collections::BTreeMap::new(),
         stats: LogStats::default(),
+        tail: TailCache::new(
+            config.tail_cache_bytes,
+            Arc::clone(&config.tail_cache_budget),
+        ),
     };
     let mut active = None;
     for (i, &base) in bases.iter().enumerate() {

@@ -370,3 +370,52 @@ fn a_background_writer_batches_concurrent_producers_on_a_real_disk() {
     assert_eq!(rec.next_offset, 1000);
     assert_eq!(read_all(&log, 0).len(), 1000);
 }
+
+/// Readers at the tail read the newest batches from memory (the tail
+/// cache), older ones from the files, and both give the same records: a
+/// log with the cache and one without, fed the same batches, read the
+/// same from every offset; reads of the active segment's file made to
+/// return damaged bytes do not touch records the cache holds.
+#[test]
+fn the_tail_cache_serves_the_newest_batches_without_reading_the_files() {
+    let disk = SimDisk::new(21);
+    let mut cached = sim_config(&disk);
+    cached.segment_bytes = 64 * 1024;
+    cached.tail_cache_bytes = 8 * 1024;
+    cached.tail_cache_budget = TailCacheBudget::new(1 << 20);
+    let mut plain = sim_config(&disk);
+    plain.dir = "/sim/streams/s2".into();
+    plain.segment_bytes = 64 * 1024;
+    plain.tail_cache_bytes = 0;
+    let (a, _) = ok(StreamLog::open(cached));
+    let (b, _) = ok(StreamLog::open(plain));
+    // Batches of 10: several segments, and more than the cache holds.
+    for batch in 0..60u64 {
+        append_all(&a, batch * 10, 10, |i| i);
+        append_all(&b, batch * 10, 10, |i| i);
+    }
+    for from in (0..=600).step_by(7) {
+        assert_eq!(read_all(&a, from), read_all(&b, from), "from {from}");
+    }
+    // Damage every read of the active segment: what the cache holds is
+    // still read whole, what it does not is read from the file (and found
+    // damaged).
+    let bounds = a.bounds();
+    let active_base = {
+        let view = a.inner.view.lock();
+        *view.segments.keys().next_back().expect("a segment")
+    };
+    let active = Path::new("/sim/streams/s1").join(format::segment_name(active_base));
+    disk.corrupt_reads(&active, 0, 1 << 20);
+    let tail = ok(a.read(bounds.next - 5, 100, 1 << 20));
+    assert_eq!(tail.records.len(), 5);
+    assert_eq!(tail.records[4].body, body(599));
+    assert!(
+        a.read(active_base, 1, 1 << 20).is_err(),
+        "the start of the active segment is not cached here, and its read is damaged"
+    );
+    // An idle log's cache goes at its second retention run.
+    ok(a.apply_retention(0));
+    ok(a.apply_retention(0));
+    assert!(a.read(bounds.next - 5, 100, 1 << 20).is_err());
+}
