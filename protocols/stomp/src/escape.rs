@@ -70,6 +70,14 @@ pub fn unescape(raw: &[u8], escaping: Escaping) -> Result<Cow<'_, str>, FrameErr
         .map_err(|_| FrameError::InvalidUtf8)
 }
 
+/// [`unescape`] of text already known to be UTF-8.
+pub(crate) fn unescape_str(raw: &str, escaping: Escaping) -> Result<Cow<'_, str>, FrameError> {
+    if escaping == Escaping::None || !raw.contains('\\') {
+        return Ok(Cow::Borrowed(raw));
+    }
+    unescape(raw.as_bytes(), escaping)
+}
+
 /// Appends `text` to `out` escaped per `escaping`. `is_name` additionally
 /// keeps a 1.0 header name free of `:` (which would end the name early).
 pub fn escape_into(out: &mut Vec<u8>, text: &str, escaping: Escaping, is_name: bool) {
@@ -94,28 +102,9 @@ pub fn escape_into(out: &mut Vec<u8>, text: &str, escaping: Escaping, is_name: b
 }
 
 /// Whether `b` holds a byte some escaping rule changes (`\n`, `\r`, `:`,
-/// `\\`): eight bytes at a time.
+/// `\\`).
 fn may_need_escape(b: &[u8]) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    // Whether any byte of `x` is `c`: the classic zero-byte test on x ^ c.
-    fn has(x: u64, c: u8) -> bool {
-        let y = x ^ (ONES * u64::from(c));
-        y.wrapping_sub(ONES) & !y & HIGHS != 0
-    }
-    let mut words = b.chunks_exact(8);
-    for w in &mut words {
-        let mut eight = [0u8; 8];
-        eight.copy_from_slice(w);
-        let x = u64::from_le_bytes(eight);
-        if has(x, b'\n') || has(x, b'\r') || has(x, b':') || has(x, b'\\') {
-            return true;
-        }
-    }
-    words
-        .remainder()
-        .iter()
-        .any(|c| matches!(c, b'\n' | b'\r' | b':' | b'\\'))
+    crate::swar::find_any(b, [b'\n', b'\r', b':', b'\\']).is_some()
 }
 
 #[cfg(test)]

@@ -195,7 +195,14 @@ impl Headers {
 
     /// The first value of `name`.
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+        // Lengths first: most names differ in length, and this runs for
+        // every header a frame handler asks about.
+        let text = self.text.as_bytes();
+        let span = self
+            .spans
+            .iter()
+            .find(|[n, v, _]| v - n == name.len() && text.get(*n..*v) == Some(name.as_bytes()))?;
+        Some(self.entry(span).1)
     }
 
     /// All headers in wire order.
