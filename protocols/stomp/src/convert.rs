@@ -33,7 +33,12 @@
 use rosetta_neutral::address::{QUEUE_PREFIX, TOPIC_PREFIX};
 use rosetta_neutral::fields::{field_properties, take_field_properties};
 use rosetta_neutral::message::{DELIVERY_DELAY_MAX_MS, PRIORITY_DEFAULT};
-use rosetta_neutral::{Address, Body, BodyKind, Delivery, Message, MessageId, Value};
+use std::sync::Arc;
+
+use rosetta_neutral::{
+    Address, Body, BodyKind, ConsumerId, Delivery, DeliveryCharge, DeliveryTag, Message, MessageId,
+    StreamPosition, Value,
+};
 
 use crate::consumer_options::BROWSER_HEADER;
 use crate::encoder::FrameWriter;
@@ -183,13 +188,44 @@ pub(crate) const STREAM_OFFSET_HEADER: &str = crate::consumer_options::STREAM_OF
 /// reader, with how many records it missed (Rosetta).
 pub(crate) const STREAM_MISSED_HEADER: &str = "x-stream-missed";
 
+/// What a MESSAGE frame needs of a [`Delivery`]: kept (unencoded) while
+/// a delivery waits for the transport, about half a `Delivery`'s size
+/// (a reader may have its whole credit waiting).
+#[derive(Debug)]
+pub(crate) struct Outgoing {
+    pub(crate) consumer: ConsumerId,
+    pub(crate) tag: DeliveryTag,
+    pub(crate) message: Arc<Message>,
+    pub(crate) delivery_count: u32,
+    pub(crate) redelivered: bool,
+    pub(crate) from_retained: bool,
+    pub(crate) stream: Option<StreamPosition>,
+    /// Held until the frame is written (the connection's budget).
+    pub(crate) _charge: DeliveryCharge,
+}
+
+impl From<Delivery> for Outgoing {
+    fn from(d: Delivery) -> Self {
+        Outgoing {
+            consumer: d.consumer,
+            tag: d.tag,
+            message: d.message,
+            delivery_count: d.delivery_count,
+            redelivered: d.redelivered,
+            from_retained: d.from_retained,
+            stream: d.stream,
+            _charge: d.charge,
+        }
+    }
+}
+
 /// Writes the MESSAGE frame for `delivery` on `sub`, straight into
 /// `out` (nothing is allocated for the headers the broker itself writes).
 pub(crate) fn write_message(
     out: &mut Vec<u8>,
     version: Version,
     sub: &Subscription,
-    delivery: &Delivery,
+    delivery: &Outgoing,
 ) {
     let m = &delivery.message;
     let ack_id = AckId(delivery.consumer, delivery.tag);

@@ -18,13 +18,17 @@ use tracing::{debug, trace};
 use crate::config::StompConfig;
 use crate::consumer_options::consumer_options;
 use crate::convert::{
-    message_from_send, write_end_of_browse, write_message, END_OF_BROWSE_MESSAGE_ID,
+    message_from_send, write_end_of_browse, write_message, Outgoing, END_OF_BROWSE_MESSAGE_ID,
 };
 use crate::error::StompError;
 use crate::frame::{Command, Frame, Version};
 use crate::heartbeat::HeartBeat;
 use crate::receipts::Receipts;
 use crate::subscription::{parse_ack_id, AckMode, Subscription};
+
+/// Waiting deliveries' room kept once all are written (a burst's larger
+/// queue is given back).
+const PENDING_KEPT: usize = 64;
 
 /// An open transaction.
 struct Txn {
@@ -54,7 +58,7 @@ pub(crate) struct Open {
     /// output (see [`Open::encode_pending`]), so a reader's whole credit
     /// never sits in the output buffer as a second copy of itself. Each
     /// still holds its charge on the connection's delivery budget.
-    pending: VecDeque<Delivery>,
+    pending: VecDeque<Outgoing>,
 }
 
 /// What a frame's handler hands back for the receipt queue.
@@ -164,7 +168,7 @@ impl Open {
         if sub.ack != AckMode::Auto && d.stream.is_some() {
             sub.stream = true;
         }
-        self.pending.push_back(d);
+        self.pending.push_back(Outgoing::from(d));
     }
 
     /// Whether deliveries wait to be written.
@@ -181,6 +185,10 @@ impl Open {
         let mut last: Option<(ConsumerId, Option<&Subscription>)> = None;
         while out.len() < until_len {
             let Some(d) = self.pending.pop_front() else {
+                // A burst's queue is not kept while idle.
+                if self.pending.capacity() > PENDING_KEPT {
+                    self.pending.shrink_to(PENDING_KEPT);
+                }
                 return;
             };
             let sub = match last {

@@ -21,8 +21,10 @@
 //!
 //! A stream's messages are on disk once, in its log. A reader holds only
 //! its position and the deliveries it has not settled (at most its
-//! credit): each delivery is read from the log (the page cache, for a
-//! reader at the tail) and decoded for that reader alone.
+//! credit): each delivery is read from the log (the log's in-memory tail
+//! for a reader near the end, else the page cache or the disk). Readers
+//! near the end share one decoded message per record (`decoded`); a
+//! reader deep in history decodes its own.
 //!
 //! # Declaration
 //!
@@ -34,6 +36,7 @@
 //! that name exists: declaration at first use, as RabbitMQ does.
 
 mod assign;
+mod decoded;
 mod groups;
 mod members;
 mod partition;
@@ -147,6 +150,8 @@ pub(crate) struct Stream {
     pub(crate) name: Arc<str>,
     pub(crate) log: StreamLog,
     readers: Mutex<Vec<Weak<Reader>>>,
+    /// The newest records' messages, decoded once for all readers.
+    pub(crate) decoded: Mutex<decoded::Decoded>,
 }
 
 impl Stream {
@@ -417,6 +422,7 @@ impl Streams {
             name: Arc::from(name),
             log,
             readers: Mutex::new(Vec::new()),
+            decoded: Mutex::new(decoded::Decoded::default()),
         });
         let _ = hook_stream.set(Arc::downgrade(&s));
         open.insert(name.to_owned(), Arc::clone(&s));

@@ -243,6 +243,19 @@ impl Reader {
                 return PartPump::Empty;
             }
         };
+        // Decoded outside the reader's lock, and shared with the other
+        // readers near the end of the log (see `decoded`).
+        let end = stream.log.bounds().next;
+        let decoded: Vec<_> = {
+            let mut shared = stream.decoded.lock();
+            read.records
+                .into_iter()
+                .map(|rec| {
+                    let m = shared.get(rec.offset, rec.body, end);
+                    (rec.offset, rec.timestamp_ms, m)
+                })
+                .collect()
+        };
         let mut st = self.state.lock();
         if st.closed {
             return PartPump::Stop;
@@ -251,7 +264,7 @@ impl Reader {
         if !st.parts[part].assigned || st.parts[part].next != from {
             return PartPump::Empty;
         }
-        if read.records.is_empty() {
+        if decoded.is_empty() {
             st.parts[part].next = read.next.max(from);
             return PartPump::Empty;
         }
@@ -261,23 +274,23 @@ impl Reader {
                 "stream reader cut by retention skips ahead");
         }
         let partition = self.source.partitioned.then_some(part as u32);
-        for rec in read.records {
-            let message = match crate::codec::decode_message_exact(rec.body) {
-                Ok(m) => Arc::new(m),
+        for (offset, timestamp_ms, message) in decoded {
+            let message = match message {
+                Ok(m) => m,
                 Err(e) => {
-                    tracing::error!(stream = %stream.name, offset = rec.offset, error = %e,
+                    tracing::error!(stream = %stream.name, offset, error = %e,
                         "stream record does not decode; skipped");
-                    st.parts[part].next = rec.offset + 1;
+                    st.parts[part].next = offset + 1;
                     continue;
                 }
             };
             let tag = st.next_tag;
             st.next_tag += 1;
-            st.parts[part].next = rec.offset + 1;
+            st.parts[part].next = offset + 1;
             if !self.auto_settle {
-                st.unsettled.insert(tag, part, rec.offset);
+                st.unsettled.insert(tag, part, offset);
                 if self.group.is_some() {
-                    st.unsettled_by_offset.insert((part, rec.offset, tag));
+                    st.unsettled_by_offset.insert((part, offset, tag));
                 }
             }
             if let CreditMode::Explicit(_) = st.mode {
@@ -299,8 +312,8 @@ impl Reader {
                 annotation: None,
                 charge,
                 stream: Some(StreamPosition {
-                    offset: rec.offset,
-                    timestamp_ms: rec.timestamp_ms,
+                    offset,
+                    timestamp_ms,
                     missed,
                     partition,
                 }),
