@@ -96,18 +96,19 @@ pub(crate) const RETAINED_HEADER: &str = "retained";
 pub(crate) const TEXT_CONTENT_TYPE: &str = "text/plain;charset=utf-8";
 
 /// Builds the neutral message of a SEND. `reply_to` is the already
-/// resolved `reply-to` header; `now_ms` (epoch ms) turns a scheduled delay
+/// resolved `reply-to` header; `now_ms` (epoch ms, read only for a SEND
+/// that asks for a delay: not a clock read per message) turns a scheduled delay
 /// into a delivery time.
 pub(crate) fn message_from_send(
     frame: Frame,
     reply_to: Option<String>,
-    now_ms: u64,
+    now_ms: impl FnOnce() -> u64,
 ) -> Result<Message, StompError> {
     let delivery_time = match frame.header(SCHEDULED_DELAY_HEADER) {
         None => None,
         Some(v) => match v.trim().parse::<u64>() {
             Ok(0) => None,
-            Ok(ms) if ms <= DELIVERY_DELAY_MAX_MS => Some(now_ms.saturating_add(ms)),
+            Ok(ms) if ms <= DELIVERY_DELAY_MAX_MS => Some(now_ms().saturating_add(ms)),
             _ => return Err(bad(SCHEDULED_DELAY_HEADER, v)),
         },
     };

@@ -311,7 +311,7 @@ impl Open {
             None => None,
         };
         let wants_receipt = frame.header("receipt").is_some();
-        let message = message_from_send(frame, reply_to, rosetta_neutral::message::now_ms())?;
+        let message = message_from_send(frame, reply_to, rosetta_neutral::message::now_ms)?;
         let confirm = txn.is_none() && (message.durable || wants_receipt);
         let published = self
             .session

@@ -79,9 +79,6 @@ const STREAMS_TAIL_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 /// One stream's share of it at most: a few write batches.
 const STREAM_TAIL_CACHE_BYTES: u64 = 8 * 1024 * 1024;
 
-/// Runs once a stream append is durable (or failed).
-pub(crate) type AppendDone = Box<dyn FnOnce(Result<(), BrokerError>) + Send>;
-
 /// One `[[streams]]` rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamRule {
@@ -432,15 +429,20 @@ impl Streams {
     /// Appends `message` to `stream` at `now_ms`; `done` runs once it is
     /// durable. The stream's readers are served once per durable batch
     /// (the log's [`DurableHook`]).
-    pub(crate) fn append(
+    pub(crate) fn append<F>(
         &self,
         stream: &Arc<Stream>,
         message: &Message,
         now_ms: u64,
-        done: Option<AppendDone>,
-    ) -> Result<u64, BrokerError> {
+        done: Option<F>,
+    ) -> Result<u64, BrokerError>
+    where
+        F: FnOnce(Result<(), BrokerError>) + Send + 'static,
+    {
         let mut body = Vec::with_capacity(message.memory_size());
         crate::codec::encode_message(message, &mut body);
+        // One box per confirmed append (the log's completion), none for
+        // the others.
         let completion = done.map(|done| -> LogCompletion {
             Box::new(move |r| {
                 done(
