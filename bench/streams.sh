@@ -23,7 +23,7 @@
 # the broker's: both share the machine's cores, so a load generator that
 # costs as much as the broker would cap what is measured.
 #
-#   bench/streams.sh            (results in bench/results/<date>-issue17/)
+#   bench/streams.sh   (results in bench/results/<date>-issue17/streams-<STREAM_MIB>mib.txt)
 #
 # Environment: STREAM_MIB (stream size for append and history, default
 # 1024; the issue's 10 GB is STREAM_MIB=10240), TAIL_COUNT (default 20000),
@@ -50,7 +50,7 @@ source "$ROOT/bench/peers/peers.sh"
 trap 'peers_stop_all; rm -rf "$BENCH_TMP"' EXIT
 OUT_DIR=$ROOT/bench/results/$(date -u +%F)-issue17
 mkdir -p "$OUT_DIR"
-OUT=$OUT_DIR/streams.txt
+OUT=$OUT_DIR/streams-${STREAM_MIB}mib.txt
 RESULTS=$BENCH_TMP/results.jsonl
 
 # dd_rate DD-ARGS...: bytes/s dd reports (its last stderr line).
@@ -162,10 +162,15 @@ PY
     load --stream "bench-stream-tail-$r" --count "$TAIL_COUNT" --size "$SIZE" --window "$WINDOW" \
       --readers "$r" --prefetch "$PREFETCH" --from next
     grow=$(( $(field rss_peak_bytes) - $(field rss_start_bytes) ))
+    eval "TAIL_GROW_$r=$grow"
     echo "tail $r readers: $(field msg_per_s | cut -d. -f1) deliveries/s, broker RSS start $(( $(field rss_start_bytes) / 1048576 )) MiB," \
       "peak $(( $(field rss_peak_bytes) / 1048576 )) MiB: $((grow / r / 1024)) KiB per reader against a credit of $((PREFETCH * SIZE / 1024)) KiB"
     cpu
   done
+  # What one more reader costs, without the stream's own (its tail cache,
+  # the writer's batches): the growth from 10 to 100 readers, per reader.
+  echo "tail: $(( (TAIL_GROW_100 - TAIL_GROW_10) / 90 / 1024 )) KiB per reader from 10 to 100 readers" \
+    "against a credit of $((PREFETCH * SIZE / 1024)) KiB"
   if grep -qiE 'panic|error' "$BENCH_TMP/rosetta/rosetta.log"; then
     echo; echo "## rosetta log (errors)"; grep -iE 'panic|error' "$BENCH_TMP/rosetta/rosetta.log" | head -20
   fi
