@@ -19,7 +19,7 @@ use rosetta_neutral::Message;
 use rosetta_store::wire::DecodeError;
 
 /// Most records kept decoded per stream: a few readers' credit.
-const DECODED_MAX: usize = 4096;
+const DECODED_MAX: usize = 2048;
 /// Most bytes of messages kept decoded per stream.
 const DECODED_BYTES_MAX: usize = 8 * 1024 * 1024;
 
