@@ -406,13 +406,17 @@ impl Streams {
                 pump.mark(&s);
             }
         })));
+        let opening = Instant::now();
         let (log, report) = StreamLog::open(lc).map_err(|e| BrokerError::Storage(e.to_string()))?;
         tracing::info!(
             stream = name,
             first = report.first_offset,
             next = report.next_offset,
+            segments = report.segments,
+            from_index_files = report.indexes_used,
             torn_tail_bytes = report.torn_tail_bytes,
             lost = report.lost.len(),
+            open_ms = opening.elapsed().as_millis(),
             "stream opened"
         );
         let s = Arc::new(Stream {

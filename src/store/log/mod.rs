@@ -13,8 +13,10 @@
 //!
 //! - `format`: segment names, the segment header, the record frame;
 //! - `writer`: group commit (one `write` and one `fdatasync` per batch);
-//! - `recovery`: the scan at open, which verifies every record, cuts a
-//!   torn tail and rebuilds the indexes (cases table there);
+//! - `recovery`: opening a log: sealed segments from their index files,
+//!   the others by a scan that verifies every record, cuts a torn tail and
+//!   rebuilds the indexes (cases table there);
+//! - `index_file`: a sealed segment's sparse index kept in a file;
 //! - `retention`: deleting whole segments by age and size;
 //! - `tail`: the newest batches kept in memory, as written, for readers
 //!   at the tail;
@@ -37,9 +39,12 @@
 //! search. Each segment keeps in memory a sparse index: one
 //! (offset, timestamp, file position) entry at its first record and then
 //! at least every [`LOG_INDEX_INTERVAL_BYTES`], so a seek by offset or by
-//! time reads at most that many bytes before the record it wants. The
-//! indexes are not files: recovery rebuilds them in the scan that verifies
-//! the records.
+//! time reads at most that many bytes before the record it wants. A
+//! sealed segment's index is also written to a file next to it (when the
+//! writer seals it, or when recovery scanned it), so that opening a log
+//! with many segments reads their indexes, not their records; a missing
+//! or damaged index file costs only a scan of its segment
+//! (`index_file`).
 //!
 //! # Durability: what an append's completion means
 //!
@@ -53,6 +58,7 @@
 //! later append complete with [`StoreError::Failed`].
 
 mod format;
+mod index_file;
 mod recovery;
 mod retention;
 mod tail;
@@ -420,7 +426,73 @@ impl StreamLog {
     /// one). A `from` below the first offset starts at the first offset
     /// and says how many were missed; one at or past the end returns no
     /// records.
+    ///
+    /// A record found damaged in a sealed segment (one opened from its
+    /// index file, whose records recovery did not read) has that segment
+    /// scanned again: the damage becomes a hole the read steps over, as
+    /// recovery would have made it.
     pub fn read(
+        &self,
+        from: u64,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<LogRead, StoreError> {
+        match self.read_once(from, max_records, max_bytes) {
+            Err(e @ StoreError::Corrupt { .. }) if self.rescan_for(&e)? => {
+                self.read_once(from, max_records, max_bytes)
+            }
+            r => r,
+        }
+    }
+
+    /// Scans again the sealed segment a [`StoreError::Corrupt`] names;
+    /// `true` when that found damage the view did not know of (so a read
+    /// again steps over it).
+    fn rescan_for(&self, e: &StoreError) -> Result<bool, StoreError> {
+        let StoreError::Corrupt { path, .. } = e else {
+            return Ok(false);
+        };
+        let (seg, holes_before) = {
+            let view = self.inner.view.lock();
+            let newest = view.segments.keys().next_back().copied();
+            let Some(seg) = view
+                .segments
+                .values()
+                .find(|s| s.path == *path && Some(s.base) != newest)
+            else {
+                return Ok(false);
+            };
+            (
+                Segment {
+                    base: seg.base,
+                    path: seg.path.clone(),
+                    file: Arc::clone(&seg.file),
+                    salt: seg.salt,
+                    len: seg.len,
+                    next: seg.next,
+                    last_ts: seg.last_ts,
+                    index: Vec::new(),
+                    holes: Vec::new(),
+                },
+                seg.holes.clone(),
+            )
+        };
+        let scanned = recovery::rescan(&*self.inner.config.storage, &seg)?;
+        if scanned.holes == holes_before {
+            return Ok(false);
+        }
+        let mut view = self.inner.view.lock();
+        if let Some(s) = view.segments.get_mut(&scanned.base) {
+            s.len = scanned.len;
+            s.next = scanned.next;
+            s.last_ts = scanned.last_ts;
+            s.index = scanned.index;
+            s.holes = scanned.holes;
+        }
+        Ok(true)
+    }
+
+    fn read_once(
         &self,
         from: u64,
         max_records: usize,
@@ -523,8 +595,18 @@ impl StreamLog {
     }
 
     /// The first offset whose record is stamped at or after `ts_ms`; the
-    /// end of the log when none is.
+    /// end of the log when none is. Damage found on the way is handled as
+    /// [`StreamLog::read`] handles it.
     pub fn offset_at_timestamp(&self, ts_ms: u64) -> Result<u64, StoreError> {
+        match self.offset_at_timestamp_once(ts_ms) {
+            Err(e @ StoreError::Corrupt { .. }) if self.rescan_for(&e)? => {
+                self.offset_at_timestamp_once(ts_ms)
+            }
+            r => r,
+        }
+    }
+
+    fn offset_at_timestamp_once(&self, ts_ms: u64) -> Result<u64, StoreError> {
         let (file, path, salt, mut pos, end, mut candidate, holes) = {
             let view = self.inner.view.lock();
             let bounds = view.bounds();

@@ -82,6 +82,8 @@ pub(crate) fn apply(inner: &Inner, now_ms: u64) -> Result<RetentionReport, Store
             .storage
             .remove(&seg.path)
             .map_err(|e| io_error("remove", &seg.path, e))?;
+        super::index_file::remove(&*config.storage, &seg.path)
+            .map_err(|e| io_error("remove the index of", &seg.path, e))?;
     }
     config
         .storage

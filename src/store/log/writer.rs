@@ -17,9 +17,10 @@ use std::thread::ThreadId;
 use std::time::Instant;
 
 use bytes::Bytes;
-use tracing::{debug, error};
+use tracing::{debug, error, warn};
 
 use super::format::{self, LogSegmentHeader, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use super::index_file::{self, SegmentIndex};
 use super::{
     IndexEntry, Inner, LogCompletion, Segment, LOG_BATCH_BYTES_MAX, LOG_INDEX_INTERVAL_BYTES,
 };
@@ -351,6 +352,12 @@ fn write_batch(inner: &Inner, ws: &mut WriterState, jobs: Vec<Job>, bytes: u64) 
         syncs += 1;
         ws.unsynced_since = None;
     }
+    // Segments this batch sealed (rolled over from): their index files
+    // are written once its completions ran.
+    let sealed: Vec<u64> = match pieces.split_last() {
+        Some((_, before)) if result.is_ok() => before.iter().map(|p| p.base).collect(),
+        _ => Vec::new(),
+    };
     match &result {
         Ok(()) => {
             let next = apply(inner, pieces, created, records, syncs, framed, buf);
@@ -374,6 +381,38 @@ fn write_batch(inner: &Inner, ws: &mut WriterState, jobs: Vec<Job>, bytes: u64) 
             (Done::Sync(f), Ok(())) => f(Ok(())),
             (Done::Sync(f), Err(e)) => f(Err(failed(e))),
         }
+    }
+    for base in sealed {
+        store_index(inner, base);
+    }
+}
+
+/// Writes the index file of the sealed segment `base` (see `index_file`);
+/// a failure only costs a scan of it at the next open.
+fn store_index(inner: &Inner, base: u64) {
+    let (path, index) = {
+        let view = inner.view.lock();
+        let Some(seg) = view.segments.get(&base) else {
+            return; // already deleted by retention
+        };
+        (
+            seg.path.clone(),
+            SegmentIndex {
+                base,
+                salt: seg.salt,
+                // The writer wrote it whole: its file is its readable length.
+                file_size: seg.len,
+                len: seg.len,
+                next: seg.next,
+                last_ts: seg.last_ts,
+                records: seg.next - base,
+                entries: seg.index.clone(),
+                holes: seg.holes.clone(),
+            },
+        )
+    };
+    if let Err(e) = index_file::store(&*inner.config.storage, &path, &index) {
+        warn!(segment = %path.display(), error = %e, "stream log: segment index not written");
     }
 }
 
