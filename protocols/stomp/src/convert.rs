@@ -229,44 +229,46 @@ pub(crate) fn write_message(
     delivery: &Outgoing,
 ) {
     let m = &delivery.message;
-    let ack_id = AckId(delivery.consumer, delivery.tag);
+    // Written once, copied into `message-id` and `ack`.
+    let mut ack_id = [0u8; 48];
+    let ack_id = AckId(delivery.consumer, delivery.tag).write_to(&mut ack_id);
     let mut w = FrameWriter::new(out, version, Command::Message);
     if sub.id_given {
-        w.header("subscription", &sub.id);
+        w.header_own("subscription", &sub.id);
     }
-    w.header_with("message-id", |o| ack_id.write(o));
+    w.header_with("message-id", |o| o.extend_from_slice(ack_id));
     match &m.address {
         Some(Address::Topic(t)) => w.header_with_escaped("destination", &[TOPIC_PREFIX, t]),
         Some(Address::Queue(q)) => w.header_with_escaped("destination", &[QUEUE_PREFIX, q]),
-        None => w.header("destination", &sub.destination),
+        None => w.header_own("destination", &sub.destination),
     };
     if version == Version::V1_2 && sub.ack != AckMode::Auto {
-        w.header_with("ack", |o| ack_id.write(o));
+        w.header_with("ack", |o| o.extend_from_slice(ack_id));
     }
     let section = m.body.kind.amqp_section_marker();
     match (&m.content_type, section) {
         (Some(ct), _) => {
-            w.header("content-type", ct);
+            w.header_own("content-type", ct);
         }
         (None, Some(_)) => {
-            w.header(
+            w.header_own(
                 "content-type",
                 rosetta_neutral::message::AMQP_BODY_CONTENT_TYPE,
             );
         }
         (None, None) if m.body.kind == BodyKind::Text => {
-            w.header("content-type", TEXT_CONTENT_TYPE);
+            w.header_own("content-type", TEXT_CONTENT_TYPE);
         }
         (None, None) => {}
     }
     if let Some(marker) = section {
-        w.header(rosetta_neutral::message::AMQP_BODY_PROPERTY, marker);
+        w.header_own(rosetta_neutral::message::AMQP_BODY_PROPERTY, marker);
     }
     if let Some(r) = &m.reply_to {
-        w.header("reply-to", r);
+        w.header_own("reply-to", r);
     }
     if let Some(c) = &m.correlation_id {
-        w.header("correlation-id", &c.to_text());
+        w.header_own("correlation-id", &c.to_text());
     }
     if let Some(e) = m.expiry {
         w.header_u64("expires", e);
@@ -274,17 +276,17 @@ pub(crate) fn write_message(
     // `priority` (when not the default) is one of the standard fields.
     let fields = field_properties(m);
     for (name, value) in &fields {
-        w.header(name, value);
+        w.header_own(name, value);
     }
     if m.durable {
-        w.header("persistent", "true");
+        w.header_own("persistent", "true");
     }
     if delivery.redelivered {
-        w.header("redelivered", "true");
+        w.header_own("redelivered", "true");
         w.header_u64(DELIVERY_COUNT_HEADER, u64::from(delivery.delivery_count));
     }
     if delivery.from_retained {
-        w.header(RETAINED_HEADER, "true");
+        w.header_own(RETAINED_HEADER, "true");
     }
     if let Some(p) = delivery.stream {
         w.header_u64(STREAM_OFFSET_HEADER, p.offset);

@@ -169,11 +169,22 @@ pub(crate) fn binding_options(frame: &Frame) -> BindingOptions {
 pub(crate) struct AckId(pub(crate) ConsumerId, pub(crate) DeliveryTag);
 
 impl AckId {
-    /// Appends `<consumer>-<tag>` (digits and a dash: nothing to escape).
-    pub(crate) fn write(self, out: &mut Vec<u8>) {
-        crate::encoder::push_u64(out, self.0 .0);
-        out.push(b'-');
-        crate::encoder::push_u64(out, self.1 .0);
+    /// Writes `<consumer>-<tag>` (digits and a dash: nothing to escape)
+    /// into `buf` (room for two 20-digit numbers and the dash), without
+    /// allocating: the bytes written.
+    pub(crate) fn write_to(self, buf: &mut [u8; 48]) -> &[u8] {
+        let mut text = [0u8; 20];
+        let mut at = 0;
+        for (i, n) in [self.0 .0, self.1 .0].into_iter().enumerate() {
+            if i == 1 {
+                buf[at] = b'-';
+                at += 1;
+            }
+            let digits = crate::encoder::u64_digits(n, &mut text);
+            buf[at..at + digits.len()].copy_from_slice(digits);
+            at += digits.len();
+        }
+        &buf[..at]
     }
 }
 
@@ -231,9 +242,15 @@ mod tests {
 
     #[test]
     fn ack_ids_round_trip() {
-        let mut id = Vec::new();
-        AckId(ConsumerId(7), DeliveryTag(42)).write(&mut id);
-        assert_eq!(id, b"7-42");
+        let mut buf = [0u8; 48];
+        assert_eq!(
+            AckId(ConsumerId(7), DeliveryTag(42)).write_to(&mut buf),
+            b"7-42"
+        );
+        assert_eq!(
+            AckId(ConsumerId(u64::MAX), DeliveryTag(u64::MAX)).write_to(&mut buf),
+            format!("{}-{}", u64::MAX, u64::MAX).as_bytes()
+        );
         assert_eq!(parse_ack_id("7-42"), Some((ConsumerId(7), DeliveryTag(42))));
         assert_eq!(parse_ack_id("x-42"), None);
         assert_eq!(parse_ack_id("742"), None);
