@@ -236,9 +236,9 @@ impl CoreSession {
         let (pending, done) = if options.confirm {
             let ticket = self.inner.next_ticket();
             let sink = Arc::clone(&self.shared.sink);
-            let done: stream::AppendDone = Box::new(move |result| {
+            let done = move |result| {
                 sink.send(SessionEvent::Committed { ticket, result });
-            });
+            };
             (Some(ticket), Some(done))
         } else {
             (None, None)

@@ -64,6 +64,12 @@ pub const LEASE_EXPIRED_HEADER: &str = "lease-expired";
 
 const SUPPORTED: [Version; 3] = [Version::V1_2, Version::V1_1, Version::V1_0];
 
+/// Output one [`StompConnection::poll_transmit`] hands over once it holds
+/// at least this much: deliveries beyond it wait, unencoded, for the next
+/// call (after the transport took this), so a reader given a large credit
+/// at once costs about this much output buffer, not its credit again.
+pub const OUTPUT_CHUNK_BYTES: usize = 64 * 1024;
+
 enum State {
     /// Accepted, no CONNECT yet.
     AwaitConnect,
@@ -263,8 +269,7 @@ impl StompConnection {
         };
         match event {
             SessionEvent::Delivery(d) => {
-                let version = open.version;
-                open.deliver(&mut self.out, version, d);
+                open.deliver(d);
                 self.last_tx = now;
             }
             SessionEvent::Committed { ticket, result } => {
@@ -279,6 +284,7 @@ impl StompConnection {
             SessionEvent::LeaseExpired { consumer, tag } => open.lease_expired(consumer, tag),
             SessionEvent::BrowseEnded { consumer } => {
                 let version = open.version;
+                open.encode_pending(&mut self.out, version, usize::MAX);
                 open.browse_ended(&mut self.out, version, consumer);
                 self.last_tx = now;
             }
@@ -324,6 +330,7 @@ impl StompConnection {
                 }
                 if self.send_due(&heart).is_some_and(|due| now >= due) {
                     trace!(conn_id = self.conn_id, "heart-beat sent");
+                    self.encode_pending();
                     self.out.push(b'\n');
                     self.last_tx = now;
                 }
@@ -363,9 +370,30 @@ impl StompConnection {
             .and_then(|grace| self.last_rx.checked_add(grace))
     }
 
-    /// Appends all bytes that should be written to the socket now.
+    /// Appends the bytes to write to the socket now: every frame written
+    /// so far, and waiting deliveries encoded until the output holds
+    /// [`OUTPUT_CHUNK_BYTES`]. Call it again once those are written: it
+    /// gives the rest, and nothing once all is out.
     pub fn poll_transmit(&mut self, out: &mut Vec<u8>) {
-        out.append(&mut self.out);
+        if let State::Open(open) = &mut self.state {
+            open.encode_pending(&mut self.out, open.version, OUTPUT_CHUNK_BYTES);
+        }
+        if out.is_empty() {
+            // Hand the buffer over instead of copying it.
+            std::mem::swap(out, &mut self.out);
+        } else {
+            out.append(&mut self.out);
+        }
+    }
+
+    /// Writes every waiting delivery: before any other frame, so that
+    /// frames go out in the order they were made.
+    fn encode_pending(&mut self) {
+        if let State::Open(open) = &mut self.state {
+            if open.has_pending() {
+                open.encode_pending(&mut self.out, open.version, usize::MAX);
+            }
+        }
     }
 
     /// False while the driver should stop reading: a passcode check under
@@ -444,6 +472,7 @@ impl StompConnection {
 
     fn write_error(&mut self, version: Version, err: &StompError, receipt: Option<String>) {
         info!(conn_id = self.conn_id, error = %err, "closing connection with ERROR");
+        self.encode_pending();
         let ef = error_frame(err);
         let mut w = FrameWriter::new(&mut self.out, version, Command::Error);
         w.header("message", &ef.message);
@@ -494,6 +523,9 @@ impl StompConnection {
             return;
         };
         while let Some(p) = open.receipts.pop_ready() {
+            if open.has_pending() {
+                open.encode_pending(&mut self.out, open.version, usize::MAX);
+            }
             if let Some(r) = &p.receipt {
                 let mut w = FrameWriter::new(&mut self.out, open.version, Command::Receipt);
                 w.header("receipt-id", r);
