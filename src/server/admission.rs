@@ -259,6 +259,22 @@ impl HandshakeDeadline {
     }
 }
 
+impl HandshakeDeadline {
+    /// Logs (throttled) that the connection is being closed for not
+    /// authenticating in time. The address is the ticket's (without the
+    /// port, which the task does not keep for this one line; none for a
+    /// cluster member's connection).
+    pub(crate) fn log_expired(&self, listener: &'static str, conn_id: u64) {
+        let state = &self.ticket.0;
+        if let Some(suppressed) = state.admission.log.admit(std::time::Instant::now()) {
+            tracing::warn!(
+                listener, peer = ?state.addr, conn = conn_id, suppressed,
+                "closing a connection not authenticated within [broker] connect_timeout_ms"
+            );
+        }
+    }
+}
+
 impl Future for HandshakeDeadline {
     type Output = ();
 

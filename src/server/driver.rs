@@ -29,7 +29,8 @@ use futures_util::task::AtomicWaker;
 use rosetta_neutral::{DeliveryBudget, EventSink, SessionEvent};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
-use tracing::Instrument;
+
+use crate::connections::RegistryGuard;
 
 /// Read buffer of a new (or quiet) connection: the buffer is per
 /// connection and most connections are idle, so it starts small.
@@ -127,8 +128,9 @@ impl Transport for tokio::net::TcpStream {
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Transport for tokio_rustls::server::TlsStream<S> {}
 
-/// The core's events for one connection, waiting for its task: a queue the
-/// core pushes to and the task takes whole.
+/// The core's events for one connection, waiting for its task, and the
+/// connection's delivery budget: the sink the core holds, and the queue
+/// the task takes its events from, in one allocation.
 ///
 /// Not a tokio mpsc channel: an unbounded channel allocates a 32-slot block
 /// (3 KiB here) per connection up front, which was the largest part of an
@@ -137,13 +139,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Transport for tokio_rustls::serve
 /// Unbounded in count, bounded in what matters: deliveries by the
 /// connection's [`DeliveryBudget`] in bytes (and by consumer credit),
 /// commits by the adapter's limit on pending commits.
-#[derive(Default)]
-pub(crate) struct EventQueue {
+pub(crate) struct ChannelSink {
     events: parking_lot::Mutex<VecDeque<SessionEvent>>,
     waker: AtomicWaker,
+    budget: Option<Arc<DeliveryBudget>>,
 }
 
-impl EventQueue {
+/// The task's side of a [`ChannelSink`]: the same allocation (see
+/// [`event_channel`]).
+pub(crate) type EventQueue = ChannelSink;
+
+impl ChannelSink {
     /// Moves every queued event into `batch` (which must be empty),
     /// or registers the task to be woken by the next push.
     fn poll_take_all(&self, cx: &mut Context<'_>, batch: &mut VecDeque<SessionEvent>) -> bool {
@@ -162,18 +168,24 @@ impl EventQueue {
     fn register(&self, cx: &mut Context<'_>) {
         self.waker.register(cx.waker());
     }
-}
 
-/// The sink the core holds for one connection.
-pub(crate) struct ChannelSink {
-    queue: Arc<EventQueue>,
-    budget: Option<Arc<DeliveryBudget>>,
+    /// Wakes the connection's task without an event (it then sees the
+    /// [`HardStop`]).
+    pub(crate) fn wake(&self) {
+        self.waker.wake();
+    }
+
+    /// The events queued and not yet taken, for tests.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> Vec<SessionEvent> {
+        self.events.lock().drain(..).collect()
+    }
 }
 
 impl EventSink for ChannelSink {
     fn send(&self, event: SessionEvent) {
-        self.queue.events.lock().push_back(event);
-        self.queue.waker.wake();
+        self.events.lock().push_back(event);
+        self.waker.wake();
     }
 
     fn budget(&self) -> Option<&Arc<DeliveryBudget>> {
@@ -181,65 +193,30 @@ impl EventSink for ChannelSink {
     }
 }
 
-/// A sink and the queue its events go to. With `budget_bytes`, deliveries
-/// waiting for the connection are bounded by a [`DeliveryBudget`] of that
-/// size, which wakes the connection's task when the core is to be resumed.
+/// A connection's sink, and the queue its events go to: one allocation,
+/// returned twice (the core's handle and the task's). With
+/// `budget_bytes`, deliveries waiting for the connection are bounded by a
+/// [`DeliveryBudget`] of that size, which wakes the connection's task when
+/// the core is to be resumed.
 pub(crate) fn event_channel(budget_bytes: Option<u64>) -> (Arc<ChannelSink>, Arc<EventQueue>) {
-    let queue = Arc::new(EventQueue::default());
-    let budget = budget_bytes.map(|bytes| {
-        let budget = DeliveryBudget::new(bytes);
-        let waker = Arc::clone(&queue);
-        budget.set_notify(Box::new(move || waker.waker.wake()));
-        budget
-    });
-    let sink = Arc::new(ChannelSink {
-        queue: Arc::clone(&queue),
-        budget,
-    });
-    (sink, queue)
-}
-
-/// How the driver treats a connection whose peer stops reading.
-#[derive(Debug, Clone)]
-pub(crate) struct SlowConsumerPolicy {
-    /// The connection's delivery budget (the sink's).
-    pub(crate) budget: Option<Arc<DeliveryBudget>>,
-    /// A connection that cannot write while its budget is full for this
-    /// long is closed as a slow consumer; `None` never closes it.
-    pub(crate) timeout: Option<Duration>,
-}
-
-impl SlowConsumerPolicy {
-    /// No budget, never closed (tests, in-process connections).
-    #[cfg(test)]
-    pub(crate) fn none() -> Self {
-        Self {
-            budget: None,
-            timeout: None,
+    let sink = Arc::new_cyclic(|me: &std::sync::Weak<ChannelSink>| {
+        let budget = budget_bytes.map(|bytes| {
+            let budget = DeliveryBudget::new(bytes);
+            let waker = me.clone();
+            budget.set_notify(Box::new(move || {
+                if let Some(sink) = waker.upgrade() {
+                    sink.wake();
+                }
+            }));
+            budget
+        });
+        ChannelSink {
+            events: parking_lot::Mutex::default(),
+            waker: AtomicWaker::new(),
+            budget,
         }
-    }
-}
-
-impl ChannelSink {
-    /// Wakes the connection's task without an event (it then sees the
-    /// [`HardStop`]).
-    pub(crate) fn wake(&self) {
-        self.queue.waker.wake();
-    }
-
-    /// The events queued and not yet taken, for tests.
-    #[cfg(test)]
-    pub(crate) fn queued(&self) -> Vec<SessionEvent> {
-        self.queue.events.lock().drain(..).collect()
-    }
-
-    /// The policy for this sink's connection.
-    pub(crate) fn slow_consumer_policy(&self, timeout: Option<Duration>) -> SlowConsumerPolicy {
-        SlowConsumerPolicy {
-            budget: self.budget.clone(),
-            timeout,
-        }
-    }
+    });
+    (Arc::clone(&sink), sink)
 }
 
 /// Set when the server's shutdown grace period is over: every connection
@@ -281,47 +258,66 @@ impl HardStop {
     }
 }
 
+/// What a connection's driver needs besides the protocol and the socket.
+pub(crate) struct DriverParts {
+    /// For the info lines the driver logs.
+    pub(crate) conn_id: u64,
+    /// The connection's events and delivery budget.
+    pub(crate) events: Arc<EventQueue>,
+    /// A connection that cannot write while its delivery budget is full
+    /// for this long is closed as a slow consumer; `None` never closes it.
+    pub(crate) slow_consumer_timeout: Option<Duration>,
+    /// The connection's span, entered on each poll (kept only when
+    /// enabled: see `protocols::serve_wire`).
+    pub(crate) span: tracing::Span,
+    pub(crate) hard_stop: Arc<HardStop>,
+    /// The connection's entry in the admin API's registry, held while the
+    /// driver runs.
+    pub(crate) registered: Option<RegistryGuard>,
+}
+
 /// The future that runs `conn` over `io` until either side closes.
 ///
 /// A plain function returning the driver, not an `async fn`: the latter
-/// would keep its arguments and the driver side by side in its state.
-pub(crate) fn drive<C, T>(
-    conn_id: u64,
-    conn: C,
-    io: T,
-    events: Arc<EventQueue>,
-    slow: SlowConsumerPolicy,
-    span: tracing::Span,
-    hard_stop: Arc<HardStop>,
-) -> impl Future<Output = ()> + Send
+/// would keep its arguments and the driver side by side in its state. The
+/// driver is a named type so that a plain TCP connection's task can be the
+/// driver itself (see `listener`): one allocation for the task, the
+/// driver and the protocol state.
+pub(crate) fn drive<C, T>(conn: C, io: T, parts: DriverParts) -> Driver<C, T>
 where
     C: ProtocolConnection,
     T: Transport,
 {
-    // `instrument` enters the span on each poll by reference; a span held
-    // in the driver would have to be cloned per poll to be entered while
-    // the driver is borrowed mutably.
+    let DriverParts {
+        conn_id,
+        events,
+        slow_consumer_timeout,
+        span,
+        hard_stop,
+        registered,
+    } = parts;
     Driver {
         conn_id,
         conn,
         io,
         events,
         hard_stop,
+        // A disabled span (the usual case: it is a debug span) is not kept:
+        // 40 bytes per idle connection for nothing.
+        span: (!span.is_disabled()).then(|| Box::new(span)),
+        _registered: registered,
         rbuf: Vec::new(),
-        read_size: READ_BUFFER_MIN_BYTES,
         out: Vec::new(),
         written: 0,
-        flushing: false,
         batch: VecDeque::new(),
         timer: None,
-        input_recheck: None,
-        slow,
-        write_stalled_since: None,
-        stall_timer: None,
-        farewell: None,
+        trouble: None,
+        slow_consumer_timeout_ms: slow_consumer_timeout
+            .map(|t| u32::try_from(t.as_millis()).unwrap_or(u32::MAX).max(1)),
+        read_size: READ_BUFFER_MIN_BYTES as u32,
+        flushing: false,
         phase: Phase::Running,
     }
-    .instrument(span)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -344,7 +340,12 @@ enum Step {
     Closed,
 }
 
-struct Driver<C, T> {
+/// A connection's driver (see [`drive`]).
+///
+/// Its size is part of every connection's memory (the task is the driver
+/// for a plain TCP connection), so what only a connection in trouble
+/// needs is in [`Trouble`], allocated while the trouble lasts.
+pub(crate) struct Driver<C, T> {
     /// For the info lines the driver logs (the connection's span is a
     /// debug one, see `run_wire`).
     conn_id: u64,
@@ -352,25 +353,37 @@ struct Driver<C, T> {
     io: T,
     events: Arc<EventQueue>,
     hard_stop: Arc<HardStop>,
+    span: Option<Box<tracing::Span>>,
+    _registered: Option<RegistryGuard>,
     /// Empty (unallocated) between reads when the transport reports
     /// readiness and the connection is quiet.
     rbuf: Vec<u8>,
-    /// The size of the next read: doubles while reads fill it, back to the
-    /// minimum when they do not.
-    read_size: usize,
     out: Vec<u8>,
     /// How much of `out` the transport has taken.
     written: usize,
-    /// `out` is written; the flush is pending.
-    flushing: bool,
     batch: VecDeque<SessionEvent>,
     /// Allocated the first time the protocol has a deadline.
     timer: Option<Pin<Box<Sleep>>>,
+    /// Back-pressure, a stalled write, a farewell: `None` while all is well.
+    trouble: Option<Box<Trouble>>,
+    /// The slow-consumer limit in ms (`None`: never closed as one).
+    slow_consumer_timeout_ms: Option<u32>,
+    /// The size of the next read: doubles while reads fill it, back to the
+    /// minimum when they do not.
+    read_size: u32,
+    /// `out` is written; the flush is pending.
+    flushing: bool,
+    phase: Phase,
+}
+
+/// What a driver holds only while its connection is in trouble: the
+/// protocol refused input (back-pressure), a write stalled, or the broker
+/// closed the connection and waits for its last frames to go.
+#[derive(Default)]
+struct Trouble {
     /// When a connection that stopped reading looks again (see
     /// [`INPUT_RECHECK_INTERVAL`]).
     input_recheck: Option<Instant>,
-    /// The delivery budget and the slow-consumer limit.
-    slow: SlowConsumerPolicy,
     /// Since when output has been waiting for a peer that does not read.
     write_stalled_since: Option<Instant>,
     /// The slow-consumer deadline, allocated while a write is stalled with
@@ -378,7 +391,15 @@ struct Driver<C, T> {
     stall_timer: Option<Pin<Box<Sleep>>>,
     /// Bounds the last write of a connection the broker closed.
     farewell: Option<Pin<Box<Sleep>>>,
-    phase: Phase,
+}
+
+impl Trouble {
+    fn is_over(&self) -> bool {
+        self.input_recheck.is_none()
+            && self.write_stalled_since.is_none()
+            && self.stall_timer.is_none()
+            && self.farewell.is_none()
+    }
 }
 
 // No field is pinned structurally (the timers are boxed, the rest is only
@@ -389,11 +410,33 @@ impl<C: ProtocolConnection, T: Transport> Future for Driver<C, T> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.get_mut().run(cx)
+        let this = self.get_mut();
+        // Taken out while the driver runs, which borrows it mutably.
+        let span = this.span.take();
+        let entered = span.as_deref().map(tracing::Span::enter);
+        let poll = this.run(cx);
+        drop(entered);
+        this.span = span;
+        poll
     }
 }
 
 impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
+    fn trouble(&mut self) -> &mut Trouble {
+        self.trouble.get_or_insert_with(Box::default)
+    }
+
+    /// Frees the trouble state once nothing in it is left.
+    fn end_trouble_if_over(&mut self) {
+        if self.trouble.as_ref().is_some_and(|t| t.is_over()) {
+            self.trouble = None;
+        }
+    }
+
+    fn write_stalled_since(&self) -> Option<Instant> {
+        self.trouble.as_ref()?.write_stalled_since
+    }
+
     fn run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         for _ in 0..TURNS_PER_POLL {
             if self.phase == Phase::Done {
@@ -408,7 +451,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 }
                 return self.finish();
             }
-            if let Some(farewell) = &mut self.farewell {
+            if let Some(farewell) = self.trouble.as_mut().and_then(|t| t.farewell.as_mut()) {
                 if farewell.as_mut().poll(cx).is_ready() {
                     tracing::debug!("peer took no farewell; cutting the connection");
                     return self.finish();
@@ -438,7 +481,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 }
                 Phase::Running => {}
             }
-            if let Some(budget) = &self.slow.budget {
+            if let Some(budget) = &self.events.budget {
                 // Room came back since the core turned a delivery away:
                 // let it dispatch again (outside any adapter call).
                 budget.resume_if_due();
@@ -458,8 +501,8 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                     // peer would stay connected until some unrelated timer
                     // fired.
                     self.events.register(cx);
-                    if self.written < self.out.len() && self.write_stalled_since.is_none() {
-                        self.write_stalled_since = Some(Instant::now());
+                    if self.written < self.out.len() && self.write_stalled_since().is_none() {
+                        self.trouble().write_stalled_since = Some(Instant::now());
                         // Arms the deadline if the core is waiting already.
                         if self.poll_slow_consumer(cx) {
                             continue;
@@ -495,6 +538,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 }
             }
             if !progress && self.phase == Phase::Running {
+                self.end_trouble_if_over();
                 return Poll::Pending;
             }
         }
@@ -509,9 +553,9 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
     /// own flow control (unsettled deliveries, a closed AMQP session
     /// window) while its socket takes everything is not slow.
     fn slow_consumer_deadline(&self) -> Option<Instant> {
-        let timeout = self.slow.timeout?;
-        let held_back = self.slow.budget.as_ref()?.held_back_since()?;
-        let stalled = self.write_stalled_since?;
+        let timeout = Duration::from_millis(u64::from(self.slow_consumer_timeout_ms?));
+        let held_back = self.events.budget.as_ref()?.held_back_since()?;
+        let stalled = self.write_stalled_since()?;
         Some(held_back.max(stalled) + timeout)
     }
 
@@ -519,13 +563,15 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
     /// arms the timer that wakes the task at the deadline.
     fn poll_slow_consumer(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(deadline) = self.slow_consumer_deadline() else {
-            self.stall_timer = None;
+            if let Some(trouble) = &mut self.trouble {
+                trouble.stall_timer = None;
+            }
             return false;
         };
         let now = Instant::now();
         if now < deadline {
             let at = tokio::time::Instant::from_std(deadline);
-            let timer = match &mut self.stall_timer {
+            let timer = match &mut self.trouble().stall_timer {
                 Some(timer) => {
                     if timer.deadline() != at {
                         timer.as_mut().reset(at);
@@ -538,20 +584,20 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 return false;
             }
         }
-        self.stall_timer = None;
+        self.trouble().stall_timer = None;
         let budget = self
-            .slow
+            .events
             .budget
             .as_ref()
             .map(|b| (b.used_bytes(), b.max_bytes()));
         tracing::info!(
             conn_id = self.conn_id,
             ?budget,
-            timeout_ms = self.slow.timeout.map(|t| t.as_millis()),
+            timeout_ms = self.slow_consumer_timeout_ms,
             "slow consumer: the peer stopped reading; closing"
         );
         self.conn.handle_slow_consumer(now);
-        self.farewell = Some(Box::pin(tokio::time::sleep(FAREWELL_TIMEOUT)));
+        self.trouble().farewell = Some(Box::pin(tokio::time::sleep(FAREWELL_TIMEOUT)));
         self.phase = Phase::ShuttingDown;
         true
     }
@@ -583,7 +629,9 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 self.written += n;
                 self.flushing = true;
                 // The peer took bytes: whatever stall there was is over.
-                self.write_stalled_since = None;
+                if let Some(trouble) = &mut self.trouble {
+                    trouble.write_stalled_since = None;
+                }
             }
             if self.flushing {
                 std::task::ready!(Pin::new(&mut self.io).poll_flush(cx))?;
@@ -629,11 +677,18 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         // nothing else may wake it when the pressure goes: a pure publisher
         // gets no events.
         if self.conn.wants_input() {
-            self.input_recheck = None;
-        } else if self.input_recheck.is_none() {
-            self.input_recheck = Some(Instant::now() + INPUT_RECHECK_INTERVAL);
+            if let Some(trouble) = &mut self.trouble {
+                trouble.input_recheck = None;
+            }
+        } else if self
+            .trouble
+            .as_ref()
+            .is_none_or(|t| t.input_recheck.is_none())
+        {
+            self.trouble().input_recheck = Some(Instant::now() + INPUT_RECHECK_INTERVAL);
         }
-        let deadline = match (self.conn.poll_timeout(), self.input_recheck) {
+        let input_recheck = self.trouble.as_ref().and_then(|t| t.input_recheck);
+        let deadline = match (self.conn.poll_timeout(), input_recheck) {
             (Some(a), Some(b)) => a.min(b),
             (Some(a), None) | (None, Some(a)) => a,
             (None, None) => {
@@ -658,8 +713,8 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
             return Step::Idle;
         }
         let now = Instant::now();
-        if self.input_recheck.is_some_and(|t| now >= t) {
-            self.input_recheck = None;
+        if input_recheck.is_some_and(|t| now >= t) {
+            self.trouble().input_recheck = None;
         }
         if self.conn.poll_timeout().is_some_and(|t| now >= t) {
             self.conn.handle_timeout(now);
@@ -690,8 +745,8 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 Step::Closed
             }
             Poll::Ready(Ok(n)) => {
-                self.read_size = next_read_size(self.read_size, n);
-                if self.read_size == READ_BUFFER_MIN_BYTES && self.io.reports_readiness() {
+                self.read_size = next_read_size(self.read_size as usize, n) as u32;
+                if self.read_size as usize == READ_BUFFER_MIN_BYTES && self.io.reports_readiness() {
                     // Quiet: wait for the next bytes without a buffer. A
                     // lent buffer holding part of a frame is kept.
                     self.rbuf = Vec::new();
@@ -706,8 +761,9 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
 
     /// Reads into the driver's own buffer and hands the protocol a slice.
     fn poll_read_own(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.rbuf.len() != self.read_size {
-            self.rbuf.resize(self.read_size, 0);
+        let size = self.read_size as usize;
+        if self.rbuf.len() != size {
+            self.rbuf.resize(size, 0);
             self.rbuf.shrink_to_fit();
         }
         let mut buf = ReadBuf::new(&mut self.rbuf);
@@ -725,7 +781,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         let Some(buf) = self.conn.input_buffer() else {
             return Poll::Ready(Ok(0));
         };
-        buf.reserve(self.read_size);
+        buf.reserve(self.read_size as usize);
         let n = std::task::ready!(tokio_util::io::poll_read_buf(
             Pin::new(&mut self.io),
             cx,
@@ -800,16 +856,15 @@ mod tests {
             echoed: Vec::new(),
         };
         let (_sink, events) = event_channel(None);
-        let stop = Arc::new(HardStop::default());
-        let task = tokio::spawn(drive(
-            1,
-            conn,
-            server,
+        let parts = DriverParts {
+            conn_id: 1,
             events,
-            SlowConsumerPolicy::none(),
-            tracing::Span::none(),
-            stop,
-        ));
+            slow_consumer_timeout: None,
+            span: tracing::Span::none(),
+            hard_stop: Arc::new(HardStop::default()),
+            registered: None,
+        };
+        let task = tokio::spawn(drive(conn, server, parts));
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         client.write_all(b"ping").await.expect("write");
         let mut buf = [0u8; 4];

@@ -12,7 +12,8 @@ use rosetta_neutral::{Broker, SessionEvent};
 use rosetta_config::ListenerKind;
 
 use super::admission::{AdmittedBroker, Ticket};
-use super::driver::{self, ProtocolConnection};
+use super::driver::{self, Driver, DriverParts, ProtocolConnection};
+use super::listener::{ConnectionTask, TaskTail};
 use super::Shared;
 
 /// Who is on the other end of a connection, as far as the transport knows.
@@ -152,6 +153,41 @@ forward_protocol_connection!(rosetta_amqp::AmqpConnection, lends_input_buffer);
 /// A connection's whole life, boxed: see [`serve`].
 pub(crate) type ConnectionFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
+/// Starts the task of one accepted TCP connection on a listener of
+/// `kind`; `tail` is what the task holds besides the connection (see
+/// [`super::listener::ConnectionTask`]).
+///
+/// A plain MQTT, STOMP or AMQP connection's task is its driver itself:
+/// one allocation for the tokio task, the driver and the protocol state
+/// (issue 20: the task and the boxed driver beside it were the largest
+/// items of an idle connection). Every other path (TLS, WebSocket,
+/// protocol detection, the cluster's proxy) runs as a boxed future of its
+/// own inside the task, which boxes its driver once the protocol is known.
+pub(crate) fn spawn(
+    kind: ListenerKind,
+    stream: tokio::net::TcpStream,
+    peer: Peer,
+    conn_id: u64,
+    shared: Arc<Shared>,
+    tail: TaskTail,
+) {
+    let plain = match kind {
+        ListenerKind::Mqtt => Some(Wire::Mqtt),
+        ListenerKind::Stomp => Some(Wire::Stomp),
+        ListenerKind::Amqp => Some(Wire::Amqp),
+        _ => None,
+    };
+    match plain {
+        Some(wire) if super::proxy::applies(&shared, wire, peer.listener).is_none() => {
+            serve_wire(wire, stream, peer, conn_id, shared, Spawn(tail));
+        }
+        _ => {
+            let connection = serve(kind, stream, peer, conn_id, shared);
+            tokio::spawn(ConnectionTask::new(connection, tail));
+        }
+    }
+}
+
 /// Serves one accepted TCP connection on a listener of `kind`.
 ///
 /// A plain function returning the boxed future, not an `async fn`: a
@@ -235,27 +271,56 @@ where
             let verdict =
                 super::proxy::intercept(wire, io, peer, conn_id, &shared, &node, limits).await;
             if let super::proxy::Verdict::ServeHere(io, peer) = verdict {
-                serve_wire(wire, io, peer, conn_id, shared).await;
+                serve_wire(wire, io, peer, conn_id, shared, Boxed).await;
             }
         });
     }
-    Box::pin(serve_wire(wire, io, peer, conn_id, shared))
+    serve_wire(wire, io, peer, conn_id, shared, Boxed)
+}
+
+/// What becomes of a connection's driver once it is built.
+pub(crate) trait Launch<T> {
+    type Output;
+    fn launch<C: ProtocolConnection>(self, driver: Driver<C, T>) -> Self::Output;
+}
+
+/// Boxes the driver, for a connection whose task already runs (TLS,
+/// WebSocket, protocol detection, the proxy's verdict).
+struct Boxed;
+
+impl<T: driver::Transport + 'static> Launch<T> for Boxed {
+    type Output = ConnectionFuture;
+    fn launch<C: ProtocolConnection>(self, driver: Driver<C, T>) -> ConnectionFuture {
+        Box::pin(driver)
+    }
+}
+
+/// Spawns the driver as the connection's task (plain TCP).
+struct Spawn(TaskTail);
+
+impl<T: driver::Transport + 'static> Launch<T> for Spawn {
+    type Output = ();
+    fn launch<C: ProtocolConnection>(self, driver: Driver<C, T>) {
+        tokio::spawn(ConnectionTask::new(driver, self.0));
+    }
 }
 
 /// Runs the state machine of `wire` over any byte transport, here.
 ///
-/// The setup happens when this is called; the future returned owns only
-/// what the connection needs while it runs (its registry entry and its
-/// boxed driver), not the arguments (see [`serve`]).
-fn serve_wire<T>(
+/// The setup happens when this is called; `launch` gets the driver, which
+/// owns what the connection needs while it runs (its registry entry
+/// among them), not the arguments (see [`serve`]).
+fn serve_wire<T, L>(
     wire: Wire,
     io: T,
     peer: Peer,
     conn_id: u64,
     shared: Arc<Shared>,
-) -> impl Future<Output = ()> + Send
+    launch: L,
+) -> L::Output
 where
     T: driver::Transport + 'static,
+    L: Launch<T>,
 {
     // A debug span, not an info one: an enabled span costs each connection
     // its slot in the subscriber's registry, an extension map and the
@@ -278,10 +343,15 @@ where
         },
         sink.clone(),
     );
-    let slow = sink.slow_consumer_policy(
-        (limits.slow_consumer_timeout_ms > 0)
+    let parts = DriverParts {
+        conn_id,
+        events,
+        slow_consumer_timeout: (limits.slow_consumer_timeout_ms > 0)
             .then(|| std::time::Duration::from_millis(limits.slow_consumer_timeout_ms)),
-    );
+        span,
+        hard_stop: Arc::clone(&shared.hard_stop),
+        registered: Some(registered),
+    };
     // The adapter's broker: the core, and the signal that the connection
     // has authenticated (see `admission`).
     let broker: Arc<dyn Broker> = Arc::new(
@@ -290,32 +360,25 @@ where
     );
     let now = Instant::now();
     let user = peer.certificate_user;
-    let stop = Arc::clone(&shared.hard_stop);
-    // Each driver is boxed: see `serve`.
-    let driver: ConnectionFuture = match wire {
+    match wire {
         Wire::Stomp => {
             let config = stomp_config(&shared.config);
             let conn = rosetta_stomp::StompConnection::new(config, broker, sink, conn_id, now)
                 .with_certificate_user(user);
-            Box::pin(driver::drive(conn_id, conn, io, events, slow, span, stop))
+            launch.launch(driver::drive(conn, io, parts))
         }
         Wire::Mqtt => {
             let config = mqtt_config(&shared.config);
             let conn = rosetta_mqtt::MqttConnection::new(config, broker, sink, conn_id, now)
                 .with_certificate_user(user);
-            Box::pin(driver::drive(conn_id, conn, io, events, slow, span, stop))
+            launch.launch(driver::drive(conn, io, parts))
         }
         Wire::Amqp => {
             let config = amqp_config(&shared.config);
             let conn = rosetta_amqp::AmqpConnection::new(config, broker, sink, conn_id, now)
                 .with_certificate_user(user);
-            Box::pin(driver::drive(conn_id, conn, io, events, slow, span, stop))
+            launch.launch(driver::drive(conn, io, parts))
         }
-    };
-    async move {
-        // In the registry while the driver runs.
-        let _registered = registered;
-        driver.await;
     }
 }
 
