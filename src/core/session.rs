@@ -90,7 +90,7 @@ impl CoreSession {
         let id = inner
             .next_session
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let origin = info.client_id.as_deref().map(Arc::from);
+        let origin = info.client_id.clone();
         let shared = Arc::new(SessionShared {
             id,
             info,

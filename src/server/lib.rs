@@ -64,6 +64,8 @@ pub use view::BrokerView;
 pub(crate) struct Shared {
     pub(crate) core: Core,
     pub(crate) config: Config,
+    /// The protocol adapters' settings, from `config`.
+    pub(crate) adapters: protocols::AdapterConfigs,
     next_conn_id: AtomicU64,
     /// Set when connections must stop now (end of the grace period).
     pub(crate) hard_stop: Arc<driver::HardStop>,
@@ -256,6 +258,7 @@ pub async fn start(
     let shared = Arc::new(Shared {
         core,
         config: config.clone(),
+        adapters: protocols::AdapterConfigs::new(&config),
         next_conn_id: AtomicU64::new(1),
         hard_stop: Arc::default(),
         tls,

@@ -362,22 +362,40 @@ where
     let user = peer.certificate_user;
     match wire {
         Wire::Stomp => {
-            let config = stomp_config(&shared.config);
+            let config = shared.adapters.stomp.clone();
             let conn = rosetta_stomp::StompConnection::new(config, broker, sink, conn_id, now)
                 .with_certificate_user(user);
             launch.launch(driver::drive(conn, io, parts))
         }
         Wire::Mqtt => {
-            let config = mqtt_config(&shared.config);
+            let config = Arc::clone(&shared.adapters.mqtt);
             let conn = rosetta_mqtt::MqttConnection::new(config, broker, sink, conn_id, now)
                 .with_certificate_user(user);
             launch.launch(driver::drive(conn, io, parts))
         }
         Wire::Amqp => {
-            let config = amqp_config(&shared.config);
+            let config = shared.adapters.amqp.clone();
             let conn = rosetta_amqp::AmqpConnection::new(config, broker, sink, conn_id, now)
                 .with_certificate_user(user);
             launch.launch(driver::drive(conn, io, parts))
+        }
+    }
+}
+
+/// The adapters' configurations, made once per server from its
+/// configuration: a connection shares its adapter's (or copies it).
+pub(crate) struct AdapterConfigs {
+    pub(crate) mqtt: Arc<rosetta_mqtt::MqttConfig>,
+    pub(crate) stomp: rosetta_stomp::StompConfig,
+    pub(crate) amqp: rosetta_amqp::AmqpConfig,
+}
+
+impl AdapterConfigs {
+    pub(crate) fn new(config: &rosetta_config::Config) -> Self {
+        Self {
+            mqtt: Arc::new(mqtt_config(config)),
+            stomp: stomp_config(config),
+            amqp: amqp_config(config),
         }
     }
 }

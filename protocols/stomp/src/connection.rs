@@ -607,7 +607,7 @@ impl StompConnection {
                 protocol: Protocol::Stomp,
                 principal,
                 take_over: client_id.is_some(),
-                client_id,
+                client_id: client_id.map(Arc::from),
             },
             Arc::clone(&self.sink),
         );

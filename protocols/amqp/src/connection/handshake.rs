@@ -239,7 +239,7 @@ impl AmqpConnection {
             conn_id: self.conn_id,
             protocol: Protocol::Amqp,
             principal,
-            client_id: Some(open.container_id),
+            client_id: Some(open.container_id.into()),
             take_over: false,
         };
         let core = self.broker.open_session(info, self.sink.clone());

@@ -8,7 +8,8 @@
 //! password check that runs elsewhere parks the CONNECT in
 //! [`CheckingLogin`] until [`MqttConnection::on_login_checked`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mqttbytes::v5::ConnAckProperties;
@@ -210,16 +211,23 @@ impl MqttConnection {
         let cfg = &self.config;
 
         let mut assigned = None;
-        let client_id = if c.client_id.is_empty() {
+        let client_id: Arc<str> = if c.client_id.is_empty() {
             let id = format!("rosetta-{}-{}", self.conn_id, self.clock.epoch_ms(now));
             if v5 {
                 assigned = Some(id.clone());
             }
-            id
+            id.into()
         } else {
-            c.client_id.clone()
+            c.client_id.as_str().into()
         };
-        let user = principal.user.clone();
+        // Re-authentication (AUTH) proves the same user again.
+        let reauth = enhanced.as_ref().map(|e| {
+            Box::new(super::Reauth {
+                method: e.method.clone(),
+                user: principal.user.clone(),
+                pending: None,
+            })
+        });
 
         let life = lifetime(&c, cfg.session_expiry_max_s, cfg.v311_session_expiry_s);
         // The will is checked before anything is created.
@@ -266,7 +274,7 @@ impl MqttConnection {
                 conn_id: self.conn_id,
                 protocol: Protocol::Mqtt,
                 principal,
-                client_id: Some(client_id.clone()),
+                client_id: Some(Arc::clone(&client_id)),
                 take_over: true,
             },
             self.sink.clone(),
@@ -402,9 +410,9 @@ impl MqttConnection {
                 if c.props.request_response_information == Some(1) {
                     props.response_information = Some(response_information(&client_id));
                 }
-                if let Some(e) = &enhanced {
-                    props.authentication_method = Some(e.method.clone());
-                    props.authentication_data = Some(e.data.clone());
+                if let Some(e) = enhanced {
+                    props.authentication_method = Some(e.method);
+                    props.authentication_data = Some(e.data);
                 }
                 let max = c.props.maximum_packet_size;
                 if let Err(e) = encode::connack_v5(session_present, 0, props, max, &mut self.out) {
@@ -415,17 +423,18 @@ impl MqttConnection {
         }
         tracing::debug!(conn_id = self.conn_id, client_id = %client_id, ?c.version, session_present, "connected");
 
+        // The certificate's user was needed for the login only.
+        self.certificate_user = None;
         let mut open = Open {
             version: c.version,
             session,
             client_id,
-            session_queue: queue,
             session_consumer: consumer,
             session_expiry_s: life.expiry_s,
+            window,
             shared: BTreeMap::new(),
             keep_alive_timeout,
             last_input: now,
-            window,
             client_packet_max: c.props.maximum_packet_size,
             client_alias_max: c.props.topic_alias_maximum.unwrap_or(0),
             problem_info: c.props.request_problem_information != Some(0),
@@ -434,14 +443,11 @@ impl MqttConnection {
             held: VecDeque::new(),
             unsent_qos0: Vec::new(),
             acked: Vec::new(),
-            out_aliases: HashMap::new(),
-            in_aliases: HashMap::new(),
             acks: VecDeque::new(),
             qos1_pending: 0,
             awaiting_rel,
-            auth_method: enhanced.map(|e| e.method),
-            user,
-            reauth: None,
+            aliases: None,
+            reauth,
         };
         if session_present {
             open.restore_own_subs(&self.config, self.conn_id);
@@ -562,7 +568,7 @@ impl Open {
             // DISCONNECT gets here). A re-declare cannot turn a lasting
             // queue into a connection-scoped one, so end the session now,
             // as a clean start would: a reconnect must not find it.
-            match self.session.delete_queue(&self.session_queue) {
+            match self.session.delete_queue(&self.session_queue()) {
                 Ok(()) | Err(BrokerError::NotFound(_)) => {}
                 Err(e) => tracing::warn!(error = %e, "could not end the session"),
             }
@@ -583,7 +589,7 @@ impl Open {
             s => QueueLifetime::IdleFor(Duration::from_secs(u64::from(s))),
         };
         let r = self.session.declare_queue(QueueSpec {
-            name: Some(self.session_queue.clone()),
+            name: Some(self.session_queue()),
             durable: expiry_s > 0,
             lifetime,
             // Keeps the subscription cap set at CONNECT.
