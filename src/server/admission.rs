@@ -296,7 +296,8 @@ pub(crate) struct AdmittedBroker {
     core: Core,
     ticket: Ticket,
     /// `[cluster]`'s balancer, and what it needs to know of the transport.
-    placement: Option<Placer>,
+    /// Boxed: one handle per connection, and most nodes have no cluster.
+    placement: Option<Box<Placer>>,
 }
 
 impl AdmittedBroker {
@@ -313,13 +314,15 @@ impl AdmittedBroker {
     pub(crate) fn with_placement(mut self, cluster: Option<Arc<ClusterNode>>, peer: &Peer) -> Self {
         // A client another node proxied here was placed there.
         let cluster = cluster.filter(|_| !peer.proxied);
-        self.placement = cluster.map(|cluster| Placer {
-            cluster,
-            transport: Transport {
-                listener: peer.listener,
-                source: peer.addr.ip(),
-                sni_host: peer.sni_host.clone(),
-            },
+        self.placement = cluster.map(|cluster| {
+            Box::new(Placer {
+                cluster,
+                transport: Transport {
+                    listener: peer.listener,
+                    source: peer.addr.ip(),
+                    sni_host: peer.sni_host.clone(),
+                },
+            })
         });
         self
     }

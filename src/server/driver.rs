@@ -143,6 +143,10 @@ pub(crate) struct ChannelSink {
     events: parking_lot::Mutex<VecDeque<SessionEvent>>,
     waker: AtomicWaker,
     budget: Option<Arc<DeliveryBudget>>,
+    /// The server's hard stop, which the task checks on each turn: here
+    /// rather than in the task, whose size is per connection too and
+    /// counts in steps of 128 bytes (issue 20).
+    hard_stop: Arc<HardStop>,
 }
 
 /// The task's side of a [`ChannelSink`]: the same allocation (see
@@ -197,8 +201,18 @@ impl EventSink for ChannelSink {
 /// returned twice (the core's handle and the task's). With
 /// `budget_bytes`, deliveries waiting for the connection are bounded by a
 /// [`DeliveryBudget`] of that size, which wakes the connection's task when
-/// the core is to be resumed.
+/// the core is to be resumed. Its own hard stop, never set (tests, and
+/// connections no server stops).
 pub(crate) fn event_channel(budget_bytes: Option<u64>) -> (Arc<ChannelSink>, Arc<EventQueue>) {
+    event_channel_with(budget_bytes, Arc::default())
+}
+
+/// [`event_channel`] for a connection of a server, whose hard stop it
+/// obeys.
+pub(crate) fn event_channel_with(
+    budget_bytes: Option<u64>,
+    hard_stop: Arc<HardStop>,
+) -> (Arc<ChannelSink>, Arc<EventQueue>) {
     let sink = Arc::new_cyclic(|me: &std::sync::Weak<ChannelSink>| {
         let budget = budget_bytes.map(|bytes| {
             let budget = DeliveryBudget::new(bytes);
@@ -214,6 +228,7 @@ pub(crate) fn event_channel(budget_bytes: Option<u64>) -> (Arc<ChannelSink>, Arc
             events: parking_lot::Mutex::default(),
             waker: AtomicWaker::new(),
             budget,
+            hard_stop,
         }
     });
     (Arc::clone(&sink), sink)
@@ -270,7 +285,6 @@ pub(crate) struct DriverParts {
     /// The connection's span, entered on each poll (kept only when
     /// enabled: see `protocols::serve_wire`).
     pub(crate) span: tracing::Span,
-    pub(crate) hard_stop: Arc<HardStop>,
     /// The connection's entry in the admin API's registry, held while the
     /// driver runs.
     pub(crate) registered: Option<RegistryGuard>,
@@ -293,7 +307,6 @@ where
         events,
         slow_consumer_timeout,
         span,
-        hard_stop,
         registered,
     } = parts;
     Driver {
@@ -301,19 +314,19 @@ where
         conn,
         io,
         events,
-        hard_stop,
         // A disabled span (the usual case: it is a debug span) is not kept:
         // 40 bytes per idle connection for nothing.
         span: (!span.is_disabled()).then(|| Box::new(span)),
         _registered: registered,
-        rbuf: Vec::new(),
+        rbuf: Box::default(),
         out: Vec::new(),
         written: 0,
         batch: VecDeque::new(),
         timer: None,
         trouble: None,
-        slow_consumer_timeout_ms: slow_consumer_timeout
-            .map(|t| u32::try_from(t.as_millis()).unwrap_or(u32::MAX).max(1)),
+        slow_consumer_timeout_ms: slow_consumer_timeout.map_or(0, |t| {
+            u32::try_from(t.as_millis()).unwrap_or(u32::MAX).max(1)
+        }),
         read_size: READ_BUFFER_MIN_BYTES as u32,
         flushing: false,
         phase: Phase::Running,
@@ -352,22 +365,23 @@ pub(crate) struct Driver<C, T> {
     conn: C,
     io: T,
     events: Arc<EventQueue>,
-    hard_stop: Arc<HardStop>,
     span: Option<Box<tracing::Span>>,
     _registered: Option<RegistryGuard>,
     /// Empty (unallocated) between reads when the transport reports
-    /// readiness and the connection is quiet.
-    rbuf: Vec<u8>,
+    /// readiness and the connection is quiet. Always exactly the read's
+    /// size, so a boxed slice (16 bytes) rather than a vector (24).
+    rbuf: Box<[u8]>,
     out: Vec<u8>,
-    /// How much of `out` the transport has taken.
-    written: usize,
+    /// How much of `out` the transport has taken (a turn's output is far
+    /// below 4 GiB: the delivery budget and the adapters' limits bound it).
+    written: u32,
     batch: VecDeque<SessionEvent>,
     /// Allocated the first time the protocol has a deadline.
     timer: Option<Pin<Box<Sleep>>>,
     /// Back-pressure, a stalled write, a farewell: `None` while all is well.
     trouble: Option<Box<Trouble>>,
-    /// The slow-consumer limit in ms (`None`: never closed as one).
-    slow_consumer_timeout_ms: Option<u32>,
+    /// The slow-consumer limit in ms (0: never closed as one).
+    slow_consumer_timeout_ms: u32,
     /// The size of the next read: doubles while reads fill it, back to the
     /// minimum when they do not.
     read_size: u32,
@@ -433,6 +447,11 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         }
     }
 
+    /// Whether part of `out` is still to be written.
+    fn unwritten(&self) -> bool {
+        (self.written as usize) < self.out.len()
+    }
+
     fn write_stalled_since(&self) -> Option<Instant> {
         self.trouble.as_ref()?.write_stalled_since
     }
@@ -444,7 +463,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
             }
             // Checked in every phase: a peer that stops reading must not
             // hold a closing or shutting-down server.
-            if self.hard_stop.is_stopped() {
+            if self.events.hard_stop.is_stopped() {
                 tracing::debug!("shutdown grace period over; cutting the connection");
                 if self.phase == Phase::Running {
                     self.conn.handle_transport_closed(Instant::now());
@@ -471,7 +490,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                         tracing::debug!(error = %e, "write failed while closing");
                         return self.finish();
                     }
-                    if self.written < self.out.len() || self.flushing {
+                    if self.unwritten() || self.flushing {
                         return Poll::Pending;
                     }
                     return match Pin::new(&mut self.io).poll_shutdown(cx) {
@@ -501,7 +520,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                     // peer would stay connected until some unrelated timer
                     // fired.
                     self.events.register(cx);
-                    if self.written < self.out.len() && self.write_stalled_since().is_none() {
+                    if self.unwritten() && self.write_stalled_since().is_none() {
                         self.trouble().write_stalled_since = Some(Instant::now());
                         // Arms the deadline if the core is waiting already.
                         if self.poll_slow_consumer(cx) {
@@ -553,7 +572,10 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
     /// own flow control (unsettled deliveries, a closed AMQP session
     /// window) while its socket takes everything is not slow.
     fn slow_consumer_deadline(&self) -> Option<Instant> {
-        let timeout = Duration::from_millis(u64::from(self.slow_consumer_timeout_ms?));
+        if self.slow_consumer_timeout_ms == 0 {
+            return None;
+        }
+        let timeout = Duration::from_millis(u64::from(self.slow_consumer_timeout_ms));
         let held_back = self.events.budget.as_ref()?.held_back_since()?;
         let stalled = self.write_stalled_since()?;
         Some(held_back.max(stalled) + timeout)
@@ -612,21 +634,22 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
     /// Ready(Ok) once everything is written and flushed.
     fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         loop {
-            if self.written == self.out.len() && !self.flushing {
+            if !self.unwritten() && !self.flushing {
                 self.release_out();
                 self.conn.poll_transmit(&mut self.out);
                 if self.out.is_empty() {
                     return Poll::Ready(Ok(()));
                 }
             }
-            while self.written < self.out.len() {
+            while self.unwritten() {
                 let n = std::task::ready!(
-                    Pin::new(&mut self.io).poll_write(cx, &self.out[self.written..])
+                    Pin::new(&mut self.io).poll_write(cx, &self.out[self.written as usize..])
                 )?;
                 if n == 0 {
                     return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
                 }
-                self.written += n;
+                // At most what is left of `out` (see `written`).
+                self.written += u32::try_from(n).unwrap_or(u32::MAX);
                 self.flushing = true;
                 // The peer took bytes: whatever stall there was is over.
                 if let Some(trouble) = &mut self.trouble {
@@ -749,7 +772,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 if self.read_size as usize == READ_BUFFER_MIN_BYTES && self.io.reports_readiness() {
                     // Quiet: wait for the next bytes without a buffer. A
                     // lent buffer holding part of a frame is kept.
-                    self.rbuf = Vec::new();
+                    self.rbuf = Box::default();
                     if let Some(buf) = self.conn.input_buffer().filter(|b| b.is_empty()) {
                         *buf = BytesMut::new();
                     }
@@ -763,8 +786,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
     fn poll_read_own(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         let size = self.read_size as usize;
         if self.rbuf.len() != size {
-            self.rbuf.resize(size, 0);
-            self.rbuf.shrink_to_fit();
+            self.rbuf = vec![0; size].into_boxed_slice();
         }
         let mut buf = ReadBuf::new(&mut self.rbuf);
         std::task::ready!(Pin::new(&mut self.io).poll_read(cx, &mut buf))?;
@@ -861,7 +883,6 @@ mod tests {
             events,
             slow_consumer_timeout: None,
             span: tracing::Span::none(),
-            hard_stop: Arc::new(HardStop::default()),
             registered: None,
         };
         let task = tokio::spawn(drive(conn, server, parts));

@@ -331,7 +331,10 @@ where
     // brings the span (id, protocol, peer) back on every line.
     let span = tracing::debug_span!("conn", id = conn_id, proto = wire.name(), %peer);
     let limits = &shared.config.broker;
-    let (sink, events) = driver::event_channel(Some(limits.delivery_buffer_bytes_max));
+    let (sink, events) = driver::event_channel_with(
+        Some(limits.delivery_buffer_bytes_max),
+        Arc::clone(&shared.hard_stop),
+    );
     let registered = shared.connections.enter(
         crate::connections::ConnectionInfo {
             id: conn_id,
@@ -349,7 +352,6 @@ where
         slow_consumer_timeout: (limits.slow_consumer_timeout_ms > 0)
             .then(|| std::time::Duration::from_millis(limits.slow_consumer_timeout_ms)),
         span,
-        hard_stop: Arc::clone(&shared.hard_stop),
         registered: Some(registered),
     };
     // The adapter's broker: the core, and the signal that the connection
