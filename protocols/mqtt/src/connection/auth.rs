@@ -63,7 +63,12 @@ pub(super) struct EnhancedAuth {
 impl MqttConnection {
     /// A v5 CONNECT naming SCRAM-SHA-256: answers client-first with AUTH
     /// 0x18 carrying server-first, or refuses.
-    pub(super) fn start_enhanced_auth(&mut self, deadline: Instant, c: ConnectPacket) {
+    pub(super) fn start_enhanced_auth(
+        &mut self,
+        deadline: Instant,
+        certificate_user: Option<&str>,
+        c: ConnectPacket,
+    ) {
         let client_first = c.props.authentication_data.clone().unwrap_or_default();
         let lookup = |user: &str| self.broker.scram_credentials(user);
         let refusal = match scram::server_first(&client_first, lookup) {
@@ -73,12 +78,7 @@ impl MqttConnection {
                     CONNACK_BAD_CREDENTIALS,
                     "user name differs from the SCRAM user",
                 ),
-                _ if check_certificate_user(
-                    self.certificate_user.as_deref(),
-                    Some(pending.user()),
-                )
-                .is_err() =>
-                {
+                _ if check_certificate_user(certificate_user, Some(pending.user())).is_err() => {
                     let e = rosetta_neutral::AuthError::CertificateMismatch;
                     Refusal::new(auth_reason(&e), e.to_string())
                 }

@@ -19,7 +19,7 @@ use rosetta_neutral::{
 };
 
 use super::auth::EnhancedAuth;
-use super::{MqttConnection, Open, State};
+use super::{AwaitConnect, MqttConnection, Open, State};
 use crate::codec::{encode, CodecError, ConnectPacket, ReasonPacket, Version};
 use crate::config::MqttConfig;
 use crate::convert::inbound_message;
@@ -68,18 +68,24 @@ struct Lifetime {
 }
 
 impl MqttConnection {
-    pub(super) fn on_connect(&mut self, now: Instant, deadline: Instant, c: ConnectPacket) {
+    /// A CONNECT, taken in state `waiting` (which the caller left for
+    /// `Closed`: every path below sets the next state).
+    pub(super) fn on_connect(&mut self, now: Instant, waiting: AwaitConnect, c: ConnectPacket) {
+        let AwaitConnect {
+            deadline,
+            certificate_user,
+        } = waiting;
         if let Err(refusal) = check_connect(&c, &self.config) {
             return self.refuse(c.version, &refusal, c.props.maximum_packet_size);
         }
         if c.props.authentication_method.is_some() {
             // SCRAM-SHA-256 on v5 (`check_connect` refused anything else).
-            return self.start_enhanced_auth(deadline, c);
+            return self.start_enhanced_auth(deadline, certificate_user.as_deref(), c);
         }
         let credentials = Credentials {
             user: c.username.as_deref(),
             password: c.password.as_deref(),
-            certificate_user: self.certificate_user.as_deref(),
+            certificate_user: certificate_user.as_deref(),
         };
         match self.broker.start_login(credentials, &self.sink) {
             LoginStart::Done(result) => self.finish_login(now, c, result),
@@ -423,8 +429,6 @@ impl MqttConnection {
         }
         tracing::debug!(conn_id = self.conn_id, client_id = %client_id, ?c.version, session_present, "connected");
 
-        // The certificate's user was needed for the login only.
-        self.certificate_user = None;
         let mut open = Open {
             version: c.version,
             session,

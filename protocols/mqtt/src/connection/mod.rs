@@ -173,10 +173,16 @@ impl Open {
     }
 }
 
+/// Waiting for CONNECT: what only the login needs, boxed so that the
+/// connection does not carry it once open.
+struct AwaitConnect {
+    deadline: Instant,
+    /// User named by a verified TLS client certificate, if any.
+    certificate_user: Option<String>,
+}
+
 enum State {
-    AwaitConnect {
-        deadline: Instant,
-    },
+    AwaitConnect(Box<AwaitConnect>),
     /// CONNECT named SCRAM-SHA-256; the AUTH exchange is under way.
     Authenticating(Box<auth::Authenticating>),
     /// The broker is checking the CONNECT's password; input waits.
@@ -197,9 +203,6 @@ pub struct MqttConnection {
     decoder: Decoder,
     out: BytesMut,
     state: State,
-    /// User named by a verified TLS client certificate, if any; dropped
-    /// once the session is open.
-    certificate_user: Option<Box<str>>,
 }
 
 impl MqttConnection {
@@ -228,8 +231,10 @@ impl MqttConnection {
                 base_epoch_ms: rosetta_neutral::message::now_ms(),
             },
             out: BytesMut::new(),
-            state: State::AwaitConnect { deadline },
-            certificate_user: None,
+            state: State::AwaitConnect(Box::new(AwaitConnect {
+                deadline,
+                certificate_user: None,
+            })),
         }
     }
 
@@ -239,7 +244,9 @@ impl MqttConnection {
     /// ([`Broker::authenticate_connection`]).
     #[must_use]
     pub fn with_certificate_user(mut self, user: Option<String>) -> Self {
-        self.certificate_user = user.map(String::into_boxed_str);
+        if let State::AwaitConnect(waiting) = &mut self.state {
+            waiting.certificate_user = user;
+        }
         self
     }
 
@@ -294,10 +301,13 @@ impl MqttConnection {
         let result = match &mut self.state {
             // No packet is parsed while a login is checked.
             State::Closed | State::CheckingLogin(_) => Ok(()),
-            State::AwaitConnect { deadline } => match packet {
+            State::AwaitConnect(_) => match packet {
                 Inbound::Connect(c) => {
-                    let deadline = *deadline;
-                    self.on_connect(now, deadline, *c);
+                    if let State::AwaitConnect(waiting) =
+                        std::mem::replace(&mut self.state, State::Closed)
+                    {
+                        self.on_connect(now, *waiting, *c);
+                    }
                     Ok(())
                 }
                 _ => Err(MqttError::Protocol("first packet is not CONNECT")),
@@ -448,7 +458,7 @@ impl MqttConnection {
             _ => return,
         }
         let err = match self.state {
-            State::AwaitConnect { .. } | State::Authenticating(_) | State::CheckingLogin(_) => {
+            State::AwaitConnect(_) | State::Authenticating(_) | State::CheckingLogin(_) => {
                 MqttError::ConnectTimeout
             }
             _ => MqttError::KeepAliveTimeout,
@@ -459,7 +469,7 @@ impl MqttConnection {
     /// When [`Self::handle_timeout`] should next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
         match &self.state {
-            State::AwaitConnect { deadline } => Some(*deadline),
+            State::AwaitConnect(waiting) => Some(waiting.deadline),
             State::Authenticating(a) => Some(a.deadline),
             State::CheckingLogin(c) => Some(c.deadline),
             State::Open(open) => open.keep_alive_timeout.map(|t| open.last_input + t),
@@ -495,7 +505,7 @@ impl MqttConnection {
     /// producers back.
     pub fn wants_input(&self) -> bool {
         match &self.state {
-            State::AwaitConnect { .. } | State::Authenticating(_) => true,
+            State::AwaitConnect(_) | State::Authenticating(_) => true,
             State::CheckingLogin(_) => false,
             State::Open(open) => {
                 open.acks.len() < self.config.pending_acks_max && !open.session.producer_blocked()
@@ -567,7 +577,7 @@ impl MqttConnection {
                 open.settle_before_close(self.conn_id);
                 open.session.close(CloseKind::Abnormal);
             }
-            State::AwaitConnect { .. } => {
+            State::AwaitConnect(_) => {
                 tracing::debug!(conn_id = self.conn_id, error = %err, "closing before CONNECT completed");
                 self.reject_connect(&err);
             }
