@@ -31,6 +31,7 @@ mod disk;
 mod dispatch;
 mod groups;
 mod last_value;
+mod lazy_map;
 mod lease;
 mod queue;
 mod queue_settings;
@@ -745,7 +746,7 @@ impl Inner {
 
     /// A queue's settings with the broker's values where it has none.
     fn settings_in_force(&self, queue: &Queue) -> QueueSettings {
-        let mut settings = queue.settings.clone();
+        let mut settings = (*queue.settings).clone();
         settings.dead_letter_address = Some(
             settings
                 .dead_letter_address_or(&self.config.dead_letter_address)
@@ -824,7 +825,7 @@ impl Inner {
                 true,
                 lifetime,
                 None,
-                self.config.queue_rules.resolve(&def.name),
+                self.config.queue_rules.resolve_shared(&def.name),
                 self.queue_links(),
             );
             routing.insert_queue(Arc::clone(&q));

@@ -31,6 +31,7 @@ use super::dedup::DedupWindow;
 use super::dispatch::DispatchPolicy;
 use super::groups::Groups;
 use super::last_value::{Arrival, LastValues};
+use super::lazy_map::LazyMap;
 use super::lease::Leases;
 use super::queue_settings::QueueSettings;
 use super::schedule::{Schedule, Timers, SCHEDULE_RELEASE_BATCH_MAX};
@@ -219,12 +220,12 @@ pub(crate) struct QueueState {
     /// Message groups with a leased delivery in flight, and how many: a
     /// group's next message waits while one is leased, so that its order
     /// holds across an expiry and redelivery.
-    pub(crate) leased_groups: HashMap<String, u32>,
+    pub(crate) leased_groups: LazyMap<String, u32>,
     /// Messages of an assigned group waiting out a redelivery delay, with
     /// their group and its consumer then. Each counts in `leased_groups`
     /// and holds its group (as an in-flight one does), so the group's later
     /// messages wait for it and per-group order holds across the delay.
-    pub(crate) delayed_in_group: HashMap<MessageSeq, (String, ConsumerKey)>,
+    pub(crate) delayed_in_group: LazyMap<MessageSeq, (String, ConsumerKey)>,
     /// In attach order (exclusive consumers stand by in it).
     pub(crate) consumers: Vec<ConsumerSlot>,
     pub(crate) policy: DispatchPolicy,
@@ -256,8 +257,9 @@ pub(crate) struct Queue {
     lifetime: Mutex<QueueLifetime>,
     /// The session that declared a session-lifetime queue.
     pub(crate) owner_session: Option<u64>,
-    /// What the configuration says about this queue.
-    pub(crate) settings: QueueSettings,
+    /// What the configuration says about this queue (shared by the queues
+    /// no rule names, see `QueueRules::resolve_shared`).
+    pub(crate) settings: Arc<QueueSettings>,
     pub(crate) state: Mutex<QueueState>,
     memory: Arc<MemoryGauge>,
     /// The broker-wide message counters.
@@ -303,9 +305,10 @@ impl Queue {
         durable: bool,
         lifetime: QueueLifetime,
         owner_session: Option<u64>,
-        settings: QueueSettings,
+        settings: impl Into<Arc<QueueSettings>>,
         links: QueueLinks,
     ) -> Arc<Self> {
+        let settings = settings.into();
         let dedup = settings.dedup_window_s.map(|window_s| QueueDedup {
             mode: settings.dedup,
             window: Mutex::new(DedupWindow::new(
@@ -331,8 +334,8 @@ impl Queue {
                 inflight: HashMap::new(),
                 next_tag: 0,
                 leases: Leases::default(),
-                leased_groups: HashMap::new(),
-                delayed_in_group: HashMap::new(),
+                leased_groups: LazyMap::default(),
+                delayed_in_group: LazyMap::default(),
                 consumers: Vec::new(),
                 policy: DispatchPolicy::default(),
                 groups: Groups::default(),

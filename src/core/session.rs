@@ -18,6 +18,7 @@ use rosetta_store::{Completion, Record};
 
 use super::batch::Batch;
 use super::dead_letter::{DeadLetter, DeadLetterReason};
+use super::lazy_map::LazyMap;
 use super::queue::{elapsed_ms, BrowseCursor, ConsumerKey, ConsumerSlot, Queue};
 use super::queue_settings::VISIBILITY_TIMEOUT_MS_MAX;
 use super::routing::Duplicates;
@@ -102,58 +103,6 @@ impl IntoIterator for Consumers {
     type IntoIter = std::vec::IntoIter<(ConsumerId, ConsumerRef)>;
     fn into_iter(self) -> Self::IntoIter {
         self.0.into_iter()
-    }
-}
-
-/// A map most sessions never use (transactions, stream readers): nothing
-/// allocated, and 8 bytes in the session, until the first entry; freed
-/// again when the last goes.
-// Boxed so that an empty map costs a pointer (8 bytes), not a map (48).
-#[allow(clippy::box_collection)]
-struct LazyMap<K, V>(Option<Box<HashMap<K, V>>>);
-
-impl<K, V> Default for LazyMap<K, V> {
-    fn default() -> Self {
-        Self(None)
-    }
-}
-
-impl<K: std::hash::Hash + Eq, V> LazyMap<K, V> {
-    fn get(&self, key: &K) -> Option<&V> {
-        self.0.as_ref()?.get(key)
-    }
-
-    fn get_mut(&mut self, key: &K) -> Option<&mut V> {
-        self.0.as_mut()?.get_mut(key)
-    }
-
-    fn insert(&mut self, key: K, value: V) {
-        self.0.get_or_insert_default().insert(key, value);
-    }
-
-    fn remove(&mut self, key: &K) -> Option<V> {
-        let map = self.0.as_mut()?;
-        let value = map.remove(key);
-        if map.is_empty() {
-            self.0 = None;
-        }
-        value
-    }
-
-    fn len(&self) -> usize {
-        self.0.as_ref().map_or(0, |m| m.len())
-    }
-
-    fn values(&self) -> impl Iterator<Item = &V> {
-        self.0.iter().flat_map(|m| m.values())
-    }
-
-    /// Empties the map, returning its values.
-    fn take_values(&mut self) -> Vec<V> {
-        self.0
-            .take()
-            .map(|m| m.into_values().collect())
-            .unwrap_or_default()
     }
 }
 
@@ -630,10 +579,12 @@ fn close_shared(inner: &Arc<Inner>, shared: &Arc<SessionShared>, kind: CloseKind
             return;
         }
         st.closed = true;
-        st.txns = LazyMap::default();
+        st.txns.clear();
         // All closed before any leaves its group, so that a rebalance
         // gives no partition to another reader of this closing session.
-        let readers: Vec<Arc<Reader>> = st.stream_readers.take_values();
+        let readers: Vec<Arc<Reader>> = std::mem::take(&mut st.stream_readers)
+            .into_values()
+            .collect();
         for r in &readers {
             r.close();
         }
