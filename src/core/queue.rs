@@ -17,7 +17,7 @@
 //! priority, selectors, browsers, message groups) is the `dispatch`
 //! module's job; message groups' assignments are in `groups`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -211,7 +211,8 @@ pub(crate) struct QueueState {
     /// while that is still to come.
     pub(crate) armed_ms: Option<u64>,
     /// Delivered and unsettled, by delivery tag.
-    pub(crate) inflight: HashMap<u64, (ConsumerKey, Entry)>,
+    /// Lazy: an idle queue (most session queues) has nothing in flight.
+    pub(crate) inflight: LazyMap<u64, (ConsumerKey, Entry)>,
     /// The last delivery tag handed out: each delivery gets the next, so a
     /// redelivered message never has the tag of its earlier delivery.
     pub(crate) next_tag: u64,
@@ -242,8 +243,9 @@ pub(crate) struct QueueState {
     /// When the queue last lost its last consumer (for idle expiry).
     pub(crate) idle_since: Option<Instant>,
     pub(crate) stats: QueueStats,
-    /// A last-value queue's index (`last_value_key` is set).
-    pub(crate) last_values: Option<LastValues>,
+    /// A last-value queue's index (`last_value_key` is set). Boxed: few
+    /// queues are last-value queues.
+    pub(crate) last_values: Option<Box<LastValues>>,
 }
 
 /// A queue. Shared by the routing table, its consumers' sessions and the
@@ -269,8 +271,9 @@ pub(crate) struct Queue {
     /// This queue, for the timer to come back to.
     me: Weak<Queue>,
     /// The dedup window, when the settings give one. A leaf lock, never
-    /// taken while another lock is wanted after it.
-    pub(crate) dedup: Option<QueueDedup>,
+    /// taken while another lock is wanted after it. Boxed: few queues
+    /// deduplicate, and the window is 136 bytes.
+    pub(crate) dedup: Option<Box<QueueDedup>>,
 }
 
 /// What every queue shares with the core: the memory gauge and the timer.
@@ -309,12 +312,14 @@ impl Queue {
         links: QueueLinks,
     ) -> Arc<Self> {
         let settings = settings.into();
-        let dedup = settings.dedup_window_s.map(|window_s| QueueDedup {
-            mode: settings.dedup,
-            window: Mutex::new(DedupWindow::new(
-                window_s.saturating_mul(1_000),
-                settings.dedup_ids_max,
-            )),
+        let dedup = settings.dedup_window_s.map(|window_s| {
+            Box::new(QueueDedup {
+                mode: settings.dedup,
+                window: Mutex::new(DedupWindow::new(
+                    window_s.saturating_mul(1_000),
+                    settings.dedup_ids_max,
+                )),
+            })
         });
         Arc::new_cyclic(|me| Self {
             id,
@@ -331,7 +336,7 @@ impl Queue {
                 backlog: Backlog::default(),
                 schedule: Schedule::default(),
                 armed_ms: None,
-                inflight: HashMap::new(),
+                inflight: LazyMap::default(),
                 next_tag: 0,
                 leases: Leases::default(),
                 leased_groups: LazyMap::default(),
@@ -347,7 +352,10 @@ impl Queue {
                 deleted: false,
                 idle_since: Some(Instant::now()),
                 stats: QueueStats::default(),
-                last_values: settings.last_value_key.as_deref().map(LastValues::new),
+                last_values: settings
+                    .last_value_key
+                    .as_deref()
+                    .map(|key| Box::new(LastValues::new(key))),
             }),
             // After `state`, which reads it.
             settings,

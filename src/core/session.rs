@@ -115,7 +115,9 @@ struct SessionState {
     /// Consumers of streams (see `stream`): they read a log, not a queue.
     stream_readers: LazyMap<ConsumerId, Arc<Reader>>,
     next_consumer: u64,
-    owned_queues: Vec<String>,
+    /// The session-lifetime queues it declared (their names, shared with
+    /// the queues).
+    owned_queues: Vec<Arc<str>>,
     txns: LazyMap<TxnId, Vec<Staged>>,
     next_txn: u64,
     /// Boxed: a `Will` holds a whole message, and most sessions have none
@@ -648,7 +650,11 @@ impl Session for CoreSession {
         let (q, existed) = self.inner.declare(spec, Some(self.shared.id), &mut batch)?;
         batch.commit(&self.inner, None);
         if lifetime == QueueLifetime::Session && !existed {
-            st.owned_queues.push(q.name.to_string());
+            // Exactly sized for the first: an MQTT session owns one.
+            if st.owned_queues.capacity() == 0 {
+                st.owned_queues.reserve_exact(1);
+            }
+            st.owned_queues.push(Arc::clone(&q.name));
         }
         Ok(Inner::queue_info(&q, existed))
     }
@@ -667,7 +673,7 @@ impl Session for CoreSession {
 
     fn delete_queue(&mut self, name: &str) -> Result<(), BrokerError> {
         let mut st = self.state()?;
-        st.owned_queues.retain(|n| n != name);
+        st.owned_queues.retain(|n| &**n != name);
         self.inner.delete_queue(name)
     }
 
