@@ -30,6 +30,7 @@ use rosetta_neutral::{DeliveryBudget, EventSink, SessionEvent};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
+use crate::coarse_timer::{CoarseTimer, Slot};
 use crate::connections::RegistryGuard;
 
 /// Read buffer of a new (or quiet) connection: the buffer is per
@@ -323,6 +324,7 @@ where
         written: 0,
         batch: VecDeque::new(),
         timer: None,
+        coarse: Slot::default(),
         trouble: None,
         slow_consumer_timeout_ms: slow_consumer_timeout.map_or(0, |t| {
             u32::try_from(t.as_millis()).unwrap_or(u32::MAX).max(1)
@@ -376,8 +378,11 @@ pub(crate) struct Driver<C, T> {
     /// below 4 GiB: the delivery budget and the adapters' limits bound it).
     written: u32,
     batch: VecDeque<SessionEvent>,
-    /// Allocated the first time the protocol has a deadline.
+    /// The exact timer, allocated while the protocol's deadline is near
+    /// (see `coarse`).
     timer: Option<Pin<Box<Sleep>>>,
+    /// A far deadline's wake-up, parked in the [`CoarseTimer`].
+    coarse: Slot,
     /// Back-pressure, a stalled write, a farewell: `None` while all is well.
     trouble: Option<Box<Trouble>>,
     /// The slow-consumer limit in ms (0: never closed as one).
@@ -420,6 +425,15 @@ impl Trouble {
 // ever used through `&mut`), so moving a driver is fine.
 impl<C, T> Unpin for Driver<C, T> {}
 
+impl<C, T> Drop for Driver<C, T> {
+    fn drop(&mut self) {
+        // A closed connection's wake-up goes with it.
+        if self.coarse.is_armed() {
+            CoarseTimer::global().cancel(self.coarse, &self.events);
+        }
+    }
+}
+
 impl<C: ProtocolConnection, T: Transport> Future for Driver<C, T> {
     type Output = ();
 
@@ -444,6 +458,14 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
     fn end_trouble_if_over(&mut self) {
         if self.trouble.as_ref().is_some_and(|t| t.is_over()) {
             self.trouble = None;
+        }
+    }
+
+    /// Takes back a wake-up parked in the coarse timer.
+    fn unpark(&mut self) {
+        if self.coarse.is_armed() {
+            CoarseTimer::global().cancel(self.coarse, &self.events);
+            self.coarse = Slot::default();
         }
     }
 
@@ -719,9 +741,25 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 // connect deadline is over): an idle connection should not
                 // keep a timer allocation it no longer needs.
                 self.timer = None;
+                self.unpark();
                 return Step::Idle;
             }
         };
+        // A far deadline (an idle connection's keep-alive) waits in the
+        // coarse timer, which wakes the task shortly before it; the exact
+        // timer below takes the last stretch.
+        let coarse = CoarseTimer::global();
+        if coarse.covers(self.coarse, deadline) {
+            self.timer = None;
+            return Step::Idle;
+        }
+        if let Some(slot) = coarse.arm(deadline, &self.events) {
+            coarse.cancel(self.coarse, &self.events);
+            self.coarse = slot;
+            self.timer = None;
+            return Step::Idle;
+        }
+        self.unpark();
         let deadline = tokio::time::Instant::from_std(deadline);
         let timer = match &mut self.timer {
             Some(timer) => {
@@ -899,6 +937,75 @@ mod tests {
             .expect("echo");
         assert_eq!(&buf, b"ping");
         task.abort();
+    }
+
+    /// A connection whose deadline is its only source of progress (an idle
+    /// keep-alive): it times out at the deadline, a far deadline waiting
+    /// in the coarse timer until shortly before it.
+    struct Deadline {
+        at: Instant,
+        fired: Arc<std::sync::Mutex<Option<Instant>>>,
+    }
+
+    impl ProtocolConnection for Deadline {
+        fn handle_input(&mut self, _: Instant, _: &[u8]) {}
+        fn handle_event(&mut self, _: Instant, _: SessionEvent) {}
+        fn handle_timeout(&mut self, now: Instant) {
+            if now >= self.at {
+                *self.fired.lock().expect("lock") = Some(now);
+            }
+        }
+        fn poll_timeout(&self) -> Option<Instant> {
+            self.fired
+                .lock()
+                .expect("lock")
+                .is_none()
+                .then_some(self.at)
+        }
+        fn poll_transmit(&mut self, _: &mut Vec<u8>) {}
+        fn wants_input(&self) -> bool {
+            true
+        }
+        fn is_closed(&self) -> bool {
+            self.fired.lock().expect("lock").is_some()
+        }
+        fn handle_transport_closed(&mut self, _: Instant) {}
+        fn handle_slow_consumer(&mut self, _: Instant) {}
+    }
+
+    #[tokio::test]
+    async fn a_far_deadline_fires_on_time_through_the_coarse_timer() {
+        let (_client, server) = tokio::io::duplex(1024);
+        let start = Instant::now();
+        let at = start + crate::coarse_timer::COARSE_MIN + Duration::from_millis(700);
+        let fired = Arc::default();
+        let conn = Deadline {
+            at,
+            fired: Arc::clone(&fired),
+        };
+        let (_sink, events) = event_channel(None);
+        let parts = DriverParts {
+            conn_id: 1,
+            events,
+            slow_consumer_timeout: None,
+            span: tracing::Span::none(),
+            registered: None,
+        };
+        let mut driver = drive(conn, server, parts);
+        // Parked, not on an exact timer, right after the first poll.
+        let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut driver).poll(cx))).await;
+        assert!(first.is_pending());
+        assert!(driver.coarse.is_armed() && driver.timer.is_none());
+        tokio::time::timeout(Duration::from_secs(10), driver)
+            .await
+            .expect("the connection closed at its deadline");
+        let when = fired.lock().expect("lock").expect("timed out");
+        assert!(when >= at, "not before the deadline");
+        assert!(
+            when < at + Duration::from_millis(500),
+            "on time: {:?} late",
+            when - at
+        );
     }
 
     #[test]

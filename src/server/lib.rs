@@ -17,6 +17,7 @@
 pub mod access;
 mod admission;
 mod cluster;
+mod coarse_timer;
 pub mod connections;
 mod detect;
 pub mod discovery;
