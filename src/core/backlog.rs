@@ -54,9 +54,9 @@ use levels::Levels;
 pub(crate) use levels::Place;
 pub(crate) use paged::Paged;
 
-use super::lazy_map::LazyMap;
 use super::queue::{ConsumerKey, Entry};
 use super::Journal;
+use rosetta_neutral::LazyMap;
 use rosetta_store::{MessageSeq, OsStorage, PageFile, PageRef, QueueId, Storage};
 
 /// Most messages read back from a page file at once.

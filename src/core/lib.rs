@@ -31,7 +31,6 @@ mod disk;
 mod dispatch;
 mod groups;
 mod last_value;
-mod lazy_map;
 mod lease;
 mod queue;
 mod queue_settings;

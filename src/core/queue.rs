@@ -31,11 +31,11 @@ use super::dedup::DedupWindow;
 use super::dispatch::DispatchPolicy;
 use super::groups::Groups;
 use super::last_value::{Arrival, LastValues};
-use super::lazy_map::LazyMap;
 use super::lease::Leases;
 use super::queue_settings::QueueSettings;
 use super::schedule::{Schedule, Timers, SCHEDULE_RELEASE_BATCH_MAX};
 use super::selector::Selector;
+use rosetta_neutral::LazyMap;
 use rosetta_store::{MessageSeq, QueueId, Record};
 
 /// A consumer, globally unique: the session id and the session's consumer id.

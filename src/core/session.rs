@@ -18,13 +18,13 @@ use rosetta_store::{Completion, Record};
 
 use super::batch::Batch;
 use super::dead_letter::{DeadLetter, DeadLetterReason};
-use super::lazy_map::LazyMap;
 use super::queue::{elapsed_ms, BrowseCursor, ConsumerKey, ConsumerSlot, Queue};
 use super::queue_settings::VISIBILITY_TIMEOUT_MS_MAX;
 use super::routing::Duplicates;
 use super::selector::Selector;
 use super::stream::{self, Reader};
 use super::{Inner, PendingWill};
+use rosetta_neutral::LazyMap;
 
 /// Most transactions one session may have open at once.
 const TRANSACTIONS_OPEN_MAX: usize = 64;

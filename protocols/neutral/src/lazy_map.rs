@@ -1,11 +1,12 @@
 //! A hash map that costs a pointer until its first entry.
 //!
-//! Queues and sessions are per connection (a device's session queue, its
-//! session), and each carries maps that most never use: message groups'
-//! leases, reserved messages, transactions, stream readers. An empty
-//! `HashMap` is 48 bytes in its owner; this is 8 until the first insert
-//! (issue 20). Once used it keeps its map, as a `HashMap` keeps its table,
-//! so a busy owner does not allocate it again and again; `clear` frees it.
+//! Much state is per connection (its protocol state, its core session, a
+//! device's session queue), and each carries maps that most connections
+//! never use: transactions, topic aliases, message groups' leases,
+//! reserved messages, stream readers. An empty `HashMap` is 48 bytes in
+//! its owner; a [`LazyMap`] is 8 until the first insert (issue 20). Once
+//! used it keeps its map, as a `HashMap` keeps its table, so a busy owner
+//! does not allocate it again and again; [`LazyMap::clear`] frees it.
 //!
 //! The methods are `HashMap`'s, so a field can change type without its
 //! users changing.
@@ -18,7 +19,7 @@ use std::hash::Hash;
 // Boxed so that an empty map costs a pointer (8 bytes), not a map (48).
 #[allow(clippy::box_collection)]
 #[derive(Debug)]
-pub(crate) struct LazyMap<K, V>(Option<Box<HashMap<K, V>>>);
+pub struct LazyMap<K, V>(Option<Box<HashMap<K, V>>>);
 
 impl<K, V> Default for LazyMap<K, V> {
     fn default() -> Self {
@@ -27,7 +28,8 @@ impl<K, V> Default for LazyMap<K, V> {
 }
 
 impl<K: Hash + Eq, V> LazyMap<K, V> {
-    pub(crate) fn get<Q>(&self, key: &Q) -> Option<&V>
+    /// The value of `key`.
+    pub fn get<Q>(&self, key: &Q) -> Option<&V>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -35,7 +37,8 @@ impl<K: Hash + Eq, V> LazyMap<K, V> {
         self.0.as_ref()?.get(key)
     }
 
-    pub(crate) fn get_mut<Q>(&mut self, key: &Q) -> Option<&mut V>
+    /// The value of `key`, to change.
+    pub fn get_mut<Q>(&mut self, key: &Q) -> Option<&mut V>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -43,7 +46,8 @@ impl<K: Hash + Eq, V> LazyMap<K, V> {
         self.0.as_mut()?.get_mut(key)
     }
 
-    pub(crate) fn contains_key<Q>(&self, key: &Q) -> bool
+    /// Whether `key` has a value.
+    pub fn contains_key<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -51,15 +55,19 @@ impl<K: Hash + Eq, V> LazyMap<K, V> {
         self.0.as_ref().is_some_and(|m| m.contains_key(key))
     }
 
-    pub(crate) fn insert(&mut self, key: K, value: V) -> Option<V> {
+    /// Sets `key`'s value (allocating the map on the first entry);
+    /// returns the value it replaced.
+    pub fn insert(&mut self, key: K, value: V) -> Option<V> {
         self.0.get_or_insert_default().insert(key, value)
     }
 
-    pub(crate) fn entry(&mut self, key: K) -> hash_map::Entry<'_, K, V> {
+    /// `key`'s entry (allocating the map on the first use).
+    pub fn entry(&mut self, key: K) -> hash_map::Entry<'_, K, V> {
         self.0.get_or_insert_default().entry(key)
     }
 
-    pub(crate) fn remove<Q>(&mut self, key: &Q) -> Option<V>
+    /// Takes `key`'s value out.
+    pub fn remove<Q>(&mut self, key: &Q) -> Option<V>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -67,32 +75,38 @@ impl<K: Hash + Eq, V> LazyMap<K, V> {
         self.0.as_mut()?.remove(key)
     }
 
-    pub(crate) fn len(&self) -> usize {
+    /// Number of entries.
+    pub fn len(&self) -> usize {
         self.0.as_ref().map_or(0, |m| m.len())
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    /// Whether there is no entry.
+    pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Empties the map and frees it.
-    pub(crate) fn clear(&mut self) {
+    pub fn clear(&mut self) {
         self.0 = None;
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+    /// Every entry, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.0.iter().flat_map(|m| m.iter())
     }
 
-    pub(crate) fn keys(&self) -> impl Iterator<Item = &K> {
+    /// Every key, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
         self.0.iter().flat_map(|m| m.keys())
     }
 
-    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
+    /// Every value, in no particular order.
+    pub fn values(&self) -> impl Iterator<Item = &V> {
         self.0.iter().flat_map(|m| m.values())
     }
 
-    pub(crate) fn into_values(self) -> impl Iterator<Item = V> {
+    /// Every value, taken out, in no particular order.
+    pub fn into_values(self) -> impl Iterator<Item = V> {
         self.0.into_iter().flat_map(|m| m.into_values())
     }
 }
