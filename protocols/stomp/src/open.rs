@@ -10,8 +10,8 @@ use rosetta_neutral::address::{
 };
 use rosetta_neutral::{
     durable_subscription_queue, Address, BrokerError, ConsumerId, ConsumerSpec, CreditMode,
-    Delivery, DeliveryTag, Outcome, PublishOptions, QueueInfo, QueueLifetime, QueueSpec, Session,
-    Ticket, TxnId,
+    Delivery, DeliveryTag, LazyMap, Outcome, PublishOptions, QueueInfo, QueueLifetime, QueueSpec,
+    Session, Ticket, TxnId,
 };
 use tracing::{debug, trace};
 
@@ -41,11 +41,13 @@ pub(crate) struct Open {
     /// Key of durable subscriptions: `client-id`, else the login.
     client_key: Option<String>,
     pub(crate) heart: HeartBeat,
-    subs: HashMap<String, Subscription>,
-    pub(crate) by_consumer: HashMap<ConsumerId, String>,
-    txns: HashMap<String, Txn>,
+    // Lazy (8 bytes each until used, 48 as maps): an idle connection has
+    // no subscription, transaction or temporary queue (issue 20).
+    subs: LazyMap<String, Subscription>,
+    pub(crate) by_consumer: LazyMap<ConsumerId, String>,
+    txns: LazyMap<String, Txn>,
     /// `/temp-queue/x` name → the core's generated queue name.
-    temp_queues: HashMap<String, String>,
+    temp_queues: LazyMap<String, String>,
     pub(crate) receipts: Receipts,
     /// DISCONNECT received: no more frames are read.
     pub(crate) disconnecting: bool,
@@ -99,10 +101,10 @@ impl Open {
             version,
             client_key,
             heart,
-            subs: HashMap::new(),
-            by_consumer: HashMap::new(),
-            txns: HashMap::new(),
-            temp_queues: HashMap::new(),
+            subs: LazyMap::default(),
+            by_consumer: LazyMap::default(),
+            txns: LazyMap::default(),
+            temp_queues: LazyMap::default(),
             receipts: Receipts::default(),
             disconnecting: false,
         }
