@@ -364,7 +364,7 @@ where
     let user = peer.certificate_user;
     match wire {
         Wire::Stomp => {
-            let config = shared.adapters.stomp.clone();
+            let config = Arc::clone(&shared.adapters.stomp);
             let conn = rosetta_stomp::StompConnection::new(config, broker, sink, conn_id, now)
                 .with_certificate_user(user);
             launch.launch(driver::drive(conn, io, parts))
@@ -376,7 +376,7 @@ where
             launch.launch(driver::drive(conn, io, parts))
         }
         Wire::Amqp => {
-            let config = shared.adapters.amqp.clone();
+            let config = Arc::clone(&shared.adapters.amqp);
             let conn = rosetta_amqp::AmqpConnection::new(config, broker, sink, conn_id, now)
                 .with_certificate_user(user);
             launch.launch(driver::drive(conn, io, parts))
@@ -385,19 +385,20 @@ where
 }
 
 /// The adapters' configurations, made once per server from its
-/// configuration: a connection shares its adapter's (or copies it).
+/// configuration and shared by every connection (a copy each cost a
+/// connection 72 to 136 bytes, issue 20).
 pub(crate) struct AdapterConfigs {
     pub(crate) mqtt: Arc<rosetta_mqtt::MqttConfig>,
-    pub(crate) stomp: rosetta_stomp::StompConfig,
-    pub(crate) amqp: rosetta_amqp::AmqpConfig,
+    pub(crate) stomp: Arc<rosetta_stomp::StompConfig>,
+    pub(crate) amqp: Arc<rosetta_amqp::AmqpConfig>,
 }
 
 impl AdapterConfigs {
     pub(crate) fn new(config: &rosetta_config::Config) -> Self {
         Self {
             mqtt: Arc::new(mqtt_config(config)),
-            stomp: stomp_config(config),
-            amqp: amqp_config(config),
+            stomp: Arc::new(stomp_config(config)),
+            amqp: Arc::new(amqp_config(config)),
         }
     }
 }
