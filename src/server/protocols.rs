@@ -5,6 +5,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use rosetta_neutral::{Broker, SessionEvent};
@@ -150,8 +151,42 @@ forward_protocol_connection!(rosetta_stomp::StompConnection);
 forward_protocol_connection!(rosetta_mqtt::MqttConnection, lends_input_buffer);
 forward_protocol_connection!(rosetta_amqp::AmqpConnection, lends_input_buffer);
 
-/// A connection's whole life, boxed: see [`serve`].
-pub(crate) type ConnectionFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+/// One stage of a connection's life, boxed: a TLS handshake, a WebSocket
+/// upgrade, protocol detection, the proxy's look at the first frame, or
+/// the protocol itself. A stage ends with the stage that follows, if any,
+/// and the task drops each stage's box as it ends.
+///
+/// An `async` function that awaited the next stage instead kept its
+/// largest state, the handshake's, for the connection's whole life: a
+/// WebSocket connection carried 3.4 KB of upgrade state (issue 20).
+pub(crate) struct Stage(Pin<Box<dyn Future<Output = Option<Stage>> + Send>>);
+
+impl Stage {
+    /// A stage that may hand over to another.
+    pub(crate) fn new(stage: impl Future<Output = Option<Stage>> + Send + 'static) -> Self {
+        Self(Box::pin(stage))
+    }
+
+    /// The last stage (the protocol's driver, or a page served).
+    pub(crate) fn last(stage: impl Future<Output = ()> + Send + 'static) -> Self {
+        Self::new(futures_util::FutureExt::map(stage, |()| None))
+    }
+}
+
+impl Future for Stage {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            match self.0.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(()),
+                // The finished stage's box goes here.
+                Poll::Ready(Some(next)) => *self = next,
+            }
+        }
+    }
+}
 
 /// Starts the task of one accepted TCP connection on a listener of
 /// `kind`; `tail` is what the task holds besides the connection (see
@@ -190,7 +225,7 @@ pub(crate) fn spawn(
 
 /// Serves one accepted TCP connection on a listener of `kind`.
 ///
-/// A plain function returning the boxed future, not an `async fn`: a
+/// A plain function returning the first stage, not an `async fn`: a
 /// task's allocation is the size of its future, and an `async fn` keeps
 /// its arguments in its state for its whole life even once they are moved
 /// on, so each level of `async` between the accept and the driver stored
@@ -204,74 +239,72 @@ pub(crate) fn serve(
     peer: Peer,
     conn_id: u64,
     shared: Arc<Shared>,
-) -> ConnectionFuture {
+) -> Stage {
     match kind {
         ListenerKind::Mqtt => run_wire(Wire::Mqtt, stream, peer, conn_id, shared),
         ListenerKind::Stomp => run_wire(Wire::Stomp, stream, peer, conn_id, shared),
         ListenerKind::Amqp => run_wire(Wire::Amqp, stream, peer, conn_id, shared),
-        ListenerKind::WebSocket => Box::pin(super::ws::serve(stream, peer, conn_id, shared)),
-        ListenerKind::Metrics => Box::pin(super::ws::serve_metrics(stream, peer, conn_id, shared)),
+        ListenerKind::WebSocket => Stage::new(super::ws::serve(stream, peer, conn_id, shared)),
+        ListenerKind::Metrics => {
+            Stage::last(super::ws::serve_metrics(stream, peer, conn_id, shared))
+        }
         ListenerKind::Any => {
             let tls = shared.tls.clone();
-            Box::pin(super::detect::serve_any(stream, peer, conn_id, shared, tls))
+            Stage::new(super::detect::serve_any(stream, peer, conn_id, shared, tls))
         }
-        _ => Box::pin(serve_tls(kind, stream, peer, conn_id, shared)),
+        _ => Stage::new(serve_tls(kind, stream, peer, conn_id, shared)),
     }
 }
 
-/// A TLS listener's connection: handshake, then its protocol.
+/// A TLS listener's connection: the handshake, then its protocol's stage.
 async fn serve_tls(
     kind: ListenerKind,
     stream: tokio::net::TcpStream,
     mut peer: Peer,
     conn_id: u64,
     shared: Arc<Shared>,
-) {
+) -> Option<Stage> {
     let Some(acceptor) = shared.tls.clone() else {
         tracing::warn!(listener = kind.key(), %peer, "TLS listener without [tls]; closing");
-        return;
+        return None;
     };
     let timeout = super::tls::handshake_timeout(&shared.config.tls);
     // A failed handshake is logged by `accept` and closes only this connection.
-    let Ok((stream, certificate_user)) =
-        super::tls::accept(&acceptor, stream, peer.addr, timeout, &shared.tls_log).await
-    else {
-        return;
-    };
+    let (stream, certificate_user) =
+        super::tls::accept(&acceptor, stream, peer.addr, timeout, &shared.tls_log)
+            .await
+            .ok()?;
     peer.certificate_user = certificate_user;
     peer.tls = true;
     peer.sni_host = super::tls::sni_host(&stream);
-    match kind {
-        ListenerKind::Mqtts => run_wire(Wire::Mqtt, stream, peer, conn_id, shared).await,
-        ListenerKind::Stomps => run_wire(Wire::Stomp, stream, peer, conn_id, shared).await,
-        ListenerKind::Amqps => run_wire(Wire::Amqp, stream, peer, conn_id, shared).await,
-        _ => super::ws::serve(stream, peer, conn_id, shared).await,
-    }
+    Some(match kind {
+        ListenerKind::Mqtts => run_wire(Wire::Mqtt, stream, peer, conn_id, shared),
+        ListenerKind::Stomps => run_wire(Wire::Stomp, stream, peer, conn_id, shared),
+        ListenerKind::Amqps => run_wire(Wire::Amqp, stream, peer, conn_id, shared),
+        _ => Stage::new(super::ws::serve(stream, peer, conn_id, shared)),
+    })
 }
 
 /// Runs the state machine of `wire` over any byte transport; with the
 /// cluster's proxy on, a client that belongs on another node is relayed
 /// there instead (`proxy`).
 ///
-/// A plain function returning the boxed future (see [`serve`]): the
-/// proxy's path and the local one are each boxed on their own, so a
-/// connection served here holds no proxy state.
-pub(crate) fn run_wire<T>(
-    wire: Wire,
-    io: T,
-    peer: Peer,
-    conn_id: u64,
-    shared: Arc<Shared>,
-) -> ConnectionFuture
+/// A plain function returning the stage (see [`serve`]): the proxy's look
+/// at the first frame is a stage of its own, so a connection served here
+/// holds no proxy state.
+pub(crate) fn run_wire<T>(wire: Wire, io: T, peer: Peer, conn_id: u64, shared: Arc<Shared>) -> Stage
 where
     T: driver::Transport + 'static,
 {
     if let Some((node, limits)) = super::proxy::applies(&shared, wire, peer.listener) {
-        return Box::pin(async move {
+        return Stage::new(async move {
             let verdict =
                 super::proxy::intercept(wire, io, peer, conn_id, &shared, &node, limits).await;
-            if let super::proxy::Verdict::ServeHere(io, peer) = verdict {
-                serve_wire(wire, io, peer, conn_id, shared, Boxed).await;
+            match verdict {
+                super::proxy::Verdict::ServeHere(io, peer) => {
+                    Some(serve_wire(wire, io, peer, conn_id, shared, Boxed))
+                }
+                _ => None,
             }
         });
     }
@@ -284,14 +317,14 @@ pub(crate) trait Launch<T> {
     fn launch<C: ProtocolConnection>(self, driver: Driver<C, T>) -> Self::Output;
 }
 
-/// Boxes the driver, for a connection whose task already runs (TLS,
-/// WebSocket, protocol detection, the proxy's verdict).
+/// Boxes the driver as the last stage of a connection whose task already
+/// runs (TLS, WebSocket, protocol detection, the proxy's verdict).
 struct Boxed;
 
 impl<T: driver::Transport + 'static> Launch<T> for Boxed {
-    type Output = ConnectionFuture;
-    fn launch<C: ProtocolConnection>(self, driver: Driver<C, T>) -> ConnectionFuture {
-        Box::pin(driver)
+    type Output = Stage;
+    fn launch<C: ProtocolConnection>(self, driver: Driver<C, T>) -> Stage {
+        Stage::last(driver)
     }
 }
 

@@ -650,14 +650,15 @@ fn parse_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
 }
 
 /// Serves one connection of the HTTP port (or of `wss`, or an HTTP client
-/// of the `any` port): the demo page, a refusal, or a protocol over
-/// WebSocket until it closes.
+/// of the `any` port): the demo page, a refusal, or the upgrade to a
+/// WebSocket, whose protocol is the stage that follows.
 pub(crate) async fn serve<S>(
     io: S,
     mut peer: super::protocols::Peer,
     conn_id: u64,
     shared: Arc<Shared>,
-) where
+) -> Option<super::protocols::Stage>
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let metrics = || shared.metrics();
@@ -666,7 +667,13 @@ pub(crate) async fn serve<S>(
         Ok((wire, stream)) => {
             tracing::debug!(conn = conn_id, %peer, protocol = wire.name(), "WebSocket accepted");
             peer.websocket = true;
-            super::protocols::run_wire(wire.into(), stream, peer, conn_id, shared).await;
+            return Some(super::protocols::run_wire(
+                wire.into(),
+                stream,
+                peer,
+                conn_id,
+                shared,
+            ));
         }
         Err(NotWebSocket::Served(path)) => {
             tracing::debug!(conn = conn_id, %peer, path, "served a file");
@@ -675,6 +682,7 @@ pub(crate) async fn serve<S>(
             tracing::debug!(conn = conn_id, %peer, reason = %e, "no WebSocket");
         }
     }
+    None
 }
 
 /// Serves one connection of the `metrics` listener: `GET /metrics` (or
