@@ -42,6 +42,7 @@ pub use tls::{ServerCertificate, TlsSetupError};
 pub mod users;
 mod view;
 mod ws;
+mod ws_frames;
 
 use std::net::SocketAddr;
 use std::path::Path;
