@@ -176,6 +176,7 @@ impl StompConnection {
             return;
         }
         self.decode_input(data);
+        self.decoder.release_if_idle(data.len());
     }
 
     /// Feeds `data` to the decoder and handles every frame it completes,

@@ -43,7 +43,9 @@ pub(crate) struct Open {
     pub(crate) heart: HeartBeat,
     // Lazy (8 bytes each until used, 48 as maps): an idle connection has
     // no subscription, transaction or temporary queue (issue 20).
-    subs: LazyMap<String, Subscription>,
+    // Subscriptions boxed: a map's first table has four slots, and four
+    // subscriptions inline were 772 bytes for the one a device has.
+    subs: LazyMap<String, Box<Subscription>>,
     pub(crate) by_consumer: LazyMap<ConsumerId, String>,
     txns: LazyMap<String, Txn>,
     /// `/temp-queue/x` name → the core's generated queue name.
@@ -361,7 +363,7 @@ impl Open {
         self.by_consumer.insert(consumer, id.clone());
         self.subs.insert(
             id.clone(),
-            Subscription::new(
+            Box::new(Subscription::new(
                 id,
                 id_given,
                 dest.to_owned(),
@@ -369,7 +371,7 @@ impl Open {
                 ack,
                 durable_queue,
                 browse,
-            ),
+            )),
         );
         Ok(Done {
             tickets,

@@ -70,11 +70,16 @@ impl Receipts {
 
     /// The oldest entry, once it and all before it are complete.
     pub(crate) fn pop_ready(&mut self) -> Option<Pending> {
-        if self.queue.front()?.waiting == 0 {
-            self.queue.pop_front()
-        } else {
-            None
+        if self.queue.front()?.waiting != 0 {
+            return None;
         }
+        let pending = self.queue.pop_front();
+        if self.queue.is_empty() {
+            // An idle connection keeps no queue (its first growth is to
+            // four entries, 192 bytes).
+            self.queue = VecDeque::new();
+        }
+        pending
     }
 
     /// Tickets still pending.
