@@ -24,6 +24,7 @@ use super::routing::Duplicates;
 use super::selector::Selector;
 use super::stream::{self, Reader};
 use super::{Inner, PendingWill};
+use rosetta_neutral::LazyMap;
 
 /// Most transactions one session may have open at once.
 const TRANSACTIONS_OPEN_MAX: usize = 64;
@@ -50,15 +51,74 @@ struct ConsumerRef {
     queue: Arc<Queue>,
 }
 
+/// A session's queue consumers by id: a vector sorted by id, searched by
+/// bisection. A session has one or a few, and an empty hash map cost each
+/// session 48 bytes (issue 20); ids only grow, so an insert is a push.
+#[derive(Default)]
+struct Consumers(Vec<(ConsumerId, ConsumerRef)>);
+
+impl Consumers {
+    fn position(&self, id: ConsumerId) -> Result<usize, usize> {
+        self.0.binary_search_by_key(&id, |(c, _)| *c)
+    }
+
+    fn get(&self, id: &ConsumerId) -> Option<&ConsumerRef> {
+        let at = self.position(*id).ok()?;
+        self.0.get(at).map(|(_, c)| c)
+    }
+
+    fn insert(&mut self, id: ConsumerId, consumer: ConsumerRef) {
+        match self.position(id) {
+            Ok(at) => self.0[at].1 = consumer,
+            Err(at) => {
+                // Exactly sized while small: most sessions have one.
+                if self.0.capacity() == 0 {
+                    self.0.reserve_exact(1);
+                }
+                self.0.insert(at, (id, consumer));
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &ConsumerId) -> Option<ConsumerRef> {
+        let at = self.position(*id).ok()?;
+        Some(self.0.remove(at).1)
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn values(&self) -> impl Iterator<Item = &ConsumerRef> {
+        self.0.iter().map(|(_, c)| c)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&ConsumerId, &ConsumerRef)> {
+        self.0.iter().map(|(id, c)| (id, c))
+    }
+}
+
+impl IntoIterator for Consumers {
+    type Item = (ConsumerId, ConsumerRef);
+    type IntoIter = std::vec::IntoIter<(ConsumerId, ConsumerRef)>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+/// What a session holds. One per connection, so its size counts for
+/// every idle connection: what only some sessions use is lazy.
 #[derive(Default)]
 struct SessionState {
     closed: bool,
-    consumers: HashMap<ConsumerId, ConsumerRef>,
+    consumers: Consumers,
     /// Consumers of streams (see `stream`): they read a log, not a queue.
-    stream_readers: HashMap<ConsumerId, Arc<Reader>>,
+    stream_readers: LazyMap<ConsumerId, Arc<Reader>>,
     next_consumer: u64,
-    owned_queues: Vec<String>,
-    txns: HashMap<TxnId, Vec<Staged>>,
+    /// The session-lifetime queues it declared (their names, shared with
+    /// the queues).
+    owned_queues: Vec<Arc<str>>,
+    txns: LazyMap<TxnId, Vec<Staged>>,
     next_txn: u64,
     /// Boxed: a `Will` holds a whole message, and most sessions have none
     /// (one per connection, so it counts for idle connections' memory).
@@ -77,8 +137,6 @@ pub(crate) struct SessionShared {
 pub(crate) struct CoreSession {
     inner: Arc<Inner>,
     shared: Arc<SessionShared>,
-    /// The client id as a shared string, for no-local bindings.
-    origin: Option<Arc<str>>,
 }
 
 impl CoreSession {
@@ -97,7 +155,6 @@ impl CoreSession {
         let id = inner
             .next_session
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let origin = info.client_id.as_deref().map(Arc::from);
         let shared = Arc::new(SessionShared {
             id,
             info,
@@ -124,11 +181,12 @@ impl CoreSession {
             // A reconnect cancels a delayed will of the same client.
             inner.wills.lock().retain(|w| w.client != key);
         }
-        CoreSession {
-            inner,
-            shared,
-            origin,
-        }
+        CoreSession { inner, shared }
+    }
+
+    /// The client id, for no-local bindings.
+    fn origin(&self) -> Option<Arc<str>> {
+        self.shared.info.client_id.clone()
     }
 
     fn state(&self) -> Result<parking_lot::MutexGuard<'_, SessionState>, BrokerError> {
@@ -533,7 +591,9 @@ fn close_shared(inner: &Arc<Inner>, shared: &Arc<SessionShared>, kind: CloseKind
         st.txns.clear();
         // All closed before any leaves its group, so that a rebalance
         // gives no partition to another reader of this closing session.
-        let readers: Vec<Arc<Reader>> = st.stream_readers.drain().map(|(_, r)| r).collect();
+        let readers: Vec<Arc<Reader>> = std::mem::take(&mut st.stream_readers)
+            .into_values()
+            .collect();
         for r in &readers {
             r.close();
         }
@@ -597,7 +657,11 @@ impl Session for CoreSession {
         let (q, existed) = self.inner.declare(spec, Some(self.shared.id), &mut batch)?;
         batch.commit(&self.inner, None);
         if lifetime == QueueLifetime::Session && !existed {
-            st.owned_queues.push(q.name.to_string());
+            // Exactly sized for the first: an MQTT session owns one.
+            if st.owned_queues.capacity() == 0 {
+                st.owned_queues.reserve_exact(1);
+            }
+            st.owned_queues.push(Arc::clone(&q.name));
         }
         Ok(Inner::queue_info(&q, existed))
     }
@@ -616,7 +680,7 @@ impl Session for CoreSession {
 
     fn delete_queue(&mut self, name: &str) -> Result<(), BrokerError> {
         let mut st = self.state()?;
-        st.owned_queues.retain(|n| n != name);
+        st.owned_queues.retain(|n| &**n != name);
         self.inner.delete_queue(name)
     }
 
@@ -647,7 +711,7 @@ impl Session for CoreSession {
         let mut batch = Batch::default();
         let info = self
             .inner
-            .bind(queue, filter, options, self.origin.clone(), &mut batch)?;
+            .bind(queue, filter, options, self.origin(), &mut batch)?;
         batch.commit(&self.inner, None);
         Ok(info)
     }
@@ -703,7 +767,7 @@ impl Session for CoreSession {
         let routed = self.inner.route(
             address,
             message,
-            self.origin.as_deref(),
+            self.shared.info.client_id.as_deref(),
             &mut batch,
             Duplicates::Detect,
         )?;
@@ -1086,7 +1150,7 @@ impl Session for CoreSession {
                     .route(
                         &address,
                         *message,
-                        self.origin.as_deref(),
+                        self.shared.info.client_id.as_deref(),
                         &mut batch,
                         Duplicates::Detect,
                     )

@@ -29,7 +29,9 @@ use futures_util::task::AtomicWaker;
 use rosetta_neutral::{DeliveryBudget, EventSink, SessionEvent};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
-use tracing::Instrument;
+
+use crate::coarse_timer::{CoarseTimer, Slot};
+use crate::connections::RegistryGuard;
 
 /// Read buffer of a new (or quiet) connection: the buffer is per
 /// connection and most connections are idle, so it starts small.
@@ -127,8 +129,9 @@ impl Transport for tokio::net::TcpStream {
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Transport for tokio_rustls::server::TlsStream<S> {}
 
-/// The core's events for one connection, waiting for its task: a queue the
-/// core pushes to and the task takes whole.
+/// The core's events for one connection, waiting for its task, and the
+/// connection's delivery budget: the sink the core holds, and the queue
+/// the task takes its events from, in one allocation.
 ///
 /// Not a tokio mpsc channel: an unbounded channel allocates a 32-slot block
 /// (3 KiB here) per connection up front, which was the largest part of an
@@ -137,13 +140,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Transport for tokio_rustls::serve
 /// Unbounded in count, bounded in what matters: deliveries by the
 /// connection's [`DeliveryBudget`] in bytes (and by consumer credit),
 /// commits by the adapter's limit on pending commits.
-#[derive(Default)]
-pub(crate) struct EventQueue {
+pub(crate) struct ChannelSink {
     events: parking_lot::Mutex<VecDeque<SessionEvent>>,
     waker: AtomicWaker,
+    budget: Option<Arc<DeliveryBudget>>,
+    /// The server's hard stop, which the task checks on each turn: here
+    /// rather than in the task, whose size is per connection too and
+    /// counts in steps of 128 bytes (issue 20).
+    hard_stop: Arc<HardStop>,
+    /// Messages in and out, for the admin API (two relaxed adds).
+    traffic: crate::connections::ConnectionTraffic,
 }
 
-impl EventQueue {
+/// The task's side of a [`ChannelSink`]: the same allocation (see
+/// [`event_channel`]).
+pub(crate) type EventQueue = ChannelSink;
+
+impl ChannelSink {
     /// Moves every queued event into `batch` (which must be empty),
     /// or registers the task to be woken by the next push.
     fn poll_take_all(&self, cx: &mut Context<'_>, batch: &mut VecDeque<SessionEvent>) -> bool {
@@ -162,14 +175,23 @@ impl EventQueue {
     fn register(&self, cx: &mut Context<'_>) {
         self.waker.register(cx.waker());
     }
-}
 
-/// The sink the core holds for one connection.
-pub(crate) struct ChannelSink {
-    queue: Arc<EventQueue>,
-    budget: Option<Arc<DeliveryBudget>>,
-    /// Messages in and out, for the admin API (two relaxed adds).
-    traffic: crate::connections::ConnectionTraffic,
+    /// Wakes the connection's task without an event (it then sees the
+    /// [`HardStop`]).
+    pub(crate) fn wake(&self) {
+        self.waker.wake();
+    }
+
+    /// The events queued and not yet taken, for tests.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> Vec<SessionEvent> {
+        self.events.lock().drain(..).collect()
+    }
+
+    /// The connection's message counts.
+    pub(crate) fn traffic(&self) -> &crate::connections::ConnectionTraffic {
+        &self.traffic
+    }
 }
 
 impl EventSink for ChannelSink {
@@ -177,8 +199,8 @@ impl EventSink for ChannelSink {
         if matches!(event, SessionEvent::Delivery(_)) {
             self.traffic.sent();
         }
-        self.queue.events.lock().push_back(event);
-        self.queue.waker.wake();
+        self.events.lock().push_back(event);
+        self.waker.wake();
     }
 
     fn budget(&self) -> Option<&Arc<DeliveryBudget>> {
@@ -190,71 +212,42 @@ impl EventSink for ChannelSink {
     }
 }
 
-/// A sink and the queue its events go to. With `budget_bytes`, deliveries
-/// waiting for the connection are bounded by a [`DeliveryBudget`] of that
-/// size, which wakes the connection's task when the core is to be resumed.
+/// A connection's sink, and the queue its events go to: one allocation,
+/// returned twice (the core's handle and the task's). With
+/// `budget_bytes`, deliveries waiting for the connection are bounded by a
+/// [`DeliveryBudget`] of that size, which wakes the connection's task when
+/// the core is to be resumed. Its own hard stop, never set (tests, and
+/// connections no server stops).
 pub(crate) fn event_channel(budget_bytes: Option<u64>) -> (Arc<ChannelSink>, Arc<EventQueue>) {
-    let queue = Arc::new(EventQueue::default());
-    let budget = budget_bytes.map(|bytes| {
-        let budget = DeliveryBudget::new(bytes);
-        let waker = Arc::clone(&queue);
-        budget.set_notify(Box::new(move || waker.waker.wake()));
-        budget
-    });
-    let sink = Arc::new(ChannelSink {
-        queue: Arc::clone(&queue),
-        budget,
-        traffic: Default::default(),
-    });
-    (sink, queue)
+    event_channel_with(budget_bytes, Arc::default())
 }
 
-/// How the driver treats a connection whose peer stops reading.
-#[derive(Debug, Clone)]
-pub(crate) struct SlowConsumerPolicy {
-    /// The connection's delivery budget (the sink's).
-    pub(crate) budget: Option<Arc<DeliveryBudget>>,
-    /// A connection that cannot write while its budget is full for this
-    /// long is closed as a slow consumer; `None` never closes it.
-    pub(crate) timeout: Option<Duration>,
-}
-
-impl SlowConsumerPolicy {
-    /// No budget, never closed (tests, in-process connections).
-    #[cfg(test)]
-    pub(crate) fn none() -> Self {
-        Self {
-            budget: None,
-            timeout: None,
+/// [`event_channel`] for a connection of a server, whose hard stop it
+/// obeys.
+pub(crate) fn event_channel_with(
+    budget_bytes: Option<u64>,
+    hard_stop: Arc<HardStop>,
+) -> (Arc<ChannelSink>, Arc<EventQueue>) {
+    let sink = Arc::new_cyclic(|me: &std::sync::Weak<ChannelSink>| {
+        let budget = budget_bytes.map(|bytes| {
+            let budget = DeliveryBudget::new(bytes);
+            let waker = me.clone();
+            budget.set_notify(Box::new(move || {
+                if let Some(sink) = waker.upgrade() {
+                    sink.wake();
+                }
+            }));
+            budget
+        });
+        ChannelSink {
+            events: parking_lot::Mutex::default(),
+            waker: AtomicWaker::new(),
+            budget,
+            hard_stop,
+            traffic: Default::default(),
         }
-    }
-}
-
-impl ChannelSink {
-    /// Wakes the connection's task without an event (it then sees the
-    /// [`HardStop`]).
-    pub(crate) fn wake(&self) {
-        self.queue.waker.wake();
-    }
-
-    /// The events queued and not yet taken, for tests.
-    #[cfg(test)]
-    pub(crate) fn queued(&self) -> Vec<SessionEvent> {
-        self.queue.events.lock().drain(..).collect()
-    }
-
-    /// The connection's message counts.
-    pub(crate) fn traffic(&self) -> &crate::connections::ConnectionTraffic {
-        &self.traffic
-    }
-
-    /// The policy for this sink's connection.
-    pub(crate) fn slow_consumer_policy(&self, timeout: Option<Duration>) -> SlowConsumerPolicy {
-        SlowConsumerPolicy {
-            budget: self.budget.clone(),
-            timeout,
-        }
-    }
+    });
+    (Arc::clone(&sink), sink)
 }
 
 /// Set when the server's shutdown grace period is over: every connection
@@ -296,47 +289,65 @@ impl HardStop {
     }
 }
 
+/// What a connection's driver needs besides the protocol and the socket.
+pub(crate) struct DriverParts {
+    /// For the info lines the driver logs.
+    pub(crate) conn_id: u64,
+    /// The connection's events and delivery budget.
+    pub(crate) events: Arc<EventQueue>,
+    /// A connection that cannot write while its delivery budget is full
+    /// for this long is closed as a slow consumer; `None` never closes it.
+    pub(crate) slow_consumer_timeout: Option<Duration>,
+    /// The connection's span, entered on each poll (kept only when
+    /// enabled: see `protocols::serve_wire`).
+    pub(crate) span: tracing::Span,
+    /// The connection's entry in the admin API's registry, held while the
+    /// driver runs.
+    pub(crate) registered: Option<RegistryGuard>,
+}
+
 /// The future that runs `conn` over `io` until either side closes.
 ///
 /// A plain function returning the driver, not an `async fn`: the latter
-/// would keep its arguments and the driver side by side in its state.
-pub(crate) fn drive<C, T>(
-    conn_id: u64,
-    conn: C,
-    io: T,
-    events: Arc<EventQueue>,
-    slow: SlowConsumerPolicy,
-    span: tracing::Span,
-    hard_stop: Arc<HardStop>,
-) -> impl Future<Output = ()> + Send
+/// would keep its arguments and the driver side by side in its state. The
+/// driver is a named type so that a plain TCP connection's task can be the
+/// driver itself (see `listener`): one allocation for the task, the
+/// driver and the protocol state.
+pub(crate) fn drive<C, T>(conn: C, io: T, parts: DriverParts) -> Driver<C, T>
 where
     C: ProtocolConnection,
     T: Transport,
 {
-    // `instrument` enters the span on each poll by reference; a span held
-    // in the driver would have to be cloned per poll to be entered while
-    // the driver is borrowed mutably.
+    let DriverParts {
+        conn_id,
+        events,
+        slow_consumer_timeout,
+        span,
+        registered,
+    } = parts;
     Driver {
         conn_id,
         conn,
         io,
         events,
-        hard_stop,
-        rbuf: Vec::new(),
-        read_size: READ_BUFFER_MIN_BYTES,
+        // A disabled span (the usual case: it is a debug span) is not kept:
+        // 40 bytes per idle connection for nothing.
+        span: (!span.is_disabled()).then(|| Box::new(span)),
+        _registered: registered,
+        rbuf: Box::default(),
         out: Vec::new(),
         written: 0,
-        flushing: false,
         batch: VecDeque::new(),
         timer: None,
-        input_recheck: None,
-        slow,
-        write_stalled_since: None,
-        stall_timer: None,
-        farewell: None,
+        coarse: Slot::default(),
+        trouble: None,
+        slow_consumer_timeout_ms: slow_consumer_timeout.map_or(0, |t| {
+            u32::try_from(t.as_millis()).unwrap_or(u32::MAX).max(1)
+        }),
+        read_size: READ_BUFFER_MIN_BYTES as u32,
+        flushing: false,
         phase: Phase::Running,
     }
-    .instrument(span)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -359,33 +370,54 @@ enum Step {
     Closed,
 }
 
-struct Driver<C, T> {
+/// A connection's driver (see [`drive`]).
+///
+/// Its size is part of every connection's memory (the task is the driver
+/// for a plain TCP connection), so what only a connection in trouble
+/// needs is in [`Trouble`], allocated while the trouble lasts.
+pub(crate) struct Driver<C, T> {
     /// For the info lines the driver logs (the connection's span is a
     /// debug one, see `run_wire`).
     conn_id: u64,
     conn: C,
     io: T,
     events: Arc<EventQueue>,
-    hard_stop: Arc<HardStop>,
+    span: Option<Box<tracing::Span>>,
+    _registered: Option<RegistryGuard>,
     /// Empty (unallocated) between reads when the transport reports
-    /// readiness and the connection is quiet.
-    rbuf: Vec<u8>,
+    /// readiness and the connection is quiet. Always exactly the read's
+    /// size, so a boxed slice (16 bytes) rather than a vector (24).
+    rbuf: Box<[u8]>,
+    out: Vec<u8>,
+    /// How much of `out` the transport has taken (a turn's output is far
+    /// below 4 GiB: the delivery budget and the adapters' limits bound it).
+    written: u32,
+    batch: VecDeque<SessionEvent>,
+    /// The exact timer, allocated while the protocol's deadline is near
+    /// (see `coarse`).
+    timer: Option<Pin<Box<Sleep>>>,
+    /// A far deadline's wake-up, parked in the [`CoarseTimer`].
+    coarse: Slot,
+    /// Back-pressure, a stalled write, a farewell: `None` while all is well.
+    trouble: Option<Box<Trouble>>,
+    /// The slow-consumer limit in ms (0: never closed as one).
+    slow_consumer_timeout_ms: u32,
     /// The size of the next read: doubles while reads fill it, back to the
     /// minimum when they do not.
-    read_size: usize,
-    out: Vec<u8>,
-    /// How much of `out` the transport has taken.
-    written: usize,
+    read_size: u32,
     /// `out` is written; the flush is pending.
     flushing: bool,
-    batch: VecDeque<SessionEvent>,
-    /// Allocated the first time the protocol has a deadline.
-    timer: Option<Pin<Box<Sleep>>>,
+    phase: Phase,
+}
+
+/// What a driver holds only while its connection is in trouble: the
+/// protocol refused input (back-pressure), a write stalled, or the broker
+/// closed the connection and waits for its last frames to go.
+#[derive(Default)]
+struct Trouble {
     /// When a connection that stopped reading looks again (see
     /// [`INPUT_RECHECK_INTERVAL`]).
     input_recheck: Option<Instant>,
-    /// The delivery budget and the slow-consumer limit.
-    slow: SlowConsumerPolicy,
     /// Since when output has been waiting for a peer that does not read.
     write_stalled_since: Option<Instant>,
     /// The slow-consumer deadline, allocated while a write is stalled with
@@ -393,22 +425,74 @@ struct Driver<C, T> {
     stall_timer: Option<Pin<Box<Sleep>>>,
     /// Bounds the last write of a connection the broker closed.
     farewell: Option<Pin<Box<Sleep>>>,
-    phase: Phase,
+}
+
+impl Trouble {
+    fn is_over(&self) -> bool {
+        self.input_recheck.is_none()
+            && self.write_stalled_since.is_none()
+            && self.stall_timer.is_none()
+            && self.farewell.is_none()
+    }
 }
 
 // No field is pinned structurally (the timers are boxed, the rest is only
 // ever used through `&mut`), so moving a driver is fine.
 impl<C, T> Unpin for Driver<C, T> {}
 
+impl<C, T> Drop for Driver<C, T> {
+    fn drop(&mut self) {
+        // A closed connection's wake-up goes with it.
+        if self.coarse.is_armed() {
+            CoarseTimer::global().cancel(self.coarse, &self.events);
+        }
+    }
+}
+
 impl<C: ProtocolConnection, T: Transport> Future for Driver<C, T> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.get_mut().run(cx)
+        let this = self.get_mut();
+        // Taken out while the driver runs, which borrows it mutably.
+        let span = this.span.take();
+        let entered = span.as_deref().map(tracing::Span::enter);
+        let poll = this.run(cx);
+        drop(entered);
+        this.span = span;
+        poll
     }
 }
 
 impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
+    fn trouble(&mut self) -> &mut Trouble {
+        self.trouble.get_or_insert_with(Box::default)
+    }
+
+    /// Frees the trouble state once nothing in it is left.
+    fn end_trouble_if_over(&mut self) {
+        if self.trouble.as_ref().is_some_and(|t| t.is_over()) {
+            self.trouble = None;
+        }
+    }
+
+    /// Takes back a wake-up parked in the coarse timer.
+    fn unpark(&mut self) {
+        if self.coarse.is_armed() {
+            CoarseTimer::global().cancel(self.coarse, &self.events);
+            self.coarse = Slot::default();
+        }
+    }
+
+    /// Whether part of `out` is still to be written.
+    fn unwritten(&self) -> bool {
+        (self.written as usize) < self.out.len()
+    }
+
+    fn write_stalled_since(&self) -> Option<Instant> {
+        self.trouble.as_ref()?.write_stalled_since
+    }
+
     fn run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         for _ in 0..TURNS_PER_POLL {
             if self.phase == Phase::Done {
@@ -416,14 +500,14 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
             }
             // Checked in every phase: a peer that stops reading must not
             // hold a closing or shutting-down server.
-            if self.hard_stop.is_stopped() {
+            if self.events.hard_stop.is_stopped() {
                 tracing::debug!("shutdown grace period over; cutting the connection");
                 if self.phase == Phase::Running {
                     self.conn.handle_transport_closed(Instant::now());
                 }
                 return self.finish();
             }
-            if let Some(farewell) = &mut self.farewell {
+            if let Some(farewell) = self.trouble.as_mut().and_then(|t| t.farewell.as_mut()) {
                 if farewell.as_mut().poll(cx).is_ready() {
                     tracing::debug!("peer took no farewell; cutting the connection");
                     return self.finish();
@@ -443,7 +527,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                         tracing::debug!(error = %e, "write failed while closing");
                         return self.finish();
                     }
-                    if self.written < self.out.len() || self.flushing {
+                    if self.unwritten() || self.flushing {
                         return Poll::Pending;
                     }
                     return match Pin::new(&mut self.io).poll_shutdown(cx) {
@@ -453,7 +537,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 }
                 Phase::Running => {}
             }
-            if let Some(budget) = &self.slow.budget {
+            if let Some(budget) = &self.events.budget {
                 // Room came back since the core turned a delivery away:
                 // let it dispatch again (outside any adapter call).
                 budget.resume_if_due();
@@ -473,8 +557,8 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                     // peer would stay connected until some unrelated timer
                     // fired.
                     self.events.register(cx);
-                    if self.written < self.out.len() && self.write_stalled_since.is_none() {
-                        self.write_stalled_since = Some(Instant::now());
+                    if self.unwritten() && self.write_stalled_since().is_none() {
+                        self.trouble().write_stalled_since = Some(Instant::now());
                         // Arms the deadline if the core is waiting already.
                         if self.poll_slow_consumer(cx) {
                             continue;
@@ -510,6 +594,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 }
             }
             if !progress && self.phase == Phase::Running {
+                self.end_trouble_if_over();
                 return Poll::Pending;
             }
         }
@@ -524,9 +609,12 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
     /// own flow control (unsettled deliveries, a closed AMQP session
     /// window) while its socket takes everything is not slow.
     fn slow_consumer_deadline(&self) -> Option<Instant> {
-        let timeout = self.slow.timeout?;
-        let held_back = self.slow.budget.as_ref()?.held_back_since()?;
-        let stalled = self.write_stalled_since?;
+        if self.slow_consumer_timeout_ms == 0 {
+            return None;
+        }
+        let timeout = Duration::from_millis(u64::from(self.slow_consumer_timeout_ms));
+        let held_back = self.events.budget.as_ref()?.held_back_since()?;
+        let stalled = self.write_stalled_since()?;
         Some(held_back.max(stalled) + timeout)
     }
 
@@ -534,13 +622,15 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
     /// arms the timer that wakes the task at the deadline.
     fn poll_slow_consumer(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(deadline) = self.slow_consumer_deadline() else {
-            self.stall_timer = None;
+            if let Some(trouble) = &mut self.trouble {
+                trouble.stall_timer = None;
+            }
             return false;
         };
         let now = Instant::now();
         if now < deadline {
             let at = tokio::time::Instant::from_std(deadline);
-            let timer = match &mut self.stall_timer {
+            let timer = match &mut self.trouble().stall_timer {
                 Some(timer) => {
                     if timer.deadline() != at {
                         timer.as_mut().reset(at);
@@ -553,20 +643,20 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 return false;
             }
         }
-        self.stall_timer = None;
+        self.trouble().stall_timer = None;
         let budget = self
-            .slow
+            .events
             .budget
             .as_ref()
             .map(|b| (b.used_bytes(), b.max_bytes()));
         tracing::info!(
             conn_id = self.conn_id,
             ?budget,
-            timeout_ms = self.slow.timeout.map(|t| t.as_millis()),
+            timeout_ms = self.slow_consumer_timeout_ms,
             "slow consumer: the peer stopped reading; closing"
         );
         self.conn.handle_slow_consumer(now);
-        self.farewell = Some(Box::pin(tokio::time::sleep(FAREWELL_TIMEOUT)));
+        self.trouble().farewell = Some(Box::pin(tokio::time::sleep(FAREWELL_TIMEOUT)));
         self.phase = Phase::ShuttingDown;
         true
     }
@@ -581,24 +671,27 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
     /// Ready(Ok) once everything is written and flushed.
     fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         loop {
-            if self.written == self.out.len() && !self.flushing {
+            if !self.unwritten() && !self.flushing {
                 self.release_out();
                 self.conn.poll_transmit(&mut self.out);
                 if self.out.is_empty() {
                     return Poll::Ready(Ok(()));
                 }
             }
-            while self.written < self.out.len() {
+            while self.unwritten() {
                 let n = std::task::ready!(
-                    Pin::new(&mut self.io).poll_write(cx, &self.out[self.written..])
+                    Pin::new(&mut self.io).poll_write(cx, &self.out[self.written as usize..])
                 )?;
                 if n == 0 {
                     return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
                 }
-                self.written += n;
+                // At most what is left of `out` (see `written`).
+                self.written += u32::try_from(n).unwrap_or(u32::MAX);
                 self.flushing = true;
                 // The peer took bytes: whatever stall there was is over.
-                self.write_stalled_since = None;
+                if let Some(trouble) = &mut self.trouble {
+                    trouble.write_stalled_since = None;
+                }
             }
             if self.flushing {
                 std::task::ready!(Pin::new(&mut self.io).poll_flush(cx))?;
@@ -644,11 +737,18 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         // nothing else may wake it when the pressure goes: a pure publisher
         // gets no events.
         if self.conn.wants_input() {
-            self.input_recheck = None;
-        } else if self.input_recheck.is_none() {
-            self.input_recheck = Some(Instant::now() + INPUT_RECHECK_INTERVAL);
+            if let Some(trouble) = &mut self.trouble {
+                trouble.input_recheck = None;
+            }
+        } else if self
+            .trouble
+            .as_ref()
+            .is_none_or(|t| t.input_recheck.is_none())
+        {
+            self.trouble().input_recheck = Some(Instant::now() + INPUT_RECHECK_INTERVAL);
         }
-        let deadline = match (self.conn.poll_timeout(), self.input_recheck) {
+        let input_recheck = self.trouble.as_ref().and_then(|t| t.input_recheck);
+        let deadline = match (self.conn.poll_timeout(), input_recheck) {
             (Some(a), Some(b)) => a.min(b),
             (Some(a), None) | (None, Some(a)) => a,
             (None, None) => {
@@ -656,9 +756,25 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 // connect deadline is over): an idle connection should not
                 // keep a timer allocation it no longer needs.
                 self.timer = None;
+                self.unpark();
                 return Step::Idle;
             }
         };
+        // A far deadline (an idle connection's keep-alive) waits in the
+        // coarse timer, which wakes the task shortly before it; the exact
+        // timer below takes the last stretch.
+        let coarse = CoarseTimer::global();
+        if coarse.covers(self.coarse, deadline) {
+            self.timer = None;
+            return Step::Idle;
+        }
+        if let Some(slot) = coarse.arm(deadline, &self.events) {
+            coarse.cancel(self.coarse, &self.events);
+            self.coarse = slot;
+            self.timer = None;
+            return Step::Idle;
+        }
+        self.unpark();
         let deadline = tokio::time::Instant::from_std(deadline);
         let timer = match &mut self.timer {
             Some(timer) => {
@@ -673,8 +789,8 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
             return Step::Idle;
         }
         let now = Instant::now();
-        if self.input_recheck.is_some_and(|t| now >= t) {
-            self.input_recheck = None;
+        if input_recheck.is_some_and(|t| now >= t) {
+            self.trouble().input_recheck = None;
         }
         if self.conn.poll_timeout().is_some_and(|t| now >= t) {
             self.conn.handle_timeout(now);
@@ -705,11 +821,11 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 Step::Closed
             }
             Poll::Ready(Ok(n)) => {
-                self.read_size = next_read_size(self.read_size, n);
-                if self.read_size == READ_BUFFER_MIN_BYTES && self.io.reports_readiness() {
+                self.read_size = next_read_size(self.read_size as usize, n) as u32;
+                if self.read_size as usize == READ_BUFFER_MIN_BYTES && self.io.reports_readiness() {
                     // Quiet: wait for the next bytes without a buffer. A
                     // lent buffer holding part of a frame is kept.
-                    self.rbuf = Vec::new();
+                    self.rbuf = Box::default();
                     if let Some(buf) = self.conn.input_buffer().filter(|b| b.is_empty()) {
                         *buf = BytesMut::new();
                     }
@@ -721,9 +837,9 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
 
     /// Reads into the driver's own buffer and hands the protocol a slice.
     fn poll_read_own(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.rbuf.len() != self.read_size {
-            self.rbuf.resize(self.read_size, 0);
-            self.rbuf.shrink_to_fit();
+        let size = self.read_size as usize;
+        if self.rbuf.len() != size {
+            self.rbuf = vec![0; size].into_boxed_slice();
         }
         let mut buf = ReadBuf::new(&mut self.rbuf);
         std::task::ready!(Pin::new(&mut self.io).poll_read(cx, &mut buf))?;
@@ -740,7 +856,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         let Some(buf) = self.conn.input_buffer() else {
             return Poll::Ready(Ok(0));
         };
-        buf.reserve(self.read_size);
+        buf.reserve(self.read_size as usize);
         let n = std::task::ready!(tokio_util::io::poll_read_buf(
             Pin::new(&mut self.io),
             cx,
@@ -815,16 +931,14 @@ mod tests {
             echoed: Vec::new(),
         };
         let (_sink, events) = event_channel(None);
-        let stop = Arc::new(HardStop::default());
-        let task = tokio::spawn(drive(
-            1,
-            conn,
-            server,
+        let parts = DriverParts {
+            conn_id: 1,
             events,
-            SlowConsumerPolicy::none(),
-            tracing::Span::none(),
-            stop,
-        ));
+            slow_consumer_timeout: None,
+            span: tracing::Span::none(),
+            registered: None,
+        };
+        let task = tokio::spawn(drive(conn, server, parts));
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         client.write_all(b"ping").await.expect("write");
         let mut buf = [0u8; 4];
@@ -838,6 +952,75 @@ mod tests {
             .expect("echo");
         assert_eq!(&buf, b"ping");
         task.abort();
+    }
+
+    /// A connection whose deadline is its only source of progress (an idle
+    /// keep-alive): it times out at the deadline, a far deadline waiting
+    /// in the coarse timer until shortly before it.
+    struct Deadline {
+        at: Instant,
+        fired: Arc<std::sync::Mutex<Option<Instant>>>,
+    }
+
+    impl ProtocolConnection for Deadline {
+        fn handle_input(&mut self, _: Instant, _: &[u8]) {}
+        fn handle_event(&mut self, _: Instant, _: SessionEvent) {}
+        fn handle_timeout(&mut self, now: Instant) {
+            if now >= self.at {
+                *self.fired.lock().expect("lock") = Some(now);
+            }
+        }
+        fn poll_timeout(&self) -> Option<Instant> {
+            self.fired
+                .lock()
+                .expect("lock")
+                .is_none()
+                .then_some(self.at)
+        }
+        fn poll_transmit(&mut self, _: &mut Vec<u8>) {}
+        fn wants_input(&self) -> bool {
+            true
+        }
+        fn is_closed(&self) -> bool {
+            self.fired.lock().expect("lock").is_some()
+        }
+        fn handle_transport_closed(&mut self, _: Instant) {}
+        fn handle_slow_consumer(&mut self, _: Instant) {}
+    }
+
+    #[tokio::test]
+    async fn a_far_deadline_fires_on_time_through_the_coarse_timer() {
+        let (_client, server) = tokio::io::duplex(1024);
+        let start = Instant::now();
+        let at = start + crate::coarse_timer::COARSE_MIN + Duration::from_millis(700);
+        let fired = Arc::default();
+        let conn = Deadline {
+            at,
+            fired: Arc::clone(&fired),
+        };
+        let (_sink, events) = event_channel(None);
+        let parts = DriverParts {
+            conn_id: 1,
+            events,
+            slow_consumer_timeout: None,
+            span: tracing::Span::none(),
+            registered: None,
+        };
+        let mut driver = drive(conn, server, parts);
+        // Parked, not on an exact timer, right after the first poll.
+        let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut driver).poll(cx))).await;
+        assert!(first.is_pending());
+        assert!(driver.coarse.is_armed() && driver.timer.is_none());
+        tokio::time::timeout(Duration::from_secs(10), driver)
+            .await
+            .expect("the connection closed at its deadline");
+        let when = fired.lock().expect("lock").expect("timed out");
+        assert!(when >= at, "not before the deadline");
+        assert!(
+            when < at + Duration::from_millis(500),
+            "on time: {:?} late",
+            when - at
+        );
     }
 
     #[test]

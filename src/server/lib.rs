@@ -17,6 +17,7 @@
 pub mod access;
 mod admission;
 mod cluster;
+mod coarse_timer;
 pub mod connections;
 mod detect;
 pub mod discovery;
@@ -41,6 +42,7 @@ pub use tls::{ServerCertificate, TlsSetupError};
 pub mod users;
 mod view;
 mod ws;
+mod ws_frames;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -65,6 +67,8 @@ pub use ws::{AdminOnHttpPort, HttpStream};
 pub(crate) struct Shared {
     pub(crate) core: Core,
     pub(crate) config: Config,
+    /// The protocol adapters' settings, from `config`.
+    pub(crate) adapters: protocols::AdapterConfigs,
     next_conn_id: AtomicU64,
     /// Set when connections must stop now (end of the grace period).
     pub(crate) hard_stop: Arc<driver::HardStop>,
@@ -263,6 +267,7 @@ pub async fn start(
     let shared = Arc::new(Shared {
         core,
         config: config.clone(),
+        adapters: protocols::AdapterConfigs::new(&config),
         next_conn_id: AtomicU64::new(1),
         hard_stop: Arc::default(),
         tls,

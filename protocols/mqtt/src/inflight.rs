@@ -7,10 +7,10 @@
 //! - Inbound QoS 2: packet ids routed but not yet released, persisted with
 //!   `Session::put_state` so a restart mid-flow still drops duplicates.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use rosetta_neutral::{ConsumerId, DeliveryTag};
+use rosetta_neutral::{ConsumerId, DeliveryTag, LazyMap};
 
 /// `put_state` key of the inbound QoS 2 packet ids awaiting PUBREL.
 pub(crate) const QOS2_INBOUND_STATE_KEY: &str = "mqtt.qos2-inbound";
@@ -36,7 +36,8 @@ pub(crate) struct OutFlight {
 /// Outbound packet ids in use.
 #[derive(Debug, Default)]
 pub(crate) struct Outbound {
-    flights: HashMap<u16, OutFlight>,
+    /// Lazy: an idle connection has nothing in flight (issue 20).
+    flights: LazyMap<u16, OutFlight>,
     next: u16,
 }
 

@@ -10,6 +10,8 @@
 //!   [`SessionEvent`]s the core sends back;
 //! - [`budget`]: the per-connection byte budget for deliveries not yet
 //!   written, the core's back-pressure from a slow reader;
+//! - [`lazy_map`]: a hash map that costs a pointer until its first entry,
+//!   for the per-connection state most connections never use;
 //! - [`stream`]: where a stream reader starts, its group, and the
 //!   position a stream delivery carries;
 //! - [`login`]: the identity rule for a new connection (password, client
@@ -25,6 +27,7 @@ pub mod address;
 pub mod broker;
 pub mod budget;
 pub mod fields;
+pub mod lazy_map;
 pub mod login;
 pub mod message;
 pub mod placement;
@@ -35,6 +38,7 @@ pub mod value;
 pub use address::{Address, AddressError, RoutingType};
 pub use broker::*;
 pub use budget::{DeliveryBudget, DeliveryCharge};
+pub use lazy_map::LazyMap;
 pub use login::{Credentials, LoginStart, PasswordCheck};
 pub use message::{Body, BodyKind, Guarantee, Message, MessageId};
 pub use placement::{Placement, PlacementRequest, RedirectTarget};

@@ -10,8 +10,8 @@ use rosetta_neutral::address::{
 };
 use rosetta_neutral::{
     durable_subscription_queue, Address, BrokerError, ConsumerId, ConsumerSpec, CreditMode,
-    Delivery, DeliveryTag, Outcome, PublishOptions, QueueInfo, QueueLifetime, QueueSpec, Session,
-    Ticket, TxnId,
+    Delivery, DeliveryTag, LazyMap, Outcome, PublishOptions, QueueInfo, QueueLifetime, QueueSpec,
+    Session, Ticket, TxnId,
 };
 use tracing::{debug, trace};
 
@@ -45,11 +45,15 @@ pub(crate) struct Open {
     /// Key of durable subscriptions: `client-id`, else the login.
     client_key: Option<String>,
     pub(crate) heart: HeartBeat,
-    subs: HashMap<String, Subscription>,
-    pub(crate) by_consumer: HashMap<ConsumerId, String>,
-    txns: HashMap<String, Txn>,
+    // Lazy (8 bytes each until used, 48 as maps): an idle connection has
+    // no subscription, transaction or temporary queue (issue 20).
+    // Subscriptions boxed: a map's first table has four slots, and four
+    // subscriptions inline were 772 bytes for the one a device has.
+    subs: LazyMap<String, Box<Subscription>>,
+    pub(crate) by_consumer: LazyMap<ConsumerId, String>,
+    txns: LazyMap<String, Txn>,
     /// `/temp-queue/x` name → the core's generated queue name.
-    temp_queues: HashMap<String, String>,
+    temp_queues: LazyMap<String, String>,
     pub(crate) receipts: Receipts,
     /// DISCONNECT received: no more frames are read.
     pub(crate) disconnecting: bool,
@@ -109,10 +113,10 @@ impl Open {
             version,
             client_key,
             heart,
-            subs: HashMap::new(),
-            by_consumer: HashMap::new(),
-            txns: HashMap::new(),
-            temp_queues: HashMap::new(),
+            subs: LazyMap::default(),
+            by_consumer: LazyMap::default(),
+            txns: LazyMap::default(),
+            temp_queues: LazyMap::default(),
             receipts: Receipts::default(),
             disconnecting: false,
             pending: VecDeque::new(),
@@ -197,7 +201,8 @@ impl Open {
                     let sub = self
                         .by_consumer
                         .get(&d.consumer)
-                        .and_then(|id| self.subs.get(id));
+                        .and_then(|id| self.subs.get(id))
+                        .map(|sub| &**sub);
                     last = Some((d.consumer, sub));
                     sub
                 }
@@ -417,7 +422,7 @@ impl Open {
         self.by_consumer.insert(consumer, id.clone());
         self.subs.insert(
             id.clone(),
-            Subscription::new(
+            Box::new(Subscription::new(
                 id,
                 id_given,
                 dest.to_owned(),
@@ -425,7 +430,7 @@ impl Open {
                 ack,
                 durable_queue,
                 browse,
-            ),
+            )),
         );
         Ok(Done {
             tickets,

@@ -106,6 +106,9 @@ pub enum FrameError {
 
 /// Headers most frames have at most: the first allocation's size.
 const HEADERS_EXPECTED: usize = 8;
+/// Input smaller than this marks a quiet connection (see
+/// [`Decoder::release_if_idle`]).
+const IDLE_INPUT_BYTES: usize = 1024;
 
 /// A command line longer than this is not a command, whatever it holds.
 const COMMAND_LINE_MAX_BYTES: usize = 32;
@@ -167,6 +170,16 @@ impl Decoder {
     /// Sets the version whose escaping rules apply to later frames.
     pub fn set_version(&mut self, version: Version) {
         self.version = version;
+    }
+
+    /// Frees the buffer when nothing is in it and the input was small (a
+    /// quiet connection): an idle connection holds no parse buffer, a busy
+    /// one keeps its own.
+    pub fn release_if_idle(&mut self, last_input_bytes: usize) {
+        let between_frames = matches!(self.phase, Phase::Head { scanned: 0, .. });
+        if self.buf.is_empty() && between_frames && last_input_bytes < IDLE_INPUT_BYTES {
+            self.buf = BytesMut::new();
+        }
     }
 
     /// Bytes buffered and not yet returned as frames.
