@@ -2047,8 +2047,10 @@ async fn a_first_look_at_a_queue_shows_what_flowed_since_the_start() {
             .is_some_and(|r| r > 0.0),
         "{body}"
     );
+    // The window is rounded to the millisecond, and may be only a few
+    // of them here: within half a message.
     assert!(
-        (flowed(&body["rates"], "published_per_s") - 8.0).abs() < 0.05,
+        (flowed(&body["rates"], "published_per_s") - 8.0).abs() < 0.5,
         "{body}"
     );
     assert_eq!(body["rates"]["delivered_per_s"], json!(0.0), "{body}");
