@@ -11,6 +11,8 @@
 # amqp". Each count runs without and with one subscription per connection.
 # KEEP_ALIVE_S (default 60) is the MQTT keep-alive and the STOMP heart-beat
 # asked for; a run is far shorter than 1.5 times it, so nobody pings.
+# PEER=mosquitto (the default; PEER= for none) runs the MQTT counts against
+# mosquitto too, in the same run (installed by bench/peers/setup.sh).
 # Output: one line per run, and RESULT lines in $OUT (default
 # bench/results/<date>-issue20/idle.jsonl).
 set -euo pipefail
@@ -20,6 +22,7 @@ LOAD=${2:?rosetta-load binary}
 COUNTS=${3:-5000 10000 19000}
 PROTOCOLS=${4:-mqtt mqtt-ws stomp amqp}
 KEEP_ALIVE_S=${KEEP_ALIVE_S:-60}
+PEER=${PEER-mosquitto}
 OUT=${OUT:-$(dirname "$0")/results/$(date -u +%F)-issue20/idle.jsonl}
 mkdir -p "$(dirname "$OUT")"
 
@@ -28,9 +31,29 @@ source "$(dirname "$0")/peers/peers.sh"
 trap 'peers_stop_all; rm -rf "$BENCH_TMP"' EXIT
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
+# run_idle NAME PID PORT PROTOCOL COUNT [--subscribe]: one run of the load
+# tool against a started broker, its line printed and its RESULT kept.
+run_idle() {
+  local name=$1 pid=$2 port=$3 proto=$4 n=$5 sub=${6:-} out
+  out=$("$LOAD" --port "$port" --broker-pid "$pid" --broker-name "$name" \
+    idle --protocol "$proto" --connections "$n" --keep-alive-s "$KEEP_ALIVE_S" $sub 2>&1) || true
+  echo "$out" | grep -v '^RESULT '
+  echo "$out" | grep '^RESULT ' | sed 's/^RESULT //' >> "$OUT"
+}
+
+if [ "$PEER" = mosquitto ] && [[ " $PROTOCOLS " == *" mqtt "* ]]; then
+  "$(dirname "$0")/peers/setup.sh" mosquitto >/dev/null
+fi
+
 for proto in $PROTOCOLS; do
   for n in $COUNTS; do
     for sub in "" --subscribe; do
+      if [ "$PEER" = mosquitto ] && [ "$proto" = mqtt ]; then
+        start_mosquitto
+        run_idle mosquitto "$MOSQUITTO_PID" "$MOSQUITTO_PORT" mqtt "$n" $sub
+        peers_stop_all
+        rm -rf "$BENCH_TMP/mosquitto"
+      fi
       start_rosetta
       case $proto in
         mqtt | mqtt-ws) port=$ROSETTA_MQTT_PORT ;;
@@ -39,10 +62,7 @@ for proto in $PROTOCOLS; do
         *) echo "unknown protocol $proto" >&2; exit 2 ;;
       esac
       [ "$proto" = mqtt-ws ] && port=$ROSETTA_WS_PORT
-      out=$("$LOAD" --port "$port" --broker-pid "$ROSETTA_PID" --broker-name rosetta \
-        idle --protocol "$proto" --connections "$n" --keep-alive-s "$KEEP_ALIVE_S" $sub 2>&1) || true
-      echo "$out" | grep -v '^RESULT '
-      echo "$out" | grep '^RESULT ' | sed 's/^RESULT //' >> "$OUT"
+      run_idle rosetta "$ROSETTA_PID" "$port" "$proto" "$n" $sub
       peers_stop_all
       rm -rf "$BENCH_TMP/rosetta"
     done

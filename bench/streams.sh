@@ -3,20 +3,27 @@
 # in the same run, in the same directory:
 #
 #   1. the disk: sequential write (dd, 1 MiB blocks, fdatasync at the end),
-#      sequential read once cached (dd twice, the second counted), and
-#      fdatasync/s of 4 KiB appends;
+#      sequential read from the device (dd iflag=direct: the page cache
+#      bypassed; or, where O_DIRECT is refused, after dropping the file
+#      from the cache), sequential read once cached (dd twice, the second
+#      counted), and fdatasync/s of 4 KiB appends;
 #   2. append: one STOMP producer of 1 KiB persistent messages with up to
 #      WINDOW receipts outstanding (group commit syncs them together) into
 #      one stream, under [store] sync = "every-commit"; payload and on-disk
 #      bytes/s as a ratio of the disk's sequential write rate;
 #   3. history: one reader (prefetch-count PREFETCH) reads the whole stream
-#      from `first`; bytes/s as a ratio of the cached sequential read rate,
-#      and the broker's RSS growth against the reader's credit;
+#      from `first`; bytes/s as a ratio of the device's sequential read
+#      rate and of the cached one (docs/streams.md says which the target
+#      means), and the broker's RSS growth against the reader's credit;
 #   4. tail: 1, 10 and 100 readers at `next` of a new stream while the
 #      producer appends TAIL_COUNT messages; deliveries/s and broker RSS as
-#      readers are added.
+#      readers are added, and the growth per reader against its credit.
 #
-#   bench/streams.sh            (results in bench/results/<date>-issue17/)
+# Every run also prints the load generator's own CPU per message next to
+# the broker's: both share the machine's cores, so a load generator that
+# costs as much as the broker would cap what is measured.
+#
+#   bench/streams.sh   (results in bench/results/<date>-issue17/streams-<STREAM_MIB>mib.txt)
 #
 # Environment: STREAM_MIB (stream size for append and history, default
 # 1024; the issue's 10 GB is STREAM_MIB=10240), TAIL_COUNT (default 20000),
@@ -43,7 +50,7 @@ source "$ROOT/bench/peers/peers.sh"
 trap 'peers_stop_all; rm -rf "$BENCH_TMP"' EXIT
 OUT_DIR=$ROOT/bench/results/$(date -u +%F)-issue17
 mkdir -p "$OUT_DIR"
-OUT=$OUT_DIR/streams.txt
+OUT=$OUT_DIR/streams-${STREAM_MIB}mib.txt
 RESULTS=$BENCH_TMP/results.jsonl
 
 # dd_rate DD-ARGS...: bytes/s dd reports (its last stderr line).
@@ -53,11 +60,27 @@ dd_rate() {
 
 disk() {
   local probe=$BENCH_TMP/dd-probe
-  DISK_WRITE=$(dd_rate if=/dev/zero of="$probe" bs=1M count="$STREAM_MIB" conv=fdatasync)
+  # At most 4 GiB: enough for a steady rate, and the issue's 10 GB run
+  # need not hold the probe and the stream on the disk at once.
+  local probe_mib=$((STREAM_MIB < 4096 ? STREAM_MIB : 4096))
+  DISK_WRITE=$(dd_rate if=/dev/zero of="$probe" bs=1M count="$probe_mib" conv=fdatasync)
+  # From the device: O_DIRECT bypasses the page cache; where the file
+  # system refuses it, drop the file's pages first (fdatasync'ed above, so
+  # they are clean and nocache can drop them).
+  DISK_READ_DEVICE=$(dd_rate if="$probe" of=/dev/null bs=1M iflag=direct)
+  if [ -z "$DISK_READ_DEVICE" ]; then
+    dd if="$probe" iflag=nocache count=0 2>/dev/null
+    DISK_READ_DEVICE=$(dd_rate if="$probe" of=/dev/null bs=1M iflag=nocache)
+    DEVICE_HOW="page cache dropped first"
+  else
+    DEVICE_HOW="iflag=direct"
+  fi
   dd_rate if="$probe" of=/dev/null bs=1M > /dev/null
   DISK_READ=$(dd_rate if="$probe" of=/dev/null bs=1M)
   rm -f "$probe"
-  echo "disk: sequential write $((DISK_WRITE / 1000000)) MB/s (dd ${STREAM_MIB} MiB, fdatasync), cached sequential read $((DISK_READ / 1000000)) MB/s"
+  echo "disk: sequential write $((DISK_WRITE / 1000000)) MB/s (dd ${probe_mib} MiB, fdatasync)," \
+    "sequential read from the device $((DISK_READ_DEVICE / 1000000)) MB/s ($DEVICE_HOW)," \
+    "cached sequential read $((DISK_READ / 1000000)) MB/s"
   python3 - "$BENCH_TMP" <<'PY'
 import os, sys, time
 path = os.path.join(sys.argv[1], "fsync-probe")
@@ -95,6 +118,16 @@ load() {
 
 field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$BENCH_TMP/last.json" "$1"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+# cpu: the broker's and the load generator's CPU per message of the last run.
+cpu() {
+  python3 - "$BENCH_TMP/last.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+n = max(r.get("received") or 0, 1)
+per = lambda us: "-" if us is None else f"{us / n:.2f}"
+print(f"CPU per message: broker {per(r.get('broker_cpu_us'))} us, load generator {per(r.get('load_cpu_us'))} us")
+PY
+}
 
 {
   echo "# rosetta streams benchmark, issue 17 ($(date -u +%FT%TZ))"
@@ -112,22 +145,32 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
   disk_rate=$(awk -v b="$on_disk" -v s="$elapsed" 'BEGIN { printf "%.0f\n", b / s }')
   echo "append: payload $((payload / 1000000)) MB/s = $(ratio "$payload" "$DISK_WRITE") of the disk's sequential write;" \
     "log on disk $((on_disk / 1048576)) MiB, $((disk_rate / 1000000)) MB/s = $(ratio "$disk_rate" "$DISK_WRITE")"
+  cpu
 
   echo; echo "## history (one reader from first)"
   load --stream bench-stream-history --count "$COUNT" --size "$SIZE" --readers 1 --prefetch "$PREFETCH" --from first --no-append
   payload=$(field payload_bytes_per_s)
   grow=$(( $(field rss_peak_bytes) - $(field rss_start_bytes) ))
   credit=$((PREFETCH * SIZE))
-  echo "history: $((payload / 1000000)) MB/s = $(ratio "$payload" "$DISK_READ") of the disk's cached sequential read;" \
+  echo "history: $((payload / 1000000)) MB/s = $(ratio "$payload" "$DISK_READ_DEVICE") of the device's sequential read," \
+    "$(ratio "$payload" "$DISK_READ") of the cached sequential read;" \
     "broker RSS grew $((grow / 1024)) KiB at its peak against a credit of $PREFETCH x $SIZE B = $((credit / 1024)) KiB"
+  cpu
 
   echo; echo "## tail readers"
   for r in 1 10 100; do
     load --stream "bench-stream-tail-$r" --count "$TAIL_COUNT" --size "$SIZE" --window "$WINDOW" \
       --readers "$r" --prefetch "$PREFETCH" --from next
-    echo "tail $r readers: $(field msg_per_s) deliveries/s, broker RSS start $(( $(field rss_start_bytes) / 1048576 )) MiB," \
-      "peak $(( $(field rss_peak_bytes) / 1048576 )) MiB"
+    grow=$(( $(field rss_peak_bytes) - $(field rss_start_bytes) ))
+    eval "TAIL_GROW_$r=$grow"
+    echo "tail $r readers: $(field msg_per_s | cut -d. -f1) deliveries/s, broker RSS start $(( $(field rss_start_bytes) / 1048576 )) MiB," \
+      "peak $(( $(field rss_peak_bytes) / 1048576 )) MiB: $((grow / r / 1024)) KiB per reader against a credit of $((PREFETCH * SIZE / 1024)) KiB"
+    cpu
   done
+  # What one more reader costs, without the stream's own (its tail cache,
+  # the writer's batches): the growth from 10 to 100 readers, per reader.
+  echo "tail: $(( (TAIL_GROW_100 - TAIL_GROW_10) / 90 / 1024 )) KiB per reader from 10 to 100 readers" \
+    "against a credit of $((PREFETCH * SIZE / 1024)) KiB"
   if grep -qiE 'panic|error' "$BENCH_TMP/rosetta/rosetta.log"; then
     echo; echo "## rosetta log (errors)"; grep -iE 'panic|error' "$BENCH_TMP/rosetta/rosetta.log" | head -20
   fi

@@ -1,13 +1,13 @@
 //! The broker (listeners, core, journal; no admin API) on the system
 //! allocator, so a heap profiler sees every allocation (the `rosetta`
 //! binary's mimalloc hides them from heaptrack and massif). For the
-//! accounting of what an idle connection costs (`docs/scaling.md`):
+//! accounting of what an idle connection costs (`docs/scaling.md`);
+//! `bench/idle_heap.sh` runs it under heaptrack, opens the connections and
+//! groups the peak heap by allocating site:
 //!
 //! ```sh
-//! cargo build --example idle_heap
-//! heaptrack target/debug/examples/idle_heap CONFIG.toml &
-//! rosetta-load --port PORT --broker-pid PID idle --connections 10000
-//! kill -INT PID; heaptrack_print --print-peaks 1 heaptrack.idle_heap.*.zst
+//! cargo build --release -p rosetta-load --example idle_heap
+//! bench/idle_heap.sh target/release/examples/idle_heap target/release/rosetta-load 10000 mqtt
 //! ```
 //!
 //! Runs until SIGINT or SIGTERM, then shuts down as the binary does.

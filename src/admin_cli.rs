@@ -3,6 +3,7 @@
 //! broker's API (`--url`, `--user`, `--password`), so the CLI can do
 //! nothing the API cannot (issue 18).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -20,6 +21,19 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Page size of the listings the CLI walks (the API's maximum).
 const PAGE_SIZE: usize = 1_000;
 
+/// `user`'s password for the API, asked once without echo when standard
+/// input is a terminal (a script without one gets an error naming the ways
+/// to give it).
+fn ask_password(user: &str) -> anyhow::Result<String> {
+    use std::io::IsTerminal;
+    if !std::io::stdin().is_terminal() {
+        bail!("--user needs --password or ROSETTA_PASSWORD (or a terminal to ask on)");
+    }
+    let password = rpassword::prompt_password(format!("{user}'s password (admin API): "))?;
+    anyhow::ensure!(!password.is_empty(), "empty password");
+    Ok(password)
+}
+
 /// The API and who asks it.
 pub(crate) struct Api {
     /// `host:port`.
@@ -29,8 +43,8 @@ pub(crate) struct Api {
 
 impl Api {
     /// `url` is `http://host:port`; with a user, the password is
-    /// `password`, else `ROSETTA_PASSWORD`; without one, the bearer token
-    /// is `token`, else `ROSETTA_TOKEN`.
+    /// `password`, else `ROSETTA_PASSWORD`, else asked on the terminal;
+    /// without one, the bearer token is `token`, else `ROSETTA_TOKEN`.
     pub(crate) fn new(
         url: &str,
         user: Option<&str>,
@@ -49,9 +63,10 @@ impl Api {
                 .or_else(|| std::env::var("ROSETTA_TOKEN").ok())
                 .map(|t| format!("Bearer {}", t.trim())),
             Some(user) => {
-                let password = password
-                    .or_else(|| std::env::var("ROSETTA_PASSWORD").ok())
-                    .context("--user needs --password or ROSETTA_PASSWORD")?;
+                let password = match password.or_else(|| std::env::var("ROSETTA_PASSWORD").ok()) {
+                    Some(p) => p,
+                    None => ask_password(user)?,
+                };
                 let pair = format!("{user}:{password}");
                 Some(format!(
                     "Basic {}",
@@ -218,7 +233,17 @@ pub(crate) fn run(api: &Api, request: AdminCommand) -> anyhow::Result<()> {
             }
             AdminCommand::QueueStat { name } => {
                 let queues = api.all("/api/v1/queues", name.as_deref()).await?;
-                print!("{}", stat_table(&queues));
+                // Which topic filters each queue is bound to, for ADDRESS
+                // and ROUTING_TYPE (the filter narrows it to those queues
+                // and those whose filters match it, which are ignored).
+                let mut bound: HashMap<String, Vec<String>> = HashMap::new();
+                for b in api.all("/api/v1/subscriptions", name.as_deref()).await? {
+                    bound
+                        .entry(text(&b["queue"]).to_owned())
+                        .or_default()
+                        .push(text(&b["filter"]).to_owned());
+                }
+                print!("{}", stat_table(&queues, &bound));
             }
             AdminCommand::QueuePurge { name } => {
                 let path = format!("/api/v1/queues/{}/purge", encode(&name));
@@ -487,23 +512,44 @@ fn status_text(o: &Value) -> String {
 /// Rosetta's oldest message age; each column as wide as its widest cell.
 /// MESSAGE_COUNT is, as in Artemis, every message the queue holds: ready,
 /// being delivered and scheduled.
-fn stat_table(queues: &[Value]) -> String {
+fn stat_table(queues: &[Value], bound: &HashMap<String, Vec<String>>) -> String {
     fn n(q: &Value, key: &str) -> u64 {
         q[key].as_u64().unwrap_or(0)
     }
-    /// A column: its header and how a queue's cell is written.
-    type Column = (&'static str, fn(&Value) -> String);
-    let columns: [Column; 8] = [
-        ("NAME", |q| text(&q["name"]).to_owned()),
-        ("CONSUMER_COUNT", |q| n(q, "consumers").to_string()),
-        ("MESSAGE_COUNT", |q| {
+    /// A column: its header and how a queue's cell is written (from the
+    /// queue and the topic filters it is bound to).
+    type Column = (&'static str, fn(&Value, &[String]) -> String);
+    let columns: [Column; 10] = [
+        ("NAME", |q, _| text(&q["name"]).to_owned()),
+        // Artemis' address: a queue that takes a topic's messages (an MQTT
+        // session, a STOMP or AMQP topic subscription, [[bindings]]) shows
+        // its topic filters; a point-to-point queue its own name.
+        ("ADDRESS", |q, filters| {
+            if filters.is_empty() {
+                text(&q["name"]).to_owned()
+            } else {
+                filters.join(",")
+            }
+        }),
+        ("CONSUMER_COUNT", |q, _| n(q, "consumers").to_string()),
+        ("MESSAGE_COUNT", |q, _| {
             (n(q, "depth") + n(q, "in_flight") + n(q, "scheduled")).to_string()
         }),
-        ("MESSAGES_ADDED", |q| n(q, "enqueued_total").to_string()),
-        ("DELIVERING_COUNT", |q| n(q, "in_flight").to_string()),
-        ("MESSAGES_ACKED", |q| n(q, "acked_total").to_string()),
-        ("SCHEDULED_COUNT", |q| n(q, "scheduled").to_string()),
-        ("OLDEST_MESSAGE_AGE_MS", |q| {
+        ("MESSAGES_ADDED", |q, _| n(q, "enqueued_total").to_string()),
+        ("DELIVERING_COUNT", |q, _| n(q, "in_flight").to_string()),
+        ("MESSAGES_ACKED", |q, _| n(q, "acked_total").to_string()),
+        ("SCHEDULED_COUNT", |q, _| n(q, "scheduled").to_string()),
+        // Bound to a topic: each subscriber's queue gets a copy (Artemis'
+        // MULTICAST); else its consumers share its messages (ANYCAST).
+        ("ROUTING_TYPE", |_, filters| {
+            if filters.is_empty() {
+                "ANYCAST"
+            } else {
+                "MULTICAST"
+            }
+            .to_owned()
+        }),
+        ("OLDEST_MESSAGE_AGE_MS", |q, _| {
             q["oldest_message_age_ms"]
                 .as_u64()
                 .map_or("-".to_owned(), |a| a.to_string())
@@ -511,7 +557,10 @@ fn stat_table(queues: &[Value]) -> String {
     ];
     let rows: Vec<Vec<String>> = queues
         .iter()
-        .map(|q| columns.iter().map(|(_, cell)| cell(q)).collect())
+        .map(|q| {
+            let filters = bound.get(text(&q["name"])).map_or(&[][..], Vec::as_slice);
+            columns.iter().map(|(_, cell)| cell(q, filters)).collect()
+        })
         .collect();
     let widths: Vec<usize> = columns
         .iter()
@@ -564,17 +613,23 @@ mod tests {
                 "consumers": 1, "enqueued_total": 9, "acked_total": 3, "oldest_message_age_ms": 42}),
             serde_json::json!({"name": "a-much-longer-queue-name", "depth": 0}),
         ];
-        let table = stat_table(&queues);
+        let bound = HashMap::from([(
+            "a-much-longer-queue-name".to_owned(),
+            vec!["sensors/#".to_owned(), "alerts".to_owned()],
+        )]);
+        let table = stat_table(&queues, &bound);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(
             lines[0],
-            "|NAME                    |CONSUMER_COUNT|MESSAGE_COUNT|MESSAGES_ADDED|DELIVERING_COUNT|MESSAGES_ACKED|SCHEDULED_COUNT|OLDEST_MESSAGE_AGE_MS|"
+            "|NAME                    |ADDRESS         |CONSUMER_COUNT|MESSAGE_COUNT|MESSAGES_ADDED|DELIVERING_COUNT|MESSAGES_ACKED|SCHEDULED_COUNT|ROUTING_TYPE|OLDEST_MESSAGE_AGE_MS|"
         );
         let cells: Vec<&str> = lines[1].split('|').map(str::trim).collect();
         assert_eq!(
             cells,
-            ["", "orders", "1", "6", "9", "1", "3", "3", "42", ""]
+            ["", "orders", "orders", "1", "6", "9", "1", "3", "3", "ANYCAST", "42", ""]
         );
+        let cells: Vec<&str> = lines[2].split('|').map(str::trim).collect();
+        assert_eq!((cells[2], cells[9]), ("sensors/#,alerts", "MULTICAST"));
         assert!(lines[2].ends_with("|-                    |"), "{table}");
         assert!(lines.iter().all(|l| l.len() == lines[0].len()), "{table}");
     }

@@ -270,15 +270,26 @@ enum StoreAction {
 
 #[derive(Subcommand, Debug)]
 enum UserAction {
-    /// Adds a user, or replaces an existing user's password and permissions.
+    /// Adds a user, or replaces an existing user's password and permissions:
+    /// in the users file, or through a running broker's admin API with
+    /// --url or --user.
     Add {
         /// The user name.
         name: String,
-        /// The password (for scripts; it shows in the process list). Without
-        /// it: the ROSETTA_PASSWORD environment variable, else asked twice on
-        /// the terminal without echo, else one line of standard input.
+        /// Editing the file (and with --token): the new user's password
+        /// (for scripts; it shows in the process list); without it the
+        /// ROSETTA_PASSWORD environment variable, else asked twice on the
+        /// terminal without echo, else one line of standard input. With
+        /// --user: that administrator's password, as for every command
+        /// that uses the API (else ROSETTA_PASSWORD, else asked once without
+        /// echo on a terminal).
         #[arg(long)]
         password: Option<String>,
+        /// Through the API: the new user's password (for scripts). Without
+        /// it: ROSETTA_NEW_PASSWORD, else asked twice on the terminal without
+        /// echo, else one line of standard input.
+        #[arg(long, value_name = "PASSWORD", conflicts_with = "users_file")]
+        new_password: Option<String>,
         #[command(flatten)]
         permissions: PermissionFlags,
         /// A role: one the users file defines (`rosetta role add`) or a
@@ -288,16 +299,19 @@ enum UserAction {
         #[arg(long = "role", value_name = "ROLE")]
         roles: Vec<String>,
         /// The users file; default: the one the configuration names.
-        #[arg(long, value_name = "FILE", conflicts_with = "url")]
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["url", "user"])]
         users_file: Option<PathBuf>,
         /// Adds the user through a running broker's admin API at this URL
-        /// instead of editing the file, with the bearer token --token (or
-        /// ROSETTA_TOKEN) of an administrator (--password is the new
-        /// user's).
+        /// (default with --user: http://127.0.0.1:8161) instead of editing
+        /// the file, as an administrator: --user and --password, or the
+        /// bearer token --token (or ROSETTA_TOKEN).
         #[arg(long)]
         url: Option<String>,
+        /// The administrator the API is asked as (implies the API).
+        #[arg(long)]
+        user: Option<String>,
         /// The administrator's bearer token, with --url.
-        #[arg(long, requires = "url")]
+        #[arg(long, requires = "url", conflicts_with = "user")]
         token: Option<String>,
     },
     /// Prints the users of a running broker, through its admin API.
@@ -400,28 +414,49 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 UserAction::Add {
                     name,
                     password,
+                    new_password,
                     permissions,
                     roles,
                     users_file,
                     url,
+                    user,
                     token,
                 },
         } => {
-            let password = match password.or_else(|| std::env::var("ROSETTA_PASSWORD").ok()) {
-                Some(p) => p,
-                None => read_password()?,
-            };
-            if let Some(url) = url {
+            if url.is_some() || user.is_some() {
+                let url = url.unwrap_or_else(|| admin_cli::URL_DEFAULT.to_owned());
+                // With --user, --password is that administrator's, as for
+                // every command of the API. With a token it is the new
+                // user's, as it was before --user existed, and so is
+                // ROSETTA_PASSWORD.
+                let (operator_password, new_password) = match &user {
+                    Some(_) => (password, new_password),
+                    None => (
+                        None,
+                        new_password
+                            .or(password)
+                            .or_else(|| std::env::var("ROSETTA_PASSWORD").ok()),
+                    ),
+                };
+                // The administrator's prompt (if any) before the new user's.
+                let api = admin_cli::Api::new(&url, user.as_deref(), operator_password, token)?;
+                let password =
+                    match new_password.or_else(|| std::env::var("ROSETTA_NEW_PASSWORD").ok()) {
+                        Some(p) => p,
+                        None => read_password(&format!("new password for {name}"))?,
+                    };
                 let command = admin_cli::AdminCommand::UserAdd {
                     name,
                     password,
                     roles,
                     permissions: permissions.spec(),
                 };
-                // ROSETTA_PASSWORD is the new user's here: the token alone
-                // authenticates.
-                return admin_cli::run(&admin_cli::Api::new(&url, None, None, token)?, command);
+                return admin_cli::run(&api, command);
             }
+            let password = match password.or_else(|| std::env::var("ROSETTA_PASSWORD").ok()) {
+                Some(p) => p,
+                None => read_password("password")?,
+            };
             let path = users_file.unwrap_or_else(|| config.users_file());
             let permissions = permissions.spec();
             let roles = (!roles.is_empty()).then_some(roles.as_slice());
@@ -473,15 +508,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     api,
                 },
         } => {
+            // The administrator's prompt (if any) before the new password's.
+            let api = api_of(api)?;
             let password = match new_password.or_else(|| std::env::var("ROSETTA_NEW_PASSWORD").ok())
             {
                 Some(p) => p,
-                None => read_password()?,
+                None => read_password("password")?,
             };
-            admin_cli::run(
-                &api_of(api)?,
-                admin_cli::AdminCommand::UserPasswd { name, password },
-            )
+            admin_cli::run(&api, admin_cli::AdminCommand::UserPasswd { name, password })
         }
         Command::Status { api } => admin_cli::run(&api_of(api)?, admin_cli::AdminCommand::Status),
         Command::Role { api, action } => {
@@ -613,7 +647,9 @@ fn store_check(dir: PathBuf) -> anyhow::Result<()> {
 /// Asks for a new password: on a terminal twice and without echo (a
 /// typo would otherwise lock the user out), else one line of standard
 /// input, for scripts that pipe it in.
-fn read_password() -> anyhow::Result<String> {
+/// A new password: asked twice without echo on a terminal (`what: `, then
+/// `what again: `), else one line of standard input.
+fn read_password(what: &str) -> anyhow::Result<String> {
     use std::io::IsTerminal;
     if !std::io::stdin().is_terminal() {
         let mut line = String::new();
@@ -622,9 +658,9 @@ fn read_password() -> anyhow::Result<String> {
         anyhow::ensure!(!password.is_empty(), "empty password");
         return Ok(password);
     }
-    let password = rpassword::prompt_password("password: ")?;
+    let password = rpassword::prompt_password(format!("{what}: "))?;
     anyhow::ensure!(!password.is_empty(), "empty password; nothing saved");
-    let again = rpassword::prompt_password("password again: ")?;
+    let again = rpassword::prompt_password(format!("{what} again: "))?;
     anyhow::ensure!(
         password == again,
         "the passwords do not match; nothing saved"

@@ -5,6 +5,8 @@
 //! duplicate, wrong method).
 
 mod common;
+#[path = "admin_api/contract.rs"]
+mod contract;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,7 +19,7 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 
-use common::mqtt::{connected5, next5, opts5, subscribe_many5, v5};
+use common::mqtt::{connected5, connected5_as, next5, opts5, publish5, subscribe_many5, v5};
 use common::stomp::StompClient;
 use common::TestBroker;
 use rosetta::admin::AdminServer;
@@ -48,7 +50,7 @@ async fn request(
         .expect("handshake");
     tokio::spawn(conn);
     let mut req = Request::builder()
-        .method(method)
+        .method(method.clone())
         .uri(path)
         .header("host", addr.to_string());
     if let Some((user, password)) = who {
@@ -78,6 +80,7 @@ async fn request(
         serde_json::from_slice(&bytes)
             .unwrap_or_else(|e| panic!("JSON body ({e}): {}", String::from_utf8_lossy(&bytes)))
     };
+    contract::check(&method, path, body, status, &value);
     (status, headers, value)
 }
 
@@ -155,7 +158,12 @@ impl Admin {
         headers: &[(&str, &str)],
         body: Option<&str>,
     ) -> (StatusCode, HeaderMap, Value) {
-        let addr = self.api.as_ref().expect("api").local_addr();
+        let addr = self
+            .api
+            .as_ref()
+            .expect("api")
+            .local_addr()
+            .expect("admin listener");
         request(addr, method, path, who, headers, body).await
     }
 
@@ -220,7 +228,12 @@ async fn a_client_that_half_closes_after_its_request_is_answered() {
     use base64ct::Encoding;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let admin = Admin::start().await;
-    let addr = admin.api.as_ref().expect("api").local_addr();
+    let addr = admin
+        .api
+        .as_ref()
+        .expect("api")
+        .local_addr()
+        .expect("admin listener");
     // A wrong password: its answer waits for a password check (argon2,
     // milliseconds), while the end of input is already there.
     let request = format!(
@@ -256,7 +269,12 @@ async fn a_body_over_the_limit_is_refused_with_413_without_waiting_for_it() {
     use base64ct::Encoding;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let admin = Admin::start().await;
-    let addr = admin.api.as_ref().expect("api").local_addr();
+    let addr = admin
+        .api
+        .as_ref()
+        .expect("api")
+        .local_addr()
+        .expect("admin listener");
     let auth = base64ct::Base64::encode_string(b"admin:admin-pw");
     let declared = format!(
         "PUT /api/v1/queues/big HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {auth}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{",
@@ -1292,11 +1310,17 @@ async fn raw_get(addr: std::net::SocketAddr, path: &str) -> String {
 
 /// The console's files come from the admin listener itself, without
 /// credentials, with a policy that allows only its own files; a request
-/// from its script is refused without a challenge (no browser dialog).
+/// from its script is refused with a Bearer challenge, which no browser
+/// answers with a login dialog, and every other 401 with a Basic one.
 #[tokio::test]
 async fn the_console_is_served_by_the_admin_listener() {
     let admin = Admin::start().await;
-    let addr = admin.api.as_ref().expect("api").local_addr();
+    let addr = admin
+        .api
+        .as_ref()
+        .expect("api")
+        .local_addr()
+        .expect("admin listener");
     let page = raw_get(addr, "/console/").await;
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
     assert!(
@@ -1325,18 +1349,20 @@ async fn the_console_is_served_by_the_admin_listener() {
         .call(Method::GET, "/api/v1/overview", None, &[], None)
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert!(headers.contains_key("www-authenticate"));
-    let (status, headers, _) = admin
-        .call(
-            Method::GET,
-            "/api/v1/overview",
-            None,
-            &[("x-requested-with", "XMLHttpRequest")],
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert!(!headers.contains_key("www-authenticate"));
+    assert_eq!(headers["www-authenticate"], "Basic realm=\"rosetta\"");
+    for who in [None, Some(("admin", "wrong"))] {
+        let (status, headers, _) = admin
+            .call(
+                Method::GET,
+                "/api/v1/overview",
+                who,
+                &[("x-requested-with", "XMLHttpRequest")],
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(headers["www-authenticate"], "Bearer realm=\"rosetta\"");
+    }
     admin.stop().await;
 }
 
@@ -1613,7 +1639,7 @@ async fn before_the_broker_is_up_health_answers_and_ready_is_503() {
         .await
         .expect("admin API starts")
         .expect("admin API on");
-    let addr = admin.local_addr();
+    let addr = admin.local_addr().expect("admin listener");
 
     let (status, body) = probe(addr, "/healthz", None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -1934,6 +1960,455 @@ async fn the_roles_routes_refuse_what_they_must() {
     assert_eq!(
         (&body["builtin"], &body["users"]),
         (&json!(true), &json!(["watcher"]))
+    );
+    admin.stop().await;
+}
+
+/// `rate * window_s`: what flowed in the window, back from a rate (both
+/// are rounded to three decimals, so within a hundredth).
+fn flowed(rates: &Value, key: &str) -> f64 {
+    let window = rates["window_s"].as_f64().unwrap_or_default();
+    rates[key].as_f64().unwrap_or(f64::NAN) * window
+}
+
+/// Each queue shown carries rates from its own counters, sampled by the
+/// requests that show it: the first look measures from when the counters
+/// started (the broker's start), later looks from earlier looks, and once
+/// messages flowed the rates times the window are exactly what flowed
+/// through that queue and no other.
+#[tokio::test]
+async fn queues_carry_their_own_rates() {
+    let admin = Admin::start().await;
+    let (status, _, _) = admin
+        .act(Method::PUT, "/api/v1/queues/flow-idle", MANAGER)
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let creds = [("login", ADMIN.0), ("passcode", ADMIN.1)];
+    let mut producer = StompClient::connect(admin.broker.stomp(), &creds).await;
+    let mut consumer = StompClient::connect(admin.broker.stomp(), &creds).await;
+    consumer.subscribe("s", "/queue/flow", "auto", &[]).await;
+    let (status, body) = admin.get("/api/v1/queues/flow", WATCHER).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        body["rates"]["window_s"].as_f64().is_some_and(|w| w > 0.0),
+        "the first look measures since the start: {body}"
+    );
+    for key in ["published_per_s", "delivered_per_s", "acknowledged_per_s"] {
+        assert_eq!(body["rates"][key], json!(0.0), "the first look: {body}");
+    }
+    let (_, listing) = admin.get("/api/v1/queues?name=flow", WATCHER).await;
+    assert_eq!(listing["total"], json!(2), "{listing}");
+
+    producer.send_numbered("/queue/flow", 6).await;
+    consumer.messages(6).await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let (_, listing) = admin.get("/api/v1/queues?name=flow", WATCHER).await;
+    let items = listing["items"].as_array().expect("items");
+    let (flow, idle) = (&items[0]["rates"], &items[1]["rates"]);
+    assert_eq!(items[0]["name"], "flow", "{listing}");
+    assert!(
+        flow["window_s"].as_f64().is_some_and(|w| w >= 1.0),
+        "{listing}"
+    );
+    for key in ["published_per_s", "delivered_per_s", "acknowledged_per_s"] {
+        assert!((flowed(flow, key) - 6.0).abs() < 0.01, "{key}: {listing}");
+        assert_eq!(idle[key], json!(0.0), "{key}: {listing}");
+    }
+    assert!(
+        idle["window_s"].as_f64().is_some_and(|w| w >= 1.0),
+        "{listing}"
+    );
+    // `GET` of one queue samples the same ring.
+    let (_, body) = admin.get("/api/v1/queues/flow", WATCHER).await;
+    assert!(
+        (flowed(&body["rates"], "published_per_s") - 6.0).abs() < 0.01,
+        "{body}"
+    );
+    producer.disconnect().await;
+    consumer.disconnect().await;
+    admin.stop().await;
+}
+
+/// A queue filled before anyone looked at it shows a rate at its first
+/// look: its counters count from the broker's start, and the first look
+/// measures from there (a script that publishes and then asks once sees
+/// what flowed).
+#[tokio::test]
+async fn a_first_look_at_a_queue_shows_what_flowed_since_the_start() {
+    let admin = Admin::start().await;
+    let creds = [("login", ADMIN.0), ("passcode", ADMIN.1)];
+    let mut producer = StompClient::connect(admin.broker.stomp(), &creds).await;
+    producer.send_numbered("/queue/first-look", 8).await;
+    let (status, body) = admin.get("/api/v1/queues/first-look", WATCHER).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        body["rates"]["published_per_s"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0),
+        "{body}"
+    );
+    // The window is rounded to the millisecond, and may be only a few
+    // of them here: within half a message.
+    assert!(
+        (flowed(&body["rates"], "published_per_s") - 8.0).abs() < 0.5,
+        "{body}"
+    );
+    assert_eq!(body["rates"]["delivered_per_s"], json!(0.0), "{body}");
+    producer.disconnect().await;
+    admin.stop().await;
+}
+
+/// The connection listed by `name` (its user here).
+async fn connection_row(admin: &Admin, user: &str) -> Value {
+    let (status, body) = admin
+        .get(&format!("/api/v1/connections?name={user}"), WATCHER)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["total"], json!(1), "{body}");
+    body["items"][0].clone()
+}
+
+/// Each connection shown carries its messages in (publishes accepted) and
+/// out (deliveries) and their rates: a producer's are all in, a
+/// consumer's all out, over MQTT and STOMP alike.
+#[tokio::test]
+async fn connections_carry_their_message_counts_and_rates() {
+    let admin = Admin::start().await;
+    let mut producer = StompClient::connect(
+        admin.broker.stomp(),
+        &[("login", MANAGER.0), ("passcode", MANAGER.1)],
+    )
+    .await;
+    let (client, mut events) =
+        connected5_as(&admin.broker, "rates-consumer", WATCHER.0, WATCHER.1).await;
+    subscribe_many5(&client, &mut events, &["flow/t"]).await;
+    for user in [MANAGER.0, WATCHER.0] {
+        let row = connection_row(&admin, user).await;
+        assert_eq!(
+            (
+                &row["messages_in"],
+                &row["messages_out"],
+                &row["rates"]["messages_in_per_s"],
+                &row["rates"]["messages_out_per_s"]
+            ),
+            (&json!(0), &json!(0), &json!(0.0), &json!(0.0)),
+            "{row}"
+        );
+    }
+    for i in 0..5 {
+        producer
+            .send_persistent("/topic/flow/t", &[], format!("m{i}").as_bytes())
+            .await;
+    }
+    for _ in 0..5 {
+        publish5(&mut events).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let row = connection_row(&admin, MANAGER.0).await;
+    assert_eq!(
+        (&row["protocol"], &row["messages_in"], &row["messages_out"]),
+        (&json!("stomp"), &json!(5), &json!(0)),
+        "{row}"
+    );
+    assert!(
+        (flowed(&row["rates"], "messages_in_per_s") - 5.0).abs() < 0.01,
+        "{row}"
+    );
+    assert_eq!(row["rates"]["messages_out_per_s"], json!(0.0), "{row}");
+    let row = connection_row(&admin, WATCHER.0).await;
+    assert_eq!(
+        (&row["protocol"], &row["messages_in"], &row["messages_out"]),
+        (&json!("mqtt"), &json!(0), &json!(5)),
+        "{row}"
+    );
+    assert!(
+        (flowed(&row["rates"], "messages_out_per_s") - 5.0).abs() < 0.01,
+        "{row}"
+    );
+    producer.disconnect().await;
+    admin.stop().await;
+}
+
+/// With `[admin] on_http_port`, the WebSocket (HTTP) port serves the API,
+/// its health checks and the console too, through the same
+/// authentication and roles, request bodies included; the port's own
+/// paths (the demo page, WebSocket paths) stay its own. Without it, those
+/// paths are the port's 404.
+#[tokio::test]
+async fn the_api_is_served_on_the_http_port_when_configured() {
+    let admin = Admin::start_tweaked(|c| {
+        c.listeners.websocket = Some(ListenAddr::new("127.0.0.1", 0));
+        c.admin.on_http_port = true;
+    })
+    .await;
+    let http = admin.broker.addr(rosetta::config::ListenerKind::WebSocket);
+    for path in ["/healthz", "/readyz"] {
+        let (status, body) = probe(http, path, None).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {body}");
+    }
+    let (status, body) = probe(http, "/api/v1/overview", Some(WATCHER)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["queues"]["count"].is_u64(), "{body}");
+    let (status, headers, body) =
+        request(http, Method::GET, "/api/v1/overview", None, &[], None).await;
+    assert_error(status, &body, StatusCode::UNAUTHORIZED);
+    assert_eq!(headers["www-authenticate"], "Basic realm=\"rosetta\"");
+    let (status, body) = probe(http, "/api/v1/users", Some(WATCHER)).await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+    let (status, _, body) = request(
+        http,
+        Method::PUT,
+        "/api/v1/queues/via-http-port",
+        Some(MANAGER),
+        &[],
+        Some("{\"durable\": false}"),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["durable"]),
+        (StatusCode::CREATED, &json!(false)),
+        "{body}"
+    );
+    let page = raw_get(http, "/console/").await;
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("content-security-policy"), "{page}");
+    assert!(page.contains("<script src=\"app.js\""), "{page}");
+    let demo = raw_get(http, "/").await;
+    assert!(
+        demo.starts_with("HTTP/1.1 200"),
+        "the demo page stays: {demo}"
+    );
+    assert!(demo.contains("mqtt.min.js"), "{demo}");
+    let ws_path = raw_get(http, "/mqtt").await;
+    assert!(ws_path.starts_with("HTTP/1.1 426"), "{ws_path}");
+    admin.stop().await;
+
+    let plain = Admin::start_tweaked(|c| {
+        c.listeners.websocket = Some(ListenAddr::new("127.0.0.1", 0));
+    })
+    .await;
+    let http = plain.broker.addr(rosetta::config::ListenerKind::WebSocket);
+    for path in ["/api/v1/overview", "/healthz", "/console/"] {
+        let answer = raw_get(http, path).await;
+        assert!(answer.starts_with("HTTP/1.1 404"), "{path}: {answer}");
+    }
+    plain.stop().await;
+}
+
+/// An MQTT 3.1.1 CONNECT of `client_id` with a user and password, clean
+/// session, keep-alive 60 s.
+fn mqtt311_connect(client_id: &str, user: &str, password: &str) -> Vec<u8> {
+    let field = |s: &str| {
+        let mut f = (s.len() as u16).to_be_bytes().to_vec();
+        f.extend_from_slice(s.as_bytes());
+        f
+    };
+    let mut rest = field("MQTT");
+    rest.extend_from_slice(&[4, 0xC2, 0, 60]);
+    for s in [client_id, user, password] {
+        rest.extend(field(s));
+    }
+    assert!(rest.len() < 128, "one length byte");
+    let mut packet = vec![0x10, rest.len() as u8];
+    packet.extend(rest);
+    packet
+}
+
+/// The overview counts open connections by protocol and by transport
+/// (MQTT over TCP and over WebSocket, STOMP over TCP), and memory in use
+/// once a queue holds a message.
+#[tokio::test]
+async fn the_overview_counts_connections_by_protocol_and_transport_and_memory_in_use() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let admin = Admin::start_tweaked(|c| {
+        c.listeners.websocket = Some(ListenAddr::new("127.0.0.1", 0));
+    })
+    .await;
+    let (_, body) = admin.get("/api/v1/overview", WATCHER).await;
+    assert_eq!(body["connections"]["by_protocol"], json!({}), "{body}");
+    assert_eq!(body["memory"]["used_bytes"], json!(0), "{body}");
+
+    let (_mqtt_tcp, _ev) = connected5_as(&admin.broker, "by-tcp", ADMIN.0, ADMIN.1).await;
+    let ws_port = admin.broker.addr(rosetta::config::ListenerKind::WebSocket);
+    let tcp = tokio::net::TcpStream::connect(ws_port)
+        .await
+        .expect("connect");
+    let wire = common::ws::Wire::Ws {
+        path: "/mqtt",
+        subprotocol: "mqtt",
+        text: false,
+    };
+    let mut mqtt_ws = common::ws::carry(tcp, wire).await;
+    mqtt_ws
+        .write_all(&mqtt311_connect("by-ws", ADMIN.0, ADMIN.1))
+        .await
+        .expect("CONNECT");
+    let mut connack = [0u8; 4];
+    tokio::time::timeout(WAIT, mqtt_ws.read_exact(&mut connack))
+        .await
+        .expect("CONNACK in time")
+        .expect("CONNACK");
+    assert_eq!(connack, [0x20, 2, 0, 0], "accepted");
+    let mut stomp = StompClient::connect(
+        admin.broker.stomp(),
+        &[("login", ADMIN.0), ("passcode", ADMIN.1)],
+    )
+    .await;
+    stomp
+        .send_persistent("/queue/held", &[], &[7u8; 4096])
+        .await;
+
+    let (status, body) = admin.get("/api/v1/overview", WATCHER).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let c = &body["connections"];
+    assert_eq!(c["by_protocol"], json!({"mqtt": 2, "stomp": 1}), "{body}");
+    assert_eq!(c["by_transport"], json!({"tcp": 2, "ws": 1}), "{body}");
+    assert_eq!(
+        (&c["open"], &c["authenticated"]),
+        (&json!(3), &json!(3)),
+        "{body}"
+    );
+    assert_eq!(
+        body["listeners"]["websocket"],
+        json!(ws_port.to_string()),
+        "{body}"
+    );
+    assert_eq!(
+        body["listeners"]["stomp"],
+        json!(admin.broker.stomp().to_string()),
+        "{body}"
+    );
+    let used = body["memory"]["used_bytes"].as_u64().unwrap_or_default();
+    assert!(used >= 4096, "a 4 KiB message is held: {body}");
+    stomp.disconnect().await;
+    admin.stop().await;
+}
+
+/// A permission change through the API binds STOMP and AMQP connections
+/// already open at their next operation, as it binds MQTT 5's (above):
+/// what was allowed before the change is refused after it, on the same
+/// connections, each in its protocol's way.
+#[tokio::test]
+async fn permission_changes_bind_live_stomp_and_amqp_connections() {
+    use fe2o3_amqp::{Connection, Receiver, Sender, Session};
+    let admin = Admin::start().await;
+    let new = r#"{"name": "eve", "password": "eve-pw"}"#;
+    let (status, _, body) = admin
+        .act_on(Method::POST, "/api/v1/users", ADMIN, new)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    // Before: everything allowed, on two STOMP connections and one AMQP.
+    let creds = [("login", "eve"), ("passcode", "eve-pw")];
+    let (mut sender, _) = StompClient::connect_version(admin.broker.stomp(), "1.2", &creds).await;
+    let (mut reader, _) = StompClient::connect_version(admin.broker.stomp(), "1.2", &creds).await;
+    sender.send_persistent("/queue/audit", &[], b"before").await;
+    reader.subscribe("a", "/topic/other/a", "auto", &[]).await;
+    let mut conn = Connection::builder()
+        .container_id("eve-live")
+        .sasl_profile(fe2o3_amqp::sasl_profile::SaslProfile::Plain {
+            username: "eve".to_owned(),
+            password: "eve-pw".to_owned(),
+        })
+        .open(common::amqp::url(&admin.broker).as_str())
+        .await
+        .expect("eve logs in over AMQP");
+    let mut session = Session::begin(&mut conn).await.expect("begin");
+    let mut link = Sender::attach(&mut session, "s-audit", "/queue/audit")
+        .await
+        .expect("attach before the change");
+    link.send("before")
+        .await
+        .expect("accepted before the change");
+    link.close().await.expect("close");
+
+    let change = r#"{"deny_publish": ["/queue/audit"], "deny_subscribe": ["/topic/other/#"]}"#;
+    let (status, _, body) = admin
+        .act_on(Method::PUT, "/api/v1/users/eve/permissions", ADMIN, change)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    // STOMP: a SEND, and a SUBSCRIBE on the other connection, each an ERROR.
+    sender
+        .send_frame(
+            "SEND",
+            &[("destination", "/queue/audit"), ("receipt", "r-after")],
+            b"after",
+        )
+        .await;
+    let err = sender.expect_error_then_close().await;
+    assert_eq!(err.header("receipt-id"), Some("r-after"), "{err:?}");
+    reader
+        .send_frame(
+            "SUBSCRIBE",
+            &[
+                ("id", "b"),
+                ("destination", "/topic/other/b"),
+                ("receipt", "r-sub"),
+            ],
+            b"",
+        )
+        .await;
+    let err = reader.expect_error_then_close().await;
+    assert_eq!(err.header("message"), Some("not authorized"), "{err:?}");
+    // AMQP, the same session: attaches to what is now denied are refused.
+    let e = Sender::attach(&mut session, "s-audit-2", "/queue/audit")
+        .await
+        .expect_err("sender attach after the change");
+    assert!(format!("{e:?}").contains("UnauthorizedAccess"), "{e:?}");
+    // fe2o3 reuses the refused link's handle at once (tests/deny_rules.rs).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let e = Receiver::attach(&mut session, "r-other", "/topic/other/c")
+        .await
+        .expect_err("receiver attach after the change");
+    assert!(format!("{e:?}").contains("UnauthorizedAccess"), "{e:?}");
+    assert_eq!(
+        admin.broker.depth("audit").0,
+        2,
+        "the two messages sent before the change, none after"
+    );
+    let _ = session.end().await;
+    let _ = conn.close().await;
+    admin.stop().await;
+}
+
+/// `POST /api/v1/reload` with a users file that does not load: 409 naming
+/// the file's error, and the users in force stay: old logins still work,
+/// over the protocols and the API.
+#[tokio::test]
+async fn a_reload_of_a_broken_users_file_is_refused_and_the_old_users_stay() {
+    let admin = Admin::start().await;
+    let good = std::fs::read_to_string(&admin.users_file).expect("users file");
+    std::fs::write(&admin.users_file, format!("{good}\n[users.broken\n")).expect("break it");
+    let (status, _, body) = admin.act(Method::POST, "/api/v1/reload", ADMIN).await;
+    assert_error(status, &body, StatusCode::CONFLICT);
+    let reason = body["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("users file"), "{body}");
+    assert!(reason.contains("users.toml"), "names the file: {body}");
+    assert!(reason.contains("what was in force stays"), "{body}");
+
+    let mut stomp = StompClient::connect(
+        admin.broker.stomp(),
+        &[("login", MANAGER.0), ("passcode", MANAGER.1)],
+    )
+    .await;
+    stomp.send_persistent("/queue/still", &[], b"in").await;
+    stomp.disconnect().await;
+    let (_c, _ev) = connected5_as(&admin.broker, "still-mqtt", PLAIN.0, PLAIN.1).await;
+    let (status, body) = admin.get("/api/v1/queues/still", WATCHER).await;
+    assert_eq!(
+        (status, &body["depth"]),
+        (StatusCode::OK, &json!(1)),
+        "{body}"
+    );
+
+    // Mended, the next reload takes it.
+    std::fs::write(&admin.users_file, good).expect("mend it");
+    let (status, _, body) = admin.act(Method::POST, "/api/v1/reload", ADMIN).await;
+    assert_eq!(
+        (status, &body["users"]),
+        (StatusCode::OK, &json!(4)),
+        "{body}"
     );
     admin.stop().await;
 }

@@ -595,6 +595,12 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
         "0",
         "{table}"
     );
+    assert_eq!(stat_cell(&table, "orders", "ADDRESS"), "orders", "{table}");
+    assert_eq!(
+        stat_cell(&table, "orders", "ROUTING_TYPE"),
+        "ANYCAST",
+        "{table}"
+    );
 
     // move: to a queue that exists, all of them or --count of them.
     runtime.block_on(client.send_persistent("/queue/orders-held", &[], b"three"));
@@ -881,6 +887,160 @@ fn user_passwd_asks_twice_without_echo_on_a_terminal() {
     );
     assert_eq!(stomp_login(stomp, "app", SECRET), "CONNECTED");
     assert_eq!(stomp_login(stomp, "app", "old-pw"), "ERROR");
+    broker.stop();
+}
+
+/// `user add --user U --password P` goes through the API as U, as every
+/// command of the API does: the new user's password is --new-password
+/// (or ROSETTA_NEW_PASSWORD); a user without an admin right is refused;
+/// no --user, no --password and no terminal is an error saying how to give
+/// one.
+#[test]
+fn user_add_through_the_api_takes_the_administrators_user_and_password() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (broker, users) = broker_with_root(dir.path(), &[("plain", "plain-pw")]);
+    let stomp = broker.addr("stomp");
+    let url = broker.admin_url();
+    let add = |name: &str, who: (&str, &str), extra: &[&str]| {
+        let mut args = vec![
+            "user",
+            "add",
+            name,
+            "--role",
+            "monitoring",
+            "--url",
+            &url,
+            "--user",
+            who.0,
+            "--password",
+            who.1,
+        ];
+        args.extend_from_slice(extra);
+        rosetta(&args)
+    };
+    let out = add(
+        "api-made",
+        ("root", "root-pw"),
+        &["--new-password", "made-pw"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stomp_login(stomp, "api-made", "made-pw"), "CONNECTED");
+    let saved = rosetta::users::Users::load(&users).expect("users file");
+    assert!(
+        saved.verify("api-made", b"made-pw"),
+        "written by the broker"
+    );
+    assert!(
+        !saved.verify("api-made", b"root-pw"),
+        "not the administrator's"
+    );
+
+    let mut env_new = Command::new(BIN);
+    env_new
+        .args([
+            "user",
+            "add",
+            "from-env",
+            "--url",
+            &url,
+            "--user",
+            "root",
+            "--password",
+            "root-pw",
+        ])
+        .env("ROSETTA_NEW_PASSWORD", "env-pw")
+        .env_remove("ROSETTA_PASSWORD")
+        .stdin(Stdio::null());
+    let out = env_new.output().expect("run");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stomp_login(stomp, "from-env", "env-pw"), "CONNECTED");
+
+    let out = add(
+        "refused",
+        ("plain", "plain-pw"),
+        &["--new-password", "x-pw"],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("403"), "{}", stderr(&out));
+    let out = rosetta(&[
+        "user",
+        "add",
+        "nobody",
+        "--url",
+        &url,
+        "--user",
+        "root",
+        "--new-password",
+        "n-pw",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--password or ROSETTA_PASSWORD"),
+        "{}",
+        stderr(&out)
+    );
+    let out = rosetta(&["queue", "list", "--url", &url, "--user", "root"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--password or ROSETTA_PASSWORD"),
+        "{}",
+        stderr(&out)
+    );
+    broker.stop();
+}
+
+/// On a terminal, `--user` without `--password` asks for that user's
+/// password once, without echo, for any command of the API; `user add`
+/// then asks for the new user's twice.
+#[test]
+fn the_api_commands_ask_for_the_administrators_password_on_a_terminal() {
+    const ROOT_PW: &str = "root-pw";
+    const NEW_PW: &str = "N3w-User-Off-Screen";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (broker, _) = broker_with_root(dir.path(), &[]);
+    let stomp = broker.addr("stomp");
+    let url = broker.admin_url();
+
+    let mut terminal = Terminal::spawn(&["status", "--url", &url, "--user", "root"]);
+    terminal.expect("root's password (admin API): ");
+    terminal.type_secret(ROOT_PW);
+    let (ok, screen) = terminal.finish();
+    assert!(ok, "{screen}");
+    assert!(screen.contains("version"), "the overview: {screen}");
+    assert!(!screen.contains(ROOT_PW), "echoed: {screen}");
+
+    let mut terminal = Terminal::spawn(&[
+        "user",
+        "add",
+        "typed",
+        "--role",
+        "monitoring",
+        "--url",
+        &url,
+        "--user",
+        "root",
+    ]);
+    terminal.expect("root's password (admin API): ");
+    terminal.type_secret(ROOT_PW);
+    terminal.expect("new password for typed: ");
+    terminal.type_secret(NEW_PW);
+    terminal.expect("new password for typed again: ");
+    terminal.type_secret(NEW_PW);
+    let (ok, screen) = terminal.finish();
+    assert!(ok, "{screen}");
+    assert!(
+        !screen.contains(NEW_PW) && !screen.contains(ROOT_PW),
+        "echoed: {screen}"
+    );
+    assert_eq!(stomp_login(stomp, "typed", NEW_PW), "CONNECTED");
+
+    // A wrong password typed is the API's 401, said as such.
+    let mut terminal = Terminal::spawn(&["status", "--url", &url, "--user", "root"]);
+    terminal.expect("root's password (admin API): ");
+    terminal.type_secret("wrong");
+    let (ok, screen) = terminal.finish();
+    assert!(!ok, "{screen}");
+    assert!(screen.contains("401"), "{screen}");
     broker.stop();
 }
 

@@ -63,6 +63,7 @@ async fn broker(pki: &Pki, dir: &std::path::Path) -> TestBroker {
         move |c| {
             c.security.anonymous = false;
             c.listeners.websocket = any_port();
+            c.listeners.wss = any_port();
             c.listeners.mqtts = any_port();
             c.listeners.stomps = any_port();
             c.listeners.amqps = any_port();
@@ -241,6 +242,120 @@ async fn stomp_pub_to_a_topic_reaches_an_mqtt_subscriber_over_websocket() {
     let out = finish(sub).await;
     assert_success(&out, "ws sub");
     assert_eq!(stdout_lines(&out), ["t1", "t2", "t3"]);
+}
+
+/// STOMP and AMQP over WebSocket too: `ws://host/stomp/...` and
+/// `ws://host/amqp/...` on the broker's paths, `wss://` over TLS. A
+/// subscriber over AMQP/WebSocket (which the broker lists as such) takes
+/// what STOMP and AMQP publish over ws and wss, and a STOMP/wss subscriber
+/// what AMQP/ws publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stomp_and_amqp_speak_over_websocket_and_tls_websocket() {
+    let Setup { broker, pki, _dir } = setup().await;
+    let ca = pki.ca_file.to_str().expect("utf-8 path");
+    let ws = |path: &str| url(&broker, "ws", ListenerKind::WebSocket, PASSWORD, path);
+    let wss = |path: &str| url(&broker, "wss", ListenerKind::Wss, PASSWORD, path);
+    let (sub, _) = subscribed(&["sub", "--url", &ws("/amqp/queue/cli-ws"), "--count", "4"]).await;
+    let kinds: Vec<(&str, &str)> = broker
+        .broker
+        .as_ref()
+        .expect("running")
+        .view()
+        .connections()
+        .list()
+        .iter()
+        .map(|c| (c.protocol, c.transport))
+        .collect();
+    assert_eq!(kinds, [("amqp", "ws")], "the sub's connection");
+    for (url, message, extra) in [
+        (ws("/stomp/queue/cli-ws"), "s{seq}", &["--count", "2"][..]),
+        (wss("/amqp/queue/cli-ws"), "a{seq}", &["--ca", ca][..]),
+        (wss("/stomp/queue/cli-ws"), "w{seq}", &["--ca", ca][..]),
+    ] {
+        let mut args = vec!["pub", "--url", &url, "--message", message];
+        args.extend_from_slice(extra);
+        let out = run(&args).await;
+        assert_success(&out, &url);
+    }
+    let out = finish(sub).await;
+    assert_success(&out, "amqp ws sub");
+    assert_eq!(stdout_lines(&out), ["s1", "s2", "a1", "w1"]);
+
+    let out = run(&[
+        "pub",
+        "--url",
+        &ws("/amqp/topic/cli/ws"),
+        "--message",
+        "late",
+    ])
+    .await;
+    assert_success(&out, "amqp ws pub to a topic nobody reads");
+    let out = run(&[
+        "pub",
+        "--url",
+        &ws("/amqp/queue/cli-wss"),
+        "--message",
+        "x{seq}",
+        "--count",
+        "2",
+    ])
+    .await;
+    assert_success(&out, "amqp ws pub");
+    let out = run(&[
+        "sub",
+        "--url",
+        &wss("/stomp/queue/cli-wss"),
+        "--ca",
+        ca,
+        "--count",
+        "2",
+    ])
+    .await;
+    assert_success(&out, "stomp wss sub");
+    assert_eq!(stdout_lines(&out), ["x1", "x2"]);
+}
+
+/// `--rate R` spaces the messages out: message k leaves at k / R seconds,
+/// so 5 messages at 5 per second take at least 0.8 s, and all arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pub_paces_its_messages_to_the_rate_asked() {
+    let Setup { broker, _dir, .. } = setup().await;
+    let stomp = url(
+        &broker,
+        "stomp",
+        ListenerKind::Stomp,
+        PASSWORD,
+        "/queue/cli-rate",
+    );
+    let started = std::time::Instant::now();
+    let out = run(&[
+        "pub",
+        "--url",
+        &stomp,
+        "--message",
+        "r{seq}",
+        "--count",
+        "5",
+        "--rate",
+        "5",
+    ])
+    .await;
+    let took = started.elapsed();
+    assert_success(&out, "paced pub");
+    assert!(took >= Duration::from_millis(800), "5 at 5/s in {took:?}");
+    assert!(took < Duration::from_secs(10), "5 at 5/s in {took:?}");
+    let summary = stderr(&out);
+    let seconds: f64 = summary
+        .split(" in ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no elapsed time in {summary}"));
+    assert!((0.8..10.0).contains(&seconds), "{summary}");
+    assert_eq!(broker.depth("cli-rate"), (5, 0));
+    let out = run(&["pub", "--url", &stomp, "--count", "2", "--rate", "0"]).await;
+    assert!(!out.status.success(), "a rate of 0 is refused");
+    assert!(stderr(&out).contains("--rate must be"), "{}", stderr(&out));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

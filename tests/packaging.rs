@@ -188,3 +188,52 @@ fn the_systemd_unit_runs_the_packaged_configuration() {
         "{exec_start}"
     );
 }
+
+/// LICENSE is the license Cargo.toml declares for every crate: the
+/// Apache License 2.0's text for `license = "Apache-2.0"`.
+#[test]
+fn the_license_file_matches_cargo_toml() {
+    let manifest: toml::Table = toml::from_str(&read("Cargo.toml")).expect("Cargo.toml");
+    let declared = manifest["workspace"]["package"]["license"]
+        .as_str()
+        .expect("[workspace.package] license");
+    let text = read("LICENSE");
+    let title = text.lines().map(str::trim).find(|l| !l.is_empty());
+    let (want_title, want_version) = match declared {
+        "Apache-2.0" => ("Apache License", "Version 2.0, January 2004"),
+        other => panic!("LICENSE is checked for Apache-2.0 only; Cargo.toml says {other}"),
+    };
+    assert_eq!(title, Some(want_title), "LICENSE's title");
+    assert!(text.contains(want_version), "LICENSE's version");
+    assert!(
+        text.contains("TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION")
+            && text.contains("END OF TERMS AND CONDITIONS"),
+        "LICENSE holds the whole text"
+    );
+    assert_eq!(
+        env!("CARGO_PKG_LICENSE"),
+        declared,
+        "the root crate takes the workspace's license"
+    );
+}
+
+/// The README opens, right after its title, with the five-line quick
+/// start: start the broker, receive with one client, publish with
+/// another, open the console (and, once, a console login).
+#[test]
+fn the_readme_starts_with_the_five_line_quick_start() {
+    let readme = read("README.md");
+    let mut lines = readme.lines().filter(|l| !l.trim().is_empty());
+    assert_eq!(lines.next(), Some("# Rosetta"));
+    assert_eq!(lines.next(), Some("```sh"), "the quick start comes first");
+    let commands: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
+    assert_eq!(commands.len(), 5, "{commands:#?}");
+    let has = |what: &str| commands.iter().any(|c| c.contains(what));
+    assert!(
+        has("cargo run --release  "),
+        "starts the broker: {commands:#?}"
+    );
+    assert!(has(" sub --url "), "receives: {commands:#?}");
+    assert!(has(" pub --url "), "publishes: {commands:#?}");
+    assert!(has("/console/"), "opens the console: {commands:#?}");
+}

@@ -1043,3 +1043,153 @@ mod history_memory {
         );
     }
 }
+
+mod tail_memory {
+    //! Readers at the tail cost the broker less than their credit each:
+    //! 100 STOMP readers at `next` with `prefetch-count` 1,000 (each on its
+    //! own thread, ACKing cumulatively every 500, as the benchmark's do)
+    //! read 5,000 1 KiB messages as they are appended, while the broker
+    //! process's RSS is sampled: its growth divided by the readers stays
+    //! below three quarters of a reader's credit in bytes (about 570 KiB
+    //! here, on a debug build).
+    //!
+    //! Before the shared tail (the log's cached batches, one decoded
+    //! message per record for all readers) and the deferred MESSAGE
+    //! encoding, each reader cost about its whole credit here (990 KiB,
+    //! failing this bound), and twice it in the release benchmark: its own
+    //! copy of every chunk it read from the log, its own decoded messages,
+    //! and up to its whole credit encoded in its output buffer at once.
+
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::common::process::{frame, BrokerProcess, Stomp};
+
+    const STREAM: &str = "/queue/tail";
+    const READERS: usize = 100;
+    /// The bound, in quarters of a reader's credit.
+    const QUARTERS_OF_CREDIT: u64 = 3;
+    const PREFETCH: usize = 1_000;
+    const MESSAGES: usize = 5_000;
+    const BODY_BYTES: usize = 1024;
+    /// Messages a producer batch holds (one write, the last with a
+    /// receipt waited for).
+    const BATCH: usize = 250;
+    const IO_TIMEOUT: Duration = Duration::from_secs(60);
+
+    fn subscribed(broker: &BrokerProcess) -> Stomp {
+        let mut r = Stomp::connect(broker.addr("stomp"), IO_TIMEOUT).expect("connect");
+        r.write(&frame(
+            "SUBSCRIBE",
+            &[
+                ("id", "t"),
+                ("destination", STREAM),
+                ("ack", "client"),
+                ("x-stream-offset", "next"),
+                ("prefetch-count", &PREFETCH.to_string()),
+                ("receipt", "subscribed"),
+            ],
+            b"",
+        ))
+        .expect("subscribe");
+        assert!(matches!(r.read(), Ok(Some(f)) if f.command == "RECEIPT"));
+        r
+    }
+
+    /// The process's resident set (`VmRSS`), in bytes.
+    fn rss_bytes(pid: u32) -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    }
+
+    /// Reads every message, in order, ACKing every half credit.
+    fn read_all(mut r: Stomp) {
+        for i in 0..MESSAGES {
+            let f = r.read().expect("read").expect("a MESSAGE");
+            assert_eq!(f.command, "MESSAGE", "{f:?}");
+            let offset = (i + 1).to_string();
+            assert_eq!(f.header("x-stream-offset"), Some(offset.as_str()));
+            if i % (PREFETCH / 2) == PREFETCH / 2 - 1 {
+                r.write(&frame("ACK", &[("id", &f.ack_id())], b""))
+                    .expect("ack");
+            }
+        }
+    }
+
+    #[test]
+    fn readers_at_the_tail_cost_at_most_their_credit_each() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let broker = BrokerProcess::start(dir.path(), &["stomp"], "");
+        let mut w = Stomp::connect(broker.addr("stomp"), IO_TIMEOUT).expect("connect");
+        // Declared by one message before the readers come (offset 0).
+        w.write(&frame(
+            "SEND",
+            &[
+                ("destination", STREAM),
+                ("x-queue-type", "stream"),
+                ("receipt", "declared"),
+            ],
+            b"first",
+        ))
+        .expect("send");
+        assert!(matches!(w.read(), Ok(Some(f)) if f.command == "RECEIPT"));
+        let readers: Vec<Stomp> = (0..READERS).map(|_| subscribed(&broker)).collect();
+        let before = broker.status_bytes("VmRSS");
+        let reading: Vec<_> = readers
+            .into_iter()
+            .map(|r| std::thread::spawn(move || read_all(r)))
+            .collect();
+        let done = Arc::new(AtomicBool::new(false));
+        let sampler = {
+            let done = Arc::clone(&done);
+            let pid = broker.child.id();
+            std::thread::spawn(move || {
+                let mut peak = 0;
+                while !done.load(Ordering::Relaxed) {
+                    peak = peak.max(rss_bytes(pid));
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                peak
+            })
+        };
+        let body = vec![b't'; BODY_BYTES];
+        for b in 0..MESSAGES / BATCH {
+            let mut batch = Vec::new();
+            for i in 0..BATCH {
+                let mut headers = vec![("destination", STREAM)];
+                let receipt = format!("b{b}");
+                if i + 1 == BATCH {
+                    headers.push(("receipt", &receipt));
+                }
+                batch.extend(frame("SEND", &headers, &body));
+            }
+            w.write(&batch).expect("send");
+            assert!(matches!(w.read(), Ok(Some(f)) if f.command == "RECEIPT"));
+        }
+        for r in reading {
+            r.join().expect("a reader read everything in order");
+        }
+        done.store(true, Ordering::Relaxed);
+        let peak = sampler.join().expect("sampler");
+        let per_reader = peak.saturating_sub(before) / READERS as u64;
+        let credit = (PREFETCH * BODY_BYTES) as u64;
+        eprintln!(
+            "RSS {} -> {} KiB at its peak: {} KiB per tail reader, credit {} KiB",
+            before / 1024,
+            peak / 1024,
+            per_reader / 1024,
+            credit / 1024
+        );
+        assert!(
+            per_reader < credit * QUARTERS_OF_CREDIT / 4,
+            "each tail reader cost {} KiB, more than {QUARTERS_OF_CREDIT}/4 of its credit of {} KiB",
+            per_reader / 1024,
+            credit / 1024
+        );
+    }
+}

@@ -78,7 +78,9 @@ def main():
         ("healthz", "/healthz", None),
         ("overview", "/api/v1/overview", lambda b: b["queues"]["count"] == queues),
         (f"page {page} of 100", f"/api/v1/queues?page={page}&page_size=100",
-         lambda b: b["total"] == queues and len(b["items"]) == 100),
+         # Each item carries its rates, sampled by the request itself.
+         lambda b: b["total"] == queues and len(b["items"]) == 100
+         and all("window_s" in q["rates"] for q in b["items"])),
         ("filtered page", "/api/v1/queues?name=q0999&page_size=100",
          lambda b: b["total"] == min(100, max(0, queues - 99900))),
     ]

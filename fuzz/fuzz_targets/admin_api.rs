@@ -118,7 +118,7 @@ fn harness() -> &'static Harness {
             (broker, admin)
         });
         Harness {
-            addr: admin.local_addr(),
+            addr: admin.local_addr().expect("admin listener"),
             runtime,
             _running: (broker, admin),
             _dir: dir,

@@ -1,6 +1,6 @@
 //! A peer's bytes against the HTTP port's WebSocket path
 //! (`rosetta::server::fuzzing::websocket_session`: request head parsing,
-//! routing, the answer or the upgrade, tungstenite's frame layer read
+//! routing, the answer or the upgrade, the frame layer (`ws_frames`) read
 //! through the adapters' byte stream, one write back and a close), over an
 //! in-memory peer that delivers its bytes in fuzzer-chosen chunks and now
 //! and then makes the server wait.

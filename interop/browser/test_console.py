@@ -2,11 +2,14 @@
 playwright-core (driver.mjs): the broker binary serves the console from its
 admin listener; the test logs in as an administrator and, with real clients
 beside it (stomp.py, paho-mqtt), watches a queue fill as it publishes,
-purges it, closes the STOMP client's connection with a reason, sees the
-rates chart move, deletes an MQTT session, reads the built-in roles,
-defines a role, adds a user holding it (who can then use the API, with
-its role's permissions), is refused removing the role while it is held,
-and deletes both. After each step
+purges it, creates a queue and moves messages into it, replays a
+dead-letter queue to the queue its message came from, closes the STOMP
+client's connection with a reason, sees the rates chart move, deletes an
+MQTT session, reads the built-in roles, defines a role, adds a user
+holding it (who can then use the API, with its role's permissions),
+changes that user's password, roles and permissions, is refused removing
+the role while it is held, deletes both, and follows the Demo link to the
+broker's own demo client, which round-trips a message. After each step
 the page is saved as a PNG in a results directory that the test prints
 (ROSETTA_RESULTS_DIR, default interop/results/console-<UTC time>). The
 broker is started and stopped by the test.
@@ -45,7 +48,9 @@ def add_admin(binary, config):
 @pytest.fixture(scope="module")
 def broker():
     b = Broker(extra_ports=("admin",),
-               extra_config='users_file = "{dir}/users.toml"\n\n[admin]\nlisten = "127.0.0.1:{admin}"\n',
+               # One delivery attempt: a NACK dead-letters at once (the replay step).
+               extra_config='users_file = "{dir}/users.toml"\n\n[admin]\nlisten = "127.0.0.1:{admin}"\n'
+                            '\n[broker]\ndelivery_attempts_max = 1\n',
                prepare=add_admin)
     yield b
     b.stop()
@@ -65,6 +70,8 @@ def results():
 def api(broker, path, method="GET", user=ADMIN_USER, password=ADMIN_PASSWORD):
     """The admin API, as the test's own witness of what the console did."""
     req = urllib.request.Request(f"http://127.0.0.1:{broker.ports['admin']}{path}", method=method)
+    if method in ("POST", "PUT"):
+        req.data = b""
     pair = base64.b64encode(f"{user}:{password}".encode()).decode()
     req.add_header("Authorization", f"Basic {pair}")
     with urllib.request.urlopen(req, timeout=TIMEOUT_S) as r:
@@ -89,12 +96,47 @@ def until(condition):
             f" throw new Error('timed out waiting for: ' + {js(condition)}); }})()")
 
 
+def after_navigation(browser, condition):
+    """until(condition) on a page that is navigating: an evaluation the
+    navigation cuts short is tried again on the new page."""
+    end = time.monotonic() + TIMEOUT_S
+    while True:
+        try:
+            return browser.eval(until(condition))
+        except AssertionError as e:
+            if "context was destroyed" not in str(e) or time.monotonic() > end:
+                raise
+            time.sleep(0.2)
+
+
 class Listener(stomp.ConnectionListener):
     def __init__(self):
         self.errors = queue.Queue()
+        self.messages = queue.Queue()
 
     def on_error(self, frame):
         self.errors.put(frame)
+
+    def on_message(self, frame):
+        self.messages.put(frame)
+
+
+def dead_letter(port, source):
+    """One message sent to `source` and NACKed by its only consumer: with
+    one delivery attempt allowed, it goes to the dead-letter queue `DLQ`
+    with `x-original-queue` naming `source`."""
+    conn = stomp.Connection12([("127.0.0.1", port)], heartbeats=(0, 0))
+    listener = Listener()
+    conn.set_listener("dl", listener)
+    conn.connect(wait=True)
+    try:
+        conn.subscribe(f"/queue/{source}", id="dl", ack="client-individual")
+        conn.send(f"/queue/{source}", "poison", headers={"persistent": "true"})
+        frame = listener.messages.get(timeout=TIMEOUT_S)
+        conn.nack(frame.headers["ack"], "dl")
+        conn.unsubscribe("dl")
+    finally:
+        conn.disconnect()
 
 
 class Steps:
@@ -200,10 +242,45 @@ def test_console_logs_in_watches_a_queue_fill_purges_it_closes_a_connection_and_
         browser.eval(f"{row}.querySelector('[data-action=peek]').click(); true")
         peeked = browser.eval(until("document.getElementById('peek').textContent"))
         assert "m0" in peeked and "m2" in peeked
+        # The queue's own rates, from its second look on.
+        browser.eval(until(f"{row}.querySelector('[data-field=in_rate]').textContent !== '-'"))
         browser.eval(f"{row}.querySelector('[data-action=purge]').click(); true")
         browser.eval(until(f"{depth} === '0'"))
         assert api(broker, f"/api/v1/queues/{name}")["depth"] == 0
         steps.shot("queue-purged")
+
+        # Create a queue through the form, and move messages into it.
+        created = f"created-{uniq()}"
+        created_row = f"document.querySelector('tr[data-queue={js(created)}]')"
+        browser.eval(f"document.getElementById('queue-name').value = {js(created)};"
+                     "document.getElementById('queue-durable').checked = false;"
+                     "document.querySelector('#queue-create button[type=submit]').click(); true")
+        browser.eval(until(created_row))
+        assert api(broker, f"/api/v1/queues/{created}")["durable"] is False
+        steps.shot("queue-created")
+        for i in (3, 4):
+            conn.send(f"/queue/{name}", f"m{i}", headers={"persistent": "true"})
+        browser.eval(until(f"{depth} === '2'"))
+        browser.eval(f"document.getElementById('move-to').value = {js(created)};"
+                     f"{row}.querySelector('[data-action=move]').click(); true")
+        browser.eval(until(f"{created_row} && {created_row}.querySelector('[data-field=depth]').textContent === '2'"
+                           f" && {depth} === '0'"))
+        assert api(broker, f"/api/v1/queues/{created}")["depth"] == 2
+        steps.shot("queue-moved")
+
+        # Replay the dead-letter queue: its message goes back to its queue.
+        source = f"replayed-{uniq()}"
+        dead_letter(broker.ports["stomp"], source)
+        dlq_row = "document.querySelector('tr[data-queue=DLQ]')"
+        source_depth = (f"document.querySelector('tr[data-queue={js(source)}]') && document.querySelector("
+                        f"'tr[data-queue={js(source)}]').querySelector('[data-field=depth]').textContent")
+        browser.eval(until(f"{dlq_row} && {dlq_row}.querySelector('[data-field=depth]').textContent === '1'"))
+        steps.shot("dead-letter")
+        browser.eval(f"{dlq_row}.querySelector('[data-action=replay]').click(); true")
+        browser.eval(until(f"{source_depth} === '1'"))
+        assert api(broker, "/api/v1/queues/DLQ")["depth"] == 0
+        assert api(broker, f"/api/v1/queues/{source}")["depth"] == 1
+        steps.shot("dead-letters-replayed")
 
         # Connections: close the STOMP client with a reason.
         reason = f"console test {uniq()}"
@@ -288,6 +365,30 @@ def test_console_logs_in_watches_a_queue_fill_purges_it_closes_a_connection_and_
         assert api_status(broker, "/api/v1/overview", user=new_user, password="new-pw") == 200
         steps.shot("user-added")
 
+        # Change it: its password, its roles, its own permissions.
+        browser.eval(f"{user_row}.querySelector('[data-action=edit]').click(); true")
+        browser.eval(until("!document.getElementById('user-change').hidden"))
+        assert browser.eval("document.getElementById('change-subscribe').value") == "/queue/console-only"
+        browser.eval("document.getElementById('change-password').value = 'changed-pw';"
+                     "document.getElementById('change-password-submit').click(); true")
+        browser.eval(until("document.getElementById('status').textContent.includes('password changed')"))
+        assert api_status(broker, "/api/v1/overview", user=new_user, password="changed-pw") == 200
+        assert api_status(broker, "/api/v1/overview", user=new_user, password="new-pw") == 401
+        browser.eval("document.querySelector('#change-roles input[value=management]').checked = false;"
+                     "document.querySelector('#change-roles input[value=monitoring]').checked = true;"
+                     "document.getElementById('change-roles-submit').click(); true")
+        browser.eval(until(f"{user_row}.querySelector('[data-field=admin]').textContent === 'monitoring'"))
+        assert sorted(api(broker, f"/api/v1/users/{new_user}")["roles"]) == sorted(["monitoring", new_role])
+        browser.eval("document.getElementById('change-deny-subscribe').value = '/topic/console/private';"
+                     "document.getElementById('change-permissions-submit').click(); true")
+        browser.eval(until(f"{user_row}.querySelector('[data-field=deny_subscribe]').textContent"
+                           ".includes('/topic/console/private')"))
+        changed = api(broker, f"/api/v1/users/{new_user}")
+        assert changed["own"]["deny_subscribe"] == ["/topic/console/private"], changed
+        assert changed["own"]["subscribe"] == ["/queue/console-only"], changed
+        assert changed["own"]["deny_publish"] == ["/topic/console/audit"], changed
+        steps.shot("user-changed")
+
         # A role its users still hold is not removed: the API's 409 shows.
         view(browser, "roles")
         holders = browser.eval(f"{role_row}.querySelector('[data-field=users]').textContent")
@@ -312,6 +413,16 @@ def test_console_logs_in_watches_a_queue_fill_purges_it_closes_a_connection_and_
         browser.eval(until(f"!{role_row}"))
         assert api_status(broker, f"/api/v1/roles/{new_role}") == 404
         steps.shot("role-removed")
+
+        # The demo client: the link goes to the broker's HTTP port, whose
+        # page connects over MQTT/WebSocket and round-trips a message.
+        demo = f"http://127.0.0.1:{broker.ports['websocket']}/"
+        assert browser.eval(until("!document.getElementById('demo').hidden"
+                                  " && document.getElementById('demo').href")) == demo
+        browser.eval("setTimeout(() => { location.href = document.getElementById('demo').href; }, 0); true")
+        after_navigation(browser, "document.title === 'Rosetta broker demo'"
+                                  " && document.getElementById('log').textContent.includes('received on')")
+        steps.shot("demo")
     finally:
         stop.set()
         browser.close()

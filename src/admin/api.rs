@@ -13,11 +13,13 @@ use serde_json::{json, Value};
 use crate::auth::Authenticator;
 use crate::error::ApiError;
 use crate::http::RequestParts;
+use crate::rates::Sampler;
 use crate::router::{self, Action, Matched, Query};
 use crate::tokens::{self, Tokens};
 use crate::{
     balancer, connections, messages, overview, queues, reload, roles, sessions, topics, users,
 };
+use std::time::Instant;
 
 /// A successful answer.
 #[derive(Debug)]
@@ -58,6 +60,21 @@ pub(crate) struct Api {
     /// One users-file change at a time: each reads, edits and renames the
     /// whole file.
     pub(crate) users_write: tokio::sync::Mutex<()>,
+    /// Recent samples of the queues listings showed, for their rates:
+    /// messages added, delivered, acknowledged.
+    pub(crate) queue_rates: Sampler<String, 3>,
+    /// The same for connections, by id: messages in, messages out.
+    pub(crate) connection_rates: Sampler<u64, 2>,
+}
+
+impl Api {
+    /// When the core's counters started counting: a queue's totals count
+    /// from the broker's start (or from when it was made, and were zero
+    /// before), which is what a first look at its rates measures from.
+    pub(crate) fn counting_since(&self) -> Instant {
+        let now = Instant::now();
+        now.checked_sub(self.broker.uptime()).unwrap_or(now)
+    }
 }
 
 /// One request, routed, with what the handlers read from it.

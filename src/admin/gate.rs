@@ -49,6 +49,8 @@ impl Gate {
             tokens: Arc::clone(&self.tokens),
             users_file: self.users_file.clone(),
             users_write: tokio::sync::Mutex::new(()),
+            queue_rates: Default::default(),
+            connection_rates: Default::default(),
         }));
     }
 

@@ -55,18 +55,70 @@ pub(crate) async fn serve(listener: TcpListener, api: Arc<Gate>, mut stop: watch
         };
         let (api, stop) = (Arc::clone(&api), stop.clone());
         tokio::spawn(async move {
-            serve_connection(stream, peer, api, stop).await;
+            serve_connection(stream, peer, api, stop, KeepAlive::Yes).await;
             drop(slot);
         });
     }
 }
 
-async fn serve_connection(
-    stream: tokio::net::TcpStream,
+/// Whether a connection may carry more than one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeepAlive {
+    /// The admin listener's own connections.
+    Yes,
+    /// The HTTP port's: one request, then close, as that port answers
+    /// everything else, so a browser's next request on the port (the demo
+    /// page) comes on a new connection that the port routes again.
+    No,
+}
+
+/// The admin API's paths on the broker's HTTP port (`[admin]
+/// on_http_port`): the same gate (authentication, roles) and limits as the
+/// admin listener, with a connection cap of its own.
+pub(crate) struct OnHttpPort {
+    pub(crate) gate: Arc<Gate>,
+    pub(crate) stop: watch::Receiver<bool>,
+    pub(crate) slots: Arc<Semaphore>,
+}
+
+impl OnHttpPort {
+    pub(crate) fn new(gate: Arc<Gate>, stop: watch::Receiver<bool>) -> Self {
+        Self {
+            gate,
+            stop,
+            slots: Arc::new(Semaphore::new(ADMIN_CONNECTIONS_MAX)),
+        }
+    }
+}
+
+impl rosetta_server::AdminOnHttpPort for OnHttpPort {
+    fn serve(
+        &self,
+        io: Box<dyn rosetta_server::HttpStream>,
+        peer: SocketAddr,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        let (api, stop) = (Arc::clone(&self.gate), self.stop.clone());
+        let slot = Arc::clone(&self.slots).try_acquire_owned();
+        Box::pin(async move {
+            let Ok(slot) = slot else {
+                tracing::warn!(%peer, max = ADMIN_CONNECTIONS_MAX, "admin API on the HTTP port: too many connections; closing");
+                return;
+            };
+            serve_connection(io, peer, api, stop, KeepAlive::No).await;
+            drop(slot);
+        })
+    }
+}
+
+async fn serve_connection<I>(
+    stream: I,
     peer: SocketAddr,
     api: Arc<Gate>,
     mut stop: watch::Receiver<bool>,
-) {
+    keep_alive: KeepAlive,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let service = hyper::service::service_fn(move |req| {
         let api = Arc::clone(&api);
         async move { Ok::<_, std::convert::Infallible>(respond(&api, req, peer).await) }
@@ -81,6 +133,7 @@ async fn serve_connection(
         // that never completes a request still meets the head timeout.
         .half_close(true)
         .header_read_timeout(Duration::from_millis(REQUEST_HEAD_TIMEOUT_MS))
+        .keep_alive(keep_alive == KeepAlive::Yes)
         .max_buf_size(REQUEST_HEAD_MAX_BYTES);
     let conn = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
@@ -108,12 +161,19 @@ async fn respond(api: &Gate, req: Request<Incoming>, peer: SocketAddr) -> Respon
             return console_response(answer);
         }
     }
-    // A page's script (the console) asks not to be challenged: a browser
-    // would answer the challenge with its own login dialog.
-    let challenge = req
+    // A page's script (the console) asks not to be challenged with Basic:
+    // a browser answers a Basic challenge with its own login dialog. It
+    // gets a Bearer challenge instead, which every 401 must carry (RFC
+    // 9110, 15.5.2) and which no browser answers with a dialog.
+    let scheme = if req
         .headers()
         .get("x-requested-with")
-        .is_none_or(|v| v.as_bytes() != b"XMLHttpRequest");
+        .is_some_and(|v| v.as_bytes() == b"XMLHttpRequest")
+    {
+        "Bearer"
+    } else {
+        "Basic"
+    };
     let answer = match read(req).await {
         Ok(parts) => api.handle(parts).await,
         Err(e) => Err(e),
@@ -127,8 +187,8 @@ async fn respond(api: &Gate, req: Request<Incoming>, peer: SocketAddr) -> Respon
             tracing::debug!(%peer, %method, path, status = e.status.as_u16(), reason = %e.reason, "admin API refused");
             let mut response = json_response(e.status, Some(&e.body()));
             let headers = response.headers_mut();
-            if e.status == StatusCode::UNAUTHORIZED && challenge {
-                if let Ok(v) = HeaderValue::from_str(&format!("Basic realm=\"{REALM}\"")) {
+            if e.status == StatusCode::UNAUTHORIZED {
+                if let Ok(v) = HeaderValue::from_str(&format!("{scheme} realm=\"{REALM}\"")) {
                     headers.insert(WWW_AUTHENTICATE, v);
                 }
             }

@@ -1,6 +1,9 @@
 //! The admin HTTP API (issue 18): what an operator looks at and acts with,
 //! as JSON over HTTP/1.1 on its own listener (`[admin] listen`, loopback
-//! by default). The console and the CLI are to use it and nothing else.
+//! by default) and, with `[admin] on_http_port`, on the broker's HTTP
+//! (WebSocket) port too, which hands those paths over
+//! (`rosetta_server::AdminOnHttpPort`). The console and the CLI use it and
+//! nothing else.
 //!
 //! ## Shape
 //! - `GET /healthz` (live) and `GET /readyz` (recovered and listening; 503
@@ -44,6 +47,7 @@ pub mod listing;
 pub mod messages;
 mod overview;
 mod queues;
+mod rates;
 mod reload;
 mod roles;
 pub mod router;
@@ -56,7 +60,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use rosetta_config::Config;
+use rosetta_config::{Config, ListenerKind};
 use rosetta_server::access::UsersAccess;
 use rosetta_server::BrokerView;
 use tokio::sync::watch;
@@ -72,28 +76,40 @@ pub use sessions::MQTT_SESSION_QUEUE_PREFIX;
 
 /// A running admin API.
 pub struct AdminServer {
-    addr: SocketAddr,
+    /// The admin listener's address; `None` when only the HTTP port
+    /// serves the API (`listen = ""` with `on_http_port`).
+    addr: Option<SocketAddr>,
     gate: Arc<gate::Gate>,
+    /// Also on the broker's HTTP port(s) (`[admin] on_http_port`).
+    on_http_port: bool,
     stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl AdminServer {
-    /// The address it listens on (useful with port 0).
-    pub fn local_addr(&self) -> SocketAddr {
+    /// The admin listener's address (useful with port 0); `None` when the
+    /// API is served on the HTTP port only.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
         self.addr
     }
 
     /// Puts the broker, recovered and listening, behind the API: from now
-    /// on `/readyz` says ready and the API answers.
+    /// on `/readyz` says ready and the API answers, on the HTTP port too
+    /// with `[admin] on_http_port`.
     pub fn attach(&self, broker: BrokerView) {
+        if self.on_http_port {
+            let served = http::OnHttpPort::new(Arc::clone(&self.gate), self.stop.subscribe());
+            broker.serve_admin_on_http_port(Arc::new(served));
+        }
         self.gate.attach(broker);
     }
 
     /// Stops accepting and lets open requests finish (bounded).
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
-        let _ = self.task.await;
+        if let Some(task) = self.task {
+            let _ = task.await;
+        }
     }
 }
 
@@ -115,31 +131,70 @@ pub async fn start(
 
 /// [`start`] before there is a broker, so that health checks are answered
 /// while the journal is recovered: `/healthz` 200, `/readyz` and the API
-/// 503 until [`AdminServer::attach`].
+/// 503 until [`AdminServer::attach`]. (The HTTP port is bound only once
+/// the journal is recovered, so this concerns the admin listener.)
 pub async fn start_early(
     config: &Config,
     users: Arc<UsersAccess>,
 ) -> anyhow::Result<Option<AdminServer>> {
-    let Some(addr) = config.admin.listen_addr() else {
+    if !config.admin.served() {
         tracing::info!("admin API off ([admin] listen = \"\" or enabled = false)");
         return Ok(None);
-    };
-    let listener = tokio::net::TcpListener::bind(addr.to_string())
-        .await
-        .with_context(|| format!("admin API ([admin] listen) on {addr}"))?;
-    let bound = listener.local_addr()?;
+    }
     let tokens = Arc::new(tokens::Tokens::load(&config.data_dir).context("admin API tokens")?);
     let gate = Arc::new(gate::Gate::new(users, tokens, config.users_file()));
     let (stop, stop_rx) = watch::channel(false);
-    let task = tokio::spawn(http::serve(listener, Arc::clone(&gate), stop_rx));
-    tracing::info!(addr = %bound, "admin API listening");
-    if !bound.ip().is_loopback() {
-        tracing::warn!(addr = %bound, "the admin API is reachable from the network: it is HTTP without TLS, so basic credentials cross the network in the clear");
+    let mut addr = None;
+    let mut task = None;
+    if let Some(listen) = config.admin.listen_addr() {
+        let listener = tokio::net::TcpListener::bind(listen.to_string())
+            .await
+            .with_context(|| format!("admin API ([admin] listen) on {listen}"))?;
+        let bound = listener.local_addr()?;
+        task = Some(tokio::spawn(http::serve(
+            listener,
+            Arc::clone(&gate),
+            stop_rx,
+        )));
+        tracing::info!(addr = %bound, "admin API listening");
+        if !bound.ip().is_loopback() {
+            tracing::warn!(addr = %bound, "the admin API is reachable from the network: it is HTTP without TLS, so basic credentials cross the network in the clear");
+        }
+        addr = Some(bound);
+    }
+    let on_http_port = config.admin.served_on_http_port();
+    if on_http_port {
+        say_where_on_http_port(config);
     }
     Ok(Some(AdminServer {
-        addr: bound,
+        addr,
         gate,
+        on_http_port,
         stop,
         task,
     }))
+}
+
+/// Says which HTTP ports serve the API (`[admin] on_http_port`), and warns
+/// when one is plain HTTP off loopback.
+fn say_where_on_http_port(config: &Config) {
+    let http_ports: Vec<_> = config
+        .active_listeners()
+        .into_iter()
+        .filter(|(kind, _)| {
+            matches!(
+                kind,
+                ListenerKind::WebSocket | ListenerKind::Wss | ListenerKind::Any
+            )
+        })
+        .collect();
+    if http_ports.is_empty() {
+        tracing::warn!("[admin] on_http_port is set but no HTTP listener ([listeners] websocket, wss or any) is on");
+    }
+    for (kind, addr) in http_ports {
+        tracing::info!(listener = kind.key(), %addr, "admin API and console also on this HTTP port");
+        if kind != ListenerKind::Wss && !addr.is_loopback() {
+            tracing::warn!(listener = kind.key(), %addr, "the admin API is served on an HTTP port open to the network: without TLS (wss), basic credentials cross the network in the clear");
+        }
+    }
 }

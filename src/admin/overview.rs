@@ -33,6 +33,11 @@ pub(crate) fn overview(broker: &BrokerView) -> Value {
     let s = &figures.store;
     let traffic = core.traffic();
     let recent = broker.recent_activity();
+    let listeners: BTreeMap<&str, String> = broker
+        .listeners()
+        .iter()
+        .map(|(kind, addr)| (kind.key(), addr.to_string()))
+        .collect();
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "node": node_name(),
@@ -46,6 +51,7 @@ pub(crate) fn overview(broker: &BrokerView) -> Value {
             "by_protocol": by_protocol,
             "by_transport": by_transport,
         },
+        "listeners": listeners,
         "queues": {"count": core.queue_count()},
         "memory": {
             "budget_bytes": figures.memory_budget_bytes,

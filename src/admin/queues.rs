@@ -1,4 +1,10 @@
 //! `/api/v1/queues`: list, get, create, purge, delete.
+//!
+//! Each queue shown carries `rates` (messages added, delivered and
+//! acknowledged per second) from its own counters, sampled by the request
+//! that shows it (`rates`): only the queues on the page cost anything.
+
+use std::time::Instant;
 
 use rosetta_core::QueueStats;
 use serde::Deserialize;
@@ -7,9 +13,25 @@ use serde_json::{json, Value};
 use crate::api::{durable, Api, Call, Reply};
 use crate::error::ApiError;
 use crate::listing::PageRequest;
+use crate::rates::{round, Rates};
+
+/// The counters a queue's rates are computed from, in the order of
+/// [`rates_json`]'s names.
+fn rate_counters(s: &QueueStats) -> [u64; 3] {
+    [s.enqueued_total, s.deliveries_total, s.acked_total]
+}
+
+fn rates_json(r: &Rates<3>) -> Value {
+    json!({
+        "window_s": round(r.window_s),
+        "published_per_s": round(r.per_s[0]),
+        "delivered_per_s": round(r.per_s[1]),
+        "acknowledged_per_s": round(r.per_s[2]),
+    })
+}
 
 /// A queue's item in listings and `GET`.
-fn item(name: &str, s: &QueueStats) -> Value {
+fn item(name: &str, s: &QueueStats, rates: &Rates<3>) -> Value {
     json!({
         "name": name,
         "depth": s.depth,
@@ -25,6 +47,7 @@ fn item(name: &str, s: &QueueStats) -> Value {
         "acked_total": s.acked_total,
         "dead_lettered_total": s.dead_lettered_total,
         "expired_total": s.expired_total,
+        "rates": rates_json(rates),
     })
 }
 
@@ -34,7 +57,20 @@ pub(crate) fn list(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError> {
         .broker
         .core()
         .queue_page(page.name.as_deref(), page.skip(), page.page_size);
-    let items = found.items.iter().map(|(n, s)| item(n, s)).collect();
+    let since = api.counting_since();
+    let rates = api.queue_rates.observe(
+        Instant::now(),
+        found
+            .items
+            .iter()
+            .map(|(n, s)| (n, since, rate_counters(s))),
+    );
+    let items = found
+        .items
+        .iter()
+        .zip(&rates)
+        .map(|((n, s), r)| item(n, s, r))
+        .collect();
     Ok(Reply::ok(page.answer(items, found.total)))
 }
 
@@ -44,7 +80,13 @@ pub(crate) fn get(api: &Api, call: &Call<'_>) -> Result<Reply, ApiError> {
     let (Some(stats), Some(durable)) = (core.queue_stats(name), core.queue_durable(name)) else {
         return Err(ApiError::not_found(format!("no queue '{name}'")));
     };
-    let mut body = item(name, &stats);
+    let rates = api.queue_rates.observe_one(
+        Instant::now(),
+        api.counting_since(),
+        &name.to_owned(),
+        rate_counters(&stats),
+    );
+    let mut body = item(name, &stats, &rates);
     body["durable"] = json!(durable);
     Ok(Reply::ok(body))
 }

@@ -59,8 +59,9 @@ pub(crate) struct SubArgs {
 struct CommonArgs {
     /// Where and how: `mqtt://user:pass@host:1883/topic/a/b`,
     /// `stomp://...:61613/queue/q`, `amqp://...:5672/queue/q`, `mqtts://`,
-    /// `stomps://`, `amqps://`, or MQTT over WebSocket
-    /// `ws://...:8080/mqtt/topic/a/b` (`wss://`). The path is the address:
+    /// `stomps://`, `amqps://`, or over WebSocket
+    /// `ws://...:8080/mqtt/topic/a/b`, `ws://...:8080/stomp/queue/q`,
+    /// `ws://...:8080/amqp/queue/q` (`wss://`). The path is the address:
     /// `/topic/<name>` or `/queue/<name>`.
     #[arg(long)]
     url: String,

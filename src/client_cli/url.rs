@@ -9,6 +9,8 @@
 //! | `stomp://user:pass@host:61613/queue/q` | STOMP 1.2 over TCP (`stomps://`: TLS) |
 //! | `amqp://user:pass@host:5672/queue/q` | AMQP 1.0 over TCP (`amqps://`: TLS) |
 //! | `ws://user:pass@host:8080/mqtt/topic/a/b` | MQTT over WebSocket, on the path `/mqtt` (`wss://`: TLS) |
+//! | `ws://user:pass@host:8080/stomp/queue/q` | STOMP 1.2 over WebSocket, on the path `/stomp` (`wss://`: TLS) |
+//! | `ws://user:pass@host:8080/amqp/queue/q` | AMQP 1.0 over WebSocket, on the path `/amqp` (`wss://`: TLS) |
 //!
 //! The address is `/topic/<name>` or `/queue/<name>`; each protocol's
 //! client spells it its own way (MQTT: `a/b` and `$queue/q`). User and
@@ -131,14 +133,27 @@ impl Endpoint {
             "amqps" => (Protocol::Amqp, Transport::Tls, path),
             ws @ ("ws" | "wss") => {
                 let secure = ws == "wss";
-                let Some(address) = path.strip_prefix("/mqtt") else {
+                // The first path segment is the broker's WebSocket path of
+                // the protocol (src/server/ws.rs), the rest the address.
+                let spoken = [
+                    ("/mqtt/", Protocol::Mqtt),
+                    ("/stomp/", Protocol::Stomp),
+                    ("/amqp/", Protocol::Amqp),
+                ]
+                .into_iter()
+                .find_map(|(prefix, protocol)| {
+                    path.strip_prefix(prefix.trim_end_matches('/'))
+                        .filter(|rest| rest.starts_with('/'))
+                        .map(|rest| (protocol, rest))
+                });
+                let Some((protocol, address)) = spoken else {
                     bail!(
-                        "a WebSocket URL names its protocol as the first path segment, \
-                         and only MQTT is spoken over WebSocket by this client: \
-                         {ws}://host:port/mqtt/topic/<name> (got {url})"
+                        "a WebSocket URL names its protocol as the first path segment: \
+                         {ws}://host:port/mqtt/topic/<name>, .../stomp/queue/<name> or \
+                         .../amqp/queue/<name> (got {url})"
                     );
                 };
-                (Protocol::Mqtt, Transport::WebSocket { secure }, address)
+                (protocol, Transport::WebSocket { secure }, address)
             }
             other => bail!(
                 "unknown scheme '{other}' (known: mqtt, mqtts, stomp, stomps, amqp, amqps, ws, wss)"
@@ -294,6 +309,22 @@ mod tests {
             (Protocol::Mqtt, Transport::WebSocket { secure: true }, 8443)
         );
         assert_eq!(e.address, Address::Topic("s/#".into()));
+        let e = parse("ws://h:9/stomp/queue/q");
+        assert_eq!(
+            (e.protocol, e.transport, e.ws_path()),
+            (
+                Protocol::Stomp,
+                Transport::WebSocket { secure: false },
+                "/stomp"
+            )
+        );
+        assert_eq!(e.address, Address::Queue("q".into()));
+        let e = parse("wss://h/amqp/topic/a/b");
+        assert_eq!(
+            (e.protocol, e.transport, e.port),
+            (Protocol::Amqp, Transport::WebSocket { secure: true }, 8443)
+        );
+        assert_eq!(e.to_string(), "wss://h:8443/amqp/topic/a/b");
     }
 
     #[test]
@@ -310,7 +341,9 @@ mod tests {
             "mqtt://h:1883/a/b",
             "mqtt://h:port/topic/a",
             "stomp:///queue/q",
-            "ws://h/stomp/queue/q",
+            "ws://h/stompish/queue/q",
+            "ws://h/queue/q",
+            "ws://h/amqp",
             "amqp://h/queue/",
             "amqp://h/queue/%zz",
             "queue/q",

@@ -17,6 +17,10 @@ pub const ADMIN_ENABLED_DEFAULT: bool = true;
 /// the admin API with them.
 pub const ADMIN_BIND_DEFAULT: &str = "127.0.0.1";
 
+/// The API is not served on the HTTP (WebSocket) port by default: that
+/// port is usually open to the network, the API's own listener is not.
+pub const ADMIN_ON_HTTP_PORT_DEFAULT: bool = false;
+
 /// `[admin]`: the admin HTTP API (`/healthz`, `/readyz`, `/api/v1/...`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -26,6 +30,9 @@ pub struct AdminConfig {
     /// `host:port` or a port (on loopback); `""`: off.
     #[serde(deserialize_with = "crate::listeners::deserialize_listen_opt")]
     pub listen: Option<ListenAddr>,
+    /// Also serve the API, its health checks and the console on the HTTP
+    /// port(s): `[listeners] websocket`, `wss` and the `any` port's HTTP.
+    pub on_http_port: bool,
 }
 
 impl Default for AdminConfig {
@@ -33,6 +40,7 @@ impl Default for AdminConfig {
         Self {
             enabled: ADMIN_ENABLED_DEFAULT,
             listen: ADMIN_LISTEN_DEFAULT.parse().ok(),
+            on_http_port: ADMIN_ON_HTTP_PORT_DEFAULT,
         }
     }
 }
@@ -44,5 +52,16 @@ impl AdminConfig {
             return None;
         }
         self.listen.as_ref().map(|a| a.on(ADMIN_BIND_DEFAULT))
+    }
+
+    /// Whether the HTTP port(s) serve the API too (`on_http_port`, unless
+    /// the API is off).
+    pub fn served_on_http_port(&self) -> bool {
+        self.enabled && self.on_http_port
+    }
+
+    /// Whether the API is served anywhere.
+    pub fn served(&self) -> bool {
+        self.listen_addr().is_some() || self.served_on_http_port()
     }
 }

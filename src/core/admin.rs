@@ -172,7 +172,7 @@ impl Core {
                     s.info.conn_id,
                     SessionIdentity {
                         user: s.info.principal.user.clone(),
-                        client_id: s.info.client_id.clone(),
+                        client_id: s.info.client_id.as_deref().map(str::to_owned),
                     },
                 )
             })

@@ -144,7 +144,7 @@ impl Core {
         self.inner
             .clients
             .lock()
-            .get(&(protocol, client_id.to_owned()))
+            .get(&(protocol, Arc::from(client_id)))
             .is_some_and(|s| s.strong_count() > 0)
     }
 

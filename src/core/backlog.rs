@@ -40,7 +40,7 @@
 mod levels;
 pub(crate) mod paged;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -55,6 +55,7 @@ pub(crate) use paged::Paged;
 
 use super::queue::{ConsumerKey, Entry};
 use super::Journal;
+use rosetta_neutral::LazyMap;
 use rosetta_store::{MessageSeq, OsStorage, PageFile, PageRef, QueueId, Storage};
 
 /// Most messages read back from a page file at once.
@@ -221,13 +222,14 @@ pub(crate) struct Backlog {
     memory: Levels,
     /// On disk, in sequence order, all newer than `memory`.
     paged: VecDeque<Paged>,
-    file: Option<PageFile>,
+    /// Boxed: most queues never page, and a page file is 88 bytes.
+    file: Option<Box<PageFile>>,
     /// A page file failed: this queue keeps everything in memory from now.
     paging_off: bool,
     /// Messages of a message group waiting for the consumer the group is
     /// assigned to, by consumer, in sequence order. In memory, counted in
     /// the gauge; out of `memory`, so that nobody else passes over them.
-    reserved: HashMap<ConsumerKey, BTreeMap<MessageSeq, Entry>>,
+    reserved: LazyMap<ConsumerKey, BTreeMap<MessageSeq, Entry>>,
     reserved_len: usize,
     /// Whether the places of messages arriving in `memory` are noted in
     /// `arrived` (the queue has consumers with selectors, or message
@@ -586,7 +588,7 @@ impl Backlog {
                     &dir.join(format!("{queue}.page")),
                 )?;
                 tracing::info!(queue, "queue is over the memory budget: paging to disk");
-                self.file.insert(file)
+                self.file.insert(Box::new(file))
             }
         };
         let mut body = Vec::with_capacity(entry.message.memory_size());

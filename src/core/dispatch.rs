@@ -173,6 +173,11 @@ impl QueueState {
                 self.stats.selector_evaluations_total += evaluated;
             }
         }
+        // Exactly sized for the first: most queues (a session's) have one
+        // consumer, and a vector's first growth is to four (480 bytes).
+        if self.consumers.capacity() == 0 {
+            self.consumers.reserve_exact(1);
+        }
         self.consumers.push(slot);
         self.note_priorities();
     }

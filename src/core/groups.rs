@@ -57,33 +57,79 @@ struct Group {
     idle_since: Option<u64>,
 }
 
-/// The groups of one queue.
+/// The groups of one queue: a pointer until its first group (most queues
+/// have none; the empty index cost every queue 80 bytes, issue 20).
 #[derive(Debug, Default)]
-pub(crate) struct Groups {
+pub(crate) struct Groups(Option<Box<GroupIndex>>);
+
+impl Groups {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.as_ref().is_none_or(|g| g.by_id.is_empty())
+    }
+
+    /// Groups with an assigned consumer now.
+    pub(crate) fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |g| g.by_id.len())
+    }
+
+    pub(crate) fn owner(&self, group: &str) -> Option<ConsumerKey> {
+        self.0.as_ref()?.by_id.get(group).map(|g| g.owner)
+    }
+
+    /// See [`GroupIndex::assign`].
+    pub(crate) fn assign(
+        &mut self,
+        group: &str,
+        owner: ConsumerKey,
+        max: usize,
+    ) -> (bool, Option<ConsumerKey>) {
+        self.0.get_or_insert_default().assign(group, owner, max)
+    }
+
+    /// One more message of `group` is reserved for or in flight to its owner.
+    pub(crate) fn hold(&mut self, group: &str) {
+        if let Some(index) = &mut self.0 {
+            index.hold(group);
+        }
+    }
+
+    /// A message of `group` held by `owner` is settled (or returned).
+    pub(crate) fn unhold(&mut self, group: &str, owner: ConsumerKey) {
+        if let Some(index) = &mut self.0 {
+            index.unhold(group, owner);
+        }
+    }
+
+    /// Forgets `group` (closed); returns who had it.
+    pub(crate) fn close(&mut self, group: &str) -> Option<ConsumerKey> {
+        self.0.as_mut()?.close(group)
+    }
+
+    /// Forgets every group of `owner` (it went); returns how many.
+    pub(crate) fn forget_owner(&mut self, owner: ConsumerKey) -> usize {
+        self.0.as_mut().map_or(0, |index| index.forget_owner(owner))
+    }
+
+    /// Forgets every group.
+    pub(crate) fn clear(&mut self) {
+        self.0 = None;
+    }
+}
+
+/// The groups of a queue that has some.
+#[derive(Debug, Default)]
+struct GroupIndex {
     by_id: HashMap<String, Group>,
     /// Idle groups by when they went idle, the oldest first.
     idle: BTreeMap<u64, String>,
     clock: u64,
 }
 
-impl Groups {
-    pub(crate) fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
-    }
-
-    /// Groups with an assigned consumer now.
-    pub(crate) fn len(&self) -> usize {
-        self.by_id.len()
-    }
-
-    pub(crate) fn owner(&self, group: &str) -> Option<ConsumerKey> {
-        self.by_id.get(group).map(|g| g.owner)
-    }
-
+impl GroupIndex {
     /// Assigns a new group to `owner`, making room past `max` by forgetting
     /// the longest-idle group. Returns whether it was remembered, and the
     /// owner of a group forgotten to make room.
-    pub(crate) fn assign(
+    fn assign(
         &mut self,
         group: &str,
         owner: ConsumerKey,
@@ -116,8 +162,7 @@ impl Groups {
         }
     }
 
-    /// One more message of `group` is reserved for or in flight to its owner.
-    pub(crate) fn hold(&mut self, group: &str) {
+    fn hold(&mut self, group: &str) {
         if let Some(g) = self.by_id.get_mut(group) {
             g.held += 1;
             if let Some(t) = g.idle_since.take() {
@@ -126,8 +171,7 @@ impl Groups {
         }
     }
 
-    /// A message of `group` held by `owner` is settled (or returned).
-    pub(crate) fn unhold(&mut self, group: &str, owner: ConsumerKey) {
+    fn unhold(&mut self, group: &str, owner: ConsumerKey) {
         let Some(g) = self.by_id.get_mut(group) else {
             return;
         };
@@ -140,8 +184,7 @@ impl Groups {
         }
     }
 
-    /// Forgets `group` (closed); returns who had it.
-    pub(crate) fn close(&mut self, group: &str) -> Option<ConsumerKey> {
+    fn close(&mut self, group: &str) -> Option<ConsumerKey> {
         let g = self.by_id.remove(group)?;
         if let Some(t) = g.idle_since {
             self.idle.remove(&t);
@@ -149,8 +192,7 @@ impl Groups {
         Some(g.owner)
     }
 
-    /// Forgets every group of `owner` (it went); returns how many.
-    pub(crate) fn forget_owner(&mut self, owner: ConsumerKey) -> usize {
+    fn forget_owner(&mut self, owner: ConsumerKey) -> usize {
         let before = self.by_id.len();
         let idle = &mut self.idle;
         self.by_id.retain(|_, g| {
@@ -163,12 +205,6 @@ impl Groups {
             keep
         });
         before - self.by_id.len()
-    }
-
-    /// Forgets every group.
-    pub(crate) fn clear(&mut self) {
-        self.by_id.clear();
-        self.idle.clear();
     }
 }
 

@@ -24,47 +24,21 @@ use std::collections::{BTreeSet, HashSet, VecDeque};
 /// the oldest is forgotten first.
 pub(crate) const EXPIRED_LEASES_REMEMBERED_MAX: usize = 10_000;
 
-/// One queue's lease deadlines and recently expired leases.
+/// One queue's lease deadlines and recently expired leases: nothing but a
+/// pointer until the queue's first lease (most queues never lease; every
+/// queue's empty indexes cost 104 bytes, issue 20). A queue that leased
+/// keeps its index, as a map keeps its table.
 #[derive(Debug, Default)]
-pub(crate) struct Leases {
+pub(crate) struct Leases(Option<Box<LeaseIndex>>);
+
+#[derive(Debug, Default)]
+struct LeaseIndex {
     by_deadline: BTreeSet<(u64, u64)>,
     expired: HashSet<u64>,
     expired_order: VecDeque<u64>,
 }
 
-impl Leases {
-    /// Delivery `tag` is leased until `deadline_ms`.
-    pub(crate) fn start(&mut self, deadline_ms: u64, tag: u64) {
-        self.by_deadline.insert((deadline_ms, tag));
-    }
-
-    /// Delivery `tag`'s lease ended (settled, returned or renewed).
-    pub(crate) fn end(&mut self, deadline_ms: u64, tag: u64) {
-        self.by_deadline.remove(&(deadline_ms, tag));
-    }
-
-    /// The earliest deadline.
-    pub(crate) fn next_deadline(&self) -> Option<u64> {
-        self.by_deadline.first().map(|(deadline, _)| *deadline)
-    }
-
-    /// The tags whose lease ran out by `now_ms`, earliest first, at most
-    /// `max`, taken off the index and remembered as expired.
-    pub(crate) fn take_due(&mut self, now_ms: u64, max: usize) -> Vec<u64> {
-        let mut due = Vec::new();
-        while due.len() < max {
-            match self.by_deadline.first() {
-                Some(&(deadline, tag)) if deadline <= now_ms => {
-                    self.by_deadline.pop_first();
-                    self.remember_expired(tag);
-                    due.push(tag);
-                }
-                _ => break,
-            }
-        }
-        due
-    }
-
+impl LeaseIndex {
     fn remember_expired(&mut self, tag: u64) {
         if self.expired_order.len() >= EXPIRED_LEASES_REMEMBERED_MAX {
             if let Some(oldest) = self.expired_order.pop_front() {
@@ -75,24 +49,70 @@ impl Leases {
             self.expired_order.push_back(tag);
         }
     }
+}
+
+impl Leases {
+    /// Delivery `tag` is leased until `deadline_ms`.
+    pub(crate) fn start(&mut self, deadline_ms: u64, tag: u64) {
+        self.0
+            .get_or_insert_default()
+            .by_deadline
+            .insert((deadline_ms, tag));
+    }
+
+    /// Delivery `tag`'s lease ended (settled, returned or renewed).
+    pub(crate) fn end(&mut self, deadline_ms: u64, tag: u64) {
+        if let Some(index) = &mut self.0 {
+            index.by_deadline.remove(&(deadline_ms, tag));
+        }
+    }
+
+    /// The earliest deadline.
+    pub(crate) fn next_deadline(&self) -> Option<u64> {
+        let index = self.0.as_ref()?;
+        index.by_deadline.first().map(|(deadline, _)| *deadline)
+    }
+
+    /// The tags whose lease ran out by `now_ms`, earliest first, at most
+    /// `max`, taken off the index and remembered as expired.
+    pub(crate) fn take_due(&mut self, now_ms: u64, max: usize) -> Vec<u64> {
+        let mut due = Vec::new();
+        let Some(index) = &mut self.0 else {
+            return due;
+        };
+        while due.len() < max {
+            match index.by_deadline.first() {
+                Some(&(deadline, tag)) if deadline <= now_ms => {
+                    index.by_deadline.pop_first();
+                    index.remember_expired(tag);
+                    due.push(tag);
+                }
+                _ => break,
+            }
+        }
+        due
+    }
 
     /// Whether `tag` is a remembered expired lease; it is forgotten then
     /// (a late settlement is answered once).
     pub(crate) fn take_expired(&mut self, tag: u64) -> bool {
+        let Some(index) = &mut self.0 else {
+            return false;
+        };
         // The order queue keeps the tag until it ages out: a stale entry
         // there only makes room sooner.
-        self.expired.remove(&tag)
+        index.expired.remove(&tag)
     }
 
     /// Whether `tag` is a remembered expired lease (kept).
     pub(crate) fn is_expired(&self, tag: u64) -> bool {
-        self.expired.contains(&tag)
+        self.0.as_ref().is_some_and(|i| i.expired.contains(&tag))
     }
 
     /// Leases running.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.by_deadline.len()
+        self.0.as_ref().map_or(0, |i| i.by_deadline.len())
     }
 }
 
@@ -124,6 +144,7 @@ mod tests {
         l.take_due(1, usize::MAX);
         assert!(!l.is_expired(0));
         assert!(l.is_expired(EXPIRED_LEASES_REMEMBERED_MAX as u64 + 4));
-        assert!(l.expired.len() <= EXPIRED_LEASES_REMEMBERED_MAX);
+        let remembered = l.0.as_ref().map_or(0, |i| i.expired.len());
+        assert!(remembered <= EXPIRED_LEASES_REMEMBERED_MAX);
     }
 }

@@ -355,9 +355,13 @@ impl Journal for NoJournal {
     }
 }
 
+/// A client as take-over and delayed wills know it: its protocol and
+/// client id (the session's own string, shared).
+type ClientKey = (Protocol, Arc<str>);
+
 struct PendingWill {
     due: Instant,
-    client: (Protocol, String),
+    client: ClientKey,
     will: rosetta_neutral::Will,
 }
 
@@ -373,7 +377,7 @@ pub(crate) struct Inner {
     next_session: AtomicU64,
     next_ticket: AtomicU64,
     sessions: Mutex<HashMap<u64, Weak<SessionShared>>>,
-    clients: Mutex<HashMap<(Protocol, String), Weak<SessionShared>>>,
+    clients: Mutex<HashMap<ClientKey, Weak<SessionShared>>>,
     wills: Mutex<Vec<PendingWill>>,
     /// Bytes held by all queues (producer flow control).
     memory: Arc<MemoryGauge>,
@@ -762,7 +766,7 @@ impl Inner {
 
     /// A queue's settings with the broker's values where it has none.
     fn settings_in_force(&self, queue: &Queue) -> QueueSettings {
-        let mut settings = queue.settings.clone();
+        let mut settings = (*queue.settings).clone();
         settings.dead_letter_address = Some(
             settings
                 .dead_letter_address_or(&self.config.dead_letter_address)
@@ -841,7 +845,7 @@ impl Inner {
                 true,
                 lifetime,
                 None,
-                self.config.queue_rules.resolve(&def.name),
+                self.config.queue_rules.resolve_shared(&def.name),
                 self.queue_links(),
             );
             routing.insert_queue(Arc::clone(&q));

@@ -17,13 +17,13 @@
 //! priority, selectors, browsers, message groups) is the `dispatch`
 //! module's job; message groups' assignments are in `groups`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use rosetta_neutral::id_hash::IdHashMap;
+use rosetta_neutral::id_hash::BuildIdHasher;
 use rosetta_neutral::{ConsumerId, CreditMode, EventSink, MatchInfo, Message, QueueLifetime};
 
 pub(crate) use super::backlog::MemoryGauge;
@@ -36,6 +36,7 @@ use super::lease::Leases;
 use super::queue_settings::QueueSettings;
 use super::schedule::{Schedule, Timers, SCHEDULE_RELEASE_BATCH_MAX};
 use super::selector::Selector;
+use rosetta_neutral::LazyMap;
 use rosetta_store::{MessageSeq, QueueId, Record};
 
 /// A consumer, globally unique: the session id and the session's consumer id.
@@ -220,7 +221,8 @@ pub(crate) struct QueueState {
     pub(crate) armed_ms: Option<u64>,
     /// Delivered and unsettled, by delivery tag (tags are ours: the cheap
     /// id hash, see `rosetta_neutral::id_hash`).
-    pub(crate) inflight: IdHashMap<u64, (ConsumerKey, Entry)>,
+    /// Lazy: an idle queue (most session queues) has nothing in flight.
+    pub(crate) inflight: LazyMap<u64, (ConsumerKey, Entry), BuildIdHasher>,
     /// The last delivery tag handed out: each delivery gets the next, so a
     /// redelivered message never has the tag of its earlier delivery.
     pub(crate) next_tag: u64,
@@ -229,12 +231,12 @@ pub(crate) struct QueueState {
     /// Message groups with a leased delivery in flight, and how many: a
     /// group's next message waits while one is leased, so that its order
     /// holds across an expiry and redelivery.
-    pub(crate) leased_groups: HashMap<String, u32>,
+    pub(crate) leased_groups: LazyMap<String, u32>,
     /// Messages of an assigned group waiting out a redelivery delay, with
     /// their group and its consumer then. Each counts in `leased_groups`
     /// and holds its group (as an in-flight one does), so the group's later
     /// messages wait for it and per-group order holds across the delay.
-    pub(crate) delayed_in_group: HashMap<MessageSeq, (String, ConsumerKey)>,
+    pub(crate) delayed_in_group: LazyMap<MessageSeq, (String, ConsumerKey)>,
     /// In attach order (exclusive consumers stand by in it).
     pub(crate) consumers: Vec<ConsumerSlot>,
     pub(crate) policy: DispatchPolicy,
@@ -251,8 +253,9 @@ pub(crate) struct QueueState {
     /// When the queue last lost its last consumer (for idle expiry).
     pub(crate) idle_since: Option<Instant>,
     pub(crate) stats: QueueStats,
-    /// A last-value queue's index (`last_value_key` is set).
-    pub(crate) last_values: Option<LastValues>,
+    /// A last-value queue's index (`last_value_key` is set). Boxed: few
+    /// queues are last-value queues.
+    pub(crate) last_values: Option<Box<LastValues>>,
 }
 
 /// A queue. Shared by the routing table, its consumers' sessions and the
@@ -266,8 +269,9 @@ pub(crate) struct Queue {
     lifetime: Mutex<QueueLifetime>,
     /// The session that declared a session-lifetime queue.
     pub(crate) owner_session: Option<u64>,
-    /// What the configuration says about this queue.
-    pub(crate) settings: QueueSettings,
+    /// What the configuration says about this queue (shared by the queues
+    /// no rule names, see `QueueRules::resolve_shared`).
+    pub(crate) settings: Arc<QueueSettings>,
     pub(crate) state: Mutex<QueueState>,
     memory: Arc<MemoryGauge>,
     /// The broker-wide message counters.
@@ -277,8 +281,9 @@ pub(crate) struct Queue {
     /// This queue, for the timer to come back to.
     me: Weak<Queue>,
     /// The dedup window, when the settings give one. A leaf lock, never
-    /// taken while another lock is wanted after it.
-    pub(crate) dedup: Option<QueueDedup>,
+    /// taken while another lock is wanted after it. Boxed: few queues
+    /// deduplicate, and the window is 136 bytes.
+    pub(crate) dedup: Option<Box<QueueDedup>>,
 }
 
 /// What every queue shares with the core: the memory gauge and the timer.
@@ -313,15 +318,18 @@ impl Queue {
         durable: bool,
         lifetime: QueueLifetime,
         owner_session: Option<u64>,
-        settings: QueueSettings,
+        settings: impl Into<Arc<QueueSettings>>,
         links: QueueLinks,
     ) -> Arc<Self> {
-        let dedup = settings.dedup_window_s.map(|window_s| QueueDedup {
-            mode: settings.dedup,
-            window: Mutex::new(DedupWindow::new(
-                window_s.saturating_mul(1_000),
-                settings.dedup_ids_max,
-            )),
+        let settings = settings.into();
+        let dedup = settings.dedup_window_s.map(|window_s| {
+            Box::new(QueueDedup {
+                mode: settings.dedup,
+                window: Mutex::new(DedupWindow::new(
+                    window_s.saturating_mul(1_000),
+                    settings.dedup_ids_max,
+                )),
+            })
         });
         Arc::new_cyclic(|me| Self {
             id,
@@ -338,11 +346,11 @@ impl Queue {
                 backlog: Backlog::default(),
                 schedule: Schedule::default(),
                 armed_ms: None,
-                inflight: IdHashMap::default(),
+                inflight: LazyMap::default(),
                 next_tag: 0,
                 leases: Leases::default(),
-                leased_groups: HashMap::new(),
-                delayed_in_group: HashMap::new(),
+                leased_groups: LazyMap::default(),
+                delayed_in_group: LazyMap::default(),
                 consumers: Vec::new(),
                 policy: DispatchPolicy::default(),
                 groups: Groups::default(),
@@ -354,7 +362,10 @@ impl Queue {
                 deleted: false,
                 idle_since: Some(Instant::now()),
                 stats: QueueStats::default(),
-                last_values: settings.last_value_key.as_deref().map(LastValues::new),
+                last_values: settings
+                    .last_value_key
+                    .as_deref()
+                    .map(|key| Box::new(LastValues::new(key))),
             }),
             // After `state`, which reads it.
             settings,

@@ -47,6 +47,7 @@
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Most message groups a queue remembers by default; past it, the group
 /// idle the longest is forgotten (its next message is assigned afresh).
@@ -466,6 +467,8 @@ pub struct QueueRules {
     /// Least specific first (file order among equals), so applying them in
     /// order lets the more specific override.
     patterns: Vec<(QueuePattern, QueueOverrides)>,
+    /// The settings of a queue no rule names, shared by all such queues.
+    default: Arc<QueueSettings>,
 }
 
 impl QueueRules {
@@ -484,7 +487,11 @@ impl QueueRules {
         }
         // Stable, so equal patterns keep file order.
         patterns.sort_by(|(a, _), (b, _)| a.specificity(b));
-        QueueRules { by_name, patterns }
+        QueueRules {
+            by_name,
+            patterns,
+            default: Arc::default(),
+        }
     }
 
     /// The settings of the queue `name`: the defaults, then every matching
@@ -500,6 +507,22 @@ impl QueueRules {
             overrides.apply(&mut settings);
         }
         settings
+    }
+
+    /// [`Self::resolve`], shared: every queue no rule names gets the one
+    /// default. A queue's settings are part of every queue's memory (136
+    /// bytes), and most queues are sessions' and devices' (issue 20).
+    pub fn resolve_shared(&self, name: &str) -> Arc<QueueSettings> {
+        let named = self.by_name.contains_key(name)
+            || self
+                .patterns
+                .iter()
+                .any(|(pattern, _)| pattern.matches(name));
+        if named {
+            Arc::new(self.resolve(name))
+        } else {
+            Arc::clone(&self.default)
+        }
     }
 
     /// Whether some rule names `queue` as its dead-letter address (such a

@@ -135,6 +135,10 @@ impl Routing {
         );
         let mut st = queue.state.lock();
         st.bindings.retain(|b| b.filter != filter);
+        // Exactly sized for the first: most queues have one binding.
+        if st.bindings.capacity() == 0 {
+            st.bindings.reserve_exact(1);
+        }
         st.bindings.push(QueueBinding {
             filter: filter.to_owned(),
             options,
@@ -555,7 +559,7 @@ impl Inner {
             durable,
             spec.lifetime,
             owner,
-            self.config.queue_rules.resolve(&name),
+            self.config.queue_rules.resolve_shared(&name),
             self.queue_links(),
         );
         if durable {

@@ -114,9 +114,72 @@ pub(crate) struct Due {
     pub(crate) dropped: Vec<MessageSeq>,
 }
 
-/// One queue's entries waiting for a time.
+/// One queue's entries waiting for a time: a pointer until the first
+/// (most queues never schedule; the empty index cost every queue 88 bytes,
+/// issue 20). A queue that scheduled keeps its index, as a map keeps its
+/// table, so a busy one does not allocate it again and again.
 #[derive(Debug, Default)]
-pub(crate) struct Schedule {
+pub(crate) struct Schedule(Option<Box<ScheduleIndex>>);
+
+impl Schedule {
+    /// Entries waiting.
+    pub(crate) fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |s| s.len())
+    }
+
+    /// Entries waiting on disk.
+    pub(crate) fn paged_len(&self) -> usize {
+        self.0.as_ref().map_or(0, |s| s.paged_len())
+    }
+
+    /// When the earliest entry is due.
+    pub(crate) fn next_due(&self) -> Option<u64> {
+        self.0.as_ref()?.next_due()
+    }
+
+    /// See [`ScheduleIndex::insert`].
+    pub(crate) fn insert(
+        &mut self,
+        due_ms: u64,
+        entry: Entry,
+        gauge: &MemoryGauge,
+        queue: QueueId,
+    ) -> u64 {
+        self.0
+            .get_or_insert_default()
+            .insert(due_ms, entry, gauge, queue)
+    }
+
+    /// See [`ScheduleIndex::take_due`].
+    pub(crate) fn take_due(
+        &mut self,
+        now_ms: u64,
+        max: usize,
+        room: bool,
+        gauge: &MemoryGauge,
+        queue: QueueId,
+    ) -> Due {
+        match &mut self.0 {
+            Some(index) => index.take_due(now_ms, max, room, gauge, queue),
+            None => Due::default(),
+        }
+    }
+
+    /// See [`ScheduleIndex::take_all`].
+    pub(crate) fn take_all(
+        &mut self,
+        gauge: &MemoryGauge,
+    ) -> (Vec<Entry>, Vec<(MessageSeq, bool)>) {
+        match self.0.take() {
+            Some(mut index) => index.take_all(gauge),
+            None => (Vec::new(), Vec::new()),
+        }
+    }
+}
+
+/// The entries of a [`Schedule`] that has some.
+#[derive(Debug, Default)]
+struct ScheduleIndex {
     /// In memory, counted in the gauge.
     in_memory: BTreeMap<DueKey, Entry>,
     /// Past the memory budget: only a reference each.
@@ -124,7 +187,7 @@ pub(crate) struct Schedule {
     pages: SchedulePages,
 }
 
-impl Schedule {
+impl ScheduleIndex {
     /// Entries waiting.
     pub(crate) fn len(&self) -> usize {
         self.in_memory.len() + self.on_disk.len()
@@ -365,7 +428,7 @@ impl Schedule {
     }
 }
 
-/// An entry [`Schedule::take_due`] took out of the index.
+/// An entry [`ScheduleIndex::take_due`] took out of the index.
 #[derive(Debug)]
 enum Taken {
     Entry(Entry),

@@ -25,6 +25,7 @@ use super::routing::Duplicates;
 use super::selector::Selector;
 use super::stream::{self, Reader};
 use super::{Inner, PendingWill};
+use rosetta_neutral::LazyMap;
 
 /// Most transactions one session may have open at once.
 const TRANSACTIONS_OPEN_MAX: usize = 64;
@@ -51,15 +52,74 @@ struct ConsumerRef {
     queue: Arc<Queue>,
 }
 
+/// A session's queue consumers by id: a vector sorted by id, searched by
+/// bisection. A session has one or a few, and an empty hash map cost each
+/// session 48 bytes (issue 20); ids only grow, so an insert is a push.
+#[derive(Default)]
+struct Consumers(Vec<(ConsumerId, ConsumerRef)>);
+
+impl Consumers {
+    fn position(&self, id: ConsumerId) -> Result<usize, usize> {
+        self.0.binary_search_by_key(&id, |(c, _)| *c)
+    }
+
+    fn get(&self, id: &ConsumerId) -> Option<&ConsumerRef> {
+        let at = self.position(*id).ok()?;
+        self.0.get(at).map(|(_, c)| c)
+    }
+
+    fn insert(&mut self, id: ConsumerId, consumer: ConsumerRef) {
+        match self.position(id) {
+            Ok(at) => self.0[at].1 = consumer,
+            Err(at) => {
+                // Exactly sized while small: most sessions have one.
+                if self.0.capacity() == 0 {
+                    self.0.reserve_exact(1);
+                }
+                self.0.insert(at, (id, consumer));
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &ConsumerId) -> Option<ConsumerRef> {
+        let at = self.position(*id).ok()?;
+        Some(self.0.remove(at).1)
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn values(&self) -> impl Iterator<Item = &ConsumerRef> {
+        self.0.iter().map(|(_, c)| c)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&ConsumerId, &ConsumerRef)> {
+        self.0.iter().map(|(id, c)| (id, c))
+    }
+}
+
+impl IntoIterator for Consumers {
+    type Item = (ConsumerId, ConsumerRef);
+    type IntoIter = std::vec::IntoIter<(ConsumerId, ConsumerRef)>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+/// What a session holds. One per connection, so its size counts for
+/// every idle connection: what only some sessions use is lazy.
 #[derive(Default)]
 struct SessionState {
     closed: bool,
-    consumers: HashMap<ConsumerId, ConsumerRef>,
+    consumers: Consumers,
     /// Consumers of streams (see `stream`): they read a log, not a queue.
-    stream_readers: HashMap<ConsumerId, Arc<Reader>>,
+    stream_readers: LazyMap<ConsumerId, Arc<Reader>>,
     next_consumer: u64,
-    owned_queues: Vec<String>,
-    txns: HashMap<TxnId, Vec<Staged>>,
+    /// The session-lifetime queues it declared (their names, shared with
+    /// the queues).
+    owned_queues: Vec<Arc<str>>,
+    txns: LazyMap<TxnId, Vec<Staged>>,
     next_txn: u64,
     /// Boxed: a `Will` holds a whole message, and most sessions have none
     /// (one per connection, so it counts for idle connections' memory).
@@ -78,11 +138,16 @@ pub(crate) struct SessionShared {
 pub(crate) struct CoreSession {
     inner: Arc<Inner>,
     shared: Arc<SessionShared>,
-    /// The client id as a shared string, for no-local bindings.
-    origin: Option<Arc<str>>,
 }
 
 impl CoreSession {
+    /// One client publish accepted: the broker-wide total and the
+    /// connection's own count (its sink's, for the admin API).
+    fn count_publish(&self) {
+        self.inner.traffic.published();
+        self.shared.sink.published();
+    }
+
     pub(crate) fn open(
         inner: Arc<Inner>,
         info: SessionInfo,
@@ -91,7 +156,6 @@ impl CoreSession {
         let id = inner
             .next_session
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let origin = info.client_id.as_deref().map(Arc::from);
         let shared = Arc::new(SessionShared {
             id,
             info,
@@ -118,11 +182,12 @@ impl CoreSession {
             // A reconnect cancels a delayed will of the same client.
             inner.wills.lock().retain(|w| w.client != key);
         }
-        CoreSession {
-            inner,
-            shared,
-            origin,
-        }
+        CoreSession { inner, shared }
+    }
+
+    /// The client id, for no-local bindings.
+    fn origin(&self) -> Option<Arc<str>> {
+        self.shared.info.client_id.clone()
     }
 
     fn state(&self) -> Result<parking_lot::MutexGuard<'_, SessionState>, BrokerError> {
@@ -230,9 +295,9 @@ impl CoreSession {
         let (pending, done) = if options.confirm {
             let ticket = self.inner.next_ticket();
             let sink = Arc::clone(&self.shared.sink);
-            let done: stream::AppendDone = Box::new(move |result| {
+            let done = move |result| {
                 sink.send(SessionEvent::Committed { ticket, result });
-            });
+            };
             (Some(ticket), Some(done))
         } else {
             (None, None)
@@ -265,7 +330,7 @@ impl CoreSession {
             if let Some(t) = self.inner.streams.target(name, false)? {
                 drop(st);
                 let receipt = self.publish_to_stream(name, &t, message, options)?;
-                self.inner.traffic.published();
+                self.count_publish();
                 return Ok(receipt);
             }
         }
@@ -293,14 +358,14 @@ impl CoreSession {
         let routed = self.inner.route_owned(
             address.into_owned(),
             message,
-            self.origin.as_deref(),
+            self.shared.info.client_id.as_deref(),
             &mut batch,
             Duplicates::Detect,
         )?;
         let pending = self.commit_batch(batch, options.confirm);
         // A client's publish, once however many queues it reached; the
         // broker's own copies (dead letters, wills, moves) are not counted.
-        self.inner.traffic.published();
+        self.count_publish();
         Ok(PublishReceipt { routed, pending })
     }
 
@@ -596,7 +661,9 @@ fn close_shared(inner: &Arc<Inner>, shared: &Arc<SessionShared>, kind: CloseKind
         st.txns.clear();
         // All closed before any leaves its group, so that a rebalance
         // gives no partition to another reader of this closing session.
-        let readers: Vec<Arc<Reader>> = st.stream_readers.drain().map(|(_, r)| r).collect();
+        let readers: Vec<Arc<Reader>> = std::mem::take(&mut st.stream_readers)
+            .into_values()
+            .collect();
         for r in &readers {
             r.close();
         }
@@ -660,7 +727,11 @@ impl Session for CoreSession {
         let (q, existed) = self.inner.declare(spec, Some(self.shared.id), &mut batch)?;
         batch.commit(&self.inner, None);
         if lifetime == QueueLifetime::Session && !existed {
-            st.owned_queues.push(q.name.to_string());
+            // Exactly sized for the first: an MQTT session owns one.
+            if st.owned_queues.capacity() == 0 {
+                st.owned_queues.reserve_exact(1);
+            }
+            st.owned_queues.push(Arc::clone(&q.name));
         }
         Ok(Inner::queue_info(&q, existed))
     }
@@ -679,7 +750,7 @@ impl Session for CoreSession {
 
     fn delete_queue(&mut self, name: &str) -> Result<(), BrokerError> {
         let mut st = self.state()?;
-        st.owned_queues.retain(|n| n != name);
+        st.owned_queues.retain(|n| &**n != name);
         self.inner.delete_queue(name)
     }
 
@@ -710,7 +781,7 @@ impl Session for CoreSession {
         let mut batch = Batch::default();
         let info = self
             .inner
-            .bind(queue, filter, options, self.origin.clone(), &mut batch)?;
+            .bind(queue, filter, options, self.origin(), &mut batch)?;
         batch.commit(&self.inner, None);
         Ok(info)
     }
@@ -1118,11 +1189,11 @@ impl Session for CoreSession {
                     .route(
                         &address,
                         *message,
-                        self.origin.as_deref(),
+                        self.shared.info.client_id.as_deref(),
                         &mut batch,
                         Duplicates::Detect,
                     )
-                    .map(|_| self.inner.traffic.published()),
+                    .map(|_| self.count_publish()),
                 Staged::Settle {
                     consumer,
                     tag,

@@ -146,7 +146,7 @@ impl<V> TopicTrie<V> {
         for level in filter.split('/') {
             match level {
                 "#" => {
-                    node.hash.push(value);
+                    push_compact(&mut node.hash, value);
                     self.len += 1;
                     return;
                 }
@@ -154,7 +154,7 @@ impl<V> TopicTrie<V> {
                 _ => node = node.children.get_or_insert(level),
             }
         }
-        node.here.push(value);
+        push_compact(&mut node.here, value);
         self.len += 1;
     }
 
@@ -172,6 +172,16 @@ impl<V> TopicTrie<V> {
         let dollar = topic.starts_with('$');
         match_rec(&self.root, Some(topic), 0, dollar, &mut visit);
     }
+}
+
+/// Pushes onto a node's values, exactly sized for the first: most filters
+/// have one binding (a device's own topic), and a vector's first growth is
+/// to four values. Later pushes grow as usual.
+fn push_compact<V>(values: &mut Vec<V>, value: V) {
+    if values.capacity() == 0 {
+        values.reserve_exact(1);
+    }
+    values.push(value);
 }
 
 fn remove_rec<V>(node: &mut Node<V>, levels: &[&str], pred: &mut impl FnMut(&V) -> bool) -> usize {

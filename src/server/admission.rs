@@ -259,6 +259,22 @@ impl HandshakeDeadline {
     }
 }
 
+impl HandshakeDeadline {
+    /// Logs (throttled) that the connection is being closed for not
+    /// authenticating in time. The address is the ticket's (without the
+    /// port, which the task does not keep for this one line; none for a
+    /// cluster member's connection).
+    pub(crate) fn log_expired(&self, listener: &'static str, conn_id: u64) {
+        let state = &self.ticket.0;
+        if let Some(suppressed) = state.admission.log.admit(std::time::Instant::now()) {
+            tracing::warn!(
+                listener, peer = ?state.addr, conn = conn_id, suppressed,
+                "closing a connection not authenticated within [broker] connect_timeout_ms"
+            );
+        }
+    }
+}
+
 impl Future for HandshakeDeadline {
     type Output = ();
 
@@ -280,7 +296,8 @@ pub(crate) struct AdmittedBroker {
     core: Core,
     ticket: Ticket,
     /// `[cluster]`'s balancer, and what it needs to know of the transport.
-    placement: Option<Placer>,
+    /// Boxed: one handle per connection, and most nodes have no cluster.
+    placement: Option<Box<Placer>>,
 }
 
 impl AdmittedBroker {
@@ -297,13 +314,15 @@ impl AdmittedBroker {
     pub(crate) fn with_placement(mut self, cluster: Option<Arc<ClusterNode>>, peer: &Peer) -> Self {
         // A client another node proxied here was placed there.
         let cluster = cluster.filter(|_| !peer.proxied);
-        self.placement = cluster.map(|cluster| Placer {
-            cluster,
-            transport: Transport {
-                listener: peer.listener,
-                source: peer.addr.ip(),
-                sni_host: peer.sni_host.clone(),
-            },
+        self.placement = cluster.map(|cluster| {
+            Box::new(Placer {
+                cluster,
+                transport: Transport {
+                    listener: peer.listener,
+                    source: peer.addr.ip(),
+                    sni_host: peer.sni_host.clone(),
+                },
+            })
         });
         self
     }

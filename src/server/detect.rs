@@ -23,7 +23,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
-use super::protocols::{run_wire, Peer, Wire};
+use super::protocols::{run_wire, Peer, Stage, Wire};
 use super::Shared;
 
 /// How long a client on the `any` port may take to send its first bytes:
@@ -200,43 +200,42 @@ where
     ))
 }
 
-/// Serves one connection of the `any` port: detects its protocol and runs
-/// it, over TLS when the client starts a TLS handshake and `tls` is set
-/// (the protocol inside TLS is detected the same way). A client that
-/// cannot be recognised is logged and closed.
+/// Serves one connection of the `any` port: detects its protocol (over
+/// TLS when the client starts a TLS handshake and `tls` is set; the
+/// protocol inside TLS is detected the same way) and returns its stage. A
+/// client that cannot be recognised is logged and closed.
 pub(crate) async fn serve_any(
     stream: TcpStream,
     mut plain: Peer,
     conn_id: u64,
     shared: Arc<Shared>,
     tls: Option<TlsAcceptor>,
-) {
+) -> Option<Stage> {
     let peer = plain.addr;
     let detected = match detect(&stream, DETECT_TIMEOUT).await {
         Ok(detected) => detected,
         Err(e) => {
             tracing::debug!(conn = conn_id, %peer, reason = %e, "any port: closing");
-            return;
+            return None;
         }
     };
     tracing::trace!(conn = conn_id, %peer, ?detected, "any port: detected");
     match detected {
-        Detected::Mqtt => run_wire(Wire::Mqtt, stream, plain, conn_id, shared).await,
-        Detected::Stomp => run_wire(Wire::Stomp, stream, plain, conn_id, shared).await,
-        Detected::Amqp => run_wire(Wire::Amqp, stream, plain, conn_id, shared).await,
-        Detected::Http => super::ws::serve(stream, plain, conn_id, shared).await,
+        Detected::Mqtt => Some(run_wire(Wire::Mqtt, stream, plain, conn_id, shared)),
+        Detected::Stomp => Some(run_wire(Wire::Stomp, stream, plain, conn_id, shared)),
+        Detected::Amqp => Some(run_wire(Wire::Amqp, stream, plain, conn_id, shared)),
+        Detected::Http => Some(Stage::new(super::ws::serve(stream, plain, conn_id, shared))),
         Detected::Tls => {
             let Some(acceptor) = tls else {
                 tracing::debug!(conn = conn_id, %peer, "any port: TLS client, but no [tls] configured; closing");
-                return;
+                return None;
             };
             let timeout = super::tls::handshake_timeout(&shared.config.tls);
             // A failed handshake is logged by `accept`.
-            let Ok((stream, certificate_user)) =
-                super::tls::accept(&acceptor, stream, peer, timeout, &shared.tls_log).await
-            else {
-                return;
-            };
+            let (stream, certificate_user) =
+                super::tls::accept(&acceptor, stream, peer, timeout, &shared.tls_log)
+                    .await
+                    .ok()?;
             plain.certificate_user = certificate_user;
             plain.tls = true;
             plain.sni_host = super::tls::sni_host(&stream);
@@ -245,16 +244,17 @@ pub(crate) async fn serve_any(
                 Ok(found) => found,
                 Err(e) => {
                     tracing::debug!(conn = conn_id, %peer, reason = %e, "any port, inside TLS: closing");
-                    return;
+                    return None;
                 }
             };
             match inner {
-                Detected::Mqtt => run_wire(Wire::Mqtt, stream, peer, conn_id, shared).await,
-                Detected::Stomp => run_wire(Wire::Stomp, stream, peer, conn_id, shared).await,
-                Detected::Amqp => run_wire(Wire::Amqp, stream, peer, conn_id, shared).await,
-                Detected::Http => super::ws::serve(stream, peer, conn_id, shared).await,
+                Detected::Mqtt => Some(run_wire(Wire::Mqtt, stream, peer, conn_id, shared)),
+                Detected::Stomp => Some(run_wire(Wire::Stomp, stream, peer, conn_id, shared)),
+                Detected::Amqp => Some(run_wire(Wire::Amqp, stream, peer, conn_id, shared)),
+                Detected::Http => Some(Stage::new(super::ws::serve(stream, peer, conn_id, shared))),
                 Detected::Tls => {
                     tracing::debug!(conn = conn_id, %peer, "any port: TLS inside TLS; closing");
+                    None
                 }
             }
         }

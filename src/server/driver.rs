@@ -29,7 +29,9 @@ use futures_util::task::AtomicWaker;
 use rosetta_neutral::{DeliveryBudget, EventSink, SessionEvent};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
-use tracing::Instrument;
+
+use crate::coarse_timer::{CoarseTimer, Slot};
+use crate::connections::RegistryGuard;
 
 /// Read buffer of a new (or quiet) connection: the buffer is per
 /// connection and most connections are idle, so it starts small.
@@ -55,17 +57,22 @@ const EVENT_BATCH_FREED_BELOW: usize = 8;
 /// How often a connection that stopped reading under back-pressure checks
 /// whether it may read again.
 const INPUT_RECHECK_INTERVAL: Duration = Duration::from_millis(50);
+/// Input after at least this many [`INPUT_TICK_US`] ticks (256 µs)
+/// without any is "after a quiet spell": its deliveries to other
+/// connections are written before this connection's acknowledgements (see
+/// [`Driver::let_peers_write_first`]). A connection sending faster than
+/// one read per this interval keeps its batching instead (a yield per read
+/// cost a third more CPU per delivery in a 1 -> 100 fan-out at full
+/// speed).
+const QUIET_INPUT_TICKS: u16 = 4;
+/// The unit of the driver's input clock, in µs: coarse, so that two bytes
+/// per connection hold it (it wraps every 4 s, which only ever makes a
+/// longer gap look short: one yield less).
+const INPUT_TICK_US: u128 = 64;
 /// Turns one poll may take before yielding to the scheduler: events and
 /// timers do not consume tokio's cooperative budget, so a connection fed
 /// events without pause must yield by itself to keep its worker fair.
 const TURNS_PER_POLL: u32 = 32;
-/// Input after at least this long without any is "after a quiet spell":
-/// its deliveries to other connections are written before this
-/// connection's acknowledgements (see [`Driver::let_peers_write_first`]).
-/// A connection sending faster than one read per this interval keeps its
-/// batching instead (a yield per read cost a third more CPU per delivery
-/// in a 1 -> 100 fan-out at full speed).
-const QUIET_INPUT_GAP_US: u32 = 250;
 /// How long a connection closed by the broker (a slow consumer) gets to
 /// take its last frames before the socket is cut: the peer that was not
 /// reading may never read them.
@@ -134,8 +141,9 @@ impl Transport for tokio::net::TcpStream {
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Transport for tokio_rustls::server::TlsStream<S> {}
 
-/// The core's events for one connection, waiting for its task: a queue the
-/// core pushes to and the task takes whole.
+/// The core's events for one connection, waiting for its task, and the
+/// connection's delivery budget: the sink the core holds, and the queue
+/// the task takes its events from, in one allocation.
 ///
 /// Not a tokio mpsc channel: an unbounded channel allocates a 32-slot block
 /// (3 KiB here) per connection up front, which was the largest part of an
@@ -144,13 +152,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Transport for tokio_rustls::serve
 /// Unbounded in count, bounded in what matters: deliveries by the
 /// connection's [`DeliveryBudget`] in bytes (and by consumer credit),
 /// commits by the adapter's limit on pending commits.
-#[derive(Default)]
-pub(crate) struct EventQueue {
+pub(crate) struct ChannelSink {
     events: parking_lot::Mutex<VecDeque<SessionEvent>>,
     waker: AtomicWaker,
+    budget: Option<Arc<DeliveryBudget>>,
+    /// The server's hard stop, which the task checks on each turn: here
+    /// rather than in the task, whose size is per connection too and
+    /// counts in steps of 128 bytes (issue 20).
+    hard_stop: Arc<HardStop>,
+    /// Messages in and out, for the admin API (two relaxed adds).
+    traffic: crate::connections::ConnectionTraffic,
 }
 
-impl EventQueue {
+/// The task's side of a [`ChannelSink`]: the same allocation (see
+/// [`event_channel`]).
+pub(crate) type EventQueue = ChannelSink;
+
+impl ChannelSink {
     /// Moves every queued event into `batch` (which must be empty),
     /// or registers the task to be woken by the next push.
     fn poll_take_all(&self, cx: &mut Context<'_>, batch: &mut VecDeque<SessionEvent>) -> bool {
@@ -169,18 +187,32 @@ impl EventQueue {
     fn register(&self, cx: &mut Context<'_>) {
         self.waker.register(cx.waker());
     }
-}
 
-/// The sink the core holds for one connection.
-pub(crate) struct ChannelSink {
-    queue: Arc<EventQueue>,
-    budget: Option<Arc<DeliveryBudget>>,
+    /// Wakes the connection's task without an event (it then sees the
+    /// [`HardStop`]).
+    pub(crate) fn wake(&self) {
+        self.waker.wake();
+    }
+
+    /// The events queued and not yet taken, for tests.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> Vec<SessionEvent> {
+        self.events.lock().drain(..).collect()
+    }
+
+    /// The connection's message counts.
+    pub(crate) fn traffic(&self) -> &crate::connections::ConnectionTraffic {
+        &self.traffic
+    }
 }
 
 impl EventSink for ChannelSink {
     fn send(&self, event: SessionEvent) {
+        if matches!(event, SessionEvent::Delivery(_)) {
+            self.traffic.sent();
+        }
         let was_empty = {
-            let mut events = self.queue.events.lock();
+            let mut events = self.events.lock();
             let was_empty = events.is_empty();
             events.push_back(event);
             was_empty
@@ -191,7 +223,7 @@ impl EventSink for ChannelSink {
         // atomic is on the task's side of the machine; one read-modify-
         // write per event on it cost 6% of a fan-out (issue 20).
         if was_empty {
-            if let Some(waker) = self.queue.waker.take() {
+            if let Some(waker) = self.waker.take() {
                 waker.wake();
                 peers::woken();
             }
@@ -201,24 +233,10 @@ impl EventSink for ChannelSink {
     fn budget(&self) -> Option<&Arc<DeliveryBudget>> {
         self.budget.as_ref()
     }
-}
 
-/// A sink and the queue its events go to. With `budget_bytes`, deliveries
-/// waiting for the connection are bounded by a [`DeliveryBudget`] of that
-/// size, which wakes the connection's task when the core is to be resumed.
-pub(crate) fn event_channel(budget_bytes: Option<u64>) -> (Arc<ChannelSink>, Arc<EventQueue>) {
-    let queue = Arc::new(EventQueue::default());
-    let budget = budget_bytes.map(|bytes| {
-        let budget = DeliveryBudget::new(bytes);
-        let waker = Arc::clone(&queue);
-        budget.set_notify(Box::new(move || waker.waker.wake()));
-        budget
-    });
-    let sink = Arc::new(ChannelSink {
-        queue: Arc::clone(&queue),
-        budget,
-    });
-    (sink, queue)
+    fn published(&self) {
+        self.traffic.received();
+    }
 }
 
 /// Which connections' tasks this thread woke while one driver handled its
@@ -242,47 +260,42 @@ mod peers {
     }
 }
 
-/// How the driver treats a connection whose peer stops reading.
-#[derive(Debug, Clone)]
-pub(crate) struct SlowConsumerPolicy {
-    /// The connection's delivery budget (the sink's).
-    pub(crate) budget: Option<Arc<DeliveryBudget>>,
-    /// A connection that cannot write while its budget is full for this
-    /// long is closed as a slow consumer; `None` never closes it.
-    pub(crate) timeout: Option<Duration>,
+/// A connection's sink, and the queue its events go to: one allocation,
+/// returned twice (the core's handle and the task's). With
+/// `budget_bytes`, deliveries waiting for the connection are bounded by a
+/// [`DeliveryBudget`] of that size, which wakes the connection's task when
+/// the core is to be resumed. Its own hard stop, never set (tests, and
+/// connections no server stops).
+pub(crate) fn event_channel(budget_bytes: Option<u64>) -> (Arc<ChannelSink>, Arc<EventQueue>) {
+    event_channel_with(budget_bytes, Arc::default())
 }
 
-impl SlowConsumerPolicy {
-    /// No budget, never closed (tests, in-process connections).
-    #[cfg(test)]
-    pub(crate) fn none() -> Self {
-        Self {
-            budget: None,
-            timeout: None,
+/// [`event_channel`] for a connection of a server, whose hard stop it
+/// obeys.
+pub(crate) fn event_channel_with(
+    budget_bytes: Option<u64>,
+    hard_stop: Arc<HardStop>,
+) -> (Arc<ChannelSink>, Arc<EventQueue>) {
+    let sink = Arc::new_cyclic(|me: &std::sync::Weak<ChannelSink>| {
+        let budget = budget_bytes.map(|bytes| {
+            let budget = DeliveryBudget::new(bytes);
+            let waker = me.clone();
+            budget.set_notify(Box::new(move || {
+                if let Some(sink) = waker.upgrade() {
+                    sink.wake();
+                }
+            }));
+            budget
+        });
+        ChannelSink {
+            events: parking_lot::Mutex::default(),
+            waker: AtomicWaker::new(),
+            budget,
+            hard_stop,
+            traffic: Default::default(),
         }
-    }
-}
-
-impl ChannelSink {
-    /// Wakes the connection's task without an event (it then sees the
-    /// [`HardStop`]).
-    pub(crate) fn wake(&self) {
-        self.queue.waker.wake();
-    }
-
-    /// The events queued and not yet taken, for tests.
-    #[cfg(test)]
-    pub(crate) fn queued(&self) -> Vec<SessionEvent> {
-        self.queue.events.lock().drain(..).collect()
-    }
-
-    /// The policy for this sink's connection.
-    pub(crate) fn slow_consumer_policy(&self, timeout: Option<Duration>) -> SlowConsumerPolicy {
-        SlowConsumerPolicy {
-            budget: self.budget.clone(),
-            timeout,
-        }
-    }
+    });
+    (Arc::clone(&sink), sink)
 }
 
 /// Set when the server's shutdown grace period is over: every connection
@@ -324,49 +337,66 @@ impl HardStop {
     }
 }
 
+/// What a connection's driver needs besides the protocol and the socket.
+pub(crate) struct DriverParts {
+    /// For the info lines the driver logs.
+    pub(crate) conn_id: u64,
+    /// The connection's events and delivery budget.
+    pub(crate) events: Arc<EventQueue>,
+    /// A connection that cannot write while its delivery budget is full
+    /// for this long is closed as a slow consumer; `None` never closes it.
+    pub(crate) slow_consumer_timeout: Option<Duration>,
+    /// The connection's span, entered on each poll (kept only when
+    /// enabled: see `protocols::serve_wire`).
+    pub(crate) span: tracing::Span,
+    /// The connection's entry in the admin API's registry, held while the
+    /// driver runs.
+    pub(crate) registered: Option<RegistryGuard>,
+}
+
 /// The future that runs `conn` over `io` until either side closes.
 ///
 /// A plain function returning the driver, not an `async fn`: the latter
-/// would keep its arguments and the driver side by side in its state.
-pub(crate) fn drive<C, T>(
-    conn_id: u64,
-    conn: C,
-    io: T,
-    events: Arc<EventQueue>,
-    slow: SlowConsumerPolicy,
-    span: tracing::Span,
-    hard_stop: Arc<HardStop>,
-) -> impl Future<Output = ()> + Send
+/// would keep its arguments and the driver side by side in its state. The
+/// driver is a named type so that a plain TCP connection's task can be the
+/// driver itself (see `listener`): one allocation for the task, the
+/// driver and the protocol state.
+pub(crate) fn drive<C, T>(conn: C, io: T, parts: DriverParts) -> Driver<C, T>
 where
     C: ProtocolConnection,
     T: Transport,
 {
-    // `instrument` enters the span on each poll by reference; a span held
-    // in the driver would have to be cloned per poll to be entered while
-    // the driver is borrowed mutably.
+    let DriverParts {
+        conn_id,
+        events,
+        slow_consumer_timeout,
+        span,
+        registered,
+    } = parts;
     Driver {
         conn_id,
         conn,
         io,
         events,
-        hard_stop,
-        rbuf: Vec::new(),
-        read_size: READ_BUFFER_MIN_BYTES,
+        // A disabled span (the usual case: it is a debug span) is not kept:
+        // 40 bytes per idle connection for nothing.
+        span: (!span.is_disabled()).then(|| Box::new(span)),
+        _registered: registered,
+        rbuf: Box::default(),
         out: Vec::new(),
         written: 0,
-        flushing: false,
         batch: VecDeque::new(),
         timer: None,
-        input_recheck: None,
-        last_input_us: 0,
-        input_after_quiet: false,
-        slow,
-        write_stalled_since: None,
-        stall_timer: None,
-        farewell: None,
+        coarse: Slot::default(),
+        trouble: None,
+        slow_consumer_timeout_ms: slow_consumer_timeout.map_or(0, |t| {
+            u32::try_from(t.as_millis()).unwrap_or(u32::MAX).max(1)
+        }),
+        read_size: READ_BUFFER_MIN_BYTES as u32,
+        last_input_tick: 0,
+        flushing: false,
         phase: Phase::Running,
     }
-    .instrument(span)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -389,33 +419,57 @@ enum Step {
     Closed,
 }
 
-struct Driver<C, T> {
+/// A connection's driver (see [`drive`]).
+///
+/// Its size is part of every connection's memory (the task is the driver
+/// for a plain TCP connection), so what only a connection in trouble
+/// needs is in [`Trouble`], allocated while the trouble lasts.
+pub(crate) struct Driver<C, T> {
     /// For the info lines the driver logs (the connection's span is a
     /// debug one, see `run_wire`).
     conn_id: u64,
     conn: C,
     io: T,
     events: Arc<EventQueue>,
-    hard_stop: Arc<HardStop>,
+    span: Option<Box<tracing::Span>>,
+    _registered: Option<RegistryGuard>,
     /// Empty (unallocated) between reads when the transport reports
-    /// readiness and the connection is quiet.
-    rbuf: Vec<u8>,
+    /// readiness and the connection is quiet. Always exactly the read's
+    /// size, so a boxed slice (16 bytes) rather than a vector (24).
+    rbuf: Box<[u8]>,
+    out: Vec<u8>,
+    /// How much of `out` the transport has taken (a turn's output is far
+    /// below 4 GiB: the delivery budget and the adapters' limits bound it).
+    written: u32,
+    batch: VecDeque<SessionEvent>,
+    /// The exact timer, allocated while the protocol's deadline is near
+    /// (see `coarse`).
+    timer: Option<Pin<Box<Sleep>>>,
+    /// A far deadline's wake-up, parked in the [`CoarseTimer`].
+    coarse: Slot,
+    /// Back-pressure, a stalled write, a farewell: `None` while all is well.
+    trouble: Option<Box<Trouble>>,
+    /// The slow-consumer limit in ms (0: never closed as one).
+    slow_consumer_timeout_ms: u32,
     /// The size of the next read: doubles while reads fill it, back to the
     /// minimum when they do not.
-    read_size: usize,
-    out: Vec<u8>,
-    /// How much of `out` the transport has taken.
-    written: usize,
+    read_size: u32,
+    /// When the last bytes were read, on [`input_ticks`]' clock (wrapping:
+    /// only short gaps are compared). In the driver's padding: no bigger.
+    last_input_tick: u16,
     /// `out` is written; the flush is pending.
     flushing: bool,
-    batch: VecDeque<SessionEvent>,
-    /// Allocated the first time the protocol has a deadline.
-    timer: Option<Pin<Box<Sleep>>>,
+    phase: Phase,
+}
+
+/// What a driver holds only while its connection is in trouble: the
+/// protocol refused input (back-pressure), a write stalled, or the broker
+/// closed the connection and waits for its last frames to go.
+#[derive(Default)]
+struct Trouble {
     /// When a connection that stopped reading looks again (see
     /// [`INPUT_RECHECK_INTERVAL`]).
     input_recheck: Option<Instant>,
-    /// The delivery budget and the slow-consumer limit.
-    slow: SlowConsumerPolicy,
     /// Since when output has been waiting for a peer that does not read.
     write_stalled_since: Option<Instant>,
     /// The slow-consumer deadline, allocated while a write is stalled with
@@ -423,27 +477,74 @@ struct Driver<C, T> {
     stall_timer: Option<Pin<Box<Sleep>>>,
     /// Bounds the last write of a connection the broker closed.
     farewell: Option<Pin<Box<Sleep>>>,
-    phase: Phase,
-    /// When the last bytes were read, in µs on [`micros_now`]'s clock
-    /// (wrapping: only short gaps are compared).
-    last_input_us: u32,
-    /// This turn's input came after [`QUIET_INPUT_GAP_US`] without any.
-    input_after_quiet: bool,
+}
+
+impl Trouble {
+    fn is_over(&self) -> bool {
+        self.input_recheck.is_none()
+            && self.write_stalled_since.is_none()
+            && self.stall_timer.is_none()
+            && self.farewell.is_none()
+    }
 }
 
 // No field is pinned structurally (the timers are boxed, the rest is only
 // ever used through `&mut`), so moving a driver is fine.
 impl<C, T> Unpin for Driver<C, T> {}
 
+impl<C, T> Drop for Driver<C, T> {
+    fn drop(&mut self) {
+        // A closed connection's wake-up goes with it.
+        if self.coarse.is_armed() {
+            CoarseTimer::global().cancel(self.coarse, &self.events);
+        }
+    }
+}
+
 impl<C: ProtocolConnection, T: Transport> Future for Driver<C, T> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.get_mut().run(cx)
+        let this = self.get_mut();
+        // Taken out while the driver runs, which borrows it mutably.
+        let span = this.span.take();
+        let entered = span.as_deref().map(tracing::Span::enter);
+        let poll = this.run(cx);
+        drop(entered);
+        this.span = span;
+        poll
     }
 }
 
 impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
+    fn trouble(&mut self) -> &mut Trouble {
+        self.trouble.get_or_insert_with(Box::default)
+    }
+
+    /// Frees the trouble state once nothing in it is left.
+    fn end_trouble_if_over(&mut self) {
+        if self.trouble.as_ref().is_some_and(|t| t.is_over()) {
+            self.trouble = None;
+        }
+    }
+
+    /// Takes back a wake-up parked in the coarse timer.
+    fn unpark(&mut self) {
+        if self.coarse.is_armed() {
+            CoarseTimer::global().cancel(self.coarse, &self.events);
+            self.coarse = Slot::default();
+        }
+    }
+
+    /// Whether part of `out` is still to be written.
+    fn unwritten(&self) -> bool {
+        (self.written as usize) < self.out.len()
+    }
+
+    fn write_stalled_since(&self) -> Option<Instant> {
+        self.trouble.as_ref()?.write_stalled_since
+    }
+
     fn run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         for _ in 0..TURNS_PER_POLL {
             if self.phase == Phase::Done {
@@ -451,14 +552,14 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
             }
             // Checked in every phase: a peer that stops reading must not
             // hold a closing or shutting-down server.
-            if self.hard_stop.is_stopped() {
+            if self.events.hard_stop.is_stopped() {
                 tracing::debug!("shutdown grace period over; cutting the connection");
                 if self.phase == Phase::Running {
                     self.conn.handle_transport_closed(Instant::now());
                 }
                 return self.finish();
             }
-            if let Some(farewell) = &mut self.farewell {
+            if let Some(farewell) = self.trouble.as_mut().and_then(|t| t.farewell.as_mut()) {
                 if farewell.as_mut().poll(cx).is_ready() {
                     tracing::debug!("peer took no farewell; cutting the connection");
                     return self.finish();
@@ -478,7 +579,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                         tracing::debug!(error = %e, "write failed while closing");
                         return self.finish();
                     }
-                    if self.written < self.out.len() || self.flushing {
+                    if self.unwritten() || self.flushing {
                         return Poll::Pending;
                     }
                     return match Pin::new(&mut self.io).poll_shutdown(cx) {
@@ -488,7 +589,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 }
                 Phase::Running => {}
             }
-            if let Some(budget) = &self.slow.budget {
+            if let Some(budget) = &self.events.budget {
                 // Room came back since the core turned a delivery away:
                 // let it dispatch again (outside any adapter call).
                 budget.resume_if_due();
@@ -508,8 +609,8 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                     // peer would stay connected until some unrelated timer
                     // fired.
                     self.events.register(cx);
-                    if self.written < self.out.len() && self.write_stalled_since.is_none() {
-                        self.write_stalled_since = Some(Instant::now());
+                    if self.unwritten() && self.write_stalled_since().is_none() {
+                        self.trouble().write_stalled_since = Some(Instant::now());
                         // Arms the deadline if the core is waiting already.
                         if self.poll_slow_consumer(cx) {
                             continue;
@@ -530,13 +631,16 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
             }
             let mut progress = false;
             peers::take_woken();
-            self.input_after_quiet = false;
+            let input_before = self.last_input_tick;
             let steps = [
                 self.poll_events(cx),
                 self.poll_timer(cx),
                 self.poll_input(cx),
             ];
             let woke_peers = peers::take_woken();
+            // Input this turn (the tick moved) after a quiet spell.
+            let input_after_quiet =
+                self.last_input_tick.wrapping_sub(input_before) >= QUIET_INPUT_TICKS;
             for step in steps {
                 match step {
                     Step::Progress => progress = true,
@@ -549,15 +653,80 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 }
             }
             if !progress && self.phase == Phase::Running {
+                self.end_trouble_if_over();
                 return Poll::Pending;
             }
-            if woke_peers && self.input_after_quiet && self.let_peers_write_first(cx) {
+            if woke_peers && input_after_quiet && self.let_peers_write_first(cx) {
                 return Poll::Pending;
             }
         }
         // Used up this poll's turns while work kept arriving: yield.
         cx.waker().wake_by_ref();
         Poll::Pending
+    }
+
+    /// When the connection becomes a slow consumer: its write has been
+    /// stalled, and the core held deliveries back for lack of budget, for
+    /// the whole slow-consumer limit. A peer whose deliveries wait on its
+    /// own flow control (unsettled deliveries, a closed AMQP session
+    /// window) while its socket takes everything is not slow.
+    fn slow_consumer_deadline(&self) -> Option<Instant> {
+        if self.slow_consumer_timeout_ms == 0 {
+            return None;
+        }
+        let timeout = Duration::from_millis(u64::from(self.slow_consumer_timeout_ms));
+        let held_back = self.events.budget.as_ref()?.held_back_since()?;
+        let stalled = self.write_stalled_since()?;
+        Some(held_back.max(stalled) + timeout)
+    }
+
+    /// Closes a slow consumer whose deadline passed (returns true), or
+    /// arms the timer that wakes the task at the deadline.
+    fn poll_slow_consumer(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(deadline) = self.slow_consumer_deadline() else {
+            if let Some(trouble) = &mut self.trouble {
+                trouble.stall_timer = None;
+            }
+            return false;
+        };
+        let now = Instant::now();
+        if now < deadline {
+            let at = tokio::time::Instant::from_std(deadline);
+            let timer = match &mut self.trouble().stall_timer {
+                Some(timer) => {
+                    if timer.deadline() != at {
+                        timer.as_mut().reset(at);
+                    }
+                    timer
+                }
+                none => none.insert(Box::pin(tokio::time::sleep_until(at))),
+            };
+            if timer.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+        }
+        self.trouble().stall_timer = None;
+        let budget = self
+            .events
+            .budget
+            .as_ref()
+            .map(|b| (b.used_bytes(), b.max_bytes()));
+        tracing::info!(
+            conn_id = self.conn_id,
+            ?budget,
+            timeout_ms = self.slow_consumer_timeout_ms,
+            "slow consumer: the peer stopped reading; closing"
+        );
+        self.conn.handle_slow_consumer(now);
+        self.trouble().farewell = Some(Box::pin(tokio::time::sleep(FAREWELL_TIMEOUT)));
+        self.phase = Phase::ShuttingDown;
+        true
+    }
+
+    fn finish(&mut self) -> Poll<()> {
+        self.phase = Phase::Done;
+        tracing::debug!("connection finished");
+        Poll::Ready(())
     }
 
     /// What this turn's input (a publish) woke other connections' tasks
@@ -571,13 +740,13 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
     /// the publisher's thread) in front of it (issue 20). Returns whether
     /// it yielded; only while there is output of ours to hold back.
     fn let_peers_write_first(&mut self, cx: &mut Context<'_>) -> bool {
-        if self.written == self.out.len() && !self.flushing {
+        if !self.unwritten() && !self.flushing {
             // Collected now rather than at the next turn, to see whether
             // there is anything to hold back.
             self.release_out();
             self.conn.poll_transmit(&mut self.out);
         }
-        if self.written == self.out.len() {
+        if !self.unwritten() {
             return false;
         }
         let yield_now = std::pin::pin!(tokio::task::yield_now());
@@ -586,87 +755,31 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         yield_now.poll(cx).is_pending()
     }
 
-    /// When the connection becomes a slow consumer: its write has been
-    /// stalled, and the core held deliveries back for lack of budget, for
-    /// the whole slow-consumer limit. A peer whose deliveries wait on its
-    /// own flow control (unsettled deliveries, a closed AMQP session
-    /// window) while its socket takes everything is not slow.
-    fn slow_consumer_deadline(&self) -> Option<Instant> {
-        let timeout = self.slow.timeout?;
-        let held_back = self.slow.budget.as_ref()?.held_back_since()?;
-        let stalled = self.write_stalled_since?;
-        Some(held_back.max(stalled) + timeout)
-    }
-
-    /// Closes a slow consumer whose deadline passed (returns true), or
-    /// arms the timer that wakes the task at the deadline.
-    fn poll_slow_consumer(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some(deadline) = self.slow_consumer_deadline() else {
-            self.stall_timer = None;
-            return false;
-        };
-        let now = Instant::now();
-        if now < deadline {
-            let at = tokio::time::Instant::from_std(deadline);
-            let timer = match &mut self.stall_timer {
-                Some(timer) => {
-                    if timer.deadline() != at {
-                        timer.as_mut().reset(at);
-                    }
-                    timer
-                }
-                none => none.insert(Box::pin(tokio::time::sleep_until(at))),
-            };
-            if timer.as_mut().poll(cx).is_pending() {
-                return false;
-            }
-        }
-        self.stall_timer = None;
-        let budget = self
-            .slow
-            .budget
-            .as_ref()
-            .map(|b| (b.used_bytes(), b.max_bytes()));
-        tracing::info!(
-            conn_id = self.conn_id,
-            ?budget,
-            timeout_ms = self.slow.timeout.map(|t| t.as_millis()),
-            "slow consumer: the peer stopped reading; closing"
-        );
-        self.conn.handle_slow_consumer(now);
-        self.farewell = Some(Box::pin(tokio::time::sleep(FAREWELL_TIMEOUT)));
-        self.phase = Phase::ShuttingDown;
-        true
-    }
-
-    fn finish(&mut self) -> Poll<()> {
-        self.phase = Phase::Done;
-        tracing::debug!("connection finished");
-        Poll::Ready(())
-    }
-
     /// Collects what the protocol produced and writes it, then flushes.
     /// Ready(Ok) once everything is written and flushed.
     fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         loop {
-            if self.written == self.out.len() && !self.flushing {
+            if !self.unwritten() && !self.flushing {
                 self.release_out();
                 self.conn.poll_transmit(&mut self.out);
                 if self.out.is_empty() {
                     return Poll::Ready(Ok(()));
                 }
             }
-            while self.written < self.out.len() {
+            while self.unwritten() {
                 let n = std::task::ready!(
-                    Pin::new(&mut self.io).poll_write(cx, &self.out[self.written..])
+                    Pin::new(&mut self.io).poll_write(cx, &self.out[self.written as usize..])
                 )?;
                 if n == 0 {
                     return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
                 }
-                self.written += n;
+                // At most what is left of `out` (see `written`).
+                self.written += u32::try_from(n).unwrap_or(u32::MAX);
                 self.flushing = true;
                 // The peer took bytes: whatever stall there was is over.
-                self.write_stalled_since = None;
+                if let Some(trouble) = &mut self.trouble {
+                    trouble.write_stalled_since = None;
+                }
             }
             if self.flushing {
                 std::task::ready!(Pin::new(&mut self.io).poll_flush(cx))?;
@@ -712,11 +825,18 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         // nothing else may wake it when the pressure goes: a pure publisher
         // gets no events.
         if self.conn.wants_input() {
-            self.input_recheck = None;
-        } else if self.input_recheck.is_none() {
-            self.input_recheck = Some(Instant::now() + INPUT_RECHECK_INTERVAL);
+            if let Some(trouble) = &mut self.trouble {
+                trouble.input_recheck = None;
+            }
+        } else if self
+            .trouble
+            .as_ref()
+            .is_none_or(|t| t.input_recheck.is_none())
+        {
+            self.trouble().input_recheck = Some(Instant::now() + INPUT_RECHECK_INTERVAL);
         }
-        let deadline = match (self.conn.poll_timeout(), self.input_recheck) {
+        let input_recheck = self.trouble.as_ref().and_then(|t| t.input_recheck);
+        let deadline = match (self.conn.poll_timeout(), input_recheck) {
             (Some(a), Some(b)) => a.min(b),
             (Some(a), None) | (None, Some(a)) => a,
             (None, None) => {
@@ -724,9 +844,25 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 // connect deadline is over): an idle connection should not
                 // keep a timer allocation it no longer needs.
                 self.timer = None;
+                self.unpark();
                 return Step::Idle;
             }
         };
+        // A far deadline (an idle connection's keep-alive) waits in the
+        // coarse timer, which wakes the task shortly before it; the exact
+        // timer below takes the last stretch.
+        let coarse = CoarseTimer::global();
+        if coarse.covers(self.coarse, deadline) {
+            self.timer = None;
+            return Step::Idle;
+        }
+        if let Some(slot) = coarse.arm(deadline, &self.events) {
+            coarse.cancel(self.coarse, &self.events);
+            self.coarse = slot;
+            self.timer = None;
+            return Step::Idle;
+        }
+        self.unpark();
         let deadline = tokio::time::Instant::from_std(deadline);
         let timer = match &mut self.timer {
             Some(timer) => {
@@ -741,8 +877,8 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
             return Step::Idle;
         }
         let now = Instant::now();
-        if self.input_recheck.is_some_and(|t| now >= t) {
-            self.input_recheck = None;
+        if input_recheck.is_some_and(|t| now >= t) {
+            self.trouble().input_recheck = None;
         }
         if self.conn.poll_timeout().is_some_and(|t| now >= t) {
             self.conn.handle_timeout(now);
@@ -773,11 +909,11 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 Step::Closed
             }
             Poll::Ready(Ok(n)) => {
-                self.read_size = next_read_size(self.read_size, n);
-                if self.read_size == READ_BUFFER_MIN_BYTES && self.io.reports_readiness() {
+                self.read_size = next_read_size(self.read_size as usize, n) as u32;
+                if self.read_size as usize == READ_BUFFER_MIN_BYTES && self.io.reports_readiness() {
                     // Quiet: wait for the next bytes without a buffer. A
                     // lent buffer holding part of a frame is kept.
-                    self.rbuf = Vec::new();
+                    self.rbuf = Box::default();
                     if let Some(buf) = self.conn.input_buffer().filter(|b| b.is_empty()) {
                         *buf = BytesMut::new();
                     }
@@ -787,20 +923,18 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         }
     }
 
-    /// Now, for input just read; notes whether it came after a quiet spell.
+    /// Now, for input just read; notes when.
     fn input_now(&mut self) -> Instant {
         let now = Instant::now();
-        let us = micros_now(now);
-        self.input_after_quiet = us.wrapping_sub(self.last_input_us) >= QUIET_INPUT_GAP_US;
-        self.last_input_us = us;
+        self.last_input_tick = input_ticks(now);
         now
     }
 
     /// Reads into the driver's own buffer and hands the protocol a slice.
     fn poll_read_own(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.rbuf.len() != self.read_size {
-            self.rbuf.resize(self.read_size, 0);
-            self.rbuf.shrink_to_fit();
+        let size = self.read_size as usize;
+        if self.rbuf.len() != size {
+            self.rbuf = vec![0; size].into_boxed_slice();
         }
         let mut buf = ReadBuf::new(&mut self.rbuf);
         std::task::ready!(Pin::new(&mut self.io).poll_read(cx, &mut buf))?;
@@ -818,7 +952,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         let Some(buf) = self.conn.input_buffer() else {
             return Poll::Ready(Ok(0));
         };
-        buf.reserve(self.read_size);
+        buf.reserve(self.read_size as usize);
         let n = std::task::ready!(tokio_util::io::poll_read_buf(
             Pin::new(&mut self.io),
             cx,
@@ -832,16 +966,16 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
     }
 }
 
-/// `now` in µs since the first call, wrapping at 2^32 (71 minutes): four
-/// bytes per connection for "how long since the last input". Starts at
-/// [`QUIET_INPUT_GAP_US`], so that a connection's first input (its last
-/// input at 0) counts as after a quiet spell.
-fn micros_now(now: Instant) -> u32 {
+/// `now` in [`INPUT_TICK_US`] ticks since the first call, wrapping at
+/// 2^16: two bytes per connection for "how long since the last input".
+/// Starts at [`QUIET_INPUT_TICKS`], so that a connection's first input
+/// (its last input at 0) counts as after a quiet spell.
+fn input_ticks(now: Instant) -> u16 {
     static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     let epoch = *EPOCH.get_or_init(|| now);
+    let ticks = now.saturating_duration_since(epoch).as_micros() / INPUT_TICK_US;
     // Truncation is the point: only differences of recent values are used.
-    let us = now.saturating_duration_since(epoch).as_micros() as u32;
-    us.wrapping_add(QUIET_INPUT_GAP_US)
+    (ticks as u16).wrapping_add(QUIET_INPUT_TICKS)
 }
 
 /// The size of the read after one that returned `last_read` bytes into a
@@ -906,16 +1040,14 @@ mod tests {
             echoed: Vec::new(),
         };
         let (_sink, events) = event_channel(None);
-        let stop = Arc::new(HardStop::default());
-        let task = tokio::spawn(drive(
-            1,
-            conn,
-            server,
+        let parts = DriverParts {
+            conn_id: 1,
             events,
-            SlowConsumerPolicy::none(),
-            tracing::Span::none(),
-            stop,
-        ));
+            slow_consumer_timeout: None,
+            span: tracing::Span::none(),
+            registered: None,
+        };
+        let task = tokio::spawn(drive(conn, server, parts));
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         client.write_all(b"ping").await.expect("write");
         let mut buf = [0u8; 4];
@@ -929,6 +1061,75 @@ mod tests {
             .expect("echo");
         assert_eq!(&buf, b"ping");
         task.abort();
+    }
+
+    /// A connection whose deadline is its only source of progress (an idle
+    /// keep-alive): it times out at the deadline, a far deadline waiting
+    /// in the coarse timer until shortly before it.
+    struct Deadline {
+        at: Instant,
+        fired: Arc<std::sync::Mutex<Option<Instant>>>,
+    }
+
+    impl ProtocolConnection for Deadline {
+        fn handle_input(&mut self, _: Instant, _: &[u8]) {}
+        fn handle_event(&mut self, _: Instant, _: SessionEvent) {}
+        fn handle_timeout(&mut self, now: Instant) {
+            if now >= self.at {
+                *self.fired.lock().expect("lock") = Some(now);
+            }
+        }
+        fn poll_timeout(&self) -> Option<Instant> {
+            self.fired
+                .lock()
+                .expect("lock")
+                .is_none()
+                .then_some(self.at)
+        }
+        fn poll_transmit(&mut self, _: &mut Vec<u8>) {}
+        fn wants_input(&self) -> bool {
+            true
+        }
+        fn is_closed(&self) -> bool {
+            self.fired.lock().expect("lock").is_some()
+        }
+        fn handle_transport_closed(&mut self, _: Instant) {}
+        fn handle_slow_consumer(&mut self, _: Instant) {}
+    }
+
+    #[tokio::test]
+    async fn a_far_deadline_fires_on_time_through_the_coarse_timer() {
+        let (_client, server) = tokio::io::duplex(1024);
+        let start = Instant::now();
+        let at = start + crate::coarse_timer::COARSE_MIN + Duration::from_millis(700);
+        let fired = Arc::default();
+        let conn = Deadline {
+            at,
+            fired: Arc::clone(&fired),
+        };
+        let (_sink, events) = event_channel(None);
+        let parts = DriverParts {
+            conn_id: 1,
+            events,
+            slow_consumer_timeout: None,
+            span: tracing::Span::none(),
+            registered: None,
+        };
+        let mut driver = drive(conn, server, parts);
+        // Parked, not on an exact timer, right after the first poll.
+        let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut driver).poll(cx))).await;
+        assert!(first.is_pending());
+        assert!(driver.coarse.is_armed() && driver.timer.is_none());
+        tokio::time::timeout(Duration::from_secs(10), driver)
+            .await
+            .expect("the connection closed at its deadline");
+        let when = fired.lock().expect("lock").expect("timed out");
+        assert!(when >= at, "not before the deadline");
+        assert!(
+            when < at + Duration::from_millis(500),
+            "on time: {:?} late",
+            when - at
+        );
     }
 
     /// A transport that notes in a shared log, under its name, each write.
@@ -1037,32 +1238,30 @@ mod tests {
             let (mut sub_client, sub_server) = tokio::io::duplex(1024);
             let (sub_sink, sub_events) = event_channel(None);
             let (_pub_sink, pub_events) = event_channel(None);
-            let stop = Arc::new(HardStop::default());
             let transport = |name, io| Logged {
                 name,
                 log: Arc::clone(&log),
                 io,
             };
+            let parts = |conn_id, events| DriverParts {
+                conn_id,
+                events,
+                slow_consumer_timeout: None,
+                span: tracing::Span::none(),
+                registered: None,
+            };
             let subscriber = tokio::spawn(drive(
-                2,
                 Subscriber { out: Vec::new() },
                 transport("subscriber", sub_server),
-                sub_events,
-                SlowConsumerPolicy::none(),
-                tracing::Span::none(),
-                Arc::clone(&stop),
+                parts(2, sub_events),
             ));
             let publisher = tokio::spawn(drive(
-                1,
                 Publisher {
                     peer: sub_sink,
                     out: Vec::new(),
                 },
                 transport("publisher", pub_server),
-                pub_events,
-                SlowConsumerPolicy::none(),
-                tracing::Span::none(),
-                stop,
+                parts(1, pub_events),
             ));
             // Both tasks reach their first wait.
             tokio::task::yield_now().await;

@@ -3,7 +3,7 @@
 //!
 //! [`websocket_session`] is what a peer's bytes reach on the HTTP port:
 //! the request head parser and router of [`super::ws`], the answer or the
-//! upgrade, then tungstenite's frame layer read through the same
+//! upgrade, then the frame layer (`ws_frames`) read through the same
 //! [`super::ws::WsByteStream`] the protocol adapters read, and one write
 //! and close back. The target supplies the peer as an in-memory stream.
 

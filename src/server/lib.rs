@@ -17,6 +17,7 @@
 pub mod access;
 mod admission;
 mod cluster;
+mod coarse_timer;
 pub mod connections;
 mod detect;
 pub mod discovery;
@@ -41,6 +42,7 @@ pub use tls::{ServerCertificate, TlsSetupError};
 pub mod users;
 mod view;
 mod ws;
+mod ws_frames;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -59,11 +61,14 @@ pub use metrics::BrokerFigures;
 pub use preflight::{preflight, Preflight};
 pub use rates::RecentActivity;
 pub use view::BrokerView;
+pub use ws::{AdminOnHttpPort, HttpStream};
 
 /// State every connection task shares.
 pub(crate) struct Shared {
     pub(crate) core: Core,
     pub(crate) config: Config,
+    /// The protocol adapters' settings, from `config`.
+    pub(crate) adapters: protocols::AdapterConfigs,
     next_conn_id: AtomicU64,
     /// Set when connections must stop now (end of the grace period).
     pub(crate) hard_stop: Arc<driver::HardStop>,
@@ -87,6 +92,12 @@ pub(crate) struct Shared {
     pub(crate) cluster: Option<Arc<cluster::ClusterNode>>,
     /// Recent message rates and sync latencies, sampled by a timer.
     rates: rates::RateWindow,
+    /// Each listener's kind and bound address, once all are bound (the
+    /// overview lists them; the console links to the demo page with them).
+    pub(crate) listeners: std::sync::OnceLock<Vec<(ListenerKind, SocketAddr)>>,
+    /// The admin API's server for its paths on the HTTP port, once the
+    /// admin API has the broker (`[admin] on_http_port`).
+    pub(crate) admin_on_http_port: std::sync::OnceLock<Arc<dyn ws::AdminOnHttpPort>>,
     /// Connections this node's proxy relays to other nodes now: counted
     /// as authenticated here (they hold a socket), but left out of the
     /// count this node publishes, since the node serving them counts them.
@@ -256,6 +267,7 @@ pub async fn start(
     let shared = Arc::new(Shared {
         core,
         config: config.clone(),
+        adapters: protocols::AdapterConfigs::new(&config),
         next_conn_id: AtomicU64::new(1),
         hard_stop: Arc::default(),
         tls,
@@ -268,6 +280,8 @@ pub async fn start(
         started: std::time::Instant::now(),
         cluster,
         rates: rates::RateWindow::default(),
+        admin_on_http_port: std::sync::OnceLock::new(),
+        listeners: std::sync::OnceLock::new(),
         proxied_out: AtomicUsize::new(0),
         active: AtomicUsize::new(0),
         idle: Notify::new(),
@@ -289,6 +303,7 @@ pub async fn start(
         addrs.push((kind, bound));
         accept_tasks.push(task);
     }
+    let _ = shared.listeners.set(addrs.clone());
     say_who_can_connect(&config);
     let membership = match (&shared.cluster, &config.cluster) {
         (Some(node), Some(cluster_config)) => {

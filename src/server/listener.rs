@@ -1,7 +1,10 @@
 //! Accept loops: one task per listener, one task per accepted connection.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
@@ -11,7 +14,7 @@ use rosetta_config::ListenerKind;
 
 use super::admission::HandshakeDeadline;
 use super::protocols::{self, Peer};
-use super::{refuse, Shared};
+use super::{refuse, ConnectionGuard, Shared};
 
 /// Pause after an accept error (e.g. out of file descriptors) so the loop
 /// does not spin while the condition lasts.
@@ -79,26 +82,71 @@ fn accept(kind: ListenerKind, stream: TcpStream, peer: SocketAddr, shared: &Arc<
         tracing::debug!(error = %e, "cannot set TCP_NODELAY");
     }
     let conn_id = shared.next_conn_id();
-    let guard = shared.track();
-    let shared = Arc::clone(shared);
     let connect_timeout = Duration::from_millis(shared.config.broker.connect_timeout_ms);
-    let deadline = HandshakeDeadline::new(ticket.clone(), connect_timeout);
-    let admission = Arc::clone(&shared.admission);
-    // Built here, not in the task: what the task captures it keeps for its
-    // whole life (see `protocols::serve`).
-    let connection = protocols::serve(kind, stream, Peer::new(peer, ticket, kind), conn_id, shared);
-    tokio::spawn(async move {
-        let _guard = guard;
-        tokio::select! {
-            () = connection => {}
-            () = deadline => {
-                if let Some(suppressed) = admission.log.admit(Instant::now()) {
-                    tracing::warn!(
-                        listener = kind.key(), %peer, conn = conn_id, suppressed,
-                        "closing a connection not authenticated within [broker] connect_timeout_ms"
-                    );
-                }
-            }
+    let tail = TaskTail {
+        deadline: HandshakeDeadline::new(ticket.clone(), connect_timeout),
+        _guard: shared.track(),
+        conn_id,
+        listener: kind,
+    };
+    let shared = Arc::clone(shared);
+    protocols::spawn(
+        kind,
+        stream,
+        Peer::new(peer, ticket, kind),
+        conn_id,
+        shared,
+        tail,
+    );
+}
+
+/// What the task of an accepted connection holds besides the connection:
+/// the backstop against a connection that never authenticates, and its
+/// place in the server's count of open connections (for the shutdown).
+pub(crate) struct TaskTail {
+    deadline: HandshakeDeadline,
+    _guard: ConnectionGuard,
+    conn_id: u64,
+    listener: ListenerKind,
+}
+
+/// The task of one accepted connection: the connection's own future
+/// (for plain TCP its driver, see [`protocols::spawn`]) until it ends or
+/// the connection is still unauthenticated at its deadline.
+///
+/// A hand-written future rather than an `async` block over `select!`:
+/// the block kept the peer's address, the admission handle and the
+/// listener kind in every connection's task for the one log line of a
+/// deadline that rarely fires; here that line takes them from the
+/// admission ticket.
+pub(crate) struct ConnectionTask<F> {
+    connection: F,
+    tail: TaskTail,
+}
+
+impl<F> ConnectionTask<F> {
+    pub(crate) fn new(connection: F, tail: TaskTail) -> Self {
+        Self { connection, tail }
+    }
+}
+
+impl<F: Future<Output = ()> + Unpin> Future for ConnectionTask<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        if Pin::new(&mut this.connection).poll(cx).is_ready() {
+            return Poll::Ready(());
         }
-    });
+        // After the connection: a poll in which it authenticated frees the
+        // deadline's timer now, not at some later wake-up an idle
+        // connection may never get (a STOMP connection kept it, 112 B).
+        if Pin::new(&mut this.tail.deadline).poll(cx).is_ready() {
+            this.tail
+                .deadline
+                .log_expired(this.tail.listener.key(), this.tail.conn_id);
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
 }

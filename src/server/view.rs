@@ -54,6 +54,18 @@ impl BrokerView {
         self.shared.rates.recent()
     }
 
+    /// Hands the admin API's paths on the HTTP port to `admin` (`[admin]
+    /// on_http_port`); until then such a request is answered 503. A second
+    /// call changes nothing.
+    pub fn serve_admin_on_http_port(&self, admin: Arc<dyn super::AdminOnHttpPort>) {
+        let _ = self.shared.admin_on_http_port.set(admin);
+    }
+
+    /// Each protocol listener's kind and bound address.
+    pub fn listeners(&self) -> &[(rosetta_config::ListenerKind, std::net::SocketAddr)] {
+        self.shared.listeners.get().map_or(&[], Vec::as_slice)
+    }
+
     /// Time since the broker started.
     pub fn uptime(&self) -> Duration {
         self.shared.started.elapsed()

@@ -2,9 +2,9 @@
 //!
 //! [`accept`] reads the HTTP request head itself (bounded in size, header
 //! count and time) so that it can answer a plain GET with the demo page and
-//! refuse a bad upgrade with a clear status and a text body, then hands the
-//! upgraded connection to tungstenite. Which protocol a WebSocket speaks is
-//! chosen by [`route`]:
+//! refuse a bad upgrade with a clear status and a text body, then frames
+//! the upgraded connection itself ([`WsByteStream`]). Which protocol a
+//! WebSocket speaks is chosen by [`route`]:
 //!
 //! | path               | offered `Sec-WebSocket-Protocol`                 | protocol |
 //! | ------------------ | ------------------------------------------------ | -------- |
@@ -20,28 +20,64 @@
 //! 13 (or a plain GET of a protocol path), 404 for an unknown plain path,
 //! 405 for other methods, 431 for an oversized head.
 //!
-//! The protocol adapters are byte oriented, so [`WsByteStream`] turns the
-//! message stream into a byte stream: see its docs for the framing rules.
+//! With `[admin] on_http_port`, plain (not upgrade) requests for the admin
+//! API's paths (`/api/...`, `/healthz`, `/readyz`, `/console...`, see
+//! [`is_admin_path`]) are handed whole to the admin API's own HTTP server
+//! ([`AdminOnHttpPort`]), which authenticates and authorises them as on
+//! its own listener; every other path is answered here as before.
+//!
+//! The protocol adapters are byte oriented, so [`WsByteStream`] (in
+//! `ws_frames`, which does the framing itself) turns the message stream
+//! into a byte stream: see its docs for the rules.
 
 use std::fmt;
+use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use futures_util::{Sink, Stream};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
-use tokio_tungstenite::tungstenite::{self, Message, Utf8Bytes};
-use tokio_tungstenite::WebSocketStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio_tungstenite::tungstenite;
 
 use rosetta_config::WebSocketConfig as WsSettings;
 
+use super::detect::Rewind;
 use super::protocols::Wire;
+pub(crate) use super::ws_frames::WsByteStream;
 use super::Shared;
+
+/// A byte stream handed to another HTTP server.
+pub trait HttpStream: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> HttpStream for T {}
+
+/// Serves the admin API on the HTTP port (`[admin] on_http_port`). The
+/// admin crate implements it and hands it to the broker
+/// ([`crate::BrokerView::serve_admin_on_http_port`]): the server does not
+/// know that crate.
+pub trait AdminOnHttpPort: Send + Sync {
+    /// Serves HTTP on `io`, whose first request (already read here) it
+    /// reads again from the start, for the client at `peer`.
+    fn serve(
+        &self,
+        io: Box<dyn HttpStream>,
+        peer: SocketAddr,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// Whether a plain request for `path` is the admin API's when it is served
+/// on this port: its routes (`/api/...`, `/healthz`, `/readyz`) and the
+/// console (`/console`, `/console/...`). `/`, the demo page and
+/// `/metrics` stay this port's own.
+pub(crate) fn is_admin_path(path: &str) -> bool {
+    let under = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    };
+    path == "/healthz" || path == "/readyz" || under("/api") || under("/console")
+}
 
 /// Time for the client to send its request head and read our answer: a
 /// browser sends the head at once; this only bounds idle sockets.
@@ -51,26 +87,6 @@ pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_HEAD_MAX_BYTES: usize = 16 * 1024;
 /// Most request headers parsed: browsers send about 15.
 const REQUEST_HEADERS_MAX: usize = 64;
-/// Read buffer of each WebSocket, and the most one socket read takes.
-/// tungstenite allocates it up front and keeps it for the connection's
-/// life, so it is what an idle WebSocket costs: at 32 KiB, 10,000 idle
-/// MQTT-over-WebSocket connections took 42 KB of broker memory each
-/// (`bench/scale.sh`, issue 20). A larger message costs more reads of this
-/// size, not a larger buffer per connection.
-const WS_READ_BUFFER_BYTES: usize = 4 * 1024;
-/// Largest outgoing WebSocket message: output beyond this within one flush
-/// goes out as several messages, so one burst of deliveries never needs a
-/// client to buffer an unbounded message. The adapters' protocols are byte
-/// streams over WebSocket, so a frame may span two messages.
-const OUTGOING_MESSAGE_MAX_BYTES: usize = 1024 * 1024;
-/// WebSocket messages gathered into one read at most. Browsers send one
-/// small message per protocol packet, so gathering the messages already
-/// received keeps the driver's turns (and flushes) as few as over TCP; the
-/// cap stops a flood of empty messages or pings from holding the task: a
-/// read that met only those yields and goes on when polled again (never a
-/// read of zero bytes, which is the end of the stream).
-const MESSAGES_PER_READ_MAX: usize = 256;
-
 /// Which protocol a WebSocket connection speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WsWire {
@@ -451,9 +467,41 @@ pub(crate) async fn accept_serving<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    match accept_routed(io, settings, message_max, metrics, false).await? {
+        Accepted::WebSocket(wire, stream) => Ok((wire, stream)),
+        // Not asked for: no admin path is handed off.
+        Accepted::Admin(_) => Err(NotWebSocket::Closed),
+    }
+}
+
+/// What a connection of the HTTP port turned out to be.
+// Lives only from the accept to the `match` right after it: boxing the
+// WebSocket to make the variants alike would cost every WebSocket an
+// allocation for nothing.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Accepted<S> {
+    /// A WebSocket speaking a protocol.
+    WebSocket(WsWire, WsByteStream<S>),
+    /// A plain request for an admin path ([`is_admin_path`]): the stream,
+    /// with what was read of it put back in front.
+    Admin(Rewind<S>),
+}
+
+/// [`accept_serving`]; with `admin_paths`, a plain request for an admin
+/// path is not answered but handed back as [`Accepted::Admin`].
+pub(crate) async fn accept_routed<S>(
+    io: S,
+    settings: &WsSettings,
+    message_max: usize,
+    metrics: &(dyn Fn() -> String + Sync),
+    admin_paths: bool,
+) -> Result<Accepted<S>, NotWebSocket>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     tokio::time::timeout(
         HANDSHAKE_TIMEOUT,
-        accept_inner(io, settings, message_max, metrics),
+        accept_inner(io, settings, message_max, metrics, admin_paths),
     )
     .await
     .unwrap_or(Err(NotWebSocket::Timeout))
@@ -464,16 +512,21 @@ async fn accept_inner<S>(
     settings: &WsSettings,
     message_max: usize,
     metrics: &(dyn Fn() -> String + Sync),
-) -> Result<(WsWire, WsByteStream<S>), NotWebSocket>
+    admin_paths: bool,
+) -> Result<Accepted<S>, NotWebSocket>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let (head, tail) = match read_head(&mut io).await {
+    let (head, mut read, used) = match read_head(&mut io).await {
         Ok(read) => read,
         Err(HeadError::Refused(refusal)) => return refuse(io, refusal).await,
         Err(HeadError::Closed) => return Err(NotWebSocket::Closed),
         Err(HeadError::Io(e)) => return Err(NotWebSocket::Io(e)),
     };
+    if admin_paths && !head.has_token("upgrade", "websocket") && is_admin_path(&head.path) {
+        return Ok(Accepted::Admin(Rewind::new(read, io)));
+    }
+    let tail = read.split_off(used.min(read.len()));
     match route(&head, settings) {
         Err(refusal) => refuse(io, refusal).await,
         Ok(Route::Asset { asset, head_only }) => {
@@ -504,25 +557,12 @@ where
             response.push_str("\r\n");
             io.write_all(response.as_bytes()).await?;
             io.flush().await?;
-            let ws = WebSocketStream::from_partially_read(
-                io,
-                tail,
-                Role::Server,
-                Some(ws_config(message_max)),
-            )
-            .await;
-            Ok((wire, WsByteStream::new(ws, wire)))
+            Ok(Accepted::WebSocket(
+                wire,
+                WsByteStream::new(io, tail, wire, message_max),
+            ))
         }
     }
-}
-
-/// tungstenite's limits: no message (after reassembly) and so no frame
-/// larger than `message_max` bytes.
-fn ws_config(message_max: usize) -> WebSocketConfig {
-    WebSocketConfig::default()
-        .read_buffer_size(WS_READ_BUFFER_BYTES)
-        .max_message_size(Some(message_max))
-        .max_frame_size(Some(message_max))
 }
 
 async fn refuse<S, T>(mut io: S, refusal: Refusal) -> Result<T, NotWebSocket>
@@ -578,9 +618,10 @@ enum HeadError {
     Io(io::Error),
 }
 
-/// Reads until a whole request head is buffered; returns it and the bytes
-/// read past it (a client may send its first WebSocket frame right away).
-async fn read_head<S>(io: &mut S) -> Result<(RequestHead, Vec<u8>), HeadError>
+/// Reads until a whole request head is buffered; returns it, every byte
+/// read and the length of the head in them (a client may send its first
+/// WebSocket frame, or a request body, right away).
+async fn read_head<S>(io: &mut S) -> Result<(RequestHead, Vec<u8>, usize), HeadError>
 where
     S: AsyncRead + Unpin,
 {
@@ -603,8 +644,7 @@ where
         }
         buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
         if let Some((head, used)) = parse_head(&buf)? {
-            let tail = buf.get(used..).unwrap_or_default().to_vec();
-            return Ok((head, tail));
+            return Ok((head, buf, used));
         }
     }
 }
@@ -650,24 +690,42 @@ fn parse_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
 }
 
 /// Serves one connection of the HTTP port (or of `wss`, or an HTTP client
-/// of the `any` port): the demo page, a refusal, or a protocol over
-/// WebSocket until it closes.
+/// of the `any` port): the demo page, a refusal, or the upgrade to a
+/// WebSocket, whose protocol is the stage that follows.
 pub(crate) async fn serve<S>(
     io: S,
     mut peer: super::protocols::Peer,
     conn_id: u64,
     shared: Arc<Shared>,
-) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+) -> Option<super::protocols::Stage>
+where
+    S: super::driver::Transport + 'static,
 {
     let metrics = || shared.metrics();
     let message_max = shared.config.websocket_message_size_max();
-    match accept_serving(io, &shared.config.websocket, message_max, &metrics).await {
-        Ok((wire, stream)) => {
+    let admin_paths = shared.config.admin.served_on_http_port();
+    let settings = &shared.config.websocket;
+    match accept_routed(io, settings, message_max, &metrics, admin_paths).await {
+        Ok(Accepted::WebSocket(wire, stream)) => {
             tracing::debug!(conn = conn_id, %peer, protocol = wire.name(), "WebSocket accepted");
             peer.websocket = true;
-            super::protocols::run_wire(wire.into(), stream, peer, conn_id, shared).await;
+            return Some(super::protocols::run_wire(
+                wire.into(),
+                stream,
+                peer,
+                conn_id,
+                shared,
+            ));
         }
+        Ok(Accepted::Admin(io)) => match shared.admin_on_http_port.get() {
+            Some(admin) => admin.serve(Box::new(io), peer.addr).await,
+            // The listeners are bound before the admin API has the broker:
+            // a request in between is told to come back.
+            None => {
+                let refusal = Refusal::new(503, "starting: the admin API is not attached yet");
+                let _ = refuse::<_, ()>(io, refusal).await;
+            }
+        },
         Err(NotWebSocket::Served(path)) => {
             tracing::debug!(conn = conn_id, %peer, path, "served a file");
         }
@@ -675,6 +733,7 @@ pub(crate) async fn serve<S>(
             tracing::debug!(conn = conn_id, %peer, reason = %e, "no WebSocket");
         }
     }
+    None
 }
 
 /// Serves one connection of the `metrics` listener: `GET /metrics` (or
@@ -689,7 +748,7 @@ pub(crate) async fn serve_metrics<S>(
 {
     let served = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let head = match read_head(&mut io).await {
-            Ok((head, _)) => head,
+            Ok((head, _, _)) => head,
             Err(HeadError::Refused(refusal)) => return refuse::<_, ()>(io, refusal).await,
             Err(HeadError::Closed) => return Err(NotWebSocket::Closed),
             Err(HeadError::Io(e)) => return Err(NotWebSocket::Io(e)),
@@ -715,249 +774,18 @@ pub(crate) async fn serve_metrics<S>(
     }
 }
 
-/// A WebSocket seen as a byte stream, so the byte-oriented driver and
-/// protocol adapters run over it unchanged.
-///
-/// - Reading: the payloads of binary and text messages, concatenated. A
-///   protocol frame may span messages and a message may hold several
-///   frames (MQTT over WebSocket requires both). One read gathers the
-///   messages already received, up to the buffer's room or
-///   [`MESSAGES_PER_READ_MAX`]. Pings are answered by
-///   tungstenite as reading goes on; a close ends the stream (EOF) after
-///   the close reply is sent. A message over the size limit, a text
-///   message that is not UTF-8, or a protocol violation fails the read,
-///   after a best-effort close frame with code 1009, 1007 or 1002.
-/// - Writing: bytes are buffered and sent as one message per flush (the
-///   driver flushes once per loop turn), or earlier past
-///   [`OUTGOING_MESSAGE_MAX_BYTES`]. MQTT and AMQP send binary messages.
-///   STOMP answers in the type of the client's last data message, text
-///   before the first one (stomp.js sends text); output that is not UTF-8
-///   goes out binary, since a text message cannot carry it.
-/// - Shutdown: sends a normal close (1000).
-pub(crate) struct WsByteStream<S> {
-    ws: WebSocketStream<S>,
-    wire: WsWire,
-    /// The unread rest of the current incoming message.
-    incoming: Bytes,
-    /// Set once the message stream ended: reads return EOF.
-    read_done: bool,
-    /// A read error met after some bytes were already returned: the next
-    /// read reports it.
-    read_error: Option<io::Error>,
-    /// Output waiting for the next flush. Each flush freezes it into the
-    /// message payload without a copy; once tungstenite has written and
-    /// dropped the payload, the next `reserve` takes the buffer back.
-    outgoing: BytesMut,
-    /// Whether STOMP output goes in text messages.
-    reply_text: bool,
-}
-
-impl<S> fmt::Debug for WsByteStream<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WsByteStream")
-            .field("wire", &self.wire)
-            .field("incoming", &self.incoming.len())
-            .field("outgoing", &self.outgoing.len())
-            .field("reply_text", &self.reply_text)
-            .finish()
-    }
-}
-
-impl<S> WsByteStream<S>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    /// Wraps an accepted WebSocket speaking `wire`.
-    pub(crate) fn new(ws: WebSocketStream<S>, wire: WsWire) -> Self {
-        Self {
-            ws,
-            wire,
-            incoming: Bytes::new(),
-            read_done: false,
-            read_error: None,
-            outgoing: BytesMut::new(),
-            reply_text: wire == WsWire::Stomp,
-        }
-    }
-
-    /// Sends what `outgoing` holds as one message (if anything), then
-    /// flushes the socket.
-    fn poll_send_outgoing(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if !self.outgoing.is_empty() {
-            ready!(Pin::new(&mut self.ws).poll_ready(cx)).map_err(ws_io_error)?;
-            let data = self.outgoing.split().freeze();
-            let message = if self.wire == WsWire::Stomp && self.reply_text {
-                // The conversion consumes its input: give it a second
-                // handle (a reference count), keep the first for binary.
-                match Utf8Bytes::try_from(data.clone()) {
-                    Ok(text) => Message::Text(text),
-                    Err(_) => Message::Binary(data),
-                }
-            } else {
-                Message::Binary(data)
-            };
-            Pin::new(&mut self.ws)
-                .start_send(message)
-                .map_err(ws_io_error)?;
-        }
-        Pin::new(&mut self.ws).poll_flush(cx).map_err(ws_io_error)
-    }
-
-    /// Tries to tell the client why its connection fails; the read error is
-    /// what matters, so a close that cannot go out now is dropped.
-    fn try_close(&mut self, cx: &mut Context<'_>, code: CloseCode, reason: &'static str) {
-        let frame = CloseFrame {
-            code,
-            reason: Utf8Bytes::from_static(reason),
-        };
-        if Pin::new(&mut self.ws)
-            .start_send(Message::Close(Some(frame)))
-            .is_ok()
-        {
-            let _ = Pin::new(&mut self.ws).poll_flush(cx);
-        }
-    }
-}
-
-fn ws_io_error(e: tungstenite::Error) -> io::Error {
-    match e {
-        tungstenite::Error::Io(e) => e,
-        tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed => {
-            io::Error::new(io::ErrorKind::BrokenPipe, e)
-        }
-        e => io::Error::new(io::ErrorKind::InvalidData, e),
-    }
-}
-
-/// Cannot report readiness: part of a message may already be buffered.
-impl<S: AsyncRead + AsyncWrite + Unpin + Send> super::driver::Transport for WsByteStream<S> {}
-
-impl<S> AsyncRead for WsByteStream<S>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        let start = buf.filled().len();
-        let mut messages = 0;
-        loop {
-            if !this.incoming.is_empty() {
-                let n = this.incoming.len().min(buf.remaining());
-                buf.put_slice(&this.incoming.split_to(n));
-            }
-            let got_some = buf.filled().len() > start;
-            if buf.remaining() == 0 {
-                return Poll::Ready(Ok(()));
-            }
-            if !got_some {
-                if let Some(e) = this.read_error.take() {
-                    return Poll::Ready(Err(e));
-                }
-            }
-            if this.read_done || this.read_error.is_some() {
-                return Poll::Ready(Ok(()));
-            }
-            if messages == MESSAGES_PER_READ_MAX {
-                if got_some {
-                    return Poll::Ready(Ok(()));
-                }
-                // Only control frames (or empty messages) so far: a read
-                // of zero bytes would be the end of the stream to the
-                // adapter, so yield the task and carry on when polled.
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-            let item = match Pin::new(&mut this.ws).poll_next(cx) {
-                Poll::Ready(item) => item,
-                // Nothing more now: hand over what was gathered.
-                Poll::Pending if got_some => return Poll::Ready(Ok(())),
-                Poll::Pending => return Poll::Pending,
-            };
-            messages += 1;
-            match item {
-                Some(Ok(Message::Binary(data))) => {
-                    this.reply_text = false;
-                    this.incoming = data;
-                }
-                Some(Ok(Message::Text(text))) => {
-                    this.reply_text = this.wire == WsWire::Stomp;
-                    this.incoming = Bytes::from(text);
-                }
-                // tungstenite queued the pong; the next poll_next sends it.
-                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
-                Some(Ok(Message::Close(frame))) => {
-                    tracing::trace!(?frame, "WebSocket close received");
-                    // Polling on sends the close reply and then ends the
-                    // stream.
-                }
-                None => {
-                    this.read_done = true;
-                }
-                Some(Err(e)) => {
-                    let close = match &e {
-                        tungstenite::Error::Capacity(_) => {
-                            Some((CloseCode::Size, "message too large"))
-                        }
-                        tungstenite::Error::Utf8(_) => {
-                            Some((CloseCode::Invalid, "text message is not UTF-8"))
-                        }
-                        tungstenite::Error::Protocol(_) => {
-                            Some((CloseCode::Protocol, "WebSocket protocol violation"))
-                        }
-                        _ => None,
-                    };
-                    if let Some((code, reason)) = close {
-                        this.try_close(cx, code, reason);
-                    }
-                    // Reported now, or by the next read if bytes came first.
-                    this.read_error = Some(ws_io_error(e));
-                }
-            }
-        }
-    }
-}
-
-impl<S> AsyncWrite for WsByteStream<S>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        if this.outgoing.len() >= OUTGOING_MESSAGE_MAX_BYTES {
-            ready!(this.poll_send_outgoing(cx))?;
-        }
-        let room = OUTGOING_MESSAGE_MAX_BYTES - this.outgoing.len();
-        let n = data.len().min(room);
-        this.outgoing.reserve(n);
-        this.outgoing
-            .extend_from_slice(data.get(..n).unwrap_or_default());
-        Poll::Ready(Ok(n))
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.poll_send_outgoing(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        ready!(self.poll_send_outgoing(cx))?;
-        Pin::new(&mut self.ws).poll_close(cx).map_err(ws_io_error)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::net::SocketAddr;
 
+    use bytes::Bytes;
     use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::WebSocketStream;
+
+    use super::super::ws_frames::OUTGOING_MESSAGE_MAX_BYTES;
     use tokio::net::{TcpListener, TcpStream};
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
@@ -1147,6 +975,32 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn admin_paths_are_the_apis_and_the_consoles_only() {
+        for path in [
+            "/api",
+            "/api/v1/overview",
+            "/healthz",
+            "/readyz",
+            "/console",
+            "/console/",
+            "/console/app.js",
+        ] {
+            assert!(is_admin_path(path), "{path}");
+        }
+        for path in [
+            "/",
+            "/index.html",
+            "/mqtt",
+            "/metrics",
+            "/apix",
+            "/consoles",
+            "/healthz/x",
+        ] {
+            assert!(!is_admin_path(path), "{path}");
+        }
     }
 
     #[test]

@@ -24,6 +24,14 @@ pub(crate) fn stamped_payload(size: usize) -> Vec<u8> {
     p
 }
 
+/// Stamps a payload made by [`stamped_payload`] with now again, so that a
+/// producer reuses one buffer instead of making one per message.
+pub(crate) fn restamp(payload: &mut [u8]) {
+    if let Some(stamp) = payload.get_mut(..STAMP_BYTES) {
+        stamp.copy_from_slice(&now_ns().to_le_bytes());
+    }
+}
+
 /// When a payload made by [`stamped_payload`] was published, on the
 /// [`now_ns`] clock; `None` if the payload is too short to carry a stamp.
 pub(crate) fn stamp_ns(payload: &[u8]) -> Option<u64> {

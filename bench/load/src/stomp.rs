@@ -11,7 +11,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::run::{supervise, unique, Tally, Target};
-use crate::stats::{latency_ns, stamped_payload, Report};
+use crate::stats::{latency_ns, restamp, stamped_payload, Report};
 use crate::stomp_client::{connect, Login, StompError};
 
 /// A producer flushes its writes at least this often even when its receipt
@@ -82,6 +82,7 @@ pub(crate) async fn producer(
         })
     };
     let persistent = if p.persistent { "true" } else { "false" };
+    let mut payload = stamped_payload(p.size);
     let mut sent = 0;
     for i in 0..count {
         if target.send_time_over(started) {
@@ -98,6 +99,7 @@ pub(crate) async fn producer(
             }
         };
         permit.forget();
+        restamp(&mut payload);
         let receipt = i.to_string();
         wr.send(
             "SEND",
@@ -107,7 +109,7 @@ pub(crate) async fn producer(
                 ("content-type", "application/octet-stream"),
                 ("receipt", receipt.as_str()),
             ],
-            &stamped_payload(p.size),
+            &payload,
         )
         .await?;
         sent += 1;
@@ -162,7 +164,7 @@ async fn consumer(
     let mut lat = Vec::new();
     loop {
         while let Some(f) = rd.buffered()? {
-            match f.command.as_str() {
+            match f.command.as_ref() {
                 "MESSAGE" => {
                     if let Some(l) = latency_ns(&f.body) {
                         lat.push(l);
@@ -181,7 +183,7 @@ async fn consumer(
                     }
                     tally.add(1);
                 }
-                "ERROR" => return Err(StompError::Broker(format!("{:?}", f.headers))),
+                "ERROR" => return Err(StompError::Broker(format!("{:?}", f.headers()))),
                 _ => {}
             }
         }

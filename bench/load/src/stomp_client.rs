@@ -2,8 +2,10 @@
 //! size limits, and CONNECT. No good async Rust STOMP client exists, and the
 //! benchmark needs exact control over receipts, prefetch and ACKs.
 
+use std::borrow::Cow;
+
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::run::Target;
@@ -30,20 +32,38 @@ pub(crate) enum StompError {
 }
 
 /// A decoded frame. Header values are unescaped (STOMP 1.2).
+///
+/// Cheap to make, since the load generator decodes every frame a broker
+/// sends and must not be what limits a benchmark: the commands a broker
+/// sends are not allocated, and all header text is in one string.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Frame {
-    pub(crate) command: String,
-    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) command: Cow<'static, str>,
+    /// Every header's name and value, one after the other.
+    text: String,
+    /// Per header: name start, value start, value end in `text`.
+    spans: Vec<[usize; 3]>,
     pub(crate) body: Bytes,
 }
+
+/// Commands a broker sends, matched without allocating.
+const SERVER_COMMANDS: [&str; 4] = ["MESSAGE", "RECEIPT", "ERROR", "CONNECTED"];
 
 impl Frame {
     /// First value of a header (STOMP: the first occurrence wins).
     pub(crate) fn header(&self, name: &str) -> Option<&str> {
-        self.headers
+        self.spans
             .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+            .find(|[n, v, _]| self.text.get(*n..*v) == Some(name))
+            .and_then(|[_, v, e]| self.text.get(*v..*e))
+    }
+
+    /// All headers, in order (for error messages).
+    pub(crate) fn headers(&self) -> Vec<(&str, &str)> {
+        self.spans
+            .iter()
+            .filter_map(|[n, v, e]| Some((self.text.get(*n..*v)?, self.text.get(*v..*e)?)))
+            .collect()
     }
 
     fn error_text(&self) -> String {
@@ -52,8 +72,11 @@ impl Frame {
     }
 }
 
-fn escape(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
+fn escape(v: &str) -> Cow<'_, str> {
+    if !v.bytes().any(|b| matches!(b, b'\\' | b'\n' | b'\r' | b':')) {
+        return Cow::Borrowed(v);
+    }
+    let mut out = String::with_capacity(v.len() + 4);
     for c in v.chars() {
         match c {
             '\\' => out.push_str("\\\\"),
@@ -63,11 +86,15 @@ fn escape(v: &str) -> String {
             c => out.push(c),
         }
     }
-    out
+    Cow::Owned(out)
 }
 
-fn unescape(v: &str) -> Result<String, StompError> {
-    let mut out = String::with_capacity(v.len());
+/// Appends `v` unescaped to `out`.
+fn unescape_into(out: &mut String, v: &str) -> Result<(), StompError> {
+    if !v.contains('\\') {
+        out.push_str(v);
+        return Ok(());
+    }
     let mut chars = v.chars();
     while let Some(c) = chars.next() {
         if c != '\\' {
@@ -82,7 +109,7 @@ fn unescape(v: &str) -> Result<String, StompError> {
             _ => return Err(StompError::Malformed("bad escape in header")),
         });
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Appends a frame to `out`. A body always gets a content-length, so binary
@@ -97,11 +124,17 @@ pub(crate) fn encode(out: &mut Vec<u8>, command: &str, headers: &[(&str, &str)],
         out.push(b'\n');
     }
     if !body.is_empty() {
-        out.extend_from_slice(format!("content-length:{}\n", body.len()).as_bytes());
+        out.extend_from_slice(b"content-length:");
+        out.extend_from_slice(body.len().to_string().as_bytes());
+        out.push(b'\n');
     }
     out.push(b'\n');
     out.extend_from_slice(body);
     out.push(0);
+}
+
+fn utf8(l: &[u8]) -> Result<&str, StompError> {
+    std::str::from_utf8(l).map_err(|_| StompError::Malformed("header not UTF-8"))
 }
 
 /// Takes one complete frame off the front of `buf`; `Ok(None)` means more
@@ -136,27 +169,32 @@ pub(crate) fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, StompError> {
         }
         lines.push(line);
     };
-    let text = |l: &[u8]| {
-        std::str::from_utf8(l)
-            .map(str::to_owned)
-            .map_err(|_| StompError::Malformed("header not UTF-8"))
-    };
     let (first, rest) = lines
         .split_first()
         .ok_or(StompError::Malformed("no command"))?;
-    let command = text(first)?;
-    let mut headers = Vec::with_capacity(rest.len());
+    let first = utf8(first)?;
+    let command = match SERVER_COMMANDS.iter().find(|c| **c == first) {
+        Some(c) => Cow::Borrowed(*c),
+        None => Cow::Owned(first.to_owned()),
+    };
+    let mut text = String::with_capacity(body_start);
+    let mut spans = Vec::with_capacity(rest.len());
     for l in rest {
-        let l = text(l)?;
+        let l = utf8(l)?;
         let (k, v) = l
             .split_once(':')
             .ok_or(StompError::Malformed("header without ':'"))?;
-        headers.push((unescape(k)?, unescape(v)?));
+        let n = text.len();
+        unescape_into(&mut text, k)?;
+        let vs = text.len();
+        unescape_into(&mut text, v)?;
+        spans.push([n, vs, text.len()]);
     }
-    let length = headers
+    let length = spans
         .iter()
-        .find(|(k, _)| k == "content-length")
-        .map(|(_, v)| v.trim().parse::<usize>())
+        .find(|[n, v, _]| text.get(*n..*v) == Some("content-length"))
+        .and_then(|[_, v, e]| text.get(*v..*e))
+        .map(|v| v.trim().parse::<usize>())
         .transpose()
         .map_err(|_| StompError::Malformed("content-length"))?;
     let body_end = match length {
@@ -183,7 +221,8 @@ pub(crate) fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, StompError> {
     let body = frame_bytes.split_off(body_start).freeze();
     Ok(Some(Frame {
         command,
-        headers,
+        text,
+        spans,
         body,
     }))
 }
@@ -224,10 +263,12 @@ impl Reader {
 }
 
 /// The sending half of a connection, buffered: call [`Writer::flush`].
+/// Frames are encoded straight into the buffer (one copy), which is
+/// written once it holds [`WRITE_BUF_BYTES`].
 #[derive(Debug)]
 pub(crate) struct Writer {
-    wr: BufWriter<OwnedWriteHalf>,
-    scratch: Vec<u8>,
+    wr: OwnedWriteHalf,
+    buf: Vec<u8>,
 }
 
 impl Writer {
@@ -237,13 +278,23 @@ impl Writer {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Result<(), StompError> {
-        self.scratch.clear();
-        encode(&mut self.scratch, command, headers, body);
-        self.wr.write_all(&self.scratch).await?;
+        encode(&mut self.buf, command, headers, body);
+        if self.buf.len() >= WRITE_BUF_BYTES {
+            self.write_out().await?;
+        }
+        Ok(())
+    }
+
+    async fn write_out(&mut self) -> Result<(), StompError> {
+        self.wr.write_all(&self.buf).await?;
+        self.buf.clear();
         Ok(())
     }
 
     pub(crate) async fn flush(&mut self) -> Result<(), StompError> {
+        if !self.buf.is_empty() {
+            self.write_out().await?;
+        }
         self.wr.flush().await?;
         Ok(())
     }
@@ -274,8 +325,8 @@ pub(crate) async fn connect(
         buf: BytesMut::with_capacity(64 * 1024),
     };
     let mut w = Writer {
-        wr: BufWriter::with_capacity(WRITE_BUF_BYTES, wr),
-        scratch: Vec::new(),
+        wr,
+        buf: Vec::with_capacity(WRITE_BUF_BYTES * 2),
     };
     let mut headers = vec![
         ("accept-version", "1.0,1.1,1.2"),
@@ -301,7 +352,7 @@ pub(crate) async fn connect(
     if f.command != "CONNECTED" {
         return Err(StompError::Unexpected {
             expected: "CONNECTED",
-            got: f.command,
+            got: f.command.into_owned(),
         });
     }
     let version = f.header("version").unwrap_or("1.0").to_owned();

@@ -85,7 +85,7 @@ async fn reader(
     let mut unacked = 0u64;
     loop {
         while let Some(f) = rd.buffered()? {
-            match f.command.as_str() {
+            match f.command.as_ref() {
                 "MESSAGE" => {
                     tally.add(1);
                     unacked += 1;
@@ -98,7 +98,7 @@ async fn reader(
                         unacked = 0;
                     }
                 }
-                "ERROR" => return Err(StompError::Broker(format!("{:?}", f.headers))),
+                "ERROR" => return Err(StompError::Broker(format!("{:?}", f.headers()))),
                 _ => {}
             }
         }

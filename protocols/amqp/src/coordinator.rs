@@ -33,8 +33,7 @@ use crate::codec;
 use crate::context::{Ctx, DischargeWait, PendingCommit};
 use crate::descriptor;
 use crate::error::AmqpError;
-use crate::idmap::IdMap;
-use crate::session::{AmqpSession, Control};
+use crate::session::{Control, Sessions};
 
 const DESCRIPTOR_DECLARE: u64 = 0x31;
 const DESCRIPTOR_DISCHARGE: u64 = 0x32;
@@ -80,12 +79,7 @@ fn decode_control(payload: &[u8]) -> Result<ControlMessage, AmqpError> {
 pub(crate) const TXNS_PER_CONNECTION_MAX: usize = 1_024;
 
 /// A complete transfer on the coordinator link `c.handle` of session `ch`.
-pub(crate) fn on_control(
-    ctx: &mut Ctx<'_>,
-    sessions: &mut IdMap<u16, AmqpSession>,
-    ch: u16,
-    c: Control,
-) {
+pub(crate) fn on_control(ctx: &mut Ctx<'_>, sessions: &mut Sessions, ch: u16, c: Control) {
     let Control {
         handle,
         delivery: d,
@@ -181,7 +175,7 @@ pub(crate) fn on_control(
 /// if the link is still the one that sent it.
 pub(crate) fn on_discharged(
     ctx: &mut Ctx<'_>,
-    sessions: &mut IdMap<u16, AmqpSession>,
+    sessions: &mut Sessions,
     wait: DischargeWait,
     result: Result<(), BrokerError>,
 ) {
@@ -211,7 +205,7 @@ pub(crate) fn on_discharged(
 /// rollback redelivers them). Their link-level deliveries are forgotten in
 /// every session: the client considers them settled (transactional
 /// disposition) or, if acquired and never disposed, gets them again.
-pub(crate) fn undo_work(ctx: &mut Ctx<'_>, sessions: &mut IdMap<u16, AmqpSession>, txn: u64) {
+pub(crate) fn undo_work(ctx: &mut Ctx<'_>, sessions: &mut Sessions, txn: u64) {
     let Some(work) = ctx.conn.txns.take_work(txn) else {
         return;
     };

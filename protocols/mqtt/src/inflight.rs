@@ -10,8 +10,8 @@
 use std::collections::BTreeSet;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use rosetta_neutral::id_hash::IdHashMap;
-use rosetta_neutral::{ConsumerId, DeliveryTag};
+use rosetta_neutral::id_hash::BuildIdHasher;
+use rosetta_neutral::{ConsumerId, DeliveryTag, LazyMap};
 
 /// `put_state` key of the inbound QoS 2 packet ids awaiting PUBREL.
 pub(crate) const QOS2_INBOUND_STATE_KEY: &str = "mqtt.qos2-inbound";
@@ -38,7 +38,8 @@ pub(crate) struct OutFlight {
 /// the cheap id hash, not SipHash (`rosetta_neutral::id_hash`).
 #[derive(Debug, Default)]
 pub(crate) struct Outbound {
-    flights: IdHashMap<u16, OutFlight>,
+    /// Lazy: an idle connection has nothing in flight (issue 20).
+    flights: LazyMap<u16, OutFlight, BuildIdHasher>,
     next: u16,
 }
 

@@ -119,8 +119,9 @@ pub struct SessionInfo {
     /// Protocol client id (MQTT client id, STOMP `client-id`, AMQP container
     /// id). A second session with the same protocol and client id takes the
     /// first one over when `take_over` is set: the old session is closed and
-    /// gets [`SessionEvent::Kicked`].
-    pub client_id: Option<String>,
+    /// gets [`SessionEvent::Kicked`]. Shared: the core keys its client
+    /// map with it and an adapter may keep the same string.
+    pub client_id: Option<Arc<str>>,
     /// Close any live session with the same protocol and client id.
     pub take_over: bool,
 }
@@ -208,6 +209,12 @@ pub trait EventSink: Send + Sync {
     fn budget(&self) -> Option<&Arc<DeliveryBudget>> {
         None
     }
+
+    /// The core accepted one publish of the session's client (counted as
+    /// the broker-wide `published` total counts: once per publish, a
+    /// transaction's at its commit). For per-connection statistics; the
+    /// default ignores it.
+    fn published(&self) {}
 }
 
 /// Identifies one consumer within its session.

@@ -46,9 +46,10 @@ pub struct DeliveryBudget {
     /// resumed.
     held_back: AtomicBool,
     /// When the budget was first found full since it last resumed, for the
-    /// driver's slow-consumer deadline. Behind a lock: written only on the
-    /// rare full/resume transitions.
-    held_back_since: parking::Slot,
+    /// driver's slow-consumer deadline: nanoseconds since [`clock_base`]
+    /// (at least 1), 0 for none. An atomic rather than a locked
+    /// `Option<Instant>` (8 bytes, not 24: one budget per connection).
+    held_back_since: AtomicU64,
     /// Wakes the connection's driver (set by the driver).
     notify: OnceLock<BudgetCallback>,
     /// Dispatches to the connection's consumers again (set by the core).
@@ -72,7 +73,7 @@ impl DeliveryBudget {
             max_bytes: max_bytes.max(1),
             used_bytes: AtomicU64::new(0),
             held_back: AtomicBool::new(false),
-            held_back_since: parking::Slot::default(),
+            held_back_since: AtomicU64::new(0),
             notify: OnceLock::new(),
             resume: OnceLock::new(),
         })
@@ -97,7 +98,9 @@ impl DeliveryBudget {
             return true;
         }
         if !self.held_back.swap(true, Ordering::SeqCst) {
-            self.held_back_since.set(Some(Instant::now()));
+            let since = Instant::now().saturating_duration_since(clock_base());
+            let nanos = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX).max(1);
+            self.held_back_since.store(nanos, Ordering::SeqCst);
             // The driver learns that the core now waits, so it can time a
             // peer that stopped reading (its slow-consumer deadline).
             if let Some(notify) = self.notify.get() {
@@ -121,10 +124,12 @@ impl DeliveryBudget {
 
     /// Since when the core has been waiting for room, if it is.
     pub fn held_back_since(&self) -> Option<Instant> {
-        if self.held_back.load(Ordering::SeqCst) {
-            self.held_back_since.get()
-        } else {
-            None
+        if !self.held_back.load(Ordering::SeqCst) {
+            return None;
+        }
+        match self.held_back_since.load(Ordering::SeqCst) {
+            0 => None,
+            nanos => Some(clock_base() + std::time::Duration::from_nanos(nanos)),
         }
     }
 
@@ -150,7 +155,7 @@ impl DeliveryBudget {
         if !self.held_back.swap(false, Ordering::SeqCst) {
             return false;
         }
-        self.held_back_since.set(None);
+        self.held_back_since.store(0, Ordering::SeqCst);
         if let Some(resume) = self.resume.get() {
             resume();
         }
@@ -218,24 +223,10 @@ impl Drop for DeliveryCharge {
     }
 }
 
-/// A tiny lock-protected cell, to keep `std::sync::Mutex` poisoning out of
-/// the budget's API.
-mod parking {
-    use std::sync::Mutex;
-    use std::time::Instant;
-
-    #[derive(Default)]
-    pub(super) struct Slot(Mutex<Option<Instant>>);
-
-    impl Slot {
-        pub(super) fn set(&self, value: Option<Instant>) {
-            *self.0.lock().unwrap_or_else(|e| e.into_inner()) = value;
-        }
-
-        pub(super) fn get(&self) -> Option<Instant> {
-            *self.0.lock().unwrap_or_else(|e| e.into_inner())
-        }
-    }
+/// The instant `held_back_since` counts from: the first use in the process.
+fn clock_base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
 }
 
 #[cfg(test)]

@@ -13,8 +13,11 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+/// The hasher of maps keyed by broker-allocated integer ids.
+pub type BuildIdHasher = BuildHasherDefault<IdHasher>;
+
 /// A map keyed by broker-allocated integer ids.
-pub type IdHashMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+pub type IdHashMap<K, V> = HashMap<K, V, BuildIdHasher>;
 
 /// Multiplies the id by 2^64 / φ (Fibonacci hashing). For integer keys
 /// only: other input is folded in eight bytes at a time, correct but

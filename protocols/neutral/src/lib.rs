@@ -11,6 +11,8 @@
 //! - [`id_hash`]: the hash of maps keyed by ids the broker allocates;
 //! - [`budget`]: the per-connection byte budget for deliveries not yet
 //!   written, the core's back-pressure from a slow reader;
+//! - [`lazy_map`]: a hash map that costs a pointer until its first entry,
+//!   for the per-connection state most connections never use;
 //! - [`stream`]: where a stream reader starts, its group, and the
 //!   position a stream delivery carries;
 //! - [`login`]: the identity rule for a new connection (password, client
@@ -27,6 +29,7 @@ pub mod broker;
 pub mod budget;
 pub mod fields;
 pub mod id_hash;
+pub mod lazy_map;
 pub mod login;
 pub mod message;
 pub mod placement;
@@ -37,6 +40,7 @@ pub mod value;
 pub use address::{Address, AddressError, RoutingType};
 pub use broker::*;
 pub use budget::{DeliveryBudget, DeliveryCharge};
+pub use lazy_map::LazyMap;
 pub use login::{Credentials, LoginStart, PasswordCheck};
 pub use message::{Body, BodyKind, Guarantee, Message, MessageId};
 pub use placement::{Placement, PlacementRequest, RedirectTarget};

@@ -64,9 +64,16 @@ pub const LEASE_EXPIRED_HEADER: &str = "lease-expired";
 
 const SUPPORTED: [Version; 3] = [Version::V1_2, Version::V1_1, Version::V1_0];
 
+/// Output one [`StompConnection::poll_transmit`] hands over once it holds
+/// at least this much: deliveries beyond it wait, unencoded, for the next
+/// call (after the transport took this), so a reader given a large credit
+/// at once costs about this much output buffer, not its credit again.
+pub const OUTPUT_CHUNK_BYTES: usize = 64 * 1024;
+
 enum State {
-    /// Accepted, no CONNECT yet.
-    AwaitConnect,
+    /// Accepted, no CONNECT yet; the user named by a verified TLS client
+    /// certificate, if any (only the login needs it).
+    AwaitConnect(Option<Box<str>>),
     /// CONNECT read; the broker is checking its passcode.
     CheckingLogin(Box<Negotiated>),
     /// Authenticated, with a session.
@@ -83,11 +90,18 @@ struct Negotiated {
     host: String,
     /// The CONNECT's `receipt` header, for a refusal's ERROR frame.
     receipt: Option<String>,
+    /// Bytes that arrived while the login was checked and did not fit in
+    /// the decoder; fed to it once the result is in.
+    held_input: Vec<u8>,
 }
 
 /// A STOMP server connection, driven by bytes, core events and time.
+///
+/// One per connection, idle ones included, so what only some states need
+/// is in the states (issue 20).
 pub struct StompConnection {
-    config: StompConfig,
+    /// Shared by every connection of a listener.
+    config: Arc<StompConfig>,
     broker: Arc<dyn Broker>,
     sink: Arc<dyn EventSink>,
     conn_id: u64,
@@ -100,13 +114,9 @@ pub struct StompConnection {
     last_tx: Instant,
     /// `None` when the configured timeout is too large to represent.
     connect_deadline: Option<Instant>,
-    /// Why the connection failed, once it has.
-    error: Option<StompError>,
-    /// User named by a verified TLS client certificate, if any.
-    certificate_user: Option<String>,
-    /// Bytes that arrived while a login was checked and did not fit in
-    /// the decoder; fed to it once the result is in.
-    held_input: Vec<u8>,
+    /// Why the connection failed, once it has (boxed: an error is 64
+    /// bytes, and most connections never fail).
+    error: Option<Box<StompError>>,
 }
 
 impl std::fmt::Debug for StompConnection {
@@ -121,12 +131,13 @@ impl std::fmt::Debug for StompConnection {
 impl StompConnection {
     /// A connection that has just been accepted.
     pub fn new(
-        config: StompConfig,
+        config: impl Into<Arc<StompConfig>>,
         broker: Arc<dyn Broker>,
         sink: Arc<dyn EventSink>,
         conn_id: u64,
         now: Instant,
     ) -> Self {
+        let config = config.into();
         let decoder = Decoder::new(config.limits(), Version::V1_0);
         let connect_deadline = now.checked_add(Duration::from_millis(config.connect_timeout_ms));
         Self {
@@ -135,15 +146,13 @@ impl StompConnection {
             sink,
             conn_id,
             decoder,
-            state: State::AwaitConnect,
+            state: State::AwaitConnect(None),
             out: Vec::new(),
             now,
             last_rx: now,
             last_tx: now,
             connect_deadline,
             error: None,
-            certificate_user: None,
-            held_input: Vec::new(),
         }
     }
 
@@ -153,7 +162,9 @@ impl StompConnection {
     /// ([`Broker::authenticate_connection`]).
     #[must_use]
     pub fn with_certificate_user(mut self, user: Option<String>) -> Self {
-        self.certificate_user = user;
+        if let State::AwaitConnect(certificate_user) = &mut self.state {
+            *certificate_user = user.map(String::into_boxed_str);
+        }
         self
     }
 
@@ -171,6 +182,7 @@ impl StompConnection {
             return;
         }
         self.decode_input(data);
+        self.decoder.release_if_idle(data.len());
     }
 
     /// Feeds `data` to the decoder and handles every frame it completes,
@@ -212,14 +224,17 @@ impl StompConnection {
     /// frame's worth.
     fn hold_input(&mut self, data: &[u8]) {
         let max = self.config.frame_size_max_bytes;
-        if self.held_input.len() + data.len() > max {
+        let State::CheckingLogin(negotiated) = &mut self.state else {
+            return;
+        };
+        if negotiated.held_input.len() + data.len() > max {
             let err = StompError::LimitExceeded {
                 what: "bytes sent before CONNECTED",
                 max,
             };
             return self.fail(err, None);
         }
-        self.held_input.extend_from_slice(data);
+        negotiated.held_input.extend_from_slice(data);
     }
 
     /// The result of the passcode check a CONNECT waited for: CONNECTED
@@ -233,11 +248,12 @@ impl StompConnection {
             );
             return;
         };
+        let mut negotiated = *negotiated;
+        let held = std::mem::take(&mut negotiated.held_input);
         match result {
-            Ok(principal) => self.open(*negotiated, principal),
+            Ok(principal) => self.open(negotiated, principal),
             Err(e) => return self.fail(e.into(), negotiated.receipt),
         }
-        let held = std::mem::take(&mut self.held_input);
         self.decode_input(&held);
     }
 
@@ -263,8 +279,7 @@ impl StompConnection {
         };
         match event {
             SessionEvent::Delivery(d) => {
-                let version = open.version;
-                open.deliver(&mut self.out, version, d);
+                open.deliver(d);
                 self.last_tx = now;
             }
             SessionEvent::Committed { ticket, result } => {
@@ -279,6 +294,7 @@ impl StompConnection {
             SessionEvent::LeaseExpired { consumer, tag } => open.lease_expired(consumer, tag),
             SessionEvent::BrowseEnded { consumer } => {
                 let version = open.version;
+                open.encode_pending(&mut self.out, version, usize::MAX);
                 open.browse_ended(&mut self.out, version, consumer);
                 self.last_tx = now;
             }
@@ -302,7 +318,7 @@ impl StompConnection {
         self.now = now;
         match &self.state {
             State::Closed => {}
-            State::AwaitConnect | State::CheckingLogin(_) => {
+            State::AwaitConnect(_) | State::CheckingLogin(_) => {
                 if self.connect_deadline.is_some_and(|d| now >= d) {
                     self.fail(
                         StompError::ConnectTimeout(self.config.connect_timeout_ms),
@@ -324,6 +340,7 @@ impl StompConnection {
                 }
                 if self.send_due(&heart).is_some_and(|due| now >= due) {
                     trace!(conn_id = self.conn_id, "heart-beat sent");
+                    self.encode_pending();
                     self.out.push(b'\n');
                     self.last_tx = now;
                 }
@@ -335,7 +352,7 @@ impl StompConnection {
     pub fn poll_timeout(&self) -> Option<Instant> {
         match &self.state {
             State::Closed => None,
-            State::AwaitConnect | State::CheckingLogin(_) => self.connect_deadline,
+            State::AwaitConnect(_) | State::CheckingLogin(_) => self.connect_deadline,
             State::Open(open) => {
                 match (self.send_due(&open.heart), self.receive_due(&open.heart)) {
                     (Some(a), Some(b)) => Some(a.min(b)),
@@ -363,9 +380,32 @@ impl StompConnection {
             .and_then(|grace| self.last_rx.checked_add(grace))
     }
 
-    /// Appends all bytes that should be written to the socket now.
+    /// Appends the bytes to write to the socket now: every frame written
+    /// so far, and waiting deliveries encoded until the output holds
+    /// [`OUTPUT_CHUNK_BYTES`]. Call it again once those are written: it
+    /// gives the rest, and nothing once all is out.
     pub fn poll_transmit(&mut self, out: &mut Vec<u8>) {
-        out.append(&mut self.out);
+        if let State::Open(open) = &mut self.state {
+            open.encode_pending(&mut self.out, open.version, OUTPUT_CHUNK_BYTES);
+        }
+        if out.is_empty() {
+            // Hand the buffer over rather than copy it; ours becomes the
+            // caller's empty one, so an idle connection keeps no output
+            // buffer here (the driver frees small ones after writing).
+            std::mem::swap(out, &mut self.out);
+        } else {
+            out.append(&mut self.out);
+        }
+    }
+
+    /// Writes every waiting delivery: before any other frame, so that
+    /// frames go out in the order they were made.
+    fn encode_pending(&mut self) {
+        if let State::Open(open) = &mut self.state {
+            if open.has_pending() {
+                open.encode_pending(&mut self.out, open.version, usize::MAX);
+            }
+        }
     }
 
     /// False while the driver should stop reading: a passcode check under
@@ -374,7 +414,7 @@ impl StompConnection {
     /// EOF and liveness are seen.)
     pub fn wants_input(&self) -> bool {
         match &self.state {
-            State::AwaitConnect => true,
+            State::AwaitConnect(_) => true,
             State::CheckingLogin(_) | State::Closed => false,
             State::Open(open) => {
                 open.receipts.outstanding() <= self.config.pending_commits_max
@@ -400,7 +440,7 @@ impl StompConnection {
     /// Why the connection was closed with an ERROR frame (`None` while
     /// open, and after a clean DISCONNECT or a transport close).
     pub fn error(&self) -> Option<&StompError> {
-        self.error.as_ref()
+        self.error.as_deref()
     }
 
     /// The negotiated version, once connected.
@@ -414,7 +454,7 @@ impl StompConnection {
     /// Whether frames are decoded now.
     fn reading(&self) -> bool {
         match &self.state {
-            State::AwaitConnect => true,
+            State::AwaitConnect(_) => true,
             State::Open(open) => !open.disconnecting,
             State::CheckingLogin(_) | State::Closed => false,
         }
@@ -444,6 +484,7 @@ impl StompConnection {
 
     fn write_error(&mut self, version: Version, err: &StompError, receipt: Option<String>) {
         info!(conn_id = self.conn_id, error = %err, "closing connection with ERROR");
+        self.encode_pending();
         let ef = error_frame(err);
         let mut w = FrameWriter::new(&mut self.out, version, Command::Error);
         w.header("message", &ef.message);
@@ -456,7 +497,7 @@ impl StompConnection {
         w.header("content-type", "text/plain");
         w.finish(ef.body.as_bytes());
         self.last_tx = self.now;
-        self.error = Some(err.clone());
+        self.error = Some(Box::new(err.clone()));
     }
 
     fn on_frame(&mut self, frame: Frame) {
@@ -465,7 +506,7 @@ impl StompConnection {
         let is_connect = matches!(frame.command, Command::Connect | Command::Stomp);
         let result = match &mut self.state {
             State::Closed | State::CheckingLogin(_) => return,
-            State::AwaitConnect => match frame.command {
+            State::AwaitConnect(_) => match frame.command {
                 Command::Connect | Command::Stomp => self.connect(frame),
                 other => Err(StompError::ExpectedConnect(other)),
             },
@@ -494,6 +535,9 @@ impl StompConnection {
             return;
         };
         while let Some(p) = open.receipts.pop_ready() {
+            if open.has_pending() {
+                open.encode_pending(&mut self.out, open.version, usize::MAX);
+            }
             if let Some(r) = &p.receipt {
                 let mut w = FrameWriter::new(&mut self.out, open.version, Command::Receipt);
                 w.header("receipt-id", r);
@@ -546,11 +590,16 @@ impl StompConnection {
             client_id: frame.header("client-id").map(str::to_owned),
             host: frame.header("host").unwrap_or("").to_owned(),
             receipt: frame.header("receipt").map(str::to_owned),
+            held_input: Vec::new(),
+        };
+        let certificate_user = match &self.state {
+            State::AwaitConnect(user) => user.as_deref(),
+            _ => None,
         };
         let credentials = Credentials {
             user: frame.header("login"),
             password: frame.header("passcode").map(str::as_bytes),
-            certificate_user: self.certificate_user.as_deref(),
+            certificate_user,
         };
         match self.broker.start_login(credentials, &self.sink) {
             LoginStart::Done(result) => self.open(negotiated, result?),
@@ -589,6 +638,7 @@ impl StompConnection {
             client_id,
             host,
             receipt: _,
+            held_input: _,
         } = negotiated;
         debug!(
             conn_id = self.conn_id,
@@ -607,7 +657,7 @@ impl StompConnection {
                 protocol: Protocol::Stomp,
                 principal,
                 take_over: client_id.is_some(),
-                client_id,
+                client_id: client_id.map(Arc::from),
             },
             Arc::clone(&self.sink),
         );

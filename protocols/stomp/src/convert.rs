@@ -30,15 +30,21 @@
 //! Properties whose names collide with these headers are not written (they
 //! would be ignored by the "first header wins" rule or confuse the client).
 
+use rosetta_neutral::address::{QUEUE_PREFIX, TOPIC_PREFIX};
 use rosetta_neutral::fields::{field_properties, take_field_properties};
 use rosetta_neutral::message::{DELIVERY_DELAY_MAX_MS, PRIORITY_DEFAULT};
-use rosetta_neutral::{Body, BodyKind, Delivery, Message, MessageId, Value};
+use std::sync::Arc;
+
+use rosetta_neutral::{
+    Address, Body, BodyKind, ConsumerId, Delivery, DeliveryCharge, DeliveryTag, Message, MessageId,
+    StreamPosition, Value,
+};
 
 use crate::consumer_options::BROWSER_HEADER;
 use crate::encoder::FrameWriter;
 use crate::error::StompError;
 use crate::frame::{Command, Frame, Version};
-use crate::subscription::{AckMode, Subscription};
+use crate::subscription::{AckId, AckMode, Subscription};
 
 /// SEND header scheduling the message this many ms from now (ActiveMQ's
 /// name; its other scheduling headers, period, repeat and cron, are not
@@ -90,18 +96,19 @@ pub(crate) const RETAINED_HEADER: &str = "retained";
 pub(crate) const TEXT_CONTENT_TYPE: &str = "text/plain;charset=utf-8";
 
 /// Builds the neutral message of a SEND. `reply_to` is the already
-/// resolved `reply-to` header; `now_ms` (epoch ms) turns a scheduled delay
+/// resolved `reply-to` header; `now_ms` (epoch ms, read only for a SEND
+/// that asks for a delay: not a clock read per message) turns a scheduled delay
 /// into a delivery time.
 pub(crate) fn message_from_send(
     frame: Frame,
     reply_to: Option<String>,
-    now_ms: u64,
+    now_ms: impl FnOnce() -> u64,
 ) -> Result<Message, StompError> {
     let delivery_time = match frame.header(SCHEDULED_DELAY_HEADER) {
         None => None,
         Some(v) => match v.trim().parse::<u64>() {
             Ok(0) => None,
-            Ok(ms) if ms <= DELIVERY_DELAY_MAX_MS => Some(now_ms.saturating_add(ms)),
+            Ok(ms) if ms <= DELIVERY_DELAY_MAX_MS => Some(now_ms().saturating_add(ms)),
             _ => return Err(bad(SCHEDULED_DELAY_HEADER, v)),
         },
     };
@@ -134,15 +141,18 @@ pub(crate) fn message_from_send(
         .filter(|(n, _)| !SEND_RESERVED.contains(n))
         .map(|(n, v)| (n.to_owned(), Value::String(v.to_owned())))
         .collect();
-    let is_utf8 = std::str::from_utf8(&frame.body).is_ok();
-    let declared_text = content_type
-        .as_deref()
-        .is_some_and(|ct| ct.trim_start().to_ascii_lowercase().starts_with("text/"));
+    let declared_text = content_type.as_deref().is_some_and(|ct| {
+        ct.trim_start()
+            .get(..5)
+            .is_some_and(|p| p.eq_ignore_ascii_case("text/"))
+    });
     // A declared non-text type (application/octet-stream, …) is the
     // publisher's word that the bytes are binary, even when they happen to
     // be UTF-8 and came without content-length.
     let declared_other = content_type.is_some() && !declared_text;
-    let kind = if is_utf8 && (declared_text || (!frame.has_content_length && !declared_other)) {
+    // Only a body that may be text is checked for UTF-8 (a pass over it).
+    let may_be_text = declared_text || (!frame.has_content_length && !declared_other);
+    let kind = if may_be_text && std::str::from_utf8(&frame.body).is_ok() {
         BodyKind::Text
     } else {
         BodyKind::Binary
@@ -179,78 +189,112 @@ pub(crate) const STREAM_OFFSET_HEADER: &str = crate::consumer_options::STREAM_OF
 /// reader, with how many records it missed (Rosetta).
 pub(crate) const STREAM_MISSED_HEADER: &str = "x-stream-missed";
 
-/// Writes the MESSAGE frame for `delivery` on `sub`.
+/// What a MESSAGE frame needs of a [`Delivery`]: kept (unencoded) while
+/// a delivery waits for the transport, about half a `Delivery`'s size
+/// (a reader may have its whole credit waiting).
+#[derive(Debug)]
+pub(crate) struct Outgoing {
+    pub(crate) consumer: ConsumerId,
+    pub(crate) tag: DeliveryTag,
+    pub(crate) message: Arc<Message>,
+    pub(crate) delivery_count: u32,
+    pub(crate) redelivered: bool,
+    pub(crate) from_retained: bool,
+    pub(crate) stream: Option<StreamPosition>,
+    /// Held until the frame is written (the connection's budget).
+    pub(crate) _charge: DeliveryCharge,
+}
+
+impl From<Delivery> for Outgoing {
+    fn from(d: Delivery) -> Self {
+        Outgoing {
+            consumer: d.consumer,
+            tag: d.tag,
+            message: d.message,
+            delivery_count: d.delivery_count,
+            redelivered: d.redelivered,
+            from_retained: d.from_retained,
+            stream: d.stream,
+            _charge: d.charge,
+        }
+    }
+}
+
+/// Writes the MESSAGE frame for `delivery` on `sub`, straight into
+/// `out` (nothing is allocated for the headers the broker itself writes).
 pub(crate) fn write_message(
     out: &mut Vec<u8>,
     version: Version,
     sub: &Subscription,
-    delivery: &Delivery,
-    ack_id: &str,
+    delivery: &Outgoing,
 ) {
     let m = &delivery.message;
-    let destination = m
-        .address
-        .as_ref()
-        .map_or_else(|| sub.destination.clone(), |a| a.to_destination());
+    // Written once, copied into `message-id` and `ack`.
+    let mut ack_id = [0u8; 48];
+    let ack_id = AckId(delivery.consumer, delivery.tag).write_to(&mut ack_id);
     let mut w = FrameWriter::new(out, version, Command::Message);
     if sub.id_given {
-        w.header("subscription", &sub.id);
+        w.header_own("subscription", &sub.id);
     }
-    w.header("message-id", ack_id);
-    w.header("destination", &destination);
+    w.header_with("message-id", |o| o.extend_from_slice(ack_id));
+    match &m.address {
+        Some(Address::Topic(t)) => w.header_with_escaped("destination", &[TOPIC_PREFIX, t]),
+        Some(Address::Queue(q)) => w.header_with_escaped("destination", &[QUEUE_PREFIX, q]),
+        None => w.header_own("destination", &sub.destination),
+    };
     if version == Version::V1_2 && sub.ack != AckMode::Auto {
-        w.header("ack", ack_id);
+        w.header_with("ack", |o| o.extend_from_slice(ack_id));
     }
     let section = m.body.kind.amqp_section_marker();
     match (&m.content_type, section) {
         (Some(ct), _) => {
-            w.header("content-type", ct);
+            w.header_own("content-type", ct);
         }
         (None, Some(_)) => {
-            w.header(
+            w.header_own(
                 "content-type",
                 rosetta_neutral::message::AMQP_BODY_CONTENT_TYPE,
             );
         }
         (None, None) if m.body.kind == BodyKind::Text => {
-            w.header("content-type", TEXT_CONTENT_TYPE);
+            w.header_own("content-type", TEXT_CONTENT_TYPE);
         }
         (None, None) => {}
     }
     if let Some(marker) = section {
-        w.header(rosetta_neutral::message::AMQP_BODY_PROPERTY, marker);
+        w.header_own(rosetta_neutral::message::AMQP_BODY_PROPERTY, marker);
     }
     if let Some(r) = &m.reply_to {
-        w.header("reply-to", r);
+        w.header_own("reply-to", r);
     }
     if let Some(c) = &m.correlation_id {
-        w.header("correlation-id", &c.to_text());
+        w.header_own("correlation-id", &c.to_text());
     }
     if let Some(e) = m.expiry {
-        w.header("expires", &e.to_string());
+        w.header_u64("expires", e);
     }
     // `priority` (when not the default) is one of the standard fields.
     let fields = field_properties(m);
     for (name, value) in &fields {
-        w.header(name, value);
+        w.header_own(name, value);
     }
     if m.durable {
-        w.header("persistent", "true");
+        w.header_own("persistent", "true");
     }
     if delivery.redelivered {
-        w.header("redelivered", "true");
-        w.header(DELIVERY_COUNT_HEADER, &delivery.delivery_count.to_string());
+        w.header_own("redelivered", "true");
+        w.header_u64(DELIVERY_COUNT_HEADER, u64::from(delivery.delivery_count));
     }
     if delivery.from_retained {
-        w.header(RETAINED_HEADER, "true");
+        w.header_own(RETAINED_HEADER, "true");
     }
     if let Some(p) = delivery.stream {
-        w.header(STREAM_OFFSET_HEADER, &p.offset.to_string());
+        w.header_u64(STREAM_OFFSET_HEADER, p.offset);
         if p.missed > 0 {
-            w.header(STREAM_MISSED_HEADER, &p.missed.to_string());
+            w.header_u64(STREAM_MISSED_HEADER, p.missed);
         }
         if let Some(n) = p.partition {
-            w.header(rosetta_neutral::STREAM_PARTITION, &n.to_string());
+            w.header_u64(rosetta_neutral::STREAM_PARTITION, u64::from(n));
         }
     }
     for (name, value) in m.properties.iter() {

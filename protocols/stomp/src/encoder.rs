@@ -44,17 +44,107 @@ impl<'a> FrameWriter<'a> {
         self
     }
 
+    /// Appends one of the broker's own headers: `name` is a constant
+    /// that needs no escape (so it is copied, not checked byte by byte);
+    /// `value` is escaped.
+    pub(crate) fn header_own(&mut self, name: &'static str, value: &str) -> &mut Self {
+        self.own_name(name);
+        escape_into(self.out, value, self.escaping, false);
+        self.out.push(b'\n');
+        self
+    }
+
+    /// Writes `name:` for one of the broker's own header names.
+    fn own_name(&mut self, name: &'static str) {
+        debug_assert!(
+            !name
+                .bytes()
+                .any(|b| matches!(b, b'\n' | b'\r' | b':' | b'\\')),
+            "{name} needs escaping"
+        );
+        self.out.extend_from_slice(name.as_bytes());
+        self.out.push(b':');
+    }
+
+    /// Appends one of the broker's own headers (see [`Self::header_own`])
+    /// whose value `write` appends as is: for values the broker makes that
+    /// can need no escape (numbers, ids).
+    pub(crate) fn header_with(
+        &mut self,
+        name: &'static str,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> &mut Self {
+        self.own_name(name);
+        write(self.out);
+        self.out.push(b'\n');
+        self
+    }
+
+    /// Appends one of the broker's own headers (see [`Self::header_own`])
+    /// whose value is `parts` joined, escaped, without joining them first.
+    pub(crate) fn header_with_escaped(&mut self, name: &'static str, parts: &[&str]) -> &mut Self {
+        self.own_name(name);
+        for p in parts {
+            escape_into(self.out, p, self.escaping, false);
+        }
+        self.out.push(b'\n');
+        self
+    }
+
+    /// Appends one of the broker's own headers (see [`Self::header_own`])
+    /// whose value is a number (no escape can be needed, and nothing is
+    /// allocated).
+    pub fn header_u64(&mut self, name: &'static str, value: u64) -> &mut Self {
+        self.own_name(name);
+        push_u64(self.out, value);
+        self.out.push(b'\n');
+        self
+    }
+
     /// Ends the frame with `body`. MESSAGE and ERROR frames, and any frame
     /// with a body, carry `content-length` so that bodies may hold NUL.
     pub fn finish(&mut self, body: &[u8]) {
         if !body.is_empty() || matches!(self.command, Command::Message | Command::Error) {
             self.out.extend_from_slice(b"content-length:");
-            self.out
-                .extend_from_slice(body.len().to_string().as_bytes());
+            push_u64(self.out, body.len() as u64);
             self.out.push(b'\n');
         }
         self.out.push(b'\n');
         self.out.extend_from_slice(body);
         self.out.push(0);
+    }
+}
+
+/// Appends `v` in decimal.
+pub(crate) fn push_u64(out: &mut Vec<u8>, v: u64) {
+    let mut text = [0u8; 20];
+    out.extend_from_slice(u64_digits(v, &mut text));
+}
+
+/// `v` in decimal, written at the end of `text`.
+pub(crate) fn u64_digits(mut v: u64, text: &mut [u8; 20]) -> &[u8] {
+    let mut at = text.len();
+    loop {
+        at -= 1;
+        text[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    &text[at..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_written_in_decimal() {
+        for v in [0u64, 7, 10, 12_345, u64::MAX] {
+            let mut out = Vec::new();
+            push_u64(&mut out, v);
+            assert_eq!(out, v.to_string().as_bytes());
+        }
     }
 }

@@ -70,9 +70,23 @@ pub fn unescape(raw: &[u8], escaping: Escaping) -> Result<Cow<'_, str>, FrameErr
         .map_err(|_| FrameError::InvalidUtf8)
 }
 
+/// [`unescape`] of text already known to be UTF-8.
+pub(crate) fn unescape_str(raw: &str, escaping: Escaping) -> Result<Cow<'_, str>, FrameError> {
+    if escaping == Escaping::None || !raw.contains('\\') {
+        return Ok(Cow::Borrowed(raw));
+    }
+    unescape(raw.as_bytes(), escaping)
+}
+
 /// Appends `text` to `out` escaped per `escaping`. `is_name` additionally
 /// keeps a 1.0 header name free of `:` (which would end the name early).
 pub fn escape_into(out: &mut Vec<u8>, text: &str, escaping: Escaping, is_name: bool) {
+    // Almost every header needs no escape: copy it whole then (this runs
+    // for every header of every MESSAGE).
+    if !may_need_escape(text.as_bytes()) {
+        out.extend_from_slice(text.as_bytes());
+        return;
+    }
     for &b in text.as_bytes() {
         match (escaping, b) {
             (Escaping::None, b'\n' | b'\r') => out.push(b' '),
@@ -85,6 +99,12 @@ pub fn escape_into(out: &mut Vec<u8>, text: &str, escaping: Escaping, is_name: b
             _ => out.push(b),
         }
     }
+}
+
+/// Whether `b` holds a byte some escaping rule changes (`\n`, `\r`, `:`,
+/// `\\`).
+fn may_need_escape(b: &[u8]) -> bool {
+    crate::swar::find_any(b, [b'\n', b'\r', b':', b'\\']).is_some()
 }
 
 #[cfg(test)]
@@ -119,6 +139,27 @@ mod tests {
             unescape(b"plain", Escaping::V1_2),
             Ok(Cow::Borrowed(_))
         ));
+    }
+
+    #[test]
+    fn the_fast_check_finds_every_special_byte_at_every_position() {
+        for len in 0..20 {
+            let plain = vec![b'a'; len];
+            assert!(!may_need_escape(&plain));
+            for at in 0..len {
+                for c in [b'\n', b'\r', b':', b'\\'] {
+                    let mut t = plain.clone();
+                    t[at] = c;
+                    assert!(may_need_escape(&t), "{c} at {at} of {len}");
+                }
+                // Bytes next to the special ones, and high bytes, are not.
+                for c in [b'\x0b', b'\x0c', b';', b'[', b']', 0x8a, 0xba, 0xdc] {
+                    let mut t = plain.clone();
+                    t[at] = c;
+                    assert!(!may_need_escape(&t), "{c} at {at} of {len}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -151,51 +151,83 @@ impl fmt::Display for Command {
 
 /// Frame headers in wire order, repeats kept. Lookups return the first
 /// entry, which is STOMP's "first one wins" rule.
+///
+/// All names and values live in one string (two allocations per frame,
+/// not two per header: a SEND has several, and this is per message).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Headers(Vec<(String, String)>);
+pub struct Headers {
+    text: String,
+    /// Per header: where its name starts, where its value starts (the name
+    /// ends there) and where the value ends, in `text`.
+    spans: Vec<[usize; 3]>,
+}
 
 impl Headers {
     /// No headers.
     pub fn new() -> Self {
-        Self(Vec::new())
+        Self::default()
+    }
+
+    /// No headers yet, room for `count` of `text_bytes` in all.
+    pub fn with_capacity(count: usize, text_bytes: usize) -> Self {
+        Self {
+            text: String::with_capacity(text_bytes),
+            spans: Vec::with_capacity(count),
+        }
     }
 
     /// Appends a header, keeping earlier ones of the same name.
-    pub fn push(&mut self, name: impl Into<String>, value: impl Into<String>) {
-        self.0.push((name.into(), value.into()));
+    pub fn push(&mut self, name: impl AsRef<str>, value: impl AsRef<str>) {
+        let start = self.text.len();
+        self.text.push_str(name.as_ref());
+        let value_start = self.text.len();
+        self.text.push_str(value.as_ref());
+        self.spans.push([start, value_start, self.text.len()]);
+    }
+
+    fn entry(&self, span: &[usize; 3]) -> (&str, &str) {
+        let [n, v, e] = *span;
+        (
+            self.text.get(n..v).unwrap_or_default(),
+            self.text.get(v..e).unwrap_or_default(),
+        )
     }
 
     /// The first value of `name`.
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.0
+        // Lengths first: most names differ in length, and this runs for
+        // every header a frame handler asks about.
+        let text = self.text.as_bytes();
+        let span = self
+            .spans
             .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+            .find(|[n, v, _]| v - n == name.len() && text.get(*n..*v) == Some(name.as_bytes()))?;
+        Some(self.entry(span).1)
     }
 
     /// All headers in wire order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(n, v)| (n.as_str(), v.as_str()))
+        self.spans.iter().map(|s| self.entry(s))
     }
 
     /// Number of header lines, repeats included.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.spans.len()
     }
 
     /// True when there are none.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.spans.is_empty()
     }
 }
 
-impl<N: Into<String>, V: Into<String>> FromIterator<(N, V)> for Headers {
+impl<N: AsRef<str>, V: AsRef<str>> FromIterator<(N, V)> for Headers {
     fn from_iter<T: IntoIterator<Item = (N, V)>>(iter: T) -> Self {
-        Self(
-            iter.into_iter()
-                .map(|(n, v)| (n.into(), v.into()))
-                .collect(),
-        )
+        let mut h = Headers::new();
+        for (n, v) in iter {
+            h.push(n, v);
+        }
+        h
     }
 }
 

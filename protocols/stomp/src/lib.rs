@@ -12,7 +12,8 @@
 //!   `convert` (headers ↔ neutral message), `subscription` (ack tracking),
 //!   `consumer_options` (SUBSCRIBE headers → selector, exclusivity,
 //!   priority, browsing),
-//!   `receipts` (ordered durable receipts), `heartbeat` (negotiation);
+//!   `receipts` (ordered durable receipts), `heartbeat` (negotiation),
+//!   `swar` (byte searches a word at a time for the parser and encoder);
 //! - [`error`]: [`StompError`] and the one mapping to ERROR frames.
 //!
 //! The crate does no IO: the server reads the socket and calls
@@ -35,6 +36,7 @@ mod heartbeat;
 mod open;
 mod receipts;
 mod subscription;
+mod swar;
 
 pub use config::StompConfig;
 pub use connection::StompConnection;

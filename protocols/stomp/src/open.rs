@@ -2,7 +2,7 @@
 //! checking its headers before it calls the core session. The header
 //! conventions are documented on [`crate::connection`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
 use rosetta_neutral::address::{
@@ -10,21 +10,25 @@ use rosetta_neutral::address::{
 };
 use rosetta_neutral::{
     durable_subscription_queue, Address, BrokerError, ConsumerId, ConsumerSpec, CreditMode,
-    Delivery, DeliveryTag, Outcome, PublishOptions, QueueInfo, QueueLifetime, QueueSpec, Session,
-    Ticket, TxnId,
+    Delivery, DeliveryTag, LazyMap, Outcome, PublishOptions, QueueInfo, QueueLifetime, QueueSpec,
+    Session, Ticket, TxnId,
 };
 use tracing::{debug, trace};
 
 use crate::config::StompConfig;
 use crate::consumer_options::consumer_options;
 use crate::convert::{
-    message_from_send, write_end_of_browse, write_message, END_OF_BROWSE_MESSAGE_ID,
+    message_from_send, write_end_of_browse, write_message, Outgoing, END_OF_BROWSE_MESSAGE_ID,
 };
 use crate::error::StompError;
 use crate::frame::{Command, Frame, Version};
 use crate::heartbeat::HeartBeat;
 use crate::receipts::Receipts;
-use crate::subscription::{ack_id, parse_ack_id, AckMode, Subscription};
+use crate::subscription::{parse_ack_id, AckMode, Subscription};
+
+/// Waiting deliveries' room kept once all are written (a burst's larger
+/// queue is given back).
+const PENDING_KEPT: usize = 64;
 
 /// An open transaction.
 struct Txn {
@@ -41,14 +45,24 @@ pub(crate) struct Open {
     /// Key of durable subscriptions: `client-id`, else the login.
     client_key: Option<String>,
     pub(crate) heart: HeartBeat,
-    subs: HashMap<String, Subscription>,
-    pub(crate) by_consumer: HashMap<ConsumerId, String>,
-    txns: HashMap<String, Txn>,
+    // Lazy (8 bytes each until used, 48 as maps): an idle connection has
+    // no subscription, transaction or temporary queue (issue 20).
+    // Subscriptions boxed: a map's first table has four slots, and four
+    // subscriptions inline were 772 bytes for the one a device has.
+    subs: LazyMap<String, Box<Subscription>>,
+    pub(crate) by_consumer: LazyMap<ConsumerId, String>,
+    txns: LazyMap<String, Txn>,
     /// `/temp-queue/x` name → the core's generated queue name.
-    temp_queues: HashMap<String, String>,
+    temp_queues: LazyMap<String, String>,
     pub(crate) receipts: Receipts,
     /// DISCONNECT received: no more frames are read.
     pub(crate) disconnecting: bool,
+    /// Deliveries taken from the core and not yet written as MESSAGE
+    /// frames, oldest first: they are encoded as the transport takes
+    /// output (see [`Open::encode_pending`]), so a reader's whole credit
+    /// never sits in the output buffer as a second copy of itself. Each
+    /// still holds its charge on the connection's delivery budget.
+    pending: VecDeque<Outgoing>,
 }
 
 /// What a frame's handler hands back for the receipt queue.
@@ -99,12 +113,13 @@ impl Open {
             version,
             client_key,
             heart,
-            subs: HashMap::new(),
-            by_consumer: HashMap::new(),
-            txns: HashMap::new(),
-            temp_queues: HashMap::new(),
+            subs: LazyMap::default(),
+            by_consumer: LazyMap::default(),
+            txns: LazyMap::default(),
+            temp_queues: LazyMap::default(),
             receipts: Receipts::default(),
             disconnecting: false,
+            pending: VecDeque::new(),
         }
     }
 
@@ -136,8 +151,10 @@ impl Open {
         }
     }
 
-    /// Writes the MESSAGE frame of a delivery.
-    pub(crate) fn deliver(&mut self, out: &mut Vec<u8>, version: Version, d: Delivery) {
+    /// Takes a delivery: recorded as sent on its subscription now (so the
+    /// frames after it are ordered after it), written by
+    /// [`Open::encode_pending`].
+    pub(crate) fn deliver(&mut self, d: Delivery) {
         let Some(sub) = self
             .by_consumer
             .get(&d.consumer)
@@ -151,9 +168,55 @@ impl Open {
             );
             return;
         };
-        let id = ack_id(d.consumer, d.tag);
-        write_message(out, version, sub, &d, &id);
         sub.delivered(d.tag);
+        if sub.ack != AckMode::Auto && d.stream.is_some() {
+            sub.stream = true;
+        }
+        self.pending.push_back(Outgoing::from(d));
+    }
+
+    /// Whether deliveries wait to be written.
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Writes waiting deliveries as MESSAGE frames until `out` holds at
+    /// least `until_len` bytes (`usize::MAX`: all of them). A delivery
+    /// whose subscription was cancelled meanwhile is dropped, as one that
+    /// arrives after the cancel is.
+    pub(crate) fn encode_pending(&mut self, out: &mut Vec<u8>, version: Version, until_len: usize) {
+        // Deliveries come in runs of one consumer: one lookup per run.
+        let mut last: Option<(ConsumerId, Option<&Subscription>)> = None;
+        while out.len() < until_len {
+            let Some(d) = self.pending.pop_front() else {
+                // A burst's queue is not kept while idle.
+                if self.pending.capacity() > PENDING_KEPT {
+                    self.pending.shrink_to(PENDING_KEPT);
+                }
+                return;
+            };
+            let sub = match last {
+                Some((c, sub)) if c == d.consumer => sub,
+                _ => {
+                    let sub = self
+                        .by_consumer
+                        .get(&d.consumer)
+                        .and_then(|id| self.subs.get(id))
+                        .map(|sub| &**sub);
+                    last = Some((d.consumer, sub));
+                    sub
+                }
+            };
+            let Some(sub) = sub else {
+                trace!(
+                    conn_id = self.conn_id,
+                    consumer = d.consumer.0,
+                    "delivery for a cancelled subscription"
+                );
+                continue;
+            };
+            write_message(out, version, sub, &d);
+        }
     }
 
     /// Writes the end-of-browse MESSAGE of a browser that has seen every
@@ -253,7 +316,7 @@ impl Open {
             None => None,
         };
         let wants_receipt = frame.header("receipt").is_some();
-        let message = message_from_send(frame, reply_to, rosetta_neutral::message::now_ms())?;
+        let message = message_from_send(frame, reply_to, rosetta_neutral::message::now_ms)?;
         let confirm = txn.is_none() && (message.durable || wants_receipt);
         let published = self
             .session
@@ -359,7 +422,7 @@ impl Open {
         self.by_consumer.insert(consumer, id.clone());
         self.subs.insert(
             id.clone(),
-            Subscription::new(
+            Box::new(Subscription::new(
                 id,
                 id_given,
                 dest.to_owned(),
@@ -367,7 +430,7 @@ impl Open {
                 ack,
                 durable_queue,
                 browse,
-            ),
+            )),
         );
         Ok(Done {
             tickets,
@@ -558,7 +621,24 @@ impl Open {
         let confirm = txn.is_none() && frame.header("receipt").is_some();
         let mut tickets = Vec::new();
         let mut lease_expired = false;
-        for t in &tags {
+        let mut each: &[DeliveryTag] = &tags;
+        if sub.stream && txn.is_none() {
+            // A stream reader's cumulative ACK: one call settles all but
+            // the last (and serves the reader once, not once per
+            // delivery); the last, alone, carries the receipt's wait for
+            // the group's offset, which covers the ones before it.
+            if let Some((last, before)) = tags.split_last() {
+                if !before.is_empty() {
+                    let many: Vec<(ConsumerId, DeliveryTag)> =
+                        before.iter().map(|t| (consumer, *t)).collect();
+                    if self.session.settle_many(&many, outcome)? < many.len() {
+                        return Err(unknown());
+                    }
+                }
+                each = std::slice::from_ref(last);
+            }
+        }
+        for t in each {
             match self.session.settle(consumer, *t, outcome, txn, confirm) {
                 Ok(Some(ticket)) => tickets.push(ticket),
                 Ok(None) => {}

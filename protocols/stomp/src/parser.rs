@@ -29,7 +29,7 @@ use nom::character::complete::char as byte;
 use nom::sequence::{separated_pair, terminated};
 use nom::{IResult, Parser};
 
-use crate::escape::{unescape, Escaping};
+use crate::escape::{unescape, unescape_str, Escaping};
 use crate::frame::{Command, Frame, Headers, Version};
 
 /// Size limits of the decoder.
@@ -104,6 +104,12 @@ pub enum FrameError {
     },
 }
 
+/// Headers most frames have at most: the first allocation's size.
+const HEADERS_EXPECTED: usize = 8;
+/// Input smaller than this marks a quiet connection (see
+/// [`Decoder::release_if_idle`]).
+const IDLE_INPUT_BYTES: usize = 1024;
+
 /// A command line longer than this is not a command, whatever it holds.
 const COMMAND_LINE_MAX_BYTES: usize = 32;
 
@@ -166,6 +172,16 @@ impl Decoder {
         self.version = version;
     }
 
+    /// Frees the buffer when nothing is in it and the input was small (a
+    /// quiet connection): an idle connection holds no parse buffer, a busy
+    /// one keeps its own.
+    pub fn release_if_idle(&mut self, last_input_bytes: usize) {
+        let between_frames = matches!(self.phase, Phase::Head { scanned: 0, .. });
+        if self.buf.is_empty() && between_frames && last_input_bytes < IDLE_INPUT_BYTES {
+            self.buf = BytesMut::new();
+        }
+    }
+
     /// Bytes buffered and not yet returned as frames.
     pub fn buffered(&self) -> usize {
         self.buf.len()
@@ -224,49 +240,74 @@ impl Decoder {
         }
         let limits = self.limits;
         let mut head_len = None;
-        while let Some(&b) = self.buf.get(*scanned) {
-            let i = *scanned;
-            *scanned += 1;
-            if b == b'\n' {
-                let line = strip_cr(self.buf.get(*line_start..i).unwrap_or_default());
-                if *lines == 0 {
+        while *scanned < self.buf.len() {
+            if *lines == 0 {
+                // The command line, byte by byte (it is short): garbage is
+                // refused at its first byte.
+                let Some(&b) = self.buf.get(*scanned) else {
+                    break;
+                };
+                let i = *scanned;
+                *scanned += 1;
+                if b == b'\n' {
+                    let line = strip_cr(self.buf.get(*line_start..i).unwrap_or_default());
                     if Command::parse(line).is_none() {
                         return Err(FrameError::UnknownCommand(
                             String::from_utf8_lossy(line).into_owned(),
                         ));
                     }
-                } else if line.is_empty() {
-                    head_len = Some(i + 1);
-                    break;
-                } else if *lines > limits.headers_max {
-                    return Err(FrameError::TooManyHeaders {
-                        max: limits.headers_max,
-                    });
+                    *lines += 1;
+                    *line_start = i + 1;
+                    continue;
                 }
-                *lines += 1;
-                *line_start = i + 1;
-                continue;
-            }
-            if b == 0 {
-                return Err(FrameError::NulInHead);
-            }
-            let line_len = i + 1 - *line_start;
-            if *lines == 0 {
-                // Reject garbage at the first wrong byte rather than wait.
+                if b == 0 {
+                    return Err(FrameError::NulInHead);
+                }
                 if !(b.is_ascii_alphanumeric() || b == b'\r') {
                     return Err(FrameError::Garbage);
                 }
-                if line_len > COMMAND_LINE_MAX_BYTES {
+                if i + 1 - *line_start > COMMAND_LINE_MAX_BYTES {
                     let line = self.buf.get(*line_start..=i).unwrap_or_default();
                     return Err(FrameError::UnknownCommand(
                         String::from_utf8_lossy(line).into_owned(),
                     ));
                 }
-            } else if line_len > limits.header_line_max_bytes {
+                continue;
+            }
+            // A header line: one search for its end (or a NUL), then the
+            // limits, in the order a byte-by-byte scan would meet them.
+            let rest = self.buf.get(*scanned..).unwrap_or_default();
+            let found = crate::swar::find_any(rest, [b'\n', 0]);
+            let end = found.map_or(self.buf.len(), |p| *scanned + p);
+            // The first byte that would make the line too long (the
+            // newline itself does not count).
+            let too_long_at = *line_start + limits.header_line_max_bytes;
+            if too_long_at < end {
                 return Err(FrameError::HeaderLineTooLong {
                     max: limits.header_line_max_bytes,
                 });
             }
+            let Some(p) = found else {
+                *scanned = end;
+                break;
+            };
+            let i = *scanned + p;
+            *scanned = i + 1;
+            if self.buf.get(i) == Some(&0) {
+                return Err(FrameError::NulInHead);
+            }
+            let line = strip_cr(self.buf.get(*line_start..i).unwrap_or_default());
+            if line.is_empty() {
+                head_len = Some(i + 1);
+                break;
+            }
+            if *lines > limits.headers_max {
+                return Err(FrameError::TooManyHeaders {
+                    max: limits.headers_max,
+                });
+            }
+            *lines += 1;
+            *line_start = i + 1;
         }
         let Some(head_len) = head_len else {
             if self.buf.len() >= limits.frame_size_max_bytes {
@@ -389,12 +430,69 @@ fn name_value(input: &[u8]) -> IResult<&[u8], (&[u8], &[u8])> {
 
 /// Parses a complete head (command line, header lines, blank line).
 fn parse_head(head: &[u8], version: Version) -> Result<(Command, Headers), FrameError> {
+    match std::str::from_utf8(head) {
+        // One UTF-8 check for the whole head (not one per name and
+        // value); its lines and fields split at ASCII bytes stay UTF-8.
+        Ok(text) => parse_head_text(text, version),
+        // Not UTF-8 somewhere: the line by line parse reports what it
+        // meets first, as it always did.
+        Err(_) => parse_head_bytes(head, version),
+    }
+}
+
+/// [`parse_head`] of a head known to be UTF-8: the same result as
+/// [`parse_head_bytes`], without a check per field.
+fn parse_head_text(head: &str, version: Version) -> Result<(Command, Headers), FrameError> {
+    let b = head.as_bytes();
+    let line_end = |from: usize| -> Result<(usize, usize), FrameError> {
+        let rest = b.get(from..).unwrap_or_default();
+        let nl = from + crate::swar::find_any(rest, [b'\n']).ok_or(FrameError::Garbage)?;
+        let end = if nl > from && b.get(nl - 1) == Some(&b'\r') {
+            nl - 1
+        } else {
+            nl
+        };
+        Ok((end, nl + 1))
+    };
+    let (end, mut at) = line_end(0)?;
+    let command_line = b.get(..end).unwrap_or_default();
+    let command = Command::parse(command_line).ok_or_else(|| {
+        FrameError::UnknownCommand(String::from_utf8_lossy(command_line).into_owned())
+    })?;
+    let escaping = Escaping::for_frame(version, command);
+    let mut headers = Headers::with_capacity(HEADERS_EXPECTED, head.len());
+    loop {
+        let (end, next) = line_end(at)?;
+        let line = head.get(at..end).unwrap_or_default();
+        at = next;
+        if line.is_empty() {
+            break;
+        }
+        let colon =
+            crate::swar::find_any(line.as_bytes(), [b':']).ok_or(FrameError::MissingColon)?;
+        if colon == 0 {
+            return Err(FrameError::EmptyHeaderName);
+        }
+        let (name, value) = (
+            line.get(..colon).unwrap_or_default(),
+            line.get(colon + 1..).unwrap_or_default(),
+        );
+        headers.push(
+            unescape_str(name, escaping)?,
+            unescape_str(value, escaping)?,
+        );
+    }
+    Ok((command, headers))
+}
+
+/// [`parse_head`] a line at a time, checking each field's UTF-8.
+fn parse_head_bytes(head: &[u8], version: Version) -> Result<(Command, Headers), FrameError> {
     let (mut rest, command_line) = line(head).map_err(|_| FrameError::Garbage)?;
     let command = Command::parse(command_line).ok_or_else(|| {
         FrameError::UnknownCommand(String::from_utf8_lossy(command_line).into_owned())
     })?;
     let escaping = Escaping::for_frame(version, command);
-    let mut headers = Headers::new();
+    let mut headers = Headers::with_capacity(HEADERS_EXPECTED, head.len());
     loop {
         let (next, text) = line(rest).map_err(|_| FrameError::Garbage)?;
         rest = next;
@@ -408,4 +506,39 @@ fn parse_head(head: &[u8], version: Version) -> Result<(Command, Headers), Frame
         headers.push(unescape(name, escaping)?, unescape(value, escaping)?);
     }
     Ok((command, headers))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The UTF-8 fast path parses every head as the field-by-field
+        /// parse does: same command, headers and error.
+        #[test]
+        fn the_text_parse_agrees_with_the_byte_parse(
+            lines in proptest::collection::vec(
+                proptest::collection::vec(
+                    proptest::sample::select(vec![
+                        b'a', b':', b'\\', b'n', b'c', b'r', b't', b'\r', b' ', 0xc3, 0xa9,
+                    ]),
+                    0..10,
+                ),
+                0..6,
+            ),
+            command in proptest::sample::select(vec!["SEND", "CONNECT", "NOPE"]),
+            version in proptest::sample::select(vec![Version::V1_0, Version::V1_1, Version::V1_2]),
+        ) {
+            let mut head = format!("{command}\n").into_bytes();
+            for l in &lines {
+                head.extend_from_slice(l);
+                head.push(b'\n');
+            }
+            head.push(b'\n');
+            if let Ok(text) = std::str::from_utf8(&head) {
+                prop_assert_eq!(parse_head_text(text, version), parse_head_bytes(&head, version));
+            }
+        }
+    }
 }

@@ -6,9 +6,9 @@
 //! RECEIPT promises that this frame *and all earlier frames* are durable
 //! (what a DISCONNECT receipt must mean).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
-use rosetta_neutral::Ticket;
+use rosetta_neutral::{LazyMap, Ticket};
 
 /// One frame's pending completion.
 #[derive(Debug, PartialEq, Eq)]
@@ -28,7 +28,8 @@ pub(crate) struct Pending {
 #[derive(Debug, Default)]
 pub(crate) struct Receipts {
     queue: VecDeque<Pending>,
-    by_ticket: HashMap<Ticket, u64>,
+    /// Lazy: most connections never wait for a commit.
+    by_ticket: LazyMap<Ticket, u64>,
     next_seq: u64,
 }
 
@@ -69,11 +70,16 @@ impl Receipts {
 
     /// The oldest entry, once it and all before it are complete.
     pub(crate) fn pop_ready(&mut self) -> Option<Pending> {
-        if self.queue.front()?.waiting == 0 {
-            self.queue.pop_front()
-        } else {
-            None
+        if self.queue.front()?.waiting != 0 {
+            return None;
         }
+        let pending = self.queue.pop_front();
+        if self.queue.is_empty() {
+            // An idle connection keeps no queue (its first growth is to
+            // four entries, 192 bytes).
+            self.queue = VecDeque::new();
+        }
+        pending
     }
 
     /// Tickets still pending.

@@ -56,6 +56,9 @@ pub(crate) struct Subscription {
     /// A queue browser (`browser:true`): its messages are copies that
     /// need no ACK, and it ends with an end-of-browse MESSAGE.
     pub(crate) browse: bool,
+    /// It reads a stream (its deliveries carry an offset) and ACKs: an
+    /// ACK of many settles them with one call (see `Open::ack`).
+    pub(crate) stream: bool,
     /// Unacknowledged deliveries in delivery order.
     unacked: VecDeque<DeliveryTag>,
     /// Deliveries whose lease ran out, oldest first (at most
@@ -83,6 +86,7 @@ impl Subscription {
             ack: if browse { AckMode::Auto } else { ack },
             durable_queue,
             browse,
+            stream: false,
             unacked: VecDeque::new(),
             expired: VecDeque::new(),
         }
@@ -161,11 +165,30 @@ pub(crate) fn binding_options(frame: &Frame) -> BindingOptions {
 /// The id a MESSAGE carries in `message-id` (and `ack` in 1.2): the
 /// consumer and the delivery tag; a redelivery has a new tag, so a late
 /// ACK of an expired lease never acknowledges the redelivered copy.
-pub(crate) fn ack_id(consumer: ConsumerId, tag: DeliveryTag) -> String {
-    format!("{}-{}", consumer.0, tag.0)
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AckId(pub(crate) ConsumerId, pub(crate) DeliveryTag);
+
+impl AckId {
+    /// Writes `<consumer>-<tag>` (digits and a dash: nothing to escape)
+    /// into `buf` (room for two 20-digit numbers and the dash), without
+    /// allocating: the bytes written.
+    pub(crate) fn write_to(self, buf: &mut [u8; 48]) -> &[u8] {
+        let mut text = [0u8; 20];
+        let mut at = 0;
+        for (i, n) in [self.0 .0, self.1 .0].into_iter().enumerate() {
+            if i == 1 {
+                buf[at] = b'-';
+                at += 1;
+            }
+            let digits = crate::encoder::u64_digits(n, &mut text);
+            buf[at..at + digits.len()].copy_from_slice(digits);
+            at += digits.len();
+        }
+        &buf[..at]
+    }
 }
 
-/// Reverses [`ack_id`]; `None` for anything we did not produce.
+/// Reverses [`AckId`]; `None` for anything we did not produce.
 pub(crate) fn parse_ack_id(id: &str) -> Option<(ConsumerId, DeliveryTag)> {
     let (c, t) = id.split_once('-')?;
     Some((ConsumerId(c.parse().ok()?), DeliveryTag(t.parse().ok()?)))
@@ -219,7 +242,15 @@ mod tests {
 
     #[test]
     fn ack_ids_round_trip() {
-        assert_eq!(ack_id(ConsumerId(7), DeliveryTag(42)), "7-42");
+        let mut buf = [0u8; 48];
+        assert_eq!(
+            AckId(ConsumerId(7), DeliveryTag(42)).write_to(&mut buf),
+            b"7-42"
+        );
+        assert_eq!(
+            AckId(ConsumerId(u64::MAX), DeliveryTag(u64::MAX)).write_to(&mut buf),
+            format!("{}-{}", u64::MAX, u64::MAX).as_bytes()
+        );
         assert_eq!(parse_ack_id("7-42"), Some((ConsumerId(7), DeliveryTag(42))));
         assert_eq!(parse_ack_id("x-42"), None);
         assert_eq!(parse_ack_id("742"), None);

@@ -420,6 +420,105 @@ fn client_ack_is_cumulative() {
     assert_error_and_closed(&mut h, "unknown message id");
 }
 
+/// A reader given a large credit at once (a stream reader's prefetch of
+/// 1,000) costs one output chunk, not its credit again: the deliveries
+/// wait unencoded and each poll_transmit encodes about
+/// `OUTPUT_CHUNK_BYTES`, in order.
+#[test]
+fn a_large_credit_is_encoded_a_chunk_at_a_time_in_order() {
+    let mut h = Harness::new();
+    h.connect("1.2", "");
+    h.input(b"SUBSCRIBE\nid:s\ndestination:/queue/q\nack:client\nprefetch-count:1000\n\n\0");
+    let (consumer, _) = last_consumer(&h.take_calls());
+    let body = "b".repeat(1024);
+    for tag in 1..=1000 {
+        h.deliver(consumer, tag, Message::text(body.clone()));
+    }
+    let frame_max = 1024 + 256;
+    let mut chunks = 0;
+    let mut tags = Vec::new();
+    loop {
+        let out = h.raw_output();
+        if out.is_empty() {
+            break;
+        }
+        assert!(
+            out.len() <= rosetta_stomp::connection::OUTPUT_CHUNK_BYTES + frame_max,
+            "one poll_transmit handed over {} bytes",
+            out.len()
+        );
+        chunks += 1;
+        let mut d = rosetta_stomp::Decoder::new(
+            StompConfig::default().limits(),
+            rosetta_stomp::Version::V1_2,
+        );
+        d.feed(&out);
+        while let Some(f) = d.decode().unwrap() {
+            let ack = f.header("ack").unwrap();
+            tags.push(ack.rsplit('-').next().unwrap().parse::<u64>().unwrap());
+        }
+    }
+    assert!(chunks > 10, "{chunks} chunks");
+    assert_eq!(tags, (1..=1000).collect::<Vec<_>>());
+}
+
+/// Frames other than deliveries keep their place after the deliveries
+/// made before them: a RECEIPT that becomes ready while deliveries wait
+/// unencoded follows them.
+#[test]
+fn a_receipt_follows_the_deliveries_that_wait_before_it() {
+    let mut h = Harness::new();
+    h.connect("1.2", "");
+    h.input(b"SUBSCRIBE\nid:s\ndestination:/queue/q\nack:client\n\n\0");
+    let (consumer, _) = last_consumer(&h.take_calls());
+    let body = "b".repeat(1024);
+    for tag in 1..=200 {
+        h.deliver(consumer, tag, Message::text(body.clone()));
+    }
+    h.input(b"SEND\ndestination:/queue/x\npersistent:true\nreceipt:r1\n\nhi\0");
+    let ticket = *h.tickets().last().unwrap();
+    h.commit(ticket);
+    let frames = h.frames();
+    assert_eq!(frames.len(), 201);
+    assert!(frames[..200]
+        .iter()
+        .all(|f| f.command == rosetta_stomp::Command::Message));
+    assert_eq!(frames[200].command, rosetta_stomp::Command::Receipt);
+}
+
+/// A stream reader's cumulative ACK settles all but the last delivery with
+/// one `settle_many` (one call into the core, which serves the reader
+/// once) and the last alone, which carries the receipt's confirm.
+#[test]
+fn a_stream_readers_cumulative_ack_is_one_settle_many_and_the_last_settle() {
+    let mut h = Harness::new();
+    h.connect("1.2", "");
+    h.input(b"SUBSCRIBE\nid:s\ndestination:/queue/st\nack:client\nx-queue-type:stream\n\n\0");
+    let (consumer, _) = last_consumer(&h.take_calls());
+    for tag in 1..=4u64 {
+        let mut d = delivery(consumer, tag, Message::text("m"), 0, false);
+        d.stream = Some(rosetta_neutral::StreamPosition {
+            offset: tag - 1,
+            timestamp_ms: 0,
+            missed: 0,
+            partition: None,
+        });
+        h.event(SessionEvent::Delivery(d));
+    }
+    assert_eq!(h.frames().len(), 4);
+    h.input(format!("ACK\nid:{consumer}-3\nreceipt:a\n\n\0").as_bytes());
+    let calls = h.take_calls();
+    let c = ConsumerId(consumer);
+    assert!(
+        matches!(
+            &calls[..],
+            [Call::SettleMany(many, Outcome::Accept), Call::Settle(_, DeliveryTag(3), Outcome::Accept, None, true)]
+                if many == &vec![(c, DeliveryTag(1)), (c, DeliveryTag(2))]
+        ),
+        "{calls:?}"
+    );
+}
+
 #[test]
 fn client_individual_ack_and_nack() {
     let (mut h, consumer) = subscribed("1.2", "client-individual");

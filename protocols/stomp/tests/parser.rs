@@ -223,6 +223,21 @@ fn limits_are_checked_before_buffering() {
     d.feed(b"SEND\nk:");
     d.feed(&[b'a'; 300]);
     assert_eq!(d.decode(), Err(FrameError::HeaderLineTooLong { max: 256 }));
+    // A header line of exactly the limit (CR included, LF not) is fine,
+    // one byte more is not; a NUL at the limit is a NUL.
+    let line = |len: usize, end: &[u8]| {
+        let mut f = b"SEND\nk:".to_vec();
+        f.resize(5 + len, b'a');
+        f.extend_from_slice(end);
+        f
+    };
+    assert_eq!(one(&line(256, b"\n\n\0"), v).headers.len(), 1);
+    assert_eq!(one(&line(255, b"\r\n\n\0"), v).headers.len(), 1);
+    assert_eq!(
+        err(&line(257, b"\n\n\0"), v),
+        FrameError::HeaderLineTooLong { max: 256 }
+    );
+    assert_eq!(err(&line(256, b"\0"), v), FrameError::NulInHead);
     // Header count.
     let mut many = b"SEND\n".to_vec();
     for i in 0..9 {
@@ -340,5 +355,36 @@ proptest! {
     #[test]
     fn arbitrary_bytes_never_panic(input in proptest::collection::vec(any::<u8>(), 0..512)) {
         let _ = decode_chunked(&input, 3, Version::V1_2);
+    }
+
+    /// Frame-shaped input (commands, header lines of every length around
+    /// the limit, NULs, CRs) decodes to the same frames, or fails with the
+    /// same error, whether it arrives whole, byte by byte, or in chunks:
+    /// the head is scanned a line at a time when a line is complete and a
+    /// byte at a time otherwise, and both must meet the limits in the same
+    /// order.
+    #[test]
+    fn splitting_the_input_never_changes_the_outcome(
+        pieces in proptest::collection::vec(
+            prop_oneof![
+                Just(b"SEND\n".to_vec()),
+                Just(b"MESSAGE\r\n".to_vec()),
+                Just(b"SE ND\n".to_vec()),
+                Just(b"a:b\n".to_vec()),
+                Just(b"content-length:3\n".to_vec()),
+                Just(b"\n".to_vec()),
+                Just(b"\r".to_vec()),
+                Just(b"\0".to_vec()),
+                Just(b"xyz".to_vec()),
+                (1usize..300).prop_map(|n| vec![b'h'; n]),
+            ],
+            0..24,
+        ),
+        chunk in 1usize..64,
+    ) {
+        let input: Vec<u8> = pieces.concat();
+        let whole = decode_chunked(&input, input.len(), Version::V1_2);
+        prop_assert_eq!(&whole, &decode_chunked(&input, 1, Version::V1_2));
+        prop_assert_eq!(&whole, &decode_chunked(&input, chunk, Version::V1_2));
     }
 }

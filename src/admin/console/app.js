@@ -180,8 +180,28 @@ function drawRates() {
     : "Rates (per second, from the change of the overview's counters)";
 }
 
+// Where the broker's demo client is: `/` of its HTTP port (`websocket`,
+// `wss` under https, or the `any` port), on the host this page came from;
+// `/` here when this page is served by that port itself
+// (`[admin] on_http_port`). null without an HTTP port.
+function demoUrl(listeners) {
+  const secure = location.protocol === "https:";
+  const addr = listeners && (listeners[secure ? "wss" : "websocket"] || listeners.any);
+  if (!addr) return null;
+  const port = addr.slice(addr.lastIndexOf(":") + 1);
+  if (port === (location.port || (secure ? "443" : "80"))) return "/";
+  return `${location.protocol}//${location.hostname}:${port}/`;
+}
+
+function showDemoLink(o) {
+  const url = demoUrl(o.listeners);
+  $("demo").hidden = !url;
+  if (url) $("demo").href = url;
+}
+
 async function showOverview() {
   const o = await api("GET", "/api/v1/overview");
+  showDemoLink(o);
   const now = Date.now();
   recordRates(ratesOf(o, now), now);
   drawRates();
@@ -192,6 +212,7 @@ async function showOverview() {
     ["Connections", o.connections.open],
     ["By protocol", JSON.stringify(o.connections.by_protocol)],
     ["By transport", JSON.stringify(o.connections.by_transport)],
+    ["Listeners", Object.entries(o.listeners || {}).map(([k, v]) => `${k} ${v}`).join(", ")],
     ["Queues", o.queues.count],
     ["Memory used / budget (bytes)", `${o.memory.used_bytes} / ${o.memory.budget_bytes}`],
     ["Paged messages", o.memory.paged_messages],
@@ -206,6 +227,26 @@ async function showOverview() {
     dd.textContent = String(v);
     dd.dataset.key = k;
     dl.append(dt, dd);
+  }
+}
+
+// A rate as a table shows it: "-" until the broker has a window for it
+// (the first look at a queue or connection).
+function rate(rates, key) {
+  if (!rates || !rates.window_s) return "-";
+  return rates[key].toFixed(1);
+}
+
+async function createQueue(event) {
+  event.preventDefault();
+  const name = $("queue-name").value.trim();
+  try {
+    await api("PUT", `/api/v1/queues/${enc(name)}`, { durable: $("queue-durable").checked });
+    $("queue-create").reset();
+    say(`queue ${name} created`, true);
+    await refresh();
+  } catch (e) {
+    say(e.message);
   }
 }
 
@@ -237,11 +278,27 @@ async function showQueues() {
     cell(row, item.in_flight, "number");
     cell(row, item.consumers, "number");
     cell(row, item.oldest_message_age_ms, "number");
+    cell(row, rate(item.rates, "published_per_s"), "number").dataset.field = "in_rate";
+    cell(row, rate(item.rates, "delivered_per_s"), "number").dataset.field = "out_rate";
     const actions = cell(row, "");
     button(actions, "Peek", () => peek(item.name));
     button(actions, "Purge", async () => {
       const r = await api("POST", `/api/v1/queues/${enc(item.name)}/purge`);
       say(`${item.name}: ${r.removed} messages removed`, true);
+    });
+    button(actions, "Move", async () => {
+      const to = $("move-to").value.trim();
+      if (!to) throw new Error("name the queue to move to first");
+      const body = { to };
+      const count = Number($("move-count").value);
+      if (count) body.count = count;
+      const r = await api("POST", `/api/v1/queues/${enc(item.name)}/move`, body);
+      say(`${item.name}: ${r.moved} moved to ${to}, ${r.left} left`, true);
+    });
+    // Meant for a dead-letter queue; on another queue it moves nothing.
+    button(actions, "Replay", async () => {
+      const r = await api("POST", `/api/v1/queues/${enc(item.name)}/replay`);
+      say(`${item.name}: ${r.moved} sent back to their queues, ${r.left} left`, true);
     });
     button(actions, "Delete", async () => {
       await api("DELETE", `/api/v1/queues/${enc(item.name)}`);
@@ -261,6 +318,10 @@ async function showConnections() {
     row.dataset.connection = String(item.id);
     row.dataset.clientId = item.client_id || "";
     for (const v of [item.id, item.protocol, item.transport, item.peer, item.user, item.client_id]) cell(row, v);
+    cell(row, item.messages_in, "number").dataset.field = "messages_in";
+    cell(row, item.messages_out, "number").dataset.field = "messages_out";
+    cell(row, rate(item.rates, "messages_in_per_s"), "number");
+    cell(row, rate(item.rates, "messages_out_per_s"), "number");
     button(cell(row, ""), "Close", async () => {
       await api("DELETE", `/api/v1/connections/${item.id}`, undefined, { "X-Reason": $("close-reason").value });
       say(`connection ${item.id} closed`, true);
@@ -379,19 +440,62 @@ const shown = (list) => patterns(list) || "-";
 // is ticked across refreshes.
 async function offerRoles() {
   const r = await api("GET", `/api/v1/roles?page_size=${PAGE_SIZE}`);
-  const box = $("user-roles");
-  const ticked = new Set([...box.querySelectorAll("input[name=role]:checked")].map((c) => c.value));
-  for (const old of box.querySelectorAll("label")) old.remove();
-  for (const item of r.items) {
-    const label = document.createElement("label");
-    const input = document.createElement("input");
-    input.type = "checkbox";
-    input.name = "role";
-    input.value = item.name;
-    input.checked = ticked.has(item.name);
-    label.append(input, ` ${item.name}`);
-    box.append(label);
+  for (const box of [$("user-roles"), $("change-roles")]) {
+    const ticked = new Set(tickedRoles(box));
+    for (const old of box.querySelectorAll("label")) old.remove();
+    for (const item of r.items) {
+      const label = document.createElement("label");
+      const input = document.createElement("input");
+      input.type = "checkbox";
+      input.name = "role";
+      input.value = item.name;
+      input.checked = ticked.has(item.name);
+      label.append(input, ` ${item.name}`);
+      box.append(label);
+    }
   }
+}
+
+const tickedRoles = (box) => [...box.querySelectorAll("input[name=role]:checked")].map((c) => c.value);
+
+// Fills the change form with `item`: its roles ticked, its own lists.
+function editUser(item) {
+  const form = $("user-change");
+  form.hidden = false;
+  form.dataset.user = item.name;
+  $("change-name").textContent = item.name;
+  $("change-password").value = "";
+  const roles = new Set(item.roles);
+  for (const c of $("change-roles").querySelectorAll("input[name=role]")) c.checked = roles.has(c.value);
+  const own = item.own || {};
+  $("change-publish").value = patterns(own.publish) || "";
+  $("change-subscribe").value = patterns(own.subscribe) || "";
+  $("change-deny-publish").value = patterns(own.deny_publish) || "";
+  $("change-deny-subscribe").value = patterns(own.deny_subscribe) || "";
+}
+
+// One change of the user the change form shows: PUT of `what`.
+async function changeUser(what, body, done) {
+  const name = $("user-change").dataset.user;
+  try {
+    await api("PUT", `/api/v1/users/${enc(name)}/${what}`, body);
+    say(`${name}: ${done}`, true);
+    await refresh();
+  } catch (e) {
+    say(e.message);
+  }
+}
+
+function ownPermissions() {
+  const body = {
+    deny_publish: patternList($("change-deny-publish").value) || [],
+    deny_subscribe: patternList($("change-deny-subscribe").value) || [],
+  };
+  const publish = patternList($("change-publish").value);
+  const subscribe = patternList($("change-subscribe").value);
+  if (publish) body.publish = publish;
+  if (subscribe) body.subscribe = subscribe;
+  return body;
 }
 
 async function showUsers() {
@@ -409,7 +513,9 @@ async function showUsers() {
     cell(row, shown(item.subscribe)).dataset.field = "subscribe";
     cell(row, shown(item.deny_publish)).dataset.field = "deny_publish";
     cell(row, shown(item.deny_subscribe)).dataset.field = "deny_subscribe";
-    button(cell(row, ""), "Delete", async () => {
+    const actions = cell(row, "");
+    button(actions, "Edit", async () => editUser(item));
+    button(actions, "Delete", async () => {
       await api("DELETE", `/api/v1/users/${enc(item.name)}`);
       say(`user ${item.name} deleted`, true);
     });
@@ -456,6 +562,7 @@ function loggedIn(who) {
   $("login").hidden = true;
   $("nav").hidden = false;
   $("who").textContent = who;
+  api("GET", "/api/v1/overview").then(showDemoLink, () => {});
   show(state.view);
 }
 
@@ -519,6 +626,18 @@ document.addEventListener("DOMContentLoaded", () => {
   $("login").addEventListener("submit", login);
   $("user-add").addEventListener("submit", addUser);
   $("role-define").addEventListener("submit", defineRole);
+  $("queue-create").addEventListener("submit", createQueue);
+  $("change-password-submit").addEventListener("click", () => {
+    const password = $("change-password").value;
+    if (!password) return say("type the new password first");
+    changeUser("password", { password }, "password changed");
+    $("change-password").value = "";
+  });
+  $("change-roles-submit").addEventListener("click", () =>
+    changeUser("roles", { roles: tickedRoles($("change-roles")) }, "roles set"));
+  $("change-permissions-submit").addEventListener("click", () =>
+    changeUser("permissions", ownPermissions(), "permissions set"));
+  $("change-done").addEventListener("click", () => { $("user-change").hidden = true; });
   $("logout").addEventListener("click", () => logout("logged out"));
   $("queue-filter").addEventListener("input", () => refresh());
   $("session-filter").addEventListener("input", () => refresh());

@@ -71,7 +71,7 @@ fn run(leased: bool, messages: u64, abandon_every: u64) -> (f64, u64) {
                     conn_id: i as u64,
                     protocol: Protocol::Internal,
                     principal: Principal::anonymous(),
-                    client_id: Some(format!("c{i}")),
+                    client_id: Some(format!("c{i}").into()),
                     take_over: true,
                 },
                 Arc::clone(&inbox) as Arc<dyn EventSink>,

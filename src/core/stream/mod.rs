@@ -21,8 +21,10 @@
 //!
 //! A stream's messages are on disk once, in its log. A reader holds only
 //! its position and the deliveries it has not settled (at most its
-//! credit): each delivery is read from the log (the page cache, for a
-//! reader at the tail) and decoded for that reader alone.
+//! credit): each delivery is read from the log (the log's in-memory tail
+//! for a reader near the end, else the page cache or the disk). Readers
+//! near the end share one decoded message per record (`decoded`); a
+//! reader deep in history decodes its own.
 //!
 //! # Declaration
 //!
@@ -34,6 +36,7 @@
 //! that name exists: declaration at first use, as RabbitMQ does.
 
 mod assign;
+mod decoded;
 mod groups;
 mod members;
 mod partition;
@@ -42,16 +45,17 @@ mod partition_tests;
 mod reader;
 #[cfg(test)]
 mod tests;
+mod unsettled;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 use rosetta_neutral::{BrokerError, Message, StreamOffset, StreamRead};
-use rosetta_store::log::{LogCompletion, LogConfig, StreamLog};
+use rosetta_store::log::{DurableHook, LogCompletion, LogConfig, StreamLog, TailCacheBudget};
 use rosetta_store::{OsStorage, Storage, SyncPolicy};
 
 pub(crate) use groups::Groups;
@@ -68,9 +72,12 @@ const RETENTION_INTERVAL: Duration = Duration::from_secs(10);
 pub const STREAM_NAME_BYTES_MAX: usize = 200;
 /// Most partitions of one stream: each is a log with open files.
 pub const STREAM_PARTITIONS_MAX: u32 = 256;
-
-/// Runs once a stream append is durable (or failed).
-pub(crate) type AppendDone = Box<dyn FnOnce(Result<(), BrokerError>) + Send>;
+/// Memory all streams' tail caches share (see `rosetta_store::log`'s
+/// `tail`): readers at the tail of busy streams read the newest batches
+/// from memory, one copy however many they are.
+const STREAMS_TAIL_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+/// One stream's share of it at most: a few write batches.
+const STREAM_TAIL_CACHE_BYTES: u64 = 8 * 1024 * 1024;
 
 /// One `[[streams]]` rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +147,8 @@ pub(crate) struct Stream {
     pub(crate) name: Arc<str>,
     pub(crate) log: StreamLog,
     readers: Mutex<Vec<Weak<Reader>>>,
+    /// The newest records' messages, decoded once for all readers.
+    pub(crate) decoded: Mutex<decoded::Decoded>,
 }
 
 impl Stream {
@@ -206,6 +215,7 @@ pub(crate) struct Streams {
     /// a publish no file system call.
     known: HashSet<String>,
     pump: Arc<PumpQueue>,
+    tail_cache: Arc<TailCacheBudget>,
     pub(crate) groups: groups::Groups,
 }
 
@@ -284,6 +294,7 @@ impl Streams {
             partitioned: Mutex::new(HashMap::new()),
             members: members::Members::default(),
             pump: Arc::new(PumpQueue::default()),
+            tail_cache: TailCacheBudget::new(STREAMS_TAIL_CACHE_BYTES),
             groups,
         });
         if s.config.dir.is_some() {
@@ -384,51 +395,69 @@ impl Streams {
         lc.max_age_s = rule.max_age_s;
         lc.max_bytes = rule.max_bytes;
         lc.storage = Arc::clone(&self.config.storage);
+        lc.tail_cache_bytes = STREAM_TAIL_CACHE_BYTES;
+        lc.tail_cache_budget = Arc::clone(&self.tail_cache);
+        // The readers are served once per durable batch, not per record.
+        let hook_stream: Arc<OnceLock<Weak<Stream>>> = Arc::new(OnceLock::new());
+        let pump = Arc::clone(&self.pump);
+        let hooked = Arc::clone(&hook_stream);
+        lc.on_durable = Some(DurableHook(Arc::new(move |_next| {
+            if let Some(s) = hooked.get().and_then(Weak::upgrade) {
+                pump.mark(&s);
+            }
+        })));
+        let opening = Instant::now();
         let (log, report) = StreamLog::open(lc).map_err(|e| BrokerError::Storage(e.to_string()))?;
         tracing::info!(
             stream = name,
             first = report.first_offset,
             next = report.next_offset,
+            segments = report.segments,
+            from_index_files = report.indexes_used,
             torn_tail_bytes = report.torn_tail_bytes,
             lost = report.lost.len(),
+            open_ms = opening.elapsed().as_millis(),
             "stream opened"
         );
         let s = Arc::new(Stream {
             name: Arc::from(name),
             log,
             readers: Mutex::new(Vec::new()),
+            decoded: Mutex::new(decoded::Decoded::default()),
         });
+        let _ = hook_stream.set(Arc::downgrade(&s));
         open.insert(name.to_owned(), Arc::clone(&s));
         Ok(Some(s))
     }
 
     /// Appends `message` to `stream` at `now_ms`; `done` runs once it is
-    /// durable, and then the stream's readers are served.
-    pub(crate) fn append(
+    /// durable. The stream's readers are served once per durable batch
+    /// (the log's [`DurableHook`]).
+    pub(crate) fn append<F>(
         &self,
         stream: &Arc<Stream>,
         message: &Message,
         now_ms: u64,
-        done: Option<AppendDone>,
-    ) -> Result<u64, BrokerError> {
-        let mut body = Vec::new();
+        done: Option<F>,
+    ) -> Result<u64, BrokerError>
+    where
+        F: FnOnce(Result<(), BrokerError>) + Send + 'static,
+    {
+        let mut body = Vec::with_capacity(message.memory_size());
         crate::codec::encode_message(message, &mut body);
-        let pump = Arc::clone(&self.pump);
-        let weak = Arc::downgrade(stream);
-        let completion: LogCompletion = Box::new(move |r| {
-            if let Some(s) = weak.upgrade() {
-                pump.mark(&s);
-            }
-            if let Some(done) = done {
+        // One box per confirmed append (the log's completion), none for
+        // the others.
+        let completion = done.map(|done| -> LogCompletion {
+            Box::new(move |r| {
                 done(
                     r.map(|_| ())
                         .map_err(|e| BrokerError::Storage(e.to_string())),
                 );
-            }
+            })
         });
         stream
             .log
-            .append(now_ms, Bytes::from(body), Some(completion))
+            .append(now_ms, Bytes::from(body), completion)
             .map_err(|e| BrokerError::Storage(e.to_string()))
     }
 

@@ -20,7 +20,7 @@
 //! whatever was unsettled (at-least-once). An auto-settled reader commits
 //! as it is sent (at-most-once).
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -32,6 +32,7 @@ use rosetta_neutral::{
 use rosetta_store::Completion;
 
 use super::groups::Groups;
+use super::unsettled::Unsettled;
 use super::Stream;
 
 /// Most records one pump pass reads for a reader: a reader with a large
@@ -62,7 +63,11 @@ struct ReaderState {
     sent: u32,
     drain: bool,
     /// Tag → (part, offset) of what is sent and not yet settled.
-    unsettled: BTreeMap<u64, (usize, u64)>,
+    unsettled: Unsettled,
+    /// The same by (part, offset, tag), kept only for a reader with a
+    /// group: the lowest unsettled offset of a part, which a settlement
+    /// commits, is its first entry there.
+    unsettled_by_offset: BTreeSet<(usize, u64, u64)>,
     next_tag: u64,
     closed: bool,
 }
@@ -139,7 +144,8 @@ impl Reader {
                 credit,
                 sent: 0,
                 drain: false,
-                unsettled: BTreeMap::new(),
+                unsettled: Unsettled::default(),
+                unsettled_by_offset: BTreeSet::new(),
                 next_tag: 1,
                 closed: false,
             }),
@@ -237,6 +243,19 @@ impl Reader {
                 return PartPump::Empty;
             }
         };
+        // Decoded outside the reader's lock, and shared with the other
+        // readers near the end of the log (see `decoded`).
+        let end = stream.log.bounds().next;
+        let decoded: Vec<_> = {
+            let mut shared = stream.decoded.lock();
+            read.records
+                .into_iter()
+                .map(|rec| {
+                    let m = shared.get(rec.offset, rec.body, end);
+                    (rec.offset, rec.timestamp_ms, m)
+                })
+                .collect()
+        };
         let mut st = self.state.lock();
         if st.closed {
             return PartPump::Stop;
@@ -245,7 +264,7 @@ impl Reader {
         if !st.parts[part].assigned || st.parts[part].next != from {
             return PartPump::Empty;
         }
-        if read.records.is_empty() {
+        if decoded.is_empty() {
             st.parts[part].next = read.next.max(from);
             return PartPump::Empty;
         }
@@ -255,21 +274,24 @@ impl Reader {
                 "stream reader cut by retention skips ahead");
         }
         let partition = self.source.partitioned.then_some(part as u32);
-        for rec in read.records {
-            let message = match crate::codec::decode_message_exact(rec.body) {
-                Ok(m) => Arc::new(m),
+        for (offset, timestamp_ms, message) in decoded {
+            let message = match message {
+                Ok(m) => m,
                 Err(e) => {
-                    tracing::error!(stream = %stream.name, offset = rec.offset, error = %e,
+                    tracing::error!(stream = %stream.name, offset, error = %e,
                         "stream record does not decode; skipped");
-                    st.parts[part].next = rec.offset + 1;
+                    st.parts[part].next = offset + 1;
                     continue;
                 }
             };
             let tag = st.next_tag;
             st.next_tag += 1;
-            st.parts[part].next = rec.offset + 1;
+            st.parts[part].next = offset + 1;
             if !self.auto_settle {
-                st.unsettled.insert(tag, (part, rec.offset));
+                st.unsettled.insert(tag, part, offset);
+                if self.group.is_some() {
+                    st.unsettled_by_offset.insert((part, offset, tag));
+                }
             }
             if let CreditMode::Explicit(_) = st.mode {
                 st.credit = st.credit.saturating_sub(1);
@@ -290,8 +312,8 @@ impl Reader {
                 annotation: None,
                 charge,
                 stream: Some(StreamPosition {
-                    offset: rec.offset,
-                    timestamp_ms: rec.timestamp_ms,
+                    offset,
+                    timestamp_ms,
                     missed,
                     partition,
                 }),
@@ -317,22 +339,22 @@ impl Reader {
         done: Option<Completion>,
     ) -> Settlement {
         let mut st = self.state.lock();
-        let Some((part, _)) = st.unsettled.remove(&tag.0) else {
+        let Some((part, offset)) = st.unsettled.remove(tag.0) else {
             return Settlement::Unknown;
         };
         let Some(g) = &self.group else {
             return Settlement::NoCommit;
         };
+        st.unsettled_by_offset.remove(&(part, offset, tag.0));
         if !st.parts[part].assigned {
             return Settlement::NoCommit;
         }
         let upto = st
-            .unsettled
-            .values()
-            .filter(|(p, _)| *p == part)
-            .map(|(_, o)| *o)
-            .min()
-            .unwrap_or(st.parts[part].next);
+            .unsettled_by_offset
+            .range((part, 0, 0)..)
+            .next()
+            .filter(|(p, _, _)| *p == part)
+            .map_or(st.parts[part].next, |&(_, o, _)| o);
         let name = &self.source.streams[part].name;
         if groups.commit(name, g, upto, false, done) {
             Settlement::Committed

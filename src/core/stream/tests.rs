@@ -166,6 +166,31 @@ fn a_stream_declared_at_first_use_is_read_from_first_offset_and_timestamp_withou
     assert!(quiet(&rev).is_empty());
 }
 
+/// Readers at the tail share what they are sent: one decoded message per
+/// record (and its body, a slice of the log's in-memory tail), however
+/// many readers there are; a reader of old history decodes its own.
+#[test]
+fn readers_at_the_tail_share_one_decoded_message_per_record() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(1_000));
+    let core = start(d.path(), vec![], &clock);
+    let (mut s, ev) = open(&core, "a");
+    let (mut r, rev) = open(&core, "b");
+    consume(&mut s, "s1", 100, read(None, None)).expect("reader a");
+    consume(&mut r, "s1", 100, read(None, None)).expect("reader b");
+    publish(&mut s, &ev, "s1", &["m0", "m1", "m2"]);
+    let a = deliveries(&ev, 3);
+    let b = deliveries(&rev, 3);
+    for (x, y) in a.iter().zip(&b) {
+        assert!(
+            Arc::ptr_eq(&x.message, &y.message),
+            "offset {:?}: two decodes",
+            x.stream
+        );
+    }
+    assert_eq!(text(&b[2]), "m2");
+}
+
 #[test]
 fn a_bad_start_or_a_stream_read_of_a_plain_queue_is_refused_and_nothing_else_changes() {
     let d = tempfile::tempdir().expect("tempdir");

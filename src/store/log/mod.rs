@@ -13,9 +13,13 @@
 //!
 //! - `format`: segment names, the segment header, the record frame;
 //! - `writer`: group commit (one `write` and one `fdatasync` per batch);
-//! - `recovery`: the scan at open, which verifies every record, cuts a
-//!   torn tail and rebuilds the indexes (cases table there);
+//! - `recovery`: opening a log: sealed segments from their index files,
+//!   the others by a scan that verifies every record, cuts a torn tail and
+//!   rebuilds the indexes (cases table there);
+//! - `index_file`: a sealed segment's sparse index kept in a file;
 //! - `retention`: deleting whole segments by age and size;
+//! - `tail`: the newest batches kept in memory, as written, for readers
+//!   at the tail;
 //! - this module: the shared state, the indexes and the read path.
 //!
 //! # Files
@@ -35,9 +39,12 @@
 //! search. Each segment keeps in memory a sparse index: one
 //! (offset, timestamp, file position) entry at its first record and then
 //! at least every [`LOG_INDEX_INTERVAL_BYTES`], so a seek by offset or by
-//! time reads at most that many bytes before the record it wants. The
-//! indexes are not files: recovery rebuilds them in the scan that verifies
-//! the records.
+//! time reads at most that many bytes before the record it wants. A
+//! sealed segment's index is also written to a file next to it (when the
+//! writer seals it, or when recovery scanned it), so that opening a log
+//! with many segments reads their indexes, not their records; a missing
+//! or damaged index file costs only a scan of its segment
+//! (`index_file`).
 //!
 //! # Durability: what an append's completion means
 //!
@@ -51,8 +58,10 @@
 //! later append complete with [`StoreError::Failed`].
 
 mod format;
+mod index_file;
 mod recovery;
 mod retention;
+mod tail;
 #[cfg(test)]
 mod tests;
 mod writer;
@@ -65,13 +74,15 @@ use std::thread::JoinHandle;
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 
-use crate::storage::{read_up_to, OsStorage, Storage, StorageFile};
+use crate::storage::{OsStorage, Storage, StorageFile};
 use crate::{io_error, StoreError, SyncPolicy};
 
 pub use format::LOG_RECORD_BODY_MAX_BYTES;
 use format::{RecordHeader, RECORD_HEADER_BYTES};
 pub use recovery::LogRecovery;
 pub use retention::RetentionReport;
+use tail::TailCache;
+pub use tail::TailCacheBudget;
 use writer::{Job, WriterState};
 
 /// Default segment size: RabbitMQ's stream default (500 MB) is for
@@ -94,6 +105,22 @@ pub const LOG_BATCH_BYTES_MAX: u64 = 8 * 1024 * 1024;
 /// Default bound on appended-but-unwritten bytes before `append` blocks
 /// its caller: a few batches' worth, so the writer never starves.
 pub const LOG_PENDING_BYTES_MAX_DEFAULT: u64 = 32 * 1024 * 1024;
+/// Default bound on one log's tail cache (see `tail`): a few batches of a
+/// busy producer, so readers a credit's worth behind the writer are served
+/// from memory.
+pub const LOG_TAIL_CACHE_BYTES_DEFAULT: u64 = 4 * 1024 * 1024;
+
+/// Runs after each batch became readable, with the log's new readable end
+/// (on the writer thread, before the batch's completions): one call per
+/// batch, for whoever serves readers.
+#[derive(Clone)]
+pub struct DurableHook(pub Arc<dyn Fn(u64) + Send + Sync>);
+
+impl std::fmt::Debug for DurableHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DurableHook")
+    }
+}
 
 /// Runs once an append is durable (or failed), with the record's offset;
 /// on the writer thread, in offset order: keep it short.
@@ -122,6 +149,14 @@ pub struct LogConfig {
     /// only inside [`StreamLog::step`] and the blocking calls, on the
     /// calling thread: for deterministic simulations.
     pub background_writer: bool,
+    /// Most bytes of this log's newest batches kept in memory for readers
+    /// at the tail (0: none).
+    pub tail_cache_bytes: u64,
+    /// The memory the tail cache shares with other logs' (by default its
+    /// own, of `tail_cache_bytes`).
+    pub tail_cache_budget: Arc<TailCacheBudget>,
+    /// Called once per batch made readable (see [`DurableHook`]).
+    pub on_durable: Option<DurableHook>,
 }
 
 impl LogConfig {
@@ -136,6 +171,9 @@ impl LogConfig {
             pending_bytes_max: LOG_PENDING_BYTES_MAX_DEFAULT,
             storage: Arc::new(OsStorage),
             background_writer: true,
+            tail_cache_bytes: LOG_TAIL_CACHE_BYTES_DEFAULT,
+            tail_cache_budget: TailCacheBudget::new(LOG_TAIL_CACHE_BYTES_DEFAULT),
+            on_durable: None,
         }
     }
 
@@ -295,6 +333,8 @@ struct View {
     /// By base offset; the last is the one being written.
     segments: BTreeMap<u64, Segment>,
     stats: LogStats,
+    /// The newest records, in memory.
+    tail: TailCache,
 }
 
 impl View {
@@ -386,7 +426,73 @@ impl StreamLog {
     /// one). A `from` below the first offset starts at the first offset
     /// and says how many were missed; one at or past the end returns no
     /// records.
+    ///
+    /// A record found damaged in a sealed segment (one opened from its
+    /// index file, whose records recovery did not read) has that segment
+    /// scanned again: the damage becomes a hole the read steps over, as
+    /// recovery would have made it.
     pub fn read(
+        &self,
+        from: u64,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<LogRead, StoreError> {
+        match self.read_once(from, max_records, max_bytes) {
+            Err(e @ StoreError::Corrupt { .. }) if self.rescan_for(&e)? => {
+                self.read_once(from, max_records, max_bytes)
+            }
+            r => r,
+        }
+    }
+
+    /// Scans again the sealed segment a [`StoreError::Corrupt`] names;
+    /// `true` when that found damage the view did not know of (so a read
+    /// again steps over it).
+    fn rescan_for(&self, e: &StoreError) -> Result<bool, StoreError> {
+        let StoreError::Corrupt { path, .. } = e else {
+            return Ok(false);
+        };
+        let (seg, holes_before) = {
+            let view = self.inner.view.lock();
+            let newest = view.segments.keys().next_back().copied();
+            let Some(seg) = view
+                .segments
+                .values()
+                .find(|s| s.path == *path && Some(s.base) != newest)
+            else {
+                return Ok(false);
+            };
+            (
+                Segment {
+                    base: seg.base,
+                    path: seg.path.clone(),
+                    file: Arc::clone(&seg.file),
+                    salt: seg.salt,
+                    len: seg.len,
+                    next: seg.next,
+                    last_ts: seg.last_ts,
+                    index: Vec::new(),
+                    holes: Vec::new(),
+                },
+                seg.holes.clone(),
+            )
+        };
+        let scanned = recovery::rescan(&*self.inner.config.storage, &seg)?;
+        if scanned.holes == holes_before {
+            return Ok(false);
+        }
+        let mut view = self.inner.view.lock();
+        if let Some(s) = view.segments.get_mut(&scanned.base) {
+            s.len = scanned.len;
+            s.next = scanned.next;
+            s.last_ts = scanned.last_ts;
+            s.index = scanned.index;
+            s.holes = scanned.holes;
+        }
+        Ok(true)
+    }
+
+    fn read_once(
         &self,
         from: u64,
         max_records: usize,
@@ -404,6 +510,17 @@ impl StreamLog {
                 if out.next < bounds.first {
                     out.missed += bounds.first - out.next;
                     out.next = bounds.first;
+                }
+                // The newest records are in memory: no read call, no copy.
+                if let Some(next) = view.tail.read(
+                    out.next,
+                    max_records,
+                    max_bytes,
+                    &mut out.records,
+                    &mut bytes,
+                ) {
+                    out.next = next;
+                    return Ok(out);
                 }
                 let Some(seg) = view.segments.range(..=out.next).next_back().map(|(_, s)| s) else {
                     return Ok(out);
@@ -443,9 +560,7 @@ impl StreamLog {
                 let want = usize::try_from(end - pos)
                     .unwrap_or(usize::MAX)
                     .min(chunk_bytes);
-                let chunk = Bytes::from(
-                    read_up_to(&*file, pos, want).map_err(|e| io_error("read", &path, e))?,
-                );
+                let chunk = read_readable(&*file, &path, pos, want)?;
                 let mut at = 0usize;
                 while at < chunk.len() {
                     if let Some(to) = holes.as_ref().and_then(|h| h.skip_hole(pos + at as u64)) {
@@ -480,8 +595,18 @@ impl StreamLog {
     }
 
     /// The first offset whose record is stamped at or after `ts_ms`; the
-    /// end of the log when none is.
+    /// end of the log when none is. Damage found on the way is handled as
+    /// [`StreamLog::read`] handles it.
     pub fn offset_at_timestamp(&self, ts_ms: u64) -> Result<u64, StoreError> {
+        match self.offset_at_timestamp_once(ts_ms) {
+            Err(e @ StoreError::Corrupt { .. }) if self.rescan_for(&e)? => {
+                self.offset_at_timestamp_once(ts_ms)
+            }
+            r => r,
+        }
+    }
+
+    fn offset_at_timestamp_once(&self, ts_ms: u64) -> Result<u64, StoreError> {
         let (file, path, salt, mut pos, end, mut candidate, holes) = {
             let view = self.inner.view.lock();
             let bounds = view.bounds();
@@ -507,8 +632,7 @@ impl StreamLog {
             let want = usize::try_from(end - pos)
                 .unwrap_or(usize::MAX)
                 .min(LOG_READ_CHUNK_BYTES);
-            let chunk =
-                Bytes::from(read_up_to(&*file, pos, want).map_err(|e| io_error("read", &path, e))?);
+            let chunk = read_readable(&*file, &path, pos, want)?;
             let mut at = 0usize;
             loop {
                 if let Some(to) = holes.as_ref().and_then(|h| h.skip_hole(pos + at as u64)) {
@@ -597,6 +721,20 @@ impl Drop for StreamLog {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// `len` readable bytes at `pos`: the caller knows they are there (below
+/// the segment's readable length), so no call asks the file's size.
+fn read_readable(
+    file: &dyn StorageFile,
+    path: &Path,
+    pos: u64,
+    len: usize,
+) -> Result<Bytes, StoreError> {
+    let mut buf = vec![0u8; len];
+    file.read_at(&mut buf, pos)
+        .map_err(|e| io_error("read", path, e))?;
+    Ok(Bytes::from(buf))
 }
 
 /// One record decoded from a chunk.

@@ -1,11 +1,16 @@
-//! Opening a stream log: every segment is scanned and every record
-//! verified (header checksum salted with the segment's salt, body
-//! checksum, offsets rising), the sparse indexes are rebuilt from the
-//! scan, and damage costs only the damaged bytes.
+//! Opening a stream log: a sealed segment with a valid index file (see
+//! `index_file`) is opened from it, without reading the segment; every
+//! other segment is scanned and every record verified (header checksum
+//! salted with the segment's salt, body checksum, offsets rising), its
+//! sparse index is rebuilt from the scan (and, for a sealed segment,
+//! written to its index file), and damage costs only the damaged bytes.
 //!
 //! | found | done |
 //! |---|---|
 //! | no segment | segment 0 is created (a new log) |
+//! | a sealed segment whose index file verifies (checksum, version, base offset, salt, the segment's size) | opened from the index: its summary, sparse index and known holes; not read |
+//! | a sealed segment whose index file is missing, torn, damaged or does not match | scanned as below, and its index file written again |
+//! | damage in a sealed segment opened from its index, found by a read | that segment is scanned again: the damaged bytes become a hole readers step over (their offsets a gap), and its index file is written again |
 //! | a bad record, and a valid one later in the segment | the bytes between are reported lost (their offsets become a gap readers step over); the scan goes on from the valid one |
 //! | a bad record in the newest segment (a crash during a write) | the torn tail is cut there (`set_len` + `fdatasync`) and reported, with any valid-looking records after it; appends go on from the last valid record. A torn write keeps or drops each sector of the unsynced batch independently, so records after a torn sector were never acknowledged (their batch was not synced), and keeping them would leave a gap of offsets that their producers were told failed. The price: bit rot inside the newest segment costs the records after it in that segment too (Kafka makes the same choice for its unflushed tail) |
 //! | bad bytes to the end of an older segment | reported lost, left as they are (the segment is sealed; retention deletes it in time) |
@@ -24,11 +29,13 @@ use tracing::{info, warn};
 use super::format::{
     self, LogSegmentHeader, RecordHeader, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES,
 };
+use super::index_file::{self, SegmentIndex};
+use super::tail::TailCache;
 use super::writer::{self, Active, WriterState};
 use super::{
     IndexEntry, LogConfig, LogStats, Segment, View, LOG_INDEX_INTERVAL_BYTES, LOG_READ_CHUNK_BYTES,
 };
-use crate::storage::{read_up_to, StorageFile};
+use crate::storage::{read_up_to, Storage, StorageFile};
 use crate::{io_error, StoreError};
 
 /// What recovery found.
@@ -48,6 +55,8 @@ pub struct LogRecovery {
     pub lost: Vec<(PathBuf, u64, u64)>,
     /// Older segments whose header did not verify, left out.
     pub unreadable_segments: Vec<PathBuf>,
+    /// Sealed segments opened from their index file, without a scan.
+    pub indexes_used: usize,
 }
 
 /// Reads a file through a window of [`LOG_READ_CHUNK_BYTES`], so the scan
@@ -196,6 +205,56 @@ fn scan(
     })
 }
 
+/// The index file's summary of a scan.
+fn index_of(s: &Scanned) -> SegmentIndex {
+    SegmentIndex {
+        base: s.segment.base,
+        salt: s.segment.salt,
+        file_size: s.size,
+        len: s.valid_end,
+        next: s.segment.next,
+        last_ts: s.segment.last_ts,
+        records: s.records,
+        entries: s.segment.index.clone(),
+        holes: s.segment.holes.clone(),
+    }
+}
+
+/// A sealed segment as its index file describes it.
+fn segment_of_index(idx: SegmentIndex, path: PathBuf, file: Arc<dyn StorageFile>) -> Segment {
+    Segment {
+        base: idx.base,
+        path,
+        file,
+        salt: idx.salt,
+        len: idx.len,
+        next: idx.next,
+        last_ts: idx.last_ts,
+        index: idx.entries,
+        holes: idx.holes,
+    }
+}
+
+/// Scans the sealed segment `seg` again (a read found damage the index
+/// file did not know of): its readable summary, indexes and holes as the
+/// scan finds them now, and its index file written again. See
+/// `StreamLog::read`.
+pub(crate) fn rescan(storage: &dyn Storage, seg: &Segment) -> Result<Segment, StoreError> {
+    let header = LogSegmentHeader {
+        base_offset: seg.base,
+        created_ms: 0,
+        salt: seg.salt,
+    };
+    let s = scan(Arc::clone(&seg.file), seg.path.clone(), header, false)?;
+    for &(from, to) in &s.lost {
+        warn!(segment = %seg.path.display(), from, to, "stream log: damaged bytes found by a read; skipped");
+    }
+    if let Err(e) = index_file::store(storage, &seg.path, &index_of(&s)) {
+        warn!(segment = %seg.path.display(), error = %e, "stream log: segment index not written");
+    }
+    Ok(s.segment)
+}
+
 /// Opens what is in the log directory; see the module docs.
 pub(crate) fn recover(config: &LogConfig) -> Result<(View, WriterState, LogRecovery), StoreError> {
     let storage = &*config.storage;
@@ -214,6 +273,10 @@ pub(crate) fn recover(config: &LogConfig) -> Result<(View, WriterState, LogRecov
     let mut view = View {
         segments: std::collections::BTreeMap::new(),
         stats: LogStats::default(),
+        tail: TailCache::new(
+            config.tail_cache_bytes,
+            Arc::clone(&config.tail_cache_budget),
+        ),
     };
     let mut active = None;
     for (i, &base) in bases.iter().enumerate() {
@@ -249,7 +312,28 @@ pub(crate) fn recover(config: &LogConfig) -> Result<(View, WriterState, LogRecov
             }
             continue;
         };
+        if !newest {
+            let size = file.size().map_err(|e| io_error("stat", &path, e))?;
+            if let Some(idx) = index_file::load(storage, &path, base, header.salt, size) {
+                // Its index stands for a scan (see `index_file`).
+                for &(from, to) in &idx.holes {
+                    warn!(segment = %path.display(), from, to, "stream log: damaged bytes skipped");
+                    report.lost.push((path.clone(), from, to));
+                }
+                report.records += idx.records;
+                report.indexes_used += 1;
+                view.segments
+                    .insert(base, segment_of_index(idx, path, file));
+                continue;
+            }
+        }
         let mut s = scan(file, path.clone(), header, newest)?;
+        if !newest {
+            // Next time this segment's index is read instead.
+            if let Err(e) = index_file::store(storage, &path, &index_of(&s)) {
+                warn!(segment = %path.display(), error = %e, "stream log: segment index not written");
+            }
+        }
         for &(from, to) in &s.lost {
             if newest && to == s.size {
                 continue; // the torn tail, cut below

@@ -8,6 +8,9 @@
 //!   larger than the limit, so the log holds at most `max_bytes` plus one
 //!   segment between runs.
 //!
+//! A run also gives back the memory of a tail cache nobody appended to
+//! since the last run (see `tail`).
+//!
 //! A segment is first taken out of the readers' view, then its file is
 //! removed and the directory synced. A read already in it finishes from
 //! its open handle; a reader whose position is below the new first offset
@@ -66,6 +69,10 @@ pub(crate) fn apply(inner: &Inner, now_ms: u64) -> Result<RetentionReport, Store
         }
         view.stats.segments_deleted += report.segments;
         report.first_offset = view.bounds().first;
+        let first = report.first_offset;
+        view.tail.drop_below(first);
+        // Retention runs every few seconds: an idle log's cache goes.
+        view.tail.trim_if_idle();
     }
     if doomed.is_empty() {
         return Ok(report);
@@ -75,6 +82,8 @@ pub(crate) fn apply(inner: &Inner, now_ms: u64) -> Result<RetentionReport, Store
             .storage
             .remove(&seg.path)
             .map_err(|e| io_error("remove", &seg.path, e))?;
+        super::index_file::remove(&*config.storage, &seg.path)
+            .map_err(|e| io_error("remove the index of", &seg.path, e))?;
     }
     config
         .storage

@@ -17,9 +17,10 @@ use std::thread::ThreadId;
 use std::time::Instant;
 
 use bytes::Bytes;
-use tracing::{debug, error};
+use tracing::{debug, error, warn};
 
 use super::format::{self, LogSegmentHeader, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use super::index_file::{self, SegmentIndex};
 use super::{
     IndexEntry, Inner, LogCompletion, Segment, LOG_BATCH_BYTES_MAX, LOG_INDEX_INTERVAL_BYTES,
 };
@@ -212,7 +213,7 @@ fn sync_if_unsynced(inner: &Inner) {
 /// made).
 pub(crate) fn step(inner: &Inner) -> bool {
     let mut ws = inner.writer.lock();
-    let jobs = take_batch(inner);
+    let (jobs, bytes) = take_batch(inner);
     if jobs.is_empty() {
         if sync_due(inner).is_some_and(|at| at <= Instant::now()) {
             drop(ws);
@@ -220,11 +221,12 @@ pub(crate) fn step(inner: &Inner) -> bool {
         }
         return false;
     }
-    write_batch(inner, &mut ws, jobs);
+    write_batch(inner, &mut ws, jobs, bytes);
     true
 }
 
-fn take_batch(inner: &Inner) -> Vec<Job> {
+/// The jobs of one batch and the bytes their frames take.
+fn take_batch(inner: &Inner) -> (Vec<Job>, u64) {
     let mut q = inner.queue.lock();
     let mut jobs = Vec::new();
     let mut bytes = 0u64;
@@ -241,7 +243,7 @@ fn take_batch(inner: &Inner) -> Vec<Job> {
     q.pending_bytes -= bytes;
     drop(q);
     inner.queue_changed.notify_all();
-    jobs
+    (jobs, bytes)
 }
 
 /// What a batch adds to one segment, applied to the readers' view once
@@ -259,13 +261,25 @@ enum Done {
     Sync(SyncCompletion),
 }
 
-fn write_batch(inner: &Inner, ws: &mut WriterState, jobs: Vec<Job>) {
+/// The records of the batch's buffer, for the tail cache: the first's
+/// offset and where each frame starts in the buffer. Only what follows the
+/// last rollover (what went before was written out of the buffer then).
+#[derive(Default)]
+struct Framed {
+    first: Option<u64>,
+    starts: Vec<u32>,
+}
+
+fn write_batch(inner: &Inner, ws: &mut WriterState, jobs: Vec<Job>, bytes: u64) {
     let mut done = Vec::with_capacity(jobs.len());
     let mut result = match &ws.failed {
         Some(e) => Err(StoreError::Failed(Box::new(e.clone()))),
         None => Ok(()),
     };
-    let mut buf = Vec::new();
+    // Sized once: the frames' bytes are known, so the buffer never grows
+    // (and copies itself) while the batch is encoded.
+    let mut buf = Vec::with_capacity(usize::try_from(bytes).unwrap_or(0));
+    let mut framed = Framed::default();
     let mut pieces = vec![piece_of(&ws.active)];
     let mut created = Vec::new();
     let mut records = 0u64;
@@ -291,6 +305,7 @@ fn write_batch(inner: &Inner, ws: &mut WriterState, jobs: Vec<Job>) {
                         pieces.push(piece_of(&ws.active));
                         created.push(seg);
                     });
+                    framed = Framed::default();
                     if result.is_err() {
                         continue;
                     }
@@ -311,6 +326,10 @@ fn write_batch(inner: &Inner, ws: &mut WriterState, jobs: Vec<Job>) {
                     });
                     ws.active.last_index_pos = Some(pos);
                 }
+                framed.first.get_or_insert(offset);
+                framed
+                    .starts
+                    .push(u32::try_from(buf.len()).unwrap_or(u32::MAX));
                 format::encode_record(&mut buf, ws.active.salt, offset, timestamp_ms, &body);
                 piece.len = pos + frame;
                 piece.next = Some(offset + 1);
@@ -333,8 +352,19 @@ fn write_batch(inner: &Inner, ws: &mut WriterState, jobs: Vec<Job>) {
         syncs += 1;
         ws.unsynced_since = None;
     }
+    // Segments this batch sealed (rolled over from): their index files
+    // are written once its completions ran.
+    let sealed: Vec<u64> = match pieces.split_last() {
+        Some((_, before)) if result.is_ok() => before.iter().map(|p| p.base).collect(),
+        _ => Vec::new(),
+    };
     match &result {
-        Ok(()) => apply(inner, pieces, created, records, syncs),
+        Ok(()) => {
+            let next = apply(inner, pieces, created, records, syncs, framed, buf);
+            if let Some(hook) = &inner.config.on_durable {
+                (hook.0)(next);
+            }
+        }
         Err(e) => {
             if ws.failed.is_none() {
                 error!(dir = %inner.config.dir.display(), error = %e,
@@ -351,6 +381,38 @@ fn write_batch(inner: &Inner, ws: &mut WriterState, jobs: Vec<Job>) {
             (Done::Sync(f), Ok(())) => f(Ok(())),
             (Done::Sync(f), Err(e)) => f(Err(failed(e))),
         }
+    }
+    for base in sealed {
+        store_index(inner, base);
+    }
+}
+
+/// Writes the index file of the sealed segment `base` (see `index_file`);
+/// a failure only costs a scan of it at the next open.
+fn store_index(inner: &Inner, base: u64) {
+    let (path, index) = {
+        let view = inner.view.lock();
+        let Some(seg) = view.segments.get(&base) else {
+            return; // already deleted by retention
+        };
+        (
+            seg.path.clone(),
+            SegmentIndex {
+                base,
+                salt: seg.salt,
+                // The writer wrote it whole: its file is its readable length.
+                file_size: seg.len,
+                len: seg.len,
+                next: seg.next,
+                last_ts: seg.last_ts,
+                records: seg.next - base,
+                entries: seg.index.clone(),
+                holes: seg.holes.clone(),
+            },
+        )
+    };
+    if let Err(e) = index_file::store(&*inner.config.storage, &path, &index) {
+        warn!(segment = %path.display(), error = %e, "stream log: segment index not written");
     }
 }
 
@@ -372,8 +434,18 @@ fn piece_of(a: &Active) -> Piece {
 }
 
 /// Makes a batch readable: readers see its records only now that they
-/// are as durable as the policy promises.
-fn apply(inner: &Inner, pieces: Vec<Piece>, created: Vec<Segment>, records: u64, syncs: u64) {
+/// are as durable as the policy promises. The buffer the batch was written
+/// from goes to the tail cache. Returns the new readable end.
+fn apply(
+    inner: &Inner,
+    pieces: Vec<Piece>,
+    created: Vec<Segment>,
+    records: u64,
+    syncs: u64,
+    framed: Framed,
+    buf: Vec<u8>,
+) -> u64 {
+    let data = Bytes::from(buf);
     let mut view = inner.view.lock();
     for seg in created {
         view.segments.insert(seg.base, seg);
@@ -393,6 +465,17 @@ fn apply(inner: &Inner, pieces: Vec<Piece>, created: Vec<Segment>, records: u64,
     view.stats.records += records;
     view.stats.batches += 1;
     view.stats.syncs += syncs;
+    if let Some(first) = framed.first {
+        // A rollover wrote and emptied the buffer: what it holds now are
+        // the records of the active segment, from its start.
+        assert_eq!(
+            framed.starts.first(),
+            Some(&0),
+            "framed from the buffer's start"
+        );
+        view.tail.push(first, framed.starts, data);
+    }
+    view.bounds().next
 }
 
 fn write(a: &Active, buf: &[u8]) -> Result<(), StoreError> {

@@ -110,7 +110,7 @@ impl AmqpConnection {
         let answer = refusal_protocol_id(after_sasl, requested, sasl_optional);
         debug!(conn = self.conn_id, ?requested, answer, error = %e, "protocol header refused");
         self.out.extend_from_slice(&frame::protocol_header(answer));
-        self.error = Some(e);
+        self.error = Some(Box::new(e));
         self.state = State::Closed;
     }
 
@@ -216,9 +216,9 @@ impl AmqpConnection {
             additional_data: None,
         };
         write_frame(&mut self.out, FRAME_TYPE_SASL, 0, &outcome, &[]);
-        self.error = Some(AmqpError::Broker(
+        self.error = Some(Box::new(AmqpError::Broker(
             rosetta_neutral::BrokerError::Unauthorized(why),
-        ));
+        )));
         self.state = State::Closed;
     }
 
@@ -239,7 +239,7 @@ impl AmqpConnection {
             conn_id: self.conn_id,
             protocol: Protocol::Amqp,
             principal,
-            client_id: Some(open.container_id),
+            client_id: Some(open.container_id.into()),
             take_over: false,
         };
         let core = self.broker.open_session(info, self.sink.clone());

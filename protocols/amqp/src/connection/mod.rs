@@ -83,8 +83,12 @@ enum State {
 }
 
 /// A sans-IO AMQP 1.0 server connection (see the crate docs for the shape).
+///
+/// One per connection, idle ones included: the configuration is shared and
+/// the rarely set parts are boxed (issue 20).
 pub struct AmqpConnection {
-    cfg: AmqpConfig,
+    /// Shared by every connection of a listener.
+    cfg: Arc<AmqpConfig>,
     broker: Arc<dyn Broker>,
     sink: Arc<dyn EventSink>,
     conn_id: u64,
@@ -97,21 +101,22 @@ pub struct AmqpConnection {
     /// When the last whole frame arrived (the idle timeout counts frames).
     last_recv: Instant,
     last_send: Instant,
-    error: Option<AmqpError>,
+    error: Option<Box<AmqpError>>,
     /// User named by a verified TLS client certificate, if any.
-    certificate_user: Option<String>,
+    certificate_user: Option<Box<str>>,
 }
 
 impl AmqpConnection {
     /// A connection that has accepted a socket and waits for the client's
     /// protocol header.
     pub fn new(
-        config: AmqpConfig,
+        config: impl Into<Arc<AmqpConfig>>,
         broker: Arc<dyn Broker>,
         sink: Arc<dyn EventSink>,
         conn_id: u64,
         now: Instant,
     ) -> Self {
+        let config = config.into();
         let handshake = Duration::from_millis(config.handshake_timeout_ms);
         Self {
             cfg: config,
@@ -137,7 +142,7 @@ impl AmqpConnection {
     /// EXTERNAL is offered first, and a client that skips SASL is that user.
     #[must_use]
     pub fn with_certificate_user(mut self, user: Option<String>) -> Self {
-        self.certificate_user = user;
+        self.certificate_user = user.map(String::into_boxed_str);
         self
     }
 
@@ -347,7 +352,7 @@ impl AmqpConnection {
 
     /// The fatal error that closed the connection, if any.
     pub fn error(&self) -> Option<&AmqpError> {
-        self.error.as_ref()
+        self.error.as_deref()
     }
 
     /// The transport died: close the core session abnormally.
@@ -542,6 +547,6 @@ impl AmqpConnection {
             | State::CloseSent { .. }
             | State::Closed => {}
         }
-        self.error.get_or_insert(e);
+        self.error.get_or_insert_with(|| Box::new(e));
     }
 }

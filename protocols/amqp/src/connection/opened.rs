@@ -26,14 +26,14 @@ use crate::coordinator;
 use crate::error::{AmqpError, Fault};
 use crate::frame::write_perf;
 use crate::idmap::{IdMap, IdSet};
-use crate::session::AmqpSession;
+use crate::session::{AmqpSession, Sessions};
 
 /// The opened connection (see the module docs).
 pub(crate) struct Opened {
     shared: Shared,
     /// Sessions by the peer's channel (we mirror it as our channel).
     /// Bounded by `channel_max`.
-    sessions: IdMap<u16, AmqpSession>,
+    sessions: Sessions,
     /// Channels whose session we ended with an error, until the peer's
     /// End. Within `channel_max` like `sessions`.
     ending: IdSet<u16>,
@@ -265,7 +265,7 @@ impl Opened {
 
 fn on_begin(
     ctx: &mut Ctx<'_>,
-    sessions: &mut IdMap<u16, AmqpSession>,
+    sessions: &mut Sessions,
     ending: &IdSet<u16>,
     channel_max: u16,
     ch: u16,
@@ -288,24 +288,19 @@ fn on_begin(
     }
     let (session, reply) = AmqpSession::begin(ch, b, ctx.cfg);
     write_perf(ctx.out, ch, &reply, &[]);
-    sessions.insert(ch, session);
+    sessions.insert(ch, Box::new(session));
     debug!(conn = ctx.conn_id, channel = ch, "begin");
     Ok(())
 }
 
 /// An Attach on session `ch`: the checks and the take-over that span the
 /// connection's sessions, then the session attaches (or refuses) it.
-fn on_attach(
-    ctx: &mut Ctx<'_>,
-    sessions: &mut IdMap<u16, AmqpSession>,
-    ch: u16,
-    a: &Attach,
-) -> Result<(), Fault> {
+fn on_attach(ctx: &mut Ctx<'_>, sessions: &mut Sessions, ch: u16, a: &Attach) -> Result<(), Fault> {
     let Some(session) = sessions.get(&ch) else {
         return Ok(());
     };
     session.check_attach(ctx.cfg, a)?;
-    let links: usize = sessions.values().map(AmqpSession::link_count).sum();
+    let links: usize = sessions.values().map(|s| s.link_count()).sum();
     if links >= ctx.cfg.links_per_connection_max {
         let e = AmqpError::ResourceLimit(format!(
             "more than {} links on one connection",
@@ -333,7 +328,7 @@ fn on_attach(
 /// The commit a ticket waited for, answered on the session it is for.
 fn on_committed(
     ctx: &mut Ctx<'_>,
-    sessions: &mut IdMap<u16, AmqpSession>,
+    sessions: &mut Sessions,
     ticket: Ticket,
     result: Result<(), BrokerError>,
 ) {

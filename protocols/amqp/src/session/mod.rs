@@ -64,6 +64,11 @@ pub(crate) enum Queued {
     DrainFlow(u32),
 }
 
+/// A connection's sessions by channel. Boxed: a map's table has room for
+/// four entries from the first, and a session is about 200 bytes, so one
+/// session cost 852 bytes inline (issue 20).
+pub(crate) type Sessions = IdMap<u16, Box<AmqpSession>>;
+
 /// One session.
 #[derive(Debug)]
 pub(crate) struct AmqpSession {
@@ -80,7 +85,9 @@ pub(crate) struct AmqpSession {
     next_delivery_id: u32,
     /// Transfers the peer can still take.
     remote_incoming_window: u32,
-    links: IdMap<u32, Link>,
+    /// Boxed: a map's table has room for several entries from the first,
+    /// and a link is large (issue 20).
+    links: IdMap<u32, Box<Link>>,
     /// Handles we detached with an error, awaiting the peer's Detach.
     detaching: IdSet<u32>,
     unsettled_out: IdMap<u32, OutDelivery>,
@@ -216,7 +223,7 @@ impl AmqpSession {
 
     /// A Flow naming a link.
     fn on_link_flow(&mut self, ctx: &mut Ctx<'_>, handle: u32, f: &Flow) -> Result<(), Fault> {
-        let current = self.links.get(&handle).and_then(Link::acquire_txn);
+        let current = self.links.get(&handle).and_then(|l| l.acquire_txn());
         let acquire = link::flow_acquisition(&ctx.conn.txns, current, f)
             .map_err(|e| Fault::Link(handle, e))?;
         let Some(link) = self.links.get_mut(&handle) else {
@@ -466,7 +473,7 @@ impl AmqpSession {
             }
             LinkKind::Incoming(_) => true,
         };
-        self.links.insert(handle, link);
+        self.links.insert(handle, Box::new(link));
         if incoming {
             self.refill_credit(ctx, handle);
         }
@@ -591,7 +598,7 @@ impl AmqpSession {
         let Some(Link {
             kind: LinkKind::Incoming(i),
             ..
-        }) = self.links.get_mut(&handle)
+        }) = self.links.get_mut(&handle).map(|l| &mut **l)
         else {
             return;
         };

@@ -63,7 +63,12 @@ pub(super) struct EnhancedAuth {
 impl MqttConnection {
     /// A v5 CONNECT naming SCRAM-SHA-256: answers client-first with AUTH
     /// 0x18 carrying server-first, or refuses.
-    pub(super) fn start_enhanced_auth(&mut self, deadline: Instant, c: ConnectPacket) {
+    pub(super) fn start_enhanced_auth(
+        &mut self,
+        deadline: Instant,
+        certificate_user: Option<&str>,
+        c: ConnectPacket,
+    ) {
         let client_first = c.props.authentication_data.clone().unwrap_or_default();
         let lookup = |user: &str| self.broker.scram_credentials(user);
         let refusal = match scram::server_first(&client_first, lookup) {
@@ -73,12 +78,7 @@ impl MqttConnection {
                     CONNACK_BAD_CREDENTIALS,
                     "user name differs from the SCRAM user",
                 ),
-                _ if check_certificate_user(
-                    self.certificate_user.as_deref(),
-                    Some(pending.user()),
-                )
-                .is_err() =>
-                {
+                _ if check_certificate_user(certificate_user, Some(pending.user())).is_err() => {
                     let e = rosetta_neutral::AuthError::CertificateMismatch;
                     Refusal::new(auth_reason(&e), e.to_string())
                 }
@@ -144,10 +144,11 @@ impl Open {
         ctx: Ctx<'_>,
         a: ReasonPacket,
     ) -> Result<(), MqttError> {
-        let Some(method) = self.auth_method.clone() else {
+        let Some(reauth) = self.reauth.as_deref_mut() else {
             // No method at CONNECT: no exchange can be in progress.
             return Err(MqttError::Protocol("AUTH without an authentication method"));
         };
+        let method = reauth.method.clone();
         if a.props.authentication_method.as_deref() != Some(method.as_str()) {
             // A protocol error (MQTT 5 §4.12.1); DISCONNECT has no 0x8C.
             return Err(MqttError::Protocol(
@@ -156,17 +157,17 @@ impl Open {
         }
         let data = a.props.authentication_data.unwrap_or_default();
         let failed = |e: scram::ScramError| MqttError::ReauthenticationFailed(e.to_string());
-        match (a.reason, self.reauth.take()) {
+        match (a.reason, reauth.pending.take()) {
             (AUTH_REAUTHENTICATE, None) => {
                 let lookup = |user: &str| broker.scram_credentials(user);
                 let (pending, server_first) = scram::server_first(&data, lookup).map_err(failed)?;
-                if Some(pending.user()) != self.user.as_deref() {
+                if Some(pending.user()) != reauth.user.as_deref() {
                     return Err(MqttError::ReauthenticationFailed(
                         "a connection cannot change its user".into(),
                     ));
                 }
                 encode::auth(AUTH_CONTINUE, &method, &server_first, ctx.out);
-                self.reauth = Some(Box::new(pending));
+                reauth.pending = Some(Box::new(pending));
                 Ok(())
             }
             (AUTH_CONTINUE, Some(pending)) => {

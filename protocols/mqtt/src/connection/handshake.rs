@@ -8,7 +8,8 @@
 //! password check that runs elsewhere parks the CONNECT in
 //! [`CheckingLogin`] until [`MqttConnection::on_login_checked`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mqttbytes::v5::ConnAckProperties;
@@ -18,7 +19,7 @@ use rosetta_neutral::{
 };
 
 use super::auth::EnhancedAuth;
-use super::{MqttConnection, Open, State};
+use super::{AwaitConnect, MqttConnection, Open, State};
 use crate::codec::{encode, CodecError, ConnectPacket, ReasonPacket, Version};
 use crate::config::MqttConfig;
 use crate::convert::inbound_message;
@@ -67,18 +68,24 @@ struct Lifetime {
 }
 
 impl MqttConnection {
-    pub(super) fn on_connect(&mut self, now: Instant, deadline: Instant, c: ConnectPacket) {
+    /// A CONNECT, taken in state `waiting` (which the caller left for
+    /// `Closed`: every path below sets the next state).
+    pub(super) fn on_connect(&mut self, now: Instant, waiting: AwaitConnect, c: ConnectPacket) {
+        let AwaitConnect {
+            deadline,
+            certificate_user,
+        } = waiting;
         if let Err(refusal) = check_connect(&c, &self.config) {
             return self.refuse(c.version, &refusal, c.props.maximum_packet_size);
         }
         if c.props.authentication_method.is_some() {
             // SCRAM-SHA-256 on v5 (`check_connect` refused anything else).
-            return self.start_enhanced_auth(deadline, c);
+            return self.start_enhanced_auth(deadline, certificate_user.as_deref(), c);
         }
         let credentials = Credentials {
             user: c.username.as_deref(),
             password: c.password.as_deref(),
-            certificate_user: self.certificate_user.as_deref(),
+            certificate_user: certificate_user.as_deref(),
         };
         match self.broker.start_login(credentials, &self.sink) {
             LoginStart::Done(result) => self.finish_login(now, c, result),
@@ -210,16 +217,23 @@ impl MqttConnection {
         let cfg = &self.config;
 
         let mut assigned = None;
-        let client_id = if c.client_id.is_empty() {
+        let client_id: Arc<str> = if c.client_id.is_empty() {
             let id = format!("rosetta-{}-{}", self.conn_id, self.clock.epoch_ms(now));
             if v5 {
                 assigned = Some(id.clone());
             }
-            id
+            id.into()
         } else {
-            c.client_id.clone()
+            c.client_id.as_str().into()
         };
-        let user = principal.user.clone();
+        // Re-authentication (AUTH) proves the same user again.
+        let reauth = enhanced.as_ref().map(|e| {
+            Box::new(super::Reauth {
+                method: e.method.clone(),
+                user: principal.user.clone(),
+                pending: None,
+            })
+        });
 
         let life = lifetime(&c, cfg.session_expiry_max_s, cfg.v311_session_expiry_s);
         // The will is checked before anything is created.
@@ -266,7 +280,7 @@ impl MqttConnection {
                 conn_id: self.conn_id,
                 protocol: Protocol::Mqtt,
                 principal,
-                client_id: Some(client_id.clone()),
+                client_id: Some(Arc::clone(&client_id)),
                 take_over: true,
             },
             self.sink.clone(),
@@ -402,9 +416,9 @@ impl MqttConnection {
                 if c.props.request_response_information == Some(1) {
                     props.response_information = Some(response_information(&client_id));
                 }
-                if let Some(e) = &enhanced {
-                    props.authentication_method = Some(e.method.clone());
-                    props.authentication_data = Some(e.data.clone());
+                if let Some(e) = enhanced {
+                    props.authentication_method = Some(e.method);
+                    props.authentication_data = Some(e.data);
                 }
                 let max = c.props.maximum_packet_size;
                 if let Err(e) = encode::connack_v5(session_present, 0, props, max, &mut self.out) {
@@ -419,13 +433,12 @@ impl MqttConnection {
             version: c.version,
             session,
             client_id,
-            session_queue: queue,
             session_consumer: consumer,
             session_expiry_s: life.expiry_s,
+            window,
             shared: BTreeMap::new(),
             keep_alive_timeout,
             last_input: now,
-            window,
             client_packet_max: c.props.maximum_packet_size,
             client_alias_max: c.props.topic_alias_maximum.unwrap_or(0),
             problem_info: c.props.request_problem_information != Some(0),
@@ -434,14 +447,11 @@ impl MqttConnection {
             held: VecDeque::new(),
             unsent_qos0: Vec::new(),
             acked: Vec::new(),
-            out_aliases: HashMap::new(),
-            in_aliases: HashMap::new(),
             acks: VecDeque::new(),
             qos1_pending: 0,
             awaiting_rel,
-            auth_method: enhanced.map(|e| e.method),
-            user,
-            reauth: None,
+            aliases: None,
+            reauth,
         };
         if session_present {
             open.restore_own_subs(&self.config, self.conn_id);
@@ -562,7 +572,7 @@ impl Open {
             // DISCONNECT gets here). A re-declare cannot turn a lasting
             // queue into a connection-scoped one, so end the session now,
             // as a clean start would: a reconnect must not find it.
-            match self.session.delete_queue(&self.session_queue) {
+            match self.session.delete_queue(&self.session_queue()) {
                 Ok(()) | Err(BrokerError::NotFound(_)) => {}
                 Err(e) => tracing::warn!(error = %e, "could not end the session"),
             }
@@ -583,7 +593,7 @@ impl Open {
             s => QueueLifetime::IdleFor(Duration::from_secs(u64::from(s))),
         };
         let r = self.session.declare_queue(QueueSpec {
-            name: Some(self.session_queue.clone()),
+            name: Some(self.session_queue()),
             durable: expiry_s > 0,
             lifetime,
             // Keeps the subscription cap set at CONNECT.

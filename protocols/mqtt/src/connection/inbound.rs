@@ -178,12 +178,13 @@ impl Open {
             None => Ok(topic),
             Some(a) if a == 0 || a > alias_max => Err(MqttError::TopicAliasInvalid(a)),
             Some(a) if topic.is_empty() => self
-                .in_aliases
-                .get(&a)
+                .aliases
+                .as_ref()
+                .and_then(|aliases| aliases.incoming.get(&a))
                 .cloned()
                 .ok_or(MqttError::Protocol("unknown topic alias")),
             Some(a) => {
-                self.in_aliases.insert(a, topic.clone());
+                self.aliases().incoming.insert(a, topic.clone());
                 Ok(topic)
             }
         }

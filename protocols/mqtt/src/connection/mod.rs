@@ -81,16 +81,23 @@ struct SharedSub {
 }
 
 /// The established state: authenticated, with a core session.
+///
+/// One per connection, idle ones included, so what only some sessions use
+/// (topic aliases, enhanced authentication) is boxed apart and allocated
+/// when first needed.
 struct Open {
     version: Version,
     session: Box<dyn Session>,
-    client_id: String,
-    session_queue: String,
-    /// The consumer of the session queue; `None` until the first
-    /// subscription of a clean, non-lasting session creates the queue.
+    /// The client id, shared with the core session.
+    client_id: Arc<str>,
+    /// The consumer of the session queue (`$mqtt/<client id>`, see
+    /// [`Open::session_queue`]); `None` until the first subscription of a
+    /// clean, non-lasting session creates the queue.
     session_consumer: Option<ConsumerId>,
     /// Session expiry granted at CONNECT (v5); 0 for a clean 3.1.1 session.
     session_expiry_s: u32,
+    /// Consumer window: min(client receive maximum, our cap).
+    window: u32,
     /// Subscriptions with a consumer of their own (shared, `$queue/`), by
     /// full filter (`$share/g/f`, `$queue/q`). Ordered, so the persisted
     /// list is stable.
@@ -100,8 +107,6 @@ struct Open {
     /// When the last complete control packet arrived (bytes of an
     /// unfinished one do not count).
     last_input: Instant,
-    /// Consumer window: min(client receive maximum, our cap).
-    window: u32,
     /// Client's maximum packet size (v5), in bytes.
     client_packet_max: Option<u32>,
     /// Client's topic alias maximum (v5).
@@ -124,29 +129,60 @@ struct Open {
     /// QoS 1 deliveries the client acknowledged in the current read,
     /// settled together at its end.
     acked: Vec<(ConsumerId, rosetta_neutral::DeliveryTag)>,
-    /// Aliases we assigned toward the client.
-    out_aliases: HashMap<String, u16>,
-    /// Aliases the client assigned toward us.
-    in_aliases: HashMap<u16, String>,
     /// Acks in PUBLISH arrival order, each waiting for its commits.
     acks: VecDeque<PendingAck>,
     /// Inbound QoS 1 publishes not yet acknowledged.
     qos1_pending: usize,
     /// Inbound QoS 2 packet ids routed and awaiting PUBREL (persisted).
     awaiting_rel: BTreeSet<u16>,
-    /// The enhanced authentication method of the CONNECT, if any (AUTH
-    /// re-authentication uses it).
-    auth_method: Option<String>,
+    /// Topic aliases (v5), from the first one either side assigns.
+    aliases: Option<Box<Aliases>>,
+    /// The enhanced authentication of the CONNECT, if it had one.
+    reauth: Option<Box<Reauth>>,
+}
+
+/// Topic aliases of a v5 connection.
+#[derive(Default)]
+struct Aliases {
+    /// Aliases we assigned toward the client.
+    outgoing: HashMap<String, u16>,
+    /// Aliases the client assigned toward us.
+    incoming: HashMap<u16, String>,
+}
+
+/// What AUTH re-authentication needs: the connection authenticated with an
+/// enhanced method at CONNECT.
+struct Reauth {
+    /// The method of the CONNECT (AUTH re-authentication uses it).
+    method: String,
     /// The authenticated user (a re-authentication must prove the same).
     user: Option<String>,
     /// A re-authentication in progress: server-first sent.
-    reauth: Option<Box<crate::scram::ScramPending>>,
+    pending: Option<Box<crate::scram::ScramPending>>,
+}
+
+impl Open {
+    /// The session queue's name, made when needed rather than kept: a
+    /// subscription, an unsubscription or an expiry change asks for it.
+    fn session_queue(&self) -> String {
+        rosetta_neutral::mqtt_session_queue(&self.client_id)
+    }
+
+    fn aliases(&mut self) -> &mut Aliases {
+        self.aliases.get_or_insert_with(Box::default)
+    }
+}
+
+/// Waiting for CONNECT: what only the login needs, boxed so that the
+/// connection does not carry it once open.
+struct AwaitConnect {
+    deadline: Instant,
+    /// User named by a verified TLS client certificate, if any.
+    certificate_user: Option<String>,
 }
 
 enum State {
-    AwaitConnect {
-        deadline: Instant,
-    },
+    AwaitConnect(Box<AwaitConnect>),
     /// CONNECT named SCRAM-SHA-256; the AUTH exchange is under way.
     Authenticating(Box<auth::Authenticating>),
     /// The broker is checking the CONNECT's password; input waits.
@@ -157,7 +193,9 @@ enum State {
 
 /// One MQTT 3.1.1/5.0 client connection, driven by bytes, events and time.
 pub struct MqttConnection {
-    config: MqttConfig,
+    /// Shared by every connection of a listener: a copy per connection
+    /// cost each one 72 bytes.
+    config: Arc<MqttConfig>,
     broker: Arc<dyn Broker>,
     sink: Arc<dyn EventSink>,
     conn_id: u64,
@@ -165,20 +203,19 @@ pub struct MqttConnection {
     decoder: Decoder,
     out: BytesMut,
     state: State,
-    /// User named by a verified TLS client certificate, if any.
-    certificate_user: Option<String>,
 }
 
 impl MqttConnection {
     /// A connection waiting for CONNECT. `sink` is handed to
     /// [`Broker::open_session`] after authentication.
     pub fn new(
-        config: MqttConfig,
+        config: impl Into<Arc<MqttConfig>>,
         broker: Arc<dyn Broker>,
         sink: Arc<dyn EventSink>,
         conn_id: u64,
         now: Instant,
     ) -> Self {
+        let config = config.into();
         let packet_max = usize::try_from(config.packet_size_max_bytes).unwrap_or(usize::MAX);
         let deadline = now
             .checked_add(Duration::from_millis(config.connect_timeout_ms))
@@ -194,8 +231,10 @@ impl MqttConnection {
                 base_epoch_ms: rosetta_neutral::message::now_ms(),
             },
             out: BytesMut::new(),
-            state: State::AwaitConnect { deadline },
-            certificate_user: None,
+            state: State::AwaitConnect(Box::new(AwaitConnect {
+                deadline,
+                certificate_user: None,
+            })),
         }
     }
 
@@ -205,7 +244,9 @@ impl MqttConnection {
     /// ([`Broker::authenticate_connection`]).
     #[must_use]
     pub fn with_certificate_user(mut self, user: Option<String>) -> Self {
-        self.certificate_user = user;
+        if let State::AwaitConnect(waiting) = &mut self.state {
+            waiting.certificate_user = user;
+        }
         self
     }
 
@@ -260,10 +301,13 @@ impl MqttConnection {
         let result = match &mut self.state {
             // No packet is parsed while a login is checked.
             State::Closed | State::CheckingLogin(_) => Ok(()),
-            State::AwaitConnect { deadline } => match packet {
+            State::AwaitConnect(_) => match packet {
                 Inbound::Connect(c) => {
-                    let deadline = *deadline;
-                    self.on_connect(now, deadline, *c);
+                    if let State::AwaitConnect(waiting) =
+                        std::mem::replace(&mut self.state, State::Closed)
+                    {
+                        self.on_connect(now, *waiting, *c);
+                    }
                     Ok(())
                 }
                 _ => Err(MqttError::Protocol("first packet is not CONNECT")),
@@ -414,7 +458,7 @@ impl MqttConnection {
             _ => return,
         }
         let err = match self.state {
-            State::AwaitConnect { .. } | State::Authenticating(_) | State::CheckingLogin(_) => {
+            State::AwaitConnect(_) | State::Authenticating(_) | State::CheckingLogin(_) => {
                 MqttError::ConnectTimeout
             }
             _ => MqttError::KeepAliveTimeout,
@@ -425,7 +469,7 @@ impl MqttConnection {
     /// When [`Self::handle_timeout`] should next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
         match &self.state {
-            State::AwaitConnect { deadline } => Some(*deadline),
+            State::AwaitConnect(waiting) => Some(waiting.deadline),
             State::Authenticating(a) => Some(a.deadline),
             State::CheckingLogin(c) => Some(c.deadline),
             State::Open(open) => open.keep_alive_timeout.map(|t| open.last_input + t),
@@ -461,7 +505,7 @@ impl MqttConnection {
     /// producers back.
     pub fn wants_input(&self) -> bool {
         match &self.state {
-            State::AwaitConnect { .. } | State::Authenticating(_) => true,
+            State::AwaitConnect(_) | State::Authenticating(_) => true,
             State::CheckingLogin(_) => false,
             State::Open(open) => {
                 open.acks.len() < self.config.pending_acks_max && !open.session.producer_blocked()
@@ -533,7 +577,7 @@ impl MqttConnection {
                 open.settle_before_close(self.conn_id);
                 open.session.close(CloseKind::Abnormal);
             }
-            State::AwaitConnect { .. } => {
+            State::AwaitConnect(_) => {
                 tracing::debug!(conn_id = self.conn_id, error = %err, "closing before CONNECT completed");
                 self.reject_connect(&err);
             }

@@ -8,6 +8,8 @@
 //! flow; their packet id and phase are annotated in the core so a resumed
 //! session resends them with DUP and the same id.
 
+use std::collections::HashMap;
+
 use rosetta_neutral::{settle_batch, ConsumerId, Delivery, DeliveryTag, Outcome};
 
 use super::{Ctx, Open};
@@ -225,7 +227,7 @@ impl Open {
             return Ok(());
         }
         if let Some((name, a)) = new_alias {
-            self.out_aliases.insert(name, a);
+            self.aliases().outgoing.insert(name, a);
         }
         if qos == 0 {
             self.unsent_qos0.push((d.consumer, d.tag));
@@ -259,11 +261,12 @@ impl Open {
         if self.version != Version::V5 {
             return (None, None);
         }
-        if let Some(&a) = self.out_aliases.get(topic) {
+        let outgoing = self.aliases.as_ref().map(|a| &a.outgoing);
+        if let Some(&a) = outgoing.and_then(|o| o.get(topic)) {
             return (Some(a), None);
         }
         let max = self.client_alias_max.min(our_max);
-        match u16::try_from(self.out_aliases.len() + 1) {
+        match u16::try_from(outgoing.map_or(0, HashMap::len) + 1) {
             Ok(next) if next <= max => (Some(next), Some((topic.to_owned(), next))),
             _ => (None, None),
         }

@@ -390,9 +390,10 @@ impl Open {
             excluded: Vec::new(),
         };
         if shared.is_none() {
+            let queue = self.session_queue();
             return Ok(self
-                .session_queue_consumer(cfg)
-                .and_then(|()| self.session.bind(&self.session_queue, filter, options))
+                .session_queue_consumer(cfg, &queue)
+                .and_then(|()| self.session.bind(&queue, filter, options))
                 .map(|_| granted)
                 .map_err(|e| broker_reason(&e, ReasonContext::Subscribe)));
         }
@@ -409,18 +410,19 @@ impl Open {
     fn session_queue_consumer(
         &mut self,
         cfg: &MqttConfig,
+        queue: &str,
     ) -> Result<(), rosetta_neutral::BrokerError> {
         if self.session_consumer.is_some() {
             return Ok(());
         }
         self.session.declare_queue(QueueSpec {
-            name: Some(self.session_queue.clone()),
+            name: Some(queue.to_owned()),
             durable: false,
             lifetime: QueueLifetime::Session,
             bindings_max: Some(cfg.subscriptions_max),
         })?;
         let consumer = self.session.consume(ConsumerSpec {
-            queue: self.session_queue.clone(),
+            queue: queue.to_owned(),
             credit: CreditMode::Window(self.window),
             auto_settle: false,
             options: Default::default(),
@@ -464,7 +466,7 @@ impl Open {
                 None if validate_topic_filter(full).is_err() => 0x8F,
                 // No session queue yet: nothing was ever subscribed.
                 None if self.session_consumer.is_none() => 0x11,
-                None => match self.session.unbind(&self.session_queue, full) {
+                None => match self.session.unbind(&self.session_queue(), full) {
                     Ok(true) => 0x00,
                     Ok(false) => 0x11,
                     Err(e) => broker_reason(&e, ReasonContext::Subscribe),

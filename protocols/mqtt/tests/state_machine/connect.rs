@@ -161,8 +161,8 @@ fn empty_client_id_rules() {
         .and_then(|p| p.assigned_client_identifier.clone())
         .expect("assigned client id");
     assert_eq!(
-        h.broker.state().sessions[0].client_id,
-        Some(assigned.clone())
+        h.broker.state().sessions[0].client_id.as_deref(),
+        Some(assigned.as_str())
     );
     h.subscribe_ok("a/b");
     assert!(h

@@ -28,6 +28,7 @@ pub enum Call {
     Consume(ConsumerSpec, ConsumerId),
     Cancel(ConsumerId),
     Settle(ConsumerId, DeliveryTag, Outcome, Option<TxnId>, bool),
+    SettleMany(Vec<(ConsumerId, DeliveryTag)>, Outcome),
     Begin(TxnId),
     Commit(TxnId),
     Rollback(TxnId),
@@ -181,6 +182,15 @@ impl Session for FakeSession {
         let pending = confirm.then_some(Ticket(n));
         self.0.lock().unwrap().tickets.extend(pending);
         Ok(pending)
+    }
+
+    fn settle_many(
+        &mut self,
+        deliveries: &[(ConsumerId, DeliveryTag)],
+        outcome: Outcome,
+    ) -> Result<usize, BrokerError> {
+        self.record(Call::SettleMany(deliveries.to_vec(), outcome));
+        Ok(deliveries.len())
     }
     fn annotate(&mut self, _c: ConsumerId, _t: DeliveryTag, _a: Bytes) -> Result<(), BrokerError> {
         Ok(())
