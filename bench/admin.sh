@@ -20,10 +20,9 @@ trap 'peers_stop_all; rm -rf "$BENCH_TMP"' EXIT
 
 dir=$BENCH_TMP/rosetta
 rosetta_config "$dir"
-ADMIN_PORT=$(free_port)
+ADMIN_PORT=$ROSETTA_ADMIN_PORT
 password=bench-$RANDOM$RANDOM
 # The users file is users.toml beside the configuration (the default).
-printf '[admin]\nlisten = "127.0.0.1:%s"\n' "$ADMIN_PORT" >> "$dir/rosetta.toml"
 "$ROSETTA_BIN" --config "$dir/rosetta.toml" user add bench --password "$password" \
   --role administrator --users-file "$dir/users.toml" > /dev/null
 "$ROSETTA_BIN" --config "$dir/rosetta.toml" > "$dir/rosetta.log" 2>&1 &

@@ -3,7 +3,7 @@
 # RATE QoS 1 messages per second (paced, 256 B) to one rumqttc subscriber
 # for COUNT messages, over plain TCP, TLS and WebSocket, against Rosetta
 # and mosquitto in the same run (a fresh broker per run), and prints each
-# broker's p50/p99 end-to-end latency and Rosetta's p99 over mosquitto's
+# broker's p50/p90/p99/p99.9 end-to-end latency and Rosetta's p99 over mosquitto's
 # for each transport.
 #
 #   bench/latency.sh [ROSETTA_BIN LOAD_BIN]
@@ -76,7 +76,7 @@ CONF
 }
 
 echo "latency: QoS 1, rumqttc 1 -> 1, $RATE msg/s paced, $COUNT messages per run, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-10s %-4s %9s %9s %9s %9s %s\n' broker mode msgs msg/s p50_us p99_us
+printf '%-10s %-4s %9s %9s %9s %9s %9s %9s %s\n' broker mode msgs msg/s p50_us p90_us p99_us p999_us
 declare -A P99
 for mode in $MODES; do
   for broker in $BROKERS; do
@@ -97,10 +97,11 @@ for mode in $MODES; do
 import json, sys
 r = json.load(sys.stdin)
 f = lambda v: "-" if v is None else "%.0f" % v
-print("%s %s %s %s %s" % (r["received"], f(r["msg_per_s"]), f(r["p50_us"]), f(r["p99_us"]),
+print("%s %s %s %s %s %s %s" % (r["received"], f(r["msg_per_s"]), f(r["p50_us"]),
+      f(r.get("p90_us")), f(r["p99_us"]), f(r.get("p999_us")),
       ("ERROR " + r["error"]) if r["error"] else ""))')
-    read -r received rate p50 p99 err <<<"$row"
-    printf '%-10s %-4s %9s %9s %9s %9s %s\n' "$broker" "$mode" "$received" "$rate" "$p50" "$p99" "${err:-}"
+    read -r received rate p50 p90 p99 p999 err <<<"$row"
+    printf '%-10s %-4s %9s %9s %9s %9s %9s %9s %s\n' "$broker" "$mode" "$received" "$rate" "$p50" "$p90" "$p99" "$p999" "${err:-}"
     P99[$broker-$mode]=$p99
   done
   r=${P99[rosetta-$mode]:-}; m=${P99[mosquitto-$mode]:-}

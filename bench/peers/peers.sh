@@ -64,13 +64,22 @@ test_tls() {
 }
 
 # rosetta_config DIR: picks free ports (ROSETTA_MQTT_PORT, _STOMP_PORT,
-# _AMQP_PORT, _WS_PORT) and writes DIR/rosetta.toml: a journal in DIR/data synced on
-# every commit, plain listeners on those ports, nothing else.
+# _AMQP_PORT, _WS_PORT, _ADMIN_PORT) and writes DIR/rosetta.toml: a journal in DIR/data synced on
+# every commit, plain listeners on those ports, the admin API on a free port
+# too (the default 8161 may be taken by another broker on the machine),
+# nothing else.
 rosetta_config() {
   local dir=$1
   mkdir -p "$dir/data"
-  ROSETTA_MQTT_PORT=$(free_port); ROSETTA_STOMP_PORT=$(free_port); ROSETTA_AMQP_PORT=$(free_port)
-  ROSETTA_WS_PORT=$(free_port)
+  # Six ports from one call, held open together, so no two are the same
+  # (free_port called six times may hand the same port out twice).
+  read -r ROSETTA_MQTT_PORT ROSETTA_STOMP_PORT ROSETTA_AMQP_PORT ROSETTA_WS_PORT \
+    ROSETTA_ADMIN_PORT _ < <(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(6)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))')
   cat > "$dir/rosetta.toml" <<CONF
 data_dir = "$dir/data"
 [listeners]
@@ -86,6 +95,8 @@ wss = ""
 sync = "every-commit"
 [broker]
 connections_max = 100000
+[admin]
+listen = "127.0.0.1:$ROSETTA_ADMIN_PORT"
 CONF
 }
 

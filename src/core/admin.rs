@@ -65,11 +65,12 @@ impl Core {
                 total += 1;
             }
         }
+        let now_ms = self.inner.now_ms();
         QueuePage {
             total,
             items: page
                 .into_iter()
-                .map(|q| (q.name.to_string(), q.stats()))
+                .map(|q| (q.name.to_string(), q.stats(now_ms)))
                 .collect(),
         }
     }

@@ -43,7 +43,6 @@ pub(crate) mod paged;
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use std::sync::Arc;
 
@@ -475,17 +474,17 @@ impl Backlog {
     }
 
     /// When the message at the head of the queue was enqueued.
-    pub(crate) fn oldest_enqueued_at(&self) -> Option<Instant> {
+    pub(crate) fn oldest_enqueued_at_ms(&self) -> Option<u64> {
         let waiting = self
             .memory
             .oldest()
-            .map(|e| e.enqueued_at)
-            .or_else(|| self.paged.front().map(|p| p.enqueued_at));
+            .map(|e| e.enqueued_at_ms)
+            .or_else(|| self.paged.front().map(|p| p.enqueued_at_ms));
         let reserved = self
             .reserved
             .values()
             .filter_map(|r| r.first_key_value())
-            .map(|(_, e)| e.enqueued_at);
+            .map(|(_, e)| e.enqueued_at_ms);
         waiting.into_iter().chain(reserved).min()
     }
 

@@ -7,6 +7,7 @@
 //! and replay after a crash can never resurrect an acknowledged message
 //! because of a reordering.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use rosetta_store::{Completion, Record};
@@ -14,6 +15,26 @@ use rosetta_store::{Completion, Record};
 use super::dedup::{self, Durability};
 use super::queue::{Entry, Queue};
 use super::Inner;
+
+thread_local! {
+    /// A spare enqueue list per thread, so that routing a publish does not
+    /// allocate one each time (issue 20).
+    static ENQUEUES: Cell<Vec<(Arc<Queue>, Entry)>> = const { Cell::new(Vec::new()) };
+}
+
+/// Longest spare list kept per thread: a burst's long list is freed.
+pub(crate) const SPARE_LIST_MAX: usize = 64;
+
+/// Keeps `list` (emptied) as this thread's spare in `slot`, unless it grew
+/// past [`SPARE_LIST_MAX`]. A nested use meanwhile (routing from inside a
+/// commit) took the slot's spare or allocated its own; whichever returns
+/// last stays.
+pub(crate) fn recycle<T>(slot: &'static std::thread::LocalKey<Cell<Vec<T>>>, mut list: Vec<T>) {
+    list.clear();
+    if list.capacity() <= SPARE_LIST_MAX {
+        slot.set(list);
+    }
+}
 
 #[derive(Default)]
 pub(crate) struct Batch {
@@ -25,6 +46,9 @@ pub(crate) struct Batch {
     /// Appends of first copies this batch's duplicates repeat: its
     /// completion waits for them too.
     pub(crate) waits: Vec<Arc<Durability>>,
+    /// The core's clock, read once for the whole batch (see
+    /// [`Batch::now_ms`]).
+    pub(crate) now_ms: Option<u64>,
 }
 
 impl Batch {
@@ -37,6 +61,7 @@ impl Batch {
             enqueues,
             admitted,
             waits,
+            now_ms,
         } = self;
         let done = dedup::after_all(done, waits);
         let done: Option<Completion> = match admitted {
@@ -55,11 +80,35 @@ impl Batch {
         } else {
             inner.journal.append(records, done);
         }
-        let now_ms = inner.now_ms();
-        for (queue, entry) in enqueues {
+        if enqueues.is_empty() {
+            return;
+        }
+        let mut enqueues = enqueues;
+        let now_ms = now_ms.unwrap_or_else(|| inner.now_ms());
+        for (queue, entry) in enqueues.drain(..) {
             let out = queue.enqueue(entry, now_ms);
             inner.after_dispatch(out);
         }
+        recycle(&ENQUEUES, enqueues);
+    }
+
+    /// The enqueue list for a route to `n` queues: this thread's spare one
+    /// when the batch has none yet (see [`recycle`]).
+    pub(crate) fn enqueues_for(&mut self, n: usize) -> &mut Vec<(Arc<Queue>, Entry)> {
+        if self.enqueues.capacity() == 0 {
+            self.enqueues = ENQUEUES.take();
+        }
+        self.enqueues.reserve(n);
+        &mut self.enqueues
+    }
+
+    /// Now, by the core's clock, the same for everything the batch does:
+    /// read on first use only. A clock read per message (routing, the
+    /// enqueue stamp, expiry checks) was a measurable part of a publish
+    /// (issue 20); a batch lives for one call into the core, so one
+    /// reading is as good as several.
+    pub(crate) fn now_ms(&mut self, inner: &Inner) -> u64 {
+        *self.now_ms.get_or_insert_with(|| inner.now_ms())
     }
 
     /// Whether committing has anything to wait for: records to append, or

@@ -67,9 +67,7 @@ use std::sync::Arc;
 use rosetta_neutral::{CreditMode, Delivery, DeliveryTag, SessionEvent};
 
 use crate::backlog::Place;
-use crate::queue::{
-    elapsed_ms, ConsumerKey, ConsumerSlot, DispatchOutput, Entry, Queue, QueueState,
-};
+use crate::queue::{ConsumerKey, ConsumerSlot, DispatchOutput, Entry, Queue, QueueState};
 use crate::queue_settings::QueueSettings;
 
 /// The round-robin position among consumers.
@@ -209,10 +207,36 @@ impl QueueState {
         Some(slot)
     }
 
+    /// Takes the in-flight delivery `tag` of consumer `key` out (settled,
+    /// or returned), ending its lease, with one lookup; also says whether
+    /// its delivery journaled a lease deadline (which a return must clear).
+    /// `Err(None)`: no such delivery; `Err(Some(owner))`: it is another
+    /// consumer's, and stays in flight.
+    pub(crate) fn take_inflight_of(
+        &mut self,
+        tag: u64,
+        key: ConsumerKey,
+    ) -> Result<(bool, Entry), Option<ConsumerKey>> {
+        let Some((owner, entry)) = self.inflight.remove(&tag) else {
+            return Err(None);
+        };
+        if owner != key {
+            self.inflight.insert(tag, (owner, entry));
+            return Err(Some(owner));
+        }
+        let lease_journaled = entry.journaled && entry.lease_until.is_some();
+        Ok((lease_journaled, self.end_inflight(tag, key, entry)))
+    }
+
     /// Takes an in-flight delivery out (settled, or returned), ending its
     /// lease.
     pub(crate) fn take_inflight(&mut self, tag: u64) -> Option<(ConsumerKey, Entry)> {
-        let (key, mut entry) = self.inflight.remove(&tag)?;
+        let (key, entry) = self.inflight.remove(&tag)?;
+        Some((key, self.end_inflight(tag, key, entry)))
+    }
+
+    /// What leaving the in-flight map ends: the lease, the group's hold.
+    fn end_inflight(&mut self, tag: u64, key: ConsumerKey, mut entry: Entry) -> Entry {
         if let Some(deadline) = entry.lease_until.take() {
             self.leases.end(deadline, tag);
             if let Some(group) = &entry.message.group_id {
@@ -222,7 +246,7 @@ impl QueueState {
         if let Some(group) = &entry.message.group_id {
             self.groups.unhold(group, key);
         }
-        Some((key, entry))
+        entry
     }
 
     pub(crate) fn unlease_group(&mut self, group: &str) {
@@ -641,7 +665,7 @@ impl Queue {
             }
             st.stats.acked_total += 1;
             self.traffic.acknowledged();
-            st.stats.time_in_queue_ms_total += elapsed_ms(entry.enqueued_at);
+            st.stats.time_in_queue_ms_total += now_ms.saturating_sub(entry.enqueued_at_ms);
             out.records.extend(self.ack_record(&entry));
             self.release(&entry);
         } else {

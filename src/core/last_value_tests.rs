@@ -271,7 +271,7 @@ fn last_value_index_drops_an_older_message_that_arrives_second() {
     let gauge = MemoryGauge::new(u64::MAX, None);
     let mut backlog = Backlog::default();
     let mut index = LastValues::new(KEY);
-    let entry = |seq| Entry::new(seq, Arc::new(priced(Some("ACME"), "x")), true);
+    let entry = |seq| Entry::new(seq, Arc::new(priced(Some("ACME"), "x")), true, 0);
     let newer = entry(7);
     assert!(matches!(
         index.arrive(&newer, &mut backlog, &gauge),
@@ -297,7 +297,12 @@ fn last_value_index_sweeps_entries_whose_message_left() {
     let mut index = LastValues::new(KEY);
     let total = 3 * STALE_ENTRIES_SWEEP_MIN as u64;
     for seq in 1..=total {
-        let e = Entry::new(seq, Arc::new(priced(Some(&format!("S{seq}")), "x")), true);
+        let e = Entry::new(
+            seq,
+            Arc::new(priced(Some(&format!("S{seq}")), "x")),
+            true,
+            0,
+        );
         assert!(matches!(
             index.arrive(&e, &mut backlog, &gauge),
             Arrival::Queue(None)

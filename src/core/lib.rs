@@ -507,9 +507,10 @@ impl Core {
     /// Statistics of every queue, by name.
     pub fn all_queue_stats(&self) -> Vec<(String, QueueStats)> {
         let queues: Vec<_> = self.inner.routing.read().queues().cloned().collect();
+        let now_ms = self.inner.now_ms();
         queues
             .into_iter()
-            .map(|q| (q.name.to_string(), q.stats()))
+            .map(|q| (q.name.to_string(), q.stats(now_ms)))
             .collect()
     }
 
@@ -537,7 +538,12 @@ impl Core {
 
     /// Statistics of one queue.
     pub fn queue_stats(&self, name: &str) -> Option<QueueStats> {
-        self.inner.routing.read().queue(name).map(|q| q.stats())
+        let now_ms = self.inner.now_ms();
+        self.inner
+            .routing
+            .read()
+            .queue(name)
+            .map(|q| q.stats(now_ms))
     }
 
     /// Messages published, delivered and acknowledged since the core
@@ -715,7 +721,22 @@ impl Inner {
         self.memory.producers_blocked() || self.disk.is_low()
     }
 
+    #[inline]
     fn after_dispatch(&self, out: DispatchOutput) {
+        if out.records.is_empty() && out.expired.is_empty() {
+            // The usual pass (nothing auto-settled durably, nothing
+            // expired): no batch to build. Kept apart from the rest, whose
+            // stack frame (a batch, a route) cost a cache miss on every
+            // call when they were one function (issue 20: 3.6% of a fan-out
+            // in perf).
+            return;
+        }
+        self.journal_and_move(out);
+    }
+
+    /// [`Inner::after_dispatch`] when the pass produced something.
+    #[inline(never)]
+    fn journal_and_move(&self, out: DispatchOutput) {
         // Dead entries come only from `release_due`, whose caller routes
         // them (it knows their queue).
         let DispatchOutput {
@@ -887,7 +908,7 @@ impl Inner {
                 let Some(q) = by_id.get(&placement.queue) else {
                     continue;
                 };
-                let mut entry = Entry::new(m.seq, Arc::clone(&message), true);
+                let mut entry = Entry::new(m.seq, Arc::clone(&message), true, now_ms);
                 let mut redeliver_at_ms = None;
                 if let Some(state) = placement.state {
                     // Undecodable state: delivered before, count unknown.

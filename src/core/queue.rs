@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
+use rosetta_neutral::id_hash::BuildIdHasher;
 use rosetta_neutral::{ConsumerId, CreditMode, EventSink, MatchInfo, Message, QueueLifetime};
 
 pub(crate) use super::backlog::MemoryGauge;
@@ -57,7 +58,10 @@ pub(crate) struct Entry {
     pub(crate) annotation: Option<Bytes>,
     /// The message record for this queue is in the journal.
     pub(crate) journaled: bool,
-    pub(crate) enqueued_at: Instant,
+    /// When it was enqueued, by the core's clock (ms since the epoch): the
+    /// clock the caller read once for its whole batch, not a reading of
+    /// its own per message.
+    pub(crate) enqueued_at_ms: u64,
     /// Not to be redelivered to this consumer (AMQP undeliverable-here).
     pub(crate) excluded: Option<ConsumerKey>,
     /// In flight on a lease that runs out at this time (see `lease`).
@@ -65,7 +69,12 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
-    pub(crate) fn new(seq: MessageSeq, message: Arc<Message>, journaled: bool) -> Self {
+    pub(crate) fn new(
+        seq: MessageSeq,
+        message: Arc<Message>,
+        journaled: bool,
+        enqueued_at_ms: u64,
+    ) -> Self {
         Self {
             seq,
             message,
@@ -75,7 +84,7 @@ impl Entry {
             matched: MatchInfo::default(),
             annotation: None,
             journaled,
-            enqueued_at: Instant::now(),
+            enqueued_at_ms,
             excluded: None,
             lease_until: None,
         }
@@ -210,9 +219,10 @@ pub(crate) struct QueueState {
     /// The earliest due time this queue armed the core-wide timer with,
     /// while that is still to come.
     pub(crate) armed_ms: Option<u64>,
-    /// Delivered and unsettled, by delivery tag.
+    /// Delivered and unsettled, by delivery tag (tags are ours: the cheap
+    /// id hash, see `rosetta_neutral::id_hash`).
     /// Lazy: an idle queue (most session queues) has nothing in flight.
-    pub(crate) inflight: LazyMap<u64, (ConsumerKey, Entry)>,
+    pub(crate) inflight: LazyMap<u64, (ConsumerKey, Entry), BuildIdHasher>,
     /// The last delivery tag handed out: each delivery gets the next, so a
     /// redelivered message never has the tag of its earlier delivery.
     pub(crate) next_tag: u64,
@@ -716,8 +726,8 @@ impl Queue {
         any
     }
 
-    /// Statistics snapshot.
-    pub(crate) fn stats(&self) -> QueueStats {
+    /// Statistics snapshot at `now_ms`.
+    pub(crate) fn stats(&self, now_ms: u64) -> QueueStats {
         let st = self.state.lock();
         let mut s = st.stats.clone();
         s.depth = st.backlog.len() as u64;
@@ -729,7 +739,10 @@ impl Queue {
         s.groups = st.groups.len() as u64;
         // The head is the oldest by sequence; a released message keeps its
         // original enqueue time, so this is the age an operator cares about.
-        s.oldest_age = st.backlog.oldest_enqueued_at().map(|t| t.elapsed());
+        s.oldest_age = st
+            .backlog
+            .oldest_enqueued_at_ms()
+            .map(|t| Duration::from_millis(now_ms.saturating_sub(t)));
         drop(st);
         if let Some(dedup) = &self.dedup {
             let w = dedup.window.lock();
@@ -739,10 +752,6 @@ impl Queue {
         }
         s
     }
-}
-
-pub(crate) fn elapsed_ms(since: Instant) -> u64 {
-    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A message of an assigned group goes to wait out a redelivery delay: its

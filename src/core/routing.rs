@@ -1,6 +1,7 @@
 //! Addresses: the queue map, the binding trie, retained messages, and the
 //! publish path that routes a message to its queues.
 
+use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,7 +17,7 @@ use rosetta_neutral::{
 use rosetta_neutral::message::DELIVERY_DELAY_MAX_MS;
 use rosetta_store::Record;
 
-use super::batch::Batch;
+use super::batch::{recycle, Batch};
 use super::codec;
 use super::dedup::{self, DedupKey, Screen, TopicScreen};
 use super::queue::{Entry, Queue, QueueBinding};
@@ -195,24 +196,61 @@ pub(crate) fn match_info(bindings: &[QueueBinding], topic: &str) -> MatchInfo {
     info
 }
 
-/// Folds the bindings a message matched into one entry per queue, with
-/// what all of that queue's matches say. Sorting by queue id keeps this
-/// O(m log m) in the m matches: one topic with 10,000 subscribers costs
-/// 10,000 entries' work, not 10,000² comparisons (`benches/routing.rs`).
-fn per_queue(mut matches: Vec<(u64, &RouteBinding)>) -> Vec<(Arc<Queue>, MatchInfo)> {
-    matches.sort_unstable_by_key(|(id, _)| *id);
-    let mut out: Vec<(Arc<Queue>, MatchInfo)> = Vec::with_capacity(matches.len());
-    let mut last = None;
-    for (id, b) in matches {
-        if last != Some(id) {
-            out.push((Arc::clone(&b.queue), MatchInfo::default()));
-            last = Some(id);
-        }
-        if let Some((_, info)) = out.last_mut() {
-            add_match(info, &b.options);
+thread_local! {
+    /// A spare target list per thread (see `batch::recycle`).
+    static TARGETS: Cell<Vec<Target>> = const { Cell::new(Vec::new()) };
+}
+
+/// One queue a message is routed to: what its bindings matched, and the
+/// dedup key to admit once the queue takes the message.
+struct Target {
+    queue: Arc<Queue>,
+    matched: MatchInfo,
+    key: Option<DedupKey>,
+}
+
+impl Target {
+    fn new(queue: Arc<Queue>, matched: MatchInfo) -> Self {
+        Target {
+            queue,
+            matched,
+            key: None,
         }
     }
-    out
+}
+
+/// Folds the bindings a message matched (one target each, in no order)
+/// into one target per queue, with what all of that queue's matches say.
+/// Sorting by queue id keeps this O(m log m) in the m matches: one topic
+/// with 10,000 subscribers costs 10,000 entries' work, not 10,000²
+/// comparisons (`benches/routing.rs`). In place: the one match of the
+/// usual publish costs no allocation beyond the list itself.
+fn per_queue(targets: &mut Vec<Target>) {
+    if targets.len() < 2 {
+        return;
+    }
+    targets.sort_unstable_by_key(|t| t.queue.id);
+    targets.dedup_by(|later, kept| {
+        if later.queue.id != kept.queue.id {
+            return false;
+        }
+        merge_match(&mut kept.matched, std::mem::take(&mut later.matched));
+        true
+    });
+}
+
+/// Adds what another binding of the same queue matched to `into`.
+fn merge_match(into: &mut MatchInfo, other: MatchInfo) {
+    into.max_guarantee = match (into.max_guarantee, other.max_guarantee) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    for id in other.subscription_ids {
+        if let Err(pos) = into.subscription_ids.binary_search(&id) {
+            into.subscription_ids.insert(pos, id);
+        }
+    }
+    into.retain_as_published |= other.retain_as_published;
 }
 
 fn add_match(info: &mut MatchInfo, options: &BindingOptions) {
@@ -249,14 +287,27 @@ impl Inner {
     pub(crate) fn route(
         &self,
         address: &Address,
+        message: Message,
+        origin: Option<&str>,
+        batch: &mut Batch,
+        duplicates: Duplicates,
+    ) -> Result<usize, BrokerError> {
+        self.route_owned(address.clone(), message, origin, batch, duplicates)
+    }
+
+    /// [`Inner::route`] with the address handed over: it becomes the
+    /// message's own (`Message::address`) without a copy.
+    pub(crate) fn route_owned(
+        &self,
+        address: Address,
         mut message: Message,
         origin: Option<&str>,
         batch: &mut Batch,
         duplicates: Duplicates,
     ) -> Result<usize, BrokerError> {
-        message.address = Some(address.clone());
+        let now_ms = batch.now_ms(self);
         if let Some(at) = message.delivery_time {
-            let latest = self.now_ms().saturating_add(DELIVERY_DELAY_MAX_MS);
+            let latest = now_ms.saturating_add(DELIVERY_DELAY_MAX_MS);
             if at > latest {
                 return Err(BrokerError::ResourceLimit(format!(
                     "delivery time more than {} days ahead",
@@ -264,12 +315,12 @@ impl Inner {
                 )));
             }
         }
-        let targets: Vec<(Arc<Queue>, MatchInfo)> = match address {
+        let mut targets: Vec<Target> = match &address {
             Address::Topic(topic) => {
                 validate_topic_name(topic)
                     .map_err(|e| BrokerError::InvalidAddress(e.to_string()))?;
                 let routing = self.routing.read();
-                let mut matches: Vec<(u64, &RouteBinding)> = Vec::new();
+                let mut targets = TARGETS.take();
                 routing.trie.for_each_match(topic, |b| {
                     if b.options.no_local && origin.is_some() && b.owner.as_deref() == origin {
                         return;
@@ -277,17 +328,25 @@ impl Inner {
                     if b.options.excludes(topic) {
                         return;
                     }
-                    matches.push((b.queue.id, b));
+                    let mut matched = MatchInfo::default();
+                    add_match(&mut matched, &b.options);
+                    targets.push(Target::new(Arc::clone(&b.queue), matched));
                 });
-                per_queue(matches)
+                drop(routing);
+                per_queue(&mut targets);
+                targets
             }
-            Address::Queue(name) => vec![(self.queue_for_send(name, batch)?, MatchInfo::default())],
+            Address::Queue(name) => {
+                let queue = self.queue_for_send(name, batch)?;
+                let mut targets = TARGETS.take();
+                targets.push(Target::new(queue, MatchInfo::default()));
+                targets
+            }
         };
-        let now_ms = self.now_ms();
         // The topic's own window first: a duplicate reaches no subscriber,
         // present or joining later, and counts as routed where its first
         // copy would go.
-        if let (Address::Topic(topic), Duplicates::Detect) = (address, duplicates) {
+        if let (Address::Topic(topic), Duplicates::Detect) = (&address, duplicates) {
             if let TopicScreen::Duplicate { wait } =
                 self.topic_dedup.screen(topic, &message, now_ms, batch)?
             {
@@ -298,25 +357,35 @@ impl Inner {
         // Duplicates first: a queue that holds the first copy takes a
         // retry even when full.
         let mut dropped = 0usize;
-        let detect = duplicates == Duplicates::Detect;
-        let mut targets: Vec<(Arc<Queue>, MatchInfo, Option<DedupKey>)> = if detect {
-            let mut kept = Vec::with_capacity(targets.len());
-            for (q, matched) in targets {
-                match dedup::screen(&q, &message, now_ms)? {
-                    Screen::Pass => kept.push((q, matched, None)),
-                    Screen::Candidate(key) => kept.push((q, matched, Some(key))),
-                    Screen::Duplicate { wait } => {
+        if duplicates == Duplicates::Detect {
+            let mut failed = None;
+            targets.retain_mut(|t| {
+                if failed.is_some() {
+                    return true;
+                }
+                match dedup::screen(&t.queue, &message, now_ms) {
+                    Ok(Screen::Pass) => true,
+                    Ok(Screen::Candidate(key)) => {
+                        t.key = Some(key);
+                        true
+                    }
+                    Ok(Screen::Duplicate { wait }) => {
                         dropped += 1;
                         batch.waits.extend(wait);
+                        false
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        true
                     }
                 }
+            });
+            if let Some(e) = failed {
+                return Err(e);
             }
-            kept
-        } else {
-            targets.into_iter().map(|(q, m)| (q, m, None)).collect()
-        };
-        if let (Address::Queue(name), Some((q, _, _))) = (address, targets.first()) {
-            if q.is_full(self.config.queue_depth_max) {
+        }
+        if let (Address::Queue(name), Some(t)) = (&address, targets.first()) {
+            if t.queue.is_full(self.config.queue_depth_max) {
                 return Err(BrokerError::ResourceLimit(format!(
                     "queue '{name}' holds its maximum of {} messages",
                     self.config.queue_depth_max
@@ -324,37 +393,40 @@ impl Inner {
             }
         }
         // A full subscriber queue misses this message; the others get it.
-        targets.retain(|(q, _, _)| {
-            let full = q.is_full(self.config.queue_depth_max);
+        targets.retain(|t| {
+            let full = t.queue.is_full(self.config.queue_depth_max);
             if full {
-                q.count_dropped_full();
+                t.queue.count_dropped_full();
             }
             !full
         });
         // Admitted only now that the queue takes the message, so a refused
         // send leaves no key behind; a concurrent send may have won.
         let journaled = |q: &Queue| q.durable && message.durable;
-        targets.retain(|(q, _, key)| {
-            let Some(key) = key else { return true };
-            let admitted = dedup::admit(q, *key, journaled(q), now_ms, batch);
+        targets.retain(|t| {
+            let Some(key) = t.key else { return true };
+            let admitted = dedup::admit(&t.queue, key, journaled(&t.queue), now_ms, batch);
             if !admitted {
                 dropped += 1;
             }
             admitted
         });
+        message.address = Some(address);
         let message = Arc::new(message);
         // A scheduled message is routed now and waits in each subscriber
         // queue; it does not become the topic's retained message, which a
         // new subscriber would get before its time.
-        let scheduled = message.is_scheduled(self.now_ms());
-        if let (Address::Topic(topic), true, false) = (address, message.retain, scheduled) {
+        let scheduled = message.is_scheduled(now_ms);
+        if let (Some(Address::Topic(topic)), true, false) =
+            (&message.address, message.retain, scheduled)
+        {
             self.update_retained(topic, &message, batch);
         }
         let seq = self.next_seq();
         let durable_queues: Vec<u64> = targets
             .iter()
-            .filter(|(q, _, _)| q.durable && message.durable)
-            .map(|(q, _, _)| q.id)
+            .filter(|t| t.queue.durable && message.durable)
+            .map(|t| t.queue.id)
             .collect();
         if !durable_queues.is_empty() {
             batch.records.push(Record::Message {
@@ -364,11 +436,14 @@ impl Inner {
             });
         }
         let routed = targets.len() + dropped;
-        for (q, matched, _) in targets {
-            let mut entry = Entry::new(seq, Arc::clone(&message), q.durable && message.durable);
+        let enqueues = batch.enqueues_for(targets.len());
+        for Target { queue, matched, .. } in targets.drain(..) {
+            let journaled = queue.durable && message.durable;
+            let mut entry = Entry::new(seq, Arc::clone(&message), journaled, now_ms);
             entry.matched = matched;
-            batch.enqueues.push((q, entry));
+            enqueues.push((queue, entry));
         }
+        recycle(&TARGETS, targets);
         Ok(routed)
     }
 
@@ -604,7 +679,7 @@ impl Inner {
                         body: codec::opaque(&message),
                     });
                 }
-                let mut entry = Entry::new(seq, message, journaled);
+                let mut entry = Entry::new(seq, message, journaled, batch.now_ms(self));
                 entry.from_retained = true;
                 let mut info = MatchInfo::default();
                 add_match(&mut info, &options);

@@ -1,6 +1,7 @@
 //! A connection's session on the core: its consumers, transactions, will
 //! and client-id registration.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -18,7 +19,7 @@ use rosetta_store::{Completion, Record};
 
 use super::batch::Batch;
 use super::dead_letter::{DeadLetter, DeadLetterReason};
-use super::queue::{elapsed_ms, BrowseCursor, ConsumerKey, ConsumerSlot, Queue};
+use super::queue::{BrowseCursor, ConsumerKey, ConsumerSlot, Queue};
 use super::queue_settings::VISIBILITY_TIMEOUT_MS_MAX;
 use super::routing::Duplicates;
 use super::selector::Selector;
@@ -309,6 +310,65 @@ impl CoreSession {
         Inner::complete_ticket(&self.shared.sink, ticket)
     }
 
+    /// Publishes to `address` (borrowed from the adapter, or handed over
+    /// with the message: then routing keeps it rather than a copy).
+    fn publish_to(
+        &mut self,
+        address: Cow<'_, Address>,
+        message: Message,
+        options: PublishOptions,
+    ) -> Result<PublishReceipt, BrokerError> {
+        let mut st = self.state()?;
+        if !self
+            .inner
+            .access
+            .may_publish(&self.shared.info.principal, &address)
+        {
+            return Err(BrokerError::Unauthorized(format!("publish to '{address}'")));
+        }
+        if let Address::Queue(name) = &*address {
+            if let Some(t) = self.inner.streams.target(name, false)? {
+                drop(st);
+                let receipt = self.publish_to_stream(name, &t, message, options)?;
+                self.count_publish();
+                return Ok(receipt);
+            }
+        }
+        if let Some(txn) = options.txn {
+            let ops = st
+                .txns
+                .get_mut(&txn)
+                .ok_or(BrokerError::Unknown("transaction"))?;
+            if ops.len() >= TRANSACTION_OPS_MAX {
+                return Err(BrokerError::ResourceLimit(format!(
+                    "more than {TRANSACTION_OPS_MAX} operations in one transaction"
+                )));
+            }
+            ops.push(Staged::Publish {
+                address: address.into_owned(),
+                message: Box::new(message),
+            });
+            return Ok(PublishReceipt {
+                routed: 0,
+                pending: None,
+            });
+        }
+        drop(st);
+        let mut batch = Batch::default();
+        let routed = self.inner.route_owned(
+            address.into_owned(),
+            message,
+            self.shared.info.client_id.as_deref(),
+            &mut batch,
+            Duplicates::Detect,
+        )?;
+        let pending = self.commit_batch(batch, options.confirm);
+        // A client's publish, once however many queues it reached; the
+        // broker's own copies (dead letters, wills, moves) are not counted.
+        self.count_publish();
+        Ok(PublishReceipt { routed, pending })
+    }
+
     /// Commits `batch`, with a ticket when `confirm` asks and there is
     /// something to wait for.
     fn commit_batch(&self, batch: Batch, confirm: bool) -> Option<Ticket> {
@@ -429,10 +489,16 @@ fn apply_settle(
     batch: &mut Batch,
 ) -> Result<(), BrokerError> {
     let mut dead = Vec::new();
+    let now_ms = batch.now_ms(inner);
     let out = {
         let mut st = queue.state.lock();
-        settle_locked(inner, queue, &mut st, key, tag, outcome, batch, &mut dead)?;
-        queue.dispatch_locked(&mut st, inner.now_ms())
+        let settle = Settle {
+            key,
+            outcome,
+            now_ms,
+        };
+        settle_locked(inner, queue, &mut st, tag, settle, batch, &mut dead)?;
+        queue.dispatch_locked(&mut st, now_ms)
     };
     finish_settles(inner, out, dead, batch);
     Ok(())
@@ -458,33 +524,39 @@ fn finish_settles(
     }
 }
 
+/// What one settlement applies, and when (the core's clock, read once
+/// for all the settlements of a call).
+#[derive(Clone, Copy)]
+struct Settle {
+    key: ConsumerKey,
+    outcome: Outcome,
+    now_ms: u64,
+}
+
 /// Applies `outcome` to one in-flight delivery, under the queue's lock,
 /// without dispatching what the freed credit allows (the caller does, once
 /// for all the deliveries it settles).
-#[allow(clippy::too_many_arguments)] // the pieces of one settle, all needed
 fn settle_locked(
     inner: &Inner,
     queue: &Arc<Queue>,
     st: &mut super::queue::QueueState,
-    key: ConsumerKey,
     tag: DeliveryTag,
-    outcome: Outcome,
+    settle: Settle,
     batch: &mut Batch,
     dead: &mut Vec<DeadLetter>,
 ) -> Result<(), BrokerError> {
-    match st.inflight.get(&tag.0) {
-        Some((owner, _)) if *owner == key => {}
+    let Settle {
+        key,
+        outcome,
+        now_ms,
+    } = settle;
+    // One lookup: taken out, and put back in the rare case that it is
+    // someone else's.
+    let (lease_journaled, mut entry) = match st.take_inflight_of(tag.0, key) {
+        Ok(taken) => taken,
         // Never applied elsewhere: the redelivered copy has its own tag.
-        None if st.leases.take_expired(tag.0) => return Err(BrokerError::LeaseExpired),
-        _ => return Err(BrokerError::Unknown("delivery")),
-    }
-    // Its delivery journaled a lease deadline, which a return must clear.
-    let lease_journaled = st
-        .inflight
-        .get(&tag.0)
-        .is_some_and(|(_, e)| e.journaled && e.lease_until.is_some());
-    let Some((_, mut entry)) = st.take_inflight(tag.0) else {
-        return Err(BrokerError::Unknown("delivery"));
+        Err(None) if st.leases.take_expired(tag.0) => return Err(BrokerError::LeaseExpired),
+        Err(_) => return Err(BrokerError::Unknown("delivery")),
     };
     if let Some(slot) = st.consumers.iter_mut().find(|c| c.key == key) {
         if let CreditMode::Window(_) = slot.mode {
@@ -496,11 +568,10 @@ fn settle_locked(
             queue.release(&entry);
             st.stats.acked_total += 1;
             queue.traffic.acknowledged();
-            st.stats.time_in_queue_ms_total += elapsed_ms(entry.enqueued_at);
+            st.stats.time_in_queue_ms_total += now_ms.saturating_sub(entry.enqueued_at_ms);
             batch.records.extend(queue.ack_record(&entry));
         }
         Outcome::Release => {
-            let now_ms = inner.now_ms();
             queue.put_back_later(st, entry, now_ms, lease_journaled, &mut batch.records);
         }
         Outcome::Modify {
@@ -518,7 +589,6 @@ fn settle_locked(
                     entry.excluded = Some(key);
                 }
                 entry.annotation = None;
-                let now_ms = inner.now_ms();
                 let changed = delivery_failed || lease_journaled;
                 queue.put_back_later(st, entry, now_ms, changed, &mut batch.records);
             }
@@ -727,55 +797,20 @@ impl Session for CoreSession {
         message: Message,
         options: PublishOptions,
     ) -> Result<PublishReceipt, BrokerError> {
-        let mut st = self.state()?;
-        if !self
-            .inner
-            .access
-            .may_publish(&self.shared.info.principal, address)
-        {
-            return Err(BrokerError::Unauthorized(format!("publish to '{address}'")));
-        }
-        if let Address::Queue(name) = address {
-            if let Some(t) = self.inner.streams.target(name, false)? {
-                drop(st);
-                let receipt = self.publish_to_stream(name, &t, message, options)?;
-                self.count_publish();
-                return Ok(receipt);
-            }
-        }
-        if let Some(txn) = options.txn {
-            let ops = st
-                .txns
-                .get_mut(&txn)
-                .ok_or(BrokerError::Unknown("transaction"))?;
-            if ops.len() >= TRANSACTION_OPS_MAX {
-                return Err(BrokerError::ResourceLimit(format!(
-                    "more than {TRANSACTION_OPS_MAX} operations in one transaction"
-                )));
-            }
-            ops.push(Staged::Publish {
-                address: address.clone(),
-                message: Box::new(message),
-            });
-            return Ok(PublishReceipt {
-                routed: 0,
-                pending: None,
-            });
-        }
-        drop(st);
-        let mut batch = Batch::default();
-        let routed = self.inner.route(
-            address,
-            message,
-            self.shared.info.client_id.as_deref(),
-            &mut batch,
-            Duplicates::Detect,
-        )?;
-        let pending = self.commit_batch(batch, options.confirm);
-        // A client's publish, once however many queues it reached; the
-        // broker's own copies (dead letters, wills, moves) are not counted.
-        self.count_publish();
-        Ok(PublishReceipt { routed, pending })
+        self.publish_to(Cow::Borrowed(address), message, options)
+    }
+
+    fn publish_addressed(
+        &mut self,
+        mut message: Message,
+        options: PublishOptions,
+    ) -> Result<PublishReceipt, BrokerError> {
+        let Some(address) = message.address.take() else {
+            return Err(BrokerError::InvalidAddress(
+                "a message without an address".to_owned(),
+            ));
+        };
+        self.publish_to(Cow::Owned(address), message, options)
     }
 
     fn consume(&mut self, spec: ConsumerSpec) -> Result<ConsumerId, BrokerError> {
@@ -1029,22 +1064,26 @@ impl Session for CoreSession {
                 consumer,
             };
             let mut dead = Vec::new();
+            let settle = Settle {
+                key,
+                outcome,
+                now_ms: batch.now_ms(&self.inner),
+            };
             let out = {
                 let mut st = queue.state.lock();
                 for &(_, tag) in this {
-                    let settle = settle_locked(
+                    let r = settle_locked(
                         &self.inner,
                         &queue,
                         &mut st,
-                        key,
                         tag,
-                        outcome,
+                        settle,
                         &mut batch,
                         &mut dead,
                     );
-                    settled += usize::from(settle.is_ok());
+                    settled += usize::from(r.is_ok());
                 }
-                queue.dispatch_locked(&mut st, self.inner.now_ms())
+                queue.dispatch_locked(&mut st, settle.now_ms)
             };
             finish_settles(&self.inner, out, dead, &mut batch);
         }

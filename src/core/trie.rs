@@ -169,9 +169,8 @@ impl<V> TopicTrie<V> {
 
     /// Calls `visit` for every value whose filter matches `topic`.
     pub(crate) fn for_each_match<'a>(&'a self, topic: &str, mut visit: impl FnMut(&'a V)) {
-        let levels: Vec<&str> = topic.split('/').collect();
         let dollar = topic.starts_with('$');
-        match_rec(&self.root, &levels, 0, dollar, &mut visit);
+        match_rec(&self.root, Some(topic), 0, dollar, &mut visit);
     }
 }
 
@@ -220,9 +219,13 @@ fn remove_rec<V>(node: &mut Node<V>, levels: &[&str], pred: &mut impl FnMut(&V) 
     }
 }
 
+/// Matches the levels of `rest` (what is left of the topic; `None` once
+/// its last level is consumed) below `node`. The topic is split as it is
+/// walked, level by level, rather than into a vector first: routing a
+/// publish allocates nothing here.
 fn match_rec<'a, V>(
     node: &'a Node<V>,
-    levels: &[&str],
+    rest: Option<&str>,
     depth: usize,
     dollar: bool,
     visit: &mut impl FnMut(&'a V),
@@ -233,9 +236,13 @@ fn match_rec<'a, V>(
         // `a/#` also matches `a` itself (the parent level).
         node.hash.iter().for_each(&mut *visit);
     }
-    let Some((first, rest)) = levels.split_first() else {
+    let Some(levels) = rest else {
         node.here.iter().for_each(visit);
         return;
+    };
+    let (first, rest) = match levels.split_once('/') {
+        Some((first, rest)) => (first, Some(rest)),
+        None => (levels, None),
     };
     if let Some(child) = node.children.get(first) {
         match_rec(child, rest, depth + 1, dollar, visit);

@@ -108,6 +108,10 @@ impl Report {
             "msg_per_s": self.msg_per_s(),
             "p50_us": p50,
             "p99_us": p99,
+            // The tail around p99, for telling a few slow messages from a
+            // slow one percent.
+            "p90_us": us(90.0),
+            "p999_us": us(99.9),
             "broker_cpu_us": self.broker_cpu_us,
             "cpu_us_per_msg": self.cpu_us_per_msg(),
             "load_cpu_us": self.load_cpu_us,

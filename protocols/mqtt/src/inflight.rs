@@ -10,6 +10,7 @@
 use std::collections::BTreeSet;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use rosetta_neutral::id_hash::BuildIdHasher;
 use rosetta_neutral::{ConsumerId, DeliveryTag, LazyMap};
 
 /// `put_state` key of the inbound QoS 2 packet ids awaiting PUBREL.
@@ -33,11 +34,12 @@ pub(crate) struct OutFlight {
     pub(crate) phase: Phase,
 }
 
-/// Outbound packet ids in use.
+/// Outbound packet ids in use. The ids are ours (see [`Outbound::allocate`]):
+/// the cheap id hash, not SipHash (`rosetta_neutral::id_hash`).
 #[derive(Debug, Default)]
 pub(crate) struct Outbound {
     /// Lazy: an idle connection has nothing in flight (issue 20).
-    flights: LazyMap<u16, OutFlight>,
+    flights: LazyMap<u16, OutFlight, BuildIdHasher>,
     next: u16,
 }
 

@@ -188,6 +188,10 @@ pub fn validate_topic_name(name: &str) -> Result<(), AddressError> {
     if name.len() > ADDRESS_LEN_MAX {
         return Err(AddressError::TooLong);
     }
+    if !has_nul_or_wildcard(name.as_bytes()) {
+        return Ok(());
+    }
+    // Something to report: which, byte by byte.
     let mut wildcard = false;
     for b in name.bytes() {
         match b {
@@ -200,6 +204,32 @@ pub fn validate_topic_name(name: &str) -> Result<(), AddressError> {
         return Err(AddressError::WildcardInName(name.to_owned()));
     }
     Ok(())
+}
+
+/// Whether `bytes` hold a NUL, `+` or `#`: eight bytes per step (the
+/// classic "has a zero byte" test on the word XORed with each byte sought),
+/// since every publish's topic is checked (issue 20: a byte-wise loop was
+/// 4% of an MQTT message's instructions).
+fn has_nul_or_wildcard(bytes: &[u8]) -> bool {
+    const LOW: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let has_zero = |v: u64| v.wrapping_sub(LOW) & !v & HIGH != 0;
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(word);
+        let v = u64::from_le_bytes(w);
+        if has_zero(v)
+            || has_zero(v ^ (LOW * u64::from(b'+')))
+            || has_zero(v ^ (LOW * u64::from(b'#')))
+        {
+            return true;
+        }
+    }
+    words
+        .remainder()
+        .iter()
+        .any(|&b| matches!(b, 0 | b'+' | b'#'))
 }
 
 /// Checks a topic *filter*: `+` must fill a whole level, `#` must be the
@@ -328,5 +358,29 @@ mod tests {
         assert!(topic_matches("+", ""));
         assert!(!topic_matches("a", "a/b"));
         assert!(topic_matches("a//b", "a//b"));
+    }
+
+    proptest::proptest! {
+        /// The word-at-a-time check finds exactly what a byte-wise scan
+        /// finds, wherever the byte sits relative to the 8-byte steps.
+        #[test]
+        fn the_fast_scan_agrees_with_a_byte_wise_one(
+            bytes in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::prelude::Just(0u8),
+                    proptest::prelude::Just(b'+'),
+                    proptest::prelude::Just(b'#'),
+                    proptest::prelude::Just(b'*'),
+                    proptest::prelude::Just(b'"'),
+                    proptest::prelude::Just(0x80u8),
+                    proptest::prelude::Just(0xffu8),
+                    b'a'..=b'z',
+                ],
+                0..40,
+            )
+        ) {
+            let slow = bytes.iter().any(|&b| matches!(b, 0 | b'+' | b'#'));
+            proptest::prop_assert_eq!(has_nul_or_wildcard(&bytes), slow);
+        }
     }
 }

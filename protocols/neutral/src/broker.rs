@@ -688,6 +688,24 @@ pub trait Session: Send {
         options: PublishOptions,
     ) -> Result<PublishReceipt, BrokerError>;
 
+    /// [`Session::publish`] to the address the message names
+    /// (`message.address`), which the core then keeps rather than copies:
+    /// an adapter that builds the address for each publish anyway hands it
+    /// over with the message. A message without an address is refused
+    /// ([`BrokerError::InvalidAddress`]).
+    fn publish_addressed(
+        &mut self,
+        message: Message,
+        options: PublishOptions,
+    ) -> Result<PublishReceipt, BrokerError> {
+        let Some(address) = message.address.clone() else {
+            return Err(BrokerError::InvalidAddress(
+                "a message without an address".to_owned(),
+            ));
+        };
+        self.publish(&address, message, options)
+    }
+
     /// Starts consuming a queue.
     fn consume(&mut self, spec: ConsumerSpec) -> Result<ConsumerId, BrokerError>;
 

@@ -12,22 +12,24 @@
 //! users changing.
 
 use std::borrow::Borrow;
-use std::collections::hash_map::{self, HashMap};
-use std::hash::Hash;
+use std::collections::hash_map::{self, HashMap, RandomState};
+use std::hash::{BuildHasher, Hash};
 
 /// See the module docs.
 // Boxed so that an empty map costs a pointer (8 bytes), not a map (48).
 #[allow(clippy::box_collection)]
 #[derive(Debug)]
-pub struct LazyMap<K, V>(Option<Box<HashMap<K, V>>>);
+pub struct LazyMap<K, V, S = RandomState>(Option<Box<HashMap<K, V, S>>>);
 
-impl<K, V> Default for LazyMap<K, V> {
+impl<K, V, S> Default for LazyMap<K, V, S> {
     fn default() -> Self {
         Self(None)
     }
 }
 
-impl<K: Hash + Eq, V> LazyMap<K, V> {
+/// `S`: the map's hasher, std's by default; maps keyed by ids the broker
+/// allocates use [`crate::id_hash::BuildIdHasher`].
+impl<K: Hash + Eq, V, S: BuildHasher + Default> LazyMap<K, V, S> {
     /// The value of `key`.
     pub fn get<Q>(&self, key: &Q) -> Option<&V>
     where

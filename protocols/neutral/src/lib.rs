@@ -8,6 +8,7 @@
 //! - [`address`]: the naming scheme shared by MQTT, STOMP and AMQP;
 //! - [`broker`]: the [`Broker`]/[`Session`] handle adapters call, and the
 //!   [`SessionEvent`]s the core sends back;
+//! - [`id_hash`]: the hash of maps keyed by ids the broker allocates;
 //! - [`budget`]: the per-connection byte budget for deliveries not yet
 //!   written, the core's back-pressure from a slow reader;
 //! - [`lazy_map`]: a hash map that costs a pointer until its first entry,
@@ -27,6 +28,7 @@ pub mod address;
 pub mod broker;
 pub mod budget;
 pub mod fields;
+pub mod id_hash;
 pub mod lazy_map;
 pub mod login;
 pub mod message;

@@ -331,7 +331,7 @@ mod tests {
     use super::*;
 
     fn entry(seq: MessageSeq) -> Entry {
-        Entry::new(seq, Arc::new(Message::default()), false)
+        Entry::new(seq, Arc::new(Message::default()), false, 0)
     }
 
     fn entry_at(seq: MessageSeq, priority: u8) -> Entry {
@@ -339,7 +339,7 @@ mod tests {
             priority,
             ..Message::default()
         };
-        Entry::new(seq, Arc::new(m), false)
+        Entry::new(seq, Arc::new(m), false, 0)
     }
 
     fn drain(m: &mut Level) -> Vec<MessageSeq> {

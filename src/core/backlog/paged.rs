@@ -5,14 +5,13 @@ use bytes::Bytes;
 use rosetta_neutral::{MatchInfo, Message};
 use rosetta_store::{MessageSeq, PageRef, QueueId};
 use std::sync::Arc;
-use std::time::Instant;
 
 use crate::codec::decode_message_exact;
 use crate::queue::{ConsumerKey, Entry};
 use crate::Journal;
 
 /// What stays in memory of a paged message: everything but the message.
-/// Kept small (about 56 bytes): there is one per paged message.
+/// Kept small (about 48 bytes): there is one per paged message.
 #[derive(Debug)]
 pub(crate) struct Paged {
     /// Where it is in the page file; for a message paged by reference, only
@@ -22,7 +21,7 @@ pub(crate) struct Paged {
     pub(crate) journaled: bool,
     /// Paged by reference: read back from the journal, not the page file.
     pub(crate) in_journal: bool,
-    pub(crate) enqueued_at: Instant,
+    pub(crate) enqueued_at_ms: u64,
     /// Delivery state, for the rare paged message that has any (a
     /// redelivered message recovered from the journal, a retained copy).
     pub(crate) state: Option<Box<DeliveryState>>,
@@ -62,14 +61,13 @@ impl Paged {
             seq: entry.seq,
             journaled: entry.journaled,
             in_journal: false,
-            enqueued_at: entry.enqueued_at,
+            enqueued_at_ms: entry.enqueued_at_ms,
             state: (!usual).then(|| Box::new(state)),
         }
     }
 
     pub(crate) fn into_entry(self, message: Arc<Message>) -> Entry {
-        let mut entry = Entry::new(self.seq, message, self.journaled);
-        entry.enqueued_at = self.enqueued_at;
+        let mut entry = Entry::new(self.seq, message, self.journaled, self.enqueued_at_ms);
         if let Some(state) = self.state {
             entry.delivery_count = state.delivery_count;
             entry.redelivered = state.redelivered;

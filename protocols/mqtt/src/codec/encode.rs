@@ -60,11 +60,11 @@ fn qos(q: u8) -> QoS {
     }
 }
 
-/// A PUBLISH to a client.
-#[derive(Debug, Clone, Default)]
-pub struct OutPublish {
+/// A PUBLISH to a client, borrowing what it carries from the delivery.
+#[derive(Debug, Clone)]
+pub struct OutPublish<'a> {
     /// Topic (empty when an established alias stands for it).
-    pub topic: String,
+    pub topic: &'a str,
     /// QoS 0–2.
     pub qos: u8,
     /// DUP flag.
@@ -74,24 +74,28 @@ pub struct OutPublish {
     /// Packet id (QoS > 0).
     pub pkid: u16,
     /// Payload.
-    pub payload: Bytes,
+    pub payload: &'a Bytes,
     /// v5 properties; ignored for 3.1.1.
     pub props: Option<v5::PublishProperties>,
 }
 
-/// Writes a PUBLISH; returns its size in bytes.
-pub fn publish(version: Version, p: OutPublish, out: &mut BytesMut) -> Result<usize, EncodeError> {
+/// Most bytes MQTT's variable-length Remaining Length can say.
+const REMAINING_LENGTH_MAX: usize = 268_435_455;
+
+/// Writes a PUBLISH; returns its size in bytes. A 3.1.1 PUBLISH (no
+/// properties) is written here directly, with one reservation for the
+/// whole packet: mqttbytes' writer wants the topic as an owned `String`,
+/// one allocation per delivery, and grows the buffer field by field.
+pub fn publish(
+    version: Version,
+    p: OutPublish<'_>,
+    out: &mut BytesMut,
+) -> Result<usize, EncodeError> {
     let before = out.len();
     match version {
-        Version::V311 => {
-            let mut w = v4::Publish::from_bytes(p.topic, qos(p.qos), p.payload);
-            w.dup = p.dup;
-            w.retain = p.retain;
-            w.pkid = p.pkid;
-            w.write(out).map_err(EncodeError)?;
-        }
+        Version::V311 => publish_v4(&p, out)?,
         Version::V5 => {
-            let mut w = v5::Publish::from_bytes(p.topic, qos(p.qos), p.payload);
+            let mut w = v5::Publish::from_bytes(p.topic, qos(p.qos), p.payload.clone());
             w.dup = p.dup;
             w.retain = p.retain;
             w.pkid = p.pkid;
@@ -100,6 +104,43 @@ pub fn publish(version: Version, p: OutPublish, out: &mut BytesMut) -> Result<us
         }
     }
     Ok(out.len() - before)
+}
+
+/// A 3.1.1 PUBLISH, byte for byte what `mqttbytes::v4::Publish::write`
+/// writes (the test below compares them).
+fn publish_v4(p: &OutPublish<'_>, out: &mut BytesMut) -> Result<(), EncodeError> {
+    let with_pkid = p.qos > 0;
+    if with_pkid && p.pkid == 0 {
+        return Err(EncodeError(mqttbytes::Error::PacketIdZero));
+    }
+    let topic_len =
+        u16::try_from(p.topic.len()).map_err(|_| EncodeError(mqttbytes::Error::PayloadTooLong))?;
+    let len = 2 + p.topic.len() + if with_pkid { 2 } else { 0 } + p.payload.len();
+    if len > REMAINING_LENGTH_MAX {
+        return Err(EncodeError(mqttbytes::Error::PayloadTooLong));
+    }
+    let mut header = [0u8; 5];
+    header[0] = 0b0011_0000 | u8::from(p.retain) | (p.qos.min(2) << 1) | (u8::from(p.dup) << 3);
+    let mut n = 1;
+    let mut x = len;
+    loop {
+        let byte = (x % 128) as u8;
+        x /= 128;
+        header[n] = if x > 0 { byte | 0x80 } else { byte };
+        n += 1;
+        if x == 0 {
+            break;
+        }
+    }
+    out.reserve(n + len);
+    out.extend_from_slice(&header[..n]);
+    out.extend_from_slice(&topic_len.to_be_bytes());
+    out.extend_from_slice(p.topic.as_bytes());
+    if with_pkid {
+        out.extend_from_slice(&p.pkid.to_be_bytes());
+    }
+    out.extend_from_slice(p.payload);
+    Ok(())
 }
 
 /// Which acknowledgement.
@@ -473,5 +514,64 @@ fn write_varint(mut n: usize, out: &mut BytesMut) {
         if n == 0 {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod publish_tests {
+    use super::*;
+
+    /// The hand-written 3.1.1 PUBLISH is mqttbytes' byte for byte, across
+    /// QoS, flags and the Remaining Length's one- to three-byte forms.
+    #[test]
+    fn a_v4_publish_is_written_as_mqttbytes_writes_it() {
+        for (topic, qos, dup, retain, pkid, size) in [
+            ("a", 0, false, false, 0, 0),
+            ("a/b/c", 1, true, false, 7, 100),
+            ("sensors/+x/temperature", 2, false, true, 65_535, 125),
+            ("t", 1, false, true, 1, 126),
+            ("t", 0, true, true, 0, 16_380),
+            ("topic", 1, false, false, 300, 20_000),
+        ] {
+            let payload = Bytes::from(vec![0xa5; size]);
+            let mut ours = BytesMut::new();
+            let p = OutPublish {
+                topic,
+                qos,
+                dup,
+                retain,
+                pkid,
+                payload: &payload,
+                props: None,
+            };
+            let n = publish(Version::V311, p, &mut ours).expect("encodes");
+            let mut w = v4::Publish::from_bytes(topic, super::qos(qos), payload.clone());
+            w.dup = dup;
+            w.retain = retain;
+            w.pkid = pkid;
+            let mut theirs = BytesMut::new();
+            w.write(&mut theirs).expect("mqttbytes encodes");
+            assert_eq!(ours, theirs, "{topic} qos {qos} size {size}");
+            assert_eq!(n, ours.len());
+        }
+    }
+
+    #[test]
+    fn a_v4_publish_refuses_what_it_cannot_write() {
+        let payload = Bytes::new();
+        let p = |topic, qos, pkid| OutPublish {
+            topic,
+            qos,
+            dup: false,
+            retain: false,
+            pkid,
+            payload: &payload,
+            props: None,
+        };
+        let mut out = BytesMut::new();
+        assert!(publish(Version::V311, p("a", 1, 0), &mut out).is_err());
+        let long = "x".repeat(70_000);
+        assert!(publish(Version::V311, p(&long, 0, 0), &mut out).is_err());
+        assert!(out.is_empty(), "nothing written for a refused packet");
     }
 }

@@ -128,10 +128,19 @@ pub struct PublishPacket {
     pub topic: String,
     /// Packet id (0 for QoS 0).
     pub pkid: u16,
-    /// Properties (v5).
-    pub props: Props,
+    /// Properties (v5); `None` when there were none (every 3.1.1
+    /// PUBLISH). Boxed: `Props` is 272 bytes, and a packet is moved several
+    /// times on its way from the decoder to the core (issue 20).
+    pub props: Option<Box<Props>>,
     /// Payload (a slice of the read buffer, not a copy).
     pub payload: Bytes,
+}
+
+impl PublishPacket {
+    /// The topic alias property, if any.
+    pub fn topic_alias(&self) -> Option<u16> {
+        self.props.as_ref().and_then(|p| p.topic_alias)
+    }
 }
 
 /// PUBACK, PUBREC, PUBREL or PUBCOMP.
@@ -202,16 +211,18 @@ pub enum Inbound {
     PubRel(AckPacket),
     /// PUBCOMP.
     PubComp(AckPacket),
-    /// SUBSCRIBE.
-    Subscribe(SubscribePacket),
+    /// SUBSCRIBE. This and the other rare packets with properties are
+    /// boxed, so that the enum stays as small as a PUBLISH (every PUBACK
+    /// is one, too).
+    Subscribe(Box<SubscribePacket>),
     /// UNSUBSCRIBE.
     Unsubscribe(UnsubscribePacket),
     /// PINGREQ.
     PingReq,
     /// DISCONNECT.
-    Disconnect(ReasonPacket),
+    Disconnect(Box<ReasonPacket>),
     /// AUTH (v5).
-    Auth(ReasonPacket),
+    Auth(Box<ReasonPacket>),
 }
 
 /// Incremental decoder: feed any split of the byte stream with

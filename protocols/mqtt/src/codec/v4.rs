@@ -31,7 +31,7 @@ pub(crate) fn decode(header: FixedHeader, mut frame: BytesMut) -> Result<Inbound
         PacketKind::Subscribe => {
             let body = frame.freeze().slice(header.header_len..);
             let mut r = Reader::new(body);
-            return super::v5::subscribe(&mut r, false).map(Inbound::Subscribe);
+            return super::v5::subscribe(&mut r, false).map(|s| Inbound::Subscribe(Box::new(s)));
         }
         PacketKind::Auth => return Err(CodecError::Malformed("AUTH is not a 3.1.1 packet")),
         PacketKind::Disconnect | PacketKind::PingReq if header.remaining_len != 0 => {
@@ -68,7 +68,7 @@ pub(crate) fn decode(header: FixedHeader, mut frame: BytesMut) -> Result<Inbound
                 retain: p.retain,
                 topic: p.topic,
                 pkid: p.pkid,
-                props: Props::default(),
+                props: None,
                 payload: p.payload,
             })
         }
@@ -92,10 +92,10 @@ pub(crate) fn decode(header: FixedHeader, mut frame: BytesMut) -> Result<Inbound
             })
         }
         v4::Packet::PingReq => Inbound::PingReq,
-        v4::Packet::Disconnect => Inbound::Disconnect(ReasonPacket {
+        v4::Packet::Disconnect => Inbound::Disconnect(Box::new(ReasonPacket {
             reason: 0,
             props: Props::default(),
-        }),
+        })),
         _ => return Err(CodecError::Protocol("unexpected packet type")),
     })
 }
@@ -127,10 +127,10 @@ mod tests {
         );
         assert_eq!(
             dec(&[0xE0, 0]),
-            Ok(Inbound::Disconnect(ReasonPacket {
+            Ok(Inbound::Disconnect(Box::new(ReasonPacket {
                 reason: 0,
                 props: Props::default()
-            }))
+            })))
         );
     }
 

@@ -25,13 +25,13 @@ pub(crate) fn decode(header: FixedHeader, body: Bytes) -> Result<Inbound, CodecE
         PacketKind::PubRec => Inbound::PubRec(ack(&mut r)?),
         PacketKind::PubRel => Inbound::PubRel(ack(&mut r)?),
         PacketKind::PubComp => Inbound::PubComp(ack(&mut r)?),
-        PacketKind::Subscribe => Inbound::Subscribe(subscribe(&mut r, true)?),
+        PacketKind::Subscribe => Inbound::Subscribe(Box::new(subscribe(&mut r, true)?)),
         PacketKind::Unsubscribe => Inbound::Unsubscribe(unsubscribe(&mut r, true)?),
         PacketKind::PingReq => Inbound::PingReq,
         PacketKind::Disconnect => {
-            Inbound::Disconnect(reason_packet(&mut r, PropContext::Disconnect)?)
+            Inbound::Disconnect(Box::new(reason_packet(&mut r, PropContext::Disconnect)?))
         }
-        PacketKind::Auth => Inbound::Auth(reason_packet(&mut r, PropContext::Auth)?),
+        PacketKind::Auth => Inbound::Auth(Box::new(reason_packet(&mut r, PropContext::Auth)?)),
         PacketKind::Connect => return Err(CodecError::Protocol("second CONNECT")),
     };
     if !r.is_empty() {
@@ -58,6 +58,7 @@ fn publish(flags: u8, r: &mut Reader) -> Result<PublishPacket, CodecError> {
     let topic = r.string()?;
     let pkid = if qos > 0 { nonzero_pkid(r)? } else { 0 };
     let props = read_props(r, PropContext::Publish)?;
+    let props = (props != Props::default()).then(|| Box::new(props));
     Ok(PublishPacket {
         dup,
         qos,
@@ -179,7 +180,7 @@ mod tests {
             panic!("not a publish")
         };
         assert_eq!((p.qos, p.retain, p.pkid), (1, true, 7));
-        assert_eq!(p.props.topic_alias, Some(1));
+        assert_eq!(p.topic_alias(), Some(1));
         assert_eq!(&p.payload[..], b"x");
     }
 

@@ -6,7 +6,7 @@
 //! packet ids awaiting PUBREL.
 
 use super::subscribe::STREAM_TOPIC_PREFIX;
-use rosetta_neutral::address::validate_topic_name;
+use rosetta_neutral::address::{validate_topic_name, MQTT_QUEUE_TOPIC_PREFIX};
 use rosetta_neutral::{Address, BrokerError, PublishOptions, Ticket};
 
 use super::{Ctx, Open};
@@ -39,7 +39,8 @@ impl Open {
         if p.retain && !cfg.retain_available {
             return Err(MqttError::RetainNotSupported);
         }
-        let topic = self.resolve_topic(cfg.topic_alias_max, p.topic, p.props.topic_alias)?;
+        let alias = p.topic_alias();
+        let topic = self.resolve_topic(cfg.topic_alias_max, p.topic, alias)?;
         if validate_topic_name(&topic).is_err() {
             return Err(MqttError::TopicNameInvalid(topic));
         }
@@ -54,12 +55,21 @@ impl Open {
         // checks the publish permission on `/queue/q`.
         // `$stream/s` appends to the stream `s`, declared at first use; a
         // refusal is the publish's, answered like a refused publish below.
-        let address = match target.strip_prefix(STREAM_TOPIC_PREFIX) {
-            Some(name) => self.stream_address(name),
-            None => match Address::from_mqtt_topic(target) {
-                Ok(a) => Ok(a),
-                Err(_) => return Err(MqttError::TopicNameInvalid(topic)),
-            },
+        let plain = delay_ms.is_none()
+            && !target.starts_with(STREAM_TOPIC_PREFIX)
+            && !target.starts_with(MQTT_QUEUE_TOPIC_PREFIX);
+        let address = if plain {
+            // A topic name, checked above: the address takes it as it is,
+            // without a copy.
+            Ok(Address::Topic(topic))
+        } else {
+            match target.strip_prefix(STREAM_TOPIC_PREFIX) {
+                Some(name) => self.stream_address(name),
+                None => match Address::from_mqtt_topic(target) {
+                    Ok(a) => Ok(a),
+                    Err(_) => return Err(MqttError::TopicNameInvalid(topic)),
+                },
+            }
         };
 
         if p.qos == 2 && self.awaiting_rel.contains(&p.pkid) {
@@ -76,7 +86,8 @@ impl Open {
             }
         }
 
-        let mut message = inbound_message(p.qos, p.retain, p.props, p.payload, ctx.now_ms)?;
+        let props = p.props.map(|props| *props).unwrap_or_default();
+        let mut message = inbound_message(p.qos, p.retain, props, p.payload, ctx.now_ms)?;
         message.delivery_time = delay_ms
             .filter(|&ms| ms > 0)
             .map(|ms| ctx.now_ms.saturating_add(ms));
@@ -84,7 +95,11 @@ impl Open {
             txn: None,
             confirm: p.qos > 0,
         };
-        let result = address.and_then(|address| self.session.publish(&address, message, options));
+        let result = address.and_then(|address| {
+            // Handed over with the message: the core keeps it, no copy.
+            message.address = Some(address);
+            self.session.publish_addressed(message, options)
+        });
         let receipt = match (result, p.qos, self.version) {
             (Ok(receipt), _, _) => receipt,
             (Err(e), 0, _) => {

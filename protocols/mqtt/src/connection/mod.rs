@@ -318,7 +318,7 @@ impl MqttConnection {
                     if let State::Authenticating(auth) =
                         std::mem::replace(&mut self.state, State::Closed)
                     {
-                        self.continue_enhanced_auth(now, *auth, a);
+                        self.continue_enhanced_auth(now, *auth, *a);
                     }
                     Ok(())
                 }
@@ -353,7 +353,7 @@ impl MqttConnection {
                     Inbound::PubRec(a) => open.on_pubrec(ctx, a),
                     Inbound::PubRel(a) => open.on_pubrel(ctx, a),
                     Inbound::PubComp(a) => open.on_pubcomp(ctx, a),
-                    Inbound::Subscribe(s) => open.on_subscribe(ctx, s),
+                    Inbound::Subscribe(s) => open.on_subscribe(ctx, *s),
                     Inbound::Unsubscribe(u) => open.on_unsubscribe(ctx, u),
                     Inbound::PingReq => {
                         encode::pingresp(ctx.out);
@@ -373,7 +373,7 @@ impl MqttConnection {
                         }
                         Err(e) => Err(e),
                     },
-                    Inbound::Auth(a) => open.on_auth(self.broker.as_ref(), ctx, a),
+                    Inbound::Auth(a) => open.on_auth(self.broker.as_ref(), ctx, *a),
                 }
             }
         };

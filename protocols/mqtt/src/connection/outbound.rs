@@ -109,8 +109,8 @@ impl Open {
             );
             return Ok(());
         }
-        let msg = d.message.clone();
-        let Some(topic) = delivery_topic(&msg).filter(|t| fits_u16(t.len())) else {
+        let msg: &rosetta_neutral::Message = &d.message;
+        let Some(topic) = delivery_topic(msg).filter(|t| fits_u16(t.len())) else {
             // Not published to an address: nothing an MQTT client can receive.
             self.settle(ctx.conn_id, d.consumer, d.tag, Outcome::Reject);
             return Ok(());
@@ -161,11 +161,16 @@ impl Open {
             return Ok(());
         }
 
-        let (wire_topic, alias, new_alias) =
-            self.outbound_alias(ctx.config.outbound_topic_alias_max, &topic);
+        let (alias, new_alias) = self.outbound_alias(ctx.config.outbound_topic_alias_max, &topic);
+        // An alias the client already knows stands for the topic.
+        let wire_topic = if alias.is_some() && new_alias.is_none() {
+            ""
+        } else {
+            &topic
+        };
         let props = match self.version {
             Version::V5 => {
-                let mut props = outbound_properties(&msg, &d.matched.subscription_ids, ctx.now_ms);
+                let mut props = outbound_properties(msg, &d.matched.subscription_ids, ctx.now_ms);
                 if let Some(p) = d.stream {
                     // The stream offset (and what retention cut), as
                     // STOMP's headers and AMQP's annotations of the same
@@ -192,7 +197,7 @@ impl Open {
             dup,
             retain,
             pkid,
-            payload: msg.body.bytes.clone(),
+            payload: &msg.body.bytes,
             props,
         };
         let start = ctx.out.len();
@@ -249,26 +254,21 @@ impl Open {
         Ok(())
     }
 
-    /// The topic to write and the alias to use; the third value is a new
-    /// alias to record once the packet is actually sent.
-    fn outbound_alias(
-        &self,
-        our_max: u16,
-        topic: &str,
-    ) -> (String, Option<u16>, Option<(String, u16)>) {
+    /// The alias to use for `topic`; the second value is a new alias to
+    /// record once the packet is actually sent (the topic is then written
+    /// too; with an alias the client knows, only the alias is).
+    fn outbound_alias(&self, our_max: u16, topic: &str) -> (Option<u16>, Option<(String, u16)>) {
         if self.version != Version::V5 {
-            return (topic.to_owned(), None, None);
+            return (None, None);
         }
         let outgoing = self.aliases.as_ref().map(|a| &a.outgoing);
         if let Some(&a) = outgoing.and_then(|o| o.get(topic)) {
-            return (String::new(), Some(a), None);
+            return (Some(a), None);
         }
         let max = self.client_alias_max.min(our_max);
         match u16::try_from(outgoing.map_or(0, HashMap::len) + 1) {
-            Ok(next) if next <= max => {
-                (topic.to_owned(), Some(next), Some((topic.to_owned(), next)))
-            }
-            _ => (topic.to_owned(), None, None),
+            Ok(next) if next <= max => (Some(next), Some((topic.to_owned(), next))),
+            _ => (None, None),
         }
     }
 

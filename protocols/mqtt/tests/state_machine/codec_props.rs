@@ -5,7 +5,7 @@
 use bytes::{Bytes, BytesMut};
 use mqttbytes::v5;
 use proptest::prelude::*;
-use rosetta_mqtt::codec::{Decoder, Inbound};
+use rosetta_mqtt::codec::{Decoder, Inbound, Props};
 
 use crate::harness::*;
 
@@ -65,9 +65,12 @@ proptest! {
         prop_assert_eq!(got.retain, retain);
         prop_assert_eq!(got.pkid, if q == 0 { 0 } else { pkid });
         prop_assert_eq!(&got.payload, &Bytes::from(payload));
-        prop_assert_eq!(&got.props.user_properties, &users);
-        prop_assert_eq!(got.props.message_expiry_interval_s, expiry);
-        prop_assert_eq!(&got.props.content_type, &content_type);
+        // No properties at all decode as none.
+        let none = Props::default();
+        let props = got.props.as_deref().unwrap_or(&none);
+        prop_assert_eq!(&props.user_properties, &users);
+        prop_assert_eq!(props.message_expiry_interval_s, expiry);
+        prop_assert_eq!(&props.content_type, &content_type);
     }
 
     #[test]
