@@ -298,13 +298,9 @@ impl StompConnection {
             Ok(principal) => self.open(negotiated, principal),
             Err(e) => return self.fail(e.into(), negotiated.receipt),
         }
-        if held.is_empty() {
-            // Read into the decoder's own buffer (`input_buffer`): the
-            // frames behind the CONNECT are there.
-            self.decode_buffered();
-        } else {
-            self.decode_input(&held);
-        }
+        // Held here (`handle_input`), or still in the decoder's buffer
+        // (read into it, `input_buffer`): decoded either way.
+        self.decode_input(&held);
     }
 
     /// An event the core sent to this connection's sink.
