@@ -22,6 +22,14 @@
 # per message, not the syscalls and wake-ups a per-packet client costs
 # natively (bench/permsg.sh measures those). ONLY=REGEX runs only the
 # scenarios whose name matches.
+#
+# The stream rows (issue 17, docs/streams.md) run `stomp-stream` against a
+# broker whose `[[streams]]` makes `bench-stream*` streams: `stream-append`
+# is one producer of 1 KiB persistent messages (receipts, group commit);
+# `stream-history` first fills a stream with COUNT messages and then reads
+# it with one reader from `first`, and subtracts a broker that only filled
+# it (so it is the read path alone); `stream-tail10` is 10 readers at
+# `next` while COUNT / 10 messages are appended, per delivery.
 set -euo pipefail
 
 BROKER=${1:?broker binary}
@@ -30,16 +38,23 @@ COUNT=${3:-20000}
 command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 2; }
 
 TMP=$(mktemp -d /tmp/rosetta-ir.XXXXXX)
-trap 'rm -rf "$TMP"' EXIT
+# KEEP=DIR keeps each run's callgrind output there (DIR/NAME.callgrind),
+# for callgrind_annotate.
+trap '[ -n "${KEEP:-}" ] && mkdir -p "$KEEP" && for f in "$TMP"/*/callgrind.out; do cp "$f" "$KEEP/$(basename "$(dirname "$f")").callgrind"; done; rm -rf "$TMP"' EXIT
 BENCH_TMP=$TMP
 # shellcheck source=bench/peers/peers.sh
 source "$(dirname "$0")/peers/peers.sh"
 
-# run_broker NAME [LOAD ARGS...]: prints the broker's total Ir.
+# run_broker NAME [LOAD ARGS...]: prints the broker's total Ir. With
+# PRELOAD set (rosetta-load arguments), that load runs first, in the same
+# broker; stream scenarios get the `[[streams]]` rule.
 run_broker() {
   local name=$1; shift
   local dir=$TMP/$name
   rosetta_config "$dir"
+  if [[ "$name" == stream-* ]]; then
+    printf '[[streams]]\npattern = "bench-stream*"\n' >> "$dir/rosetta.toml"
+  fi
   valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
     "$BROKER" --config "$dir/rosetta.toml" > "$dir/broker.log" 2>&1 &
   local pid=$!
@@ -50,7 +65,13 @@ run_broker() {
       mqtt-*) port=$ROSETTA_MQTT_PORT ;;
       stomp) port=$ROSETTA_STOMP_PORT ;;
       amqp) port=$ROSETTA_AMQP_PORT ;;
+      stomp-stream) port=$ROSETTA_STOMP_PORT ;;
     esac
+    if [ -n "${PRELOAD:-}" ]; then
+      # shellcheck disable=SC2086
+      "$LOAD" --port "$port" --stall-s 120 --timeout-s 1200 $PRELOAD > "$dir/preload.log" 2>&1 \
+        || { echo "preload failed for $name:" >&2; tail -5 "$dir/preload.log" >&2; }
+    fi
     "$LOAD" --port "$port" --stall-s 120 --timeout-s 1200 "$@" > "$dir/load.log" 2>&1 \
       || { echo "load failed for $name:" >&2; tail -5 "$dir/load.log" >&2; }
   fi
@@ -63,12 +84,22 @@ idle=$(run_broker idle)
 echo "broker $BROKER"
 echo "idle start+stop: $idle Ir"
 printf '%-24s %12s\n' scenario Ir/msg
+STREAM_FILL="stomp-stream --stream bench-stream-h --size 1024 --window 1000 --count $COUNT"
 while read -r name per args; do
   [[ "$name" =~ ${ONLY:-.} ]] || continue
+  base=$idle
+  if [ "$name" = stream-history ]; then
+    # The read path alone: a broker that filled the stream the same way
+    # and was not read is the baseline.
+    # shellcheck disable=SC2086
+    base=$(run_broker stream-fill $STREAM_FILL)
+    export PRELOAD=$STREAM_FILL
+  fi
   # `per`: messages each publish counts for (deliveries, for fan-out).
   # shellcheck disable=SC2086
   total=$(run_broker "$name" $args --count $((COUNT / per)))
-  printf '%-24s %12d\n' "$name" $(( (total - idle) / (COUNT / per * per) ))
+  unset PRELOAD
+  printf '%-24s %12d\n' "$name" $(( (total - base) / (COUNT / per * per) ))
 done <<'SCENARIOS'
 mqtt-qos1 1 mqtt-qos1
 mqtt-qos0-rumqttc 1 mqtt-qos0 --client rumqttc
@@ -78,4 +109,7 @@ stomp-1to1 1 stomp --producers 1 --consumers 1
 stomp-4to4 1 stomp --producers 4 --consumers 4
 amqp-durable 1 amqp
 amqp-nondurable 1 amqp --non-durable
+stream-append 1 stomp-stream --stream bench-stream-a --size 1024 --window 1000
+stream-history 1 stomp-stream --stream bench-stream-h --size 1024 --readers 1 --prefetch 1000 --from first --no-append
+stream-tail10 10 stomp-stream --stream bench-stream-t --size 1024 --window 1000 --readers 10 --prefetch 1000 --from next
 SCENARIOS

@@ -209,6 +209,48 @@ async fn login_and_passcode_against_the_users_file() {
     broker.stop().await;
 }
 
+/// Frames a client sends in the same write as a CONNECT whose passcode is
+/// being checked wait, in the parse buffer the broker reads into, until
+/// CONNECTED, and are then handled in order.
+#[tokio::test]
+async fn frames_behind_a_checked_connect_are_handled_after_connected() {
+    let broker = broker_with_users(false).await;
+    let mut c = StompClient::connect_raw(broker.stomp()).await;
+    let mut bytes = common::stomp::encode(
+        "CONNECT",
+        &[
+            ("host", "localhost"),
+            ("accept-version", "1.2"),
+            ("login", "alice"),
+            ("passcode", "s3cret"),
+        ],
+        b"",
+    );
+    for i in 0..3 {
+        let body = format!("m{i}");
+        bytes.extend_from_slice(&common::stomp::encode(
+            "SEND",
+            &[
+                ("destination", "/queue/behind"),
+                ("persistent", "true"),
+                ("receipt", &format!("r{i}")),
+            ],
+            body.as_bytes(),
+        ));
+    }
+    c.send_raw(&bytes).await;
+    let f = c.recv().await.expect("CONNECTED");
+    assert_eq!(f.command, "CONNECTED", "{f:?}");
+    for i in 0..3 {
+        c.expect_receipt(&format!("r{i}")).await;
+    }
+    assert_eq!(
+        broker.core().queue_stats("behind").map(|s| s.depth),
+        Some(3)
+    );
+    broker.stop().await;
+}
+
 #[tokio::test]
 async fn anonymous_clients_when_allowed() {
     let broker = broker_with_users(true).await;

@@ -319,7 +319,7 @@ impl CoreSession {
         } else {
             (None, None)
         };
-        self.inner.streams.append(s, &message, now, done)?;
+        self.inner.streams.append(s, message, now, done)?;
         Ok(PublishReceipt { routed: 1, pending })
     }
 

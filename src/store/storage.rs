@@ -60,6 +60,14 @@ pub trait Storage: Send + Sync + Debug + 'static {
 pub trait StorageFile: Send + Sync + Debug {
     /// Fills `buf` from `offset`; `UnexpectedEof` if the file ends first.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Appends `len` bytes read from `offset` to `buf` (`UnexpectedEof` if
+    /// the file ends first): into its spare capacity where the file can,
+    /// so a large read is not first zeroed to be overwritten.
+    fn read_at_into(&self, buf: &mut Vec<u8>, len: usize, offset: u64) -> io::Result<()> {
+        let start = buf.len();
+        buf.resize(start + len, 0);
+        self.read_at(&mut buf[start..], offset)
+    }
     /// Writes all of `buf` at `offset` (not durable until
     /// [`sync_data`](Self::sync_data)).
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
@@ -90,6 +98,24 @@ impl LockGuard for OsLock {}
 impl StorageFile for OsFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.0.read_exact_at(buf, offset)
+    }
+
+    fn read_at_into(&self, buf: &mut Vec<u8>, len: usize, offset: u64) -> io::Result<()> {
+        let end = buf.len() + len;
+        buf.reserve(len);
+        let mut at = offset;
+        while buf.len() < end {
+            // Reads into the spare capacity (which may pass `end`: what is
+            // read beyond it is cut off below).
+            match rustix::io::pread(&self.0, rustix::buffer::spare_capacity(buf), at) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => at += n as u64,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        buf.truncate(end);
+        Ok(())
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {

@@ -31,43 +31,59 @@ pub(crate) enum StompError {
     Unexpected { expected: &'static str, got: String },
 }
 
-/// A decoded frame. Header values are unescaped (STOMP 1.2).
+/// A decoded frame.
 ///
 /// Cheap to make, since the load generator decodes every frame a broker
-/// sends and must not be what limits a benchmark: the commands a broker
-/// sends are not allocated, and all header text is in one string.
+/// sends and must not be what limits a benchmark (it shares the machine's
+/// cores with the broker): the commands a broker sends are not allocated,
+/// and the header lines stay as received (a slice of the read buffer,
+/// checked once) until one is asked for, unescaped (STOMP 1.2) then.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Frame {
     pub(crate) command: Cow<'static, str>,
-    /// Every header's name and value, one after the other.
-    text: String,
-    /// Per header: name start, value start, value end in `text`.
-    spans: Vec<[usize; 3]>,
+    /// The header lines as received (UTF-8, each with a colon, escapes
+    /// valid), every line ended by LF (a CR before it is not part of it).
+    head: Bytes,
     pub(crate) body: Bytes,
 }
 
 /// Commands a broker sends, matched without allocating.
 const SERVER_COMMANDS: [&str; 4] = ["MESSAGE", "RECEIPT", "ERROR", "CONNECTED"];
 
+/// The lines of a header block, without their CR LF or LF.
+fn lines(head: &str) -> impl Iterator<Item = &str> {
+    head.split_terminator('\n')
+        .map(|l| l.strip_suffix('\r').unwrap_or(l))
+}
+
 impl Frame {
+    /// The headers as received: (name, value), still escaped.
+    fn raw_headers(&self) -> impl Iterator<Item = (&str, &str)> {
+        // Checked by `decode`: UTF-8, and every line has a colon.
+        lines(std::str::from_utf8(&self.head).unwrap_or_default()).filter_map(|l| l.split_once(':'))
+    }
+
     /// First value of a header (STOMP: the first occurrence wins).
-    pub(crate) fn header(&self, name: &str) -> Option<&str> {
-        self.spans
-            .iter()
-            .find(|[n, v, _]| self.text.get(*n..*v) == Some(name))
-            .and_then(|[_, v, e]| self.text.get(*v..*e))
+    pub(crate) fn header(&self, name: &str) -> Option<Cow<'_, str>> {
+        self.raw_headers()
+            .find(|(n, _)| unescape(n).is_ok_and(|n| n == name))
+            .and_then(|(_, v)| unescape(v).ok())
     }
 
     /// All headers, in order (for error messages).
-    pub(crate) fn headers(&self) -> Vec<(&str, &str)> {
-        self.spans
-            .iter()
-            .filter_map(|[n, v, e]| Some((self.text.get(*n..*v)?, self.text.get(*v..*e)?)))
+    pub(crate) fn headers(&self) -> Vec<(String, String)> {
+        self.raw_headers()
+            .filter_map(|(n, v)| {
+                Some((
+                    unescape(n).ok()?.into_owned(),
+                    unescape(v).ok()?.into_owned(),
+                ))
+            })
             .collect()
     }
 
     fn error_text(&self) -> String {
-        let msg = self.header("message").unwrap_or("");
+        let msg = self.header("message").unwrap_or_default();
         format!("{msg} {}", String::from_utf8_lossy(&self.body))
     }
 }
@@ -89,12 +105,12 @@ fn escape(v: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// Appends `v` unescaped to `out`.
-fn unescape_into(out: &mut String, v: &str) -> Result<(), StompError> {
+/// `v` unescaped (borrowed when it holds no escape).
+fn unescape(v: &str) -> Result<Cow<'_, str>, StompError> {
     if !v.contains('\\') {
-        out.push_str(v);
-        return Ok(());
+        return Ok(Cow::Borrowed(v));
     }
+    let mut out = String::with_capacity(v.len());
     let mut chars = v.chars();
     while let Some(c) = chars.next() {
         if c != '\\' {
@@ -109,12 +125,33 @@ fn unescape_into(out: &mut String, v: &str) -> Result<(), StompError> {
             _ => return Err(StompError::Malformed("bad escape in header")),
         });
     }
-    Ok(())
+    Ok(Cow::Owned(out))
 }
 
-/// Appends a frame to `out`. A body always gets a content-length, so binary
-/// payloads (which may contain NUL) are framed by length.
-pub(crate) fn encode(out: &mut Vec<u8>, command: &str, headers: &[(&str, &str)], body: &[u8]) {
+/// Appends `v` in decimal, without allocating.
+fn push_decimal(out: &mut Vec<u8>, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
+/// The command line and header lines of a frame, escaped: a head
+/// [`Writer::send_with_receipt`] sends again and again.
+pub(crate) fn encode_head(command: &str, headers: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_headers(&mut out, command, headers);
+    out
+}
+
+fn encode_headers(out: &mut Vec<u8>, command: &str, headers: &[(&str, &str)]) {
     out.extend_from_slice(command.as_bytes());
     out.push(b'\n');
     for (k, v) in headers {
@@ -123,9 +160,20 @@ pub(crate) fn encode(out: &mut Vec<u8>, command: &str, headers: &[(&str, &str)],
         out.extend_from_slice(escape(v).as_bytes());
         out.push(b'\n');
     }
+}
+
+/// Appends a frame to `out`. A body always gets a content-length, so binary
+/// payloads (which may contain NUL) are framed by length.
+pub(crate) fn encode(out: &mut Vec<u8>, command: &str, headers: &[(&str, &str)], body: &[u8]) {
+    encode_headers(out, command, headers);
+    finish(out, body);
+}
+
+/// The content-length (for a body), the blank line, the body and the NUL.
+fn finish(out: &mut Vec<u8>, body: &[u8]) {
     if !body.is_empty() {
         out.extend_from_slice(b"content-length:");
-        out.extend_from_slice(body.len().to_string().as_bytes());
+        push_decimal(out, body.len() as u64);
         out.push(b'\n');
     }
     out.push(b'\n');
@@ -135,6 +183,20 @@ pub(crate) fn encode(out: &mut Vec<u8>, command: &str, headers: &[(&str, &str)],
 
 fn utf8(l: &[u8]) -> Result<&str, StompError> {
     std::str::from_utf8(l).map_err(|_| StompError::Malformed("header not UTF-8"))
+}
+
+/// Where the header block that starts at `from` ends (just past its blank
+/// line), if it is all in `buf`.
+fn head_end(buf: &[u8], from: usize) -> Option<usize> {
+    let mut pos = from;
+    loop {
+        let nl = pos + buf.get(pos..)?.iter().position(|&b| b == b'\n')?;
+        let line = &buf[pos..nl];
+        if line.is_empty() || line == b"\r" {
+            return Some(nl + 1);
+        }
+        pos = nl + 1;
+    }
 }
 
 /// Takes one complete frame off the front of `buf`; `Ok(None)` means more
@@ -148,55 +210,51 @@ pub(crate) fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, StompError> {
     if buf.is_empty() {
         return Ok(None);
     }
-    // Header block: lines up to the first empty line.
-    let mut pos = 0;
-    let mut lines: Vec<&[u8]> = Vec::new();
-    let body_start = loop {
-        let Some(nl) = buf[pos..].iter().position(|&b| b == b'\n') else {
-            return if buf.len() > FRAME_SIZE_MAX {
-                Err(StompError::TooLarge)
-            } else {
-                Ok(None)
-            };
+    // The command line, then the header block up to its blank line.
+    let Some(command_end) = buf.iter().position(|&b| b == b'\n') else {
+        return if buf.len() > FRAME_SIZE_MAX {
+            Err(StompError::TooLarge)
+        } else {
+            Ok(None)
         };
-        let mut line = &buf[pos..pos + nl];
-        if line.last() == Some(&b'\r') {
-            line = &line[..line.len() - 1];
-        }
-        pos += nl + 1;
-        if line.is_empty() {
-            break pos;
-        }
-        lines.push(line);
     };
-    let (first, rest) = lines
-        .split_first()
-        .ok_or(StompError::Malformed("no command"))?;
-    let first = utf8(first)?;
+    let Some(body_start) = head_end(buf, command_end + 1) else {
+        return if buf.len() > FRAME_SIZE_MAX {
+            Err(StompError::TooLarge)
+        } else {
+            Ok(None)
+        };
+    };
+    let first = &buf[..command_end];
+    let first = utf8(first.strip_suffix(b"\r").unwrap_or(first))?;
+    if first.is_empty() {
+        return Err(StompError::Malformed("no command"));
+    }
     let command = match SERVER_COMMANDS.iter().find(|c| **c == first) {
         Some(c) => Cow::Borrowed(*c),
         None => Cow::Owned(first.to_owned()),
     };
-    let mut text = String::with_capacity(body_start);
-    let mut spans = Vec::with_capacity(rest.len());
-    for l in rest {
-        let l = utf8(l)?;
+    // One check of the header block: UTF-8, a colon per line, escapes;
+    // and the content-length, if any.
+    let head = utf8(&buf[command_end + 1..body_start])?;
+    let mut length = None;
+    for l in lines(head) {
+        if l.is_empty() {
+            break;
+        }
         let (k, v) = l
             .split_once(':')
             .ok_or(StompError::Malformed("header without ':'"))?;
-        let n = text.len();
-        unescape_into(&mut text, k)?;
-        let vs = text.len();
-        unescape_into(&mut text, v)?;
-        spans.push([n, vs, text.len()]);
+        let k = unescape(k)?;
+        let v = unescape(v)?;
+        if length.is_none() && k == "content-length" {
+            length = Some(
+                v.trim()
+                    .parse::<usize>()
+                    .map_err(|_| StompError::Malformed("content-length"))?,
+            );
+        }
     }
-    let length = spans
-        .iter()
-        .find(|[n, v, _]| text.get(*n..*v) == Some("content-length"))
-        .and_then(|[_, v, e]| text.get(*v..*e))
-        .map(|v| v.trim().parse::<usize>())
-        .transpose()
-        .map_err(|_| StompError::Malformed("content-length"))?;
     let body_end = match length {
         Some(n) => {
             if n > FRAME_SIZE_MAX {
@@ -219,10 +277,11 @@ pub(crate) fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, StompError> {
     let mut frame_bytes = buf.split_to(body_end + 1);
     frame_bytes.truncate(body_end);
     let body = frame_bytes.split_off(body_start).freeze();
+    let mut head = frame_bytes.freeze();
+    head.advance(command_end + 1);
     Ok(Some(Frame {
         command,
-        text,
-        spans,
+        head,
         body,
     }))
 }
@@ -279,6 +338,26 @@ impl Writer {
         body: &[u8],
     ) -> Result<(), StompError> {
         encode(&mut self.buf, command, headers, body);
+        if self.buf.len() >= WRITE_BUF_BYTES {
+            self.write_out().await?;
+        }
+        Ok(())
+    }
+
+    /// Sends `head` (from [`encode_head`]) with a `receipt` header of
+    /// `receipt` and `body`: what [`Writer::send`] would, without encoding
+    /// the same headers again.
+    pub(crate) async fn send_with_receipt(
+        &mut self,
+        head: &[u8],
+        receipt: u64,
+        body: &[u8],
+    ) -> Result<(), StompError> {
+        self.buf.extend_from_slice(head);
+        self.buf.extend_from_slice(b"receipt:");
+        push_decimal(&mut self.buf, receipt);
+        self.buf.push(b'\n');
+        finish(&mut self.buf, body);
         if self.buf.len() >= WRITE_BUF_BYTES {
             self.write_out().await?;
         }
@@ -355,7 +434,9 @@ pub(crate) async fn connect(
             got: f.command.into_owned(),
         });
     }
-    let version = f.header("version").unwrap_or("1.0").to_owned();
+    let version = f
+        .header("version")
+        .map_or_else(|| "1.0".to_owned(), Cow::into_owned);
     Ok((r, w, version))
 }
 
@@ -381,8 +462,11 @@ mod tests {
         }
         assert_eq!(frames.len(), 2);
         assert_eq!(frames[0].command, "SEND");
-        assert_eq!(frames[0].header("destination"), Some("/queue/a:b"));
-        assert_eq!(frames[0].header("content-length"), Some("3"));
+        assert_eq!(
+            frames[0].header("destination").as_deref(),
+            Some("/queue/a:b")
+        );
+        assert_eq!(frames[0].header("content-length").as_deref(), Some("3"));
         assert_eq!(&frames[0].body[..], b"x\0y");
         assert_eq!(frames[1].command, "ACK");
         assert!(frames[1].body.is_empty());
@@ -390,10 +474,27 @@ mod tests {
     }
 
     #[test]
+    fn a_prepared_head_encodes_as_the_whole_frame_does() {
+        let mut whole = Vec::new();
+        encode(
+            &mut whole,
+            "SEND",
+            &[("destination", "/queue/a:b"), ("receipt", "42")],
+            b"xy",
+        );
+        let mut prepared = encode_head("SEND", &[("destination", "/queue/a:b")]);
+        prepared.extend_from_slice(b"receipt:");
+        push_decimal(&mut prepared, 42);
+        prepared.push(b'\n');
+        finish(&mut prepared, b"xy");
+        assert_eq!(prepared, whole);
+    }
+
+    #[test]
     fn frame_without_length_ends_at_nul_and_crlf_headers() {
         let mut buf = BytesMut::from(&b"MESSAGE\r\nack:ID\\c1\r\n\r\nhello\0"[..]);
         let f = decode(&mut buf).expect("valid").expect("complete");
-        assert_eq!(f.header("ack"), Some("ID:1"));
+        assert_eq!(f.header("ack").as_deref(), Some("ID:1"));
         assert_eq!(&f.body[..], b"hello");
     }
 

@@ -93,7 +93,7 @@ async fn reader(
                         let id = f
                             .header("ack")
                             .ok_or(StompError::Malformed("MESSAGE without ack"))?
-                            .to_owned();
+                            .into_owned();
                         wr.send("ACK", &[("id", &id)], b"").await?;
                         unacked = 0;
                     }

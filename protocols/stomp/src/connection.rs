@@ -42,6 +42,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use rosetta_neutral::{
     AuthError, Broker, CloseKind, Credentials, EventSink, LoginStart, Placement, PlacementRequest,
     Principal, Protocol, SessionEvent, SessionInfo,
@@ -185,6 +186,49 @@ impl StompConnection {
         self.decoder.release_if_idle(data.len());
     }
 
+    /// The decoder's buffer, for a driver that reads straight into it (no
+    /// copy of the input; SEND bodies are views of it); call
+    /// [`Self::handle_buffered_input`] after appending.
+    pub fn input_buffer(&mut self) -> &mut BytesMut {
+        self.decoder.buffer_mut()
+    }
+
+    /// Bytes were appended to [`Self::input_buffer`]: handles every frame
+    /// they complete, as [`Self::handle_input`] does. While a passcode is
+    /// checked the bytes stay there (the driver reads no more meanwhile)
+    /// and are decoded once the result is in.
+    pub fn handle_buffered_input(&mut self, now: Instant) {
+        self.now = now;
+        self.last_rx = now;
+        if matches!(self.state, State::CheckingLogin(_)) {
+            return;
+        }
+        if !self.reading() {
+            trace!(
+                conn_id = self.conn_id,
+                len = self.decoder.buffered(),
+                "input ignored"
+            );
+            return self.decoder.discard_buffered();
+        }
+        self.decode_buffered();
+    }
+
+    /// Handles every frame the decoder's buffer holds, until frames must
+    /// no longer be read; what follows DISCONNECT is dropped.
+    fn decode_buffered(&mut self) {
+        while self.reading() {
+            match self.decoder.decode() {
+                Ok(Some(frame)) => self.on_frame(frame),
+                Ok(None) => return,
+                Err(e) => return self.fail(e.into(), None),
+            }
+        }
+        if !matches!(self.state, State::CheckingLogin(_)) {
+            self.decoder.discard_buffered();
+        }
+    }
+
     /// Feeds `data` to the decoder and handles every frame it completes,
     /// until the input is used up or frames must no longer be read.
     fn decode_input(&mut self, data: &[u8]) {
@@ -254,6 +298,8 @@ impl StompConnection {
             Ok(principal) => self.open(negotiated, principal),
             Err(e) => return self.fail(e.into(), negotiated.receipt),
         }
+        // Held here (`handle_input`), or still in the decoder's buffer
+        // (read into it, `input_buffer`): decoded either way.
         self.decode_input(&held);
     }
 

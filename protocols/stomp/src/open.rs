@@ -184,10 +184,41 @@ impl Open {
     /// least `until_len` bytes (`usize::MAX`: all of them). A delivery
     /// whose subscription was cancelled meanwhile is dropped, as one that
     /// arrives after the cancel is.
+    ///
+    /// With a bound (`until_len` not `usize::MAX`), a frame that would take
+    /// `out` past it (by [`frame_bytes_estimate`]) waits for the next call
+    /// once `out` holds a frame, and an empty `out` is first given room for
+    /// what will be written: so the buffer the transport keeps between
+    /// writes (as large as the bound) is filled, never regrown by doubling,
+    /// which copies what it holds.
     pub(crate) fn encode_pending(&mut self, out: &mut Vec<u8>, version: Version, until_len: usize) {
+        let bounded = until_len != usize::MAX;
+        if bounded && out.is_empty() {
+            let mut want = 0;
+            for d in &self.pending {
+                want += frame_bytes_estimate(d);
+                if want >= until_len {
+                    break;
+                }
+            }
+            let want = want.min(until_len);
+            if out.capacity() < want {
+                // Empty: a new buffer, not a regrown one (nothing to copy).
+                *out = Vec::with_capacity(want);
+            }
+        }
         // Deliveries come in runs of one consumer: one lookup per run.
         let mut last: Option<(ConsumerId, Option<&Subscription>)> = None;
         while out.len() < until_len {
+            if bounded
+                && !out.is_empty()
+                && self
+                    .pending
+                    .front()
+                    .is_some_and(|d| out.len() + frame_bytes_estimate(d) > until_len)
+            {
+                return;
+            }
             let Some(d) = self.pending.pop_front() else {
                 // A burst's queue is not kept while idle.
                 if self.pending.capacity() > PENDING_KEPT {
@@ -759,4 +790,13 @@ fn prefetch(config: &StompConfig, frame: &Frame) -> Result<u32, StompError> {
     })?;
     // 0 would mean "pull" in ActiveMQ, which STOMP cannot express: use 1.
     Ok(n.clamp(1, config.prefetch_max.max(1)))
+}
+
+/// About the bytes of `d`'s MESSAGE frame, at least for the usual one: its
+/// body, its properties and texts, and the broker's own headers
+/// (`subscription`, `message-id`, `destination`, `ack`, `content-length`,
+/// offsets), which the message's in-memory size (a few hundred bytes of
+/// fields) covers.
+fn frame_bytes_estimate(d: &Outgoing) -> usize {
+    d.message.memory_size()
 }

@@ -182,6 +182,23 @@ impl Decoder {
         }
     }
 
+    /// The parse buffer, for a driver that reads straight into it (see
+    /// `StompConnection::input_buffer`): the bytes go in once, and frame
+    /// bodies become [`bytes::Bytes`] views of them. What is appended is
+    /// bounded by the reads, not by [`Decoder::feed`]'s limit: a frame over
+    /// the limits is still reported by [`Decoder::decode`] as soon as its
+    /// head or length says so, so the buffer holds at most the frame limit
+    /// and one read.
+    pub fn buffer_mut(&mut self) -> &mut BytesMut {
+        &mut self.buf
+    }
+
+    /// Drops what is buffered (input that is ignored, after DISCONNECT).
+    pub fn discard_buffered(&mut self) {
+        self.buf.clear();
+        self.phase = Phase::start();
+    }
+
     /// Bytes buffered and not yet returned as frames.
     pub fn buffered(&self) -> usize {
         self.buf.len()

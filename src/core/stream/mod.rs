@@ -52,7 +52,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 use rosetta_neutral::{BrokerError, Message, StreamOffset, StreamRead};
 use rosetta_store::log::{DurableHook, LogCompletion, LogConfig, StreamLog, TailCacheBudget};
@@ -371,13 +370,14 @@ impl Streams {
         if let Some(s) = open.get(name) {
             return Ok(Some(Arc::clone(s)));
         }
-        let log_dir = dir.join(dir_name(name));
         let rule = self.partition_rule(name).or_else(|| self.rule_for(name));
         let configured = rule.is_some();
         let exists = self.known.contains(name);
         if !(configured || exists || declare) {
+            // A queue: every publish to one asks, so nothing is allocated.
             return Ok(None);
         }
+        let log_dir = dir.join(dir_name(name));
         if name.is_empty() || name.len() > STREAM_NAME_BYTES_MAX {
             return Err(BrokerError::InvalidAddress(format!(
                 "stream names are 1 to {STREAM_NAME_BYTES_MAX} bytes"
@@ -433,18 +433,20 @@ impl Streams {
     /// Appends `message` to `stream` at `now_ms`; `done` runs once it is
     /// durable. The stream's readers are served once per durable batch
     /// (the log's [`DurableHook`]).
+    ///
+    /// The message is encoded by the log's writer, straight into the batch
+    /// it writes (`codec::stream_opaque`): no buffer of its own here.
     pub(crate) fn append<F>(
         &self,
         stream: &Arc<Stream>,
-        message: &Message,
+        message: Message,
         now_ms: u64,
         done: Option<F>,
     ) -> Result<u64, BrokerError>
     where
         F: FnOnce(Result<(), BrokerError>) + Send + 'static,
     {
-        let mut body = Vec::with_capacity(message.memory_size());
-        crate::codec::encode_message(message, &mut body);
+        let body = crate::codec::stream_opaque(message);
         // One box per confirmed append (the log's completion), none for
         // the others.
         let completion = done.map(|done| -> LogCompletion {
@@ -457,7 +459,7 @@ impl Streams {
         });
         stream
             .log
-            .append(now_ms, Bytes::from(body), completion)
+            .append(now_ms, body, completion)
             .map_err(|e| BrokerError::Storage(e.to_string()))
     }
 

@@ -137,6 +137,7 @@ impl RecordHeader {
 }
 
 /// Appends the frame of one record to `out`.
+#[cfg(test)]
 pub(crate) fn encode_record(
     out: &mut Vec<u8>,
     salt: u32,
@@ -144,16 +145,40 @@ pub(crate) fn encode_record(
     timestamp_ms: u64,
     body: &[u8],
 ) {
-    assert!(body.len() <= LOG_RECORD_BODY_MAX_BYTES, "checked by append");
+    let body = crate::Opaque::Bytes(bytes::Bytes::copy_from_slice(body));
+    assert!(encode_record_of(out, salt, offset, timestamp_ms, &body));
+}
+
+/// Appends the frame of one record whose body `body` writes, straight
+/// into `out` (the header goes first, its length and checksums filled
+/// in once the body is there). `false`, with `out` as it was, when the
+/// body came out larger than [`LOG_RECORD_BODY_MAX_BYTES`] (a deferred
+/// body whose hint was not the bound it must be).
+pub(crate) fn encode_record_of(
+    out: &mut Vec<u8>,
+    salt: u32,
+    offset: u64,
+    timestamp_ms: u64,
+    body: &crate::Opaque,
+) -> bool {
     let start = out.len();
     put_u32(out, RECORD_MAGIC);
     put_u64(out, offset);
     put_u64(out, timestamp_ms);
-    put_u32(out, body.len() as u32);
-    put_u32(out, crc32c::crc32c(body));
-    let crc = header_crc(salt, &out[start..]);
-    put_u32(out, crc);
-    out.extend_from_slice(body);
+    // Length, body checksum and header checksum: written below.
+    out.resize(start + RECORD_HEADER_BYTES, 0);
+    body.write_to(out);
+    let body_len = out.len() - start - RECORD_HEADER_BYTES;
+    if body_len > LOG_RECORD_BODY_MAX_BYTES {
+        out.truncate(start);
+        return false;
+    }
+    let body_crc = crc32c::crc32c(&out[start + RECORD_HEADER_BYTES..]);
+    out[start + 20..start + 24].copy_from_slice(&(body_len as u32).to_le_bytes());
+    out[start + 24..start + 28].copy_from_slice(&body_crc.to_le_bytes());
+    let crc = header_crc(salt, &out[start..start + 28]);
+    out[start + 28..start + 32].copy_from_slice(&crc.to_le_bytes());
+    true
 }
 
 #[cfg(test)]

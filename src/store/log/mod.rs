@@ -75,7 +75,7 @@ use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 
 use crate::storage::{OsStorage, Storage, StorageFile};
-use crate::{io_error, StoreError, SyncPolicy};
+use crate::{io_error, Opaque, StoreError, SyncPolicy};
 
 pub use format::LOG_RECORD_BODY_MAX_BYTES;
 use format::{RecordHeader, RECORD_HEADER_BYTES};
@@ -406,15 +406,27 @@ impl StreamLog {
     /// `done` runs once it is durable (see the module docs). Blocks while
     /// too many bytes are waiting for the writer, unless called from a
     /// completion.
+    ///
+    /// A body given as [`Opaque::Deferred`] is encoded by the writer
+    /// straight into the batch it writes (the payload copied once, into
+    /// the batch, not first into a buffer of its own). Its
+    /// [`EncodeOpaque::encoded_len_hint`](crate::EncodeOpaque::encoded_len_hint)
+    /// must then be an upper bound of what it encodes to: a hint over
+    /// [`LOG_RECORD_BODY_MAX_BYTES`] has it encoded here, and refused
+    /// when it is too large, as a body of bytes is.
     pub fn append(
         &self,
         timestamp_ms: u64,
-        body: Bytes,
+        body: impl Into<Opaque>,
         done: Option<LogCompletion>,
     ) -> Result<u64, StoreError> {
-        if body.len() > LOG_RECORD_BODY_MAX_BYTES {
+        let mut body = body.into();
+        if body.len_hint() > LOG_RECORD_BODY_MAX_BYTES {
+            body = Opaque::Bytes(body.to_bytes());
+        }
+        if body.len_hint() > LOG_RECORD_BODY_MAX_BYTES {
             return Err(StoreError::TooLarge {
-                bytes: body.len(),
+                bytes: body.len_hint(),
                 max: LOG_RECORD_BODY_MAX_BYTES,
             });
         }
@@ -731,8 +743,9 @@ fn read_readable(
     pos: u64,
     len: usize,
 ) -> Result<Bytes, StoreError> {
-    let mut buf = vec![0u8; len];
-    file.read_at(&mut buf, pos)
+    // Not zeroed first: the read fills it.
+    let mut buf = Vec::with_capacity(len);
+    file.read_at_into(&mut buf, len, pos)
         .map_err(|e| io_error("read", path, e))?;
     Ok(Bytes::from(buf))
 }

@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::Instant;
 
-use bytes::Bytes;
 use tracing::{debug, error, warn};
 
 use super::format::{self, LogSegmentHeader, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES};
@@ -25,18 +24,19 @@ use super::{
     IndexEntry, Inner, LogCompletion, Segment, LOG_BATCH_BYTES_MAX, LOG_INDEX_INTERVAL_BYTES,
 };
 use crate::storage::{Storage, StorageFile};
-use crate::{io_error, StoreError, SyncPolicy};
+use crate::{io_error, Opaque, StoreError, SyncPolicy};
 
 /// Runs when everything before a flush is durable.
 pub(crate) type SyncCompletion = Box<dyn FnOnce(Result<(), StoreError>) + Send + 'static>;
 
 /// Work for the writer.
 pub(crate) enum Job {
-    /// One record, its offset and timestamp already assigned.
+    /// One record, its offset and timestamp already assigned; a deferred
+    /// body is encoded into the batch (its hint an upper bound).
     Append {
         offset: u64,
         timestamp_ms: u64,
-        body: Bytes,
+        body: Opaque,
         done: Option<LogCompletion>,
     },
     /// Sync everything before it, then complete.
@@ -46,7 +46,7 @@ pub(crate) enum Job {
 impl Job {
     fn bytes(&self) -> u64 {
         match self {
-            Job::Append { body, .. } => (RECORD_HEADER_BYTES + body.len()) as u64,
+            Job::Append { body, .. } => (RECORD_HEADER_BYTES + body.len_hint()) as u64,
             Job::Sync(_) => 0,
         }
     }
@@ -114,7 +114,7 @@ pub(crate) struct WriterState {
 pub(crate) fn enqueue(
     inner: &Inner,
     timestamp_ms: u64,
-    body: Bytes,
+    body: Opaque,
     done: Option<LogCompletion>,
 ) -> Result<u64, StoreError> {
     let mut q = inner.queue.lock();
@@ -297,7 +297,8 @@ fn write_batch(inner: &Inner, ws: &mut WriterState, jobs: Vec<Job>, bytes: u64) 
                 if result.is_err() {
                     continue;
                 }
-                let frame = (RECORD_HEADER_BYTES + body.len()) as u64;
+                // At most this (a deferred body's hint is an upper bound).
+                let frame = (RECORD_HEADER_BYTES + body.len_hint()) as u64;
                 let at = ws.active.len + buf.len() as u64;
                 if at + frame > inner.config.segment_bytes && at > SEGMENT_HEADER_BYTES as u64 {
                     result = roll_over(inner, ws, &mut buf, offset).map(|seg| {
@@ -326,12 +327,21 @@ fn write_batch(inner: &Inner, ws: &mut WriterState, jobs: Vec<Job>, bytes: u64) 
                     });
                     ws.active.last_index_pos = Some(pos);
                 }
+                let start = buf.len();
+                if !format::encode_record_of(&mut buf, ws.active.salt, offset, timestamp_ms, &body)
+                {
+                    // A hint below what it encoded to: never written, and
+                    // the offset it was given cannot stay empty, so the
+                    // log fails closed as after a failed write.
+                    result = Err(StoreError::TooLarge {
+                        bytes: body.len_hint(),
+                        max: super::LOG_RECORD_BODY_MAX_BYTES,
+                    });
+                    continue;
+                }
                 framed.first.get_or_insert(offset);
-                framed
-                    .starts
-                    .push(u32::try_from(buf.len()).unwrap_or(u32::MAX));
-                format::encode_record(&mut buf, ws.active.salt, offset, timestamp_ms, &body);
-                piece.len = pos + frame;
+                framed.starts.push(u32::try_from(start).unwrap_or(u32::MAX));
+                piece.len = pos + (buf.len() - start) as u64;
                 piece.next = Some(offset + 1);
                 piece.last_ts = Some(timestamp_ms);
                 records += 1;
@@ -445,7 +455,7 @@ fn apply(
     framed: Framed,
     buf: Vec<u8>,
 ) -> u64 {
-    let data = Bytes::from(buf);
+    let data = bytes::Bytes::from(buf);
     let mut view = inner.view.lock();
     for seg in created {
         view.segments.insert(seg.base, seg);
