@@ -260,6 +260,12 @@ impl HandshakeDeadline {
 }
 
 impl HandshakeDeadline {
+    /// Whether the connection has authenticated: the deadline no longer
+    /// applies.
+    pub(crate) fn is_authenticated(&self) -> bool {
+        self.ticket.is_authenticated()
+    }
+
     /// Logs (throttled) that the connection is being closed for not
     /// authenticating in time. The address is the ticket's (without the
     /// port, which the task does not keep for this one line; none for a
