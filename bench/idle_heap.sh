@@ -51,8 +51,21 @@ case $PROTOCOL in
 esac
 "$LOAD" --port "$port" --broker-pid "$broker" --broker-name idle_heap \
   idle --protocol "$PROTOCOL" --connections "$CONNECTIONS" --keep-alive-s "$KEEP_ALIVE_S" "$@" \
-  | grep -v '^RESULT '
-if [ "$COST" = live ]; then kill -KILL "$broker"; else kill -INT "$broker"; fi
+  | grep -v '^RESULT ' &
+load=$!
+if [ "$COST" = live ]; then
+  # Killed while every connection is open and has been idle for 1 s (the
+  # load tool waits 3 s before it closes them).
+  while [ "$(find /proc/"$broker"/fd -lname 'socket:*' 2>/dev/null | wc -l)" -lt "$CONNECTIONS" ]; do
+    sleep 0.1
+  done
+  sleep 1
+  kill -KILL "$broker"
+  wait "$load" || true
+else
+  wait "$load"
+  kill -INT "$broker"
+fi
 for _ in $(seq 1 100); do kill -0 "$broker" 2>/dev/null || break; sleep 0.3; done
 sleep 2 # heaptrack writes its file after the process exits
 file=

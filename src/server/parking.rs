@@ -385,6 +385,13 @@ impl<C: ProtocolConnection> std::future::Future for ParkableTask<C> {
         if tail.poll_expired(cx) {
             return Poll::Ready(());
         }
+        if !driver.may_park() && tail.is_authenticated() {
+            // Authenticated in this poll (a login checked off the task, as
+            // STOMP's): once more, so that the idle driver starts its
+            // spell, which nothing else may wake it for.
+            driver.allow_parking();
+            cx.waker().wake_by_ref();
+        }
         Poll::Pending
     }
 }
