@@ -576,6 +576,7 @@ mod tests {
             .await
             .expect("delivered to the parked subscriber");
         let latency = sent.elapsed();
+        println!("publish to a parked subscriber's delivery: {latency:?}");
         assert_eq!(delivery, publish("dev/cmd", b"on"));
         assert!(latency < Duration::from_millis(250), "took {latency:?}");
 
