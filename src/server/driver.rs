@@ -357,18 +357,12 @@ impl HardStop {
 struct Events {
     queue: Arc<EventQueue>,
     coarse: Slot,
-    /// The wake-up that ends a parkable driver's idle spell, in the
-    /// park timer ([`CoarseTimer::parking`]).
-    park_check: Slot,
 }
 
 impl Drop for Events {
     fn drop(&mut self) {
         if self.coarse.is_armed() {
             CoarseTimer::global().cancel(self.coarse, &self.queue);
-        }
-        if self.park_check.is_armed() {
-            CoarseTimer::parking().cancel(self.park_check, &self.queue);
         }
     }
 }
@@ -423,7 +417,6 @@ where
         events: Events {
             queue: events,
             coarse: Slot::default(),
-            park_check: Slot::default(),
         },
         // A disabled span (the usual case: it is a debug span) is not kept:
         // 40 bytes per idle connection for nothing.
@@ -443,6 +436,7 @@ where
         flushing: false,
         parking: false,
         touched: true,
+        park_check: Slot::default(),
         active_tick: 0,
         phase: Phase::Running,
     }
@@ -515,6 +509,10 @@ pub(crate) struct Driver<C, T> {
     parking: bool,
     /// Something happened since the last time the driver went idle.
     touched: bool,
+    /// The wake-up that ends a parkable driver's idle spell, in the park
+    /// timer ([`CoarseTimer::parking`]). Not cleared when the driver goes:
+    /// its bucket's weak reference to the sink is at most 200 ms away.
+    park_check: Slot,
     /// The park timer's tick of the last time the driver went idle after
     /// something happened.
     active_tick: u32,
@@ -811,10 +809,10 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
             self.active_tick = now;
         }
         let due = self.active_tick.saturating_add(PARK_AFTER_TICKS);
-        if !timer.is_pending_by(self.events.park_check, due) {
+        if !timer.is_pending_by(self.park_check, due) {
             if let Some(slot) = timer.arm_second(due, &self.events.queue) {
-                timer.cancel(self.events.park_check, &self.events.queue);
-                self.events.park_check = slot;
+                timer.cancel(self.park_check, &self.events.queue);
+                self.park_check = slot;
             }
         }
         false
@@ -893,6 +891,11 @@ pub(crate) struct ParkedDriver<C> {
 }
 
 impl<C: ProtocolConnection> ParkedDriver<C> {
+    /// The connection's id.
+    pub(crate) fn conn_id(&self) -> u64 {
+        self.conn_id
+    }
+
     /// The connection's event queue, whose wake-ups must reach the parker.
     pub(crate) fn events(&self) -> &Arc<EventQueue> {
         &self.events.queue
@@ -943,6 +946,7 @@ impl<C: ProtocolConnection> ParkedDriver<C> {
             flushing: false,
             parking: true,
             touched: true,
+            park_check: Slot::default(),
             active_tick: 0,
             phase: Phase::Running,
         }

@@ -163,4 +163,34 @@ impl TaskTail {
     pub(crate) fn is_authenticated(&self) -> bool {
         self.deadline.is_authenticated()
     }
+
+    /// What an authenticated connection's tail keeps while the connection
+    /// is parked (`parking`): the admission ticket without its spent
+    /// deadline, and the count; the id is the driver's.
+    pub(crate) fn park(self) -> ParkedTail {
+        ParkedTail {
+            ticket: self.deadline.into_ticket(),
+            _guard: self._guard,
+            listener: self.listener,
+        }
+    }
+}
+
+/// A parked connection's [`TaskTail`].
+pub(crate) struct ParkedTail {
+    ticket: super::admission::Ticket,
+    _guard: ConnectionGuard,
+    listener: ListenerKind,
+}
+
+impl ParkedTail {
+    /// The tail again, for the connection `conn_id`.
+    pub(crate) fn resume(self, conn_id: u64) -> TaskTail {
+        TaskTail {
+            deadline: HandshakeDeadline::authenticated(self.ticket),
+            _guard: self._guard,
+            conn_id,
+            listener: self.listener,
+        }
+    }
 }

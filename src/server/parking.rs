@@ -48,7 +48,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::TcpStream;
 
 use crate::driver::{Driver, EventQueue, HardStop, ParkedDriver, ProtocolConnection};
-use crate::listener::TaskTail;
+use crate::listener::{ParkedTail, TaskTail};
 
 /// Ticks of the park timer (100 ms, `coarse_timer::PARK_TICK`) an idle
 /// connection stays in its task before it is parked: quiet at two idle
@@ -83,7 +83,7 @@ trait Parked: Send {
 struct ParkedTcp<C> {
     driver: ParkedDriver<C>,
     socket: std::net::TcpStream,
-    tail: TaskTail,
+    tail: ParkedTail,
 }
 
 impl<C: ProtocolConnection> Parked for ParkedTcp<C> {
@@ -107,6 +107,7 @@ impl<C: ProtocolConnection> Parked for ParkedTcp<C> {
         } = *self;
         match TcpStream::from_std(socket) {
             Ok(io) => {
+                let tail = tail.resume(driver.conn_id());
                 tokio::spawn(ParkableTask::new(
                     driver.resume(io),
                     tail,
@@ -371,7 +372,7 @@ impl<C: ProtocolConnection> std::future::Future for ParkableTask<C> {
                         Ok(socket) => this.parker.park(Box::new(ParkedTcp {
                             driver: parked,
                             socket,
-                            tail,
+                            tail: tail.park(),
                         })),
                         Err(e) => {
                             tracing::debug!(error = %e, "cannot park a connection's socket; closing");
