@@ -126,6 +126,23 @@ struct SessionState {
     will: Option<Box<Will>>,
 }
 
+impl SessionState {
+    /// The staged operations of open transaction `txn`, with room for one
+    /// more (refused past [`TRANSACTION_OPS_MAX`]).
+    fn staging(&mut self, txn: TxnId) -> Result<&mut Vec<Staged>, BrokerError> {
+        let ops = self
+            .txns
+            .get_mut(&txn)
+            .ok_or(BrokerError::Unknown("transaction"))?;
+        if ops.len() >= TRANSACTION_OPS_MAX {
+            return Err(BrokerError::ResourceLimit(format!(
+                "more than {TRANSACTION_OPS_MAX} operations in one transaction"
+            )));
+        }
+        Ok(ops)
+    }
+}
+
 /// The part of a session the core can reach from elsewhere (take-over,
 /// shutdown).
 pub(crate) struct SessionShared {
@@ -335,15 +352,7 @@ impl CoreSession {
             }
         }
         if let Some(txn) = options.txn {
-            let ops = st
-                .txns
-                .get_mut(&txn)
-                .ok_or(BrokerError::Unknown("transaction"))?;
-            if ops.len() >= TRANSACTION_OPS_MAX {
-                return Err(BrokerError::ResourceLimit(format!(
-                    "more than {TRANSACTION_OPS_MAX} operations in one transaction"
-                )));
-            }
+            let ops = st.staging(txn)?;
             ops.push(Staged::Publish {
                 address: address.into_owned(),
                 message: Box::new(message),
@@ -992,15 +1001,7 @@ impl Session for CoreSession {
                 .queue,
         );
         if let Some(txn) = txn {
-            let ops = st
-                .txns
-                .get_mut(&txn)
-                .ok_or(BrokerError::Unknown("transaction"))?;
-            if ops.len() >= TRANSACTION_OPS_MAX {
-                return Err(BrokerError::ResourceLimit(format!(
-                    "more than {TRANSACTION_OPS_MAX} operations in one transaction"
-                )));
-            }
+            let ops = st.staging(txn)?;
             {
                 let qs = q.state.lock();
                 if !qs.inflight.contains_key(&tag.0) {

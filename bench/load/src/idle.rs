@@ -69,6 +69,8 @@ pub(crate) struct Idle {
     /// MQTT keep-alive and STOMP/AMQP heart-beat asked for, in seconds
     /// (0: none). The run is far shorter than 1.5 times it, so nobody pings.
     pub(crate) keep_alive_s: u16,
+    /// How long to keep the connections open after RSS is read.
+    pub(crate) hold: Duration,
 }
 
 /// An open connection the tool holds and never reads.
@@ -364,6 +366,15 @@ pub(crate) async fn run(target: &Target, idle: Idle) -> anyhow::Result<Report> {
         rss1 / 1024,
         per_conn
     );
+    let mut extra_rss = Vec::new();
+    if !idle.hold.is_zero() {
+        // The marker another process waits for before it starts its stream.
+        use std::io::Write;
+        println!("HOLDING {open} connections for {} s", idle.hold.as_secs());
+        std::io::stdout().flush()?;
+        tokio::time::sleep(idle.hold).await;
+        extra_rss.push(("rss_after_hold_bytes", proc.rss_bytes()?.into()));
+    }
     drop(conns);
     Ok(Report {
         scenario,
@@ -379,7 +390,10 @@ pub(crate) async fn run(target: &Target, idle: Idle) -> anyhow::Result<Report> {
             ("rss_after_bytes", rss1.into()),
             ("rss_per_conn_bytes", per_conn.into()),
             ("keep_alive_s", idle.keep_alive_s.into()),
-        ],
+        ]
+        .into_iter()
+        .chain(extra_rss)
+        .collect(),
         error,
     })
 }

@@ -270,6 +270,11 @@ struct IdleArgs {
     /// MQTT keep-alive, STOMP heart-beat and so on, in seconds (0: none).
     #[arg(long, default_value_t = 0)]
     keep_alive_s: u16,
+    /// After reading RSS, print `HOLDING` and keep the connections open
+    /// this many more seconds (0: close at once), so that another process
+    /// can measure a stream beside them (bench/idle_stream.sh).
+    #[arg(long, default_value_t = 0)]
+    hold_s: u64,
 }
 
 impl IdleArgs {
@@ -279,6 +284,7 @@ impl IdleArgs {
             connections: self.connections,
             subscribe: self.subscribe,
             keep_alive_s: self.keep_alive_s,
+            hold: Duration::from_secs(self.hold_s),
         }
     }
 }
