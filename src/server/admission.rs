@@ -260,6 +260,26 @@ impl HandshakeDeadline {
 }
 
 impl HandshakeDeadline {
+    /// Whether the connection has authenticated: the deadline no longer
+    /// applies.
+    pub(crate) fn is_authenticated(&self) -> bool {
+        self.ticket.is_authenticated()
+    }
+
+    /// The ticket, without the deadline (an authenticated connection
+    /// parked, see `parking`).
+    pub(crate) fn into_ticket(self) -> Ticket {
+        self.ticket
+    }
+
+    /// The deadline of a connection that has authenticated: none.
+    pub(crate) fn authenticated(ticket: Ticket) -> Self {
+        Self {
+            ticket,
+            timer: None,
+        }
+    }
+
     /// Logs (throttled) that the connection is being closed for not
     /// authenticating in time. The address is the ticket's (without the
     /// port, which the task does not keep for this one line; none for a

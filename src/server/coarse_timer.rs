@@ -34,8 +34,14 @@ pub(crate) const COARSE_MIN: Duration = Duration::from_secs(3);
 /// timer's granularity (a bucket is a second) plus its thread's lateness,
 /// less than [`COARSE_MIN`].
 const EARLY: Duration = Duration::from_millis(1500);
-/// A bucket's width.
+/// A bucket's width, for deadlines ([`CoarseTimer::global`]).
 const TICK: Duration = Duration::from_secs(1);
+/// A bucket's width for the idle connections' park checks
+/// ([`CoarseTimer::parking`]): a connection parks 1 to 2 of these after
+/// its last activity (`parking::PARK_AFTER_TICKS`), soon enough that a
+/// burst of connections that go quiet reuses the memory of the first
+/// ones' tasks for the next ones.
+const PARK_TICK: Duration = Duration::from_millis(100);
 
 /// Where a parked wake-up waits: its bucket (seconds since the timer
 /// started; 0 for none) and its place in the bucket.
@@ -55,6 +61,8 @@ impl Slot {
 /// See the module docs.
 pub(crate) struct CoarseTimer {
     start: Instant,
+    /// A bucket's width (the docs say "second" for it).
+    tick: Duration,
     /// Wake-ups by second; a cleared one is an empty `Weak`.
     buckets: Mutex<BTreeMap<u32, Vec<Weak<ChannelSink>>>>,
     /// Every bucket up to this second has been taken.
@@ -62,36 +70,49 @@ pub(crate) struct CoarseTimer {
 }
 
 impl CoarseTimer {
-    fn new(start: Instant) -> Self {
+    fn new(start: Instant, tick: Duration) -> Self {
         Self {
             start,
+            tick,
             buckets: Mutex::default(),
             fired_through: AtomicU32::new(0),
         }
     }
 
-    /// The process's timer; its thread starts with the first call.
+    /// The process's timer for deadlines, in seconds; its thread starts
+    /// with the first call.
     pub(crate) fn global() -> &'static CoarseTimer {
         static TIMER: OnceLock<&'static CoarseTimer> = OnceLock::new();
-        TIMER.get_or_init(|| {
-            let timer: &'static CoarseTimer = Box::leak(Box::new(CoarseTimer::new(Instant::now())));
-            let spawned = std::thread::Builder::new()
-                .name("rosetta-coarse-timer".into())
-                .spawn(move || timer.run());
-            if let Err(e) = spawned {
-                // Without its thread nothing parked here is woken: tasks
-                // then never park (see `arm`).
-                tracing::error!(error = %e, "cannot start the coarse timer's thread");
-                timer.fired_through.store(u32::MAX, Ordering::SeqCst);
-            }
-            timer
-        })
+        TIMER.get_or_init(|| Self::start("rosetta-coarse-timer", TICK))
+    }
+
+    /// The process's timer for park checks (see `parking`), in ticks of
+    /// [`PARK_TICK`]: only [`Self::arm_second`] and
+    /// [`Self::current_second`] are meant for it.
+    pub(crate) fn parking() -> &'static CoarseTimer {
+        static TIMER: OnceLock<&'static CoarseTimer> = OnceLock::new();
+        TIMER.get_or_init(|| Self::start("rosetta-park-timer", PARK_TICK))
+    }
+
+    fn start(name: &str, tick: Duration) -> &'static CoarseTimer {
+        let timer: &'static CoarseTimer =
+            Box::leak(Box::new(CoarseTimer::new(Instant::now(), tick)));
+        let spawned = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || timer.run());
+        if let Err(e) = spawned {
+            // Without its thread nothing parked here is woken: tasks
+            // then never park (see `arm`).
+            tracing::error!(error = %e, "cannot start the coarse timer's thread");
+            timer.fired_through.store(u32::MAX, Ordering::SeqCst);
+        }
+        timer
     }
 
     fn run(&self) {
         loop {
             let next = self.fired_through.load(Ordering::SeqCst).saturating_add(1);
-            let at = self.start + TICK * next;
+            let at = self.start + self.tick * next;
             let now = Instant::now();
             if at > now {
                 std::thread::sleep(at - now);
@@ -102,8 +123,8 @@ impl CoarseTimer {
 
     /// The bucket of `at`: whole seconds since the start, at least 1.
     fn second_of(&self, at: Instant) -> u32 {
-        let secs = at.saturating_duration_since(self.start).as_secs();
-        u32::try_from(secs).unwrap_or(u32::MAX).max(1)
+        let ticks = at.saturating_duration_since(self.start).as_nanos() / self.tick.as_nanos();
+        u32::try_from(ticks).unwrap_or(u32::MAX).max(1)
     }
 
     /// Parks a wake-up of `sink`'s task for [`EARLY`] before `deadline`,
@@ -115,6 +136,12 @@ impl CoarseTimer {
             return None;
         }
         let second = self.second_of(deadline.checked_sub(EARLY).unwrap_or(deadline));
+        self.arm_second(second, sink)
+    }
+
+    /// Parks a wake-up of `sink`'s task for when the timer's clock reaches
+    /// `second` (see [`Self::current_second`]); `None` if it has.
+    pub(crate) fn arm_second(&self, second: u32, sink: &Arc<ChannelSink>) -> Option<Slot> {
         if second <= self.fired_through.load(Ordering::SeqCst) {
             // Already past (or the thread is gone): not worth parking.
             return None;
@@ -130,6 +157,20 @@ impl CoarseTimer {
     /// never armed).
     pub(crate) fn is_pending(&self, slot: Slot) -> bool {
         slot.is_armed() && slot.second > self.fired_through.load(Ordering::SeqCst)
+    }
+
+    /// The timer's clock: the last second it fired, which is now's whole
+    /// seconds since its start, or one less while that second's bucket is
+    /// being fired. One atomic load. `None` if the timer's thread could
+    /// not start.
+    pub(crate) fn current_second(&self) -> Option<u32> {
+        let second = self.fired_through.load(Ordering::SeqCst);
+        (second != u32::MAX).then_some(second)
+    }
+
+    /// Whether `slot` waits for a second no later than `second`.
+    pub(crate) fn is_pending_by(&self, slot: Slot, second: u32) -> bool {
+        self.is_pending(slot) && slot.second <= second
     }
 
     /// Whether a slot parked now for `deadline` would be no later than
@@ -180,7 +221,7 @@ mod tests {
     #[test]
     fn a_far_deadline_parks_until_its_second_and_a_cancelled_one_is_not_woken() {
         let start = Instant::now();
-        let timer = CoarseTimer::new(start);
+        let timer = CoarseTimer::new(start, TICK);
         let (sink, _) = event_channel(None);
         assert_eq!(
             timer.arm(start + Duration::from_secs(2), &sink),

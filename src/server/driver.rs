@@ -32,6 +32,7 @@ use tokio::time::Sleep;
 
 use crate::coarse_timer::{CoarseTimer, Slot};
 use crate::connections::RegistryGuard;
+use crate::parking::PARK_AFTER_TICKS;
 
 /// Read buffer of a new (or quiet) connection: the buffer is per
 /// connection and most connections are idle, so it starts small.
@@ -194,6 +195,17 @@ impl ChannelSink {
         self.waker.wake();
     }
 
+    /// Has `waker` woken by the next push or wake instead of the task's
+    /// (a parked connection's, see `parking`).
+    pub(crate) fn set_waker(&self, waker: &std::task::Waker) {
+        self.waker.register(waker);
+    }
+
+    /// Whether events wait to be taken.
+    fn has_events(&self) -> bool {
+        !self.events.lock().is_empty()
+    }
+
     /// The events queued and not yet taken, for tests.
     #[cfg(test)]
     pub(crate) fn queued(&self) -> Vec<SessionEvent> {
@@ -320,7 +332,7 @@ impl HardStop {
         self.waiters.notify_waiters();
     }
 
-    fn is_stopped(&self) -> bool {
+    pub(crate) fn is_stopped(&self) -> bool {
         self.stopped.load(Ordering::SeqCst)
     }
 
@@ -334,6 +346,31 @@ impl HardStop {
         if !self.is_stopped() {
             notified.await;
         }
+    }
+}
+
+/// A driver's event queue, and the wake-up it parked in the
+/// [`CoarseTimer`], which is cleared when this goes (a closed
+/// connection's wake-up goes with it). Apart from the driver so that the
+/// driver has no `Drop` of its own and can be taken apart to be parked
+/// (see [`Driver::park`]).
+struct Events {
+    queue: Arc<EventQueue>,
+    coarse: Slot,
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        if self.coarse.is_armed() {
+            CoarseTimer::global().cancel(self.coarse, &self.queue);
+        }
+    }
+}
+
+impl std::ops::Deref for Events {
+    type Target = EventQueue;
+    fn deref(&self) -> &EventQueue {
+        &self.queue
     }
 }
 
@@ -377,7 +414,10 @@ where
         conn_id,
         conn,
         io,
-        events,
+        events: Events {
+            queue: events,
+            coarse: Slot::default(),
+        },
         // A disabled span (the usual case: it is a debug span) is not kept:
         // 40 bytes per idle connection for nothing.
         span: (!span.is_disabled()).then(|| Box::new(span)),
@@ -387,7 +427,6 @@ where
         written: 0,
         batch: VecDeque::new(),
         timer: None,
-        coarse: Slot::default(),
         trouble: None,
         slow_consumer_timeout_ms: slow_consumer_timeout.map_or(0, |t| {
             u32::try_from(t.as_millis()).unwrap_or(u32::MAX).max(1)
@@ -395,6 +434,10 @@ where
         read_size: READ_BUFFER_MIN_BYTES as u32,
         last_input_tick: 0,
         flushing: false,
+        parking: false,
+        touched: true,
+        park_check: Slot::default(),
+        active_tick: 0,
         phase: Phase::Running,
     }
 }
@@ -406,6 +449,9 @@ enum Phase {
     Draining,
     /// The protocol closed: write what it produced, then shut the socket.
     ShuttingDown,
+    /// Quiet for a while: the task hands the driver to the parker (see
+    /// [`Driver::park`]) and ends.
+    Parking,
     Done,
 }
 
@@ -430,7 +476,8 @@ pub(crate) struct Driver<C, T> {
     conn_id: u64,
     conn: C,
     io: T,
-    events: Arc<EventQueue>,
+    /// With the far deadline's wake-up, parked in the [`CoarseTimer`].
+    events: Events,
     span: Option<Box<tracing::Span>>,
     _registered: Option<RegistryGuard>,
     /// Empty (unallocated) between reads when the transport reports
@@ -445,8 +492,6 @@ pub(crate) struct Driver<C, T> {
     /// The exact timer, allocated while the protocol's deadline is near
     /// (see `coarse`).
     timer: Option<Pin<Box<Sleep>>>,
-    /// A far deadline's wake-up, parked in the [`CoarseTimer`].
-    coarse: Slot,
     /// Back-pressure, a stalled write, a farewell: `None` while all is well.
     trouble: Option<Box<Trouble>>,
     /// The slow-consumer limit in ms (0: never closed as one).
@@ -459,6 +504,18 @@ pub(crate) struct Driver<C, T> {
     last_input_tick: u16,
     /// `out` is written; the flush is pending.
     flushing: bool,
+    /// The task may park this driver once it has been quiet for a while
+    /// (an authenticated plain TCP connection, see `parking`).
+    parking: bool,
+    /// Something happened since the last time the driver went idle.
+    touched: bool,
+    /// The wake-up that ends a parkable driver's idle spell, in the park
+    /// timer ([`CoarseTimer::parking`]). Not cleared when the driver goes:
+    /// its bucket's weak reference to the sink is at most 200 ms away.
+    park_check: Slot,
+    /// The park timer's tick of the last time the driver went idle after
+    /// something happened.
+    active_tick: u32,
     phase: Phase,
 }
 
@@ -492,15 +549,6 @@ impl Trouble {
 // ever used through `&mut`), so moving a driver is fine.
 impl<C, T> Unpin for Driver<C, T> {}
 
-impl<C, T> Drop for Driver<C, T> {
-    fn drop(&mut self) {
-        // A closed connection's wake-up goes with it.
-        if self.coarse.is_armed() {
-            CoarseTimer::global().cancel(self.coarse, &self.events);
-        }
-    }
-}
-
 impl<C: ProtocolConnection, T: Transport> Future for Driver<C, T> {
     type Output = ();
 
@@ -530,9 +578,9 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
 
     /// Takes back a wake-up parked in the coarse timer.
     fn unpark(&mut self) {
-        if self.coarse.is_armed() {
-            CoarseTimer::global().cancel(self.coarse, &self.events);
-            self.coarse = Slot::default();
+        if self.events.coarse.is_armed() {
+            CoarseTimer::global().cancel(self.events.coarse, &self.events.queue);
+            self.events.coarse = Slot::default();
         }
     }
 
@@ -547,7 +595,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
 
     fn run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         for _ in 0..TURNS_PER_POLL {
-            if self.phase == Phase::Done {
+            if matches!(self.phase, Phase::Done | Phase::Parking) {
                 return Poll::Ready(());
             }
             // Checked in every phase: a peer that stops reading must not
@@ -566,7 +614,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 }
             }
             match self.phase {
-                Phase::Done => return Poll::Ready(()),
+                Phase::Done | Phase::Parking => return Poll::Ready(()),
                 Phase::Draining => {
                     // Whatever the transport accepts; errors no longer matter.
                     return match self.poll_write_out(cx) {
@@ -643,7 +691,10 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 self.last_input_tick.wrapping_sub(input_before) >= QUIET_INPUT_TICKS;
             for step in steps {
                 match step {
-                    Step::Progress => progress = true,
+                    Step::Progress => {
+                        progress = true;
+                        self.touched = true;
+                    }
                     Step::Idle => {}
                     Step::Closed => {
                         self.conn.poll_transmit(&mut self.out);
@@ -654,6 +705,10 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
             }
             if !progress && self.phase == Phase::Running {
                 self.end_trouble_if_over();
+                if self.parking && self.park_due() {
+                    self.phase = Phase::Parking;
+                    return Poll::Ready(());
+                }
                 return Poll::Pending;
             }
             if woke_peers && input_after_quiet && self.let_peers_write_first(cx) {
@@ -729,6 +784,183 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         Poll::Ready(())
     }
 
+    /// Whether the connection has been quiet long enough to be parked
+    /// (see `parking`): nothing happened at two idle points at least
+    /// [`PARK_AFTER_TICKS`] ticks of the park timer apart, and nothing is
+    /// buffered, timed or held back now. Until then, makes sure the task
+    /// is woken when that spell will be over. Called when a turn found
+    /// nothing to do; on a busy connection's path it costs a few loads.
+    fn park_due(&mut self) -> bool {
+        if self.timer.is_some() {
+            // A near deadline: the spell starts again after it.
+            self.touched = true;
+            return false;
+        }
+        let timer = CoarseTimer::parking();
+        let Some(now) = timer.current_second() else {
+            return false;
+        };
+        if std::mem::take(&mut self.touched) {
+            self.active_tick = now;
+        } else if now >= self.active_tick.saturating_add(PARK_AFTER_TICKS) {
+            if self.is_quiet() {
+                return true;
+            }
+            self.active_tick = now;
+        }
+        let due = self.active_tick.saturating_add(PARK_AFTER_TICKS);
+        if !timer.is_pending_by(self.park_check, due) {
+            if let Some(slot) = timer.arm_second(due, &self.events.queue) {
+                timer.cancel(self.park_check, &self.events.queue);
+                self.park_check = slot;
+            }
+        }
+        false
+    }
+
+    /// Nothing buffered, nothing in the way: a driver in this state holds
+    /// nothing a parked one could not (see [`ParkedDriver`]).
+    fn is_quiet(&self) -> bool {
+        self.phase == Phase::Running
+            && !self.unwritten()
+            && !self.flushing
+            && self.batch.is_empty()
+            && self.timer.is_none()
+            && self.trouble.is_none()
+            && self
+                .events
+                .budget
+                .as_ref()
+                .is_none_or(|b| b.held_back_since().is_none())
+    }
+
+    /// Lets the task park this driver once it is quiet (see `parking`).
+    pub(crate) fn allow_parking(&mut self) {
+        self.parking = true;
+    }
+
+    /// Whether the driver's task may park it now.
+    pub(crate) fn may_park(&self) -> bool {
+        self.parking
+    }
+
+    /// The driver returned `Ready` to be parked, not because it is done.
+    pub(crate) fn wants_to_park(&self) -> bool {
+        self.phase == Phase::Parking
+    }
+
+    /// Takes a driver that [`Self::wants_to_park`] apart: what the
+    /// connection keeps while parked, and its transport. The buffers and
+    /// timers are empty (see [`Self::is_quiet`]) and go.
+    pub(crate) fn park(self) -> (ParkedDriver<C>, T) {
+        let Driver {
+            conn_id,
+            mut conn,
+            io,
+            events,
+            span,
+            _registered,
+            slow_consumer_timeout_ms,
+            ..
+        } = self;
+        if let Some(buf) = conn.input_buffer().filter(|b| b.is_empty()) {
+            *buf = BytesMut::new();
+        }
+        let parked = ParkedDriver {
+            conn_id,
+            conn,
+            events,
+            span,
+            registered: _registered,
+            slow_consumer_timeout_ms,
+        };
+        (parked, io)
+    }
+}
+
+/// What a parked connection keeps of its driver (see `parking`): the
+/// protocol state, the event queue with its coarse wake-up, the span and
+/// the registry entry. A driver without its buffers, timers and transport.
+pub(crate) struct ParkedDriver<C> {
+    conn_id: u64,
+    conn: C,
+    events: Events,
+    span: Option<Box<tracing::Span>>,
+    registered: Option<RegistryGuard>,
+    slow_consumer_timeout_ms: u32,
+}
+
+impl<C: ProtocolConnection> ParkedDriver<C> {
+    /// The connection's id.
+    pub(crate) fn conn_id(&self) -> u64 {
+        self.conn_id
+    }
+
+    /// The connection's event queue, whose wake-ups must reach the parker.
+    pub(crate) fn events(&self) -> &Arc<EventQueue> {
+        &self.events.queue
+    }
+
+    /// Whether something the driver would act on happened since it last
+    /// looked (a wake that reached the ended task rather than the parker):
+    /// events, the hard stop, the core waiting for room, its far
+    /// deadline's second.
+    pub(crate) fn wake_due(&self) -> bool {
+        let coarse = self.events.coarse;
+        self.events.has_events()
+            || self.events.hard_stop.is_stopped()
+            || self
+                .events
+                .budget
+                .as_ref()
+                .is_some_and(|b| b.held_back_since().is_some())
+            || (coarse.is_armed() && !CoarseTimer::global().is_pending(coarse))
+    }
+
+    /// The driver again, over `io`.
+    pub(crate) fn resume<T>(self, io: T) -> Driver<C, T> {
+        let ParkedDriver {
+            conn_id,
+            conn,
+            events,
+            span,
+            registered,
+            slow_consumer_timeout_ms,
+        } = self;
+        Driver {
+            conn_id,
+            conn,
+            io,
+            events,
+            span,
+            _registered: registered,
+            rbuf: Box::default(),
+            out: Vec::new(),
+            written: 0,
+            batch: VecDeque::new(),
+            timer: None,
+            trouble: None,
+            slow_consumer_timeout_ms,
+            read_size: READ_BUFFER_MIN_BYTES as u32,
+            last_input_tick: 0,
+            flushing: false,
+            parking: true,
+            touched: true,
+            park_check: Slot::default(),
+            active_tick: 0,
+            phase: Phase::Running,
+        }
+    }
+
+    /// The transport is lost while parked (it could not be taken back):
+    /// the protocol closes as for a dropped socket.
+    pub(crate) fn close(mut self) {
+        let _entered = self.span.as_deref().map(tracing::Span::enter);
+        self.conn.handle_transport_closed(Instant::now());
+    }
+}
+
+impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
     /// What this turn's input (a publish) woke other connections' tasks
     /// for goes out before this connection's own output (its
     /// acknowledgement): the task returns, to be polled again once the
@@ -852,13 +1084,13 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         // coarse timer, which wakes the task shortly before it; the exact
         // timer below takes the last stretch.
         let coarse = CoarseTimer::global();
-        if coarse.covers(self.coarse, deadline) {
+        if coarse.covers(self.events.coarse, deadline) {
             self.timer = None;
             return Step::Idle;
         }
-        if let Some(slot) = coarse.arm(deadline, &self.events) {
-            coarse.cancel(self.coarse, &self.events);
-            self.coarse = slot;
+        if let Some(slot) = coarse.arm(deadline, &self.events.queue) {
+            coarse.cancel(self.events.coarse, &self.events.queue);
+            self.events.coarse = slot;
             self.timer = None;
             return Step::Idle;
         }
@@ -1119,7 +1351,7 @@ mod tests {
         // Parked, not on an exact timer, right after the first poll.
         let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut driver).poll(cx))).await;
         assert!(first.is_pending());
-        assert!(driver.coarse.is_armed() && driver.timer.is_none());
+        assert!(driver.events.coarse.is_armed() && driver.timer.is_none());
         tokio::time::timeout(Duration::from_secs(10), driver)
             .await
             .expect("the connection closed at its deadline");

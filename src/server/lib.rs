@@ -30,6 +30,7 @@ pub mod hash_pool;
 mod listener;
 mod log_throttle;
 mod metrics;
+mod parking;
 mod periodic;
 mod preflight;
 mod protocols;
@@ -72,6 +73,9 @@ pub(crate) struct Shared {
     next_conn_id: AtomicU64,
     /// Set when connections must stop now (end of the grace period).
     pub(crate) hard_stop: Arc<driver::HardStop>,
+    /// Idle plain TCP connections, out of tokio (`parking`); `None` if
+    /// its epoll set could not be made.
+    pub(crate) parker: Option<Arc<parking::Parker>>,
     /// The TLS acceptor, when `[tls]` names a certificate and key.
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
     /// The certificate `tls` presents, reloadable.
@@ -182,6 +186,12 @@ impl RunningBroker {
         &self.shared.core
     }
 
+    /// How many idle connections are parked out of their tasks now (see
+    /// docs/scaling.md, "Parked connections").
+    pub fn parked_connections(&self) -> usize {
+        self.shared.parker.as_ref().map_or(0, |p| p.parked())
+    }
+
     /// The Prometheus exposition of this broker now, as `GET /metrics`
     /// serves it.
     pub fn metrics(&self) -> String {
@@ -227,6 +237,9 @@ impl RunningBroker {
         }
         self.shared.hard_stop.stop();
         self.shared.connections.wake_all();
+        if let Some(parker) = &self.shared.parker {
+            parker.wake();
+        }
         self.shared.report_suppressed_logs();
         let store = Arc::clone(&self.store);
         tokio::task::spawn_blocking(move || store.flush())
@@ -264,12 +277,19 @@ pub async fn start(
     let tls = checked.tls.map(tokio_rustls::TlsAcceptor::from);
     let certificate = checked.certificate;
     let (stop_accepting, stop_rx) = watch::channel(false);
+    let hard_stop: Arc<driver::HardStop> = Arc::default();
+    let parker = parking::Parker::start(Arc::clone(&hard_stop))
+        .inspect_err(|e| {
+            tracing::warn!(error = %e, "cannot park idle connections out of tokio (epoll)");
+        })
+        .ok();
     let shared = Arc::new(Shared {
         core,
         config: config.clone(),
         adapters: protocols::AdapterConfigs::new(&config),
         next_conn_id: AtomicU64::new(1),
-        hard_stop: Arc::default(),
+        hard_stop,
+        parker,
         tls,
         certificate,
         store: Arc::clone(&store),

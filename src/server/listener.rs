@@ -138,15 +138,59 @@ impl<F: Future<Output = ()> + Unpin> Future for ConnectionTask<F> {
         if Pin::new(&mut this.connection).poll(cx).is_ready() {
             return Poll::Ready(());
         }
-        // After the connection: a poll in which it authenticated frees the
-        // deadline's timer now, not at some later wake-up an idle
-        // connection may never get (a STOMP connection kept it, 112 B).
-        if Pin::new(&mut this.tail.deadline).poll(cx).is_ready() {
-            this.tail
-                .deadline
-                .log_expired(this.tail.listener.key(), this.tail.conn_id);
+        if this.tail.poll_expired(cx) {
             return Poll::Ready(());
         }
         Poll::Pending
+    }
+}
+
+impl TaskTail {
+    /// Whether the connection is past its handshake deadline, still
+    /// unauthenticated (logged). To be polled after the connection: a
+    /// poll in which it authenticated frees the deadline's timer now, not
+    /// at some later wake-up an idle connection may never get (a STOMP
+    /// connection kept it, 112 B).
+    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        if Pin::new(&mut self.deadline).poll(cx).is_ready() {
+            self.deadline.log_expired(self.listener.key(), self.conn_id);
+            return true;
+        }
+        false
+    }
+
+    /// Whether the connection has authenticated (its deadline is over).
+    pub(crate) fn is_authenticated(&self) -> bool {
+        self.deadline.is_authenticated()
+    }
+
+    /// What an authenticated connection's tail keeps while the connection
+    /// is parked (`parking`): the admission ticket without its spent
+    /// deadline, and the count; the id is the driver's.
+    pub(crate) fn park(self) -> ParkedTail {
+        ParkedTail {
+            ticket: self.deadline.into_ticket(),
+            _guard: self._guard,
+            listener: self.listener,
+        }
+    }
+}
+
+/// A parked connection's [`TaskTail`].
+pub(crate) struct ParkedTail {
+    ticket: super::admission::Ticket,
+    _guard: ConnectionGuard,
+    listener: ListenerKind,
+}
+
+impl ParkedTail {
+    /// The tail again, for the connection `conn_id`.
+    pub(crate) fn resume(self, conn_id: u64) -> TaskTail {
+        TaskTail {
+            deadline: HandshakeDeadline::authenticated(self.ticket),
+            _guard: self._guard,
+            conn_id,
+            listener: self.listener,
+        }
     }
 }

@@ -15,6 +15,7 @@ use rosetta_config::ListenerKind;
 use super::admission::{AdmittedBroker, Ticket};
 use super::driver::{self, Driver, DriverParts, ProtocolConnection};
 use super::listener::{ConnectionTask, TaskTail};
+use super::parking::{ParkableTask, Parker};
 use super::Shared;
 
 /// Who is on the other end of a connection, as far as the transport knows.
@@ -214,7 +215,8 @@ pub(crate) fn spawn(
     };
     match plain {
         Some(wire) if super::proxy::applies(&shared, wire, peer.listener).is_none() => {
-            serve_wire(wire, stream, peer, conn_id, shared, Spawn(tail));
+            let parker = shared.parker.clone();
+            serve_wire(wire, stream, peer, conn_id, shared, Spawn(tail, parker));
         }
         _ => {
             let connection = serve(kind, stream, peer, conn_id, shared);
@@ -328,13 +330,22 @@ impl<T: driver::Transport + 'static> Launch<T> for Boxed {
     }
 }
 
-/// Spawns the driver as the connection's task (plain TCP).
-struct Spawn(TaskTail);
+/// Spawns the driver as the connection's task (plain TCP), one the
+/// server's parker can take over while the connection is idle (see
+/// `parking`) if the server has one.
+struct Spawn(TaskTail, Option<Arc<Parker>>);
 
-impl<T: driver::Transport + 'static> Launch<T> for Spawn {
+impl Launch<tokio::net::TcpStream> for Spawn {
     type Output = ();
-    fn launch<C: ProtocolConnection>(self, driver: Driver<C, T>) {
-        tokio::spawn(ConnectionTask::new(driver, self.0));
+    fn launch<C: ProtocolConnection>(self, driver: Driver<C, tokio::net::TcpStream>) {
+        match self.1 {
+            Some(parker) => {
+                tokio::spawn(ParkableTask::new(driver, self.0, parker));
+            }
+            None => {
+                tokio::spawn(ConnectionTask::new(driver, self.0));
+            }
+        }
     }
 }
 
