@@ -694,9 +694,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsByteStream<S> {
             Poll::Pending => Step::Pending,
             Poll::Ready(Err(e)) => Step::Failed(e),
             Poll::Ready(Ok(())) if buf.filled().len() == before => {
-                // The peer went without a close: the stream ends.
+                // The peer went without a close: the stream ends. Nothing
+                // is sent once the end is returned; until then a fault in
+                // the bytes read before the end still sends its close.
                 self.read_done = true;
-                self.close_sent = true;
                 Step::Read
             }
             Poll::Ready(Ok(())) => Step::Read,
@@ -749,7 +750,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsByteStream<S> {
                 if got_some {
                     return Poll::Ready(Ok(()));
                 }
-                // The close reply goes out before the stream ends.
+                // The close reply goes out before the stream ends; after
+                // it (or after the peer's end) nothing more is sent.
+                this.close_sent = true;
                 if ready!(this.poll_send_out(cx)).is_err() {
                     this.out.clear();
                 }
@@ -1092,6 +1095,42 @@ mod tests {
                 "close {code}"
             );
         }
+    }
+
+    /// Found by the `websocket_frames` fuzz target (protocols/FUZZING.md,
+    /// finding 12): a fault in bytes kept from an earlier read, parsed in
+    /// the read that met the peer's end, failed the read without its close
+    /// frame, because meeting the end had already marked the close sent.
+    #[tokio::test]
+    async fn a_fault_found_with_the_peers_end_still_sends_its_close() {
+        let (mut client, mut stream) = pair(WsWire::Stomp);
+        // A final text frame ending inside a character.
+        let mut text = vec![b'a'; 99];
+        text.push(0xC3);
+        client
+            .write_all(&frame(true, OP_TEXT, &text))
+            .await
+            .expect("write");
+        client.shutdown().await.expect("the client's end");
+        // A small read takes the staged path, which keeps the rest of the
+        // frame; a large one then parses it in place, with the end.
+        let mut small = [0u8; 10];
+        assert_eq!(stream.read(&mut small).await.expect("read"), 10);
+        let mut large = [0u8; 200];
+        let mut got = 10;
+        let err = loop {
+            match stream.read(&mut large).await {
+                Ok(0) => panic!("a clean end after a broken character"),
+                Ok(n) => got += n,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(got, 100, "the payload comes before the fault at its end");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        let sent = frames_sent(&mut client).await;
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!(sent[0].0, OP_CLOSE);
+        assert_eq!(sent[0].1[..2], CLOSE_INVALID.to_be_bytes());
     }
 
     #[tokio::test]
