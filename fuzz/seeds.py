@@ -81,4 +81,78 @@ def websocket():
     write("websocket", "messages-small-limit", bytes([0x82, 0x03]) + msgs)
 
 
+def described(kind, payload, fault=None, mask=0x5A, length=None):
+    """One frame of websocket_frames' described mode: kind byte (bit 7: a
+    fault byte follows), length byte, mask byte, payload."""
+    n = len(payload) if length is None else length
+    head = bytes([kind | (0x80 if fault is not None else 0)])
+    if fault is not None:
+        head += bytes([fault])
+    return head + bytes([n, mask]) + payload
+
+
+def websocket_frames():
+    """Seeds for fuzz_targets/websocket_frames.rs: four knob bytes (mode =
+    first % 4: raw, described, described, writes; second: protocol = % 3,
+    message limit = (>> 2) * 9 when under 32, else 1 MiB; third and
+    fourth: socket and read buffer chunk sizes), then the mode's input."""
+    big = 0x80  # second knob: 1 MiB limit, MQTT
+    raw = (
+        frame(0x2, b"\x10\x0c\x00\x04MQTT")
+        + frame(0x9, b"ping")
+        + frame(0x1, "h\u00e9llo".encode(), fin=False)
+        + frame(0x0, " w\u00f6rld".encode())
+        + frame(0x8, b"\x03\xe8bye")
+    )
+    write("websocket_frames", "raw-messages", bytes([0, big, 0x85, 0x02]) + raw)
+    write("websocket_frames", "raw-staged-reads", bytes([0x1C, big + 1, 0x03, 0x10]) + raw)
+    write("websocket_frames", "raw-close-1005", bytes([0, big, 0x85, 0x02])
+          + frame(0x2, b"x") + frame(0x8, b"\x03\xed"))
+    write("websocket_frames", "raw-close-bad-reason", bytes([0, big, 0x85, 0x02])
+          + frame(0x8, b"\x03\xe8\xff"))
+    write("websocket_frames", "raw-unmasked", bytes([0, big, 0x85, 0x02])
+          + b"\x82\x01x")
+    write("websocket_frames", "raw-64bit-length", bytes([0, big, 0x85, 0x02])
+          + b"\x82\xff" + (1 << 63).to_bytes(8, "big") + b"\x01\x02\x03\x04")
+    # Described frames: fragments with control frames between them, each
+    # kind of fault once, around the 125-byte control limit.
+    frames = (
+        described(0x49, "t\u00e9xt ".encode())  # text, not final, made UTF-8
+        + described(0x04, b"ping")
+        + described(0x40, "m\u00f6re".encode())  # continuation, final
+        + described(0x02, bytes(range(200)))
+        + described(0x05, b"")
+        + described(0x03, b"\x03\xe8", length=2)
+    )
+    write("websocket_frames", "described", bytes([1, big, 0x85, 0x02]) + frames)
+    write("websocket_frames", "described-limit-126", bytes([2, (14 << 2) | 1, 0x07, 0x05])
+          + described(0x0A, b"a" * 100) + described(0x00, b"b" * 100))
+    faults = {
+        "reserved-bits": 0x41,
+        "unmasked": 0x02,
+        "length-16": 0x04,
+        "length-64": 0x08,
+        "length-lie": 0x38,
+    }
+    for name, fault in faults.items():
+        write("websocket_frames", "described-" + name, bytes([1, big, 0x85, 0x02])
+              + described(0x02, b"abc", fault=fault) + described(0x02, b"defg"))
+    write("websocket_frames", "described-ping-126", bytes([1, big, 0x85, 0x02])
+          + described(0x04, b"p" * 126))
+    write("websocket_frames", "described-reserved-opcode", bytes([1, big, 0x85, 0x02])
+          + described(0x06 | (0x3 << 3), b"x"))
+    # Writes: short and long writes, flushes, UTF-8 and not, for STOMP.
+    writes = (
+        bytes([0x00, 5]) + b"hello"
+        + bytes([0x05, 0x01]) + b"\x00\x01\x02\x03" * 64  # 1 x 64 KiB + 4
+        + bytes([0x03, 16, 0x00]) + b"\xffbinary"  # 16 x 64 KiB: one full message
+        + bytes([0x04, 6]) + "\u00e9t\u00e9".encode()
+        + bytes([0x06])  # an empty write, then a flush
+        + bytes([0x01, 3]) + b"end"
+    )
+    write("websocket_frames", "writes-stomp", bytes([3, big + 1, 0xFF, 0]) + writes)
+    write("websocket_frames", "writes-mqtt-partial", bytes([0x07, big, 0x10, 0]) + writes)
+
+
 websocket()
+websocket_frames()

@@ -33,9 +33,10 @@ cd "$(dirname "$0")/.."
 # per input).
 targets=(
     mqtt:decode:10000000 mqtt:connection:3000000
-    stomp:decoder:10000000 stomp:connection:3000000
+    stomp:decoder:10000000 stomp:connection:3000000 stomp:swar:10000000
     amqp:frame_decoder:10000000 amqp:connection:3000000
-    config:parse:10000000 root:websocket:3000000 root:admin_api:3000000
+    config:parse:10000000 root:websocket:3000000 root:websocket_frames:10000000
+    root:admin_api:3000000
     cluster:proxy_header:10000000 cluster:etcd_http:10000000
 )
 # libFuzzer's memory limit: a single allocation over it is a finding too.
@@ -84,11 +85,20 @@ log_dir="${FUZZ_LOG_DIR:-$PWD/target/fuzz-logs}"
 mkdir -p "$log_dir"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/fuzz}"
 
+# A fresh machine has neither: install them once (later runs find them).
 if ! rustup toolchain list | grep -q '^nightly'; then
+    echo "== installing the nightly toolchain (cargo fuzz needs it)" >&2
     rustup toolchain install nightly --profile minimal
 fi
-if ! cargo fuzz --version >/dev/null 2>&1; then
-    cargo install cargo-fuzz --locked
+if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+    echo "== cargo-fuzz is not installed: cargo +nightly install cargo-fuzz --locked" >&2
+    # Built in cargo's own temporary directory, not among the fuzz builds.
+    env -u CARGO_TARGET_DIR cargo +nightly install cargo-fuzz --locked || {
+        echo "!! could not install cargo-fuzz; install it by hand with" >&2
+        echo "!!   cargo +nightly install cargo-fuzz --locked" >&2
+        echo "!! (it needs crates.io) and run this script again" >&2
+        exit 1
+    }
 fi
 
 for entry in "${chosen[@]}"; do

@@ -6,6 +6,10 @@
 //! upgrade, then the frame layer (`ws_frames`) read through the same
 //! [`super::ws::WsByteStream`] the protocol adapters read, and one write
 //! and close back. The target supplies the peer as an in-memory stream.
+//!
+//! [`websocket_frames`] and [`websocket_writes`] are the frame layer alone
+//! (no handshake), for `fuzz/fuzz_targets/websocket_frames.rs`, which
+//! checks it against tungstenite's frame parser and reader.
 
 use std::io;
 
@@ -13,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use rosetta_config::WebSocketConfig;
 
-use super::ws::{self, NotWebSocket};
+use super::ws::{self, NotWebSocket, WsByteStream, WsWire};
 
 /// What the HTTP port made of a peer's bytes.
 #[derive(Debug)]
@@ -79,4 +83,76 @@ where
         read,
         end,
     }
+}
+
+/// The protocol a WebSocket carries, as far as the frame layer cares:
+/// STOMP answers in text messages while the client sends text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FramesWire {
+    /// MQTT: binary messages.
+    Mqtt,
+    /// STOMP: text or binary, as described on the frame layer.
+    Stomp,
+    /// AMQP: binary messages.
+    Amqp,
+}
+
+impl From<FramesWire> for WsWire {
+    fn from(wire: FramesWire) -> Self {
+        match wire {
+            FramesWire::Mqtt => WsWire::Mqtt,
+            FramesWire::Stomp => WsWire::Stomp,
+            FramesWire::Amqp => WsWire::Amqp,
+        }
+    }
+}
+
+/// The frame layer reading a client's frames from `io` after an upgrade
+/// (`tail`: frame bytes that came with the request), with incoming
+/// messages limited to `message_max` bytes, in reads of at most
+/// `read_chunk_bytes` (at least 1) until the stream ends or fails. Returns
+/// every byte read and how reading ended (Ok at a clean end). Nothing is
+/// written but what the frame layer sends itself (pongs, a close).
+pub async fn websocket_frames<S>(
+    io: S,
+    wire: FramesWire,
+    tail: Vec<u8>,
+    message_max: usize,
+    read_chunk_bytes: usize,
+) -> (Vec<u8>, io::Result<()>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut stream = WsByteStream::new(io, tail, wire.into(), message_max);
+    let mut read = Vec::new();
+    let mut chunk = vec![0u8; read_chunk_bytes.max(1)];
+    let end = loop {
+        match stream.read(&mut chunk).await {
+            Ok(0) => break Ok(()),
+            Ok(n) => read.extend_from_slice(chunk.get(..n).unwrap_or_default()),
+            Err(e) => break Err(e),
+        }
+    };
+    (read, end)
+}
+
+/// The frame layer writing to a client: each of `writes` is written
+/// whole, followed by a flush when its flag says so; then the stream is
+/// shut down (a normal close).
+pub async fn websocket_writes<S>(
+    io: S,
+    wire: FramesWire,
+    writes: &[(&[u8], bool)],
+) -> io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut stream = WsByteStream::new(io, Vec::new(), wire.into(), 0);
+    for &(bytes, flush) in writes {
+        stream.write_all(bytes).await?;
+        if flush {
+            stream.flush().await?;
+        }
+    }
+    stream.shutdown().await
 }

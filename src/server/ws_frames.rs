@@ -253,6 +253,24 @@ struct Utf8Tail {
     len: usize,
 }
 
+/// Whether `bytes`, a lead byte and fewer continuation bytes than it
+/// needs, can still begin a UTF-8 character (RFC 3629 §4: no overlong
+/// form, no surrogate, nothing above U+10FFFF). The lead byte was checked
+/// when the sequence started.
+fn begins_a_character(bytes: &[u8]) -> bool {
+    let Some((&lead, rest)) = bytes.split_first() else {
+        return true;
+    };
+    let second = match lead {
+        0xE0 => 0xA0..=0xBF,
+        0xED => 0x80..=0x9F,
+        0xF0 => 0x90..=0xBF,
+        0xF4 => 0x80..=0x8F,
+        _ => 0x80..=0xBF,
+    };
+    rest.first().is_none_or(|b| second.contains(b)) && rest.iter().skip(1).all(|b| b & 0xC0 == 0x80)
+}
+
 impl Utf8Tail {
     /// Checks `chunk` as the continuation of what came before: false if
     /// it cannot be UTF-8.
@@ -270,8 +288,10 @@ impl Utf8Tail {
             self.len += need;
             chunk = rest;
             if self.len < width {
-                // Still incomplete: its bytes must be continuation bytes.
-                return head.iter().all(|b| b & 0xC0 == 0x80);
+                // Still incomplete: what it holds must still begin a
+                // character. Continuation bytes are not enough: after E0,
+                // ED, F0 and F4 the second byte has a narrower range.
+                return begins_a_character(self.bytes.get(..self.len).unwrap_or_default());
             }
             if std::str::from_utf8(&self.bytes[..width]).is_err() {
                 return false;
@@ -464,8 +484,24 @@ impl<S> WsByteStream<S> {
                     None if control.payload.is_empty() => CLOSE_NORMAL,
                     None => return Err(Fault::protocol("close frame of one byte")),
                 };
-                // The reply echoes the code; then the stream ends.
-                self.queue_close(code, "");
+                // The reason is UTF-8 (§5.5.1), and text that is not fails
+                // the connection (§8.1), as in a text message.
+                let reason = control.payload.get(2..).unwrap_or_default();
+                if std::str::from_utf8(reason).is_err() {
+                    return Err(Fault {
+                        code: CLOSE_INVALID,
+                        reason: "close reason is not UTF-8",
+                    });
+                }
+                // The reply echoes the code, unless it is one no endpoint
+                // may send (§7.4): that is answered 1002, as tungstenite
+                // and browsers do. Then the stream ends.
+                let reply = if close_code_may_be_sent(code) {
+                    code
+                } else {
+                    CLOSE_PROTOCOL
+                };
+                self.queue_close(reply, "");
                 self.reader.closed = true;
                 self.read_done = true;
             }
@@ -486,6 +522,16 @@ impl<S> WsByteStream<S> {
         payload.truncate(CONTROL_PAYLOAD_MAX);
         put_frame(&mut self.out, OP_CLOSE, &payload);
     }
+}
+
+/// Whether a close frame may carry `code` (RFC 6455 §7.4): the codes the
+/// RFC and the IANA registry define for sending (1000-1003, 1007-1013;
+/// not 1004 or the unassigned ones, not 1005, 1006 or 1015, which only
+/// report what happened, never on the wire), and the ranges for
+/// libraries and applications (3000-4999). The same set as tungstenite's
+/// `CloseCode::is_allowed`.
+fn close_code_may_be_sent(code: u16) -> bool {
+    matches!(code, 1000..=1003 | 1007..=1013 | 3000..=4999)
 }
 
 fn text_not_utf8() -> Fault {
@@ -648,9 +694,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsByteStream<S> {
             Poll::Pending => Step::Pending,
             Poll::Ready(Err(e)) => Step::Failed(e),
             Poll::Ready(Ok(())) if buf.filled().len() == before => {
-                // The peer went without a close: the stream ends.
+                // The peer went without a close: the stream ends. Nothing
+                // is sent once the end is returned; until then a fault in
+                // the bytes read before the end still sends its close.
                 self.read_done = true;
-                self.close_sent = true;
                 Step::Read
             }
             Poll::Ready(Ok(())) => Step::Read,
@@ -703,7 +750,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsByteStream<S> {
                 if got_some {
                     return Poll::Ready(Ok(()));
                 }
-                // The close reply goes out before the stream ends.
+                // The close reply goes out before the stream ends; after
+                // it (or after the peer's end) nothing more is sent.
+                this.close_sent = true;
                 if ready!(this.poll_send_out(cx)).is_err() {
                     this.out.clear();
                 }
@@ -796,6 +845,40 @@ mod tests {
         let mut tail = Utf8Tail::default();
         assert!(tail.check(&[0xED]));
         assert!(!tail.check(&[0xA0, 0x80]));
+    }
+
+    /// Found by the `websocket_frames` fuzz target against tungstenite
+    /// (protocols/FUZZING.md, finding 11): a sequence cut after its second
+    /// byte was only checked for continuation bytes, so E0 84 (overlong),
+    /// ED A0 (a surrogate), F0 8F (overlong) and F4 90 (above U+10FFFF)
+    /// passed until their last byte came, and a text frame ending there
+    /// went through.
+    #[test]
+    fn a_sequence_cut_after_its_second_byte_is_checked_at_once() {
+        for bad in [
+            [0xE0, 0x84],
+            [0xED, 0xA0],
+            [0xF0, 0x8F],
+            [0xF4, 0x90],
+            [0xC3, 0x28],
+        ] {
+            let mut tail = Utf8Tail::default();
+            assert!(tail.check(&bad[..1]), "{bad:02x?}: the lead byte alone");
+            assert!(!tail.check(&bad[1..]), "{bad:02x?}");
+        }
+        // Their valid neighbours, cut the same way, complete.
+        for good in [
+            &[0xE0, 0xA0, 0x80][..],
+            &[0xED, 0x9F, 0xBF],
+            &[0xF0, 0x90, 0x80, 0x80],
+            &[0xF4, 0x8F, 0xBF, 0xBF],
+        ] {
+            let mut tail = Utf8Tail::default();
+            for byte in good {
+                assert!(tail.check(std::slice::from_ref(byte)), "{good:02x?}");
+            }
+            assert!(tail.is_complete(), "{good:02x?}");
+        }
     }
 
     #[test]
@@ -962,6 +1045,92 @@ mod tests {
             assert_eq!(sent[0].0, OP_CLOSE);
             assert_eq!(sent[0].1[..2], CLOSE_PROTOCOL.to_be_bytes(), "{bad:02x?}");
         }
+    }
+
+    /// Found by the `websocket_frames` fuzz target against tungstenite
+    /// (protocols/FUZZING.md, finding 10): a close whose reason was not
+    /// UTF-8 was echoed and the stream ended cleanly.
+    #[tokio::test]
+    async fn a_close_reason_that_is_not_utf8_fails_with_1007() {
+        let (mut client, mut stream) = pair(WsWire::Stomp);
+        let mut close = CLOSE_NORMAL.to_be_bytes().to_vec();
+        close.extend_from_slice(b"bye \xFE");
+        client
+            .write_all(&frame(true, OP_CLOSE, &close))
+            .await
+            .expect("write");
+        let mut buf = [0u8; 16];
+        let err = stream.read(&mut buf).await.expect_err("a fault");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        let sent = frames_sent(&mut client).await;
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!(sent[0].0, OP_CLOSE);
+        assert_eq!(sent[0].1[..2], CLOSE_INVALID.to_be_bytes());
+    }
+
+    /// The same round (finding 10): a close code RFC 6455 7.4 lets no
+    /// endpoint send (1005, 1006 and 1015 among them) was echoed, so we
+    /// sent it; it is answered 1002, the codes a peer may send are echoed.
+    #[tokio::test]
+    async fn a_close_code_no_endpoint_may_send_is_answered_1002() {
+        let forbidden = [
+            0u16, 999, 1004, 1005, 1006, 1014, 1015, 1016, 2999, 5000, 65535,
+        ];
+        let allowed = [1000u16, 1001, 1002, 1003, 1007, 1011, 1013, 3000, 4999];
+        for (code, answer) in forbidden
+            .iter()
+            .map(|&c| (c, CLOSE_PROTOCOL))
+            .chain(allowed.iter().map(|&c| (c, c)))
+        {
+            let (mut client, mut stream) = pair(WsWire::Mqtt);
+            client
+                .write_all(&frame(true, OP_CLOSE, &code.to_be_bytes()))
+                .await
+                .expect("write");
+            let mut rest = Vec::new();
+            stream.read_to_end(&mut rest).await.expect("a clean end");
+            assert_eq!(
+                frames_sent(&mut client).await,
+                [(OP_CLOSE, answer.to_be_bytes().to_vec())],
+                "close {code}"
+            );
+        }
+    }
+
+    /// Found by the `websocket_frames` fuzz target (protocols/FUZZING.md,
+    /// finding 12): a fault in bytes kept from an earlier read, parsed in
+    /// the read that met the peer's end, failed the read without its close
+    /// frame, because meeting the end had already marked the close sent.
+    #[tokio::test]
+    async fn a_fault_found_with_the_peers_end_still_sends_its_close() {
+        let (mut client, mut stream) = pair(WsWire::Stomp);
+        // A final text frame ending inside a character.
+        let mut text = vec![b'a'; 99];
+        text.push(0xC3);
+        client
+            .write_all(&frame(true, OP_TEXT, &text))
+            .await
+            .expect("write");
+        client.shutdown().await.expect("the client's end");
+        // A small read takes the staged path, which keeps the rest of the
+        // frame; a large one then parses it in place, with the end.
+        let mut small = [0u8; 10];
+        assert_eq!(stream.read(&mut small).await.expect("read"), 10);
+        let mut large = [0u8; 200];
+        let mut got = 10;
+        let err = loop {
+            match stream.read(&mut large).await {
+                Ok(0) => panic!("a clean end after a broken character"),
+                Ok(n) => got += n,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(got, 100, "the payload comes before the fault at its end");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        let sent = frames_sent(&mut client).await;
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!(sent[0].0, OP_CLOSE);
+        assert_eq!(sent[0].1[..2], CLOSE_INVALID.to_be_bytes());
     }
 
     #[tokio::test]

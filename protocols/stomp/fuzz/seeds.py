@@ -44,3 +44,19 @@ write("connection", "connected", b"\n" + FRAMES)
 write("connection", "connect-12", b"\r\n" + CONNECT_12 + FRAMES)
 write("connection", "stomp-11", b"\r\n" + STOMP_11 + FRAMES)
 write("connection", "connect-10", b"\r\n" + CONNECT_10 + FRAMES)
+
+# swar: byte 0 picks the mode (% 4: search, head, decoder, decoder), byte 1
+# its knob. Search: bit 7 clear picks one of the parser's needle sets,
+# set takes 1-4 needles from the input's first bytes. Head: bit 7 puts a
+# command first, % 3 is the version. Decoder: % 3 is the version, and the
+# next byte the frame and header line limits.
+HIGH = bytes(range(0x80, 0x100))
+write("swar", "search-lines", bytes([0, 0]) + b"abcdefg\n" + HIGH[:9] + b"\0xyz\n" + HIGH)
+write("swar", "search-escapes", bytes([0, 3]) + HIGH[:15] + b"\\" + HIGH[15:23] + b":\r")
+write("swar", "search-any", bytes([0, 0x83]) + b"\x8a\x0a\x00\x80" + HIGH + b"\n\x0a" * 5)
+write("swar", "head-12", bytes([1, 2]) + b"SEND\ndestination:/queue/a\nk\\cey:v\\\\\xc3\xa9\\n\n\n")
+write("swar", "head-11-command", bytes([1, 0x81]) + b"a:b\r\nc:d:e\n:x\n\n")
+write("swar", "head-bad-escape", bytes([1, 0x82]) + b"k:\\t\n\n")
+for ver in (0, 1, 2):
+    write("swar", f"decoder-{ver}", bytes([2, ver | 0x10, 0xFF]) + CONNECT_12 + FRAMES)
+write("swar", "decoder-small-limits", bytes([3, 0x26, 0x21]) + FRAMES)

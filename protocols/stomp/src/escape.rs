@@ -103,7 +103,7 @@ pub fn escape_into(out: &mut Vec<u8>, text: &str, escaping: Escaping, is_name: b
 
 /// Whether `b` holds a byte some escaping rule changes (`\n`, `\r`, `:`,
 /// `\\`).
-fn may_need_escape(b: &[u8]) -> bool {
+pub(crate) fn may_need_escape(b: &[u8]) -> bool {
     crate::swar::find_any(b, [b'\n', b'\r', b':', b'\\']).is_some()
 }
 

@@ -28,6 +28,9 @@ pub mod encoder;
 pub mod error;
 pub mod escape;
 pub mod frame;
+/// For the cargo-fuzz target `fuzz/fuzz_targets/swar.rs` only.
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod parser;
 
 mod consumer_options;

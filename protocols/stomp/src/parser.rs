@@ -393,6 +393,15 @@ impl Decoder {
                     .get(from..)
                     .and_then(|rest| rest.iter().position(|&b| b == 0));
                 match found {
+                    // A body found whole in one search is held to the limit
+                    // too: checking only while the NUL is missing let a body
+                    // over it through when it arrived in one read (up to the
+                    // frame limit, which also allows for the headers).
+                    Some(p) if from + p - head_len > self.limits.body_size_max_bytes => {
+                        return Err(FrameError::BodyTooLarge {
+                            max: self.limits.body_size_max_bytes,
+                        });
+                    }
                     Some(p) => (from + p - head_len, from + p + 1),
                     None => {
                         *scanned = self.buf.len();
@@ -459,7 +468,10 @@ fn parse_head(head: &[u8], version: Version) -> Result<(Command, Headers), Frame
 
 /// [`parse_head`] of a head known to be UTF-8: the same result as
 /// [`parse_head_bytes`], without a check per field.
-fn parse_head_text(head: &str, version: Version) -> Result<(Command, Headers), FrameError> {
+pub(crate) fn parse_head_text(
+    head: &str,
+    version: Version,
+) -> Result<(Command, Headers), FrameError> {
     let b = head.as_bytes();
     let line_end = |from: usize| -> Result<(usize, usize), FrameError> {
         let rest = b.get(from..).unwrap_or_default();
@@ -503,7 +515,10 @@ fn parse_head_text(head: &str, version: Version) -> Result<(Command, Headers), F
 }
 
 /// [`parse_head`] a line at a time, checking each field's UTF-8.
-fn parse_head_bytes(head: &[u8], version: Version) -> Result<(Command, Headers), FrameError> {
+pub(crate) fn parse_head_bytes(
+    head: &[u8],
+    version: Version,
+) -> Result<(Command, Headers), FrameError> {
     let (mut rest, command_line) = line(head).map_err(|_| FrameError::Garbage)?;
     let command = Command::parse(command_line).ok_or_else(|| {
         FrameError::UnknownCommand(String::from_utf8_lossy(command_line).into_owned())

@@ -261,6 +261,28 @@ fn limits_are_checked_before_buffering() {
     assert_eq!(taken, 4096);
 }
 
+/// Found by the `swar` fuzz target (protocols/FUZZING.md, finding 9):
+/// a body without `content-length` that arrived in one read with its NUL
+/// was not held to the body limit; a byte at a time it was.
+#[test]
+fn a_body_over_the_limit_fails_when_its_nul_arrives_in_the_same_read() {
+    let v = Version::V1_2;
+    let frame = |body: usize| {
+        let mut f = b"SEND\ndestination:/queue/a\n\n".to_vec();
+        f.resize(f.len() + body, b'x');
+        f.push(0);
+        f
+    };
+    let mut d = Decoder::new(LIMITS, v);
+    d.feed(&frame(2049));
+    assert_eq!(d.decode(), Err(FrameError::BodyTooLarge { max: 2048 }));
+    let mut d = Decoder::new(LIMITS, v);
+    d.feed(&frame(2048));
+    let body = d.decode().map(|f| f.map(|f| f.body.len()));
+    assert_eq!(body, Ok(Some(2048)), "exactly the limit is fine");
+    assert_eq!(err(&frame(2049), v), FrameError::BodyTooLarge { max: 2048 });
+}
+
 #[test]
 fn command_line_garbage_fails_at_once() {
     let mut d = Decoder::new(LIMITS, Version::V1_0);
