@@ -181,6 +181,13 @@ impl CoarseTimer {
         self.is_pending(slot) && slot.second <= self.second_of(wake)
     }
 
+    /// Whether `slot` is the one [`Self::arm`] would park now for
+    /// `deadline`: pending, and for that very second, not an earlier one.
+    pub(crate) fn wakes_for(&self, slot: Slot, deadline: Instant) -> bool {
+        let wake = deadline.checked_sub(EARLY).unwrap_or(deadline);
+        self.is_pending(slot) && slot.second == self.second_of(wake)
+    }
+
     /// Clears `slot`, which `sink` armed, if it still waits.
     pub(crate) fn cancel(&self, slot: Slot, sink: &Arc<ChannelSink>) {
         if !self.is_pending(slot) {

@@ -367,6 +367,31 @@ impl Drop for Events {
     }
 }
 
+impl Events {
+    /// Makes the far deadline's wake-up exactly the one `deadline` needs.
+    /// A running driver keeps an earlier wake-up when its deadline moves
+    /// later (the connect deadline followed by the keep-alive, a keep-alive
+    /// pushed back by each packet): it wakes early and re-arms, which costs
+    /// a poll. A parked connection would be resumed for it, every one of a
+    /// fleet that connected together at once, so it parks with its own.
+    fn wake_exactly_for(&mut self, deadline: Option<Instant>) {
+        let coarse = CoarseTimer::global();
+        match deadline {
+            None => {
+                coarse.cancel(self.coarse, &self.queue);
+                self.coarse = Slot::default();
+            }
+            Some(deadline) if !coarse.wakes_for(self.coarse, deadline) => {
+                if let Some(slot) = coarse.arm(deadline, &self.queue) {
+                    coarse.cancel(self.coarse, &self.queue);
+                    self.coarse = slot;
+                }
+            }
+            Some(_) => {}
+        }
+    }
+}
+
 impl std::ops::Deref for Events {
     type Target = EventQueue;
     fn deref(&self) -> &EventQueue {
@@ -857,12 +882,13 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
             conn_id,
             mut conn,
             io,
-            events,
+            mut events,
             span,
             _registered,
             slow_consumer_timeout_ms,
             ..
         } = self;
+        events.wake_exactly_for(conn.poll_timeout());
         if let Some(buf) = conn.input_buffer().filter(|b| b.is_empty()) {
             *buf = BytesMut::new();
         }

@@ -123,6 +123,8 @@ impl Shared {
             authenticated: self.admission.authenticated(),
             unauthenticated: self.admission.unauthenticated(),
             refused_total: self.admission.refused_total(),
+            parked: self.parker.as_ref().map_or(0, |p| p.parked()),
+            parked_resumes_total: self.parker.as_ref().map_or(0, |p| p.resumes()),
             memory_budget_bytes: self.config.store.memory_budget_bytes,
             store: self.store.stats(),
         }
@@ -190,6 +192,11 @@ impl RunningBroker {
     /// docs/scaling.md, "Parked connections").
     pub fn parked_connections(&self) -> usize {
         self.shared.parker.as_ref().map_or(0, |p| p.parked())
+    }
+
+    /// How many times a parked connection was resumed since the start.
+    pub fn parked_resumes(&self) -> u64 {
+        self.shared.parker.as_ref().map_or(0, |p| p.resumes())
     }
 
     /// The Prometheus exposition of this broker now, as `GET /metrics`

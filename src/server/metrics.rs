@@ -156,6 +156,11 @@ pub struct BrokerFigures {
     pub unauthenticated: usize,
     /// Connections refused at accept because a cap was reached.
     pub refused_total: u64,
+    /// Idle connections parked out of their tasks now (docs/scaling.md).
+    pub parked: usize,
+    /// Times a parked connection was resumed (its socket readable, an
+    /// event for it, its deadline near).
+    pub parked_resumes_total: u64,
     /// `[store] memory_budget_bytes`.
     pub memory_budget_bytes: u64,
     /// The journal's counters.
@@ -182,7 +187,7 @@ pub(crate) fn render(core: &Core, broker: &BrokerFigures) -> String {
     render_queue_settings(&mut out, core);
     render_topic_dedup(&mut out, core);
     let s = &broker.store;
-    let plain: [(&str, &str, &str, f64); 14] = [
+    let plain: [(&str, &str, &str, f64); 16] = [
         (
             "rosetta_connections",
             "gauge",
@@ -206,6 +211,18 @@ pub(crate) fn render(core: &Core, broker: &BrokerFigures) -> String {
             "counter",
             "Connections refused at accept because a connection cap was reached.",
             broker.refused_total as f64,
+        ),
+        (
+            "rosetta_connections_parked",
+            "gauge",
+            "Idle plain TCP connections parked out of their tasks.",
+            broker.parked as f64,
+        ),
+        (
+            "rosetta_connections_parked_resumes_total",
+            "counter",
+            "Times a parked connection was resumed: its socket readable, an event for it, or its deadline near.",
+            broker.parked_resumes_total as f64,
         ),
         (
             "rosetta_memory_used_bytes",
@@ -454,6 +471,8 @@ mod tests {
             authenticated: 2,
             unauthenticated: 1,
             refused_total: 4,
+            parked: 0,
+            parked_resumes_total: 0,
             memory_budget_bytes: 1 << 20,
             store: StoreStats::default(),
         }
@@ -580,6 +599,8 @@ mod tests {
             authenticated: 0,
             unauthenticated: 0,
             refused_total: 0,
+            parked: 0,
+            parked_resumes_total: 0,
             memory_budget_bytes: 1 << 20,
             store: StoreStats::default(),
         };

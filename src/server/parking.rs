@@ -38,6 +38,7 @@
 //! yet authenticated (its handshake deadline runs in the task).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 
@@ -133,6 +134,8 @@ pub(crate) struct Parker {
     /// The parker's task.
     waker: AtomicWaker,
     hard_stop: Arc<HardStop>,
+    /// Resumes of parked connections (for `/metrics`).
+    resumes: AtomicU64,
     me: Weak<Parker>,
 }
 
@@ -182,6 +185,7 @@ impl Parker {
             woken: Mutex::default(),
             waker: AtomicWaker::new(),
             hard_stop,
+            resumes: AtomicU64::new(0),
             me: me.clone(),
         });
         let running = Arc::clone(&parker);
@@ -236,6 +240,11 @@ impl Parker {
         slots.len += 1;
     }
 
+    /// How many times a parked connection was resumed.
+    pub(crate) fn resumes(&self) -> u64 {
+        self.resumes.load(Ordering::Relaxed)
+    }
+
     /// How many connections are parked now.
     pub(crate) fn parked(&self) -> usize {
         self.slots.lock().len
@@ -248,6 +257,7 @@ impl Parker {
         let Some(conn) = self.slots.lock().take(key) else {
             return;
         };
+        self.resumes.fetch_add(1, Ordering::Relaxed);
         let _ = epoll::delete(self.epoll.get_ref(), conn.socket());
         conn.resume(self);
     }
@@ -413,6 +423,10 @@ mod tests {
     use crate::RunningBroker;
 
     async fn broker(dir: &std::path::Path) -> RunningBroker {
+        broker_with(dir, |_| {}).await
+    }
+
+    async fn broker_with(dir: &std::path::Path, adjust: impl FnOnce(&mut Config)) -> RunningBroker {
         let mut config = Config {
             data_dir: dir.join("data"),
             ..Config::default()
@@ -427,6 +441,7 @@ mod tests {
         config.listeners.wss = None;
         config.listeners.any = None;
         config.sys.interval_s = 0;
+        adjust(&mut config);
         crate::start(config, std::sync::Arc::new(rosetta_core::AllowAll))
             .await
             .expect("broker starts")
@@ -617,6 +632,27 @@ mod tests {
             "closed after {after:?}"
         );
         assert_eq!(parked(&broker), 0);
+        broker.shutdown().await.expect("shutdown");
+    }
+
+    /// A connection's far deadline moves later when it logs in (from the
+    /// connect deadline to its keep-alive): a parked connection must not
+    /// be resumed for the deadline it no longer has (a fleet that
+    /// connected together would all resume together, `connect_timeout_ms`
+    /// after it came).
+    #[tokio::test]
+    async fn a_parked_connection_is_not_resumed_for_its_past_connect_deadline() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let broker = broker_with(dir.path(), |c| c.broker.connect_timeout_ms = 4_000).await;
+        let connected = Instant::now();
+        let _quiet = mqtt_client(&broker, 4, "quiet", 60).await;
+        until_parked(&broker, 1).await;
+        let resumes = broker.parked_resumes();
+        // Past the connect deadline, and past the coarse timer's early
+        // wake-up for it.
+        tokio::time::sleep(Duration::from_millis(5_500).saturating_sub(connected.elapsed())).await;
+        assert_eq!(broker.parked_resumes(), resumes, "resumed for nothing");
+        assert_eq!(parked(&broker), 1);
         broker.shutdown().await.expect("shutdown");
     }
 
