@@ -361,13 +361,34 @@ struct Events {
 
 impl Drop for Events {
     fn drop(&mut self) {
-        if self.coarse.is_armed() {
-            CoarseTimer::global().cancel(self.coarse, &self.queue);
-        }
+        self.disarm();
     }
 }
 
 impl Events {
+    /// Takes back the far deadline's wake-up, if one is armed.
+    fn disarm(&mut self) {
+        if self.coarse.is_armed() {
+            CoarseTimer::global().cancel(self.coarse, &self.queue);
+            self.coarse = Slot::default();
+        }
+    }
+
+    /// Arms the far deadline's wake-up for `deadline` in place of the one
+    /// armed, if the coarse timer takes it (see [`CoarseTimer::arm`]);
+    /// whether it did.
+    fn rearm(&mut self, deadline: Instant) -> bool {
+        let coarse = CoarseTimer::global();
+        match coarse.arm(deadline, &self.queue) {
+            Some(slot) => {
+                coarse.cancel(self.coarse, &self.queue);
+                self.coarse = slot;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Makes the far deadline's wake-up exactly the one `deadline` needs.
     /// A running driver keeps an earlier wake-up when its deadline moves
     /// later (the connect deadline followed by the keep-alive, a keep-alive
@@ -375,17 +396,10 @@ impl Events {
     /// a poll. A parked connection would be resumed for it, every one of a
     /// fleet that connected together at once, so it parks with its own.
     fn wake_exactly_for(&mut self, deadline: Option<Instant>) {
-        let coarse = CoarseTimer::global();
         match deadline {
-            None => {
-                coarse.cancel(self.coarse, &self.queue);
-                self.coarse = Slot::default();
-            }
-            Some(deadline) if !coarse.wakes_for(self.coarse, deadline) => {
-                if let Some(slot) = coarse.arm(deadline, &self.queue) {
-                    coarse.cancel(self.coarse, &self.queue);
-                    self.coarse = slot;
-                }
+            None => self.disarm(),
+            Some(deadline) if !CoarseTimer::global().wakes_for(self.coarse, deadline) => {
+                self.rearm(deadline);
             }
             Some(_) => {}
         }
@@ -598,14 +612,6 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
     fn end_trouble_if_over(&mut self) {
         if self.trouble.as_ref().is_some_and(|t| t.is_over()) {
             self.trouble = None;
-        }
-    }
-
-    /// Takes back a wake-up parked in the coarse timer.
-    fn unpark(&mut self) {
-        if self.events.coarse.is_armed() {
-            CoarseTimer::global().cancel(self.events.coarse, &self.events.queue);
-            self.events.coarse = Slot::default();
         }
     }
 
@@ -1102,25 +1108,19 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
                 // connect deadline is over): an idle connection should not
                 // keep a timer allocation it no longer needs.
                 self.timer = None;
-                self.unpark();
+                self.events.disarm();
                 return Step::Idle;
             }
         };
         // A far deadline (an idle connection's keep-alive) waits in the
         // coarse timer, which wakes the task shortly before it; the exact
         // timer below takes the last stretch.
-        let coarse = CoarseTimer::global();
-        if coarse.covers(self.events.coarse, deadline) {
+        if CoarseTimer::global().covers(self.events.coarse, deadline) || self.events.rearm(deadline)
+        {
             self.timer = None;
             return Step::Idle;
         }
-        if let Some(slot) = coarse.arm(deadline, &self.events.queue) {
-            coarse.cancel(self.events.coarse, &self.events.queue);
-            self.events.coarse = slot;
-            self.timer = None;
-            return Step::Idle;
-        }
-        self.unpark();
+        self.events.disarm();
         let deadline = tokio::time::Instant::from_std(deadline);
         let timer = match &mut self.timer {
             Some(timer) => {
