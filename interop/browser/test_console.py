@@ -133,7 +133,9 @@ def dead_letter(port, source):
         conn.subscribe(f"/queue/{source}", id="dl", ack="client-individual")
         conn.send(f"/queue/{source}", "poison", headers={"persistent": "true"})
         frame = listener.messages.get(timeout=TIMEOUT_S)
-        conn.nack(frame.headers["ack"], "dl")
+        # STOMP 1.2: the ack header alone names the message (stomp.py's
+        # second positional argument is a transaction, which would be refused).
+        conn.nack(frame.headers["ack"])
         conn.unsubscribe("dl")
     finally:
         conn.disconnect()
