@@ -13,6 +13,9 @@
 # asked for; a run is far shorter than 1.5 times it, so nobody pings.
 # PEER=mosquitto (the default; PEER= for none) runs the MQTT counts against
 # mosquitto too, in the same run (installed by bench/peers/setup.sh).
+# CONNECT_RATE (default 0: unpaced, 100 handshakes at a time) opens at most
+# that many connections per second, as a fleet coming online over minutes
+# does (memory a parked connection's task freed is then reused by the next).
 # Output: one line per run, and RESULT lines in $OUT (default
 # bench/results/<date>-issue20/idle.jsonl).
 set -euo pipefail
@@ -23,6 +26,7 @@ COUNTS=${3:-5000 10000 19000}
 PROTOCOLS=${4:-mqtt mqtt-ws stomp amqp}
 KEEP_ALIVE_S=${KEEP_ALIVE_S:-60}
 PEER=${PEER-mosquitto}
+CONNECT_RATE=${CONNECT_RATE:-0}
 OUT=${OUT:-$(dirname "$0")/results/$(date -u +%F)-issue20/idle.jsonl}
 mkdir -p "$(dirname "$OUT")"
 
@@ -36,7 +40,8 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 run_idle() {
   local name=$1 pid=$2 port=$3 proto=$4 n=$5 sub=${6:-} out
   out=$("$LOAD" --port "$port" --broker-pid "$pid" --broker-name "$name" \
-    idle --protocol "$proto" --connections "$n" --keep-alive-s "$KEEP_ALIVE_S" $sub 2>&1) || true
+    idle --protocol "$proto" --connections "$n" --keep-alive-s "$KEEP_ALIVE_S" \
+    --connect-rate "$CONNECT_RATE" $sub 2>&1) || true
   echo "$out" | grep -v '^RESULT '
   echo "$out" | grep '^RESULT ' | sed 's/^RESULT //' >> "$OUT"
 }

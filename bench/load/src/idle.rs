@@ -71,6 +71,8 @@ pub(crate) struct Idle {
     pub(crate) keep_alive_s: u16,
     /// How long to keep the connections open after RSS is read.
     pub(crate) hold: Duration,
+    /// Connections opened per second at most (0: unpaced).
+    pub(crate) connect_rate: u32,
 }
 
 /// An open connection the tool holds and never reads.
@@ -334,6 +336,12 @@ pub(crate) async fn run(target: &Target, idle: Idle) -> anyhow::Result<Report> {
     let gate = std::sync::Arc::new(Semaphore::new(IDLE_CONNECT_CONCURRENCY));
     let mut set = JoinSet::new();
     for i in 0..n {
+        if idle.connect_rate > 0 {
+            // The i-th connection starts i/rate seconds in: a steady pace,
+            // not bursts, whatever the handshakes take.
+            let due = Duration::from_secs_f64(i as f64 / f64::from(idle.connect_rate));
+            tokio::time::sleep_until((started + due).into()).await;
+        }
         let (t, id, gate) = (target.clone(), format!("{prefix}-{i}"), gate.clone());
         set.spawn(async move {
             let _permit = gate.acquire_owned().await?;
@@ -390,6 +398,7 @@ pub(crate) async fn run(target: &Target, idle: Idle) -> anyhow::Result<Report> {
             ("rss_after_bytes", rss1.into()),
             ("rss_per_conn_bytes", per_conn.into()),
             ("keep_alive_s", idle.keep_alive_s.into()),
+            ("connect_rate", idle.connect_rate.into()),
         ]
         .into_iter()
         .chain(extra_rss)

@@ -275,6 +275,11 @@ struct IdleArgs {
     /// can measure a stream beside them (bench/idle_stream.sh).
     #[arg(long, default_value_t = 0)]
     hold_s: u64,
+    /// Open at most this many connections per second (0: as fast as 100
+    /// handshakes at a time allow), as a fleet that comes online over
+    /// minutes does rather than a burst.
+    #[arg(long, default_value_t = 0)]
+    connect_rate: u32,
 }
 
 impl IdleArgs {
@@ -285,6 +290,7 @@ impl IdleArgs {
             subscribe: self.subscribe,
             keep_alive_s: self.keep_alive_s,
             hold: Duration::from_secs(self.hold_s),
+            connect_rate: self.connect_rate,
         }
     }
 }
