@@ -195,6 +195,24 @@ pub struct QueueStats {
     pub replaced_total: u64,
 }
 
+/// The counters a queue keeps as messages pass; what [`QueueStats`]
+/// reports besides them (depth, in flight, consumers, ages) is read from
+/// the queue's state when asked. Kept apart from `QueueStats` so that every
+/// queue (one per MQTT subscriber) does not carry the snapshot's fields.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct QueueCounters {
+    pub(crate) enqueued_total: u64,
+    pub(crate) deliveries_total: u64,
+    pub(crate) redeliveries_total: u64,
+    pub(crate) acked_total: u64,
+    pub(crate) dead_lettered_total: u64,
+    pub(crate) expired_total: u64,
+    pub(crate) dropped_full_total: u64,
+    pub(crate) time_in_queue_ms_total: u64,
+    pub(crate) selector_evaluations_total: u64,
+    pub(crate) replaced_total: u64,
+}
+
 impl ConsumerSlot {
     /// Whether the consumer can take a delivery now: it has credit, and its
     /// connection has room in its delivery budget. A consumer turned away
@@ -212,13 +230,18 @@ impl ConsumerSlot {
     }
 }
 
+/// `QueueState::armed_ms` when the queue has not armed the core's timer
+/// (no due time is ever this late).
+const NOT_ARMED: u64 = u64::MAX;
+
 pub(crate) struct QueueState {
     pub(crate) backlog: Backlog,
     /// Messages waiting for a time (see `schedule`).
     pub(crate) schedule: Schedule,
     /// The earliest due time this queue armed the core-wide timer with,
-    /// while that is still to come.
-    pub(crate) armed_ms: Option<u64>,
+    /// while that is still to come; [`NOT_ARMED`] when none is (a plain
+    /// u64 rather than an `Option`: 8 bytes of every queue).
+    pub(crate) armed_ms: u64,
     /// Delivered and unsettled, by delivery tag (tags are ours: the cheap
     /// id hash, see `rosetta_neutral::id_hash`).
     /// Lazy: an idle queue (most session queues) has nothing in flight.
@@ -242,17 +265,17 @@ pub(crate) struct QueueState {
     pub(crate) policy: DispatchPolicy,
     pub(crate) groups: Groups,
     /// Consumers with a selector, browsers excluded.
-    pub(crate) selecting: usize,
+    pub(crate) selecting: u32,
     /// Exclusive consumers, browsers excluded.
-    pub(crate) exclusive_consumers: usize,
-    pub(crate) browsers: usize,
+    pub(crate) exclusive_consumers: u32,
+    pub(crate) browsers: u32,
     /// Not all consumers have the same priority.
     pub(crate) priorities_differ: bool,
     pub(crate) bindings: Vec<QueueBinding>,
     pub(crate) deleted: bool,
     /// When the queue last lost its last consumer (for idle expiry).
     pub(crate) idle_since: Option<Instant>,
-    pub(crate) stats: QueueStats,
+    pub(crate) stats: QueueCounters,
     /// A last-value queue's index (`last_value_key` is set). Boxed: few
     /// queues are last-value queues.
     pub(crate) last_values: Option<Box<LastValues>>,
@@ -345,7 +368,7 @@ impl Queue {
             state: Mutex::new(QueueState {
                 backlog: Backlog::default(),
                 schedule: Schedule::default(),
-                armed_ms: None,
+                armed_ms: NOT_ARMED,
                 inflight: LazyMap::default(),
                 next_tag: 0,
                 leases: Leases::default(),
@@ -361,7 +384,7 @@ impl Queue {
                 bindings: Vec::new(),
                 deleted: false,
                 idle_since: Some(Instant::now()),
-                stats: QueueStats::default(),
+                stats: QueueCounters::default(),
                 last_values: settings
                     .last_value_key
                     .as_deref()
@@ -584,8 +607,8 @@ impl Queue {
     }
 
     pub(crate) fn arm_if_earlier(&self, st: &mut QueueState, due_ms: u64) {
-        if st.armed_ms.is_none_or(|armed| due_ms < armed) {
-            st.armed_ms = Some(due_ms);
+        if due_ms < st.armed_ms {
+            st.armed_ms = due_ms;
             self.timers.arm(due_ms, self.me.clone());
         }
     }
@@ -597,8 +620,8 @@ impl Queue {
     /// what is left. `attempts_max`: the queue's delivery attempts in force.
     pub(crate) fn release_due(&self, now_ms: u64, attempts_max: u32) -> DispatchOutput {
         let mut st = self.state.lock();
-        if st.armed_ms.is_some_and(|armed| armed <= now_ms) {
-            st.armed_ms = None;
+        if st.armed_ms <= now_ms {
+            st.armed_ms = NOT_ARMED;
         }
         if st.deleted {
             return DispatchOutput::default();
@@ -729,7 +752,20 @@ impl Queue {
     /// Statistics snapshot at `now_ms`.
     pub(crate) fn stats(&self, now_ms: u64) -> QueueStats {
         let st = self.state.lock();
-        let mut s = st.stats.clone();
+        let c = &st.stats;
+        let mut s = QueueStats {
+            enqueued_total: c.enqueued_total,
+            deliveries_total: c.deliveries_total,
+            redeliveries_total: c.redeliveries_total,
+            acked_total: c.acked_total,
+            dead_lettered_total: c.dead_lettered_total,
+            expired_total: c.expired_total,
+            dropped_full_total: c.dropped_full_total,
+            time_in_queue_ms_total: c.time_in_queue_ms_total,
+            selector_evaluations_total: c.selector_evaluations_total,
+            replaced_total: c.replaced_total,
+            ..QueueStats::default()
+        };
         s.depth = st.backlog.len() as u64;
         s.scheduled = st.schedule.len() as u64;
         s.paged = st.backlog.paged_len() as u64;
@@ -786,4 +822,15 @@ fn end_group_delay(st: &mut QueueState, seq: MessageSeq) -> Option<String> {
     st.groups.unhold(&group, owner);
     st.unlease_group(&group);
     Some(group)
+}
+
+#[cfg(test)]
+mod size_tests {
+    /// One queue per MQTT subscriber: its allocation (the `Arc`'s two
+    /// counts and the queue) stays within mimalloc's 512-byte class.
+    #[test]
+    fn a_queue_fits_the_512_byte_class() {
+        let arc = 2 * std::mem::size_of::<usize>();
+        assert!(std::mem::size_of::<super::Queue>() + arc <= 512);
+    }
 }

@@ -471,7 +471,7 @@ fn dispatch_to_session(inner: &Inner, shared: &SessionShared) {
 /// until the queue lock is released and it can be routed.
 fn retire_to_dead_letter(
     queue: &Arc<Queue>,
-    stats: &mut super::QueueStats,
+    stats: &mut super::queue::QueueCounters,
     entry: super::queue::Entry,
     reason: DeadLetterReason,
     batch: &mut Batch,
