@@ -21,19 +21,27 @@ pub(crate) struct TopicTrie<V> {
 #[derive(Debug)]
 struct Node<V> {
     children: Children<V>,
-    plus: Option<Box<Node<V>>>,
-    /// Values of filters ending in `#` at this node.
-    hash: Vec<V>,
+    /// The `+` child and the `#` values, boxed together: most nodes (a
+    /// device's own levels) have neither, and a node is paid once per
+    /// level of every distinct filter.
+    wild: Option<Box<Wildcards<V>>>,
     /// Values of filters ending exactly at this node.
     here: Vec<V>,
+}
+
+/// What a node holds for filters with a wildcard at its next level.
+#[derive(Debug)]
+struct Wildcards<V> {
+    plus: Option<Node<V>>,
+    /// Values of filters ending in `#` at this node.
+    hash: Vec<V>,
 }
 
 impl<V> Default for Node<V> {
     fn default() -> Self {
         Self {
             children: Children::Few(Vec::new()),
-            plus: None,
-            hash: Vec::new(),
+            wild: None,
             here: Vec::new(),
         }
     }
@@ -41,10 +49,27 @@ impl<V> Default for Node<V> {
 
 impl<V> Node<V> {
     fn is_empty(&self) -> bool {
-        self.children.is_empty()
-            && self.plus.is_none()
-            && self.hash.is_empty()
-            && self.here.is_empty()
+        self.children.is_empty() && self.wild.is_none() && self.here.is_empty()
+    }
+
+    fn wild(&mut self) -> &mut Wildcards<V> {
+        self.wild.get_or_insert_with(|| {
+            Box::new(Wildcards {
+                plus: None,
+                hash: Vec::new(),
+            })
+        })
+    }
+
+    /// Drops the wildcard box once it holds nothing.
+    fn prune_wild(&mut self) {
+        if self
+            .wild
+            .as_ref()
+            .is_some_and(|w| w.plus.is_none() && w.hash.is_empty())
+        {
+            self.wild = None;
+        }
     }
 }
 
@@ -146,11 +171,11 @@ impl<V> TopicTrie<V> {
         for level in filter.split('/') {
             match level {
                 "#" => {
-                    push_compact(&mut node.hash, value);
+                    push_compact(&mut node.wild().hash, value);
                     self.len += 1;
                     return;
                 }
-                "+" => node = node.plus.get_or_insert_with(Box::default),
+                "+" => node = node.wild().plus.get_or_insert_with(Node::default),
                 _ => node = node.children.get_or_insert(level),
             }
         }
@@ -192,17 +217,25 @@ fn remove_rec<V>(node: &mut Node<V>, levels: &[&str], pred: &mut impl FnMut(&V) 
     };
     match *first {
         "#" => {
-            let before = node.hash.len();
-            node.hash.retain(|v| !pred(v));
-            before - node.hash.len()
+            let Some(wild) = node.wild.as_mut() else {
+                return 0;
+            };
+            let before = wild.hash.len();
+            wild.hash.retain(|v| !pred(v));
+            let n = before - wild.hash.len();
+            node.prune_wild();
+            n
         }
         "+" => {
-            let Some(child) = node.plus.as_mut() else {
+            let Some(child) = node.wild.as_mut().and_then(|w| w.plus.as_mut()) else {
                 return 0;
             };
             let n = remove_rec(child, rest, pred);
             if child.is_empty() {
-                node.plus = None;
+                if let Some(wild) = node.wild.as_mut() {
+                    wild.plus = None;
+                }
+                node.prune_wild();
             }
             n
         }
@@ -231,10 +264,10 @@ fn match_rec<'a, V>(
     visit: &mut impl FnMut(&'a V),
 ) {
     // Wildcards at the first level never match `$` topics.
-    let wildcards_ok = !(dollar && depth == 0);
-    if wildcards_ok {
+    let wild = node.wild.as_deref().filter(|_| !(dollar && depth == 0));
+    if let Some(wild) = wild {
         // `a/#` also matches `a` itself (the parent level).
-        node.hash.iter().for_each(&mut *visit);
+        wild.hash.iter().for_each(&mut *visit);
     }
     let Some(levels) = rest else {
         node.here.iter().for_each(visit);
@@ -247,10 +280,8 @@ fn match_rec<'a, V>(
     if let Some(child) = node.children.get(first) {
         match_rec(child, rest, depth + 1, dollar, visit);
     }
-    if wildcards_ok {
-        if let Some(plus) = &node.plus {
-            match_rec(plus, rest, depth + 1, dollar, visit);
-        }
+    if let Some(plus) = wild.and_then(|w| w.plus.as_ref()) {
+        match_rec(plus, rest, depth + 1, dollar, visit);
     }
 }
 
@@ -259,6 +290,13 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use rosetta_neutral::address::topic_matches;
+
+    /// A node per level of every distinct filter (a device's `<id>/cmd`
+    /// is two): children, the boxed wildcards and the values, nothing more.
+    #[test]
+    fn a_node_is_its_children_wildcard_box_and_values() {
+        assert_eq!(std::mem::size_of::<Node<u64>>(), 56);
+    }
 
     fn matches(trie: &TopicTrie<String>, topic: &str) -> Vec<String> {
         let mut out = Vec::new();
