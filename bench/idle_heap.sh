@@ -6,7 +6,7 @@
 # by the allocating site (the deepest Rosetta or tokio frame of each
 # stack).
 #
-#   nice -n 19 cargo build --release --locked -p rosetta-load --example idle_heap
+#   nice -n 19 cargo build --release --locked -p rosetta --example idle_heap
 #   bench/idle_heap.sh target/release/examples/idle_heap target/release/rosetta-load \
 #     [CONNECTIONS] [PROTOCOL] [--subscribe]
 #

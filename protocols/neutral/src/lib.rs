@@ -34,6 +34,7 @@ pub mod login;
 pub mod message;
 pub mod placement;
 pub mod scram;
+pub mod small_map;
 pub mod stream;
 pub mod value;
 

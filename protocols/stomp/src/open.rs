@@ -8,6 +8,7 @@ use bytes::Bytes;
 use rosetta_neutral::address::{
     validate_topic_filter, validate_topic_name, TEMP_QUEUE_PREFIX, TOPIC_PREFIX,
 };
+use rosetta_neutral::small_map::SmallMap;
 use rosetta_neutral::{
     durable_subscription_queue, Address, BrokerError, ConsumerId, ConsumerSpec, CreditMode,
     Delivery, DeliveryTag, LazyMap, Outcome, PublishOptions, QueueInfo, QueueLifetime, QueueSpec,
@@ -46,11 +47,12 @@ pub(crate) struct Open {
     client_key: Option<String>,
     pub(crate) heart: HeartBeat,
     // Lazy (8 bytes each until used, 48 as maps): an idle connection has
-    // no subscription, transaction or temporary queue (issue 20).
-    // Subscriptions boxed: a map's first table has four slots, and four
-    // subscriptions inline were 772 bytes for the one a device has.
-    subs: LazyMap<String, Box<Subscription>>,
-    pub(crate) by_consumer: LazyMap<ConsumerId, String>,
+    // no transaction or temporary queue (issue 20). Subscriptions in small
+    // maps: a device has one, and a hash map's first table cost about 200
+    // bytes for it (twice: by id and by consumer). Boxed: the slice moves
+    // as subscriptions come and go.
+    subs: SmallMap<String, Box<Subscription>>,
+    pub(crate) by_consumer: SmallMap<ConsumerId, String>,
     txns: LazyMap<String, Txn>,
     /// `/temp-queue/x` name → the core's generated queue name.
     temp_queues: LazyMap<String, String>,
@@ -113,8 +115,8 @@ impl Open {
             version,
             client_key,
             heart,
-            subs: LazyMap::default(),
-            by_consumer: LazyMap::default(),
+            subs: SmallMap::default(),
+            by_consumer: SmallMap::default(),
             txns: LazyMap::default(),
             temp_queues: LazyMap::default(),
             receipts: Receipts::default(),
