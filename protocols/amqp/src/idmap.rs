@@ -47,5 +47,10 @@ impl Hasher for IdHasher {
 
 /// A map with [`IdHasher`].
 pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+/// A map of the few entries most connections have (sessions, links) with
+/// [`IdHasher`] once it has many: an exactly sized slice up to eight, where
+/// a hash map's first table cost about 80 bytes for one entry (issue 20).
+pub(crate) type SmallIdMap<K, V> =
+    rosetta_neutral::small_map::SmallMap<K, V, BuildHasherDefault<IdHasher>>;
 /// A set with [`IdHasher`].
 pub(crate) type IdSet<K> = HashSet<K, BuildHasherDefault<IdHasher>>;

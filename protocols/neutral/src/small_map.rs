@@ -15,32 +15,35 @@
 //! hash.
 
 use std::borrow::Borrow;
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 
 /// Entries kept in the slice before the map becomes a `HashMap`.
 pub const FEW_MAX: usize = 8;
 
-/// See the module docs.
+/// See the module docs. `S`: the hasher once the map is a `HashMap`,
+/// std's by default; maps keyed by ids the broker or a bounded peer
+/// allocates use a cheaper one, as with [`crate::LazyMap`].
 #[derive(Debug)]
-pub struct SmallMap<K, V>(Repr<K, V>);
+pub struct SmallMap<K, V, S = RandomState>(Repr<K, V, S>);
 
 #[derive(Debug)]
-enum Repr<K, V> {
+enum Repr<K, V, S> {
     /// Exactly sized; empty costs nothing on the heap.
     Few(Box<[(K, V)]>),
     // Boxed so that the map costs two words inline, not a `HashMap`'s six.
     #[allow(clippy::box_collection)]
-    Many(Box<HashMap<K, V>>),
+    Many(Box<HashMap<K, V, S>>),
 }
 
-impl<K, V> Default for SmallMap<K, V> {
+impl<K, V, S> Default for SmallMap<K, V, S> {
     fn default() -> Self {
         Self(Repr::Few(Box::default()))
     }
 }
 
-impl<K: Hash + Eq, V> SmallMap<K, V> {
+impl<K: Hash + Eq, V, S: BuildHasher + Default> SmallMap<K, V, S> {
     /// The value of `key`.
     pub fn get<Q>(&self, key: &Q) -> Option<&V>
     where
@@ -90,7 +93,8 @@ impl<K: Hash + Eq, V> SmallMap<K, V> {
                 *few = entries.into_boxed_slice();
             }
             Repr::Few(few) => {
-                let mut map: HashMap<K, V> = std::mem::take(few).into_vec().into_iter().collect();
+                let mut map: HashMap<K, V, S> =
+                    std::mem::take(few).into_vec().into_iter().collect();
                 map.insert(key, value);
                 self.0 = Repr::Many(Box::new(map));
             }
@@ -130,6 +134,39 @@ impl<K: Hash + Eq, V> SmallMap<K, V> {
     /// Whether there is no entry.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Every entry, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        let (few, many) = match &self.0 {
+            Repr::Few(few) => (&few[..], None),
+            Repr::Many(map) => (&[][..], Some(map)),
+        };
+        few.iter()
+            .map(|(k, v)| (k, v))
+            .chain(many.into_iter().flat_map(|m| m.iter()))
+    }
+
+    /// Every key, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        let (few, many) = match &self.0 {
+            Repr::Few(few) => (&few[..], None),
+            Repr::Many(map) => (&[][..], Some(map)),
+        };
+        few.iter()
+            .map(|(k, _)| k)
+            .chain(many.into_iter().flat_map(|m| m.keys()))
+    }
+
+    /// Every value, to change, in no particular order.
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        let (few, many) = match &mut self.0 {
+            Repr::Few(few) => (&mut few[..], None),
+            Repr::Many(map) => (&mut [][..], Some(map)),
+        };
+        few.iter_mut()
+            .map(|(_, v)| v)
+            .chain(many.into_iter().flat_map(|m| m.values_mut()))
     }
 
     /// Every value, in no particular order.
@@ -186,6 +223,18 @@ mod tests {
                 prop_assert_eq!(small.get(&key), model.get(&key));
                 prop_assert_eq!(small.contains_key(&key), model.contains_key(&key));
             }
+            for v in small.values_mut() {
+                *v = v.wrapping_add(1);
+            }
+            for v in model.values_mut() {
+                *v = v.wrapping_add(1);
+            }
+            prop_assert!(small.iter().all(|(k, v)| model.get(k) == Some(v)));
+            let mut keys: Vec<u8> = small.keys().copied().collect();
+            let mut want_keys: Vec<u8> = model.keys().copied().collect();
+            keys.sort_unstable();
+            want_keys.sort_unstable();
+            prop_assert_eq!(keys, want_keys);
             let mut values: Vec<u16> = small.values().copied().collect();
             let mut want: Vec<u16> = model.values().copied().collect();
             values.sort_unstable();

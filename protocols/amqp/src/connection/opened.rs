@@ -25,7 +25,7 @@ use crate::context::{Ctx, Env, PendingCommit, Shared};
 use crate::coordinator;
 use crate::error::{AmqpError, Fault};
 use crate::frame::write_perf;
-use crate::idmap::{IdMap, IdSet};
+use crate::idmap::IdSet;
 use crate::session::{AmqpSession, Sessions};
 
 /// The opened connection (see the module docs).
@@ -47,7 +47,7 @@ impl Opened {
     pub(super) fn new(shared: Shared, channel_max: u16, peer_idle: Option<Duration>) -> Self {
         Self {
             shared,
-            sessions: IdMap::default(),
+            sessions: Sessions::default(),
             ending: IdSet::default(),
             channel_max,
             peer_idle,

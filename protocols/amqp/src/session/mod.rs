@@ -41,7 +41,7 @@ use crate::context::{Ctx, PendingCommit};
 use crate::delivery::{delivery_state_outcome, outcome_of, write_accepted, write_settle_back};
 use crate::error::{AmqpError, Fault};
 use crate::frame::write_perf;
-use crate::idmap::{IdMap, IdSet};
+use crate::idmap::{IdMap, IdSet, SmallIdMap};
 use crate::link::{self, Attached, Link, LinkKind, Refill};
 use crate::transactions::Held;
 
@@ -64,10 +64,9 @@ pub(crate) enum Queued {
     DrainFlow(u32),
 }
 
-/// A connection's sessions by channel. Boxed: a map's table has room for
-/// four entries from the first, and a session is about 200 bytes, so one
-/// session cost 852 bytes inline (issue 20).
-pub(crate) type Sessions = IdMap<u16, Box<AmqpSession>>;
+/// A connection's sessions by channel. Boxed: a session is about 200
+/// bytes, and the small map's slice moves as sessions begin and end.
+pub(crate) type Sessions = SmallIdMap<u16, Box<AmqpSession>>;
 
 /// One session.
 #[derive(Debug)]
@@ -85,9 +84,9 @@ pub(crate) struct AmqpSession {
     next_delivery_id: u32,
     /// Transfers the peer can still take.
     remote_incoming_window: u32,
-    /// Boxed: a map's table has room for several entries from the first,
-    /// and a link is large (issue 20).
-    links: IdMap<u32, Box<Link>>,
+    /// Boxed: a link is large, and the small map's slice moves as links
+    /// attach and detach (issue 20).
+    links: SmallIdMap<u32, Box<Link>>,
     /// Handles we detached with an error, awaiting the peer's Detach.
     detaching: IdSet<u32>,
     unsettled_out: IdMap<u32, OutDelivery>,
@@ -116,7 +115,7 @@ impl AmqpSession {
             next_outgoing_id: 0,
             next_delivery_id: 0,
             remote_incoming_window: b.incoming_window,
-            links: IdMap::default(),
+            links: SmallIdMap::default(),
             detaching: IdSet::default(),
             unsettled_out: IdMap::default(),
             queued: VecDeque::new(),
