@@ -115,6 +115,15 @@ pub(crate) struct WsByteStream<S> {
     reply_text: bool,
 }
 
+/// What a WebSocket at rest keeps while its connection is parked
+/// (`parking`): its settings and the kind of message STOMP answers in.
+/// Everything else is empty at rest (see [`WsByteStream::is_at_rest`]).
+pub(crate) struct WsAtRest {
+    message_max: u64,
+    wire: WsWire,
+    reply_text: bool,
+}
+
 /// Where the reader is in the incoming frames.
 #[derive(Default)]
 struct Reader {
@@ -337,6 +346,47 @@ impl<S> WsByteStream<S> {
             close_sent: false,
             reply_text: wire == WsWire::Stomp,
         }
+    }
+
+    /// Whether the framing holds nothing but its settings: no bytes read
+    /// and not parsed (not even a cut frame header), no frame or message
+    /// under way in either direction, no pong or close owed, not closing.
+    /// A WebSocket at rest is taken apart to be parked
+    /// ([`Self::into_rest`]) and put together again around its socket
+    /// ([`Self::from_rest`]).
+    pub(crate) fn is_at_rest(&self) -> bool {
+        self.raw.is_empty()
+            && self.reader.remaining == 0
+            && self.reader.message.is_none()
+            && self.reader.control.is_none()
+            && !self.reader.closed
+            && self.out.is_empty()
+            && self.message.is_empty()
+            && !self.read_done
+            && self.read_error.is_none()
+            && !self.close_sent
+    }
+
+    /// The socket and what the framing keeps while parked, if it is at
+    /// rest ([`Self::is_at_rest`]); else the stream back.
+    pub(crate) fn into_rest(self) -> Result<(S, WsAtRest), Self> {
+        if !self.is_at_rest() {
+            return Err(self);
+        }
+        let rest = WsAtRest {
+            message_max: self.message_max,
+            wire: self.wire,
+            reply_text: self.reply_text,
+        };
+        Ok((self.io, rest))
+    }
+
+    /// The stream again over `io`, as [`Self::into_rest`] left it.
+    pub(crate) fn from_rest(io: S, rest: WsAtRest) -> Self {
+        let mut stream = Self::new(io, Vec::new(), rest.wire, 0);
+        stream.message_max = rest.message_max;
+        stream.reply_text = rest.reply_text;
+        stream
     }
 
     /// Parses the raw bytes `data` in place: the payloads of data frames
@@ -626,6 +676,10 @@ impl<S: Transport> Transport for WsByteStream<S> {
 
     fn reports_readiness(&self) -> bool {
         self.io.reports_readiness()
+    }
+
+    fn is_at_rest(&self) -> bool {
+        WsByteStream::is_at_rest(self) && self.io.is_at_rest()
     }
 }
 
