@@ -31,11 +31,19 @@
 //! if anything is due. A resumed driver behaves as a new one whose state
 //! was kept: it reads, takes its events, re-arms its timers.
 //!
+//! Over a plain WebSocket the driver runs over [`WsByteStream`] in a
+//! task of its own once the upgrade is done (`protocols::WsTask`), and
+//! parks only when the framing is at rest too (no cut frame header, no
+//! message under way, no pong or close owed): what the framing keeps then
+//! is its settings ([`WsAtRest`]), parked beside the socket
+//! ([`ParkedWs`]). A ping from the peer is a readable socket: the resumed
+//! stream answers it.
+//!
 //! Not parked: connections over TLS (rustls' session state is the larger
-//! part of them and must stay with the socket's bytes), over WebSocket,
-//! through protocol detection or the cluster's proxy (their drivers are
-//! stages of a task that also runs the transport), and any connection not
-//! yet authenticated (its handshake deadline runs in the task).
+//! part of them and must stay with the socket's bytes), through protocol
+//! detection or the cluster's proxy (their drivers are stages of a task
+//! that also runs the transport), and any connection not yet
+//! authenticated (its handshake deadline runs in the task).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
