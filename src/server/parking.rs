@@ -129,7 +129,7 @@ impl ParkableIo for WsByteStream<TcpStream> {
     type Parked = ParkedWs;
 
     fn park(self) -> std::io::Result<ParkedWs> {
-        let Ok((io, framing)) = self.into_rest() else {
+        let Some((io, framing)) = self.into_rest() else {
             // The driver parks only over a transport at rest.
             return Err(std::io::Error::other("WebSocket framing not at rest"));
         };
