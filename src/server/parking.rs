@@ -913,6 +913,76 @@ mod tests {
             broker.shutdown().await.expect("shutdown");
         }
 
+        /// A STOMP client over WebSocket (`/stomp`), logged in.
+        async fn stomp_ws_client(broker: &RunningBroker, text: bool) -> Client {
+            let addr = broker
+                .local_addr(ListenerKind::WebSocket)
+                .expect("websocket");
+            let mut request = format!("ws://{addr}/stomp")
+                .into_client_request()
+                .expect("request");
+            request.headers_mut().insert(
+                "Sec-WebSocket-Protocol",
+                "v12.stomp".parse().expect("header"),
+            );
+            let tcp = TcpStream::connect(addr).await.expect("connect");
+            let (mut client, _) = tokio_tungstenite::client_async(request, tcp)
+                .await
+                .expect("upgrade");
+            stomp_send(
+                &mut client,
+                text,
+                "CONNECT\naccept-version:1.2\nhost:/\nheart-beat:0,0\n\n\0",
+            )
+            .await;
+            assert!(stomp_frame(&mut client, text)
+                .await
+                .starts_with("CONNECTED"));
+            client
+        }
+
+        async fn stomp_send(client: &mut Client, text: bool, frame: &str) {
+            let message = if text {
+                Message::Text(frame.into())
+            } else {
+                Message::Binary(frame.as_bytes().to_vec().into())
+            };
+            client.send(message).await.expect("send");
+        }
+
+        /// The next STOMP frame, in a message of the type asked for.
+        async fn stomp_frame(client: &mut Client, text: bool) -> String {
+            match read_message(client).await {
+                Message::Text(t) if text => t.to_string(),
+                Message::Binary(b) if !text => String::from_utf8_lossy(&b).into_owned(),
+                other => panic!("not the message type expected (text {text}): {other:?}"),
+            }
+        }
+
+        /// STOMP answers in the type of the client's last data message;
+        /// parking keeps that (the framing's `reply_text`).
+        #[tokio::test]
+        async fn a_parked_stomp_websocket_subscriber_gets_its_message_in_its_type() {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let broker = ws_broker(dir.path()).await;
+            for text in [true, false] {
+                let mut sub = stomp_ws_client(&broker, text).await;
+                let subscribe = "SUBSCRIBE\nid:0\ndestination:/topic/dev\nreceipt:r\n\n\0";
+                stomp_send(&mut sub, text, subscribe).await;
+                assert!(stomp_frame(&mut sub, text).await.starts_with("RECEIPT"));
+                until_parked(&broker, 1).await;
+                let mut publisher = stomp_ws_client(&broker, true).await;
+                stomp_send(&mut publisher, true, "SEND\ndestination:/topic/dev\n\non\0").await;
+                let message = stomp_frame(&mut sub, text).await;
+                assert!(message.starts_with("MESSAGE"), "{message}");
+                assert!(message.ends_with("\n\non\0"), "{message}");
+                drop(publisher);
+                drop(sub);
+                until_parked(&broker, 0).await;
+            }
+            broker.shutdown().await.expect("shutdown");
+        }
+
         #[tokio::test]
         async fn a_parked_silent_websocket_client_is_dropped_at_its_keep_alive() {
             let dir = tempfile::tempdir().expect("tempdir");
