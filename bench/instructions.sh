@@ -67,6 +67,8 @@ run_broker() {
       amqp) port=$ROSETTA_AMQP_PORT ;;
       stomp-stream) port=$ROSETTA_STOMP_PORT ;;
     esac
+    # MQTT over WebSocket (`--transport ws`): the `websocket` listener.
+    if [[ " $* " == *" --transport ws "* ]]; then port=$ROSETTA_WS_PORT; fi
     if [ -n "${PRELOAD:-}" ]; then
       # shellcheck disable=SC2086
       "$LOAD" --port "$port" --stall-s 120 --timeout-s 1200 $PRELOAD > "$dir/preload.log" 2>&1 \
@@ -104,6 +106,7 @@ done <<'SCENARIOS'
 mqtt-qos1 1 mqtt-qos1
 mqtt-qos0-rumqttc 1 mqtt-qos0 --client rumqttc
 mqtt-qos1-rumqttc 1 mqtt-qos1 --client rumqttc
+mqtt-qos1-rumqttc-ws 1 mqtt-qos1 --client rumqttc --transport ws
 mqtt-fanout10-rumqttc 10 mqtt-fanout --client rumqttc --subscribers 10
 stomp-1to1 1 stomp --producers 1 --consumers 1
 stomp-4to4 1 stomp --producers 4 --consumers 4

@@ -128,6 +128,15 @@ pub(crate) trait Transport: AsyncRead + AsyncWrite + Unpin + Send {
     fn reports_readiness(&self) -> bool {
         false
     }
+
+    /// Whether the transport holds nothing of the connection's now: no
+    /// bytes read and not handed over, none to send, no frame under way.
+    /// A parked connection keeps only its socket (and for a WebSocket a
+    /// few bytes of framing state, see `parking`), so a driver parks only
+    /// over a transport at rest. No, unless a transport knows.
+    fn is_at_rest(&self) -> bool {
+        false
+    }
 }
 
 impl Transport for tokio::net::TcpStream {
@@ -136,6 +145,10 @@ impl Transport for tokio::net::TcpStream {
     }
 
     fn reports_readiness(&self) -> bool {
+        true
+    }
+
+    fn is_at_rest(&self) -> bool {
         true
     }
 }
@@ -544,7 +557,8 @@ pub(crate) struct Driver<C, T> {
     /// `out` is written; the flush is pending.
     flushing: bool,
     /// The task may park this driver once it has been quiet for a while
-    /// (an authenticated plain TCP connection, see `parking`).
+    /// (an authenticated connection over plain TCP or plain WebSocket,
+    /// see `parking`).
     parking: bool,
     /// Something happened since the last time the driver went idle.
     touched: bool,
@@ -858,6 +872,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
             && self.batch.is_empty()
             && self.timer.is_none()
             && self.trouble.is_none()
+            && self.io.is_at_rest()
             && self
                 .events
                 .budget

@@ -73,8 +73,8 @@ pub(crate) struct Shared {
     next_conn_id: AtomicU64,
     /// Set when connections must stop now (end of the grace period).
     pub(crate) hard_stop: Arc<driver::HardStop>,
-    /// Idle plain TCP connections, out of tokio (`parking`); `None` if
-    /// its epoll set could not be made.
+    /// Idle plain TCP and WebSocket connections, out of tokio
+    /// (`parking`); `None` if its epoll set could not be made.
     pub(crate) parker: Option<Arc<parking::Parker>>,
     /// The TLS acceptor, when `[tls]` names a certificate and key.
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,

@@ -215,7 +215,7 @@ pub(crate) fn render(core: &Core, broker: &BrokerFigures) -> String {
         (
             "rosetta_connections_parked",
             "gauge",
-            "Idle plain TCP connections parked out of their tasks.",
+            "Idle plain TCP and WebSocket connections parked out of their tasks.",
             broker.parked as f64,
         ),
         (

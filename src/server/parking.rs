@@ -31,11 +31,19 @@
 //! if anything is due. A resumed driver behaves as a new one whose state
 //! was kept: it reads, takes its events, re-arms its timers.
 //!
+//! Over a plain WebSocket the driver runs over [`WsByteStream`] in a
+//! task of its own once the upgrade is done (`protocols::WsTask`), and
+//! parks only when the framing is at rest too (no cut frame header, no
+//! message under way, no pong or close owed): what the framing keeps then
+//! is its settings ([`WsAtRest`]), parked beside the socket
+//! ([`ParkedWs`]). A ping from the peer is a readable socket: the resumed
+//! stream answers it.
+//!
 //! Not parked: connections over TLS (rustls' session state is the larger
-//! part of them and must stay with the socket's bytes), over WebSocket,
-//! through protocol detection or the cluster's proxy (their drivers are
-//! stages of a task that also runs the transport), and any connection not
-//! yet authenticated (its handshake deadline runs in the task).
+//! part of them and must stay with the socket's bytes), through protocol
+//! detection or the cluster's proxy (their drivers are stages of a task
+//! that also runs the transport), and any connection not yet
+//! authenticated (its handshake deadline runs in the task).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,8 +56,9 @@ use rustix::event::epoll;
 use tokio::io::unix::AsyncFd;
 use tokio::net::TcpStream;
 
-use crate::driver::{Driver, EventQueue, HardStop, ParkedDriver, ProtocolConnection};
+use crate::driver::{Driver, EventQueue, HardStop, ParkedDriver, ProtocolConnection, Transport};
 use crate::listener::{ParkedTail, TaskTail};
+use crate::ws_frames::{WsAtRest, WsByteStream};
 
 /// Ticks of the park timer (100 ms, `coarse_timer::PARK_TICK`) an idle
 /// connection stays in its task before it is parked: quiet at two idle
@@ -79,15 +88,72 @@ trait Parked: Send {
     fn resume(self: Box<Self>, parker: &Arc<Parker>);
 }
 
-/// A parked plain TCP connection: its driver's state, its socket (out of
-/// tokio) and what its task held besides the driver.
-struct ParkedTcp<C> {
-    driver: ParkedDriver<C>,
+/// A transport whose connection can be parked: what it keeps while out of
+/// tokio (its socket, deregistered, and whatever else it cannot do
+/// without), and the way back.
+pub(crate) trait ParkableIo: Transport + Sized + 'static {
+    type Parked: AsFd + Send + 'static;
+    /// Out of tokio; the transport is at rest ([`Transport::is_at_rest`]).
+    fn park(self) -> std::io::Result<Self::Parked>;
+    /// Back in tokio.
+    fn resume(parked: Self::Parked) -> std::io::Result<Self>;
+}
+
+impl ParkableIo for TcpStream {
+    type Parked = std::net::TcpStream;
+
+    fn park(self) -> std::io::Result<std::net::TcpStream> {
+        self.into_std()
+    }
+
+    fn resume(parked: std::net::TcpStream) -> std::io::Result<Self> {
+        TcpStream::from_std(parked)
+    }
+}
+
+/// A parked WebSocket over plain TCP: its socket and its framing's
+/// settings (the framing is at rest: no cut frame header, no message
+/// under way, nothing owed to the peer).
+pub(crate) struct ParkedWs {
     socket: std::net::TcpStream,
+    framing: WsAtRest,
+}
+
+impl AsFd for ParkedWs {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.socket.as_fd()
+    }
+}
+
+impl ParkableIo for WsByteStream<TcpStream> {
+    type Parked = ParkedWs;
+
+    fn park(self) -> std::io::Result<ParkedWs> {
+        let Some((io, framing)) = self.into_rest() else {
+            // The driver parks only over a transport at rest.
+            return Err(std::io::Error::other("WebSocket framing not at rest"));
+        };
+        Ok(ParkedWs {
+            socket: io.into_std()?,
+            framing,
+        })
+    }
+
+    fn resume(parked: ParkedWs) -> std::io::Result<Self> {
+        let io = TcpStream::from_std(parked.socket)?;
+        Ok(WsByteStream::from_rest(io, parked.framing))
+    }
+}
+
+/// A parked connection: its driver's state, its transport out of tokio
+/// and what its task held besides the driver.
+struct ParkedConn<C, T: ParkableIo> {
+    driver: ParkedDriver<C>,
+    socket: T::Parked,
     tail: ParkedTail,
 }
 
-impl<C: ProtocolConnection> Parked for ParkedTcp<C> {
+impl<C: ProtocolConnection, T: ParkableIo> Parked for ParkedConn<C, T> {
     fn socket(&self) -> BorrowedFd<'_> {
         self.socket.as_fd()
     }
@@ -101,12 +167,12 @@ impl<C: ProtocolConnection> Parked for ParkedTcp<C> {
     }
 
     fn resume(self: Box<Self>, parker: &Arc<Parker>) {
-        let ParkedTcp {
+        let ParkedConn {
             driver,
             socket,
             tail,
         } = *self;
-        match TcpStream::from_std(socket) {
+        match T::resume(socket) {
             Ok(io) => {
                 let tail = tail.resume(driver.conn_id());
                 tokio::spawn(ParkableTask::new(
@@ -346,16 +412,16 @@ impl Wake for ParkWake {
     }
 }
 
-/// The task of an authenticated-or-not plain TCP connection that may be
-/// parked: [`super::listener::ConnectionTask`]'s job, plus handing the
-/// driver to the parker when it asks to be.
-pub(crate) struct ParkableTask<C> {
-    inner: Option<(Driver<C, TcpStream>, TaskTail)>,
+/// The task of an authenticated-or-not connection over plain TCP or
+/// plain WebSocket that may be parked: [`super::listener::ConnectionTask`]'s
+/// job, plus handing the driver to the parker when it asks to be.
+pub(crate) struct ParkableTask<C, T = TcpStream> {
+    inner: Option<(Driver<C, T>, TaskTail)>,
     parker: Arc<Parker>,
 }
 
-impl<C> ParkableTask<C> {
-    pub(crate) fn new(driver: Driver<C, TcpStream>, tail: TaskTail, parker: Arc<Parker>) -> Self {
+impl<C, T> ParkableTask<C, T> {
+    pub(crate) fn new(driver: Driver<C, T>, tail: TaskTail, parker: Arc<Parker>) -> Self {
         Self {
             inner: Some((driver, tail)),
             parker,
@@ -363,7 +429,7 @@ impl<C> ParkableTask<C> {
     }
 }
 
-impl<C: ProtocolConnection> std::future::Future for ParkableTask<C> {
+impl<C: ProtocolConnection, T: ParkableIo> std::future::Future for ParkableTask<C, T> {
     type Output = ();
 
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
@@ -378,8 +444,8 @@ impl<C: ProtocolConnection> std::future::Future for ParkableTask<C> {
             if driver.wants_to_park() {
                 if let Some((driver, tail)) = this.inner.take() {
                     let (parked, io) = driver.park();
-                    match io.into_std() {
-                        Ok(socket) => this.parker.park(Box::new(ParkedTcp {
+                    match io.park() {
+                        Ok(socket) => this.parker.park(Box::new(ParkedConn::<C, T> {
                             driver: parked,
                             socket,
                             tail: tail.park(),
@@ -544,22 +610,39 @@ mod tests {
     /// task cell adds tokio's header and rounds up to 128 B).
     #[test]
     fn a_parked_connection_is_smaller_than_its_task() {
-        use super::{ParkableTask, ParkedTcp};
+        use super::{ParkableTask, ParkedConn};
+        use crate::ws_frames::WsByteStream;
+        type Ws = WsByteStream<TcpStream>;
         let sizes = [
             (
                 "mqtt",
-                std::mem::size_of::<ParkedTcp<rosetta_mqtt::MqttConnection>>(),
+                std::mem::size_of::<ParkedConn<rosetta_mqtt::MqttConnection, TcpStream>>(),
                 std::mem::size_of::<ParkableTask<rosetta_mqtt::MqttConnection>>(),
             ),
             (
                 "stomp",
-                std::mem::size_of::<ParkedTcp<rosetta_stomp::StompConnection>>(),
+                std::mem::size_of::<ParkedConn<rosetta_stomp::StompConnection, TcpStream>>(),
                 std::mem::size_of::<ParkableTask<rosetta_stomp::StompConnection>>(),
             ),
             (
                 "amqp",
-                std::mem::size_of::<ParkedTcp<rosetta_amqp::AmqpConnection>>(),
+                std::mem::size_of::<ParkedConn<rosetta_amqp::AmqpConnection, TcpStream>>(),
                 std::mem::size_of::<ParkableTask<rosetta_amqp::AmqpConnection>>(),
+            ),
+            (
+                "mqtt-ws",
+                std::mem::size_of::<ParkedConn<rosetta_mqtt::MqttConnection, Ws>>(),
+                std::mem::size_of::<ParkableTask<rosetta_mqtt::MqttConnection, Ws>>(),
+            ),
+            (
+                "stomp-ws",
+                std::mem::size_of::<ParkedConn<rosetta_stomp::StompConnection, Ws>>(),
+                std::mem::size_of::<ParkableTask<rosetta_stomp::StompConnection, Ws>>(),
+            ),
+            (
+                "amqp-ws",
+                std::mem::size_of::<ParkedConn<rosetta_amqp::AmqpConnection, Ws>>(),
+                std::mem::size_of::<ParkableTask<rosetta_amqp::AmqpConnection, Ws>>(),
             ),
         ];
         for (protocol, parked, task) in sizes {
@@ -573,6 +656,8 @@ mod tests {
         // cost a parked MQTT or AMQP connection 64.
         assert!(sizes[0].1 <= 256, "mqtt: {}", sizes[0].1);
         assert!(sizes[2].1 <= 320, "amqp: {}", sizes[2].1);
+        // A WebSocket's framing adds its settings (16 B) to the socket.
+        assert!(sizes[3].1 <= sizes[0].1 + 16, "mqtt-ws: {}", sizes[3].1);
     }
 
     #[tokio::test]
@@ -698,5 +783,257 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(5));
         assert!(closed_within(&mut mqtt, Duration::from_secs(2)).await);
         assert!(closed_within(&mut stomp, Duration::from_secs(2)).await);
+    }
+
+    /// MQTT over a plain WebSocket (`/mqtt`), with a tungstenite client.
+    mod websocket {
+        use std::time::{Duration, Instant};
+
+        use futures_util::{SinkExt, StreamExt};
+        use tokio::net::TcpStream;
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        use tokio_tungstenite::tungstenite::Message;
+        use tokio_tungstenite::WebSocketStream;
+
+        use rosetta_config::{ListenAddr, ListenerKind};
+
+        use super::{broker_with, connect, parked, publish, subscribe, until_parked};
+        use crate::RunningBroker;
+
+        type Client = WebSocketStream<TcpStream>;
+
+        async fn ws_broker(dir: &std::path::Path) -> RunningBroker {
+            broker_with(dir, |c| {
+                c.listeners.websocket = Some(ListenAddr::new("127.0.0.1", 0));
+            })
+            .await
+        }
+
+        async fn ws_client(
+            broker: &RunningBroker,
+            level: u8,
+            id: &str,
+            keep_alive_s: u16,
+        ) -> Client {
+            let addr = broker
+                .local_addr(ListenerKind::WebSocket)
+                .expect("websocket");
+            let mut request = format!("ws://{addr}/mqtt")
+                .into_client_request()
+                .expect("request");
+            request
+                .headers_mut()
+                .insert("Sec-WebSocket-Protocol", "mqtt".parse().expect("header"));
+            let tcp = TcpStream::connect(addr).await.expect("connect");
+            let (mut client, _) = tokio_tungstenite::client_async(request, tcp)
+                .await
+                .expect("upgrade");
+            send(&mut client, connect(level, id, keep_alive_s)).await;
+            assert_eq!(read_packet(&mut client).await[0], 0x20, "CONNACK");
+            client
+        }
+
+        async fn send(client: &mut Client, packet: Vec<u8>) {
+            client
+                .send(Message::Binary(packet.into()))
+                .await
+                .expect("send");
+        }
+
+        /// The next message: one MQTT packet (the broker sends one
+        /// message per flush, and these tests expect one packet at a
+        /// time).
+        async fn read_message(client: &mut Client) -> Message {
+            tokio::time::timeout(Duration::from_secs(3), client.next())
+                .await
+                .expect("a message in time")
+                .expect("not closed")
+                .expect("a message")
+        }
+
+        async fn read_packet(client: &mut Client) -> Vec<u8> {
+            match read_message(client).await {
+                Message::Binary(packet) => packet.to_vec(),
+                other => panic!("not a binary message: {other:?}"),
+            }
+        }
+
+        /// Whether the broker closed the WebSocket (a close frame, the
+        /// stream's end or an error) within `within`; the data messages
+        /// before are returned too.
+        async fn closed_within(client: &mut Client, within: Duration) -> (bool, Vec<u8>) {
+            let mut data = Vec::new();
+            loop {
+                match tokio::time::timeout(within, client.next()).await {
+                    Err(_) => return (false, data),
+                    Ok(None | Some(Err(_)) | Some(Ok(Message::Close(_)))) => return (true, data),
+                    Ok(Some(Ok(Message::Binary(b)))) => data.extend_from_slice(&b),
+                    Ok(Some(Ok(_))) => {}
+                }
+            }
+        }
+
+        #[tokio::test]
+        async fn a_parked_websocket_subscriber_gets_its_delivery_and_answers_pings() {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let broker = ws_broker(dir.path()).await;
+            let mut sub = ws_client(&broker, 4, "ws-sub", 60).await;
+            send(&mut sub, subscribe("dev/cmd")).await;
+            assert_eq!(read_packet(&mut sub).await[0], 0x90, "SUBACK");
+            until_parked(&broker, 1).await;
+
+            let mut publisher = ws_client(&broker, 4, "ws-pub", 0).await;
+            let sent = Instant::now();
+            send(&mut publisher, publish("dev/cmd", b"on")).await;
+            let delivery = read_packet(&mut sub).await;
+            println!(
+                "publish to a parked WebSocket subscriber: {:?}",
+                sent.elapsed()
+            );
+            assert_eq!(delivery, publish("dev/cmd", b"on"));
+
+            // Both quiet again: both park. A WebSocket ping (the browser's
+            // keep-alive) resumes the subscriber, which answers it.
+            until_parked(&broker, 2).await;
+            sub.send(Message::Ping(b"are you there".to_vec().into()))
+                .await
+                .expect("ping");
+            match read_message(&mut sub).await {
+                Message::Pong(payload) => assert_eq!(&payload[..], b"are you there"),
+                other => panic!("not a pong: {other:?}"),
+            }
+            // It parks again, and MQTT still works over it.
+            until_parked(&broker, 2).await;
+            send(&mut sub, vec![0xC0, 0]).await;
+            assert_eq!(read_packet(&mut sub).await, [0xD0, 0], "PINGRESP");
+            // The publisher's own close reaches the broker while parked.
+            publisher.close(None).await.expect("close");
+            drop(publisher);
+            until_parked(&broker, 1).await;
+            broker.shutdown().await.expect("shutdown");
+        }
+
+        /// A STOMP client over WebSocket (`/stomp`), logged in.
+        async fn stomp_ws_client(broker: &RunningBroker, text: bool) -> Client {
+            let addr = broker
+                .local_addr(ListenerKind::WebSocket)
+                .expect("websocket");
+            let mut request = format!("ws://{addr}/stomp")
+                .into_client_request()
+                .expect("request");
+            request.headers_mut().insert(
+                "Sec-WebSocket-Protocol",
+                "v12.stomp".parse().expect("header"),
+            );
+            let tcp = TcpStream::connect(addr).await.expect("connect");
+            let (mut client, _) = tokio_tungstenite::client_async(request, tcp)
+                .await
+                .expect("upgrade");
+            stomp_send(
+                &mut client,
+                text,
+                "CONNECT\naccept-version:1.2\nhost:/\nheart-beat:0,0\n\n\0",
+            )
+            .await;
+            assert!(stomp_frame(&mut client, text)
+                .await
+                .starts_with("CONNECTED"));
+            client
+        }
+
+        async fn stomp_send(client: &mut Client, text: bool, frame: &str) {
+            let message = if text {
+                Message::Text(frame.into())
+            } else {
+                Message::Binary(frame.as_bytes().to_vec().into())
+            };
+            client.send(message).await.expect("send");
+        }
+
+        /// The next STOMP frame, in a message of the type asked for.
+        async fn stomp_frame(client: &mut Client, text: bool) -> String {
+            match read_message(client).await {
+                Message::Text(t) if text => t.to_string(),
+                Message::Binary(b) if !text => String::from_utf8_lossy(&b).into_owned(),
+                other => panic!("not the message type expected (text {text}): {other:?}"),
+            }
+        }
+
+        /// STOMP answers in the type of the client's last data message;
+        /// parking keeps that (the framing's `reply_text`).
+        #[tokio::test]
+        async fn a_parked_stomp_websocket_subscriber_gets_its_message_in_its_type() {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let broker = ws_broker(dir.path()).await;
+            for text in [true, false] {
+                let mut sub = stomp_ws_client(&broker, text).await;
+                let subscribe = "SUBSCRIBE\nid:0\ndestination:/topic/dev\nreceipt:r\n\n\0";
+                stomp_send(&mut sub, text, subscribe).await;
+                assert!(stomp_frame(&mut sub, text).await.starts_with("RECEIPT"));
+                until_parked(&broker, 1).await;
+                let mut publisher = stomp_ws_client(&broker, true).await;
+                stomp_send(&mut publisher, true, "SEND\ndestination:/topic/dev\n\non\0").await;
+                let message = stomp_frame(&mut sub, text).await;
+                assert!(message.starts_with("MESSAGE"), "{message}");
+                assert!(message.ends_with("\n\non\0"), "{message}");
+                drop(publisher);
+                drop(sub);
+                until_parked(&broker, 0).await;
+            }
+            broker.shutdown().await.expect("shutdown");
+        }
+
+        #[tokio::test]
+        async fn a_parked_silent_websocket_client_is_dropped_at_its_keep_alive() {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let broker = ws_broker(dir.path()).await;
+            let connected = Instant::now();
+            let mut silent = ws_client(&broker, 4, "ws-silent", 4).await;
+            until_parked(&broker, 1).await;
+            let (closed, _) = closed_within(&mut silent, Duration::from_secs(10)).await;
+            assert!(closed, "not closed");
+            let after = connected.elapsed();
+            assert!(
+                after >= Duration::from_millis(5900) && after < Duration::from_millis(7500),
+                "closed after {after:?}"
+            );
+            assert_eq!(parked(&broker), 0);
+            broker.shutdown().await.expect("shutdown");
+        }
+
+        #[tokio::test]
+        async fn an_admin_close_reaches_a_parked_websocket_connection() {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let broker = ws_broker(dir.path()).await;
+            let mut client = ws_client(&broker, 5, "ws-kicked", 60).await;
+            until_parked(&broker, 1).await;
+            let id = broker.shared.connections.list()[0].id;
+            assert!(broker.shared.connections.close(id, "maintenance".into()));
+            let (closed, got) = closed_within(&mut client, Duration::from_secs(2)).await;
+            assert!(closed, "closed promptly");
+            assert_eq!(got.first(), Some(&0xE0), "a DISCONNECT: {got:?}");
+            assert!(
+                got.windows(11).any(|w| w == b"maintenance"),
+                "with the reason: {got:?}"
+            );
+            broker.shutdown().await.expect("shutdown");
+        }
+
+        #[tokio::test]
+        async fn shutdown_closes_parked_websocket_connections() {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let broker = ws_broker(dir.path()).await;
+            let mut a = ws_client(&broker, 4, "ws-a", 60).await;
+            let mut b = ws_client(&broker, 5, "ws-b", 60).await;
+            until_parked(&broker, 2).await;
+            let started = Instant::now();
+            tokio::time::timeout(Duration::from_secs(10), broker.shutdown())
+                .await
+                .expect("shutdown does not wait for parked connections")
+                .expect("shutdown");
+            assert!(started.elapsed() < Duration::from_secs(5));
+            assert!(closed_within(&mut a, Duration::from_secs(2)).await.0);
+            assert!(closed_within(&mut b, Duration::from_secs(2)).await.0);
+        }
     }
 }

@@ -15,7 +15,7 @@ use rosetta_config::ListenerKind;
 use super::admission::{AdmittedBroker, Ticket};
 use super::driver::{self, Driver, DriverParts, ProtocolConnection};
 use super::listener::{ConnectionTask, TaskTail};
-use super::parking::{ParkableTask, Parker};
+use super::parking::{ParkableIo, ParkableTask, Parker};
 use super::Shared;
 
 /// Who is on the other end of a connection, as far as the transport knows.
@@ -218,6 +218,16 @@ pub(crate) fn spawn(
             let parker = shared.parker.clone();
             serve_wire(wire, stream, peer, conn_id, shared, Spawn(tail, parker));
         }
+        None if kind == ListenerKind::WebSocket && shared.parker.is_some() => {
+            let parker = shared.parker.clone();
+            let upgrade = Box::pin(super::ws::upgrade(stream, peer, conn_id, shared));
+            tokio::spawn(WsTask {
+                stage: WsStage::Upgrade(upgrade),
+                tail: Some(tail),
+                parker,
+                conn_id,
+            });
+        }
         _ => {
             let connection = serve(kind, stream, peer, conn_id, shared);
             tokio::spawn(ConnectionTask::new(connection, tail));
@@ -330,14 +340,14 @@ impl<T: driver::Transport + 'static> Launch<T> for Boxed {
     }
 }
 
-/// Spawns the driver as the connection's task (plain TCP), one the
-/// server's parker can take over while the connection is idle (see
-/// `parking`) if the server has one.
+/// Spawns the driver as the connection's task (plain TCP, or a plain
+/// WebSocket once upgraded), one the server's parker can take over while
+/// the connection is idle (see `parking`) if the server has one.
 struct Spawn(TaskTail, Option<Arc<Parker>>);
 
-impl Launch<tokio::net::TcpStream> for Spawn {
+impl<T: ParkableIo> Launch<T> for Spawn {
     type Output = ();
-    fn launch<C: ProtocolConnection>(self, driver: Driver<C, tokio::net::TcpStream>) {
+    fn launch<C: ProtocolConnection>(self, driver: Driver<C, T>) {
         match self.1 {
             Some(parker) => {
                 tokio::spawn(ParkableTask::new(driver, self.0, parker));
@@ -346,6 +356,65 @@ impl Launch<tokio::net::TcpStream> for Spawn {
                 tokio::spawn(ConnectionTask::new(driver, self.0));
             }
         }
+    }
+}
+
+/// The task of a connection of the plain WebSocket listener while it is
+/// upgraded (issue 20): the HTTP request, then, with the protocol known,
+/// its driver spawned as a task of its own that the parker can take over
+/// (see `parking`), as a plain TCP connection's is, and this task ends.
+/// The upgrade's state is boxed and gone with it. A connection the
+/// cluster's proxy relays goes on here, as a stage, and is not parked.
+struct WsTask {
+    stage: WsStage,
+    tail: Option<TaskTail>,
+    parker: Option<Arc<Parker>>,
+    conn_id: u64,
+}
+
+type WsUpgrade = Pin<Box<dyn Future<Output = Option<WsUpgraded>> + Send>>;
+type WsUpgraded = super::ws::Upgraded<tokio::net::TcpStream>;
+
+enum WsStage {
+    Upgrade(WsUpgrade),
+    /// Relayed by the proxy (or the proxy's verdict served it here).
+    Then(Stage),
+}
+
+impl Future for WsTask {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        if this.tail.is_none() {
+            return Poll::Ready(());
+        }
+        let ready = match &mut this.stage {
+            WsStage::Upgrade(upgrade) => match upgrade.as_mut().poll(cx) {
+                Poll::Pending => false,
+                Poll::Ready(None) => true,
+                Poll::Ready(Some(up)) => {
+                    let wire = Wire::from(up.wire);
+                    if super::proxy::applies(&up.shared, wire, up.peer.listener).is_some() {
+                        let stage = run_wire(wire, up.stream, up.peer, this.conn_id, up.shared);
+                        this.stage = WsStage::Then(stage);
+                        // The new stage's first poll, with this one's waker.
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    if let Some(tail) = this.tail.take() {
+                        let spawn = Spawn(tail, this.parker.take());
+                        serve_wire(wire, up.stream, up.peer, this.conn_id, up.shared, spawn);
+                    }
+                    return Poll::Ready(());
+                }
+            },
+            WsStage::Then(stage) => Pin::new(stage).poll(cx).is_ready(),
+        };
+        if ready || this.tail.as_mut().is_some_and(|tail| tail.poll_expired(cx)) {
+            return Poll::Ready(());
+        }
+        Poll::Pending
     }
 }
 

@@ -694,10 +694,40 @@ fn parse_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
 /// WebSocket, whose protocol is the stage that follows.
 pub(crate) async fn serve<S>(
     io: S,
-    mut peer: super::protocols::Peer,
+    peer: super::protocols::Peer,
     conn_id: u64,
     shared: Arc<Shared>,
 ) -> Option<super::protocols::Stage>
+where
+    S: super::driver::Transport + 'static,
+{
+    let up = upgrade(io, peer, conn_id, shared).await?;
+    Some(super::protocols::run_wire(
+        up.wire.into(),
+        up.stream,
+        up.peer,
+        conn_id,
+        up.shared,
+    ))
+}
+
+/// A connection of the HTTP port upgraded to a WebSocket, its protocol
+/// not started yet.
+pub(crate) struct Upgraded<S> {
+    pub(crate) wire: WsWire,
+    pub(crate) stream: WsByteStream<S>,
+    pub(crate) peer: super::protocols::Peer,
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// [`serve`] up to the upgrade: the demo page, a refusal or an admin
+/// request are served here (`None`), an upgraded connection is returned.
+pub(crate) async fn upgrade<S>(
+    io: S,
+    mut peer: super::protocols::Peer,
+    conn_id: u64,
+    shared: Arc<Shared>,
+) -> Option<Upgraded<S>>
 where
     S: super::driver::Transport + 'static,
 {
@@ -709,13 +739,12 @@ where
         Ok(Accepted::WebSocket(wire, stream)) => {
             tracing::debug!(conn = conn_id, %peer, protocol = wire.name(), "WebSocket accepted");
             peer.websocket = true;
-            return Some(super::protocols::run_wire(
-                wire.into(),
+            return Some(Upgraded {
+                wire,
                 stream,
                 peer,
-                conn_id,
                 shared,
-            ));
+            });
         }
         Ok(Accepted::Admin(io)) => match shared.admin_on_http_port.get() {
             Some(admin) => admin.serve(Box::new(io), peer.addr).await,

@@ -115,6 +115,15 @@ pub(crate) struct WsByteStream<S> {
     reply_text: bool,
 }
 
+/// What a WebSocket at rest keeps while its connection is parked
+/// (`parking`): its settings and the kind of message STOMP answers in.
+/// Everything else is empty at rest (see [`WsByteStream::is_at_rest`]).
+pub(crate) struct WsAtRest {
+    message_max: u64,
+    wire: WsWire,
+    reply_text: bool,
+}
+
 /// Where the reader is in the incoming frames.
 #[derive(Default)]
 struct Reader {
@@ -337,6 +346,47 @@ impl<S> WsByteStream<S> {
             close_sent: false,
             reply_text: wire == WsWire::Stomp,
         }
+    }
+
+    /// Whether the framing holds nothing but its settings: no bytes read
+    /// and not parsed (not even a cut frame header), no frame or message
+    /// under way in either direction, no pong or close owed, not closing.
+    /// A WebSocket at rest is taken apart to be parked
+    /// ([`Self::into_rest`]) and put together again around its socket
+    /// ([`Self::from_rest`]).
+    pub(crate) fn is_at_rest(&self) -> bool {
+        self.raw.is_empty()
+            && self.reader.remaining == 0
+            && self.reader.message.is_none()
+            && self.reader.control.is_none()
+            && !self.reader.closed
+            && self.out.is_empty()
+            && self.message.is_empty()
+            && !self.read_done
+            && self.read_error.is_none()
+            && !self.close_sent
+    }
+
+    /// The socket and what the framing keeps while parked, if it is at
+    /// rest ([`Self::is_at_rest`]); `None` (the stream dropped) if not.
+    pub(crate) fn into_rest(self) -> Option<(S, WsAtRest)> {
+        if !self.is_at_rest() {
+            return None;
+        }
+        let rest = WsAtRest {
+            message_max: self.message_max,
+            wire: self.wire,
+            reply_text: self.reply_text,
+        };
+        Some((self.io, rest))
+    }
+
+    /// The stream again over `io`, as [`Self::into_rest`] left it.
+    pub(crate) fn from_rest(io: S, rest: WsAtRest) -> Self {
+        let mut stream = Self::new(io, Vec::new(), rest.wire, 0);
+        stream.message_max = rest.message_max;
+        stream.reply_text = rest.reply_text;
+        stream
     }
 
     /// Parses the raw bytes `data` in place: the payloads of data frames
@@ -626,6 +676,10 @@ impl<S: Transport> Transport for WsByteStream<S> {
 
     fn reports_readiness(&self) -> bool {
         self.io.reports_readiness()
+    }
+
+    fn is_at_rest(&self) -> bool {
+        WsByteStream::is_at_rest(self) && self.io.is_at_rest()
     }
 }
 
@@ -933,6 +987,58 @@ mod tests {
         out.extend_from_slice(&mask);
         out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
         out
+    }
+
+    /// What parking keeps (`parking`): only a stream at rest gives up its
+    /// socket, and it comes back with its settings.
+    #[tokio::test]
+    async fn only_a_stream_at_rest_parks_and_it_keeps_its_settings() {
+        let (mut client, mut server) = pair(WsWire::Stomp);
+        assert!(server.is_at_rest(), "a new stream");
+        // A binary message: STOMP answers in binary from now on.
+        client
+            .write_all(&frame(true, OP_BINARY, b"CONNECT"))
+            .await
+            .expect("write");
+        let mut buf = [0u8; 64];
+        let n = server.read(&mut buf).await.expect("read");
+        assert_eq!(&buf[..n], b"CONNECT");
+        assert!(server.is_at_rest(), "after a whole message");
+
+        // A cut frame header, then a message under way: not at rest.
+        let whole = frame(true, OP_BINARY, b"SEND");
+        client.write_all(&whole[..3]).await.expect("write");
+        let read =
+            tokio::time::timeout(std::time::Duration::from_millis(50), server.read(&mut buf)).await;
+        assert!(read.is_err(), "nothing to read yet");
+        assert!(!server.is_at_rest(), "a frame header cut");
+        client.write_all(&whole[3..]).await.expect("write");
+        let n = server.read(&mut buf).await.expect("read");
+        assert_eq!(&buf[..n], b"SEND");
+        client
+            .write_all(&frame(false, OP_BINARY, b"par"))
+            .await
+            .expect("write");
+        let n = server.read(&mut buf).await.expect("read");
+        assert_eq!(&buf[..n], b"par");
+        assert!(!server.is_at_rest(), "a fragmented message under way");
+        client
+            .write_all(&frame(true, OP_CONTINUATION, b"t"))
+            .await
+            .expect("write");
+        let n = server.read(&mut buf).await.expect("read");
+        assert_eq!(&buf[..n], b"t");
+        assert!(server.is_at_rest());
+
+        let (io, rest) = server.into_rest().expect("at rest");
+        let mut server = WsByteStream::from_rest(io, rest);
+        assert!(server.is_at_rest());
+        server.write_all(b"MESSAGE").await.expect("write");
+        server.flush().await.expect("flush");
+        let mut got = [0u8; 9];
+        client.read_exact(&mut got).await.expect("read");
+        assert_eq!(got[0], 0x80 | OP_BINARY, "binary, as before parking");
+        assert_eq!(&got[2..], b"MESSAGE");
     }
 
     fn pair(wire: WsWire) -> (DuplexStream, WsByteStream<DuplexStream>) {
