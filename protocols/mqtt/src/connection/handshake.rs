@@ -8,7 +8,7 @@
 //! password check that runs elsewhere parks the CONNECT in
 //! [`CheckingLogin`] until [`MqttConnection::on_login_checked`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -444,7 +444,7 @@ impl MqttConnection {
             session_consumer: consumer,
             session_expiry_s: life.expiry_s,
             window,
-            shared: BTreeMap::new(),
+            shared: super::OwnSubs::default(),
             keep_alive_timeout_ms,
             last_input: now,
             client_packet_max: c.props.maximum_packet_size,
