@@ -245,7 +245,12 @@ impl Open {
     ) -> Result<(), MqttError> {
         let mut failed_rec = Vec::new();
         let version = self.version;
-        for ack in self.flows().acks.iter_mut() {
+        let Some(flows) = self.flows.as_deref_mut() else {
+            // No ack waits for it (the session's own writes at CONNECT):
+            // an idle connection makes no flows for it.
+            return Ok(());
+        };
+        for ack in flows.acks.iter_mut() {
             let before = ack.tickets.len();
             ack.tickets.retain(|t| *t != ticket);
             if ack.tickets.len() == before {
