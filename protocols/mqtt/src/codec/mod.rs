@@ -235,7 +235,9 @@ pub enum Inbound {
 pub struct Decoder {
     buf: BytesMut,
     version: Option<Version>,
-    packet_size_max_bytes: usize,
+    /// MQTT's largest packet is 268,435,460 B: a `u32` holds any limit
+    /// (8 B less per connection than a `usize`, issue 20).
+    packet_size_max_bytes: u32,
 }
 
 impl Decoder {
@@ -245,7 +247,7 @@ impl Decoder {
         Self {
             buf: BytesMut::new(),
             version: None,
-            packet_size_max_bytes,
+            packet_size_max_bytes: u32::try_from(packet_size_max_bytes).unwrap_or(u32::MAX),
         }
     }
 
@@ -280,7 +282,9 @@ impl Decoder {
 
     /// The next complete packet, `Ok(None)` if more bytes are needed.
     pub fn next_packet(&mut self) -> Result<Option<Inbound>, CodecError> {
-        let Some(header) = frame::parse_fixed_header(&self.buf, self.packet_size_max_bytes)? else {
+        let Some(header) =
+            frame::parse_fixed_header(&self.buf, self.packet_size_max_bytes as usize)?
+        else {
             return Ok(None);
         };
         if self.buf.len() < header.frame_len() {

@@ -22,10 +22,10 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use rosetta_neutral::login::check_certificate_user;
-use rosetta_neutral::{Broker, Principal};
+use rosetta_neutral::Principal;
 
 use super::handshake::Refusal;
-use super::{Ctx, MqttConnection, Open, State};
+use super::{Ctx, MqttConnection, Open, Opening, State};
 use crate::codec::{encode, ConnectPacket, ReasonPacket};
 use crate::error::{auth_reason, MqttError};
 use crate::scram::{self, ScramPending, SCRAM_SHA_256};
@@ -44,6 +44,7 @@ pub(super) struct Authenticating {
     pub(super) deadline: Instant,
     connect: Box<ConnectPacket>,
     scram: Box<ScramPending>,
+    opening: Opening,
 }
 
 impl Authenticating {
@@ -68,9 +69,10 @@ impl MqttConnection {
         deadline: Instant,
         certificate_user: Option<&str>,
         c: ConnectPacket,
+        opening: Opening,
     ) {
         let client_first = c.props.authentication_data.clone().unwrap_or_default();
-        let lookup = |user: &str| self.broker.scram_credentials(user);
+        let lookup = |user: &str| opening.broker.scram_credentials(user);
         let refusal = match scram::server_first(&client_first, lookup) {
             Ok((pending, server_first)) => match c.username.as_deref() {
                 // A user name next to SCRAM must name the same user.
@@ -88,6 +90,7 @@ impl MqttConnection {
                         deadline,
                         connect: Box::new(c),
                         scram: Box::new(pending),
+                        opening,
                     }));
                     return;
                 }
@@ -125,7 +128,7 @@ impl MqttConnection {
                     method: SCRAM_SHA_256.to_owned(),
                     data: Bytes::from(server_final),
                 };
-                self.complete_connect(now, c, principal, Some(enhanced));
+                self.complete_connect(now, c, principal, Some(enhanced), auth.opening);
             }
             Err(e) => {
                 let refusal = Refusal::new(CONNACK_BAD_CREDENTIALS, e.to_string());
@@ -138,12 +141,7 @@ impl MqttConnection {
 impl Open {
     /// AUTH after CONNACK: re-authentication (MQTT 5 §4.12.1), with the
     /// method of the CONNECT and as the same user.
-    pub(super) fn on_auth(
-        &mut self,
-        broker: &dyn Broker,
-        ctx: Ctx<'_>,
-        a: ReasonPacket,
-    ) -> Result<(), MqttError> {
+    pub(super) fn on_auth(&mut self, ctx: Ctx<'_>, a: ReasonPacket) -> Result<(), MqttError> {
         let Some(reauth) = self.reauth.as_deref_mut() else {
             // No method at CONNECT: no exchange can be in progress.
             return Err(MqttError::Protocol("AUTH without an authentication method"));
@@ -159,6 +157,7 @@ impl Open {
         let failed = |e: scram::ScramError| MqttError::ReauthenticationFailed(e.to_string());
         match (a.reason, reauth.pending.take()) {
             (AUTH_REAUTHENTICATE, None) => {
+                let broker = &reauth.broker;
                 let lookup = |user: &str| broker.scram_credentials(user);
                 let (pending, server_first) = scram::server_first(&data, lookup).map_err(failed)?;
                 if Some(pending.user()) != reauth.user.as_deref() {

@@ -8,7 +8,7 @@
 //! password check that runs elsewhere parks the CONNECT in
 //! [`CheckingLogin`] until [`MqttConnection::on_login_checked`].
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,12 +19,12 @@ use rosetta_neutral::{
 };
 
 use super::auth::EnhancedAuth;
-use super::{AwaitConnect, MqttConnection, Open, State};
+use super::{AwaitConnect, MqttConnection, Open, Opening, State};
 use crate::codec::{encode, CodecError, ConnectPacket, ReasonPacket, Version};
 use crate::config::MqttConfig;
 use crate::convert::inbound_message;
 use crate::error::{auth_reason, broker_reason, connack_v4_code, MqttError, ReasonContext};
-use crate::inflight::{decode_qos2_set, Outbound, QOS2_INBOUND_STATE_KEY};
+use crate::inflight::{decode_qos2_set, QOS2_INBOUND_STATE_KEY};
 use crate::own_subs::OWN_SUBSCRIPTIONS_STATE_KEY;
 use crate::scram::SCRAM_SHA_256;
 use rosetta_neutral::address::MQTT_QUEUE_TOPIC_PREFIX;
@@ -58,6 +58,7 @@ pub(super) struct CheckingLogin {
     /// The connect deadline still applies.
     pub(super) deadline: Instant,
     connect: Box<ConnectPacket>,
+    opening: Opening,
 }
 
 /// What a v5 client gets told about session expiry.
@@ -74,26 +75,28 @@ impl MqttConnection {
         let AwaitConnect {
             deadline,
             certificate_user,
+            opening,
         } = waiting;
         if let Err(refusal) = check_connect(&c, &self.config) {
             return self.refuse(c.version, &refusal, c.props.maximum_packet_size);
         }
         if c.props.authentication_method.is_some() {
             // SCRAM-SHA-256 on v5 (`check_connect` refused anything else).
-            return self.start_enhanced_auth(deadline, certificate_user.as_deref(), c);
+            return self.start_enhanced_auth(deadline, certificate_user.as_deref(), c, opening);
         }
         let credentials = Credentials {
             user: c.username.as_deref(),
             password: c.password.as_deref(),
             certificate_user: certificate_user.as_deref(),
         };
-        match self.broker.start_login(credentials, &self.sink) {
-            LoginStart::Done(result) => self.finish_login(now, c, result),
+        match opening.broker.start_login(credentials, &opening.sink) {
+            LoginStart::Done(result) => self.finish_login(now, c, result, opening),
             LoginStart::Pending => {
                 tracing::trace!(conn_id = self.conn_id, "password check started");
                 self.state = State::CheckingLogin(Box::new(CheckingLogin {
                     deadline,
                     connect: Box::new(c),
+                    opening,
                 }));
             }
         }
@@ -112,7 +115,7 @@ impl MqttConnection {
             return;
         };
         let checking = *checking;
-        self.finish_login(now, *checking.connect, result);
+        self.finish_login(now, *checking.connect, result, checking.opening);
         self.handle_buffered_input(now);
     }
 
@@ -122,9 +125,10 @@ impl MqttConnection {
         now: Instant,
         c: ConnectPacket,
         result: Result<Principal, AuthError>,
+        opening: Opening,
     ) {
         match result {
-            Ok(principal) => self.complete_connect(now, c, principal, None),
+            Ok(principal) => self.complete_connect(now, c, principal, None, opening),
             Err(e) => {
                 let refusal = Refusal::new(auth_reason(&e), e.to_string());
                 self.refuse(c.version, &refusal, c.props.maximum_packet_size);
@@ -140,13 +144,14 @@ impl MqttConnection {
         c: ConnectPacket,
         principal: Principal,
         enhanced: Option<EnhancedAuth>,
+        opening: Opening,
     ) {
         let version = c.version;
         let client_packet_max = c.props.maximum_packet_size;
-        if let Some(refusal) = self.placement_refusal(&c, &principal) {
+        if let Some(refusal) = self.placement_refusal(opening.broker.as_ref(), &c, &principal) {
             return self.refuse(version, &refusal, client_packet_max);
         }
-        match self.establish(now, c, principal, enhanced) {
+        match self.establish(now, c, principal, enhanced, opening) {
             Ok(open) => self.state = State::Open(Box::new(open)),
             Err(refusal) => self.refuse(version, &refusal, client_packet_max),
         }
@@ -212,13 +217,15 @@ impl MqttConnection {
         c: ConnectPacket,
         principal: Principal,
         enhanced: Option<EnhancedAuth>,
+        opening: Opening,
     ) -> Result<Open, Refusal> {
+        let Opening { broker, sink } = opening;
         let v5 = c.version == Version::V5;
         let cfg = &self.config;
 
         let mut assigned = None;
         let client_id: Arc<str> = if c.client_id.is_empty() {
-            let id = format!("rosetta-{}-{}", self.conn_id, self.clock.epoch_ms(now));
+            let id = format!("rosetta-{}-{}", self.conn_id, super::epoch_ms(now));
             if v5 {
                 assigned = Some(id.clone());
             }
@@ -229,6 +236,7 @@ impl MqttConnection {
         // Re-authentication (AUTH) proves the same user again.
         let reauth = enhanced.as_ref().map(|e| {
             Box::new(super::Reauth {
+                broker: Arc::clone(&broker),
                 method: e.method.clone(),
                 user: principal.user.clone(),
                 pending: None,
@@ -248,7 +256,7 @@ impl MqttConnection {
                 if w.retain && !cfg.retain_available {
                     return Err(Refusal::new(0x9A, "retained will not supported"));
                 }
-                let now_ms = self.clock.epoch_ms(now);
+                let now_ms = super::epoch_ms(now);
                 let mut message =
                     inbound_message(w.qos, w.retain, w.props.clone(), w.payload.clone(), now_ms)
                         .map_err(|e| Refusal::new(e.reason_code(), e.to_string()))?;
@@ -275,7 +283,7 @@ impl MqttConnection {
             None => None,
         };
 
-        let mut session = self.broker.open_session(
+        let mut session = broker.open_session(
             SessionInfo {
                 conn_id: self.conn_id,
                 protocol: Protocol::Mqtt,
@@ -283,7 +291,7 @@ impl MqttConnection {
                 client_id: Some(Arc::clone(&client_id)),
                 take_over: true,
             },
-            self.sink.clone(),
+            sink,
         );
         let queue = mqtt_session_queue(&client_id);
         // A clean, non-lasting session starts without a queue: it gets one
@@ -387,8 +395,8 @@ impl MqttConnection {
         } else {
             c.keep_alive_s
         };
-        let keep_alive_timeout =
-            (keep_alive_s > 0).then(|| Duration::from_millis(u64::from(keep_alive_s) * 1500));
+        // At most 65,535 s × 1,500: fits.
+        let keep_alive_timeout_ms = u32::from(keep_alive_s) * 1500;
 
         match c.version {
             Version::V311 => encode::connack_v4(session_present, 0, &mut self.out),
@@ -436,20 +444,19 @@ impl MqttConnection {
             session_consumer: consumer,
             session_expiry_s: life.expiry_s,
             window,
-            shared: BTreeMap::new(),
-            keep_alive_timeout,
+            shared: super::OwnSubs::default(),
+            keep_alive_timeout_ms,
             last_input: now,
             client_packet_max: c.props.maximum_packet_size,
             client_alias_max: c.props.topic_alias_maximum.unwrap_or(0),
             problem_info: c.props.request_problem_information != Some(0),
-            outbound: Outbound::default(),
-            outbound_max: window as usize,
-            held: VecDeque::new(),
-            unsent_qos0: Vec::new(),
-            acked: Vec::new(),
-            acks: VecDeque::new(),
-            qos1_pending: 0,
-            awaiting_rel,
+            // A resumed session mid-QoS 2 flow has its inbound ids back.
+            flows: (!awaiting_rel.is_empty()).then(|| {
+                Box::new(super::Flows {
+                    awaiting_rel,
+                    ..Default::default()
+                })
+            }),
             aliases: None,
             reauth,
         };

@@ -72,7 +72,12 @@ impl Open {
             }
         };
 
-        if p.qos == 2 && self.awaiting_rel.contains(&p.pkid) {
+        if p.qos == 2
+            && self
+                .flows
+                .as_ref()
+                .is_some_and(|f| f.awaiting_rel.contains(&p.pkid))
+        {
             // A resend of a QoS 2 publish already routed: acknowledge again,
             // route nothing (exactly once, MQTT 4.3.3).
             self.push_ack(AckKind::PubRec, p.pkid, 0, Vec::new());
@@ -80,7 +85,8 @@ impl Open {
             return Ok(());
         }
         if p.qos > 0 && self.version == Version::V5 {
-            let in_flight = self.qos1_pending + self.awaiting_rel.len();
+            let flows = self.flows();
+            let in_flight = flows.qos1_pending + flows.awaiting_rel.len();
             if in_flight >= usize::from(cfg.receive_maximum) {
                 return Err(MqttError::ReceiveMaximumExceeded(cfg.receive_maximum));
             }
@@ -118,7 +124,7 @@ impl Open {
                     AckKind::PubRec
                 };
                 if qos == 1 {
-                    self.qos1_pending += 1;
+                    self.flows().qos1_pending += 1;
                 }
                 let reason = broker_reason(&e, ReasonContext::Publish);
                 self.push_ack(kind, p.pkid, reason, Vec::new());
@@ -136,11 +142,11 @@ impl Open {
         match p.qos {
             0 => return Ok(()),
             1 => {
-                self.qos1_pending += 1;
+                self.flows().qos1_pending += 1;
                 self.push_ack(AckKind::PubAck, p.pkid, no_match, tickets);
             }
             _ => {
-                self.awaiting_rel.insert(p.pkid);
+                self.flows().awaiting_rel.insert(p.pkid);
                 tickets.extend(self.persist_awaiting_rel()?);
                 self.push_ack(AckKind::PubRec, p.pkid, no_match, tickets);
             }
@@ -191,7 +197,7 @@ impl Open {
     }
 
     pub(super) fn on_pubrel(&mut self, ctx: Ctx<'_>, a: AckPacket) -> Result<(), MqttError> {
-        if self.awaiting_rel.remove(&a.pkid) {
+        if self.flows().awaiting_rel.remove(&a.pkid) {
             // PUBCOMP only once the id is durably forgotten, or a restart
             // would drop the client's next QoS 2 publish reusing the id.
             let tickets = self.persist_awaiting_rel()?.into_iter().collect();
@@ -206,14 +212,15 @@ impl Open {
     }
 
     fn persist_awaiting_rel(&mut self) -> Result<Option<Ticket>, MqttError> {
-        let value = (!self.awaiting_rel.is_empty()).then(|| encode_qos2_set(&self.awaiting_rel));
+        let awaiting_rel = &self.flows().awaiting_rel;
+        let value = (!awaiting_rel.is_empty()).then(|| encode_qos2_set(awaiting_rel));
         self.session
             .put_state(QOS2_INBOUND_STATE_KEY, value)
             .map_err(MqttError::Broker)
     }
 
     fn push_ack(&mut self, kind: AckKind, pkid: u16, reason: u8, tickets: Vec<Ticket>) {
-        self.acks.push_back(PendingAck {
+        self.flows().acks.push_back(PendingAck {
             kind,
             pkid,
             reason,
@@ -224,7 +231,7 @@ impl Open {
 
     /// Explains the ack just queued with `err`.
     fn set_last_ack_reason(&mut self, err: &BrokerError) {
-        if let Some(ack) = self.acks.back_mut() {
+        if let Some(ack) = self.flows().acks.back_mut() {
             ack.why = Some(err.to_string());
         }
     }
@@ -237,14 +244,20 @@ impl Open {
         result: Result<(), BrokerError>,
     ) -> Result<(), MqttError> {
         let mut failed_rec = Vec::new();
-        for ack in self.acks.iter_mut() {
+        let version = self.version;
+        let Some(flows) = self.flows.as_deref_mut() else {
+            // No ack waits for it (the session's own writes at CONNECT):
+            // an idle connection makes no flows for it.
+            return Ok(());
+        };
+        for ack in flows.acks.iter_mut() {
             let before = ack.tickets.len();
             ack.tickets.retain(|t| *t != ticket);
             if ack.tickets.len() == before {
                 continue;
             }
             if let Err(e) = &result {
-                if self.version == Version::V311 {
+                if version == Version::V311 {
                     // No negative ack in 3.1.1: the client must not believe
                     // the message is safe.
                     return Err(MqttError::Broker(e.clone()));
@@ -261,7 +274,7 @@ impl Open {
         // A failed PUBREC ends the QoS 2 flow (MQTT 5 §4.3.3).
         if !failed_rec.is_empty() {
             for pkid in failed_rec {
-                self.awaiting_rel.remove(&pkid);
+                self.flows().awaiting_rel.remove(&pkid);
             }
             // Forget them durably too, or a restart would drop the next
             // publish reusing the id as a duplicate.
@@ -273,12 +286,15 @@ impl Open {
 
     /// Sends acks from the front while their commits are done.
     pub(super) fn flush_acks(&mut self, out: &mut bytes::BytesMut) {
-        while self.acks.front().is_some_and(|a| a.tickets.is_empty()) {
-            let Some(ack) = self.acks.pop_front() else {
+        let Some(flows) = self.flows.as_deref_mut() else {
+            return;
+        };
+        while flows.acks.front().is_some_and(|a| a.tickets.is_empty()) {
+            let Some(ack) = flows.acks.pop_front() else {
                 break;
             };
             if ack.kind == AckKind::PubAck {
-                self.qos1_pending = self.qos1_pending.saturating_sub(1);
+                flows.qos1_pending = flows.qos1_pending.saturating_sub(1);
             }
             // MQTT 5 §3.1.2.11.7: no Reason String on acks for a client
             // that asked for no problem information.

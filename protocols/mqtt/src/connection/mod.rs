@@ -31,7 +31,7 @@ mod placement;
 mod subscribe;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -52,20 +52,31 @@ use inbound::PendingAck;
 const IDLE_BUFFER_KEEP_BYTES: usize = 4096;
 
 /// Maps the driver's monotonic `Instant`s to wall-clock milliseconds for
-/// message expiry, fixed once per connection so tests with a virtual clock
-/// stay deterministic relative to the start.
-#[derive(Debug, Clone, Copy)]
-struct Clock {
-    base: Instant,
-    base_epoch_ms: u64,
+/// message expiry. One anchor for the process, taken at first use, rather
+/// than one per connection (24 B each, issue 20): differences between
+/// `Instant`s map exactly, so tests with a virtual clock stay
+/// deterministic relative to their start.
+fn epoch_ms(now: Instant) -> u64 {
+    static ANCHOR: OnceLock<(Instant, u64)> = OnceLock::new();
+    let &(base, base_ms) =
+        ANCHOR.get_or_init(|| (Instant::now(), rosetta_neutral::message::now_ms()));
+    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    match now.checked_duration_since(base) {
+        Some(after) => base_ms.saturating_add(millis(after)),
+        None => base_ms.saturating_sub(millis(base.duration_since(now))),
+    }
 }
 
-impl Clock {
-    fn epoch_ms(&self, now: Instant) -> u64 {
-        let since = now.saturating_duration_since(self.base).as_millis();
-        self.base_epoch_ms
-            .saturating_add(u64::try_from(since).unwrap_or(u64::MAX))
-    }
+/// What opening the session needs and an open connection does not: the
+/// broker (login, placement, [`Broker::open_session`]) and the sink the
+/// session takes. Carried by the states before [`Open`]; once the session
+/// is open the sink is the session's and the broker is dropped, unless
+/// re-authentication needs it ([`Reauth`]). A parked connection so holds
+/// neither: 32 B less in the connection and the adapter's broker handle
+/// (one allocation per connection) freed (issue 20).
+struct Opening {
+    broker: Arc<dyn Broker>,
+    sink: Arc<dyn EventSink>,
 }
 
 /// A subscription with a consumer of its own: a shared subscription's
@@ -78,6 +89,53 @@ struct SharedSub {
     queue_qos: Option<u8>,
     /// What a resumed session needs to re-create it (persisted).
     saved: OwnSub,
+}
+
+/// The subscriptions with a consumer of their own, by full filter: a
+/// `BTreeMap` made at the first one (8 B in [`Open`] rather than 24; most
+/// connections never have one, issue 20).
+#[derive(Default)]
+#[allow(clippy::box_collection)] // the box is the point: 8 B while empty
+struct OwnSubs(Option<Box<BTreeMap<String, SharedSub>>>);
+
+impl OwnSubs {
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |m| m.len())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn values(&self) -> impl Iterator<Item = &SharedSub> {
+        self.0.iter().flat_map(|m| m.values())
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &String> {
+        self.0.iter().flat_map(|m| m.keys())
+    }
+
+    fn contains_key(&self, filter: &str) -> bool {
+        self.0.as_ref().is_some_and(|m| m.contains_key(filter))
+    }
+
+    fn get_mut(&mut self, filter: &str) -> Option<&mut SharedSub> {
+        self.0.as_mut()?.get_mut(filter)
+    }
+
+    fn insert(&mut self, filter: String, sub: SharedSub) {
+        self.0.get_or_insert_with(Box::default).insert(filter, sub);
+    }
+
+    fn remove(&mut self, filter: &str) -> Option<SharedSub> {
+        self.0.as_mut()?.remove(filter)
+    }
+
+    fn retain(&mut self, keep: impl FnMut(&String, &mut SharedSub) -> bool) {
+        if let Some(m) = &mut self.0 {
+            m.retain(keep);
+        }
+    }
 }
 
 /// The established state: authenticated, with a core session.
@@ -96,14 +154,18 @@ struct Open {
     session_consumer: Option<ConsumerId>,
     /// Session expiry granted at CONNECT (v5); 0 for a clean 3.1.1 session.
     session_expiry_s: u32,
-    /// Consumer window: min(client receive maximum, our cap).
+    /// Consumer window: min(client receive maximum, our cap). Also the
+    /// most QoS 1/2 deliveries unacknowledged at once toward the client:
+    /// consumer windows enforce it per consumer, the outbound flows across
+    /// the session consumer and the shared-subscription consumers together.
     window: u32,
     /// Subscriptions with a consumer of their own (shared, `$queue/`), by
     /// full filter (`$share/g/f`, `$queue/q`). Ordered, so the persisted
     /// list is stable.
-    shared: BTreeMap<String, SharedSub>,
-    /// 1.5 × the effective keep-alive; `None` when disabled.
-    keep_alive_timeout: Option<Duration>,
+    shared: OwnSubs,
+    /// 1.5 × the effective keep-alive, in milliseconds (at most 65,535 s
+    /// × 1,500); 0 when disabled.
+    keep_alive_timeout_ms: u32,
     /// When the last complete control packet arrived (bytes of an
     /// unfinished one do not count).
     last_input: Instant,
@@ -113,12 +175,35 @@ struct Open {
     client_alias_max: u16,
     /// Client's request-problem-information (v5): reason strings allowed.
     problem_info: bool,
+    /// The QoS flows both ways, made by the first delivery or QoS 1/2
+    /// PUBLISH (see [`Flows`]); `None` for a connection that has had no
+    /// traffic, such as a silent device.
+    flows: Option<Box<Flows>>,
+    /// Topic aliases (v5), from the first one either side assigns.
+    aliases: Option<Box<Aliases>>,
+    /// The enhanced authentication of the CONNECT, if it had one.
+    reauth: Option<Box<Reauth>>,
+}
+
+/// Topic aliases of a v5 connection.
+#[derive(Default)]
+struct Aliases {
+    /// Aliases we assigned toward the client.
+    outgoing: HashMap<String, u16>,
+    /// Aliases the client assigned toward us.
+    incoming: HashMap<u16, String>,
+}
+
+/// What only a connection with traffic uses: the packet ids and acks of
+/// QoS 1/2 flows both ways and the settlements batched per read or write.
+/// Boxed apart from [`Open`] and made at first use, one branch away on the
+/// packet path (issue 20: about 190 B that a connection which never
+/// carried a message, a silent device, does not hold). Kept once made: a
+/// busy connection empties it after every write, so freeing it then would
+/// allocate it again with the next message.
+#[derive(Default)]
+struct Flows {
     outbound: Outbound,
-    /// Most QoS 1/2 deliveries unacknowledged at once toward the client
-    /// (its receive maximum, capped by ours). Consumer windows enforce it
-    /// per consumer; this enforces it across the session consumer and the
-    /// shared-subscription consumers together.
-    outbound_max: usize,
     /// Deliveries waiting for an in-flight slot, in arrival order. Bounded
     /// by the consumers' windows.
     held: VecDeque<rosetta_neutral::Delivery>,
@@ -135,24 +220,23 @@ struct Open {
     qos1_pending: usize,
     /// Inbound QoS 2 packet ids routed and awaiting PUBREL (persisted).
     awaiting_rel: BTreeSet<u16>,
-    /// Topic aliases (v5), from the first one either side assigns.
-    aliases: Option<Box<Aliases>>,
-    /// The enhanced authentication of the CONNECT, if it had one.
-    reauth: Option<Box<Reauth>>,
 }
 
-/// Topic aliases of a v5 connection.
-#[derive(Default)]
-struct Aliases {
-    /// Aliases we assigned toward the client.
-    outgoing: HashMap<String, u16>,
-    /// Aliases the client assigned toward us.
-    incoming: HashMap<u16, String>,
+/// Out of line and cold, so that the packet path that reaches the flows
+/// inlines one branch and no allocation: inlined, the allocation made the
+/// compiler copy each delivery (about 30 instructions) on its way through
+/// `handle_event` (callgrind, `bench/instructions.sh`).
+#[cold]
+#[inline(never)]
+fn new_flows() -> Box<Flows> {
+    Box::default()
 }
 
 /// What AUTH re-authentication needs: the connection authenticated with an
 /// enhanced method at CONNECT.
 struct Reauth {
+    /// For the credentials of a re-authentication.
+    broker: Arc<dyn Broker>,
     /// The method of the CONNECT (AUTH re-authentication uses it).
     method: String,
     /// The authenticated user (a re-authentication must prove the same).
@@ -171,6 +255,17 @@ impl Open {
     fn aliases(&mut self) -> &mut Aliases {
         self.aliases.get_or_insert_with(Box::default)
     }
+
+    /// The QoS flows, made at first use.
+    #[inline]
+    fn flows(&mut self) -> &mut Flows {
+        self.flows.get_or_insert_with(new_flows)
+    }
+
+    /// Acks waiting for their commits (none before the first flow).
+    fn acks_waiting(&self) -> usize {
+        self.flows.as_ref().map_or(0, |f| f.acks.len())
+    }
 }
 
 /// Waiting for CONNECT: what only the login needs, boxed so that the
@@ -179,6 +274,7 @@ struct AwaitConnect {
     deadline: Instant,
     /// User named by a verified TLS client certificate, if any.
     certificate_user: Option<String>,
+    opening: Opening,
 }
 
 enum State {
@@ -196,10 +292,7 @@ pub struct MqttConnection {
     /// Shared by every connection of a listener: a copy per connection
     /// cost each one 72 bytes.
     config: Arc<MqttConfig>,
-    broker: Arc<dyn Broker>,
-    sink: Arc<dyn EventSink>,
     conn_id: u64,
-    clock: Clock,
     decoder: Decoder,
     out: BytesMut,
     state: State,
@@ -223,17 +316,12 @@ impl MqttConnection {
         Self {
             decoder: Decoder::new(packet_max),
             config,
-            broker,
-            sink,
             conn_id,
-            clock: Clock {
-                base: now,
-                base_epoch_ms: rosetta_neutral::message::now_ms(),
-            },
             out: BytesMut::new(),
             state: State::AwaitConnect(Box::new(AwaitConnect {
                 deadline,
                 certificate_user: None,
+                opening: Opening { broker, sink },
             })),
         }
     }
@@ -334,7 +422,7 @@ impl MqttConnection {
                 let ctx = Ctx {
                     config: &self.config,
                     conn_id: self.conn_id,
-                    now_ms: self.clock.epoch_ms(now),
+                    now_ms: epoch_ms(now),
                     out: &mut self.out,
                 };
                 if !matches!(
@@ -373,7 +461,7 @@ impl MqttConnection {
                         }
                         Err(e) => Err(e),
                     },
-                    Inbound::Auth(a) => open.on_auth(self.broker.as_ref(), ctx, *a),
+                    Inbound::Auth(a) => open.on_auth(ctx, *a),
                 }
             }
         };
@@ -395,7 +483,7 @@ impl MqttConnection {
         let ctx = Ctx {
             config: &self.config,
             conn_id: self.conn_id,
-            now_ms: self.clock.epoch_ms(now),
+            now_ms: epoch_ms(now),
             out: &mut self.out,
         };
         let result = match event {
@@ -472,7 +560,9 @@ impl MqttConnection {
             State::AwaitConnect(waiting) => Some(waiting.deadline),
             State::Authenticating(a) => Some(a.deadline),
             State::CheckingLogin(c) => Some(c.deadline),
-            State::Open(open) => open.keep_alive_timeout.map(|t| open.last_input + t),
+            State::Open(open) => (open.keep_alive_timeout_ms > 0).then(|| {
+                open.last_input + Duration::from_millis(u64::from(open.keep_alive_timeout_ms))
+            }),
             State::Closed => None,
         }
     }
@@ -508,7 +598,8 @@ impl MqttConnection {
             State::AwaitConnect(_) | State::Authenticating(_) => true,
             State::CheckingLogin(_) => false,
             State::Open(open) => {
-                open.acks.len() < self.config.pending_acks_max && !open.session.producer_blocked()
+                open.acks_waiting() < self.config.pending_acks_max
+                    && !open.session.producer_blocked()
             }
             State::Closed => false,
         }
@@ -617,5 +708,26 @@ impl Ctx<'_> {
             now_ms: self.now_ms,
             out: self.out,
         }
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    /// What an idle connection holds (issue 20, docs/scaling.md "A parked
+    /// MQTT connection"): the connection inline in the server's parked
+    /// state, and `Open` on its own in mimalloc's 128 B size class. A
+    /// field more costs every idle connection a size class.
+    #[test]
+    fn an_idle_connection_stays_within_its_size_classes() {
+        let open = std::mem::size_of::<Open>();
+        let conn = std::mem::size_of::<MqttConnection>();
+        println!(
+            "Open {open} B, MqttConnection {conn} B, Flows (made at first use) {} B",
+            std::mem::size_of::<Flows>()
+        );
+        assert!(open <= 128, "Open: {open} B");
+        assert!(conn <= 104, "MqttConnection: {conn} B");
     }
 }

@@ -51,7 +51,10 @@ impl Open {
     /// Settles the QoS 1 deliveries whose PUBACKs came in the last read:
     /// one core call for all of them.
     pub(super) fn settle_acked(&mut self, conn_id: u64) {
-        let r = settle_batch(self.session.as_mut(), &mut self.acked, Outcome::Accept);
+        let Some(flows) = self.flows.as_deref_mut() else {
+            return;
+        };
+        let r = settle_batch(self.session.as_mut(), &mut flows.acked, Outcome::Accept);
         if let Err(e) = r {
             tracing::debug!(conn_id, error = %e, "settle failed");
         }
@@ -66,9 +69,12 @@ impl Open {
 
     /// Settles the QoS 0 deliveries just handed to the driver.
     pub(super) fn settle_sent_qos0(&mut self, conn_id: u64) {
+        let Some(flows) = self.flows.as_deref_mut() else {
+            return;
+        };
         let r = settle_batch(
             self.session.as_mut(),
-            &mut self.unsent_qos0,
+            &mut flows.unsent_qos0,
             Outcome::Accept,
         );
         if let Err(e) = r {
@@ -76,19 +82,39 @@ impl Open {
         }
     }
 
+    // Inlined into `handle_event`, so that the delivery is not copied on
+    // its way to `send_delivery` (callgrind: 29 instructions a delivery).
+    #[inline]
     pub(super) fn on_delivery(&mut self, ctx: Ctx<'_>, d: Delivery) -> Result<(), MqttError> {
         // Keep arrival order: once anything waits, everything waits.
-        if !self.held.is_empty() || self.outbound.len() >= self.outbound_max {
-            self.held.push_back(d);
+        let window = self.window as usize;
+        let hold = match self.flows.as_deref() {
+            Some(f) => !f.held.is_empty() || f.outbound.len() >= window,
+            None => window == 0,
+        };
+        if hold {
+            self.hold(d);
             return Ok(());
         }
         self.send_delivery(ctx, d)
     }
 
+    /// Keeps a delivery until an in-flight slot frees up.
+    #[cold]
+    #[inline(never)]
+    fn hold(&mut self, d: Delivery) {
+        self.flows().held.push_back(d);
+    }
+
     /// Sends held deliveries while in-flight slots are free.
     fn release_held(&mut self, ctx: &mut Ctx<'_>) -> Result<(), MqttError> {
-        while self.outbound.len() < self.outbound_max {
-            let Some(d) = self.held.pop_front() else {
+        let window = self.window as usize;
+        loop {
+            let flows = self.flows();
+            if flows.outbound.len() >= window {
+                break;
+            }
+            let Some(d) = flows.held.pop_front() else {
                 break;
             };
             self.send_delivery(ctx.reborrow(), d)?;
@@ -133,11 +159,17 @@ impl Open {
             .annotation
             .as_deref()
             .and_then(decode_annotation)
-            .filter(|(pkid, _)| qos > 0 && !self.outbound.in_use(*pkid));
+            .filter(|(pkid, _)| {
+                qos > 0
+                    && !self
+                        .flows
+                        .as_ref()
+                        .is_some_and(|f| f.outbound.in_use(*pkid))
+            });
         let (pkid, phase, dup) = match (qos, resumed) {
             (0, _) => (0, Phase::Published, false),
             (_, Some((pkid, phase))) => (pkid, phase, true),
-            (_, None) => match self.outbound.allocate() {
+            (_, None) => match self.flows().outbound.allocate() {
                 Some(pkid) => (pkid, Phase::Published, d.redelivered),
                 None => {
                     tracing::warn!(conn_id = ctx.conn_id, "all packet ids in use");
@@ -149,7 +181,7 @@ impl Open {
         if qos == 2 && phase == Phase::Released {
             // The client already has the message: only PUBREL is resent.
             encode::ack(self.version, AckKind::PubRel, pkid, 0, ctx.out);
-            self.outbound.insert(
+            self.flows().outbound.insert(
                 pkid,
                 OutFlight {
                     consumer: d.consumer,
@@ -230,7 +262,7 @@ impl Open {
             self.aliases().outgoing.insert(name, a);
         }
         if qos == 0 {
-            self.unsent_qos0.push((d.consumer, d.tag));
+            self.flows().unsent_qos0.push((d.consumer, d.tag));
             return Ok(());
         }
         // The packet id is saved for a redelivery after a reconnect. A
@@ -242,7 +274,7 @@ impl Open {
         if resumed.is_none() && !ends_with_connection {
             self.annotate(ctx.conn_id, d.consumer, d.tag, pkid, Phase::Published);
         }
-        self.outbound.insert(
+        self.flows().outbound.insert(
             pkid,
             OutFlight {
                 consumer: d.consumer,
@@ -273,15 +305,15 @@ impl Open {
     }
 
     pub(super) fn on_puback(&mut self, mut ctx: Ctx<'_>, a: AckPacket) -> Result<(), MqttError> {
-        match self.outbound.get_mut(a.pkid) {
+        match self.flows().outbound.get_mut(a.pkid) {
             Some(f) if f.qos == 1 => {
                 let f = *f;
-                self.outbound.remove(a.pkid);
+                self.flows().outbound.remove(a.pkid);
                 if a.reason >= 0x80 {
                     self.settle(ctx.conn_id, f.consumer, f.tag, Outcome::Reject);
                 } else {
                     // Settled with the rest of this read's PUBACKs.
-                    self.acked.push((f.consumer, f.tag));
+                    self.flows().acked.push((f.consumer, f.tag));
                 }
             }
             _ => tracing::debug!(
@@ -295,6 +327,7 @@ impl Open {
 
     pub(super) fn on_pubrec(&mut self, mut ctx: Ctx<'_>, a: AckPacket) -> Result<(), MqttError> {
         let Some(f) = self
+            .flows()
             .outbound
             .get_mut(a.pkid)
             .filter(|f| f.qos == 2)
@@ -307,13 +340,13 @@ impl Open {
         };
         if a.reason >= 0x80 {
             // The client refused it: the flow ends here (MQTT 5 §4.3.3).
-            self.outbound.remove(a.pkid);
+            self.flows().outbound.remove(a.pkid);
             self.settle(ctx.conn_id, f.consumer, f.tag, Outcome::Reject);
             return self.release_held(&mut ctx);
         }
         if f.phase == Phase::Published {
             self.annotate(ctx.conn_id, f.consumer, f.tag, a.pkid, Phase::Released);
-            if let Some(f) = self.outbound.get_mut(a.pkid) {
+            if let Some(f) = self.flows().outbound.get_mut(a.pkid) {
                 f.phase = Phase::Released;
             }
         }
@@ -322,10 +355,10 @@ impl Open {
     }
 
     pub(super) fn on_pubcomp(&mut self, mut ctx: Ctx<'_>, a: AckPacket) -> Result<(), MqttError> {
-        match self.outbound.get_mut(a.pkid) {
+        match self.flows().outbound.get_mut(a.pkid) {
             Some(f) if f.qos == 2 && f.phase == Phase::Released => {
                 let f = *f;
-                self.outbound.remove(a.pkid);
+                self.flows().outbound.remove(a.pkid);
                 self.settle(ctx.conn_id, f.consumer, f.tag, Outcome::Accept);
             }
             _ => tracing::debug!(

@@ -5,7 +5,7 @@
 //! 3.1.1 client, which cannot be told, is served here. With no node
 //! ready, both are refused as Server unavailable (0x88, 3.1.1 code 3).
 
-use rosetta_neutral::{Placement, PlacementRequest, Principal, Protocol};
+use rosetta_neutral::{Broker, Placement, PlacementRequest, Principal, Protocol};
 
 use super::handshake::Refusal;
 use super::MqttConnection;
@@ -20,6 +20,7 @@ impl MqttConnection {
     /// The refusal the balancer's answer calls for, if any.
     pub(super) fn placement_refusal(
         &self,
+        broker: &dyn Broker,
         c: &ConnectPacket,
         principal: &Principal,
     ) -> Option<Refusal> {
@@ -29,7 +30,7 @@ impl MqttConnection {
             client_id: (!c.client_id.is_empty()).then_some(c.client_id.as_str()),
             user: principal.user.as_deref(),
         };
-        match self.broker.place_connection(&request) {
+        match broker.place_connection(&request) {
             Placement::Local => None,
             Placement::Redirect(target) if c.version == Version::V5 => {
                 let code = if target.permanent {
