@@ -206,9 +206,14 @@ pub trait EventSink: Send + Sync {
     /// The connection's budget for deliveries it has not written yet; the
     /// core charges every delivery to it and stops dispatching to the
     /// connection while it is full. `None`: no bound (in-process sinks).
-    fn budget(&self) -> Option<&Arc<DeliveryBudget>> {
+    fn budget(&self) -> Option<&DeliveryBudget> {
         None
     }
+
+    /// The budget's notice for the connection's driver: the core now
+    /// waits for room, or a returned charge made room while it waits (see
+    /// [`crate::budget`]). Must not block; the default ignores it.
+    fn budget_notice(&self) {}
 
     /// The core accepted one publish of the session's client (counted as
     /// the broker-wide `published` total counts: once per publish, a
