@@ -74,8 +74,9 @@ impl Consumers {
         match self.position(id) {
             Ok(at) => self.0[at].1 = consumer,
             Err(at) => {
-                let mut all = Vec::with_capacity(self.0.len() + 1);
-                all.extend(std::mem::take(&mut self.0));
+                // A reallocation per insert, in place while the
+                // allocator's block has room (ids only grow: a push).
+                let mut all = std::mem::take(&mut self.0).into_vec();
                 all.insert(at, (id, consumer));
                 self.0 = all.into_boxed_slice();
             }
