@@ -79,9 +79,9 @@ impl std::fmt::Debug for DeliveryBudget {
 /// that the core is waiting, tells the sink ([`EventSink::budget_notice`])
 /// and has it resume the core once there is room again; so the core may
 /// simply stop dispatching to this connection after a `false`.
+#[inline]
 pub fn has_room(sink: &dyn EventSink) -> bool {
-    sink.budget()
-        .is_none_or(|budget| budget.try_room(|| sink.budget_notice()))
+    sink.budget_has_room()
 }
 
 impl DeliveryBudget {
@@ -112,6 +112,7 @@ impl DeliveryBudget {
     /// Whether a delivery may be charged now; see [`has_room`], which
     /// passes the sink's notice as `notify` (run when the core starts to
     /// wait).
+    #[inline]
     pub fn try_room(&self, notify: impl FnOnce()) -> bool {
         if self.used_bytes() < self.max_bytes() {
             return true;
@@ -169,7 +170,14 @@ impl DeliveryBudget {
         self.max_bytes() / 2
     }
 
-    fn uncharge(&self, bytes: u64, notify: impl FnOnce()) {
+    /// Charges `bytes` (see [`DeliveryCharge::on`]).
+    #[inline]
+    pub(crate) fn add(&self, bytes: u64) {
+        self.used_bytes.fetch_add(bytes, Ordering::SeqCst);
+    }
+
+    #[inline]
+    pub(crate) fn uncharge(&self, bytes: u64, notify: impl FnOnce()) {
         let after = self
             .used_bytes
             .fetch_sub(bytes, Ordering::SeqCst)
@@ -201,15 +209,14 @@ impl DeliveryCharge {
 
     /// Charges `bytes` to `sink`'s budget (nothing, for a sink without
     /// one). The bytes are returned when the result is dropped.
+    #[inline]
     pub fn on(sink: &Arc<dyn EventSink>, bytes: u64) -> Self {
-        match sink.budget() {
-            Some(budget) => {
-                budget.used_bytes.fetch_add(bytes, Ordering::SeqCst);
-                Self {
-                    budget: Some((Arc::clone(sink), bytes)),
-                }
+        if sink.budget_charge(bytes) {
+            Self {
+                budget: Some((Arc::clone(sink), bytes)),
             }
-            None => Self::none(),
+        } else {
+            Self::none()
         }
     }
 
@@ -232,11 +239,10 @@ impl std::fmt::Debug for DeliveryCharge {
 }
 
 impl Drop for DeliveryCharge {
+    #[inline]
     fn drop(&mut self) {
         if let Some((sink, bytes)) = self.budget.take() {
-            if let Some(budget) = sink.budget() {
-                budget.uncharge(bytes, || sink.budget_notice());
-            }
+            sink.budget_uncharge(bytes);
         }
     }
 }
