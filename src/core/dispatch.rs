@@ -758,10 +758,8 @@ pub(crate) fn reserve_for(st: &mut QueueState, owner: ConsumerKey, entry: Entry)
 
 /// The delivery of `entry` to `slot`, charged to its connection's budget.
 fn delivery_of(slot: &ConsumerSlot, entry: &Entry, tag: u64) -> Delivery {
-    let charge = match slot.sink.budget() {
-        Some(budget) => budget.charge(entry.message.memory_size() as u64),
-        None => rosetta_neutral::DeliveryCharge::none(),
-    };
+    let charge =
+        rosetta_neutral::DeliveryCharge::on(&slot.sink, entry.message.memory_size() as u64);
     Delivery {
         consumer: slot.key.consumer,
         tag: DeliveryTag(tag),

@@ -218,7 +218,7 @@ impl ConsumerSlot {
     /// connection has room in its delivery budget. A consumer turned away
     /// for lack of room is resumed by its connection once there is room.
     pub(crate) fn can_take(&self) -> bool {
-        self.credit > 0 && self.sink.budget().is_none_or(|b| b.try_room())
+        self.credit > 0 && rosetta_neutral::budget::has_room(&*self.sink)
     }
 
     /// Sets an explicit credit from a limit counted like `sent`.

@@ -52,11 +52,13 @@ struct ConsumerRef {
     queue: Arc<Queue>,
 }
 
-/// A session's queue consumers by id: a vector sorted by id, searched by
+/// A session's queue consumers by id: a slice sorted by id, searched by
 /// bisection. A session has one or a few, and an empty hash map cost each
 /// session 48 bytes (issue 20); ids only grow, so an insert is a push.
+/// A boxed slice, exactly sized, not a `Vec`: 16 bytes, not 24, and a
+/// consumer is added or removed far less often than it is looked up.
 #[derive(Default)]
-struct Consumers(Vec<(ConsumerId, ConsumerRef)>);
+struct Consumers(Box<[(ConsumerId, ConsumerRef)]>);
 
 impl Consumers {
     fn position(&self, id: ConsumerId) -> Result<usize, usize> {
@@ -72,18 +74,21 @@ impl Consumers {
         match self.position(id) {
             Ok(at) => self.0[at].1 = consumer,
             Err(at) => {
-                // Exactly sized while small: most sessions have one.
-                if self.0.capacity() == 0 {
-                    self.0.reserve_exact(1);
-                }
-                self.0.insert(at, (id, consumer));
+                // A reallocation per insert, in place while the
+                // allocator's block has room (ids only grow: a push).
+                let mut all = std::mem::take(&mut self.0).into_vec();
+                all.insert(at, (id, consumer));
+                self.0 = all.into_boxed_slice();
             }
         }
     }
 
     fn remove(&mut self, id: &ConsumerId) -> Option<ConsumerRef> {
         let at = self.position(*id).ok()?;
-        Some(self.0.remove(at).1)
+        let mut all = std::mem::take(&mut self.0).into_vec();
+        let (_, removed) = all.remove(at);
+        self.0 = all.into_boxed_slice();
+        Some(removed)
     }
 
     fn len(&self) -> usize {
@@ -103,36 +108,82 @@ impl IntoIterator for Consumers {
     type Item = (ConsumerId, ConsumerRef);
     type IntoIter = std::vec::IntoIter<(ConsumerId, ConsumerRef)>;
     fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter()
+        self.0.into_vec().into_iter()
+    }
+}
+
+/// The last consumer id a session gave out, and whether the session is
+/// closed (the top bit): one word, where a lone `bool` beside it cost
+/// every session 8 bytes (issue 20). 2^63 ids never run out.
+#[derive(Default, Clone, Copy)]
+struct ConsumerIds(u64);
+
+impl ConsumerIds {
+    const CLOSED: u64 = 1 << 63;
+
+    fn is_closed(self) -> bool {
+        self.0 & Self::CLOSED != 0
+    }
+
+    fn close(&mut self) {
+        self.0 |= Self::CLOSED;
+    }
+
+    /// A new consumer id (of an open session).
+    fn next(&mut self) -> ConsumerId {
+        self.0 += 1;
+        ConsumerId(self.0 & !Self::CLOSED)
     }
 }
 
 /// What a session holds. One per connection, so its size counts for
-/// every idle connection: what only some sessions use is lazy.
+/// every idle connection: what only some sessions use is lazy, and what
+/// few use is in [`Rare`]. 56 bytes, which keeps `SessionShared` at 144
+/// and its allocation at 160 B, a mimalloc size class (issue 20).
 #[derive(Default)]
 struct SessionState {
-    closed: bool,
     consumers: Consumers,
-    /// Consumers of streams (see `stream`): they read a log, not a queue.
-    stream_readers: LazyMap<ConsumerId, Arc<Reader>>,
-    next_consumer: u64,
+    ids: ConsumerIds,
     /// The session-lifetime queues it declared (their names, shared with
-    /// the queues).
-    owned_queues: Vec<Arc<str>>,
-    txns: LazyMap<TxnId, Vec<Staged>>,
-    next_txn: u64,
+    /// the queues): an MQTT session with subscriptions has one.
+    owned_queues: Box<[Arc<str>]>,
     /// Boxed: a `Will` holds a whole message, and most sessions have none
     /// (one per connection, so it counts for idle connections' memory).
     will: Option<Box<Will>>,
+    /// Stream readers and transactions, allocated at first use.
+    rare: Option<Box<Rare>>,
+}
+
+/// What few sessions use: stream readers and transactions.
+#[derive(Default)]
+struct Rare {
+    /// Consumers of streams (see `stream`): they read a log, not a queue.
+    stream_readers: LazyMap<ConsumerId, Arc<Reader>>,
+    txns: LazyMap<TxnId, Vec<Staged>>,
+    next_txn: u64,
 }
 
 impl SessionState {
+    fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
+    /// The stream reader `consumer` is, if it is one.
+    fn stream_reader(&self, consumer: &ConsumerId) -> Option<&Arc<Reader>> {
+        self.rare.as_ref()?.stream_readers.get(consumer)
+    }
+
+    fn is_closed(&self) -> bool {
+        self.ids.is_closed()
+    }
+
     /// The staged operations of open transaction `txn`, with room for one
     /// more (refused past [`TRANSACTION_OPS_MAX`]).
     fn staging(&mut self, txn: TxnId) -> Result<&mut Vec<Staged>, BrokerError> {
         let ops = self
-            .txns
-            .get_mut(&txn)
+            .rare
+            .as_mut()
+            .and_then(|r| r.txns.get_mut(&txn))
             .ok_or(BrokerError::Unknown("transaction"))?;
         if ops.len() >= TRANSACTION_OPS_MAX {
             return Err(BrokerError::ResourceLimit(format!(
@@ -209,7 +260,7 @@ impl CoreSession {
 
     fn state(&self) -> Result<parking_lot::MutexGuard<'_, SessionState>, BrokerError> {
         let st = self.shared.state.lock();
-        if st.closed {
+        if st.is_closed() {
             return Err(BrokerError::SessionClosed);
         }
         Ok(st)
@@ -226,7 +277,7 @@ impl CoreSession {
 
     /// The stream reader `consumer` is, if it is one.
     fn stream_reader(&self, consumer: ConsumerId) -> Result<Option<Arc<Reader>>, BrokerError> {
-        Ok(self.state()?.stream_readers.get(&consumer).cloned())
+        Ok(self.state()?.stream_reader(&consumer).cloned())
     }
 
     /// The stream a consumer reads, when it reads one: a queue name that
@@ -275,8 +326,7 @@ impl CoreSession {
         }
         let member = source.partitioned && read.group.is_some();
         let starts: Vec<Option<u64>> = starts.into_iter().map(|s| (!member).then_some(s)).collect();
-        st.next_consumer += 1;
-        let id = ConsumerId(st.next_consumer);
+        let id = st.ids.next();
         let reader = Arc::new(Reader::new(
             id,
             source,
@@ -286,7 +336,7 @@ impl CoreSession {
             read.group,
             &starts,
         ));
-        st.stream_readers.insert(id, Arc::clone(&reader));
+        st.rare().stream_readers.insert(id, Arc::clone(&reader));
         drop(st);
         self.inner.streams.attach(&target, &reader);
         Ok(id)
@@ -439,10 +489,10 @@ fn dispatch_to_session(inner: &Inner, shared: &SessionShared) {
     let readers: Vec<Arc<Reader>> = shared
         .state
         .lock()
-        .stream_readers
-        .values()
-        .cloned()
-        .collect();
+        .rare
+        .as_ref()
+        .map(|r| r.stream_readers.values().cloned().collect())
+        .unwrap_or_default();
     for r in readers {
         r.pump(&inner.streams.groups);
     }
@@ -663,22 +713,20 @@ fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
 fn close_shared(inner: &Arc<Inner>, shared: &Arc<SessionShared>, kind: CloseKind) {
     let (consumers, owned, will, readers) = {
         let mut st = shared.state.lock();
-        if st.closed {
+        if st.is_closed() {
             return;
         }
-        st.closed = true;
-        st.txns.clear();
+        st.ids.close();
+        let rare = st.rare.take().map(|r| *r).unwrap_or_default();
         // All closed before any leaves its group, so that a rebalance
         // gives no partition to another reader of this closing session.
-        let readers: Vec<Arc<Reader>> = std::mem::take(&mut st.stream_readers)
-            .into_values()
-            .collect();
+        let readers: Vec<Arc<Reader>> = rare.stream_readers.into_values().collect();
         for r in &readers {
             r.close();
         }
         (
             std::mem::take(&mut st.consumers),
-            std::mem::take(&mut st.owned_queues),
+            std::mem::take(&mut st.owned_queues).into_vec(),
             st.will.take().map(|w| *w),
             readers,
         )
@@ -737,10 +785,9 @@ impl Session for CoreSession {
         batch.commit(&self.inner, None);
         if lifetime == QueueLifetime::Session && !existed {
             // Exactly sized for the first: an MQTT session owns one.
-            if st.owned_queues.capacity() == 0 {
-                st.owned_queues.reserve_exact(1);
-            }
-            st.owned_queues.push(Arc::clone(&q.name));
+            let mut owned = std::mem::take(&mut st.owned_queues).into_vec();
+            owned.push(Arc::clone(&q.name));
+            st.owned_queues = owned.into_boxed_slice();
         }
         Ok(Inner::queue_info(&q, existed))
     }
@@ -759,7 +806,11 @@ impl Session for CoreSession {
 
     fn delete_queue(&mut self, name: &str) -> Result<(), BrokerError> {
         let mut st = self.state()?;
-        st.owned_queues.retain(|n| &**n != name);
+        if st.owned_queues.iter().any(|n| &**n == name) {
+            let mut owned = std::mem::take(&mut st.owned_queues).into_vec();
+            owned.retain(|n| &**n != name);
+            st.owned_queues = owned.into_boxed_slice();
+        }
         self.inner.delete_queue(name)
     }
 
@@ -879,8 +930,7 @@ impl Session for CoreSession {
                 )));
             }
         }
-        st.next_consumer += 1;
-        let id = ConsumerId(st.next_consumer);
+        let id = st.ids.next();
         let credit = match spec.credit {
             CreditMode::Window(n) | CreditMode::Explicit(n) => n,
         };
@@ -920,7 +970,11 @@ impl Session for CoreSession {
 
     fn cancel(&mut self, consumer: ConsumerId) -> Result<(), BrokerError> {
         let mut st = self.state()?;
-        if let Some(r) = st.stream_readers.remove(&consumer) {
+        let reader = st
+            .rare
+            .as_mut()
+            .and_then(|r| r.stream_readers.remove(&consumer));
+        if let Some(r) = reader {
             drop(st);
             self.inner.streams.detach(&r);
             return Ok(());
@@ -1159,10 +1213,11 @@ impl Session for CoreSession {
 
     fn begin(&mut self) -> TxnId {
         let mut st = self.shared.state.lock();
-        st.next_txn += 1;
-        let id = TxnId(st.next_txn);
-        if st.txns.len() < TRANSACTIONS_OPEN_MAX {
-            st.txns.insert(id, Vec::new());
+        let rare = st.rare();
+        rare.next_txn += 1;
+        let id = TxnId(rare.next_txn);
+        if rare.txns.len() < TRANSACTIONS_OPEN_MAX {
+            rare.txns.insert(id, Vec::new());
         }
         // Past the limit the id is never registered, so every use of it
         // fails with "unknown transaction".
@@ -1172,8 +1227,9 @@ impl Session for CoreSession {
     fn commit(&mut self, txn: TxnId) -> Result<Ticket, BrokerError> {
         let mut st = self.state()?;
         let ops = st
-            .txns
-            .remove(&txn)
+            .rare
+            .as_mut()
+            .and_then(|r| r.txns.remove(&txn))
             .ok_or(BrokerError::Unknown("transaction"))?;
         let consumers: HashMap<ConsumerId, Arc<Queue>> = st
             .consumers
@@ -1232,8 +1288,9 @@ impl Session for CoreSession {
 
     fn rollback(&mut self, txn: TxnId) -> Result<(), BrokerError> {
         let mut st = self.state()?;
-        st.txns
-            .remove(&txn)
+        st.rare
+            .as_mut()
+            .and_then(|r| r.txns.remove(&txn))
             .map(|_| ())
             .ok_or(BrokerError::Unknown("transaction"))
     }
@@ -1310,4 +1367,21 @@ fn state_key(info: &SessionInfo, key: &str) -> String {
         info.client_id.as_deref().unwrap_or(""),
         key
     )
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    /// One per connection (issue 20): 144 bytes and Arc's two counts are
+    /// mimalloc's 160 B class; a field more would take it to 192.
+    #[test]
+    fn a_session_fits_its_size_class() {
+        assert_eq!(std::mem::size_of::<SessionState>(), 56);
+        assert!(
+            std::mem::size_of::<SessionShared>() <= 144,
+            "SessionShared is {} B",
+            std::mem::size_of::<SessionShared>()
+        );
+    }
 }

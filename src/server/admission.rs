@@ -19,17 +19,19 @@
 //! of logins can take the authenticated count past `connections_max` by at
 //! most `unauthenticated_connections_max`; sockets are bounded by the sum.
 //!
-//! The signal "this connection has authenticated" is [`AdmittedBroker`]: the
-//! broker handle the server gives each adapter, which forwards everything
-//! to the core and moves its [`Ticket`] to the authenticated count when the
-//! adapter opens its session. No adapter or driver code knows about it.
+//! The signal "this connection has authenticated" is the [`Ticket`] itself,
+//! as the broker handle the server gives each adapter
+//! ([`Ticket::broker`]): it forwards everything to the core and moves to
+//! the authenticated count when the adapter opens its session. No adapter
+//! or driver code knows about it. One allocation per connection for the
+//! ticket and the handle (64 B; two of 48 and 40 B before, issue 20).
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -87,9 +89,10 @@ struct Connecting {
     by_address: HashMap<IpAddr, usize>,
 }
 
-/// The counts and limits every accept consults.
-#[derive(Debug)]
+/// The counts and limits every accept consults, and the core its
+/// tickets forward to as broker handles.
 pub(crate) struct Admission {
+    core: Core,
     limits: Limits,
     authenticated: AtomicUsize,
     connecting: Mutex<Connecting>,
@@ -103,8 +106,9 @@ fn as_usize(n: u32) -> usize {
 }
 
 impl Admission {
-    pub(crate) fn new(config: &BrokerConfig) -> Arc<Self> {
+    pub(crate) fn new(config: &BrokerConfig, core: Core) -> Arc<Self> {
         Arc::new(Self {
+            core,
             limits: Limits {
                 authenticated_max: as_usize(config.connections_max),
                 unauthenticated_max: as_usize(config.unauthenticated_connections_max),
@@ -159,6 +163,7 @@ impl Admission {
             admission: Arc::clone(self),
             addr: per_address.then_some(addr),
             authenticated: AtomicBool::new(false),
+            placement: OnceLock::new(),
         })))
     }
 
@@ -193,23 +198,40 @@ impl Admission {
 }
 
 /// One admitted connection's place in the counts; it gives the place back
-/// when the last clone is dropped.
-#[derive(Debug, Clone)]
+/// when the last clone is dropped. Its adapter's broker handle too
+/// ([`Ticket::broker`]).
+#[derive(Clone)]
 pub(crate) struct Ticket(Arc<TicketState>);
 
-#[derive(Debug)]
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket")
+            .field("addr", &self.0.addr)
+            .field("authenticated", &self.is_authenticated())
+            .finish()
+    }
+}
+
+/// 48 bytes: with `Arc`'s counts, mimalloc's 64 B class.
 struct TicketState {
     admission: Arc<Admission>,
     /// The address it counts under; `None` for a cluster member's.
     addr: Option<IpAddr>,
     authenticated: AtomicBool,
+    /// `[cluster]`'s balancer, and what it needs to know of the transport,
+    /// set when the adapter starts (the transport is known then). Boxed:
+    /// most nodes have no cluster.
+    placement: OnceLock<Box<Placer>>,
 }
 
 impl Ticket {
     /// The connection has authenticated: it leaves the unauthenticated
     /// counts for the authenticated one. Idempotent.
     pub(crate) fn authenticated(&self) {
-        let state = &self.0;
+        Self::mark_authenticated(&self.0);
+    }
+
+    fn mark_authenticated(state: &TicketState) {
         if !state.authenticated.swap(true, Ordering::AcqRel) {
             state.admission.release_connecting(state.addr);
             state
@@ -221,6 +243,25 @@ impl Ticket {
 
     fn is_authenticated(&self) -> bool {
         self.0.authenticated.load(Ordering::Acquire)
+    }
+
+    /// The broker handle of the connection's adapter: the core, plus the
+    /// signal that the connection has authenticated (its session is
+    /// opened). With `cluster` (when there is one), it asks the cluster
+    /// where the connection of `peer` belongs.
+    pub(crate) fn broker(&self, cluster: Option<Arc<ClusterNode>>, peer: &Peer) -> Arc<dyn Broker> {
+        // A client another node proxied here was placed there.
+        if let Some(cluster) = cluster.filter(|_| !peer.proxied) {
+            let _ = self.0.placement.set(Box::new(Placer {
+                cluster,
+                transport: Transport {
+                    listener: peer.listener,
+                    source: peer.addr.ip(),
+                    sni_host: peer.sni_host.clone(),
+                },
+            }));
+        }
+        Arc::clone(&self.0) as Arc<dyn Broker>
     }
 }
 
@@ -310,44 +351,6 @@ impl Future for HandshakeDeadline {
     }
 }
 
-/// The broker handle of one connection: the core, plus the signal that
-/// the connection has authenticated (its session is opened).
-pub(crate) struct AdmittedBroker {
-    core: Core,
-    ticket: Ticket,
-    /// `[cluster]`'s balancer, and what it needs to know of the transport.
-    /// Boxed: one handle per connection, and most nodes have no cluster.
-    placement: Option<Box<Placer>>,
-}
-
-impl AdmittedBroker {
-    pub(crate) fn new(core: Core, ticket: Ticket) -> Self {
-        Self {
-            core,
-            ticket,
-            placement: None,
-        }
-    }
-
-    /// Asks `cluster` (when there is one) where the connection of `peer`
-    /// belongs.
-    pub(crate) fn with_placement(mut self, cluster: Option<Arc<ClusterNode>>, peer: &Peer) -> Self {
-        // A client another node proxied here was placed there.
-        let cluster = cluster.filter(|_| !peer.proxied);
-        self.placement = cluster.map(|cluster| {
-            Box::new(Placer {
-                cluster,
-                transport: Transport {
-                    listener: peer.listener,
-                    source: peer.addr.ip(),
-                    sni_host: peer.sni_host.clone(),
-                },
-            })
-        });
-        self
-    }
-}
-
 /// The balancer of a connection, and what the transport knows of it.
 struct Placer {
     cluster: Arc<ClusterNode>,
@@ -356,25 +359,25 @@ struct Placer {
 
 // Every method forwards to the core, the provided ones included, so that
 // the core's own version of any of them is the one in force.
-impl Broker for AdmittedBroker {
+impl Broker for TicketState {
     fn authenticate(
         &self,
         user: Option<&str>,
         password: Option<&[u8]>,
     ) -> Result<Principal, AuthError> {
-        self.core.authenticate(user, password)
+        self.admission.core.authenticate(user, password)
     }
 
     fn scram_credentials(&self, user: &str) -> Option<ScramCredentials> {
-        self.core.scram_credentials(user)
+        self.admission.core.scram_credentials(user)
     }
 
     fn anonymous_allowed(&self) -> bool {
-        self.core.anonymous_allowed()
+        self.admission.core.anonymous_allowed()
     }
 
     fn authenticate_certificate(&self, subject: &str) -> Result<Principal, AuthError> {
-        self.core.authenticate_certificate(subject)
+        self.admission.core.authenticate_certificate(subject)
     }
 
     fn authenticate_connection(
@@ -383,23 +386,24 @@ impl Broker for AdmittedBroker {
         password: Option<&[u8]>,
         certificate_user: Option<&str>,
     ) -> Result<Principal, AuthError> {
-        self.core
+        self.admission
+            .core
             .authenticate_connection(user, password, certificate_user)
     }
 
     fn start_login(&self, credentials: Credentials<'_>, sink: &Arc<dyn EventSink>) -> LoginStart {
-        self.core.start_login(credentials, sink)
+        self.admission.core.start_login(credentials, sink)
     }
 
     fn open_session(&self, info: SessionInfo, sink: Arc<dyn EventSink>) -> Box<dyn Session> {
-        self.ticket.authenticated();
-        self.core.open_session(info, sink)
+        Ticket::mark_authenticated(self);
+        self.admission.core.open_session(info, sink)
     }
 
     fn place_connection(&self, request: &PlacementRequest<'_>) -> Placement {
-        match &self.placement {
+        match self.placement.get() {
             Some(p) => p.cluster.place(request, &p.transport),
-            None => self.core.place_connection(request),
+            None => self.admission.core.place_connection(request),
         }
     }
 }
@@ -409,12 +413,23 @@ mod tests {
     use super::*;
 
     fn admission(authenticated: u32, unauthenticated: u32, per_address: u32) -> Arc<Admission> {
-        Admission::new(&BrokerConfig {
-            connections_max: authenticated,
-            unauthenticated_connections_max: unauthenticated,
-            unauthenticated_per_address_max: per_address,
-            ..BrokerConfig::default()
-        })
+        Admission::new(
+            &BrokerConfig {
+                connections_max: authenticated,
+                unauthenticated_connections_max: unauthenticated,
+                unauthenticated_per_address_max: per_address,
+                ..BrokerConfig::default()
+            },
+            Core::in_memory(),
+        )
+    }
+
+    /// The ticket is the adapter's broker handle too: one allocation of
+    /// mimalloc's 64 B class per connection.
+    #[test]
+    fn a_ticket_fits_its_size_class() {
+        let size = std::mem::size_of::<TicketState>();
+        assert!(size <= 48, "TicketState is {size} B");
     }
 
     const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));

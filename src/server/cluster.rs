@@ -1,6 +1,6 @@
 //! `[cluster]` in the server: the balancers connections ask (each
 //! listener its own, `[[cluster.balancers]]`, or the default one; through
-//! its [`AdmittedBroker`](super::admission::AdmittedBroker)), and the etcd
+//! its broker handle, [`Ticket::broker`](super::admission::Ticket::broker)), and the etcd
 //! membership that feeds it, started once the listeners are bound (their
 //! addresses are what the node publishes) and left first on shutdown.
 //! Without `[cluster]` none of this exists.

@@ -290,6 +290,7 @@ pub async fn start(
             tracing::warn!(error = %e, "cannot park idle connections out of tokio (epoll)");
         })
         .ok();
+    let admission = admission::Admission::new(&config.broker, core.clone());
     let shared = Arc::new(Shared {
         core,
         config: config.clone(),
@@ -300,7 +301,7 @@ pub async fn start(
         tls,
         certificate,
         store: Arc::clone(&store),
-        admission: admission::Admission::new(&config.broker),
+        admission,
         refusals: Arc::default(),
         tls_log: log_throttle::LogThrottle::default(),
         connections: Arc::default(),

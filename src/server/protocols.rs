@@ -12,7 +12,7 @@ use rosetta_neutral::{Broker, SessionEvent};
 
 use rosetta_config::ListenerKind;
 
-use super::admission::{AdmittedBroker, Ticket};
+use super::admission::Ticket;
 use super::driver::{self, Driver, DriverParts, ProtocolConnection};
 use super::listener::{ConnectionTask, TaskTail};
 use super::parking::{ParkableIo, ParkableTask, Parker};
@@ -469,10 +469,7 @@ where
     };
     // The adapter's broker: the core, and the signal that the connection
     // has authenticated (see `admission`).
-    let broker: Arc<dyn Broker> = Arc::new(
-        AdmittedBroker::new(shared.core.clone(), peer.admission.clone())
-            .with_placement(shared.cluster.clone(), &peer),
-    );
+    let broker: Arc<dyn Broker> = peer.admission.broker(shared.cluster.clone(), &peer);
     let now = Instant::now();
     let user = peer.certificate_user;
     match wire {

@@ -206,8 +206,38 @@ pub trait EventSink: Send + Sync {
     /// The connection's budget for deliveries it has not written yet; the
     /// core charges every delivery to it and stops dispatching to the
     /// connection while it is full. `None`: no bound (in-process sinks).
-    fn budget(&self) -> Option<&Arc<DeliveryBudget>> {
+    fn budget(&self) -> Option<&DeliveryBudget> {
         None
+    }
+
+    /// The budget's notice for the connection's driver: the core now
+    /// waits for room, or a returned charge made room while it waits (see
+    /// [`crate::budget`]). Must not block; the default ignores it.
+    fn budget_notice(&self) {}
+
+    /// [`crate::budget::has_room`] through one dynamic call: provided
+    /// methods are compiled per sink type, so the budget's own checks
+    /// inline into them (a delivery's path, issue 20). Not to override.
+    #[doc(hidden)]
+    fn budget_has_room(&self) -> bool {
+        self.budget()
+            .is_none_or(|budget| budget.try_room(|| self.budget_notice()))
+    }
+
+    /// Adds `bytes` to the budget, if there is one (whether there is);
+    /// see [`Self::budget_has_room`]. Not to override.
+    #[doc(hidden)]
+    fn budget_charge(&self, bytes: u64) -> bool {
+        self.budget().map(|budget| budget.add(bytes)).is_some()
+    }
+
+    /// Returns `bytes` to the budget; see [`Self::budget_has_room`]. Not
+    /// to override.
+    #[doc(hidden)]
+    fn budget_uncharge(&self, bytes: u64) {
+        if let Some(budget) = self.budget() {
+            budget.uncharge(bytes, || self.budget_notice());
+        }
     }
 
     /// The core accepted one publish of the session's client (counted as

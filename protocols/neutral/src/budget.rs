@@ -8,19 +8,22 @@
 //! included, into its connection. A [`DeliveryBudget`] bounds the same path
 //! in *bytes*:
 //!
-//! - The connection's driver makes one budget per connection and hands it
-//!   to the core through [`EventSink::budget`](crate::EventSink::budget).
-//! - The core asks [`DeliveryBudget::try_room`] before it hands a consumer of
-//!   that connection a message, and charges the message to the budget: the
-//!   [`DeliveryCharge`] travels inside the [`Delivery`](crate::Delivery).
+//! - The connection's event sink holds one budget per connection, inline
+//!   (the sink, its event queue and the budget are one allocation), and
+//!   hands it to the core through [`EventSink::budget`].
+//! - The core asks [`has_room`] before it hands a consumer of that
+//!   connection a message, and charges the message to the sink's budget
+//!   ([`DeliveryCharge::on`]): the charge, which holds the sink, travels
+//!   inside the [`Delivery`](crate::Delivery).
 //! - The adapter drops the delivery (and so its charge) once it has turned
 //!   it into output bytes; a delivery the adapter holds back for its own
 //!   flow control (an AMQP session window, MQTT's receive maximum) stays
 //!   charged while it waits.
 //! - When a charge brings a held-back budget down to half its size, the
-//!   budget asks its connection's driver to [resume](DeliveryBudget::resume)
-//!   the core, which dispatches to that connection's consumers again. The
-//!   hysteresis keeps a busy connection from waking the core per message.
+//!   budget tells its sink ([`EventSink::budget_notice`]), whose driver
+//!   then [resumes](DeliveryBudget::resume_if_due) the core, which
+//!   dispatches to that connection's consumers again. The hysteresis keeps
+//!   a busy connection from waking the core per message.
 //!
 //! Admission checks only that the budget is not yet full, so one message
 //! larger than the whole budget still goes through (alone): a budget bounds
@@ -29,29 +32,34 @@
 //! The output buffer is not charged: a driver takes new events only once it
 //! has written its previous output, so a connection holds at most its
 //! budget in waiting deliveries plus one batch being written.
+//!
+//! A charge keeps its sink alive, so a sink that queues deliveries holds
+//! itself while they wait: its owner drops what is queued when the
+//! connection ends (the server's driver does, and refuses later events).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-/// A callback the budget runs; see [`DeliveryBudget::set_notify`] and
-/// [`DeliveryBudget::set_resume`].
+use crate::broker::EventSink;
+
+/// A callback the budget runs; see [`DeliveryBudget::set_resume`].
 pub type BudgetCallback = Box<dyn Fn() + Send + Sync>;
 
-/// One connection's allowance for deliveries it has not yet written.
+/// One connection's allowance for deliveries it has not yet written. Held
+/// inline by the connection's [`EventSink`] (one per connection: 48 bytes,
+/// no allocation of its own).
 pub struct DeliveryBudget {
-    max_bytes: u64,
+    /// Never 0, so an `Option<DeliveryBudget>` is no larger.
+    max_bytes: NonZeroU64,
     used_bytes: AtomicU64,
-    /// The core held a delivery back for lack of room and waits to be
-    /// resumed.
-    held_back: AtomicBool,
-    /// When the budget was first found full since it last resumed, for the
-    /// driver's slow-consumer deadline: nanoseconds since [`clock_base`]
-    /// (at least 1), 0 for none. An atomic rather than a locked
-    /// `Option<Instant>` (8 bytes, not 24: one budget per connection).
+    /// Whether the core held a delivery back for lack of room and waits to
+    /// be resumed, and since when, for the driver's slow-consumer deadline:
+    /// nanoseconds since [`clock_base`] (at least 1), 0 when the core does
+    /// not wait. One atomic rather than a flag and a locked
+    /// `Option<Instant>`.
     held_back_since: AtomicU64,
-    /// Wakes the connection's driver (set by the driver).
-    notify: OnceLock<BudgetCallback>,
     /// Dispatches to the connection's consumers again (set by the core).
     resume: OnceLock<BudgetCallback>,
 }
@@ -61,27 +69,35 @@ impl std::fmt::Debug for DeliveryBudget {
         f.debug_struct("DeliveryBudget")
             .field("max_bytes", &self.max_bytes)
             .field("used_bytes", &self.used_bytes())
-            .field("held_back", &self.held_back.load(Ordering::Relaxed))
+            .field("held_back", &self.is_held_back())
             .finish()
     }
 }
 
+/// Whether the core may hand `sink`'s connection a delivery now (always,
+/// for a sink without a budget). When it may not, the budget remembers
+/// that the core is waiting, tells the sink ([`EventSink::budget_notice`])
+/// and has it resume the core once there is room again; so the core may
+/// simply stop dispatching to this connection after a `false`.
+#[inline]
+pub fn has_room(sink: &dyn EventSink) -> bool {
+    sink.budget_has_room()
+}
+
 impl DeliveryBudget {
     /// A budget of `max_bytes` (at least 1).
-    pub fn new(max_bytes: u64) -> Arc<Self> {
-        Arc::new(Self {
-            max_bytes: max_bytes.max(1),
+    pub fn new(max_bytes: u64) -> Self {
+        Self {
+            max_bytes: NonZeroU64::new(max_bytes).unwrap_or(NonZeroU64::MIN),
             used_bytes: AtomicU64::new(0),
-            held_back: AtomicBool::new(false),
             held_back_since: AtomicU64::new(0),
-            notify: OnceLock::new(),
             resume: OnceLock::new(),
-        })
+        }
     }
 
     /// The budget's size.
     pub fn max_bytes(&self) -> u64 {
-        self.max_bytes
+        self.max_bytes.get()
     }
 
     /// Bytes of deliveries charged now.
@@ -89,54 +105,43 @@ impl DeliveryBudget {
         self.used_bytes.load(Ordering::SeqCst)
     }
 
-    /// Whether a delivery may be charged now. When it may not, the budget
-    /// remembers that the core is waiting, and resumes it once there is
-    /// room again; so the core may simply stop dispatching to this
-    /// connection after a `false`.
-    pub fn try_room(&self) -> bool {
-        if self.used_bytes() < self.max_bytes {
+    fn is_held_back(&self) -> bool {
+        self.held_back_since.load(Ordering::SeqCst) != 0
+    }
+
+    /// Whether a delivery may be charged now; see [`has_room`], which
+    /// passes the sink's notice as `notify` (run when the core starts to
+    /// wait).
+    #[inline]
+    pub fn try_room(&self, notify: impl FnOnce()) -> bool {
+        if self.used_bytes() < self.max_bytes() {
             return true;
         }
-        if !self.held_back.swap(true, Ordering::SeqCst) {
+        if !self.is_held_back() {
             let since = Instant::now().saturating_duration_since(clock_base());
             let nanos = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX).max(1);
-            self.held_back_since.store(nanos, Ordering::SeqCst);
-            // The driver learns that the core now waits, so it can time a
-            // peer that stopped reading (its slow-consumer deadline).
-            if let Some(notify) = self.notify.get() {
+            if self
+                .held_back_since
+                .compare_exchange(0, nanos, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                // The driver learns that the core now waits, so it can time
+                // a peer that stopped reading (its slow-consumer deadline).
                 notify();
             }
         }
         // Checked again after the flag is up: a charge dropped between the
         // first check and the flag saw no waiter, so room it made would
         // otherwise go unnoticed (see `DeliveryCharge::drop`).
-        self.used_bytes() < self.max_bytes
-    }
-
-    /// Charges `bytes` to the budget. The charge is returned when the
-    /// result is dropped.
-    pub fn charge(self: &Arc<Self>, bytes: u64) -> DeliveryCharge {
-        self.used_bytes.fetch_add(bytes, Ordering::SeqCst);
-        DeliveryCharge {
-            budget: Some((Arc::clone(self), bytes)),
-        }
+        self.used_bytes() < self.max_bytes()
     }
 
     /// Since when the core has been waiting for room, if it is.
     pub fn held_back_since(&self) -> Option<Instant> {
-        if !self.held_back.load(Ordering::SeqCst) {
-            return None;
-        }
         match self.held_back_since.load(Ordering::SeqCst) {
             0 => None,
             nanos => Some(clock_base() + std::time::Duration::from_nanos(nanos)),
         }
-    }
-
-    /// Sets the callback that wakes the connection's driver when the core
-    /// should be resumed. The first call wins.
-    pub fn set_notify(&self, notify: BudgetCallback) {
-        let _ = self.notify.set(notify);
     }
 
     /// Sets the callback that dispatches to the connection's consumers
@@ -149,13 +154,12 @@ impl DeliveryBudget {
     /// resumes the core if it waits and the budget is down to its low
     /// watermark. Returns whether it did.
     pub fn resume_if_due(&self) -> bool {
-        if !self.held_back.load(Ordering::SeqCst) || self.used_bytes() > self.low_watermark() {
+        if !self.is_held_back() || self.used_bytes() > self.low_watermark() {
             return false;
         }
-        if !self.held_back.swap(false, Ordering::SeqCst) {
+        if self.held_back_since.swap(0, Ordering::SeqCst) == 0 {
             return false;
         }
-        self.held_back_since.store(0, Ordering::SeqCst);
         if let Some(resume) = self.resume.get() {
             resume();
         }
@@ -163,10 +167,17 @@ impl DeliveryBudget {
     }
 
     fn low_watermark(&self) -> u64 {
-        self.max_bytes / 2
+        self.max_bytes() / 2
     }
 
-    fn uncharge(&self, bytes: u64) {
+    /// Charges `bytes` (see [`DeliveryCharge::on`]).
+    #[inline]
+    pub(crate) fn add(&self, bytes: u64) {
+        self.used_bytes.fetch_add(bytes, Ordering::SeqCst);
+    }
+
+    #[inline]
+    pub(crate) fn uncharge(&self, bytes: u64, notify: impl FnOnce()) {
         let after = self
             .used_bytes
             .fetch_sub(bytes, Ordering::SeqCst)
@@ -175,10 +186,8 @@ impl DeliveryBudget {
         // driver, not only the one that crosses it: the core may have given
         // up below the watermark (one message larger than the budget).
         // `resume_if_due` clears the wait, so the wake-ups stop there.
-        if after <= self.low_watermark() && self.held_back.load(Ordering::SeqCst) {
-            if let Some(notify) = self.notify.get() {
-                notify();
-            }
+        if after <= self.low_watermark() && self.is_held_back() {
+            notify();
         }
     }
 }
@@ -188,13 +197,27 @@ impl DeliveryBudget {
 /// decides when the bytes are gone.
 #[derive(Default)]
 pub struct DeliveryCharge {
-    budget: Option<(Arc<DeliveryBudget>, u64)>,
+    /// The sink whose budget holds the bytes, and the bytes.
+    budget: Option<(Arc<dyn EventSink>, u64)>,
 }
 
 impl DeliveryCharge {
     /// A charge of nothing (deliveries to a connection without a budget).
     pub fn none() -> Self {
         Self::default()
+    }
+
+    /// Charges `bytes` to `sink`'s budget (nothing, for a sink without
+    /// one). The bytes are returned when the result is dropped.
+    #[inline]
+    pub fn on(sink: &Arc<dyn EventSink>, bytes: u64) -> Self {
+        if sink.budget_charge(bytes) {
+            Self {
+                budget: Some((Arc::clone(sink), bytes)),
+            }
+        } else {
+            Self::none()
+        }
     }
 
     /// Bytes charged.
@@ -216,9 +239,10 @@ impl std::fmt::Debug for DeliveryCharge {
 }
 
 impl Drop for DeliveryCharge {
+    #[inline]
     fn drop(&mut self) {
-        if let Some((budget, bytes)) = self.budget.take() {
-            budget.uncharge(bytes);
+        if let Some((sink, bytes)) = self.budget.take() {
+            sink.budget_uncharge(bytes);
         }
     }
 }
@@ -234,90 +258,121 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
+    use crate::SessionEvent;
+
+    /// A sink with a budget that counts its notices.
+    struct Sink {
+        budget: DeliveryBudget,
+        notified: AtomicUsize,
+    }
+
+    impl EventSink for Sink {
+        fn send(&self, _event: SessionEvent) {}
+
+        fn budget(&self) -> Option<&DeliveryBudget> {
+            Some(&self.budget)
+        }
+
+        fn budget_notice(&self) {
+            self.notified.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn sink(max_bytes: u64) -> (Arc<Sink>, Arc<dyn EventSink>) {
+        let sink = Arc::new(Sink {
+            budget: DeliveryBudget::new(max_bytes),
+            notified: AtomicUsize::new(0),
+        });
+        let erased: Arc<dyn EventSink> = sink.clone();
+        (sink, erased)
+    }
+
+    impl Sink {
+        fn notified(&self) -> usize {
+            self.notified.load(Ordering::SeqCst)
+        }
+    }
 
     #[test]
     fn a_full_budget_refuses_until_charges_are_returned() {
-        let budget = DeliveryBudget::new(100);
-        assert!(budget.try_room());
-        let a = budget.charge(60);
-        assert!(budget.try_room(), "not full yet");
-        let b = budget.charge(60);
-        assert!(!budget.try_room(), "120 of 100 used");
-        assert!(budget.held_back_since().is_some());
+        let (sink, erased) = sink(100);
+        assert!(has_room(&*sink));
+        let a = DeliveryCharge::on(&erased, 60);
+        assert!(has_room(&*sink), "not full yet");
+        let b = DeliveryCharge::on(&erased, 60);
+        assert!(!has_room(&*sink), "120 of 100 used");
+        assert!(sink.budget.held_back_since().is_some());
         drop(a);
-        assert!(budget.try_room(), "60 of 100 used");
+        assert!(has_room(&*sink), "60 of 100 used");
         drop(b);
-        assert_eq!(budget.used_bytes(), 0);
+        assert_eq!(sink.budget.used_bytes(), 0);
     }
 
     #[test]
     fn one_message_larger_than_the_budget_is_admitted_alone() {
-        let budget = DeliveryBudget::new(100);
-        assert!(budget.try_room());
-        let big = budget.charge(1_000);
-        assert!(!budget.try_room());
+        let (sink, erased) = sink(100);
+        assert!(has_room(&*sink));
+        let big = DeliveryCharge::on(&erased, 1_000);
+        assert!(!has_room(&*sink));
         drop(big);
-        assert!(budget.try_room());
+        assert!(has_room(&*sink));
     }
 
     #[test]
     fn the_driver_is_notified_at_the_low_watermark_and_resumes_the_core_once() {
-        let budget = DeliveryBudget::new(100);
-        let notified = Arc::new(AtomicUsize::new(0));
+        let (sink, erased) = sink(100);
         let resumed = Arc::new(AtomicUsize::new(0));
-        let n = Arc::clone(&notified);
-        budget.set_notify(Box::new(move || {
-            n.fetch_add(1, Ordering::SeqCst);
-        }));
         let r = Arc::clone(&resumed);
-        budget.set_resume(Box::new(move || {
+        sink.budget.set_resume(Box::new(move || {
             r.fetch_add(1, Ordering::SeqCst);
         }));
-        let charges: Vec<_> = (0..10).map(|_| budget.charge(10)).collect();
-        assert!(!budget.try_room());
-        assert_eq!(
-            notified.load(Ordering::SeqCst),
-            1,
-            "told that the core waits"
-        );
-        assert!(!budget.try_room());
-        assert_eq!(notified.load(Ordering::SeqCst), 1, "told once");
-        assert!(!budget.resume_if_due(), "still full");
+        let charges: Vec<_> = (0..10).map(|_| DeliveryCharge::on(&erased, 10)).collect();
+        assert!(!has_room(&*sink));
+        assert_eq!(sink.notified(), 1, "told that the core waits");
+        assert!(!has_room(&*sink));
+        assert_eq!(sink.notified(), 1, "told once");
+        assert!(!sink.budget.resume_if_due(), "still full");
         let mut charges = charges.into_iter();
         for c in charges.by_ref().take(4) {
             drop(c);
         }
-        assert_eq!(notified.load(Ordering::SeqCst), 1, "60 used: above half");
+        assert_eq!(sink.notified(), 1, "60 used: above half");
         drop(charges.next());
-        assert_eq!(notified.load(Ordering::SeqCst), 2, "50 used: at half");
-        assert!(budget.resume_if_due());
-        assert!(!budget.resume_if_due(), "resumed once");
+        assert_eq!(sink.notified(), 2, "50 used: at half");
+        assert!(sink.budget.resume_if_due());
+        assert!(!sink.budget.resume_if_due(), "resumed once");
         assert_eq!(resumed.load(Ordering::SeqCst), 1);
-        assert!(budget.held_back_since().is_none());
+        assert!(sink.budget.held_back_since().is_none());
     }
 
     #[test]
     fn nothing_is_notified_when_the_core_never_waited() {
-        let budget = DeliveryBudget::new(100);
-        let notified = Arc::new(AtomicUsize::new(0));
-        let n = Arc::clone(&notified);
-        budget.set_notify(Box::new(move || {
-            n.fetch_add(1, Ordering::SeqCst);
-        }));
-        drop(budget.charge(90));
-        assert_eq!(notified.load(Ordering::SeqCst), 0);
-        assert!(!budget.resume_if_due());
+        let (sink, erased) = sink(100);
+        drop(DeliveryCharge::on(&erased, 90));
+        assert_eq!(sink.notified(), 0);
+        assert!(!sink.budget.resume_if_due());
     }
 
     #[test]
     fn a_clone_of_a_charge_returns_nothing() {
-        let budget = DeliveryBudget::new(100);
-        let charge = budget.charge(40);
+        let (sink, erased) = sink(100);
+        let charge = DeliveryCharge::on(&erased, 40);
         let copy = charge.clone();
         assert_eq!(copy.bytes(), 0);
         drop(copy);
-        assert_eq!(budget.used_bytes(), 40);
+        assert_eq!(sink.budget.used_bytes(), 40);
         drop(charge);
-        assert_eq!(budget.used_bytes(), 0);
+        assert_eq!(sink.budget.used_bytes(), 0);
+    }
+
+    #[test]
+    fn a_sink_without_a_budget_always_has_room_and_charges_nothing() {
+        struct Unbounded;
+        impl EventSink for Unbounded {
+            fn send(&self, _event: SessionEvent) {}
+        }
+        let sink: Arc<dyn EventSink> = Arc::new(Unbounded);
+        assert!(has_room(&*sink));
+        assert_eq!(DeliveryCharge::on(&sink, 10).bytes(), 0);
     }
 }

@@ -230,7 +230,7 @@ impl Reader {
             }
             (st.parts[part].next, Self::room(&st))
         };
-        let has_room = self.sink.budget().is_none_or(|b| b.try_room());
+        let has_room = rosetta_neutral::budget::has_room(&*self.sink);
         if room == 0 || !has_room {
             return PartPump::Stop;
         }
@@ -297,10 +297,8 @@ impl Reader {
                 st.credit = st.credit.saturating_sub(1);
                 st.sent = st.sent.wrapping_add(1);
             }
-            let charge = match self.sink.budget() {
-                Some(b) => b.charge(message.memory_size() as u64),
-                None => rosetta_neutral::DeliveryCharge::none(),
-            };
+            let charge =
+                rosetta_neutral::DeliveryCharge::on(&self.sink, message.memory_size() as u64);
             self.sink.send(SessionEvent::Delivery(Delivery {
                 consumer: self.consumer,
                 tag: DeliveryTag(tag),
