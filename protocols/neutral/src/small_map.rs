@@ -37,6 +37,9 @@ enum Repr<K, V, S> {
     Many(Box<HashMap<K, V, S>>),
 }
 
+/// [`SmallMap::parts`]: the slice and the hash map.
+type Parts<'a, K, V, S> = (&'a [(K, V)], Option<&'a HashMap<K, V, S>>);
+
 impl<K, V, S> Default for SmallMap<K, V, S> {
     fn default() -> Self {
         Self(Repr::Few(Box::default()))
@@ -136,12 +139,18 @@ impl<K: Hash + Eq, V, S: BuildHasher + Default> SmallMap<K, V, S> {
         self.len() == 0
     }
 
+    /// The slice's entries and the hash map, whichever holds them (the
+    /// other side empty): every iterator chains the two.
+    fn parts(&self) -> Parts<'_, K, V, S> {
+        match &self.0 {
+            Repr::Few(few) => (few, None),
+            Repr::Many(map) => (&[], Some(map)),
+        }
+    }
+
     /// Every entry, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
-        let (few, many) = match &self.0 {
-            Repr::Few(few) => (&few[..], None),
-            Repr::Many(map) => (&[][..], Some(map)),
-        };
+        let (few, many) = self.parts();
         few.iter()
             .map(|(k, v)| (k, v))
             .chain(many.into_iter().flat_map(|m| m.iter()))
@@ -149,13 +158,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Default> SmallMap<K, V, S> {
 
     /// Every key, in no particular order.
     pub fn keys(&self) -> impl Iterator<Item = &K> {
-        let (few, many) = match &self.0 {
-            Repr::Few(few) => (&few[..], None),
-            Repr::Many(map) => (&[][..], Some(map)),
-        };
-        few.iter()
-            .map(|(k, _)| k)
-            .chain(many.into_iter().flat_map(|m| m.keys()))
+        self.iter().map(|(k, _)| k)
     }
 
     /// Every value, to change, in no particular order.
@@ -171,13 +174,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Default> SmallMap<K, V, S> {
 
     /// Every value, in no particular order.
     pub fn values(&self) -> impl Iterator<Item = &V> {
-        let (few, many) = match &self.0 {
-            Repr::Few(few) => (&few[..], None),
-            Repr::Many(map) => (&[][..], Some(map)),
-        };
-        few.iter()
-            .map(|(_, v)| v)
-            .chain(many.into_iter().flat_map(|m| m.values()))
+        self.iter().map(|(_, v)| v)
     }
 }
 
