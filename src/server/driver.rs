@@ -493,10 +493,9 @@ where
         span,
         registered,
     } = parts;
-    Driver {
+    let state = ParkedDriver {
         conn_id,
         conn,
-        io,
         events: Events {
             queue: events,
             coarse: Slot::default(),
@@ -504,25 +503,14 @@ where
         // A disabled span (the usual case: it is a debug span) is not kept:
         // 40 bytes per idle connection for nothing.
         span: (!span.is_disabled()).then(|| Box::new(span)),
-        _registered: registered,
-        rbuf: Box::default(),
-        out: Vec::new(),
-        written: 0,
-        batch: VecDeque::new(),
-        timer: None,
-        trouble: None,
+        registered,
         slow_consumer_timeout_ms: slow_consumer_timeout.map_or(0, |t| {
             u32::try_from(t.as_millis()).unwrap_or(u32::MAX).max(1)
         }),
-        read_size: READ_BUFFER_MIN_BYTES as u32,
-        last_input_tick: 0,
-        flushing: false,
-        parking: false,
-        touched: true,
-        park_check: Slot::default(),
-        active_tick: 0,
-        phase: Phase::Running,
-    }
+    };
+    // A new connection's task decides whether it may park
+    // (`allow_parking`); a resumed one could already.
+    state.into_driver(io, false)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -958,7 +946,8 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
 
 /// What a parked connection keeps of its driver (see `parking`): the
 /// protocol state, the event queue with its coarse wake-up, the span and
-/// the registry entry. A driver without its buffers, timers and transport.
+/// the registry entry. A driver without its buffers, timers and transport
+/// (a new connection's driver is built from one too, see [`drive`]).
 pub(crate) struct ParkedDriver<C> {
     conn_id: u64,
     conn: C,
@@ -997,6 +986,13 @@ impl<C: ProtocolConnection> ParkedDriver<C> {
 
     /// The driver again, over `io`.
     pub(crate) fn resume<T>(self, io: T) -> Driver<C, T> {
+        self.into_driver(io, true)
+    }
+
+    /// A driver around this state over `io`, its buffers, timers and
+    /// idle bookkeeping fresh: how a new connection's driver starts
+    /// ([`drive`]) and how a parked one comes back ([`Self::resume`]).
+    fn into_driver<T>(self, io: T, parking: bool) -> Driver<C, T> {
         let ParkedDriver {
             conn_id,
             conn,
@@ -1022,7 +1018,7 @@ impl<C: ProtocolConnection> ParkedDriver<C> {
             read_size: READ_BUFFER_MIN_BYTES as u32,
             last_input_tick: 0,
             flushing: false,
-            parking: true,
+            parking,
             touched: true,
             park_check: Slot::default(),
             active_tick: 0,
