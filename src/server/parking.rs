@@ -606,6 +606,27 @@ mod tests {
         }
     }
 
+    /// A client with a 4 s keep-alive, silent since `connected`, was
+    /// closed 6 s after (1.5 times it), not at the coarse timer's early
+    /// wake-up 1.5 s before nor long after.
+    fn assert_closed_at_keep_alive(connected: Instant) {
+        let after = connected.elapsed();
+        assert!(
+            after >= Duration::from_millis(5900) && after < Duration::from_millis(7500),
+            "closed after {after:?}"
+        );
+    }
+
+    /// What an MQTT 5 client read after an admin close with the reason
+    /// "maintenance": a DISCONNECT carrying it.
+    fn assert_disconnect_with_reason(got: &[u8]) {
+        assert_eq!(got.first(), Some(&0xE0), "a DISCONNECT: {got:?}");
+        assert!(
+            got.windows(11).any(|w| w == b"maintenance"),
+            "with the reason: {got:?}"
+        );
+    }
+
     /// What a parked connection holds, against its task's future (the
     /// task cell adds tokio's header and rounds up to 128 B).
     #[test]
@@ -711,11 +732,7 @@ mod tests {
             closed_within(&mut silent, Duration::from_secs(10)).await,
             "not closed"
         );
-        let after = connected.elapsed();
-        assert!(
-            after >= Duration::from_millis(5900) && after < Duration::from_millis(7500),
-            "closed after {after:?}"
-        );
+        assert_closed_at_keep_alive(connected);
         assert_eq!(parked(&broker), 0);
         broker.shutdown().await.expect("shutdown");
     }
@@ -752,11 +769,7 @@ mod tests {
         let mut got = Vec::new();
         let read = tokio::time::timeout(Duration::from_secs(2), client.read_to_end(&mut got)).await;
         assert!(read.is_ok(), "closed promptly");
-        assert_eq!(got.first(), Some(&0xE0), "a DISCONNECT: {got:?}");
-        assert!(
-            got.windows(11).any(|w| w == b"maintenance"),
-            "with the reason: {got:?}"
-        );
+        assert_disconnect_with_reason(&got);
         broker.shutdown().await.expect("shutdown");
     }
 
@@ -797,7 +810,10 @@ mod tests {
 
         use rosetta_config::{ListenAddr, ListenerKind};
 
-        use super::{broker_with, connect, parked, publish, subscribe, until_parked};
+        use super::{
+            assert_closed_at_keep_alive, assert_disconnect_with_reason, broker_with, connect,
+            parked, publish, subscribe, until_parked,
+        };
         use crate::RunningBroker;
 
         type Client = WebSocketStream<TcpStream>;
@@ -992,11 +1008,7 @@ mod tests {
             until_parked(&broker, 1).await;
             let (closed, _) = closed_within(&mut silent, Duration::from_secs(10)).await;
             assert!(closed, "not closed");
-            let after = connected.elapsed();
-            assert!(
-                after >= Duration::from_millis(5900) && after < Duration::from_millis(7500),
-                "closed after {after:?}"
-            );
+            assert_closed_at_keep_alive(connected);
             assert_eq!(parked(&broker), 0);
             broker.shutdown().await.expect("shutdown");
         }
@@ -1011,11 +1023,7 @@ mod tests {
             assert!(broker.shared.connections.close(id, "maintenance".into()));
             let (closed, got) = closed_within(&mut client, Duration::from_secs(2)).await;
             assert!(closed, "closed promptly");
-            assert_eq!(got.first(), Some(&0xE0), "a DISCONNECT: {got:?}");
-            assert!(
-                got.windows(11).any(|w| w == b"maintenance"),
-                "with the reason: {got:?}"
-            );
+            assert_disconnect_with_reason(&got);
             broker.shutdown().await.expect("shutdown");
         }
 

@@ -1047,6 +1047,15 @@ mod tests {
     }
 
     /// Everything the server sent, as (opcode, payload) frames.
+    /// The server sent one frame, a close with `code` (and perhaps a
+    /// reason); `context` names the case in a failure.
+    async fn only_a_close_was_sent(client: &mut DuplexStream, code: u16, context: &str) {
+        let sent = frames_sent(client).await;
+        assert_eq!(sent.len(), 1, "{context} {sent:?}");
+        assert_eq!(sent[0].0, OP_CLOSE, "{context}");
+        assert_eq!(sent[0].1[..2], code.to_be_bytes(), "{context}");
+    }
+
     async fn frames_sent(client: &mut DuplexStream) -> Vec<(u8, Vec<u8>)> {
         let mut bytes = vec![0u8; 1 << 16];
         let n = tokio::time::timeout(std::time::Duration::from_secs(5), client.read(&mut bytes))
@@ -1146,10 +1155,7 @@ mod tests {
                 Err(e) => e,
             };
             assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{bad:02x?}");
-            let sent = frames_sent(&mut client).await;
-            assert_eq!(sent.len(), 1, "{bad:02x?}");
-            assert_eq!(sent[0].0, OP_CLOSE);
-            assert_eq!(sent[0].1[..2], CLOSE_PROTOCOL.to_be_bytes(), "{bad:02x?}");
+            only_a_close_was_sent(&mut client, CLOSE_PROTOCOL, &format!("{bad:02x?}")).await;
         }
     }
 
@@ -1168,10 +1174,7 @@ mod tests {
         let mut buf = [0u8; 16];
         let err = stream.read(&mut buf).await.expect_err("a fault");
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
-        let sent = frames_sent(&mut client).await;
-        assert_eq!(sent.len(), 1, "{sent:?}");
-        assert_eq!(sent[0].0, OP_CLOSE);
-        assert_eq!(sent[0].1[..2], CLOSE_INVALID.to_be_bytes());
+        only_a_close_was_sent(&mut client, CLOSE_INVALID, "").await;
     }
 
     /// The same round (finding 10): a close code RFC 6455 7.4 lets no
@@ -1233,10 +1236,7 @@ mod tests {
         };
         assert_eq!(got, 100, "the payload comes before the fault at its end");
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
-        let sent = frames_sent(&mut client).await;
-        assert_eq!(sent.len(), 1, "{sent:?}");
-        assert_eq!(sent[0].0, OP_CLOSE);
-        assert_eq!(sent[0].1[..2], CLOSE_INVALID.to_be_bytes());
+        only_a_close_was_sent(&mut client, CLOSE_INVALID, "").await;
     }
 
     #[tokio::test]
