@@ -40,7 +40,7 @@
 mod levels;
 pub(crate) mod paged;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -55,7 +55,6 @@ pub(crate) use paged::Paged;
 
 use super::queue::{ConsumerKey, Entry};
 use super::Journal;
-use rosetta_neutral::LazyMap;
 use rosetta_store::{MessageSeq, OsStorage, PageFile, PageRef, QueueId, Storage};
 
 /// Most messages read back from a page file at once.
@@ -220,16 +219,32 @@ pub(crate) struct Backlog {
     /// In memory, by priority then sequence (a released message returns to
     /// its place).
     memory: Levels,
-    /// On disk, in sequence order, all newer than `memory`.
+    /// Messages on disk and their page file. Boxed at the first page-out:
+    /// most queues never page, and there is a queue per MQTT subscriber
+    /// (issue 20).
+    paging: Option<Box<Paging>>,
+    /// What message groups and selecting consumers keep. Boxed at first
+    /// use, for the same reason.
+    aside: Option<Box<Aside>>,
+}
+
+/// A backlog's paged part.
+#[derive(Debug, Default)]
+struct Paging {
+    /// On disk, in sequence order, all newer than `Backlog::memory`.
     paged: VecDeque<Paged>,
-    /// Boxed: most queues never page, and a page file is 88 bytes.
-    file: Option<Box<PageFile>>,
+    file: Option<PageFile>,
     /// A page file failed: this queue keeps everything in memory from now.
-    paging_off: bool,
+    off: bool,
+}
+
+/// A backlog's part for message groups and selectors.
+#[derive(Debug, Default)]
+struct Aside {
     /// Messages of a message group waiting for the consumer the group is
     /// assigned to, by consumer, in sequence order. In memory, counted in
     /// the gauge; out of `memory`, so that nobody else passes over them.
-    reserved: LazyMap<ConsumerKey, BTreeMap<MessageSeq, Entry>>,
+    reserved: HashMap<ConsumerKey, BTreeMap<MessageSeq, Entry>>,
     reserved_len: usize,
     /// Whether the places of messages arriving in `memory` are noted in
     /// `arrived` (the queue has consumers with selectors, or message
@@ -238,10 +253,42 @@ pub(crate) struct Backlog {
     arrived: Vec<Place>,
 }
 
+/// The paged messages of a queue that has never paged.
+static NOTHING_PAGED: VecDeque<Paged> = VecDeque::new();
+
 impl Backlog {
+    /// Messages waiting on disk, in sequence order.
+    fn paged(&self) -> &VecDeque<Paged> {
+        self.paging.as_ref().map_or(&NOTHING_PAGED, |p| &p.paged)
+    }
+
+    fn paging_mut(&mut self) -> &mut Paging {
+        self.paging.get_or_insert_with(Box::default)
+    }
+
+    /// Messages kept for their groups' consumers, by consumer.
+    fn reserved(&self) -> impl Iterator<Item = (&ConsumerKey, &BTreeMap<MessageSeq, Entry>)> {
+        self.aside.iter().flat_map(|a| a.reserved.iter())
+    }
+
+    fn aside_mut(&mut self) -> &mut Aside {
+        self.aside.get_or_insert_with(Box::default)
+    }
+
+    /// Frees the groups-and-selectors part once it keeps nothing.
+    fn prune_aside(&mut self) {
+        if self
+            .aside
+            .as_ref()
+            .is_some_and(|a| !a.noting && a.reserved.is_empty())
+        {
+            self.aside = None;
+        }
+    }
+
     /// Messages waiting, paged and reserved ones included.
     pub(crate) fn len(&self) -> usize {
-        self.memory.len() + self.paged.len() + self.reserved_len
+        self.memory.len() + self.paged().len() + self.reserved_len()
     }
 
     /// Whether messages wait ready in memory (not paged, not reserved).
@@ -251,15 +298,18 @@ impl Backlog {
 
     /// Whether nothing waits but what is reserved for groups' consumers.
     pub(crate) fn shared_is_empty(&self) -> bool {
-        self.memory.is_empty() && self.paged.is_empty()
+        self.memory.is_empty() && self.paged().is_empty()
     }
 
     /// Notes (or stops noting) the places of messages as they arrive in
     /// memory, for [`Self::take_arrived`].
     pub(crate) fn set_noting(&mut self, noting: bool) {
-        self.noting = noting;
-        if !noting {
-            self.arrived.clear();
+        if noting {
+            self.aside_mut().noting = true;
+        } else if let Some(aside) = &mut self.aside {
+            aside.noting = false;
+            aside.arrived.clear();
+            self.prune_aside();
         }
     }
 
@@ -267,28 +317,31 @@ impl Backlog {
     /// (pushed, put back or read back from disk), while noting. The vector
     /// is handed back with [`Self::return_arrived`] so its capacity is kept.
     pub(crate) fn take_arrived(&mut self) -> Vec<Place> {
-        std::mem::take(&mut self.arrived)
+        self.aside
+            .as_mut()
+            .map(|a| std::mem::take(&mut a.arrived))
+            .unwrap_or_default()
     }
 
     /// Gives back the (emptied) vector of [`Self::take_arrived`].
     pub(crate) fn return_arrived(&mut self, mut arrived: Vec<Place>) {
         arrived.clear();
-        if self.arrived.is_empty() {
-            self.arrived = arrived;
+        if let Some(aside) = self.aside.as_mut().filter(|a| a.arrived.is_empty()) {
+            aside.arrived = arrived;
         }
     }
 
     fn insert_in_memory(&mut self, entry: Entry) {
         let place = self.memory.insert(entry);
-        if self.noting {
-            self.arrived.push(place);
+        if let Some(aside) = self.aside.as_mut().filter(|a| a.noting) {
+            aside.arrived.push(place);
         }
     }
 
     /// The message at the head of the in-memory part, read back from disk
     /// first if that part is empty.
     pub(crate) fn front(&mut self, gauge: &MemoryGauge, queue: QueueId) -> Option<&Entry> {
-        if self.memory.is_empty() && !self.paged.is_empty() {
+        if self.memory.is_empty() && !self.paged().is_empty() {
             self.page_in(gauge, queue);
         }
         self.memory.first()
@@ -314,20 +367,14 @@ impl Backlog {
             return Some(Withdrawn::of_counted(entry));
         }
         let owner = self
-            .reserved
-            .iter()
+            .reserved()
             .find_map(|(owner, list)| list.contains_key(&place.seq).then_some(*owner));
         if let Some(owner) = owner {
-            let list = self.reserved.get_mut(&owner)?;
-            let entry = list.remove(&place.seq)?;
-            if list.is_empty() {
-                self.reserved.remove(&owner);
-            }
-            self.reserved_len -= 1;
+            let entry = self.take_reserved(owner, |list| list.remove(&place.seq))?;
             return Some(Withdrawn::of_counted(entry));
         }
         let i = self.paged_index(place.seq)?;
-        let paged = self.paged.remove(i)?;
+        let paged = self.paging.as_mut()?.paged.remove(i)?;
         gauge.paged.fetch_sub(1, Ordering::Relaxed);
         Some(Withdrawn {
             seq: paged.seq,
@@ -339,7 +386,7 @@ impl Backlog {
     /// Whether the message at `place` waits here (see [`Self::withdraw`]).
     pub(crate) fn holds(&self, place: Place) -> bool {
         self.memory.get(place).is_some()
-            || self.reserved.values().any(|r| r.contains_key(&place.seq))
+            || self.reserved().any(|(_, r)| r.contains_key(&place.seq))
             || self.paged_index(place.seq).is_some()
     }
 
@@ -349,47 +396,68 @@ impl Backlog {
     /// flight left from memory, which holds the older messages, so the
     /// common miss is below the first paged seq and costs no scan.
     fn paged_index(&self, seq: MessageSeq) -> Option<usize> {
-        let first = self.paged.front()?.seq;
-        let last = self.paged.back()?.seq;
+        let paged = self.paged();
+        let first = paged.front()?.seq;
+        let last = paged.back()?.seq;
         if seq < first.min(last) || seq > first.max(last) {
             return None;
         }
-        let at = self.paged.partition_point(|p| p.seq < seq);
-        if self.paged.get(at).is_some_and(|p| p.seq == seq) {
+        let at = paged.partition_point(|p| p.seq < seq);
+        if paged.get(at).is_some_and(|p| p.seq == seq) {
             return Some(at);
         }
-        self.paged.iter().position(|p| p.seq == seq)
+        paged.iter().position(|p| p.seq == seq)
     }
 
     /// Reads the next batch of paged messages back while the broker is
     /// under its memory budget (for consumers whose messages may all be on
     /// disk behind messages they cannot take). False when nothing was read.
     pub(crate) fn page_in_within_budget(&mut self, gauge: &MemoryGauge, queue: QueueId) -> bool {
-        if self.paged.is_empty() || gauge.used() >= gauge.budget {
+        if self.paged().is_empty() || gauge.used() >= gauge.budget {
             return false;
         }
-        let before = self.paged.len();
+        let before = self.paged().len();
         // At most what the budget has room for (at least one message), so
         // reading back for these consumers overshoots it by one message at
         // most.
         let room = gauge.budget.saturating_sub(gauge.used());
         self.page_in_at_most(gauge, queue, room.min(DEPAGE_BATCH_BYTES));
-        self.paged.len() < before
+        self.paged().len() < before
     }
 
     /// Whether messages wait on disk.
     pub(crate) fn has_paged(&self) -> bool {
-        !self.paged.is_empty()
+        !self.paged().is_empty()
     }
 
     /// Messages reserved for their groups' consumers.
     pub(crate) fn reserved_len(&self) -> usize {
-        self.reserved_len
+        self.aside.as_ref().map_or(0, |a| a.reserved_len)
     }
 
     /// Whether messages are reserved for `consumer`.
     pub(crate) fn has_reserved(&self, consumer: ConsumerKey) -> bool {
-        self.reserved.contains_key(&consumer)
+        self.aside
+            .as_ref()
+            .is_some_and(|a| a.reserved.contains_key(&consumer))
+    }
+
+    /// Takes what `take` takes from the messages kept for `owner`, and
+    /// tidies up after it.
+    fn take_reserved(
+        &mut self,
+        owner: ConsumerKey,
+        take: impl FnOnce(&mut BTreeMap<MessageSeq, Entry>) -> Option<Entry>,
+    ) -> Option<Entry> {
+        let aside = self.aside.as_mut()?;
+        let list = aside.reserved.get_mut(&owner)?;
+        let entry = take(list);
+        if list.is_empty() {
+            aside.reserved.remove(&owner);
+        }
+        aside.reserved_len -= usize::from(entry.is_some());
+        self.prune_aside();
+        entry
     }
 
     /// The shared messages in memory, in no particular order.
@@ -399,16 +467,20 @@ impl Backlog {
 
     /// Keeps `entry` for `consumer` alone (its message group's consumer).
     pub(crate) fn reserve(&mut self, consumer: ConsumerKey, entry: Entry) {
-        self.reserved
+        let aside = self.aside_mut();
+        aside
+            .reserved
             .entry(consumer)
             .or_default()
             .insert(entry.seq, entry);
-        self.reserved_len += 1;
+        aside.reserved_len += 1;
     }
 
     /// The first message kept for `consumer`.
     pub(crate) fn first_reserved(&self, consumer: ConsumerKey) -> Option<&Entry> {
-        self.reserved
+        self.aside
+            .as_ref()?
+            .reserved
             .get(&consumer)
             .and_then(|r| r.first_key_value())
             .map(|(_, e)| e)
@@ -416,13 +488,7 @@ impl Backlog {
 
     /// Takes the first message kept for `consumer`.
     pub(crate) fn pop_reserved(&mut self, consumer: ConsumerKey) -> Option<Entry> {
-        let list = self.reserved.get_mut(&consumer)?;
-        let entry = list.pop_first().map(|(_, e)| e);
-        if list.is_empty() {
-            self.reserved.remove(&consumer);
-        }
-        self.reserved_len -= usize::from(entry.is_some());
-        entry
+        self.take_reserved(consumer, |list| list.pop_first().map(|(_, e)| e))
     }
 
     /// Takes the first message kept for `consumer` that `may_go` allows
@@ -434,26 +500,26 @@ impl Backlog {
         consumer: ConsumerKey,
         may_go: impl Fn(&Entry) -> bool,
     ) -> Option<Entry> {
-        let list = self.reserved.get_mut(&consumer)?;
-        let seq = list.values().find(|e| may_go(e)).map(|e| e.seq)?;
-        let entry = list.remove(&seq);
-        if list.is_empty() {
-            self.reserved.remove(&consumer);
-        }
-        self.reserved_len -= usize::from(entry.is_some());
-        entry
+        self.take_reserved(consumer, |list| {
+            let seq = list.values().find(|e| may_go(e)).map(|e| e.seq)?;
+            list.remove(&seq)
+        })
     }
 
     /// The consumer went: what was kept for it returns to the queue, to its
     /// place in queue order.
     pub(crate) fn unreserve(&mut self, consumer: ConsumerKey) {
-        let Some(list) = self.reserved.remove(&consumer) else {
+        let Some(aside) = self.aside.as_mut() else {
             return;
         };
-        self.reserved_len -= list.len();
+        let Some(list) = aside.reserved.remove(&consumer) else {
+            return;
+        };
+        aside.reserved_len -= list.len();
         for entry in list.into_values() {
             self.insert_in_memory(entry);
         }
+        self.prune_aside();
     }
 
     /// The waiting message (in memory, reserved or not) with the lowest
@@ -462,15 +528,14 @@ impl Backlog {
     pub(crate) fn first_from(&self, seq: MessageSeq) -> Option<&Entry> {
         let shared = self.memory.first_from(seq);
         let reserved = self
-            .reserved
-            .values()
-            .filter_map(|r| r.range(seq..).next().map(|(_, e)| e));
+            .reserved()
+            .filter_map(|(_, r)| r.range(seq..).next().map(|(_, e)| e));
         shared.into_iter().chain(reserved).min_by_key(|e| e.seq)
     }
 
     /// Messages waiting on disk.
     pub(crate) fn paged_len(&self) -> usize {
-        self.paged.len()
+        self.paged().len()
     }
 
     /// When the message at the head of the queue was enqueued.
@@ -479,11 +544,10 @@ impl Backlog {
             .memory
             .oldest()
             .map(|e| e.enqueued_at_ms)
-            .or_else(|| self.paged.front().map(|p| p.enqueued_at_ms));
+            .or_else(|| self.paged().front().map(|p| p.enqueued_at_ms));
         let reserved = self
-            .reserved
-            .values()
-            .filter_map(|r| r.first_key_value())
+            .reserved()
+            .filter_map(|(_, r)| r.first_key_value())
             .map(|(_, e)| e.enqueued_at_ms);
         waiting.into_iter().chain(reserved).min()
     }
@@ -492,7 +556,9 @@ impl Backlog {
     /// paging or the broker is over its memory budget.
     pub(crate) fn push(&mut self, entry: Entry, gauge: &MemoryGauge, queue: QueueId) {
         let page_dir = gauge.page_dir.as_deref().filter(|_| {
-            !self.paging_off && (!self.paged.is_empty() || gauge.over_budget_with(&entry))
+            let paging = self.paging.as_deref();
+            !paging.is_some_and(|p| p.off)
+                && (paging.is_some_and(|p| !p.paged.is_empty()) || gauge.over_budget_with(&entry))
         });
         if page_dir.is_some() && gauge.pages_into_journal(&entry) {
             let size = u32::try_from(entry.message.memory_size()).unwrap_or(u32::MAX);
@@ -505,19 +571,19 @@ impl Backlog {
             );
             paged.in_journal = true;
             gauge.paged.fetch_add(1, Ordering::Relaxed);
-            self.paged.push_back(paged);
+            self.paging_mut().paged.push_back(paged);
             return;
         }
         if let Some(dir) = page_dir {
             match self.page_out(&entry, gauge, dir, queue) {
                 Ok(at) => {
                     gauge.paged.fetch_add(1, Ordering::Relaxed);
-                    self.paged.push_back(Paged::of(entry, at));
+                    self.paging_mut().paged.push_back(Paged::of(entry, at));
                     return;
                 }
                 Err(e) => {
                     tracing::error!(queue, error = %e, "paging failed; this queue keeps its messages in memory");
-                    self.paging_off = true;
+                    self.paging_mut().off = true;
                 }
             }
         }
@@ -534,7 +600,7 @@ impl Backlog {
     /// The message at the head, read back from disk if the in-memory part
     /// is empty. Counted in the gauge while the caller holds it.
     pub(crate) fn pop_front(&mut self, gauge: &MemoryGauge, queue: QueueId) -> Option<Entry> {
-        if self.memory.is_empty() && !self.paged.is_empty() {
+        if self.memory.is_empty() && !self.paged().is_empty() {
             self.page_in(gauge, queue);
         }
         self.memory.pop_first()
@@ -553,23 +619,33 @@ impl Backlog {
     pub(crate) fn take_waiting(&mut self, gauge: &MemoryGauge) -> (Vec<Entry>, Vec<Withdrawn>) {
         gauge
             .paged
-            .fetch_sub(self.paged.len() as u64, Ordering::Relaxed);
-        let paged = std::mem::take(&mut self.paged)
-            .into_iter()
-            .map(|p| Withdrawn {
-                seq: p.seq,
-                journaled: p.journaled,
-                counted: None,
-            })
-            .collect();
-        self.file = None;
-        let mut all = std::mem::take(&mut self.memory).into_entries();
-        for list in std::mem::take(&mut self.reserved).into_values() {
-            all.extend(list.into_values());
+            .fetch_sub(self.paged().len() as u64, Ordering::Relaxed);
+        let mut paged = Vec::new();
+        if let Some(paging) = &mut self.paging {
+            paged = std::mem::take(&mut paging.paged)
+                .into_iter()
+                .map(|p| Withdrawn {
+                    seq: p.seq,
+                    journaled: p.journaled,
+                    counted: None,
+                })
+                .collect();
+            paging.file = None;
+            // A queue whose paging failed keeps that in mind.
+            if !paging.off {
+                self.paging = None;
+            }
         }
-        self.reserved_len = 0;
-        // Noted arrivals point at places that are gone now.
-        self.arrived.clear();
+        let mut all = std::mem::take(&mut self.memory).into_entries();
+        if let Some(aside) = &mut self.aside {
+            for list in std::mem::take(&mut aside.reserved).into_values() {
+                all.extend(list.into_values());
+            }
+            aside.reserved_len = 0;
+            // Noted arrivals point at places that are gone now.
+            aside.arrived.clear();
+        }
+        self.prune_aside();
         (all, paged)
     }
 
@@ -580,7 +656,8 @@ impl Backlog {
         dir: &std::path::Path,
         queue: QueueId,
     ) -> Result<PageRef, rosetta_store::PageError> {
-        let file = match &mut self.file {
+        let paging = self.paging_mut();
+        let file = match &mut paging.file {
             Some(f) => f,
             None => {
                 let file = PageFile::create(
@@ -588,7 +665,7 @@ impl Backlog {
                     &dir.join(format!("{queue}.page")),
                 )?;
                 tracing::info!(queue, "queue is over the memory budget: paging to disk");
-                self.file.insert(Box::new(file))
+                paging.file.insert(file)
             }
         };
         let mut body = Vec::with_capacity(entry.message.memory_size());
@@ -604,12 +681,12 @@ impl Backlog {
 
     /// [`Self::page_in`] of at most `bytes_max` (and at least one message).
     fn page_in_at_most(&mut self, gauge: &MemoryGauge, queue: QueueId, bytes_max: u64) {
-        let Some(in_journal) = self.paged.front().map(|p| p.in_journal) else {
+        let Some(in_journal) = self.paged().front().map(|p| p.in_journal) else {
             return;
         };
         let mut count = 0;
         let mut bytes = 0;
-        for p in &self.paged {
+        for p in self.paged() {
             if count == DEPAGE_BATCH_MESSAGES
                 || p.in_journal != in_journal
                 || (count > 0 && bytes + u64::from(p.at.len) > bytes_max)
@@ -632,24 +709,26 @@ impl Backlog {
         gauge.paged.fetch_sub(count as u64, Ordering::Relaxed);
         let Self {
             memory,
-            paged,
-            noting,
-            arrived,
-            ..
-        } = self;
-        for (p, message) in paged.drain(..count).zip(messages) {
+            paging: Some(paging),
+            aside,
+        } = self
+        else {
+            return;
+        };
+        let mut noted = aside.as_deref_mut().filter(|a| a.noting);
+        for (p, message) in paging.paged.drain(..count).zip(messages) {
             let Some(message) = message else {
                 continue;
             };
             let entry = p.into_entry(message);
             gauge.add(&entry);
             let place = memory.insert(entry);
-            if *noting {
-                arrived.push(place);
+            if let Some(aside) = noted.as_mut() {
+                aside.arrived.push(place);
             }
         }
-        if self.paged.is_empty() {
-            if let Some(file) = &mut self.file {
+        if paging.paged.is_empty() {
+            if let Some(file) = &mut paging.file {
                 if let Err(e) = file.clear() {
                     tracing::warn!(queue, error = %e, "cannot truncate the page file");
                 }
@@ -664,8 +743,9 @@ impl Backlog {
         queue: QueueId,
         count: usize,
     ) -> Option<Vec<Option<Arc<Message>>>> {
-        let file = self.file.as_mut()?;
-        let refs: Vec<PageRef> = self.paged.iter().take(count).map(|p| p.at).collect();
+        let paging = self.paging.as_deref_mut()?;
+        let file = paging.file.as_mut()?;
+        let refs: Vec<PageRef> = paging.paged.iter().take(count).map(|p| p.at).collect();
         let bodies = match file.read(&refs) {
             Ok(bodies) => bodies,
             Err(e) => {
@@ -674,7 +754,8 @@ impl Backlog {
             }
         };
         Some(
-            self.paged
+            paging
+                .paged
                 .iter()
                 .zip(bodies)
                 .map(|(p, body)| paged::decode(queue, p.seq, body))
@@ -691,7 +772,7 @@ impl Backlog {
         queue: QueueId,
         count: usize,
     ) -> Option<Vec<Option<Arc<Message>>>> {
-        let seqs: Vec<MessageSeq> = self.paged.iter().take(count).map(|p| p.seq).collect();
+        let seqs: Vec<MessageSeq> = self.paged().iter().take(count).map(|p| p.seq).collect();
         paged::read_from_journal(gauge.journal()?.as_ref(), queue, &seqs)
     }
 }

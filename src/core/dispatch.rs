@@ -62,6 +62,7 @@
 //! way: read back within the budget; past it, their browse ends at the
 //! last message in memory.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use rosetta_neutral::{CreditMode, Delivery, DeliveryTag, SessionEvent};
@@ -120,7 +121,10 @@ impl DispatchPolicy {
             if !receivers.includes(i, c) {
                 continue;
             }
-            if c.selector.is_some() && !c.matches.contains(&place) {
+            if c.selector
+                .as_ref()
+                .is_some_and(|s| !s.matches.contains(&place))
+            {
                 continue;
             }
             if let Some((_, (true, priority, _))) = best {
@@ -132,7 +136,7 @@ impl DispatchPolicy {
                 continue;
             }
             let not_excluded = entry.excluded != Some(c.key);
-            let fewer_groups = if full_scan { -(c.groups as i64) } else { 0 };
+            let fewer_groups = if full_scan { -i64::from(c.groups) } else { 0 };
             let score = (not_excluded, c.priority, fewer_groups);
             if best.is_none_or(|(_, b)| score > b) {
                 best = Some((i, score));
@@ -160,17 +164,17 @@ impl QueueState {
                 // One consumer gets everything now: groups are moot.
                 self.drop_groups();
             }
-            if let Some(selector) = &slot.selector {
+            if let Some(selecting) = &mut slot.selector {
                 self.selecting += 1;
                 self.backlog.set_noting(true);
                 let mut evaluated = 0u64;
                 for entry in self.backlog.iter_memory() {
                     evaluated += 1;
-                    if selector.matches(&entry.message) {
-                        slot.matches.insert(Place::of(entry));
+                    if selecting.selector.matches(&entry.message) {
+                        selecting.matches.insert(Place::of(entry));
                     }
                 }
-                self.stats.selector_evaluations_total += evaluated;
+                self.stats.get_mut().selector_evaluations_total += evaluated;
             }
         }
         // Exactly sized for the first: most queues (a session's) have one
@@ -299,16 +303,19 @@ impl QueueState {
                 continue;
             };
             for c in &mut self.consumers {
-                let Some(selector) = c.selector.as_deref().filter(|_| c.browse.is_none()) else {
+                if c.browse.is_some() {
+                    continue;
+                }
+                let Some(selecting) = c.selector.as_deref_mut() else {
                     continue;
                 };
                 evaluated += 1;
-                if selector.matches(&entry.message) {
-                    c.matches.insert(place);
+                if selecting.selector.matches(&entry.message) {
+                    selecting.matches.insert(place);
                 }
             }
         }
-        self.stats.selector_evaluations_total += evaluated;
+        self.stats.get_mut().selector_evaluations_total += evaluated;
         self.backlog.return_arrived(arrived);
     }
 
@@ -317,10 +324,12 @@ impl QueueState {
         if self.selecting == 0 {
             return;
         }
-        for c in &mut self.consumers {
-            if c.selector.is_some() {
-                c.matches.remove(&place);
-            }
+        for selecting in self
+            .consumers
+            .iter_mut()
+            .filter_map(|c| c.selector.as_deref_mut())
+        {
+            selecting.matches.remove(&place);
         }
     }
 
@@ -516,7 +525,11 @@ impl Queue {
         let mut progress = false;
         for i in order {
             loop {
-                let Some(&place) = st.consumers[i].matches.first() else {
+                let first_match = st.consumers[i]
+                    .selector
+                    .as_ref()
+                    .and_then(|s| s.matches.first().copied());
+                let Some(place) = first_match else {
                     // Its matches may be on disk behind what it cannot take.
                     if st.consumers[i].credit > 0
                         && st.backlog.page_in_within_budget(self.memory(), self.id)
@@ -531,7 +544,9 @@ impl Queue {
                     break;
                 }
                 let Some(entry) = st.backlog.remove(place) else {
-                    st.consumers[i].matches.remove(&place);
+                    if let Some(selecting) = st.consumers[i].selector.as_deref_mut() {
+                        selecting.matches.remove(&place);
+                    }
                     continue;
                 };
                 st.forget_place(place);
@@ -563,7 +578,7 @@ impl Queue {
         for i in 0..st.consumers.len() {
             loop {
                 let c = &st.consumers[i];
-                let Some(cursor) = c.browse.filter(|b| !b.ended) else {
+                let Some(cursor) = c.browse.as_deref().copied().filter(|b| !b.ended) else {
                     break;
                 };
                 if !c.can_take() {
@@ -577,10 +592,9 @@ impl Queue {
                         continue;
                     }
                     let c = &mut st.consumers[i];
-                    c.browse = Some(super::queue::BrowseCursor {
-                        ended: true,
-                        ..cursor
-                    });
+                    if let Some(browse) = c.browse.as_deref_mut() {
+                        browse.ended = true;
+                    }
                     c.sink.send(SessionEvent::BrowseEnded {
                         consumer: c.key.consumer,
                     });
@@ -589,8 +603,8 @@ impl Queue {
                 let seq = entry.seq;
                 let wanted = !entry.message.is_expired(now_ms)
                     && c.selector.as_deref().is_none_or(|s| {
-                        st.stats.selector_evaluations_total += 1;
-                        s.matches(&entry.message)
+                        st.stats.get_mut().selector_evaluations_total += 1;
+                        s.selector.matches(&entry.message)
                     });
                 let delivery = wanted.then(|| {
                     // A copy is never settled; its tag is unique all the same.
@@ -598,10 +612,9 @@ impl Queue {
                     delivery_of(&st.consumers[i], entry, st.next_tag)
                 });
                 let c = &mut st.consumers[i];
-                c.browse = Some(super::queue::BrowseCursor {
-                    next_seq: seq + 1,
-                    ended: false,
-                });
+                if let Some(browse) = c.browse.as_deref_mut() {
+                    browse.next_seq = seq + 1;
+                }
                 if let Some(delivery) = delivery {
                     c.sent = c.sent.wrapping_add(1);
                     // A copy needs no settlement: a window refills at once.
@@ -643,15 +656,15 @@ impl Queue {
         let tag = st.next_tag;
         let slot = &mut st.consumers[i];
         let delivery = delivery_of(slot, &entry, tag);
-        let lease_ms = slot.visibility_timeout_ms;
+        let lease_ms = slot.visibility_timeout_ms.map(NonZeroU32::get);
         slot.credit -= 1;
         slot.sent = slot.sent.wrapping_add(1);
         let auto_settle = slot.auto_settle;
         slot.sink.send(SessionEvent::Delivery(delivery));
-        st.stats.deliveries_total += 1;
-        self.traffic.delivered();
+        st.stats.get_mut().deliveries_total += 1;
+        self.traffic().delivered();
         if entry.redelivered {
-            st.stats.redeliveries_total += 1;
+            st.stats.get_mut().redeliveries_total += 1;
         }
         if auto_settle {
             if let CreditMode::Window(_) = st.consumers[i].mode {
@@ -663,9 +676,10 @@ impl Queue {
                     st.groups.unhold(group, key);
                 }
             }
-            st.stats.acked_total += 1;
-            self.traffic.acknowledged();
-            st.stats.time_in_queue_ms_total += now_ms.saturating_sub(entry.enqueued_at_ms);
+            st.stats.get_mut().acked_total += 1;
+            self.traffic().acknowledged();
+            st.stats.get_mut().time_in_queue_ms_total +=
+                now_ms.saturating_sub(entry.enqueued_at_ms);
             out.records.extend(self.ack_record(&entry));
             self.release(&entry);
         } else {
@@ -715,7 +729,7 @@ impl Queue {
 
     /// Drops an expired entry (to the expiry address, after the lock).
     pub(crate) fn expire(&self, st: &mut QueueState, entry: Entry, out: &mut DispatchOutput) {
-        st.stats.expired_total += 1;
+        st.stats.get_mut().expired_total += 1;
         out.records.extend(self.ack_record(&entry));
         self.release(&entry);
         out.expired.push(entry);
@@ -729,11 +743,12 @@ impl Queue {
             if !slot.drain {
                 continue;
             }
-            let nothing_for_it = match slot.browse {
+            let nothing_for_it = match slot.browse.as_deref() {
                 Some(b) => b.ended,
                 None if !receivers.includes(i, slot) => true,
                 None if slot.selector.is_some() => {
-                    slot.matches.is_empty() && !st.backlog.has_reserved(slot.key)
+                    slot.selector.as_ref().is_some_and(|s| s.matches.is_empty())
+                        && !st.backlog.has_reserved(slot.key)
                 }
                 None => nothing_shared && !st.backlog.has_reserved(slot.key),
             };

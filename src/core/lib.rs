@@ -392,6 +392,9 @@ pub(crate) struct Inner {
     /// One timer pass at a time (the housekeeping thread's, or
     /// [`Core::run_timers`]), so a caller of the latter sees the pass done.
     timer_pass: Mutex<()>,
+    /// `memory`, `timers` and `traffic` once more, behind one pointer that
+    /// every queue holds (8 bytes per queue, not 24).
+    queue_links: Arc<QueueLinks>,
     stopping: AtomicBool,
     /// Streams: logs read without consuming (see [`stream`]).
     streams: Arc<stream::Streams>,
@@ -448,6 +451,13 @@ impl Core {
             Arc::clone(&clock),
         );
         let topic_dedup = dedup::TopicWindows::new(&config.topic_dedup);
+        let traffic = Arc::default();
+        let timers = Arc::new(Timers::default());
+        let queue_links = Arc::new(QueueLinks {
+            memory: Arc::clone(&memory),
+            timers: Arc::clone(&timers),
+            traffic: Arc::clone(&traffic),
+        });
         let inner = Arc::new(Inner {
             config,
             topic_dedup,
@@ -465,11 +475,12 @@ impl Core {
             clients: Mutex::new(HashMap::new()),
             wills: Mutex::new(Vec::new()),
             memory,
-            traffic: Arc::default(),
+            traffic,
             disk,
             clock,
-            timers: Arc::new(Timers::default()),
+            timers,
             timer_pass: Mutex::new(()),
+            queue_links,
             stopping: AtomicBool::new(false),
         });
         if let Some(recovered) = recovered {
@@ -663,12 +674,8 @@ impl Inner {
     }
 
     /// What every queue shares with the core.
-    pub(crate) fn queue_links(&self) -> QueueLinks {
-        QueueLinks {
-            memory: Arc::clone(&self.memory),
-            timers: Arc::clone(&self.timers),
-            traffic: Arc::clone(&self.traffic),
-        }
+    pub(crate) fn queue_links(&self) -> Arc<QueueLinks> {
+        Arc::clone(&self.queue_links)
     }
 
     /// One timer pass: every queue due now releases what is due, until

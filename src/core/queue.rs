@@ -18,6 +18,8 @@
 //! module's job; message groups' assignments are in `groups`.
 
 use std::collections::BTreeSet;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -108,18 +110,24 @@ pub(crate) struct ConsumerSlot {
     /// An exclusive consumer: while attached, the first of them in attach
     /// order is the only receiver.
     pub(crate) exclusive: bool,
-    /// Only messages it matches are offered.
-    pub(crate) selector: Option<Box<Selector>>,
-    /// With a selector: the places of the waiting (in memory, not
-    /// reserved) messages it matches, each evaluated once.
-    pub(crate) matches: BTreeSet<Place>,
+    /// Only messages its selector matches are offered. Boxed with what it
+    /// matched: most consumers (every MQTT subscriber's) have none.
+    pub(crate) selector: Option<Box<Selecting>>,
     /// Message groups assigned to it.
-    pub(crate) groups: usize,
-    /// A browser's walk through the queue.
-    pub(crate) browse: Option<BrowseCursor>,
+    pub(crate) groups: u32,
+    /// A browser's walk through the queue. Boxed: browsers are rare.
+    pub(crate) browse: Option<Box<BrowseCursor>>,
     /// Its deliveries' lease, in ms (its own or the queue's); `None`: held
     /// until settled or it goes.
-    pub(crate) visibility_timeout_ms: Option<u32>,
+    pub(crate) visibility_timeout_ms: Option<NonZeroU32>,
+}
+
+/// A consumer's selector and what it matched.
+pub(crate) struct Selecting {
+    pub(crate) selector: Selector,
+    /// The places of the waiting (in memory, not reserved) messages it
+    /// matches, each evaluated once.
+    pub(crate) matches: BTreeSet<Place>,
 }
 
 /// How far a browser has seen the queue, in arrival (sequence) order.
@@ -213,6 +221,24 @@ pub(crate) struct QueueCounters {
     pub(crate) replaced_total: u64,
 }
 
+/// A queue's counters, made at the first thing it counts: an idle queue
+/// (most MQTT session queues are) carries a pointer, not 80 bytes of
+/// zeros (issue 20).
+#[derive(Default)]
+pub(crate) struct LazyCounters(Option<Box<QueueCounters>>);
+
+impl LazyCounters {
+    /// The counters, to count something.
+    pub(crate) fn get_mut(&mut self) -> &mut QueueCounters {
+        self.0.get_or_insert_with(Box::default)
+    }
+
+    /// The counters as they stand (all zero when nothing was counted).
+    pub(crate) fn snapshot(&self) -> QueueCounters {
+        self.0.as_deref().cloned().unwrap_or_default()
+    }
+}
+
 impl ConsumerSlot {
     /// Whether the consumer can take a delivery now: it has credit, and its
     /// connection has room in its delivery budget. A consumer turned away
@@ -227,6 +253,59 @@ impl ConsumerSlot {
         // A limit behind what was sent (the client lowered its credit while
         // deliveries were in transit) wraps to a huge number: no credit.
         self.credit = if credit > i32::MAX as u32 { 0 } else { credit };
+    }
+}
+
+/// A [`QueueLifetime`] in one word: the three plain kinds are 0-2, and
+/// `IdleFor(d)` is 3 plus `d` in milliseconds (saturating; an idle limit of
+/// half a billion years is as good as none).
+fn encode_lifetime(lifetime: QueueLifetime) -> u64 {
+    match lifetime {
+        QueueLifetime::Permanent => 0,
+        QueueLifetime::Session => 1,
+        QueueLifetime::Consumer => 2,
+        QueueLifetime::IdleFor(d) => {
+            3u64.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        }
+    }
+}
+
+fn decode_lifetime(word: u64) -> QueueLifetime {
+    match word {
+        0 => QueueLifetime::Permanent,
+        1 => QueueLifetime::Session,
+        2 => QueueLifetime::Consumer,
+        ms => QueueLifetime::IdleFor(Duration::from_millis(ms - 3)),
+    }
+}
+
+/// Since when a queue has had no consumer, to the millisecond: an
+/// `Option<Instant>` in 8 bytes rather than 16 (every queue has one). The
+/// time is counted from one anchor for the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IdleSince(u64);
+
+impl IdleSince {
+    /// It has a consumer.
+    pub(crate) const BUSY: Self = Self(u64::MAX);
+
+    /// It lost its last consumer at `at`.
+    pub(crate) fn at(at: Instant) -> Self {
+        Self(Self::millis(at).min(u64::MAX - 1))
+    }
+
+    /// How long it has been without a consumer at `now`; `None` while it
+    /// has one.
+    pub(crate) fn idle_for(self, now: Instant) -> Option<Duration> {
+        (self != Self::BUSY)
+            .then(|| Duration::from_millis(Self::millis(now).saturating_sub(self.0)))
+    }
+
+    fn millis(at: Instant) -> u64 {
+        static ANCHOR: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let anchor = *ANCHOR.get_or_init(Instant::now);
+        at.checked_duration_since(anchor)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     }
 }
 
@@ -274,8 +353,8 @@ pub(crate) struct QueueState {
     pub(crate) bindings: Vec<QueueBinding>,
     pub(crate) deleted: bool,
     /// When the queue last lost its last consumer (for idle expiry).
-    pub(crate) idle_since: Option<Instant>,
-    pub(crate) stats: QueueCounters,
+    pub(crate) idle_since: IdleSince,
+    pub(crate) stats: LazyCounters,
     /// A last-value queue's index (`last_value_key` is set). Boxed: few
     /// queues are last-value queues.
     pub(crate) last_values: Option<Box<LastValues>>,
@@ -287,20 +366,21 @@ pub(crate) struct Queue {
     pub(crate) id: QueueId,
     pub(crate) name: Arc<str>,
     pub(crate) durable: bool,
-    /// How long the queue lives; a re-declare may change it (MQTT 5 session
-    /// expiry set again on reconnect or DISCONNECT). A leaf lock.
-    lifetime: Mutex<QueueLifetime>,
-    /// The session that declared a session-lifetime queue.
-    pub(crate) owner_session: Option<u64>,
+    /// How long the queue lives, as [`encode_lifetime`] writes it; a
+    /// re-declare may change it (MQTT 5 session expiry set again on
+    /// reconnect or DISCONNECT). An atomic rather than a lock: 8 bytes of
+    /// every queue, not 24.
+    lifetime: AtomicU64,
+    /// The session that declared a session-lifetime queue; 0 for none
+    /// (session ids start at 1): 8 bytes, not an `Option`'s 16.
+    owner_session: u64,
     /// What the configuration says about this queue (shared by the queues
     /// no rule names, see `QueueRules::resolve_shared`).
     pub(crate) settings: Arc<QueueSettings>,
     pub(crate) state: Mutex<QueueState>,
-    memory: Arc<MemoryGauge>,
-    /// The broker-wide message counters.
-    pub(crate) traffic: Arc<crate::traffic::Traffic>,
-    /// The core-wide timer this queue arms with its earliest due time.
-    timers: Arc<Timers>,
+    /// The memory gauge, the broker-wide message counters and the
+    /// core-wide timer this queue arms with its earliest due time.
+    links: Arc<QueueLinks>,
     /// This queue, for the timer to come back to.
     me: Weak<Queue>,
     /// The dedup window, when the settings give one. A leaf lock, never
@@ -309,8 +389,8 @@ pub(crate) struct Queue {
     pub(crate) dedup: Option<Box<QueueDedup>>,
 }
 
-/// What every queue shares with the core: the memory gauge and the timer.
-#[derive(Clone)]
+/// What every queue shares with the core: the memory gauge, the message
+/// counters and the timer.
 pub(crate) struct QueueLinks {
     pub(crate) memory: Arc<MemoryGauge>,
     pub(crate) timers: Arc<Timers>,
@@ -342,7 +422,7 @@ impl Queue {
         lifetime: QueueLifetime,
         owner_session: Option<u64>,
         settings: impl Into<Arc<QueueSettings>>,
-        links: QueueLinks,
+        links: Arc<QueueLinks>,
     ) -> Arc<Self> {
         let settings = settings.into();
         let dedup = settings.dedup_window_s.map(|window_s| {
@@ -358,11 +438,9 @@ impl Queue {
             id,
             name: name.into(),
             durable,
-            lifetime: Mutex::new(lifetime),
-            owner_session,
-            memory: links.memory,
-            traffic: links.traffic,
-            timers: links.timers,
+            lifetime: AtomicU64::new(encode_lifetime(lifetime)),
+            owner_session: owner_session.unwrap_or(0),
+            links,
             me: me.clone(),
             dedup,
             state: Mutex::new(QueueState {
@@ -383,8 +461,8 @@ impl Queue {
                 priorities_differ: false,
                 bindings: Vec::new(),
                 deleted: false,
-                idle_since: Some(Instant::now()),
-                stats: QueueCounters::default(),
+                idle_since: IdleSince::at(Instant::now()),
+                stats: LazyCounters::default(),
                 last_values: settings
                     .last_value_key
                     .as_deref()
@@ -395,12 +473,18 @@ impl Queue {
         })
     }
 
+    /// The session that declared a session-lifetime queue.
+    pub(crate) fn owner_session(&self) -> Option<u64> {
+        (self.owner_session != 0).then_some(self.owner_session)
+    }
+
     pub(crate) fn lifetime(&self) -> QueueLifetime {
-        *self.lifetime.lock()
+        decode_lifetime(self.lifetime.load(Ordering::Relaxed))
     }
 
     pub(crate) fn set_lifetime(&self, lifetime: QueueLifetime) {
-        *self.lifetime.lock() = lifetime;
+        self.lifetime
+            .store(encode_lifetime(lifetime), Ordering::Relaxed);
     }
 
     /// Whether the queue holds `max` messages or more (waiting and in
@@ -413,20 +497,26 @@ impl Queue {
     /// Counts a topic message missed because the queue was full.
     pub(crate) fn count_dropped_full(&self) {
         let mut st = self.state.lock();
-        st.stats.dropped_full_total += 1;
-        if st.stats.dropped_full_total.is_power_of_two() {
-            tracing::warn!(queue = %self.name, dropped = st.stats.dropped_full_total, "queue full: topic messages dropped for it");
+        let counters = st.stats.get_mut();
+        counters.dropped_full_total += 1;
+        if counters.dropped_full_total.is_power_of_two() {
+            tracing::warn!(queue = %self.name, dropped = counters.dropped_full_total, "queue full: topic messages dropped for it");
         }
     }
 
     /// The memory accounting the queue shares with all others.
     pub(crate) fn memory(&self) -> &MemoryGauge {
-        &self.memory
+        &self.links.memory
+    }
+
+    /// The broker-wide message counters.
+    pub(crate) fn traffic(&self) -> &crate::traffic::Traffic {
+        &self.links.traffic
     }
 
     /// Uncounts a message the queue no longer holds.
     pub(crate) fn release(&self, entry: &Entry) {
-        self.memory.sub(entry);
+        self.links.memory.sub(entry);
     }
 
     /// The ack record for `entry` if it is journaled here.
@@ -448,17 +538,17 @@ impl Queue {
                 dead: Vec::new(),
             };
         }
-        st.stats.enqueued_total += 1;
+        st.stats.get_mut().enqueued_total += 1;
         if let Some(due) = entry.message.delivery_time.filter(|&t| t > now_ms) {
             // A last-value queue compares a scheduled message when it is
             // due, not before: until then it is not waiting.
-            self.memory.add(&entry);
+            self.links.memory.add(&entry);
             self.schedule_locked(&mut st, due, entry);
             return DispatchOutput::default();
         }
         let mut acks = Vec::new();
         if self.admit_last_value(&mut st, &entry, &mut acks) {
-            st.backlog.push(entry, &self.memory, self.id);
+            st.backlog.push(entry, &self.links.memory, self.id);
         }
         let mut out = self.dispatch_locked(&mut st, now_ms);
         out.records.append(&mut acks);
@@ -480,13 +570,13 @@ impl Queue {
         let mut st = self.state.lock();
         let due = entry.message.delivery_time.max(redeliver_at_ms);
         if let Some(due) = due.filter(|&t| t > now_ms) {
-            self.memory.add(&entry);
+            self.links.memory.add(&entry);
             self.schedule_locked(&mut st, due, entry);
             return Vec::new();
         }
         let mut acks = Vec::new();
         if self.admit_last_value(&mut st, &entry, &mut acks) {
-            st.backlog.push(entry, &self.memory, self.id);
+            st.backlog.push(entry, &self.links.memory, self.id);
         }
         acks
     }
@@ -505,10 +595,10 @@ impl Queue {
         let Some(last_values) = last_values else {
             return true;
         };
-        match last_values.arrive(entry, backlog, &self.memory) {
+        match last_values.arrive(entry, backlog, &self.links.memory) {
             Arrival::Queue(None) => true,
             Arrival::Queue(Some(replaced)) => {
-                stats.replaced_total += 1;
+                stats.get_mut().replaced_total += 1;
                 if let Some(counted) = &replaced.counted {
                     self.release(counted);
                 }
@@ -519,7 +609,7 @@ impl Queue {
                 true
             }
             Arrival::Superseded => {
-                stats.replaced_total += 1;
+                stats.get_mut().replaced_total += 1;
                 acks.extend(self.ack_record(entry));
                 false
             }
@@ -602,14 +692,16 @@ impl Queue {
     /// Keeps `entry` (counted in the gauge already) until `due_ms`, and arms
     /// the core's timer when that is this queue's new earliest time.
     fn schedule_locked(&self, st: &mut QueueState, due_ms: u64, entry: Entry) {
-        let due = st.schedule.insert(due_ms, entry, &self.memory, self.id);
+        let due = st
+            .schedule
+            .insert(due_ms, entry, &self.links.memory, self.id);
         self.arm_if_earlier(st, due);
     }
 
     pub(crate) fn arm_if_earlier(&self, st: &mut QueueState, due_ms: u64) {
         if due_ms < st.armed_ms {
             st.armed_ms = due_ms;
-            self.timers.arm(due_ms, self.me.clone());
+            self.links.timers.arm(due_ms, self.me.clone());
         }
     }
 
@@ -634,12 +726,12 @@ impl Queue {
         }
         // Due messages on disk come back only while the queue has room
         // for them in memory, as the backlog reads its paged part back.
-        let room = !self.memory.over_budget() || !st.backlog.has_ready_in_memory();
+        let room = !self.links.memory.over_budget() || !st.backlog.has_ready_in_memory();
         let due = st.schedule.take_due(
             now_ms,
             SCHEDULE_RELEASE_BATCH_MAX,
             room,
-            &self.memory,
+            &self.links.memory,
             self.id,
         );
         let retry_at_ms = due.retry_at_ms;
@@ -722,7 +814,7 @@ impl Queue {
             if entry.delivery_count >= attempts_max {
                 // Dead-lettered by the caller with reason
                 // `delivery-attempts` (`Inner::run_timers`).
-                st.stats.dead_lettered_total += 1;
+                st.stats.get_mut().dead_lettered_total += 1;
                 out.records.extend(self.ack_record(&entry));
                 self.release(&entry);
                 out.dead.push(entry);
@@ -752,7 +844,7 @@ impl Queue {
     /// Statistics snapshot at `now_ms`.
     pub(crate) fn stats(&self, now_ms: u64) -> QueueStats {
         let st = self.state.lock();
-        let c = &st.stats;
+        let c = st.stats.snapshot();
         let mut s = QueueStats {
             enqueued_total: c.enqueued_total,
             deliveries_total: c.deliveries_total,
@@ -826,11 +918,60 @@ fn end_group_delay(st: &mut QueueState, seq: MessageSeq) -> Option<String> {
 
 #[cfg(test)]
 mod size_tests {
+    use super::*;
+    use std::mem::size_of;
+
     /// One queue per MQTT subscriber: its allocation (the `Arc`'s two
-    /// counts and the queue) stays within mimalloc's 512-byte class.
+    /// counts and the queue) stays within mimalloc's 320-byte class; what
+    /// only paging, message groups, selectors, dedup or last-value queues
+    /// use is boxed at first use, and the counters at the first count.
     #[test]
-    fn a_queue_fits_the_512_byte_class() {
-        let arc = 2 * std::mem::size_of::<usize>();
-        assert!(std::mem::size_of::<super::Queue>() + arc <= 512);
+    fn a_queue_fits_the_320_byte_class() {
+        let arc = 2 * size_of::<usize>();
+        assert!(size_of::<Queue>() + arc <= 320, "{}", size_of::<Queue>());
+    }
+
+    /// A queue's consumers are a vector of slots, exactly sized for the
+    /// first: one slot is mimalloc's 80-byte class (a selector and a
+    /// browser's cursor are boxed).
+    #[test]
+    fn a_consumer_slot_fits_the_80_byte_class() {
+        assert!(
+            size_of::<ConsumerSlot>() <= 80,
+            "{}",
+            size_of::<ConsumerSlot>()
+        );
+    }
+
+    #[test]
+    fn a_lifetime_survives_its_encoding() {
+        for lifetime in [
+            QueueLifetime::Permanent,
+            QueueLifetime::Session,
+            QueueLifetime::Consumer,
+            QueueLifetime::IdleFor(Duration::ZERO),
+            QueueLifetime::IdleFor(Duration::from_secs(3_600)),
+        ] {
+            assert_eq!(decode_lifetime(encode_lifetime(lifetime)), lifetime);
+        }
+        assert_eq!(
+            decode_lifetime(encode_lifetime(QueueLifetime::IdleFor(Duration::MAX))),
+            QueueLifetime::IdleFor(Duration::from_millis(u64::MAX - 3))
+        );
+    }
+
+    #[test]
+    fn idle_time_is_counted_from_the_last_consumer_leaving() {
+        let start = Instant::now();
+        assert_eq!(IdleSince::BUSY.idle_for(start), None);
+        let idle = IdleSince::at(start);
+        assert_eq!(idle.idle_for(start), Some(Duration::ZERO));
+        assert_eq!(
+            idle.idle_for(start + Duration::from_millis(1_500)),
+            Some(Duration::from_millis(1_500))
+        );
+        // A clock reading from before it went idle is no time at all.
+        let later = IdleSince::at(start + Duration::from_secs(5));
+        assert_eq!(later.idle_for(start), Some(Duration::ZERO));
     }
 }

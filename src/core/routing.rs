@@ -177,9 +177,8 @@ impl Routing {
                     return None;
                 };
                 let st = q.state.lock();
-                let idle_since = st.idle_since?;
-                (st.consumers.is_empty() && now.duration_since(idle_since) >= limit)
-                    .then(|| q.name.to_string())
+                let idle_for = st.idle_since.idle_for(now)?;
+                (st.consumers.is_empty() && idle_for >= limit).then(|| q.name.to_string())
             })
             .collect()
     }
@@ -509,8 +508,8 @@ impl Inner {
         let mut routing = self.routing.write();
         if let Some(q) = routing.queue(&name).cloned() {
             if q.lifetime() == QueueLifetime::Session
-                && q.owner_session.is_some()
-                && q.owner_session != session
+                && q.owner_session().is_some()
+                && q.owner_session() != session
             {
                 return Err(BrokerError::InUse(format!(
                     "temporary queue '{name}' belongs to another connection"

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::num::NonZeroU32;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -19,7 +20,7 @@ use rosetta_store::{Completion, Record};
 
 use super::batch::Batch;
 use super::dead_letter::{DeadLetter, DeadLetterReason};
-use super::queue::{BrowseCursor, ConsumerKey, ConsumerSlot, Queue};
+use super::queue::{ConsumerKey, ConsumerSlot, IdleSince, Queue, Selecting};
 use super::queue_settings::VISIBILITY_TIMEOUT_MS_MAX;
 use super::routing::Duplicates;
 use super::selector::Selector;
@@ -460,7 +461,7 @@ impl CoreSession {
             return true; // the bind of the shared filter was authorised
         }
         if name.starts_with(rosetta_neutral::address::TEMP_QUEUE_NAME_PREFIX) {
-            return q.owner_session.is_none_or(|o| o == self.shared.id);
+            return q.owner_session().is_none_or(|o| o == self.shared.id);
         }
         self.inner
             .access
@@ -625,9 +626,10 @@ fn settle_locked(
     match outcome {
         Outcome::Accept => {
             queue.release(&entry);
-            st.stats.acked_total += 1;
-            queue.traffic.acknowledged();
-            st.stats.time_in_queue_ms_total += now_ms.saturating_sub(entry.enqueued_at_ms);
+            st.stats.get_mut().acked_total += 1;
+            queue.traffic().acknowledged();
+            st.stats.get_mut().time_in_queue_ms_total +=
+                now_ms.saturating_sub(entry.enqueued_at_ms);
             batch.records.extend(queue.ack_record(&entry));
         }
         Outcome::Release => {
@@ -642,7 +644,7 @@ fn settle_locked(
             }
             if entry.delivery_count >= inner.delivery_attempts_max(queue) {
                 let reason = DeadLetterReason::DeliveryAttempts;
-                retire_to_dead_letter(queue, &mut st.stats, entry, reason, batch, dead);
+                retire_to_dead_letter(queue, st.stats.get_mut(), entry, reason, batch, dead);
             } else {
                 if undeliverable_here {
                     entry.excluded = Some(key);
@@ -654,7 +656,7 @@ fn settle_locked(
         }
         Outcome::Reject => {
             let reason = DeadLetterReason::Rejected;
-            retire_to_dead_letter(queue, &mut st.stats, entry, reason, batch, dead);
+            retire_to_dead_letter(queue, st.stats.get_mut(), entry, reason, batch, dead);
         }
     }
     Ok(())
@@ -682,7 +684,14 @@ fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
             entry.delivery_count += 1;
             if entry.delivery_count >= inner.delivery_attempts_max(queue) {
                 let reason = DeadLetterReason::DeliveryAttempts;
-                retire_to_dead_letter(queue, &mut st.stats, entry, reason, &mut batch, &mut dead);
+                retire_to_dead_letter(
+                    queue,
+                    st.stats.get_mut(),
+                    entry,
+                    reason,
+                    &mut batch,
+                    &mut dead,
+                );
             } else {
                 // As Artemis: a consumer that goes with unsettled
                 // deliveries failed them, and the delay applies.
@@ -691,7 +700,7 @@ fn detach_consumer(inner: &Inner, queue: &Arc<Queue>, key: ConsumerKey) {
         }
         let no_consumers = st.consumers.is_empty();
         if no_consumers {
-            st.idle_since = Some(Instant::now());
+            st.idle_since = IdleSince::at(Instant::now());
         }
         let out = queue.dispatch_locked(&mut st, now_ms);
         (
@@ -915,7 +924,10 @@ impl Session for CoreSession {
         let selector = match options.selector.as_deref().map(Selector::parse) {
             None => None,
             Some(Ok(s)) if s.is_empty() => None,
-            Some(Ok(s)) => Some(Box::new(s)),
+            Some(Ok(selector)) => Some(Box::new(Selecting {
+                selector,
+                matches: Default::default(),
+            })),
             Some(Err(e)) => return Err(BrokerError::InvalidSelector(e.to_string())),
         };
         let visibility_timeout_ms = options
@@ -948,10 +960,10 @@ impl Session for CoreSession {
             priority: options.priority,
             exclusive: options.exclusive,
             selector,
-            matches: Default::default(),
             groups: 0,
-            browse: options.browse.then(BrowseCursor::default),
-            visibility_timeout_ms,
+            browse: options.browse.then(Box::default),
+            // Zero is refused above.
+            visibility_timeout_ms: visibility_timeout_ms.and_then(NonZeroU32::new),
         };
         let out = {
             let mut qs = q.state.lock();
@@ -959,7 +971,7 @@ impl Session for CoreSession {
                 return Err(BrokerError::NotFound(format!("queue '{}'", spec.queue)));
             }
             qs.attach(slot);
-            qs.idle_since = None;
+            qs.idle_since = IdleSince::BUSY;
             q.dispatch_locked(&mut qs, self.inner.now_ms())
         };
         st.consumers.insert(id, ConsumerRef { queue: q });
@@ -1179,7 +1191,8 @@ impl Session for CoreSession {
             .consumers
             .iter()
             .find(|c| c.key == key)
-            .and_then(|c| c.visibility_timeout_ms);
+            .and_then(|c| c.visibility_timeout_ms)
+            .map(NonZeroU32::get);
         let qs = &mut *guard;
         let record = match qs.inflight.get_mut(&tag.0) {
             Some((owner, entry)) if *owner == key => {
