@@ -241,7 +241,7 @@ pub(crate) fn attach_incoming(ctx: &mut Ctx<'_>, a: &Attach) -> Result<Attached,
     };
     let dc = a.initial_delivery_count.unwrap_or(0);
     let link = Link {
-        name: a.name.clone(),
+        name: a.name.as_str().into(),
         serial,
         kind: LinkKind::Incoming(IncomingLink {
             target,
@@ -602,7 +602,7 @@ fn open_outgoing(
         properties: None,
     };
     let link = Link {
-        name: a.name.clone(),
+        name: a.name.as_str().into(),
         serial,
         kind: LinkKind::Outgoing(OutgoingLink {
             consumer,
@@ -612,8 +612,8 @@ fn open_outgoing(
             core_seen: 0,
             unsettled: 0,
             auto_settle,
-            max_message_size: a.max_message_size.filter(|m| *m > 0),
-            durable_queue,
+            max_message_size: a.max_message_size.unwrap_or(0),
+            durable_queue: durable_queue.map(String::into_boxed_str),
             acquire_txn: None,
             browse_ended: false,
         }),

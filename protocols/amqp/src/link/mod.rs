@@ -59,7 +59,9 @@ pub(crate) struct IncomingLink {
     pub(crate) settle_second: bool,
     /// Credit was withheld because the core is blocking producers.
     pub(crate) withheld: bool,
-    pub(crate) partial: Option<Partial>,
+    /// Boxed: only a multi-frame delivery being received has one (72 B
+    /// that every idle publisher's link held, issue 20).
+    pub(crate) partial: Option<Box<Partial>>,
 }
 
 /// A link on which we send and the client receives.
@@ -81,10 +83,11 @@ pub(crate) struct OutgoingLink {
     pub(crate) unsettled: u32,
     /// Deliveries are settled on send (sender-settle-mode settled).
     pub(crate) auto_settle: bool,
-    /// The receiver's max-message-size (`None`: no limit).
-    pub(crate) max_message_size: Option<u64>,
+    /// The receiver's max-message-size; 0 for no limit (as on the wire,
+    /// spec 2.7.3), 8 B where an `Option` took 16.
+    pub(crate) max_message_size: u64,
     /// Durable subscription queue, deleted when the link is closed.
-    pub(crate) durable_queue: Option<String>,
+    pub(crate) durable_queue: Option<Box<str>>,
     /// Transaction (wire id) under which deliveries are acquired, set by a
     /// flow carrying `txn-id` (spec 4.4.3).
     pub(crate) acquire_txn: Option<u64>,
@@ -102,10 +105,12 @@ pub(crate) enum LinkKind {
     Outgoing(OutgoingLink),
 }
 
-/// One attached link.
+/// One attached link, held in its session's map (not boxed: 96 B, pinned
+/// by a test, issue 20).
 #[derive(Debug)]
 pub(crate) struct Link {
-    pub(crate) name: String,
+    /// Exactly sized: link names are kept for link stealing and logs.
+    pub(crate) name: Box<str>,
     /// Unique within the connection, so late commits for a detached link
     /// whose handle was reused are recognised.
     pub(crate) serial: u64,
@@ -256,12 +261,12 @@ impl IncomingLink {
                 if t.more {
                     let mut buf = BytesMut::with_capacity(payload.len() * 2);
                     buf.extend_from_slice(&payload);
-                    self.partial = Some(Partial {
+                    self.partial = Some(Box::new(Partial {
                         delivery_id,
                         settled,
                         txn,
                         buf,
-                    });
+                    }));
                     return Ok(None);
                 }
                 Incoming {
