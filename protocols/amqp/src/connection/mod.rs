@@ -570,6 +570,6 @@ mod size_tests {
         assert!(conn <= 96, "AmqpConnection: {conn} B");
         assert!(opened <= 128, "Opened: {opened} B");
         assert!(session <= 48, "AmqpSession: {session} B");
-        assert!(link <= 96, "Link: {link} B");
+        assert!(link <= 72, "Link: {link} B");
     }
 }

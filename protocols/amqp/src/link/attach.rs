@@ -34,7 +34,7 @@ use serde_amqp::descriptor::Descriptor;
 use tracing::debug;
 
 use super::consumer_options::{consumer_options, selector_filter};
-use super::{IncomingLink, Link, LinkKind, OutgoingLink};
+use super::{IncomingLink, Link, LinkKind, OutgoingLink, OutgoingRare};
 use crate::context::Ctx;
 use crate::error::AmqpError;
 
@@ -244,7 +244,7 @@ pub(crate) fn attach_incoming(ctx: &mut Ctx<'_>, a: &Attach) -> Result<Attached,
         name: a.name.as_str().into(),
         serial,
         kind: LinkKind::Incoming(IncomingLink {
-            target,
+            target: target.map(Box::new),
             coordinator,
             presettled,
             delivery_count: dc,
@@ -613,8 +613,12 @@ fn open_outgoing(
             unsettled: 0,
             auto_settle,
             max_message_size: a.max_message_size.unwrap_or(0),
-            durable_queue: durable_queue.map(String::into_boxed_str),
-            acquire_txn: None,
+            rare: durable_queue.map(|q| {
+                Box::new(OutgoingRare {
+                    durable_queue: Some(q.into_boxed_str()),
+                    acquire_txn: None,
+                })
+            }),
             browse_ended: false,
         }),
     };

@@ -86,7 +86,7 @@ impl AmqpSession {
         let LinkKind::Incoming(i) = &link.kind else {
             return Ok(());
         };
-        let fixed_target = i.target.clone();
+        let fixed_target = i.target.as_deref().cloned();
         let decoded = match message::decode(&d.payload, ctx.now_ms) {
             Ok(m) => m,
             Err(e) => {

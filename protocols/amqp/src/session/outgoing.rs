@@ -101,10 +101,10 @@ impl AmqpSession {
         // and a rollback returns the message. An auto-settled delivery has
         // already left its queue, so no transaction can give it back.
         let acquired = o
-            .acquire_txn
+            .acquire_txn()
             .filter(|t| !settled && ctx.conn.txns.contains(*t));
         if acquired.is_none() {
-            o.acquire_txn = None;
+            o.set_acquire_txn(None);
         }
         let mut state = [0u8; TXN_STATE_LEN];
         if let Some(t) = acquired {
