@@ -543,6 +543,18 @@ impl AmqpConnection {
     }
 }
 #[cfg(test)]
+impl AmqpConnection {
+    /// Whether the boxes made at first use exist: the connection's
+    /// (`Busy`) and any session's (`SessionBusy`).
+    pub(crate) fn busy_made(&self) -> (bool, bool) {
+        match &self.state {
+            State::Opened(o) => o.busy_made(),
+            _ => (false, false),
+        }
+    }
+}
+
+#[cfg(test)]
 mod size_tests {
     use super::*;
     use crate::context::Busy;

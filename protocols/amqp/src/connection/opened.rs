@@ -133,6 +133,16 @@ impl Opened {
         }
     }
 
+    /// Whether the boxes made at first use exist (see
+    /// `AmqpConnection::busy_made`).
+    #[cfg(test)]
+    pub(super) fn busy_made(&self) -> (bool, bool) {
+        (
+            self.shared.busy_ref().is_some(),
+            self.sessions.values().any(|s| s.busy_made()),
+        )
+    }
+
     /// Durable commits waited for (the driver stops reading past a limit).
     pub(super) fn pending_commits(&self) -> usize {
         self.shared.pending_commits()

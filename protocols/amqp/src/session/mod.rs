@@ -164,6 +164,12 @@ impl AmqpSession {
         self.links.len()
     }
 
+    /// Whether this session made its busy state.
+    #[cfg(test)]
+    pub(crate) fn busy_made(&self) -> bool {
+        self.busy.is_some()
+    }
+
     /// Whether we detached `handle` with an error and wait for the peer's
     /// Detach.
     fn is_detaching(&self, handle: u32) -> bool {
