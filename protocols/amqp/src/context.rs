@@ -80,6 +80,16 @@ pub(crate) struct Busy {
     pub(crate) ending: IdSet<u16>,
 }
 
+impl Busy {
+    /// Nothing waited for, batched or withheld, no channel ending.
+    fn is_empty(&self) -> bool {
+        self.tickets.is_empty()
+            && self.accepted_in.is_empty()
+            && self.blocked_recheck.is_none()
+            && self.ending.is_empty()
+    }
+}
+
 impl Shared {
     pub(crate) fn new(core: Box<dyn Session>, container_id: Arc<str>, peer_max_frame: u32) -> Self {
         Self {
@@ -109,6 +119,14 @@ impl Shared {
     /// The busy state if it was made, to read.
     pub(crate) fn busy_ref(&self) -> Option<&Busy> {
         self.busy.as_deref()
+    }
+
+    /// Frees the busy state if nothing is in it (the encoding buffer's
+    /// capacity goes with it).
+    pub(crate) fn free_busy_if_empty(&mut self) {
+        if self.busy.as_deref().is_some_and(Busy::is_empty) {
+            self.busy = None;
+        }
     }
 
     /// Durable commits waited for.

@@ -1591,9 +1591,9 @@ fn queue_receiver_credit_delivery_and_accept() {
 /// Issue 20: a device that opened, began, attached a receiver, granted
 /// credit and then only exchanges heartbeats holds none of what traffic
 /// uses (the connection's `Busy`, the session's `SessionBusy`); its first
-/// delivery makes them.
+/// delivery makes them, and they go when it parks with nothing in them.
 #[test]
-fn an_idle_receiver_holds_no_busy_state_until_its_first_delivery() {
+fn an_idle_receiver_holds_no_busy_state_but_while_it_has_traffic() {
     let mut p = Peer::new(true);
     p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
     let mut o = open("c");
@@ -1611,6 +1611,31 @@ fn an_idle_receiver_holds_no_busy_state_until_its_first_delivery() {
     }
     assert_eq!(p.conn.busy_made(), (false, false));
     p.event(delivery(1, 1, b"m"));
+    assert!(matches!(p.perfs()[..], [Performative::Transfer(_)]));
+    assert_eq!(p.conn.busy_made(), (true, true));
+    // Unsettled, the delivery keeps the session's box through a park;
+    // the connection's (only the encoding buffer) goes.
+    p.conn.shrink_when_parked();
+    assert_eq!(p.conn.busy_made(), (false, true));
+    // Settled, the boxes go when the connection parks, and the next
+    // delivery makes them again.
+    let accepted = Disposition {
+        role: Role::Receiver,
+        first: 0,
+        last: None,
+        settled: true,
+        state: Some(DeliveryState::Accepted(Accepted {})),
+        batchable: false,
+    };
+    p.send(0, &accepted, &[]);
+    p.recv();
+    assert_eq!(
+        p.log().settled,
+        vec![(ConsumerId(1), DeliveryTag(1), Outcome::Accept, None)]
+    );
+    p.conn.shrink_when_parked();
+    assert_eq!(p.conn.busy_made(), (false, false));
+    p.event(delivery(1, 2, b"m"));
     assert!(matches!(p.perfs()[..], [Performative::Transfer(_)]));
     assert_eq!(p.conn.busy_made(), (true, true));
 }

@@ -343,6 +343,17 @@ impl AmqpConnection {
         }
     }
 
+    /// The connection is quiet and about to park: the boxes of what only
+    /// traffic uses (the connection's and each session's) go if they are
+    /// empty, so a device that once had traffic sleeps as small as one
+    /// that never had (issue 20). They are made again by the next
+    /// message.
+    pub fn shrink_when_parked(&mut self) {
+        if let State::Opened(o) = &mut self.state {
+            o.shrink_when_parked();
+        }
+    }
+
     /// True once the connection is finished.
     pub fn is_closed(&self) -> bool {
         matches!(self.state, State::Closed)

@@ -143,6 +143,15 @@ impl Opened {
         )
     }
 
+    /// Frees the busy boxes that are empty (see
+    /// `AmqpConnection::shrink_when_parked`).
+    pub(super) fn shrink_when_parked(&mut self) {
+        self.shared.free_busy_if_empty();
+        for s in self.sessions.values_mut() {
+            s.free_busy_if_empty();
+        }
+    }
+
     /// Durable commits waited for (the driver stops reading past a limit).
     pub(super) fn pending_commits(&self) -> usize {
         self.shared.pending_commits()

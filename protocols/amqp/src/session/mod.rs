@@ -164,6 +164,20 @@ impl AmqpSession {
         self.links.len()
     }
 
+    /// Frees the busy state if nothing is in it.
+    pub(crate) fn free_busy_if_empty(&mut self) {
+        let empty = self.busy.as_deref().is_some_and(|b| {
+            b.detaching.is_empty()
+                && b.unsettled_out.is_empty()
+                && b.queued.is_empty()
+                && b.accepted.is_empty()
+                && b.accepted_second.is_empty()
+        });
+        if empty {
+            self.busy = None;
+        }
+    }
+
     /// Whether this session made its busy state.
     #[cfg(test)]
     pub(crate) fn busy_made(&self) -> bool {
