@@ -108,6 +108,12 @@ pub(crate) trait ProtocolConnection: Send + 'static {
 
     /// Bytes were appended to [`Self::input_buffer`]: parse them.
     fn handle_buffered_input(&mut self, _now: Instant) {}
+
+    /// The connection is about to park (it is quiet): free what only
+    /// traffic uses if it is empty, so a device that once had traffic
+    /// sleeps as small as one that never had (issue 20). The default
+    /// keeps everything.
+    fn shrink_when_parked(&mut self) {}
 }
 
 /// A byte transport the driver can run a connection over.
@@ -932,6 +938,7 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
         if let Some(buf) = conn.input_buffer().filter(|b| b.is_empty()) {
             *buf = BytesMut::new();
         }
+        conn.shrink_when_parked();
         let parked = ParkedDriver {
             conn_id,
             conn,

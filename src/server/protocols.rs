@@ -112,6 +112,19 @@ macro_rules! forward_protocol_connection {
             }
         });
     };
+    ($ty:ty, lends_input_buffer, shrinks_when_parked) => {
+        forward_protocol_connection!(@impl $ty, {
+            fn input_buffer(&mut self) -> Option<&mut bytes::BytesMut> {
+                Some(<$ty>::input_buffer(self))
+            }
+            fn handle_buffered_input(&mut self, now: Instant) {
+                <$ty>::handle_buffered_input(self, now)
+            }
+            fn shrink_when_parked(&mut self) {
+                <$ty>::shrink_when_parked(self)
+            }
+        });
+    };
     (@impl $ty:ty, { $($extra:tt)* }) => {
         impl ProtocolConnection for $ty {
             fn handle_input(&mut self, now: Instant, data: &[u8]) {
@@ -150,7 +163,11 @@ macro_rules! forward_protocol_connection {
 // come), so it keeps the copying path.
 forward_protocol_connection!(rosetta_stomp::StompConnection, lends_input_buffer);
 forward_protocol_connection!(rosetta_mqtt::MqttConnection, lends_input_buffer);
-forward_protocol_connection!(rosetta_amqp::AmqpConnection, lends_input_buffer);
+forward_protocol_connection!(
+    rosetta_amqp::AmqpConnection,
+    lends_input_buffer,
+    shrinks_when_parked
+);
 
 /// One stage of a connection's life, boxed: a TLS handshake, a WebSocket
 /// upgrade, protocol detection, the proxy's look at the first frame, or

@@ -148,6 +148,7 @@ pub(crate) fn on_control(ctx: &mut Ctx<'_>, sessions: &mut Sessions, ch: u16, c:
                             txn: txn.0,
                         };
                         ctx.conn
+                            .busy()
                             .tickets
                             .insert(ticket, PendingCommit::Discharge(wait));
                         debug!(conn = ctx.conn_id, ?txn, ?ticket, "commit pending");

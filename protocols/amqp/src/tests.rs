@@ -1588,6 +1588,58 @@ fn queue_receiver_credit_delivery_and_accept() {
     assert_eq!(p.log().credits.last(), Some(&(ConsumerId(1), 6, false)));
 }
 
+/// Issue 20: a device that opened, began, attached a receiver, granted
+/// credit and then only exchanges heartbeats holds none of what traffic
+/// uses (the connection's `Busy`, the session's `SessionBusy`); its first
+/// delivery makes them, and they go when it parks with nothing in them.
+#[test]
+fn an_idle_receiver_holds_no_busy_state_but_while_it_has_traffic() {
+    let mut p = Peer::new(true);
+    p.input(&frame::protocol_header(PROTOCOL_ID_AMQP));
+    let mut o = open("c");
+    o.idle_time_out = Some(10_000);
+    p.send(0, &o, &[]);
+    p.send(0, &begin(), &[]);
+    p.recv();
+    attach_receiver(&mut p, 0, attach("rcv", 0, Role::Receiver, Some("q")));
+    p.send(0, &flow(0, 0, 10, false), &[]);
+    p.recv();
+    for _ in 0..3 {
+        p.advance(Duration::from_secs(5));
+        p.input(&[0, 0, 0, 8, 2, 0, 0, 0]);
+        assert!(matches!(p.recv()[..], [Out::Empty]), "a heartbeat");
+    }
+    assert_eq!(p.conn.busy_made(), (false, false));
+    p.event(delivery(1, 1, b"m"));
+    assert!(matches!(p.perfs()[..], [Performative::Transfer(_)]));
+    assert_eq!(p.conn.busy_made(), (true, true));
+    // Unsettled, the delivery keeps the session's box through a park;
+    // the connection's (only the encoding buffer) goes.
+    p.conn.shrink_when_parked();
+    assert_eq!(p.conn.busy_made(), (false, true));
+    // Settled, the boxes go when the connection parks, and the next
+    // delivery makes them again.
+    let accepted = Disposition {
+        role: Role::Receiver,
+        first: 0,
+        last: None,
+        settled: true,
+        state: Some(DeliveryState::Accepted(Accepted {})),
+        batchable: false,
+    };
+    p.send(0, &accepted, &[]);
+    p.recv();
+    assert_eq!(
+        p.log().settled,
+        vec![(ConsumerId(1), DeliveryTag(1), Outcome::Accept, None)]
+    );
+    p.conn.shrink_when_parked();
+    assert_eq!(p.conn.busy_made(), (false, false));
+    p.event(delivery(1, 2, b"m"));
+    assert!(matches!(p.perfs()[..], [Performative::Transfer(_)]));
+    assert_eq!(p.conn.busy_made(), (true, true));
+}
+
 #[test]
 fn deliveries_past_the_clients_link_credit_go_back_to_the_queue() {
     let mut p = Peer::new(true);

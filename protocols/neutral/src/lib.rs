@@ -27,6 +27,7 @@
 pub mod address;
 pub mod broker;
 pub mod budget;
+pub mod clock;
 pub mod fields;
 pub mod id_hash;
 pub mod lazy_map;

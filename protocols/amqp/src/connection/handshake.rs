@@ -1,7 +1,8 @@
 //! The states before Open: protocol headers, the SASL exchange, and the
 //! Open that turns `AwaitOpen` (with its principal) into [`Opened`].
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::Instant;
 
 use fe2o3_amqp_types::performatives::{ChannelMax, MaxFrameSize, Open};
 use fe2o3_amqp_types::primitives::{Array, Symbol};
@@ -9,7 +10,7 @@ use fe2o3_amqp_types::sasl::{SaslCode, SaslInit, SaslMechanisms, SaslOutcome, Sa
 use rosetta_neutral::{Principal, Protocol, SessionInfo};
 use tracing::debug;
 
-use super::{AmqpConnection, Opened, State};
+use super::{AmqpConnection, Handshake, Opened, State, Step};
 use crate::codec;
 use crate::context::Shared;
 use crate::descriptor;
@@ -29,7 +30,7 @@ const SASL_INIT: u64 = 0x41;
 /// SASL frame descriptor: sasl-response.
 const SASL_RESPONSE: u64 = 0x43;
 
-impl AmqpConnection {
+impl Handshake {
     /// Who a client that skips SASL is: its certificate's user, else
     /// anonymous when that is allowed, else nobody (it must use SASL).
     fn principal_without_sasl(&self) -> Option<Principal> {
@@ -39,63 +40,55 @@ impl AmqpConnection {
         }
         .or_else(|| self.broker.anonymous_allowed().then(Principal::anonymous))
     }
+}
 
-    /// The deadline of the handshake, in the states that have one.
-    fn handshake_deadline(&self) -> Option<std::time::Instant> {
-        match &self.state {
-            State::Header { deadline }
-            | State::Sasl { deadline, .. }
-            | State::SaslDone { deadline, .. }
-            | State::AwaitOpen { deadline, .. } => Some(*deadline),
-            State::Opened(_) | State::CloseSent { .. } | State::Closed => None,
-        }
-    }
-
-    pub(super) fn on_protocol_header(&mut self, h: ProtocolHeader) {
-        let without_sasl = self.principal_without_sasl();
-        let state = std::mem::replace(&mut self.state, State::Closed);
-        match (state, h.protocol_id, without_sasl) {
-            (State::Header { deadline }, PROTOCOL_ID_SASL, _) => {
+impl AmqpConnection {
+    pub(super) fn on_protocol_header(&mut self, header: ProtocolHeader) {
+        let State::Handshake(h) = &mut self.state else {
+            return;
+        };
+        let id = header.protocol_id;
+        let step = std::mem::replace(&mut h.step, Step::Header);
+        match (step, id) {
+            (Step::Header, PROTOCOL_ID_SASL) => {
                 self.out
                     .extend_from_slice(&frame::protocol_header(PROTOCOL_ID_SASL));
                 let mechs = SaslMechanisms {
                     sasl_server_mechanisms: Array(
-                        sasl::mechanisms(&*self.broker, self.certificate_user.as_deref())
+                        sasl::mechanisms(&*h.broker, h.certificate_user.as_deref())
                             .into_iter()
                             .map(Symbol::from)
                             .collect(),
                     ),
                 };
                 write_frame(&mut self.out, FRAME_TYPE_SASL, 0, &mechs, &[]);
-                self.state = State::Sasl {
-                    deadline,
-                    server: SaslServer::default(),
-                };
+                h.step = Step::Sasl(SaslServer::default());
             }
-            (State::Header { deadline }, PROTOCOL_ID_AMQP, Some(principal))
-            | (
-                State::SaslDone {
-                    deadline,
-                    principal,
-                },
-                PROTOCOL_ID_AMQP,
-                _,
-            ) => {
+            (Step::SaslDone(principal), PROTOCOL_ID_AMQP) => {
                 self.out
                     .extend_from_slice(&frame::protocol_header(PROTOCOL_ID_AMQP));
-                self.state = State::AwaitOpen {
-                    deadline,
-                    principal,
-                };
+                h.step = Step::AwaitOpen(principal);
             }
-            (state, id, _) => {
-                self.state = state;
-                self.refuse_protocol_header(
-                    Some(id),
-                    AmqpError::NotAllowed(format!("protocol id {id} not accepted here")),
-                );
+            (Step::Header, PROTOCOL_ID_AMQP) => match h.principal_without_sasl() {
+                Some(principal) => {
+                    self.out
+                        .extend_from_slice(&frame::protocol_header(PROTOCOL_ID_AMQP));
+                    h.step = Step::AwaitOpen(principal);
+                }
+                None => self.refuse_protocol_id(id),
+            },
+            (step, id) => {
+                h.step = step;
+                self.refuse_protocol_id(id);
             }
         }
+    }
+
+    fn refuse_protocol_id(&mut self, id: u8) {
+        self.refuse_protocol_header(
+            Some(id),
+            AmqpError::NotAllowed(format!("protocol id {id} not accepted here")),
+        );
     }
 
     /// A protocol header we do not accept: a wrong version (AMQP 0-9-1's
@@ -105,8 +98,13 @@ impl AmqpConnection {
     /// the socket". `requested` is the protocol id the client asked for,
     /// if it sent an `AMQP` header.
     pub(super) fn refuse_protocol_header(&mut self, requested: Option<u8>, e: AmqpError) {
-        let sasl_optional = self.principal_without_sasl().is_some();
-        let after_sasl = matches!(self.state, State::SaslDone { .. });
+        let (sasl_optional, after_sasl) = match &self.state {
+            State::Handshake(h) => (
+                h.principal_without_sasl().is_some(),
+                matches!(h.step, Step::SaslDone(_)),
+            ),
+            _ => (false, false),
+        };
         let answer = refusal_protocol_id(after_sasl, requested, sasl_optional);
         debug!(conn = self.conn_id, ?requested, answer, error = %e, "protocol header refused");
         self.out.extend_from_slice(&frame::protocol_header(answer));
@@ -120,7 +118,17 @@ impl AmqpConnection {
                 "AMQP frame during SASL".into(),
             )));
         }
-        let State::Sasl { server, .. } = &mut self.state else {
+        let State::Handshake(h) = &mut self.state else {
+            return Ok(());
+        };
+        let Handshake {
+            broker,
+            sink,
+            certificate_user,
+            step: Step::Sasl(server),
+            ..
+        } = &mut **h
+        else {
             return Ok(());
         };
         let body = &f.body[..];
@@ -131,9 +139,9 @@ impl AmqpConnection {
                     .map_err(|e| Fault::Connection(e.into()))?;
                 let resp = init.initial_response.as_ref().map(|b| b.as_slice());
                 server.on_init(
-                    &*self.broker,
-                    self.certificate_user.as_deref(),
-                    &self.sink,
+                    &**broker,
+                    certificate_user.as_deref(),
+                    sink,
                     init.mechanism.as_str(),
                     resp,
                 )
@@ -157,10 +165,14 @@ impl AmqpConnection {
     /// the outcome, then whatever the client pipelined behind sasl-init.
     pub(super) fn on_login_checked(
         &mut self,
+        now: Instant,
         result: Result<Principal, rosetta_neutral::AuthError>,
     ) {
         let step = match &mut self.state {
-            State::Sasl { server, .. } => server.on_login_checked(result),
+            State::Handshake(h) => match &mut h.step {
+                Step::Sasl(server) => server.on_login_checked(result),
+                _ => None,
+            },
             _ => None,
         };
         let Some(step) = step else {
@@ -171,7 +183,7 @@ impl AmqpConnection {
             return;
         };
         self.apply_sasl_step(step);
-        self.handle_buffered_input(self.now);
+        self.handle_buffered_input(now);
     }
 
     /// Answers one SASL step: a challenge, the outcome, or nothing yet.
@@ -195,13 +207,9 @@ impl AmqpConnection {
                     additional_data: additional_data.map(Into::into),
                 };
                 write_frame(&mut self.out, FRAME_TYPE_SASL, 0, &outcome, &[]);
-                let Some(deadline) = self.handshake_deadline() else {
-                    return;
-                };
-                self.state = State::SaslDone {
-                    deadline,
-                    principal,
-                };
+                if let State::Handshake(h) = &mut self.state {
+                    h.step = Step::SaslDone(principal);
+                }
             }
             SaslStep::Failure(why) => self.refuse_sasl(SaslCode::Auth, why),
             SaslStep::Unavailable(why) => self.refuse_sasl(SaslCode::SysTemp, why),
@@ -222,27 +230,34 @@ impl AmqpConnection {
         self.state = State::Closed;
     }
 
-    /// The peer's Open (in `AwaitOpen`, as `principal`): the core session
-    /// opens and the connection is [`Opened`].
-    pub(super) fn on_open(&mut self, principal: Principal, open: Open) {
-        if let Some(error) = self.placement_error(&principal, &open) {
+    /// The peer's Open (in `AwaitOpen`, as its principal): the core
+    /// session opens and the connection is [`Opened`]; the handshake's
+    /// state goes.
+    pub(super) fn on_open(&mut self, now: Instant, handshake: Handshake, open: Open) {
+        let Handshake {
+            broker, sink, step, ..
+        } = handshake;
+        let Step::AwaitOpen(principal) = step else {
+            return;
+        };
+        if let Some(error) = self.placement_error(&*broker, &principal, &open) {
             return self.refuse_open(error);
         }
         let peer_max_frame = open.max_frame_size.0.max(MIN_MAX_FRAME_SIZE);
         let channel_max = self.cfg.channel_max.min(open.channel_max.0);
-        let peer_idle = open
-            .idle_time_out
-            .filter(|ms| *ms > 0)
-            .map(|ms| Duration::from_millis(ms.into()));
-        let container_id = open.container_id.clone();
+        // 0: the peer has no idle timeout.
+        let peer_idle_ms = open.idle_time_out.unwrap_or(0);
+        // One allocation for the container id, shared with the core
+        // session (its client id) and kept for subscription queue names.
+        let container_id: Arc<str> = open.container_id.into();
         let info = SessionInfo {
             conn_id: self.conn_id,
             protocol: Protocol::Amqp,
             principal,
-            client_id: Some(open.container_id.into()),
+            client_id: Some(Arc::clone(&container_id)),
             take_over: false,
         };
-        let core = self.broker.open_session(info, self.sink.clone());
+        let core = broker.open_session(info, sink);
         let ours = Open {
             container_id: self.cfg.container_id.clone(),
             hostname: None,
@@ -261,7 +276,12 @@ impl AmqpConnection {
         write_perf(&mut self.out, 0, &ours, &[]);
         debug!(conn = self.conn_id, container = %container_id, "open");
         let shared = Shared::new(core, container_id, peer_max_frame);
-        self.state = State::Opened(Box::new(Opened::new(shared, channel_max, peer_idle)));
+        self.state = State::Opened(Box::new(Opened::new(
+            shared,
+            channel_max,
+            peer_idle_ms,
+            now,
+        )));
     }
 }
 

@@ -9,12 +9,20 @@
 //!  AwaitOpen ──Open──▶ Opened ──Close / error──▶ CloseSent ──Close──▶ Closed
 //! ```
 //!
-//! States are types ([`State`]): each variant carries what exists in it.
-//! The handshake states carry their deadline; `SaslDone` and `AwaitOpen`
+//! States are types ([`State`], and before Open [`Step`]): each variant
+//! carries what exists in it. The handshake ([`Handshake`], boxed and
+//! freed at Open) carries its deadline, the broker and the sink the core
+//! session will take, and the certificate user; `SaslDone` and `AwaitOpen`
 //! carry the authenticated [`Principal`], which `Open` needs and nothing
 //! else can produce. [`Opened`] exists only once Open was exchanged: it
-//! owns the core [`Session`](rosetta_neutral::Session) and the sessions by
-//! channel, so no handler of the opened state checks for a missing core.
+//! owns the core [`Session`](rosetta_neutral::Session), the sessions by
+//! channel and the idle clocks, so no handler of the opened state checks
+//! for a missing core.
+//!
+//! What an idle connection holds is kept small (issue 20, docs/scaling.md):
+//! the connection itself sits in the server's parked state, so it holds
+//! only what every state needs; the handshake's things are gone once open;
+//! what only traffic uses is boxed at first use below [`Opened`].
 //!
 //! `Sasl` holds the SASL sub-machine ([`SaslServer`]), including its wait
 //! for a PLAIN password check done elsewhere: then nothing is parsed and
@@ -57,23 +65,8 @@ use opened::Opened;
 
 /// Where the connection is; each variant holds what exists there.
 enum State {
-    /// Waiting for the first protocol header.
-    Header { deadline: Instant },
-    /// SASL frames (or, inside the exchange, a password check).
-    Sasl {
-        deadline: Instant,
-        server: SaslServer,
-    },
-    /// SASL succeeded as `principal`; waiting for the AMQP protocol header.
-    SaslDone {
-        deadline: Instant,
-        principal: Principal,
-    },
-    /// Headers exchanged; waiting for Open.
-    AwaitOpen {
-        deadline: Instant,
-        principal: Principal,
-    },
+    /// Before Open: headers, SASL, Open (see [`Step`]).
+    Handshake(Box<Handshake>),
     /// Open exchanged: the core session and the AMQP sessions exist.
     Opened(Box<Opened>),
     /// We sent Close (the core session is closed) and wait for the peer's.
@@ -82,28 +75,48 @@ enum State {
     Closed,
 }
 
+/// What the connection has before Open and not after: boxed in
+/// [`State::Handshake`], so an open connection carries none of it (the
+/// broker handle, the sink, the certificate user: 48 B, issue 20).
+struct Handshake {
+    /// The whole handshake, headers to Open, must be done by then.
+    deadline: Instant,
+    /// For SASL, certificate and anonymous logins, the balancer's word on
+    /// the Open, and [`Broker::open_session`].
+    broker: Arc<dyn Broker>,
+    /// What the core session takes at Open (and a password check answers).
+    sink: Arc<dyn EventSink>,
+    /// User named by a verified TLS client certificate, if any.
+    certificate_user: Option<Box<str>>,
+    step: Step,
+}
+
+/// Where the handshake is.
+enum Step {
+    /// Waiting for the first protocol header.
+    Header,
+    /// SASL frames (or, inside the exchange, a password check).
+    Sasl(SaslServer),
+    /// SASL succeeded as this principal; waiting for the AMQP header.
+    SaslDone(Principal),
+    /// Headers exchanged as this principal; waiting for Open.
+    AwaitOpen(Principal),
+}
+
 /// A sans-IO AMQP 1.0 server connection (see the crate docs for the shape).
 ///
-/// One per connection, idle ones included: the configuration is shared and
-/// the rarely set parts are boxed (issue 20).
+/// One per connection, idle ones included, inline in the server's parked
+/// state: the configuration is shared, the handshake's state is boxed
+/// until Open, and the opened state is boxed (issue 20; its size is
+/// pinned by a test).
 pub struct AmqpConnection {
     /// Shared by every connection of a listener.
     cfg: Arc<AmqpConfig>,
-    broker: Arc<dyn Broker>,
-    sink: Arc<dyn EventSink>,
     conn_id: u64,
     decoder: FrameDecoder,
     out: Vec<u8>,
     state: State,
-    now: Instant,
-    /// Wall-clock ms for ttl <-> expiry, read once per entry call.
-    now_ms: u64,
-    /// When the last whole frame arrived (the idle timeout counts frames).
-    last_recv: Instant,
-    last_send: Instant,
     error: Option<Box<AmqpError>>,
-    /// User named by a verified TLS client certificate, if any.
-    certificate_user: Option<Box<str>>,
 }
 
 impl AmqpConnection {
@@ -120,20 +133,17 @@ impl AmqpConnection {
         let handshake = Duration::from_millis(config.handshake_timeout_ms);
         Self {
             cfg: config,
-            broker,
-            sink,
             conn_id,
             decoder: FrameDecoder::new(),
             out: Vec::new(),
-            state: State::Header {
+            state: State::Handshake(Box::new(Handshake {
                 deadline: now + handshake,
-            },
-            now,
-            now_ms: rosetta_neutral::message::now_ms(),
-            last_recv: now,
-            last_send: now,
+                broker,
+                sink,
+                certificate_user: None,
+                step: Step::Header,
+            })),
             error: None,
-            certificate_user: None,
         }
     }
 
@@ -142,7 +152,9 @@ impl AmqpConnection {
     /// EXTERNAL is offered first, and a client that skips SASL is that user.
     #[must_use]
     pub fn with_certificate_user(mut self, user: Option<String>) -> Self {
-        self.certificate_user = user.map(String::into_boxed_str);
+        if let State::Handshake(h) = &mut self.state {
+            h.certificate_user = user.map(String::into_boxed_str);
+        }
         self
     }
 
@@ -160,34 +172,37 @@ impl AmqpConnection {
 
     /// Parses what was appended to [`Self::input_buffer`].
     pub fn handle_buffered_input(&mut self, now: Instant) {
-        self.now = now;
-        self.now_ms = rosetta_neutral::message::now_ms();
+        self.set_now(now);
         loop {
             let max = match &self.state {
                 State::Closed => return,
-                // Waiting for a password check: what is buffered stays
-                // there until its result (`on_login_checked`).
-                State::Sasl { server, .. } if server.checking_password() => return,
-                State::Header { .. } | State::SaslDone { .. } => {
-                    match self.decoder.next_protocol_header() {
-                        Ok(None) => return,
-                        Ok(Some(h)) => self.on_protocol_header(h),
-                        Err(e) => {
-                            let requested = match &e {
-                                FrameError::BadProtocolHeader(h) if h.starts_with(b"AMQP") => {
-                                    Some(h[4])
-                                }
-                                _ => None,
-                            };
-                            self.refuse_protocol_header(requested, AmqpError::Frame(e));
-                        }
+                State::Handshake(h) => match &h.step {
+                    // Waiting for a password check: what is buffered
+                    // stays there until its result (`on_login_checked`).
+                    Step::Sasl(server) if server.checking_password() => return,
+                    Step::Header | Step::SaslDone(_) => None,
+                    Step::Sasl(_) | Step::AwaitOpen(_) => {
+                        Some(self.cfg.handshake_frame_size_max_bytes)
                     }
-                    continue;
+                },
+                State::Opened(_) | State::CloseSent { .. } => Some(self.cfg.frame_size_max_bytes),
+            };
+            let Some(max) = max else {
+                // A protocol header is due, not a frame.
+                match self.decoder.next_protocol_header() {
+                    Ok(None) => return,
+                    Ok(Some(h)) => self.on_protocol_header(h),
+                    Err(e) => {
+                        let requested = match &e {
+                            FrameError::BadProtocolHeader(h) if h.starts_with(b"AMQP") => {
+                                Some(h[4])
+                            }
+                            _ => None,
+                        };
+                        self.refuse_protocol_header(requested, AmqpError::Frame(e));
+                    }
                 }
-                State::Opened(_) | State::CloseSent { .. } => self.cfg.frame_size_max_bytes,
-                State::Sasl { .. } | State::AwaitOpen { .. } => {
-                    self.cfg.handshake_frame_size_max_bytes
-                }
+                continue;
             };
             match self.decoder.next_frame(max) {
                 Ok(None) => {
@@ -200,30 +215,31 @@ impl AmqpConnection {
                     // Only a whole frame counts against the idle
                     // timeout (spec 2.4.5): the bytes of one dribbled
                     // a byte at a time must not keep a peer alive.
-                    self.last_recv = now;
-                    self.on_frame(f);
+                    if let State::Opened(o) = &mut self.state {
+                        o.frame_received();
+                    }
+                    self.on_frame(now, f);
                 }
-                Err(e) => self.fail(AmqpError::Frame(e)),
+                Err(e) => self.fail(now, AmqpError::Frame(e)),
             }
         }
     }
 
     /// An event the core sent to this connection's sink.
     pub fn handle_event(&mut self, now: Instant, event: SessionEvent) {
-        self.now = now;
-        self.now_ms = rosetta_neutral::message::now_ms();
+        self.set_now(now);
         match event {
             _ if self.is_closed() => {}
-            SessionEvent::LoginChecked { result } => self.on_login_checked(result),
+            SessionEvent::LoginChecked { result } => self.on_login_checked(now, result),
             SessionEvent::Kicked { reason } => {
                 let why = match reason {
                     KickReason::TakenOver => "container id taken over by another connection",
                     KickReason::ServerShutdown => "broker shutting down",
                     KickReason::Administrative(text) => {
-                        return self.fail(AmqpError::Administrative(text));
+                        return self.fail(now, AmqpError::Administrative(text));
                     }
                 };
-                self.fail(AmqpError::Forced(why.into()));
+                self.fail(now, AmqpError::Forced(why.into()));
             }
             event => {
                 // Deliveries, commits and the like: only an opened
@@ -232,7 +248,7 @@ impl AmqpConnection {
                     return;
                 };
                 if let Err(e) = o.on_event(env, event) {
-                    self.fail(e);
+                    self.fail(now, e);
                 }
             }
         }
@@ -240,7 +256,7 @@ impl AmqpConnection {
 
     /// Timers: handshake, idle (both ways), close wait, credit re-check.
     pub fn handle_timeout(&mut self, now: Instant) {
-        self.now = now;
+        self.set_now(now);
         match &self.state {
             State::Closed => {}
             State::CloseSent { deadline } => {
@@ -250,13 +266,10 @@ impl AmqpConnection {
                 }
             }
             State::Opened(_) => self.opened_timeout(now),
-            State::Header { deadline }
-            | State::Sasl { deadline, .. }
-            | State::SaslDone { deadline, .. }
-            | State::AwaitOpen { deadline, .. } => {
-                if now >= *deadline {
+            State::Handshake(h) => {
+                if now >= h.deadline {
                     debug!(conn = self.conn_id, "handshake timeout");
-                    self.fail(AmqpError::ResourceLimit("handshake timeout".into()));
+                    self.fail(now, AmqpError::ResourceLimit("handshake timeout".into()));
                     self.state = State::Closed;
                 }
             }
@@ -264,33 +277,26 @@ impl AmqpConnection {
     }
 
     fn opened_timeout(&mut self, now: Instant) {
-        if self
-            .our_idle()
-            .is_some_and(|idle| now >= self.last_recv + idle)
-        {
+        let idle_ms = self.cfg.idle_timeout_ms;
+        let silent = matches!(&self.state, State::Opened(o) if o.silent_for(idle_ms));
+        if silent {
             // A silent peer is probably gone: say why once and stop,
             // without waiting for a Close it cannot send.
-            self.fail(AmqpError::ResourceLimit(
-                "local-idle-timeout expired".into(),
-            ));
+            self.fail(
+                now,
+                AmqpError::ResourceLimit("local-idle-timeout expired".into()),
+            );
             self.state = State::Closed;
             return;
         }
-        let last_send = self.last_send;
         let Some((o, env)) = self.opened() else {
             return;
         };
-        let heartbeat = o
-            .peer_idle()
-            .is_some_and(|idle| now >= last_send + idle / 2);
-        if heartbeat {
+        if o.heartbeat_due() {
             trace!(conn = env.conn_id, "heartbeat");
             frame::write_empty_frame(env.out);
         }
         o.on_timeout(env);
-        if heartbeat {
-            self.last_send = now;
-        }
     }
 
     /// The next instant [`Self::handle_timeout`] must be called.
@@ -298,18 +304,8 @@ impl AmqpConnection {
         match &self.state {
             State::Closed => None,
             State::CloseSent { deadline } => Some(*deadline),
-            State::Opened(o) => [
-                self.our_idle().map(|d| self.last_recv + d),
-                o.peer_idle().map(|d| self.last_send + d / 2),
-                o.blocked_recheck(),
-            ]
-            .into_iter()
-            .flatten()
-            .min(),
-            State::Header { deadline }
-            | State::Sasl { deadline, .. }
-            | State::SaslDone { deadline, .. }
-            | State::AwaitOpen { deadline, .. } => Some(*deadline),
+            State::Opened(o) => o.poll_timeout(self.cfg.idle_timeout_ms),
+            State::Handshake(h) => Some(h.deadline),
         }
     }
 
@@ -317,11 +313,13 @@ impl AmqpConnection {
     pub fn poll_transmit(&mut self, out: &mut Vec<u8>) {
         if let State::Opened(o) = &mut self.state {
             o.flush_dispositions(&mut self.out);
+            if !self.out.is_empty() {
+                o.frames_sent();
+            }
         }
         if self.out.is_empty() {
             return;
         }
-        self.last_send = self.now;
         if out.is_empty() {
             // Hand our buffer over and keep the caller's capacity: no copy.
             std::mem::swap(out, &mut self.out);
@@ -336,12 +334,23 @@ impl AmqpConnection {
     pub fn wants_input(&self) -> bool {
         match &self.state {
             State::Closed => false,
-            State::Sasl { server, .. } => !server.checking_password(),
+            State::Handshake(h) => match &h.step {
+                Step::Sasl(server) => !server.checking_password(),
+                Step::Header | Step::SaslDone(_) | Step::AwaitOpen(_) => true,
+            },
             State::Opened(o) => o.pending_commits() < self.cfg.pending_commits_max,
-            State::Header { .. }
-            | State::SaslDone { .. }
-            | State::AwaitOpen { .. }
-            | State::CloseSent { .. } => true,
+            State::CloseSent { .. } => true,
+        }
+    }
+
+    /// The connection is quiet and about to park: the boxes of what only
+    /// traffic uses (the connection's and each session's) go if they are
+    /// empty, so a device that once had traffic sleeps as small as one
+    /// that never had (issue 20). They are made again by the next
+    /// message.
+    pub fn shrink_when_parked(&mut self) {
+        if let State::Opened(o) = &mut self.state {
+            o.shrink_when_parked();
         }
     }
 
@@ -357,7 +366,7 @@ impl AmqpConnection {
 
     /// The transport died: close the core session abnormally.
     pub fn handle_transport_closed(&mut self, now: Instant) {
-        self.now = now;
+        self.set_now(now);
         if let Err(e) = self.decoder.finish() {
             debug!(conn = self.conn_id, error = %e, "transport closed mid-frame");
         }
@@ -374,18 +383,23 @@ impl AmqpConnection {
     /// The client stopped reading while its deliveries filled the
     /// connection's buffer for too long: close with
     /// `amqp:resource-limit-exceeded` (which it may never read).
-    pub fn handle_slow_consumer(&mut self, _now: Instant) {
+    pub fn handle_slow_consumer(&mut self, now: Instant) {
         if !self.is_closed() {
-            self.fail(AmqpError::ResourceLimit(
-                "slow consumer: the client stopped reading and its delivery buffer stayed full"
-                    .into(),
-            ));
+            self.fail(
+                now,
+                AmqpError::ResourceLimit(
+                    "slow consumer: the client stopped reading and its delivery buffer stayed full"
+                        .into(),
+                ),
+            );
         }
     }
 
-    fn our_idle(&self) -> Option<Duration> {
-        (self.cfg.idle_timeout_ms > 0)
-            .then(|| Duration::from_millis(self.cfg.idle_timeout_ms.into()))
+    /// An entry call's time, for the opened state's clocks.
+    fn set_now(&mut self, now: Instant) {
+        if let State::Opened(o) = &mut self.state {
+            o.set_now(now);
+        }
     }
 
     /// The opened state and what its handlers need from the connection.
@@ -393,33 +407,29 @@ impl AmqpConnection {
         let State::Opened(o) = &mut self.state else {
             return None;
         };
-        let env = Env {
-            out: &mut self.out,
-            cfg: &self.cfg,
-            conn_id: self.conn_id,
-            now: self.now,
-            now_ms: self.now_ms,
-        };
+        let env = o.env(&mut self.out, &self.cfg, self.conn_id);
         Some((o, env))
     }
 
     // ---- frames ----
 
-    fn on_frame(&mut self, f: Frame) {
+    fn on_frame(&mut self, now: Instant, f: Frame) {
         let channel = f.channel;
-        let result = match self.state {
-            State::Sasl { .. } => self.on_sasl_frame(f),
-            State::AwaitOpen { .. } | State::Opened(_) | State::CloseSent { .. } => {
-                self.on_amqp_frame(f)
-            }
-            State::Header { .. } | State::SaslDone { .. } | State::Closed => Ok(()),
+        let result = match &self.state {
+            State::Handshake(h) => match h.step {
+                Step::Sasl(_) => self.on_sasl_frame(f),
+                Step::AwaitOpen(_) => self.on_amqp_frame(now, f),
+                Step::Header | Step::SaslDone(_) => Ok(()),
+            },
+            State::Opened(_) | State::CloseSent { .. } => self.on_amqp_frame(now, f),
+            State::Closed => Ok(()),
         };
         if let Err(fault) = result {
-            self.apply_fault(channel, fault);
+            self.apply_fault(now, channel, fault);
         }
     }
 
-    fn on_amqp_frame(&mut self, f: Frame) -> Result<(), Fault> {
+    fn on_amqp_frame(&mut self, now: Instant, f: Frame) -> Result<(), Fault> {
         if f.frame_type != FRAME_TYPE_AMQP {
             return Err(Fault::Connection(AmqpError::IllegalState(
                 "SASL frame after SASL".into(),
@@ -441,15 +451,13 @@ impl AmqpConnection {
         let payload = f.body.slice(len..);
         trace!(conn = self.conn_id, channel = f.channel, ?perf, "recv");
         match (&self.state, perf) {
-            (State::AwaitOpen { .. }, Performative::Open(open)) if f.channel == 0 => {
-                if let State::AwaitOpen { principal, .. } =
-                    std::mem::replace(&mut self.state, State::Closed)
-                {
-                    self.on_open(principal, open);
+            (State::Handshake(_), Performative::Open(open)) if f.channel == 0 => {
+                if let State::Handshake(h) = std::mem::replace(&mut self.state, State::Closed) {
+                    self.on_open(now, *h, open);
                 }
                 Ok(())
             }
-            (State::AwaitOpen { .. }, _) => Err(Fault::Connection(AmqpError::IllegalState(
+            (State::Handshake(_), _) => Err(Fault::Connection(AmqpError::IllegalState(
                 "expected open".into(),
             ))),
             (State::CloseSent { .. }, perf) => {
@@ -466,8 +474,7 @@ impl AmqpConnection {
                 Some((o, env)) => o.dispatch(env, f.channel, perf, payload),
                 None => Ok(()),
             },
-            (State::Header { .. } | State::Sasl { .. } | State::SaslDone { .. }, _)
-            | (State::Closed, _) => Ok(()),
+            (State::Closed, _) => Ok(()),
         }
     }
 
@@ -484,9 +491,9 @@ impl AmqpConnection {
 
     // ---- errors ----
 
-    fn apply_fault(&mut self, ch: u16, fault: Fault) {
+    fn apply_fault(&mut self, now: Instant, ch: u16, fault: Fault) {
         match fault {
-            Fault::Connection(e) => self.fail(e),
+            Fault::Connection(e) => self.fail(now, e),
             Fault::Session(e) => {
                 if let Some((o, env)) = self.opened() {
                     o.end_session_with_error(env, ch, &e);
@@ -518,7 +525,7 @@ impl AmqpConnection {
     }
 
     /// Closes the connection with `e`, as far as the handshake allows.
-    fn fail(&mut self, e: AmqpError) {
+    fn fail(&mut self, now: Instant, e: AmqpError) {
         warn!(conn = self.conn_id, error = %e, "closing connection");
         match std::mem::replace(&mut self.state, State::Closed) {
             State::Opened(o) => {
@@ -529,10 +536,10 @@ impl AmqpConnection {
                 o.close(self.conn_id, CloseKind::Abnormal);
                 let wait = Duration::from_millis(self.cfg.close_timeout_ms);
                 self.state = State::CloseSent {
-                    deadline: self.now + wait,
+                    deadline: now + wait,
                 };
             }
-            State::AwaitOpen { .. } => {
+            State::Handshake(h) if matches!(h.step, Step::AwaitOpen(_)) => {
                 // An error before Open: send Open then Close (spec 2.4.3).
                 let open = self.refusal_open();
                 write_perf(&mut self.out, 0, &open, &[]);
@@ -541,12 +548,51 @@ impl AmqpConnection {
                 };
                 write_perf(&mut self.out, 0, &close, &[]);
             }
-            State::Header { .. }
-            | State::Sasl { .. }
-            | State::SaslDone { .. }
-            | State::CloseSent { .. }
-            | State::Closed => {}
+            State::Handshake(_) | State::CloseSent { .. } | State::Closed => {}
         }
         self.error.get_or_insert_with(|| Box::new(e));
+    }
+}
+#[cfg(test)]
+impl AmqpConnection {
+    /// Whether the boxes made at first use exist: the connection's
+    /// (`Busy`) and any session's (`SessionBusy`).
+    pub(crate) fn busy_made(&self) -> (bool, bool) {
+        match &self.state {
+            State::Opened(o) => o.busy_made(),
+            _ => (false, false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+    use crate::context::Busy;
+    use crate::link::Link;
+    use crate::session::{AmqpSession, SessionBusy};
+
+    /// What an idle connection holds (issue 20, docs/scaling.md): the
+    /// connection inline in the server's parked state, the opened state
+    /// in mimalloc's 128 B size class, a session in the 48 B one, a link
+    /// inline in its session's map. What only traffic uses is boxed
+    /// apart; a field more here costs every idle connection a size class.
+    #[test]
+    fn an_idle_connection_stays_within_its_size_classes() {
+        let conn = std::mem::size_of::<AmqpConnection>();
+        let opened = std::mem::size_of::<Opened>();
+        let session = std::mem::size_of::<AmqpSession>();
+        let link = std::mem::size_of::<Link>();
+        println!(
+            "AmqpConnection {conn} B, Opened {opened} B, AmqpSession {session} B, Link {link} B; \
+             made at first use: Busy {} B, SessionBusy {} B, Handshake {} B until Open",
+            std::mem::size_of::<Busy>(),
+            std::mem::size_of::<SessionBusy>(),
+            std::mem::size_of::<Handshake>(),
+        );
+        assert!(conn <= 96, "AmqpConnection: {conn} B");
+        assert!(opened <= 128, "Opened: {opened} B");
+        assert!(session <= 48, "AmqpSession: {session} B");
+        assert!(link <= 72, "Link: {link} B");
     }
 }

@@ -18,54 +18,143 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use fe2o3_amqp_types::definitions::Role;
 use fe2o3_amqp_types::performatives::{Attach, Begin, Performative};
+use rosetta_neutral::clock::{epoch_ms, Stamp};
 use rosetta_neutral::{BrokerError, CloseKind, SessionEvent, Ticket};
 use tracing::{debug, trace};
 
+use crate::config::AmqpConfig;
 use crate::context::{Ctx, Env, PendingCommit, Shared};
 use crate::coordinator;
 use crate::error::{AmqpError, Fault};
 use crate::frame::write_perf;
-use crate::idmap::IdSet;
 use crate::session::{AmqpSession, Sessions};
 
-/// The opened connection (see the module docs).
+/// The opened connection (see the module docs). Boxed in the
+/// connection, within mimalloc's 128 B size class (pinned by a test):
+/// what only traffic uses is boxed below it (`Busy`, the transactions),
+/// and its clocks are 4-byte stamps counted from `now` (issue 20).
 pub(crate) struct Opened {
     shared: Shared,
     /// Sessions by the peer's channel (we mirror it as our channel).
-    /// Bounded by `channel_max`.
+    /// Bounded by `channel_max`. Channels whose session we ended with an
+    /// error wait for the peer's End in `Busy::ending`.
     sessions: Sessions,
-    /// Channels whose session we ended with an error, until the peer's
-    /// End. Within `channel_max` like `sessions`.
-    ending: IdSet<u16>,
+    /// The time of the current entry call: what the stamps count from
+    /// when an `Instant` is due (a deadline, a credit re-check).
+    now: Instant,
+    /// When the last whole frame arrived (the idle timeout counts frames).
+    last_recv: Stamp,
+    /// When we last handed bytes to the driver (heartbeats count them).
+    last_send: Stamp,
+    /// The peer's idle timeout in ms, 0 for none: we send something at
+    /// half of it.
+    peer_idle_ms: u32,
     /// The channel-max in force: ours, or the peer's if lower.
     channel_max: u16,
-    /// The peer's idle timeout: we send something at half of it.
-    peer_idle: Option<Duration>,
 }
 
 impl Opened {
-    pub(super) fn new(shared: Shared, channel_max: u16, peer_idle: Option<Duration>) -> Self {
+    pub(super) fn new(shared: Shared, channel_max: u16, peer_idle_ms: u32, now: Instant) -> Self {
+        let stamp = Stamp::of_epoch_ms(epoch_ms(now));
         Self {
             shared,
             sessions: Sessions::default(),
-            ending: IdSet::default(),
+            now,
+            last_recv: stamp,
+            last_send: stamp,
+            peer_idle_ms,
             channel_max,
-            peer_idle,
         }
     }
 
-    pub(super) fn peer_idle(&self) -> Option<Duration> {
-        self.peer_idle
+    /// An entry call's time.
+    pub(super) fn set_now(&mut self, now: Instant) {
+        self.now = now;
     }
 
-    /// When withheld credit is to be re-checked.
-    pub(super) fn blocked_recheck(&self) -> Option<Instant> {
-        self.shared.blocked_recheck
+    fn stamp(&self) -> Stamp {
+        Stamp::of_epoch_ms(epoch_ms(self.now))
+    }
+
+    /// A whole frame arrived now.
+    pub(super) fn frame_received(&mut self) {
+        self.last_recv = self.stamp();
+    }
+
+    /// Bytes went to the driver now.
+    pub(super) fn frames_sent(&mut self) {
+        self.last_send = self.stamp();
+    }
+
+    /// Whether the peer sent no frame for our idle timeout (`idle_ms`, 0
+    /// for none).
+    pub(super) fn silent_for(&self, idle_ms: u32) -> bool {
+        idle_ms > 0 && self.stamp().elapsed_ms(self.last_recv) >= idle_ms
+    }
+
+    /// Whether we must send something so that the peer's idle timeout
+    /// does not expire (at half of it).
+    pub(super) fn heartbeat_due(&self) -> bool {
+        self.peer_idle_ms > 0 && self.stamp().elapsed_ms(self.last_send) >= self.peer_idle_ms / 2
+    }
+
+    /// The next instant a timer of the opened state is due: our idle
+    /// timeout (`idle_ms`, 0 for none), the heartbeat, the credit
+    /// re-check.
+    pub(super) fn poll_timeout(&self, idle_ms: u32) -> Option<Instant> {
+        let now = self.stamp();
+        let after = |since: Stamp, ms: u32| {
+            let left = ms.saturating_sub(now.elapsed_ms(since));
+            self.now + Duration::from_millis(left.into())
+        };
+        [
+            (idle_ms > 0).then(|| after(self.last_recv, idle_ms)),
+            (self.peer_idle_ms > 0).then(|| after(self.last_send, self.peer_idle_ms / 2)),
+            self.shared.blocked_recheck(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// What the connection lends the handlers for one call.
+    pub(super) fn env<'a>(
+        &self,
+        out: &'a mut Vec<u8>,
+        cfg: &'a AmqpConfig,
+        conn_id: u64,
+    ) -> Env<'a> {
+        Env {
+            out,
+            cfg,
+            conn_id,
+            now: self.now,
+            now_ms: epoch_ms(self.now),
+        }
+    }
+
+    /// Whether the boxes made at first use exist (see
+    /// `AmqpConnection::busy_made`).
+    #[cfg(test)]
+    pub(super) fn busy_made(&self) -> (bool, bool) {
+        (
+            self.shared.busy_ref().is_some(),
+            self.sessions.values().any(|s| s.busy_made()),
+        )
+    }
+
+    /// Frees the busy boxes that are empty (see
+    /// `AmqpConnection::shrink_when_parked`).
+    pub(super) fn shrink_when_parked(&mut self) {
+        self.shared.free_busy_if_empty();
+        for s in self.sessions.values_mut() {
+            s.free_busy_if_empty();
+        }
     }
 
     /// Durable commits waited for (the driver stops reading past a limit).
     pub(super) fn pending_commits(&self) -> usize {
-        self.shared.tickets.len()
+        self.shared.pending_commits()
     }
 
     /// Settles the batched accepted deliveries (see `Shared::accepted_in`).
@@ -92,8 +181,8 @@ impl Opened {
     pub(super) fn on_timeout(&mut self, env: Env<'_>) {
         let now = env.now;
         let mut ctx = env.ctx(&mut self.shared);
-        if ctx.conn.blocked_recheck.is_some_and(|t| now >= t) {
-            ctx.conn.blocked_recheck = None;
+        if ctx.conn.blocked_recheck().is_some_and(|t| now >= t) {
+            ctx.conn.busy().blocked_recheck = None;
             for s in self.sessions.values_mut() {
                 s.recheck_withheld_credit(&mut ctx);
             }
@@ -113,7 +202,6 @@ impl Opened {
     ) -> Result<(), Fault> {
         let mut ctx = env.ctx(&mut self.shared);
         let sessions = &mut self.sessions;
-        let ending = &mut self.ending;
         if !matches!(
             perf,
             Performative::Transfer(_) | Performative::Disposition(_) | Performative::Flow(_)
@@ -128,14 +216,12 @@ impl Opened {
             ))),
             // The connection's own (it ends this state).
             Performative::Close(_) => Ok(()),
-            Performative::Begin(b) => {
-                on_begin(&mut ctx, sessions, ending, self.channel_max, ch, &b)
-            }
-            other if ending.contains(&ch) => {
+            Performative::Begin(b) => on_begin(&mut ctx, sessions, self.channel_max, ch, &b),
+            other if ending(ctx.conn, ch) => {
                 // We ended its session with an error: drop frames until
                 // its End.
-                if let Performative::End(_) = other {
-                    ending.remove(&ch);
+                if let (Performative::End(_), Some(busy)) = (other, ctx.conn.busy_if_made()) {
+                    busy.ending.remove(&ch);
                 }
                 Ok(())
             }
@@ -251,7 +337,7 @@ impl Opened {
         let mut ctx = env.ctx(&mut self.shared);
         if let Some(s) = self.sessions.remove(&ch) {
             s.end_with_error(&mut ctx, e);
-            self.ending.insert(ch);
+            ctx.conn.busy().ending.insert(ch);
         }
     }
 
@@ -263,10 +349,15 @@ impl Opened {
     }
 }
 
+/// Whether we ended the session of channel `ch` with an error and wait
+/// for the peer's End.
+fn ending(conn: &Shared, ch: u16) -> bool {
+    conn.busy_ref().is_some_and(|b| b.ending.contains(&ch))
+}
+
 fn on_begin(
     ctx: &mut Ctx<'_>,
     sessions: &mut Sessions,
-    ending: &IdSet<u16>,
     channel_max: u16,
     ch: u16,
     b: &Begin,
@@ -281,7 +372,7 @@ fn on_begin(
             "channel {ch} above channel-max {channel_max}"
         ))));
     }
-    if sessions.contains_key(&ch) || ending.contains(&ch) {
+    if sessions.contains_key(&ch) || ending(ctx.conn, ch) {
         return Err(Fault::Connection(AmqpError::NotAllowed(format!(
             "channel {ch} already in use"
         ))));
@@ -332,7 +423,11 @@ fn on_committed(
     ticket: Ticket,
     result: Result<(), BrokerError>,
 ) {
-    let Some(pending) = ctx.conn.tickets.remove(&ticket) else {
+    let pending = ctx
+        .conn
+        .busy_if_made()
+        .and_then(|b| b.tickets.remove(&ticket));
+    let Some(pending) = pending else {
         trace!(conn = ctx.conn_id, ?ticket, "commit for nothing we wait on");
         return;
     };

@@ -9,7 +9,7 @@
 use fe2o3_amqp_types::definitions::{AmqpError as Cond, ConnectionError, Error, ErrorCondition};
 use fe2o3_amqp_types::performatives::{Close, Open};
 use fe2o3_amqp_types::primitives::{OrderedMap, Symbol, Value};
-use rosetta_neutral::{Placement, PlacementRequest, Principal, Protocol};
+use rosetta_neutral::{Broker, Placement, PlacementRequest, Principal, Protocol};
 use tracing::debug;
 
 use super::{AmqpConnection, State};
@@ -18,13 +18,18 @@ use crate::frame::write_perf;
 impl AmqpConnection {
     /// The error to close with instead of opening, if the balancer says
     /// the client does not belong here.
-    pub(super) fn placement_error(&self, principal: &Principal, open: &Open) -> Option<Error> {
+    pub(super) fn placement_error(
+        &self,
+        broker: &dyn Broker,
+        principal: &Principal,
+        open: &Open,
+    ) -> Option<Error> {
         let request = PlacementRequest {
             protocol: Protocol::Amqp,
             client_id: Some(open.container_id.as_str()),
             user: principal.user.as_deref(),
         };
-        match self.broker.place_connection(&request) {
+        match broker.place_connection(&request) {
             Placement::Local => None,
             Placement::Redirect(target) => {
                 let mut info = OrderedMap::new();

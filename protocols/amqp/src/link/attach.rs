@@ -34,7 +34,7 @@ use serde_amqp::descriptor::Descriptor;
 use tracing::debug;
 
 use super::consumer_options::{consumer_options, selector_filter};
-use super::{IncomingLink, Link, LinkKind, OutgoingLink};
+use super::{IncomingLink, Link, LinkKind, OutgoingLink, OutgoingRare};
 use crate::context::Ctx;
 use crate::error::AmqpError;
 
@@ -241,10 +241,10 @@ pub(crate) fn attach_incoming(ctx: &mut Ctx<'_>, a: &Attach) -> Result<Attached,
     };
     let dc = a.initial_delivery_count.unwrap_or(0);
     let link = Link {
-        name: a.name.clone(),
+        name: a.name.as_str().into(),
         serial,
         kind: LinkKind::Incoming(IncomingLink {
-            target,
+            target: target.map(Box::new),
             coordinator,
             presettled,
             delivery_count: dc,
@@ -602,7 +602,7 @@ fn open_outgoing(
         properties: None,
     };
     let link = Link {
-        name: a.name.clone(),
+        name: a.name.as_str().into(),
         serial,
         kind: LinkKind::Outgoing(OutgoingLink {
             consumer,
@@ -612,9 +612,13 @@ fn open_outgoing(
             core_seen: 0,
             unsettled: 0,
             auto_settle,
-            max_message_size: a.max_message_size.filter(|m| *m > 0),
-            durable_queue,
-            acquire_txn: None,
+            max_message_size: a.max_message_size.unwrap_or(0),
+            rare: durable_queue.map(|q| {
+                Box::new(OutgoingRare {
+                    durable_queue: Some(q.into_boxed_str()),
+                    acquire_txn: None,
+                })
+            }),
             browse_ended: false,
         }),
     };

@@ -42,8 +42,9 @@ pub(crate) struct Partial {
 /// A link on which the client sends and we receive.
 #[derive(Debug)]
 pub(crate) struct IncomingLink {
-    /// Fixed destination; `None` routes by each message's `to`.
-    pub(crate) target: Option<Address>,
+    /// Fixed destination; `None` routes by each message's `to`. Boxed:
+    /// 8 B in every link rather than 32 (issue 20).
+    pub(crate) target: Option<Box<Address>>,
     /// A transaction coordinator link.
     pub(crate) coordinator: bool,
     /// Sender settles everything first (pre-settled link).
@@ -59,7 +60,9 @@ pub(crate) struct IncomingLink {
     pub(crate) settle_second: bool,
     /// Credit was withheld because the core is blocking producers.
     pub(crate) withheld: bool,
-    pub(crate) partial: Option<Partial>,
+    /// Boxed: only a multi-frame delivery being received has one (72 B
+    /// that every idle publisher's link held, issue 20).
+    pub(crate) partial: Option<Box<Partial>>,
 }
 
 /// A link on which we send and the client receives.
@@ -81,16 +84,25 @@ pub(crate) struct OutgoingLink {
     pub(crate) unsettled: u32,
     /// Deliveries are settled on send (sender-settle-mode settled).
     pub(crate) auto_settle: bool,
-    /// The receiver's max-message-size (`None`: no limit).
-    pub(crate) max_message_size: Option<u64>,
-    /// Durable subscription queue, deleted when the link is closed.
-    pub(crate) durable_queue: Option<String>,
-    /// Transaction (wire id) under which deliveries are acquired, set by a
-    /// flow carrying `txn-id` (spec 4.4.3).
-    pub(crate) acquire_txn: Option<u64>,
+    /// The receiver's max-message-size; 0 for no limit (as on the wire,
+    /// spec 2.7.3), 8 B where an `Option` took 16.
+    pub(crate) max_message_size: u64,
+    /// What few receiving links have (a durable subscription, a
+    /// transaction): boxed, 8 B in every link rather than 32 (issue 20).
+    pub(crate) rare: Option<Box<OutgoingRare>>,
     /// A browser that has seen everything: the core sends it nothing
     /// more, so credit the client grants later is drained at once.
     pub(crate) browse_ended: bool,
+}
+
+/// The rarely set parts of an [`OutgoingLink`].
+#[derive(Debug, Default)]
+pub(crate) struct OutgoingRare {
+    /// Durable subscription queue, deleted when the link is closed.
+    pub(crate) durable_queue: Option<Box<str>>,
+    /// Transaction (wire id) under which deliveries are acquired, set by a
+    /// flow carrying `txn-id` (spec 4.4.3).
+    pub(crate) acquire_txn: Option<u64>,
 }
 
 /// What a link does.
@@ -102,10 +114,12 @@ pub(crate) enum LinkKind {
     Outgoing(OutgoingLink),
 }
 
-/// One attached link.
+/// One attached link, held in its session's map (not boxed: 72 B, pinned
+/// by a test, issue 20).
 #[derive(Debug)]
 pub(crate) struct Link {
-    pub(crate) name: String,
+    /// Exactly sized: link names are kept for link stealing and logs.
+    pub(crate) name: Box<str>,
     /// Unique within the connection, so late commits for a detached link
     /// whose handle was reused are recognised.
     pub(crate) serial: u64,
@@ -116,7 +130,7 @@ impl Link {
     /// The transaction an outgoing link acquires under, if any.
     pub(crate) fn acquire_txn(&self) -> Option<u64> {
         match &self.kind {
-            LinkKind::Outgoing(o) => o.acquire_txn,
+            LinkKind::Outgoing(o) => o.acquire_txn(),
             LinkKind::Incoming(_) => None,
         }
     }
@@ -198,7 +212,7 @@ impl Link {
         if let Err(e) = core.cancel(o.consumer) {
             debug!(conn = ctx.conn_id, error = %e, "cancel failed");
         }
-        if let (true, Some(q)) = (closed, &o.durable_queue) {
+        if let (true, Some(q)) = (closed, o.durable_queue()) {
             debug!(conn = ctx.conn_id, queue = %q, link = %self.name, "unsubscribing");
             if let Err(e) = core.delete_queue(q) {
                 debug!(conn = ctx.conn_id, error = %e, "delete of durable subscription failed");
@@ -256,12 +270,12 @@ impl IncomingLink {
                 if t.more {
                     let mut buf = BytesMut::with_capacity(payload.len() * 2);
                     buf.extend_from_slice(&payload);
-                    self.partial = Some(Partial {
+                    self.partial = Some(Box::new(Partial {
                         delivery_id,
                         settled,
                         txn,
                         buf,
-                    });
+                    }));
                     return Ok(None);
                 }
                 Incoming {
@@ -322,6 +336,25 @@ impl IncomingLink {
 }
 
 impl OutgoingLink {
+    /// The durable subscription queue this link consumes, if any.
+    pub(crate) fn durable_queue(&self) -> Option<&str> {
+        self.rare.as_ref()?.durable_queue.as_deref()
+    }
+
+    /// The transaction deliveries are acquired under, if any.
+    pub(crate) fn acquire_txn(&self) -> Option<u64> {
+        self.rare.as_ref()?.acquire_txn
+    }
+
+    /// Sets (or with `None` clears) the transaction deliveries are
+    /// acquired under.
+    pub(crate) fn set_acquire_txn(&mut self, txn: Option<u64>) {
+        match (&mut self.rare, txn) {
+            (None, None) => {}
+            (rare, txn) => rare.get_or_insert_default().acquire_txn = txn,
+        }
+    }
+
     /// Takes in the receiver's flow; returns the credit limit for the core.
     fn on_flow(&mut self, f: &Flow, credit_max: u32, acquire: Option<Option<u64>>) -> u32 {
         // link-credit(snd) = delivery-count(rcv) + link-credit(rcv) - delivery-count(snd)
@@ -342,7 +375,7 @@ impl OutgoingLink {
         let credit = if diff > i32::MAX as u32 { 0 } else { diff }.min(cap);
         self.credit = credit;
         if let Some(acquire) = acquire {
-            self.acquire_txn = acquire;
+            self.set_acquire_txn(acquire);
         }
         self.core_seen.wrapping_add(credit)
     }

@@ -58,7 +58,7 @@ impl AmqpSession {
         }
         let handle = t.handle.0;
         let Some(link) = self.links.get_mut(&handle) else {
-            if self.detaching.contains(&handle) {
+            if self.is_detaching(handle) {
                 return Ok(None);
             }
             return Err(Fault::Session(AmqpError::UnattachedHandle(handle)));
@@ -86,7 +86,7 @@ impl AmqpSession {
         let LinkKind::Incoming(i) = &link.kind else {
             return Ok(());
         };
-        let fixed_target = i.target.clone();
+        let fixed_target = i.target.as_deref().cloned();
         let decoded = match message::decode(&d.payload, ctx.now_ms) {
             Ok(m) => m,
             Err(e) => {
@@ -149,7 +149,7 @@ impl AmqpSession {
                     });
                     self.dispose(ctx.out, handle, d.delivery_id, state);
                 } else if let Some(ticket) = receipt.pending {
-                    ctx.conn.tickets.insert(
+                    ctx.conn.busy().tickets.insert(
                         ticket,
                         PendingCommit::Transfer {
                             channel: self.local_channel,
@@ -220,10 +220,12 @@ impl AmqpSession {
     /// Queues the `accepted` disposition of an incoming delivery (sent
     /// coalesced at the next poll_transmit), unsettled in mode second.
     fn accept_incoming(&mut self, handle: u32, delivery_id: u32) {
-        if self.settles_second(handle) {
-            self.accepted_second.push(delivery_id);
+        let second = self.settles_second(handle);
+        let busy = super::busy(&mut self.busy);
+        if second {
+            busy.accepted_second.push(delivery_id);
         } else {
-            self.accepted.push(delivery_id);
+            busy.accepted.push(delivery_id);
         }
     }
 

@@ -64,11 +64,13 @@ pub(crate) enum Queued {
     DrainFlow(u32),
 }
 
-/// A connection's sessions by channel. Boxed: a session is about 200
-/// bytes, and the small map's slice moves as sessions begin and end.
+/// A connection's sessions by channel. Boxed: the small map's slice moves
+/// as sessions begin and end.
 pub(crate) type Sessions = SmallIdMap<u16, Box<AmqpSession>>;
 
-/// One session.
+/// One session. Every open connection has one, idle devices included, so
+/// what only traffic uses is in [`SessionBusy`], made at first use (issue
+/// 20; the size is pinned by a test).
 #[derive(Debug)]
 pub(crate) struct AmqpSession {
     local_channel: u16,
@@ -84,9 +86,19 @@ pub(crate) struct AmqpSession {
     next_delivery_id: u32,
     /// Transfers the peer can still take.
     remote_incoming_window: u32,
-    /// Boxed: a link is large, and the small map's slice moves as links
-    /// attach and detach (issue 20).
-    links: SmallIdMap<u32, Box<Link>>,
+    /// Inline in the small map's slice: one allocation for the one link
+    /// a device has, not a slice and a box (issue 20).
+    links: SmallIdMap<u32, Link>,
+    busy: Option<Box<SessionBusy>>,
+}
+
+/// What only a session with traffic or trouble uses: deliveries in
+/// flight both ways, the queue behind the peer's window, handles being
+/// detached. Boxed apart from [`AmqpSession`] and made at first use (an
+/// idle session is 48 B, not 184); kept once made, as a busy session
+/// empties it after every write.
+#[derive(Debug, Default)]
+pub(crate) struct SessionBusy {
     /// Handles we detached with an error, awaiting the peer's Detach.
     detaching: IdSet<u32>,
     unsettled_out: IdMap<u32, OutDelivery>,
@@ -97,6 +109,22 @@ pub(crate) struct AmqpSession {
     accepted: Vec<u32>,
     /// The same for links in rcv-settle-mode `second`: accepted, unsettled.
     accepted_second: Vec<u32>,
+}
+
+/// A session's busy state, made at first use. A function of the field, so
+/// that a caller may hold one of the session's links meanwhile.
+fn busy(b: &mut Option<Box<SessionBusy>>) -> &mut SessionBusy {
+    match b {
+        Some(b) => b,
+        none => none.insert(make_busy()),
+    }
+}
+
+/// Out of line: made once per session, off the message path.
+#[cold]
+#[inline(never)]
+fn make_busy() -> Box<SessionBusy> {
+    Box::default()
 }
 
 /// `a` is in the closed serial-number range `[first, last]` (RFC 1982 style).
@@ -116,11 +144,7 @@ impl AmqpSession {
             next_delivery_id: 0,
             remote_incoming_window: b.incoming_window,
             links: SmallIdMap::default(),
-            detaching: IdSet::default(),
-            unsettled_out: IdMap::default(),
-            queued: VecDeque::new(),
-            accepted: Vec::new(),
-            accepted_second: Vec::new(),
+            busy: None,
         };
         let reply = Begin {
             remote_channel: Some(ch),
@@ -138,6 +162,34 @@ impl AmqpSession {
     /// How many links are attached.
     pub(crate) fn link_count(&self) -> usize {
         self.links.len()
+    }
+
+    /// Frees the busy state if nothing is in it.
+    pub(crate) fn free_busy_if_empty(&mut self) {
+        let empty = self.busy.as_deref().is_some_and(|b| {
+            b.detaching.is_empty()
+                && b.unsettled_out.is_empty()
+                && b.queued.is_empty()
+                && b.accepted.is_empty()
+                && b.accepted_second.is_empty()
+        });
+        if empty {
+            self.busy = None;
+        }
+    }
+
+    /// Whether this session made its busy state.
+    #[cfg(test)]
+    pub(crate) fn busy_made(&self) -> bool {
+        self.busy.is_some()
+    }
+
+    /// Whether we detached `handle` with an error and wait for the peer's
+    /// Detach.
+    fn is_detaching(&self, handle: u32) -> bool {
+        self.busy
+            .as_ref()
+            .is_some_and(|b| b.detaching.contains(&handle))
     }
 
     /// The session fields of a Flow we send (link fields left empty).
@@ -185,16 +237,16 @@ impl AmqpSession {
         for h in handles {
             self.remove_link(ctx, h, false);
         }
-        self.queued.clear();
-        self.unsettled_out.clear();
-        self.accepted.clear();
-        self.accepted_second.clear();
+        // The session is going: so is what it had in flight.
+        self.busy = None;
         // A settlement still waiting for its commit names a delivery id of
         // this session; a later session on the same channel must not get it.
         let ch = self.local_channel;
-        ctx.conn.tickets.retain(
-            |_, p| !matches!(p, PendingCommit::SettleBack { channel, .. } if *channel == ch),
-        );
+        if let Some(busy) = ctx.conn.busy_if_made() {
+            busy.tickets.retain(
+                |_, p| !matches!(p, PendingCommit::SettleBack { channel, .. } if *channel == ch),
+            );
+        }
     }
 
     pub(crate) fn on_flow(&mut self, ctx: &mut Ctx<'_>, f: Flow) -> Result<(), Fault> {
@@ -226,7 +278,7 @@ impl AmqpSession {
         let acquire = link::flow_acquisition(&ctx.conn.txns, current, f)
             .map_err(|e| Fault::Link(handle, e))?;
         let Some(link) = self.links.get_mut(&handle) else {
-            if self.detaching.contains(&handle) {
+            if self.is_detaching(handle) {
                 return Ok(());
             }
             return Err(Fault::Session(AmqpError::UnattachedHandle(handle)));
@@ -301,12 +353,17 @@ impl AmqpSession {
             return Ok(());
         };
         let last = d.last.unwrap_or(d.first);
+        let Some(session_busy) = self.busy.as_deref_mut() else {
+            // Nothing of ours is unsettled.
+            return Ok(());
+        };
+        let unsettled_out = &mut session_busy.unsettled_out;
         // Walk whichever is smaller: the claimed range or our unsettled map.
         let span = u64::from(last.wrapping_sub(d.first)) + 1;
-        let ids: Vec<u32> = if span <= self.unsettled_out.len() as u64 {
+        let ids: Vec<u32> = if span <= unsettled_out.len() as u64 {
             (0..span as u32).map(|i| d.first.wrapping_add(i)).collect()
         } else {
-            self.unsettled_out
+            unsettled_out
                 .keys()
                 .copied()
                 .filter(|id| in_range(*id, d.first, last))
@@ -320,7 +377,7 @@ impl AmqpSession {
         let ch = self.local_channel;
         let mut settle_now = Vec::new();
         for id in ids {
-            let Some(od) = self.unsettled_out.remove(&id) else {
+            let Some(od) = unsettled_out.remove(&id) else {
                 continue;
             };
             if let Some(LinkKind::Outgoing(o)) = self.links.get_mut(&od.handle).map(|l| &mut l.kind)
@@ -329,7 +386,7 @@ impl AmqpSession {
             }
             if !settle_back && txn.is_none() && outcome == Outcome::Accept {
                 // The common case (accepted, settled): batched.
-                ctx.conn.accepted_in.push((od.consumer, od.tag));
+                ctx.conn.busy().accepted_in.push((od.consumer, od.tag));
                 continue;
             }
             let confirm = settle_back && txn.is_none();
@@ -342,7 +399,7 @@ impl AmqpSession {
             }
             match result {
                 Ok(Some(ticket)) if settle_back => {
-                    ctx.conn.tickets.insert(
+                    ctx.conn.busy().tickets.insert(
                         ticket,
                         PendingCommit::SettleBack {
                             channel: ch,
@@ -375,7 +432,10 @@ impl AmqpSession {
     /// settled `released` by us (see [`Self::on_lease_expired`]), so it is
     /// no longer in `unsettled_out` and is skipped.
     fn renew_leases(&mut self, ctx: &mut Ctx<'_>, first: u32, last: u32) {
-        for (id, od) in self.unsettled_out.iter() {
+        let Some(busy) = self.busy.as_deref() else {
+            return;
+        };
+        for (id, od) in busy.unsettled_out.iter() {
             if !in_range(*id, first, last) {
                 continue;
             }
@@ -398,7 +458,10 @@ impl AmqpSession {
     ) {
         // A scan of this session's unsettled deliveries, bounded by the
         // credit its receivers granted.
-        let found = self
+        let Some(busy) = self.busy.as_deref_mut() else {
+            return;
+        };
+        let found = busy
             .unsettled_out
             .iter()
             .find(|(_, od)| od.consumer == consumer && od.tag == tag)
@@ -406,7 +469,7 @@ impl AmqpSession {
         let Some((id, handle)) = found else {
             return;
         };
-        self.unsettled_out.remove(&id);
+        busy.unsettled_out.remove(&id);
         if let Some(LinkKind::Outgoing(o)) = self.links.get_mut(&handle).map(|l| &mut l.kind) {
             o.unsettled = o.unsettled.saturating_sub(1);
         }
@@ -426,8 +489,10 @@ impl AmqpSession {
 
     /// Sends coalesced accepted dispositions for completed publishes.
     pub(crate) fn flush_dispositions(&mut self, out: &mut Vec<u8>) {
-        write_accepted(out, self.local_channel, &mut self.accepted, true);
-        write_accepted(out, self.local_channel, &mut self.accepted_second, false);
+        if let Some(busy) = self.busy.as_deref_mut() {
+            write_accepted(out, self.local_channel, &mut busy.accepted, true);
+            write_accepted(out, self.local_channel, &mut busy.accepted_second, false);
+        }
     }
 
     // ---- link lifecycle ----
@@ -444,7 +509,7 @@ impl AmqpSession {
                 cfg.links_per_session_max.saturating_sub(1)
             ))));
         }
-        if self.links.contains_key(&handle) || self.detaching.contains(&handle) {
+        if self.links.contains_key(&handle) || self.is_detaching(handle) {
             return Err(Fault::Session(AmqpError::HandleInUse(handle)));
         }
         Ok(())
@@ -472,7 +537,7 @@ impl AmqpSession {
             }
             LinkKind::Incoming(_) => true,
         };
-        self.links.insert(handle, Box::new(link));
+        self.links.insert(handle, link);
         if incoming {
             self.refill_credit(ctx, handle);
         }
@@ -484,7 +549,7 @@ impl AmqpSession {
         let (reply, detach) = link::refusal(a, e);
         write_perf(ctx.out, self.local_channel, &reply, &[]);
         write_perf(ctx.out, self.local_channel, &detach, &[]);
-        self.detaching.insert(a.handle.0);
+        busy(&mut self.busy).detaching.insert(a.handle.0);
     }
 
     /// A link name is unique per pair of containers and direction (spec
@@ -497,14 +562,14 @@ impl AmqpSession {
             .links
             .iter()
             .filter(|(_, l)| {
-                l.name == name && matches!(l.kind, LinkKind::Incoming(_)) == client_sends
+                &*l.name == name && matches!(l.kind, LinkKind::Incoming(_)) == client_sends
             })
             .map(|(h, _)| *h)
             .collect();
         for handle in stolen {
             debug!(conn = ctx.conn_id, link = %name, channel = self.local_channel, handle, "link stolen");
             self.remove_link(ctx, handle, false);
-            self.detaching.insert(handle);
+            busy(&mut self.busy).detaching.insert(handle);
             let detach = Detach {
                 handle: Handle(handle),
                 closed: false,
@@ -516,7 +581,11 @@ impl AmqpSession {
 
     pub(crate) fn on_detach(&mut self, ctx: &mut Ctx<'_>, d: Detach) -> Result<(), Fault> {
         let handle = d.handle.0;
-        if self.detaching.remove(&handle) {
+        if self
+            .busy
+            .as_deref_mut()
+            .is_some_and(|b| b.detaching.remove(&handle))
+        {
             // The answer to our own detach.
             return Ok(());
         }
@@ -540,7 +609,7 @@ impl AmqpSession {
     pub(crate) fn detach_with_error(&mut self, ctx: &mut Ctx<'_>, handle: u32, e: &AmqpError) {
         debug!(conn = ctx.conn_id, channel = self.local_channel, handle, error = %e, "detaching link");
         self.remove_link(ctx, handle, false);
-        self.detaching.insert(handle);
+        busy(&mut self.busy).detaching.insert(handle);
         let detach = Detach {
             handle: Handle(handle),
             closed: true,
@@ -555,9 +624,9 @@ impl AmqpSession {
         let Some(link) = self.links.remove(&handle) else {
             return;
         };
-        if let LinkKind::Outgoing(_) = link.kind {
-            self.unsettled_out.retain(|_, od| od.handle != handle);
-            self.queued.retain(|q| match q {
+        if let (LinkKind::Outgoing(_), Some(busy)) = (&link.kind, self.busy.as_deref_mut()) {
+            busy.unsettled_out.retain(|_, od| od.handle != handle);
+            busy.queued.retain(|q| match q {
                 Queued::Delivery(h, _) | Queued::DrainFlow(h) => *h != handle,
             });
         }
@@ -575,7 +644,10 @@ impl AmqpSession {
     /// gets them again.
     pub(crate) fn forget_deliveries(&mut self, held: &HashSet<Held>) {
         let links = &mut self.links;
-        self.unsettled_out.retain(|_, od| {
+        let Some(busy) = self.busy.as_deref_mut() else {
+            return;
+        };
+        busy.unsettled_out.retain(|_, od| {
             let undone = held.contains(&(od.consumer, od.tag));
             if undone {
                 if let Some(LinkKind::Outgoing(o)) = links.get_mut(&od.handle).map(|l| &mut l.kind)
@@ -597,7 +669,7 @@ impl AmqpSession {
         let Some(Link {
             kind: LinkKind::Incoming(i),
             ..
-        }) = self.links.get_mut(&handle).map(|l| &mut **l)
+        }) = self.links.get_mut(&handle)
         else {
             return;
         };

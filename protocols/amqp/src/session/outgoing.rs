@@ -6,7 +6,7 @@
 use rosetta_neutral::{Delivery, Outcome};
 use tracing::{debug, trace};
 
-use super::{AmqpSession, OutDelivery, Queued};
+use super::{busy, AmqpSession, OutDelivery, Queued};
 use crate::context::Ctx;
 use crate::delivery::{write_transfers, write_txn_state, FirstFields, TXN_STATE_LEN};
 use crate::error::AmqpError;
@@ -32,14 +32,17 @@ impl AmqpSession {
             give_back(ctx, &d, Outcome::Release);
             return Ok(());
         }
-        if self.remote_incoming_window == 0 || !self.queued.is_empty() {
-            if self.queued.len() >= ctx.cfg.pending_deliveries_max {
+        let queued = self.busy.as_ref().map_or(0, |b| b.queued.len());
+        if self.remote_incoming_window == 0 || queued > 0 {
+            if queued >= ctx.cfg.pending_deliveries_max {
                 return Err(AmqpError::ResourceLimit(
                     "peer stopped reading (session window closed)".into(),
                 ));
             }
             o.queued += 1;
-            self.queued.push_back(Queued::Delivery(handle, d));
+            busy(&mut self.busy)
+                .queued
+                .push_back(Queued::Delivery(handle, d));
             return Ok(());
         }
         self.write_delivery(ctx, handle, d);
@@ -53,22 +56,22 @@ impl AmqpSession {
             .peer_max_frame
             .min(ctx.cfg.frame_size_max_bytes.max(frame::MIN_MAX_FRAME_SIZE))
             as usize;
-        let mut head = std::mem::take(&mut ctx.conn.scratch);
+        let mut head = std::mem::take(&mut ctx.conn.busy().scratch);
         let body = match message::encode_head(&mut head, &d, ctx.now_ms) {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(conn = ctx.conn_id, error = %e, "cannot encode a delivery");
-                ctx.conn.scratch = head;
+                ctx.conn.busy().scratch = head;
                 give_back(ctx, &d, Outcome::Release);
                 return;
             }
         };
         let Some(LinkKind::Outgoing(o)) = self.links.get_mut(&handle).map(|l| &mut l.kind) else {
-            ctx.conn.scratch = head;
+            ctx.conn.busy().scratch = head;
             return;
         };
         let total = head.len() + body.len();
-        if o.max_message_size.is_some_and(|m| total as u64 > m) {
+        if o.max_message_size > 0 && total as u64 > o.max_message_size {
             // The receiver said it cannot take it: leave it for another
             // consumer instead of sending what it would refuse.
             debug!(
@@ -80,7 +83,7 @@ impl AmqpSession {
             // The client never sees it, so its credit is still there: give
             // the core that credit back.
             let limit = o.restore_credit();
-            ctx.conn.scratch = head;
+            ctx.conn.busy().scratch = head;
             if let Err(e) = ctx.conn.core.set_credit(d.consumer, limit, false) {
                 debug!(conn = ctx.conn_id, error = %e, "credit restore failed");
             }
@@ -98,10 +101,10 @@ impl AmqpSession {
         // and a rollback returns the message. An auto-settled delivery has
         // already left its queue, so no transaction can give it back.
         let acquired = o
-            .acquire_txn
+            .acquire_txn()
             .filter(|t| !settled && ctx.conn.txns.contains(*t));
         if acquired.is_none() {
-            o.acquire_txn = None;
+            o.set_acquire_txn(None);
         }
         let mut state = [0u8; TXN_STATE_LEN];
         if let Some(t) = acquired {
@@ -131,7 +134,7 @@ impl AmqpSession {
         self.next_outgoing_id = self.next_outgoing_id.wrapping_add(frames);
         self.remote_incoming_window = self.remote_incoming_window.saturating_sub(frames);
         if !settled {
-            self.unsettled_out.insert(
+            busy(&mut self.busy).unsettled_out.insert(
                 delivery_id,
                 OutDelivery {
                     handle,
@@ -140,7 +143,7 @@ impl AmqpSession {
                 },
             );
         }
-        ctx.conn.scratch = head;
+        ctx.conn.busy().scratch = head;
     }
 
     /// A browser has seen everything: its credit is drained now and
@@ -154,8 +157,11 @@ impl AmqpSession {
 
     /// The core consumed the drained link's remaining credit.
     pub(crate) fn on_drained(&mut self, ctx: &mut Ctx<'_>, handle: u32) {
-        if !self.queued.is_empty() || self.remote_incoming_window == 0 {
-            self.queued.push_back(Queued::DrainFlow(handle));
+        let queued = self.busy.as_ref().is_some_and(|b| !b.queued.is_empty());
+        if queued || self.remote_incoming_window == 0 {
+            busy(&mut self.busy)
+                .queued
+                .push_back(Queued::DrainFlow(handle));
             return;
         }
         self.write_drain_flow(ctx.out, handle);
@@ -174,7 +180,7 @@ impl AmqpSession {
     /// Writes queued deliveries while the peer's window allows.
     pub(crate) fn flush_queued(&mut self, ctx: &mut Ctx<'_>) {
         while self.remote_incoming_window > 0 {
-            let Some(item) = self.queued.pop_front() else {
+            let Some(item) = self.busy.as_mut().and_then(|b| b.queued.pop_front()) else {
                 return;
             };
             match item {

@@ -31,10 +31,13 @@ mod placement;
 mod subscribe;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+// Wall-clock ms from the process's one clock anchor, not one per
+// connection (24 B each, issue 20).
+use rosetta_neutral::clock::epoch_ms;
 use rosetta_neutral::{
     Broker, CloseKind, ConsumerId, EventSink, KickReason, Session, SessionEvent,
 };
@@ -50,22 +53,6 @@ use inbound::PendingAck;
 /// Buffer capacity kept between bursts; larger buffers are released once
 /// empty, so 10,000 idle connections cost little memory each.
 const IDLE_BUFFER_KEEP_BYTES: usize = 4096;
-
-/// Maps the driver's monotonic `Instant`s to wall-clock milliseconds for
-/// message expiry. One anchor for the process, taken at first use, rather
-/// than one per connection (24 B each, issue 20): differences between
-/// `Instant`s map exactly, so tests with a virtual clock stay
-/// deterministic relative to their start.
-fn epoch_ms(now: Instant) -> u64 {
-    static ANCHOR: OnceLock<(Instant, u64)> = OnceLock::new();
-    let &(base, base_ms) =
-        ANCHOR.get_or_init(|| (Instant::now(), rosetta_neutral::message::now_ms()));
-    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    match now.checked_duration_since(base) {
-        Some(after) => base_ms.saturating_add(millis(after)),
-        None => base_ms.saturating_sub(millis(base.duration_since(now))),
-    }
-}
 
 /// What opening the session needs and an open connection does not: the
 /// broker (login, placement, [`Broker::open_session`]) and the sink the
