@@ -93,6 +93,7 @@ struct Rare {
 /// allocation was inlined).
 #[cold]
 #[inline(never)]
+#[allow(clippy::box_collection)] // see `Open::pending`
 fn new_pending() -> Box<VecDeque<Outgoing>> {
     Box::default()
 }
@@ -565,7 +566,7 @@ impl Open {
         let durable_queue = match active {
             Some((consumer, sub)) => {
                 self.session.cancel(consumer)?;
-                sub.durable_queue.map(String::from)
+                sub.durable_queue().map(str::to_owned)
             }
             // Not active here: ActiveMQ clients remove a durable
             // subscription offline by naming it.

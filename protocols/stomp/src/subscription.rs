@@ -42,17 +42,20 @@ impl AckMode {
 }
 
 /// One subscription, inline in the connection's map (keyed by its
-/// consumer): 48 B and one allocation for its names, where it was four
+/// consumer): 40 B and one allocation for its names, where it was four
 /// allocations and about 260 B (issue 20).
 #[derive(Debug)]
 pub(crate) struct Subscription {
-    /// The destination as subscribed (fallback for MESSAGE `destination`)
-    /// followed by the client's id (1.0 without `id`: the destination
-    /// again): one allocation for both.
+    /// The destination as subscribed (fallback for MESSAGE `destination`),
+    /// the client's id (1.0 without `id`: the destination again) and the
+    /// durable queue's name, if any: one allocation for all.
     names: Box<str>,
-    /// Where the id starts in `names` (ids are header values: far below
+    /// Where the id starts in `names` (names are header values: far below
     /// 4 GiB).
     id_at: u32,
+    /// Where the durable queue's name starts in `names` (its end when the
+    /// subscription is not durable).
+    queue_at: u32,
     pub(crate) ack: AckMode,
     /// The client gave an `id` header (1.0 may not): echo it in MESSAGE.
     pub(crate) id_given: bool,
@@ -62,8 +65,8 @@ pub(crate) struct Subscription {
     /// It reads a stream (its deliveries carry an offset) and ACKs: an
     /// ACK of many settles them with one call (see `Open::ack`).
     pub(crate) stream: bool,
-    /// Name of the durable queue behind a durable topic subscription.
-    pub(crate) durable_queue: Option<Box<str>>,
+    /// A durable topic subscription: `names` ends with its queue's name.
+    durable: bool,
     /// What an acknowledging subscription tracks, made by its first
     /// delivery: an `auto` one, or one that never got a message, has none.
     acks: Option<Box<Unacked>>,
@@ -89,26 +92,39 @@ impl Subscription {
         durable_queue: Option<String>,
         browse: bool,
     ) -> Self {
-        let mut names = String::with_capacity(destination.len() + id.len());
+        let queue = durable_queue.as_deref().unwrap_or_default();
+        let mut names = String::with_capacity(destination.len() + id.len() + queue.len());
         names.push_str(destination);
+        let id_at = names.len();
         names.push_str(id);
+        let queue_at = names.len();
+        names.push_str(queue);
+        let at = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Self {
             names: names.into_boxed_str(),
-            id_at: u32::try_from(destination.len()).unwrap_or(u32::MAX),
+            id_at: at(id_at),
+            queue_at: at(queue_at),
             // A browser's copies are settled by the core as they are
             // sent, whatever `ack` the client asked for.
             ack: if browse { AckMode::Auto } else { ack },
             id_given,
             browse,
             stream: false,
-            durable_queue: durable_queue.map(String::into_boxed_str),
+            durable: durable_queue.is_some(),
             acks: None,
         }
     }
 
     /// The client's id (1.0 without `id`: the destination).
     pub(crate) fn id(&self) -> &str {
-        self.names.get(self.id_at as usize..).unwrap_or_default()
+        let (at, end) = (self.id_at as usize, self.queue_at as usize);
+        self.names.get(at..end).unwrap_or_default()
+    }
+
+    /// Name of the durable queue behind a durable topic subscription.
+    pub(crate) fn durable_queue(&self) -> Option<&str> {
+        let queue = self.names.get(self.queue_at as usize..);
+        queue.filter(|_| self.durable)
     }
 
     /// The destination as subscribed.
@@ -262,6 +278,11 @@ mod tests {
     fn id_and_destination_share_one_string() {
         let s = Subscription::new("sub-1", true, "/topic/a", AckMode::Auto, None, false);
         assert_eq!((s.id(), s.destination()), ("sub-1", "/topic/a"));
+        assert_eq!(s.durable_queue(), None);
+        let queue = Some("durable-q".to_owned());
+        let d = Subscription::new("d", true, "/topic/b", AckMode::Client, queue, false);
+        assert_eq!((d.id(), d.destination()), ("d", "/topic/b"));
+        assert_eq!(d.durable_queue(), Some("durable-q"));
     }
 
     /// A subscription sits inline in its connection's map: a field more
@@ -273,7 +294,7 @@ mod tests {
             "Subscription {size} B, Unacked (made at first delivery) {} B",
             std::mem::size_of::<Unacked>()
         );
-        assert!(size <= 48, "Subscription: {size} B");
+        assert!(size <= 40, "Subscription: {size} B");
     }
 
     #[test]
