@@ -116,6 +116,7 @@ impl Subscription {
     }
 
     /// The client's id (1.0 without `id`: the destination).
+    #[inline]
     pub(crate) fn id(&self) -> &str {
         let (at, end) = (self.id_at as usize, self.queue_at as usize);
         self.names.get(at..end).unwrap_or_default()
@@ -128,6 +129,7 @@ impl Subscription {
     }
 
     /// The destination as subscribed.
+    #[inline]
     pub(crate) fn destination(&self) -> &str {
         self.names.get(..self.id_at as usize).unwrap_or_default()
     }
