@@ -348,8 +348,15 @@ impl StompConnection {
         };
         match event {
             SessionEvent::Delivery(d) => {
+                // Stamped by the first delivery of a run that waits to be
+                // written, not by each (a stamp was about 1% of a stream
+                // delivery's instructions): the run goes out together. A
+                // run a slow reader leaves waiting past the heart-beat
+                // interval gets an early heart-beat, which is harmless.
+                if !open.has_pending() {
+                    open.last_tx = Stamp::of(now);
+                }
                 open.deliver(d);
-                open.last_tx = Stamp::of(now);
             }
             SessionEvent::Committed { ticket, result } => {
                 let receipt = open.receipts.committed(ticket);
@@ -606,6 +613,7 @@ impl StompConnection {
         let State::Open(open) = &mut self.state else {
             return;
         };
+        let mut wrote = false;
         while let Some(p) = open.receipts.pop_ready() {
             if open.has_pending() {
                 open.encode_pending(&mut self.out, open.version, usize::MAX);
@@ -617,7 +625,7 @@ impl StompConnection {
                     w.header(LEASE_EXPIRED_HEADER, "true");
                 }
                 w.finish(b"");
-                open.last_tx = Stamp::of(now);
+                wrote = true;
             }
             if p.disconnect {
                 info!(conn_id = self.conn_id, "client disconnected");
@@ -625,6 +633,9 @@ impl StompConnection {
                 self.state = State::Closed(None);
                 return;
             }
+        }
+        if wrote {
+            open.last_tx = Stamp::of(now);
         }
     }
 
