@@ -234,13 +234,13 @@ pub(crate) fn write_message(
     let ack_id = AckId(delivery.consumer, delivery.tag).write_to(&mut ack_id);
     let mut w = FrameWriter::new(out, version, Command::Message);
     if sub.id_given {
-        w.header_own("subscription", &sub.id);
+        w.header_own("subscription", sub.id());
     }
     w.header_with("message-id", |o| o.extend_from_slice(ack_id));
     match &m.address {
         Some(Address::Topic(t)) => w.header_with_escaped("destination", &[TOPIC_PREFIX, t]),
         Some(Address::Queue(q)) => w.header_with_escaped("destination", &[QUEUE_PREFIX, q]),
-        None => w.header_own("destination", &sub.destination),
+        None => w.header_own("destination", sub.destination()),
     };
     if version == Version::V1_2 && sub.ack != AckMode::Auto {
         w.header_with("ack", |o| o.extend_from_slice(ack_id));
@@ -318,10 +318,10 @@ pub(crate) const END_OF_BROWSE_MESSAGE_ID: &str = "0";
 pub(crate) fn write_end_of_browse(out: &mut Vec<u8>, version: Version, sub: &Subscription) {
     let mut w = FrameWriter::new(out, version, Command::Message);
     if sub.id_given {
-        w.header("subscription", &sub.id);
+        w.header("subscription", sub.id());
     }
     w.header(BROWSER_HEADER, "end");
-    w.header("destination", &sub.destination);
+    w.header("destination", sub.destination());
     w.header("message-id", END_OF_BROWSE_MESSAGE_ID);
     w.finish(b"");
 }

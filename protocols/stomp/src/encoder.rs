@@ -47,6 +47,7 @@ impl<'a> FrameWriter<'a> {
     /// Appends one of the broker's own headers: `name` is a constant
     /// that needs no escape (so it is copied, not checked byte by byte);
     /// `value` is escaped.
+    #[inline]
     pub(crate) fn header_own(&mut self, name: &'static str, value: &str) -> &mut Self {
         self.own_name(name);
         escape_into(self.out, value, self.escaping, false);
@@ -55,6 +56,7 @@ impl<'a> FrameWriter<'a> {
     }
 
     /// Writes `name:` for one of the broker's own header names.
+    #[inline]
     fn own_name(&mut self, name: &'static str) {
         debug_assert!(
             !name
@@ -69,6 +71,7 @@ impl<'a> FrameWriter<'a> {
     /// Appends one of the broker's own headers (see [`Self::header_own`])
     /// whose value `write` appends as is: for values the broker makes that
     /// can need no escape (numbers, ids).
+    #[inline]
     pub(crate) fn header_with(
         &mut self,
         name: &'static str,

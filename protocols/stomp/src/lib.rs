@@ -33,6 +33,7 @@ pub mod frame;
 pub mod fuzzing;
 pub mod parser;
 
+mod clock;
 mod consumer_options;
 mod convert;
 mod heartbeat;

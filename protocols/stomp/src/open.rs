@@ -16,6 +16,7 @@ use rosetta_neutral::{
 };
 use tracing::{debug, trace};
 
+use crate::clock::Stamp;
 use crate::config::StompConfig;
 use crate::consumer_options::consumer_options;
 use crate::convert::{
@@ -23,7 +24,7 @@ use crate::convert::{
 };
 use crate::error::StompError;
 use crate::frame::{Command, Frame, Version};
-use crate::heartbeat::HeartBeat;
+use crate::heartbeat::Beats;
 use crate::receipts::Receipts;
 use crate::subscription::{parse_ack_id, AckMode, Subscription};
 
@@ -39,32 +40,62 @@ struct Txn {
 }
 
 /// State of an authenticated connection.
+///
+/// One per connection, idle ones included (issue 20): what only a busy
+/// connection uses (deliveries waiting to be written, frames waiting for
+/// their receipts) or only some clients use (a client key, transactions,
+/// temporary queues) is boxed apart and made when first needed, so an
+/// idle connection's `Open` is 96 B.
 pub(crate) struct Open {
     conn_id: u64,
     pub(crate) session: Box<dyn Session>,
-    pub(crate) version: Version,
-    /// Key of durable subscriptions: `client-id`, else the login.
-    client_key: Option<String>,
-    pub(crate) heart: HeartBeat,
-    // Lazy (8 bytes each until used, 48 as maps): an idle connection has
-    // no transaction or temporary queue (issue 20). Subscriptions in small
-    // maps: a device has one, and a hash map's first table cost about 200
-    // bytes for it (twice: by id and by consumer). Boxed: the slice moves
-    // as subscriptions come and go.
-    subs: SmallMap<String, Box<Subscription>>,
-    pub(crate) by_consumer: SmallMap<ConsumerId, String>,
-    txns: LazyMap<String, Txn>,
-    /// `/temp-queue/x` name → the core's generated queue name.
-    temp_queues: LazyMap<String, String>,
-    pub(crate) receipts: Receipts,
-    /// DISCONNECT received: no more frames are read.
-    pub(crate) disconnecting: bool,
+    /// Subscriptions by their consumer (what deliveries, ACKs and the
+    /// core's events name them by); found by the client's id with a scan,
+    /// which only SUBSCRIBE and UNSUBSCRIBE do. In a small map: a device
+    /// has one, and a hash map's first table cost about 200 bytes for it.
+    subs: SmallMap<ConsumerId, Subscription>,
     /// Deliveries taken from the core and not yet written as MESSAGE
     /// frames, oldest first: they are encoded as the transport takes
     /// output (see [`Open::encode_pending`]), so a reader's whole credit
     /// never sits in the output buffer as a second copy of itself. Each
-    /// still holds its charge on the connection's delivery budget.
-    pending: VecDeque<Outgoing>,
+    /// still holds its charge on the connection's delivery budget. Made
+    /// by the first delivery and kept (a reader empties it after every
+    /// write; freeing it then would allocate it again with the next
+    /// message).
+    #[allow(clippy::box_collection)] // the box is the point: 8 B until used
+    pending: Option<Box<VecDeque<Outgoing>>>,
+    pub(crate) receipts: Receipts,
+    /// Made by the first transaction or temporary queue, or at CONNECT for
+    /// a client with a key.
+    rare: Option<Box<Rare>>,
+    /// When the last byte came from the client.
+    pub(crate) last_rx: Stamp,
+    /// When the last frame went to it.
+    pub(crate) last_tx: Stamp,
+    pub(crate) beats: Beats,
+    pub(crate) version: Version,
+    /// DISCONNECT received: no more frames are read.
+    pub(crate) disconnecting: bool,
+}
+
+/// What some connections use and most never do.
+#[derive(Default)]
+struct Rare {
+    /// Key of durable subscriptions: `client-id`, else the login.
+    client_key: Option<Box<str>>,
+    txns: LazyMap<String, Txn>,
+    /// `/temp-queue/x` name → the core's generated queue name.
+    temp_queues: LazyMap<String, String>,
+}
+
+/// Out of line and cold, so that the delivery path inlines one branch and
+/// no allocation (MQTT's flows box showed a copy of every delivery when the
+/// allocation was inlined).
+#[cold]
+#[inline(never)]
+#[allow(clippy::box_collection)] // see `Open::pending`
+fn new_pending() -> Box<VecDeque<Outgoing>> {
+    Box::default()
 }
 
 /// What a frame's handler hands back for the receipt queue.
@@ -107,22 +138,48 @@ impl Open {
         session: Box<dyn Session>,
         version: Version,
         client_key: Option<String>,
-        heart: HeartBeat,
+        beats: Beats,
+        now: Stamp,
     ) -> Self {
         Self {
             conn_id,
             session,
-            version,
-            client_key,
-            heart,
             subs: SmallMap::default(),
-            by_consumer: SmallMap::default(),
-            txns: LazyMap::default(),
-            temp_queues: LazyMap::default(),
+            pending: None,
             receipts: Receipts::default(),
+            rare: client_key.map(|key| {
+                Box::new(Rare {
+                    client_key: Some(key.into_boxed_str()),
+                    ..Rare::default()
+                })
+            }),
+            last_rx: now,
+            last_tx: now,
+            beats,
+            version,
             disconnecting: false,
-            pending: VecDeque::new(),
         }
+    }
+
+    fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
+    fn client_key(&self) -> Option<&str> {
+        self.rare.as_ref()?.client_key.as_deref()
+    }
+
+    /// The client's id of the subscription of `consumer`.
+    pub(crate) fn subscription_id(&self, consumer: ConsumerId) -> Option<&str> {
+        self.subs.get(&consumer).map(Subscription::id)
+    }
+
+    /// The consumer of the subscription the client calls `id`.
+    fn consumer_of(&self, id: &str) -> Option<ConsumerId> {
+        self.subs
+            .iter()
+            .find(|(_, sub)| sub.id() == id)
+            .map(|(consumer, _)| *consumer)
     }
 
     /// Acts on one frame of an open connection.
@@ -157,11 +214,7 @@ impl Open {
     /// frames after it are ordered after it), written by
     /// [`Open::encode_pending`].
     pub(crate) fn deliver(&mut self, d: Delivery) {
-        let Some(sub) = self
-            .by_consumer
-            .get(&d.consumer)
-            .and_then(|id| self.subs.get_mut(id))
-        else {
+        let Some(sub) = self.subs.get_mut(&d.consumer) else {
             // Raced with UNSUBSCRIBE: the cancel returns it to its queue.
             trace!(
                 conn_id = self.conn_id,
@@ -174,12 +227,14 @@ impl Open {
         if sub.ack != AckMode::Auto && d.stream.is_some() {
             sub.stream = true;
         }
-        self.pending.push_back(Outgoing::from(d));
+        self.pending
+            .get_or_insert_with(new_pending)
+            .push_back(Outgoing::from(d));
     }
 
     /// Whether deliveries wait to be written.
     pub(crate) fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+        self.pending.as_ref().is_some_and(|p| !p.is_empty())
     }
 
     /// Writes waiting deliveries as MESSAGE frames until `out` holds at
@@ -194,10 +249,13 @@ impl Open {
     /// writes (as large as the bound) is filled, never regrown by doubling,
     /// which copies what it holds.
     pub(crate) fn encode_pending(&mut self, out: &mut Vec<u8>, version: Version, until_len: usize) {
+        let Some(pending) = self.pending.as_deref_mut() else {
+            return;
+        };
         let bounded = until_len != usize::MAX;
         if bounded && out.is_empty() {
             let mut want = 0;
-            for d in &self.pending {
+            for d in pending.iter() {
                 want += frame_bytes_estimate(d);
                 if want >= until_len {
                     break;
@@ -214,28 +272,23 @@ impl Open {
         while out.len() < until_len {
             if bounded
                 && !out.is_empty()
-                && self
-                    .pending
+                && pending
                     .front()
                     .is_some_and(|d| out.len() + frame_bytes_estimate(d) > until_len)
             {
                 return;
             }
-            let Some(d) = self.pending.pop_front() else {
+            let Some(d) = pending.pop_front() else {
                 // A burst's queue is not kept while idle.
-                if self.pending.capacity() > PENDING_KEPT {
-                    self.pending.shrink_to(PENDING_KEPT);
+                if pending.capacity() > PENDING_KEPT {
+                    pending.shrink_to(PENDING_KEPT);
                 }
                 return;
             };
             let sub = match last {
                 Some((c, sub)) if c == d.consumer => sub,
                 _ => {
-                    let sub = self
-                        .by_consumer
-                        .get(&d.consumer)
-                        .and_then(|id| self.subs.get(id))
-                        .map(|sub| &**sub);
+                    let sub = self.subs.get(&d.consumer);
                     last = Some((d.consumer, sub));
                     sub
                 }
@@ -261,11 +314,7 @@ impl Open {
         version: Version,
         consumer: ConsumerId,
     ) {
-        let Some(sub) = self
-            .by_consumer
-            .get(&consumer)
-            .and_then(|id| self.subs.get(id))
-        else {
+        let Some(sub) = self.subs.get(&consumer) else {
             trace!(
                 conn_id = self.conn_id,
                 consumer = consumer.0,
@@ -273,7 +322,7 @@ impl Open {
             );
             return;
         };
-        debug!(conn_id = self.conn_id, sub = %sub.id, "browse ended");
+        debug!(conn_id = self.conn_id, sub = %sub.id(), "browse ended");
         write_end_of_browse(out, version, sub);
     }
 
@@ -281,8 +330,9 @@ impl Open {
         match frame.header("transaction") {
             None => Ok(None),
             Some(name) => self
-                .txns
-                .get(name)
+                .rare
+                .as_ref()
+                .and_then(|r| r.txns.get(name))
                 .map(|t| Some(t.id))
                 .ok_or_else(|| StompError::UnknownTransaction(name.to_owned())),
         }
@@ -290,7 +340,7 @@ impl Open {
 
     /// The core queue behind `/temp-queue/<local>`, declared on first use.
     fn temp_queue(&mut self, config: &StompConfig, local: &str) -> Result<String, StompError> {
-        if let Some(name) = self.temp_queues.get(local) {
+        if let Some(name) = self.rare.as_ref().and_then(|r| r.temp_queues.get(local)) {
             return Ok(name.clone());
         }
         if local.is_empty() {
@@ -299,7 +349,8 @@ impl Open {
                 rosetta_neutral::AddressError::Empty,
             ));
         }
-        if self.temp_queues.len() >= config.temp_queues_max {
+        let made = self.rare.as_ref().map_or(0, |r| r.temp_queues.len());
+        if made >= config.temp_queues_max {
             return Err(StompError::LimitExceeded {
                 what: "temporary queues",
                 max: config.temp_queues_max,
@@ -311,7 +362,9 @@ impl Open {
             lifetime: QueueLifetime::Session,
             bindings_max: None,
         })?;
-        self.temp_queues.insert(local.to_owned(), info.name.clone());
+        self.rare()
+            .temp_queues
+            .insert(local.to_owned(), info.name.clone());
         Ok(info.name)
     }
 
@@ -373,7 +426,7 @@ impl Open {
                 })
             }
         };
-        if self.subs.contains_key(&id) {
+        if self.consumer_of(&id).is_some() {
             return Err(StompError::DuplicateSubscription(id));
         }
         if self.subs.len() >= config.subscriptions_max {
@@ -397,8 +450,7 @@ impl Open {
             let spec = match durable_name(frame, &id) {
                 Some(name) => {
                     let key = self
-                        .client_key
-                        .as_deref()
+                        .client_key()
                         .ok_or(StompError::DurableWithoutClientId)?;
                     let q = durable_subscription_queue(key, name);
                     durable_queue = Some(q.clone());
@@ -452,18 +504,9 @@ impl Open {
             }
         };
         debug!(conn_id = self.conn_id, sub = %id, %dest, %queue, ?ack, prefetch, browse, "subscribed");
-        self.by_consumer.insert(consumer, id.clone());
         self.subs.insert(
-            id.clone(),
-            Box::new(Subscription::new(
-                id,
-                id_given,
-                dest.to_owned(),
-                consumer,
-                ack,
-                durable_queue,
-                browse,
-            )),
+            consumer,
+            Subscription::new(&id, id_given, dest, ack, durable_queue, browse),
         );
         Ok(Done {
             tickets,
@@ -517,18 +560,19 @@ impl Open {
         let remove = frame.header("activemq.subscriptionName").is_some()
             || is_true(frame.header("persistent"))
             || is_true(frame.header("durable"));
-        let durable_queue = match self.subs.remove(id) {
-            Some(sub) => {
-                self.by_consumer.remove(&sub.consumer);
-                self.session.cancel(sub.consumer)?;
-                sub.durable_queue
+        let active = self
+            .consumer_of(id)
+            .and_then(|consumer| Some((consumer, self.subs.remove(&consumer)?)));
+        let durable_queue = match active {
+            Some((consumer, sub)) => {
+                self.session.cancel(consumer)?;
+                sub.durable_queue().map(str::to_owned)
             }
             // Not active here: ActiveMQ clients remove a durable
             // subscription offline by naming it.
             None => {
                 debug!(conn_id = self.conn_id, sub = %id, "UNSUBSCRIBE of an inactive subscription");
-                self.client_key
-                    .as_deref()
+                self.client_key()
                     .zip(durable_name(frame, id))
                     .map(|(key, name)| durable_subscription_queue(key, name))
             }
@@ -570,8 +614,7 @@ impl Open {
         let id = self.ack_id_of(frame)?;
         let unknown = || StompError::UnknownAckId(id.to_owned());
         let (consumer, tag) = parse_ack_id(id).ok_or_else(unknown)?;
-        let sub_id = self.by_consumer.get(&consumer).ok_or_else(unknown)?;
-        let sub = self.subs.get_mut(sub_id).ok_or_else(unknown)?;
+        let sub = self.subs.get_mut(&consumer).ok_or_else(unknown)?;
         if sub.was_expired(tag, true) {
             return Ok(self.late(id));
         }
@@ -600,11 +643,7 @@ impl Open {
 
     /// The lease of a delivery ran out (the core took it back).
     pub(crate) fn lease_expired(&mut self, consumer: ConsumerId, tag: DeliveryTag) {
-        if let Some(sub) = self
-            .by_consumer
-            .get(&consumer)
-            .and_then(|id| self.subs.get_mut(id))
-        {
+        if let Some(sub) = self.subs.get_mut(&consumer) {
             sub.lease_expired(tag);
         }
     }
@@ -625,13 +664,13 @@ impl Open {
             return Ok(Done::now());
         }
         let (consumer, tag) = parse_ack_id(id).ok_or_else(unknown)?;
-        let sub_id = self.by_consumer.get(&consumer).ok_or_else(unknown)?;
+        let sub_id = self.subscription_id(consumer).ok_or_else(unknown)?;
         if frame.header("subscription").is_some_and(|s| s != sub_id) {
             return Err(unknown());
         }
         let txn_name = frame.header("transaction");
         let txn = self.txn_id(frame)?;
-        let sub = self.subs.get_mut(sub_id).ok_or_else(unknown)?;
+        let sub = self.subs.get_mut(&consumer).ok_or_else(unknown)?;
         if sub.browse {
             // A browser's copies were settled as they were sent (there is
             // nothing to take or give back); ActiveMQ clients ACK them all
@@ -643,7 +682,8 @@ impl Open {
             return Ok(self.late(id));
         }
         let tags = sub.take_acked(tag).ok_or_else(unknown)?;
-        if let Some(t) = txn_name.and_then(|n| self.txns.get(n)) {
+        let txns = self.rare.as_deref().map(|r| &r.txns);
+        if let Some(t) = txn_name.and_then(|n| txns?.get(n)) {
             if t.acked.len() + tags.len() > config.transaction_acks_max {
                 return Err(StompError::LimitExceeded {
                     what: "acknowledgements in one transaction",
@@ -680,7 +720,8 @@ impl Open {
                 Err(e) => return Err(e.into()),
             }
         }
-        if let Some(t) = txn_name.and_then(|n| self.txns.get_mut(n)) {
+        let txns = self.rare.as_deref_mut().map(|r| &mut r.txns);
+        if let Some(t) = txn_name.and_then(|n| txns?.get_mut(n)) {
             t.acked.extend(tags.iter().map(|tag| (consumer, *tag)));
         }
         Ok(Done {
@@ -692,17 +733,18 @@ impl Open {
 
     fn begin(&mut self, config: &StompConfig, frame: &Frame) -> Result<Done, StompError> {
         let name = required(frame, "transaction")?;
-        if self.txns.contains_key(name) {
+        let txns = self.rare.as_deref().map(|r| &r.txns);
+        if txns.is_some_and(|t| t.contains_key(name)) {
             return Err(StompError::DuplicateTransaction(name.to_owned()));
         }
-        if self.txns.len() >= config.transactions_max {
+        if txns.map_or(0, |t| t.len()) >= config.transactions_max {
             return Err(StompError::LimitExceeded {
                 what: "open transactions",
                 max: config.transactions_max,
             });
         }
         let id = self.session.begin();
-        self.txns.insert(
+        self.rare().txns.insert(
             name.to_owned(),
             Txn {
                 id,
@@ -714,8 +756,9 @@ impl Open {
 
     fn take_txn(&mut self, frame: &Frame) -> Result<Txn, StompError> {
         let name = required(frame, "transaction")?;
-        self.txns
-            .remove(name)
+        self.rare
+            .as_deref_mut()
+            .and_then(|r| r.txns.remove(name))
             .ok_or_else(|| StompError::UnknownTransaction(name.to_owned()))
     }
 
@@ -738,11 +781,7 @@ impl Open {
             by_consumer.entry(c).or_default().push(t);
         }
         for (c, tags) in by_consumer {
-            if let Some(sub) = self
-                .by_consumer
-                .get(&c)
-                .and_then(|id| self.subs.get_mut(id))
-            {
+            if let Some(sub) = self.subs.get_mut(&c) {
                 sub.restore(&tags);
             }
         }

@@ -113,27 +113,86 @@ const IDLE_INPUT_BYTES: usize = 1024;
 /// A command line longer than this is not a command, whatever it holds.
 const COMMAND_LINE_MAX_BYTES: usize = 32;
 
-/// Where the decoder is within the current frame.
+/// Where the decoder is within the current frame. Kept small (16 B): it is
+/// inline in every connection, idle ones included (issue 20).
 #[derive(Debug)]
 enum Phase {
-    /// Looking for the blank line that ends the head. Offsets index `buf`.
+    /// Looking for the blank line that ends the head. Offsets index `buf`,
+    /// which holds at most the frame limit (at most [`FRAME_LIMIT_CAP`])
+    /// and one read: they fit a `u32`.
     Head {
         /// Bytes already scanned.
-        scanned: usize,
+        scanned: u32,
         /// Start of the line being scanned.
-        line_start: usize,
+        line_start: u32,
         /// Complete lines seen (the command line included).
-        lines: usize,
+        lines: u32,
     },
-    /// Head parsed; waiting for the body.
-    Body {
-        command: Command,
-        headers: Headers,
-        head_len: usize,
-        content_length: Option<usize>,
-        /// Body bytes already searched for NUL.
-        scanned: usize,
-    },
+    /// Head parsed; waiting for the body. Boxed (about 90 B): only a frame
+    /// whose body spans reads waits here, one whose body came with it is
+    /// returned at once.
+    Body(Box<Body>),
+}
+
+/// A parsed head whose body is still to come.
+#[derive(Debug)]
+struct Body {
+    command: Command,
+    headers: Headers,
+    head_len: usize,
+    content_length: Option<usize>,
+    /// Body bytes already searched for NUL.
+    scanned: usize,
+}
+
+/// Frame limits above this (2 GiB) are taken as this, so that offsets
+/// into the parse buffer (at most the frame limit and one read) fit a
+/// `u32`.
+const FRAME_LIMIT_CAP: usize = 1 << 31;
+
+/// [`Limits`] as the decoder keeps them: `u32`s (16 B rather than 32 in
+/// every connection, issue 20). No limit a configuration can usefully set
+/// is above 2 GiB; larger ones are taken as [`FRAME_LIMIT_CAP`].
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    frame_size_max_bytes: u32,
+    header_line_max_bytes: u32,
+    headers_max: u32,
+    body_size_max_bytes: u32,
+}
+
+impl Bounds {
+    fn new(l: Limits) -> Self {
+        let cap = |n: usize| u32::try_from(n.min(FRAME_LIMIT_CAP)).unwrap_or(u32::MAX);
+        Self {
+            frame_size_max_bytes: cap(l.frame_size_max_bytes),
+            header_line_max_bytes: cap(l.header_line_max_bytes),
+            headers_max: cap(l.headers_max),
+            body_size_max_bytes: cap(l.body_size_max_bytes),
+        }
+    }
+
+    fn frame(self) -> usize {
+        self.frame_size_max_bytes as usize
+    }
+
+    fn header_line(self) -> usize {
+        self.header_line_max_bytes as usize
+    }
+
+    fn headers(self) -> usize {
+        self.headers_max as usize
+    }
+
+    fn body(self) -> usize {
+        self.body_size_max_bytes as usize
+    }
+}
+
+/// An offset into the parse buffer as [`Phase::Head`] keeps it (see there
+/// why it fits).
+fn offset(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 impl Phase {
@@ -150,7 +209,7 @@ impl Phase {
 #[derive(Debug)]
 pub struct Decoder {
     buf: BytesMut,
-    limits: Limits,
+    limits: Bounds,
     version: Version,
     phase: Phase,
 }
@@ -161,7 +220,7 @@ impl Decoder {
     pub fn new(limits: Limits, version: Version) -> Self {
         Self {
             buf: BytesMut::new(),
-            limits,
+            limits: Bounds::new(limits),
             version,
             phase: Phase::start(),
         }
@@ -209,10 +268,7 @@ impl Decoder {
     /// `Ok(None)`, then feed the rest: a frame over the limit is reported by
     /// `decode` before more than the limit is held.
     pub fn feed(&mut self, data: &[u8]) -> usize {
-        let room = self
-            .limits
-            .frame_size_max_bytes
-            .saturating_sub(self.buf.len());
+        let room = self.limits.frame().saturating_sub(self.buf.len());
         let take = room.min(data.len());
         self.buf
             .extend_from_slice(data.get(..take).unwrap_or_default());
@@ -221,71 +277,83 @@ impl Decoder {
 
     /// The next complete frame, `Ok(None)` if more bytes are needed.
     pub fn decode(&mut self) -> Result<Option<Frame>, FrameError> {
-        loop {
-            match &mut self.phase {
-                Phase::Head { .. } => {
-                    if !self.scan_head()? {
-                        return Ok(None);
-                    }
+        let mut body = match std::mem::replace(&mut self.phase, Phase::start()) {
+            Phase::Body(body) => *body,
+            head @ Phase::Head { .. } => {
+                self.phase = head;
+                match self.scan_head()? {
+                    Some(body) => body,
+                    None => return Ok(None),
                 }
-                Phase::Body { .. } => return self.scan_body(),
+            }
+        };
+        match self.body_end(&mut body)? {
+            Some((body_len, frame_len)) => Ok(Some(self.split_frame(body, body_len, frame_len))),
+            None => {
+                self.phase = Phase::Body(Box::new(body));
+                Ok(None)
             }
         }
     }
 
-    /// Scans new head bytes. Returns true once the head is parsed and the
-    /// phase moved to [`Phase::Body`].
-    fn scan_head(&mut self) -> Result<bool, FrameError> {
+    /// Scans new head bytes. Returns the parsed head once the blank line
+    /// ending it is in (the phase is then back at the start: the caller
+    /// keeps the head while it waits for the body).
+    fn scan_head(&mut self) -> Result<Option<Body>, FrameError> {
         let Phase::Head {
             scanned,
             line_start,
             lines,
         } = &mut self.phase
         else {
-            return Ok(true);
+            return Ok(None);
         };
-        if *scanned == 0 {
+        let (mut scanned_at, mut line_at) = (*scanned as usize, *line_start as usize);
+        if scanned_at == 0 {
             // Heart-beats (EOLs) between frames.
             while let Some(&first) = self.buf.first() {
                 match (first, self.buf.get(1)) {
                     (b'\n', _) => self.buf.advance(1),
                     (b'\r', Some(b'\n')) => self.buf.advance(2),
-                    (b'\r', None) => return Ok(false),
+                    (b'\r', None) => return Ok(None),
                     _ => break,
                 }
             }
         }
         let limits = self.limits;
         let mut head_len = None;
-        while *scanned < self.buf.len() {
+        let found_head = loop {
+            if scanned_at >= self.buf.len() {
+                break Ok(());
+            }
             if *lines == 0 {
                 // The command line, byte by byte (it is short): garbage is
                 // refused at its first byte.
-                let Some(&b) = self.buf.get(*scanned) else {
-                    break;
+                let Some(&b) = self.buf.get(scanned_at) else {
+                    break Ok(());
                 };
-                let i = *scanned;
-                *scanned += 1;
+                let i = scanned_at;
+                scanned_at += 1;
                 if b == b'\n' {
-                    let line = strip_cr(self.buf.get(*line_start..i).unwrap_or_default());
+                    let line = strip_cr(self.buf.get(line_at..i).unwrap_or_default());
                     if Command::parse(line).is_none() {
-                        return Err(FrameError::UnknownCommand(
+                        break Err(FrameError::UnknownCommand(
                             String::from_utf8_lossy(line).into_owned(),
                         ));
                     }
                     *lines += 1;
-                    *line_start = i + 1;
+                    line_at = i + 1;
                     continue;
                 }
                 if b == 0 {
-                    return Err(FrameError::NulInHead);
+                    break Err(FrameError::NulInHead);
                 }
                 if !(b.is_ascii_alphanumeric() || b == b'\r') {
-                    return Err(FrameError::Garbage);
+                    break Err(FrameError::Garbage);
                 }
-                if i + 1 - *line_start > COMMAND_LINE_MAX_BYTES {
-                    let line = self.buf.get(*line_start..=i).unwrap_or_default();
-                    return Err(FrameError::UnknownCommand(
+                if i + 1 - line_at > COMMAND_LINE_MAX_BYTES {
+                    let line = self.buf.get(line_at..=i).unwrap_or_default();
+                    break Err(FrameError::UnknownCommand(
                         String::from_utf8_lossy(line).into_owned(),
                     ));
                 }
@@ -293,46 +361,49 @@ impl Decoder {
             }
             // A header line: one search for its end (or a NUL), then the
             // limits, in the order a byte-by-byte scan would meet them.
-            let rest = self.buf.get(*scanned..).unwrap_or_default();
+            let rest = self.buf.get(scanned_at..).unwrap_or_default();
             let found = crate::swar::find_any(rest, [b'\n', 0]);
-            let end = found.map_or(self.buf.len(), |p| *scanned + p);
+            let end = found.map_or(self.buf.len(), |p| scanned_at + p);
             // The first byte that would make the line too long (the
             // newline itself does not count).
-            let too_long_at = *line_start + limits.header_line_max_bytes;
+            let too_long_at = line_at + limits.header_line();
             if too_long_at < end {
-                return Err(FrameError::HeaderLineTooLong {
-                    max: limits.header_line_max_bytes,
+                break Err(FrameError::HeaderLineTooLong {
+                    max: limits.header_line(),
                 });
             }
             let Some(p) = found else {
-                *scanned = end;
-                break;
+                scanned_at = end;
+                break Ok(());
             };
-            let i = *scanned + p;
-            *scanned = i + 1;
+            let i = scanned_at + p;
+            scanned_at = i + 1;
             if self.buf.get(i) == Some(&0) {
-                return Err(FrameError::NulInHead);
+                break Err(FrameError::NulInHead);
             }
-            let line = strip_cr(self.buf.get(*line_start..i).unwrap_or_default());
+            let line = strip_cr(self.buf.get(line_at..i).unwrap_or_default());
             if line.is_empty() {
                 head_len = Some(i + 1);
-                break;
+                break Ok(());
             }
-            if *lines > limits.headers_max {
-                return Err(FrameError::TooManyHeaders {
-                    max: limits.headers_max,
+            if *lines as usize > limits.headers() {
+                break Err(FrameError::TooManyHeaders {
+                    max: limits.headers(),
                 });
             }
             *lines += 1;
-            *line_start = i + 1;
-        }
+            line_at = i + 1;
+        };
+        *scanned = offset(scanned_at);
+        *line_start = offset(line_at);
+        found_head?;
         let Some(head_len) = head_len else {
-            if self.buf.len() >= limits.frame_size_max_bytes {
+            if self.buf.len() >= limits.frame() {
                 return Err(FrameError::FrameTooLarge {
-                    max: limits.frame_size_max_bytes,
+                    max: limits.frame(),
                 });
             }
-            return Ok(false);
+            return Ok(None);
         };
         let (command, headers) =
             parse_head(self.buf.get(..head_len).unwrap_or_default(), self.version)?;
@@ -343,51 +414,43 @@ impl Decoder {
                     .trim()
                     .parse::<usize>()
                     .map_err(|_| FrameError::BadContentLength(text.to_owned()))?;
-                if n > limits.body_size_max_bytes {
-                    return Err(FrameError::BodyTooLarge {
-                        max: limits.body_size_max_bytes,
-                    });
+                if n > limits.body() {
+                    return Err(FrameError::BodyTooLarge { max: limits.body() });
                 }
-                if head_len.saturating_add(n).saturating_add(1) > limits.frame_size_max_bytes {
+                if head_len.saturating_add(n).saturating_add(1) > limits.frame() {
                     return Err(FrameError::FrameTooLarge {
-                        max: limits.frame_size_max_bytes,
+                        max: limits.frame(),
                     });
                 }
                 Some(n)
             }
         };
-        self.phase = Phase::Body {
+        self.phase = Phase::start();
+        Ok(Some(Body {
             command,
             headers,
             head_len,
             content_length,
             scanned: head_len,
-        };
-        Ok(true)
+        }))
     }
 
-    fn scan_body(&mut self) -> Result<Option<Frame>, FrameError> {
-        let Phase::Body {
-            head_len,
-            content_length,
-            scanned,
-            ..
-        } = &mut self.phase
-        else {
-            return Ok(None);
-        };
-        let head_len = *head_len;
-        let (body_len, frame_len) = match *content_length {
+    /// Where the body of `body`'s frame ends, once it is all in the
+    /// buffer: its length and the frame's (NUL included).
+    fn body_end(&self, body: &mut Body) -> Result<Option<(usize, usize)>, FrameError> {
+        let head_len = body.head_len;
+        let body_max = self.limits.body();
+        match body.content_length {
             Some(n) => {
                 let nul_at = head_len + n;
                 match self.buf.get(nul_at) {
-                    None => return Ok(None),
-                    Some(0) => (n, nul_at + 1),
-                    Some(_) => return Err(FrameError::MissingNul),
+                    None => Ok(None),
+                    Some(0) => Ok(Some((n, nul_at + 1))),
+                    Some(_) => Err(FrameError::MissingNul),
                 }
             }
             None => {
-                let from = *scanned;
+                let from = body.scanned;
                 let found = self
                     .buf
                     .get(from..)
@@ -397,45 +460,43 @@ impl Decoder {
                     // too: checking only while the NUL is missing let a body
                     // over it through when it arrived in one read (up to the
                     // frame limit, which also allows for the headers).
-                    Some(p) if from + p - head_len > self.limits.body_size_max_bytes => {
-                        return Err(FrameError::BodyTooLarge {
-                            max: self.limits.body_size_max_bytes,
-                        });
+                    Some(p) if from + p - head_len > body_max => {
+                        Err(FrameError::BodyTooLarge { max: body_max })
                     }
-                    Some(p) => (from + p - head_len, from + p + 1),
+                    Some(p) => Ok(Some((from + p - head_len, from + p + 1))),
                     None => {
-                        *scanned = self.buf.len();
-                        if self.buf.len() - head_len > self.limits.body_size_max_bytes {
-                            return Err(FrameError::BodyTooLarge {
-                                max: self.limits.body_size_max_bytes,
-                            });
+                        body.scanned = self.buf.len();
+                        if self.buf.len() - head_len > body_max {
+                            return Err(FrameError::BodyTooLarge { max: body_max });
                         }
-                        if self.buf.len() >= self.limits.frame_size_max_bytes {
+                        if self.buf.len() >= self.limits.frame() {
                             return Err(FrameError::FrameTooLarge {
-                                max: self.limits.frame_size_max_bytes,
+                                max: self.limits.frame(),
                             });
                         }
-                        return Ok(None);
+                        Ok(None)
                     }
                 }
             }
-        };
-        let Phase::Body {
+        }
+    }
+
+    /// Splits the complete frame off the buffer.
+    fn split_frame(&mut self, body: Body, body_len: usize, frame_len: usize) -> Frame {
+        let Body {
             command,
             headers,
+            head_len,
             content_length,
             ..
-        } = std::mem::replace(&mut self.phase, Phase::start())
-        else {
-            return Ok(None);
-        };
+        } = body;
         let raw = self.buf.split_to(frame_len).freeze();
-        Ok(Some(Frame {
+        Frame {
             command,
             headers,
             body: raw.slice(head_len..head_len + body_len),
             has_content_length: content_length.is_some(),
-        }))
+        }
     }
 }
 

@@ -41,24 +41,41 @@ impl AckMode {
     }
 }
 
+/// One subscription, inline in the connection's map (keyed by its
+/// consumer): 40 B and one allocation for its names, where it was four
+/// allocations and about 260 B (issue 20).
 #[derive(Debug)]
 pub(crate) struct Subscription {
-    /// The client's id (1.0 without `id`: the destination).
-    pub(crate) id: String,
+    /// The destination as subscribed (fallback for MESSAGE `destination`),
+    /// the client's id (1.0 without `id`: the destination again) and the
+    /// durable queue's name, if any: one allocation for all.
+    names: Box<str>,
+    /// Where the id starts in `names` (names are header values: far below
+    /// 4 GiB).
+    id_at: u32,
+    /// Where the durable queue's name starts in `names` (its end when the
+    /// subscription is not durable).
+    queue_at: u32,
+    pub(crate) ack: AckMode,
     /// The client gave an `id` header (1.0 may not): echo it in MESSAGE.
     pub(crate) id_given: bool,
-    /// The destination as subscribed (fallback for MESSAGE `destination`).
-    pub(crate) destination: String,
-    pub(crate) consumer: ConsumerId,
-    pub(crate) ack: AckMode,
-    /// Name of the durable queue behind a durable topic subscription.
-    pub(crate) durable_queue: Option<String>,
     /// A queue browser (`browser:true`): its messages are copies that
     /// need no ACK, and it ends with an end-of-browse MESSAGE.
     pub(crate) browse: bool,
     /// It reads a stream (its deliveries carry an offset) and ACKs: an
     /// ACK of many settles them with one call (see `Open::ack`).
     pub(crate) stream: bool,
+    /// A durable topic subscription: `names` ends with its queue's name.
+    durable: bool,
+    /// What an acknowledging subscription tracks, made by its first
+    /// delivery: an `auto` one, or one that never got a message, has none.
+    acks: Option<Box<Unacked>>,
+}
+
+/// A subscription's deliveries waiting for the client's ACK, and those
+/// whose lease ran out.
+#[derive(Debug, Default)]
+struct Unacked {
     /// Unacknowledged deliveries in delivery order.
     unacked: VecDeque<DeliveryTag>,
     /// Deliveries whose lease ran out, oldest first (at most
@@ -68,52 +85,83 @@ pub(crate) struct Subscription {
 
 impl Subscription {
     pub(crate) fn new(
-        id: String,
+        id: &str,
         id_given: bool,
-        destination: String,
-        consumer: ConsumerId,
+        destination: &str,
         ack: AckMode,
         durable_queue: Option<String>,
         browse: bool,
     ) -> Self {
+        let queue = durable_queue.as_deref().unwrap_or_default();
+        let mut names = String::with_capacity(destination.len() + id.len() + queue.len());
+        names.push_str(destination);
+        let id_at = names.len();
+        names.push_str(id);
+        let queue_at = names.len();
+        names.push_str(queue);
+        let at = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Self {
-            id,
-            id_given,
-            destination,
-            consumer,
+            names: names.into_boxed_str(),
+            id_at: at(id_at),
+            queue_at: at(queue_at),
             // A browser's copies are settled by the core as they are
             // sent, whatever `ack` the client asked for.
             ack: if browse { AckMode::Auto } else { ack },
-            durable_queue,
+            id_given,
             browse,
             stream: false,
-            unacked: VecDeque::new(),
-            expired: VecDeque::new(),
+            durable: durable_queue.is_some(),
+            acks: None,
         }
+    }
+
+    /// The client's id (1.0 without `id`: the destination).
+    #[inline]
+    pub(crate) fn id(&self) -> &str {
+        let (at, end) = (self.id_at as usize, self.queue_at as usize);
+        self.names.get(at..end).unwrap_or_default()
+    }
+
+    /// Name of the durable queue behind a durable topic subscription.
+    pub(crate) fn durable_queue(&self) -> Option<&str> {
+        let queue = self.names.get(self.queue_at as usize..);
+        queue.filter(|_| self.durable)
+    }
+
+    /// The destination as subscribed.
+    #[inline]
+    pub(crate) fn destination(&self) -> &str {
+        self.names.get(..self.id_at as usize).unwrap_or_default()
     }
 
     /// The lease of `tag` ran out: the message went back to the queue, so
     /// it is no longer unacknowledged here (a cumulative ACK skips it), and
     /// its late ACK is recognised.
     pub(crate) fn lease_expired(&mut self, tag: DeliveryTag) {
-        let Some(pos) = self.unacked.iter().position(|t| *t == tag) else {
+        let Some(acks) = self.acks.as_deref_mut() else {
             return;
         };
-        self.unacked.remove(pos);
-        if self.expired.len() >= EXPIRED_ACK_IDS_MAX {
-            self.expired.pop_front();
+        let Some(pos) = acks.unacked.iter().position(|t| *t == tag) else {
+            return;
+        };
+        acks.unacked.remove(pos);
+        if acks.expired.len() >= EXPIRED_ACK_IDS_MAX {
+            acks.expired.pop_front();
         }
-        self.expired.push_back(tag);
+        acks.expired.push_back(tag);
     }
 
     /// Whether `tag` is a remembered expired delivery (`take`: forgotten
     /// then, as a late ACK is answered once).
     pub(crate) fn was_expired(&mut self, tag: DeliveryTag, take: bool) -> bool {
-        let Some(pos) = self.expired.iter().position(|t| *t == tag) else {
+        let Some(acks) = self.acks.as_deref_mut() else {
+            return false;
+        };
+        let Some(pos) = acks.expired.iter().position(|t| *t == tag) else {
             return false;
         };
         if take {
-            self.expired.remove(pos);
+            acks.expired.remove(pos);
         }
         true
     }
@@ -121,25 +169,30 @@ impl Subscription {
     /// Records a delivery sent to the client.
     pub(crate) fn delivered(&mut self, tag: DeliveryTag) {
         if self.ack != AckMode::Auto {
-            self.unacked.push_back(tag);
+            self.acks
+                .get_or_insert_with(Box::default)
+                .unacked
+                .push_back(tag);
         }
     }
 
     /// The deliveries an ACK/NACK of `tag` covers, removed from the
     /// unacknowledged set; `None` if `tag` is not unacknowledged here.
     pub(crate) fn take_acked(&mut self, tag: DeliveryTag) -> Option<Vec<DeliveryTag>> {
-        let pos = self.unacked.iter().position(|t| *t == tag)?;
+        let unacked = &mut self.acks.as_deref_mut()?.unacked;
+        let pos = unacked.iter().position(|t| *t == tag)?;
         match self.ack {
             AckMode::Auto => None,
-            AckMode::Client => Some(self.unacked.drain(..=pos).collect()),
-            AckMode::ClientIndividual => self.unacked.remove(pos).map(|t| vec![t]),
+            AckMode::Client => Some(unacked.drain(..=pos).collect()),
+            AckMode::ClientIndividual => unacked.remove(pos).map(|t| vec![t]),
         }
     }
 
     /// Puts back deliveries whose staged ack was aborted, oldest first.
     pub(crate) fn restore(&mut self, tags: &[DeliveryTag]) {
+        let unacked = &mut self.acks.get_or_insert_with(Box::default).unacked;
         for tag in tags.iter().rev() {
-            self.unacked.push_front(*tag);
+            unacked.push_front(*tag);
         }
     }
 }
@@ -199,15 +252,7 @@ mod tests {
     use super::*;
 
     fn sub(ack: AckMode) -> Subscription {
-        let mut s = Subscription::new(
-            "s".into(),
-            true,
-            "/queue/q".into(),
-            ConsumerId(1),
-            ack,
-            None,
-            false,
-        );
+        let mut s = Subscription::new("s", true, "/queue/q", ack, None, false);
         for t in 1..=4 {
             s.delivered(DeliveryTag(t));
         }
@@ -229,6 +274,29 @@ mod tests {
         assert_eq!(i.take_acked(DeliveryTag(3)), Some(vec![DeliveryTag(3)]));
         let mut a = sub(AckMode::Auto);
         assert_eq!(a.take_acked(DeliveryTag(1)), None);
+    }
+
+    #[test]
+    fn id_and_destination_share_one_string() {
+        let s = Subscription::new("sub-1", true, "/topic/a", AckMode::Auto, None, false);
+        assert_eq!((s.id(), s.destination()), ("sub-1", "/topic/a"));
+        assert_eq!(s.durable_queue(), None);
+        let queue = Some("durable-q".to_owned());
+        let d = Subscription::new("d", true, "/topic/b", AckMode::Client, queue, false);
+        assert_eq!((d.id(), d.destination()), ("d", "/topic/b"));
+        assert_eq!(d.durable_queue(), Some("durable-q"));
+    }
+
+    /// A subscription sits inline in its connection's map: a field more
+    /// costs every subscribed connection (issue 20, docs/scaling.md).
+    #[test]
+    fn a_subscription_stays_small() {
+        let size = std::mem::size_of::<Subscription>();
+        println!(
+            "Subscription {size} B, Unacked (made at first delivery) {} B",
+            std::mem::size_of::<Unacked>()
+        );
+        assert!(size <= 40, "Subscription: {size} B");
     }
 
     #[test]
