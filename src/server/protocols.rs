@@ -162,7 +162,11 @@ macro_rules! forward_protocol_connection {
 // STOMP's decoder takes bytes through `feed` (it scans for NUL as they
 // come), so it keeps the copying path.
 forward_protocol_connection!(rosetta_stomp::StompConnection, lends_input_buffer);
-forward_protocol_connection!(rosetta_mqtt::MqttConnection, lends_input_buffer);
+forward_protocol_connection!(
+    rosetta_mqtt::MqttConnection,
+    lends_input_buffer,
+    shrinks_when_parked
+);
 forward_protocol_connection!(
     rosetta_amqp::AmqpConnection,
     lends_input_buffer,

@@ -253,6 +253,27 @@ impl Open {
     fn acks_waiting(&self) -> usize {
         self.flows.as_ref().map_or(0, |f| f.acks.len())
     }
+
+    /// Frees the flows if nothing is in them: nothing in flight either
+    /// way, held, or waiting to be settled. A fresh box starts packet ids
+    /// from 1 again, which MQTT allows once the earlier ones completed.
+    fn free_idle_flows(&mut self) {
+        if self.flows.as_deref().is_some_and(Flows::is_idle) {
+            self.flows = None;
+        }
+    }
+}
+
+impl Flows {
+    fn is_idle(&self) -> bool {
+        self.outbound.len() == 0
+            && self.held.is_empty()
+            && self.unsent_qos0.is_empty()
+            && self.acked.is_empty()
+            && self.acks.is_empty()
+            && self.qos1_pending == 0
+            && self.awaiting_rel.is_empty()
+    }
 }
 
 /// Waiting for CONNECT: what only the login needs, boxed so that the
@@ -332,6 +353,16 @@ impl MqttConnection {
         }
         self.decoder.extend(data);
         self.handle_buffered_input(now);
+    }
+
+    /// The connection is quiet and about to park: its QoS flows go if they
+    /// are empty, so a device that once had traffic sleeps as small as one
+    /// that never had (issue 20: the box and its tables, 160 B and more).
+    /// The next message makes them again.
+    pub fn shrink_when_parked(&mut self) {
+        if let State::Open(open) = &mut self.state {
+            open.free_idle_flows();
+        }
     }
 
     /// The parse buffer, for a driver that reads straight into it; call

@@ -524,3 +524,57 @@ fn pubrec_for_an_unknown_id_gets_pubrel_0x92() {
         })]
     ));
 }
+
+/// The packet id of the one QoS 1 PUBLISH the connection wrote since the
+/// last look.
+fn sole_publish_id(h: &mut Harness) -> u16 {
+    match h.v4_packets().as_slice() {
+        [v4::Packet::Publish(p)] => p.pkid,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A connection about to park frees its QoS flows when nothing is in them
+/// (issue 20): a fresh box numbers packet ids from 1 again, so the id
+/// shows whether it went. One with a delivery in flight keeps them, and
+/// the PUBACK still settles that delivery after the park.
+#[test]
+fn parking_frees_idle_flows_and_keeps_busy_ones() {
+    let mut h = Harness::subscribed(false);
+    h.event(SessionEvent::Delivery(delivery(
+        1,
+        1,
+        message("a", 1, b"x"),
+        1,
+    )));
+    assert_eq!(sole_publish_id(&mut h), 1);
+    h.input(&puback(1));
+    h.conn.shrink_when_parked();
+    h.event(SessionEvent::Delivery(delivery(
+        1,
+        2,
+        message("a", 1, b"y"),
+        1,
+    )));
+    assert_eq!(sole_publish_id(&mut h), 1, "flows freed: ids start again");
+
+    // In flight (no PUBACK yet): kept, and the next id follows on.
+    h.conn.shrink_when_parked();
+    h.event(SessionEvent::Delivery(delivery(
+        1,
+        3,
+        message("a", 1, b"z"),
+        1,
+    )));
+    assert_eq!(sole_publish_id(&mut h), 2, "flows kept while busy");
+    h.input(&puback(1));
+    h.input(&puback(2));
+    assert_eq!(
+        h.broker.state().settled,
+        vec![
+            (ConsumerId(1), DeliveryTag(1), Outcome::Accept),
+            (ConsumerId(1), DeliveryTag(2), Outcome::Accept),
+            (ConsumerId(1), DeliveryTag(3), Outcome::Accept),
+        ]
+    );
+}
