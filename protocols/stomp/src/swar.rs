@@ -33,11 +33,21 @@ pub(crate) fn find_any<const N: usize>(b: &[u8], cs: [u8; N]) -> Option<usize> {
         }
         at += 8;
     }
-    words
-        .remainder()
-        .iter()
-        .position(|x| cs.contains(x))
-        .map(|p| at + p)
+    let rest = words.remainder();
+    if rest.is_empty() {
+        return None;
+    }
+    // The last bytes as one more word, the last eight of `b` (a byte loop
+    // with a compare per searched byte cost more than the words did),
+    // with the bytes already searched masked off: none of them matched,
+    // so no false hit comes from below the first true one.
+    if let Some(last) = b.len().checked_sub(8).and_then(|from| b.get(from..)) {
+        let searched = 8 - rest.len();
+        let hits =
+            cs.iter().fold(0, |acc, &c| acc | matches(word(last), c)) & (!0u64 << (8 * searched));
+        return (hits != 0).then(|| b.len() - 8 + (hits.trailing_zeros() / 8) as usize);
+    }
+    rest.iter().position(|x| cs.contains(x)).map(|p| at + p)
 }
 
 #[cfg(test)]
