@@ -208,42 +208,27 @@ impl Headers {
         count: usize,
     ) -> Result<Self, crate::parser::FrameError> {
         use crate::parser::FrameError;
-        let b = lines.as_bytes();
         let mut spans = Vec::with_capacity(count);
-        // One pass over the block for every LF and colon (in order), not
-        // two searches per line.
-        let mut line_start = 0;
-        let mut colon = None;
-        let mut ended = false;
-        crate::swar::each_of(b, b'\n', b':', |i, is_colon| {
-            if is_colon {
-                colon = colon.or(Some(i));
-                return Ok(true);
-            }
-            let end = if i > line_start && b.get(i - 1) == Some(&b'\r') {
-                i - 1
+        let b = lines.as_bytes();
+        let mut at = 0;
+        loop {
+            let rest = b.get(at..).unwrap_or_default();
+            let nl = at + crate::swar::find_any(rest, [b'\n']).ok_or(FrameError::Garbage)?;
+            let end = if nl > at && b.get(nl - 1) == Some(&b'\r') {
+                nl - 1
             } else {
-                i
+                nl
             };
-            if end == line_start {
-                ended = true;
-                return Ok(false);
+            if end == at {
+                break;
             }
-            // A colon past the line's end is the CR's own line: none.
-            let c = colon
-                .take()
-                .filter(|&c| c < end)
-                .ok_or(FrameError::MissingColon)?;
-            if c == line_start {
+            let line = b.get(at..end).unwrap_or_default();
+            let colon = crate::swar::find_any(line, [b':']).ok_or(FrameError::MissingColon)?;
+            if colon == 0 {
                 return Err(FrameError::EmptyHeaderName);
             }
-            spans.push([line_start, c, c + 1, end]);
-            line_start = i + 1;
-            Ok(true)
-        })?;
-        if !ended {
-            // The last line has no LF (a head always ends with a blank line).
-            return Err(FrameError::Garbage);
+            spans.push([at, at + colon, at + colon + 1, end]);
+            at = nl + 1;
         }
         let text_end = spans.last().map_or(0, |s| s[3]);
         Ok(Self {

@@ -40,76 +40,9 @@ pub(crate) fn find_any<const N: usize>(b: &[u8], cs: [u8; N]) -> Option<usize> {
         .map(|p| at + p)
 }
 
-/// Each byte of `x` that is zero gets its high bit set, exactly (no
-/// false hits: each byte's sum stays within the byte).
-fn zeros_exact(x: u64) -> u64 {
-    const LOWS: u64 = 0x7f7f_7f7f_7f7f_7f7f;
-    !(((x & LOWS).wrapping_add(LOWS)) | x | LOWS)
-}
-
-/// Calls `visit(i, is_b)` for every position `i` of `a` or `b` in `bytes`,
-/// in order (`is_b`: the byte there is `b`), while it returns `Ok(true)`.
-pub(crate) fn each_of<E>(
-    bytes: &[u8],
-    a: u8,
-    b: u8,
-    mut visit: impl FnMut(usize, bool) -> Result<bool, E>,
-) -> Result<(), E> {
-    let mut words = bytes.chunks_exact(8);
-    let mut at = 0;
-    for w in &mut words {
-        let x = word(w);
-        let is_a = zeros_exact(x ^ (ONES * u64::from(a)));
-        let is_b = zeros_exact(x ^ (ONES * u64::from(b)));
-        let mut hits = is_a | is_b;
-        while hits != 0 {
-            let bit = hits.trailing_zeros();
-            hits &= hits - 1;
-            if !visit(at + (bit / 8) as usize, is_b >> bit & 1 == 1)? {
-                return Ok(());
-            }
-        }
-        at += 8;
-    }
-    for (i, &c) in words.remainder().iter().enumerate() {
-        if (c == a || c == b) && !visit(at + i, c == b)? {
-            return Ok(());
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn each_of_visits_every_match_in_order() {
-        let text: Vec<u8> = b"a:b\n;:\x0b\n::\x01\xba\x8a\x3b\nzz:".to_vec();
-        for len in 0..=text.len() {
-            let t = &text[..len];
-            let want: Vec<(usize, bool)> = t
-                .iter()
-                .enumerate()
-                .filter(|(_, &c)| c == b'\n' || c == b':')
-                .map(|(i, &c)| (i, c == b':'))
-                .collect();
-            let mut got = Vec::new();
-            let r: Result<(), ()> = each_of(t, b'\n', b':', |i, is_colon| {
-                got.push((i, is_colon));
-                Ok(true)
-            });
-            assert_eq!(r, Ok(()));
-            assert_eq!(got, want, "{len}");
-            // Stopping stops.
-            let mut first = None;
-            let _: Result<(), ()> = each_of(t, b'\n', b':', |i, _| {
-                first = first.or(Some(i));
-                Ok(false)
-            });
-            assert_eq!(first, want.first().map(|w| w.0));
-        }
-    }
 
     #[test]
     fn finds_the_first_match_at_every_position_and_length() {
