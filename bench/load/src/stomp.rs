@@ -53,23 +53,37 @@ pub(crate) async fn producer(
         tokio::spawn(async move {
             let mut confirmed = 0;
             loop {
+                // Every RECEIPT already read is counted, and their permits
+                // go back in one call (one wake of the writer, not one per
+                // receipt: the load generator shares the broker's cores).
+                let mut run = 0;
+                let taken = loop {
+                    match rd.buffered() {
+                        Ok(Some(f)) if f.command == "RECEIPT" => run += 1,
+                        Ok(Some(f)) if f.command == "ERROR" => {
+                            break Err(StompError::Broker(format!("{:?}", f.headers())))
+                        }
+                        Ok(Some(_)) => {}
+                        Ok(None) => break Ok(()),
+                        Err(e) => break Err(e),
+                    }
+                };
+                confirmed += run;
+                window.add_permits(run as usize);
+                if let Err(e) = taken {
+                    // Wakes the writer, which would wait for a permit
+                    // forever.
+                    window.close();
+                    return Err(e);
+                }
                 if confirmed >= *sent_rx.borrow_and_update() {
                     return Ok(confirmed);
                 }
-                // Reader::frame only awaits a cancel-safe read.
+                // Reader::fill is a cancel-safe read.
                 tokio::select! {
-                    f = rd.frame() => match f {
-                        Ok(f) if f.command == "RECEIPT" => {
-                            confirmed += 1;
-                            window.add_permits(1);
-                        }
-                        Ok(_) => {}
-                        Err(e) => {
-                            // Wakes the writer, which would wait for a
-                            // permit forever.
-                            window.close();
-                            return Err(e);
-                        }
+                    f = rd.fill() => if let Err(e) = f {
+                        window.close();
+                        return Err(e);
                     },
                     changed = sent_rx.changed() => {
                         if changed.is_err() {
@@ -98,17 +112,16 @@ pub(crate) async fn producer(
         if target.send_time_over(started) {
             break;
         }
-        let permit = match window.clone().try_acquire_owned() {
-            Ok(permit) => permit,
+        match window.try_acquire() {
+            Ok(permit) => permit.forget(),
             Err(_) => {
                 wr.flush().await?;
-                match window.clone().acquire_owned().await {
-                    Ok(permit) => permit,
+                match window.acquire().await {
+                    Ok(permit) => permit.forget(),
                     Err(_) => break, // the receipt reader failed; its error is returned below
                 }
             }
-        };
-        permit.forget();
+        }
         restamp(&mut payload);
         wr.send_with_receipt(&send_head, i, &payload).await?;
         sent += 1;

@@ -359,10 +359,13 @@ impl StompConnection {
                 open.deliver(d);
             }
             SessionEvent::Committed { ticket, result } => {
-                let receipt = open.receipts.committed(ticket);
-                match (receipt, result) {
+                let frame = open.receipts.committed(ticket);
+                match (frame, result) {
                     (None, _) => debug!(conn_id = self.conn_id, ?ticket, "unknown ticket"),
-                    (Some(receipt), Err(e)) => self.fail(e.into(), receipt),
+                    (Some(seq), Err(e)) => {
+                        let receipt = open.receipts.receipt_of(seq);
+                        self.fail(e.into(), receipt)
+                    }
                     (Some(_), Ok(())) => self.flush_receipts(now),
                 }
             }
@@ -620,9 +623,9 @@ impl StompConnection {
             }
             if let Some(r) = &p.receipt {
                 let mut w = FrameWriter::new(&mut self.out, open.version, Command::Receipt);
-                w.header("receipt-id", r);
+                w.header_own("receipt-id", r);
                 if p.lease_expired {
-                    w.header(LEASE_EXPIRED_HEADER, "true");
+                    w.header_own(LEASE_EXPIRED_HEADER, "true");
                 }
                 w.finish(b"");
                 wrote = true;

@@ -153,14 +153,25 @@ impl fmt::Display for Command {
 /// entry, which is STOMP's "first one wins" rule.
 ///
 /// All names and values live in one string (two allocations per frame,
-/// not two per header: a SEND has several, and this is per message).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// not two per header: a SEND has several, and this is per message). A
+/// head without escapes is that string as received, copied once, with
+/// its separators between the spans (see [`Headers::from_raw_lines`]).
+#[derive(Debug, Clone, Default)]
 pub struct Headers {
     text: String,
-    /// Per header: where its name starts, where its value starts (the name
-    /// ends there) and where the value ends, in `text`.
-    spans: Vec<[usize; 3]>,
+    /// Per header: where its name starts and ends and where its value
+    /// starts and ends, in `text`.
+    spans: Vec<[usize; 4]>,
 }
+
+/// Equal when the headers are, in order: not how `text` holds them.
+impl PartialEq for Headers {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Headers {}
 
 impl Headers {
     /// No headers.
@@ -182,13 +193,54 @@ impl Headers {
         self.text.push_str(name.as_ref());
         let value_start = self.text.len();
         self.text.push_str(value.as_ref());
-        self.spans.push([start, value_start, self.text.len()]);
+        self.spans
+            .push([start, value_start, value_start, self.text.len()]);
     }
 
-    fn entry(&self, span: &[usize; 3]) -> (&str, &str) {
-        let [n, v, e] = *span;
+    /// Headers that are `lines` as they are: `name:value` lines, each
+    /// ended by LF (a CR before it is not part of the value), with no
+    /// escape to undo, up to an empty line or the end. One copy of the
+    /// whole block rather than one per name and value (the parse of every
+    /// SEND, per message). `Err` for a line without a colon, with an
+    /// empty name or without its LF.
+    pub(crate) fn from_raw_lines(
+        lines: &str,
+        count: usize,
+    ) -> Result<Self, crate::parser::FrameError> {
+        use crate::parser::FrameError;
+        let mut spans = Vec::with_capacity(count);
+        let b = lines.as_bytes();
+        let mut at = 0;
+        loop {
+            let rest = b.get(at..).unwrap_or_default();
+            let nl = at + crate::swar::find_any(rest, [b'\n']).ok_or(FrameError::Garbage)?;
+            let end = if nl > at && b.get(nl - 1) == Some(&b'\r') {
+                nl - 1
+            } else {
+                nl
+            };
+            if end == at {
+                break;
+            }
+            let line = b.get(at..end).unwrap_or_default();
+            let colon = crate::swar::find_any(line, [b':']).ok_or(FrameError::MissingColon)?;
+            if colon == 0 {
+                return Err(FrameError::EmptyHeaderName);
+            }
+            spans.push([at, at + colon, at + colon + 1, end]);
+            at = nl + 1;
+        }
+        let text_end = spans.last().map_or(0, |s| s[3]);
+        Ok(Self {
+            text: lines.get(..text_end).unwrap_or_default().to_owned(),
+            spans,
+        })
+    }
+
+    fn entry(&self, span: &[usize; 4]) -> (&str, &str) {
+        let [n, ne, v, e] = *span;
         (
-            self.text.get(n..v).unwrap_or_default(),
+            self.text.get(n..ne).unwrap_or_default(),
             self.text.get(v..e).unwrap_or_default(),
         )
     }
@@ -198,10 +250,9 @@ impl Headers {
         // Lengths first: most names differ in length, and this runs for
         // every header a frame handler asks about.
         let text = self.text.as_bytes();
-        let span = self
-            .spans
-            .iter()
-            .find(|[n, v, _]| v - n == name.len() && text.get(*n..*v) == Some(name.as_bytes()))?;
+        let span = self.spans.iter().find(|[n, ne, _, _]| {
+            ne - n == name.len() && text.get(*n..*ne) == Some(name.as_bytes())
+        })?;
         Some(self.entry(span).1)
     }
 

@@ -550,6 +550,13 @@ pub(crate) fn parse_head_text(
         FrameError::UnknownCommand(String::from_utf8_lossy(command_line).into_owned())
     })?;
     let escaping = Escaping::for_frame(version, command);
+    let lines = head.get(at..).unwrap_or_default();
+    // No escape to undo (none in the whole block, or none defined): the
+    // block is copied once as it is, with one scan for a backslash rather
+    // than one per name and value (this is every SEND's parse).
+    if escaping == Escaping::None || crate::swar::find_any(lines.as_bytes(), [b'\\']).is_none() {
+        return Ok((command, Headers::from_raw_lines(lines, HEADERS_EXPECTED)?));
+    }
     let mut headers = Headers::with_capacity(HEADERS_EXPECTED, head.len());
     loop {
         let (end, next) = line_end(at)?;

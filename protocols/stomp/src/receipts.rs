@@ -74,14 +74,23 @@ impl Receipts {
         });
     }
 
-    /// A ticket committed. Returns the `receipt` header of its frame
-    /// (`Some(None)` for a frame without one), `None` for an unknown ticket.
-    pub(crate) fn committed(&mut self, ticket: Ticket) -> Option<Option<String>> {
+    /// A ticket committed. Returns its frame (for [`Receipts::receipt_of`]),
+    /// `None` for an unknown ticket.
+    pub(crate) fn committed(&mut self, ticket: Ticket) -> Option<u64> {
         let waiting = self.0.as_deref_mut()?;
         let seq = waiting.by_ticket.remove(&ticket)?;
         let entry = waiting.queue.iter_mut().find(|p| p.seq == seq)?;
         entry.waiting = entry.waiting.saturating_sub(1);
-        Some(entry.receipt.clone())
+        Some(seq)
+    }
+
+    /// The `receipt` header of a frame still waiting (a copy: only a
+    /// failed commit needs it, for its ERROR; a commit that succeeded
+    /// writes the RECEIPT from the entry itself).
+    pub(crate) fn receipt_of(&self, seq: u64) -> Option<String> {
+        let waiting = self.0.as_deref()?;
+        let entry = waiting.queue.iter().find(|p| p.seq == seq)?;
+        entry.receipt.clone()
     }
 
     /// The oldest entry, once it and all before it are complete.
@@ -122,7 +131,9 @@ mod tests {
         r.push(Some("b".into()), &[], false, false);
         assert_eq!(r.outstanding(), 1);
         assert!(r.pop_ready().is_none(), "b must wait for a");
-        assert_eq!(r.committed(Ticket(1)), Some(Some("a".into())));
+        let seq = r.committed(Ticket(1));
+        assert!(seq.is_some());
+        assert_eq!(seq.and_then(|s| r.receipt_of(s)), Some("a".into()));
         assert_eq!(r.committed(Ticket(1)), None);
         assert_eq!(r.pop_ready().and_then(|p| p.receipt), Some("a".into()));
         assert_eq!(r.pop_ready().and_then(|p| p.receipt), Some("b".into()));
