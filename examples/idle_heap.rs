@@ -1,6 +1,6 @@
 //! The broker (listeners, core, journal; no admin API) on the system
 //! allocator, so a heap profiler sees every allocation (the `rosetta`
-//! binary's mimalloc hides them from heaptrack and massif). For the
+//! binary's jemalloc hides them from heaptrack and massif). For the
 //! accounting of what an idle connection costs (`docs/scaling.md`);
 //! `bench/idle_heap.sh` runs it under heaptrack, opens the connections and
 //! groups the peak heap by allocating site:

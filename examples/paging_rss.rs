@@ -27,7 +27,7 @@ use rosetta_neutral::{
 
 /// The allocator the `rosetta` binary uses.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const BODY_BYTES: usize = 1024;
 const MEMORY_BUDGET_BYTES: u64 = 64 * 1024 * 1024;

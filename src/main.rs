@@ -9,10 +9,10 @@ mod admin_cli;
 mod client_cli;
 
 /// See Cargo.toml: glibc malloc fragments under the broker's cross-thread
-/// allocation pattern. The `mimalloc` feature is on by default.
-#[cfg(feature = "mimalloc")]
+/// allocation pattern. The `jemalloc` feature is on by default.
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// Rosetta: one broker for MQTT 3.1.1/5.0, STOMP 1.0-1.2 and AMQP 1.0
 /// clients, over TCP, TLS and WebSocket.

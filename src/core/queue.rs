@@ -922,7 +922,7 @@ mod size_tests {
     use std::mem::size_of;
 
     /// One queue per MQTT subscriber: its allocation (the `Arc`'s two
-    /// counts and the queue) stays within mimalloc's 320-byte class; what
+    /// counts and the queue) stays within jemalloc's 320-byte class; what
     /// only paging, message groups, selectors, dedup or last-value queues
     /// use is boxed at first use, and the counters at the first count.
     #[test]
@@ -932,7 +932,7 @@ mod size_tests {
     }
 
     /// A queue's consumers are a vector of slots, exactly sized for the
-    /// first: one slot is mimalloc's 80-byte class (a selector and a
+    /// first: one slot is jemalloc's 80-byte class (a selector and a
     /// browser's cursor are boxed).
     #[test]
     fn a_consumer_slot_fits_the_80_byte_class() {

@@ -140,7 +140,7 @@ impl ConsumerIds {
 /// What a session holds. One per connection, so its size counts for
 /// every idle connection: what only some sessions use is lazy, and what
 /// few use is in [`Rare`]. 56 bytes, which keeps `SessionShared` at 144
-/// and its allocation at 160 B, a mimalloc size class (issue 20).
+/// and its allocation at 160 B, a jemalloc size class (issue 20).
 #[derive(Default)]
 struct SessionState {
     consumers: Consumers,
@@ -1387,7 +1387,7 @@ mod size_tests {
     use super::*;
 
     /// One per connection (issue 20): 144 bytes and Arc's two counts are
-    /// mimalloc's 160 B class; a field more would take it to 192.
+    /// jemalloc's 160 B class; a field more would take it to 192.
     #[test]
     fn a_session_fits_its_size_class() {
         assert_eq!(std::mem::size_of::<SessionState>(), 56);

@@ -212,7 +212,7 @@ impl std::fmt::Debug for Ticket {
     }
 }
 
-/// 48 bytes: with `Arc`'s counts, mimalloc's 64 B class.
+/// 48 bytes: with `Arc`'s counts, jemalloc's 64 B class.
 struct TicketState {
     admission: Arc<Admission>,
     /// The address it counts under; `None` for a cluster member's.
@@ -425,7 +425,7 @@ mod tests {
     }
 
     /// The ticket is the adapter's broker handle too: one allocation of
-    /// mimalloc's 64 B class per connection.
+    /// jemalloc's 64 B class per connection.
     #[test]
     fn a_ticket_fits_its_size_class() {
         let size = std::mem::size_of::<TicketState>();

@@ -164,7 +164,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Transport for tokio_rustls::serve
 /// The core's events for one connection, waiting for its task, and the
 /// connection's delivery budget: the sink the core holds, the queue the
 /// task takes its events from and the budget, in one allocation of 160 B
-/// (a mimalloc size class; three allocations of 216 B before, issue 20).
+/// (a jemalloc size class; three allocations of 216 B before, issue 20).
 ///
 /// Not a tokio mpsc channel: an unbounded channel allocates a 32-slot block
 /// (3 KiB here) per connection up front, which was the largest part of an
@@ -1530,7 +1530,7 @@ mod tests {
         event: |s| s.out.extend_from_slice(b"delivery"));
 
     /// The sink, its queue and the delivery budget are one allocation in
-    /// mimalloc's 160 B class (with `Arc`'s two counts), per connection.
+    /// jemalloc's 160 B class (with `Arc`'s two counts), per connection.
     #[test]
     fn the_sink_fits_its_size_class() {
         let size = std::mem::size_of::<ChannelSink>();

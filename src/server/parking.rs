@@ -673,11 +673,11 @@ mod tests {
                 "{protocol}: parked {parked}, task {task}"
             );
         }
-        // Within mimalloc's 192 and 224 B size classes: 8 bytes more cost
+        // Within jemalloc's 192 and 224 B size classes: 8 bytes more cost
         // a parked MQTT or AMQP connection 32.
         assert!(sizes[0].1 <= 192, "mqtt: {}", sizes[0].1);
         assert!(sizes[2].1 <= 192, "amqp: {}", sizes[2].1);
-        // STOMP within mimalloc's 224 B class (it was 416 B, the 448
+        // STOMP within jemalloc's 224 B class (it was 416 B, the 448
         // class, before its login-only and busy-only state moved out).
         assert!(sizes[1].1 <= 224, "stomp: {}", sizes[1].1);
         // A WebSocket's framing adds its settings (16 B) to the socket.

@@ -797,7 +797,7 @@ mod size_tests {
 
     /// What an idle connection holds (issue 20, docs/scaling.md): the
     /// connection inline in the server's parked state (its size test in
-    /// `parking` holds that to mimalloc's 224 B class), and `Open` on its
+    /// `parking` holds that to jemalloc's 224 B class), and `Open` on its
     /// own in the 96 B class. A field more costs every idle connection.
     #[test]
     fn an_idle_connection_stays_within_its_size_classes() {

@@ -574,7 +574,7 @@ mod size_tests {
 
     /// What an idle connection holds (issue 20, docs/scaling.md): the
     /// connection inline in the server's parked state, the opened state
-    /// in mimalloc's 128 B size class, a session in the 48 B one, a link
+    /// in jemalloc's 128 B size class, a session in the 48 B one, a link
     /// inline in its session's map. What only traffic uses is boxed
     /// apart; a field more here costs every idle connection a size class.
     #[test]

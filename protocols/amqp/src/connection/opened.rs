@@ -30,7 +30,7 @@ use crate::frame::write_perf;
 use crate::session::{AmqpSession, Sessions};
 
 /// The opened connection (see the module docs). Boxed in the
-/// connection, within mimalloc's 128 B size class (pinned by a test):
+/// connection, within jemalloc's 128 B size class (pinned by a test):
 /// what only traffic uses is boxed below it (`Busy`, the transactions),
 /// and its clocks are 4-byte stamps counted from `now` (issue 20).
 pub(crate) struct Opened {

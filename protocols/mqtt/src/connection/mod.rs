@@ -735,7 +735,7 @@ mod size_tests {
 
     /// What an idle connection holds (issue 20, docs/scaling.md "A parked
     /// MQTT connection"): the connection inline in the server's parked
-    /// state, and `Open` on its own in mimalloc's 128 B size class. A
+    /// state, and `Open` on its own in jemalloc's 128 B size class. A
     /// field more costs every idle connection a size class.
     #[test]
     fn an_idle_connection_stays_within_its_size_classes() {
