@@ -8,6 +8,10 @@ cd "$(dirname "$0")/.."
 
 step() { echo "== $*" >&2; }
 
+# A C compiler and make for the crates that build C (jemalloc, ring).
+source scripts/lib/install.sh
+install_tag=test ensure_build_tools
+
 step "cargo fmt --all --check"
 cargo fmt --all --check
 
@@ -16,7 +20,6 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 # The cluster tests need etcd; here they fail without it instead of
 # skipping (rosetta_cluster::testing).
-source scripts/lib/install.sh
 install_tag=test ensure_etcd
 export ROSETTA_REQUIRE_ETCD=1
 

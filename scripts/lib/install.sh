@@ -1,5 +1,5 @@
 # Shared install helpers for the test scripts (sourced, not run):
-# `apt_install PKG...`, `ensure_etcd` and `ensure_node`. Everything they fetch comes from
+# `apt_install PKG...`, `ensure_build_tools`, `ensure_etcd` and `ensure_node`. Everything they fetch comes from
 # Debian's archive or the npm registry, so a fresh Debian 12 with only the
 # package registries reachable can run the whole suite.
 #
@@ -31,6 +31,16 @@ apt_install() {
     fi
     apt-get install -y -qq --no-install-recommends "$@" >"$apt_log" 2>&1 \
         || { cat "$apt_log" >&2; return 1; }
+}
+
+# --- build tools ---------------------------------------------------------------
+# Crates that build C: jemalloc (the broker's allocator, built with make),
+# ring. The Rust toolchain itself comes from rustup, not from here.
+ensure_build_tools() {
+    local missing=()
+    command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+    command -v make >/dev/null 2>&1 || missing+=(make)
+    apt_install "${missing[@]}"
 }
 
 # --- etcd ----------------------------------------------------------------------
