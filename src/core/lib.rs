@@ -379,22 +379,18 @@ pub(crate) struct Inner {
     sessions: Mutex<HashMap<u64, Weak<SessionShared>>>,
     clients: Mutex<HashMap<ClientKey, Weak<SessionShared>>>,
     wills: Mutex<Vec<PendingWill>>,
-    /// Bytes held by all queues (producer flow control).
-    memory: Arc<MemoryGauge>,
-    /// Messages published, delivered and acknowledged, broker-wide.
-    traffic: Arc<traffic::Traffic>,
     /// Free disk space (producer flow control).
     disk: DiskWatch,
     /// The time messages are scheduled, delayed and expired by.
     clock: Arc<dyn Clock>,
-    /// Queues' earliest due times, and the housekeeping thread's wakeup.
-    timers: Arc<Timers>,
     /// One timer pass at a time (the housekeeping thread's, or
     /// [`Core::run_timers`]), so a caller of the latter sees the pass done.
     timer_pass: Mutex<()>,
-    /// `memory`, `timers` and `traffic` once more, behind one pointer that
-    /// every queue holds (8 bytes per queue, not 24).
-    queue_links: Arc<QueueLinks>,
+    /// Bytes held by all queues (producer flow control), messages
+    /// published, delivered and acknowledged broker-wide, and the queues'
+    /// earliest due times with the housekeeping thread's wakeup: behind
+    /// one pointer that every queue holds too (8 bytes per queue, not 24).
+    links: Arc<QueueLinks>,
     stopping: AtomicBool,
     /// Streams: logs read without consuming (see [`stream`]).
     streams: Arc<stream::Streams>,
@@ -451,12 +447,10 @@ impl Core {
             Arc::clone(&clock),
         );
         let topic_dedup = dedup::TopicWindows::new(&config.topic_dedup);
-        let traffic = Arc::default();
-        let timers = Arc::new(Timers::default());
-        let queue_links = Arc::new(QueueLinks {
-            memory: Arc::clone(&memory),
-            timers: Arc::clone(&timers),
-            traffic: Arc::clone(&traffic),
+        let links = Arc::new(QueueLinks {
+            memory,
+            timers: Arc::new(Timers::default()),
+            traffic: Arc::default(),
         });
         let inner = Arc::new(Inner {
             config,
@@ -474,13 +468,10 @@ impl Core {
             sessions: Mutex::new(HashMap::new()),
             clients: Mutex::new(HashMap::new()),
             wills: Mutex::new(Vec::new()),
-            memory,
-            traffic,
             disk,
             clock,
-            timers,
             timer_pass: Mutex::new(()),
-            queue_links,
+            links,
             stopping: AtomicBool::new(false),
         });
         if let Some(recovered) = recovered {
@@ -560,17 +551,17 @@ impl Core {
     /// Messages published, delivered and acknowledged since the core
     /// started, broker-wide.
     pub fn traffic(&self) -> TrafficTotals {
-        self.inner.traffic.totals()
+        self.inner.links.traffic.totals()
     }
 
     /// Bytes of messages held by all queues (each queue's copy counted).
     pub fn memory_used(&self) -> u64 {
-        self.inner.memory.used()
+        self.inner.links.memory.used()
     }
 
     /// Messages paged out to disk, all queues together.
     pub fn messages_paged(&self) -> u64 {
-        self.inner.memory.paged()
+        self.inner.links.memory.paged()
     }
 
     /// Free bytes on the data directory's filesystem at the last sample,
@@ -601,7 +592,7 @@ impl Core {
     /// close their sessions themselves.
     pub fn shutdown(&self) {
         self.inner.stopping.store(true, Ordering::SeqCst);
-        self.inner.timers.wake_all();
+        self.inner.links.timers.wake_all();
         let sessions: Vec<_> = self
             .inner
             .sessions
@@ -675,7 +666,7 @@ impl Inner {
 
     /// What every queue shares with the core.
     pub(crate) fn queue_links(&self) -> Arc<QueueLinks> {
-        Arc::clone(&self.queue_links)
+        Arc::clone(&self.links)
     }
 
     /// One timer pass: every queue due now releases what is due, until
@@ -684,7 +675,7 @@ impl Inner {
         let _pass = self.timer_pass.lock();
         loop {
             let now = self.now_ms();
-            let due = self.timers.take_due(now);
+            let due = self.links.timers.take_due(now);
             if due.is_empty() {
                 return;
             }
@@ -725,7 +716,7 @@ impl Inner {
     /// Whether producers are held back: past the memory budget, or short
     /// of disk space.
     pub(crate) fn producers_blocked(&self) -> bool {
-        self.memory.producers_blocked() || self.disk.is_low()
+        self.links.memory.producers_blocked() || self.disk.is_low()
     }
 
     #[inline]
@@ -881,7 +872,7 @@ impl Inner {
         // back from there (see `backlog`). Compaction, paused while this
         // loop reads by recorded location, may then move their records; the
         // store finds them by seq wherever they are.
-        self.memory.start_restore(Arc::clone(&self.journal));
+        self.links.memory.start_restore(Arc::clone(&self.journal));
         let now_ms = self.now_ms();
         let mut unreadable = 0u64;
         // Acks of what last-value queues dropped while rebuilding (a crash
@@ -939,7 +930,7 @@ impl Inner {
                 replaced.extend(q.restore(entry, redeliver_at_ms, now_ms));
             }
         }
-        self.memory.end_restore();
+        self.links.memory.end_restore();
         if !replaced.is_empty() {
             tracing::info!(
                 replaced = replaced.len(),
@@ -1043,7 +1034,7 @@ fn housekeeping(inner: Weak<Inner>) {
             dedup_swept = now;
             inner.expire_dedup_ids();
         }
-        let timers = Arc::clone(&inner.timers);
+        let timers = Arc::clone(&inner.links.timers);
         let now_ms = inner.now_ms();
         // Not holding the core while asleep: a dropped core ends the loop.
         drop(inner);

@@ -294,11 +294,11 @@ fn a_timer_armed_in_time_order_arms_the_core_once_per_queue() {
     for i in 0..1_000 {
         send_at(&mut s, "q", "m", Some(T0_MS + 1 + i), None);
     }
-    assert_eq!(core.inner.timers.armed(), 1);
+    assert_eq!(core.inner.links.timers.armed(), 1);
     clock.advance(10_000);
     core.run_timers();
     assert_eq!(stats(&core, "q").depth, 1_000);
-    assert_eq!(core.inner.timers.armed(), 0);
+    assert_eq!(core.inner.links.timers.armed(), 0);
 }
 
 #[test]

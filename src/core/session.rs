@@ -213,7 +213,7 @@ impl CoreSession {
     /// One client publish accepted: the broker-wide total and the
     /// connection's own count (its sink's, for the admin API).
     fn count_publish(&self) {
-        self.inner.traffic.published();
+        self.inner.links.traffic.published();
         self.shared.sink.published();
     }
 
