@@ -108,6 +108,15 @@ async fn accepted_durable_messages_survive_a_restart() {
         assert!(d.message().header.as_ref().is_some_and(|h| h.durable));
         r.accept(&d).await.expect("accept");
     }
+    // fe2o3 sends dispositions from its session task and Close from its
+    // connection task, so a Close written at once may overtake them (the
+    // broker then rightly returns the deliveries). Wait until the broker
+    // has them settled; what is checked is that a restart keeps that.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while broker.depth("keep") != (0, 0) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(broker.depth("keep"), (0, 0), "accepts applied before close");
     conn.close().await.expect("close");
     broker.restart().await;
     assert_eq!(broker.depth("keep"), (0, 0), "accepts were durable too");
