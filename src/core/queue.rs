@@ -301,11 +301,11 @@ impl IdleSince {
             .then(|| Duration::from_millis(Self::millis(now).saturating_sub(self.0)))
     }
 
+    /// On the process's clock anchor, which rounds instants down on
+    /// either side of it: an anchor of its own, taken at first use, made
+    /// every instant before it 0, and a difference across it 1 ms short.
     fn millis(at: Instant) -> u64 {
-        static ANCHOR: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-        let anchor = *ANCHOR.get_or_init(Instant::now);
-        at.checked_duration_since(anchor)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        rosetta_neutral::clock::epoch_ms(at)
     }
 }
 
