@@ -158,13 +158,7 @@ impl Core {
 
     /// The user and client id of each open session, by connection id.
     pub fn session_identities(&self) -> HashMap<u64, SessionIdentity> {
-        let sessions: Vec<_> = self
-            .inner
-            .sessions
-            .lock()
-            .values()
-            .filter_map(std::sync::Weak::upgrade)
-            .collect();
+        let sessions: Vec<_> = self.inner.sessions.lock().iter().cloned().collect();
         sessions
             .into_iter()
             .map(|s| {

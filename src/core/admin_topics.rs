@@ -141,11 +141,7 @@ impl Core {
 
     /// Whether a client of `protocol` with this client id is connected.
     pub fn client_connected(&self, protocol: Protocol, client_id: &str) -> bool {
-        self.inner
-            .clients
-            .lock()
-            .get(&(protocol, Arc::from(client_id)))
-            .is_some_and(|s| s.strong_count() > 0)
+        self.inner.clients.lock().get(protocol, client_id).is_some()
     }
 
     /// Forgets the durable state (`Session::put_state`) of the client of

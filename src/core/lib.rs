@@ -38,6 +38,7 @@ mod routing;
 mod schedule;
 pub mod selector;
 mod session;
+mod session_index;
 pub mod stream;
 mod system_topics;
 mod traffic;
@@ -85,7 +86,7 @@ use disk::DiskWatch;
 use queue::{DispatchOutput, Entry, MemoryGauge, Queue, QueueLinks};
 use routing::{Duplicates, Routing};
 use schedule::Timers;
-use session::{CoreSession, SessionShared};
+use session::CoreSession;
 
 // The defaults of the core's settings live here, once; `[broker]` and
 // `[store]` in `rosetta-config` name these constants rather than repeat them.
@@ -376,8 +377,8 @@ pub(crate) struct Inner {
     next_queue_id: AtomicU64,
     next_session: AtomicU64,
     next_ticket: AtomicU64,
-    sessions: Mutex<HashMap<u64, Weak<SessionShared>>>,
-    clients: Mutex<HashMap<ClientKey, Weak<SessionShared>>>,
+    sessions: Mutex<session_index::SessionsById>,
+    clients: Mutex<session_index::SessionsByClient>,
     wills: Mutex<Vec<PendingWill>>,
     /// Free disk space (producer flow control).
     disk: DiskWatch,
@@ -465,8 +466,8 @@ impl Core {
             next_queue_id: AtomicU64::new(1),
             next_session: AtomicU64::new(1),
             next_ticket: AtomicU64::new(1),
-            sessions: Mutex::new(HashMap::new()),
-            clients: Mutex::new(HashMap::new()),
+            sessions: Mutex::default(),
+            clients: Mutex::default(),
             wills: Mutex::new(Vec::new()),
             disk,
             clock,
@@ -593,13 +594,7 @@ impl Core {
     pub fn shutdown(&self) {
         self.inner.stopping.store(true, Ordering::SeqCst);
         self.inner.links.timers.wake_all();
-        let sessions: Vec<_> = self
-            .inner
-            .sessions
-            .lock()
-            .values()
-            .filter_map(Weak::upgrade)
-            .collect();
+        let sessions: Vec<_> = self.inner.sessions.lock().iter().cloned().collect();
         for s in sessions {
             s.sink.send(SessionEvent::Kicked {
                 reason: KickReason::ServerShutdown,

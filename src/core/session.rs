@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::num::NonZeroU32;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -204,6 +204,17 @@ pub(crate) struct SessionShared {
     state: Mutex<SessionState>,
 }
 
+impl SessionShared {
+    pub(crate) fn new(id: u64, info: SessionInfo, sink: Arc<dyn EventSink>) -> Self {
+        Self {
+            id,
+            info,
+            sink,
+            state: Mutex::new(SessionState::default()),
+        }
+    }
+}
+
 pub(crate) struct CoreSession {
     inner: Arc<Inner>,
     shared: Arc<SessionShared>,
@@ -225,21 +236,13 @@ impl CoreSession {
         let id = inner
             .next_session
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let shared = Arc::new(SessionShared {
-            id,
-            info,
-            sink,
-            state: Mutex::new(SessionState::default()),
-        });
-        inner.sessions.lock().insert(id, Arc::downgrade(&shared));
+        let shared = Arc::new(SessionShared::new(id, info, sink));
+        inner.sessions.lock().insert(Arc::clone(&shared));
         register_resume(&inner, &shared);
         if let Some(client_id) = &shared.info.client_id {
             let key = (shared.info.protocol, client_id.clone());
-            let previous = inner
-                .clients
-                .lock()
-                .insert(key.clone(), Arc::downgrade(&shared));
-            if let Some(old) = previous.and_then(|w| w.upgrade()) {
+            let previous = inner.clients.lock().insert(Arc::clone(&shared));
+            if let Some(old) = previous {
                 if shared.info.take_over {
                     tracing::info!(client_id = %client_id, old_conn = old.info.conn_id, "session taken over");
                     close_shared(&inner, &old, CloseKind::Abnormal);
@@ -772,17 +775,14 @@ fn close_shared(inner: &Arc<Inner>, shared: &Arc<SessionShared>, kind: CloseKind
             inner.publish_will(will);
         }
     }
-    inner.sessions.lock().remove(&shared.id);
-    if let Some(client_id) = &shared.info.client_id {
-        let key = (shared.info.protocol, client_id.clone());
-        let mut clients = inner.clients.lock();
-        if clients
-            .get(&key)
-            .is_some_and(|w| Weak::ptr_eq(w, &Arc::downgrade(shared)))
-        {
-            clients.remove(&key);
-        }
-    }
+    // Dropped outside the locks (these are not the last references: the
+    // caller holds one).
+    let by_id = inner.sessions.lock().remove(shared.id);
+    let by_client = match shared.info.client_id {
+        Some(_) => inner.clients.lock().remove(shared),
+        None => None,
+    };
+    drop((by_id, by_client));
 }
 
 impl Session for CoreSession {
