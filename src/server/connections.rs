@@ -11,7 +11,6 @@
 //! connection's event sink (no allocation of its own), from which the
 //! admin API computes each listed connection's rates.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,6 +19,7 @@ use parking_lot::Mutex;
 use rosetta_neutral::{EventSink, KickReason, SessionEvent};
 
 use crate::driver::ChannelSink;
+use crate::slots::Slots;
 
 /// What the registry knows of one connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,11 +79,12 @@ pub struct MessageCounts {
 }
 
 /// What the registry keeps of one connection: the fields of its
-/// [`ConnectionInfo`] packed (the id is the map's key, the protocol and
-/// transport one byte, the address without the IPv6 flow and scope), 40 B
-/// where the info itself is 88 (issue 20: the entry with its map slot was
-/// 172 B of an idle connection).
+/// [`ConnectionInfo`] packed (the protocol and transport one byte, the
+/// address without the IPv6 flow and scope), 48 B where the info itself
+/// is 88 (issue 20: the entry with its map slot was 172 B of an idle
+/// connection, then 80 in a hash map, and is 48 in a page of slots).
 struct Entry {
+    id: u64,
     /// The connection's event sink: a kick travels the way the core's
     /// take-over and shutdown kicks do, so each adapter says goodbye in its
     /// own protocol; the end of the shutdown grace period wakes the task
@@ -145,6 +146,7 @@ impl Entry {
             IpAddr::V6(v6) => v6,
         };
         Self {
+            id: info.id,
             sink,
             connected_at_ms: info.connected_at_ms,
             ip: ip.octets(),
@@ -153,14 +155,14 @@ impl Entry {
         }
     }
 
-    fn info(&self, id: u64) -> ConnectionInfo {
+    fn info(&self) -> ConnectionInfo {
         let v6 = Ipv6Addr::from(self.ip);
         let ip = match v6.to_ipv4_mapped() {
             Some(v4) if self.kind.ipv4() => IpAddr::V4(v4),
             _ => IpAddr::V6(v6),
         };
         ConnectionInfo {
-            id,
+            id: self.id,
             protocol: self.kind.protocol(),
             transport: self.kind.transport(),
             peer: SocketAddr::new(ip, self.port),
@@ -170,10 +172,13 @@ impl Entry {
     }
 }
 
-/// Live connections by id.
+/// Live connections. In slots rather than a map by id: the one lookup
+/// by id (an administrator's close) scans them, which at a million
+/// connections is milliseconds, while every connection saves the map's
+/// key and slack.
 #[derive(Default)]
 pub struct Registry {
-    entries: Mutex<HashMap<u64, Entry>>,
+    entries: Mutex<Slots<Entry>>,
 }
 
 impl Registry {
@@ -183,22 +188,16 @@ impl Registry {
         info: ConnectionInfo,
         sink: Arc<ChannelSink>,
     ) -> RegistryGuard {
-        let id = info.id;
-        self.entries.lock().insert(id, Entry::new(&info, sink));
+        let slot = self.entries.lock().insert(Entry::new(&info, sink));
         RegistryGuard {
             registry: Arc::clone(self),
-            id,
+            slot,
         }
     }
 
     /// Every live connection, by ascending id.
     pub fn list(&self) -> Vec<ConnectionInfo> {
-        let mut all: Vec<ConnectionInfo> = self
-            .entries
-            .lock()
-            .iter()
-            .map(|(id, e)| e.info(*id))
-            .collect();
+        let mut all: Vec<ConnectionInfo> = self.entries.lock().iter().map(Entry::info).collect();
         all.sort_unstable_by_key(|c| c.id);
         all
     }
@@ -209,7 +208,7 @@ impl Registry {
             .entries
             .lock()
             .iter()
-            .map(|(id, e)| (e.info(*id), e.sink.traffic().counts()))
+            .map(|e| (e.info(), e.sink.traffic().counts()))
             .collect();
         all.sort_unstable_by_key(|(c, _)| c.id);
         all
@@ -220,7 +219,7 @@ impl Registry {
     pub fn kinds(&self) -> Vec<(&'static str, &'static str)> {
         self.entries
             .lock()
-            .values()
+            .iter()
             .map(|e| (e.kind.protocol(), e.kind.transport()))
             .collect()
     }
@@ -238,7 +237,7 @@ impl Registry {
     /// Wakes every live connection's task (the shutdown's hard stop: each
     /// then sees the flag and closes).
     pub(crate) fn wake_all(&self) {
-        for entry in self.entries.lock().values() {
+        for entry in self.entries.lock().iter() {
             entry.sink.wake();
         }
     }
@@ -248,7 +247,12 @@ impl Registry {
     /// A connection still logging in has no session to kick: its adapter
     /// ignores the event and the connect timeout closes it.
     pub fn close(&self, id: u64, reason: String) -> bool {
-        let sink = self.entries.lock().get(&id).map(|e| Arc::clone(&e.sink));
+        let sink = self
+            .entries
+            .lock()
+            .iter()
+            .find(|e| e.id == id)
+            .map(|e| Arc::clone(&e.sink));
         match sink {
             Some(sink) => {
                 sink.send(SessionEvent::Kicked {
@@ -264,12 +268,14 @@ impl Registry {
 /// Removes its connection from the registry when dropped.
 pub(crate) struct RegistryGuard {
     registry: Arc<Registry>,
-    id: u64,
+    slot: u32,
 }
 
 impl Drop for RegistryGuard {
     fn drop(&mut self) {
-        self.registry.entries.lock().remove(&self.id);
+        // Dropped outside the lock: the entry holds the connection's sink.
+        let entry = self.registry.entries.lock().remove(self.slot);
+        drop(entry);
     }
 }
 
@@ -308,9 +314,9 @@ mod tests {
                 tls,
                 connected_at_ms: 1_765_000_000_123,
             };
-            assert_eq!(Entry::new(&original, Arc::clone(&sink)).info(9), original);
+            assert_eq!(Entry::new(&original, Arc::clone(&sink)).info(), original);
         }
-        assert!(std::mem::size_of::<Entry>() <= 40);
+        assert!(std::mem::size_of::<Option<Entry>>() <= 48);
     }
 
     #[test]

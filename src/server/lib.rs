@@ -37,6 +37,7 @@ mod protocols;
 mod proxy;
 mod rates;
 mod refuse;
+mod slots;
 mod sys_topics;
 mod tls;
 pub use tls::{ServerCertificate, TlsSetupError};
