@@ -7,7 +7,8 @@
 //! most its delivery buffer; the rest waits in its queue, paged to disk),
 //! and a QoS 0 stream between two other clients on another topic keeps
 //! flowing meanwhile. A second test closes such a subscriber after the
-//! slow-consumer limit.
+//! slow-consumer limit, and a third checks that a reader the buffer held
+//! back is resumed once it has read.
 
 mod common;
 
@@ -169,4 +170,61 @@ fn a_subscriber_that_never_reads_is_closed_after_the_slow_consumer_limit() {
     p.stream
         .write_all(&MqttWire::publish_qos0("other", b"x"))
         .expect("publisher still connected");
+}
+
+/// The other side of the bound: an `ack:auto` reader whose backlog is many
+/// times its delivery buffer gets all of it, in order, with nothing else
+/// happening on the broker. Once the buffer is full the core waits; only
+/// the connection's driver, having written, resumes it (through the
+/// adapter's session); no publish or acknowledgement would.
+#[test]
+fn a_reader_held_back_by_its_delivery_buffer_is_resumed_once_it_reads() {
+    const COUNT: usize = 200;
+    const SIZE: usize = 4 * 1024;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = BrokerProcess::start(
+        dir.path(),
+        &["stomp"],
+        "[broker]\ndelivery_buffer_bytes_max = 16384\n",
+    );
+    let mut producer =
+        Stomp::connect(b.addr("stomp"), Duration::from_secs(30)).expect("producer connects");
+    for i in 0..COUNT {
+        let body = format!("{i:08}").repeat(SIZE / 8);
+        let receipt = (i == COUNT - 1).then_some(("receipt", "sent"));
+        let headers: Vec<(&str, &str)> = [("destination", "/queue/backlog")]
+            .into_iter()
+            .chain(receipt)
+            .collect();
+        producer
+            .write(&frame("SEND", &headers, body.as_bytes()))
+            .expect("send");
+    }
+    let receipt = producer.read().expect("read").expect("open");
+    assert_eq!(receipt.command, "RECEIPT");
+
+    let mut reader =
+        Stomp::connect(b.addr("stomp"), Duration::from_secs(10)).expect("reader connects");
+    reader
+        .write(&frame(
+            "SUBSCRIBE",
+            &[
+                ("id", "0"),
+                ("destination", "/queue/backlog"),
+                ("ack", "auto"),
+            ],
+            b"",
+        ))
+        .expect("subscribe");
+    for i in 0..COUNT {
+        let message = match reader.read() {
+            Ok(Some(f)) => f,
+            other => panic!("message {i} of {COUNT} did not come: {other:?}"),
+        };
+        assert_eq!(message.command, "MESSAGE");
+        assert!(
+            message.body.starts_with(format!("{i:08}").as_bytes()),
+            "message {i} in order"
+        );
+    }
 }

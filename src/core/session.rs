@@ -238,7 +238,6 @@ impl CoreSession {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let shared = Arc::new(SessionShared::new(id, info, sink));
         inner.sessions.lock().insert(Arc::clone(&shared));
-        register_resume(&inner, &shared);
         if let Some(client_id) = &shared.info.client_id {
             let key = (shared.info.protocol, client_id.clone());
             let previous = inner.clients.lock().insert(Arc::clone(&shared));
@@ -472,23 +471,10 @@ impl CoreSession {
     }
 }
 
-/// Lets the session's connection resume dispatch once its delivery budget
-/// has room again (see `rosetta_neutral::budget`).
-fn register_resume(inner: &Arc<Inner>, shared: &Arc<SessionShared>) {
-    let Some(budget) = shared.sink.budget() else {
-        return;
-    };
-    let inner = Arc::downgrade(inner);
-    let session = Arc::downgrade(shared);
-    budget.set_resume(Box::new(move || {
-        if let (Some(inner), Some(session)) = (inner.upgrade(), session.upgrade()) {
-            dispatch_to_session(&inner, &session);
-        }
-    }));
-}
-
 /// Dispatches every queue the session consumes from: what its consumers
-/// were turned away from while their connection had no room.
+/// were turned away from while their connection had no room (its owner
+/// resumes it once its delivery budget has room again, see
+/// `rosetta_neutral::budget`).
 fn dispatch_to_session(inner: &Inner, shared: &SessionShared) {
     let readers: Vec<Arc<Reader>> = shared
         .state
@@ -1359,6 +1345,10 @@ impl Session for CoreSession {
         self.inner
             .access
             .may_publish(&self.shared.info.principal, address)
+    }
+
+    fn resume_deliveries(&mut self) {
+        dispatch_to_session(&self.inner, &self.shared);
     }
 
     fn close(&mut self, kind: CloseKind) {

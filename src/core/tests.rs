@@ -1140,10 +1140,11 @@ fn a_full_delivery_budget_holds_dispatch_until_the_connection_resumes_it() {
     assert_eq!(held.len(), 10, "the budget holds ten");
     assert_eq!(core.queue_stats("q").map(|q| q.depth), Some(90));
     assert!(sink.budget.held_back_since().is_some());
-    assert!(!sink.budget.resume_if_due(), "nothing written yet");
+    assert!(!sink.budget.take_resume(), "nothing written yet");
     // The connection writes (drops) six: 4 of 10 left, below half.
     drop(held.drain(..6).collect::<Vec<_>>());
-    assert!(sink.budget.resume_if_due(), "resumed");
+    assert!(sink.budget.take_resume(), "room again");
+    s.resume_deliveries();
     assert_eq!(sink.events.deliveries().len(), 6, "refilled to the budget");
     assert_eq!(core.queue_stats("q").map(|q| q.depth), Some(84));
     drop(held);

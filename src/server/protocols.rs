@@ -154,6 +154,9 @@ macro_rules! forward_protocol_connection {
             fn handle_slow_consumer(&mut self, now: Instant) {
                 <$ty>::handle_slow_consumer(self, now)
             }
+            fn resume_deliveries(&mut self) {
+                <$ty>::resume_deliveries(self)
+            }
             $($extra)*
         }
     };

@@ -230,6 +230,8 @@ impl Session for FakeSession {
     fn producer_blocked(&self) -> bool {
         self.log.lock().unwrap().blocked
     }
+    fn resume_deliveries(&mut self) {}
+
     fn close(&mut self, kind: CloseKind) {
         self.log.lock().unwrap().closed = Some(kind);
     }

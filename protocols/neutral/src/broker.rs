@@ -854,6 +854,14 @@ pub trait Session: Send {
         true
     }
 
+    /// The connection's delivery budget has room again after the core held
+    /// deliveries back for lack of it (see [`crate::budget`]): dispatch to
+    /// this session's consumers again. Called by the connection's owner
+    /// once per [`DeliveryBudget::take_resume`](crate::DeliveryBudget::take_resume)
+    /// that says so, outside any other call into the session; a session
+    /// whose sink has no budget is never held back and never resumed.
+    fn resume_deliveries(&mut self);
+
     /// Ends the session (a no-op when already closed, e.g. after
     /// [`SessionEvent::Kicked`]): consumers are cancelled, unsettled deliveries go
     /// back to their queues, session-lifetime queues are deleted, open

@@ -21,9 +21,14 @@
 //!   charged while it waits.
 //! - When a charge brings a held-back budget down to half its size, the
 //!   budget tells its sink ([`EventSink::budget_notice`]), whose driver
-//!   then [resumes](DeliveryBudget::resume_if_due) the core, which
-//!   dispatches to that connection's consumers again. The hysteresis keeps
-//!   a busy connection from waking the core per message.
+//!   then [takes the resumption](DeliveryBudget::take_resume) and has the
+//!   connection's adapter resume its session
+//!   ([`Session::resume_deliveries`](crate::Session::resume_deliveries)),
+//!   which dispatches to that connection's consumers again. The hysteresis
+//!   keeps a busy connection from waking the core per message. (The
+//!   resumption travels through the adapter rather than a callback the
+//!   core leaves in the budget: that callback was 24 bytes of every
+//!   connection's sink and an allocation of 16, issue 20.)
 //!
 //! Admission checks only that the budget is not yet full, so one message
 //! larger than the whole budget still goes through (alone): a budget bounds
@@ -44,11 +49,8 @@ use std::time::Instant;
 
 use crate::broker::EventSink;
 
-/// A callback the budget runs; see [`DeliveryBudget::set_resume`].
-pub type BudgetCallback = Box<dyn Fn() + Send + Sync>;
-
 /// One connection's allowance for deliveries it has not yet written. Held
-/// inline by the connection's [`EventSink`] (one per connection: 48 bytes,
+/// inline by the connection's [`EventSink`] (one per connection: 24 bytes,
 /// no allocation of its own).
 pub struct DeliveryBudget {
     /// Never 0, so an `Option<DeliveryBudget>` is no larger.
@@ -60,8 +62,6 @@ pub struct DeliveryBudget {
     /// not wait. One atomic rather than a flag and a locked
     /// `Option<Instant>`.
     held_back_since: AtomicU64,
-    /// Dispatches to the connection's consumers again (set by the core).
-    resume: OnceLock<BudgetCallback>,
 }
 
 impl std::fmt::Debug for DeliveryBudget {
@@ -91,7 +91,6 @@ impl DeliveryBudget {
             max_bytes: NonZeroU64::new(max_bytes).unwrap_or(NonZeroU64::MIN),
             used_bytes: AtomicU64::new(0),
             held_back_since: AtomicU64::new(0),
-            resume: OnceLock::new(),
         }
     }
 
@@ -144,26 +143,16 @@ impl DeliveryBudget {
         }
     }
 
-    /// Sets the callback that dispatches to the connection's consumers
-    /// again. The first call wins.
-    pub fn set_resume(&self, resume: BudgetCallback) {
-        let _ = self.resume.set(resume);
-    }
-
-    /// For the driver, outside any call into the core or the adapter:
-    /// resumes the core if it waits and the budget is down to its low
-    /// watermark. Returns whether it did.
-    pub fn resume_if_due(&self) -> bool {
+    /// For the driver: whether the core waits and the budget is down to
+    /// its low watermark. If so, the wait is cleared (a second call says
+    /// no) and the caller must resume the connection's session
+    /// ([`Session::resume_deliveries`](crate::Session::resume_deliveries))
+    /// outside any other call into it.
+    pub fn take_resume(&self) -> bool {
         if !self.is_held_back() || self.used_bytes() > self.low_watermark() {
             return false;
         }
-        if self.held_back_since.swap(0, Ordering::SeqCst) == 0 {
-            return false;
-        }
-        if let Some(resume) = self.resume.get() {
-            resume();
-        }
-        true
+        self.held_back_since.swap(0, Ordering::SeqCst) != 0
     }
 
     fn low_watermark(&self) -> u64 {
@@ -185,7 +174,7 @@ impl DeliveryBudget {
         // Every uncharge at or below the watermark wakes a waiting core's
         // driver, not only the one that crosses it: the core may have given
         // up below the watermark (one message larger than the budget).
-        // `resume_if_due` clears the wait, so the wake-ups stop there.
+        // `take_resume` clears the wait, so the wake-ups stop there.
         if after <= self.low_watermark() && self.is_held_back() {
             notify();
         }
@@ -321,17 +310,12 @@ mod tests {
     #[test]
     fn the_driver_is_notified_at_the_low_watermark_and_resumes_the_core_once() {
         let (sink, erased) = sink(100);
-        let resumed = Arc::new(AtomicUsize::new(0));
-        let r = Arc::clone(&resumed);
-        sink.budget.set_resume(Box::new(move || {
-            r.fetch_add(1, Ordering::SeqCst);
-        }));
         let charges: Vec<_> = (0..10).map(|_| DeliveryCharge::on(&erased, 10)).collect();
         assert!(!has_room(&*sink));
         assert_eq!(sink.notified(), 1, "told that the core waits");
         assert!(!has_room(&*sink));
         assert_eq!(sink.notified(), 1, "told once");
-        assert!(!sink.budget.resume_if_due(), "still full");
+        assert!(!sink.budget.take_resume(), "still full");
         let mut charges = charges.into_iter();
         for c in charges.by_ref().take(4) {
             drop(c);
@@ -339,9 +323,8 @@ mod tests {
         assert_eq!(sink.notified(), 1, "60 used: above half");
         drop(charges.next());
         assert_eq!(sink.notified(), 2, "50 used: at half");
-        assert!(sink.budget.resume_if_due());
-        assert!(!sink.budget.resume_if_due(), "resumed once");
-        assert_eq!(resumed.load(Ordering::SeqCst), 1);
+        assert!(sink.budget.take_resume());
+        assert!(!sink.budget.take_resume(), "resumed once");
         assert!(sink.budget.held_back_since().is_none());
     }
 
@@ -350,7 +333,7 @@ mod tests {
         let (sink, erased) = sink(100);
         drop(DeliveryCharge::on(&erased, 90));
         assert_eq!(sink.notified(), 0);
-        assert!(!sink.budget.resume_if_due());
+        assert!(!sink.budget.take_resume());
     }
 
     #[test]

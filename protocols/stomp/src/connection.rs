@@ -543,6 +543,15 @@ impl StompConnection {
         }
     }
 
+    /// The connection's delivery budget has room again after the core held
+    /// deliveries back for lack of it: the session dispatches to its
+    /// consumers again (their deliveries arrive as events).
+    pub fn resume_deliveries(&mut self) {
+        if let State::Open(open) = &mut self.state {
+            open.session.resume_deliveries();
+        }
+    }
+
     /// The client stopped reading while its deliveries filled the
     /// connection's buffer for too long: ERROR (which it may never read)
     /// and close.

@@ -91,6 +91,8 @@ impl Session for S {
     fn producer_blocked(&self) -> bool {
         false
     }
+    fn resume_deliveries(&mut self) {}
+
     fn close(&mut self, _: CloseKind) {}
 }
 

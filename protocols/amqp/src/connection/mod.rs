@@ -354,6 +354,15 @@ impl AmqpConnection {
         }
     }
 
+    /// The connection's delivery budget has room again after the core held
+    /// deliveries back for lack of it: the session dispatches to its
+    /// consumers again (their deliveries arrive as events).
+    pub fn resume_deliveries(&mut self) {
+        if let State::Opened(o) = &mut self.state {
+            o.resume_deliveries();
+        }
+    }
+
     /// True once the connection is finished.
     pub fn is_closed(&self) -> bool {
         matches!(self.state, State::Closed)

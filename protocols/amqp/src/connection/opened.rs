@@ -152,6 +152,11 @@ impl Opened {
         }
     }
 
+    /// See `AmqpConnection::resume_deliveries`.
+    pub(super) fn resume_deliveries(&mut self) {
+        self.shared.core.resume_deliveries();
+    }
+
     /// Durable commits waited for (the driver stops reading past a limit).
     pub(super) fn pending_commits(&self) -> usize {
         self.shared.pending_commits()

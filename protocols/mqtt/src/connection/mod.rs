@@ -365,6 +365,15 @@ impl MqttConnection {
         }
     }
 
+    /// The connection's delivery budget has room again after the core held
+    /// deliveries back for lack of it: the session dispatches to its
+    /// consumers again (their deliveries arrive as events).
+    pub fn resume_deliveries(&mut self) {
+        if let State::Open(open) = &mut self.state {
+            open.session.resume_deliveries();
+        }
+    }
+
     /// The parse buffer, for a driver that reads straight into it; call
     /// [`Self::handle_buffered_input`] after appending.
     pub fn input_buffer(&mut self) -> &mut BytesMut {

@@ -310,6 +310,8 @@ impl Session for FakeSession {
         self.0.state().producer_blocked
     }
 
+    fn resume_deliveries(&mut self) {}
+
     fn close(&mut self, kind: CloseKind) {
         self.0.state().closes.push(kind);
     }

@@ -123,6 +123,8 @@ impl Session for Sess {
     fn producer_blocked(&self) -> bool {
         false
     }
+    fn resume_deliveries(&mut self) {}
+
     fn close(&mut self, _k: CloseKind) {}
 }
 

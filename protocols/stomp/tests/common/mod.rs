@@ -226,6 +226,8 @@ impl Session for FakeSession {
     fn producer_blocked(&self) -> bool {
         self.0.lock().unwrap().blocked
     }
+    fn resume_deliveries(&mut self) {}
+
     fn close(&mut self, kind: CloseKind) {
         self.record(Call::Close(kind));
     }
