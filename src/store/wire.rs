@@ -59,26 +59,31 @@ pub enum DecodeError {
 }
 
 /// Appends a `u8`.
+#[inline]
 pub fn put_u8(out: &mut Vec<u8>, v: u8) {
     out.push(v);
 }
 
 /// Appends a `bool` as one byte (0 or 1).
+#[inline]
 pub fn put_bool(out: &mut Vec<u8>, v: bool) {
     out.push(u8::from(v));
 }
 
 /// Appends a little-endian `u16`.
+#[inline]
 pub fn put_u16(out: &mut Vec<u8>, v: u16) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
 /// Appends a little-endian `u32`.
+#[inline]
 pub fn put_u32(out: &mut Vec<u8>, v: u32) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
 /// Appends a little-endian `u64`.
+#[inline]
 pub fn put_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&v.to_le_bytes());
 }
@@ -86,22 +91,26 @@ pub fn put_u64(out: &mut Vec<u8>, v: u64) {
 /// Appends a length prefix. Lengths above `u32::MAX` cannot occur: an entry
 /// body is capped far below that before anything is encoded, and callers
 /// check the final size against that cap.
+#[inline]
 pub fn put_len(out: &mut Vec<u8>, len: usize) {
     put_u32(out, u32::try_from(len).unwrap_or(u32::MAX));
 }
 
 /// Appends length-prefixed bytes.
+#[inline]
 pub fn put_bytes(out: &mut Vec<u8>, v: &[u8]) {
     put_len(out, v.len());
     out.extend_from_slice(v);
 }
 
 /// Appends a length-prefixed UTF-8 string.
+#[inline]
 pub fn put_str(out: &mut Vec<u8>, v: &str) {
     put_bytes(out, v.as_bytes());
 }
 
 /// Appends an optional string: presence byte, then the string.
+#[inline]
 pub fn put_opt_str(out: &mut Vec<u8>, v: Option<&str>) {
     match v {
         None => put_u8(out, 0),
@@ -113,6 +122,7 @@ pub fn put_opt_str(out: &mut Vec<u8>, v: Option<&str>) {
 }
 
 /// Appends optional bytes: presence byte, then the bytes.
+#[inline]
 pub fn put_opt_bytes(out: &mut Vec<u8>, v: Option<&[u8]>) {
     match v {
         None => put_u8(out, 0),
@@ -124,6 +134,7 @@ pub fn put_opt_bytes(out: &mut Vec<u8>, v: Option<&[u8]>) {
 }
 
 /// Appends an optional `u32`.
+#[inline]
 pub fn put_opt_u32(out: &mut Vec<u8>, v: Option<u32>) {
     match v {
         None => put_u8(out, 0),
@@ -135,6 +146,7 @@ pub fn put_opt_u32(out: &mut Vec<u8>, v: Option<u32>) {
 }
 
 /// Appends an optional `u64`.
+#[inline]
 pub fn put_opt_u64(out: &mut Vec<u8>, v: Option<u64>) {
     match v {
         None => put_u8(out, 0),
@@ -151,9 +163,10 @@ pub struct Reader {
     pos: usize,
 }
 
-// Every method is `#[inline]`: the core's message codec, another crate,
-// calls them once per field of every record it reads, and without it each
-// was a call of its own (a stream's history decode, issue 17).
+// Every method is `#[inline]`, as the `put_` functions are: the core's
+// message codec, another crate, calls them once per field of every record
+// it reads or writes, and without it each was a call of its own (a stream
+// append's encoding, issue 17).
 impl Reader {
     /// Reads `buf` from its start.
     #[inline]
