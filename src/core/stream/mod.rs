@@ -15,7 +15,8 @@
 //! - `partition`: partitioned streams (`partitions = N`): `N` logs named
 //!   `<name>-<n>`, and the key hash that routes a publish to one;
 //! - `assign` and `members`: a group's partitions spread over its
-//!   members, and the rebalance when one comes or goes.
+//!   members, and the rebalance when one comes or goes;
+//! - `commits`: a group commit's receipts, one event per session.
 //!
 //! # One copy, readers that cost only their credit
 //!
