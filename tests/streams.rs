@@ -407,6 +407,33 @@ mod mqtt_clients {
     use super::common::TestBroker;
     use rumqttc::QoS;
 
+    /// QoS 1 publishes to a stream, many in flight: each gets its PUBACK
+    /// once durable (a group commit's receipts come to the connection as
+    /// one `CommittedRun` event), and all are in the log in order.
+    #[tokio::test]
+    async fn pipelined_qos1_publishes_are_each_acknowledged_and_kept_in_order() {
+        let broker = TestBroker::start().await;
+        let (c, mut ev, _) = mqtt::connected4(&broker, "pipelined", true).await;
+        for i in 0..100 {
+            c.publish("$stream/mqp", QoS::AtLeastOnce, false, format!("p{i}"))
+                .await
+                .expect("publish");
+        }
+        for _ in 0..100 {
+            mqtt::puback4(&mut ev).await;
+        }
+        let mut s = StompClient::connect(broker.stomp(), &[]).await;
+        s.subscribe("all", "/queue/mqp", "auto", &[("x-stream-offset", "first")])
+            .await;
+        let got = s.messages(100).await;
+        let want: Vec<String> = (0..100).map(|i| i.to_string()).collect();
+        assert_eq!(super::offsets(&got), want);
+        assert!(got
+            .iter()
+            .enumerate()
+            .all(|(i, m)| m.text() == format!("p{i}")));
+    }
+
     #[tokio::test]
     async fn mqtt_writes_a_stream_that_stomp_and_mqtt_read_from_an_offset() {
         let broker = TestBroker::start().await;
