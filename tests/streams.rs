@@ -287,6 +287,49 @@ mod amqp_readers {
         assert_eq!(read(&mut r, 4).await.len(), 4);
     }
 
+    /// Unsettled AMQP transfers to a stream, many in flight: each is
+    /// accepted once durable (a group commit's receipts reach the
+    /// connection as one `CommittedRun` event), and all are in the log
+    /// in the order sent.
+    #[tokio::test]
+    async fn pipelined_amqp_appends_are_each_accepted_and_kept_in_order() {
+        let broker = TestBroker::start().await;
+        write(&broker, 1).await; // declares `events` a stream
+        let (mut conn, mut session) = amqp::connect_session(&broker, "writer-1").await;
+        let mut s = amqp::sender(&mut session, "appender", "/queue/events").await;
+        let mut outcomes = Vec::new();
+        for i in 1..=200 {
+            let fut = s
+                .send_batchable(amqp::durable(&format!("e{i}")))
+                .await
+                .expect("send");
+            outcomes.push(fut);
+        }
+        for (i, fut) in outcomes.into_iter().enumerate() {
+            let outcome = tokio::time::timeout(std::time::Duration::from_secs(10), fut)
+                .await
+                .unwrap_or_else(|_| panic!("no outcome for append {i}"))
+                .expect("outcome");
+            assert!(
+                matches!(outcome, fe2o3_amqp::types::messaging::Outcome::Accepted(_)),
+                "append {i}: {outcome:?}"
+            );
+        }
+        s.close().await.expect("close sender");
+        let source = offset_source("/queue/events", Value::String("first".into()));
+        let mut r = Receiver::builder()
+            .name("all")
+            .source(source)
+            .attach(&mut session)
+            .await
+            .expect("attach from first");
+        let got = read(&mut r, 201).await;
+        let want: Vec<(Option<i64>, String)> =
+            (0..=200).map(|i| (Some(i), format!("e{i}"))).collect();
+        assert_eq!(got, want);
+        let _ = conn.close().await;
+    }
+
     #[tokio::test]
     async fn a_bad_offset_spec_refuses_only_that_link() {
         let broker = TestBroker::start().await;
@@ -363,6 +406,33 @@ mod mqtt_clients {
     use super::common::stomp::StompClient;
     use super::common::TestBroker;
     use rumqttc::QoS;
+
+    /// QoS 1 publishes to a stream, many in flight: each gets its PUBACK
+    /// once durable (a group commit's receipts come to the connection as
+    /// one `CommittedRun` event), and all are in the log in order.
+    #[tokio::test]
+    async fn pipelined_qos1_publishes_are_each_acknowledged_and_kept_in_order() {
+        let broker = TestBroker::start().await;
+        let (c, mut ev, _) = mqtt::connected4(&broker, "pipelined", true).await;
+        for i in 0..100 {
+            c.publish("$stream/mqp", QoS::AtLeastOnce, false, format!("p{i}"))
+                .await
+                .expect("publish");
+        }
+        for _ in 0..100 {
+            mqtt::puback4(&mut ev).await;
+        }
+        let mut s = StompClient::connect(broker.stomp(), &[]).await;
+        s.subscribe("all", "/queue/mqp", "auto", &[("x-stream-offset", "first")])
+            .await;
+        let got = s.messages(100).await;
+        let want: Vec<String> = (0..100).map(|i| i.to_string()).collect();
+        assert_eq!(super::offsets(&got), want);
+        assert!(got
+            .iter()
+            .enumerate()
+            .all(|(i, m)| m.text() == format!("p{i}")));
+    }
 
     #[tokio::test]
     async fn mqtt_writes_a_stream_that_stomp_and_mqtt_read_from_an_offset() {

@@ -162,6 +162,12 @@ struct Rare {
     stream_readers: LazyMap<ConsumerId, Arc<Reader>>,
     txns: LazyMap<TxnId, Vec<Staged>>,
     next_txn: u64,
+    /// The stream this session last published to, by name: a producer
+    /// publishes to one stream over and over, and finding it again cost
+    /// every publish a rule match and a hash lookup under the streams'
+    /// lock. Streams are never closed, so it stays valid; a name that is
+    /// not a stream is not kept (it may be declared one later).
+    last_stream: Option<(Box<str>, stream::Target)>,
 }
 
 impl SessionState {
@@ -172,6 +178,14 @@ impl SessionState {
     /// The stream reader `consumer` is, if it is one.
     fn stream_reader(&self, consumer: &ConsumerId) -> Option<&Arc<Reader>> {
         self.rare.as_ref()?.stream_readers.get(consumer)
+    }
+
+    /// The stream `name` is, when this session last published to it.
+    fn last_stream(&self, name: &str) -> Option<&stream::Target> {
+        match &self.rare.as_ref()?.last_stream {
+            Some((n, t)) if **n == *name => Some(t),
+            _ => None,
+        }
     }
 
     fn is_closed(&self) -> bool {
@@ -345,34 +359,48 @@ impl CoreSession {
         Ok(id)
     }
 
+    /// The stream a publish to queue `name` goes to, if `name` is one
+    /// (see [`Rare::last_stream`]).
+    fn stream_to_publish(
+        &self,
+        st: &mut SessionState,
+        name: &str,
+    ) -> Result<Option<stream::Target>, BrokerError> {
+        if let Some(t) = st.last_stream(name) {
+            return Ok(Some(t.clone()));
+        }
+        let target = self.inner.streams.target(name, false)?;
+        if let Some(t) = &target {
+            st.rare().last_stream = Some((name.into(), t.clone()));
+        }
+        Ok(target)
+    }
+
     fn publish_to_stream(
         &self,
-        name: &str,
+        address: Cow<'_, Address>,
         target: &stream::Target,
         mut message: Message,
         options: PublishOptions,
     ) -> Result<PublishReceipt, BrokerError> {
-        // Where it was published, as routing records it for a queue: MQTT
-        // readers get it as their PUBLISH topic.
-        message.address = Some(Address::Queue(name.to_owned()));
         if options.txn.is_some() {
+            let (Address::Queue(name) | Address::Topic(name)) = &*address;
             return Err(BrokerError::InvalidAddress(format!(
                 "transactional publishes to a stream ('{name}') are not supported yet"
             )));
         }
+        // Where it was published, as routing records it for a queue: MQTT
+        // readers get it as their PUBLISH topic. Moved when handed over.
+        message.address = Some(address.into_owned());
         let s = target.for_publish(&message);
         let now = self.inner.streams.now_ms();
-        let (pending, done) = if options.confirm {
+        let (pending, confirm) = if options.confirm {
             let ticket = self.inner.next_ticket();
-            let sink = Arc::clone(&self.shared.sink);
-            let done = move |result| {
-                sink.send(SessionEvent::Committed { ticket, result });
-            };
-            (Some(ticket), Some(done))
+            (Some(ticket), Some((Arc::clone(&self.shared.sink), ticket)))
         } else {
             (None, None)
         };
-        self.inner.streams.append(s, message, now, done)?;
+        self.inner.streams.append(s, message, now, confirm)?;
         Ok(PublishReceipt { routed: 1, pending })
     }
 
@@ -397,9 +425,9 @@ impl CoreSession {
             return Err(BrokerError::Unauthorized(format!("publish to '{address}'")));
         }
         if let Address::Queue(name) = &*address {
-            if let Some(t) = self.inner.streams.target(name, false)? {
+            if let Some(t) = self.stream_to_publish(&mut st, name)? {
                 drop(st);
-                let receipt = self.publish_to_stream(name, &t, message, options)?;
+                let receipt = self.publish_to_stream(address, &t, message, options)?;
                 self.count_publish();
                 return Ok(receipt);
             }

@@ -30,6 +30,10 @@ impl Events {
                 out.push((*ticket, result.clone()));
                 false
             }
+            SessionEvent::CommittedRun { tickets } => {
+                out.extend(tickets.iter().map(|t| (*t, Ok(()))));
+                false
+            }
             _ => true,
         });
         out

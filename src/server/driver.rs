@@ -301,6 +301,39 @@ impl EventSink for ChannelSink {
         }
     }
 
+    /// One lock and at most one wake for the whole run (a stream reader's
+    /// read of many records), where [`Self::send`] per event took the
+    /// queue's lock each time.
+    fn send_many(&self, events: &mut Vec<SessionEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        for e in events.iter() {
+            if matches!(e, SessionEvent::Delivery(_)) {
+                self.traffic.sent();
+            }
+        }
+        let was_empty = {
+            let mut queued = self.events.lock();
+            if queued.closed {
+                drop(queued);
+                // Outside the lock: a delivery's charge reads the budget.
+                events.clear();
+                return;
+            }
+            let was_empty = queued.events.is_empty();
+            queued.events.extend(events.drain(..));
+            was_empty
+        };
+        // As in `send`: only a push into an empty queue wakes the task.
+        if was_empty {
+            if let Some(waker) = self.waker.take() {
+                waker.wake();
+                peers::woken();
+            }
+        }
+    }
+
     fn budget(&self) -> Option<&DeliveryBudget> {
         self.budget.as_ref()
     }

@@ -59,26 +59,31 @@ pub enum DecodeError {
 }
 
 /// Appends a `u8`.
+#[inline]
 pub fn put_u8(out: &mut Vec<u8>, v: u8) {
     out.push(v);
 }
 
 /// Appends a `bool` as one byte (0 or 1).
+#[inline]
 pub fn put_bool(out: &mut Vec<u8>, v: bool) {
     out.push(u8::from(v));
 }
 
 /// Appends a little-endian `u16`.
+#[inline]
 pub fn put_u16(out: &mut Vec<u8>, v: u16) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
 /// Appends a little-endian `u32`.
+#[inline]
 pub fn put_u32(out: &mut Vec<u8>, v: u32) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
 /// Appends a little-endian `u64`.
+#[inline]
 pub fn put_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&v.to_le_bytes());
 }
@@ -86,22 +91,26 @@ pub fn put_u64(out: &mut Vec<u8>, v: u64) {
 /// Appends a length prefix. Lengths above `u32::MAX` cannot occur: an entry
 /// body is capped far below that before anything is encoded, and callers
 /// check the final size against that cap.
+#[inline]
 pub fn put_len(out: &mut Vec<u8>, len: usize) {
     put_u32(out, u32::try_from(len).unwrap_or(u32::MAX));
 }
 
 /// Appends length-prefixed bytes.
+#[inline]
 pub fn put_bytes(out: &mut Vec<u8>, v: &[u8]) {
     put_len(out, v.len());
     out.extend_from_slice(v);
 }
 
 /// Appends a length-prefixed UTF-8 string.
+#[inline]
 pub fn put_str(out: &mut Vec<u8>, v: &str) {
     put_bytes(out, v.as_bytes());
 }
 
 /// Appends an optional string: presence byte, then the string.
+#[inline]
 pub fn put_opt_str(out: &mut Vec<u8>, v: Option<&str>) {
     match v {
         None => put_u8(out, 0),
@@ -113,6 +122,7 @@ pub fn put_opt_str(out: &mut Vec<u8>, v: Option<&str>) {
 }
 
 /// Appends optional bytes: presence byte, then the bytes.
+#[inline]
 pub fn put_opt_bytes(out: &mut Vec<u8>, v: Option<&[u8]>) {
     match v {
         None => put_u8(out, 0),
@@ -124,6 +134,7 @@ pub fn put_opt_bytes(out: &mut Vec<u8>, v: Option<&[u8]>) {
 }
 
 /// Appends an optional `u32`.
+#[inline]
 pub fn put_opt_u32(out: &mut Vec<u8>, v: Option<u32>) {
     match v {
         None => put_u8(out, 0),
@@ -135,6 +146,7 @@ pub fn put_opt_u32(out: &mut Vec<u8>, v: Option<u32>) {
 }
 
 /// Appends an optional `u64`.
+#[inline]
 pub fn put_opt_u64(out: &mut Vec<u8>, v: Option<u64>) {
     match v {
         None => put_u8(out, 0),
@@ -151,18 +163,25 @@ pub struct Reader {
     pos: usize,
 }
 
+// Every method is `#[inline]`, as the `put_` functions are: the core's
+// message codec, another crate, calls them once per field of every record
+// it reads or writes, and without it each was a call of its own (a stream
+// append's encoding, issue 17).
 impl Reader {
     /// Reads `buf` from its start.
+    #[inline]
     pub fn new(buf: Bytes) -> Self {
         Self { buf, pos: 0 }
     }
 
     /// Bytes not yet read.
+    #[inline]
     pub fn remaining(&self) -> usize {
         self.buf.len().saturating_sub(self.pos)
     }
 
     /// Fails unless every byte was read.
+    #[inline]
     pub fn finish(&self, what: &'static str) -> Result<(), DecodeError> {
         match self.remaining() {
             0 => Ok(()),
@@ -172,6 +191,7 @@ impl Reader {
 
     /// Everything not yet read, as a zero-copy slice; the reader is then at
     /// the end. For a last field that fills the rest of its frame.
+    #[inline]
     pub fn rest(&mut self) -> Bytes {
         let out = self.buf.slice(self.pos.min(self.buf.len())..);
         self.pos = self.buf.len();
@@ -179,6 +199,7 @@ impl Reader {
     }
 
     /// The next `n` bytes as a zero-copy slice.
+    #[inline]
     pub fn take(&mut self, n: usize, what: &'static str) -> Result<Bytes, DecodeError> {
         let have = self.remaining();
         if n > have {
@@ -193,6 +214,7 @@ impl Reader {
         Ok(out)
     }
 
+    #[inline]
     fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], DecodeError> {
         let have = self.remaining();
         let src = self
@@ -210,11 +232,13 @@ impl Reader {
     }
 
     /// Reads a `u8`.
+    #[inline]
     pub fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
         Ok(self.array::<1>(what)?[0])
     }
 
     /// Reads a `bool`; any byte other than 0 or 1 is an error.
+    #[inline]
     pub fn bool(&mut self, what: &'static str) -> Result<bool, DecodeError> {
         match self.u8(what)? {
             0 => Ok(false),
@@ -224,26 +248,31 @@ impl Reader {
     }
 
     /// Reads a little-endian `u16`.
+    #[inline]
     pub fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
         Ok(u16::from_le_bytes(self.array(what)?))
     }
 
     /// Reads a little-endian `u32`.
+    #[inline]
     pub fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
         Ok(u32::from_le_bytes(self.array(what)?))
     }
 
     /// Reads a little-endian `u64`.
+    #[inline]
     pub fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
     /// Reads 16 raw bytes (UUIDs).
+    #[inline]
     pub fn uuid(&mut self, what: &'static str) -> Result<[u8; 16], DecodeError> {
         self.array(what)
     }
 
     /// Reads a length prefix and checks that many bytes remain.
+    #[inline]
     pub fn length(&mut self, what: &'static str) -> Result<usize, DecodeError> {
         let n = usize::try_from(self.u32(what)?).unwrap_or(usize::MAX);
         let have = self.remaining();
@@ -260,6 +289,7 @@ impl Reader {
     /// Reads an element count whose elements each need at least
     /// `min_elem_bytes`, so a corrupt count cannot make us reserve memory
     /// the input could never fill.
+    #[inline]
     pub fn count(
         &mut self,
         min_elem_bytes: usize,
@@ -278,12 +308,14 @@ impl Reader {
     }
 
     /// Reads length-prefixed bytes (zero-copy).
+    #[inline]
     pub fn bytes(&mut self, what: &'static str) -> Result<Bytes, DecodeError> {
         let n = self.length(what)?;
         self.take(n, what)
     }
 
     /// Reads a length-prefixed UTF-8 string.
+    #[inline]
     pub fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
         // Copied from the buffer without a `Bytes` view of it first (that
         // view's reference count, taken and dropped again, was a third of
@@ -305,11 +337,13 @@ impl Reader {
     }
 
     /// Reads a presence byte.
+    #[inline]
     fn present(&mut self, what: &'static str) -> Result<bool, DecodeError> {
         self.bool(what)
     }
 
     /// Reads an optional string.
+    #[inline]
     pub fn opt_string(&mut self, what: &'static str) -> Result<Option<String>, DecodeError> {
         if self.present(what)? {
             self.string(what).map(Some)
@@ -319,6 +353,7 @@ impl Reader {
     }
 
     /// Reads optional bytes.
+    #[inline]
     pub fn opt_bytes(&mut self, what: &'static str) -> Result<Option<Bytes>, DecodeError> {
         if self.present(what)? {
             self.bytes(what).map(Some)
@@ -328,6 +363,7 @@ impl Reader {
     }
 
     /// Reads an optional `u32`.
+    #[inline]
     pub fn opt_u32(&mut self, what: &'static str) -> Result<Option<u32>, DecodeError> {
         if self.present(what)? {
             self.u32(what).map(Some)
@@ -337,6 +373,7 @@ impl Reader {
     }
 
     /// Reads an optional `u64`.
+    #[inline]
     pub fn opt_u64(&mut self, what: &'static str) -> Result<Option<u64>, DecodeError> {
         if self.present(what)? {
             self.u64(what).map(Some)

@@ -37,7 +37,8 @@
 //!   `Abnormal` so a taken-over session's will follows the will delay;
 //! - `Delivery::annotation` comes back on redelivery of a delivery we
 //!   annotated (packet id + phase), also after a restart;
-//! - a `Committed` ticket is reported once.
+//! - a `Committed` ticket (alone, or one of a `CommittedRun`) is
+//!   reported once.
 //!
 //! ## mqttbytes 0.6: what we use and what we work around
 //! Used: `mqttbytes::v4::read` for 3.1.1 PUBLISH, acks, UNSUBSCRIBE,

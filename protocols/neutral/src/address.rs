@@ -170,6 +170,12 @@ fn check_name(name: &str) -> Result<(), AddressError> {
 }
 
 fn check_queue_name(name: &str) -> Result<(), AddressError> {
+    // Every publish to a queue (or stream) checks its name: one pass a
+    // word at a time when all is well, which it nearly always is (two
+    // `contains` passes were 2% of a stream append's instructions).
+    if !name.is_empty() && name.len() <= ADDRESS_LEN_MAX && !has_nul_or_wildcard(name.as_bytes()) {
+        return Ok(());
+    }
     check_name(name)?;
     if name.contains(['+', '#']) {
         return Err(AddressError::WildcardInQueue(name.to_owned()));

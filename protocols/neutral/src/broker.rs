@@ -203,6 +203,17 @@ pub trait EventSink: Send + Sync {
     /// Queues one event for the session's connection.
     fn send(&self, event: SessionEvent);
 
+    /// Queues every event of `events`, in order, as [`Self::send`] would
+    /// one at a time, and leaves `events` empty (its capacity kept for the
+    /// caller's next run). A sink behind a lock overrides it to take the
+    /// lock once per run (a stream reader sends a read's worth of
+    /// deliveries at once); the default sends them one by one.
+    fn send_many(&self, events: &mut Vec<SessionEvent>) {
+        for event in events.drain(..) {
+            self.send(event);
+        }
+    }
+
     /// The connection's budget for deliveries it has not written yet; the
     /// core charges every delivery to it and stops dispatching to the
     /// connection while it is full. `None`: no bound (in-process sinks).
@@ -572,6 +583,17 @@ pub enum SessionEvent {
         ticket: Ticket,
         /// `Err` if the journal failed: the producer must be told.
         result: Result<(), BrokerError>,
+    },
+    /// Several pending durable operations finished, all of them
+    /// successfully: the same as one `Committed { ticket, result: Ok(()) }`
+    /// per ticket, in this order. The core sends it where one journal or
+    /// log write made many of a session's operations durable at once (a
+    /// stream's group commit), so that a run of receipts costs the
+    /// connection one event, not one each. Never empty; a failure is
+    /// always a [`SessionEvent::Committed`] of its own.
+    CommittedRun {
+        /// The tickets from the calls that started them.
+        tickets: Vec<Ticket>,
     },
     /// A drain request finished: the consumer's credit is now zero.
     Drained {

@@ -369,6 +369,15 @@ impl StompConnection {
                     (Some(_), Ok(())) => self.flush_receipts(now),
                 }
             }
+            SessionEvent::CommittedRun { tickets } => {
+                for ticket in tickets {
+                    if open.receipts.committed(ticket).is_none() {
+                        debug!(conn_id = self.conn_id, ?ticket, "unknown ticket");
+                    }
+                }
+                // The RECEIPTs the run completed, written together.
+                self.flush_receipts(now);
+            }
             SessionEvent::Drained { .. } => {}
             SessionEvent::LeaseExpired { consumer, tag } => open.lease_expired(consumer, tag),
             SessionEvent::BrowseEnded { consumer } => {

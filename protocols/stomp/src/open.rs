@@ -402,11 +402,14 @@ impl Open {
             None => None,
         };
         let wants_receipt = frame.header("receipt").is_some();
-        let message = message_from_send(frame, reply_to, rosetta_neutral::message::now_ms)?;
+        let mut message = message_from_send(frame, reply_to, rosetta_neutral::message::now_ms)?;
         let confirm = txn.is_none() && (message.durable || wants_receipt);
+        // Handed over with the message: the core keeps it rather than a
+        // copy (a stream append stores it as the message's address).
+        message.address = Some(address);
         let published = self
             .session
-            .publish(&address, message, PublishOptions { txn, confirm })?;
+            .publish_addressed(message, PublishOptions { txn, confirm })?;
         Ok(Done {
             tickets: published.pending.into_iter().collect(),
             disconnect: false,

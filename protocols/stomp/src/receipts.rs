@@ -79,7 +79,16 @@ impl Receipts {
     pub(crate) fn committed(&mut self, ticket: Ticket) -> Option<u64> {
         let waiting = self.0.as_deref_mut()?;
         let seq = waiting.by_ticket.remove(&ticket)?;
-        let entry = waiting.queue.iter_mut().find(|p| p.seq == seq)?;
+        // Entries are queued with consecutive seqs and leave from the
+        // front, so the seq says where it is (a run of commits, one
+        // `CommittedRun` event, looked up each of a thousand frames
+        // waiting behind one another from the front otherwise).
+        let front = waiting.queue.front()?.seq;
+        let at = usize::try_from(seq.wrapping_sub(front)).unwrap_or(usize::MAX);
+        let entry = match waiting.queue.get(at) {
+            Some(p) if p.seq == seq => waiting.queue.get_mut(at)?,
+            _ => waiting.queue.iter_mut().find(|p| p.seq == seq)?,
+        };
         entry.waiting = entry.waiting.saturating_sub(1);
         Some(seq)
     }

@@ -227,6 +227,33 @@ fn receipts_are_released_in_frame_order() {
 }
 
 #[test]
+fn a_run_of_commits_releases_its_receipts_in_frame_order() {
+    let mut h = Harness::new();
+    h.connect("1.2", "");
+    for r in ["a", "b", "c"] {
+        h.input(
+            format!("SEND\ndestination:/queue/q\npersistent:true\nreceipt:{r}\n\nx\0").as_bytes(),
+        );
+    }
+    let t = h.tickets();
+    assert_eq!(t.len(), 3);
+    // The later two first: nothing until the first frame's commit.
+    h.event(SessionEvent::CommittedRun {
+        tickets: vec![t[1], t[2]],
+    });
+    assert!(h.frames().is_empty(), "'a' is not durable yet");
+    h.event(SessionEvent::CommittedRun {
+        tickets: vec![t[0], Ticket(999)],
+    });
+    let ids: Vec<_> = h
+        .frames()
+        .iter()
+        .map(|f| f.header("receipt-id").map(str::to_owned))
+        .collect();
+    assert_eq!(ids, [Some("a".into()), Some("b".into()), Some("c".into())]);
+}
+
+#[test]
 fn temp_queues_are_declared_per_connection_and_reply_to_is_rewritten() {
     let mut h = Harness::new();
     h.connect("1.2", "");

@@ -42,10 +42,12 @@ use std::sync::Arc;
 use bytes::Bytes;
 use rosetta_neutral::{Address, Body, BodyKind, Guarantee, Message, MessageId, Properties, Value};
 
-use rosetta_store::wire::{self, DecodeError, Reader};
+use rosetta_store::wire::{self, DecodeError};
 use rosetta_store::{EncodeOpaque, Opaque};
 
+mod cursor;
 mod tails;
+use cursor::Cursor;
 pub use tails::{
     bind_record, decode_binding, decode_delivery_state, decode_queue, delivery_state_record,
     queue_declare_record, StoredBinding, StoredDelivery, StoredQueue,
@@ -102,7 +104,7 @@ pub fn encode_message(m: &Message, out: &mut Vec<u8>) {
 }
 
 /// Decodes one message from `r`, leaving `r` just after it.
-fn decode_message(r: &mut Reader) -> Result<Message, DecodeError> {
+fn decode_message(r: &mut Cursor<'_>) -> Result<Message, DecodeError> {
     let version = r.u8("message version")?;
     if version != MESSAGE_CODEC_VERSION && version != MESSAGE_CODEC_VERSION_1 {
         return Err(DecodeError::UnsupportedVersion {
@@ -281,7 +283,7 @@ impl EncodeOpaque for StreamEncoded {
 
 /// Decodes a buffer that holds exactly one message.
 pub fn decode_message_exact(buf: Bytes) -> Result<Message, DecodeError> {
-    let mut r = Reader::new(buf);
+    let mut r = Cursor::new(&buf);
     let m = decode_message(&mut r)?;
     r.finish("message")?;
     Ok(m)
@@ -357,7 +359,8 @@ fn put_message_id(out: &mut Vec<u8>, id: Option<&MessageId>) {
     }
 }
 
-fn get_message_id(r: &mut Reader) -> Result<Option<MessageId>, DecodeError> {
+#[inline]
+fn get_message_id(r: &mut Cursor<'_>) -> Result<Option<MessageId>, DecodeError> {
     Ok(match r.u8("message id")? {
         0 => None,
         1 => Some(MessageId::String(r.string("message id")?)),
@@ -447,7 +450,7 @@ fn put_value(out: &mut Vec<u8>, v: &Value) {
     }
 }
 
-fn get_value(r: &mut Reader) -> Result<Value, DecodeError> {
+fn get_value(r: &mut Cursor<'_>) -> Result<Value, DecodeError> {
     const W: &str = "property value";
     Ok(match r.u8("property value tag")? {
         0 => Value::Null,

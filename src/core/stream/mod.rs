@@ -15,7 +15,8 @@
 //! - `partition`: partitioned streams (`partitions = N`): `N` logs named
 //!   `<name>-<n>`, and the key hash that routes a publish to one;
 //! - `assign` and `members`: a group's partitions spread over its
-//!   members, and the rebalance when one comes or goes.
+//!   members, and the rebalance when one comes or goes;
+//! - `commits`: a group commit's receipts, one event per session.
 //!
 //! # One copy, readers that cost only their credit
 //!
@@ -36,6 +37,7 @@
 //! that name exists: declaration at first use, as RabbitMQ does.
 
 mod assign;
+mod commits;
 mod decoded;
 mod groups;
 mod members;
@@ -53,7 +55,9 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use rosetta_neutral::{BrokerError, Message, StreamOffset, StreamRead};
+use rosetta_neutral::{
+    BrokerError, EventSink, Message, SessionEvent, StreamOffset, StreamRead, Ticket,
+};
 use rosetta_store::log::{DurableHook, LogCompletion, LogConfig, StreamLog, TailCacheBudget};
 use rosetta_store::{OsStorage, Storage, SyncPolicy};
 
@@ -148,6 +152,8 @@ pub(crate) struct Stream {
     readers: Mutex<Vec<Weak<Reader>>>,
     /// The newest records' messages, decoded once for all readers.
     pub(crate) decoded: Mutex<decoded::Decoded>,
+    /// The receipts of the batch being completed, sent once it is.
+    commits: Arc<commits::CommitRuns>,
 }
 
 impl Stream {
@@ -397,11 +403,15 @@ impl Streams {
         lc.storage = Arc::clone(&self.config.storage);
         lc.tail_cache_bytes = STREAM_TAIL_CACHE_BYTES;
         lc.tail_cache_budget = Arc::clone(&self.tail_cache);
-        // The readers are served once per durable batch, not per record.
+        // The readers are served once per durable batch, not per record,
+        // and the batch's receipts go out in one event per session.
         let hook_stream: Arc<OnceLock<Weak<Stream>>> = Arc::new(OnceLock::new());
         let pump = Arc::clone(&self.pump);
         let hooked = Arc::clone(&hook_stream);
+        let commits = Arc::new(commits::CommitRuns::default());
+        let batch_commits = Arc::clone(&commits);
         lc.on_durable = Some(DurableHook(Arc::new(move |_next| {
+            batch_commits.flush();
             if let Some(s) = hooked.get().and_then(Weak::upgrade) {
                 pump.mark(&s);
             }
@@ -424,37 +434,40 @@ impl Streams {
             log,
             readers: Mutex::new(Vec::new()),
             decoded: Mutex::new(decoded::Decoded::default()),
+            commits,
         });
         let _ = hook_stream.set(Arc::downgrade(&s));
         open.insert(name.to_owned(), Arc::clone(&s));
         Ok(Some(s))
     }
 
-    /// Appends `message` to `stream` at `now_ms`; `done` runs once it is
-    /// durable. The stream's readers are served once per durable batch
-    /// (the log's [`DurableHook`]).
+    /// Appends `message` to `stream` at `now_ms`; with `confirm`, that
+    /// sink is sent the ticket's commit once it is durable: a failure at
+    /// once, a success with the others of its batch (one
+    /// [`SessionEvent::CommittedRun`] per session, see `commits`). The
+    /// stream's readers are served once per durable batch (the log's
+    /// [`DurableHook`]).
     ///
     /// The message is encoded by the log's writer, straight into the batch
     /// it writes (`codec::stream_opaque`): no buffer of its own here.
-    pub(crate) fn append<F>(
+    pub(crate) fn append(
         &self,
         stream: &Arc<Stream>,
         message: Message,
         now_ms: u64,
-        done: Option<F>,
-    ) -> Result<u64, BrokerError>
-    where
-        F: FnOnce(Result<(), BrokerError>) + Send + 'static,
-    {
+        confirm: Option<(Arc<dyn EventSink>, Ticket)>,
+    ) -> Result<u64, BrokerError> {
         let body = crate::codec::stream_opaque(message);
         // One box per confirmed append (the log's completion), none for
         // the others.
-        let completion = done.map(|done| -> LogCompletion {
-            Box::new(move |r| {
-                done(
-                    r.map(|_| ())
-                        .map_err(|e| BrokerError::Storage(e.to_string())),
-                );
+        let completion = confirm.map(|(sink, ticket)| -> LogCompletion {
+            let runs = Arc::clone(&stream.commits);
+            Box::new(move |r| match r {
+                Ok(_) => runs.push(sink, ticket),
+                Err(e) => sink.send(SessionEvent::Committed {
+                    ticket,
+                    result: Err(BrokerError::Storage(e.to_string())),
+                }),
             })
         });
         stream

@@ -274,6 +274,9 @@ impl Reader {
                 "stream reader cut by retention skips ahead");
         }
         let partition = self.source.partitioned.then_some(part as u32);
+        // Sent together at the end: one lock and one wake of the
+        // connection for the read, not one per record.
+        let mut events = Vec::with_capacity(decoded.len());
         for (offset, timestamp_ms, message) in decoded {
             let message = match message {
                 Ok(m) => m,
@@ -299,7 +302,7 @@ impl Reader {
             }
             let charge =
                 rosetta_neutral::DeliveryCharge::on(&self.sink, message.memory_size() as u64);
-            self.sink.send(SessionEvent::Delivery(Delivery {
+            events.push(SessionEvent::Delivery(Delivery {
                 consumer: self.consumer,
                 tag: DeliveryTag(tag),
                 message,
@@ -318,6 +321,7 @@ impl Reader {
             }));
             missed = 0;
         }
+        self.sink.send_many(&mut events);
         st.cursor = (part + 1) % st.parts.len();
         if self.auto_settle {
             if let Some(g) = &self.group {

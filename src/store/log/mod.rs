@@ -111,8 +111,9 @@ pub const LOG_PENDING_BYTES_MAX_DEFAULT: u64 = 32 * 1024 * 1024;
 pub const LOG_TAIL_CACHE_BYTES_DEFAULT: u64 = 4 * 1024 * 1024;
 
 /// Runs after each batch became readable, with the log's new readable end
-/// (on the writer thread, before the batch's completions): one call per
-/// batch, for whoever serves readers.
+/// (on the writer thread, after the batch's completions ran): one call per
+/// batch, for whoever serves readers, and for whoever gathered what the
+/// completions reported to send it as one (the core's receipts).
 #[derive(Clone)]
 pub struct DurableHook(pub Arc<dyn Fn(u64) + Send + Sync>);
 

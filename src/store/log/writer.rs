@@ -368,12 +368,10 @@ fn write_batch(inner: &Inner, ws: &mut WriterState, jobs: Vec<Job>, bytes: u64) 
         Some((_, before)) if result.is_ok() => before.iter().map(|p| p.base).collect(),
         _ => Vec::new(),
     };
+    let mut readable = None;
     match &result {
         Ok(()) => {
-            let next = apply(inner, pieces, created, records, syncs, framed, buf);
-            if let Some(hook) = &inner.config.on_durable {
-                (hook.0)(next);
-            }
+            readable = Some(apply(inner, pieces, created, records, syncs, framed, buf));
         }
         Err(e) => {
             if ws.failed.is_none() {
@@ -391,6 +389,10 @@ fn write_batch(inner: &Inner, ws: &mut WriterState, jobs: Vec<Job>, bytes: u64) 
             (Done::Sync(f), Ok(())) => f(Ok(())),
             (Done::Sync(f), Err(e)) => f(Err(failed(e))),
         }
+    }
+    // After the completions: a hook may send in one go what they gathered.
+    if let (Some(next), Some(hook)) = (readable, &inner.config.on_durable) {
+        (hook.0)(next);
     }
     for base in sealed {
         store_index(inner, base);

@@ -286,6 +286,12 @@ impl Opened {
                 on_committed(&mut ctx, sessions, ticket, result);
                 Ok(())
             }
+            SessionEvent::CommittedRun { tickets } => {
+                for ticket in tickets {
+                    on_committed(&mut ctx, sessions, ticket, Ok(()));
+                }
+                Ok(())
+            }
             SessionEvent::Drained { consumer } => {
                 let Some(&(ch, handle)) = ctx.conn.consumers.get(&consumer) else {
                     return Ok(());

@@ -516,6 +516,12 @@ impl MqttConnection {
         let result = match event {
             SessionEvent::Delivery(d) => open.on_delivery(ctx, d),
             SessionEvent::Committed { ticket, result } => open.on_committed(ctx, ticket, result),
+            SessionEvent::CommittedRun { tickets } => {
+                let mut ctx = ctx;
+                tickets
+                    .into_iter()
+                    .try_for_each(|t| open.on_committed(ctx.reborrow(), t, Ok(())))
+            }
             // MQTT has no credit drain and no browsers.
             SessionEvent::Drained { .. } | SessionEvent::BrowseEnded { .. } => Ok(()),
             // A `$queue/` delivery's lease ran out and it went back to the
