@@ -322,7 +322,7 @@ impl EventSink for ChannelSink {
                 return;
             }
             let was_empty = queued.events.is_empty();
-            queued.events.extend(events.drain(..));
+            queued.events.append(events);
             was_empty
         };
         // As in `send`: only a push into an empty queue wakes the task.
