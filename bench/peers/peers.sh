@@ -101,14 +101,27 @@ CONF
 }
 
 start_rosetta() {
-  local dir=$BENCH_TMP/rosetta
-  rosetta_config "$dir"
-  "$ROSETTA_BIN" --config "$dir/rosetta.toml" > "$dir/rosetta.log" 2>&1 &
-  ROSETTA_PID=$!
-  PEER_PIDS+=("$ROSETTA_PID")
-  if ! wait_port "$ROSETTA_AMQP_PORT" "$ROSETTA_PID" 30; then
-    echo "rosetta did not start; log:"; tail -20 "$dir/rosetta.log"; ROSETTA_PID=""; return 1
-  fi
+  local dir=$BENCH_TMP/rosetta attempt
+  # A port found free can be taken before the broker binds it (after a run
+  # of 19,000 connections the ephemeral range is busy closing): then again
+  # with new ports, twice at most.
+  for attempt in 1 2 3; do
+    rm -rf "$dir/data"
+    rosetta_config "$dir"
+    "$ROSETTA_BIN" --config "$dir/rosetta.toml" > "$dir/rosetta.log" 2>&1 &
+    ROSETTA_PID=$!
+    PEER_PIDS+=("$ROSETTA_PID")
+    if wait_port "$ROSETTA_AMQP_PORT" "$ROSETTA_PID" 30; then
+      return 0
+    fi
+    if [ "$attempt" -lt 3 ] && grep -q "Address already in use" "$dir/rosetta.log"; then
+      echo "rosetta: a port was taken before it bound it; again with new ports" >&2
+      kill -KILL "$ROSETTA_PID" 2>/dev/null || true
+      continue
+    fi
+    break
+  done
+  echo "rosetta did not start; log:"; tail -20 "$dir/rosetta.log"; ROSETTA_PID=""; return 1
 }
 
 start_mosquitto() {
