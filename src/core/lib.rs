@@ -41,6 +41,7 @@ mod session;
 mod session_index;
 pub mod stream;
 mod system_topics;
+mod tables;
 mod traffic;
 mod trie;
 

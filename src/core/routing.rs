@@ -21,6 +21,7 @@ use super::batch::{recycle, Batch};
 use super::codec;
 use super::dedup::{self, DedupKey, Screen, TopicScreen};
 use super::queue::{Entry, Queue, QueueBinding};
+use super::tables::QueuesByName;
 use super::trie::TopicTrie;
 use super::Inner;
 
@@ -35,7 +36,7 @@ pub(crate) struct RouteBinding {
 #[derive(Default)]
 pub(crate) struct Routing {
     trie: TopicTrie<RouteBinding>,
-    queues: HashMap<Arc<str>, Arc<Queue>>,
+    queues: QueuesByName,
     /// The queues' names in order, so that a page of a listing (the admin
     /// API's) is a walk from its start rather than a sort of every name.
     /// Beside `queues` (kept equal by `insert_queue` and `remove_queue`):
@@ -72,12 +73,12 @@ impl Routing {
     }
 
     pub(crate) fn queue_names(&self) -> Vec<String> {
-        self.queues.keys().map(|k| k.to_string()).collect()
+        self.queues.values().map(|q| q.name.to_string()).collect()
     }
 
     pub(crate) fn insert_queue(&mut self, q: Arc<Queue>) {
         self.names.insert(Arc::clone(&q.name));
-        self.queues.insert(Arc::clone(&q.name), q);
+        self.queues.insert(q);
     }
 
     /// Checks that binding `filter` to `queue` stays within the limits:

@@ -9,7 +9,7 @@
 //! a session is entered when it opens and removed when it closes, which
 //! [`super::session::CoreSession`]'s drop guarantees, so no entry outlives
 //! its connection. Both tables shrink when a burst of connections has
-//! gone, so their memory follows the live count.
+//! gone, so their memory follows the live count (see [`crate::tables`]).
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
@@ -19,23 +19,7 @@ use rosetta_neutral::id_hash::BuildIdHasher;
 use rosetta_neutral::Protocol;
 
 use crate::session::SessionShared;
-
-/// A table is shrunk when fewer than one slot in this many is used
-/// (then to twice its count), so a shrink follows at least as many
-/// removals as it moves entries.
-const SHRINK_BELOW: usize = 4;
-
-/// Tables this small are never shrunk: not worth a rehash.
-const SHRINK_MIN_CAPACITY: usize = 1024;
-
-fn shrink_if_sparse(
-    table: &mut HashTable<Arc<SessionShared>>,
-    hasher: impl Fn(&Arc<SessionShared>) -> u64,
-) {
-    if table.capacity() > SHRINK_MIN_CAPACITY && table.len() * SHRINK_BELOW < table.capacity() {
-        table.shrink_to(table.len() * 2, hasher);
-    }
-}
+use crate::tables::shrink_if_sparse;
 
 /// Live sessions by session id. Ids come from a counter, so they are
 /// hashed by multiplication (see [`rosetta_neutral::id_hash`]).
