@@ -931,6 +931,16 @@ mod size_tests {
         assert!(size_of::<Queue>() + arc <= 320, "{}", size_of::<Queue>());
     }
 
+    /// A subscription keeps its binding twice, as its queue's record of
+    /// the filter and as the route the topic trie holds, each in a vector
+    /// exactly sized for the first: both in jemalloc's 48-byte class.
+    #[test]
+    fn a_binding_and_its_route_fit_the_48_byte_class() {
+        let binding = size_of::<QueueBinding>();
+        let route = size_of::<crate::routing::RouteBinding>();
+        assert!(binding <= 48 && route <= 48, "{binding}, {route}");
+    }
+
     /// A queue's consumers are a vector of slots, exactly sized for the
     /// first: one slot is jemalloc's 80-byte class (a selector and a
     /// browser's cursor are boxed).

@@ -124,7 +124,7 @@ pub fn decode_binding(options: Bytes) -> Result<StoredBinding, DecodeError> {
         no_local: r.bool("no local")?,
         retain_as_published: r.bool("retain as published")?,
         retained: RetainedOnBind::None,
-        excluded: Vec::new(),
+        excluded: Default::default(),
     };
     let owner = r.opt_string("owner")?.map(Arc::from);
     if r.remaining() > 0 {
@@ -132,7 +132,8 @@ pub fn decode_binding(options: Bytes) -> Result<StoredBinding, DecodeError> {
         let n = r.count(4, "excluded filters")?;
         options.excluded = (0..n)
             .map(|_| r.string("excluded filter"))
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<Vec<String>, _>>()?
+            .into();
     }
     Ok(StoredBinding { options, owner })
 }
@@ -196,7 +197,7 @@ mod tests {
             no_local: true,
             retain_as_published: true,
             retained: RetainedOnBind::Send,
-            excluded: vec!["a/secret".into(), "a/+/x".into()],
+            excluded: vec!["a/secret".into(), "a/+/x".into()].into(),
         };
         let r = bind_record(3, "a/+", &options, Some("client-1"));
         let back = decode_binding(tail(&r)).expect("decodes");
@@ -206,13 +207,13 @@ mod tests {
         // Not kept: it only applies at bind time.
         assert_eq!(back.options.retained, RetainedOnBind::None);
         assert_eq!(back.owner.as_deref(), Some("client-1"));
-        assert_eq!(back.options.excluded, ["a/secret", "a/+/x"]);
+        assert_eq!(back.options.excluded.as_slice(), ["a/secret", "a/+/x"]);
     }
 
     #[test]
     fn a_corrupt_count_of_excluded_filters_is_an_error() {
         let options = BindingOptions {
-            excluded: vec!["x".into()],
+            excluded: vec!["x".into()].into(),
             ..BindingOptions::default()
         };
         let mut bytes = tail(&bind_record(1, "#", &options, None)).to_vec();

@@ -148,7 +148,7 @@ impl Open {
                             no_local: false,
                             retain_as_published: sub.retain_as_published,
                             retained: RetainedOnBind::None,
-                            excluded: Vec::new(),
+                            excluded: Default::default(),
                         };
                         let inner = shared.filter.to_owned();
                         self.subscribe_shared(cfg, sub, &inner, options)
@@ -387,7 +387,7 @@ impl Open {
                 (false, true, 1) => RetainedOnBind::SendIfNew,
                 _ => RetainedOnBind::None,
             },
-            excluded: Vec::new(),
+            excluded: Default::default(),
         };
         if shared.is_none() {
             let queue = self.session_queue();

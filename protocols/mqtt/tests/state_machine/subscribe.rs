@@ -63,7 +63,7 @@ fn v5_subscribe_binds_with_all_options() {
             no_local: true,
             retain_as_published: true,
             retained: RetainedOnBind::SendIfNew,
-            excluded: Vec::new(),
+            excluded: Default::default(),
         }
     );
     assert_eq!(b[1].1.retained, RetainedOnBind::Send);
