@@ -303,7 +303,10 @@ impl EventSink for ChannelSink {
 
     /// One lock and at most one wake for the whole run (a stream reader's
     /// read of many records), where [`Self::send`] per event took the
-    /// queue's lock each time.
+    /// queue's lock each time. The same steps as `send`, written out
+    /// again: a helper taking `send`'s event in a closure moved the
+    /// 170-byte event once more per delivery (+49 instructions, +0.9%, in
+    /// the 1 -> 10 fan-out under callgrind).
     fn send_many(&self, events: &mut Vec<SessionEvent>) {
         if events.is_empty() {
             return;
