@@ -167,7 +167,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Transport for tokio_rustls::serve
 
 /// The core's events for one connection, waiting for its task, and the
 /// connection's delivery budget: the sink the core holds, the queue the
-/// task takes its events from and the budget, in one allocation of 160 B
+/// task takes its events from and the budget, in one allocation of 128 B
 /// (a jemalloc size class; three allocations of 216 B before, issue 20).
 ///
 /// Not a tokio mpsc channel: an unbounded channel allocates a 32-slot block
