@@ -19,7 +19,7 @@ use rosetta_neutral::id_hash::BuildIdHasher;
 use rosetta_neutral::Protocol;
 
 use crate::session::SessionShared;
-use crate::tables::shrink_if_sparse;
+use crate::tables::{remove_and_shrink, replace_or_insert};
 
 /// Live sessions by session id. Ids come from a counter, so they are
 /// hashed by multiplication (see [`rosetta_neutral::id_hash`]).
@@ -41,12 +41,12 @@ impl SessionsById {
 
     /// Removes the session with id `id`, if present.
     pub(crate) fn remove(&mut self, id: u64) -> Option<Arc<SessionShared>> {
-        let removed = match self.table.find_entry(id_hash(id), |s| s.id == id) {
-            Ok(entry) => Some(entry.remove().0),
-            Err(_) => None,
-        };
-        shrink_if_sparse(&mut self.table, |s| id_hash(s.id));
-        removed
+        remove_and_shrink(
+            &mut self.table,
+            id_hash(id),
+            |s| s.id == id,
+            |s| id_hash(s.id),
+        )
     }
 
     /// Every live session, in no particular order.
@@ -88,20 +88,13 @@ impl SessionsByClient {
         let (protocol, client_id) = client_key(&session);
         let hash = self.hash(protocol, client_id);
         let hasher = &self.hasher;
-        let entry = self.table.entry(
+        replace_or_insert(
+            &mut self.table,
             hash,
+            Arc::clone(&session),
             |s| client_key(s) == (protocol, client_id),
             |s| hasher.hash_one(client_key(s)),
-        );
-        match entry {
-            hashbrown::hash_table::Entry::Occupied(mut taken) => {
-                Some(std::mem::replace(taken.get_mut(), session))
-            }
-            hashbrown::hash_table::Entry::Vacant(free) => {
-                free.insert(session);
-                None
-            }
-        }
+        )
     }
 
     /// Removes `session` from under its client id, unless another session
@@ -109,13 +102,13 @@ impl SessionsByClient {
     pub(crate) fn remove(&mut self, session: &Arc<SessionShared>) -> Option<Arc<SessionShared>> {
         let (protocol, client_id) = client_key(session);
         let hash = self.hash(protocol, client_id);
-        let removed = match self.table.find_entry(hash, |s| Arc::ptr_eq(s, session)) {
-            Ok(entry) => Some(entry.remove().0),
-            Err(_) => None,
-        };
         let hasher = &self.hasher;
-        shrink_if_sparse(&mut self.table, |s| hasher.hash_one(client_key(s)));
-        removed
+        remove_and_shrink(
+            &mut self.table,
+            hash,
+            |s| Arc::ptr_eq(s, session),
+            |s| hasher.hash_one(client_key(s)),
+        )
     }
 
     /// The live session of `protocol` with `client_id`, if any.

@@ -1,5 +1,5 @@
-//! What the core's tables keyed by a field of their values share: when
-//! they give memory back.
+//! What the core's tables keyed by a field of their values share:
+//! replacing an entry, and removing one and giving memory back.
 //!
 //! A `hashbrown::HashTable<Arc<T>>` keyed by a field of `T` costs one
 //! pointer per slot, where a `HashMap` from a copy of the key to the
@@ -30,6 +30,42 @@ pub(crate) fn shrink_if_sparse<T>(table: &mut HashTable<T>, hasher: impl Fn(&T) 
     }
 }
 
+/// Puts `value` in place of the entry `eq` finds under `hash`, or beside
+/// the others; returns the entry it replaced.
+pub(crate) fn replace_or_insert<T>(
+    table: &mut HashTable<T>,
+    hash: u64,
+    value: T,
+    eq: impl FnMut(&T) -> bool,
+    hasher: impl Fn(&T) -> u64,
+) -> Option<T> {
+    match table.entry(hash, eq, hasher) {
+        hashbrown::hash_table::Entry::Occupied(mut same) => {
+            Some(std::mem::replace(same.get_mut(), value))
+        }
+        hashbrown::hash_table::Entry::Vacant(free) => {
+            free.insert(value);
+            None
+        }
+    }
+}
+
+/// Removes the entry `eq` finds under `hash`, if there is one, then
+/// shrinks the table if most of its slots are empty.
+pub(crate) fn remove_and_shrink<T>(
+    table: &mut HashTable<T>,
+    hash: u64,
+    eq: impl FnMut(&T) -> bool,
+    hasher: impl Fn(&T) -> u64,
+) -> Option<T> {
+    let removed = table
+        .find_entry(hash, eq)
+        .ok()
+        .map(|entry| entry.remove().0);
+    shrink_if_sparse(table, hasher);
+    removed
+}
+
 /// Queues by name: one pointer per slot (the name is the queue's own).
 /// Names come from peers, so they are hashed with a keyed hash.
 #[derive(Default)]
@@ -51,28 +87,27 @@ impl QueuesByName {
     /// Enters `queue` under its name, in place of one of the same name.
     pub(crate) fn insert(&mut self, queue: Arc<Queue>) {
         let hash = self.hash(&queue.name);
+        let name = Arc::clone(&queue.name);
         let hasher = &self.hasher;
-        match self.table.entry(
+        replace_or_insert(
+            &mut self.table,
             hash,
-            |q| q.name == queue.name,
+            queue,
+            |q| q.name == name,
             |q| hasher.hash_one(&*q.name),
-        ) {
-            hashbrown::hash_table::Entry::Occupied(mut same) => *same.get_mut() = queue,
-            hashbrown::hash_table::Entry::Vacant(free) => {
-                free.insert(queue);
-            }
-        }
+        );
     }
 
     /// Removes the queue named `name`, if present.
     pub(crate) fn remove(&mut self, name: &str) -> Option<Arc<Queue>> {
-        let removed = match self.table.find_entry(self.hash(name), |q| &*q.name == name) {
-            Ok(entry) => Some(entry.remove().0),
-            Err(_) => None,
-        };
+        let hash = self.hash(name);
         let hasher = &self.hasher;
-        shrink_if_sparse(&mut self.table, |q| hasher.hash_one(&*q.name));
-        removed
+        remove_and_shrink(
+            &mut self.table,
+            hash,
+            |q| &*q.name == name,
+            |q| hasher.hash_one(&*q.name),
+        )
     }
 
     /// Every queue, in no particular order.
