@@ -218,7 +218,7 @@ impl Record {
         }
     }
 
-    fn decode_payload(tag: u8, r: &mut Reader) -> Result<Record, DecodeError> {
+    fn decode_payload(tag: u8, r: &mut Reader<'_>) -> Result<Record, DecodeError> {
         Ok(match tag {
             tag::QUEUE_DECLARE => {
                 let id = r.u64("queue id")?;
@@ -342,13 +342,13 @@ pub(crate) fn encode_body(records: &[Record], out: &mut Vec<u8>) -> Vec<u32> {
 
 /// Decodes an entry body into its records, each with its encoded size.
 pub(crate) fn decode_body(body: Bytes) -> Result<Vec<(Record, u32)>, DecodeError> {
-    let mut r = Reader::new(body);
+    let mut r = Reader::new(&body);
     let n = r.count(RECORD_ENCODED_MIN_BYTES, "record count")?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let (tag, payload) = record_frame(&mut r)?;
         let len = payload.len();
-        let mut payload = Reader::new(payload);
+        let mut payload = Reader::new(&payload);
         let rec = Record::decode_payload(tag, &mut payload)?;
         payload.finish("record payload")?;
         out.push((
@@ -362,7 +362,7 @@ pub(crate) fn decode_body(body: Bytes) -> Result<Vec<(Record, u32)>, DecodeError
 
 /// Reads one record's frame (tag, version, length) and returns its tag and
 /// payload, undecoded.
-fn record_frame(r: &mut Reader) -> Result<(u8, Bytes), DecodeError> {
+fn record_frame(r: &mut Reader<'_>) -> Result<(u8, Bytes), DecodeError> {
     let tag = r.u8("record tag")?;
     let version = r.u8("record version")?;
     if version != RECORD_VERSION {
@@ -380,7 +380,7 @@ fn record_frame(r: &mut Reader) -> Result<(u8, Bytes), DecodeError> {
 /// so what it decodes to (payloads are slices) pins only its own bytes, not
 /// the entry or the read buffer around it.
 pub(crate) fn decode_record_at(body: &Bytes, idx: u32) -> Result<Record, DecodeError> {
-    let mut r = Reader::new(body.clone());
+    let mut r = Reader::new(body);
     let n = r.count(RECORD_ENCODED_MIN_BYTES, "record count")?;
     let idx = usize::try_from(idx).unwrap_or(usize::MAX);
     if idx >= n {
@@ -394,7 +394,8 @@ pub(crate) fn decode_record_at(body: &Bytes, idx: u32) -> Result<Record, DecodeE
         record_frame(&mut r)?;
     }
     let (tag, payload) = record_frame(&mut r)?;
-    let mut payload = Reader::new(Bytes::copy_from_slice(&payload));
+    let payload = Bytes::copy_from_slice(&payload);
+    let mut payload = Reader::new(&payload);
     let rec = Record::decode_payload(tag, &mut payload)?;
     payload.finish("record payload")?;
     Ok(rec)

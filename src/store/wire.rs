@@ -2,10 +2,10 @@
 //! the store keeps opaque (the core's message codec) is written the same way.
 //!
 //! Every integer has an explicit width. Variable-length items carry a `u32`
-//! length prefix. The decoder reads from a [`Bytes`] so that byte fields
-//! (payloads, annotations) are zero-copy slices of the entry they came from,
-//! and every read is bounds-checked: corrupt input yields a [`DecodeError`],
-//! never a panic.
+//! length prefix. The one decoder, [`Reader`], reads from a [`Bytes`] so
+//! that byte fields (payloads, annotations) are zero-copy slices of the entry
+//! they came from, and every read is bounds-checked: corrupt input yields a
+//! [`DecodeError`], never a panic.
 
 use bytes::Bytes;
 
@@ -157,27 +157,40 @@ pub fn put_opt_u64(out: &mut Vec<u8>, v: Option<u64>) {
     }
 }
 
-/// A bounds-checked reader over a [`Bytes`] buffer.
-pub struct Reader {
-    buf: Bytes,
+/// A bounds-checked reader over one encoded item.
+///
+/// It borrows the buffer: both as the [`Bytes`] it is, so that byte fields
+/// (payloads, annotations, binary ids) are views of it without a copy, and
+/// as a plain slice dereferenced once, so that a fixed-width field is a
+/// bounds check and a load. A stream reader decodes every record it sends
+/// (issue 17), and a message has some twenty fields, most of them absent:
+/// through an owning reader that dereferenced its `Bytes` on every call and
+/// built its error inline, a field cost 20 to 50 instructions, about half
+/// of a record's decode. The hot methods are `#[inline(always)]` because
+/// their caller, the core's message codec, is another crate.
+pub struct Reader<'a> {
+    /// The whole buffer, for zero-copy slices of it.
+    whole: &'a Bytes,
+    /// The same bytes as a slice (`whole`'s dereference, done once).
+    buf: &'a [u8],
     pos: usize,
 }
 
-// Every method is `#[inline]`, as the `put_` functions are: the core's
-// message codec, another crate, calls them once per field of every record
-// it reads or writes, and without it each was a call of its own (a stream
-// append's encoding, issue 17).
-impl Reader {
+impl<'a> Reader<'a> {
     /// Reads `buf` from its start.
     #[inline]
-    pub fn new(buf: Bytes) -> Self {
-        Self { buf, pos: 0 }
+    pub fn new(buf: &'a Bytes) -> Self {
+        Self {
+            whole: buf,
+            buf,
+            pos: 0,
+        }
     }
 
     /// Bytes not yet read.
     #[inline]
     pub fn remaining(&self) -> usize {
-        self.buf.len().saturating_sub(self.pos)
+        self.buf.len() - self.pos
     }
 
     /// Fails unless every byte was read.
@@ -193,52 +206,68 @@ impl Reader {
     /// the end. For a last field that fills the rest of its frame.
     #[inline]
     pub fn rest(&mut self) -> Bytes {
-        let out = self.buf.slice(self.pos.min(self.buf.len())..);
+        let out = self.whole.slice(self.pos..);
         self.pos = self.buf.len();
         out
     }
 
-    /// The next `n` bytes as a zero-copy slice.
-    #[inline]
-    pub fn take(&mut self, n: usize, what: &'static str) -> Result<Bytes, DecodeError> {
-        let have = self.remaining();
-        if n > have {
-            return Err(DecodeError::Truncated {
-                what,
-                need: n,
-                have,
-            });
+    // Out of line: an error is rare, and building it inline made every
+    // field's read longer.
+    #[cold]
+    fn truncated(&self, what: &'static str, need: usize) -> DecodeError {
+        DecodeError::Truncated {
+            what,
+            need,
+            have: self.remaining(),
         }
-        let out = self.buf.slice(self.pos..self.pos + n);
-        self.pos += n;
-        Ok(out)
     }
 
-    #[inline]
+    /// The next `n` bytes, borrowed.
+    #[inline(always)]
+    fn slice(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        let buf: &'a [u8] = self.buf;
+        match buf.get(self.pos..).and_then(|rest| rest.get(..n)) {
+            Some(s) => {
+                self.pos += n;
+                Ok(s)
+            }
+            None => Err(self.truncated(what, n)),
+        }
+    }
+
+    /// The next `n` bytes as a zero-copy slice of the buffer.
+    #[inline(always)]
+    pub fn take(&mut self, n: usize, what: &'static str) -> Result<Bytes, DecodeError> {
+        if n > self.remaining() {
+            return Err(self.truncated(what, n));
+        }
+        let start = self.pos;
+        self.pos += n;
+        Ok(self.whole.slice(start..start + n))
+    }
+
+    #[inline(always)]
     fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], DecodeError> {
-        let have = self.remaining();
-        let src = self
-            .buf
-            .get(self.pos..self.pos + N)
-            .ok_or(DecodeError::Truncated {
-                what,
-                need: N,
-                have,
-            })?;
+        let s = self.slice(N, what)?;
         let mut out = [0u8; N];
-        out.copy_from_slice(src);
-        self.pos += N;
+        out.copy_from_slice(s);
         Ok(out)
     }
 
     /// Reads a `u8`.
-    #[inline]
+    #[inline(always)]
     pub fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
-        Ok(self.array::<1>(what)?[0])
+        match self.buf.get(self.pos) {
+            Some(&b) => {
+                self.pos += 1;
+                Ok(b)
+            }
+            None => Err(self.truncated(what, 1)),
+        }
     }
 
     /// Reads a `bool`; any byte other than 0 or 1 is an error.
-    #[inline]
+    #[inline(always)]
     pub fn bool(&mut self, what: &'static str) -> Result<bool, DecodeError> {
         match self.u8(what)? {
             0 => Ok(false),
@@ -248,40 +277,35 @@ impl Reader {
     }
 
     /// Reads a little-endian `u16`.
-    #[inline]
+    #[inline(always)]
     pub fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
         Ok(u16::from_le_bytes(self.array(what)?))
     }
 
     /// Reads a little-endian `u32`.
-    #[inline]
+    #[inline(always)]
     pub fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
         Ok(u32::from_le_bytes(self.array(what)?))
     }
 
     /// Reads a little-endian `u64`.
-    #[inline]
+    #[inline(always)]
     pub fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
     /// Reads 16 raw bytes (UUIDs).
-    #[inline]
+    #[inline(always)]
     pub fn uuid(&mut self, what: &'static str) -> Result<[u8; 16], DecodeError> {
         self.array(what)
     }
 
     /// Reads a length prefix and checks that many bytes remain.
-    #[inline]
+    #[inline(always)]
     pub fn length(&mut self, what: &'static str) -> Result<usize, DecodeError> {
         let n = usize::try_from(self.u32(what)?).unwrap_or(usize::MAX);
-        let have = self.remaining();
-        if n > have {
-            return Err(DecodeError::Truncated {
-                what,
-                need: n,
-                have,
-            });
+        if n > self.remaining() {
+            return Err(self.truncated(what, n));
         }
         Ok(n)
     }
@@ -296,56 +320,36 @@ impl Reader {
         what: &'static str,
     ) -> Result<usize, DecodeError> {
         let n = usize::try_from(self.u32(what)?).unwrap_or(usize::MAX);
-        let have = self.remaining();
-        if n.saturating_mul(min_elem_bytes.max(1)) > have {
-            return Err(DecodeError::Truncated {
-                what,
-                need: n.saturating_mul(min_elem_bytes.max(1)),
-                have,
-            });
+        let need = n.saturating_mul(min_elem_bytes.max(1));
+        if need > self.remaining() {
+            return Err(self.truncated(what, need));
         }
         Ok(n)
     }
 
     /// Reads length-prefixed bytes (zero-copy).
-    #[inline]
+    #[inline(always)]
     pub fn bytes(&mut self, what: &'static str) -> Result<Bytes, DecodeError> {
         let n = self.length(what)?;
         self.take(n, what)
     }
 
-    /// Reads a length-prefixed UTF-8 string.
-    #[inline]
+    /// Reads a length-prefixed UTF-8 string, copied out of the buffer (no
+    /// `Bytes` view of it first: that view's reference count, taken and
+    /// dropped again, was a third of a string's decode).
+    #[inline(always)]
     pub fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
-        // Copied from the buffer without a `Bytes` view of it first (that
-        // view's reference count, taken and dropped again, was a third of
-        // a string's decode: every stream record read has several).
         let n = self.length(what)?;
-        let text = self
-            .buf
-            .get(self.pos..self.pos + n)
-            .map(std::str::from_utf8)
-            .ok_or(DecodeError::Truncated {
-                what,
-                need: n,
-                have: self.remaining(),
-            })?
-            .map_err(|_| DecodeError::BadUtf8 { what })?
-            .to_owned();
-        self.pos += n;
-        Ok(text)
+        let raw = self.slice(n, what)?;
+        std::str::from_utf8(raw)
+            .map(str::to_owned)
+            .map_err(|_| DecodeError::BadUtf8 { what })
     }
 
-    /// Reads a presence byte.
-    #[inline]
-    fn present(&mut self, what: &'static str) -> Result<bool, DecodeError> {
-        self.bool(what)
-    }
-
-    /// Reads an optional string.
-    #[inline]
+    /// Reads an optional string: a presence byte, then the string.
+    #[inline(always)]
     pub fn opt_string(&mut self, what: &'static str) -> Result<Option<String>, DecodeError> {
-        if self.present(what)? {
+        if self.bool(what)? {
             self.string(what).map(Some)
         } else {
             Ok(None)
@@ -353,9 +357,9 @@ impl Reader {
     }
 
     /// Reads optional bytes.
-    #[inline]
+    #[inline(always)]
     pub fn opt_bytes(&mut self, what: &'static str) -> Result<Option<Bytes>, DecodeError> {
-        if self.present(what)? {
+        if self.bool(what)? {
             self.bytes(what).map(Some)
         } else {
             Ok(None)
@@ -363,9 +367,9 @@ impl Reader {
     }
 
     /// Reads an optional `u32`.
-    #[inline]
+    #[inline(always)]
     pub fn opt_u32(&mut self, what: &'static str) -> Result<Option<u32>, DecodeError> {
-        if self.present(what)? {
+        if self.bool(what)? {
             self.u32(what).map(Some)
         } else {
             Ok(None)
@@ -373,9 +377,9 @@ impl Reader {
     }
 
     /// Reads an optional `u64`.
-    #[inline]
+    #[inline(always)]
     pub fn opt_u64(&mut self, what: &'static str) -> Result<Option<u64>, DecodeError> {
-        if self.present(what)? {
+        if self.bool(what)? {
             self.u64(what).map(Some)
         } else {
             Ok(None)
@@ -397,7 +401,8 @@ mod tests {
         put_str(&mut out, "héllo");
         put_opt_str(&mut out, None);
         put_opt_u64(&mut out, Some(42));
-        let mut r = Reader::new(Bytes::from(out.clone()));
+        let all = Bytes::from(out.clone());
+        let mut r = Reader::new(&all);
         assert_eq!(r.u8("a"), Ok(7));
         assert_eq!(r.u16("b"), Ok(0xBEEF));
         assert_eq!(r.u32("c"), Ok(0xDEAD_BEEF));
@@ -409,7 +414,8 @@ mod tests {
 
         // Every strict prefix fails cleanly somewhere, never panics.
         for cut in 0..out.len() {
-            let mut r = Reader::new(Bytes::copy_from_slice(&out[..cut]));
+            let prefix = Bytes::copy_from_slice(&out[..cut]);
+            let mut r = Reader::new(&prefix);
             let res = (|| -> Result<(), DecodeError> {
                 r.u8("a")?;
                 r.u16("b")?;
@@ -428,18 +434,20 @@ mod tests {
     fn huge_counts_and_lengths_are_rejected_before_allocating() {
         let mut out = Vec::new();
         put_u32(&mut out, u32::MAX);
-        let mut r = Reader::new(Bytes::from(out.clone()));
+        let out = Bytes::from(out);
+        let mut r = Reader::new(&out);
         assert!(matches!(
             r.count(8, "n"),
             Err(DecodeError::Truncated { .. })
         ));
-        let mut r = Reader::new(Bytes::from(out));
+        let mut r = Reader::new(&out);
         assert!(matches!(r.bytes("b"), Err(DecodeError::Truncated { .. })));
     }
 
     #[test]
     fn bool_rejects_other_bytes() {
-        let mut r = Reader::new(Bytes::from_static(&[2]));
+        let one = Bytes::from_static(&[2]);
+        let mut r = Reader::new(&one);
         assert_eq!(r.bool("x"), Err(DecodeError::BadTag { what: "x", tag: 2 }));
     }
 }

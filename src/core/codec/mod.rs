@@ -42,12 +42,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use rosetta_neutral::{Address, Body, BodyKind, Guarantee, Message, MessageId, Properties, Value};
 
-use rosetta_store::wire::{self, DecodeError};
+use rosetta_store::wire::{self, DecodeError, Reader};
 use rosetta_store::{EncodeOpaque, Opaque};
 
-mod cursor;
 mod tails;
-use cursor::Cursor;
 pub use tails::{
     bind_record, decode_binding, decode_delivery_state, decode_queue, delivery_state_record,
     queue_declare_record, StoredBinding, StoredDelivery, StoredQueue,
@@ -104,7 +102,7 @@ pub fn encode_message(m: &Message, out: &mut Vec<u8>) {
 }
 
 /// Decodes one message from `r`, leaving `r` just after it.
-fn decode_message(r: &mut Cursor<'_>) -> Result<Message, DecodeError> {
+fn decode_message(r: &mut Reader<'_>) -> Result<Message, DecodeError> {
     let version = r.u8("message version")?;
     if version != MESSAGE_CODEC_VERSION && version != MESSAGE_CODEC_VERSION_1 {
         return Err(DecodeError::UnsupportedVersion {
@@ -283,7 +281,7 @@ impl EncodeOpaque for StreamEncoded {
 
 /// Decodes a buffer that holds exactly one message.
 pub fn decode_message_exact(buf: Bytes) -> Result<Message, DecodeError> {
-    let mut r = Cursor::new(&buf);
+    let mut r = Reader::new(&buf);
     let m = decode_message(&mut r)?;
     r.finish("message")?;
     Ok(m)
@@ -360,7 +358,7 @@ fn put_message_id(out: &mut Vec<u8>, id: Option<&MessageId>) {
 }
 
 #[inline]
-fn get_message_id(r: &mut Cursor<'_>) -> Result<Option<MessageId>, DecodeError> {
+fn get_message_id(r: &mut Reader<'_>) -> Result<Option<MessageId>, DecodeError> {
     Ok(match r.u8("message id")? {
         0 => None,
         1 => Some(MessageId::String(r.string("message id")?)),
@@ -450,7 +448,7 @@ fn put_value(out: &mut Vec<u8>, v: &Value) {
     }
 }
 
-fn get_value(r: &mut Cursor<'_>) -> Result<Value, DecodeError> {
+fn get_value(r: &mut Reader<'_>) -> Result<Value, DecodeError> {
     const W: &str = "property value";
     Ok(match r.u8("property value tag")? {
         0 => Value::Null,

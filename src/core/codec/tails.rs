@@ -48,7 +48,7 @@ pub fn queue_declare_record(id: QueueId, name: &str, lifetime: QueueLifetime) ->
 
 /// The attributes of a recovered QueueDeclare record.
 pub fn decode_queue(attributes: Bytes) -> Result<StoredQueue, DecodeError> {
-    let mut r = Reader::new(attributes);
+    let mut r = Reader::new(&attributes);
     let lifetime = match r.u8("lifetime")? {
         0 => QueueLifetime::Permanent,
         1 => QueueLifetime::IdleFor(Duration::from_millis(r.u64("idle ms")?)),
@@ -112,7 +112,7 @@ pub fn bind_record(
 
 /// The options of a recovered Bind record.
 pub fn decode_binding(options: Bytes) -> Result<StoredBinding, DecodeError> {
-    let mut r = Reader::new(options);
+    let mut r = Reader::new(&options);
     let qos = r.u8("max qos")?;
     let max_guarantee = Guarantee::from_qos(qos).ok_or(DecodeError::BadTag {
         what: "max qos",
@@ -161,7 +161,7 @@ pub fn delivery_state_record(
 
 /// The state of a recovered DeliveryState record.
 pub fn decode_delivery_state(state: Bytes) -> Result<StoredDelivery, DecodeError> {
-    let mut r = Reader::new(state);
+    let mut r = Reader::new(&state);
     let delivery_count = r.u32("delivery count")?;
     let annotation = r.opt_bytes("annotation")?;
     let redeliver_at_ms = if r.remaining() > 0 {

@@ -248,7 +248,7 @@ pub(crate) fn decode_stored(key: &str, value: Bytes) -> Result<StoredKey, Stored
     let (queue, hex) = rest.split_once('/').ok_or(StoredKeyError::Key)?;
     let queue: QueueId = queue.parse().map_err(|_| StoredKeyError::Key)?;
     let k = key_from_hex(hex).ok_or(StoredKeyError::Key)?;
-    let mut r = Reader::new(value);
+    let mut r = Reader::new(&value);
     match r.u8("dedup version")? {
         DEDUP_STATE_VERSION => {}
         tag => {

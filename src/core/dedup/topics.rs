@@ -285,7 +285,7 @@ fn decode_stored(key: &str, value: Bytes) -> Result<StoredTopicKey, StoredTopicK
         .strip_prefix(TOPIC_DEDUP_STATE_PREFIX)
         .ok_or(StoredTopicKeyError::Key)?;
     let k = key_from_hex(hex).ok_or(StoredTopicKeyError::Key)?;
-    let mut r = Reader::new(value);
+    let mut r = Reader::new(&value);
     match r.u8("topic dedup version")? {
         TOPIC_DEDUP_STATE_VERSION => {}
         tag => {
