@@ -584,7 +584,7 @@ impl Core {
         self.inner.streams.run_retention();
     }
 
-    /// Names of all queues.
+    /// Names of all queues, in order.
     pub fn queue_names(&self) -> Vec<String> {
         self.inner.routing.read().queue_names()
     }
