@@ -294,7 +294,13 @@ impl Inner {
         batch: &mut Batch,
         duplicates: Duplicates,
     ) -> Result<usize, BrokerError> {
-        self.route_owned(address.clone(), message, origin, batch, duplicates)
+        self.route_owned(
+            address.clone(),
+            Arc::new(message),
+            origin,
+            batch,
+            duplicates,
+        )
     }
 
     /// [`Inner::route`] with the address handed over: it becomes the
@@ -302,7 +308,7 @@ impl Inner {
     pub(crate) fn route_owned(
         &self,
         address: Address,
-        mut message: Message,
+        mut message: Arc<Message>,
         origin: Option<&str>,
         batch: &mut Batch,
         duplicates: Duplicates,
@@ -413,8 +419,8 @@ impl Inner {
             }
             admitted
         });
-        message.address = Some(address);
-        let message = Arc::new(message);
+        // Unshared unless an adapter kept a clone (then this copies it).
+        Arc::make_mut(&mut message).address = Some(address);
         // A scheduled message is routed now and waits in each subscriber
         // queue; it does not become the topic's retained message, which a
         // new subscriber would get before its time.

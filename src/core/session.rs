@@ -39,8 +39,8 @@ const CONSUMERS_PER_SESSION_MAX: usize = 10_000;
 enum Staged {
     Publish {
         address: Address,
-        // Boxed: a message is large next to a settlement.
-        message: Box<Message>,
+        // Behind its pointer: a message is large next to a settlement.
+        message: Arc<Message>,
     },
     Settle {
         consumer: ConsumerId,
@@ -380,7 +380,7 @@ impl CoreSession {
         &self,
         address: Cow<'_, Address>,
         target: &stream::Target,
-        mut message: Message,
+        mut message: Arc<Message>,
         options: PublishOptions,
     ) -> Result<PublishReceipt, BrokerError> {
         if options.txn.is_some() {
@@ -391,7 +391,8 @@ impl CoreSession {
         }
         // Where it was published, as routing records it for a queue: MQTT
         // readers get it as their PUBLISH topic. Moved when handed over.
-        message.address = Some(address.into_owned());
+        // Unshared unless an adapter kept a clone (then this copies it).
+        Arc::make_mut(&mut message).address = Some(address.into_owned());
         let s = target.for_publish(&message);
         let now = self.inner.streams.now_ms();
         let (pending, confirm) = if options.confirm {
@@ -413,7 +414,7 @@ impl CoreSession {
     fn publish_to(
         &mut self,
         address: Cow<'_, Address>,
-        message: Message,
+        message: Arc<Message>,
         options: PublishOptions,
     ) -> Result<PublishReceipt, BrokerError> {
         let mut st = self.state()?;
@@ -436,7 +437,7 @@ impl CoreSession {
             let ops = st.staging(txn)?;
             ops.push(Staged::Publish {
                 address: address.into_owned(),
-                message: Box::new(message),
+                message,
             });
             return Ok(PublishReceipt {
                 routed: 0,
@@ -880,15 +881,22 @@ impl Session for CoreSession {
         message: Message,
         options: PublishOptions,
     ) -> Result<PublishReceipt, BrokerError> {
-        self.publish_to(Cow::Borrowed(address), message, options)
+        self.publish_to(Cow::Borrowed(address), Arc::new(message), options)
     }
 
     fn publish_addressed(
         &mut self,
-        mut message: Message,
+        mut message: Arc<Message>,
         options: PublishOptions,
     ) -> Result<PublishReceipt, BrokerError> {
-        let Some(address) = message.address.take() else {
+        // Taken out while routing decides (it puts it back); an adapter
+        // that kept a clone of the message leaves it shared, and then the
+        // address is cloned instead.
+        let address = match Arc::get_mut(&mut message) {
+            Some(unshared) => unshared.address.take(),
+            None => message.address.clone(),
+        };
+        let Some(address) = address else {
             return Err(BrokerError::InvalidAddress(
                 "a message without an address".to_owned(),
             ));
@@ -1270,9 +1278,9 @@ impl Session for CoreSession {
             let result = match op {
                 Staged::Publish { address, message } => self
                     .inner
-                    .route(
-                        &address,
-                        *message,
+                    .route_owned(
+                        address,
+                        message,
                         self.shared.info.client_id.as_deref(),
                         &mut batch,
                         Duplicates::Detect,

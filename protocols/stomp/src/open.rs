@@ -3,6 +3,7 @@
 //! conventions are documented on [`crate::connection`].
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use rosetta_neutral::address::{
@@ -409,7 +410,7 @@ impl Open {
         message.address = Some(address);
         let published = self
             .session
-            .publish_addressed(message, PublishOptions { txn, confirm })?;
+            .publish_addressed(Arc::new(message), PublishOptions { txn, confirm })?;
         Ok(Done {
             tickets: published.pending.into_iter().collect(),
             disconnect: false,

@@ -257,15 +257,15 @@ pub fn encoded_len_max(m: &Message) -> usize {
 /// log's writer writes its batch (straight into it: the payload is
 /// copied once); its hint is [`encoded_len_max`], the upper bound the log
 /// asks for.
-pub fn stream_opaque(message: Message) -> Opaque {
+pub fn stream_opaque(message: Arc<Message>) -> Opaque {
     let bound = encoded_len_max(&message);
     Opaque::Deferred(Arc::new(StreamEncoded { message, bound }))
 }
 
-/// A message on its way into a stream log's batch (one allocation: the
-/// message is moved in).
+/// A message on its way into a stream log's batch: the message as the
+/// publisher's adapter allocated it, not a copy.
 struct StreamEncoded {
-    message: Message,
+    message: Arc<Message>,
     bound: usize,
 }
 
@@ -560,7 +560,7 @@ mod tests {
             encode_message(&m, &mut out);
             assert!(encoded_len_max(&m) >= out.len());
             let mut deferred = Vec::new();
-            stream_opaque(m).write_to(&mut deferred);
+            stream_opaque(Arc::new(m)).write_to(&mut deferred);
             assert_eq!(deferred, out);
         }
     }

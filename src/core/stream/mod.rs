@@ -453,7 +453,7 @@ impl Streams {
     pub(crate) fn append(
         &self,
         stream: &Arc<Stream>,
-        message: Message,
+        message: Arc<Message>,
         now_ms: u64,
         confirm: Option<(Arc<dyn EventSink>, Ticket)>,
     ) -> Result<u64, BrokerError> {

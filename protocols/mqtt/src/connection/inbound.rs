@@ -5,6 +5,8 @@
 //! publish itself (`confirm: true`) and, for QoS 2, the persisted set of
 //! packet ids awaiting PUBREL.
 
+use std::sync::Arc;
+
 use super::subscribe::STREAM_TOPIC_PREFIX;
 use rosetta_neutral::address::{validate_topic_name, MQTT_QUEUE_TOPIC_PREFIX};
 use rosetta_neutral::{Address, BrokerError, PublishOptions, Ticket};
@@ -101,11 +103,17 @@ impl Open {
             txn: None,
             confirm: p.qos > 0,
         };
-        let result = address.and_then(|address| {
-            // Handed over with the message: the core keeps it, no copy.
-            message.address = Some(address);
-            self.session.publish_addressed(message, options)
-        });
+        // A match, not `and_then` with a closure: the closure took the
+        // 424-byte message by value, one more copy of it per publish.
+        let result = match address {
+            Ok(address) => {
+                // Handed over with the message: the core keeps both, the
+                // message in this `Arc`, without another copy.
+                message.address = Some(address);
+                self.session.publish_addressed(Arc::new(message), options)
+            }
+            Err(e) => Err(e),
+        };
         let receipt = match (result, p.qos, self.version) {
             (Ok(receipt), _, _) => receipt,
             (Err(e), 0, _) => {
