@@ -8,7 +8,7 @@
 //! link is not ours to read: it goes up as a [`Control`] to whoever owns
 //! the transactions.
 
-use std::borrow::Cow;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use fe2o3_amqp_types::definitions::Role;
@@ -86,7 +86,9 @@ impl AmqpSession {
         let LinkKind::Incoming(i) = &link.kind else {
             return Ok(());
         };
+        // The link's own address, copied once: it becomes the message's.
         let fixed_target = i.target.as_deref().cloned();
+        let has_fixed_target = fixed_target.is_some();
         let decoded = match message::decode(&d.payload, ctx.now_ms) {
             Ok(m) => m,
             Err(e) => {
@@ -94,10 +96,10 @@ impl AmqpSession {
                 return Ok(());
             }
         };
-        let address = match (&fixed_target, &decoded.to) {
-            (Some(a), _) => Cow::Borrowed(a),
+        let address = match (fixed_target, &decoded.to) {
+            (Some(a), _) => a,
             (None, Some(to)) => match Address::parse_destination(to) {
-                Ok(a) => Cow::Owned(a),
+                Ok(a) => a,
                 Err(e) => {
                     let e = AmqpError::InvalidField(format!("to {to:?}: {e}"));
                     self.reject(ctx, handle, &d, &e);
@@ -110,7 +112,7 @@ impl AmqpSession {
                 return Ok(());
             }
         };
-        if let Address::Topic(name) = &*address {
+        if let Address::Topic(name) = &address {
             if let Err(e) = validate_topic_name(name) {
                 self.reject(ctx, handle, &d, &AmqpError::InvalidField(e.to_string()));
                 return Ok(());
@@ -137,7 +139,10 @@ impl AmqpSession {
             txn,
             confirm: !d.settled && txn.is_none(),
         };
-        match ctx.conn.core.publish(&address, msg, options) {
+        // Handed over with its address, in the `Arc` the core keeps it in
+        // (no further copy of either on the way to the queues).
+        msg.address = Some(address);
+        match ctx.conn.core.publish_addressed(Arc::new(msg), options) {
             Ok(receipt) => {
                 if d.settled {
                     return Ok(());
@@ -169,7 +174,7 @@ impl AmqpSession {
                 Ok(())
             }
             Err(e) => {
-                let fatal_for_link = fixed_target.is_some()
+                let fatal_for_link = has_fixed_target
                     && matches!(
                         e,
                         BrokerError::NotFound(_)
