@@ -53,7 +53,7 @@ use crate::clock::Stamp;
 use crate::config::StompConfig;
 use crate::encoder::FrameWriter;
 use crate::error::{error_frame, StompError};
-use crate::frame::{Command, Frame, Version};
+use crate::frame::{Command, Frame, KnownHeader, Version};
 use crate::heartbeat::{self, HeartBeat};
 use crate::open::{Done, Open};
 use crate::parser::{Decoder, FrameError};
@@ -602,7 +602,7 @@ impl StompConnection {
 
     fn on_frame(&mut self, now: Instant, frame: Frame) {
         trace!(conn_id = self.conn_id, command = %frame.command, "frame");
-        let receipt = frame.header("receipt").map(str::to_owned);
+        let receipt = frame.known(KnownHeader::Receipt).map(str::to_owned);
         let is_connect = matches!(frame.command, Command::Connect | Command::Stomp);
         let result = match &mut self.state {
             State::Closed(_) | State::CheckingLogin(_) => return,

@@ -43,7 +43,7 @@ use rosetta_neutral::{
 use crate::consumer_options::BROWSER_HEADER;
 use crate::encoder::FrameWriter;
 use crate::error::StompError;
-use crate::frame::{Command, Frame, Version};
+use crate::frame::{Command, Frame, KnownHeader, Version};
 use crate::subscription::{AckId, AckMode, Subscription};
 
 /// SEND header scheduling the message this many ms from now (ActiveMQ's
@@ -52,44 +52,37 @@ use crate::subscription::{AckId, AckMode, Subscription};
 pub(crate) const SCHEDULED_DELAY_HEADER: &str = "AMQ_SCHEDULED_DELAY";
 
 /// SEND headers with a meaning of their own (not copied to properties).
-const SEND_RESERVED: [&str; 12] = [
-    "destination",
-    "content-length",
-    "content-type",
-    "reply-to",
-    "correlation-id",
-    "expires",
-    "priority",
-    "persistent",
-    "transaction",
-    "receipt",
-    SCHEDULED_DELAY_HEADER,
+const SEND_RESERVED: [KnownHeader; 12] = [
+    KnownHeader::Destination,
+    KnownHeader::ContentLength,
+    KnownHeader::ContentType,
+    KnownHeader::ReplyTo,
+    KnownHeader::CorrelationId,
+    KnownHeader::Expires,
+    KnownHeader::Priority,
+    KnownHeader::Persistent,
+    KnownHeader::Transaction,
+    KnownHeader::Receipt,
+    KnownHeader::ScheduledDelay,
     // Declares the destination a stream (RabbitMQ), not a property.
-    crate::consumer_options::QUEUE_TYPE_HEADER,
+    KnownHeader::QueueType,
 ];
 
-/// Whether `name` is in [`SEND_RESERVED`]: one match (by length, then
-/// the bytes) rather than a comparison with each, for every header of
-/// every SEND.
-fn is_send_reserved(name: &str) -> bool {
-    use crate::consumer_options::QUEUE_TYPE_HEADER;
-    let reserved = matches!(
-        name,
-        "destination"
-            | "content-length"
-            | "content-type"
-            | "reply-to"
-            | "correlation-id"
-            | "expires"
-            | "priority"
-            | "persistent"
-            | "transaction"
-            | "receipt"
-            | SCHEDULED_DELAY_HEADER
-            | QUEUE_TYPE_HEADER
-    );
-    debug_assert_eq!(reserved, SEND_RESERVED.contains(&name));
-    reserved
+/// [`SEND_RESERVED`] as a set of [`KnownHeader::bit`]s: whether a header
+/// is reserved is a bit test on what the parser found it to be, not a
+/// comparison of its name (for every header of every SEND).
+const SEND_RESERVED_BITS: u32 = {
+    let mut bits = 0;
+    let mut i = 0;
+    while i < SEND_RESERVED.len() {
+        bits |= SEND_RESERVED[i].bit();
+        i += 1;
+    }
+    bits
+};
+
+fn is_send_reserved(k: Option<KnownHeader>) -> bool {
+    k.is_some_and(|k| SEND_RESERVED_BITS & k.bit() != 0)
 }
 
 /// Headers the server writes on MESSAGE itself.
@@ -128,7 +121,7 @@ pub(crate) fn message_from_send(
     reply_to: Option<String>,
     now_ms: impl FnOnce() -> u64,
 ) -> Result<Message, StompError> {
-    let delivery_time = match frame.header(SCHEDULED_DELAY_HEADER) {
+    let delivery_time = match frame.known(KnownHeader::ScheduledDelay) {
         None => None,
         Some(v) => match v.trim().parse::<u64>() {
             Ok(0) => None,
@@ -136,8 +129,8 @@ pub(crate) fn message_from_send(
             _ => return Err(bad(SCHEDULED_DELAY_HEADER, v)),
         },
     };
-    let content_type = frame.header("content-type").map(str::to_owned);
-    let expiry = match frame.header("expires") {
+    let content_type = frame.known(KnownHeader::ContentType).map(str::to_owned);
+    let expiry = match frame.known(KnownHeader::Expires) {
         None => None,
         Some(v) => match v.trim().parse::<u64>() {
             Ok(0) => None,
@@ -145,7 +138,7 @@ pub(crate) fn message_from_send(
             Err(_) => return Err(bad("expires", v)),
         },
     };
-    let priority = match frame.header("priority") {
+    let priority = match frame.known(KnownHeader::Priority) {
         None => PRIORITY_DEFAULT,
         Some(v) => v
             .trim()
@@ -154,16 +147,16 @@ pub(crate) fn message_from_send(
             .map_err(|_| bad("priority", v))?,
     };
     let durable = frame
-        .header("persistent")
+        .known(KnownHeader::Persistent)
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
     let correlation_id = frame
-        .header("correlation-id")
+        .known(KnownHeader::CorrelationId)
         .map(|v| MessageId::String(v.to_owned()));
     let properties = frame
         .headers
-        .iter()
-        .filter(|(n, _)| !is_send_reserved(n))
-        .map(|(n, v)| (n.to_owned(), Value::String(v.to_owned())))
+        .iter_known()
+        .filter(|(k, _, _)| !is_send_reserved(*k))
+        .map(|(_, n, v)| (n.to_owned(), Value::String(v.to_owned())))
         .collect();
     let declared_text = content_type.as_deref().is_some_and(|ct| {
         ct.trim_start()
@@ -262,8 +255,8 @@ pub(crate) fn write_message(
     }
     w.header_with("message-id", |o| o.extend_from_slice(ack_id));
     match &m.address {
-        Some(Address::Topic(t)) => w.header_with_escaped("destination", &[TOPIC_PREFIX, t]),
-        Some(Address::Queue(q)) => w.header_with_escaped("destination", &[QUEUE_PREFIX, q]),
+        Some(Address::Topic(t)) => w.header_prefixed("destination", TOPIC_PREFIX, t),
+        Some(Address::Queue(q)) => w.header_prefixed("destination", QUEUE_PREFIX, q),
         None => w.header_own("destination", sub.destination()),
     };
     if version == Version::V1_2 && sub.ack != AckMode::Auto {

@@ -84,12 +84,19 @@ impl<'a> FrameWriter<'a> {
     }
 
     /// Appends one of the broker's own headers (see [`Self::header_own`])
-    /// whose value is `parts` joined, escaped, without joining them first.
-    pub(crate) fn header_with_escaped(&mut self, name: &'static str, parts: &[&str]) -> &mut Self {
+    /// whose value is `prefix` (a constant that needs no escape, so it is
+    /// copied, not checked) followed by `value`, escaped, without joining
+    /// them first: a destination's `/queue/` and its name.
+    pub(crate) fn header_prefixed(
+        &mut self,
+        name: &'static str,
+        prefix: &'static str,
+        value: &str,
+    ) -> &mut Self {
+        debug_assert!(!crate::escape::may_need_escape(prefix.as_bytes()));
         self.own_name(name);
-        for p in parts {
-            escape_into(self.out, p, self.escaping, false);
-        }
+        self.out.extend_from_slice(prefix.as_bytes());
+        escape_into(self.out, value, self.escaping, false);
         self.out.push(b'\n');
         self
     }

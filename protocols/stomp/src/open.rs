@@ -23,7 +23,7 @@ use crate::convert::{
     message_from_send, write_end_of_browse, write_message, Outgoing, END_OF_BROWSE_MESSAGE_ID,
 };
 use crate::error::StompError;
-use crate::frame::{Command, Frame, Version};
+use crate::frame::{Command, Frame, KnownHeader, Version};
 use crate::heartbeat::Beats;
 use crate::receipts::Receipts;
 use crate::subscription::{parse_ack_id, AckMode, Subscription};
@@ -118,10 +118,10 @@ impl Done {
     }
 }
 
-fn required<'f>(frame: &'f Frame, header: &'static str) -> Result<&'f str, StompError> {
-    frame.header(header).ok_or(StompError::MissingHeader {
+fn required(frame: &Frame, header: KnownHeader) -> Result<&str, StompError> {
+    frame.known(header).ok_or(StompError::MissingHeader {
         command: frame.command,
-        header,
+        header: header.name(),
     })
 }
 
@@ -327,7 +327,7 @@ impl Open {
     }
 
     fn txn_id(&self, frame: &Frame) -> Result<Option<TxnId>, StompError> {
-        match frame.header("transaction") {
+        match frame.known(KnownHeader::Transaction) {
             None => Ok(None),
             Some(name) => self
                 .rare
@@ -381,9 +381,9 @@ impl Open {
     }
 
     fn send(&mut self, config: &StompConfig, frame: Frame) -> Result<Done, StompError> {
-        let dest = required(&frame, "destination")?.to_owned();
+        let dest = required(&frame, KnownHeader::Destination)?;
         let txn = self.txn_id(&frame)?;
-        let address = self.send_address(config, &dest)?;
+        let address = self.send_address(config, dest)?;
         if let (true, Address::Queue(name)) =
             (crate::consumer_options::wants_stream(&frame)?, &address)
         {
@@ -391,7 +391,7 @@ impl Open {
             // `x-queue-type:stream`.
             self.session.declare_stream(name)?;
         }
-        let reply_to = match frame.header("reply-to") {
+        let reply_to = match frame.known(KnownHeader::ReplyTo) {
             Some(r) => match r.strip_prefix(TEMP_QUEUE_PREFIX) {
                 // Other protocols cannot resolve our local temp name.
                 Some(local) => {
@@ -401,7 +401,7 @@ impl Open {
             },
             None => None,
         };
-        let wants_receipt = frame.header("receipt").is_some();
+        let wants_receipt = frame.known(KnownHeader::Receipt).is_some();
         let mut message = message_from_send(frame, reply_to, rosetta_neutral::message::now_ms)?;
         let confirm = txn.is_none() && (message.durable || wants_receipt);
         // Handed over with the message: the core keeps it rather than a
@@ -418,7 +418,7 @@ impl Open {
     }
 
     fn subscribe(&mut self, config: &StompConfig, frame: &Frame) -> Result<Done, StompError> {
-        let dest = required(frame, "destination")?;
+        let dest = required(frame, KnownHeader::Destination)?;
         let (id, id_given) = match frame.header("id") {
             Some(id) => (id.to_owned(), true),
             None if self.version == Version::V1_0 => (dest.to_owned(), false),
@@ -557,8 +557,8 @@ impl Open {
     fn unsubscribe(&mut self, frame: &Frame) -> Result<Done, StompError> {
         let id = match frame.header("id") {
             Some(id) => id,
-            None if self.version == Version::V1_0 => required(frame, "destination")?,
-            None => required(frame, "id")?,
+            None if self.version == Version::V1_0 => required(frame, KnownHeader::Destination)?,
+            None => required(frame, KnownHeader::Id)?,
         };
         let remove = frame.header("activemq.subscriptionName").is_some()
             || is_true(frame.header("persistent"))
@@ -633,14 +633,18 @@ impl Open {
     /// names its delivery by.
     fn ack_id_of<'f>(&self, frame: &'f Frame) -> Result<&'f str, StompError> {
         let id = if self.version == Version::V1_2 {
-            frame.header("id").or_else(|| frame.header("message-id"))
+            frame
+                .known(KnownHeader::Id)
+                .or_else(|| frame.known(KnownHeader::MessageId))
         } else {
-            frame.header("message-id").or_else(|| frame.header("id"))
+            frame
+                .known(KnownHeader::MessageId)
+                .or_else(|| frame.known(KnownHeader::Id))
         };
         match id {
             Some(id) => Ok(id),
-            None if self.version == Version::V1_2 => required(frame, "id"),
-            None => required(frame, "message-id"),
+            None if self.version == Version::V1_2 => required(frame, KnownHeader::Id),
+            None => required(frame, KnownHeader::MessageId),
         }
     }
 
@@ -668,10 +672,13 @@ impl Open {
         }
         let (consumer, tag) = parse_ack_id(id).ok_or_else(unknown)?;
         let sub_id = self.subscription_id(consumer).ok_or_else(unknown)?;
-        if frame.header("subscription").is_some_and(|s| s != sub_id) {
+        if frame
+            .known(KnownHeader::Subscription)
+            .is_some_and(|s| s != sub_id)
+        {
             return Err(unknown());
         }
-        let txn_name = frame.header("transaction");
+        let txn_name = frame.known(KnownHeader::Transaction);
         let txn = self.txn_id(frame)?;
         let sub = self.subs.get_mut(&consumer).ok_or_else(unknown)?;
         if sub.browse {
@@ -694,7 +701,7 @@ impl Open {
                 });
             }
         }
-        let confirm = txn.is_none() && frame.header("receipt").is_some();
+        let confirm = txn.is_none() && frame.known(KnownHeader::Receipt).is_some();
         let mut tickets = Vec::new();
         let mut lease_expired = false;
         let mut each: &[DeliveryTag] = &tags;
@@ -735,7 +742,7 @@ impl Open {
     }
 
     fn begin(&mut self, config: &StompConfig, frame: &Frame) -> Result<Done, StompError> {
-        let name = required(frame, "transaction")?;
+        let name = required(frame, KnownHeader::Transaction)?;
         let txns = self.rare.as_deref().map(|r| &r.txns);
         if txns.is_some_and(|t| t.contains_key(name)) {
             return Err(StompError::DuplicateTransaction(name.to_owned()));
@@ -758,7 +765,7 @@ impl Open {
     }
 
     fn take_txn(&mut self, frame: &Frame) -> Result<Txn, StompError> {
-        let name = required(frame, "transaction")?;
+        let name = required(frame, KnownHeader::Transaction)?;
         self.rare
             .as_deref_mut()
             .and_then(|r| r.txns.remove(name))

@@ -30,7 +30,7 @@ use nom::sequence::{separated_pair, terminated};
 use nom::{IResult, Parser};
 
 use crate::escape::{unescape, unescape_str, Escaping};
-use crate::frame::{Command, Frame, Headers, Version};
+use crate::frame::{Command, Frame, Headers, KnownHeader, Span, Version};
 
 /// Size limits of the decoder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -299,6 +299,16 @@ impl Decoder {
     /// Scans new head bytes. Returns the parsed head once the blank line
     /// ending it is in (the phase is then back at the start: the caller
     /// keeps the head while it waits for the body).
+    ///
+    /// A head that is whole in the buffer when its scan starts (almost
+    /// every one: a client writes a frame at once) is parsed in the same
+    /// pass that finds its line ends: each header line's colon is found
+    /// and its name classified as the line is met, and the header lines
+    /// are copied once. A head that arrives in pieces is scanned for its
+    /// line ends as they come (never rescanned) and parsed whole at the
+    /// end, as are the rare heads with escapes to undo, a line that is not
+    /// `name:value`, or bytes that are not UTF-8 (the full parse, which
+    /// reports those errors in the order of the lines).
     fn scan_head(&mut self) -> Result<Option<Body>, FrameError> {
         let Phase::Head {
             scanned,
@@ -320,6 +330,11 @@ impl Decoder {
                 }
             }
         }
+        // The whole head is scanned in this call: its headers are
+        // collected on the way (`None` once a line needs the full parse).
+        let mut collected: Option<Vec<Span>> = (scanned_at == 0).then(Vec::new);
+        let mut command = None;
+        let mut headers_at = 0;
         let limits = self.limits;
         let mut head_len = None;
         let found_head = loop {
@@ -329,35 +344,17 @@ impl Decoder {
             if *lines == 0 {
                 // The command line, byte by byte (it is short): garbage is
                 // refused at its first byte.
-                let Some(&b) = self.buf.get(scanned_at) else {
-                    break Ok(());
-                };
-                let i = scanned_at;
-                scanned_at += 1;
-                if b == b'\n' {
-                    let line = strip_cr(self.buf.get(line_at..i).unwrap_or_default());
-                    if Command::parse(line).is_none() {
-                        break Err(FrameError::UnknownCommand(
-                            String::from_utf8_lossy(line).into_owned(),
-                        ));
+                match scan_command_line(&self.buf, &mut scanned_at, line_at) {
+                    Ok(Some(c)) => {
+                        command = Some(c);
+                        *lines += 1;
+                        line_at = scanned_at;
+                        headers_at = scanned_at;
+                        continue;
                     }
-                    *lines += 1;
-                    line_at = i + 1;
-                    continue;
+                    Ok(None) => break Ok(()),
+                    Err(e) => break Err(e),
                 }
-                if b == 0 {
-                    break Err(FrameError::NulInHead);
-                }
-                if !(b.is_ascii_alphanumeric() || b == b'\r') {
-                    break Err(FrameError::Garbage);
-                }
-                if i + 1 - line_at > COMMAND_LINE_MAX_BYTES {
-                    let line = self.buf.get(line_at..=i).unwrap_or_default();
-                    break Err(FrameError::UnknownCommand(
-                        String::from_utf8_lossy(line).into_owned(),
-                    ));
-                }
-                continue;
             }
             // A header line: one search for its end (or a NUL), then the
             // limits, in the order a byte-by-byte scan would meet them.
@@ -391,6 +388,25 @@ impl Decoder {
                     max: limits.headers(),
                 });
             }
+            if let Some(spans) = &mut collected {
+                match crate::swar::find_any(line, [b':']) {
+                    // `name:value`: offsets from the first header line.
+                    Some(colon) if colon > 0 => {
+                        let name = line.get(..colon).unwrap_or_default();
+                        let at = line_at - headers_at;
+                        if spans.capacity() == 0 {
+                            spans.reserve_exact(HEADERS_EXPECTED);
+                        }
+                        spans.push(Span::new(
+                            (at, at + colon),
+                            (at + colon + 1, at + line.len()),
+                            KnownHeader::of(name),
+                        ));
+                    }
+                    // The full parse says what is wrong, in line order.
+                    _ => collected = None,
+                }
+            }
             *lines += 1;
             line_at = i + 1;
         };
@@ -405,9 +421,21 @@ impl Decoder {
             }
             return Ok(None);
         };
-        let (command, headers) =
-            parse_head(self.buf.get(..head_len).unwrap_or_default(), self.version)?;
-        let content_length = match headers.get("content-length") {
+        let head = self.buf.get(..head_len).unwrap_or_default();
+        let parsed = match (command, collected) {
+            (Some(command), Some(spans)) => collected_head(
+                command,
+                head.get(headers_at..).unwrap_or_default(),
+                spans,
+                self.version,
+            ),
+            _ => None,
+        };
+        let (command, headers) = match parsed {
+            Some(done) => done,
+            None => parse_head(head, self.version)?,
+        };
+        let content_length = match headers.known(KnownHeader::ContentLength) {
             None => None,
             Some(text) => {
                 let n = text
@@ -504,6 +532,66 @@ fn strip_cr(line: &[u8]) -> &[u8] {
     line.strip_suffix(b"\r").unwrap_or(line)
 }
 
+/// Scans the command line from `*scanned_at` (the line starts at
+/// `line_at`), checking each byte as it comes: `Some` command once its
+/// line end is in, `None` while more bytes are needed (`*scanned_at` is
+/// then where to go on), an error at the first byte that cannot belong
+/// to a command.
+fn scan_command_line(
+    buf: &[u8],
+    scanned_at: &mut usize,
+    line_at: usize,
+) -> Result<Option<Command>, FrameError> {
+    let from = *scanned_at;
+    for (i, &b) in buf.iter().enumerate().skip(from) {
+        if b == b'\n' {
+            *scanned_at = i + 1;
+            let line = strip_cr(buf.get(line_at..i).unwrap_or_default());
+            return match Command::parse(line) {
+                Some(c) => Ok(Some(c)),
+                None => Err(FrameError::UnknownCommand(
+                    String::from_utf8_lossy(line).into_owned(),
+                )),
+            };
+        }
+        if b == 0 {
+            return Err(FrameError::NulInHead);
+        }
+        if !(b.is_ascii_alphanumeric() || b == b'\r') {
+            return Err(FrameError::Garbage);
+        }
+        if i + 1 - line_at > COMMAND_LINE_MAX_BYTES {
+            let line = buf.get(line_at..=i).unwrap_or_default();
+            return Err(FrameError::UnknownCommand(
+                String::from_utf8_lossy(line).into_owned(),
+            ));
+        }
+    }
+    *scanned_at = buf.len();
+    Ok(None)
+}
+
+/// The headers of a head whose lines the scan split as it found them
+/// (`spans` index `lines`, the header lines up to the blank line), when
+/// the text is what the headers say: no escape to undo and UTF-8
+/// throughout. `None` sends the head to the full parse.
+fn collected_head(
+    command: Command,
+    lines: &[u8],
+    spans: Vec<Span>,
+    version: Version,
+) -> Option<(Command, Headers)> {
+    let escaping = Escaping::for_frame(version, command);
+    if escaping != Escaping::None && crate::swar::find_any(lines, [b'\\']).is_some() {
+        return None;
+    }
+    let text = std::str::from_utf8(lines).ok()?;
+    // Up to the end of the last value: the blank line is not kept.
+    let text_end = spans.last().map_or(0, Span::value_end);
+    let text = text.get(..text_end)?.to_owned();
+    Some((command, Headers::from_parsed(text, spans)))
+}
+
 /// One line up to LF, without the LF and a CR before it.
 fn line(input: &[u8]) -> IResult<&[u8], &[u8]> {
     let (rest, l) = terminated(take_till(|b| b == b'\n'), byte('\n')).parse(input)?;
@@ -550,13 +638,8 @@ pub(crate) fn parse_head_text(
         FrameError::UnknownCommand(String::from_utf8_lossy(command_line).into_owned())
     })?;
     let escaping = Escaping::for_frame(version, command);
-    let lines = head.get(at..).unwrap_or_default();
-    // No escape to undo (none in the whole block, or none defined): the
-    // block is copied once as it is, with one scan for a backslash rather
-    // than one per name and value (this is every SEND's parse).
-    if escaping == Escaping::None || crate::swar::find_any(lines.as_bytes(), [b'\\']).is_none() {
-        return Ok((command, Headers::from_raw_lines(lines, HEADERS_EXPECTED)?));
-    }
+    // (A head the decoder finds whole, without escapes, does not come
+    // here: the scan that found its end made its headers.)
     let mut headers = Headers::with_capacity(HEADERS_EXPECTED, head.len());
     loop {
         let (end, next) = line_end(at)?;
@@ -638,6 +721,64 @@ mod tests {
             head.push(b'\n');
             if let Ok(text) = std::str::from_utf8(&head) {
                 prop_assert_eq!(parse_head_text(text, version), parse_head_bytes(&head, version));
+            }
+        }
+
+        /// A head the decoder gets whole (parsed in the pass that finds
+        /// its end, names classified on the way) gives the command and
+        /// headers, or the error, of the field-by-field parse; and every
+        /// header is found by its name, known or not, first one winning.
+        #[test]
+        fn the_one_pass_parse_agrees_with_the_byte_parse(
+            lines in proptest::collection::vec(
+                (
+                    proptest::sample::select(vec![
+                        "", "destination", "receipt", "id", "ack", "x-queue-type",
+                        "content-type", "persistent", "reply-to", "custom", "a\\c",
+                    ]),
+                    proptest::collection::vec(
+                        proptest::sample::select(vec![
+                            b'a', b':', b'\\', b'n', b'c', b'r', b'\r', b' ', 0xc3, 0xa9,
+                        ]),
+                        0..8,
+                    ),
+                ),
+                0..7,
+            ),
+            command in proptest::sample::select(vec!["SEND", "CONNECT", "ACK"]),
+            version in proptest::sample::select(vec![Version::V1_0, Version::V1_1, Version::V1_2]),
+        ) {
+            let mut head = format!("{command}\n").into_bytes();
+            for (name, tail) in &lines {
+                head.extend_from_slice(name.as_bytes());
+                head.extend_from_slice(tail);
+                head.push(b'\n');
+            }
+            head.push(b'\n');
+            let want = parse_head_bytes(&head, version);
+            let mut d = Decoder::new(
+                Limits {
+                    frame_size_max_bytes: 4096,
+                    header_line_max_bytes: 256,
+                    headers_max: 16,
+                    body_size_max_bytes: 1024,
+                },
+                version,
+            );
+            d.feed(&head);
+            d.feed(b"\0");
+            let got = d.decode().map(|f| f.map(|f| (f.command, f.headers)));
+            match want {
+                Ok(want) => {
+                    let got = got.ok().flatten();
+                    prop_assert_eq!(got.as_ref(), Some(&want));
+                    let Some((_, headers)) = got else { unreachable!() };
+                    for (name, _) in want.1.iter() {
+                        let first = want.1.iter().find(|(n, _)| *n == name).map(|(_, v)| v);
+                        prop_assert_eq!(headers.get(name), first, "{}", name);
+                    }
+                }
+                Err(e) => prop_assert_eq!(got, Err(e)),
             }
         }
     }
