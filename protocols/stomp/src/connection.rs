@@ -643,7 +643,7 @@ impl StompConnection {
                 let mut w = FrameWriter::new(&mut self.out, open.version, Command::Receipt);
                 w.header_own("receipt-id", r);
                 if p.lease_expired {
-                    w.header_own(LEASE_EXPIRED_HEADER, "true");
+                    w.header_const(LEASE_EXPIRED_HEADER, "true");
                 }
                 w.finish(b"");
                 wrote = true;

@@ -296,14 +296,14 @@ pub(crate) fn write_message(
         w.header_own(name, value);
     }
     if m.durable {
-        w.header_own("persistent", "true");
+        w.header_const("persistent", "true");
     }
     if delivery.redelivered {
-        w.header_own("redelivered", "true");
+        w.header_const("redelivered", "true");
         w.header_u64(DELIVERY_COUNT_HEADER, u64::from(delivery.delivery_count));
     }
     if delivery.from_retained {
-        w.header_own(RETAINED_HEADER, "true");
+        w.header_const(RETAINED_HEADER, "true");
     }
     if let Some(p) = delivery.stream {
         w.header_u64(STREAM_OFFSET_HEADER, p.offset);

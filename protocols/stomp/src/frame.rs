@@ -244,26 +244,33 @@ impl KnownHeader {
     pub(crate) fn of(name: &[u8]) -> Option<KnownHeader> {
         use KnownHeader as K;
         let first = *name.first()?;
-        let candidate = match (name.len(), first) {
-            (2, _) => K::Id,
-            (3, _) => K::Ack,
-            (7, b'r') => K::Receipt,
-            (7, _) => K::Expires,
-            (8, b'r') => K::ReplyTo,
-            (8, _) => K::Priority,
-            (10, b'm') => K::MessageId,
-            (10, _) => K::Persistent,
-            (11, b'd') => K::Destination,
-            (11, _) => K::Transaction,
-            (12, b'c') => K::ContentType,
-            (12, b's') => K::Subscription,
-            (12, _) => K::QueueType,
-            (14, b'c') if name.get(7) == Some(&b'-') => K::ContentLength,
-            (14, _) => K::CorrelationId,
-            (19, _) => K::ScheduledDelay,
-            _ => return None,
-        };
-        (candidate.name().as_bytes() == name).then_some(candidate)
+        // Each arm compares with a name of known length, which the
+        // compiler turns into a load or two rather than a call.
+        match (name.len(), first) {
+            (2, _) => K::Id.is(name),
+            (3, _) => K::Ack.is(name),
+            (7, b'r') => K::Receipt.is(name),
+            (7, _) => K::Expires.is(name),
+            (8, b'r') => K::ReplyTo.is(name),
+            (8, _) => K::Priority.is(name),
+            (10, b'm') => K::MessageId.is(name),
+            (10, _) => K::Persistent.is(name),
+            (11, b'd') => K::Destination.is(name),
+            (11, _) => K::Transaction.is(name),
+            (12, b'c') => K::ContentType.is(name),
+            (12, b's') => K::Subscription.is(name),
+            (12, _) => K::QueueType.is(name),
+            (14, b'c') if name.get(7) == Some(&b'-') => K::ContentLength.is(name),
+            (14, _) => K::CorrelationId.is(name),
+            (19, _) => K::ScheduledDelay.is(name),
+            _ => None,
+        }
+    }
+
+    /// This header, if `name` is its name.
+    #[inline(always)]
+    fn is(self, name: &[u8]) -> Option<KnownHeader> {
+        (name == self.name().as_bytes()).then_some(self)
     }
 
     /// This header's bit in a set of them.

@@ -300,15 +300,11 @@ impl Decoder {
     /// ending it is in (the phase is then back at the start: the caller
     /// keeps the head while it waits for the body).
     ///
-    /// A head that is whole in the buffer when its scan starts (almost
-    /// every one: a client writes a frame at once) is parsed in the same
-    /// pass that finds its line ends: each header line's colon is found
-    /// and its name classified as the line is met, and the header lines
-    /// are copied once. A head that arrives in pieces is scanned for its
-    /// line ends as they come (never rescanned) and parsed whole at the
-    /// end, as are the rare heads with escapes to undo, a line that is not
-    /// `name:value`, or bytes that are not UTF-8 (the full parse, which
-    /// reports those errors in the order of the lines).
+    /// A head that is whole in the buffer when its scan starts is parsed
+    /// in one pass ([`parse_whole_head`]). Any other (one that arrives in
+    /// pieces, or that pass declines) is scanned for its line ends as its
+    /// bytes come, checking the limits in the order a byte-by-byte scan
+    /// meets them and never rescanning, then parsed whole.
     fn scan_head(&mut self) -> Result<Option<Body>, FrameError> {
         let Phase::Head {
             scanned,
@@ -329,12 +325,13 @@ impl Decoder {
                     _ => break,
                 }
             }
+            // Almost every head is whole in the buffer when its scan
+            // starts: one pass parses it (see `parse_whole_head`).
+            if let Some((command, headers, head_len)) = parse_whole_head(&self.buf, self.limits) {
+                self.phase = Phase::start();
+                return head_done(command, headers, head_len, self.limits).map(Some);
+            }
         }
-        // The whole head is scanned in this call: its headers are
-        // collected on the way (`None` once a line needs the full parse).
-        let mut collected: Option<Vec<Span>> = (scanned_at == 0).then(Vec::new);
-        let mut command = None;
-        let mut headers_at = 0;
         let limits = self.limits;
         let mut head_len = None;
         let found_head = loop {
@@ -344,17 +341,35 @@ impl Decoder {
             if *lines == 0 {
                 // The command line, byte by byte (it is short): garbage is
                 // refused at its first byte.
-                match scan_command_line(&self.buf, &mut scanned_at, line_at) {
-                    Ok(Some(c)) => {
-                        command = Some(c);
-                        *lines += 1;
-                        line_at = scanned_at;
-                        headers_at = scanned_at;
-                        continue;
+                let Some(&b) = self.buf.get(scanned_at) else {
+                    break Ok(());
+                };
+                let i = scanned_at;
+                scanned_at += 1;
+                if b == b'\n' {
+                    let line = strip_cr(self.buf.get(line_at..i).unwrap_or_default());
+                    if Command::parse(line).is_none() {
+                        break Err(FrameError::UnknownCommand(
+                            String::from_utf8_lossy(line).into_owned(),
+                        ));
                     }
-                    Ok(None) => break Ok(()),
-                    Err(e) => break Err(e),
+                    *lines += 1;
+                    line_at = i + 1;
+                    continue;
                 }
+                if b == 0 {
+                    break Err(FrameError::NulInHead);
+                }
+                if !(b.is_ascii_alphanumeric() || b == b'\r') {
+                    break Err(FrameError::Garbage);
+                }
+                if i + 1 - line_at > COMMAND_LINE_MAX_BYTES {
+                    let line = self.buf.get(line_at..=i).unwrap_or_default();
+                    break Err(FrameError::UnknownCommand(
+                        String::from_utf8_lossy(line).into_owned(),
+                    ));
+                }
+                continue;
             }
             // A header line: one search for its end (or a NUL), then the
             // limits, in the order a byte-by-byte scan would meet them.
@@ -388,25 +403,6 @@ impl Decoder {
                     max: limits.headers(),
                 });
             }
-            if let Some(spans) = &mut collected {
-                match crate::swar::find_any(line, [b':']) {
-                    // `name:value`: offsets from the first header line.
-                    Some(colon) if colon > 0 => {
-                        let name = line.get(..colon).unwrap_or_default();
-                        let at = line_at - headers_at;
-                        if spans.capacity() == 0 {
-                            spans.reserve_exact(HEADERS_EXPECTED);
-                        }
-                        spans.push(Span::new(
-                            (at, at + colon),
-                            (at + colon + 1, at + line.len()),
-                            KnownHeader::of(name),
-                        ));
-                    }
-                    // The full parse says what is wrong, in line order.
-                    _ => collected = None,
-                }
-            }
             *lines += 1;
             line_at = i + 1;
         };
@@ -421,46 +417,15 @@ impl Decoder {
             }
             return Ok(None);
         };
+        // A head that came in pieces: the one pass over it now that it is
+        // whole, or the full parse for one it cannot take.
         let head = self.buf.get(..head_len).unwrap_or_default();
-        let parsed = match (command, collected) {
-            (Some(command), Some(spans)) => collected_head(
-                command,
-                head.get(headers_at..).unwrap_or_default(),
-                spans,
-                self.version,
-            ),
-            _ => None,
-        };
-        let (command, headers) = match parsed {
-            Some(done) => done,
+        let (command, headers) = match parse_whole_head(head, limits) {
+            Some((command, headers, _)) => (command, headers),
             None => parse_head(head, self.version)?,
         };
-        let content_length = match headers.known(KnownHeader::ContentLength) {
-            None => None,
-            Some(text) => {
-                let n = text
-                    .trim()
-                    .parse::<usize>()
-                    .map_err(|_| FrameError::BadContentLength(text.to_owned()))?;
-                if n > limits.body() {
-                    return Err(FrameError::BodyTooLarge { max: limits.body() });
-                }
-                if head_len.saturating_add(n).saturating_add(1) > limits.frame() {
-                    return Err(FrameError::FrameTooLarge {
-                        max: limits.frame(),
-                    });
-                }
-                Some(n)
-            }
-        };
         self.phase = Phase::start();
-        Ok(Some(Body {
-            command,
-            headers,
-            head_len,
-            content_length,
-            scanned: head_len,
-        }))
+        head_done(command, headers, head_len, limits).map(Some)
     }
 
     /// Where the body of `body`'s frame ends, once it is all in the
@@ -532,64 +497,125 @@ fn strip_cr(line: &[u8]) -> &[u8] {
     line.strip_suffix(b"\r").unwrap_or(line)
 }
 
-/// Scans the command line from `*scanned_at` (the line starts at
-/// `line_at`), checking each byte as it comes: `Some` command once its
-/// line end is in, `None` while more bytes are needed (`*scanned_at` is
-/// then where to go on), an error at the first byte that cannot belong
-/// to a command.
-fn scan_command_line(
-    buf: &[u8],
-    scanned_at: &mut usize,
-    line_at: usize,
-) -> Result<Option<Command>, FrameError> {
-    let from = *scanned_at;
-    for (i, &b) in buf.iter().enumerate().skip(from) {
-        if b == b'\n' {
-            *scanned_at = i + 1;
-            let line = strip_cr(buf.get(line_at..i).unwrap_or_default());
-            return match Command::parse(line) {
-                Some(c) => Ok(Some(c)),
-                None => Err(FrameError::UnknownCommand(
-                    String::from_utf8_lossy(line).into_owned(),
-                )),
-            };
+/// The [`Body`] of a parsed head: its `content-length` checked against
+/// the limits before a byte of the body is waited for.
+fn head_done(
+    command: Command,
+    headers: Headers,
+    head_len: usize,
+    limits: Bounds,
+) -> Result<Body, FrameError> {
+    let content_length = match headers.known(KnownHeader::ContentLength) {
+        None => None,
+        Some(text) => {
+            let n = content_length_of(text)
+                .ok_or_else(|| FrameError::BadContentLength(text.to_owned()))?;
+            if n > limits.body() {
+                return Err(FrameError::BodyTooLarge { max: limits.body() });
+            }
+            if head_len.saturating_add(n).saturating_add(1) > limits.frame() {
+                return Err(FrameError::FrameTooLarge {
+                    max: limits.frame(),
+                });
+            }
+            Some(n)
         }
-        if b == 0 {
-            return Err(FrameError::NulInHead);
-        }
-        if !(b.is_ascii_alphanumeric() || b == b'\r') {
-            return Err(FrameError::Garbage);
-        }
-        if i + 1 - line_at > COMMAND_LINE_MAX_BYTES {
-            let line = buf.get(line_at..=i).unwrap_or_default();
-            return Err(FrameError::UnknownCommand(
-                String::from_utf8_lossy(line).into_owned(),
-            ));
-        }
-    }
-    *scanned_at = buf.len();
-    Ok(None)
+    };
+    Ok(Body {
+        command,
+        headers,
+        head_len,
+        content_length,
+        scanned: head_len,
+    })
 }
 
-/// The headers of a head whose lines the scan split as it found them
-/// (`spans` index `lines`, the header lines up to the blank line), when
-/// the text is what the headers say: no escape to undo and UTF-8
-/// throughout. `None` sends the head to the full parse.
-fn collected_head(
-    command: Command,
-    lines: &[u8],
-    spans: Vec<Span>,
-    version: Version,
-) -> Option<(Command, Headers)> {
-    let escaping = Escaping::for_frame(version, command);
-    if escaping != Escaping::None && crate::swar::find_any(lines, [b'\\']).is_some() {
-        return None;
+/// [`parse_whole_head`] under `limits`, for the fuzz target.
+pub(crate) fn whole_head(b: &[u8], limits: Limits) -> Option<(Command, Headers, usize)> {
+    parse_whole_head(b, Bounds::new(limits))
+}
+
+/// A `content-length` value as `str::trim` and `str::parse` read it; plain
+/// digits (what clients send) without either.
+fn content_length_of(text: &str) -> Option<usize> {
+    let digits = text.as_bytes();
+    if !digits.is_empty() && digits.iter().all(u8::is_ascii_digit) {
+        let n = digits.iter().try_fold(0usize, |n, d| {
+            n.checked_mul(10)?.checked_add(usize::from(d - b'0'))
+        });
+        if n.is_some() {
+            return n;
+        }
     }
-    let text = std::str::from_utf8(lines).ok()?;
+    text.trim().parse::<usize>().ok()
+}
+
+/// A whole, plain head at the start of `b`, parsed in one pass: its
+/// command, its headers and its length (the blank line included). Each
+/// header line is read once, a search a word at a time for its colon and
+/// one for its end; each name is classified ([`KnownHeader::of`]) as it
+/// is met, and the header lines are copied once.
+///
+/// `None` for anything else: a head not all in `b`, one over a limit or
+/// with a NUL, an escape (a backslash, in any version), a line that is
+/// not `name:value` with a name, a control byte (a TAB) other than the
+/// line ends, bytes that are not UTF-8. The scan line
+/// by line then decides, and meets the limits and errors in the order it
+/// always did; for a head without any of these both give the same.
+fn parse_whole_head(b: &[u8], limits: Bounds) -> Option<(Command, Headers, usize)> {
+    let command_window = b.get(..b.len().min(COMMAND_LINE_MAX_BYTES + 1))?;
+    let nl = crate::swar::find_any(command_window, [b'\n'])?;
+    let command = Command::parse(strip_cr(b.get(..nl)?))?;
+    let headers_at = nl + 1;
+    let mut at = headers_at;
+    let mut spans: Vec<Span> = Vec::new();
+    let head_len = loop {
+        let rest = b.get(at..)?;
+        match rest {
+            [b'\n', ..] => break at + 1,
+            // (A CR counts against the line limit, as in the scan.)
+            [b'\r', b'\n', ..] if limits.header_line() >= 1 => break at + 2,
+            _ => {}
+        }
+        // The colon, or the first byte that makes this head not plain.
+        let colon = crate::swar::find_control_or(rest, [b':', b'\\'])?;
+        if colon == 0 || rest.get(colon) != Some(&b':') {
+            return None;
+        }
+        let after = colon + 1;
+        let nl = after + crate::swar::find_control_or(rest.get(after..)?, [b'\\'])?;
+        // Within the line limit (its LF not counted), and within the
+        // header count (the command line counts as a line).
+        if rest.get(nl) != Some(&b'\n') || nl > limits.header_line() {
+            return None;
+        }
+        if spans.len() >= limits.headers() {
+            return None;
+        }
+        let end = if nl > after && rest.get(nl - 1) == Some(&b'\r') {
+            nl - 1
+        } else {
+            nl
+        };
+        if spans.capacity() == 0 {
+            spans.reserve_exact(HEADERS_EXPECTED);
+        }
+        let line_at = at - headers_at;
+        spans.push(Span::new(
+            (line_at, line_at + colon),
+            (line_at + after, line_at + end),
+            KnownHeader::of(rest.get(..colon)?),
+        ));
+        at += nl + 1;
+    };
     // Up to the end of the last value: the blank line is not kept.
-    let text_end = spans.last().map_or(0, Span::value_end);
-    let text = text.get(..text_end)?.to_owned();
-    Some((command, Headers::from_parsed(text, spans)))
+    let text_end = headers_at + spans.last().map_or(0, Span::value_end);
+    let text = std::str::from_utf8(b.get(headers_at..text_end)?).ok()?;
+    Some((
+        command,
+        Headers::from_parsed(text.to_owned(), spans),
+        head_len,
+    ))
 }
 
 /// One line up to LF, without the LF and a CR before it.
@@ -695,6 +721,34 @@ pub(crate) fn parse_head_bytes(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn content_lengths_read_as_trim_and_parse_read_them() {
+        for text in [
+            "0",
+            "1024",
+            "007",
+            " 12 ",
+            "\t5",
+            "+5",
+            "-1",
+            "",
+            " ",
+            "1 2",
+            "x",
+            "1e3",
+            "18446744073709551615",
+            "18446744073709551616",
+            "99999999999999999999999",
+            "\u{a0}7\u{2003}",
+        ] {
+            assert_eq!(
+                content_length_of(text),
+                text.trim().parse::<usize>().ok(),
+                "{text:?}"
+            );
+        }
+    }
 
     proptest! {
         /// The UTF-8 fast path parses every head as the field-by-field
