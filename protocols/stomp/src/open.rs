@@ -25,7 +25,7 @@ use crate::convert::{
 use crate::error::StompError;
 use crate::frame::{Command, Frame, KnownHeader, Version};
 use crate::heartbeat::Beats;
-use crate::receipts::Receipts;
+use crate::receipts::{Receipts, Tickets};
 use crate::subscription::{parse_ack_id, AckMode, Subscription};
 
 /// Waiting deliveries' room kept once all are written (a burst's larger
@@ -100,7 +100,7 @@ fn new_pending() -> Box<VecDeque<Outgoing>> {
 
 /// What a frame's handler hands back for the receipt queue.
 pub(crate) struct Done {
-    pub(crate) tickets: Vec<Ticket>,
+    pub(crate) tickets: Tickets,
     pub(crate) disconnect: bool,
     /// The frame named a delivery whose lease had run out (a late ACK,
     /// NACK or RENEW): its RECEIPT says so (`lease-expired:true`), and
@@ -111,7 +111,7 @@ pub(crate) struct Done {
 impl Done {
     pub(crate) fn now() -> Self {
         Done {
-            tickets: Vec::new(),
+            tickets: Tickets::new(),
             disconnect: false,
             lease_expired: false,
         }
@@ -202,7 +202,7 @@ impl Open {
             Command::Commit => self.commit(&frame),
             Command::Abort => self.abort(&frame),
             Command::Disconnect => Ok(Done {
-                tickets: Vec::new(),
+                tickets: Tickets::new(),
                 disconnect: true,
                 lease_expired: false,
             }),
@@ -447,7 +447,7 @@ impl Open {
         let options = consumer_options(frame, !dest.starts_with(TOPIC_PREFIX))?;
         let browse = options.browse;
         let mut durable_queue = None;
-        let mut tickets = Vec::new();
+        let mut tickets = Tickets::new();
         let queue = if let Some(filter) = dest.strip_prefix(TOPIC_PREFIX) {
             validate_topic_filter(filter).map_err(|e| bad_destination(dest, e))?;
             let spec = match durable_name(frame, &id) {
@@ -473,7 +473,10 @@ impl Open {
             };
             let mut info = self.session.declare_queue(spec.clone())?;
             if durable_queue.is_some() {
-                tickets = self.keep_durable_filter(&mut info, spec, filter)?;
+                tickets = self
+                    .keep_durable_filter(&mut info, spec, filter)?
+                    .into_iter()
+                    .collect();
             }
             if let Err(e) = self.session.bind(
                 &info.name,
@@ -605,7 +608,7 @@ impl Open {
     fn late(&self, id: &str) -> Done {
         debug!(conn_id = self.conn_id, %id, "acknowledgement after its lease expired: not applied");
         Done {
-            tickets: Vec::new(),
+            tickets: Tickets::new(),
             disconnect: false,
             lease_expired: true,
         }
@@ -702,7 +705,7 @@ impl Open {
             }
         }
         let confirm = txn.is_none() && frame.known(KnownHeader::Receipt).is_some();
-        let mut tickets = Vec::new();
+        let mut tickets = Tickets::new();
         let mut lease_expired = false;
         let mut each: &[DeliveryTag] = &tags;
         if sub.stream && txn.is_none() {
@@ -776,7 +779,7 @@ impl Open {
         let txn = self.take_txn(frame)?;
         let ticket = self.session.commit(txn.id)?;
         Ok(Done {
-            tickets: vec![ticket],
+            tickets: [ticket].into_iter().collect(),
             disconnect: false,
             lease_expired: false,
         })
