@@ -642,7 +642,7 @@ impl StompConnection {
             }
             if let Some(r) = &p.receipt {
                 let mut w = FrameWriter::new(&mut self.out, open.version, Command::Receipt);
-                w.header_own("receipt-id", r.as_str());
+                w.header_own_bytes("receipt-id", r.as_bytes());
                 if p.lease_expired {
                     w.header_const(LEASE_EXPIRED_HEADER, "true");
                 }

@@ -81,10 +81,6 @@ const SEND_RESERVED_BITS: u32 = {
     bits
 };
 
-fn is_send_reserved(k: Option<KnownHeader>) -> bool {
-    k.is_some_and(|k| SEND_RESERVED_BITS & k.bit() != 0)
-}
-
 /// Headers the server writes on MESSAGE itself.
 const MESSAGE_RESERVED: [&str; 12] = [
     "subscription",
@@ -154,9 +150,8 @@ pub(crate) fn message_from_send(
         .map(|v| MessageId::String(v.to_owned()));
     let properties = frame
         .headers
-        .iter_known()
-        .filter(|(k, _, _)| !is_send_reserved(*k))
-        .map(|(_, n, v)| (n.to_owned(), Value::String(v.to_owned())))
+        .iter_except(SEND_RESERVED_BITS)
+        .map(|(n, v)| (n.to_owned(), Value::String(v.to_owned())))
         .collect();
     let declared_text = content_type.as_deref().is_some_and(|ct| {
         ct.trim_start()

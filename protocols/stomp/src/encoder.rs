@@ -55,6 +55,15 @@ impl<'a> FrameWriter<'a> {
         self
     }
 
+    /// [`Self::header_own`] with a value given as the bytes of a `str`.
+    #[inline]
+    pub(crate) fn header_own_bytes(&mut self, name: &'static str, value: &[u8]) -> &mut Self {
+        self.own_name(name);
+        crate::escape::escape_bytes_into(self.out, value, self.escaping, false);
+        self.out.push(b'\n');
+        self
+    }
+
     /// Writes `name:` for one of the broker's own header names.
     #[inline]
     fn own_name(&mut self, name: &'static str) {

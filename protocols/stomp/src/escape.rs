@@ -82,11 +82,17 @@ pub(crate) fn unescape_str(raw: &str, escaping: Escaping) -> Result<Cow<'_, str>
 /// keeps a 1.0 header name free of `:` (which would end the name early).
 #[inline]
 pub fn escape_into(out: &mut Vec<u8>, text: &str, escaping: Escaping, is_name: bool) {
+    escape_bytes_into(out, text.as_bytes(), escaping, is_name);
+}
+
+/// [`escape_into`] of the bytes of a `str` (or of UTF-8 kept as bytes).
+#[inline]
+pub(crate) fn escape_bytes_into(out: &mut Vec<u8>, text: &[u8], escaping: Escaping, is_name: bool) {
     // Almost every header needs no escape: copy it whole then (this runs
     // for every header of every MESSAGE, so this test is inlined and the
     // byte loop is not).
-    if !may_need_escape(text.as_bytes()) {
-        out.extend_from_slice(text.as_bytes());
+    if !may_need_escape(text) {
+        out.extend_from_slice(text);
         return;
     }
     escape_bytes(out, text, escaping, is_name);
@@ -95,8 +101,8 @@ pub fn escape_into(out: &mut Vec<u8>, text: &str, escaping: Escaping, is_name: b
 /// [`escape_into`] a byte at a time.
 #[cold]
 #[inline(never)]
-fn escape_bytes(out: &mut Vec<u8>, text: &str, escaping: Escaping, is_name: bool) {
-    for &b in text.as_bytes() {
+fn escape_bytes(out: &mut Vec<u8>, text: &[u8], escaping: Escaping, is_name: bool) {
+    for &b in text {
         match (escaping, b) {
             (Escaping::None, b'\n' | b'\r') => out.push(b' '),
             (Escaping::None, b':') if is_name => out.push(b'_'),

@@ -438,11 +438,14 @@ impl Headers {
             .map(|s| (self.name_of(s), self.value_of(s)))
     }
 
-    /// All headers in wire order, each with the known header it is.
-    pub(crate) fn iter_known(&self) -> impl Iterator<Item = (Option<KnownHeader>, &str, &str)> {
+    /// The headers in wire order but those known ones whose
+    /// [`KnownHeader::bit`] is in `skip`: the others are looked at by their
+    /// tag, not their text.
+    pub(crate) fn iter_except(&self, skip: u32) -> impl Iterator<Item = (&str, &str)> {
         self.spans
             .iter()
-            .map(|s| (s.known, self.name_of(s), self.value_of(s)))
+            .filter(move |s| s.known.is_none_or(|k| skip & k.bit() == 0))
+            .map(|s| (self.name_of(s), self.value_of(s)))
     }
 
     /// Number of header lines, repeats included.
@@ -553,16 +556,16 @@ mod tests {
         assert_eq!(h.known(KnownHeader::Transaction), None);
         assert_eq!(h.get("Receipt"), None, "names are case-sensitive");
         assert_eq!(h.len(), 5);
-        let kinds: Vec<_> = h.iter_known().map(|(k, _, _)| k).collect();
+        let skip = KnownHeader::Receipt.bit() | KnownHeader::Transaction.bit();
+        let kept: Vec<_> = h.iter_except(skip).collect();
         assert_eq!(
-            kinds,
+            kept,
             [
-                Some(KnownHeader::Receipt),
-                None,
-                Some(KnownHeader::Receipt),
-                None,
-                Some(KnownHeader::Destination)
+                ("custom", "a"),
+                ("custom", "b"),
+                ("destination", "/queue/q")
             ]
         );
+        assert_eq!(h.iter_except(0).count(), 5);
     }
 }

@@ -92,6 +92,15 @@ impl ReceiptId {
         }
     }
 
+    /// The id's bytes (UTF-8): what a RECEIPT writes, without a UTF-8
+    /// check (which costs a short id more than its copy).
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match self {
+            ReceiptId::Short { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or_default(),
+            ReceiptId::Long(id) => id.as_bytes(),
+        }
+    }
+
     /// The id.
     pub(crate) fn as_str(&self) -> &str {
         match self {
@@ -233,6 +242,7 @@ mod tests {
         for id in ["", "1", "12345", "é€", edge.as_str(), &long[1..], &long] {
             let r = ReceiptId::new(id);
             assert_eq!(r.as_str(), id);
+            assert_eq!(r.as_bytes(), id.as_bytes());
             let inline = id.len() <= RECEIPT_INLINE_BYTES;
             assert_eq!(matches!(r, ReceiptId::Short { .. }), inline, "{id}");
         }
