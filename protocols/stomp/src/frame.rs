@@ -308,6 +308,26 @@ impl Span {
         }
     }
 
+    /// A parsed `name:value` line's header: the name from `start` to
+    /// `colon`, the value from after the colon to `end`; offsets that
+    /// the caller knows fit a `u32`.
+    #[inline]
+    pub(crate) fn parsed(
+        start: usize,
+        colon: usize,
+        end: usize,
+        known: Option<KnownHeader>,
+    ) -> Self {
+        let at = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Span {
+            name_start: at(start),
+            name_end: at(colon),
+            value_start: at(colon + 1),
+            value_end: at(end),
+            known,
+        }
+    }
+
     /// Where the value ends.
     pub(crate) fn value_end(&self) -> usize {
         self.value_end as usize
@@ -384,12 +404,17 @@ impl Headers {
     }
 
     /// Headers found by the parser: `spans` index `text` (the head's
-    /// header lines as received, when no escape needed undoing).
-    pub(crate) fn from_parsed(text: String, spans: Vec<Span>) -> Self {
-        let present = spans
-            .iter()
-            .filter_map(|s| s.known)
-            .fold(0, |acc, k| acc | k.bit());
+    /// header lines as received, when no escape needed undoing);
+    /// `present` has the [`KnownHeader::bit`] of each known one among
+    /// them.
+    pub(crate) fn from_parsed(text: String, spans: Vec<Span>, present: u32) -> Self {
+        debug_assert_eq!(
+            present,
+            spans
+                .iter()
+                .filter_map(|s| s.known)
+                .fold(0, |acc, k| acc | k.bit())
+        );
         Self {
             text,
             spans,

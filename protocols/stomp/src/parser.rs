@@ -563,14 +563,18 @@ fn content_length_of(text: &str) -> Option<usize> {
 /// by line then decides, and meets the limits and errors in the order it
 /// always did; for a head without any of these both give the same.
 fn parse_whole_head(b: &[u8], limits: Bounds) -> Option<(Command, Headers, usize)> {
+    // Offsets are kept as u32: a buffer holds at most the frame limit
+    // (at most 2 GiB) and one read.
+    u32::try_from(b.len()).ok()?;
     let command_window = b.get(..b.len().min(COMMAND_LINE_MAX_BYTES + 1))?;
     let nl = crate::swar::find_any(command_window, [b'\n'])?;
     let command = Command::parse(strip_cr(b.get(..nl)?))?;
-    let headers_at = nl + 1;
-    let mut at = headers_at;
-    let mut spans: Vec<Span> = Vec::new();
-    let head_len = loop {
-        let rest = b.get(at..)?;
+    let block = b.get(nl + 1..)?;
+    let mut at = 0;
+    let mut spans: Vec<Span> = Vec::with_capacity(HEADERS_EXPECTED);
+    let mut present = 0;
+    let block_len = loop {
+        let rest = block.get(at..)?;
         match rest {
             [b'\n', ..] => break at + 1,
             // (A CR counts against the line limit, as in the scan.)
@@ -579,42 +583,37 @@ fn parse_whole_head(b: &[u8], limits: Bounds) -> Option<(Command, Headers, usize
         }
         // The colon, or the first byte that makes this head not plain.
         let colon = crate::swar::find_control_or(rest, [b':', b'\\'])?;
+        let value = rest.get(colon + 1..)?;
         if colon == 0 || rest.get(colon) != Some(&b':') {
             return None;
         }
-        let after = colon + 1;
-        let nl = after + crate::swar::find_control_or(rest.get(after..)?, [b'\\'])?;
+        let value_len = crate::swar::find_control_or(value, [b'\\'])?;
+        let nl = colon + 1 + value_len;
         // Within the line limit (its LF not counted), and within the
         // header count (the command line counts as a line).
-        if rest.get(nl) != Some(&b'\n') || nl > limits.header_line() {
+        if value.get(value_len) != Some(&b'\n')
+            || nl > limits.header_line()
+            || spans.len() >= limits.headers()
+        {
             return None;
         }
-        if spans.len() >= limits.headers() {
-            return None;
-        }
-        let end = if nl > after && rest.get(nl - 1) == Some(&b'\r') {
+        let end = if value_len > 0 && value.get(value_len - 1) == Some(&b'\r') {
             nl - 1
         } else {
             nl
         };
-        if spans.capacity() == 0 {
-            spans.reserve_exact(HEADERS_EXPECTED);
-        }
-        let line_at = at - headers_at;
-        spans.push(Span::new(
-            (line_at, line_at + colon),
-            (line_at + after, line_at + end),
-            KnownHeader::of(rest.get(..colon)?),
-        ));
+        let known = KnownHeader::of(rest.get(..colon)?);
+        present |= known.map_or(0, KnownHeader::bit);
+        spans.push(Span::parsed(at, at + colon, at + end, known));
         at += nl + 1;
     };
     // Up to the end of the last value: the blank line is not kept.
-    let text_end = headers_at + spans.last().map_or(0, Span::value_end);
-    let text = std::str::from_utf8(b.get(headers_at..text_end)?).ok()?;
+    let text_end = spans.last().map_or(0, Span::value_end);
+    let text = std::str::from_utf8(block.get(..text_end)?).ok()?;
     Some((
         command,
-        Headers::from_parsed(text.to_owned(), spans),
-        head_len,
+        Headers::from_parsed(text.to_owned(), spans, present),
+        nl + 1 + block_len,
     ))
 }
 
