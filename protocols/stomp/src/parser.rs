@@ -3,12 +3,20 @@
 //! Bytes go into [`Decoder::feed`], frames come out of [`Decoder::decode`].
 //! The decoder works in two phases per frame:
 //!
-//! 1. **Head.** New bytes are scanned once (never rescanned) for line ends
-//!    while the limits are checked byte by byte: the command line must spell
-//!    a prefix of a STOMP command, no header line may exceed its limit, the
-//!    header count is bounded and NUL may not appear. Once the blank line
-//!    ending the head arrives, a `nom` parser reads the complete head,
-//!    borrowing from the read buffer, and decodes escapes for the version.
+//! 1. **Head.** A head that is whole in the buffer when its scan starts
+//!    (almost every one) and plain (no escape, every line `name:value`,
+//!    within the limits, UTF-8) is parsed in one pass: per line, a search
+//!    a word at a time for its colon and one for its end, the name
+//!    classified as a [`crate::frame`] known header as it is met, the
+//!    header lines copied once. Any other head is scanned as its bytes
+//!    come, once (never rescanned), for line ends while the limits are
+//!    checked in the order a byte-by-byte scan meets them: the command
+//!    line must spell a prefix of a STOMP command, no header line may
+//!    exceed its limit, the header count is bounded and NUL may not
+//!    appear. Once the blank line ending it arrives, the head is parsed
+//!    whole (the one pass, or, for one it declines, a line-by-line parse
+//!    that decodes escapes for the version and reports what is wrong in
+//!    line order).
 //! 2. **Body.** With `content-length` the decoder waits for exactly that many
 //!    bytes plus the NUL (the length was checked against the limit before a
 //!    byte of the body was buffered); without it, the body runs to the first

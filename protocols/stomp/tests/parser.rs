@@ -220,6 +220,18 @@ receipt:2\r\nurl:http://h:80/p\r\ncontent-type:text/plain\r\ncontent-length:3\r\
     }
 }
 
+/// A head the one-pass parse leaves to the line-by-line one (a TAB or
+/// another control byte in a value, a backslash in 1.0) reads as before.
+#[test]
+fn heads_with_rare_bytes_parse_as_before() {
+    let f = one(b"SEND\nk:a\tb\x01c\nreceipt:7\n\n\0", Version::V1_2);
+    assert_eq!(f.header("k"), Some("a\tb\x01c"));
+    assert_eq!(f.header("receipt"), Some("7"));
+    let f = one(b"SEND\nk:a\\b\nreceipt:7\n\n\0", Version::V1_0);
+    assert_eq!(f.header("k"), Some("a\\b"));
+    assert_eq!(f.header("receipt"), Some("7"));
+}
+
 /// Escapes in known headers are undone (1.1, 1.2) and the headers are
 /// still found by name; 1.0 and CONNECT keep them as they are.
 #[test]
