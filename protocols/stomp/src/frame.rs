@@ -293,11 +293,7 @@ pub(crate) struct Span {
 impl Span {
     /// A header whose name is `text[name.0..name.1]` and value
     /// `text[value.0..value.1]`; `known` is [`KnownHeader::of`] its name.
-    pub(crate) fn new(
-        name: (usize, usize),
-        value: (usize, usize),
-        known: Option<KnownHeader>,
-    ) -> Self {
+    fn new(name: (usize, usize), value: (usize, usize), known: Option<KnownHeader>) -> Self {
         let at = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Span {
             name_start: at(name.0),
