@@ -53,10 +53,11 @@ use crate::clock::Stamp;
 use crate::config::StompConfig;
 use crate::encoder::FrameWriter;
 use crate::error::{error_frame, StompError};
-use crate::frame::{Command, Frame, Version};
+use crate::frame::{Command, Frame, KnownHeader, Version};
 use crate::heartbeat::{self, HeartBeat};
 use crate::open::{Done, Open};
 use crate::parser::{Decoder, FrameError};
+use crate::receipts::ReceiptId;
 
 /// Versions this server speaks, best first.
 /// RECEIPT header by which the broker says that the ACK, NACK or RENEW it
@@ -602,7 +603,7 @@ impl StompConnection {
 
     fn on_frame(&mut self, now: Instant, frame: Frame) {
         trace!(conn_id = self.conn_id, command = %frame.command, "frame");
-        let receipt = frame.header("receipt").map(str::to_owned);
+        let receipt = frame.known(KnownHeader::Receipt).map(ReceiptId::new);
         let is_connect = matches!(frame.command, Command::Connect | Command::Stomp);
         let result = match &mut self.state {
             State::Closed(_) | State::CheckingLogin(_) => return,
@@ -613,7 +614,7 @@ impl StompConnection {
             State::Open(open) => open.handle_frame(&self.config, frame),
         };
         match result {
-            Err(e) => self.fail(e, receipt),
+            Err(e) => self.fail(e, receipt.map(|r| r.as_str().to_owned())),
             // CONNECT takes no receipt (its answer is CONNECTED).
             Ok(_) if is_connect => {}
             Ok(done) => {
@@ -641,9 +642,9 @@ impl StompConnection {
             }
             if let Some(r) = &p.receipt {
                 let mut w = FrameWriter::new(&mut self.out, open.version, Command::Receipt);
-                w.header_own("receipt-id", r);
+                w.header_own_bytes("receipt-id", r.as_bytes());
                 if p.lease_expired {
-                    w.header_own(LEASE_EXPIRED_HEADER, "true");
+                    w.header_const(LEASE_EXPIRED_HEADER, "true");
                 }
                 w.finish(b"");
                 wrote = true;

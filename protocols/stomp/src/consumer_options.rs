@@ -23,7 +23,7 @@ use rosetta_neutral::{
 pub(crate) const VISIBILITY_TIMEOUT_HEADER: &str = "visibility-timeout";
 
 use crate::error::StompError;
-use crate::frame::Frame;
+use crate::frame::{Frame, KnownHeader};
 
 /// SUBSCRIBE header carrying a JMS message selector.
 pub(crate) const SELECTOR_HEADER: &str = "selector";
@@ -71,7 +71,7 @@ pub(crate) fn consumer_options(
 
 /// Whether a frame names queue type `stream` (`x-queue-type:stream`).
 pub(crate) fn wants_stream(frame: &Frame) -> Result<bool, StompError> {
-    match frame.header(QUEUE_TYPE_HEADER).map(str::trim) {
+    match frame.known(KnownHeader::QueueType).map(str::trim) {
         None => Ok(false),
         Some(v) if v.eq_ignore_ascii_case("stream") => Ok(true),
         Some(v) if v.eq_ignore_ascii_case("classic") || v.eq_ignore_ascii_case("quorum") => {

@@ -43,7 +43,7 @@ use rosetta_neutral::{
 use crate::consumer_options::BROWSER_HEADER;
 use crate::encoder::FrameWriter;
 use crate::error::StompError;
-use crate::frame::{Command, Frame, Version};
+use crate::frame::{Command, Frame, KnownHeader, Version};
 use crate::subscription::{AckId, AckMode, Subscription};
 
 /// SEND header scheduling the message this many ms from now (ActiveMQ's
@@ -52,45 +52,34 @@ use crate::subscription::{AckId, AckMode, Subscription};
 pub(crate) const SCHEDULED_DELAY_HEADER: &str = "AMQ_SCHEDULED_DELAY";
 
 /// SEND headers with a meaning of their own (not copied to properties).
-const SEND_RESERVED: [&str; 12] = [
-    "destination",
-    "content-length",
-    "content-type",
-    "reply-to",
-    "correlation-id",
-    "expires",
-    "priority",
-    "persistent",
-    "transaction",
-    "receipt",
-    SCHEDULED_DELAY_HEADER,
+const SEND_RESERVED: [KnownHeader; 12] = [
+    KnownHeader::Destination,
+    KnownHeader::ContentLength,
+    KnownHeader::ContentType,
+    KnownHeader::ReplyTo,
+    KnownHeader::CorrelationId,
+    KnownHeader::Expires,
+    KnownHeader::Priority,
+    KnownHeader::Persistent,
+    KnownHeader::Transaction,
+    KnownHeader::Receipt,
+    KnownHeader::ScheduledDelay,
     // Declares the destination a stream (RabbitMQ), not a property.
-    crate::consumer_options::QUEUE_TYPE_HEADER,
+    KnownHeader::QueueType,
 ];
 
-/// Whether `name` is in [`SEND_RESERVED`]: one match (by length, then
-/// the bytes) rather than a comparison with each, for every header of
-/// every SEND.
-fn is_send_reserved(name: &str) -> bool {
-    use crate::consumer_options::QUEUE_TYPE_HEADER;
-    let reserved = matches!(
-        name,
-        "destination"
-            | "content-length"
-            | "content-type"
-            | "reply-to"
-            | "correlation-id"
-            | "expires"
-            | "priority"
-            | "persistent"
-            | "transaction"
-            | "receipt"
-            | SCHEDULED_DELAY_HEADER
-            | QUEUE_TYPE_HEADER
-    );
-    debug_assert_eq!(reserved, SEND_RESERVED.contains(&name));
-    reserved
-}
+/// [`SEND_RESERVED`] as a set of [`KnownHeader::bit`]s: whether a header
+/// is reserved is a bit test on what the parser found it to be, not a
+/// comparison of its name (for every header of every SEND).
+const SEND_RESERVED_BITS: u32 = {
+    let mut bits = 0;
+    let mut i = 0;
+    while i < SEND_RESERVED.len() {
+        bits |= SEND_RESERVED[i].bit();
+        i += 1;
+    }
+    bits
+};
 
 /// Headers the server writes on MESSAGE itself.
 const MESSAGE_RESERVED: [&str; 12] = [
@@ -128,7 +117,7 @@ pub(crate) fn message_from_send(
     reply_to: Option<String>,
     now_ms: impl FnOnce() -> u64,
 ) -> Result<Message, StompError> {
-    let delivery_time = match frame.header(SCHEDULED_DELAY_HEADER) {
+    let delivery_time = match frame.known(KnownHeader::ScheduledDelay) {
         None => None,
         Some(v) => match v.trim().parse::<u64>() {
             Ok(0) => None,
@@ -136,8 +125,8 @@ pub(crate) fn message_from_send(
             _ => return Err(bad(SCHEDULED_DELAY_HEADER, v)),
         },
     };
-    let content_type = frame.header("content-type").map(str::to_owned);
-    let expiry = match frame.header("expires") {
+    let content_type = frame.known(KnownHeader::ContentType).map(str::to_owned);
+    let expiry = match frame.known(KnownHeader::Expires) {
         None => None,
         Some(v) => match v.trim().parse::<u64>() {
             Ok(0) => None,
@@ -145,7 +134,7 @@ pub(crate) fn message_from_send(
             Err(_) => return Err(bad("expires", v)),
         },
     };
-    let priority = match frame.header("priority") {
+    let priority = match frame.known(KnownHeader::Priority) {
         None => PRIORITY_DEFAULT,
         Some(v) => v
             .trim()
@@ -154,15 +143,14 @@ pub(crate) fn message_from_send(
             .map_err(|_| bad("priority", v))?,
     };
     let durable = frame
-        .header("persistent")
+        .known(KnownHeader::Persistent)
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
     let correlation_id = frame
-        .header("correlation-id")
+        .known(KnownHeader::CorrelationId)
         .map(|v| MessageId::String(v.to_owned()));
     let properties = frame
         .headers
-        .iter()
-        .filter(|(n, _)| !is_send_reserved(n))
+        .iter_except(SEND_RESERVED_BITS)
         .map(|(n, v)| (n.to_owned(), Value::String(v.to_owned())))
         .collect();
     let declared_text = content_type.as_deref().is_some_and(|ct| {
@@ -262,8 +250,8 @@ pub(crate) fn write_message(
     }
     w.header_with("message-id", |o| o.extend_from_slice(ack_id));
     match &m.address {
-        Some(Address::Topic(t)) => w.header_with_escaped("destination", &[TOPIC_PREFIX, t]),
-        Some(Address::Queue(q)) => w.header_with_escaped("destination", &[QUEUE_PREFIX, q]),
+        Some(Address::Topic(t)) => w.header_prefixed("destination", TOPIC_PREFIX, t),
+        Some(Address::Queue(q)) => w.header_prefixed("destination", QUEUE_PREFIX, q),
         None => w.header_own("destination", sub.destination()),
     };
     if version == Version::V1_2 && sub.ack != AckMode::Auto {
@@ -303,14 +291,14 @@ pub(crate) fn write_message(
         w.header_own(name, value);
     }
     if m.durable {
-        w.header_own("persistent", "true");
+        w.header_const("persistent", "true");
     }
     if delivery.redelivered {
-        w.header_own("redelivered", "true");
+        w.header_const("redelivered", "true");
         w.header_u64(DELIVERY_COUNT_HEADER, u64::from(delivery.delivery_count));
     }
     if delivery.from_retained {
-        w.header_own(RETAINED_HEADER, "true");
+        w.header_const(RETAINED_HEADER, "true");
     }
     if let Some(p) = delivery.stream {
         w.header_u64(STREAM_OFFSET_HEADER, p.offset);

@@ -55,6 +55,15 @@ impl<'a> FrameWriter<'a> {
         self
     }
 
+    /// [`Self::header_own`] with a value given as the bytes of a `str`.
+    #[inline]
+    pub(crate) fn header_own_bytes(&mut self, name: &'static str, value: &[u8]) -> &mut Self {
+        self.own_name(name);
+        crate::escape::escape_bytes_into(self.out, value, self.escaping, false);
+        self.out.push(b'\n');
+        self
+    }
+
     /// Writes `name:` for one of the broker's own header names.
     #[inline]
     fn own_name(&mut self, name: &'static str) {
@@ -84,12 +93,31 @@ impl<'a> FrameWriter<'a> {
     }
 
     /// Appends one of the broker's own headers (see [`Self::header_own`])
-    /// whose value is `parts` joined, escaped, without joining them first.
-    pub(crate) fn header_with_escaped(&mut self, name: &'static str, parts: &[&str]) -> &mut Self {
+    /// whose value is `prefix` (a constant that needs no escape, so it is
+    /// copied, not checked) followed by `value`, escaped, without joining
+    /// them first: a destination's `/queue/` and its name.
+    pub(crate) fn header_prefixed(
+        &mut self,
+        name: &'static str,
+        prefix: &'static str,
+        value: &str,
+    ) -> &mut Self {
+        debug_assert!(!crate::escape::may_need_escape(prefix.as_bytes()));
         self.own_name(name);
-        for p in parts {
-            escape_into(self.out, p, self.escaping, false);
-        }
+        self.out.extend_from_slice(prefix.as_bytes());
+        escape_into(self.out, value, self.escaping, false);
+        self.out.push(b'\n');
+        self
+    }
+
+    /// Appends one of the broker's own headers whose name and value are
+    /// constants that need no escape (`persistent:true`): copied, not
+    /// checked.
+    #[inline]
+    pub(crate) fn header_const(&mut self, name: &'static str, value: &'static str) -> &mut Self {
+        debug_assert!(!crate::escape::may_need_escape(value.as_bytes()));
+        self.own_name(name);
+        self.out.extend_from_slice(value.as_bytes());
         self.out.push(b'\n');
         self
     }
@@ -124,16 +152,31 @@ pub(crate) fn push_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(u64_digits(v, &mut text));
 }
 
+/// "00" to "99": two digits per division (numbers are written into
+/// every MESSAGE: its ack id, offset and `content-length`).
+const DIGIT_PAIRS: &[u8; 200] = b"\
+0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
 /// `v` in decimal, written at the end of `text`.
 pub(crate) fn u64_digits(mut v: u64, text: &mut [u8; 20]) -> &[u8] {
     let mut at = text.len();
-    loop {
+    while v >= 100 {
+        let pair = (v % 100) as usize * 2;
+        v /= 100;
+        at -= 2;
+        text[at..at + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    }
+    if v >= 10 {
+        let pair = v as usize * 2;
+        at -= 2;
+        text[at..at + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    } else {
         at -= 1;
-        text[at] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
+        text[at] = b'0' + v as u8;
     }
     &text[at..]
 }
@@ -144,7 +187,14 @@ mod tests {
 
     #[test]
     fn numbers_are_written_in_decimal() {
-        for v in [0u64, 7, 10, 12_345, u64::MAX] {
+        let around_powers = (0..20).flat_map(|e| {
+            let p = 10u64.pow(e);
+            [p - 1, p, p + 1, p.saturating_mul(7).saturating_add(3)]
+        });
+        for v in [0u64, 7, 10, 12_345, 99, 100, 101, u64::MAX]
+            .into_iter()
+            .chain(around_powers)
+        {
             let mut out = Vec::new();
             push_u64(&mut out, v);
             assert_eq!(out, v.to_string().as_bytes());

@@ -80,14 +80,29 @@ pub(crate) fn unescape_str(raw: &str, escaping: Escaping) -> Result<Cow<'_, str>
 
 /// Appends `text` to `out` escaped per `escaping`. `is_name` additionally
 /// keeps a 1.0 header name free of `:` (which would end the name early).
+#[inline]
 pub fn escape_into(out: &mut Vec<u8>, text: &str, escaping: Escaping, is_name: bool) {
+    escape_bytes_into(out, text.as_bytes(), escaping, is_name);
+}
+
+/// [`escape_into`] of the bytes of a `str` (or of UTF-8 kept as bytes).
+#[inline]
+pub(crate) fn escape_bytes_into(out: &mut Vec<u8>, text: &[u8], escaping: Escaping, is_name: bool) {
     // Almost every header needs no escape: copy it whole then (this runs
-    // for every header of every MESSAGE).
-    if !may_need_escape(text.as_bytes()) {
-        out.extend_from_slice(text.as_bytes());
+    // for every header of every MESSAGE, so this test is inlined and the
+    // byte loop is not).
+    if !may_need_escape(text) {
+        out.extend_from_slice(text);
         return;
     }
-    for &b in text.as_bytes() {
+    escape_bytes(out, text, escaping, is_name);
+}
+
+/// [`escape_into`] a byte at a time.
+#[cold]
+#[inline(never)]
+fn escape_bytes(out: &mut Vec<u8>, text: &[u8], escaping: Escaping, is_name: bool) {
+    for &b in text {
         match (escaping, b) {
             (Escaping::None, b'\n' | b'\r') => out.push(b' '),
             (Escaping::None, b':') if is_name => out.push(b'_'),
@@ -101,10 +116,16 @@ pub fn escape_into(out: &mut Vec<u8>, text: &str, escaping: Escaping, is_name: b
     }
 }
 
-/// Whether `b` holds a byte some escaping rule changes (`\n`, `\r`, `:`,
-/// `\\`).
+/// Bytes below this include the two an escape may change (`\n`, `\r`)
+/// and the other control bytes below `\r` (TAB, ...): one test for all,
+/// and the rare control bytes take the byte loop, which keeps them.
+const ESCAPE_CONTROL_BELOW: u8 = b'\r' + 1;
+
+/// Whether `b` may hold a byte some escaping rule changes: `\n`, `\r`,
+/// `:`, `\\` (and, conservatively, the control bytes below `\r`).
+#[inline]
 pub(crate) fn may_need_escape(b: &[u8]) -> bool {
-    crate::swar::find_any(b, [b'\n', b'\r', b':', b'\\']).is_some()
+    crate::swar::find_below_or(b, ESCAPE_CONTROL_BELOW, [b':', b'\\']).is_some()
 }
 
 #[cfg(test)]
@@ -152,13 +173,23 @@ mod tests {
                     t[at] = c;
                     assert!(may_need_escape(&t), "{c} at {at} of {len}");
                 }
-                // Bytes next to the special ones, and high bytes, are not.
-                for c in [b'\x0b', b'\x0c', b';', b'[', b']', 0x8a, 0xba, 0xdc] {
+                // Bytes next to the special ones, and high bytes, are not
+                // (the control bytes below CR are, conservatively).
+                for c in [b'\x0e', b';', b'[', b']', b'9', 0x8a, 0x8d, 0xba, 0xdc] {
                     let mut t = plain.clone();
                     t[at] = c;
                     assert!(!may_need_escape(&t), "{c} at {at} of {len}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn control_bytes_other_than_line_ends_are_written_as_they_are() {
+        for escaping in [Escaping::None, Escaping::V1_1, Escaping::V1_2] {
+            let mut out = Vec::new();
+            escape_into(&mut out, "a\tb\x0bc\x0c\x01", escaping, false);
+            assert_eq!(out, b"a\tb\x0bc\x0c\x01", "{escaping:?}");
         }
     }
 

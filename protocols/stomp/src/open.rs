@@ -24,9 +24,9 @@ use crate::convert::{
     message_from_send, write_end_of_browse, write_message, Outgoing, END_OF_BROWSE_MESSAGE_ID,
 };
 use crate::error::StompError;
-use crate::frame::{Command, Frame, Version};
+use crate::frame::{Command, Frame, KnownHeader, Version};
 use crate::heartbeat::Beats;
-use crate::receipts::Receipts;
+use crate::receipts::{Receipts, Tickets};
 use crate::subscription::{parse_ack_id, AckMode, Subscription};
 
 /// Waiting deliveries' room kept once all are written (a burst's larger
@@ -101,7 +101,7 @@ fn new_pending() -> Box<VecDeque<Outgoing>> {
 
 /// What a frame's handler hands back for the receipt queue.
 pub(crate) struct Done {
-    pub(crate) tickets: Vec<Ticket>,
+    pub(crate) tickets: Tickets,
     pub(crate) disconnect: bool,
     /// The frame named a delivery whose lease had run out (a late ACK,
     /// NACK or RENEW): its RECEIPT says so (`lease-expired:true`), and
@@ -112,17 +112,17 @@ pub(crate) struct Done {
 impl Done {
     pub(crate) fn now() -> Self {
         Done {
-            tickets: Vec::new(),
+            tickets: Tickets::new(),
             disconnect: false,
             lease_expired: false,
         }
     }
 }
 
-fn required<'f>(frame: &'f Frame, header: &'static str) -> Result<&'f str, StompError> {
-    frame.header(header).ok_or(StompError::MissingHeader {
+fn required(frame: &Frame, header: KnownHeader) -> Result<&str, StompError> {
+    frame.known(header).ok_or(StompError::MissingHeader {
         command: frame.command,
-        header,
+        header: header.name(),
     })
 }
 
@@ -203,7 +203,7 @@ impl Open {
             Command::Commit => self.commit(&frame),
             Command::Abort => self.abort(&frame),
             Command::Disconnect => Ok(Done {
-                tickets: Vec::new(),
+                tickets: Tickets::new(),
                 disconnect: true,
                 lease_expired: false,
             }),
@@ -328,7 +328,7 @@ impl Open {
     }
 
     fn txn_id(&self, frame: &Frame) -> Result<Option<TxnId>, StompError> {
-        match frame.header("transaction") {
+        match frame.known(KnownHeader::Transaction) {
             None => Ok(None),
             Some(name) => self
                 .rare
@@ -382,9 +382,9 @@ impl Open {
     }
 
     fn send(&mut self, config: &StompConfig, frame: Frame) -> Result<Done, StompError> {
-        let dest = required(&frame, "destination")?.to_owned();
+        let dest = required(&frame, KnownHeader::Destination)?;
         let txn = self.txn_id(&frame)?;
-        let address = self.send_address(config, &dest)?;
+        let address = self.send_address(config, dest)?;
         if let (true, Address::Queue(name)) =
             (crate::consumer_options::wants_stream(&frame)?, &address)
         {
@@ -392,7 +392,7 @@ impl Open {
             // `x-queue-type:stream`.
             self.session.declare_stream(name)?;
         }
-        let reply_to = match frame.header("reply-to") {
+        let reply_to = match frame.known(KnownHeader::ReplyTo) {
             Some(r) => match r.strip_prefix(TEMP_QUEUE_PREFIX) {
                 // Other protocols cannot resolve our local temp name.
                 Some(local) => {
@@ -402,7 +402,7 @@ impl Open {
             },
             None => None,
         };
-        let wants_receipt = frame.header("receipt").is_some();
+        let wants_receipt = frame.known(KnownHeader::Receipt).is_some();
         let mut message = message_from_send(frame, reply_to, rosetta_neutral::message::now_ms)?;
         let confirm = txn.is_none() && (message.durable || wants_receipt);
         // Handed over with the message: the core keeps it rather than a
@@ -419,7 +419,7 @@ impl Open {
     }
 
     fn subscribe(&mut self, config: &StompConfig, frame: &Frame) -> Result<Done, StompError> {
-        let dest = required(frame, "destination")?;
+        let dest = required(frame, KnownHeader::Destination)?;
         let (id, id_given) = match frame.header("id") {
             Some(id) => (id.to_owned(), true),
             None if self.version == Version::V1_0 => (dest.to_owned(), false),
@@ -448,7 +448,7 @@ impl Open {
         let options = consumer_options(frame, !dest.starts_with(TOPIC_PREFIX))?;
         let browse = options.browse;
         let mut durable_queue = None;
-        let mut tickets = Vec::new();
+        let mut tickets = Tickets::new();
         let queue = if let Some(filter) = dest.strip_prefix(TOPIC_PREFIX) {
             validate_topic_filter(filter).map_err(|e| bad_destination(dest, e))?;
             let spec = match durable_name(frame, &id) {
@@ -474,7 +474,10 @@ impl Open {
             };
             let mut info = self.session.declare_queue(spec.clone())?;
             if durable_queue.is_some() {
-                tickets = self.keep_durable_filter(&mut info, spec, filter)?;
+                tickets = self
+                    .keep_durable_filter(&mut info, spec, filter)?
+                    .into_iter()
+                    .collect();
             }
             if let Err(e) = self.session.bind(
                 &info.name,
@@ -558,8 +561,8 @@ impl Open {
     fn unsubscribe(&mut self, frame: &Frame) -> Result<Done, StompError> {
         let id = match frame.header("id") {
             Some(id) => id,
-            None if self.version == Version::V1_0 => required(frame, "destination")?,
-            None => required(frame, "id")?,
+            None if self.version == Version::V1_0 => required(frame, KnownHeader::Destination)?,
+            None => required(frame, KnownHeader::Id)?,
         };
         let remove = frame.header("activemq.subscriptionName").is_some()
             || is_true(frame.header("persistent"))
@@ -606,7 +609,7 @@ impl Open {
     fn late(&self, id: &str) -> Done {
         debug!(conn_id = self.conn_id, %id, "acknowledgement after its lease expired: not applied");
         Done {
-            tickets: Vec::new(),
+            tickets: Tickets::new(),
             disconnect: false,
             lease_expired: true,
         }
@@ -634,14 +637,18 @@ impl Open {
     /// names its delivery by.
     fn ack_id_of<'f>(&self, frame: &'f Frame) -> Result<&'f str, StompError> {
         let id = if self.version == Version::V1_2 {
-            frame.header("id").or_else(|| frame.header("message-id"))
+            frame
+                .known(KnownHeader::Id)
+                .or_else(|| frame.known(KnownHeader::MessageId))
         } else {
-            frame.header("message-id").or_else(|| frame.header("id"))
+            frame
+                .known(KnownHeader::MessageId)
+                .or_else(|| frame.known(KnownHeader::Id))
         };
         match id {
             Some(id) => Ok(id),
-            None if self.version == Version::V1_2 => required(frame, "id"),
-            None => required(frame, "message-id"),
+            None if self.version == Version::V1_2 => required(frame, KnownHeader::Id),
+            None => required(frame, KnownHeader::MessageId),
         }
     }
 
@@ -669,10 +676,13 @@ impl Open {
         }
         let (consumer, tag) = parse_ack_id(id).ok_or_else(unknown)?;
         let sub_id = self.subscription_id(consumer).ok_or_else(unknown)?;
-        if frame.header("subscription").is_some_and(|s| s != sub_id) {
+        if frame
+            .known(KnownHeader::Subscription)
+            .is_some_and(|s| s != sub_id)
+        {
             return Err(unknown());
         }
-        let txn_name = frame.header("transaction");
+        let txn_name = frame.known(KnownHeader::Transaction);
         let txn = self.txn_id(frame)?;
         let sub = self.subs.get_mut(&consumer).ok_or_else(unknown)?;
         if sub.browse {
@@ -695,8 +705,8 @@ impl Open {
                 });
             }
         }
-        let confirm = txn.is_none() && frame.header("receipt").is_some();
-        let mut tickets = Vec::new();
+        let confirm = txn.is_none() && frame.known(KnownHeader::Receipt).is_some();
+        let mut tickets = Tickets::new();
         let mut lease_expired = false;
         let mut each: &[DeliveryTag] = &tags;
         if sub.stream && txn.is_none() {
@@ -736,7 +746,7 @@ impl Open {
     }
 
     fn begin(&mut self, config: &StompConfig, frame: &Frame) -> Result<Done, StompError> {
-        let name = required(frame, "transaction")?;
+        let name = required(frame, KnownHeader::Transaction)?;
         let txns = self.rare.as_deref().map(|r| &r.txns);
         if txns.is_some_and(|t| t.contains_key(name)) {
             return Err(StompError::DuplicateTransaction(name.to_owned()));
@@ -759,7 +769,7 @@ impl Open {
     }
 
     fn take_txn(&mut self, frame: &Frame) -> Result<Txn, StompError> {
-        let name = required(frame, "transaction")?;
+        let name = required(frame, KnownHeader::Transaction)?;
         self.rare
             .as_deref_mut()
             .and_then(|r| r.txns.remove(name))
@@ -770,7 +780,7 @@ impl Open {
         let txn = self.take_txn(frame)?;
         let ticket = self.session.commit(txn.id)?;
         Ok(Done {
-            tickets: vec![ticket],
+            tickets: [ticket].into_iter().collect(),
             disconnect: false,
             lease_expired: false,
         })

@@ -3,12 +3,20 @@
 //! Bytes go into [`Decoder::feed`], frames come out of [`Decoder::decode`].
 //! The decoder works in two phases per frame:
 //!
-//! 1. **Head.** New bytes are scanned once (never rescanned) for line ends
-//!    while the limits are checked byte by byte: the command line must spell
-//!    a prefix of a STOMP command, no header line may exceed its limit, the
-//!    header count is bounded and NUL may not appear. Once the blank line
-//!    ending the head arrives, a `nom` parser reads the complete head,
-//!    borrowing from the read buffer, and decodes escapes for the version.
+//! 1. **Head.** A head that is whole in the buffer when its scan starts
+//!    (almost every one) and plain (no escape, every line `name:value`,
+//!    within the limits, UTF-8) is parsed in one pass: per line, a search
+//!    a word at a time for its colon and one for its end, the name
+//!    classified as a [`crate::frame`] known header as it is met, the
+//!    header lines copied once. Any other head is scanned as its bytes
+//!    come, once (never rescanned), for line ends while the limits are
+//!    checked in the order a byte-by-byte scan meets them: the command
+//!    line must spell a prefix of a STOMP command, no header line may
+//!    exceed its limit, the header count is bounded and NUL may not
+//!    appear. Once the blank line ending it arrives, the head is parsed
+//!    whole (the one pass, or, for one it declines, a line-by-line parse
+//!    that decodes escapes for the version and reports what is wrong in
+//!    line order).
 //! 2. **Body.** With `content-length` the decoder waits for exactly that many
 //!    bytes plus the NUL (the length was checked against the limit before a
 //!    byte of the body was buffered); without it, the body runs to the first
@@ -30,7 +38,7 @@ use nom::sequence::{separated_pair, terminated};
 use nom::{IResult, Parser};
 
 use crate::escape::{unescape, unescape_str, Escaping};
-use crate::frame::{Command, Frame, Headers, Version};
+use crate::frame::{Command, Frame, Headers, KnownHeader, Span, Version};
 
 /// Size limits of the decoder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -299,6 +307,12 @@ impl Decoder {
     /// Scans new head bytes. Returns the parsed head once the blank line
     /// ending it is in (the phase is then back at the start: the caller
     /// keeps the head while it waits for the body).
+    ///
+    /// A head that is whole in the buffer when its scan starts is parsed
+    /// in one pass ([`parse_whole_head`]). Any other (one that arrives in
+    /// pieces, or that pass declines) is scanned for its line ends as its
+    /// bytes come, checking the limits in the order a byte-by-byte scan
+    /// meets them and never rescanning, then parsed whole.
     fn scan_head(&mut self) -> Result<Option<Body>, FrameError> {
         let Phase::Head {
             scanned,
@@ -318,6 +332,12 @@ impl Decoder {
                     (b'\r', None) => return Ok(None),
                     _ => break,
                 }
+            }
+            // Almost every head is whole in the buffer when its scan
+            // starts: one pass parses it (see `parse_whole_head`).
+            if let Some((command, headers, head_len)) = parse_whole_head(&self.buf, self.limits) {
+                self.phase = Phase::start();
+                return head_done(command, headers, head_len, self.limits).map(Some);
             }
         }
         let limits = self.limits;
@@ -405,34 +425,15 @@ impl Decoder {
             }
             return Ok(None);
         };
-        let (command, headers) =
-            parse_head(self.buf.get(..head_len).unwrap_or_default(), self.version)?;
-        let content_length = match headers.get("content-length") {
-            None => None,
-            Some(text) => {
-                let n = text
-                    .trim()
-                    .parse::<usize>()
-                    .map_err(|_| FrameError::BadContentLength(text.to_owned()))?;
-                if n > limits.body() {
-                    return Err(FrameError::BodyTooLarge { max: limits.body() });
-                }
-                if head_len.saturating_add(n).saturating_add(1) > limits.frame() {
-                    return Err(FrameError::FrameTooLarge {
-                        max: limits.frame(),
-                    });
-                }
-                Some(n)
-            }
+        // A head that came in pieces: the one pass over it now that it is
+        // whole, or the full parse for one it cannot take.
+        let head = self.buf.get(..head_len).unwrap_or_default();
+        let (command, headers) = match parse_whole_head(head, limits) {
+            Some((command, headers, _)) => (command, headers),
+            None => parse_head(head, self.version)?,
         };
         self.phase = Phase::start();
-        Ok(Some(Body {
-            command,
-            headers,
-            head_len,
-            content_length,
-            scanned: head_len,
-        }))
+        head_done(command, headers, head_len, limits).map(Some)
     }
 
     /// Where the body of `body`'s frame ends, once it is all in the
@@ -504,6 +505,126 @@ fn strip_cr(line: &[u8]) -> &[u8] {
     line.strip_suffix(b"\r").unwrap_or(line)
 }
 
+/// The [`Body`] of a parsed head: its `content-length` checked against
+/// the limits before a byte of the body is waited for.
+fn head_done(
+    command: Command,
+    headers: Headers,
+    head_len: usize,
+    limits: Bounds,
+) -> Result<Body, FrameError> {
+    let content_length = match headers.known(KnownHeader::ContentLength) {
+        None => None,
+        Some(text) => {
+            let n = content_length_of(text)
+                .ok_or_else(|| FrameError::BadContentLength(text.to_owned()))?;
+            if n > limits.body() {
+                return Err(FrameError::BodyTooLarge { max: limits.body() });
+            }
+            if head_len.saturating_add(n).saturating_add(1) > limits.frame() {
+                return Err(FrameError::FrameTooLarge {
+                    max: limits.frame(),
+                });
+            }
+            Some(n)
+        }
+    };
+    Ok(Body {
+        command,
+        headers,
+        head_len,
+        content_length,
+        scanned: head_len,
+    })
+}
+
+/// [`parse_whole_head`] under `limits`, for the fuzz target.
+pub(crate) fn whole_head(b: &[u8], limits: Limits) -> Option<(Command, Headers, usize)> {
+    parse_whole_head(b, Bounds::new(limits))
+}
+
+/// A `content-length` value as `str::trim` and `str::parse` read it; plain
+/// digits (what clients send) without either.
+fn content_length_of(text: &str) -> Option<usize> {
+    let digits = text.as_bytes();
+    if !digits.is_empty() && digits.iter().all(u8::is_ascii_digit) {
+        let n = digits.iter().try_fold(0usize, |n, d| {
+            n.checked_mul(10)?.checked_add(usize::from(d - b'0'))
+        });
+        if n.is_some() {
+            return n;
+        }
+    }
+    text.trim().parse::<usize>().ok()
+}
+
+/// A whole, plain head at the start of `b`, parsed in one pass: its
+/// command, its headers and its length (the blank line included). Each
+/// header line is read once, a search a word at a time for its colon and
+/// one for its end; each name is classified ([`KnownHeader::of`]) as it
+/// is met, and the header lines are copied once.
+///
+/// `None` for anything else: a head not all in `b`, one over a limit or
+/// with a NUL, an escape (a backslash, in any version), a line that is
+/// not `name:value` with a name, a control byte (a TAB) other than the
+/// line ends, bytes that are not UTF-8. The scan line
+/// by line then decides, and meets the limits and errors in the order it
+/// always did; for a head without any of these both give the same.
+fn parse_whole_head(b: &[u8], limits: Bounds) -> Option<(Command, Headers, usize)> {
+    // Offsets are kept as u32: a buffer holds at most the frame limit
+    // (at most 2 GiB) and one read.
+    u32::try_from(b.len()).ok()?;
+    let command_window = b.get(..b.len().min(COMMAND_LINE_MAX_BYTES + 1))?;
+    let nl = crate::swar::find_any(command_window, [b'\n'])?;
+    let command = Command::parse(strip_cr(b.get(..nl)?))?;
+    let block = b.get(nl + 1..)?;
+    let mut at = 0;
+    let mut spans: Vec<Span> = Vec::with_capacity(HEADERS_EXPECTED);
+    let mut present = 0;
+    let block_len = loop {
+        let rest = block.get(at..)?;
+        match rest {
+            [b'\n', ..] => break at + 1,
+            // (A CR counts against the line limit, as in the scan.)
+            [b'\r', b'\n', ..] if limits.header_line() >= 1 => break at + 2,
+            _ => {}
+        }
+        // The colon, or the first byte that makes this head not plain.
+        let colon = crate::swar::find_control_or(rest, [b':', b'\\'])?;
+        let value = rest.get(colon + 1..)?;
+        if colon == 0 || rest.get(colon) != Some(&b':') {
+            return None;
+        }
+        let value_len = crate::swar::find_control_or(value, [b'\\'])?;
+        let nl = colon + 1 + value_len;
+        // Within the line limit (its LF not counted), and within the
+        // header count (the command line counts as a line).
+        if value.get(value_len) != Some(&b'\n')
+            || nl > limits.header_line()
+            || spans.len() >= limits.headers()
+        {
+            return None;
+        }
+        let end = if value_len > 0 && value.get(value_len - 1) == Some(&b'\r') {
+            nl - 1
+        } else {
+            nl
+        };
+        let known = KnownHeader::of(rest.get(..colon)?);
+        present |= known.map_or(0, KnownHeader::bit);
+        spans.push(Span::parsed(at, at + colon, at + end, known));
+        at += nl + 1;
+    };
+    // Up to the end of the last value: the blank line is not kept.
+    let text_end = spans.last().map_or(0, Span::value_end);
+    let text = std::str::from_utf8(block.get(..text_end)?).ok()?;
+    Some((
+        command,
+        Headers::from_parsed(text.to_owned(), spans, present),
+        nl + 1 + block_len,
+    ))
+}
+
 /// One line up to LF, without the LF and a CR before it.
 fn line(input: &[u8]) -> IResult<&[u8], &[u8]> {
     let (rest, l) = terminated(take_till(|b| b == b'\n'), byte('\n')).parse(input)?;
@@ -550,13 +671,8 @@ pub(crate) fn parse_head_text(
         FrameError::UnknownCommand(String::from_utf8_lossy(command_line).into_owned())
     })?;
     let escaping = Escaping::for_frame(version, command);
-    let lines = head.get(at..).unwrap_or_default();
-    // No escape to undo (none in the whole block, or none defined): the
-    // block is copied once as it is, with one scan for a backslash rather
-    // than one per name and value (this is every SEND's parse).
-    if escaping == Escaping::None || crate::swar::find_any(lines.as_bytes(), [b'\\']).is_none() {
-        return Ok((command, Headers::from_raw_lines(lines, HEADERS_EXPECTED)?));
-    }
+    // (A head the decoder finds whole, without escapes, does not come
+    // here: the scan that found its end made its headers.)
     let mut headers = Headers::with_capacity(HEADERS_EXPECTED, head.len());
     loop {
         let (end, next) = line_end(at)?;
@@ -613,6 +729,34 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    #[test]
+    fn content_lengths_read_as_trim_and_parse_read_them() {
+        for text in [
+            "0",
+            "1024",
+            "007",
+            " 12 ",
+            "\t5",
+            "+5",
+            "-1",
+            "",
+            " ",
+            "1 2",
+            "x",
+            "1e3",
+            "18446744073709551615",
+            "18446744073709551616",
+            "99999999999999999999999",
+            "\u{a0}7\u{2003}",
+        ] {
+            assert_eq!(
+                content_length_of(text),
+                text.trim().parse::<usize>().ok(),
+                "{text:?}"
+            );
+        }
+    }
+
     proptest! {
         /// The UTF-8 fast path parses every head as the field-by-field
         /// parse does: same command, headers and error.
@@ -638,6 +782,64 @@ mod tests {
             head.push(b'\n');
             if let Ok(text) = std::str::from_utf8(&head) {
                 prop_assert_eq!(parse_head_text(text, version), parse_head_bytes(&head, version));
+            }
+        }
+
+        /// A head the decoder gets whole (parsed in the pass that finds
+        /// its end, names classified on the way) gives the command and
+        /// headers, or the error, of the field-by-field parse; and every
+        /// header is found by its name, known or not, first one winning.
+        #[test]
+        fn the_one_pass_parse_agrees_with_the_byte_parse(
+            lines in proptest::collection::vec(
+                (
+                    proptest::sample::select(vec![
+                        "", "destination", "receipt", "id", "ack", "x-queue-type",
+                        "content-type", "persistent", "reply-to", "custom", "a\\c",
+                    ]),
+                    proptest::collection::vec(
+                        proptest::sample::select(vec![
+                            b'a', b':', b'\\', b'n', b'c', b'r', b'\r', b' ', 0xc3, 0xa9,
+                        ]),
+                        0..8,
+                    ),
+                ),
+                0..7,
+            ),
+            command in proptest::sample::select(vec!["SEND", "CONNECT", "ACK"]),
+            version in proptest::sample::select(vec![Version::V1_0, Version::V1_1, Version::V1_2]),
+        ) {
+            let mut head = format!("{command}\n").into_bytes();
+            for (name, tail) in &lines {
+                head.extend_from_slice(name.as_bytes());
+                head.extend_from_slice(tail);
+                head.push(b'\n');
+            }
+            head.push(b'\n');
+            let want = parse_head_bytes(&head, version);
+            let mut d = Decoder::new(
+                Limits {
+                    frame_size_max_bytes: 4096,
+                    header_line_max_bytes: 256,
+                    headers_max: 16,
+                    body_size_max_bytes: 1024,
+                },
+                version,
+            );
+            d.feed(&head);
+            d.feed(b"\0");
+            let got = d.decode().map(|f| f.map(|f| (f.command, f.headers)));
+            match want {
+                Ok(want) => {
+                    let got = got.ok().flatten();
+                    prop_assert_eq!(got.as_ref(), Some(&want));
+                    let Some((_, headers)) = got else { unreachable!() };
+                    for (name, _) in want.1.iter() {
+                        let first = want.1.iter().find(|(n, _)| *n == name).map(|(_, v)| v);
+                        prop_assert_eq!(headers.get(name), first, "{}", name);
+                    }
+                }
+                Err(e) => prop_assert_eq!(got, Err(e)),
             }
         }
     }

@@ -11,12 +11,115 @@ use std::collections::VecDeque;
 use rosetta_neutral::id_hash::BuildIdHasher;
 use rosetta_neutral::{LazyMap, Ticket};
 
+/// The commits a frame waits for: almost always none or one (a durable
+/// SEND's), kept inline; more (an ACK of several deliveries, a COMMIT)
+/// in a `Vec`. Not a `Vec` for all: that was an allocation per SEND.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Tickets {
+    first: Option<Ticket>,
+    more: Vec<Ticket>,
+}
+
+impl Tickets {
+    /// None yet.
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds one, after those already in.
+    pub(crate) fn push(&mut self, ticket: Ticket) {
+        if self.first.is_none() {
+            self.first = Some(ticket);
+        } else {
+            self.more.push(ticket);
+        }
+    }
+
+    /// All of them, in the order they were added.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Ticket> + '_ {
+        self.first.iter().chain(&self.more).copied()
+    }
+
+    /// How many.
+    pub(crate) fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.more.len()
+    }
+
+    /// Whether there are none.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+}
+
+impl FromIterator<Ticket> for Tickets {
+    fn from_iter<I: IntoIterator<Item = Ticket>>(iter: I) -> Self {
+        let mut tickets = Tickets::new();
+        for t in iter {
+            tickets.push(t);
+        }
+        tickets
+    }
+}
+
+/// A frame's `receipt` header, kept until its RECEIPT is written: inline
+/// when short (a client's counter, a few digits), so that a receipted
+/// SEND allocates nothing for it; on the heap when longer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ReceiptId {
+    /// The first `len` bytes of `bytes` (a whole `str`).
+    Short {
+        len: u8,
+        bytes: [u8; RECEIPT_INLINE_BYTES],
+    },
+    /// A longer one.
+    Long(Box<str>),
+}
+
+/// Longest receipt id kept inline: the enum is then as large as a
+/// `String`.
+const RECEIPT_INLINE_BYTES: usize = 22;
+
+impl ReceiptId {
+    /// `id`, inline when it fits.
+    pub(crate) fn new(id: &str) -> Self {
+        let mut bytes = [0u8; RECEIPT_INLINE_BYTES];
+        match (bytes.get_mut(..id.len()), u8::try_from(id.len())) {
+            (Some(room), Ok(len)) => {
+                room.copy_from_slice(id.as_bytes());
+                ReceiptId::Short { len, bytes }
+            }
+            _ => ReceiptId::Long(id.into()),
+        }
+    }
+
+    /// The id's bytes (UTF-8): what a RECEIPT writes, without a UTF-8
+    /// check (which costs a short id more than its copy).
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match self {
+            ReceiptId::Short { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or_default(),
+            ReceiptId::Long(id) => id.as_bytes(),
+        }
+    }
+
+    /// The id.
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            // A whole `str` was copied in: always UTF-8.
+            ReceiptId::Short { len, bytes } => bytes
+                .get(..usize::from(*len))
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .unwrap_or_default(),
+            ReceiptId::Long(id) => id,
+        }
+    }
+}
+
 /// One frame's pending completion.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Pending {
     seq: u64,
     /// The frame's `receipt` header.
-    pub(crate) receipt: Option<String>,
+    pub(crate) receipt: Option<ReceiptId>,
     /// Tickets not yet committed.
     waiting: usize,
     /// The frame was a DISCONNECT: close once released.
@@ -50,8 +153,8 @@ impl Receipts {
     /// Registers a processed frame and the tickets it waits for.
     pub(crate) fn push(
         &mut self,
-        receipt: Option<String>,
-        tickets: &[Ticket],
+        receipt: Option<ReceiptId>,
+        tickets: &Tickets,
         disconnect: bool,
         lease_expired: bool,
     ) {
@@ -61,8 +164,8 @@ impl Receipts {
         let waiting = self.0.get_or_insert_with(Box::default);
         let seq = waiting.next_seq;
         waiting.next_seq += 1;
-        for t in tickets {
-            waiting.by_ticket.insert(*t, seq);
+        for t in tickets.iter() {
+            waiting.by_ticket.insert(t, seq);
         }
         waiting.committing |= !tickets.is_empty();
         waiting.queue.push_back(Pending {
@@ -99,7 +202,7 @@ impl Receipts {
     pub(crate) fn receipt_of(&self, seq: u64) -> Option<String> {
         let waiting = self.0.as_deref()?;
         let entry = waiting.queue.iter().find(|p| p.seq == seq)?;
-        entry.receipt.clone()
+        entry.receipt.as_ref().map(|r| r.as_str().to_owned())
     }
 
     /// The oldest entry, once it and all before it are complete.
@@ -133,23 +236,65 @@ mod tests {
     use super::*;
 
     #[test]
+    fn receipt_ids_read_back_as_given_short_or_long() {
+        let long = "r".repeat(RECEIPT_INLINE_BYTES + 1);
+        let edge = "é".repeat(RECEIPT_INLINE_BYTES / 2);
+        for id in ["", "1", "12345", "é€", edge.as_str(), &long[1..], &long] {
+            let r = ReceiptId::new(id);
+            assert_eq!(r.as_str(), id);
+            assert_eq!(r.as_bytes(), id.as_bytes());
+            let inline = id.len() <= RECEIPT_INLINE_BYTES;
+            assert_eq!(matches!(r, ReceiptId::Short { .. }), inline, "{id}");
+        }
+        assert_eq!(
+            std::mem::size_of::<Option<ReceiptId>>(),
+            std::mem::size_of::<Option<String>>()
+        );
+    }
+
+    #[test]
+    fn tickets_keep_their_order_inline_or_not() {
+        assert!(Tickets::new().is_empty());
+        for n in 0..4u64 {
+            let t: Tickets = (1..=n).map(Ticket).collect();
+            assert_eq!(t.len(), n as usize);
+            assert_eq!(t.is_empty(), n == 0);
+            assert_eq!(
+                t.iter().collect::<Vec<_>>(),
+                (1..=n).map(Ticket).collect::<Vec<_>>()
+            );
+        }
+    }
+
+    #[test]
     fn receipts_release_in_frame_order() {
         let mut r = Receipts::default();
-        r.push(Some("a".into()), &[Ticket(1)], false, false);
-        r.push(None, &[], false, false); // nothing to wait for: no entry
-        r.push(Some("b".into()), &[], false, false);
+        r.push(
+            Some(ReceiptId::new("a")),
+            &[Ticket(1)].into_iter().collect(),
+            false,
+            false,
+        );
+        r.push(None, &Tickets::new(), false, false); // nothing to wait for: no entry
+        r.push(Some(ReceiptId::new("b")), &Tickets::new(), false, false);
         assert_eq!(r.outstanding(), 1);
         assert!(r.pop_ready().is_none(), "b must wait for a");
         let seq = r.committed(Ticket(1));
         assert!(seq.is_some());
         assert_eq!(seq.and_then(|s| r.receipt_of(s)), Some("a".into()));
         assert_eq!(r.committed(Ticket(1)), None);
-        assert_eq!(r.pop_ready().and_then(|p| p.receipt), Some("a".into()));
-        assert_eq!(r.pop_ready().and_then(|p| p.receipt), Some("b".into()));
+        assert_eq!(
+            r.pop_ready().and_then(|p| p.receipt),
+            Some(ReceiptId::new("a"))
+        );
+        assert_eq!(
+            r.pop_ready().and_then(|p| p.receipt),
+            Some(ReceiptId::new("b"))
+        );
         assert!(r.pop_ready().is_none());
         assert!(r.0.is_some(), "a producer keeps its ticket map");
         let mut receipts_only = Receipts::default();
-        receipts_only.push(Some("s".into()), &[], false, false);
+        receipts_only.push(Some(ReceiptId::new("s")), &Tickets::new(), false, false);
         assert!(receipts_only.pop_ready().is_some());
         assert!(receipts_only.0.is_none(), "nothing kept for receipts alone");
     }

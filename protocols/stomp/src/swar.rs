@@ -40,9 +40,95 @@ pub(crate) fn find_any<const N: usize>(b: &[u8], cs: [u8; N]) -> Option<usize> {
         .map(|p| at + p)
 }
 
+/// The high bit of each byte of `x` below `n` (`n` at most 0x80) is set
+/// (and possibly of bytes above a match, never below the first one).
+fn below(x: u64, n: u8) -> u64 {
+    x.wrapping_sub(ONES * u64::from(n)) & !x & HIGHS
+}
+
+/// Bytes below this are control bytes a header line may only end with
+/// (LF) or must not hold (NUL), or rare ones (TAB, ...) left to a slower
+/// path: one test finds them all.
+pub(crate) const CONTROL_BELOW: u8 = b'\n' + 1;
+
+/// The first position of a byte of `b` below `n` (at most 0x80) or one
+/// of `cs`: [`find_any`] with a range of control bytes in one test (LF
+/// and NUL, or LF and CR, with their neighbours).
+pub(crate) fn find_below_or<const N: usize>(b: &[u8], n: u8, cs: [u8; N]) -> Option<usize> {
+    let mut words = b.chunks_exact(8);
+    let mut at = 0;
+    for w in &mut words {
+        let x = word(w);
+        let hits = cs.iter().fold(below(x, n), |acc, &c| acc | matches(x, c));
+        if hits != 0 {
+            return Some(at + (hits.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    words
+        .remainder()
+        .iter()
+        .position(|x| *x < n || cs.contains(x))
+        .map(|p| at + p)
+}
+
+/// [`find_below_or`] below [`CONTROL_BELOW`].
+pub(crate) fn find_control_or<const N: usize>(b: &[u8], cs: [u8; N]) -> Option<usize> {
+    find_below_or(b, CONTROL_BELOW, cs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_the_first_control_byte_or_match_at_every_position_and_length() {
+        for len in 0..24 {
+            let plain = vec![b'a'; len];
+            assert_eq!(find_control_or(&plain, [b':']), None);
+            for first in 0..len {
+                for c in [0u8, 1, b'\t', b'\n', b':'] {
+                    for second in first..len {
+                        let mut t = plain.clone();
+                        t[first] = c;
+                        t[second] = if second == first { c } else { 0 };
+                        assert_eq!(
+                            find_control_or(&t, [b':']),
+                            Some(first),
+                            "{c} at {first}, {second} of {len}"
+                        );
+                    }
+                }
+                // The bytes just past the range, high bytes, and bytes
+                // whose subtraction borrows never match alone.
+                for c in [0x0b, 0x0c, b'\r', 0x80, 0x8a, 0xff, b';'] {
+                    let mut t = plain.clone();
+                    t[first] = c;
+                    assert_eq!(find_control_or(&t, [b':']), None, "{c} at {first}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_range_test_is_exact_for_every_byte_and_bound() {
+        for n in [1u8, CONTROL_BELOW, 0x0e, 0x41, 0x80] {
+            for c in 0..=255u8 {
+                for at in 0..8 {
+                    // A filler at or above every bound (a high byte, where
+                    // a borrow would show).
+                    let mut t = [0xe0; 8];
+                    t[at] = c;
+                    let want = (c < n || c == b':').then_some(at);
+                    assert_eq!(
+                        find_below_or(&t, n, [b':']),
+                        want,
+                        "{c:#x} below {n:#x} at {at}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn finds_the_first_match_at_every_position_and_length() {

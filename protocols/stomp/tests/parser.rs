@@ -172,6 +172,123 @@ fn value_may_contain_colons() {
     assert_eq!(f.header("url"), Some("http://x:80/"));
 }
 
+/// The headers of `f` as owned pairs, in wire order.
+fn pairs(f: &Frame) -> Vec<(String, String)> {
+    f.headers
+        .iter()
+        .map(|(n, v)| (n.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// A SEND with the headers a publisher sends (known and not, repeated,
+/// empty, with colons in values, CRLF) parses the same whole, split at
+/// every byte, and a byte at a time: the whole head is parsed in the pass
+/// that finds its end, a split one after its last piece.
+#[test]
+fn a_head_parses_the_same_whole_and_split_anywhere() {
+    let input: &[u8] = b"SEND\r\ndestination:/queue/a:b\r\nreceipt:1\r\nx-custom:\r\n\
+receipt:2\r\nurl:http://h:80/p\r\ncontent-type:text/plain\r\ncontent-length:3\r\n\r\nabc\0";
+    let f = one(input, Version::V1_2);
+    assert_eq!(f.header("destination"), Some("/queue/a:b"));
+    assert_eq!(f.header("receipt"), Some("1"), "the first one wins");
+    assert_eq!(f.header("x-custom"), Some(""));
+    assert_eq!(f.header("url"), Some("http://h:80/p"));
+    assert_eq!(f.header("content-type"), Some("text/plain"));
+    assert_eq!(f.header("Destination"), None, "names are case-sensitive");
+    let want = [
+        ("destination", "/queue/a:b"),
+        ("receipt", "1"),
+        ("x-custom", ""),
+        ("receipt", "2"),
+        ("url", "http://h:80/p"),
+        ("content-type", "text/plain"),
+        ("content-length", "3"),
+    ]
+    .map(|(n, v)| (n.to_owned(), v.to_owned()));
+    assert_eq!(pairs(&f), want);
+    assert_eq!(&f.body[..], b"abc");
+    for split in 1..input.len() {
+        let mut d = Decoder::new(LIMITS, Version::V1_2);
+        let mut frames = Vec::new();
+        for piece in [&input[..split], &input[split..]] {
+            assert_eq!(d.feed(piece), piece.len());
+            while let Some(got) = d.decode().unwrap() {
+                frames.push(got);
+            }
+        }
+        assert_eq!(frames, std::slice::from_ref(&f), "split at {split}");
+    }
+}
+
+/// A head the one-pass parse leaves to the line-by-line one (a TAB or
+/// another control byte in a value, a backslash in 1.0) reads as before.
+#[test]
+fn heads_with_rare_bytes_parse_as_before() {
+    let f = one(b"SEND\nk:a\tb\x01c\nreceipt:7\n\n\0", Version::V1_2);
+    assert_eq!(f.header("k"), Some("a\tb\x01c"));
+    assert_eq!(f.header("receipt"), Some("7"));
+    let f = one(b"SEND\nk:a\\b\nreceipt:7\n\n\0", Version::V1_0);
+    assert_eq!(f.header("k"), Some("a\\b"));
+    assert_eq!(f.header("receipt"), Some("7"));
+}
+
+/// Escapes in known headers are undone (1.1, 1.2) and the headers are
+/// still found by name; 1.0 and CONNECT keep them as they are.
+#[test]
+fn escaped_known_headers_are_found_unescaped() {
+    let input = b"SEND\ndestination:/queue/a\\cb\nreceipt:r\\\\1\nk:v\n\n\0";
+    let f = one(input, Version::V1_2);
+    assert_eq!(f.header("destination"), Some("/queue/a:b"));
+    assert_eq!(f.header("receipt"), Some("r\\1"));
+    assert_eq!(f.header("k"), Some("v"));
+    let f10 = one(input, Version::V1_0);
+    assert_eq!(f10.header("destination"), Some("/queue/a\\cb"));
+    assert_eq!(f10.header("receipt"), Some("r\\\\1"));
+    // An escaped name that spells a known one is that header.
+    let f = one(
+        b"SEND\nreceipt\\c:x\nre\\\\ceipt:y\nreceipt:z\n\n\0",
+        Version::V1_2,
+    );
+    assert_eq!(f.header("receipt:"), Some("x"));
+    assert_eq!(f.header("re\\ceipt"), Some("y"));
+    assert_eq!(f.header("receipt"), Some("z"));
+}
+
+/// A bad line after good ones is found, and the first bad line decides
+/// the error, as in a parse line by line.
+#[test]
+fn the_first_bad_header_line_decides_the_error() {
+    let v = Version::V1_2;
+    assert_eq!(
+        err(b"SEND\ndestination:/queue/a\nreceipt:1\nnocolon\n\n\0", v),
+        FrameError::MissingColon
+    );
+    assert_eq!(
+        err(b"SEND\ndestination:/queue/a\n:v\n\n\0", v),
+        FrameError::EmptyHeaderName
+    );
+    assert_eq!(
+        err(b"SEND\nk:\xff\nnocolon\n\n\0", v),
+        FrameError::InvalidUtf8
+    );
+    assert_eq!(
+        err(b"SEND\nnocolon\nk:\xff\n\n\0", v),
+        FrameError::MissingColon
+    );
+    assert!(matches!(
+        err(b"SEND\nk:a\\tb\nnocolon\n\n\0", v),
+        FrameError::BadEscape(_)
+    ));
+    // Limits met later in the head still come first (they are checked
+    // as the bytes arrive).
+    let mut many = b"SEND\nnocolon\n".to_vec();
+    for i in 0..9 {
+        many.extend_from_slice(format!("h{i}:v\n").as_bytes());
+    }
+    many.extend_from_slice(b"\n\0");
+    assert_eq!(err(&many, v), FrameError::TooManyHeaders { max: 8 });
+}
+
 #[test]
 fn malformed_input_is_rejected() {
     let v = Version::V1_2;

@@ -2,15 +2,18 @@
 //! code they replaced: a differential target.
 //!
 //! The first byte picks the mode:
-//! - search (1 in 4): `swar::find_any` and the encoder's escape test
-//!   against byte loops, for 1-4 needles (the parser's own sets half the
-//!   time, any bytes else) over every slice of the input that starts in
+//! - search (1 in 4): `swar::find_any`, `swar::find_below_or` (a byte
+//!   range and needles) and the encoder's escape test against byte
+//!   loops, for 1-4 needles (the parser's own sets half the time, any
+//!   bytes else) over every slice of the input that starts in
 //!   its first 9 bytes and ends in its last 9: every alignment, and
 //!   lengths either side of the 8-byte words. Bytes of 0x80 and above are
 //!   where a carry or borrow would leak between bytes.
 //! - head (1 in 4): a complete head through the UTF-8 path (word-at-a-time
 //!   line and colon searches) and the field-by-field `nom` parse: the same
-//!   command and headers, or the same error.
+//!   command and headers, or the same error; and through the decoder's
+//!   one-pass parse of a whole head, where it takes the head: the same
+//!   command and headers.
 //! - decoder (2 in 4): the same bytes decoded whole, a byte at a time and
 //!   in chunks of a chosen size, under small limits: the same frames and
 //!   the same error. The header line scan keeps its place between feeds
@@ -21,7 +24,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use rosetta_stomp::fuzzing::{
-    find_any, find_any_scalar, may_need_escape, may_need_escape_scalar, parse_head_both,
+    find_any, find_any_scalar, find_below_or, find_below_or_scalar, may_need_escape,
+    may_need_escape_scalar, parse_head_both, parse_whole_head_both,
 };
 use rosetta_stomp::{Decoder, Frame, FrameError, Limits, Version};
 
@@ -58,6 +62,15 @@ fn check_search(knob: u8, rest: &[u8]) {
                 may_need_escape_scalar(b),
                 "may_need_escape over {start}..{end}"
             );
+            // The range test with the bounds the parser and encoder use
+            // and one from the input (at most 0x80).
+            for n in [0x0b, 0x0e, 1 + knob % 0x80] {
+                assert_eq!(
+                    find_below_or(b, n, needles),
+                    find_below_or_scalar(b, n, needles),
+                    "find_below_or({n:#x}, {needles:02x?}) over {start}..{end}"
+                );
+            }
         }
     }
 }
@@ -83,6 +96,15 @@ fn check_head(knob: u8, rest: &[u8]) {
     }
     if let Some((text, bytes)) = parse_head_both(&head, version(knob)) {
         assert_eq!(text, bytes, "the UTF-8 head parse disagrees with nom's");
+    }
+    let limits = Limits {
+        frame_size_max_bytes: 1 << 20,
+        header_line_max_bytes: 1 << 20,
+        headers_max: 1 << 20,
+        body_size_max_bytes: 1 << 20,
+    };
+    if let Some((whole, bytes)) = parse_whole_head_both(&head, version(knob), limits) {
+        assert_eq!(whole, bytes, "the one-pass head parse disagrees with nom's");
     }
 }
 
