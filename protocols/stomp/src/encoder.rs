@@ -146,39 +146,11 @@ impl<'a> FrameWriter<'a> {
     }
 }
 
-/// Appends `v` in decimal.
+/// Appends `v` in decimal (numbers are written into every MESSAGE: its
+/// ack id, offset and `content-length`). `itoa` writes two digits per
+/// division, without going through `fmt`.
 pub(crate) fn push_u64(out: &mut Vec<u8>, v: u64) {
-    let mut text = [0u8; 20];
-    out.extend_from_slice(u64_digits(v, &mut text));
-}
-
-/// "00" to "99": two digits per division (numbers are written into
-/// every MESSAGE: its ack id, offset and `content-length`).
-const DIGIT_PAIRS: &[u8; 200] = b"\
-0001020304050607080910111213141516171819\
-2021222324252627282930313233343536373839\
-4041424344454647484950515253545556575859\
-6061626364656667686970717273747576777879\
-8081828384858687888990919293949596979899";
-
-/// `v` in decimal, written at the end of `text`.
-pub(crate) fn u64_digits(mut v: u64, text: &mut [u8; 20]) -> &[u8] {
-    let mut at = text.len();
-    while v >= 100 {
-        let pair = (v % 100) as usize * 2;
-        v /= 100;
-        at -= 2;
-        text[at..at + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
-    }
-    if v >= 10 {
-        let pair = v as usize * 2;
-        at -= 2;
-        text[at..at + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
-    } else {
-        at -= 1;
-        text[at] = b'0' + v as u8;
-    }
-    &text[at..]
+    out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }
 
 #[cfg(test)]

@@ -226,14 +226,14 @@ impl AckId {
     /// into `buf` (room for two 20-digit numbers and the dash), without
     /// allocating: the bytes written.
     pub(crate) fn write_to(self, buf: &mut [u8; 48]) -> &[u8] {
-        let mut text = [0u8; 20];
+        let mut text = itoa::Buffer::new();
         let mut at = 0;
         for (i, n) in [self.0 .0, self.1 .0].into_iter().enumerate() {
             if i == 1 {
                 buf[at] = b'-';
                 at += 1;
             }
-            let digits = crate::encoder::u64_digits(n, &mut text);
+            let digits = text.format(n).as_bytes();
             buf[at..at + digits.len()].copy_from_slice(digits);
             at += digits.len();
         }
