@@ -19,16 +19,22 @@ fn word(w: &[u8]) -> u64 {
     u64::from_le_bytes(eight)
 }
 
-/// The first position of a byte of `b` that is one of `cs`.
-pub(crate) fn find_any<const N: usize>(b: &[u8], cs: [u8; N]) -> Option<usize> {
+/// The first position in `b` of a byte that `word_hits` flags in its
+/// 8-byte word (the byte's high bit) or, in the tail shorter than a word,
+/// that `byte_hit` accepts. Little-endian: the lowest flag is the first
+/// hit (a false flag can only follow a true one). Inlined into each
+/// search, so the closures cost nothing.
+#[inline(always)]
+fn find_by(
+    b: &[u8],
+    word_hits: impl Fn(u64) -> u64,
+    byte_hit: impl Fn(u8) -> bool,
+) -> Option<usize> {
     let mut words = b.chunks_exact(8);
     let mut at = 0;
     for w in &mut words {
-        let x = word(w);
-        let hits = cs.iter().fold(0, |acc, &c| acc | matches(x, c));
+        let hits = word_hits(word(w));
         if hits != 0 {
-            // Little-endian: the lowest set bit is the first matching byte
-            // (a false match can only follow a true one).
             return Some(at + (hits.trailing_zeros() / 8) as usize);
         }
         at += 8;
@@ -36,8 +42,17 @@ pub(crate) fn find_any<const N: usize>(b: &[u8], cs: [u8; N]) -> Option<usize> {
     words
         .remainder()
         .iter()
-        .position(|x| cs.contains(x))
+        .position(|&x| byte_hit(x))
         .map(|p| at + p)
+}
+
+/// The first position of a byte of `b` that is one of `cs`.
+pub(crate) fn find_any<const N: usize>(b: &[u8], cs: [u8; N]) -> Option<usize> {
+    find_by(
+        b,
+        |x| cs.iter().fold(0, |acc, &c| acc | matches(x, c)),
+        |x| cs.contains(&x),
+    )
 }
 
 /// The high bit of each byte of `x` below `n` (`n` at most 0x80) is set
@@ -55,21 +70,11 @@ pub(crate) const CONTROL_BELOW: u8 = b'\n' + 1;
 /// of `cs`: [`find_any`] with a range of control bytes in one test (LF
 /// and NUL, or LF and CR, with their neighbours).
 pub(crate) fn find_below_or<const N: usize>(b: &[u8], n: u8, cs: [u8; N]) -> Option<usize> {
-    let mut words = b.chunks_exact(8);
-    let mut at = 0;
-    for w in &mut words {
-        let x = word(w);
-        let hits = cs.iter().fold(below(x, n), |acc, &c| acc | matches(x, c));
-        if hits != 0 {
-            return Some(at + (hits.trailing_zeros() / 8) as usize);
-        }
-        at += 8;
-    }
-    words
-        .remainder()
-        .iter()
-        .position(|x| *x < n || cs.contains(x))
-        .map(|p| at + p)
+    find_by(
+        b,
+        |x| cs.iter().fold(below(x, n), |acc, &c| acc | matches(x, c)),
+        |x| x < n || cs.contains(&x),
+    )
 }
 
 /// [`find_below_or`] below [`CONTROL_BELOW`].
