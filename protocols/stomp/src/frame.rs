@@ -293,6 +293,7 @@ pub(crate) struct Span {
 impl Span {
     /// A header whose name is `text[name.0..name.1]` and value
     /// `text[value.0..value.1]`; `known` is [`KnownHeader::of`] its name.
+    #[inline]
     fn new(name: (usize, usize), value: (usize, usize), known: Option<KnownHeader>) -> Self {
         let at = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Span {
@@ -314,14 +315,7 @@ impl Span {
         end: usize,
         known: Option<KnownHeader>,
     ) -> Self {
-        let at = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        Span {
-            name_start: at(start),
-            name_end: at(colon),
-            value_start: at(colon + 1),
-            value_end: at(end),
-            known,
-        }
+        Span::new((start, colon), (colon + 1, end), known)
     }
 
     /// Where the value ends.
