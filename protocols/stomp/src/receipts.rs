@@ -10,56 +10,12 @@ use std::collections::VecDeque;
 
 use rosetta_neutral::id_hash::BuildIdHasher;
 use rosetta_neutral::{LazyMap, Ticket};
+use smallvec::SmallVec;
 
 /// The commits a frame waits for: almost always none or one (a durable
 /// SEND's), kept inline; more (an ACK of several deliveries, a COMMIT)
-/// in a `Vec`. Not a `Vec` for all: that was an allocation per SEND.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Tickets {
-    first: Option<Ticket>,
-    more: Vec<Ticket>,
-}
-
-impl Tickets {
-    /// None yet.
-    pub(crate) fn new() -> Self {
-        Self::default()
-    }
-
-    /// Adds one, after those already in.
-    pub(crate) fn push(&mut self, ticket: Ticket) {
-        if self.first.is_none() {
-            self.first = Some(ticket);
-        } else {
-            self.more.push(ticket);
-        }
-    }
-
-    /// All of them, in the order they were added.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = Ticket> + '_ {
-        self.first.iter().chain(&self.more).copied()
-    }
-
-    /// How many.
-    pub(crate) fn len(&self) -> usize {
-        usize::from(self.first.is_some()) + self.more.len()
-    }
-
-    /// Whether there are none.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.first.is_none()
-    }
-}
-
-impl FromIterator<Ticket> for Tickets {
-    fn from_iter<I: IntoIterator<Item = Ticket>>(iter: I) -> Self {
-        let mut tickets = Tickets::new();
-        for t in iter {
-            tickets.push(t);
-        }
-        tickets
-    }
-}
+/// spill to the heap. Not a `Vec`: that was an allocation per SEND.
+pub(crate) type Tickets = SmallVec<[Ticket; 1]>;
 
 /// A frame's `receipt` header, kept until its RECEIPT is written: inline
 /// when short (a client's counter, a few digits), so that a receipted
@@ -164,7 +120,7 @@ impl Receipts {
         let waiting = self.0.get_or_insert_with(Box::default);
         let seq = waiting.next_seq;
         waiting.next_seq += 1;
-        for t in tickets.iter() {
+        for &t in tickets {
             waiting.by_ticket.insert(t, seq);
         }
         waiting.committing |= !tickets.is_empty();
@@ -250,20 +206,6 @@ mod tests {
             std::mem::size_of::<Option<ReceiptId>>(),
             std::mem::size_of::<Option<String>>()
         );
-    }
-
-    #[test]
-    fn tickets_keep_their_order_inline_or_not() {
-        assert!(Tickets::new().is_empty());
-        for n in 0..4u64 {
-            let t: Tickets = (1..=n).map(Ticket).collect();
-            assert_eq!(t.len(), n as usize);
-            assert_eq!(t.is_empty(), n == 0);
-            assert_eq!(
-                t.iter().collect::<Vec<_>>(),
-                (1..=n).map(Ticket).collect::<Vec<_>>()
-            );
-        }
     }
 
     #[test]
