@@ -51,35 +51,23 @@ use crate::subscription::{AckId, AckMode, Subscription};
 /// supported and are carried as plain properties).
 pub(crate) const SCHEDULED_DELAY_HEADER: &str = "AMQ_SCHEDULED_DELAY";
 
-/// SEND headers with a meaning of their own (not copied to properties).
-const SEND_RESERVED: [KnownHeader; 12] = [
-    KnownHeader::Destination,
-    KnownHeader::ContentLength,
-    KnownHeader::ContentType,
-    KnownHeader::ReplyTo,
-    KnownHeader::CorrelationId,
-    KnownHeader::Expires,
-    KnownHeader::Priority,
-    KnownHeader::Persistent,
-    KnownHeader::Transaction,
-    KnownHeader::Receipt,
-    KnownHeader::ScheduledDelay,
+/// SEND headers with a meaning of their own (not copied to properties),
+/// as a set of [`KnownHeader::bit`]s: whether a header is reserved is a
+/// bit test on what the parser found it to be, not a comparison of its
+/// name (for every header of every SEND).
+const SEND_RESERVED_BITS: u32 = KnownHeader::Destination.bit()
+    | KnownHeader::ContentLength.bit()
+    | KnownHeader::ContentType.bit()
+    | KnownHeader::ReplyTo.bit()
+    | KnownHeader::CorrelationId.bit()
+    | KnownHeader::Expires.bit()
+    | KnownHeader::Priority.bit()
+    | KnownHeader::Persistent.bit()
+    | KnownHeader::Transaction.bit()
+    | KnownHeader::Receipt.bit()
+    | KnownHeader::ScheduledDelay.bit()
     // Declares the destination a stream (RabbitMQ), not a property.
-    KnownHeader::QueueType,
-];
-
-/// [`SEND_RESERVED`] as a set of [`KnownHeader::bit`]s: whether a header
-/// is reserved is a bit test on what the parser found it to be, not a
-/// comparison of its name (for every header of every SEND).
-const SEND_RESERVED_BITS: u32 = {
-    let mut bits = 0;
-    let mut i = 0;
-    while i < SEND_RESERVED.len() {
-        bits |= SEND_RESERVED[i].bit();
-        i += 1;
-    }
-    bits
-};
+    | KnownHeader::QueueType.bit();
 
 /// Headers the server writes on MESSAGE itself.
 const MESSAGE_RESERVED: [&str; 12] = [
