@@ -24,7 +24,7 @@ const SHRINK_MIN_CAPACITY: usize = 1024;
 
 /// Shrinks `table` after a removal if most of its slots are empty;
 /// `hasher` is the table's hash of an entry.
-pub(crate) fn shrink_if_sparse<T>(table: &mut HashTable<T>, hasher: impl Fn(&T) -> u64) {
+fn shrink_if_sparse<T>(table: &mut HashTable<T>, hasher: impl Fn(&T) -> u64) {
     if table.capacity() > SHRINK_MIN_CAPACITY && table.len() * SHRINK_BELOW < table.capacity() {
         table.shrink_to(table.len() * 2, hasher);
     }
