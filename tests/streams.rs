@@ -192,6 +192,7 @@ mod amqp_readers {
     use super::common::amqp::{self, AnyDelivery};
     use super::common::stomp::StompClient;
     use super::common::TestBroker;
+    use fe2o3_amqp::session::SessionHandle;
     use fe2o3_amqp::types::messaging::annotations::OwnedKey;
     use fe2o3_amqp::types::messaging::Source;
     use fe2o3_amqp::types::primitives::{Symbol, Timestamp, Value};
@@ -212,6 +213,21 @@ mod amqp_readers {
                 },
             )
             .build()
+    }
+
+    /// A receiving link `name` on `address`, starting where `spec` says.
+    async fn attach_from(
+        session: &mut SessionHandle<()>,
+        name: &str,
+        address: &str,
+        spec: Value,
+    ) -> Receiver {
+        Receiver::builder()
+            .name(name)
+            .source(offset_source(address, spec))
+            .attach(session)
+            .await
+            .unwrap_or_else(|e| panic!("attach {name} to {address}: {e:?}"))
     }
 
     fn offset_of(d: &AnyDelivery) -> Option<i64> {
@@ -253,37 +269,31 @@ mod amqp_readers {
         let broker = TestBroker::start().await;
         write(&broker, 4).await;
         let (_conn, mut session) = amqp::connect_session(&broker, "reader-1").await;
-        let source = offset_source("/amq/queue/events", Value::Ulong(2));
-        let mut r = Receiver::builder()
-            .name("from-2")
-            .source(source)
-            .attach(&mut session)
-            .await
-            .expect("attach with an offset");
+        let mut r = attach_from(&mut session, "from-2", "/amq/queue/events", Value::Ulong(2)).await;
         assert_eq!(
             read(&mut r, 2).await,
             [(Some(2), "e2".to_owned()), (Some(3), "e3".to_owned())]
         );
-        let source = offset_source("/queue/events", Value::String("first".into()));
-        let mut r = Receiver::builder()
-            .name("from-first")
-            .source(source)
-            .attach(&mut session)
-            .await
-            .expect("attach from first");
+        let mut r = attach_from(
+            &mut session,
+            "from-first",
+            "/queue/events",
+            Value::String("first".into()),
+        )
+        .await;
         let got = read(&mut r, 4).await;
         assert_eq!(
             got.iter().map(|g| g.0).collect::<Vec<_>>(),
             [Some(0), Some(1), Some(2), Some(3)]
         );
         let an_hour_ago = Timestamp::from_milliseconds(super::now_s() as i64 * 1000 - 3_600_000);
-        let source = offset_source("/amq/queue/events", Value::Timestamp(an_hour_ago));
-        let mut r = Receiver::builder()
-            .name("since")
-            .source(source)
-            .attach(&mut session)
-            .await
-            .expect("attach by time");
+        let mut r = attach_from(
+            &mut session,
+            "since",
+            "/amq/queue/events",
+            Value::Timestamp(an_hour_ago),
+        )
+        .await;
         assert_eq!(read(&mut r, 4).await.len(), 4);
     }
 
@@ -316,13 +326,13 @@ mod amqp_readers {
             );
         }
         s.close().await.expect("close sender");
-        let source = offset_source("/queue/events", Value::String("first".into()));
-        let mut r = Receiver::builder()
-            .name("all")
-            .source(source)
-            .attach(&mut session)
-            .await
-            .expect("attach from first");
+        let mut r = attach_from(
+            &mut session,
+            "all",
+            "/queue/events",
+            Value::String("first".into()),
+        )
+        .await;
         let got = read(&mut r, 201).await;
         let want: Vec<(Option<i64>, String)> =
             (0..=200).map(|i| (Some(i), format!("e{i}"))).collect();
@@ -354,15 +364,13 @@ mod amqp_readers {
                 .expect("the connection goes on");
         }
         // The connection goes on, and so does the stream.
-        let mut r = Receiver::builder()
-            .name("good")
-            .source(offset_source(
-                "/amq/queue/events",
-                Value::String("first".into()),
-            ))
-            .attach(&mut session)
-            .await
-            .expect("a good link on the same connection");
+        let mut r = attach_from(
+            &mut session,
+            "good",
+            "/amq/queue/events",
+            Value::String("first".into()),
+        )
+        .await;
         assert_eq!(read(&mut r, 2).await.len(), 2);
     }
 
@@ -372,15 +380,13 @@ mod amqp_readers {
         write(&broker, 5).await;
         {
             let (mut conn, mut session) = amqp::connect_session(&broker, "billing").await;
-            let mut r = Receiver::builder()
-                .name("invoices")
-                .source(offset_source(
-                    "/amq/queue/events",
-                    Value::String("first".into()),
-                ))
-                .attach(&mut session)
-                .await
-                .expect("attach");
+            let mut r = attach_from(
+                &mut session,
+                "invoices",
+                "/amq/queue/events",
+                Value::String("first".into()),
+            )
+            .await;
             read(&mut r, 3).await; // accepted: 0, 1, 2
             r.close().await.expect("detach");
             conn.close().await.expect("close");
