@@ -131,7 +131,7 @@ fn message(seq: MessageSeq, queues: &[QueueId], body_bytes: usize) -> Record {
 /// the record layouts, must still read what today's build wrote).
 fn decode(body: Bytes) -> Message {
     match codec::decode_message_exact(body) {
-        Ok(m) => m,
+        Ok(m) => Message::clone(&m),
         Err(e) => panic!("a journaled message does not decode: {e}"),
     }
 }

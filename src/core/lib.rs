@@ -340,9 +340,7 @@ pub enum ReadBackError {
 
 /// A message body the store read back, decoded (never a panic).
 fn decode_journaled(seq: MessageSeq, body: Bytes) -> Result<Arc<Message>, ReadBackError> {
-    codec::decode_message_exact(body)
-        .map(Arc::new)
-        .map_err(|source| ReadBackError::Undecodable { seq, source })
+    codec::decode_message_exact(body).map_err(|source| ReadBackError::Undecodable { seq, source })
 }
 
 /// A journal that keeps nothing and completes at once.

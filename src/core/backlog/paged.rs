@@ -84,7 +84,7 @@ impl Paged {
 /// decode: dropped from memory, the journal keeps it until restart.
 pub(crate) fn decode(queue: QueueId, seq: MessageSeq, body: Bytes) -> Option<Arc<Message>> {
     match decode_message_exact(body) {
-        Ok(m) => Some(Arc::new(m)),
+        Ok(m) => Some(m),
         Err(e) => {
             tracing::error!(queue, seq, error = %e, "a paged message does not decode; dropped from memory (the journal keeps it until restart)");
             None

@@ -49,7 +49,7 @@ impl Decoded {
                 return Ok(Arc::clone(m));
             }
         }
-        let message = Arc::new(crate::codec::decode_message_exact(body)?);
+        let message = crate::codec::decode_message_exact(body)?;
         if end.saturating_sub(offset) > DECODED_MAX as u64 {
             return Ok(message); // history: not kept
         }
