@@ -528,37 +528,62 @@ impl Streams {
     }
 }
 
+/// What the pump thread does next.
+enum PumpStep {
+    /// Apply retention: it is due.
+    Retention,
+    /// Serve the readers of a queued stream.
+    Serve(Weak<Stream>),
+    /// Nothing until it is woken or retention falls due.
+    Wait,
+}
+
+/// Retention first when it is due, before any stream queued: every
+/// durable batch queues its stream again, so while readers of busy
+/// streams take longer to serve than a batch takes to commit, the queue
+/// is never empty, and retention waiting for an empty queue would let the
+/// logs grow past their limits for as long as the appends go on.
+fn next_step(queued: &mut VecDeque<Weak<Stream>>, retention_due: bool) -> PumpStep {
+    if retention_due {
+        return PumpStep::Retention;
+    }
+    queued.pop_front().map_or(PumpStep::Wait, PumpStep::Serve)
+}
+
 fn pump_loop(streams: Weak<Streams>) {
     let Some(pump) = streams.upgrade().map(|s| Arc::clone(&s.pump)) else {
         return;
     };
     let mut retention_at = Instant::now() + RETENTION_INTERVAL;
     loop {
-        let next = {
+        let step = {
             let mut d = pump.dirty.lock();
             loop {
                 if d.1 {
                     return;
                 }
-                if let Some(w) = d.0.pop_front() {
-                    break Some(w);
+                match next_step(&mut d.0, Instant::now() >= retention_at) {
+                    PumpStep::Wait => {
+                        pump.wake.wait_until(&mut d, retention_at);
+                    }
+                    step => break step,
                 }
-                if Instant::now() >= retention_at {
-                    break None;
-                }
-                pump.wake.wait_until(&mut d, retention_at);
             }
         };
         let Some(streams) = streams.upgrade() else {
             return;
         };
-        match next.and_then(|w| w.upgrade()) {
-            Some(s) => s.pump_all(&streams.groups),
-            None if Instant::now() >= retention_at => {
+        match step {
+            PumpStep::Serve(w) => {
+                if let Some(s) = w.upgrade() {
+                    s.pump_all(&streams.groups);
+                }
+            }
+            PumpStep::Retention => {
                 retention_at = Instant::now() + RETENTION_INTERVAL;
                 streams.run_retention();
             }
-            None => {}
+            PumpStep::Wait => {}
         }
     }
 }

@@ -411,3 +411,17 @@ fn stream_names_round_trip_through_their_directory_names() {
     }
     assert_eq!(super::name_of_dir("bad%4"), None);
 }
+
+#[test]
+fn retention_that_is_due_comes_before_the_streams_queued_to_be_served() {
+    use std::collections::VecDeque;
+    use std::sync::Weak;
+
+    use super::{next_step, PumpStep, Stream};
+
+    let mut queued: VecDeque<Weak<Stream>> = VecDeque::from([Weak::new()]);
+    assert!(matches!(next_step(&mut queued, true), PumpStep::Retention));
+    assert_eq!(queued.len(), 1, "the stream stays queued for after it");
+    assert!(matches!(next_step(&mut queued, false), PumpStep::Serve(_)));
+    assert!(matches!(next_step(&mut queued, false), PumpStep::Wait));
+}
