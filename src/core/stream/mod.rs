@@ -534,20 +534,19 @@ enum PumpStep {
     Retention,
     /// Serve the readers of a queued stream.
     Serve(Weak<Stream>),
-    /// Nothing until it is woken or retention falls due.
-    Wait,
 }
 
 /// Retention first when it is due, before any stream queued: every
 /// durable batch queues its stream again, so while readers of busy
 /// streams take longer to serve than a batch takes to commit, the queue
 /// is never empty, and retention waiting for an empty queue would let the
-/// logs grow past their limits for as long as the appends go on.
-fn next_step(queued: &mut VecDeque<Weak<Stream>>, retention_due: bool) -> PumpStep {
+/// logs grow past their limits for as long as the appends go on. `None`:
+/// nothing until the thread is woken or retention falls due.
+fn next_step(queued: &mut VecDeque<Weak<Stream>>, retention_due: bool) -> Option<PumpStep> {
     if retention_due {
-        return PumpStep::Retention;
+        return Some(PumpStep::Retention);
     }
-    queued.pop_front().map_or(PumpStep::Wait, PumpStep::Serve)
+    queued.pop_front().map(PumpStep::Serve)
 }
 
 fn pump_loop(streams: Weak<Streams>) {
@@ -563,10 +562,10 @@ fn pump_loop(streams: Weak<Streams>) {
                     return;
                 }
                 match next_step(&mut d.0, Instant::now() >= retention_at) {
-                    PumpStep::Wait => {
+                    Some(step) => break step,
+                    None => {
                         pump.wake.wait_until(&mut d, retention_at);
                     }
-                    step => break step,
                 }
             }
         };
@@ -583,7 +582,6 @@ fn pump_loop(streams: Weak<Streams>) {
                 retention_at = Instant::now() + RETENTION_INTERVAL;
                 streams.run_retention();
             }
-            PumpStep::Wait => {}
         }
     }
 }
