@@ -51,9 +51,10 @@ source "$(dirname "$0")/peers/peers.sh"
 run_broker() {
   local name=$1; shift
   local dir=$TMP/$name
-  rosetta_config "$dir"
   if [[ "$name" == stream-* ]]; then
-    printf '[[streams]]\npattern = "bench-stream*"\n' >> "$dir/rosetta.toml"
+    rosetta_stream_config "$dir"
+  else
+    rosetta_config "$dir"
   fi
   valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
     "$BROKER" --config "$dir/rosetta.toml" > "$dir/broker.log" 2>&1 &

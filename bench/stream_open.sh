@@ -17,18 +17,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-if [ -z "${ROSETTA_BIN:-}" ] || [ -z "${LOAD_BIN:-}" ]; then
-  cargo build --release --locked -p rosetta -p rosetta-load || exit 1
-  ROSETTA_BIN=$CARGO_TARGET_DIR/release/rosetta
-  LOAD_BIN=$CARGO_TARGET_DIR/release/rosetta-load
-fi
-STREAM_MIB=${STREAM_MIB:-2048}
-
 source "$ROOT/bench/peers/peers.sh"
 trap 'peers_stop_all; rm -rf "$BENCH_TMP"' EXIT
+rosetta_binaries || exit 1
+STREAM_MIB=${STREAM_MIB:-2048}
+
 dir=$BENCH_TMP/rosetta
-rosetta_config "$dir"
-printf '[[streams]]\npattern = "bench-stream*"\n' >> "$dir/rosetta.toml"
+rosetta_stream_config "$dir"
 segments=$dir/data/streams/bench-stream-open
 
 start() {

@@ -24,22 +24,17 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-if [ -z "${ROSETTA_BIN:-}" ] || [ -z "${LOAD_BIN:-}" ]; then
-  cargo build --release --locked -p rosetta -p rosetta-load || exit 1
-  ROSETTA_BIN=$CARGO_TARGET_DIR/release/rosetta
-  LOAD_BIN=$CARGO_TARGET_DIR/release/rosetta-load
-fi
+source "$ROOT/bench/peers/peers.sh"
+trap 'peers_stop_all; rm -rf "$BENCH_TMP"' EXIT
+rosetta_binaries || exit 1
 PHASE=${PHASE:-append}
 MIB=${MIB:-4096}
 COUNT=$((MIB * 1024))
 SAMPLE_S=${SAMPLE_S:-3}
 
-source "$ROOT/bench/peers/peers.sh"
-trap 'peers_stop_all; rm -rf "$BENCH_TMP"' EXIT
 
 dir=$BENCH_TMP/rosetta
-rosetta_config "$dir"
-printf '[[streams]]\npattern = "bench-stream*"\n' >> "$dir/rosetta.toml"
+rosetta_stream_config "$dir"
 "$ROSETTA_BIN" --config "$dir/rosetta.toml" > "$dir/rosetta.log" 2>&1 &
 ROSETTA_PID=$!
 PEER_PIDS+=("$ROSETTA_PID")

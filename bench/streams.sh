@@ -34,11 +34,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-if [ -z "${ROSETTA_BIN:-}" ] || [ -z "${LOAD_BIN:-}" ]; then
-  cargo build --release --locked -p rosetta -p rosetta-load || exit 1
-  ROSETTA_BIN=$CARGO_TARGET_DIR/release/rosetta
-  LOAD_BIN=$CARGO_TARGET_DIR/release/rosetta-load
-fi
+source "$ROOT/bench/peers/peers.sh"
+trap 'peers_stop_all; rm -rf "$BENCH_TMP"' EXIT
+rosetta_binaries || exit 1
 STREAM_MIB=${STREAM_MIB:-1024}
 TAIL_COUNT=${TAIL_COUNT:-20000}
 WINDOW=${WINDOW:-1000}
@@ -46,8 +44,6 @@ PREFETCH=${PREFETCH:-1000}
 SIZE=1024
 COUNT=$((STREAM_MIB * 1024 * 1024 / SIZE))
 
-source "$ROOT/bench/peers/peers.sh"
-trap 'peers_stop_all; rm -rf "$BENCH_TMP"' EXIT
 OUT_DIR=$ROOT/bench/results/$(date -u +%F)-issue17
 mkdir -p "$OUT_DIR"
 OUT=$OUT_DIR/streams-${STREAM_MIB}mib.txt
@@ -95,11 +91,7 @@ PY
 
 start_broker() {
   local dir=$BENCH_TMP/rosetta
-  rosetta_config "$dir"
-  cat >> "$dir/rosetta.toml" <<CONF
-[[streams]]
-pattern = "bench-stream*"
-CONF
+  rosetta_stream_config "$dir"
   "$ROSETTA_BIN" --config "$dir/rosetta.toml" > "$dir/rosetta.log" 2>&1 &
   ROSETTA_PID=$!
   PEER_PIDS+=("$ROSETTA_PID")

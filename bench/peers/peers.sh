@@ -100,6 +100,25 @@ listen = "127.0.0.1:$ROSETTA_ADMIN_PORT"
 CONF
 }
 
+# rosetta_stream_config DIR: rosetta_config, with every `bench-stream*`
+# name a stream (the stream benchmarks' names).
+rosetta_stream_config() {
+  rosetta_config "$1"
+  printf '[[streams]]\npattern = "bench-stream*"\n' >> "$1/rosetta.toml"
+}
+
+# rosetta_binaries: keeps ROSETTA_BIN and LOAD_BIN when both are set (a
+# binary from another commit, no build); otherwise builds both from this
+# checkout into CARGO_TARGET_DIR and points them there.
+rosetta_binaries() {
+  if [ -n "${ROSETTA_BIN:-}" ] && [ -n "${LOAD_BIN:-}" ]; then
+    return 0
+  fi
+  cargo build --release --locked -p rosetta -p rosetta-load || return 1
+  ROSETTA_BIN=$CARGO_TARGET_DIR/release/rosetta
+  LOAD_BIN=$CARGO_TARGET_DIR/release/rosetta-load
+}
+
 start_rosetta() {
   local dir=$BENCH_TMP/rosetta attempt
   # A port found free can be taken before the broker binds it (after a run
