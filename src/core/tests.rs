@@ -50,7 +50,7 @@ impl Events {
     }
 }
 
-fn info(client: &str) -> SessionInfo {
+pub(crate) fn info(client: &str) -> SessionInfo {
     SessionInfo {
         conn_id: 1,
         protocol: Protocol::Internal,
@@ -1094,9 +1094,9 @@ fn explicit_credit_counts_deliveries_still_in_transit() {
 }
 
 /// A sink with a delivery budget, as a connection's driver makes one.
-struct Budgeted {
-    events: Events,
-    budget: DeliveryBudget,
+pub(crate) struct Budgeted {
+    pub(crate) events: Events,
+    pub(crate) budget: DeliveryBudget,
 }
 
 impl EventSink for Budgeted {

@@ -836,13 +836,15 @@ impl<C: ProtocolConnection, T: Transport> Driver<C, T> {
     /// stalled, and the core held deliveries back for lack of budget, for
     /// the whole slow-consumer limit. A peer whose deliveries wait on its
     /// own flow control (unsettled deliveries, a closed AMQP session
-    /// window) while its socket takes everything is not slow.
+    /// window) while its socket takes everything is not slow, and nor is
+    /// a stream reader held at its read-ahead (`rosetta_neutral::budget`):
+    /// it costs no more than that read-ahead however long it waits.
     fn slow_consumer_deadline(&self) -> Option<Instant> {
         if self.slow_consumer_timeout_ms == 0 {
             return None;
         }
         let timeout = Duration::from_millis(u64::from(self.slow_consumer_timeout_ms));
-        let held_back = self.events.budget.as_ref()?.held_back_since()?;
+        let held_back = self.events.budget.as_ref()?.full_since()?;
         let stalled = self.write_stalled_since()?;
         Some(held_back.max(stalled) + timeout)
     }

@@ -34,6 +34,15 @@
 //! larger than the whole budget still goes through (alone): a budget bounds
 //! memory, it never makes a message undeliverable.
 //!
+//! A consumer that can fetch its deliveries again whenever it likes (a
+//! stream reader, which reads them from its log) asks
+//! [`has_room_to_read_ahead`] instead: it keeps at most
+//! [`READ_AHEAD_BYTES`] waiting, however large its credit, so what it holds
+//! for a slow socket stays below a credit of a few hundred KiB. Such a
+//! *read-ahead hold* resumes at half of [`READ_AHEAD_BYTES`], and is not a
+//! full budget: the driver's slow-consumer deadline ignores it
+//! ([`DeliveryBudget::full_since`]).
+//!
 //! The output buffer is not charged: a driver takes new events only once it
 //! has written its previous output, so a connection holds at most its
 //! budget in waiting deliveries plus one batch being written.
@@ -84,6 +93,28 @@ pub fn has_room(sink: &dyn EventSink) -> bool {
     sink.budget_has_room()
 }
 
+/// Most bytes of deliveries a consumer that reads ahead keeps waiting for
+/// its connection (see the module docs): about four of a STOMP
+/// connection's 64 KiB writes, so the socket never waits for the log.
+pub const READ_AHEAD_BYTES: u64 = 256 * 1024;
+
+/// Like [`has_room`], for a consumer that reads ahead: whether `sink`'s
+/// connection has fewer than [`READ_AHEAD_BYTES`] (or its whole budget, if
+/// smaller) waiting, and if so how many bytes more it may be handed
+/// (`None`: no room; the budget remembers that the core waits and has
+/// the connection resume it at half of that).
+#[inline]
+pub fn has_room_to_read_ahead(sink: &dyn EventSink) -> Option<u64> {
+    match sink.budget() {
+        None => Some(READ_AHEAD_BYTES),
+        Some(budget) => budget.try_read_ahead(|| sink.budget_notice()),
+    }
+}
+
+/// `held_back_since`'s lowest bit: set for a read-ahead hold, clear for a
+/// full budget.
+const READ_AHEAD_HOLD: u64 = 1;
+
 impl DeliveryBudget {
     /// A budget of `max_bytes` (at least 1).
     pub fn new(max_bytes: u64) -> Self {
@@ -116,23 +147,61 @@ impl DeliveryBudget {
         if self.used_bytes() < self.max_bytes() {
             return true;
         }
-        if !self.is_held_back() {
-            let since = Instant::now().saturating_duration_since(clock_base());
-            let nanos = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX).max(1);
-            if self
-                .held_back_since
-                .compare_exchange(0, nanos, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-            {
-                // The driver learns that the core now waits, so it can time
-                // a peer that stopped reading (its slow-consumer deadline).
-                notify();
-            }
-        }
+        self.hold(false, notify);
         // Checked again after the flag is up: a charge dropped between the
         // first check and the flag saw no waiter, so room it made would
         // otherwise go unnoticed (see `DeliveryCharge::drop`).
         self.used_bytes() < self.max_bytes()
+    }
+
+    /// How many bytes more a consumer that reads ahead may be handed now
+    /// (`None`: none); see [`has_room_to_read_ahead`].
+    #[inline]
+    pub fn try_read_ahead(&self, notify: impl FnOnce()) -> Option<u64> {
+        let limit = self.read_ahead_limit();
+        let room = |used: u64| limit.checked_sub(used).filter(|&r| r > 0);
+        if let Some(r) = room(self.used_bytes()) {
+            return Some(r);
+        }
+        self.hold(true, notify);
+        room(self.used_bytes())
+    }
+
+    fn read_ahead_limit(&self) -> u64 {
+        READ_AHEAD_BYTES.min(self.max_bytes())
+    }
+
+    /// Records that the core waits (since now, unless it already did) and
+    /// tells the driver once. A full budget's hold replaces a read-ahead
+    /// one: it is the stronger claim, and the one the slow-consumer
+    /// deadline times.
+    fn hold(&self, read_ahead: bool, notify: impl FnOnce()) {
+        let since = Instant::now().saturating_duration_since(clock_base());
+        let nanos = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX);
+        let held = if read_ahead {
+            nanos | READ_AHEAD_HOLD
+        } else {
+            (nanos & !READ_AHEAD_HOLD).max(2)
+        };
+        match self
+            .held_back_since
+            .compare_exchange(0, held, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            // The driver learns that the core now waits, so it can time a
+            // peer that stopped reading (its slow-consumer deadline).
+            Ok(_) => notify(),
+            Err(current) if !read_ahead && current & READ_AHEAD_HOLD != 0 => {
+                // Already told; a lost race leaves the other hold, which
+                // also resumes the core.
+                let _ = self.held_back_since.compare_exchange(
+                    current,
+                    held,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
+            }
+            Err(_) => {}
+        }
     }
 
     /// Since when the core has been waiting for room, if it is.
@@ -141,6 +210,17 @@ impl DeliveryBudget {
             0 => None,
             nanos => Some(clock_base() + std::time::Duration::from_nanos(nanos)),
         }
+    }
+
+    /// Since when the core has been waiting because the budget was full,
+    /// if it is: not for a read-ahead hold, which bounds a consumer that
+    /// could take more, so it says nothing of a peer that stopped
+    /// reading.
+    pub fn full_since(&self) -> Option<Instant> {
+        let nanos = self.held_back_since.load(Ordering::SeqCst);
+        (nanos & READ_AHEAD_HOLD == 0)
+            .then(|| self.held_back_since())
+            .flatten()
     }
 
     /// For the driver: whether the core waits and the budget is down to
@@ -155,8 +235,16 @@ impl DeliveryBudget {
         self.held_back_since.swap(0, Ordering::SeqCst) != 0
     }
 
+    /// Where a waiting core is resumed: half the budget, or half the
+    /// read-ahead for a read-ahead hold (resumed at half the budget, a
+    /// reader that reads ahead would be resumed with its whole read-ahead
+    /// still waiting, and hold again at once).
     fn low_watermark(&self) -> u64 {
-        self.max_bytes() / 2
+        if self.held_back_since.load(Ordering::SeqCst) & READ_AHEAD_HOLD != 0 {
+            self.read_ahead_limit() / 2
+        } else {
+            self.max_bytes() / 2
+        }
     }
 
     /// Charges `bytes` (see [`DeliveryCharge::on`]).
@@ -305,6 +393,60 @@ mod tests {
         assert!(!has_room(&*sink));
         drop(big);
         assert!(has_room(&*sink));
+    }
+
+    /// A reader that reads ahead stops at `READ_AHEAD_BYTES` however large
+    /// the budget, is resumed at half of it (not at half the budget, which
+    /// it is already below: that would resume it at once, in a loop), and
+    /// is not a full budget for the slow-consumer deadline.
+    #[test]
+    fn a_read_ahead_stops_at_its_size_and_resumes_at_half_of_it() {
+        let (sink, erased) = sink(4 * READ_AHEAD_BYTES);
+        let step = READ_AHEAD_BYTES / 8;
+        assert_eq!(has_room_to_read_ahead(&*sink), Some(READ_AHEAD_BYTES));
+        let mut charges: Vec<_> = (0..3).map(|_| DeliveryCharge::on(&erased, step)).collect();
+        assert_eq!(
+            has_room_to_read_ahead(&*sink),
+            Some(READ_AHEAD_BYTES - 3 * step),
+            "the room left is what a reader may read"
+        );
+        charges.extend((0..5).map(|_| DeliveryCharge::on(&erased, step)));
+        assert_eq!(
+            has_room_to_read_ahead(&*sink),
+            None,
+            "the read-ahead is full"
+        );
+        assert_eq!(sink.notified(), 1, "told that the core waits");
+        assert!(has_room(&*sink), "others still have the budget");
+        assert!(sink.budget.held_back_since().is_some());
+        assert!(sink.budget.full_since().is_none(), "not a full budget");
+        assert!(!sink.budget.take_resume(), "nothing written yet");
+        for _ in 0..3 {
+            drop(charges.pop());
+        }
+        assert!(!sink.budget.take_resume(), "5 of 8 steps still wait");
+        assert_eq!(sink.notified(), 1);
+        drop(charges.pop());
+        assert_eq!(sink.notified(), 2, "at half the read-ahead");
+        assert!(sink.budget.take_resume());
+        assert!(sink.budget.held_back_since().is_none());
+    }
+
+    /// A full budget's hold replaces a read-ahead one, so the slow-consumer
+    /// deadline times it and the core resumes only at half the budget.
+    #[test]
+    fn a_full_budget_takes_over_a_read_ahead_hold() {
+        let (sink, erased) = sink(2 * READ_AHEAD_BYTES);
+        let ahead = DeliveryCharge::on(&erased, READ_AHEAD_BYTES);
+        assert_eq!(has_room_to_read_ahead(&*sink), None);
+        assert!(sink.budget.full_since().is_none());
+        let full = DeliveryCharge::on(&erased, READ_AHEAD_BYTES);
+        assert!(!has_room(&*sink));
+        assert!(sink.budget.full_since().is_some(), "now a full budget");
+        assert_eq!(sink.notified(), 1, "the driver was told already");
+        drop(ahead);
+        assert!(sink.budget.take_resume(), "at half the budget");
+        drop(full);
     }
 
     #[test]

@@ -23,6 +23,12 @@ const DECODED_MAX: usize = 2048;
 /// Most bytes of messages kept decoded per stream.
 const DECODED_BYTES_MAX: usize = 8 * 1024 * 1024;
 
+/// Whether the record at `offset` is near enough to the log's readable
+/// `end` to be kept decoded for every reader (see the module docs).
+pub(crate) fn is_shared(offset: u64, end: u64) -> bool {
+    end.saturating_sub(offset) <= DECODED_MAX as u64
+}
+
 /// See the module docs.
 #[derive(Default)]
 pub(crate) struct Decoded {
@@ -50,7 +56,7 @@ impl Decoded {
             }
         }
         let message = crate::codec::decode_message_exact(body)?;
-        if end.saturating_sub(offset) > DECODED_MAX as u64 {
+        if !is_shared(offset, end) {
             return Ok(message); // history: not kept
         }
         if offset != next {

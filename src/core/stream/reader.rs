@@ -230,12 +230,39 @@ impl Reader {
             }
             (st.parts[part].next, Self::room(&st))
         };
-        let has_room = rosetta_neutral::budget::has_room(&*self.sink);
-        if room == 0 || !has_room {
+        if room == 0 {
             return PartPump::Stop;
         }
         let stream = &self.source.streams[part];
-        let read = match stream.log.read(from, room, PUMP_BYTES_MAX) {
+        // Bytes of deliveries this pass may still charge (`None`: no bound
+        // but the connection's budget and the pass's own limits).
+        let mut ahead_left: Option<u64> = None;
+        let max_bytes = if super::decoded::is_shared(from, stream.log.bounds().next) {
+            // Near the end what waits is mostly shared with the other
+            // readers there (the tail cache's bytes, one decoded message
+            // per record): the connection's budget bounds it.
+            if !rosetta_neutral::budget::has_room(&*self.sink) {
+                return PartPump::Stop;
+            }
+            PUMP_BYTES_MAX
+        } else {
+            // In history every delivery is this reader's own, and the log
+            // is there to read again: it keeps only a read-ahead waiting
+            // for its socket, not its whole credit, so what it holds for a
+            // slow socket stays below the credit (docs/streams.md, "Flow
+            // and memory").
+            let Some(ahead) = rosetta_neutral::budget::has_room_to_read_ahead(&*self.sink) else {
+                return PartPump::Stop;
+            };
+            ahead_left = Some(ahead);
+            // A delivery is charged its decoded message, about 1.4 times a
+            // 1 KiB record: two thirds of the room in record bytes mostly
+            // fills it without reading what cannot be sent.
+            usize::try_from(ahead / 3 * 2)
+                .unwrap_or(usize::MAX)
+                .clamp(1, PUMP_BYTES_MAX)
+        };
+        let read = match stream.log.read(from, room, max_bytes) {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(stream = %stream.name, offset = from, error = %e,
@@ -278,6 +305,9 @@ impl Reader {
         // connection for the read, not one per record.
         let mut events = Vec::with_capacity(decoded.len());
         for (offset, timestamp_ms, message) in decoded {
+            if ahead_left == Some(0) {
+                break; // the read-ahead is full; the rest is read again
+            }
             let message = match message {
                 Ok(m) => m,
                 Err(e) => {
@@ -300,8 +330,11 @@ impl Reader {
                 st.credit = st.credit.saturating_sub(1);
                 st.sent = st.sent.wrapping_add(1);
             }
-            let charge =
-                rosetta_neutral::DeliveryCharge::on(&self.sink, message.memory_size() as u64);
+            let bytes = message.memory_size() as u64;
+            if let Some(left) = &mut ahead_left {
+                *left = left.saturating_sub(bytes);
+            }
+            let charge = rosetta_neutral::DeliveryCharge::on(&self.sink, bytes);
             events.push(SessionEvent::Delivery(Delivery {
                 consumer: self.consumer,
                 tag: DeliveryTag(tag),

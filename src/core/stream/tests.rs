@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use rosetta_neutral::*;
 
-use crate::tests::{core_on_store, open, text, Events};
+use crate::tests::{core_on_store, info, open, text, Budgeted, Events};
 use crate::{Core, CoreConfig, ManualClock};
 
 use super::{StreamRule, StreamsConfig};
@@ -246,6 +246,57 @@ fn credit_bounds_what_a_reader_is_sent_and_settling_frees_it() {
         s.settle(c, first[0].tag, Outcome::Accept, None, false),
         Err(BrokerError::Unknown(_))
     ));
+}
+
+/// A reader of history with a large credit keeps only its read-ahead
+/// waiting for its connection, not its credit (the log is there to read
+/// again), and goes on as the connection writes what waits.
+#[test]
+fn a_reader_of_history_keeps_only_its_read_ahead_waiting_and_goes_on_as_its_connection_writes() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(1_000));
+    let core = start(d.path(), vec![], &clock);
+    let (mut s, ev) = open(&core, "producer");
+    s.declare_stream("s1").expect("declare");
+    // Further from the end than the records all readers share, which
+    // the connection's budget bounds instead.
+    let body = "x".repeat(1024);
+    let messages = (0..2_500).map(|_| Message::text(body.clone())).collect();
+    publish_messages(&mut s, &ev, "s1", messages);
+    let one = Message::text(body).memory_size() as u64;
+    let sink = Arc::new(Budgeted {
+        events: Events::default(),
+        budget: DeliveryBudget::new(64 << 20),
+    });
+    let mut reader = core.open_session(info("reader"), sink.clone());
+    consume(
+        &mut reader,
+        "s1",
+        1000,
+        read(Some(StreamOffset::First), None),
+    )
+    .expect("consume");
+    let ahead = rosetta_neutral::budget::READ_AHEAD_BYTES;
+    let mut held = deliveries(&sink.events, (ahead / one) as usize);
+    held.extend(quiet(&sink.events));
+    let waiting = sink.budget.used_bytes();
+    assert!(
+        waiting >= ahead && waiting < ahead + one,
+        "{waiting} B waiting for a read-ahead of {ahead} B ({} deliveries)",
+        held.len()
+    );
+    assert!(sink.budget.held_back_since().is_some(), "the reader waits");
+    assert!(sink.budget.full_since().is_none(), "not a full budget");
+    // The connection writes (drops) what waits: the reader goes on where
+    // it stopped once half the read-ahead is written.
+    let first = held.len();
+    drop(held);
+    assert!(sink.budget.take_resume());
+    reader.resume_deliveries();
+    let next = deliveries(&sink.events, 1);
+    assert_eq!(offsets(&next)[0], first as u64);
+    drop(next);
+    drop(sink.events.deliveries());
 }
 
 #[test]
