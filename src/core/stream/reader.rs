@@ -237,10 +237,11 @@ impl Reader {
         // Bytes of deliveries this pass may still charge (`None`: no bound
         // but the connection's budget and the pass's own limits).
         let mut ahead_left: Option<u64> = None;
-        let max_bytes = if super::decoded::is_shared(from, stream.log.bounds().next) {
+        let (bounds, cached) = stream.log.bounds_from(from);
+        let max_bytes = if cached || super::decoded::is_shared(from, bounds.next) {
             // Near the end what waits is mostly shared with the other
             // readers there (the tail cache's bytes, one decoded message
-            // per record): the connection's budget bounds it.
+            // per record near the end): the connection's budget bounds it.
             if !rosetta_neutral::budget::has_room(&*self.sink) {
                 return PartPump::Stop;
             }

@@ -258,9 +258,10 @@ fn a_reader_of_history_keeps_only_its_read_ahead_waiting_and_goes_on_as_its_conn
     let core = start(d.path(), vec![], &clock);
     let (mut s, ev) = open(&core, "producer");
     s.declare_stream("s1").expect("declare");
-    // Further from the end than the records all readers share, which
-    // the connection's budget bounds instead.
-    let body = "x".repeat(1024);
+    // Further from the end than what all readers there share (the 8 MiB
+    // tail cache, the newest 2,048 records decoded), which the
+    // connection's budget bounds instead.
+    let body = "x".repeat(4 * 1024);
     let messages = (0..2_500).map(|_| Message::text(body.clone())).collect();
     publish_messages(&mut s, &ev, "s1", messages);
     let one = Message::text(body).memory_size() as u64;

@@ -669,6 +669,14 @@ impl StreamLog {
         Ok(candidate)
     }
 
+    /// The readable range, and whether a read from `from` starts in the
+    /// tail cache (memory every reader there shares) rather than in the
+    /// segment files (a chunk of the reader's own).
+    pub fn bounds_from(&self, from: u64) -> (LogBounds, bool) {
+        let view = self.inner.view.lock();
+        (view.bounds(), view.tail.holds(from))
+    }
+
     /// The readable range.
     pub fn bounds(&self) -> LogBounds {
         self.inner.view.lock().bounds()

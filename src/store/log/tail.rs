@@ -136,6 +136,12 @@ impl TailCache {
         self.batches.back().map(CachedBatch::next)
     }
 
+    /// Whether the record at `offset` is cached.
+    pub(crate) fn holds(&self, offset: u64) -> bool {
+        self.first().is_some_and(|first| offset >= first)
+            && self.next().is_some_and(|next| offset < next)
+    }
+
     /// Adds a durable batch: records `first..` framed at `starts` in
     /// `data`, the newest records of the log.
     pub(crate) fn push(&mut self, first: u64, starts: Vec<u32>, data: Bytes) {
