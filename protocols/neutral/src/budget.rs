@@ -208,7 +208,7 @@ impl DeliveryBudget {
     pub fn held_back_since(&self) -> Option<Instant> {
         match self.held_back_since.load(Ordering::SeqCst) {
             0 => None,
-            nanos => Some(clock_base() + std::time::Duration::from_nanos(nanos)),
+            nanos => Some(instant_at(nanos)),
         }
     }
 
@@ -217,10 +217,11 @@ impl DeliveryBudget {
     /// could take more, so it says nothing of a peer that stopped
     /// reading.
     pub fn full_since(&self) -> Option<Instant> {
-        let nanos = self.held_back_since.load(Ordering::SeqCst);
-        (nanos & READ_AHEAD_HOLD == 0)
-            .then(|| self.held_back_since())
-            .flatten()
+        match self.held_back_since.load(Ordering::SeqCst) {
+            0 => None,
+            nanos if nanos & READ_AHEAD_HOLD != 0 => None,
+            nanos => Some(instant_at(nanos)),
+        }
     }
 
     /// For the driver: whether the core waits and the budget is down to
@@ -229,21 +230,24 @@ impl DeliveryBudget {
     /// ([`Session::resume_deliveries`](crate::Session::resume_deliveries))
     /// outside any other call into it.
     pub fn take_resume(&self) -> bool {
-        if !self.is_held_back() || self.used_bytes() > self.low_watermark() {
-            return false;
+        match self.resume_below() {
+            Some(watermark) if self.used_bytes() <= watermark => {
+                self.held_back_since.swap(0, Ordering::SeqCst) != 0
+            }
+            _ => false,
         }
-        self.held_back_since.swap(0, Ordering::SeqCst) != 0
     }
 
-    /// Where a waiting core is resumed: half the budget, or half the
-    /// read-ahead for a read-ahead hold (resumed at half the budget, a
-    /// reader that reads ahead would be resumed with its whole read-ahead
-    /// still waiting, and hold again at once).
-    fn low_watermark(&self) -> u64 {
-        if self.held_back_since.load(Ordering::SeqCst) & READ_AHEAD_HOLD != 0 {
-            self.read_ahead_limit() / 2
-        } else {
-            self.max_bytes() / 2
+    /// Where a waiting core is resumed (`None`: it does not wait): half
+    /// the budget, or half the read-ahead for a read-ahead hold (resumed
+    /// at half the budget, a reader that reads ahead would be resumed with
+    /// its whole read-ahead still waiting, and hold again at once). One
+    /// load of the hold, which says both whether and which.
+    fn resume_below(&self) -> Option<u64> {
+        match self.held_back_since.load(Ordering::SeqCst) {
+            0 => None,
+            held if held & READ_AHEAD_HOLD != 0 => Some(self.read_ahead_limit() / 2),
+            _ => Some(self.max_bytes() / 2),
         }
     }
 
@@ -263,7 +267,10 @@ impl DeliveryBudget {
         // driver, not only the one that crosses it: the core may have given
         // up below the watermark (one message larger than the budget).
         // `take_resume` clears the wait, so the wake-ups stop there.
-        if after <= self.low_watermark() && self.is_held_back() {
+        if self
+            .resume_below()
+            .is_some_and(|watermark| after <= watermark)
+        {
             notify();
         }
     }
@@ -322,6 +329,11 @@ impl Drop for DeliveryCharge {
             sink.budget_uncharge(bytes);
         }
     }
+}
+
+/// The instant `nanos` after [`clock_base`].
+fn instant_at(nanos: u64) -> Instant {
+    clock_base() + std::time::Duration::from_nanos(nanos)
 }
 
 /// The instant `held_back_since` counts from: the first use in the process.

@@ -272,8 +272,9 @@ impl Reader {
             }
         };
         // Decoded outside the reader's lock, and shared with the other
-        // readers near the end of the log (see `decoded`).
-        let end = stream.log.bounds().next;
+        // readers near the end of the log (see `decoded`; the end as it
+        // was before the read is near enough).
+        let end = bounds.next;
         let decoded: Vec<_> = {
             let mut shared = stream.decoded.lock();
             read.records

@@ -217,8 +217,7 @@ impl TailCache {
         out: &mut Vec<LogRecord>,
         bytes: &mut usize,
     ) -> Option<u64> {
-        let (first, next) = (self.first()?, self.next()?);
-        if from < first || from >= next {
+        if !self.holds(from) {
             return None;
         }
         let i = self.batches.partition_point(|b| b.next() <= from);
