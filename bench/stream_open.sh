@@ -27,10 +27,8 @@ rosetta_stream_config "$dir"
 segments=$dir/data/streams/bench-stream-open
 
 start() {
-  "$ROSETTA_BIN" --config "$dir/rosetta.toml" >> "$dir/rosetta.log" 2>&1 &
-  ROSETTA_PID=$!
-  PEER_PIDS=("$ROSETTA_PID")
-  wait_port "$ROSETTA_STOMP_PORT" "$ROSETTA_PID" 120 || { echo "rosetta did not start"; exit 1; }
+  PEER_PIDS=() # the broker stopped before is gone
+  rosetta_stream_start "$dir" 120 || exit 1
 }
 stop() { kill -TERM "$ROSETTA_PID"; wait "$ROSETTA_PID"; }
 drop_from_cache() { for f in "$segments"/*.log; do dd if="$f" iflag=nocache count=0 2>/dev/null; done; }

@@ -32,13 +32,9 @@ MIB=${MIB:-4096}
 COUNT=$((MIB * 1024))
 SAMPLE_S=${SAMPLE_S:-3}
 
-
 dir=$BENCH_TMP/rosetta
 rosetta_stream_config "$dir"
-"$ROSETTA_BIN" --config "$dir/rosetta.toml" > "$dir/rosetta.log" 2>&1 &
-ROSETTA_PID=$!
-PEER_PIDS+=("$ROSETTA_PID")
-wait_port "$ROSETTA_STOMP_PORT" "$ROSETTA_PID" 30 || { echo "rosetta did not start"; exit 1; }
+rosetta_stream_start "$dir" || exit 1
 
 load() {
   "$LOAD_BIN" --port "$ROSETTA_STOMP_PORT" --broker-pid "$ROSETTA_PID" --broker-name rosetta \

@@ -101,12 +101,8 @@ PY
 }
 
 start_broker() {
-  local dir=$BENCH_TMP/rosetta
-  rosetta_stream_config "$dir"
-  "$ROSETTA_BIN" --config "$dir/rosetta.toml" > "$dir/rosetta.log" 2>&1 &
-  ROSETTA_PID=$!
-  PEER_PIDS+=("$ROSETTA_PID")
-  wait_port "$ROSETTA_STOMP_PORT" "$ROSETTA_PID" 30 || { echo "rosetta did not start"; tail -20 "$dir/rosetta.log"; exit 1; }
+  rosetta_stream_config "$BENCH_TMP/rosetta"
+  rosetta_stream_start "$BENCH_TMP/rosetta" || exit 1
 }
 
 # load ARGS...: one rosetta-load stomp-stream run; its RESULT line is kept.

@@ -107,6 +107,17 @@ rosetta_stream_config() {
   printf '[[streams]]\npattern = "bench-stream*"\n' >> "$1/rosetta.toml"
 }
 
+# rosetta_stream_start DIR [TIMEOUT_S]: starts ROSETTA_BIN on DIR's config
+# (rosetta_stream_config), its log appended to DIR/rosetta.log, as
+# ROSETTA_PID, and waits for its STOMP port (default 30 s).
+rosetta_stream_start() {
+  "$ROSETTA_BIN" --config "$1/rosetta.toml" >> "$1/rosetta.log" 2>&1 &
+  ROSETTA_PID=$!
+  PEER_PIDS+=("$ROSETTA_PID")
+  wait_port "$ROSETTA_STOMP_PORT" "$ROSETTA_PID" "${2:-30}" ||
+    { echo "rosetta did not start"; tail -20 "$1/rosetta.log"; return 1; }
+}
+
 # rosetta_binaries: keeps ROSETTA_BIN and LOAD_BIN when both are set (a
 # binary from another commit, no build); otherwise builds both from this
 # checkout into CARGO_TARGET_DIR and points them there.
