@@ -136,6 +136,8 @@ pub struct SimStats {
     pub power_losses: u64,
     /// Faults injected (EIO, corrupted reads).
     pub faults: u64,
+    /// Bytes of the largest single read: what one read call fetches.
+    pub largest_read: u64,
 }
 
 #[derive(Debug)]
@@ -750,6 +752,7 @@ impl StorageFile for SimFile {
             ));
         };
         buf.copy_from_slice(src);
+        st.stats.largest_read = st.stats.largest_read.max(buf.len() as u64);
         let mut corrupted = false;
         for (p, from, to) in &st.corrupt_reads {
             if *p != self.path {

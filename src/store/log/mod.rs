@@ -553,8 +553,15 @@ impl StreamLog {
                 // slack before `from`), not a whole chunk: the bodies are
                 // slices of the chunk, so a reader sent one record at a
                 // time (its credit freed one by one) would otherwise pin a
-                // chunk per delivery, and read one per record.
-                let wanted = seg.frames_bytes(max_records.saturating_sub(out.records.len()));
+                // chunk per delivery, and read one per record. Bounded by
+                // the bytes asked for too: a reader that keeps only a
+                // read-ahead waiting asks for few bytes of many records,
+                // and its deliveries pin the chunks they are slices of.
+                let wanted = seg
+                    .frames_bytes(max_records.saturating_sub(out.records.len()))
+                    .min(seg.frames_bytes(1).saturating_add(
+                        u64::try_from(max_bytes.saturating_sub(bytes)).unwrap_or(u64::MAX),
+                    ));
                 let chunk_bytes = usize::try_from(wanted.saturating_add(LOG_INDEX_INTERVAL_BYTES))
                     .unwrap_or(usize::MAX)
                     .min(LOG_READ_CHUNK_BYTES);

@@ -527,3 +527,33 @@ fn the_tail_cache_serves_the_newest_batches_without_reading_the_files() {
     ok(a.apply_retention(0));
     assert!(a.read(bounds.next - 5, 100, 1 << 20).is_err());
 }
+
+/// A read asked for few bytes of many records fetches about those bytes
+/// from the file, not a chunk sized by the record count: a stream reader
+/// that keeps only a read-ahead waiting asks for that, and its deliveries
+/// are slices of (and pin) the chunk.
+#[test]
+fn a_read_bounded_by_bytes_fetches_about_those_bytes_from_the_file() {
+    let disk = SimDisk::new(22);
+    let mut c = sim_config(&disk);
+    c.segment_bytes = 4 * 1024 * 1024;
+    c.tail_cache_bytes = 0;
+    let (log, _) = ok(StreamLog::open(c));
+    let record = Bytes::from(vec![b'x'; 1024]);
+    for _ in 0..2000 {
+        ok(log.append(1, record.clone(), None));
+    }
+    ok(log.flush());
+    let read = ok(log.read(100, 1000, 8 * 1024));
+    assert_eq!(read.records.first().map(|r| r.offset), Some(100));
+    assert!(read.records.len() >= 8, "{} records", read.records.len());
+    let fetched = disk.stats().largest_read;
+    assert!(
+        fetched <= 8 * 1024 + 2 * 1024 + LOG_INDEX_INTERVAL_BYTES,
+        "one read of {fetched} bytes for 8 KiB of records"
+    );
+    // Asked for more bytes than the records, it still reads what they span.
+    let read = ok(log.read(100, 100, 1 << 20));
+    assert_eq!(read.records.len(), 100);
+    assert_eq!(read.records[99].body, record);
+}
