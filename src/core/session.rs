@@ -334,7 +334,7 @@ impl CoreSession {
         }
         let read = spec.options.stream.clone().unwrap_or_default();
         let groups = &self.inner.streams.groups;
-        let source = target.source();
+        let source = target.source(&self.inner.streams.reads);
         // Every partition's start (and the group's offset there); a
         // partitioned group's member is given its partitions on joining.
         let mut starts = Vec::with_capacity(source.streams.len());

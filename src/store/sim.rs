@@ -180,6 +180,8 @@ struct State {
     rates: SimFaultRates,
     one_shots: Vec<OneShot>,
     corrupt_reads: Vec<(PathBuf, u64, u64)>,
+    /// Reads are said not to be in the page cache (`is_cached`).
+    uncached: bool,
     power_fails_at_op: Option<u64>,
     /// What [`Storage::free_bytes`] reports, whatever the directory.
     free_bytes: u64,
@@ -376,6 +378,7 @@ impl SimDisk {
                 rates: SimFaultRates::default(),
                 one_shots: Vec::new(),
                 corrupt_reads: Vec::new(),
+                uncached: false,
                 power_fails_at_op: None,
                 free_bytes: SIM_FREE_BYTES_DEFAULT,
                 stats: SimStats::default(),
@@ -435,6 +438,12 @@ impl SimDisk {
             op,
             path: path.map(Path::to_path_buf),
         });
+    }
+
+    /// From now on, [`StorageFile::is_cached`] says `!uncached` of every
+    /// read: a disk whose page cache holds nothing, or everything.
+    pub fn set_uncached(&self, uncached: bool) {
+        self.state.lock().uncached = uncached;
     }
 
     /// From now on, reads of `path` overlapping `offset..offset + len`
@@ -733,6 +742,10 @@ impl SimFile {
 }
 
 impl StorageFile for SimFile {
+    fn is_cached(&self, _offset: u64, _len: usize) -> bool {
+        !self.state.lock().uncached
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let mut guard = self.state.lock();
         let st = self.live(&mut guard)?;

@@ -78,6 +78,15 @@ pub trait StorageFile: Send + Sync + Debug {
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// Current length in bytes.
     fn size(&self) -> io::Result<u64>;
+    /// Whether a read of `len` bytes at `offset` would be served from
+    /// memory (the page cache) rather than wait for the device, as far
+    /// as a cheap probe can tell; `true` where it cannot tell. A reader
+    /// on an async worker reads only what this says is cached and leaves
+    /// the rest to a thread that may block.
+    fn is_cached(&self, offset: u64, len: usize) -> bool {
+        let _ = (offset, len);
+        true
+    }
 }
 
 /// A held lock; dropping it releases the lock.
@@ -120,6 +129,23 @@ impl StorageFile for OsFile {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.0.write_all_at(buf, offset)
+    }
+
+    /// One byte read with `RWF_NOWAIT` at each end of the range: it fails
+    /// with `EAGAIN` when its page is not in the page cache. The pages
+    /// between are assumed to follow (a sequential reader's pages come
+    /// in and go out of the cache in order); a kernel or file system
+    /// without `RWF_NOWAIT` reads as if cached, as before the probe.
+    fn is_cached(&self, offset: u64, len: usize) -> bool {
+        let last = offset + len.saturating_sub(1) as u64;
+        [offset, last].iter().all(|&at| {
+            let mut byte = [0u8; 1];
+            let mut bufs = [io::IoSliceMut::new(&mut byte)];
+            !matches!(
+                rustix::io::preadv2(&self.0, &mut bufs, at, rustix::io::ReadWriteFlags::NOWAIT),
+                Err(rustix::io::Errno::AGAIN)
+            )
+        })
     }
 
     fn sync_data(&self) -> io::Result<()> {
@@ -288,6 +314,43 @@ mod tests {
         )
         .is_ok());
         assert!(synced.borrow().is_empty());
+    }
+
+    /// The page-cache probe says a file just written is cached, and one
+    /// whose pages were dropped from the cache is not (where the file
+    /// system drops them: tmpfs keeps its pages, as it must).
+    #[test]
+    fn os_files_tell_whether_the_page_cache_holds_a_range() {
+        let d = match tempfile::tempdir() {
+            Ok(d) => d,
+            Err(e) => panic!("{e}"),
+        };
+        let path = d.path().join("f");
+        let f = match OsStorage.create(&path, false) {
+            Ok(f) => f,
+            Err(e) => panic!("{e}"),
+        };
+        let len = 1 << 20;
+        assert!(f.write_at(&vec![7u8; len], 0).is_ok());
+        assert!(f.sync_data().is_ok());
+        assert!(f.is_cached(0, len), "just written");
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) => panic!("{e}"),
+        };
+        let dropped = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).is_ok();
+        let tmpfs = rustix::fs::fstatfs(&file)
+            .map(|s| s.f_type == 0x0102_1994)
+            .unwrap_or(true);
+        if dropped && !tmpfs {
+            assert!(!f.is_cached(0, len), "dropped from the page cache");
+            assert!(!f.is_cached(len as u64 - 4096, 4096));
+        }
+        // A read still reads it, from the device.
+        let mut back = Vec::new();
+        assert!(f.read_at_into(&mut back, len, 0).is_ok());
+        assert_eq!(back, vec![7u8; len]);
+        assert!(f.is_cached(0, len), "read back in");
     }
 
     #[test]

@@ -44,6 +44,7 @@ mod members;
 mod partition;
 #[cfg(test)]
 mod partition_tests;
+mod read_pool;
 mod reader;
 #[cfg(test)]
 mod tests;
@@ -189,17 +190,22 @@ impl Target {
     }
 
     /// What a reader of it reads.
-    pub(crate) fn source(&self) -> ReadSource {
+    /// What a reader of it reads, its reads from the device done by
+    /// `reads`.
+    pub(crate) fn source(&self, reads: &Arc<read_pool::ReadPool>) -> ReadSource {
+        let reads = Arc::clone(reads);
         match self {
             Target::One(s) => ReadSource {
                 name: Arc::clone(&s.name),
                 streams: vec![Arc::clone(s)],
                 partitioned: false,
+                reads,
             },
             Target::Parts(p) => ReadSource {
                 name: Arc::clone(&p.name),
                 streams: p.parts.clone(),
                 partitioned: true,
+                reads,
             },
         }
     }
@@ -220,6 +226,8 @@ pub(crate) struct Streams {
     /// a publish no file system call.
     known: HashSet<String>,
     pump: Arc<PumpQueue>,
+    /// The threads that read history for readers (see `read_pool`).
+    pub(crate) reads: Arc<read_pool::ReadPool>,
     tail_cache: Arc<TailCacheBudget>,
     pub(crate) groups: groups::Groups,
 }
@@ -299,6 +307,7 @@ impl Streams {
             partitioned: Mutex::new(HashMap::new()),
             members: members::Members::default(),
             pump: Arc::new(PumpQueue::default()),
+            reads: Arc::new(read_pool::ReadPool::default()),
             tail_cache: TailCacheBudget::new(STREAMS_TAIL_CACHE_BYTES),
             groups,
         });
@@ -310,6 +319,7 @@ impl Streams {
             if let Err(e) = spawned {
                 tracing::error!(error = %e, "cannot start the stream pump thread; stream readers get only what they ask for");
             }
+            s.reads.start(&s);
         }
         s
     }
@@ -317,6 +327,7 @@ impl Streams {
     pub(crate) fn stop(&self) {
         self.pump.dirty.lock().1 = true;
         self.pump.wake.notify_all();
+        self.reads.stop();
     }
 
     fn rule_for(&self, name: &str) -> Option<&StreamRule> {

@@ -21,6 +21,7 @@
 //! as it is sent (at-most-once).
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -32,6 +33,7 @@ use rosetta_neutral::{
 use rosetta_store::Completion;
 
 use super::groups::Groups;
+use super::read_pool::ReadPool;
 use super::unsettled::Unsettled;
 use super::Stream;
 
@@ -94,6 +96,8 @@ pub(crate) struct ReadSource {
     pub(crate) streams: Vec<Arc<Stream>>,
     /// Deliveries carry their partition (a partitioned stream's reader).
     pub(crate) partitioned: bool,
+    /// Where its reads that would wait for the device go.
+    pub(crate) reads: Arc<ReadPool>,
 }
 
 /// A stream consumer; see the module docs.
@@ -104,9 +108,14 @@ pub(crate) struct Reader {
     auto_settle: bool,
     pub(crate) group: Option<String>,
     state: Mutex<ReaderState>,
-    /// One pump at a time per reader (the pump thread, or a caller that
-    /// granted credit), so positions never race.
+    /// One pump at a time per reader (the pump thread, a read thread, or
+    /// a caller that granted credit), so positions never race.
     pumping: Mutex<()>,
+    /// A pump was asked for while another held `pumping`: the holder
+    /// pumps again before it lets go (see [`Reader::pump`]).
+    again: AtomicBool,
+    /// Queued in the read pool (see `read_pool`).
+    pub(super) queued: AtomicBool,
 }
 
 impl Reader {
@@ -150,6 +159,8 @@ impl Reader {
                 closed: false,
             }),
             pumping: Mutex::new(()),
+            again: AtomicBool::new(false),
+            queued: AtomicBool::new(false),
         }
     }
 
@@ -177,14 +188,52 @@ impl Reader {
     }
 
     /// Sends what its credit allows from its logs, a part at a time
-    /// starting after the last one served.
-    pub(crate) fn pump(&self, groups: &Groups) {
-        let _one = self.pumping.lock();
+    /// starting after the last one served, as far as memory serves it
+    /// (the tail cache, the page cache): once a part's next record must
+    /// be read from the device, the rest is left to a read thread
+    /// (`read_pool`). Never waits for
+    /// another pump of this reader: that one pumps again instead, so a
+    /// connection's task is not held up behind a read of the device.
+    pub(crate) fn pump(self: &Arc<Self>, groups: &Groups) {
+        // Set before trying the lock: a holder that lets go after this
+        // sees it (and pumps again), or lets go before our try succeeds.
+        self.again.store(true, Ordering::SeqCst);
+        while let Some(one) = self.pumping.try_lock() {
+            self.again.store(false, Ordering::SeqCst);
+            let deferred = self.pump_locked(groups, self.source.reads.is_running());
+            drop(one);
+            if deferred {
+                self.source.reads.schedule(self);
+                return;
+            }
+            if !self.again.load(Ordering::SeqCst) {
+                return;
+            }
+        }
+    }
+
+    /// [`Self::pump`] on a read thread: reads the files too, and waits
+    /// for another pump of this reader to end first.
+    pub(super) fn pump_here(&self, groups: &Groups) {
+        loop {
+            let one = self.pumping.lock();
+            self.again.store(false, Ordering::SeqCst);
+            self.pump_locked(groups, false);
+            drop(one);
+            if !self.again.load(Ordering::SeqCst) {
+                return;
+            }
+        }
+    }
+
+    /// One pump, under `pumping`; `true` when it stopped at a part whose
+    /// next record is in the segment files and `defer` was asked.
+    fn pump_locked(&self, groups: &Groups, defer: bool) -> bool {
         loop {
             let order = {
                 let mut st = self.state.lock();
                 if st.closed {
-                    return;
+                    return false;
                 }
                 if Self::room(&st) == 0 && st.drain {
                     st.drain = false;
@@ -201,10 +250,11 @@ impl Reader {
             };
             let mut sent_any = false;
             for part in order {
-                match self.pump_part(part, groups) {
+                match self.pump_part(part, groups, defer) {
                     PartPump::Sent => sent_any = true,
                     PartPump::Empty => {}
-                    PartPump::Stop => return,
+                    PartPump::Stop => return false,
+                    PartPump::Files => return true,
                 }
             }
             if !sent_any {
@@ -216,13 +266,15 @@ impl Reader {
                         consumer: self.consumer,
                     });
                 }
-                return;
+                return false;
             }
         }
     }
 
-    /// One read of part `part`, sent.
-    fn pump_part(&self, part: usize, groups: &Groups) -> PartPump {
+    /// One read of part `part`, sent; with `defer`, only what memory
+    /// holds, and none when the next record is on the device
+    /// ([`PartPump::Files`]).
+    fn pump_part(&self, part: usize, groups: &Groups, defer: bool) -> PartPump {
         let (from, room) = {
             let st = self.state.lock();
             if st.closed {
@@ -263,7 +315,15 @@ impl Reader {
                 .unwrap_or(usize::MAX)
                 .clamp(1, PUMP_BYTES_MAX)
         };
-        let read = match stream.log.read(from, room, max_bytes) {
+        // Where it must not block (`defer`), only what memory holds: a
+        // read that would wait for the device is left to a read thread.
+        let read = if defer {
+            stream.log.read_cached(from, room, max_bytes)
+        } else {
+            stream.log.read(from, room, max_bytes)
+        };
+        let read = match read {
+            Ok(r) if r.uncached && r.records.is_empty() => return PartPump::Files,
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(stream = %stream.name, offset = from, error = %e,
@@ -431,4 +491,6 @@ enum PartPump {
     Empty,
     /// No credit or room left, or closed: the pass ends.
     Stop,
+    /// Its next record must be read from the device: for a read thread.
+    Files,
 }

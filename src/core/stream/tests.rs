@@ -300,6 +300,75 @@ fn a_reader_of_history_keeps_only_its_read_ahead_waiting_and_goes_on_as_its_conn
     drop(sink.events.deliveries());
 }
 
+/// A sink that notes the thread each delivery was sent from.
+#[derive(Default)]
+struct ThreadNoting {
+    events: Events,
+    threads: parking_lot::Mutex<Vec<String>>,
+}
+
+impl EventSink for ThreadNoting {
+    fn send(&self, event: SessionEvent) {
+        if matches!(event, SessionEvent::Delivery(_)) {
+            let name = std::thread::current().name().unwrap_or("").to_owned();
+            self.threads.lock().push(name);
+        }
+        self.events.send(event);
+    }
+}
+
+/// A reader whose next records must come from the device has them read
+/// on a read thread, so the connection's task that asked (here the test's
+/// thread) does not wait for the device; records in the page cache or the
+/// tail cache are read where the reader asks.
+#[test]
+fn history_on_the_device_is_read_on_a_read_thread_and_what_memory_holds_where_the_reader_asks() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(1_000));
+    // The streams on a simulated disk, whose page cache can be emptied.
+    let disk = rosetta_store::sim::SimDisk::new(17);
+    let mut cfg = config(d.path(), vec![]);
+    cfg.streams.storage = Arc::new(disk.attach());
+    let core = crate::tests::core_on_store(&d.path().join("journal"), cfg, &clock).0;
+    let (mut s, ev) = open(&core, "producer");
+    s.declare_stream("s1").expect("declare");
+    // Past the 8 MiB tail cache.
+    let body = "x".repeat(4 * 1024);
+    let messages = (0..2_500).map(|_| Message::text(body.clone())).collect();
+    publish_messages(&mut s, &ev, "s1", messages);
+    let this = std::thread::current().name().unwrap_or("").to_owned();
+    let read_from = |name: &str, offset: u64, n: usize| {
+        let sink = Arc::new(ThreadNoting::default());
+        let mut reader = core.open_session(info(name), sink.clone());
+        consume(
+            &mut reader,
+            "s1",
+            10,
+            read(Some(StreamOffset::Offset(offset)), None),
+        )
+        .expect("consume");
+        let got = deliveries(&sink.events, n);
+        assert_eq!(
+            offsets(&got),
+            (offset..offset + n as u64).collect::<Vec<u64>>()
+        );
+        let threads = sink.threads.lock().clone();
+        threads
+    };
+
+    disk.set_uncached(true);
+    let threads = read_from("device", 0, 10);
+    assert!(
+        threads
+            .iter()
+            .all(|t| t.starts_with("rosetta-stream-read-")),
+        "history on the device sent from {threads:?}"
+    );
+    assert_eq!(read_from("tail", 2_495, 5), vec![this.clone(); 5]);
+    disk.set_uncached(false);
+    assert_eq!(read_from("page cache", 0, 10), vec![this; 10]);
+}
+
 #[test]
 fn a_group_resumes_from_its_cumulative_commit_after_a_restart_and_an_explicit_spec_resets_it() {
     let d = tempfile::tempdir().expect("tempdir");

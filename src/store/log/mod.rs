@@ -224,6 +224,9 @@ pub struct LogRead {
     pub missed: u64,
     /// Where the next read should start.
     pub next: u64,
+    /// A [`StreamLog::read_cached`] stopped at bytes the page cache does
+    /// not hold: the rest is for a read that may wait for the device.
+    pub uncached: bool,
 }
 
 /// The readable range of a log.
@@ -450,9 +453,33 @@ impl StreamLog {
         max_records: usize,
         max_bytes: usize,
     ) -> Result<LogRead, StoreError> {
-        match self.read_once(from, max_records, max_bytes) {
+        self.read_with(from, max_records, max_bytes, false)
+    }
+
+    /// [`Self::read`], but only as far as memory serves it (the tail
+    /// cache, and the page cache as [`StorageFile::is_cached`] tells):
+    /// it stops, with [`LogRead::uncached`] set, before a file read that
+    /// would wait for the device. For a caller that must not block (a
+    /// connection's task).
+    pub fn read_cached(
+        &self,
+        from: u64,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<LogRead, StoreError> {
+        self.read_with(from, max_records, max_bytes, true)
+    }
+
+    fn read_with(
+        &self,
+        from: u64,
+        max_records: usize,
+        max_bytes: usize,
+        cached_only: bool,
+    ) -> Result<LogRead, StoreError> {
+        match self.read_once(from, max_records, max_bytes, cached_only) {
             Err(e @ StoreError::Corrupt { .. }) if self.rescan_for(&e)? => {
-                self.read_once(from, max_records, max_bytes)
+                self.read_once(from, max_records, max_bytes, cached_only)
             }
             r => r,
         }
@@ -510,6 +537,7 @@ impl StreamLog {
         from: u64,
         max_records: usize,
         max_bytes: usize,
+        cached_only: bool,
     ) -> Result<LogRead, StoreError> {
         let mut out = LogRead {
             next: from,
@@ -580,6 +608,10 @@ impl StreamLog {
                 let want = usize::try_from(end - pos)
                     .unwrap_or(usize::MAX)
                     .min(chunk_bytes);
+                if cached_only && !file.is_cached(pos, want) {
+                    out.uncached = true;
+                    return Ok(out);
+                }
                 let chunk = read_readable(&*file, &path, pos, want)?;
                 let mut at = 0usize;
                 while at < chunk.len() {

@@ -557,3 +557,29 @@ fn a_read_bounded_by_bytes_fetches_about_those_bytes_from_the_file() {
     assert_eq!(read.records.len(), 100);
     assert_eq!(read.records[99].body, record);
 }
+
+/// `read_cached` reads what memory holds and stops, saying so, before a
+/// file read the page cache would not serve; `read` reads it anyway.
+#[test]
+fn a_cached_only_read_stops_before_the_device_and_a_plain_read_does_not() {
+    let disk = SimDisk::new(23);
+    let mut c = sim_config(&disk);
+    c.segment_bytes = 64 * 1024;
+    c.tail_cache_bytes = 8 * 1024;
+    c.tail_cache_budget = TailCacheBudget::new(1 << 20);
+    let (log, _) = ok(StreamLog::open(c));
+    for batch in 0..30u64 {
+        append_all(&log, batch * 10, 10, |i| i);
+    }
+    disk.set_uncached(true);
+    let r = ok(log.read_cached(0, 10, 1 << 20));
+    assert!(r.uncached && r.records.is_empty(), "{r:?}");
+    assert_eq!(ok(log.read(0, 10, 1 << 20)).records.len(), 10);
+    // The newest records are in the tail cache: memory, read either way.
+    let next = log.bounds().next;
+    let tail = ok(log.read_cached(next - 3, 10, 1 << 20));
+    assert_eq!((tail.records.len(), tail.uncached), (3, false));
+    disk.set_uncached(false);
+    let r = ok(log.read_cached(0, 10, 1 << 20));
+    assert_eq!((r.records.len(), r.uncached), (10, false));
+}
