@@ -14,7 +14,9 @@
 # least 2x its throughput. DURATION_S (default 10) caps a run's sending.
 # With PERF=1, each rumqttc scenario gets one more Rosetta run, recorded
 # with `perf record -g` (not the measured run), and its top symbols printed (perf from Debian's
-# linux-perf).
+# linux-perf). With KERNEL=1, each run of either broker gets two more:
+# its CPU per message split into user and system time (from /proc), and
+# its system calls and context switches per message (under `perf stat`).
 # Output: the table, and RESULT lines in $OUT (default
 # bench/results/<date>-issue20/permsg.jsonl).
 set -euo pipefail
@@ -56,8 +58,45 @@ one() {
     perf report -q -i "$BENCH_TMP/perf-$1.data" --no-children -g none --percent-limit 1.5 \
       --sort dso,symbol 2>/dev/null | grep -v '^$' | head -25 || true
   fi
+  if [ "${KERNEL:-0}" = 1 ]; then
+    kernel_split "$broker" "$port" "$pid" "$client" "$@"
+  fi
   echo "$out" | grep -v '^RESULT '
   echo "$out" | grep '^RESULT ' | sed "s/^RESULT //; s/}\$/, \"client\": \"$client\"}/" | tee -a "$OUT" >> "$runs"
+}
+
+# kernel_split BROKER PORT PID CLIENT SCENARIO...: two more runs (not the
+# measured one): one with the broker's user and system CPU read from
+# /proc, and one with its system calls and context switches counted by
+# `perf stat` (software tracepoints: they work where the VM has no PMU;
+# they add to each system call's cost, so that run's CPU is not used).
+# Each figure per message received: where a per-packet client's cost goes.
+kernel_split() {
+  local broker=$1 port=$2 pid=$3 client=$4; shift 4
+  local stat=$BENCH_TMP/perf-stat-$broker-$1.txt u0 s0 u1 s1 plain counted
+  read -r u0 s0 < <(awk '{print $14, $15}' "/proc/$pid/stat")
+  plain=$("$LOAD" --port "$port" --duration-s "$DURATION_S" "$@" --client "$client" 2>&1 | sed -n 's/^RESULT //p') || true
+  read -r u1 s1 < <(awk '{print $14, $15}' "/proc/$pid/stat")
+  perf stat -x, -e context-switches,raw_syscalls:sys_enter -p "$pid" -o "$stat" > /dev/null 2>&1 &
+  local perf_pid=$!
+  sleep 0.5
+  counted=$("$LOAD" --port "$port" --duration-s "$DURATION_S" "$@" --client "$client" 2>&1 | sed -n 's/^RESULT //p') || true
+  kill -INT "$perf_pid"; wait "$perf_pid" || true
+  python3 - "$broker" "$1" "$client" "$plain" "$counted" "$stat" $((u1 - u0)) $((s1 - s0)) "$(getconf CLK_TCK)" <<'PY'
+import json, sys
+broker, scenario, client, plain, counted, stat, utime, stime, tck = sys.argv[1:]
+received = lambda out: max(json.loads(out).get("received") or 0, 1) if out else 1
+counts = {}
+for line in open(stat):
+    f = line.strip().split(",")
+    if len(f) > 2 and f[0].isdigit():
+        counts[f[2]] = int(f[0])
+n, m = received(plain), received(counted)
+us = lambda ticks: int(ticks) / int(tck) * 1e6 / n
+print(f"-- kernel: {broker}, {scenario}, {client}: user {us(utime):.2f} us, system {us(stime):.2f} us,"
+      f" {counts.get('raw_syscalls:sys_enter', 0) / m:.3f} system calls,"
+      f" {counts.get('context-switches', 0) / m:.3f} context switches per message")
+PY
 }
 
 echo "# $(git -C "$here/.." describe --always --dirty), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
