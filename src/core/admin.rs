@@ -165,7 +165,7 @@ impl Core {
                 (
                     s.info.conn_id,
                     SessionIdentity {
-                        user: s.info.principal.user.clone(),
+                        user: s.info.principal.user.as_deref().map(str::to_owned),
                         client_id: s.info.client_id.as_deref().map(str::to_owned),
                     },
                 )

@@ -13,7 +13,7 @@ struct DenyOne(&'static str);
 impl AccessControl for DenyOne {
     fn authenticate(&self, user: Option<&str>, _: Option<&[u8]>) -> Result<Principal, AuthError> {
         Ok(Principal {
-            user: user.map(str::to_owned),
+            user: user.map(Box::from),
         })
     }
     fn scram_credentials(&self, _: &str) -> Option<ScramCredentials> {

@@ -258,7 +258,7 @@ impl AccessControl for AllowAll {
         _password: Option<&[u8]>,
     ) -> Result<Principal, AuthError> {
         Ok(Principal {
-            user: user.map(str::to_owned),
+            user: user.map(Box::from),
         })
     }
     fn scram_credentials(&self, _user: &str) -> Option<ScramCredentials> {
@@ -269,7 +269,7 @@ impl AccessControl for AllowAll {
     }
     fn authenticate_certificate(&self, subject: &str) -> Result<Principal, AuthError> {
         Ok(Principal {
-            user: Some(subject.to_owned()),
+            user: Some(subject.into()),
         })
     }
     fn may_publish(&self, _principal: &Principal, _address: &Address) -> bool {

@@ -53,63 +53,117 @@ struct ConsumerRef {
     queue: Arc<Queue>,
 }
 
-/// A session's queue consumers by id: a slice sorted by id, searched by
-/// bisection. A session has one or a few, and an empty hash map cost each
-/// session 48 bytes (issue 20); ids only grow, so an insert is a push.
-/// A boxed slice, exactly sized, not a `Vec`: 16 bytes, not 24, and a
-/// consumer is added or removed far less often than it is looked up.
+/// A session's queue consumers by id, and the session-lifetime queues it
+/// declared, in one box made at the first of either and freed with the
+/// last: an idle connection's session holds one empty word (issue 20:
+/// the two boxed slices inline cost every session 32 bytes and its size
+/// class). A session has one or a few consumers and owns at most a
+/// queue or two (an MQTT session with subscriptions owns one).
 #[derive(Default)]
-struct Consumers(Box<[(ConsumerId, ConsumerRef)]>);
+struct Subscriptions(Option<Box<SubscriptionLists>>);
 
-impl Consumers {
+/// Exactly sized slices, not `Vec`s: a consumer is added or removed far
+/// less often than it is looked up.
+#[derive(Default)]
+struct SubscriptionLists {
+    /// Sorted by id, searched by bisection; ids only grow, so an insert
+    /// is a push.
+    consumers: Box<[(ConsumerId, ConsumerRef)]>,
+    /// Their names, shared with the queues.
+    owned_queues: Box<[Arc<str>]>,
+}
+
+impl Subscriptions {
+    fn consumers(&self) -> &[(ConsumerId, ConsumerRef)] {
+        self.0.as_ref().map_or(&[], |l| &l.consumers)
+    }
+
+    fn owned_queues(&self) -> &[Arc<str>] {
+        self.0.as_ref().map_or(&[], |l| &l.owned_queues)
+    }
+
+    fn lists(&mut self) -> &mut SubscriptionLists {
+        self.0.get_or_insert_with(Box::default)
+    }
+
+    /// Frees the box once both lists are empty.
+    fn free_if_empty(&mut self) {
+        if self.consumers().is_empty() && self.owned_queues().is_empty() {
+            self.0 = None;
+        }
+    }
+
     fn position(&self, id: ConsumerId) -> Result<usize, usize> {
-        self.0.binary_search_by_key(&id, |(c, _)| *c)
+        self.consumers().binary_search_by_key(&id, |(c, _)| *c)
     }
 
     fn get(&self, id: &ConsumerId) -> Option<&ConsumerRef> {
         let at = self.position(*id).ok()?;
-        self.0.get(at).map(|(_, c)| c)
+        self.consumers().get(at).map(|(_, c)| c)
     }
 
     fn insert(&mut self, id: ConsumerId, consumer: ConsumerRef) {
-        match self.position(id) {
-            Ok(at) => self.0[at].1 = consumer,
+        let at = self.position(id);
+        let lists = self.lists();
+        match at {
+            Ok(at) => lists.consumers[at].1 = consumer,
             Err(at) => {
                 // A reallocation per insert, in place while the
                 // allocator's block has room (ids only grow: a push).
-                let mut all = std::mem::take(&mut self.0).into_vec();
+                let mut all = std::mem::take(&mut lists.consumers).into_vec();
                 all.insert(at, (id, consumer));
-                self.0 = all.into_boxed_slice();
+                lists.consumers = all.into_boxed_slice();
             }
         }
     }
 
     fn remove(&mut self, id: &ConsumerId) -> Option<ConsumerRef> {
         let at = self.position(*id).ok()?;
-        let mut all = std::mem::take(&mut self.0).into_vec();
+        let lists = self.lists();
+        let mut all = std::mem::take(&mut lists.consumers).into_vec();
         let (_, removed) = all.remove(at);
-        self.0 = all.into_boxed_slice();
+        lists.consumers = all.into_boxed_slice();
+        self.free_if_empty();
         Some(removed)
     }
 
     fn len(&self) -> usize {
-        self.0.len()
+        self.consumers().len()
     }
 
     fn values(&self) -> impl Iterator<Item = &ConsumerRef> {
-        self.0.iter().map(|(_, c)| c)
+        self.consumers().iter().map(|(_, c)| c)
     }
 
     fn iter(&self) -> impl Iterator<Item = (&ConsumerId, &ConsumerRef)> {
-        self.0.iter().map(|(id, c)| (id, c))
+        self.consumers().iter().map(|(id, c)| (id, c))
     }
-}
 
-impl IntoIterator for Consumers {
-    type Item = (ConsumerId, ConsumerRef);
-    type IntoIter = std::vec::IntoIter<(ConsumerId, ConsumerRef)>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.into_vec().into_iter()
+    fn add_owned_queue(&mut self, name: Arc<str>) {
+        let lists = self.lists();
+        // Exactly sized for the first: an MQTT session owns one.
+        let mut owned = std::mem::take(&mut lists.owned_queues).into_vec();
+        owned.push(name);
+        lists.owned_queues = owned.into_boxed_slice();
+    }
+
+    fn remove_owned_queue(&mut self, name: &str) {
+        if !self.owned_queues().iter().any(|n| &**n == name) {
+            return;
+        }
+        let lists = self.lists();
+        let mut owned = std::mem::take(&mut lists.owned_queues).into_vec();
+        owned.retain(|n| &**n != name);
+        lists.owned_queues = owned.into_boxed_slice();
+        self.free_if_empty();
+    }
+
+    /// Everything, emptied: the consumers and the owned queues' names.
+    fn take_all(&mut self) -> (Vec<(ConsumerId, ConsumerRef)>, Vec<Arc<str>>) {
+        match self.0.take() {
+            Some(lists) => (lists.consumers.into_vec(), lists.owned_queues.into_vec()),
+            None => (Vec::new(), Vec::new()),
+        }
     }
 }
 
@@ -143,11 +197,9 @@ impl ConsumerIds {
 /// and its allocation at 160 B, a jemalloc size class (issue 20).
 #[derive(Default)]
 struct SessionState {
-    consumers: Consumers,
+    /// Its consumers and the session-lifetime queues it declared.
+    subs: Subscriptions,
     ids: ConsumerIds,
-    /// The session-lifetime queues it declared (their names, shared with
-    /// the queues): an MQTT session with subscriptions has one.
-    owned_queues: Box<[Arc<str>]>,
     /// Boxed: a `Will` holds a whole message, and most sessions have none
     /// (one per connection, so it counts for idle connections' memory).
     will: Option<Box<Will>>,
@@ -286,7 +338,7 @@ impl CoreSession {
     /// The queue `consumer` consumes from.
     fn queue_of(&self, consumer: ConsumerId) -> Result<Arc<Queue>, BrokerError> {
         let st = self.state()?;
-        st.consumers
+        st.subs
             .get(&consumer)
             .map(|c| Arc::clone(&c.queue))
             .ok_or(BrokerError::Unknown("consumer"))
@@ -517,8 +569,8 @@ fn dispatch_to_session(inner: &Inner, shared: &SessionShared) {
     }
     let queues: Vec<Arc<Queue>> = {
         let st = shared.state.lock();
-        let mut queues: Vec<Arc<Queue>> = Vec::with_capacity(st.consumers.len());
-        for c in st.consumers.values() {
+        let mut queues: Vec<Arc<Queue>> = Vec::with_capacity(st.subs.len());
+        for c in st.subs.values() {
             if !queues.iter().any(|q| Arc::ptr_eq(q, &c.queue)) {
                 queues.push(Arc::clone(&c.queue));
             }
@@ -751,12 +803,8 @@ fn close_shared(inner: &Arc<Inner>, shared: &Arc<SessionShared>, kind: CloseKind
         for r in &readers {
             r.close();
         }
-        (
-            std::mem::take(&mut st.consumers),
-            std::mem::take(&mut st.owned_queues).into_vec(),
-            st.will.take().map(|w| *w),
-            readers,
-        )
+        let (consumers, owned) = st.subs.take_all();
+        (consumers, owned, st.will.take().map(|w| *w), readers)
     };
     // Outside the session's lock: a rebalance serves the other members.
     for r in &readers {
@@ -808,10 +856,7 @@ impl Session for CoreSession {
         let (q, existed) = self.inner.declare(spec, Some(self.shared.id), &mut batch)?;
         batch.commit(&self.inner, None);
         if lifetime == QueueLifetime::Session && !existed {
-            // Exactly sized for the first: an MQTT session owns one.
-            let mut owned = std::mem::take(&mut st.owned_queues).into_vec();
-            owned.push(Arc::clone(&q.name));
-            st.owned_queues = owned.into_boxed_slice();
+            st.subs.add_owned_queue(Arc::clone(&q.name));
         }
         Ok(Inner::queue_info(&q, existed))
     }
@@ -830,11 +875,7 @@ impl Session for CoreSession {
 
     fn delete_queue(&mut self, name: &str) -> Result<(), BrokerError> {
         let mut st = self.state()?;
-        if st.owned_queues.iter().any(|n| &**n == name) {
-            let mut owned = std::mem::take(&mut st.owned_queues).into_vec();
-            owned.retain(|n| &**n != name);
-            st.owned_queues = owned.into_boxed_slice();
-        }
+        st.subs.remove_owned_queue(name);
         self.inner.delete_queue(name)
     }
 
@@ -906,7 +947,7 @@ impl Session for CoreSession {
 
     fn consume(&mut self, spec: ConsumerSpec) -> Result<ConsumerId, BrokerError> {
         let mut st = self.state()?;
-        if st.consumers.len() >= CONSUMERS_PER_SESSION_MAX {
+        if st.subs.len() >= CONSUMERS_PER_SESSION_MAX {
             return Err(BrokerError::ResourceLimit(format!(
                 "more than {CONSUMERS_PER_SESSION_MAX} consumers"
             )));
@@ -996,7 +1037,7 @@ impl Session for CoreSession {
             qs.idle_since = IdleSince::BUSY;
             q.dispatch_locked(&mut qs, self.inner.now_ms())
         };
-        st.consumers.insert(id, ConsumerRef { queue: q });
+        st.subs.insert(id, ConsumerRef { queue: q });
         drop(st);
         self.inner.after_dispatch(out);
         Ok(id)
@@ -1014,7 +1055,7 @@ impl Session for CoreSession {
             return Ok(());
         }
         let c = st
-            .consumers
+            .subs
             .remove(&consumer)
             .ok_or(BrokerError::Unknown("consumer"))?;
         drop(st);
@@ -1083,7 +1124,7 @@ impl Session for CoreSession {
         }
         let mut st = self.state()?;
         let q = Arc::clone(
-            &st.consumers
+            &st.subs
                 .get(&consumer)
                 .ok_or(BrokerError::Unknown("consumer"))?
                 .queue,
@@ -1144,7 +1185,7 @@ impl Session for CoreSession {
                 r.pump(&self.inner.streams.groups);
                 continue;
             }
-            let queue = match self.state()?.consumers.get(&consumer) {
+            let queue = match self.state()?.subs.get(&consumer) {
                 Some(c) => Arc::clone(&c.queue),
                 None => continue,
             };
@@ -1267,7 +1308,7 @@ impl Session for CoreSession {
             .and_then(|r| r.txns.remove(&txn))
             .ok_or(BrokerError::Unknown("transaction"))?;
         let consumers: HashMap<ConsumerId, Arc<Queue>> = st
-            .consumers
+            .subs
             .iter()
             .map(|(id, c)| (*id, Arc::clone(&c.queue)))
             .collect();
@@ -1411,14 +1452,55 @@ fn state_key(info: &SessionInfo, key: &str) -> String {
 #[cfg(test)]
 mod size_tests {
     use super::*;
+    use rosetta_neutral::{Broker, ConsumerOptions};
 
-    /// One per connection (issue 20): 144 bytes and Arc's two counts are
-    /// jemalloc's 160 B class; a field more would take it to 192.
+    /// A session that stops consuming and deletes the queue it owned goes
+    /// back to holding nothing for them (an idle connection's size).
+    #[test]
+    fn a_session_frees_its_subscriptions_box_with_its_last_consumer_and_owned_queue() {
+        let core = crate::Core::in_memory();
+        let events = Arc::new(crate::tests::Events::default());
+        let mut s = core.open_session(crate::tests::info("c"), events);
+        let shared = |core: &crate::Core| {
+            let sessions = core.inner.sessions.lock();
+            let first = sessions.iter().next().map(Arc::clone);
+            first.expect("one session")
+        };
+        let held = |core: &crate::Core| shared(core).state.lock().subs.0.is_some();
+        assert!(!held(&core), "a new session holds no box");
+        s.declare_queue(QueueSpec {
+            name: Some("owned".into()),
+            durable: false,
+            lifetime: QueueLifetime::Session,
+            bindings_max: None,
+        })
+        .expect("declare");
+        let id = s
+            .consume(ConsumerSpec {
+                queue: "owned".into(),
+                credit: CreditMode::Window(10),
+                auto_settle: false,
+                options: ConsumerOptions::default(),
+            })
+            .expect("consume");
+        {
+            let sh = shared(&core);
+            let st = sh.state.lock();
+            assert_eq!((st.subs.len(), st.subs.owned_queues().len()), (1, 1));
+        }
+        s.cancel(id).expect("cancel");
+        assert!(held(&core), "the owned queue is still there");
+        s.delete_queue("owned").expect("delete");
+        assert!(!held(&core), "both lists empty: the box is freed");
+    }
+
+    /// One per connection (issue 20): 112 bytes and Arc's two counts are
+    /// jemalloc's 128 B class; a field more would take it to 160.
     #[test]
     fn a_session_fits_its_size_class() {
-        assert_eq!(std::mem::size_of::<SessionState>(), 56);
+        assert_eq!(std::mem::size_of::<SessionState>(), 32);
         assert!(
-            std::mem::size_of::<SessionShared>() <= 144,
+            std::mem::size_of::<SessionShared>() <= 112,
             "SessionShared is {} B",
             std::mem::size_of::<SessionShared>()
         );

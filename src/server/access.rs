@@ -120,7 +120,7 @@ fn check_password(
             }
         }
         Some(name) if users.verify(name, password.unwrap_or_default()) => Ok(Principal {
-            user: Some(name.to_owned()),
+            user: Some(name.into()),
         }),
         _ => Err(AuthError::BadCredentials),
     }
@@ -173,7 +173,7 @@ impl AccessControl for UsersAccess {
         // A verified certificate stands in for the password of an existing user.
         if self.users.read().contains(subject) {
             Ok(Principal {
-                user: Some(subject.to_owned()),
+                user: Some(subject.into()),
             })
         } else {
             Err(AuthError::BadCredentials)

@@ -176,7 +176,7 @@ impl SaslServer {
             SaslServer::ScramFinal(pending) => match pending.server_final(response) {
                 Ok(server_final) => SaslStep::Success {
                     principal: Principal {
-                        user: Some(pending.user().to_owned()),
+                        user: Some(pending.user().into()),
                     },
                     additional_data: Some(server_final),
                 },

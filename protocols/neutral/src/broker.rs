@@ -65,7 +65,7 @@ impl Protocol {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Principal {
     /// The user name; `None` for an anonymous client.
-    pub user: Option<String>,
+    pub user: Option<Box<str>>,
 }
 
 impl Principal {

@@ -768,7 +768,9 @@ impl StompConnection {
         if self.placement_unavailable(broker.as_ref(), client_id.as_deref(), &principal) {
             return self.fail(StompError::ServerUnavailable, None);
         }
-        let client_key = client_id.clone().or_else(|| principal.user.clone());
+        let client_key = client_id
+            .clone()
+            .or_else(|| principal.user.as_deref().map(str::to_owned));
         let session = broker.open_session(
             SessionInfo {
                 conn_id: self.conn_id,

@@ -122,7 +122,7 @@ impl MqttConnection {
         match auth.scram.server_final(&client_final) {
             Ok(server_final) => {
                 let principal = Principal {
-                    user: Some(auth.scram.user().to_owned()),
+                    user: Some(auth.scram.user().into()),
                 };
                 let enhanced = EnhancedAuth {
                     method: SCRAM_SHA_256.to_owned(),

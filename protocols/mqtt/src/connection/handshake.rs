@@ -238,7 +238,7 @@ impl MqttConnection {
             Box::new(super::Reauth {
                 broker: Arc::clone(&broker),
                 method: e.method.clone(),
-                user: principal.user.clone(),
+                user: principal.user.as_deref().map(str::to_owned),
                 pending: None,
             })
         });
