@@ -258,7 +258,7 @@ mod tests {
             assert_eq!(start, LoginStart::Pending);
             match rx.recv_timeout(WAIT).expect("a result") {
                 SessionEvent::LoginChecked { result } => {
-                    assert_eq!(result.map(|p| p.user), want);
+                    assert_eq!(result.map(|p| p.user.map(String::from)), want);
                 }
                 other => panic!("{other:?}"),
             }

@@ -102,7 +102,7 @@ impl Broker for FakeBroker {
             None => Err(AuthError::AnonymousDisabled),
             Some(u) => match s.users.get(u) {
                 Some(p) if Some(p.as_slice()) == password => Ok(Principal {
-                    user: Some(u.to_owned()),
+                    user: Some(u.into()),
                 }),
                 _ => Err(AuthError::BadCredentials),
             },
