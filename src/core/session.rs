@@ -107,22 +107,14 @@ impl Subscriptions {
         let lists = self.lists();
         match at {
             Ok(at) => lists.consumers[at].1 = consumer,
-            Err(at) => {
-                // A reallocation per insert, in place while the
-                // allocator's block has room (ids only grow: a push).
-                let mut all = std::mem::take(&mut lists.consumers).into_vec();
-                all.insert(at, (id, consumer));
-                lists.consumers = all.into_boxed_slice();
-            }
+            // Ids only grow: a push.
+            Err(at) => resize(&mut lists.consumers, |all| all.insert(at, (id, consumer))),
         }
     }
 
     fn remove(&mut self, id: &ConsumerId) -> Option<ConsumerRef> {
         let at = self.position(*id).ok()?;
-        let lists = self.lists();
-        let mut all = std::mem::take(&mut lists.consumers).into_vec();
-        let (_, removed) = all.remove(at);
-        lists.consumers = all.into_boxed_slice();
+        let (_, removed) = resize(&mut self.lists().consumers, |all| all.remove(at));
         self.free_if_empty();
         Some(removed)
     }
@@ -140,21 +132,17 @@ impl Subscriptions {
     }
 
     fn add_owned_queue(&mut self, name: Arc<str>) {
-        let lists = self.lists();
         // Exactly sized for the first: an MQTT session owns one.
-        let mut owned = std::mem::take(&mut lists.owned_queues).into_vec();
-        owned.push(name);
-        lists.owned_queues = owned.into_boxed_slice();
+        resize(&mut self.lists().owned_queues, |owned| owned.push(name));
     }
 
     fn remove_owned_queue(&mut self, name: &str) {
         if !self.owned_queues().iter().any(|n| &**n == name) {
             return;
         }
-        let lists = self.lists();
-        let mut owned = std::mem::take(&mut lists.owned_queues).into_vec();
-        owned.retain(|n| &**n != name);
-        lists.owned_queues = owned.into_boxed_slice();
+        resize(&mut self.lists().owned_queues, |owned| {
+            owned.retain(|n| &**n != name)
+        });
         self.free_if_empty();
     }
 
@@ -165,6 +153,16 @@ impl Subscriptions {
             None => (Vec::new(), Vec::new()),
         }
     }
+}
+
+/// Runs `change` on `slice` as a `Vec` and leaves it exactly sized again:
+/// a reallocation per change, in place while the allocator's block has
+/// room.
+fn resize<T, R>(slice: &mut Box<[T]>, change: impl FnOnce(&mut Vec<T>) -> R) -> R {
+    let mut all = std::mem::take(slice).into_vec();
+    let out = change(&mut all);
+    *slice = all.into_boxed_slice();
+    out
 }
 
 /// The last consumer id a session gave out, and whether the session is
@@ -193,8 +191,8 @@ impl ConsumerIds {
 
 /// What a session holds. One per connection, so its size counts for
 /// every idle connection: what only some sessions use is lazy, and what
-/// few use is in [`Rare`]. 56 bytes, which keeps `SessionShared` at 144
-/// and its allocation at 160 B, a jemalloc size class (issue 20).
+/// few use is in [`Rare`]. 32 bytes, which keeps `SessionShared` at 112
+/// and its allocation at 128 B, a jemalloc size class (issue 20).
 #[derive(Default)]
 struct SessionState {
     /// Its consumers and the session-lifetime queues it declared.

@@ -189,7 +189,6 @@ impl Target {
         }
     }
 
-    /// What a reader of it reads.
     /// What a reader of it reads, its reads from the device done by
     /// `reads`.
     pub(crate) fn source(&self, reads: &Arc<read_pool::ReadPool>) -> ReadSource {

@@ -49,9 +49,9 @@ pub(crate) struct ReadPool {
 
 impl ReadPool {
     /// Starts the pool's threads for `streams`; a pool that cannot start
-    /// a thread has its readers served where they are asked for (see
-    /// [`Self::schedule`]). Returns how many threads run.
-    pub(crate) fn start(&self, streams: &Arc<Streams>) -> usize {
+    /// one has its readers read the files where they are served (see
+    /// [`Self::is_running`]).
+    pub(crate) fn start(&self, streams: &Arc<Streams>) {
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .clamp(1, READ_THREADS_MAX);
@@ -70,7 +70,6 @@ impl ReadPool {
             }
         }
         self.running.store(started > 0, Ordering::SeqCst);
-        started
     }
 
     /// Whether a pump may be handed to it.

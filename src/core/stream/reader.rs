@@ -191,9 +191,9 @@ impl Reader {
     /// starting after the last one served, as far as memory serves it
     /// (the tail cache, the page cache): once a part's next record must
     /// be read from the device, the rest is left to a read thread
-    /// (`read_pool`). Never waits for
-    /// another pump of this reader: that one pumps again instead, so a
-    /// connection's task is not held up behind a read of the device.
+    /// (`read_pool`). Never waits for another pump of this reader: that
+    /// one pumps again instead, so a connection's task is not held up
+    /// behind a read of the device.
     pub(crate) fn pump(self: &Arc<Self>, groups: &Groups) {
         // Set before trying the lock: a holder that lets go after this
         // sees it (and pumps again), or lets go before our try succeeds.
@@ -226,8 +226,8 @@ impl Reader {
         }
     }
 
-    /// One pump, under `pumping`; `true` when it stopped at a part whose
-    /// next record is in the segment files and `defer` was asked.
+    /// One pump, under `pumping`; `true` when it stopped, `defer` asked,
+    /// at a part whose next record must be read from the device.
     fn pump_locked(&self, groups: &Groups, defer: bool) -> bool {
         loop {
             let order = {
