@@ -6,8 +6,9 @@
 //! `orders-reader` of container `billing`) each reading a disjoint set of
 //! partitions in order per key; an MQTT reader of all partitions; a
 //! member leaving (its TCP connection dropped) and its partitions resumed
-//! by the other at the committed offsets; and a group across a `kill -9`
-//! of the broker process.
+//! by the other at the committed offsets; an MQTT shared subscription
+//! (`$share/billing/$stream/orders`) as a member of the group `billing`;
+//! and a group across a `kill -9` of the broker process.
 
 mod common;
 
@@ -319,6 +320,94 @@ async fn a_leaving_members_partitions_go_to_the_other_member_at_the_committed_of
     publish_all(&broker, PER_KEY).await;
     let rest = b.messages(KEYS.len() * PER_KEY).await;
     b.expect_nothing().await;
+    assert_eq!(
+        rest.iter().map(partition_of).collect::<BTreeSet<_>>().len(),
+        3
+    );
+    assert_in_order(rest.iter().map(Frame::text), PER_KEY);
+}
+
+/// The partition of an MQTT 5 delivery (its `x-stream-partition` user
+/// property).
+fn mqtt_partition(p: &v5::Publish) -> u32 {
+    p.properties
+        .as_ref()
+        .and_then(|props| props.user_properties.iter().find(|(k, _)| k == PARTITION))
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(u32::MAX)
+}
+
+fn mqtt_text(p: &v5::Publish) -> String {
+    String::from_utf8_lossy(&p.payload).into_owned()
+}
+
+#[tokio::test]
+async fn an_mqtt_shared_subscription_is_a_member_of_the_group_of_its_share_name() {
+    let broker = broker().await;
+    let mut a = StompClient::connect(broker.stomp(), &[]).await;
+    a.subscribe(
+        "a",
+        DEST,
+        "client-individual",
+        &[
+            ("x-stream-group", "billing"),
+            ("x-stream-offset", "first"),
+            ("prefetch-count", "100"),
+        ],
+    )
+    .await;
+    // rumqttc acknowledges each delivery as it arrives (PUBACK).
+    let (m, mut min) = mqtt::driven5(&broker, "billing-mqtt");
+    m.subscribe("$share/billing/$stream/orders/bogus", v5::QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    let refused = min.suback().await;
+    assert_eq!(
+        refused.return_codes,
+        [v5::SubscribeReasonCode::TopicFilterInvalid],
+        "a bad offset spec in a shared stream filter"
+    );
+    m.subscribe("$share/billing/$stream/orders", v5::QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    let granted = min.suback().await;
+    assert_eq!(
+        granted.return_codes,
+        [v5::SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)]
+    );
+    publish_all(&broker, 0).await;
+
+    let (mut got_a, mut got_m) = (Vec::new(), Vec::new());
+    let deadline = Instant::now() + WAIT;
+    while got_a.len() + got_m.len() < KEYS.len() * PER_KEY {
+        assert!(
+            Instant::now() < deadline,
+            "{} + {}",
+            got_a.len(),
+            got_m.len()
+        );
+        got_a.extend(a.recv_within(POLL).await);
+        if let Ok(p) = tokio::time::timeout(POLL, min.publish()).await {
+            got_m.push(p);
+        }
+    }
+    a.expect_nothing().await;
+    let pa: BTreeSet<u32> = got_a.iter().map(partition_of).collect();
+    let pm: BTreeSet<u32> = got_m.iter().map(mqtt_partition).collect();
+    assert!(pa.is_disjoint(&pm), "{pa:?} and {pm:?}");
+    assert_eq!(pa.union(&pm).copied().collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!((pa.len(), pm.len()), (2, 1), "the first member keeps two");
+    assert_in_order(got_a.iter().map(Frame::text), 0);
+    assert_in_order(got_m.iter().map(mqtt_text), 0);
+
+    // The MQTT member leaves; its partition goes to the STOMP member at
+    // the group's committed offset, past everything the MQTT member
+    // acknowledged, so the next round starts at message PER_KEY of every
+    // key.
+    m.disconnect().await.expect("disconnect");
+    publish_all(&broker, PER_KEY).await;
+    let rest = a.messages(KEYS.len() * PER_KEY).await;
+    a.expect_nothing().await;
     assert_eq!(
         rest.iter().map(partition_of).collect::<BTreeSet<_>>().len(),
         3

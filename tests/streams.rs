@@ -405,8 +405,9 @@ mod amqp_readers {
 mod mqtt_clients {
     //! Streams from MQTT with rumqttc: PUBLISH to `$stream/<name>`,
     //! SUBSCRIBE to `$stream/<name>/<spec>`, the MQTT 5 user property
-    //! `x-stream-offset`, SUBACK failure on a bad spec; and the same
-    //! stream read over STOMP from offset 0.
+    //! `x-stream-offset`, SUBACK failure on a bad spec; the same stream
+    //! read over STOMP from offset 0; and a shared subscription
+    //! `$share/<group>/$stream/<name>` as the consumer group `<group>`.
 
     use super::common::mqtt::{self, v5};
     use super::common::stomp::StompClient;
@@ -489,6 +490,72 @@ mod mqtt_clients {
         assert_eq!(payloads, [b"p2".to_vec(), b"p3".to_vec()]);
         let bad = mqtt::subscribe4(&r, &mut rev, "$stream/mq/yesterday", QoS::AtLeastOnce).await;
         assert_eq!(bad.return_codes, [rumqttc::SubscribeReasonCode::Failure]);
+    }
+
+    /// `$share/<group>/$stream/<name>` reads as the consumer group
+    /// `<group>`: a persistent session's shared stream subscription is
+    /// restored on reconnect at the group's committed offset, and a STOMP
+    /// reader naming the same group with `x-stream-group` goes on from
+    /// there too.
+    #[tokio::test]
+    async fn a_shared_stream_subscription_reads_as_the_group_of_its_share_name() {
+        let broker = TestBroker::start().await;
+        for i in 0..2 {
+            let body = format!("s{i}");
+            mqtt::publish_once4(
+                &broker,
+                "$stream/sh",
+                QoS::AtLeastOnce,
+                false,
+                body.as_bytes(),
+            )
+            .await;
+        }
+        let filter = "$share/audit/$stream/sh/first";
+        let (r, mut rev) =
+            mqtt::subscriber4(&broker, "sharer", false, filter, QoS::AtLeastOnce).await;
+        let first: Vec<_> = [
+            mqtt::publish4(&mut rev).await,
+            mqtt::publish4(&mut rev).await,
+        ]
+        .map(|p| p.payload.to_vec())
+        .into();
+        assert_eq!(first, [b"s0".to_vec(), b"s1".to_vec()]);
+        // rumqttc's PUBACKs go out before the DISCONNECT.
+        mqtt::disconnect4(&r, &mut rev).await;
+        for i in 2..4 {
+            let body = format!("s{i}");
+            mqtt::publish_once4(
+                &broker,
+                "$stream/sh",
+                QoS::AtLeastOnce,
+                false,
+                body.as_bytes(),
+            )
+            .await;
+        }
+        // The session resumes its subscription without a SUBSCRIBE, at the
+        // group's committed offset, not at the filter's `first` again.
+        let (r, mut rev, ack) = mqtt::connected4(&broker, "sharer", false).await;
+        assert!(ack.session_present);
+        let resumed: Vec<_> = [
+            mqtt::publish4(&mut rev).await,
+            mqtt::publish4(&mut rev).await,
+        ]
+        .map(|p| p.payload.to_vec())
+        .into();
+        assert_eq!(resumed, [b"s2".to_vec(), b"s3".to_vec()]);
+        mqtt::quiet4(&mut rev).await;
+        mqtt::unsubscribe4(&r, &mut rev, filter).await;
+        mqtt::disconnect4(&r, &mut rev).await;
+
+        mqtt::publish_once4(&broker, "$stream/sh", QoS::AtLeastOnce, false, b"s4").await;
+        let mut s = StompClient::connect(broker.stomp(), &[]).await;
+        s.subscribe("g", "/queue/sh", "client", &[("x-stream-group", "audit")])
+            .await;
+        let got = s.messages(1).await;
+        assert_eq!(got[0].text(), "s4");
+        s.expect_nothing().await;
     }
 
     #[tokio::test]

@@ -290,3 +290,39 @@ def test_a_partitioned_streams_group_rebalances_when_a_stomp_member_leaves(parti
         assert len(rest) == 6 and partitions(rest) == {0, 1, 2}
     finally:
         second.close()
+
+
+def test_a_paho_shared_subscription_is_a_member_of_the_stomp_group_of_its_share_name(
+    partitioned_broker,
+):
+    """``$share/<group>/$stream/<name>`` over paho is a member of the group
+    stomp.py names with ``x-stream-group:<group>``: the two read disjoint
+    partitions, and when paho leaves, stomp.py takes its partition past
+    everything paho acknowledged."""
+    b = partitioned_broker
+    group = new_id("shared")
+    s = Stomp(b)
+    s.subscribe(
+        f"/queue/{PARTITIONED}",
+        ack="client-individual",
+        headers={"x-stream-group": group, "x-stream-offset": "next", "prefetch-count": "100"},
+    )
+    m = Mqtt(b, version=5)
+    try:
+        m.subscribe(f"$share/{group}/$stream/{PARTITIONED}", qos=1)
+        write_keyed(b, 2, start=100)
+        got_s, got_m = drain(s), drain(m)
+        assert len(got_s) + len(got_m) == 12
+        ps, pm = partitions(got_s), partitions(got_m)
+        assert not (ps & pm) and ps | pm == {0, 1, 2}, (ps, pm)
+        assert len(pm) == 1, "the later member takes one of three"
+    finally:
+        # paho acknowledged each delivery as it came (PUBACK).
+        m.close()
+    try:
+        write_keyed(b, 1, start=102)
+        rest = drain(s)
+        assert len(rest) == 6 and partitions(rest) == {0, 1, 2}
+        assert sorted(g.body.decode() for g in rest) == sorted(f"{k}:102" for k in KEYS)
+    finally:
+        s.close()

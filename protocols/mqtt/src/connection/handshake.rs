@@ -616,8 +616,7 @@ impl Open {
             .shared
             .keys()
             .filter(|f| {
-                !f.starts_with(MQTT_QUEUE_TOPIC_PREFIX)
-                    && !f.starts_with(super::subscribe::STREAM_TOPIC_PREFIX)
+                !f.starts_with(MQTT_QUEUE_TOPIC_PREFIX) && !super::subscribe::is_stream_filter(f)
             })
             .cloned()
             .collect();

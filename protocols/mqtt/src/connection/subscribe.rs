@@ -7,10 +7,12 @@
 //! one consumer per member. `$queue/<name>` consumes the queue `<name>`
 //! itself. Both kinds are consumers, which end with the connection, so a
 //! persistent session saves them (`own_subs`) and re-attaches them on
-//! resume.
+//! resume. A shared subscription of a stream, `$share/group/$stream/s`,
+//! reads `s` as a member of the stream's consumer group `group` (see
+//! [`Open::subscribe_stream`]).
 
 use rosetta_neutral::address::MQTT_QUEUE_TOPIC_PREFIX;
-use rosetta_neutral::{StreamOffset, StreamRead};
+use rosetta_neutral::{StreamOffset, StreamRead, STREAM_GROUP_BYTES_MAX};
 
 /// MQTT topic prefix of streams: PUBLISH to `$stream/s` appends to the
 /// stream `s`; SUBSCRIBE to `$stream/s` or `$stream/s/<spec>` reads it.
@@ -33,6 +35,7 @@ use crate::own_subs::{self, OwnSub, OWN_SUBSCRIPTIONS_STATE_KEY};
 
 /// A `$share/group/filter` split into its parts.
 struct Shared<'a> {
+    group: &'a str,
     filter: &'a str,
 }
 
@@ -45,7 +48,17 @@ fn parse_shared(full: &str) -> Option<Result<Shared<'_>, u8>> {
     if group.is_empty() || group.contains(['+', '#']) || filter.is_empty() {
         return Some(Err(0x8F));
     }
-    Some(Ok(Shared { filter }))
+    Some(Ok(Shared { group, filter }))
+}
+
+/// Whether `filter` reads a stream: `$stream/...`, or a shared
+/// subscription of one, `$share/<group>/$stream/...`.
+pub(super) fn is_stream_filter(filter: &str) -> bool {
+    match parse_shared(filter) {
+        Some(Ok(shared)) => shared.filter.starts_with(STREAM_TOPIC_PREFIX),
+        Some(Err(_)) => false,
+        None => filter.starts_with(STREAM_TOPIC_PREFIX),
+    }
 }
 
 impl Open {
@@ -136,7 +149,7 @@ impl Open {
             let filter = sub.filter.clone();
             let r = if filter.starts_with(MQTT_QUEUE_TOPIC_PREFIX) {
                 self.subscribe_queue(sub)
-            } else if filter.starts_with(STREAM_TOPIC_PREFIX) {
+            } else if is_stream_filter(&filter) {
                 self.subscribe_stream(sub, true, None)
             } else {
                 match parse_shared(&filter) {
@@ -183,14 +196,28 @@ impl Open {
     /// `property_spec` (the MQTT 5 user property `x-stream-offset`) is the
     /// spec of a filter without one; the filter's own suffix wins. A bad
     /// spec is SUBACK 0x8F.
+    ///
+    /// `$share/<group>/$stream/<name>[/<spec>]` reads as a member of the
+    /// consumer group `<group>`, the group STOMP names with
+    /// `x-stream-group:<group>`: the members of a partitioned stream's
+    /// group share its partitions, whatever their protocol or session, and
+    /// a member that joins without a spec starts at the group's committed
+    /// offset.
     fn subscribe_stream(
         &mut self,
         sub: OwnSub,
         resumed: bool,
         property_spec: Option<&str>,
     ) -> Result<u8, u8> {
-        let rest = sub
-            .filter
+        let (share_group, stream_filter) = match parse_shared(&sub.filter) {
+            Some(Ok(shared)) => (Some(shared.group), shared.filter),
+            Some(Err(code)) => return Err(code),
+            None => (None, sub.filter.as_str()),
+        };
+        if share_group.is_some_and(|g| g.len() > STREAM_GROUP_BYTES_MAX) {
+            return Err(0x8F);
+        }
+        let rest = stream_filter
             .strip_prefix(STREAM_TOPIC_PREFIX)
             .unwrap_or_default();
         let (name, spec) = match rest.split_once('/') {
@@ -205,8 +232,11 @@ impl Open {
             Some(Ok(o)) => Some(o),
             Some(Err(_)) => return Err(0x8F),
         };
-        let group =
-            (self.session_expiry_s > 0).then(|| format!("mqtt/{}/{}", self.client_id, sub.filter));
+        let group = match share_group {
+            Some(g) => Some(g.to_owned()),
+            None => (self.session_expiry_s > 0)
+                .then(|| format!("mqtt/{}/{}", self.client_id, sub.filter)),
+        };
         let read = StreamRead {
             offset: if resumed && group.is_some() {
                 None
@@ -364,6 +394,18 @@ impl Open {
         if shared.is_some() && v5 && req.no_local {
             // MQTT 5 §3.8.3.1.
             return Err(MqttError::Protocol("no-local on a shared subscription"));
+        }
+        if shared
+            .as_ref()
+            .is_some_and(|s| s.filter.starts_with(STREAM_TOPIC_PREFIX))
+        {
+            if !cfg.shared_subscriptions_available {
+                return Ok(Err(0x9E));
+            }
+            if own_quota_full {
+                return Ok(Err(0x97));
+            }
+            return Ok(self.subscribe_stream(own, false, stream_offset));
         }
         let filter = shared.as_ref().map_or(req.filter.as_str(), |s| s.filter);
         if validate_topic_filter(filter).is_err() {
