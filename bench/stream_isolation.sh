@@ -108,8 +108,7 @@ h = f"history {json.loads(history)['payload_bytes_per_s'] / 1e6:.0f} MB/s" if hi
 print(f"{bin:<40} {setting:<5}  QoS 1 p50 {ms('p50_us')} ms  p99 {ms('p99_us')} ms  p99.9 {ms('p999_us')} ms  {h}")
 PY
   [ -n "$reader" ] && cat "$BENCH_TMP/waits.out"
-  kill -TERM "$ROSETTA_PID"
-  wait "$ROSETTA_PID" 2>/dev/null
+  rosetta_stop
 }
 
 {
@@ -121,8 +120,7 @@ PY
   echo "-- filling bench-stream-h with $COUNT messages of 1 KiB"
   "$LOAD_BIN" --port "$ROSETTA_STOMP_PORT" --timeout-s 1800 stomp-stream --stream bench-stream-h \
     --count "$COUNT" --size 1024 --window 1000 | grep -v '^RESULT '
-  kill -TERM "$ROSETTA_PID"
-  wait "$ROSETTA_PID" 2>/dev/null
+  rosetta_stop
   settings="quiet warm cold"
   can_drop || { settings="quiet warm"; echo "# not root: the cold setting is skipped"; }
   for _ in $(seq "$ROUNDS"); do

@@ -26,25 +26,21 @@ dir=$BENCH_TMP/rosetta
 rosetta_stream_config "$dir"
 segments=$dir/data/streams/bench-stream-open
 
-start() {
-  PEER_PIDS=() # the broker stopped before is gone
-  rosetta_stream_start "$dir" 120 || exit 1
-}
-stop() { kill -TERM "$ROSETTA_PID"; wait "$ROSETTA_PID"; }
+start() { rosetta_stream_start "$dir" 120 || exit 1; }
 drop_from_cache() { for f in "$segments"/*.log; do dd if="$f" iflag=nocache count=0 2>/dev/null; done; }
 opened() {
   start
   "$LOAD_BIN" --port "$ROSETTA_STOMP_PORT" stomp-stream --stream bench-stream-open --count 1 --size 1024 \
     --readers 1 --prefetch 10 --from last --no-append > /dev/null 2>&1
   echo "$1: $(grep 'stream opened' "$dir/rosetta.log" | tail -1 | grep -o 'segments=[0-9]*\|from_index_files=[0-9]*\|open_ms=[0-9]*' | tr '\n' ' ')"
-  stop
+  rosetta_stop
 }
 
 echo "# stream open times, issue 17 ($(date -u +%FT%TZ)); $(git -C "$ROOT" describe --always --dirty), load average $(cut -d" " -f1-3 /proc/loadavg)"
 start
 "$LOAD_BIN" --port "$ROSETTA_STOMP_PORT" stomp-stream --stream bench-stream-open --count $((STREAM_MIB * 1024)) \
   --size 1024 --window 1000 2>&1 | grep "on broker"
-stop
+rosetta_stop
 echo "stream: $STREAM_MIB MiB of 1 KiB messages, $(ls "$segments"/*.log | wc -l) segments"
 opened "with index files"
 rm -f "$segments"/*.idx

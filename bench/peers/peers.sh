@@ -118,6 +118,19 @@ rosetta_stream_start() {
     { echo "rosetta did not start"; tail -20 "$1/rosetta.log"; return 1; }
 }
 
+# rosetta_stop: stops the broker rosetta_stream_start started (SIGTERM,
+# waits for it) and drops it from PEER_PIDS, so that a script that starts
+# brokers one after another does not signal gone PIDs at exit.
+rosetta_stop() {
+  kill -TERM "$ROSETTA_PID" 2>/dev/null || true
+  wait "$ROSETTA_PID" 2>/dev/null || true
+  local kept=() pid
+  for pid in "${PEER_PIDS[@]}"; do
+    [ "$pid" = "$ROSETTA_PID" ] || kept+=("$pid")
+  done
+  PEER_PIDS=("${kept[@]}")
+}
+
 # rosetta_binaries: keeps ROSETTA_BIN and LOAD_BIN when both are set (a
 # binary from another commit, no build); otherwise builds both from this
 # checkout into CARGO_TARGET_DIR and points them there.
