@@ -185,7 +185,8 @@ async fn a_bad_offset_spec_or_an_offset_on_a_plain_queue_is_an_error_and_a_close
 
 mod amqp_readers {
     //! The same stream read over AMQP 1.0 with fe2o3-amqp: RabbitMQ's
-    //! `/amq/queue/<name>` address, the `rabbitmq:stream-offset-spec`
+    //! `/amq/queue/<name>` and `/queues/<name>` addresses, the
+    //! `rabbitmq:stream-offset-spec`
     //! source filter, the `x-stream-offset` message annotation, a group
     //! named by container id and link name.
 
@@ -295,6 +296,45 @@ mod amqp_readers {
         )
         .await;
         assert_eq!(read(&mut r, 4).await.len(), 4);
+    }
+
+    /// RabbitMQ 4's AMQP 1.0 clients address a queue or stream as
+    /// `/queues/<percent-encoded name>` (its v2 addresses), in a link's
+    /// terminus or in an anonymous relay message's `to`.
+    #[tokio::test]
+    async fn rabbitmq_4_queue_addresses_append_to_and_read_a_stream() {
+        use fe2o3_amqp::types::messaging::{Message, Properties, Target};
+        let broker = TestBroker::start().await;
+        write(&broker, 1).await;
+        let (_conn, mut session) = amqp::connect_session(&broker, "rabbitmq-4").await;
+        let mut to_stream = amqp::sender(&mut session, "v2-target", "/queues/events").await;
+        amqp::send_accepted(&mut to_stream, Message::builder().value("e1").build()).await;
+        let mut relay = fe2o3_amqp::Sender::builder()
+            .name("v2-relay")
+            .target(Target::builder().build())
+            .attach(&mut session)
+            .await
+            .expect("anonymous relay sender");
+        let m = Message::builder()
+            .properties(Properties::builder().to("/queues/%65vents").build())
+            .value("e2")
+            .build();
+        amqp::send_accepted(&mut relay, m).await;
+        let mut r = attach_from(
+            &mut session,
+            "v2-source",
+            "/queues/events",
+            Value::String("first".into()),
+        )
+        .await;
+        assert_eq!(
+            read(&mut r, 3).await,
+            [
+                (Some(0), "e0".to_owned()),
+                (Some(1), "e1".to_owned()),
+                (Some(2), "e2".to_owned())
+            ]
+        );
     }
 
     /// Unsettled AMQP transfers to a stream, many in flight: each is

@@ -5,7 +5,7 @@
 //!
 //! | client attaches as | terminus                     | core                                       |
 //! |--------------------|------------------------------|--------------------------------------------|
-//! | receiver           | `/queue/q`, bare `q`         | `consume(q, Explicit credit)`              |
+//! | receiver           | `/queue/q`, bare `q`, RabbitMQ's `/amq/queue/q` and `/queues/q` | `consume(q, Explicit credit)` |
 //! | receiver           | `/topic/f` (or cap. `topic`) | temp queue (lifetime Consumer) + bind + consume |
 //! | receiver           | topic, durable terminus      | durable queue `$durable/<container>/<link>` + bind + consume |
 //! | receiver           | `dynamic=true`               | temp queue (lifetime Session), address `/queue/<name>` |
@@ -115,22 +115,48 @@ fn no_local_filter(filter: Option<&FilterSet>) -> Option<(Symbol, Value)> {
     Some((key.clone(), value.clone()))
 }
 
+/// RabbitMQ's address prefix for a queue (its v1 addresses):
+/// `/amq/queue/<name>` is the queue (or stream) `<name>`, as
+/// `/queue/<name>` is.
+pub(crate) const RABBITMQ_QUEUE_PREFIX: &str = "/amq/queue/";
+/// RabbitMQ 4's address prefix for a queue (its v2 addresses, which its
+/// current AMQP 1.0 clients use): `/queues/<name>`, the name
+/// percent-encoded.
+pub(crate) const RABBITMQ_V2_QUEUE_PREFIX: &str = "/queues/";
+
+/// The queue a RabbitMQ address names (`/amq/queue/<name>`,
+/// `/queues/<percent-encoded name>`); `None` for any other address.
+/// Serves link termini and an anonymous relay message's `to` alike, so
+/// that a client written for RabbitMQ works unchanged either way.
+pub(crate) fn rabbitmq_queue_address(addr: &str) -> Option<Result<Address, AmqpError>> {
+    let name = if let Some(q) = addr.strip_prefix(RABBITMQ_QUEUE_PREFIX) {
+        std::borrow::Cow::Borrowed(q)
+    } else {
+        let q = addr.strip_prefix(RABBITMQ_V2_QUEUE_PREFIX)?;
+        match percent_encoding::percent_decode_str(q).decode_utf8() {
+            Ok(name) => name,
+            Err(_) => {
+                return Some(Err(AmqpError::InvalidField(format!(
+                    "address {addr:?}: the queue name is not UTF-8"
+                ))))
+            }
+        }
+    };
+    Some(
+        Address::parse_destination(&format!("/queue/{name}"))
+            .map_err(|e| AmqpError::InvalidField(format!("address {addr:?}: {e}"))),
+    )
+}
+
 /// Resolves a terminus address. Bare names are queues unless the terminus
 /// says `topic`.
-/// RabbitMQ's address prefix for a queue: `/amq/queue/<name>` is the
-/// queue (or stream) `<name>`, as `/queue/<name>` is.
-pub(crate) const RABBITMQ_QUEUE_PREFIX: &str = "/amq/queue/";
-
 pub(crate) fn resolve_address(
     addr: &str,
     capabilities: Option<&Array<Symbol>>,
 ) -> Result<Address, AmqpError> {
     let has = |cap: &str| capabilities.is_some_and(|c| c.0.iter().any(|s| s.as_str() == cap));
-    if let Some(q) = addr.strip_prefix(RABBITMQ_QUEUE_PREFIX) {
-        // RabbitMQ's AMQP 1.0 address of a queue (v2 addresses), which its
-        // stream clients use.
-        return Address::parse_destination(&format!("/queue/{q}"))
-            .map_err(|e| AmqpError::InvalidField(format!("address {addr:?}: {e}")));
+    if let Some(queue) = rabbitmq_queue_address(addr) {
+        return queue;
     }
     let address = if !addr.starts_with('/') && has(CAP_TOPIC) && !has(CAP_QUEUE) {
         Address::Topic(addr.to_owned())
@@ -653,6 +679,33 @@ mod tests {
         );
         assert!(resolve_address("/queue/a#", None).is_err());
         assert!(resolve_address("", None).is_err());
+    }
+
+    #[test]
+    fn rabbitmq_queue_addresses_name_the_queue() {
+        assert_eq!(
+            resolve_address("/amq/queue/events", None),
+            Ok(Address::Queue("events".into()))
+        );
+        assert_eq!(
+            resolve_address("/queues/events", None),
+            Ok(Address::Queue("events".into()))
+        );
+        assert_eq!(
+            resolve_address("/queues/caf%C3%A9%20eu", None),
+            Ok(Address::Queue("café eu".into())),
+            "a v2 name is percent-decoded"
+        );
+        assert!(
+            resolve_address("/queues/%FF", None).is_err(),
+            "not UTF-8 once decoded"
+        );
+        assert!(resolve_address("/queues/", None).is_err(), "no name");
+        assert_eq!(
+            rabbitmq_queue_address("/queue/q"),
+            None,
+            "not a RabbitMQ address"
+        );
     }
 
     #[test]

@@ -13,7 +13,9 @@
 mod attach;
 mod consumer_options;
 
-pub(crate) use attach::{attach_incoming, attach_outgoing, refusal, Attached, SHARED_SUBS};
+pub(crate) use attach::{
+    attach_incoming, attach_outgoing, rabbitmq_queue_address, refusal, Attached, SHARED_SUBS,
+};
 
 use bytes::{Bytes, BytesMut};
 use fe2o3_amqp_types::messaging::DeliveryState;

@@ -98,14 +98,19 @@ impl AmqpSession {
         };
         let address = match (fixed_target, &decoded.to) {
             (Some(a), _) => a,
-            (None, Some(to)) => match Address::parse_destination(to) {
-                Ok(a) => a,
-                Err(e) => {
-                    let e = AmqpError::InvalidField(format!("to {to:?}: {e}"));
-                    self.reject(ctx, handle, &d, &e);
-                    return Ok(());
+            (None, Some(to)) => {
+                let resolved = crate::link::rabbitmq_queue_address(to).unwrap_or_else(|| {
+                    Address::parse_destination(to)
+                        .map_err(|e| AmqpError::InvalidField(format!("to {to:?}: {e}")))
+                });
+                match resolved {
+                    Ok(a) => a,
+                    Err(e) => {
+                        self.reject(ctx, handle, &d, &e);
+                        return Ok(());
+                    }
                 }
-            },
+            }
             (None, None) => {
                 let e = AmqpError::InvalidField("anonymous relay message without `to`".into());
                 self.reject(ctx, handle, &d, &e);
