@@ -12,9 +12,13 @@ use common::TestBroker;
 const STREAM: &str = "/queue/events";
 
 fn now_s() -> u64 {
+    now_ms() / 1000
+}
+
+fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 async fn write_stream(broker: &TestBroker, n: usize) {
@@ -40,7 +44,9 @@ fn offsets(frames: &[common::stomp::Frame]) -> Vec<String> {
 #[tokio::test]
 async fn a_stream_is_read_from_first_from_an_offset_and_from_a_time_without_being_consumed() {
     let broker = TestBroker::start().await;
+    let before_ms = now_ms();
     write_stream(&broker, 5).await;
+    let after_ms = now_ms();
     assert_eq!(broker.queue("events"), None, "a stream, not a queue");
     let mut c = StompClient::connect(broker.stomp(), &[]).await;
     c.subscribe(
@@ -57,6 +63,20 @@ async fn a_stream_is_read_from_first_from_an_offset_and_from_a_time_without_bein
     let all = c.messages(5).await;
     assert_eq!(offsets(&all), ["0", "1", "2", "3", "4"]);
     assert_eq!(all[3].text(), "e3");
+    // Each message's append time, in ms, never earlier than the one before.
+    let times: Vec<u64> = all
+        .iter()
+        .map(|f| {
+            f.header("x-stream-timestamp")
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(0)
+        })
+        .collect();
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1])
+            && times.iter().all(|t| (before_ms..=after_ms).contains(t)),
+        "{times:?} within {before_ms}..={after_ms}"
+    );
     assert_eq!(
         all[0].header("x-queue-type"),
         None,
@@ -268,7 +288,9 @@ mod amqp_readers {
     #[tokio::test]
     async fn an_amqp_reader_starts_at_an_offset_first_or_a_time_and_sees_the_offset_annotation() {
         let broker = TestBroker::start().await;
+        let before_ms = super::now_ms();
         write(&broker, 4).await;
+        let after_ms = super::now_ms();
         let (_conn, mut session) = amqp::connect_session(&broker, "reader-1").await;
         let mut r = attach_from(&mut session, "from-2", "/amq/queue/events", Value::Ulong(2)).await;
         assert_eq!(
@@ -282,7 +304,21 @@ mod amqp_readers {
             Value::String("first".into()),
         )
         .await;
-        let got = read(&mut r, 4).await;
+        let d = amqp::recv_any(&mut r).await;
+        r.accept(&d).await.expect("accept");
+        let ann = d.message().message_annotations.as_ref();
+        // The append time as an AMQP timestamp.
+        let appended_ms =
+            match ann.and_then(|a| a.0.get(&OwnedKey::from(Symbol::from("x-stream-timestamp")))) {
+                Some(Value::Timestamp(t)) => u64::try_from(t.milliseconds()).ok(),
+                _ => None,
+            };
+        assert!(
+            appended_ms.is_some_and(|t| (before_ms..=after_ms).contains(&t)),
+            "{appended_ms:?} within {before_ms}..={after_ms}"
+        );
+        let mut got = vec![(offset_of(&d), amqp::text_of(&d))];
+        got.extend(read(&mut r, 3).await);
         assert_eq!(
             got.iter().map(|g| g.0).collect::<Vec<_>>(),
             [Some(0), Some(1), Some(2), Some(3)]
@@ -601,7 +637,9 @@ mod mqtt_clients {
     #[tokio::test]
     async fn an_mqtt_5_reader_sees_the_offset_user_property_and_a_bad_spec_gets_0x8f() {
         let broker = TestBroker::start().await;
+        let before_ms = super::now_ms();
         mqtt::publish_once4(&broker, "$stream/m5", QoS::AtLeastOnce, false, b"x0").await;
+        let after_ms = super::now_ms();
         mqtt::publish_once4(&broker, "$stream/m5", QoS::AtLeastOnce, false, b"x1").await;
         let (c, mut ev, _) = mqtt::connected5(mqtt::opts5(&broker, "r5")).await;
         let ack = mqtt::subscribe5(
@@ -623,6 +661,15 @@ mod mqtt_clients {
                 .contains(&("x-stream-offset".into(), "0".into())),
             "{:?}",
             props.user_properties
+        );
+        let appended_ms = props
+            .user_properties
+            .iter()
+            .find(|(k, _)| k == "x-stream-timestamp")
+            .and_then(|(_, v)| v.parse::<u64>().ok());
+        assert!(
+            appended_ms.is_some_and(|t| (before_ms..=after_ms).contains(&t)),
+            "{appended_ms:?} within {before_ms}..={after_ms}"
         );
         let bad = mqtt::subscribe5(
             &c,

@@ -7,9 +7,10 @@ over real sockets, in the spellings RabbitMQ's stream clients use:
   ``x-stream-offset`` (``first``, ``offset=N``, ``timestamp=T`` in POSIX
   seconds), ``prefetch-count`` and ``ack:client``, and sees the MESSAGE
   header ``x-stream-offset``;
-- python-qpid-proton reads ``/amq/queue/<name>`` with the source filter
-  ``rabbitmq:stream-offset-spec`` (an offset, ``"first"``, an AMQP
-  timestamp in ms) and sees the message annotation ``x-stream-offset``;
+- python-qpid-proton reads ``/amq/queue/<name>`` and ``/queues/<name>``
+  with the source filter ``rabbitmq:stream-offset-spec`` (an offset,
+  ``"first"``, an AMQP timestamp in ms) and sees the message annotations
+  ``x-stream-offset`` and ``x-stream-timestamp``;
 - a stomp.py consumer group (``x-stream-group``) resumes at its first
   unacknowledged offset after a reconnect and after a ``kill -9``;
 - a partitioned stream (``partitions = 3``) written by paho (user
@@ -96,16 +97,24 @@ def test_paho_writes_a_stream_stomp_reads_it_from_first_and_from_an_offset(broke
 
 def test_proton_reads_from_offset_0_with_the_rabbitmq_filter_and_sees_the_annotation(broker, uniq):
     bodies = [f"a{i}".encode() for i in range(4)]
+    before_ms = int(time.time() * 1000)
     mqtt_append(broker, uniq, bodies)
+    after_ms = int(time.time() * 1000)
     a = Amqp(broker)
     try:
         r = offset_receiver(a, f"/amq/queue/{uniq}", 0)
         got = r.get_n(4)
         nothing_more(r)
         assert [(amqp_offset(g), g.body) for g in got] == list(enumerate(bodies))
-        # `/queue/<name>` is the same stream, and "first" the same start.
-        r2 = offset_receiver(a, f"/queue/{uniq}", "first")
-        assert [amqp_offset(g) for g in r2.get_n(4)] == [0, 1, 2, 3]
+        # The append time: an AMQP timestamp (ms), in order.
+        times = [{str(k): v for k, v in g.raw.annotations.items()}["x-stream-timestamp"] for g in got]
+        assert all(isinstance(t, timestamp) for t in times), times
+        assert times == sorted(times) and before_ms <= times[0] and times[-1] <= after_ms, times
+        # `/queue/<name>` and RabbitMQ 4's `/queues/<name>` are the same
+        # stream, and "first" the same start.
+        for address in (f"/queue/{uniq}", f"/queues/{uniq}"):
+            r2 = offset_receiver(a, address, "first")
+            assert [amqp_offset(g) for g in r2.get_n(4)] == [0, 1, 2, 3]
     finally:
         a.close()
 

@@ -461,6 +461,12 @@ fn write_merged_annotations(
             OwnedKey::from(Symbol::from(STREAM_OFFSET_ANNOTATION)),
             AmqpAny::Long(i64::try_from(p.offset).unwrap_or(i64::MAX)),
         );
+        ann.0.insert(
+            OwnedKey::from(Symbol::from(rosetta_neutral::STREAM_TIMESTAMP)),
+            AmqpAny::Timestamp(Timestamp::from_milliseconds(
+                i64::try_from(p.timestamp_ms).unwrap_or(i64::MAX),
+            )),
+        );
         if p.missed > 0 {
             ann.0.insert(
                 OwnedKey::from(Symbol::from(STREAM_MISSED_ANNOTATION)),

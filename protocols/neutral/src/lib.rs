@@ -48,6 +48,6 @@ pub use message::{Body, BodyKind, Guarantee, Message, MessageId};
 pub use placement::{Placement, PlacementRequest, RedirectTarget};
 pub use stream::{
     StreamOffset, StreamOffsetError, StreamPosition, StreamRead, STREAM_GROUP_BYTES_MAX,
-    STREAM_OFFSET_SPEC_BYTES_MAX, STREAM_PARTITION,
+    STREAM_OFFSET_SPEC_BYTES_MAX, STREAM_PARTITION, STREAM_TIMESTAMP,
 };
 pub use value::{Properties, Value};

@@ -11,6 +11,11 @@
 /// protocol (STOMP header, AMQP message annotation, MQTT 5 user property).
 pub const STREAM_PARTITION: &str = "x-stream-partition";
 
+/// The name of a stream delivery's timestamp (when it was appended, ms
+/// since the Unix epoch), in every protocol: STOMP header and MQTT 5 user
+/// property in decimal, AMQP message annotation as an AMQP timestamp.
+pub const STREAM_TIMESTAMP: &str = "x-stream-timestamp";
+
 /// Where a stream reader starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamOffset {

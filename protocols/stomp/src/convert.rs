@@ -290,6 +290,7 @@ pub(crate) fn write_message(
     }
     if let Some(p) = delivery.stream {
         w.header_u64(STREAM_OFFSET_HEADER, p.offset);
+        w.header_u64(rosetta_neutral::STREAM_TIMESTAMP, p.timestamp_ms);
         if p.missed > 0 {
             w.header_u64(STREAM_MISSED_HEADER, p.missed);
         }

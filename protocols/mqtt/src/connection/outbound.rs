@@ -204,11 +204,15 @@ impl Open {
             Version::V5 => {
                 let mut props = outbound_properties(msg, &d.matched.subscription_ids, ctx.now_ms);
                 if let Some(p) = d.stream {
-                    // The stream offset (and what retention cut), as
+                    // The stream offset and timestamp (and what retention cut), as
                     // STOMP's headers and AMQP's annotations of the same
                     // names carry them.
                     let user = &mut props.get_or_insert_with(empty_props).user_properties;
                     user.push((STREAM_OFFSET_PROPERTY.to_owned(), p.offset.to_string()));
+                    user.push((
+                        rosetta_neutral::STREAM_TIMESTAMP.to_owned(),
+                        p.timestamp_ms.to_string(),
+                    ));
                     if p.missed > 0 {
                         user.push((STREAM_MISSED_PROPERTY.to_owned(), p.missed.to_string()));
                     }
