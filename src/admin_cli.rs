@@ -176,6 +176,9 @@ pub(crate) enum AdminCommand {
         to: String,
         count: Option<u64>,
     },
+    StreamStat {
+        name: Option<String>,
+    },
     Reload,
     ConnectionList,
     ConnectionClose {
@@ -244,6 +247,10 @@ pub(crate) fn run(api: &Api, request: AdminCommand) -> anyhow::Result<()> {
                         .push(text(&b["filter"]).to_owned());
                 }
                 print!("{}", stat_table(&queues, &bound));
+            }
+            AdminCommand::StreamStat { name } => {
+                let logs = api.all("/api/v1/streams", name.as_deref()).await?;
+                print!("{}", stream_table(&logs));
             }
             AdminCommand::QueuePurge { name } => {
                 let path = format!("/api/v1/queues/{}/purge", encode(&name));
@@ -562,10 +569,64 @@ fn stat_table(queues: &[Value], bound: &HashMap<String, Vec<String>>) -> String 
             columns.iter().map(|(_, cell)| cell(q, filters)).collect()
         })
         .collect();
-    let widths: Vec<usize> = columns
+    let headers: Vec<&str> = columns.iter().map(|(h, _)| *h).collect();
+    table(&headers, &rows)
+}
+
+/// `stream stat`: one row per stream log and consumer group (a log
+/// without a group has one row, its group `-`), with the columns Kafka's
+/// `kafka-consumer-groups --describe` has for the same figures
+/// (CURRENT-OFFSET is the group's committed offset, LOG-END-OFFSET the
+/// offset the next append gets) and the log's size.
+fn stream_table(logs: &[Value]) -> String {
+    let n = |v: &Value| v.as_u64().unwrap_or(0).to_string();
+    let mut rows = Vec::new();
+    for log in logs {
+        let cells = |group: &str, current: String, lag: String| {
+            vec![
+                text(&log["name"]).to_owned(),
+                group.to_owned(),
+                current,
+                n(&log["next_offset"]),
+                lag,
+                n(&log["messages"]),
+                n(&log["bytes"]),
+                n(&log["readers"]),
+            ]
+        };
+        let groups = log["groups"].as_array().map_or(&[][..], Vec::as_slice);
+        if groups.is_empty() {
+            rows.push(cells("-", "-".into(), "-".into()));
+        }
+        for g in groups {
+            rows.push(cells(
+                text(&g["name"]),
+                n(&g["committed_offset"]),
+                n(&g["lag"]),
+            ));
+        }
+    }
+    table(
+        &[
+            "STREAM",
+            "GROUP",
+            "CURRENT-OFFSET",
+            "LOG-END-OFFSET",
+            "LAG",
+            "MESSAGES",
+            "BYTES",
+            "READERS",
+        ],
+        &rows,
+    )
+}
+
+/// A table with `|` between columns, each as wide as its widest cell.
+fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = headers
         .iter()
         .enumerate()
-        .map(|(i, (header, _))| {
+        .map(|(i, header)| {
             rows.iter()
                 .filter_map(|r| r.get(i))
                 .map(String::len)
@@ -582,8 +643,8 @@ fn stat_table(queues: &[Value], bound: &HashMap<String, Vec<String>>) -> String 
         out.push('\n');
         out
     };
-    let mut out = line(&mut columns.iter().map(|(h, _)| *h));
-    for row in &rows {
+    let mut out = line(&mut headers.iter().copied());
+    for row in rows {
         out.push_str(&line(&mut row.iter().map(String::as_str)));
     }
     out
@@ -632,6 +693,45 @@ mod tests {
         assert_eq!((cells[2], cells[9]), ("sensors/#,alerts", "MULTICAST"));
         assert!(lines[2].ends_with("|-                    |"), "{table}");
         assert!(lines.iter().all(|l| l.len() == lines[0].len()), "{table}");
+    }
+
+    #[test]
+    fn stream_table_has_a_row_per_log_and_group_with_kafkas_offset_columns() {
+        let logs = [
+            serde_json::json!({"name": "events", "next_offset": 5, "messages": 5, "bytes": 600,
+                "readers": 1, "groups": [
+                    {"name": "billing", "committed_offset": 2, "lag": 3},
+                    {"name": "audit", "committed_offset": 5, "lag": 0}]}),
+            serde_json::json!({"name": "orders-0", "next_offset": 0, "messages": 0, "bytes": 0,
+                "readers": 0, "groups": []}),
+        ];
+        let table = stream_table(&logs);
+        let rows: Vec<Vec<&str>> = table
+            .lines()
+            .map(|l| l.split('|').map(str::trim).collect())
+            .collect();
+        assert_eq!(
+            rows[0],
+            [
+                "",
+                "STREAM",
+                "GROUP",
+                "CURRENT-OFFSET",
+                "LOG-END-OFFSET",
+                "LAG",
+                "MESSAGES",
+                "BYTES",
+                "READERS",
+                ""
+            ]
+        );
+        assert_eq!(
+            rows[1],
+            ["", "events", "billing", "2", "5", "3", "5", "600", "1", ""]
+        );
+        assert_eq!(rows[2][2..6], ["audit", "5", "5", "0"]);
+        assert_eq!(rows[3][1..6], ["orders-0", "-", "-", "0", "-"]);
+        assert_eq!(rows.len(), 4, "{table}");
     }
 
     #[test]

@@ -64,6 +64,14 @@ enum Command {
         #[command(subcommand)]
         action: QueueAction,
     },
+    /// Streams of a running broker and their consumer groups' lag,
+    /// through its admin API.
+    Stream {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        action: StreamAction,
+    },
     /// Connections of a running broker, through its admin API.
     Connection {
         #[command(flatten)]
@@ -239,6 +247,17 @@ enum QueueAction {
         /// At most this many (default: all the API moves in one request, 10000).
         #[arg(long)]
         count: Option<u64>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum StreamAction {
+    /// Prints a table of the stream logs and each consumer group's
+    /// committed offset and lag (one row per log and group).
+    Stat {
+        /// Only logs whose name contains this.
+        #[arg(long)]
+        name: Option<String>,
     },
 }
 
@@ -545,6 +564,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 QueueAction::Move { name, to, count } => {
                     admin_cli::AdminCommand::QueueMove { name, to, count }
                 }
+            };
+            admin_cli::run(&api_of(api)?, command)
+        }
+        Command::Stream { api, action } => {
+            let command = match action {
+                StreamAction::Stat { name } => admin_cli::AdminCommand::StreamStat { name },
             };
             admin_cli::run(&api_of(api)?, command)
         }

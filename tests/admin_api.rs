@@ -2412,3 +2412,113 @@ async fn a_reload_of_a_broken_users_file_is_refused_and_the_old_users_stay() {
     );
     admin.stop().await;
 }
+
+/// `/api/v1/streams`: a stream's offsets, size and readers, a consumer
+/// group's committed offset and lag (also in `/metrics`), a partitioned
+/// stream as its logs, and the figures again after a restart (the log
+/// opened by the listing, the group's offset from the journal).
+#[tokio::test]
+async fn streams_show_their_offsets_size_readers_and_each_groups_lag() {
+    let mut admin = Admin::start_tweaked(|c| {
+        c.streams.push(rosetta::config::StreamEntry {
+            name: Some("orders".into()),
+            partitions: Some(2),
+            ..rosetta::config::StreamEntry::default()
+        })
+    })
+    .await;
+    let creds = [("login", ADMIN.0), ("passcode", ADMIN.1)];
+    let mut producer = StompClient::connect(admin.broker.stomp(), &creds).await;
+    for i in 0..5 {
+        producer
+            .send_persistent(
+                "/queue/events",
+                &[("x-queue-type", "stream")],
+                format!("e{i}").as_bytes(),
+            )
+            .await;
+    }
+    // A group reads all five and acknowledges (with receipts) the first two.
+    let mut reader = StompClient::connect(admin.broker.stomp(), &creds).await;
+    reader
+        .subscribe(
+            "g",
+            "/queue/events",
+            "client-individual",
+            &[("x-stream-group", "billing"), ("x-stream-offset", "first")],
+        )
+        .await;
+    let got = reader.messages(5).await;
+    for m in &got[..2] {
+        reader.ack(m).await;
+    }
+    let (status, body) = admin.get("/api/v1/streams/events", WATCHER).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for (key, want) in [
+        ("first_offset", json!(0)),
+        ("next_offset", json!(5)),
+        ("messages", json!(5)),
+        ("readers", json!(1)),
+        ("partition_of", Value::Null),
+        (
+            "groups",
+            json!([{"name": "billing", "committed_offset": 2, "lag": 3}]),
+        ),
+    ] {
+        assert_eq!(body[key], want, "{key}: {body}");
+    }
+    assert!(body["bytes"].as_u64().is_some_and(|b| b > 5 * 2), "{body}");
+    let text = admin.broker.broker.as_ref().expect("running").metrics();
+    for line in [
+        "rosetta_stream_messages{stream=\"events\"} 5\n",
+        "rosetta_stream_readers{stream=\"events\"} 1\n",
+        "rosetta_stream_group_committed_offset{stream=\"events\",group=\"billing\"} 2\n",
+        "rosetta_stream_group_lag{stream=\"events\",group=\"billing\"} 3\n",
+    ] {
+        assert!(text.contains(line), "{line} in:\n{text}");
+    }
+
+    // A configured partitioned stream: no logs until used, then one each.
+    let (_, body) = admin.get("/api/v1/streams/orders", WATCHER).await;
+    assert_eq!(body["partitions"], json!(2), "{body}");
+    assert_eq!(body["logs"], json!([null, null]), "{body}");
+    producer.send_persistent("/queue/orders", &[], b"o0").await;
+    let (_, body) = admin.get("/api/v1/streams/orders", WATCHER).await;
+    assert_eq!(body["messages"], json!(1), "{body}");
+    let logs = body["logs"].as_array().expect("logs");
+    assert!(logs.iter().all(|l| l["partition_of"] == "orders"), "{body}");
+    let (status, listing) = admin.get("/api/v1/streams", WATCHER).await;
+    assert_eq!(status, StatusCode::OK, "{listing}");
+    let names: Vec<&str> = listing["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|i| i["name"].as_str())
+        .collect();
+    assert_eq!(names, ["events", "orders-0", "orders-1"], "{listing}");
+    assert_eq!(listing["total"], json!(3), "{listing}");
+    let (status, body) = admin.get("/api/v1/streams/nothing", WATCHER).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    let (status, body) = admin.get("/api/v1/streams", PLAIN).await;
+    assert_error(status, &body, StatusCode::FORBIDDEN);
+
+    reader.disconnect().await;
+    producer.disconnect().await;
+    admin.restart().await;
+    // After a restart no log is open until used; the listing opens its page's.
+    let text = admin.broker.broker.as_ref().expect("running").metrics();
+    assert!(
+        !text.contains("rosetta_stream_messages{stream=\"events\"}"),
+        "{text}"
+    );
+    let (_, listing) = admin.get("/api/v1/streams?name=events", WATCHER).await;
+    let events = &listing["items"][0];
+    assert_eq!(events["messages"], json!(5), "{listing}");
+    assert_eq!(events["readers"], json!(0), "{listing}");
+    assert_eq!(
+        events["groups"],
+        json!([{"name": "billing", "committed_offset": 2, "lag": 3}]),
+        "{listing}"
+    );
+    admin.stop().await;
+}

@@ -679,6 +679,75 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
 }
 
 /// The cell of `queue stat`'s `table` in the row of `queue`, under `column`.
+/// `rosetta stream stat` against a running broker's admin API: a stream's
+/// row for its consumer group, with the group's committed offset, the
+/// log's end and the lag.
+#[test]
+fn stream_stat_prints_each_groups_committed_offset_and_lag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    rosetta::users::save_user(
+        &dir.path().join("users.toml"),
+        "ops",
+        b"ops-pw",
+        None,
+        None,
+        Some(&[rosetta::users::AdminRole::Monitoring]),
+    )
+    .expect("user");
+    let config = write_config(dir.path(), "stomp = 0", "[admin]\nlisten = \"127.0.0.1:0\"");
+    let broker = Broker::start(&config);
+    let stomp = broker.addr("stomp");
+    let url = broker.admin_url();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let _reader = runtime.block_on(async {
+        let mut w = common::stomp::StompClient::connect(stomp, &[]).await;
+        for body in ["e0", "e1", "e2"] {
+            w.send_persistent(
+                "/queue/audit",
+                &[("x-queue-type", "stream")],
+                body.as_bytes(),
+            )
+            .await;
+        }
+        let mut r = common::stomp::StompClient::connect(stomp, &[]).await;
+        r.subscribe(
+            "g",
+            "/queue/audit",
+            "client-individual",
+            &[("x-stream-group", "billing"), ("x-stream-offset", "first")],
+        )
+        .await;
+        let got = r.messages(3).await;
+        r.ack(&got[0]).await;
+        r
+    });
+    let out = rosetta(&[
+        "stream",
+        "stat",
+        "--url",
+        &url,
+        "--user",
+        "ops",
+        "--password",
+        "ops-pw",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    for (column, want) in [
+        ("GROUP", "billing"),
+        ("CURRENT-OFFSET", "1"),
+        ("LOG-END-OFFSET", "3"),
+        ("LAG", "2"),
+        ("READERS", "1"),
+    ] {
+        assert_eq!(
+            stat_cell(&table, "audit", column),
+            want,
+            "{column}: {table}"
+        );
+    }
+}
+
 fn stat_cell(table: &str, queue: &str, column: &str) -> String {
     let cells =
         |line: &str| -> Vec<String> { line.split('|').map(|c| c.trim().to_owned()).collect() };

@@ -17,7 +17,8 @@ use crate::rates::Sampler;
 use crate::router::{self, Action, Matched, Query};
 use crate::tokens::{self, Tokens};
 use crate::{
-    balancer, connections, messages, overview, queues, reload, roles, sessions, topics, users,
+    balancer, connections, messages, overview, queues, reload, roles, sessions, streams, topics,
+    users,
 };
 use std::time::Instant;
 
@@ -149,6 +150,8 @@ impl Api {
             Action::PeekQueue => messages::peek(self, &call),
             Action::MoveMessages => messages::move_to(self, &call).await,
             Action::ReplayDeadLetters => messages::replay(self, &call).await,
+            Action::ListStreams => streams::list(self, &call),
+            Action::GetStream => streams::get(self, &call),
             Action::ListSessions => sessions::list(self, &call),
             Action::GetSession => sessions::get(self, &call),
             Action::DeleteSession => sessions::delete(self, &call),

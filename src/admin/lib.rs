@@ -52,6 +52,7 @@ mod reload;
 mod roles;
 pub mod router;
 mod sessions;
+mod streams;
 pub mod tokens;
 mod topics;
 mod users;

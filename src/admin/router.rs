@@ -38,6 +38,10 @@ pub enum Action {
     MoveMessages,
     /// `POST /api/v1/queues/{name}/replay`.
     ReplayDeadLetters,
+    /// `GET /api/v1/streams`.
+    ListStreams,
+    /// `GET /api/v1/streams/{name}`.
+    GetStream,
     /// `GET /api/v1/sessions`.
     ListSessions,
     /// `GET /api/v1/sessions/{client_id}`.
@@ -157,6 +161,13 @@ pub const ROUTES: &[Route] = &[
         "/api/v1/queues/{name}/replay",
         ACT,
         Action::ReplayDeadLetters,
+    ),
+    route(Method::GET, "/api/v1/streams", READ, Action::ListStreams),
+    route(
+        Method::GET,
+        "/api/v1/streams/{name}",
+        READ,
+        Action::GetStream,
     ),
     route(Method::GET, "/api/v1/sessions", READ, Action::ListSessions),
     route(

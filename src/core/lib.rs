@@ -20,6 +20,7 @@
 
 mod admin;
 mod admin_messages;
+mod admin_streams;
 mod admin_topics;
 mod backlog;
 mod batch;
@@ -79,6 +80,7 @@ pub use queue_settings::{
     QUEUE_PATTERN_WORDS_MAX, REDELIVERY_DELAY_MAX_FACTOR_DEFAULT, REDELIVERY_DELAY_MS_MAX,
     REDELIVERY_MULTIPLIER_MAX,
 };
+pub use stream::{StreamGroupStats, StreamStats};
 pub use traffic::TrafficTotals;
 
 use batch::Batch;

@@ -2,7 +2,10 @@
 //! oldest message, delivery attempts, time in queue), the memory budget and
 //! paging, connections and the journal, in the text exposition format at
 //! `GET /metrics` on the HTTP port, and each queue's settings in force
-//! (`rosetta_queue_settings_info`).
+//! (`rosetta_queue_settings_info`); streams' sizes and consumer groups'
+//! lag (`streams`).
+
+mod streams;
 
 use std::fmt::Write as _;
 
@@ -186,6 +189,7 @@ pub(crate) fn render(core: &Core, broker: &BrokerFigures) -> String {
     }
     render_queue_settings(&mut out, core);
     render_topic_dedup(&mut out, core);
+    streams::render(&mut out, core);
     let s = &broker.store;
     let plain: [(&str, &str, &str, f64); 16] = [
         (

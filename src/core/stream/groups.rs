@@ -58,6 +58,23 @@ impl Groups {
         self.committed.lock().get(&key(stream, group)).copied()
     }
 
+    /// Every group of `stream` with its committed offset, by name. A key
+    /// is `$stream/<stream>/<group>` and both may hold `/`, so this also
+    /// finds the groups of a stream named `<stream>/<x>` (as groups
+    /// `<x>/...`); the caller, who knows the streams, tells them apart.
+    pub(crate) fn of_stream(&self, stream: &str) -> Vec<(String, u64)> {
+        let prefix = key(stream, "");
+        let mut found: Vec<(String, u64)> = self
+            .committed
+            .lock()
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix(&prefix)?.to_owned(), *v)))
+            .filter(|(g, _)| !g.is_empty())
+            .collect();
+        found.sort_unstable();
+        found
+    }
+
     /// Commits `offset` for the group (creating it), durably in the
     /// journal's next batch; `done` runs once it is durable. Never moves it
     /// back unless `reset`. `false` (and `done` dropped, never run): the

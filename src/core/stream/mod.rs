@@ -16,7 +16,9 @@
 //!   `<name>-<n>`, and the key hash that routes a publish to one;
 //! - `assign` and `members`: a group's partitions spread over its
 //!   members, and the rebalance when one comes or goes;
-//! - `commits`: a group commit's receipts, one event per session.
+//! - `commits`: a group commit's receipts, one event per session;
+//! - `stats`: each log's offsets, size, readers and groups' lag, for
+//!   operators.
 //!
 //! # One copy, readers that cost only their credit
 //!
@@ -46,6 +48,7 @@ mod partition;
 mod partition_tests;
 mod read_pool;
 mod reader;
+mod stats;
 #[cfg(test)]
 mod tests;
 mod unsettled;
@@ -65,6 +68,7 @@ use rosetta_store::{OsStorage, Storage, SyncPolicy};
 pub(crate) use groups::Groups;
 pub(crate) use partition::Partitioned;
 pub(crate) use reader::{ReadSource, Reader, Settlement};
+pub use stats::{StreamGroupStats, StreamStats};
 
 /// Most streams open at once: each holds open files and an index in
 /// memory, and a client must not be able to create them without end.

@@ -552,3 +552,67 @@ fn retention_that_is_due_comes_before_the_streams_queued_to_be_served() {
     ));
     assert!(next_step(&mut queued, false).is_none());
 }
+
+/// The operator's figures (`stats`): a group's lag is what the log holds
+/// past its committed offset, never what retention already cut; the
+/// groups of a stream `a/b` are not listed as groups `b/...` of `a`.
+#[test]
+fn stream_figures_show_each_groups_lag_and_keep_nested_names_apart() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let rule = StreamRule {
+        pattern: "a*".into(),
+        max_age_s: Some(60),
+        max_bytes: None,
+        segment_bytes: rosetta_store::log::LOG_SEGMENT_MIN_BYTES,
+        partitions: 1,
+        partition_key: None,
+    };
+    let core = start(d.path(), vec![rule], &clock);
+    let (mut s, ev) = open(&core, "a");
+    let bodies: Vec<String> = (0..60)
+        .map(|i| format!("{i:02}{}", "x".repeat(100)))
+        .collect();
+    let refs: Vec<&str> = bodies.iter().map(String::as_str).collect();
+    publish(&mut s, &ev, "a", &refs);
+    publish(&mut s, &ev, "a/b", &["x"]);
+    let ca = consume(&mut s, "a", 100, read(Some(StreamOffset::First), Some("g"))).expect("a");
+    let got = deliveries(&ev, 60);
+    for d in &got[..3] {
+        s.settle(ca, d.tag, Outcome::Accept, None, false)
+            .expect("settle");
+    }
+    consume(
+        &mut s,
+        "a/b",
+        10,
+        read(Some(StreamOffset::First), Some("h")),
+    )
+    .expect("a/b");
+    deliveries(&ev, 1);
+    let a = core.stream_stats("a").expect("stats").expect("a log");
+    assert_eq!((a.first_offset, a.next_offset, a.messages), (0, 60, 60));
+    assert_eq!(a.readers, 1);
+    assert_eq!(
+        a.groups,
+        vec![super::StreamGroupStats {
+            name: "g".into(),
+            committed_offset: 3,
+            lag: 57
+        }],
+        "h is a/b's group, not a's group b/h"
+    );
+    let ab = core.stream_stats("a/b").expect("stats").expect("a/b log");
+    assert_eq!(ab.groups.len(), 1);
+    assert_eq!(ab.groups[0].name, "h");
+    // Retention cuts below the group's offset: lag counts only what is
+    // still there.
+    clock.advance(120_000);
+    publish(&mut s, &ev, "a", &["new"]);
+    core.run_stream_retention();
+    let a = core.stream_stats("a").expect("stats").expect("a log");
+    assert!(a.first_offset > 3, "retention cut: {a:?}");
+    assert_eq!(a.groups[0].committed_offset, 3);
+    assert_eq!(a.groups[0].lag, a.next_offset - a.first_offset);
+    assert_eq!(core.stream_stats("nothing").expect("stats"), None);
+}

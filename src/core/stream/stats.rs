@@ -1,0 +1,159 @@
+//! Streams as an operator sees them (the admin API's `/api/v1/streams`
+//! and `/metrics`): each log's offsets, size and readers, and every
+//! consumer group's committed offset and lag.
+//!
+//! A group's lag is what it has not yet committed of what the log holds:
+//! `next_offset - max(committed, first_offset)`. A group committed below
+//! the first kept offset lost what retention cut; that is not lag, since
+//! no reader can be sent it any more.
+
+use std::sync::Arc;
+
+use rosetta_neutral::BrokerError;
+
+use super::{Stream, Streams};
+
+/// One consumer group of one stream log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamGroupStats {
+    /// The group's name (STOMP `x-stream-group`, AMQP
+    /// `<container-id>/<link-name>`, MQTT `$share/<group>/...` or
+    /// `mqtt/<client-id>/<filter>`).
+    pub name: String,
+    /// The offset its next reader starts from: everything below it was
+    /// acknowledged.
+    pub committed_offset: u64,
+    /// Records in the log at or past the committed offset.
+    pub lag: u64,
+}
+
+/// One stream log: a plain stream, or one partition of a partitioned one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamStats {
+    /// The log's name (a partition's is `<stream>-<n>`).
+    pub name: String,
+    /// The partitioned stream this log is a partition of.
+    pub partition_of: Option<String>,
+    /// The oldest offset kept.
+    pub first_offset: u64,
+    /// The offset the next append gets.
+    pub next_offset: u64,
+    /// Records kept: `next_offset - first_offset`.
+    pub messages: u64,
+    /// Bytes of its segment files.
+    pub bytes: u64,
+    /// Segment files.
+    pub segments: u64,
+    /// Readers attached now.
+    pub readers: usize,
+    /// Records appended since the broker opened the log.
+    pub appended_since_open: u64,
+    /// Segments retention deleted since the broker opened the log.
+    pub segments_deleted_since_open: u64,
+    /// Its consumer groups, by name.
+    pub groups: Vec<StreamGroupStats>,
+}
+
+impl Streams {
+    /// Every stream log's name, sorted: the open ones and those whose
+    /// directory was there at start.
+    pub(crate) fn log_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.open.lock().keys().cloned().collect();
+        names.extend(self.known.iter().cloned());
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
+    /// The figures of the log `name`, opening it if it exists on disk but
+    /// is not open yet; `None` when there is no such log. A name a
+    /// `[[streams]]` pattern matches but nobody has used is not created.
+    pub(crate) fn log_stats(&self, name: &str) -> Result<Option<StreamStats>, BrokerError> {
+        let open = self.open.lock().get(name).cloned();
+        let stream = match open {
+            Some(s) => s,
+            None if self.known.contains(name) => match self.get(name, false)? {
+                Some(s) => s,
+                None => return Ok(None),
+            },
+            None => return Ok(None),
+        };
+        Ok(Some(self.stats_of(&stream)))
+    }
+
+    /// The figures of every open log (a metrics scrape opens nothing).
+    pub(crate) fn open_log_stats(&self) -> Vec<StreamStats> {
+        let mut open: Vec<Arc<Stream>> = self.open.lock().values().cloned().collect();
+        open.sort_by(|a, b| a.name.cmp(&b.name));
+        open.iter().map(|s| self.stats_of(s)).collect()
+    }
+
+    /// The names of the logs of the partitioned stream `name` (opened or
+    /// configured), in partition order; `None` when it is not one.
+    pub(crate) fn partition_names(&self, name: &str) -> Option<Vec<String>> {
+        if let Some(p) = self.partitioned.lock().get(name) {
+            return Some(p.parts.iter().map(|s| s.name.to_string()).collect());
+        }
+        if self.partition_rule(name).is_some() {
+            return None;
+        }
+        let rule = self.rule_for(name).filter(|r| r.partitions > 1)?;
+        Some(
+            (0..rule.partitions)
+                .map(|n| super::partition::partition_name(name, n))
+                .collect(),
+        )
+    }
+
+    fn stats_of(&self, stream: &Stream) -> StreamStats {
+        let bounds = stream.log.bounds();
+        let log = stream.log.stats();
+        let readers = stream
+            .readers
+            .lock()
+            .iter()
+            .filter(|r| r.strong_count() > 0)
+            .count();
+        // Groups of a longer stream name `<name>/<x>` share this one's key
+        // prefix in the journal: theirs are not this log's.
+        let nested: Vec<String> = self
+            .log_names()
+            .into_iter()
+            .filter_map(|other| {
+                other
+                    .strip_prefix(&*stream.name)
+                    .and_then(|rest| rest.strip_prefix('/'))
+                    .map(|x| format!("{x}/"))
+            })
+            .collect();
+        let groups = self
+            .groups
+            .of_stream(&stream.name)
+            .into_iter()
+            .filter(|(g, _)| !nested.iter().any(|x| g.starts_with(x.as_str())))
+            .map(|(name, committed_offset)| StreamGroupStats {
+                name,
+                committed_offset,
+                lag: bounds
+                    .next
+                    .saturating_sub(committed_offset.max(bounds.first)),
+            })
+            .collect();
+        StreamStats {
+            name: stream.name.to_string(),
+            partition_of: self
+                .partition_rule(&stream.name)
+                .and_then(|_| stream.name.rsplit_once('-'))
+                .map(|(parent, _)| parent.to_owned()),
+            first_offset: bounds.first,
+            next_offset: bounds.next,
+            messages: bounds.next.saturating_sub(bounds.first),
+            bytes: log.bytes,
+            segments: log.segments,
+            readers,
+            appended_since_open: log.records,
+            segments_deleted_since_open: log.segments_deleted,
+            groups,
+        }
+    }
+}
