@@ -546,22 +546,28 @@ fn user_add_still_takes_the_password_from_scripts() {
     }
 }
 
+/// A broker in `dir` with STOMP and the admin API, whose users file has
+/// `ops` (password `ops-pw`) with `role`.
+fn stomp_and_admin_api(dir: &std::path::Path, role: rosetta::users::AdminRole) -> Broker {
+    rosetta::users::save_user(
+        &dir.join("users.toml"),
+        "ops",
+        b"ops-pw",
+        None,
+        None,
+        Some(&[role]),
+    )
+    .expect("user");
+    let config = write_config(dir, "stomp = 0", "[admin]\nlisten = \"127.0.0.1:0\"");
+    Broker::start(&config)
+}
+
 /// `rosetta queue list|stat|purge|delete` and `rosetta connection
 /// list|close` against a running broker's admin API.
 #[test]
 fn queue_and_connection_commands_speak_to_the_admin_api() {
     let dir = tempfile::tempdir().expect("tempdir");
-    rosetta::users::save_user(
-        &dir.path().join("users.toml"),
-        "ops",
-        b"ops-pw",
-        None,
-        None,
-        Some(&[rosetta::users::AdminRole::Management]),
-    )
-    .expect("user");
-    let config = write_config(dir.path(), "stomp = 0", "[admin]\nlisten = \"127.0.0.1:0\"");
-    let broker = Broker::start(&config);
+    let broker = stomp_and_admin_api(dir.path(), rosetta::users::AdminRole::Management);
     let stomp = broker.addr("stomp");
     let url = broker.admin_url();
     let ops_with = |args: &[&str], password: &str| {
@@ -685,17 +691,7 @@ fn queue_and_connection_commands_speak_to_the_admin_api() {
 #[test]
 fn stream_stat_prints_each_groups_committed_offset_and_lag() {
     let dir = tempfile::tempdir().expect("tempdir");
-    rosetta::users::save_user(
-        &dir.path().join("users.toml"),
-        "ops",
-        b"ops-pw",
-        None,
-        None,
-        Some(&[rosetta::users::AdminRole::Monitoring]),
-    )
-    .expect("user");
-    let config = write_config(dir.path(), "stomp = 0", "[admin]\nlisten = \"127.0.0.1:0\"");
-    let broker = Broker::start(&config);
+    let broker = stomp_and_admin_api(dir.path(), rosetta::users::AdminRole::Monitoring);
     let stomp = broker.addr("stomp");
     let url = broker.admin_url();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");

@@ -568,6 +568,21 @@ mod mqtt_clients {
         assert_eq!(bad.return_codes, [rumqttc::SubscribeReasonCode::Failure]);
     }
 
+    /// Appends `s<i>` for each `i` to the stream `sh`, each acknowledged.
+    async fn append(broker: &TestBroker, range: std::ops::Range<u32>) {
+        for i in range {
+            let body = format!("s{i}");
+            mqtt::publish_once4(
+                broker,
+                "$stream/sh",
+                QoS::AtLeastOnce,
+                false,
+                body.as_bytes(),
+            )
+            .await;
+        }
+    }
+
     /// `$share/<group>/$stream/<name>` reads as the consumer group
     /// `<group>`: a persistent session's shared stream subscription is
     /// restored on reconnect at the group's committed offset, and a STOMP
@@ -576,17 +591,7 @@ mod mqtt_clients {
     #[tokio::test]
     async fn a_shared_stream_subscription_reads_as_the_group_of_its_share_name() {
         let broker = TestBroker::start().await;
-        for i in 0..2 {
-            let body = format!("s{i}");
-            mqtt::publish_once4(
-                &broker,
-                "$stream/sh",
-                QoS::AtLeastOnce,
-                false,
-                body.as_bytes(),
-            )
-            .await;
-        }
+        append(&broker, 0..2).await;
         let filter = "$share/audit/$stream/sh/first";
         let (r, mut rev) =
             mqtt::subscriber4(&broker, "sharer", false, filter, QoS::AtLeastOnce).await;
@@ -599,17 +604,7 @@ mod mqtt_clients {
         assert_eq!(first, [b"s0".to_vec(), b"s1".to_vec()]);
         // rumqttc's PUBACKs go out before the DISCONNECT.
         mqtt::disconnect4(&r, &mut rev).await;
-        for i in 2..4 {
-            let body = format!("s{i}");
-            mqtt::publish_once4(
-                &broker,
-                "$stream/sh",
-                QoS::AtLeastOnce,
-                false,
-                body.as_bytes(),
-            )
-            .await;
-        }
+        append(&broker, 2..4).await;
         // The session resumes its subscription without a SUBSCRIBE, at the
         // group's committed offset, not at the filter's `first` again.
         let (r, mut rev, ack) = mqtt::connected4(&broker, "sharer", false).await;
@@ -625,7 +620,7 @@ mod mqtt_clients {
         mqtt::unsubscribe4(&r, &mut rev, filter).await;
         mqtt::disconnect4(&r, &mut rev).await;
 
-        mqtt::publish_once4(&broker, "$stream/sh", QoS::AtLeastOnce, false, b"s4").await;
+        append(&broker, 4..5).await;
         let mut s = StompClient::connect(broker.stomp(), &[]).await;
         s.subscribe("g", "/queue/sh", "client", &[("x-stream-group", "audit")])
             .await;

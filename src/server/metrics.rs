@@ -175,18 +175,11 @@ pub(crate) fn render(core: &Core, broker: &BrokerFigures) -> String {
     let mut out = String::with_capacity(4096);
     let mut queues = core.all_queue_stats();
     queues.sort_by(|a, b| a.0.cmp(&b.0));
-    for m in QUEUE_METRICS {
-        header(&mut out, m.name, m.kind, m.help);
-        for (queue, stats) in &queues {
-            let _ = writeln!(
-                out,
-                "{}{{queue=\"{}\"}} {}",
-                m.name,
-                escape_label(queue),
-                (m.value)(stats)
-            );
-        }
-    }
+    let labelled: Vec<(String, &QueueStats)> = queues
+        .iter()
+        .map(|(queue, stats)| (format!("queue=\"{}\"", escape_label(queue)), stats))
+        .collect();
+    render_series(&mut out, QUEUE_METRICS, &labelled);
     render_queue_settings(&mut out, core);
     render_topic_dedup(&mut out, core);
     streams::render(&mut out, core);
@@ -410,16 +403,20 @@ fn render_topic_dedup(out: &mut String, core: &Core) {
     if windows.is_empty() {
         return;
     }
-    for m in TOPIC_DEDUP_METRICS {
+    let labelled: Vec<(String, &TopicDedupStats)> = windows
+        .iter()
+        .map(|w| (format!("filter=\"{}\"", escape_label(&w.filter)), w))
+        .collect();
+    render_series(out, TOPIC_DEDUP_METRICS, &labelled);
+}
+
+/// Each of `series`, its header then one line per item: the item's
+/// labels (`name="value"` pairs, escaped) and its value.
+fn render_series<S>(out: &mut String, series: &[Series<S>], items: &[(String, &S)]) {
+    for m in series {
         header(out, m.name, m.kind, m.help);
-        for w in &windows {
-            let _ = writeln!(
-                out,
-                "{}{{filter=\"{}\"}} {}",
-                m.name,
-                escape_label(&w.filter),
-                (m.value)(w)
-            );
+        for (labels, item) in items {
+            let _ = writeln!(out, "{}{{{labels}}} {}", m.name, (m.value)(item));
         }
     }
 }

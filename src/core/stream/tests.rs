@@ -471,25 +471,36 @@ fn a_confirmed_settlement_that_moves_a_group_waits_for_its_commit_to_be_durable(
     assert_eq!(offsets(&deliveries(&ev, 1)), vec![3]);
 }
 
-#[test]
-fn retention_under_a_live_reader_skips_it_ahead_and_says_how_many_it_missed() {
-    let d = tempfile::tempdir().expect("tempdir");
-    let clock = Arc::new(ManualClock::new(1_000_000));
-    let rule = StreamRule {
-        pattern: "logs.*".into(),
+/// Streams named by `pattern` whose records retention deletes after a
+/// minute, in the smallest segments (so a few records fill one).
+fn aged_after_a_minute(pattern: &str) -> StreamRule {
+    StreamRule {
+        pattern: pattern.into(),
         max_age_s: Some(60),
         max_bytes: None,
         segment_bytes: rosetta_store::log::LOG_SEGMENT_MIN_BYTES,
         partitions: 1,
         partition_key: None,
-    };
-    let core = start(d.path(), vec![rule], &clock);
-    let (mut s, ev) = open(&core, "a");
+    }
+}
+
+/// Publishes 60 records of about 100 bytes (offsets 0 to 59) to `name`,
+/// enough for several of [`aged_after_a_minute`]'s segments.
+fn publish_many_segments(s: &mut Box<dyn Session>, events: &Events, name: &str) {
     let bodies: Vec<String> = (0..60)
         .map(|i| format!("{i:02}{}", "x".repeat(100)))
         .collect();
     let refs: Vec<&str> = bodies.iter().map(String::as_str).collect();
-    publish(&mut s, &ev, "logs.app", &refs);
+    publish(s, events, name, &refs);
+}
+
+#[test]
+fn retention_under_a_live_reader_skips_it_ahead_and_says_how_many_it_missed() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let core = start(d.path(), vec![aged_after_a_minute("logs.*")], &clock);
+    let (mut s, ev) = open(&core, "a");
+    publish_many_segments(&mut s, &ev, "logs.app");
     // A configured stream is read as one without asking.
     let c = consume(
         &mut s,
@@ -560,21 +571,9 @@ fn retention_that_is_due_comes_before_the_streams_queued_to_be_served() {
 fn stream_figures_show_each_groups_lag_and_keep_nested_names_apart() {
     let d = tempfile::tempdir().expect("tempdir");
     let clock = Arc::new(ManualClock::new(1_000_000));
-    let rule = StreamRule {
-        pattern: "a*".into(),
-        max_age_s: Some(60),
-        max_bytes: None,
-        segment_bytes: rosetta_store::log::LOG_SEGMENT_MIN_BYTES,
-        partitions: 1,
-        partition_key: None,
-    };
-    let core = start(d.path(), vec![rule], &clock);
+    let core = start(d.path(), vec![aged_after_a_minute("a*")], &clock);
     let (mut s, ev) = open(&core, "a");
-    let bodies: Vec<String> = (0..60)
-        .map(|i| format!("{i:02}{}", "x".repeat(100)))
-        .collect();
-    let refs: Vec<&str> = bodies.iter().map(String::as_str).collect();
-    publish(&mut s, &ev, "a", &refs);
+    publish_many_segments(&mut s, &ev, "a");
     publish(&mut s, &ev, "a/b", &["x"]);
     let ca = consume(&mut s, "a", 100, read(Some(StreamOffset::First), Some("g"))).expect("a");
     let got = deliveries(&ev, 60);

@@ -4,11 +4,9 @@
 //! scrape, so it is absent until first used (the admin API's
 //! `/api/v1/streams` opens the logs on its page).
 
-use std::fmt::Write as _;
-
 use rosetta_core::{Core, StreamGroupStats, StreamStats};
 
-use super::{escape_label, header, Series};
+use super::{escape_label, render_series, Series};
 
 const STREAM_METRICS: &[Series<StreamStats>] = &[
     Series {
@@ -69,34 +67,25 @@ pub(super) fn render(out: &mut String, core: &Core) {
     if logs.is_empty() {
         return;
     }
-    for m in STREAM_METRICS {
-        header(out, m.name, m.kind, m.help);
-        for s in &logs {
-            let _ = writeln!(
-                out,
-                "{}{{stream=\"{}\"}} {}",
-                m.name,
-                escape_label(&s.name),
-                (m.value)(s)
-            );
-        }
-    }
-    if logs.iter().all(|s| s.groups.is_empty()) {
-        return;
-    }
-    for m in GROUP_METRICS {
-        header(out, m.name, m.kind, m.help);
-        for s in &logs {
-            for g in &s.groups {
-                let _ = writeln!(
-                    out,
-                    "{}{{stream=\"{}\",group=\"{}\"}} {}",
-                    m.name,
+    let by_log: Vec<(String, &StreamStats)> = logs
+        .iter()
+        .map(|s| (format!("stream=\"{}\"", escape_label(&s.name)), s))
+        .collect();
+    render_series(out, STREAM_METRICS, &by_log);
+    let by_group: Vec<(String, &StreamGroupStats)> = logs
+        .iter()
+        .flat_map(|s| {
+            s.groups.iter().map(|g| {
+                let labels = format!(
+                    "stream=\"{}\",group=\"{}\"",
                     escape_label(&s.name),
-                    escape_label(&g.name),
-                    (m.value)(g)
+                    escape_label(&g.name)
                 );
-            }
-        }
+                (labels, g)
+            })
+        })
+        .collect();
+    if !by_group.is_empty() {
+        render_series(out, GROUP_METRICS, &by_group);
     }
 }
