@@ -5,7 +5,8 @@ beside it (stomp.py, paho-mqtt), watches a queue fill as it publishes,
 purges it, creates a queue and moves messages into it, replays a
 dead-letter queue to the queue its message came from, closes the STOMP
 client's connection with a reason, sees the rates chart move, deletes an
-MQTT session, reads the built-in roles, defines a role, adds a user
+MQTT session, sees a stream's consumer group lag behind, reads the
+built-in roles, defines a role, adds a user
 holding it (who can then use the API, with its role's permissions),
 changes that user's password, roles and permissions, is refused removing
 the role while it is held, deletes both, and follows the Demo link to the
@@ -309,6 +310,31 @@ def test_console_logs_in_watches_a_queue_fill_purges_it_closes_a_connection_and_
         browser.eval(until(f"!{session_row}"))
         assert api_status(broker, f"/api/v1/sessions/{session_id}") == 404
         steps.shot("session-deleted")
+
+        # Streams: a stream read by a consumer group that acknowledged one
+        # of three, so its row shows a lag of two.
+        stream, group = f"console-stream-{uniq()}", f"console-group-{uniq()}"
+        reader = stomp.Connection12([("127.0.0.1", broker.ports["stomp"])], heartbeats=(0, 0),
+                                    auto_decode=False)
+        read = Listener()
+        reader.set_listener("l", read)
+        reader.connect(wait=True)
+        try:
+            for i in range(3):
+                reader.send(f"/queue/{stream}", f"s{i}", headers={"x-queue-type": "stream"})
+            reader.subscribe(f"/queue/{stream}", id="g", ack="client-individual",
+                             headers={"x-stream-group": group, "x-stream-offset": "first"})
+            got = [read.messages.get(timeout=TIMEOUT_S) for _ in range(3)]
+            reader.ack(got[0].headers["ack"])
+            view(browser, "streams")
+            stream_row = f"document.querySelector('tr[data-stream={js(stream)}][data-group={js(group)}]')"
+            lag = browser.eval(until(f"{stream_row} && {stream_row}.querySelector('[data-field=lag]')"
+                                     ".textContent === '2' && 'two behind'"))
+            assert lag == "two behind"
+            assert browser.eval(f"{stream_row}.querySelector('[data-field=messages]').textContent") == "3"
+            steps.shot("streams")
+        finally:
+            reader.disconnect()
 
         # Roles: the three built-in ones, each with the routes it may call.
         view(browser, "roles")

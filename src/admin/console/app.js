@@ -309,6 +309,31 @@ async function showQueues() {
   showTotal("queue-total", q, "queue(s)");
 }
 
+// Stream logs, one row per log and consumer group (a log without a group
+// has one row): GET /api/v1/streams.
+async function showStreams() {
+  const filter = $("stream-filter").value;
+  const s = await api("GET", `/api/v1/streams?page_size=${PAGE_SIZE}&name=${enc(filter)}`);
+  const body = $("streams");
+  body.replaceChildren();
+  for (const item of s.items) {
+    for (const group of item.groups.length ? item.groups : [null]) {
+      const row = document.createElement("tr");
+      row.dataset.stream = item.name;
+      if (group) row.dataset.group = group.name;
+      cell(row, item.name);
+      cell(row, item.messages, "number").dataset.field = "messages";
+      cell(row, item.bytes, "number");
+      cell(row, item.readers, "number");
+      cell(row, group && group.name);
+      cell(row, group && group.committed_offset, "number").dataset.field = "committed";
+      cell(row, group && group.lag, "number").dataset.field = "lag";
+      body.appendChild(row);
+    }
+  }
+  showTotal("stream-total", s, "stream log(s)");
+}
+
 async function showConnections() {
   const c = await api("GET", `/api/v1/connections?page_size=${PAGE_SIZE}`);
   const body = $("connections");
@@ -526,6 +551,7 @@ async function showUsers() {
 const views = {
   overview: showOverview,
   queues: showQueues,
+  streams: showStreams,
   connections: showConnections,
   sessions: showSessions,
   users: showUsers,
@@ -641,6 +667,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("logout").addEventListener("click", () => logout("logged out"));
   $("queue-filter").addEventListener("input", () => refresh());
   $("session-filter").addEventListener("input", () => refresh());
+  $("stream-filter").addEventListener("input", () => refresh());
   for (const b of document.querySelectorAll("#nav [data-view]")) b.addEventListener("click", () => show(b.dataset.view));
   if (state.auth) {
     api("GET", "/api/v1/overview").then(() => loggedIn("(remembered)"), () => logout(""));
