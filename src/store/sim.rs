@@ -180,8 +180,9 @@ struct State {
     rates: SimFaultRates,
     one_shots: Vec<OneShot>,
     corrupt_reads: Vec<(PathBuf, u64, u64)>,
-    /// Reads are said not to be in the page cache (`is_cached`).
-    uncached: bool,
+    /// File bytes at or past this position are said not to be in the page
+    /// cache (`is_cached`); `None`: all are.
+    uncached_from: Option<u64>,
     power_fails_at_op: Option<u64>,
     /// What [`Storage::free_bytes`] reports, whatever the directory.
     free_bytes: u64,
@@ -378,7 +379,7 @@ impl SimDisk {
                 rates: SimFaultRates::default(),
                 one_shots: Vec::new(),
                 corrupt_reads: Vec::new(),
-                uncached: false,
+                uncached_from: None,
                 power_fails_at_op: None,
                 free_bytes: SIM_FREE_BYTES_DEFAULT,
                 stats: SimStats::default(),
@@ -443,7 +444,14 @@ impl SimDisk {
     /// From now on, [`StorageFile::is_cached`] says `!uncached` of every
     /// read: a disk whose page cache holds nothing, or everything.
     pub fn set_uncached(&self, uncached: bool) {
-        self.state.lock().uncached = uncached;
+        self.state.lock().uncached_from = uncached.then_some(0);
+    }
+
+    /// From now on, [`StorageFile::is_cached`] says a range of any file is
+    /// cached only if it ends at or before `pos`: a page cache that holds
+    /// the start of the files and not the rest.
+    pub fn set_uncached_from(&self, pos: u64) {
+        self.state.lock().uncached_from = Some(pos);
     }
 
     /// From now on, reads of `path` overlapping `offset..offset + len`
@@ -742,8 +750,11 @@ impl SimFile {
 }
 
 impl StorageFile for SimFile {
-    fn is_cached(&self, _offset: u64, _len: usize) -> bool {
-        !self.state.lock().uncached
+    fn is_cached(&self, offset: u64, len: usize) -> bool {
+        self.state
+            .lock()
+            .uncached_from
+            .is_none_or(|from| offset.saturating_add(len as u64) <= from)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {

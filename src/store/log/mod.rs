@@ -619,9 +619,13 @@ impl StreamLog {
                         at = usize::try_from(to - pos).unwrap_or(usize::MAX);
                         continue;
                     }
-                    let frame = match frame_at(&*file, &path, salt, &chunk, at, pos)? {
-                        Some(f) => f,
-                        None => break,
+                    let frame = match frame_at(&*file, &path, salt, &chunk, at, pos, cached_only)? {
+                        FrameAt::Whole(f) => f,
+                        FrameAt::ChunkEnds => break,
+                        FrameAt::NotCached => {
+                            out.uncached = true;
+                            return Ok(out);
+                        }
                     };
                     at += frame.frame_bytes;
                     if frame.record.offset < out.next {
@@ -691,7 +695,9 @@ impl StreamLog {
                     at = usize::try_from(to - pos).unwrap_or(usize::MAX);
                     continue;
                 }
-                let Some(frame) = frame_at(&*file, &path, salt, &chunk, at, pos)? else {
+                // Not cached-only: a record is read whole from the file.
+                let FrameAt::Whole(frame) = frame_at(&*file, &path, salt, &chunk, at, pos, false)?
+                else {
                     break;
                 };
                 if frame.record.timestamp_ms >= ts_ms {
@@ -804,10 +810,22 @@ struct Frame {
     frame_bytes: usize,
 }
 
+/// What [`frame_at`] found.
+enum FrameAt {
+    /// A whole record.
+    Whole(Frame),
+    /// The chunk ends inside the record, after at least one record of it
+    /// was taken: the caller reads on from the record's start.
+    ChunkEnds,
+    /// The record is larger than the chunk and the rest of it is not in
+    /// the page cache: a cached-only read stops before it.
+    NotCached,
+}
+
 /// Decodes the record at `at` in `chunk` (read from `chunk_pos` of the
-/// file); `None` when the chunk ends inside it after at least one record
-/// was taken (`at > 0`): the caller reads on from there. A record larger
-/// than the chunk, at its start, is read from the file whole. Readable
+/// file). A record larger than the chunk, at its start, is read from the
+/// file whole, unless `cached_only` and the page cache does not hold it
+/// (the chunk's own probe looked at the chunk's range only). Readable
 /// bytes were verified when written or recovered, so a bad checksum here
 /// is damage since then: an error, never a panic.
 fn frame_at(
@@ -817,11 +835,12 @@ fn frame_at(
     chunk: &Bytes,
     at: usize,
     chunk_pos: u64,
-) -> Result<Option<Frame>, StoreError> {
+    cached_only: bool,
+) -> Result<FrameAt, StoreError> {
     let file_pos = chunk_pos + at as u64;
     let Some(head) = chunk.get(at..at + RECORD_HEADER_BYTES) else {
         return if at > 0 {
-            Ok(None)
+            Ok(FrameAt::ChunkEnds)
         } else {
             Err(corrupt(path, file_pos, "record header cut short"))
         };
@@ -831,10 +850,14 @@ fn frame_at(
     let frame_bytes = RECORD_HEADER_BYTES + h.body_len as usize;
     let body = match chunk.get(at + RECORD_HEADER_BYTES..at + frame_bytes) {
         Some(_) => chunk.slice(at + RECORD_HEADER_BYTES..at + frame_bytes),
-        None if at > 0 => return Ok(None),
+        None if at > 0 => return Ok(FrameAt::ChunkEnds),
         None => {
+            let body_pos = file_pos + RECORD_HEADER_BYTES as u64;
+            if cached_only && !file.is_cached(body_pos, h.body_len as usize) {
+                return Ok(FrameAt::NotCached);
+            }
             let mut b = vec![0u8; h.body_len as usize];
-            file.read_at(&mut b, file_pos + RECORD_HEADER_BYTES as u64)
+            file.read_at(&mut b, body_pos)
                 .map_err(|e| io_error("read", path, e))?;
             Bytes::from(b)
         }
@@ -842,7 +865,7 @@ fn frame_at(
     if !h.body_matches(&body) {
         return Err(corrupt(path, file_pos, "record body checksum"));
     }
-    Ok(Some(Frame {
+    Ok(FrameAt::Whole(Frame {
         record: LogRecord {
             offset: h.offset,
             timestamp_ms: h.timestamp_ms,

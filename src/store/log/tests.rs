@@ -583,3 +583,34 @@ fn a_cached_only_read_stops_before_the_device_and_a_plain_read_does_not() {
     let r = ok(log.read_cached(0, 10, 1 << 20));
     assert_eq!((r.records.len(), r.uncached), (10, false));
 }
+
+/// A record larger than a read chunk is read from the file apart from its
+/// chunk: `read_cached` probes that read too, and stops before it when
+/// the page cache does not hold the record's bytes.
+#[test]
+fn a_cached_only_read_stops_before_a_record_larger_than_its_chunk_that_is_not_cached() {
+    let disk = SimDisk::new(29);
+    let mut c = sim_config(&disk);
+    c.segment_bytes = 4 * 1024 * 1024;
+    c.tail_cache_bytes = 0;
+    let (log, _) = ok(StreamLog::open(c));
+    ok(log.append(1, Bytes::from_static(b"small"), None));
+    let big = Bytes::from(vec![b'b'; LOG_READ_CHUNK_BYTES + 64 * 1024]);
+    ok(log.append(1, big.clone(), None));
+    ok(log.flush());
+    // The page cache holds the segment's first chunk and not the rest of
+    // the big record, which starts inside that chunk.
+    disk.set_uncached_from((LOG_READ_CHUNK_BYTES + 4096) as u64);
+    let r = ok(log.read_cached(0, 10, 1 << 24));
+    assert_eq!(r.records.len(), 1, "the small record only: {r:?}");
+    assert!(r.uncached, "{r:?}");
+    let r = ok(log.read_cached(1, 10, 1 << 24));
+    assert!(r.uncached && r.records.is_empty(), "{r:?}");
+    // A plain read reads it from the device, whole.
+    let r = ok(log.read(1, 10, 1 << 24));
+    assert_eq!(r.records.len(), 1);
+    assert_eq!(r.records[0].body, big);
+    disk.set_uncached(false);
+    let r = ok(log.read_cached(1, 10, 1 << 24));
+    assert_eq!((r.records.len(), r.uncached), (1, false));
+}
