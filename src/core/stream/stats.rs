@@ -88,8 +88,10 @@ impl Streams {
         open.iter().map(|s| self.stats_of(s)).collect()
     }
 
-    /// The names of the logs of the partitioned stream `name` (opened or
-    /// configured), in partition order; `None` when it is not one.
+    /// The names of the logs of the partitioned stream `name`, in
+    /// partition order: one opened, one a rule names exactly, or one a
+    /// pattern rule matches whose logs exist; `None` otherwise (a pattern
+    /// matches names nobody used, which are no streams yet).
     pub(crate) fn partition_names(&self, name: &str) -> Option<Vec<String>> {
         if let Some(p) = self.partitioned.lock().get(name) {
             return Some(p.parts.iter().map(|s| s.name.to_string()).collect());
@@ -98,11 +100,17 @@ impl Streams {
             return None;
         }
         let rule = self.rule_for(name).filter(|r| r.partitions > 1)?;
-        Some(
-            (0..rule.partitions)
-                .map(|n| super::partition::partition_name(name, n))
-                .collect(),
-        )
+        let names: Vec<String> = (0..rule.partitions)
+            .map(|n| super::partition::partition_name(name, n))
+            .collect();
+        let named = rule.pattern == name;
+        let used = || {
+            let open = self.open.lock();
+            names
+                .iter()
+                .any(|n| open.contains_key(n) || self.known.contains(n))
+        };
+        (named || used()).then_some(names)
     }
 
     fn stats_of(&self, stream: &Stream) -> StreamStats {

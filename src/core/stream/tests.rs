@@ -615,3 +615,43 @@ fn stream_figures_show_each_groups_lag_and_keep_nested_names_apart() {
     assert_eq!(a.groups[0].lag, a.next_offset - a.first_offset);
     assert_eq!(core.stream_stats("nothing").expect("stats"), None);
 }
+
+/// A partitioned stream's figures: one a rule names is shown before its
+/// first use (its logs not made yet); a name a pattern rule matches is a
+/// stream only once used.
+#[test]
+fn a_partitioned_streams_figures_list_its_logs_once_it_is_one() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(1_000));
+    let partitioned = |pattern: &str| StreamRule {
+        partitions: 2,
+        ..aged_after_a_minute(pattern)
+    };
+    let core = start(
+        d.path(),
+        vec![partitioned("orders"), partitioned("eu.*")],
+        &clock,
+    );
+    let named = core.stream_partitions("orders").expect("figures");
+    assert_eq!(named, Some(vec![None, None]), "configured, not used yet");
+    assert_eq!(core.stream_partitions("eu.never").expect("figures"), None);
+    let (mut s, ev) = open(&core, "a");
+    publish(&mut s, &ev, "eu.sales", &["x"]);
+    let used = core
+        .stream_partitions("eu.sales")
+        .expect("figures")
+        .expect("a partitioned stream once used");
+    let logs: Vec<(String, Option<String>)> = used
+        .iter()
+        .flatten()
+        .map(|l| (l.name.clone(), l.partition_of.clone()))
+        .collect();
+    assert_eq!(
+        logs,
+        [
+            ("eu.sales-0".to_owned(), Some("eu.sales".to_owned())),
+            ("eu.sales-1".to_owned(), Some("eu.sales".to_owned()))
+        ]
+    );
+    assert_eq!(used.iter().flatten().map(|l| l.messages).sum::<u64>(), 1);
+}
