@@ -2,7 +2,8 @@
 //   node client.js '<json spec>'
 // spec: {lib: "mqtt"|"stomp"|"rhea", mode: "pub"|"sub"|"connect",
 //        host, port, address, payloads: [base64...], count, user, password,
-//        clientId, clean, durable, props: {k: v}, text, timeoutMs, version}
+//        clientId, clean, durable, props: {k: v}, text, timeoutMs, version,
+//        filter: {k: v} (rhea "sub": the source's filter set)}
 // Prints one JSON line: {ok, received: [{body: base64, props, fields}], error}.
 // "sub" prints {"ready": true} on its own line once subscribed, so the
 // caller can start publishing.
@@ -147,6 +148,7 @@ function runRhea() {
     if (spec.mode === 'sub') {
       const source = { address: spec.address };
       if (spec.durable) { source.durable = 2; source.expiry_policy = 'never'; }
+      if (spec.filter) source.filter = spec.filter;
       const r = conn.open_receiver({ source, name: spec.durable || undefined, autoaccept: true, credit_window: 100 });
       r.on('receiver_open', () => {
         out({ ready: true });
@@ -160,7 +162,13 @@ function runRhea() {
         else if (typeof body === 'string') { body = Buffer.from(body, 'utf8'); kind = 'string'; }
         else if (Buffer.isBuffer(body)) { kind = 'binary-value'; }
         else body = Buffer.from(JSON.stringify(body));
-        received.push({ body: Buffer.from(body).toString('base64'), props: m.application_properties || {}, fields: { kind, durable: m.durable, subject: m.subject } });
+        // Message annotations as JSON: an AMQP timestamp (a Date here) as
+        // its milliseconds.
+        const annotations = {};
+        for (const [k, v] of Object.entries(m.message_annotations || {})) {
+          annotations[k] = v instanceof Date ? { timestamp_ms: v.getTime() } : v;
+        }
+        received.push({ body: Buffer.from(body).toString('base64'), props: m.application_properties || {}, fields: { kind, durable: m.durable, subject: m.subject, annotations } });
         if (received.length >= want && !finished) finish({ ok: true, received });
       });
     } else {

@@ -7,6 +7,7 @@ over real sockets, in the spellings RabbitMQ's stream clients use:
   ``x-stream-offset`` (``first``, ``offset=N``, ``timestamp=T`` in POSIX
   seconds), ``prefetch-count`` and ``ack:client``, and sees the MESSAGE
   header ``x-stream-offset``;
+- rhea (node) reads ``/queues/<name>`` with the offset filter;
 - python-qpid-proton reads ``/amq/queue/<name>`` and ``/queues/<name>``
   with the source filter ``rabbitmq:stream-offset-spec`` (an offset,
   ``"first"``, an AMQP timestamp in ms) and sees the message annotations
@@ -31,6 +32,7 @@ from proton.reactor import Filter
 
 from proton import Message as AmqpMessage
 
+import nodeclient
 from clients import AmqpReceiver, Amqp, Mqtt, Stomp, new_id
 from conftest import Broker, rosetta_bin  # noqa: F401  (rosetta_bin checks the binary)
 
@@ -335,3 +337,22 @@ def test_a_paho_shared_subscription_is_a_member_of_the_stomp_group_of_its_share_
         assert sorted(g.body.decode() for g in rest) == sorted(f"{k}:102" for k in KEYS)
     finally:
         s.close()
+
+
+def test_rhea_reads_a_stream_through_rabbitmq_4s_address_and_sees_offset_and_time(broker, uniq):
+    """rhea (node) with RabbitMQ 4's address ``/queues/<name>`` and the
+    offset filter as a plain value under its key, as RabbitMQ's JavaScript
+    examples give it: offsets and append times on every delivery."""
+    bodies = [f"r{i}".encode() for i in range(3)]
+    before_ms = int(time.time() * 1000)
+    mqtt_append(broker, uniq, bodies)
+    after_ms = int(time.time() * 1000)
+    res = nodeclient.run(broker, "rhea", mode="sub", address=f"/queues/{uniq}", count=3,
+                         filter={OFFSET_FILTER: "first"})
+    assert res["ok"], res
+    got = res["received"]
+    assert [g["body"] for g in got] == bodies
+    annotations = [g["fields"]["annotations"] for g in got]
+    assert [a["x-stream-offset"] for a in annotations] == [0, 1, 2]
+    times = [a["x-stream-timestamp"]["timestamp_ms"] for a in annotations]
+    assert times == sorted(times) and before_ms <= times[0] and times[-1] <= after_ms, times
