@@ -404,7 +404,21 @@ async fn an_mqtt_shared_subscription_is_a_member_of_the_group_of_its_share_name(
     // the group's committed offset, past everything the MQTT member
     // acknowledged, so the next round starts at message PER_KEY of every
     // key.
+    let readers = || {
+        broker
+            .core()
+            .stream_stats("orders-0")
+            .expect("stats")
+            .map_or(0, |s| s.readers)
+    };
+    assert_eq!(readers(), 2, "each member reads every partition log");
     m.disconnect().await.expect("disconnect");
+    // Gone once its reader is: one reader of each partition log is left.
+    let deadline = Instant::now() + WAIT;
+    while readers() > 1 {
+        assert!(Instant::now() < deadline, "the MQTT member never left");
+        tokio::time::sleep(POLL).await;
+    }
     publish_all(&broker, PER_KEY).await;
     let rest = a.messages(KEYS.len() * PER_KEY).await;
     a.expect_nothing().await;
