@@ -28,10 +28,8 @@ impl Core {
             .into_iter()
             .filter(|n| name_contains.is_none_or(|part| n.contains(part)))
             .collect();
-        let mut items = Vec::with_capacity(take.min(names.len()));
-        for name in names.iter().skip(skip).take(take) {
-            items.extend(streams.log_stats(name)?);
-        }
+        let page: Vec<String> = names.iter().skip(skip).take(take).cloned().collect();
+        let items = streams.logs_stats(&page)?.into_iter().flatten().collect();
         Ok(Page {
             total: names.len(),
             items,
@@ -53,11 +51,7 @@ impl Core {
         let Some(parts) = self.inner.streams.partition_names(name) else {
             return Ok(None);
         };
-        parts
-            .iter()
-            .map(|p| self.inner.streams.log_stats(p))
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some)
+        self.inner.streams.logs_stats(&parts).map(Some)
     }
 
     /// The figures of every open stream log, by name (for `/metrics`: a

@@ -19,7 +19,8 @@ use crate::Journal;
 /// Prefix of the journal state keys of consumer groups.
 pub(crate) const GROUP_KEY_PREFIX: &str = "$stream/";
 
-fn key(stream: &str, group: &str) -> String {
+/// The journal key of `group` of `stream`.
+pub(super) fn key(stream: &str, group: &str) -> String {
     format!("{GROUP_KEY_PREFIX}{stream}/{group}")
 }
 
@@ -58,21 +59,18 @@ impl Groups {
         self.committed.lock().get(&key(stream, group)).copied()
     }
 
-    /// Every group of `stream` with its committed offset, by name. A key
-    /// is `$stream/<stream>/<group>` and both may hold `/`, so this also
-    /// finds the groups of a stream named `<stream>/<x>` (as groups
-    /// `<x>/...`); the caller, who knows the streams, tells them apart.
-    pub(crate) fn of_stream(&self, stream: &str) -> Vec<(String, u64)> {
-        let prefix = key(stream, "");
-        let mut found: Vec<(String, u64)> = self
+    /// Every group's journal key (`$stream/<stream>/<group>`) and
+    /// committed offset, sorted by key: one copy of the map for a batch of
+    /// figures (`stats`).
+    pub(crate) fn all_sorted(&self) -> Vec<(String, u64)> {
+        let mut all: Vec<(String, u64)> = self
             .committed
             .lock()
             .iter()
-            .filter_map(|(k, v)| Some((k.strip_prefix(&prefix)?.to_owned(), *v)))
-            .filter(|(g, _)| !g.is_empty())
+            .map(|(k, v)| (k.clone(), *v))
             .collect();
-        found.sort_unstable();
-        found
+        all.sort_unstable();
+        all
     }
 
     /// Commits `offset` for the group (creating it), durably in the

@@ -54,6 +54,29 @@ pub struct StreamStats {
     pub groups: Vec<StreamGroupStats>,
 }
 
+/// What the figures of a batch of logs share, taken once per batch (a
+/// page, a scrape): with 10,000 streams, taking them per log would cost a
+/// scrape 10,000 squared string comparisons.
+struct Snapshot {
+    /// Every log's name, sorted.
+    names: Vec<String>,
+    /// Every group's journal key (`$stream/<stream>/<group>`) and
+    /// committed offset, sorted by key.
+    groups: Vec<(String, u64)>,
+}
+
+/// The entries of sorted `items` whose key starts with `prefix`.
+fn with_prefix<'a, T>(
+    items: &'a [T],
+    key: impl Fn(&T) -> &str + Copy + 'a,
+    prefix: &'a str,
+) -> impl Iterator<Item = &'a T> + 'a {
+    let start = items.partition_point(|i| key(i) < prefix);
+    items[start..]
+        .iter()
+        .take_while(move |i| key(i).starts_with(prefix))
+}
+
 impl Streams {
     /// Every stream log's name, sorted: the open ones and those whose
     /// directory was there at start.
@@ -65,27 +88,51 @@ impl Streams {
         names
     }
 
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            names: self.log_names(),
+            groups: self.groups.all_sorted(),
+        }
+    }
+
     /// The figures of the log `name`, opening it if it exists on disk but
     /// is not open yet; `None` when there is no such log. A name a
     /// `[[streams]]` pattern matches but nobody has used is not created.
     pub(crate) fn log_stats(&self, name: &str) -> Result<Option<StreamStats>, BrokerError> {
-        let open = self.open.lock().get(name).cloned();
-        let stream = match open {
-            Some(s) => s,
-            None if self.known.contains(name) => match self.get(name, false)? {
-                Some(s) => s,
-                None => return Ok(None),
-            },
-            None => return Ok(None),
-        };
-        Ok(Some(self.stats_of(&stream)))
+        Ok(self
+            .logs_stats(&[name.to_owned()])?
+            .into_iter()
+            .next()
+            .flatten())
+    }
+
+    /// [`Self::log_stats`] of each of `names`, in order.
+    pub(crate) fn logs_stats(
+        &self,
+        names: &[String],
+    ) -> Result<Vec<Option<StreamStats>>, BrokerError> {
+        let mut logs = Vec::with_capacity(names.len());
+        for name in names {
+            let open = self.open.lock().get(name).cloned();
+            logs.push(match open {
+                Some(s) => Some(s),
+                None if self.known.contains(name) => self.get(name, false)?,
+                None => None,
+            });
+        }
+        let snap = self.snapshot();
+        Ok(logs
+            .iter()
+            .map(|s| s.as_ref().map(|s| self.stats_of(s, &snap)))
+            .collect())
     }
 
     /// The figures of every open log (a metrics scrape opens nothing).
     pub(crate) fn open_log_stats(&self) -> Vec<StreamStats> {
         let mut open: Vec<Arc<Stream>> = self.open.lock().values().cloned().collect();
         open.sort_by(|a, b| a.name.cmp(&b.name));
-        open.iter().map(|s| self.stats_of(s)).collect()
+        let snap = self.snapshot();
+        open.iter().map(|s| self.stats_of(s, &snap)).collect()
     }
 
     /// The names of the logs of the partitioned stream `name`, in
@@ -113,7 +160,7 @@ impl Streams {
         (named || used()).then_some(names)
     }
 
-    fn stats_of(&self, stream: &Stream) -> StreamStats {
+    fn stats_of(&self, stream: &Stream, snap: &Snapshot) -> StreamStats {
         let bounds = stream.log.bounds();
         let log = stream.log.stats();
         let readers = stream
@@ -122,25 +169,19 @@ impl Streams {
             .iter()
             .filter(|r| r.strong_count() > 0)
             .count();
-        // Groups of a longer stream name `<name>/<x>` share this one's key
-        // prefix in the journal: theirs are not this log's.
-        let nested: Vec<String> = self
-            .log_names()
-            .into_iter()
-            .filter_map(|other| {
-                other
-                    .strip_prefix(&*stream.name)
-                    .and_then(|rest| rest.strip_prefix('/'))
-                    .map(|x| format!("{x}/"))
-            })
+        // A key is `$stream/<stream>/<group>` and both may hold `/`:
+        // the groups of a longer stream name `<name>/<x>` share this one's
+        // key prefix, and are not this log's.
+        let nested_prefix = format!("{}/", stream.name);
+        let nested: Vec<String> = with_prefix(&snap.names, String::as_str, &nested_prefix)
+            .map(|other| format!("{}/", &other[nested_prefix.len()..]))
             .collect();
-        let groups = self
-            .groups
-            .of_stream(&stream.name)
-            .into_iter()
-            .filter(|(g, _)| !nested.iter().any(|x| g.starts_with(x.as_str())))
+        let key_prefix = super::groups::key(&stream.name, "");
+        let groups = with_prefix(&snap.groups, |(k, _)| k.as_str(), &key_prefix)
+            .map(|(k, offset)| (&k[key_prefix.len()..], *offset))
+            .filter(|(g, _)| !g.is_empty() && !nested.iter().any(|x| g.starts_with(x.as_str())))
             .map(|(name, committed_offset)| StreamGroupStats {
-                name,
+                name: name.to_owned(),
                 committed_offset,
                 lag: bounds
                     .next
