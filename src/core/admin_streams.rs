@@ -22,18 +22,8 @@ impl Core {
         skip: usize,
         take: usize,
     ) -> Result<Page<StreamStats>, BrokerError> {
-        let streams = &self.inner.streams;
-        let names: Vec<String> = streams
-            .log_names()
-            .into_iter()
-            .filter(|n| name_contains.is_none_or(|part| n.contains(part)))
-            .collect();
-        let page: Vec<String> = names.iter().skip(skip).take(take).cloned().collect();
-        let items = streams.logs_stats(&page)?.into_iter().flatten().collect();
-        Ok(Page {
-            total: names.len(),
-            items,
-        })
+        let (total, items) = self.inner.streams.log_page(name_contains, skip, take)?;
+        Ok(Page { total, items })
     }
 
     /// The figures of the stream log `name` (`None`: no such log).

@@ -111,20 +111,43 @@ impl Streams {
         &self,
         names: &[String],
     ) -> Result<Vec<Option<StreamStats>>, BrokerError> {
-        let mut logs = Vec::with_capacity(names.len());
-        for name in names {
-            let open = self.open.lock().get(name).cloned();
-            logs.push(match open {
-                Some(s) => Some(s),
-                None if self.known.contains(name) => self.get(name, false)?,
-                None => None,
-            });
-        }
         let snap = self.snapshot();
-        Ok(logs
+        names
             .iter()
-            .map(|s| s.as_ref().map(|s| self.stats_of(s, &snap)))
-            .collect())
+            .map(|name| Ok(self.existing_log(name)?.map(|s| self.stats_of(&s, &snap))))
+            .collect()
+    }
+
+    /// The logs whose name contains `name_contains` (all when `None`), in
+    /// name order: how many, and the figures of those from `skip`, at most
+    /// `take` (each opened if it is on disk and was not yet).
+    pub(crate) fn log_page(
+        &self,
+        name_contains: Option<&str>,
+        skip: usize,
+        take: usize,
+    ) -> Result<(usize, Vec<StreamStats>), BrokerError> {
+        let snap = self.snapshot();
+        let matching: Vec<&String> = snap
+            .names
+            .iter()
+            .filter(|n| name_contains.is_none_or(|part| n.contains(part)))
+            .collect();
+        let mut items = Vec::with_capacity(take.min(matching.len()));
+        for name in matching.iter().skip(skip).take(take) {
+            items.extend(self.existing_log(name)?.map(|s| self.stats_of(&s, &snap)));
+        }
+        Ok((matching.len(), items))
+    }
+
+    /// The log `name` if it exists: open, or on disk (then opened). Not
+    /// one a `[[streams]]` rule would make at its first use.
+    fn existing_log(&self, name: &str) -> Result<Option<Arc<Stream>>, BrokerError> {
+        if self.known.contains(name) {
+            self.get(name, false)
+        } else {
+            Ok(self.open.lock().get(name).cloned())
+        }
     }
 
     /// The figures of every open log (a metrics scrape opens nothing).
